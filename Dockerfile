@@ -1,0 +1,53 @@
+# syntax=docker/dockerfile:1
+# mirrord as a sidecar: mirrors committed checkpoints from /primary to /mirror.
+#
+#   docker build -t mirrord .
+#   docker run -v ckpt:/primary:ro -v /mnt/mirror:/mirror -p 9108:9108 --stop-timeout 45 mirrord
+#
+# Configuration: MIRRORD_* environment variables (MIRRORD_<KEY>, MIRRORD_<SECTION>__<KEY>)
+# override the file at /etc/mirrord/mirrord.toml; mount your own file there (read-only).
+# Mount /primary read-only unless primary pruning is on (then mirrord deletes old checkpoints
+# there too and needs write access).
+# Stopping: mirrord lets in-flight copies finish for up to shutdown_grace_seconds (30 s); give
+# the container more than that (`--stop-timeout 45`, compose `stop_grace_period: 45s`).
+
+# --- builder: turn the source into wheels (mirrord and its dependencies) ------------------
+FROM python:3.11-slim AS builder
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY mirrord ./mirrord
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+# --- final: the wheels installed, nothing else (no compiler, no source, no torch) ----------
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# --no-index: only the wheels built above can be installed, so nothing unpinned sneaks in.
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl
+# A fixed numeric uid/gid so that volume permissions and `runAsNonRoot` checks are predictable.
+# /mirror is owned by mirrord so a fresh named volume starts out writable; the placeholder
+# config lets the image run on environment variables alone.
+RUN groupadd --system --gid 10001 mirrord \
+    && useradd --system --uid 10001 --gid mirrord --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin mirrord \
+    && mkdir -p /primary /mirror /etc/mirrord \
+    && chown mirrord:mirrord /mirror \
+    && printf '%s\n' '# Mount your mirrord.toml here. MIRRORD_* environment variables override it.' \
+       > /etc/mirrord/mirrord.toml
+
+ENV MIRRORD_PRIMARY=/primary \
+    MIRRORD_MIRROR=/mirror \
+    MIRRORD_METRICS__ADDRESS=0.0.0.0:9108
+VOLUME ["/primary", "/mirror"]
+EXPOSE 9108
+USER 10001:10001
+
+# slim has no curl: ask /healthz with the standard library. A 503 raises, which exits 1.
+# If you move the metrics port with MIRRORD_METRICS__ADDRESS, override this check too.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9108/healthz', timeout=4)"]
+
+ENTRYPOINT ["mirrord", "run"]
+CMD ["--config", "/etc/mirrord/mirrord.toml"]

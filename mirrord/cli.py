@@ -1,0 +1,169 @@
+"""The `mirrord` command: subcommands, flags and exit codes. Builds the Config once and hands it down.
+
+Exit codes: 0 success; 1 the operation failed (a copy, a mismatch, no intact checkpoint);
+2 bad usage or configuration (one message per problem, naming the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mirrord import __version__
+from mirrord import log as logsetup
+from mirrord.config import Config, load_config
+from mirrord.errors import ConfigError, MirrordError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+Command = Callable[[Config, argparse.Namespace], int]
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("configuration (flags override MIRRORD_* variables, which override the file)")
+    g.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (default: $MIRRORD_CONFIG)")
+    g.add_argument("--primary", type=Path, metavar="DIR", help="directory the trainer writes checkpoints to")
+    g.add_argument("--mirror", type=Path, metavar="DIR", help="directory that holds the trustworthy copy")
+    g.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level")
+    g.add_argument("--log-format", choices=["auto", "json", "console"], help="log rendering")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if args.primary is not None:
+        data["primary"] = str(args.primary)
+    if args.mirror is not None:
+        data["mirror"] = str(args.mirror)
+    log = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v is not None}
+    if log:
+        data["log"] = log
+    for key, value in getattr(args, "extra_overrides", {}).items():
+        section, _, name = key.partition(".")
+        data.setdefault(section, {})[name] = value
+    return data
+
+
+def cmd_sync(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.sync import run_sync
+
+    report = run_sync(config)
+    for rel, err in sorted(report.failed.items()):
+        print(f"FAILED {rel}: {err}", file=sys.stderr)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_verify(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.verify import verify_mirror
+
+    deep = None
+    if args.deep or args.load:
+        from mirrord.deepcheck import deep_check
+
+        def deep(path: Path) -> Any:
+            return deep_check(path, load=args.load)
+
+    progress = _progress_bar if sys.stderr.isatty() else None
+    checked, findings = verify_mirror(config.mirror, config.patterns, progress, deep)
+    for f in findings:
+        print(f"{f.problem.upper():14} {f.path}  {f.detail}")
+    print(f"verified {checked} file(s): {checked - sum(f.problem != 'unrecorded' for f in findings)} ok, "
+          f"{len(findings)} problem(s)", file=sys.stderr)
+    return EXIT_FAILED if findings else EXIT_OK
+
+
+def _progress_bar(done: int, total: int, path: str) -> None:
+    width = 30
+    frac = done / total if total else 1.0
+    bar = "#" * int(frac * width)
+    end = "\n" if done >= total else ""
+    print(f"\r[{bar:<{width}}] {frac:6.1%} {done / 2**30:7.2f}/{total / 2**30:.2f} GiB {path[-40:]:<40}",
+          end=end, file=sys.stderr, flush=True)
+
+
+def cmd_latest(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.latest import latest_checkpoint
+
+    root = config.primary if args.primary_side else config.mirror
+    found = latest_checkpoint(
+        root, run=args.run, require_manifest=not args.primary_side,
+        patterns=config.patterns, step_pattern=config.prune.step_pattern,
+    )
+    if found is None:
+        print(f"no intact checkpoint under {root}" + (f" for run {args.run}" if args.run else ""),
+              file=sys.stderr)
+        return EXIT_FAILED
+    print(found)
+    return EXIT_OK
+
+
+def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
+    print(json.dumps(config.to_toml_dict(), indent=2, default=str))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mirrord",
+        description="Keep a second, always-trustworthy copy of ML training checkpoints. "
+        "A checkpoint exists on the mirror only when it is whole: copied as NAME.part, fsynced, "
+        "verified, renamed into place, and recorded with its size and hash in a manifest.",
+        epilog="Exit codes: 0 ok, 1 operation failed, 2 bad usage or configuration.",
+    )
+    parser.add_argument("--version", action="version", version=f"mirrord {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, func: Command, help_: str, needs_primary: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        _common(p)
+        p.set_defaults(func=func, needs_primary=needs_primary)
+        return p
+
+    add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
+        "(0 if all copies succeeded, 1 if any failed).")
+    p = add("verify", cmd_verify, "Recheck every mirrored file against the manifest (size and hash); list "
+            "mismatches, missing and unrecorded files; exit 1 on any problem.", needs_primary=False)
+    p.add_argument("--deep", action="store_true",
+                   help="also check every record's CRC-32 inside torch.save zip files (no torch needed)")
+    p.add_argument("--load", action="store_true",
+                   help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch")
+    p = add("latest", cmd_latest, "Print the newest checkpoint whose size and hash match the manifest; "
+            "exit 1 if there is none.", needs_primary=False)
+    p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
+    p.add_argument("--primary-side", action="store_true",
+                   help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
+    add("check-config", cmd_check_config, "Validate the configuration and print the effective values.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, overrides=_overrides(args), check_roots=False)
+        from mirrord.config import check_paths
+
+        problems = [p for p in check_paths(config) if args.needs_primary or not p.startswith("primary")]
+        if problems:
+            raise ConfigError(problems)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"mirrord: config error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
+    try:
+        return int(args.func(config, args))
+    except MirrordError as exc:
+        logsetup.get_logger().error("command.failed", command=args.command, reason=exc.reason,
+                                    path=exc.path, cause=exc.cause)
+        print(f"mirrord: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Copy one committed checkpoint to the mirror: stream, hash, verify, publish. Readable in a minute.
+
+    open source (O_NOFOLLOW, beneath the root) -> fstat -> check free space -> NAME.part (exclusive)
+    -> stream + hash the same buffer -> seal (mtime, fsync, size) -> source unchanged? -> publish
+
+Any failure removes NAME.part and raises a typed error naming the path and the cause; the final name
+is only ever created by the rename of a complete, fsynced, verified file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mirrord.errors import (
+    CancelledError,
+    MirrordError,
+    NoSpaceError,
+    PermanentError,
+    SourceChangedError,
+    StalledError,
+    from_oserror,
+)
+from mirrord.hashing import new_hasher
+from mirrord.model import CopyResult
+from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.volume import Mirror, Upload
+
+_DROP_BEHIND_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class CopyControl:
+    """Shared between a copy and whoever supervises it (stall watchdog, shutdown).
+
+    The copy publishes its progress; the supervisor may ask it to stop at the next chunk boundary.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    bytes_done: int = 0
+    last_progress: float = field(default=0.0)
+    stop_reason: str | None = None  # "stalled" | "cancelled"
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.clock()
+
+    def advance(self, n: int) -> None:
+        self.bytes_done += n
+        self.last_progress = self.clock()
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+
+    def check(self, path: Path) -> None:
+        if self.stop_reason == "stalled":
+            raise StalledError(path, "no progress for too long; copy abandoned")
+        if self.stop_reason is not None:
+            raise CancelledError(path, "copy aborted: mirrord is shutting down")
+
+
+@dataclass(frozen=True)
+class CopyOptions:
+    algo: str = "blake3"
+    buffer_bytes: int = 8 * 1024 * 1024
+    reserve_bytes: int = 0
+    bandwidth_limit: int = 0  # bytes/s, 0 = unlimited
+    drop_cache: bool = False
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
+
+
+def _stat_beneath(root: Path, rel: str) -> os.stat_result:
+    parts = split_rel(rel)
+    dir_fd = open_dir_beneath(root, parts[:-1])
+    try:
+        return os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+    finally:
+        os.close(dir_fd)
+
+
+def copy_file(
+    primary_root: Path,
+    rel: str,
+    mirror: Mirror,
+    options: CopyOptions,
+    control: CopyControl | None = None,
+) -> CopyResult:
+    """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace."""
+    control = control or CopyControl()
+    src_path = primary_root / rel
+    started = time.monotonic()
+    try:
+        src_fd = open_file_beneath(primary_root, rel)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermanentError(src_path, "is a symlink or lies below one; not copied") from exc
+        raise from_oserror(src_path, exc, "open source") from exc
+    upload: Upload | None = None
+    try:
+        before = os.fstat(src_fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise PermanentError(src_path, "not a regular file; not copied")
+        free, _total = mirror.space()
+        if free < before.st_size + options.reserve_bytes:
+            raise NoSpaceError(
+                mirror.root / rel,
+                f"mirror has {free} bytes free; needs {before.st_size} + reserve {options.reserve_bytes}",
+            )
+        upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
+        digest, copied = _stream(src_fd, upload, options, control, src_path)
+        if copied != before.st_size:
+            raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
+        control.check(src_path)
+        upload.seal(before.st_mtime_ns)
+        if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, _stat_beneath(primary_root, rel))):
+            raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
+        control.check(src_path)
+        upload.commit()
+        upload = None
+    except MirrordError:
+        raise
+    except OSError as exc:
+        raise from_oserror(mirror.root / rel if upload else src_path, exc, "copy") from exc
+    finally:
+        if upload is not None:
+            upload.abort()
+        os.close(src_fd)
+    return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started)
+
+
+def _stream(
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
+) -> tuple[str, int]:
+    """Read, hash and write the same buffer until EOF; returns (digest, bytes copied)."""
+    hasher = new_hasher(options.algo)
+    buf = bytearray(options.buffer_bytes)
+    view = memoryview(buf)
+    copied = dropped = 0
+    started = time.monotonic()
+    while True:
+        control.check(src_path)
+        try:
+            n = os.readv(src_fd, [buf])
+        except OSError as exc:
+            raise from_oserror(src_path, exc, "read source") from exc
+        if n == 0:
+            break
+        chunk = view[:n]
+        hasher.update(chunk)
+        upload.write(chunk)
+        copied += n
+        control.advance(n)
+        if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
+            os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
+            dropped = copied
+        if options.bandwidth_limit:
+            ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+    if options.drop_cache:
+        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return hasher.hexdigest(), copied

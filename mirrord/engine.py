@@ -1,0 +1,135 @@
+"""Executes copy jobs: one attempt = copier + manifest record + log events + metrics; retries with backoff."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mirrord.config import Config
+from mirrord.copier import CopyControl, CopyOptions, copy_file
+from mirrord.errors import CancelledError, MirrordError, NoSpaceError
+from mirrord.log import get_logger
+from mirrord.manifest import Manifest
+from mirrord.metrics import Metrics
+from mirrord.model import CopyJob, CopyResult, ManifestEntry
+from mirrord.volume import Mirror
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], float] = random.random) -> float:
+    """Exponential backoff with jitter for the `attempt`-th retry (1-based): in [d/2, d], d = base*2^(n-1)."""
+    delay = min(cap, base * 2 ** (attempt - 1))
+    return delay * (0.5 + rand() / 2)
+
+
+def copy_options(config: Config) -> CopyOptions:
+    return CopyOptions(
+        algo=config.copy.hash,
+        buffer_bytes=config.io.buffer_bytes,
+        reserve_bytes=config.copy.free_space_reserve_bytes,
+        bandwidth_limit=config.io.bandwidth_limit,
+        drop_cache=config.io.drop_cache,
+    )
+
+
+class Engine:
+    """The copy side of mirrord, shared by `sync` and the daemon's workers."""
+
+    def __init__(
+        self,
+        config: Config,
+        mirror: Mirror,
+        manifest: Manifest,
+        metrics: Metrics | None = None,
+        wall: Callable[[], float] = time.time,
+        make_room: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.primary_root = Path(config.primary)
+        self.mirror = mirror
+        self.manifest = manifest
+        self.metrics = metrics or Metrics()
+        self.wall = wall
+        self.make_room = make_room
+        self.options = copy_options(config)
+        self.log = get_logger()
+        self._last_steps: dict[str, int] = {}
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+        self.options = copy_options(config)
+
+    def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
+        """One attempt: publish the file, then record it in the manifest. Raises MirrordError."""
+        fields: dict[str, Any] = {"path": job.rel, "run": job.run or ".", "step": job.step, "size": job.size}
+        self.log.info("copy.started", why=job.why, **fields)
+        self.metrics.in_flight.inc()
+        try:
+            try:
+                result = copy_file(self.primary_root, job.rel, self.mirror, self.options, control)
+            except NoSpaceError:
+                if self.make_room is None:
+                    raise
+                self.make_room(job.size + self.options.reserve_bytes)
+                result = copy_file(self.primary_root, job.rel, self.mirror, self.options, control)
+            entry = ManifestEntry(
+                path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
+                source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
+            )
+            self.manifest.record(entry)
+        except MirrordError as exc:
+            if not isinstance(exc, CancelledError):
+                self.metrics.copy_result(exc.reason)
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+        throughput = result.size / result.seconds if result.seconds > 0 else 0.0
+        self.metrics.copy_result("ok")
+        self.metrics.copied_bytes.inc(result.size)
+        self.metrics.copy_duration.observe(result.seconds)
+        self.metrics.copy_throughput.set(throughput)
+        self.metrics.last_timestamp.set(entry.mirrored_at)
+        if job.step is not None:
+            label = self.metrics.run_label(job.run)
+            self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
+            self.metrics.last_step.labels(label).set(self._last_steps[label])
+        self.log.info(
+            "copy.committed", seconds=round(result.seconds, 3),
+            throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest, **fields,
+        )
+        return result
+
+    def copy_with_retries(
+        self,
+        job: CopyJob,
+        new_control: Callable[[], CopyControl] = CopyControl,
+        sleep: Callable[[float], bool] | None = None,
+    ) -> CopyResult | MirrordError:
+        """Retry transient failures with backoff; return the result or the last error (logged).
+
+        `sleep(seconds)` returns False to give up early (shutdown); it defaults to time.sleep.
+        """
+        attempts = self.config.copy.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.copy_once(job, new_control())
+            except MirrordError as exc:
+                retry = exc.transient and attempt < attempts and not isinstance(exc, CancelledError)
+                self.log.warning(
+                    "copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=exc.reason,
+                    cause=exc.cause, error_path=exc.path, attempt=attempt, will_retry=retry,
+                )
+                if not retry:
+                    if exc.transient and not isinstance(exc, CancelledError):
+                        self.log.error("copy.gave_up", path=job.rel, reason=exc.reason, attempts=attempt)
+                    return exc
+                delay = backoff_delay(
+                    attempt, self.config.copy.retry_backoff_seconds, self.config.copy.retry_backoff_max_seconds
+                )
+                if sleep is None:
+                    time.sleep(delay)
+                elif not sleep(delay):
+                    return exc
+        raise AssertionError("unreachable")

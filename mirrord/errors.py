@@ -1,0 +1,103 @@
+"""One small exception tree: every error names the path and the cause, and says whether a retry may help."""
+
+from __future__ import annotations
+
+import errno
+
+# errno values that describe a condition that can go away by itself (a flaky mount, a full disk
+# that pruning may free, a stale NFS handle). Anything else is permanent until a person acts.
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.ESTALE, errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR,
+     errno.EBUSY, errno.ENOTCONN, errno.ECONNRESET, errno.EHOSTDOWN}
+)
+
+
+class MirrordError(Exception):
+    """Base of every error mirrord raises on purpose.
+
+    `reason` is a stable snake_case word used in logs and as a metric label.
+    """
+
+    reason = "failed"
+    transient = False
+
+    def __init__(self, path: object, cause: str) -> None:
+        self.path = str(path)
+        self.cause = cause
+        super().__init__(f"{self.path}: {cause}")
+
+
+class TransientError(MirrordError):
+    """Worth retrying: the same operation may succeed later."""
+
+    transient = True
+
+
+class PermanentError(MirrordError):
+    """Retrying will not help until something outside mirrord changes."""
+
+
+class SourceChangedError(TransientError):
+    """The source changed while it was being copied; the copy was discarded."""
+
+    reason = "source_changed"
+
+
+class SizeMismatchError(TransientError):
+    """The bytes that reached the mirror are not the size the source had."""
+
+    reason = "size_mismatch"
+
+
+class NoSpaceError(TransientError):
+    """The mirror has not enough free space for the file plus the reserve."""
+
+    reason = "no_space"
+
+
+class StalledError(TransientError):
+    """A copy made no progress for too long (a hung mount); it was abandoned."""
+
+    reason = "stalled"
+
+
+class CancelledError(MirrordError):
+    """A copy was aborted because the daemon is shutting down."""
+
+    reason = "cancelled"
+
+
+class NotSettledError(TransientError):
+    """The file is still being written in place; it is not a committed checkpoint yet."""
+
+    reason = "not_settled"
+
+
+class ManifestError(PermanentError):
+    """The manifest cannot be read or parsed: nothing may be trusted or pruned from it."""
+
+    reason = "manifest"
+
+
+class ConfigError(Exception):
+    """Configuration problems, one message per problem naming the key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class LockedError(PermanentError):
+    """Another mirrord process holds the mirror."""
+
+    reason = "locked"
+
+
+def from_oserror(path: object, exc: OSError, action: str) -> MirrordError:
+    """Wrap an OSError into the typed tree, keeping errno's meaning for retries."""
+    cause = f"{action}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpaceError(path, cause)
+    if exc.errno in TRANSIENT_ERRNOS:
+        return TransientError(path, cause)
+    return PermanentError(path, cause)

@@ -1,0 +1,38 @@
+"""structlog configuration: JSON lines when not on a TTY (journald, Docker), console rendering on one."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
+    """Configure once at start-up; `fmt` is json | console | auto."""
+    stream = stream or sys.stdout
+    use_console = fmt == "console" or (fmt == "auto" and stream.isatty())
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        if use_console
+        else structlog.processors.JSONRenderer(sort_keys=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger() -> Any:
+    return structlog.get_logger("mirrord")

@@ -1,0 +1,63 @@
+"""Path safety: every file mirrord touches is reached from a configured root, one component at a time,
+never through a symlink. This is what `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` gives in C.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def split_rel(rel: str) -> tuple[str, ...]:
+    """Components of a root-relative POSIX path; refuses absolute paths, '..', '.' and empty parts."""
+    parts = PurePosixPath(rel).parts
+    if not parts or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"not a safe relative path: {rel!r}")
+    if any("\0" in p for p in parts):
+        raise ValueError(f"path contains NUL: {rel!r}")
+    return parts
+
+
+def open_root(root: Path) -> int:
+    """Open a configured root directory (the root itself may be a symlink: the operator chose it)."""
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_dir_beneath(root: Path, rel_dir: tuple[str, ...], create: bool = False) -> int:
+    """Open root/rel_dir without following any symlink below root; optionally create missing parts.
+
+    Newly created directories are made durable by fsyncing their parent, so a published file is never
+    reachable only through a directory entry that a power cut can lose.
+    """
+    fd = open_root(root)
+    try:
+        for part in rel_dir:
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                os.fsync(fd)
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_file_beneath(root: Path, rel: str, flags: int = os.O_RDONLY) -> int:
+    """Open root/rel for reading with no symlink anywhere below root (ELOOP/ENOTDIR if one is met)."""
+    parts = split_rel(rel)
+    dir_fd = open_dir_beneath(root, parts[:-1])
+    try:
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)

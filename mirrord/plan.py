@@ -1,0 +1,99 @@
+"""Pure planning of what to copy: a function of two snapshots, the manifest and a settle predicate."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from mirrord.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
+
+# Filesystems with coarse timestamps (FAT: 2 s, some SMB/NFS setups: 1 s) round the mtime we set.
+MTIME_TOLERANCE_NS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    jobs: tuple[CopyJob, ...]
+    unsettled: tuple[str, ...] = ()
+    in_sync: int = 0
+
+
+def why_copy(src: FileState, entry: ManifestEntry | None, dst: FileState | None) -> str | None:
+    """Why `src` must be (re)copied, or None when the mirror holds an intact, current copy."""
+    if entry is None:
+        return "unrecorded" if dst is not None else "new"
+    if entry.size != src.size or entry.source_mtime_ns != src.mtime_ns:
+        return "changed"
+    if dst is None:
+        return "mirror_missing"
+    if dst.size != entry.size or abs(dst.mtime_ns - entry.source_mtime_ns) > MTIME_TOLERANCE_NS:
+        return "mirror_mismatch"
+    return None
+
+
+def newest_first(job: CopyJob) -> tuple[bool, int, int]:
+    """Queue order: the highest step first (the one a resume needs), then the newest mtime."""
+    return (job.step is None, -(job.step or 0), -job.mtime_ns)
+
+
+def plan_copies(
+    primary: Snapshot,
+    mirror: Snapshot,
+    manifest: Mapping[str, ManifestEntry],
+    step_regex: re.Pattern[str],
+    is_settled: Callable[[FileState], bool] = lambda _state: True,
+) -> CopyPlan:
+    """Every committed primary file whose mirror copy is absent, stale or not recorded, newest first."""
+    jobs: list[CopyJob] = []
+    unsettled: list[str] = []
+    in_sync = 0
+    for rel, src in primary.files.items():
+        why = why_copy(src, manifest.get(rel), mirror.files.get(rel))
+        if why is None:
+            in_sync += 1
+        elif not is_settled(src):
+            unsettled.append(rel)
+        else:
+            jobs.append(CopyJob(rel, src.size, src.mtime_ns, step_of(rel, step_regex), why))
+    jobs.sort(key=newest_first)
+    return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
+
+
+@dataclass
+class SettleTracker:
+    """Decides when a file written in place has stopped changing.
+
+    A file is settled when its mtime is at least `settle_seconds` old by the wall clock, or - because an
+    mtime can be 0, coarse or from a skewed clock - when we have seen the same (size, mtime) for
+    `settle_seconds` ourselves. A rename into a final name commits a file at once (`mark_committed`).
+    """
+
+    settle_seconds: float
+    wall: Callable[[], float]
+    monotonic: Callable[[], float]
+    _seen: dict[str, tuple[int, int, float]] = field(default_factory=dict)
+    _committed: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def mark_committed(self, state: FileState) -> None:
+        self._committed[state.rel] = (state.size, state.mtime_ns)
+
+    def __call__(self, state: FileState) -> bool:
+        key = (state.size, state.mtime_ns)
+        if self.settle_seconds <= 0 or self._committed.get(state.rel) == key:
+            return True
+        now = self.monotonic()
+        seen = self._seen.get(state.rel)
+        if seen is None or seen[:2] != key:
+            self._seen[state.rel] = (*key, now)
+            seen_for = 0.0
+        else:
+            seen_for = now - seen[2]
+        age = self.wall() - state.mtime_ns / 1e9
+        # An mtime of 0 or in the future says nothing about age; only our own observation counts then.
+        mtime_says_settled = state.mtime_ns > 0 and age >= self.settle_seconds
+        return mtime_says_settled or seen_for >= self.settle_seconds
+
+    def forget(self, rel: str) -> None:
+        self._seen.pop(rel, None)
+        self._committed.pop(rel, None)

@@ -1,0 +1,81 @@
+"""`mirrord sync`: one full pass - list both sides, copy what is missing or differs, report."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from mirrord.config import Config
+from mirrord.engine import Engine
+from mirrord.errors import ManifestError, MirrordError
+from mirrord.log import get_logger
+from mirrord.metrics import Metrics
+from mirrord.model import CopyJob
+from mirrord.plan import SettleTracker, plan_copies
+from mirrord.volume import LocalMirror, LocalVolume
+
+
+@dataclass
+class SyncReport:
+    copied: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unsettled: list[str] = field(default_factory=list)
+    in_sync: int = 0
+    listing_errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.listing_errors
+
+
+def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
+    """Copy every committed checkpoint the mirror lacks. Files still being written are waited for
+    (up to three settle periods) and then reported as unsettled, not copied."""
+    log = get_logger()
+    primary = LocalVolume(config.primary)
+    mirror = LocalMirror(config.mirror)
+    report = SyncReport()
+    with mirror.lock():
+        manifest = mirror.read_manifest()
+        engine = Engine(config, mirror, manifest, metrics)
+        settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
+        deadline = time.monotonic() + 3 * config.copy.settle_seconds
+        attempted: set[str] = set()
+        while True:
+            psnap = primary.snapshot(config.patterns)
+            msnap = mirror.snapshot(config.patterns)
+            report.listing_errors = list(psnap.errors + msnap.errors)
+            for rel, why in psnap.skipped:
+                log.warning("scan.skipped", path=rel, why=why, volume="primary")
+            plan = plan_copies(psnap, msnap, manifest.entries, config.step_regex, settle)
+            jobs = [j for j in plan.jobs if j.rel not in attempted]
+            _run_jobs(engine, jobs, config.copy.workers, report)
+            attempted.update(j.rel for j in jobs)
+            report.in_sync = plan.in_sync
+            report.unsettled = list(plan.unsettled)
+            if not plan.unsettled or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.5, config.copy.settle_seconds))
+    for msg in report.listing_errors:
+        log.error("scan.error", cause=msg)
+    for rel in report.unsettled:
+        log.warning("sync.unsettled", path=rel, settle_seconds=config.copy.settle_seconds)
+    log.info(
+        "sync.finished", copied=len(report.copied), failed=len(report.failed),
+        unsettled=len(report.unsettled), in_sync=report.in_sync,
+    )
+    return report
+
+
+def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncReport) -> None:
+    if not jobs:
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="mirrord-copy") as pool:
+        for job, outcome in zip(jobs, pool.map(engine.copy_with_retries, jobs), strict=True):
+            if isinstance(outcome, MirrordError):
+                report.failed[job.rel] = str(outcome)
+                if isinstance(outcome, ManifestError):
+                    raise outcome
+            else:
+                report.copied.append(job.rel)

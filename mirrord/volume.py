@@ -1,0 +1,209 @@
+"""The imperative shell around one directory tree: list, stat, read, delete, and (for the mirror) publish.
+
+The mirror side is kept behind the small `Mirror` protocol so that an object store can be a second
+implementation; `LocalMirror` is the filesystem one (local disk, NFS, SMB, FUSE bridges).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from mirrord import atomic
+from mirrord.errors import LockedError, ManifestError, PermanentError, SizeMismatchError, from_oserror
+from mirrord.manifest import MANIFEST_NAME, Manifest
+from mirrord.model import FileState, Snapshot
+from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.scan import snapshot_tree, state_from_stat
+
+LOCK_NAME = ".mirrord.lock"
+
+
+class Upload(Protocol):
+    """One artifact being written under its temp name; it has a final name only after commit()."""
+
+    def write(self, data: memoryview) -> None: ...
+    def seal(self, mtime_ns: int) -> None: ...
+    def commit(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+class Mirror(Protocol):
+    root: Path
+
+    def snapshot(self, patterns: Iterable[str]) -> Snapshot: ...
+    def stat(self, rel: str) -> FileState | None: ...
+    def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> Upload: ...
+    def delete(self, rel: str, expected: FileState) -> None: ...
+    def open_read(self, rel: str) -> BinaryIO: ...
+    def read_manifest(self) -> Manifest: ...
+    def write_manifest(self, data: bytes) -> None: ...
+    def space(self) -> tuple[int, int]: ...
+    def lock(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+class ChangedError(PermanentError):
+    """The file is no longer the one that was planned for deletion."""
+
+    reason = "changed"
+
+
+class LocalVolume:
+    """A directory tree reached only beneath its root, never through a symlink."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def snapshot(self, patterns: Iterable[str]) -> Snapshot:
+        return snapshot_tree(self.root, patterns, collect_partials=True)
+
+    def stat(self, rel: str) -> FileState | None:
+        parts = split_rel(rel)
+        try:
+            dir_fd = open_dir_beneath(self.root, parts[:-1])
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(dir_fd)
+        return state_from_stat(rel, st)
+
+    def open_read(self, rel: str) -> BinaryIO:
+        fd = open_file_beneath(self.root, rel)
+        return os.fdopen(fd, "rb")
+
+    def delete(self, rel: str, expected: FileState) -> None:
+        """Unlink rel only if it is still the regular file that was planned (same inode, size, mtime).
+
+        The check and the unlink use the same directory fd, so a directory swapped for a symlink
+        between planning and deleting cannot redirect the unlink outside the root.
+        """
+        parts = split_rel(rel)
+        try:
+            dir_fd = open_dir_beneath(self.root, parts[:-1])
+        except OSError as exc:
+            raise from_oserror(self.root / rel, exc, "open parent directory") from exc
+        try:
+            st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise ChangedError(self.root / rel, "no longer a regular file")
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != (expected.ino, expected.size, expected.mtime_ns):
+                raise ChangedError(self.root / rel, "changed since it was planned for deletion")
+            os.unlink(parts[-1], dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise from_oserror(self.root / rel, exc, "delete") from exc
+        finally:
+            os.close(dir_fd)
+
+    def space(self) -> tuple[int, int]:
+        """(free bytes available to us, total bytes) of the filesystem holding the root."""
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+class LocalUpload:
+    """NAME.part in the destination directory, created exclusively; see mirrord.atomic."""
+
+    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False) -> None:
+        parts = split_rel(rel)
+        self.path = root / rel
+        self.name = parts[-1]
+        self.expected_size = size
+        self.drop_cache = drop_cache
+        self.written = 0
+        self._sealed = False
+        self._dir_fd = open_dir_beneath(root, parts[:-1], create=True)
+        try:
+            self._fd = atomic.create_temp(self._dir_fd, self.name)
+        except BaseException:
+            os.close(self._dir_fd)
+            raise
+
+    def write(self, data: memoryview) -> None:
+        while data:
+            n = os.write(self._fd, data)
+            self.written += n
+            data = data[n:]
+
+    def seal(self, mtime_ns: int) -> None:
+        """Give the copy the source's mtime, make it durable, and check its size.
+
+        If fsync fails the kernel may already have dropped the dirty pages, so retrying fsync could
+        report success for lost data: the caller must abort and rebuild from the source.
+        """
+        os.utime(self._fd, ns=(mtime_ns, mtime_ns))
+        os.fsync(self._fd)
+        size = os.fstat(self._fd).st_size
+        if size != self.expected_size or self.written != self.expected_size:
+            raise SizeMismatchError(
+                self.path, f"wrote {self.written} bytes, file has {size}, source had {self.expected_size}"
+            )
+        if self.drop_cache:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self._sealed = True
+
+    def commit(self) -> None:
+        if not self._sealed:
+            raise RuntimeError("commit() before seal()")
+        try:
+            atomic.publish(self._dir_fd, self.name, self._fd)
+        finally:
+            self._close()
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            atomic.discard_temp(self._dir_fd, self.name)
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            os.close(self._dir_fd)
+            self._fd = self._dir_fd = -1
+
+
+class LocalMirror(LocalVolume):
+    """The filesystem implementation of Mirror."""
+
+    def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> LocalUpload:
+        return LocalUpload(self.root, rel, size, drop_cache)
+
+    def read_manifest(self) -> Manifest:
+        """The manifest, bound so that every change to it is published atomically on this mirror."""
+        return Manifest.load(self.root).bind(self.write_manifest)
+
+    def write_manifest(self, data: bytes) -> None:
+        try:
+            atomic.write_bytes_atomic(self.root / MANIFEST_NAME, data)
+        except OSError as exc:
+            raise ManifestError(self.root / MANIFEST_NAME, f"cannot write: {exc.strerror or exc}") from exc
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One mirrord per mirror: the lock is what makes a leftover NAME.part safe to replace."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise LockedError(self.root, "another mirrord process is using this mirror") from exc
+                raise
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            yield
+        finally:
+            os.close(fd)

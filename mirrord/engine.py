@@ -10,7 +10,7 @@ from typing import Any
 
 from mirrord.config import Config
 from mirrord.copier import CopyControl, CopyOptions, copy_file
-from mirrord.errors import CancelledError, MirrordError, NoSpaceError
+from mirrord.errors import CancelledError, MirrordError, NoSpaceError, StalledError
 from mirrord.log import get_logger
 from mirrord.manifest import Manifest
 from mirrord.metrics import Metrics
@@ -80,7 +80,8 @@ class Engine:
             )
             self.manifest.record(entry)
         except MirrordError as exc:
-            if not isinstance(exc, CancelledError):
+            # A stall is counted once, by the supervisor that detected it.
+            if not isinstance(exc, CancelledError | StalledError):
                 self.metrics.copy_result(exc.reason)
             raise
         finally:

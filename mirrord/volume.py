@@ -164,7 +164,7 @@ class LocalUpload:
 
     def abort(self) -> None:
         if self._fd >= 0:
-            atomic.discard_temp(self._dir_fd, self.name)
+            atomic.discard_temp(self._dir_fd, self.name, self._fd)
             self._close()
 
     def _close(self) -> None:

@@ -163,7 +163,8 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     tail = os.pread(fd, tail_len, size - tail_len)
     eocd_at = _find_eocd(tail)
     if eocd_at is None:
-        if tail.rfind(_SIG_EOCD) >= 0:
+        last = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
+        if last >= 0 and last + _EOCD.size + _comment_len(tail, last) < len(tail):
             raise _BadFileError("unreadable", "unexpected bytes after the end-of-central-directory record")
         raise _BadFileError("truncated", f"no end-of-central-directory record: the file ends at byte {size}")
     eocd_pos = size - tail_len + eocd_at
@@ -182,7 +183,9 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     if disk or cd_disk:
         raise _BadFileError("not_torch_zip", "multi-volume zip archive")
     if cd_offset + cd_size > size:
-        raise _BadFileError("truncated", f"central directory ends at byte {cd_offset + cd_size}, past the end ({size})")
+        raise _BadFileError(
+            "truncated", f"central directory ends at byte {cd_offset + cd_size}, past the end ({size})"
+        )
     if cd_offset + cd_size != end_of_cd:
         raise _BadFileError("unreadable", "central directory size or offset inconsistent with the end record")
     return _parse_central_directory(os.pread(fd, cd_size, cd_offset), entries), cd_offset
@@ -192,11 +195,14 @@ def _find_eocd(tail: bytes) -> int | None:
     """Offset in `tail` of an end record whose comment reaches exactly to the end of the file."""
     pos = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
     while pos >= 0:
-        (comment_len,) = struct.unpack_from("<H", tail, pos + _EOCD.size - 2)
-        if pos + _EOCD.size + comment_len == len(tail):
+        if pos + _EOCD.size + _comment_len(tail, pos) == len(tail):
             return pos
         pos = tail.rfind(_SIG_EOCD, 0, pos)
     return None
+
+
+def _comment_len(tail: bytes, eocd_at: int) -> int:
+    return int.from_bytes(tail[eocd_at + _EOCD.size - 2 : eocd_at + _EOCD.size], "little")
 
 
 def _parse_central_directory(cd: bytes, entries: int) -> list[_Record]:
@@ -205,8 +211,25 @@ def _parse_central_directory(cd: bytes, entries: int) -> list[_Record]:
     for index in range(entries):
         if pos + _CENTRAL.size > len(cd) or cd[pos : pos + 4] != _SIG_CENTRAL:
             raise _BadFileError("unreadable", f"central directory entry {index} is damaged")
-        (_, _, _, flags, method, _, _, crc, csize, usize, name_len, extra_len, comment_len, _, _, _,
-         offset) = _CENTRAL.unpack_from(cd, pos)
+        (
+            _,
+            _,
+            _,
+            flags,
+            method,
+            _,
+            _,
+            crc,
+            csize,
+            usize,
+            name_len,
+            extra_len,
+            comment_len,
+            _,
+            _,
+            _,
+            offset,
+        ) = _CENTRAL.unpack_from(cd, pos)
         name_start = pos + _CENTRAL.size
         raw_name = cd[name_start : name_start + name_len]
         extra = cd[name_start + name_len : name_start + name_len + extra_len]
@@ -251,10 +274,14 @@ def _require_torch_layout(records: Sequence[_Record]) -> None:
         raise _BadFileError("not_torch_zip", "zip archive without records")
     prefix = records[0].name.split("/", 1)[0] + "/"
     if not any(r.name == prefix + "data.pkl" for r in records):
-        raise _BadFileError("not_torch_zip", f"zip archive without {prefix}data.pkl: not written by torch.save")
+        raise _BadFileError(
+            "not_torch_zip", f"zip archive without {prefix}data.pkl: not written by torch.save"
+        )
     for r in records:
         if r.method not in (_STORED, _DEFLATED):
-            raise _BadFileError("not_torch_zip", f"record {r.name!r}: unsupported compression method {r.method}")
+            raise _BadFileError(
+                "not_torch_zip", f"record {r.name!r}: unsupported compression method {r.method}"
+            )
 
 
 def _locate_records(fd: int, records: Sequence[_Record], cd_offset: int, size: int) -> list[tuple[int, int]]:
@@ -305,9 +332,7 @@ def _verify_crcs(
     for index, (r, (start, end)) in enumerate(zip(records, ranges, strict=True)):
         if r.method == _DEFLATED:
             computed[index] = _inflate_crc(fd, r, start, end)
-    bad = sorted(
-        (ranges[i][0], i) for i, r in enumerate(records) if computed[i] != r.crc
-    )
+    bad = sorted((ranges[i][0], i) for i, r in enumerate(records) if computed[i] != r.crc)
     if bad:
         r = records[bad[0][1]]
         start, end = ranges[bad[0][1]]
@@ -360,7 +385,9 @@ def _inflate_crc(fd: int, r: _Record, start: int, end: int) -> int:
     crc = zlib.crc32(out, crc)
     produced += len(out)
     if not inflater.eof or produced != r.size:
-        raise _BadFileError("crc_mismatch", f"record {r.name!r}: inflates to {produced} bytes, expected {r.size}")
+        raise _BadFileError(
+            "crc_mismatch", f"record {r.name!r}: inflates to {produced} bytes, expected {r.size}"
+        )
     return crc
 
 

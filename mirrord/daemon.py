@@ -1,0 +1,436 @@
+"""`mirrord run`: the long-running daemon.
+
+    watcher (hints) ─┐
+    rescan timer ────┼─> main loop: plan -> JobQueue -> WorkerPool -> Engine (copy, manifest)
+    signals (flags) ─┘              └─> Pruner after copies and reconciles; supervisor heartbeat
+
+Signal handlers only set flags and wake the loop; the loop acts. Shutdown is ordered and bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from mirrord import __version__
+from mirrord.config import Config
+from mirrord.engine import Engine
+from mirrord.errors import ConfigError, MirrordError
+from mirrord.log import get_logger
+from mirrord.metrics import Metrics
+from mirrord.model import CopyJob, CopyResult, FileState, Snapshot
+from mirrord.plan import SettleTracker, plan_copies
+from mirrord.systemd import Notifier
+from mirrord.volume import LocalMirror, LocalVolume
+from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
+from mirrord.workers import JobQueue, WorkerPool
+
+# Keys a SIGHUP cannot change: they define what is watched, where it goes, or where we listen.
+RESTART_ONLY = ("primary", "mirror", "patterns", "mirror_must_be_mountpoint", "watch.mode", "metrics")
+
+
+class StartupError(Exception):
+    """mirrord cannot start as configured (a busy port, a locked or unreadable mirror)."""
+
+
+class _Waker:
+    """A self-pipe: signal handlers (via set_wakeup_fd) and other threads wake the main loop's select."""
+
+    def __init__(self) -> None:
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._r, selectors.EVENT_READ)
+
+    @property
+    def write_fd(self) -> int:
+        return self._w.fileno()
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._w.send(b"\0")
+
+    def wait(self, timeout: float) -> None:
+        if self._selector.select(max(0.0, timeout)):
+            with contextlib.suppress(BlockingIOError):
+                while self._r.recv(4096):
+                    pass
+
+    def close(self) -> None:
+        self._selector.close()
+        self._r.close()
+        self._w.close()
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        reload_config: Callable[[], Config],
+        metrics: Metrics | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.config = config
+        self.reload_config = reload_config
+        self.metrics = metrics or Metrics()
+        self.notifier = notifier or Notifier()
+        self.log = get_logger()
+        self.primary = LocalVolume(config.primary)
+        self.mirror = LocalMirror(config.mirror)
+        self.queue = JobQueue()
+        self.settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
+        self._hints: collections.deque[Hint] = collections.deque()
+        self._waker = _Waker()
+        self._stop_requests = 0
+        self._reload_requested = False
+        self._prune_due = False
+        self._unsettled: set[str] = set()
+        self._ready = False
+        self._health: tuple[bool, str] = (False, "starting")
+        self._last_heartbeat = 0.0
+        self._copied = self._failed = 0
+        self._last_error = ""
+        self._blocked = ""  # why copying and pruning are refused (e.g. the mirror looks unmounted)
+        self.endpoints: Any = None
+
+    # -- probes (called from the HTTP thread) ---------------------------------------------------
+    def health(self) -> tuple[bool, str]:
+        ok, reason = self._health
+        age = time.monotonic() - self._last_heartbeat
+        if self._last_heartbeat and age > 3 * self.config.daemon.heartbeat_seconds:
+            return False, f"supervisor heartbeat is {age:.0f} s old"
+        return ok, reason
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._blocked:
+            return False, self._blocked
+        return (True, "ready") if self._ready else (False, "first reconcile not finished")
+
+    # -- signals -------------------------------------------------------------------------------
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_requests += 1  # NO LOGGING here: just record it; the loop acts.
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self._reload_requested = True
+
+    def _emit(self, hint: Hint) -> None:
+        """Called from watcher threads."""
+        self._hints.append(hint)
+        self._waker.wake()
+
+    def _on_copy_done(self, job: CopyJob, outcome: CopyResult | MirrordError) -> None:
+        """Called from worker threads."""
+        if isinstance(outcome, CopyResult):
+            self._copied += 1
+        elif outcome.reason != "cancelled":
+            self._failed += 1
+            self._last_error = f"{job.rel}: {outcome.cause}"
+        self._prune_due = True
+        self._waker.wake()
+
+    # -- main --------------------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.config
+        self.log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(cfg.primary),
+                      mirror=str(cfg.mirror))
+        with self.mirror.lock():
+            self.manifest = self.mirror.read_manifest()
+            self.pruner = self._make_pruner(cfg)
+            self.engine = Engine(cfg, self.mirror, self.manifest, self.metrics,
+                                 make_room=self.pruner.make_room if self.pruner else None)
+            self._start_endpoints()
+            fstype = filesystem_type(cfg.primary)
+            mode, why = choose_mode(cfg.watch.mode, fstype)
+            self.metrics.watch_mode.labels(mode).set(1)
+            self.log.info("watch.mode", mode=mode, fstype=fstype, why=why)
+            self.watcher = Watcher(cfg.primary, cfg.patterns, mode, cfg.watch.poll_interval_seconds, self._emit)
+            self.pool = WorkerPool(self.engine, self.queue, cfg.copy.workers, self._on_copy_done, cfg.io.ionice)
+            previous = self._install_signals()
+            try:
+                self.watcher.start()  # before the first scan, so nothing committed in between is missed
+                self._loop()
+            finally:
+                self._shutdown()
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+                signal.set_wakeup_fd(-1)
+        self.log.info("daemon.stopped", copied=self._copied, failed=self._failed)
+        return 0
+
+    def _make_pruner(self, cfg: Config) -> Any:
+        if not cfg.prune.enabled:
+            return None
+        from mirrord.prune import Pruner
+
+        return Pruner(cfg, self.primary, self.mirror, self.manifest, self.metrics, in_flight=self.queue.paths)
+
+    def _start_endpoints(self) -> None:
+        if not self.config.metrics.enabled:
+            return
+        from mirrord.endpoints import Endpoints
+
+        m = self.config.metrics
+        try:
+            self.endpoints = Endpoints(m.host, m.port, self.metrics.registry, self.health, self.readiness)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {m.address} (metrics.address): {exc.strerror or exc}"
+            ) from exc
+        self.endpoints.start()
+        self.log.info("metrics.listening", address=f"{m.host}:{self.endpoints.port}",
+                      endpoints=["/metrics", "/healthz", "/readyz"])
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        signal.set_wakeup_fd(self._waker.write_fd, warn_on_full_buffer=False)
+        return previous
+
+    def _loop(self) -> None:
+        cfg = self.config
+        self._reconcile()
+        self._ready = True
+        self._heartbeat()
+        self.notifier.ready(self._status())
+        self.log.info("daemon.ready", status=self._status())
+        now = time.monotonic()
+        next_rescan = now + cfg.watch.rescan_interval_seconds
+        next_heartbeat = now + cfg.daemon.heartbeat_seconds
+        next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
+        while not self._stop_requests:
+            cfg = self.config
+            deadlines = [next_rescan, next_heartbeat]
+            if self._unsettled:
+                deadlines.append(next_settle)
+            self._waker.wait(min(deadlines) - time.monotonic() if not self._hints else 0)
+            if self._stop_requests:
+                break
+            if self._reload_requested:
+                self._reload_requested = False
+                self._reload()
+            now = time.monotonic()
+            if self._drain_hints() or now >= next_rescan:
+                self._reconcile()
+                next_rescan = time.monotonic() + cfg.watch.rescan_interval_seconds
+            if self._unsettled and now >= next_settle:
+                self._recheck_unsettled()
+                next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
+            if self._prune_due:
+                self._prune_due = False
+                self._prune()
+            if now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + cfg.daemon.heartbeat_seconds
+
+    # -- reconcile and hints ------------------------------------------------------------------------
+    def _reconcile(self) -> None:
+        started = time.monotonic()
+        psnap = self.primary.snapshot(self.config.patterns)
+        msnap = self.mirror.snapshot(self.config.patterns)
+        for msg in psnap.errors + msnap.errors:
+            self.log.error("scan.error", cause=msg)
+        for rel, why in psnap.skipped:
+            self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
+        if self._mirror_looks_unmounted(msnap):
+            return
+        queued = self._enqueue(psnap, msnap)
+        self.metrics.reconcile_duration.set(time.monotonic() - started)
+        self.log.info("reconcile.finished", primary_files=len(psnap.files), mirror_files=len(msnap.files),
+                      queued=queued, unsettled=len(self._unsettled),
+                      seconds=round(time.monotonic() - started, 3))
+        self._prune(psnap, msnap)
+
+    def _mirror_looks_unmounted(self, msnap: Snapshot) -> bool:
+        problem = None
+        if self.config.mirror_must_be_mountpoint and not self.config.mirror.is_mount():
+            problem = f"{self.config.mirror} is not a mount point (mirror_must_be_mountpoint = true)"
+        elif len(self.manifest) and not msnap.files and not msnap.partials and not msnap.errors:
+            problem = (f"{self.config.mirror} is empty but its manifest lists {len(self.manifest)} files: "
+                       "is the mirror volume unmounted?")
+        if (problem or "") != self._blocked:
+            if problem:
+                self.log.error("mirror.refused", cause=problem, mirror=str(self.config.mirror))
+            else:
+                self.log.info("mirror.accepted", mirror=str(self.config.mirror))
+        self._blocked = problem or ""
+        return bool(problem)
+
+    def _enqueue(self, psnap: Snapshot, msnap: Snapshot, partial: bool = False) -> int:
+        plan = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex, self.settle)
+        queued = sum(self.queue.put(job) for job in plan.jobs)
+        if partial:
+            self._unsettled.update(plan.unsettled)
+            self._unsettled.difference_update(j.rel for j in plan.jobs)
+        else:
+            self._unsettled = set(plan.unsettled)
+        return queued
+
+    def _drain_hints(self) -> bool:
+        """Handle queued watcher hints; returns True when a full rescan was asked for."""
+        files: dict[str, FileState] = {}
+        rescan = False
+        while self._hints:
+            hint = self._hints.popleft()
+            if hint.rescan:
+                rescan = True
+                continue
+            try:
+                state = self.primary.stat(hint.rel)
+            except (OSError, ValueError):
+                continue
+            if state is None or not state.is_regular:
+                continue
+            if hint.committed:
+                self.settle.mark_committed(state)
+            files[hint.rel] = state
+        if rescan:
+            self.log.warning("watch.rescan", why="event queue overflow or directory move")
+            return True
+        if files and not self._blocked:
+            self._enqueue_paths(files)
+        return False
+
+    def _enqueue_paths(self, files: dict[str, FileState]) -> None:
+        mirror_files: dict[str, FileState] = {}
+        for rel in files:
+            state = self.mirror.stat(rel)
+            if state is not None:
+                mirror_files[rel] = state
+        self._enqueue(Snapshot(files), Snapshot(mirror_files), partial=True)
+
+    def _recheck_unsettled(self) -> None:
+        files: dict[str, FileState] = {}
+        for rel in list(self._unsettled):
+            state = self.primary.stat(rel)
+            if state is None or not state.is_regular:
+                self._unsettled.discard(rel)
+                self.settle.forget(rel)
+            else:
+                files[rel] = state
+        if files:
+            self._enqueue_paths(files)
+
+    # -- retention ----------------------------------------------------------------------------------
+    def _prune(self, psnap: Snapshot | None = None, msnap: Snapshot | None = None) -> None:
+        if self.pruner is None or self._blocked:
+            return
+        try:
+            self.pruner.run_cycle(psnap, msnap)
+        except MirrordError as exc:
+            self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
+
+    # -- supervision ------------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        cfg = self.config
+        problems = self.pool.check_stalls(cfg.copy.stall_seconds)
+        if not self.watcher.is_alive():
+            problems.append("filesystem watcher stopped")
+        self._health = (not problems, "; ".join(problems) or "ok")
+        self._last_heartbeat = time.monotonic()
+        self._update_gauges()
+        status = self._status()
+        if problems:
+            self.log.error("daemon.unhealthy", problems=problems)
+            self.notifier.status("UNHEALTHY: " + "; ".join(problems))
+        else:
+            self.notifier.watchdog(status)
+
+    def _update_gauges(self) -> None:
+        self.metrics.queue_depth.set(self.queue.depth())
+        for name, volume in (("primary", self.primary), ("mirror", self.mirror)):
+            try:
+                free, total = volume.space()
+            except OSError:
+                continue
+            self.metrics.free_bytes.labels(name).set(free)
+            self.metrics.total_bytes.labels(name).set(total)
+        now_wall, now_mono = time.time(), time.monotonic()
+        lag = 0.0
+        for entry in self.queue.pending():
+            mtime = entry.job.mtime_ns / 1e9
+            by_mtime = now_wall - mtime if 0 < mtime <= now_wall else 0.0
+            lag = max(lag, by_mtime, now_mono - entry.first_seen)
+        self.metrics.lag.set(lag)
+
+    def _status(self) -> str:
+        status = (f"{self._copied} copied, {self._failed} failed, queue {self.queue.depth()}, "
+                  f"unsettled {len(self._unsettled)}")
+        if self._blocked:
+            status += f"; REFUSED: {self._blocked}"
+        elif self._last_error:
+            status += f"; last error: {self._last_error}"
+        return status
+
+    # -- reload and shutdown ------------------------------------------------------------------------
+    def _reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            new = self.reload_config()
+        except ConfigError as exc:
+            self.log.error("config.reload_failed", problems=exc.problems)
+            self.notifier.status(self._status())
+            return
+        old_data, new_data = self.config.to_toml_dict(), new.to_toml_dict()
+        fixed = [k for k in RESTART_ONLY if _get(old_data, k) != _get(new_data, k)]
+        if fixed:
+            self.log.error("config.reload_refused", keys=fixed, why="these keys need a restart")
+            self.notifier.status(self._status())
+            return
+        self.config = new
+        self.engine.reconfigure(new)
+        self.pool.resize(new.copy.workers)
+        self.settle.settle_seconds = new.copy.settle_seconds
+        self.pruner = self._make_pruner(new)
+        self.engine.make_room = self.pruner.make_room if self.pruner else None
+        from mirrord import log as logsetup
+
+        logsetup.configure(new.log.format, new.log.level)
+        self.log = get_logger()
+        self.log.info("config.reloaded", workers=new.copy.workers, keep_last=new.prune.keep_last,
+                      prune_enabled=new.prune.enabled)
+        self.notifier.ready(self._status())
+
+    def _shutdown(self) -> None:
+        cfg = self.config
+        self.notifier.stopping()
+        self.log.info("daemon.stopping", in_flight=len(self.pool.active_controls()),
+                      grace_seconds=cfg.daemon.shutdown_grace_seconds)
+        with contextlib.suppress(Exception):
+            self.watcher.stop()
+        clean = self.pool.stop(cfg.daemon.shutdown_grace_seconds, force=lambda: self._stop_requests > 1)
+        if not clean:
+            self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
+        if self.endpoints is not None:
+            self.endpoints.stop()
+        self._waker.close()
+        self.notifier.close()
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def run_daemon(config: Config, reload_config: Callable[[], Config]) -> int:
+    daemon = Daemon(config, reload_config)
+    try:
+        return daemon.run()
+    except StartupError:
+        raise
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)

@@ -1,0 +1,112 @@
+"""Guards: pure vetoes on one deletion. Each returns a named reason to keep the file, or None.
+
+A guard can only keep more, never delete more. The reasons are stable words that reach logs and the
+`mirrord_prune_skipped_total{reason}` metric. The planner applies them to every candidate, and the
+executor applies them again to a fresh stat just before unlinking, because the world may have changed.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from mirrord.atomic import TEMP_SUFFIX
+from mirrord.model import FileState
+from mirrord.paths import split_rel
+
+NS = 1_000_000_000
+
+RECENT_MTIME = "recent_mtime"
+ZERO_MTIME = "zero_mtime"
+FUTURE_MTIME = "future_mtime"
+IN_FLIGHT = "in_flight"
+NEWEST = "newest"
+NOT_REGULAR = "not_regular"
+REASONS = (RECENT_MTIME, ZERO_MTIME, FUTURE_MTIME, IN_FLIGHT, NEWEST, NOT_REGULAR)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardContext:
+    """Everything a guard may look at besides the file itself; `now` is passed in, never read."""
+
+    now: float
+    min_age_seconds: float
+    future_skew_seconds: float
+    in_flight: frozenset[str] = frozenset()
+    newest: frozenset[str] = frozenset()
+    roots: Mapping[str, PurePath] | None = None
+
+
+Guard = Callable[[str, FileState, GuardContext], str | None]
+
+
+def outside_roots(volume: str, state: FileState, ctx: GuardContext) -> str | None:
+    """Not a regular file, or a path that does not stay below its own root (and out of the other root).
+
+    Snapshots never list symlinks, and the executor walks without following them; this catches a
+    listing that would send a deletion somewhere else: '..', an absolute path, a mirror nested in the
+    primary.
+    """
+    if not state.is_regular:
+        return NOT_REGULAR
+    try:
+        split_rel(state.rel)
+    except ValueError:
+        return NOT_REGULAR
+    if ctx.roots is not None:
+        own = ctx.roots.get(volume)
+        if own is None:
+            return NOT_REGULAR
+        target = PurePath(posixpath.normpath(PurePath(own, state.rel).as_posix()))
+        if not target.is_relative_to(own) or target == PurePath(own):
+            return NOT_REGULAR
+        for name, other in ctx.roots.items():
+            if name != volume and other != own and other.is_relative_to(own) and target.is_relative_to(other):
+                return NOT_REGULAR
+    return None
+
+
+def in_flight(volume: str, state: FileState, ctx: GuardContext) -> str | None:
+    """Queued or being copied in this process; NAME.part counts as NAME."""
+    rel = state.rel.removesuffix(TEMP_SUFFIX)
+    return IN_FLIGHT if state.rel in ctx.in_flight or rel in ctx.in_flight else None
+
+
+def zero_mtime(volume: str, state: FileState, ctx: GuardContext) -> str | None:
+    """An mtime of 0 (or before the epoch) means the filesystem does not know: unknown is not old."""
+    return ZERO_MTIME if state.mtime_ns <= 0 else None
+
+
+def future_mtime(volume: str, state: FileState, ctx: GuardContext) -> str | None:
+    """An mtime beyond the allowed clock skew is a lying clock or filesystem, not a sign of age."""
+    return FUTURE_MTIME if state.mtime_ns > (ctx.now + ctx.future_skew_seconds) * NS else None
+
+
+def recent_mtime(volume: str, state: FileState, ctx: GuardContext) -> str | None:
+    """Modified within min_age_seconds (or slightly in the future): it may still be written or copied."""
+    return RECENT_MTIME if state.mtime_ns > (ctx.now - ctx.min_age_seconds) * NS else None
+
+
+def newest(volume: str, state: FileState, ctx: GuardContext) -> str | None:
+    """Part of the newest verified checkpoint of its run: the one a resume needs."""
+    return NEWEST if state.rel in ctx.newest else None
+
+
+# Order decides which reason is reported when several apply: the most specific first.
+GUARDS: tuple[Guard, ...] = (outside_roots, in_flight, zero_mtime, future_mtime, recent_mtime, newest)
+
+
+def veto(volume: str, state: FileState, ctx: GuardContext, guards: tuple[Guard, ...] = GUARDS) -> str | None:
+    """The first guard's reason to keep `state` on `volume`, or None if every guard allows deleting it."""
+    for guard in guards:
+        reason = guard(volume, state, ctx)
+        if reason is not None:
+            return reason
+    return None
+
+
+def vetoes(volume: str, state: FileState, ctx: GuardContext, guards: tuple[Guard, ...] = GUARDS) -> list[str]:
+    """Every reason to keep `state` (for tests and explanations; `veto` reports the first)."""
+    return [r for r in (g(volume, state, ctx) for g in guards) if r is not None]

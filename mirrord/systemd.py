@@ -1,0 +1,53 @@
+"""sd_notify without libsystemd: READY, WATCHDOG, STATUS, STOPPING. A no-op when NOTIFY_SOCKET is unset."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Mapping
+
+
+class Notifier:
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        address = environ.get("NOTIFY_SOCKET", "")
+        if address.startswith("@"):
+            address = "\0" + address[1:]
+        self._address = address or None
+        self._sock: socket.socket | None = None
+        usec = environ.get("WATCHDOG_USEC", "")
+        self.watchdog_seconds = int(usec) / 1e6 if usec.isdigit() and int(usec) > 0 else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._address is not None
+
+    def notify(self, *lines: str) -> None:
+        """Send one datagram; errors are swallowed (systemd being away must not stop mirroring)."""
+        if self._address is None:
+            return
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        with contextlib.suppress(OSError):
+            self._sock.sendto("\n".join(lines).encode(), self._address)
+
+    def ready(self, status: str) -> None:
+        self.notify("READY=1", f"STATUS={status}")
+
+    def watchdog(self, status: str) -> None:
+        self.notify("WATCHDOG=1", f"STATUS={status}")
+
+    def status(self, status: str) -> None:
+        self.notify(f"STATUS={status}")
+
+    def reloading(self) -> None:
+        self.notify("RELOADING=1")
+
+    def stopping(self) -> None:
+        self.notify("STOPPING=1", "STATUS=shutting down")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

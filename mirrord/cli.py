@@ -127,6 +127,28 @@ def _load(args: argparse.Namespace) -> Config:
     return config
 
 
+# --- prune (retention; see mirrord/prune.py) ---------------------------------------------------------
+def cmd_prune(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.errors import ManifestError
+    from mirrord.prune import Pruner, describe
+    from mirrord.volume import LocalMirror, LocalVolume
+
+    mirror = LocalMirror(config.mirror)
+    with mirror.lock():
+        try:
+            manifest = mirror.read_manifest()
+        except ManifestError as exc:
+            # Without the manifest nothing is known to be verified: delete nothing.
+            logsetup.get_logger().error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=0)
+            print(f"REFUSED (manifest): {exc}; nothing deleted", file=sys.stderr)
+            return EXIT_FAILED
+        pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest)
+        report = pruner.run_cycle(dry_run=True if args.dry_run else None)
+    print(describe(report))
+    return EXIT_OK if report.ok else EXIT_FAILED
+# --- end prune -----------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mirrord",
@@ -160,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz. SIGTERM/SIGINT stop it cleanly, SIGHUP reloads the config.")
     add("check-config", cmd_check_config, "Validate the configuration and print the effective values.")
+    # --- prune ---
+    p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
+            "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
+            "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
+            "manifest, mirror looks unmounted).")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan, delete nothing (as prune.dry_run = true)")
+    # --- end prune ---
     return parser
 
 

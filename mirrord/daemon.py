@@ -202,8 +202,8 @@ class Daemon:
         cfg = self.config
         self._reconcile()
         self._ready = True
-        self._heartbeat()
         self.notifier.ready(self._status())
+        self._heartbeat()
         self.log.info("daemon.ready", status=self._status())
         now = time.monotonic()
         next_rescan = now + cfg.watch.rescan_interval_seconds

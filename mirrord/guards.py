@@ -52,9 +52,11 @@ def outside_roots(volume: str, state: FileState, ctx: GuardContext) -> str | Non
     if not state.is_regular:
         return NOT_REGULAR
     try:
-        split_rel(state.rel)
+        parts = split_rel(state.rel)
     except ValueError:
         return NOT_REGULAR
+    if "/".join(parts) != state.rel:
+        return NOT_REGULAR  # not the canonical form a listing produces ('a//b', 'a/./b', 'a/')
     if ctx.roots is not None:
         own = ctx.roots.get(volume)
         if own is None:

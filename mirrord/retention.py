@@ -54,7 +54,8 @@ STEP, ORPHAN_PART = "step", "orphan_part"
 class Policy(Protocol):
     """A retention rule: the steps of one run it wants to keep. Policies never delete."""
 
-    why: str
+    @property
+    def why(self) -> str: ...
 
     def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]: ...
 
@@ -262,7 +263,7 @@ def plan_prune(
     )
 
 
-def deletion_order(d: Deletion) -> tuple[int, int, str, str]:
+def deletion_order(d: Deletion) -> tuple[bool, int, str, bool]:
     """Orphan temp files first (pure waste), then the oldest steps; mirror before primary."""
     return (d.kind != ORPHAN_PART, d.step if d.step is not None else -1, d.rel, d.volume != MIRROR)
 

@@ -12,9 +12,10 @@ Statuses:
   legacy_pickle  the pre-1.6 format (_use_new_zipfile_serialization=False): no checksums to verify
   unreadable     an I/O error, or zip headers so damaged that the records cannot be located
 
-Reading is streamed through fixed per-worker buffers. Records are split into pieces hashed by a few
-threads (zlib.crc32 releases the GIL on large buffers) and the pieces' CRCs are combined, so one big
-tensor is verified at several times the speed of a single core.
+Reading is streamed with pread through one fixed buffer per worker (never mmap: a file truncated
+while mapped would kill the process with SIGBUS). Records are split into pieces checksummed by a few
+threads (zlib.crc32 releases the GIL on large buffers) and the pieces' CRCs are combined, so even a
+checkpoint made of one huge tensor is verified on several cores.
 """
 
 from __future__ import annotations
@@ -94,20 +95,30 @@ def check_torch_zip(path: str | os.PathLike[str], *, workers: int | None = None)
     threads that checksum in parallel (default: CPU count, at most MAX_WORKERS); memory used is about
     workers x PIECE_BYTES.
     """
-    if workers is None:
-        workers = min(MAX_WORKERS, os.cpu_count() or 1)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK so that a FIFO in place of a checkpoint is reported, not waited on forever.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         return ZipCheck("unreadable", f"cannot open: {exc.strerror or exc}")
+    try:
+        return check_torch_zip_fd(fd, workers=workers)
+    finally:
+        os.close(fd)
+
+
+def check_torch_zip_fd(fd: int, *, workers: int | None = None) -> ZipCheck:
+    """check_torch_zip on a file the caller already opened (e.g. safely beneath a root); fd stays open.
+
+    Reads with pread only, so the fd's offset is left where it was.
+    """
+    if workers is None:
+        workers = min(MAX_WORKERS, os.cpu_count() or 1)
     try:
         return _check_fd(fd, max(1, workers))
     except _BadFileError as verdict:
         return verdict.result
     except OSError as exc:
         return ZipCheck("unreadable", f"read failed: {exc.strerror or exc}")
-    finally:
-        os.close(fd)
 
 
 def load_check(path: str | os.PathLike[str]) -> ZipCheck:
@@ -185,6 +196,10 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     if cd_offset + cd_size > size:
         raise _BadFileError(
             "truncated", f"central directory ends at byte {cd_offset + cd_size}, past the end ({size})"
+        )
+    if entries * _CENTRAL.size > cd_size:
+        raise _BadFileError(
+            "unreadable", f"end record claims {entries} entries in a {cd_size}-byte directory"
         )
     if cd_offset + cd_size != end_of_cd:
         raise _BadFileError("unreadable", "central directory size or offset inconsistent with the end record")
@@ -364,7 +379,13 @@ def _crc_pieces(fd: int, pieces: Sequence[tuple[int, int, int]], workers: int) -
     if workers == 1 or len(pieces) < 2:
         return [crc_of(p) for p in pieces]
     with ThreadPoolExecutor(max_workers=min(workers, len(pieces)), thread_name_prefix="zipcheck") as pool:
-        return list(pool.map(crc_of, pieces))
+        futures = [pool.submit(crc_of, piece) for piece in pieces]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:  # a short read or I/O error ends the check: skip the queued pieces
+                future.cancel()
+            raise
 
 
 def _inflate_crc(fd: int, r: _Record, start: int, end: int) -> int:

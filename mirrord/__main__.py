@@ -1,0 +1,7 @@
+"""python -m mirrord"""
+
+import sys
+
+from mirrord.cli import main
+
+sys.exit(main())

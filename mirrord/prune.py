@@ -1,0 +1,305 @@
+"""The retention executor: plan (mirrord.retention), then delete file by file after checking again.
+
+Just before each unlink the file is stat'ed afresh (beneath its root, never through a symlink) and
+must still be the file that was planned; the guards are applied again to that fresh stat with a
+fresh clock and in-flight set, because the world may have changed since the listing. Deleting a
+mirrored file first drops its manifest entry (written atomically), so the manifest never vouches for
+a file that is gone. One log event per decision: prune.deleted, prune.skipped (reason),
+prune.refused (reason); prune.would_delete in dry-run mode.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+from mirrord.config import Config
+from mirrord.errors import ManifestError, MirrordError
+from mirrord.guards import NOT_REGULAR, REASONS, GuardContext, veto
+from mirrord.log import get_logger
+from mirrord.manifest import Manifest
+from mirrord.metrics import Metrics
+from mirrord.model import FileState, Snapshot
+from mirrord.retention import MIRROR, PRIMARY, STEP, Deletion, PrunePlan, Skipped, plan_prune
+from mirrord.volume import ChangedError, LocalVolume, Mirror
+
+VANISHED = "vanished"  # gone before we got to it: nothing to do, not a guard's veto
+CHANGED = "changed"  # no longer the file that was planned: reconsidered next cycle
+DISABLED = "disabled"
+
+
+@dataclass
+class PruneReport:
+    """What one cycle did. `refused` (whole cycle) and `failed` (single files) make it not ok."""
+
+    plan: PrunePlan = field(default_factory=PrunePlan)
+    dry_run: bool = False
+    disabled: bool = False
+    deleted: list[Deletion] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail): nothing deleted
+    changed: list[tuple[str, str, str]] = field(default_factory=list)  # (volume, rel, reason)
+    failed: list[tuple[str, str, str]] = field(default_factory=list)  # (volume, rel, cause)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and not self.failed
+
+    def freed_bytes(self, volume: str | None = None) -> int:
+        return sum(d.state.size for d in self.deleted if volume is None or d.volume == volume)
+
+    def skips_by_reason(self) -> dict[str, int]:
+        return dict(Counter(s.reason for s in self.skipped))
+
+
+def _fields(volume: str, state: FileState, step: int | None) -> dict[str, Any]:
+    return {"volume": volume, "path": state.rel, "run": state.run or ".", "step": step, "size": state.size}
+
+
+class Pruner:
+    """Retention for one primary/mirror pair, shared by `mirrord prune` and the daemon.
+
+    `in_flight()` returns the root-relative paths queued or being copied in this process (a path
+    must stay in it until its manifest record is written). The caller holds the mirror lock.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        primary: LocalVolume,
+        mirror: Mirror,
+        manifest: Manifest,
+        metrics: Metrics | None = None,
+        wall: Callable[[], float] = time.time,
+        in_flight: Callable[[], frozenset[str]] = frozenset,
+    ) -> None:
+        self.config = config
+        self.primary = primary
+        self.mirror = mirror
+        self.manifest = manifest
+        self.metrics = metrics or Metrics()
+        self.wall = wall
+        self.in_flight = in_flight
+        self.log = get_logger()
+        self._lock = threading.Lock()
+        self._last_plan: PrunePlan | None = None
+        self._roots = {
+            PRIMARY: PurePath(primary.root.resolve()),
+            MIRROR: PurePath(mirror.root.resolve()),
+        }
+
+    def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None) -> PrunePlan:
+        """List both sides (unless given the daemon's own snapshots) and plan; deletes nothing."""
+        psnap = primary_snap if primary_snap is not None else self.primary.snapshot(self.config.patterns)
+        msnap = mirror_snap if mirror_snap is not None else self.mirror.snapshot(self.config.patterns)
+        is_mount = self.mirror.root.is_mount() if self.config.mirror_must_be_mountpoint else None
+        plan = plan_prune(
+            psnap, msnap, self.manifest.entries, frozenset(self.in_flight()), self.wall(),
+            self.config.prune, self.config.step_regex, self._roots, is_mount,
+        )
+        if not plan.refused:
+            self._last_plan = plan
+        return plan
+
+    def retired(self, run: str, step: int | None) -> bool:
+        """True if the last plan put this step of this run below the kept window (and no policy keeps it).
+
+        The copy planner should skip such files: with prune.primary = false the primary still has
+        them, and copying them again would only have them pruned again.
+        """
+        plan = self._last_plan
+        return plan is not None and plan.retired(run, step)
+
+    def run_cycle(
+        self,
+        primary_snap: Snapshot | None = None,
+        mirror_snap: Snapshot | None = None,
+        dry_run: bool | None = None,
+    ) -> PruneReport:
+        """Plan and execute one retention pass. With prune.enabled = false only a dry run plans."""
+        dry = self.config.prune.dry_run if dry_run is None else dry_run
+        if not self.config.prune.enabled and not dry:
+            self.log.debug("prune.disabled")
+            return PruneReport(disabled=True)
+        with self._lock:
+            plan = self.plan(primary_snap, mirror_snap)
+            report = self._execute(plan, dry, (PRIMARY, MIRROR))
+        self.log.info(
+            "prune.finished", dry_run=dry, deleted=len(report.deleted),
+            freed_bytes_mirror=report.freed_bytes(MIRROR), freed_bytes_primary=report.freed_bytes(PRIMARY),
+            skipped=report.skips_by_reason(), refused=[r for r, _ in report.refused],
+            failed=len(report.failed),
+        )
+        return report
+
+    def execute(self, plan: PrunePlan, dry_run: bool = False) -> PruneReport:
+        """Carry out a plan made earlier (the daemon may plan from its own snapshots)."""
+        with self._lock:
+            return self._execute(plan, dry_run, (PRIMARY, MIRROR))
+
+    def make_room(self, bytes_needed: int) -> None:
+        """Called before a copy that does not fit: prune the mirror, oldest first, until it fits.
+
+        Only what retention would delete anyway is deleted - never a kept step. If that is not
+        enough the copy fails with "no space" and its metric.
+        """
+        prune = self.config.prune
+        if not prune.enabled or prune.dry_run:
+            self.log.info("prune.make_room", needed=bytes_needed, outcome=DISABLED)
+            return
+        with self._lock:
+            free, _ = self.mirror.space()
+            if free >= bytes_needed:
+                return
+            plan = self.plan()
+            report = self._execute(plan, False, (MIRROR,), lambda: self.mirror.space()[0] >= bytes_needed)
+            free, _ = self.mirror.space()
+        self.log.info(
+            "prune.make_room", needed=bytes_needed, free=free, freed=report.freed_bytes(),
+            deleted=len(report.deleted), outcome="enough" if free >= bytes_needed else "not_enough",
+        )
+
+    def _execute(
+        self,
+        plan: PrunePlan,
+        dry_run: bool,
+        volumes: Iterable[str],
+        enough: Callable[[], bool] | None = None,
+    ) -> PruneReport:
+        volumes = tuple(volumes)
+        report = PruneReport(plan=plan, dry_run=dry_run)
+        if plan.refused:
+            for reason, detail in plan.refused:
+                self.log.error("prune.refused", reason=reason, detail=detail, deleted=0)
+            report.refused.extend(plan.refused)
+            return report
+        for kept in plan.kept:
+            self.log.debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
+        for skip in plan.skipped:
+            if skip.volume in volumes:
+                self._skip(report, skip)
+        for deletion in plan.deletions:
+            if deletion.volume not in volumes:
+                continue
+            if dry_run:
+                self.log.info("prune.would_delete", kind=deletion.kind,
+                              **_fields(deletion.volume, deletion.state, deletion.step))
+                report.deleted.append(deletion)
+                continue
+            if not self._delete_one(deletion, plan, report):
+                break
+            if enough is not None and enough():
+                break
+        return report
+
+    def _skip(self, report: PruneReport, skip: Skipped) -> None:
+        report.skipped.append(skip)
+        self.log.info("prune.skipped", volume=skip.volume, path=skip.rel, step=skip.step, reason=skip.reason)
+        if skip.reason in REASONS:
+            self.metrics.prune_skipped.labels(skip.reason).inc()
+
+    def _delete_one(self, d: Deletion, plan: PrunePlan, report: PruneReport) -> bool:
+        """Re-check and delete one file; False means stop the cycle (the manifest cannot be written)."""
+        volume = self.primary if d.volume == PRIMARY else self.mirror
+        fields = _fields(d.volume, d.state, d.step)
+        try:
+            fresh = volume.stat(d.rel)
+        except ValueError:
+            self._skip(report, Skipped(d.volume, d.rel, d.step, NOT_REGULAR, d.state.size))
+            return True
+        except OSError as exc:
+            self._refuse_file(report, d, "restat_failed", exc.strerror or str(exc), failed=True)
+            return True
+        if fresh is None:
+            self._skip(report, Skipped(d.volume, d.rel, d.step, VANISHED, d.state.size))
+            return True
+        if (fresh.ino, fresh.size, fresh.mtime_ns, fresh.mode) != (
+            d.state.ino, d.state.size, d.state.mtime_ns, d.state.mode
+        ):
+            self._refuse_file(report, d, CHANGED, "no longer the file that was planned")
+            return True
+        ctx = GuardContext(
+            now=self.wall(),
+            min_age_seconds=self.config.prune.min_age_seconds,
+            future_skew_seconds=self.config.prune.future_skew_seconds,
+            in_flight=frozenset(self.in_flight()),
+            newest=plan.newest,
+            roots=self._roots,
+        )
+        reason = veto(d.volume, fresh, ctx)
+        if reason is not None:
+            self._skip(report, Skipped(d.volume, d.rel, d.step, reason, fresh.size))
+            return True
+        entry = self.manifest.get(d.rel) if d.volume == MIRROR and d.kind == STEP else None
+        if entry is not None:
+            try:
+                self.manifest.remove(d.rel)
+            except ManifestError as exc:
+                # Without a writable manifest no deletion can be recorded: stop the whole cycle.
+                self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
+                report.refused.append((exc.reason, exc.cause))
+                return False
+        try:
+            volume.delete(d.rel, fresh)
+        except ChangedError as exc:
+            self._refuse_file(report, d, CHANGED, exc.cause)
+            return True
+        except MirrordError as exc:
+            if entry is not None:
+                self.manifest.record(entry)  # the file is still there and still what was recorded
+            self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
+            return True
+        report.deleted.append(d)
+        self.metrics.pruned_files.labels(d.volume).inc()
+        self.metrics.pruned_bytes.labels(d.volume).inc(fresh.size)
+        self.log.info("prune.deleted", kind=d.kind, manifest_entry=entry is not None, **fields)
+        return True
+
+    def _refuse_file(
+        self, report: PruneReport, d: Deletion, reason: str, cause: str, failed: bool = False
+    ) -> None:
+        (report.failed if failed else report.changed).append((d.volume, d.rel, f"{reason}: {cause}"))
+        log = self.log.error if failed else self.log.warning
+        log("prune.refused", reason=reason, detail=cause, **_fields(d.volume, d.state, d.step))
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def describe(report: PruneReport) -> str:
+    """For a person: what was (or would be) deleted, what is kept and why, what a guard skipped."""
+    if report.disabled:
+        return "pruning is disabled (prune.enabled = false): nothing deleted; --dry-run shows the plan"
+    plan = report.plan
+    lines = [f"REFUSED ({reason}): {detail}" for reason, detail in report.refused]
+    verb = "would delete" if report.dry_run else "deleted"
+    rels = [d.rel for d in report.deleted] + [k.rel for k in plan.kept] + [s.rel for s in report.skipped]
+    width = max(map(len, rels), default=0)
+    lines.append(f"{verb} {len(report.deleted)} file(s), {_size(report.freed_bytes())}:")
+    for d in report.deleted:
+        what = d.kind if d.step is None else f"step {d.step}"
+        lines.append(f"  {d.volume:8} {d.rel:{width}}  {what}  {_size(d.state.size)}")
+    lines.append(f"kept {len(plan.kept)} file(s):")
+    lines.extend(f"  {k.volume:8} {k.rel:{width}}  {k.why}" for k in plan.kept)
+    lines.append(f"skipped {len(report.skipped)} file(s):")
+    lines.extend(f"  {s.volume:8} {s.rel:{width}}  {s.reason}" for s in report.skipped)
+    if report.changed or report.failed:
+        lines.append(f"not deleted {len(report.changed) + len(report.failed)} file(s):")
+        lines.extend(f"  {v:8} {rel}  {why}" for v, rel, why in report.changed + report.failed)
+    freed = ", ".join(f"{v} {_size(report.freed_bytes(v))}" for v in (MIRROR, PRIMARY))
+    skips = ", ".join(f"{r}={n}" for r, n in sorted(report.skips_by_reason().items())) or "none"
+    outcome = f"{verb} {len(report.deleted)} file(s) ({freed})"
+    if report.refused:
+        outcome = f"REFUSED; {outcome}"
+    lines.append(f"summary: {outcome}; kept {len(plan.kept)}; skipped: {skips}"
+                 + ("; dry run: nothing was deleted" if report.dry_run else ""))
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""`mirrord run` as a real process: watcher, reconciler, workers, signals, restarts."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from mirrord.manifest import Manifest
+from tests.integration.daemon_harness import save_checkpoint, wait_for
+
+
+def mirrored(mirror: Path, rel: str) -> bool:
+    return rel in Manifest.load(mirror).entries and (mirror / rel).exists()
+
+
+def no_parts(root: Path) -> bool:
+    return not list(root.rglob("*.part"))
+
+
+def test_renamed_checkpoint_is_mirrored_and_recorded(tmp_path, daemon_factory):
+    """A checkpoint committed by .part -> rename appears on the mirror, whole, and in the manifest."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory().start()
+    src = save_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)
+    wait_for(lambda: mirrored(mirror, "run1/step_0010.pt"), 20, "step 10 mirrored")
+    assert filecmp.cmp(src, mirror / "run1/step_0010.pt", shallow=False)
+    entry = Manifest.load(mirror).entries["run1/step_0010.pt"]
+    assert entry.size == src.stat().st_size and entry.step == 10 and entry.algo == "blake3"
+    assert (mirror / "run1/step_0010.pt").stat().st_mtime_ns == src.stat().st_mtime_ns
+    assert d.metric("mirrord_copies_total", 'result="ok"') == 1
+    assert d.stop() == 0
+    assert no_parts(mirror)
+
+
+def test_in_place_writer_is_copied_only_after_it_settles(tmp_path, daemon_factory):
+    """A file written in place, slowly, is never copied while it changes; the copy equals the final file."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory({"copy": {"settle_seconds": 1.0}}).start()
+    target = primary / "step_0005.pt"
+    finished = threading.Event()
+
+    def writer() -> None:
+        with target.open("wb") as f:
+            for _ in range(12):
+                f.write(os.urandom(256 * 1024))
+                f.flush()
+                finished.wait(0.2)  # pacing of a slow writer, not synchronization
+        finished.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    t.join()
+    done_at = time.time()
+    wait_for(lambda: mirrored(mirror, "step_0005.pt"), 20, "in-place file mirrored")
+    starts = d.events("copy.started", path="step_0005.pt")
+    commits = d.events("copy.committed", path="step_0005.pt")
+    assert all(e["size"] == target.stat().st_size for e in starts + commits)
+    first_start = min(time.mktime(time.strptime(e["timestamp"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+                      for e in starts)
+    assert first_start >= int(done_at) - 1, "copy started while the writer was still writing"
+    assert filecmp.cmp(target, mirror / "step_0005.pt", shallow=False)
+    assert d.stop() == 0
+
+
+def test_files_committed_while_stopped_are_mirrored_at_start(tmp_path, daemon_factory):
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for step in (1, 2, 3):
+        save_checkpoint(primary / "runA" / f"step_{step:04d}.pt", step)
+    d = daemon_factory().start()
+    wait_for(lambda: all(mirrored(mirror, f"runA/step_{s:04d}.pt") for s in (1, 2, 3)), 20, "start-up copies")
+    order = [e["step"] for e in d.events("copy.started")]
+    assert order[0] == 3, f"newest step must be copied first, got {order}"
+    assert d.stop() == 0
+
+
+def test_lost_events_are_repaired_by_the_rescan(tmp_path, daemon_factory):
+    """With polling so slow that events never arrive in time, the periodic reconcile still mirrors."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory({"watch": {"mode": "polling", "poll_interval_seconds": 3600,
+                                  "rescan_interval_seconds": 1.0}}).start()
+    d.wait_event("watch.mode", mode="polling")
+    save_checkpoint(primary / "step_0042.pt", 42)
+    wait_for(lambda: mirrored(mirror, "step_0042.pt"), 20, "rescan mirrors the file")
+    assert any(e["queued"] >= 1 for e in d.events("reconcile.finished"))
+    assert d.stop() == 0
+
+
+def test_kill_9_during_a_large_copy_then_restart_completes_it(tmp_path, daemon_factory):
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    src = save_checkpoint(primary / "big" / "step_0100.pt", 100, megabytes=120)
+    slow = daemon_factory({"io": {"bandwidth_limit": 30 * 1024 * 1024, "drop_cache": False}}).start()
+    part = mirror / "big" / "step_0100.pt.part"
+    wait_for(lambda: part.exists() and part.stat().st_size > 10 * 1024 * 1024, 30, "copy in progress")
+    slow.stop(signal.SIGKILL)
+    assert not (mirror / "big" / "step_0100.pt").exists(), "a killed copy must leave no final name"
+    assert part.exists()  # the dead process's temp file, to be replaced by the next copy
+    fresh = daemon_factory().start()
+    wait_for(lambda: mirrored(mirror, "big/step_0100.pt"), 60, "copy completed after restart")
+    assert filecmp.cmp(src, mirror / "big/step_0100.pt", shallow=False)
+    assert no_parts(mirror)
+    assert fresh.stop() == 0
+
+
+def test_sigterm_during_a_copy_exits_0_within_grace_leaving_no_trace(tmp_path, daemon_factory):
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    src = save_checkpoint(primary / "step_0007.pt", 7, megabytes=120)
+    d = daemon_factory({"io": {"bandwidth_limit": 20 * 1024 * 1024, "drop_cache": False},
+                        "daemon": {"shutdown_grace_seconds": 1.0}}).start()
+    part = mirror / "step_0007.pt.part"
+    wait_for(lambda: part.exists() and part.stat().st_size > 0, 30, "copy in progress")
+    started = time.monotonic()
+    d.send(signal.SIGTERM)
+    assert d.proc is not None
+    assert d.proc.wait(timeout=15) == 0
+    assert time.monotonic() - started < 10
+    final = mirror / "step_0007.pt"
+    if final.exists():
+        assert filecmp.cmp(src, final, shallow=False)
+    assert no_parts(mirror)
+    assert d.events("daemon.stopped")
+
+
+def test_sighup_reloads_workers_and_rejects_a_bad_config(tmp_path, daemon_factory):
+    d = daemon_factory().start()
+    d.settings["copy"]["workers"] = 3
+    d.write_config()
+    d.send(signal.SIGHUP)
+    d.wait_event("config.reloaded", workers=3)
+    d.settings["copy"]["workers"] = 0
+    d.write_config()
+    d.send(signal.SIGHUP)
+    failed = d.wait_event("config.reload_failed")
+    assert any("copy.workers" in p for p in failed["problems"])
+    d.settings["mirror"] = str(tmp_path / "elsewhere")
+    d.settings["copy"]["workers"] = 2
+    d.write_config()
+    d.send(signal.SIGHUP)
+    assert "mirror" in d.wait_event("config.reload_refused")["keys"]
+    assert d.http("/healthz")[0] == 200
+    assert d.stop() == 0
+
+
+def test_busy_metrics_address_fails_start_up_naming_it(tmp_path, daemon_factory):
+    first = daemon_factory().start()
+    second = daemon_factory({"metrics": {"address": f"127.0.0.1:{first.port}"},
+                             "mirror": str(tmp_path / "other-mirror")})
+    second.start(wait_ready=False)
+    assert second.proc is not None
+    assert second.proc.wait(timeout=30) == 2
+    assert f"127.0.0.1:{first.port}" in second.log_text() and "metrics.address" in second.log_text()
+    assert first.stop() == 0
+
+
+def test_second_daemon_on_the_same_mirror_is_refused(tmp_path, daemon_factory):
+    first = daemon_factory().start()
+    second = daemon_factory()
+    second.start(wait_ready=False)
+    assert second.proc is not None
+    assert second.proc.wait(timeout=30) == 1
+    assert "another mirrord process" in second.log_text()
+    assert first.stop() == 0
+
+
+def test_run_starts_without_importing_torch(tmp_path):
+    code = "import sys, mirrord.daemon, mirrord.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

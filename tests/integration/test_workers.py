@@ -1,0 +1,102 @@
+"""The worker pool with real threads and real files: stalls, retries, dedup and shutdown."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import threading
+from pathlib import Path
+
+from mirrord.config import load_config
+from mirrord.engine import Engine
+from mirrord.errors import MirrordError
+from mirrord.metrics import Metrics
+from mirrord.model import CopyJob, CopyResult
+from mirrord.volume import LocalMirror
+from mirrord.workers import JobQueue, WorkerPool
+from tests.integration.daemon_harness import save_checkpoint, wait_for
+
+
+def _setup(tmp_path: Path, **copy: object) -> tuple[Engine, JobQueue, Path, Path]:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary.mkdir()
+    config = load_config(environ={}, overrides={
+        "primary": str(primary), "mirror": str(mirror),
+        "copy": {"free_space_reserve_bytes": 0, "retry_backoff_seconds": 0.01, **copy},
+        "io": {"buffer_bytes": 1024 * 1024},
+    })
+    lm = LocalMirror(mirror)
+    lm.root.mkdir()
+    return Engine(config, lm, lm.read_manifest(), Metrics()), JobQueue(), primary, mirror
+
+
+def _job(primary: Path, rel: str, step: int) -> CopyJob:
+    st = (primary / rel).stat()
+    return CopyJob(rel, st.st_size, st.st_mtime_ns, step, "new")
+
+
+def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monkeypatch):
+    """A source read that blocks (a hung mount) stops progress; after stall_seconds the supervisor
+    abandons the copy, a fresh worker copies the file whole, and when the stuck read finally returns
+    the abandoned attempt removes only its own temp file."""
+    engine, queue, primary, mirror = _setup(tmp_path, stall_seconds=0.3)
+    src = save_checkpoint(primary / "step_0003.pt", 3, megabytes=8)
+    release = threading.Event()
+    calls = {"n": 0}
+    real_readv = os.readv
+
+    def readv(fd: int, buffers: list[bytearray]) -> int:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third read of the whole process hangs, like a dead NFS server
+            release.wait(30)
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr("mirrord.copier.os.readv", readv)
+    outcomes: list[CopyResult | MirrordError] = []
+    pool = WorkerPool(engine, queue, 1, on_done=lambda job, outcome: outcomes.append(outcome))
+    queue.put(_job(primary, "step_0003.pt", 3))
+    problems: list[str] = []
+    wait_for(lambda: problems.extend(pool.check_stalls(0.3)) or outcomes, 30, "retry to finish", 0.05)
+    assert isinstance(outcomes[0], CopyResult)
+    assert filecmp.cmp(src, mirror / "step_0003.pt", shallow=False)
+    assert engine.metrics.copies.labels("stalled")._value.get() == 1
+    release.set()
+    wait_for(lambda: not any(t.is_alive() and t.name == "mirrord-copy-1" for t in pool.threads()), 30,
+             "the abandoned thread to return")
+    assert not list(mirror.rglob("*.part"))
+    assert filecmp.cmp(src, mirror / "step_0003.pt", shallow=False)
+    assert pool.stop(grace=5)
+
+
+def test_transient_errors_are_retried_then_given_up(tmp_path, monkeypatch):
+    engine, queue, primary, mirror = _setup(tmp_path, max_attempts=3)
+    save_checkpoint(primary / "step_0001.pt", 1)
+    attempts = {"n": 0}
+
+    def eio(self: object, data: memoryview) -> None:
+        attempts["n"] += 1
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("mirrord.volume.LocalUpload.write", eio)
+    outcomes: list[CopyResult | MirrordError] = []
+    pool = WorkerPool(engine, queue, 2, on_done=lambda job, outcome: outcomes.append(outcome))
+    queue.put(_job(primary, "step_0001.pt", 1))
+    wait_for(lambda: outcomes, 30, "the job to give up")
+    assert attempts["n"] == 3
+    assert isinstance(outcomes[0], MirrordError) and "step_0001.pt" in outcomes[0].path
+    assert "Input/output error" in outcomes[0].cause
+    assert not (mirror / "step_0001.pt").exists() and not list(mirror.rglob("*.part"))
+    assert queue.paths() == frozenset()
+    assert pool.stop(grace=5)
+
+
+def test_queue_holds_a_path_once_and_serves_newest_step_first(tmp_path):
+    queue = JobQueue()
+    jobs = [CopyJob(f"r/step_{s}.pt", 1, 1, s, "new") for s in (1, 5, 3)]
+    assert all(queue.put(j) for j in jobs)
+    assert not queue.put(jobs[0])
+    got = [queue.get(timeout=1) for _ in range(3)]
+    assert [e.job.step for e in got if e] == [5, 3, 1]
+    assert not queue.put(jobs[1])  # still reserved while being copied
+    queue.done(jobs[1].rel)
+    assert queue.put(jobs[1])

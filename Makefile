@@ -1,0 +1,27 @@
+# Developer entry points. Each target sets up what it needs in ./.venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test demo chaos chaos-ci bench bench-smoke clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e .
+	touch $@
+
+# Set up and run the daemon on a local default configuration: ./var/primary -> ./var/mirror.
+run: $(VENV)/.installed
+	mkdir -p var/primary var/mirror
+	@echo "mirrord: drop checkpoints (*.pt) into $(CURDIR)/var/primary; copies appear in $(CURDIR)/var/mirror"
+	@echo "mirrord: metrics at http://127.0.0.1:9108/metrics, health at /healthz; Ctrl-C stops"
+	$(VENV)/bin/mirrord run --config config/local.toml
+
+# Set up everything the tests need and run them (what CI runs).
+test:
+	bash .ci/run
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/mirrord demo
+
+clean:
+	rm -rf var build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

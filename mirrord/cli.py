@@ -15,7 +15,7 @@ from typing import Any
 
 from mirrord import __version__
 from mirrord import log as logsetup
-from mirrord.config import Config, check_paths, load_config
+from mirrord.config import Config, load_config
 from mirrord.errors import ConfigError, MirrordError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -61,10 +61,10 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
     deep = None
     if args.deep or args.load:
-        from mirrord.deepcheck import deep_check
+        from mirrord.verify import deep_check
 
-        def deep(path: Path) -> Any:
-            return deep_check(path, load=args.load)
+        def deep(root: Path, rel: str) -> Any:
+            return deep_check(root, rel, load=args.load)
 
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(config.mirror, config.patterns, progress, deep)
@@ -120,11 +120,7 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> Config:
     """The one Config of this command: file + environment + flags, roots checked as the command needs."""
-    config = load_config(args.config, overrides=_overrides(args), check_roots=False)
-    problems = [p for p in check_paths(config) if args.needs_primary or not p.startswith("primary")]
-    if problems:
-        raise ConfigError(problems)
-    return config
+    return load_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
 
 
 # --- prune (retention; see mirrord/prune.py) ---------------------------------------------------------

@@ -198,11 +198,16 @@ def _format_errors(exc: ValidationError) -> list[str]:
     return problems
 
 
-def check_paths(config: Config) -> list[str]:
-    """Problems with the two roots that make mirroring unsafe or impossible."""
+def check_paths(config: Config, need_primary: bool = True) -> list[str]:
+    """Problems with the two roots that make mirroring unsafe or impossible.
+
+    Commands that only read the mirror (verify, latest) pass need_primary=False.
+    """
     problems = []
     primary, mirror = config.primary, config.mirror
-    if not primary.is_dir():
+    if not need_primary:
+        pass
+    elif not primary.is_dir():
         problems.append(f"primary: {primary} does not exist or is not a directory")
     elif not os.access(primary, os.R_OK | os.X_OK):
         problems.append(f"primary: {primary} is not readable")
@@ -227,8 +232,9 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     check_roots: bool = True,
+    need_primary: bool = True,
 ) -> Config:
-    """Build the one Config of this process; raise ConfigError listing every problem."""
+    """Build the one Config of this process; raise ConfigError listing every problem at once."""
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_CONFIG_FILE):
         path = Path(environ[ENV_CONFIG_FILE])
@@ -245,9 +251,21 @@ def load_config(
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc)) from exc
+        problems = _format_errors(exc)
+        if check_roots:
+            problems += _root_problems(data, need_primary)
+        raise ConfigError(problems) from exc
     if check_roots:
-        problems = check_paths(config)
+        problems = check_paths(config, need_primary)
         if problems:
             raise ConfigError(problems)
     return config
+
+
+def _root_problems(data: Mapping[str, Any], need_primary: bool) -> list[str]:
+    """Path problems, reported alongside schema problems when the root keys themselves are valid."""
+    roots = {k: data[k] for k in ("primary", "mirror", "mirror_must_be_mountpoint") if k in data}
+    try:
+        return check_paths(Config.model_validate(roots), need_primary)
+    except ValidationError:
+        return []

@@ -20,8 +20,8 @@ from mirrord.volume import Mirror
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], float] = random.random) -> float:
     """Exponential backoff with jitter for the `attempt`-th retry (1-based): in [d/2, d], d = base*2^(n-1)."""
-    delay = min(cap, base * 2 ** (attempt - 1))
-    return delay * (0.5 + rand() / 2)
+    delay = min(cap, base * 2.0 ** (attempt - 1))
+    return float(delay * (0.5 + rand() / 2))
 
 
 def copy_options(config: Config) -> CopyOptions:

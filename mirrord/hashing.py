@@ -26,11 +26,11 @@ class Hasher(Protocol):
 def new_hasher(algo: str) -> Hasher:
     """A fresh incremental hasher for `algo` (one of ALGORITHMS)."""
     if algo == "blake3":
-        return blake3.blake3()  # type: ignore[no-any-return]
+        return blake3.blake3()
     if algo == "sha256":
         return hashlib.sha256()
     if algo == "xxh3_128":
-        return xxhash.xxh3_128()  # type: ignore[no-any-return]
+        return xxhash.xxh3_128()
     raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
 
 

@@ -4,6 +4,7 @@ never through a symlink. This is what `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYML
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path, PurePosixPath
 
@@ -39,10 +40,8 @@ def open_dir_beneath(root: Path, rel_dir: tuple[str, ...], create: bool = False)
             except FileNotFoundError:
                 if not create:
                     raise
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
                 os.fsync(fd)
                 child = os.open(part, DIR_FLAGS, dir_fd=fd)
             os.close(fd)

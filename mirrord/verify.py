@@ -43,11 +43,24 @@ def check_entry(root: Path, entry: ManifestEntry) -> Finding | None:
     return None
 
 
+def deep_check(root: Path, rel: str, load: bool = False) -> Finding | None:
+    """Structural check of a torch.save zip (every record's CRC-32, no torch needed); with `load`,
+    also torch.load it (weights_only, mmap) to prove it deserializes."""
+    from mirrord.zipcheck import check_torch_zip, load_check
+
+    result = check_torch_zip(root / rel)
+    if result.status == "ok" and load:
+        result = load_check(root / rel)
+    if result.status == "ok":
+        return None
+    return Finding(rel, result.status, result.detail)
+
+
 def verify_mirror(
     root: Path,
     patterns: Iterable[str],
     progress: Callable[[int, int, str], None] | None = None,
-    deep_check: Callable[[Path], Finding | None] | None = None,
+    deep_check: Callable[[Path, str], Finding | None] | None = None,
 ) -> tuple[int, list[Finding]]:
     """Check every manifest entry, then list mirror files the manifest does not know.
 
@@ -63,7 +76,7 @@ def verify_mirror(
             progress(done, total, entry.path)
         finding = check_entry(root, entry)
         if finding is None and deep_check is not None:
-            finding = deep_check(root / entry.path)
+            finding = deep_check(root, entry.path)
         if finding is not None:
             findings.append(finding)
         done += entry.size

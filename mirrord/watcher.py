@@ -80,7 +80,7 @@ class _Handler(FileSystemEventHandler):
     def _rel(self, path: str | bytes) -> str | None:
         path = os.fsdecode(path)
         rel = os.path.relpath(path, self.root)
-        if rel.startswith("..") or not is_candidate_name(os.path.basename(rel), self.patterns):
+        if rel.startswith("..") or not is_candidate_name(rel.rsplit(os.sep, 1)[-1], self.patterns):
             return None
         return rel.replace(os.sep, "/")
 

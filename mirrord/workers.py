@@ -268,7 +268,7 @@ class WorkerPool:
 
     def _finish(self, entry: _Entry, outcome: CopyResult | MirrordError) -> None:
         job = entry.job
-        if isinstance(outcome, CopyResult) or isinstance(outcome, CancelledError):
+        if isinstance(outcome, CopyResult | CancelledError):
             self.queue.done(job.rel)
             self.on_done(job, outcome)
             return

@@ -101,7 +101,12 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
+    import faulthandler
+
     from mirrord.daemon import StartupError, run_daemon
+
+    # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
+    faulthandler.enable()
 
     def reload_config() -> Config:
         return _load(args)

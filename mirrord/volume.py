@@ -7,11 +7,12 @@ implementation; `LocalMirror` is the filesystem one (local disk, NFS, SMB, FUSE 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -23,6 +24,31 @@ from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.scan import snapshot_tree, state_from_stat
 
 LOCK_NAME = ".mirrord.lock"
+# Dirty data of a copy is written back in windows of this size while the copy runs, so the final fsync
+# is short and the copy never builds a multi-GB dirty backlog that stalls the trainer's own writes.
+WRITEBACK_WINDOW = 64 * 1024 * 1024
+_SFR_WAIT_BEFORE, _SFR_WRITE, _SFR_WAIT_AFTER = 1, 2, 4
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], None] | None:
+    """sync_file_range(2) through libc, or None where the platform lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    func.restype = ctypes.c_int
+
+    def sync_file_range(fd: int, offset: int, nbytes: int, flags: int) -> None:
+        if func(fd, offset, nbytes, flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    return sync_file_range
+
+
+_sync_file_range = _load_sync_file_range()
 
 
 class Upload(Protocol):
@@ -123,6 +149,8 @@ class LocalUpload:
         self.expected_size = size
         self.drop_cache = drop_cache
         self.written = 0
+        self._flushed = 0  # bytes below this offset are written back (and dropped when drop_cache)
+        self._writeback = _sync_file_range
         self._sealed = False
         self._dir_fd = open_dir_beneath(root, parts[:-1], create=True)
         try:
@@ -132,10 +160,31 @@ class LocalUpload:
             raise
 
     def write(self, data: memoryview) -> None:
+        start = self.written
         while data:
             n = os.write(self._fd, data)
             self.written += n
             data = data[n:]
+        self._write_behind(start)
+
+    def _write_behind(self, start: int) -> None:
+        """Start writeback of what was just written; once two windows are pending, wait for the older
+        one and (with drop_cache) drop it from the page cache. Not a durability step: seal() fsyncs."""
+        if self._writeback is None:
+            return
+        try:
+            self._writeback(self._fd, start, self.written - start, _SFR_WRITE)
+            if self.written - self._flushed >= 2 * WRITEBACK_WINDOW:
+                flags = _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER
+                self._writeback(self._fd, self._flushed, WRITEBACK_WINDOW, flags)
+                if self.drop_cache:
+                    os.posix_fadvise(self._fd, self._flushed, WRITEBACK_WINDOW, os.POSIX_FADV_DONTNEED)
+                self._flushed += WRITEBACK_WINDOW
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
+                self._writeback = None  # this filesystem does not support it; the final fsync suffices
+            else:
+                raise
 
     def seal(self, mtime_ns: int) -> None:
         """Give the copy the source's mtime, make it durable, and check its size.

@@ -46,9 +46,16 @@ def check_entry(root: Path, entry: ManifestEntry) -> Finding | None:
 def deep_check(root: Path, rel: str, load: bool = False) -> Finding | None:
     """Structural check of a torch.save zip (every record's CRC-32, no torch needed); with `load`,
     also torch.load it (weights_only, mmap) to prove it deserializes."""
-    from mirrord.zipcheck import check_torch_zip, load_check
+    from mirrord.zipcheck import check_torch_zip_fd, load_check
 
-    result = check_torch_zip(root / rel)
+    try:
+        fd = open_file_beneath(root, rel)  # no symlinks below the root, as everywhere else
+    except OSError as exc:
+        return Finding(rel, "unreadable", exc.strerror or str(exc))
+    try:
+        result = check_torch_zip_fd(fd)
+    finally:
+        os.close(fd)
     if result.status == "ok" and load:
         result = load_check(root / rel)
     if result.status == "ok":

@@ -194,13 +194,9 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     if disk or cd_disk:
         raise _BadFileError("not_torch_zip", "multi-volume zip archive")
     if cd_offset + cd_size > size:
-        raise _BadFileError(
-            "truncated", f"central directory ends at byte {cd_offset + cd_size}, past the end ({size})"
-        )
+        raise _BadFileError("truncated", f"central directory ends at byte {cd_offset + cd_size}, past the end ({size})")
     if entries * _CENTRAL.size > cd_size:
-        raise _BadFileError(
-            "unreadable", f"end record claims {entries} entries in a {cd_size}-byte directory"
-        )
+        raise _BadFileError("unreadable", f"end record claims {entries} entries in a {cd_size}-byte directory")
     if cd_offset + cd_size != end_of_cd:
         raise _BadFileError("unreadable", "central directory size or offset inconsistent with the end record")
     return _parse_central_directory(os.pread(fd, cd_size, cd_offset), entries), cd_offset
@@ -289,14 +285,10 @@ def _require_torch_layout(records: Sequence[_Record]) -> None:
         raise _BadFileError("not_torch_zip", "zip archive without records")
     prefix = records[0].name.split("/", 1)[0] + "/"
     if not any(r.name == prefix + "data.pkl" for r in records):
-        raise _BadFileError(
-            "not_torch_zip", f"zip archive without {prefix}data.pkl: not written by torch.save"
-        )
+        raise _BadFileError("not_torch_zip", f"zip archive without {prefix}data.pkl: not written by torch.save")
     for r in records:
         if r.method not in (_STORED, _DEFLATED):
-            raise _BadFileError(
-                "not_torch_zip", f"record {r.name!r}: unsupported compression method {r.method}"
-            )
+            raise _BadFileError("not_torch_zip", f"record {r.name!r}: unsupported compression method {r.method}")
 
 
 def _locate_records(fd: int, records: Sequence[_Record], cd_offset: int, size: int) -> list[tuple[int, int]]:
@@ -331,9 +323,7 @@ def _locate_records(fd: int, records: Sequence[_Record], cd_offset: int, size: i
     return ranges
 
 
-def _verify_crcs(
-    fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]], workers: int
-) -> ZipCheck:
+def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]], workers: int) -> ZipCheck:
     """Checksum every record; report the first bad one in file order."""
     pieces: list[tuple[int, int, int]] = []  # (record index, offset, length)
     for index, (r, (start, end)) in enumerate(zip(records, ranges, strict=True)):
@@ -406,9 +396,7 @@ def _inflate_crc(fd: int, r: _Record, start: int, end: int) -> int:
     crc = zlib.crc32(out, crc)
     produced += len(out)
     if not inflater.eof or produced != r.size:
-        raise _BadFileError(
-            "crc_mismatch", f"record {r.name!r}: inflates to {produced} bytes, expected {r.size}"
-        )
+        raise _BadFileError("crc_mismatch", f"record {r.name!r}: inflates to {produced} bytes, expected {r.size}")
     return crc
 
 

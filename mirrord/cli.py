@@ -150,6 +150,47 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 # --- end prune -----------------------------------------------------------------------------------
 
 
+# --- status and demo (see mirrord/status.py, mirrord/demo.py) ----------------------------------------
+def cmd_status(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.status import collect, render
+
+    status = collect(config, deep=args.verify, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2))
+    else:
+        print(render(status))
+    return EXIT_OK if status.ok else EXIT_FAILED
+
+
+def cmd_demo(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.demo import DemoError, DemoOptions, run_demo
+
+    if args.primary is not None or args.mirror is not None:
+        print("mirrord: the demo always uses DIR/primary and DIR/mirror; choose DIR with --dir", file=sys.stderr)
+        return EXIT_USAGE
+    options = DemoOptions(args.dir, args.steps, args.interval, args.keep_last, False if args.no_torch else None)
+    try:
+        return run_demo(options)
+    except DemoError as exc:
+        print(f"mirrord demo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+# --- end status and demo -----------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mirrord",
@@ -191,6 +232,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan, delete nothing (as prune.dry_run = true)")
     # --- end prune ---
+    # --- status and demo ---
+    p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "
+            "whether the newest mirrored step is intact, how far the mirror is behind, free space on both "
+            "volumes, and problems; plus, if a daemon answers on metrics.address, its health, readiness, "
+            "queue and copy counts. Reads only: safe while the daemon runs. Exit 0 if nothing is wrong, "
+            "1 if a problem is listed (newest mirrored step not intact, files missing from the mirror, "
+            "unreadable manifest, daemon unhealthy or refusing the mirror).", needs_primary=False)
+    p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
+    p.add_argument("--verify", action="store_true",
+                   help="check the content hash of each run's newest mirrored step, not only its size "
+                   "(reads those files in full)")
+    p.add_argument("--timeout", type=_positive_float, default=1.0, metavar="SECONDS",
+                   help="how long to wait for the daemon's HTTP endpoint (default: 1)")
+    p = add("demo", cmd_demo, "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
+            "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a "
+            "`mirrord run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, "
+            "copy and deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the "
+            "daemon's log. --config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.",
+            needs_primary=False)
+    p.add_argument("--dir", type=Path, default=Path("var/demo"), metavar="DIR",
+                   help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
+                   "must be empty or made by an earlier demo, which is wiped)")
+    p.add_argument("--steps", type=_positive_int, default=20, metavar="N",
+                   help="checkpoints the trainer commits (default: 20)")
+    p.add_argument("--interval", type=_positive_float, default=2.5, metavar="SECONDS",
+                   help="time between two commits (default: 2.5)")
+    p.add_argument("--keep-last", type=_positive_int, default=3, metavar="N",
+                   help="steps retention keeps on each side (prune.keep_last; default: 3)")
+    p.add_argument("--no-torch", action="store_true",
+                   help="write torch-like zip files even if torch is installed (starts faster)")
+    # --- end status and demo ---
     return parser
 
 

@@ -29,6 +29,7 @@ from mirrord.log import get_logger
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult, FileState, Snapshot
 from mirrord.plan import SettleTracker, plan_copies
+from mirrord.retention import mirror_unmounted
 from mirrord.systemd import Notifier
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
@@ -245,20 +246,17 @@ class Daemon:
             self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
         if self._mirror_looks_unmounted(msnap):
             return
+        # Prune first: its plan tells the copy planner which old steps retention has retired.
+        self._prune(psnap, msnap)
         queued = self._enqueue(psnap, msnap)
         self.metrics.reconcile_duration.set(time.monotonic() - started)
         self.log.info("reconcile.finished", primary_files=len(psnap.files), mirror_files=len(msnap.files),
                       queued=queued, unsettled=len(self._unsettled),
                       seconds=round(time.monotonic() - started, 3))
-        self._prune(psnap, msnap)
 
     def _mirror_looks_unmounted(self, msnap: Snapshot) -> bool:
-        problem = None
-        if self.config.mirror_must_be_mountpoint and not self.config.mirror.is_mount():
-            problem = f"{self.config.mirror} is not a mount point (mirror_must_be_mountpoint = true)"
-        elif len(self.manifest) and not msnap.files and not msnap.partials and not msnap.errors:
-            problem = (f"{self.config.mirror} is empty but its manifest lists {len(self.manifest)} files: "
-                       "is the mirror volume unmounted?")
+        is_mount = self.config.mirror.is_mount() if self.config.mirror_must_be_mountpoint else None
+        problem = mirror_unmounted(msnap, self.manifest.entries, is_mount)
         if (problem or "") != self._blocked:
             if problem:
                 self.log.error("mirror.refused", cause=problem, mirror=str(self.config.mirror))
@@ -269,7 +267,9 @@ class Daemon:
 
     def _enqueue(self, psnap: Snapshot, msnap: Snapshot, partial: bool = False) -> int:
         plan = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex, self.settle)
-        queued = sum(self.queue.put(job) for job in plan.jobs)
+        # Steps retention already pruned would only be pruned again (prune.primary = false keeps them).
+        retired = self.pruner.retired if self.pruner is not None else (lambda run, step: False)
+        queued = sum(self.queue.put(job) for job in plan.jobs if not retired(job.run, job.step))
         if partial:
             self._unsettled.update(plan.unsettled)
             self._unsettled.difference_update(j.rel for j in plan.jobs)

@@ -13,6 +13,7 @@ from mirrord.log import get_logger
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob
 from mirrord.plan import SettleTracker, plan_copies
+from mirrord.prune import Pruner
 from mirrord.volume import LocalMirror, LocalVolume
 
 
@@ -39,6 +40,7 @@ def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
     with mirror.lock():
         manifest = mirror.read_manifest()
         engine = Engine(config, mirror, manifest, metrics)
+        pruner = Pruner(config, primary, mirror, manifest, engine.metrics) if config.prune.enabled else None
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
         deadline = time.monotonic() + 3 * config.copy.settle_seconds
         attempted: set[str] = set()
@@ -49,7 +51,9 @@ def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
             for rel, why in psnap.skipped:
                 log.warning("scan.skipped", path=rel, why=why, volume="primary")
             plan = plan_copies(psnap, msnap, manifest.entries, config.step_regex, settle)
-            jobs = [j for j in plan.jobs if j.rel not in attempted]
+            if pruner is not None:
+                pruner.plan(psnap, msnap)  # which old steps retention has retired: not worth copying again
+            jobs = [j for j in plan.jobs if j.rel not in attempted and not (pruner and pruner.retired(j.run, j.step))]
             _run_jobs(engine, jobs, config.copy.workers, report)
             attempted.update(j.rel for j in jobs)
             report.in_sync = plan.in_sync

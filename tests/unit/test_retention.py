@@ -1,0 +1,444 @@
+"""Retention planning: a pure function of both listings, the manifest, the in-flight set, now and the policy.
+
+The property tests generate random histories (steps on either or both sides, recorded or not, sizes
+that do or do not match, changed sources, recent / zero / future mtimes, in-flight copies, orphan
+temp files, files without a step) and check the plan against an independent oracle.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import PurePath
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mirrord.config import PruneConfig
+from mirrord.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.retention import (
+    KeepEvery,
+    KeepLast,
+    PrunePlan,
+    mirror_unmounted,
+    plan_prune,
+    preserved,
+)
+
+NOW = 1_700_000_000.0
+NS = 1_000_000_000
+STEP_RE = re.compile(r"step_(\d+)")
+ROOTS = {"primary": PurePath("/data/ckpt"), "mirror": PurePath("/mnt/mirror/ckpt")}
+MTIMES = {
+    "old": int((NOW - 86_400) * NS),
+    "recent": int((NOW - 10) * NS),
+    "zero": 0,
+    "future": int((NOW + 3_600) * NS),
+    "near_future": int((NOW + 30) * NS),
+}
+
+
+def rel_of(run: str, name: str) -> str:
+    return f"{run}/{name}" if run else name
+
+
+@dataclass
+class History:
+    policy: PruneConfig
+    primary: dict[str, FileState] = field(default_factory=dict)
+    mirror: dict[str, FileState] = field(default_factory=dict)
+    partials: dict[str, FileState] = field(default_factory=dict)
+    manifest: dict[str, ManifestEntry] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)
+
+    def plan(self, errors: tuple[str, ...] = ()) -> PrunePlan:
+        return plan_prune(
+            Snapshot(dict(self.primary), errors=errors),
+            Snapshot(dict(self.mirror), dict(self.partials)),
+            dict(self.manifest), frozenset(self.in_flight), NOW, self.policy, STEP_RE, ROOTS,
+        )
+
+
+def _often(value: object, *others: object) -> st.SearchStrategy[object]:
+    """`value` most of the time, one of `others` sometimes."""
+    return st.sampled_from([value] * 5 + list(others))
+
+
+@st.composite
+def histories(draw: st.DrawFn, guards_quiet: bool = False, steady: bool = False) -> History:
+    """A random history. guards_quiet: every file old and nothing in flight. steady: also every step
+    on both sides, recorded, matching and current (the state after a completed sync)."""
+    quiet = guards_quiet or steady
+    policy = PruneConfig(
+        keep_last=draw(st.integers(1, 5)),
+        keep_every=draw(st.one_of(st.none(), st.integers(2, 7))),
+        primary=True if steady else draw(st.booleans()),
+        min_age_seconds=300,
+        future_skew_seconds=60,
+    )
+    h = History(policy)
+    runs = draw(st.lists(st.sampled_from(["", "a", "b/c"]), min_size=1, max_size=2, unique=True))
+    kinds = list(MTIMES)
+    for run in runs:
+        for step in draw(st.lists(st.integers(0, 30), max_size=14, unique=True)):
+            rel = rel_of(run, f"step_{step:04d}.pt")
+            where = "both" if steady else draw(_often("both", "primary", "mirror"))
+            recorded = "ok" if steady else draw(_often("ok", "missing", "bad_size"))
+            changed = False if steady else draw(_often(False, True))
+            pkind = "old" if quiet else draw(_often("old", *kinds))
+            mkind = pkind if quiet else draw(_often(pkind, *kinds))
+            size = 100 + step
+            pm = MTIMES[pkind] + (step * NS if pkind == "old" else 0)
+            mm = pm if mkind == pkind else MTIMES[mkind]
+            if where in ("both", "primary"):
+                h.primary[rel] = FileState(rel, size + (5 if changed else 0), pm + (NS if changed else 0), ino=step)
+            if where in ("both", "mirror"):
+                h.mirror[rel] = FileState(rel, size, mm, ino=1000 + step)
+                if recorded != "missing":
+                    h.manifest[rel] = ManifestEntry(
+                        rel, size + (1 if recorded == "bad_size" else 0), "blake3", "00", pm, step, NOW - 100
+                    )
+            if not quiet and draw(_often(False, True)):
+                h.in_flight.add(rel)
+            if not steady and draw(_often(False, True)):  # a second file of the step, not yet mirrored
+                other = rel_of(run, f"optim_step_{step:04d}.pt")
+                h.primary[other] = FileState(other, 7, pm, ino=2000 + step)
+        if not steady and draw(st.booleans()):
+            cfg = rel_of(run, "config.pt")
+            h.primary[cfg] = FileState(cfg, 3, MTIMES["old"], ino=3000)
+            h.mirror[cfg] = FileState(cfg, 3, MTIMES["old"], ino=3001)
+        if not steady and draw(st.booleans()):
+            step = draw(st.integers(0, 30))
+            part = rel_of(run, f"step_{step:04d}.pt.part")
+            h.partials[part] = FileState(part, 50, MTIMES["old" if quiet else draw(_often("old", *kinds))], ino=4000)
+            if not quiet and draw(st.booleans()):
+                h.in_flight.add(part.removesuffix(".part"))
+    return h
+
+
+# -- an oracle written from the issue's words, independent of the planner -----------------------------
+
+def by_run_step(files: dict[str, FileState]) -> dict[str, dict[int, list[FileState]]]:
+    out: dict[str, dict[int, list[FileState]]] = defaultdict(lambda: defaultdict(list))
+    for s in files.values():
+        step = step_of(s.rel, STEP_RE)
+        if step is not None:
+            out[s.run][step].append(s)
+    return out
+
+
+def verified_steps(h: History) -> dict[str, set[int]]:
+    """Per run: steps whose every file is on the mirror, recorded with a matching size, and current."""
+    prim, mirr = by_run_step(h.primary), by_run_step(h.mirror)
+    out: dict[str, set[int]] = defaultdict(set)
+    for run in set(prim) | set(mirr):
+        for step in set(prim[run]) | set(mirr[run]):
+            on_mirror = mirr[run][step]
+            if not on_mirror:
+                continue
+            ok = all((e := h.manifest.get(m.rel)) is not None and e.size == m.size for m in on_mirror)
+            for p in prim[run][step]:
+                e, m = h.manifest.get(p.rel), h.mirror.get(p.rel)
+                ok = ok and e is not None and m is not None and e.size == p.size == m.size
+                ok = ok and e.source_mtime_ns == p.mtime_ns and abs(m.mtime_ns - p.mtime_ns) <= 2 * NS
+            if ok:
+                out[run].add(step)
+    return out
+
+
+def all_steps(h: History) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = defaultdict(set)
+    for files in (h.primary, h.mirror):
+        for run, steps in by_run_step(files).items():
+            out[run].update(steps)
+    return out
+
+
+def kept_steps(h: History) -> dict[str, set[int]]:
+    verified, steps = verified_steps(h), all_steps(h)
+    kept: dict[str, set[int]] = {}
+    for run in steps:
+        top = set(sorted(verified[run])[-h.policy.keep_last:])
+        every = h.policy.keep_every
+        kept[run] = top | ({s for s in steps[run] if s % every == 0} if every else set())
+    return kept
+
+
+def newest_files(h: History) -> set[str]:
+    out = set()
+    for run, steps in verified_steps(h).items():
+        if steps:
+            top = max(steps)
+            out |= {s.rel for f in (h.primary, h.mirror) for s in f.values()
+                    if s.run == run and step_of(s.rel, STEP_RE) == top}
+    return out
+
+
+# -- properties ---------------------------------------------------------------------------------------
+
+PROPERTY = settings(max_examples=150, deadline=None)
+
+
+@PROPERTY
+@given(histories())
+def test_never_plans_deleting_a_recent_zero_future_in_flight_or_newest_file(h: History) -> None:
+    """Every planned deletion is an old, regular file with a known mtime, not in flight, not the newest."""
+    plan = h.plan()
+    newest = newest_files(h)
+    for d in plan.deletions:
+        s = d.state
+        assert s.mtime_ns > 0, d
+        assert s.mtime_ns <= (NOW - h.policy.min_age_seconds) * NS, d
+        assert s.rel not in h.in_flight and s.rel.removesuffix(".part") not in h.in_flight, d
+        assert s.rel not in newest, d
+
+
+@PROPERTY
+@given(histories())
+def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> None:
+    """Deleted steps are below the lowest keep_last step of their run and kept by no policy."""
+    plan = h.plan()
+    kept, verified = kept_steps(h), verified_steps(h)
+    for d in plan.deletions:
+        if d.kind == "orphan_part":
+            continue
+        run = d.state.run
+        assert d.step is not None
+        assert d.step not in kept[run], d
+        assert verified[run], "a run with no verified step has no candidates"
+        assert d.step < min(sorted(verified[run])[-h.policy.keep_last:]), d
+
+
+@PROPERTY
+@given(histories())
+def test_kept_set_has_exactly_min_keep_last_verified_steps(h: History) -> None:
+    """Per run, the keep_last set is the min(keep_last, verified) highest verified steps."""
+    plan = h.plan()
+    verified = verified_steps(h)
+    by_run: dict[str, set[int]] = defaultdict(set)
+    for k in plan.kept:
+        if k.why == "keep_last":
+            assert k.step is not None
+            by_run[k.rel.rpartition("/")[0]].add(k.step)
+    for run in all_steps(h):
+        expected = set(sorted(verified[run])[-h.policy.keep_last:])
+        assert len(by_run[run]) == min(h.policy.keep_last, len(verified[run]))
+        assert by_run[run] == expected
+
+
+@PROPERTY
+@given(histories())
+def test_keep_every_milestones_are_never_deleted(h: History) -> None:
+    every = h.policy.keep_every
+    for d in h.plan().deletions:
+        assert every is None or d.step is None or d.step % every != 0, d
+
+
+@PROPERTY
+@given(histories())
+def test_every_file_gets_exactly_one_decision(h: History) -> None:
+    """Each mirror file is deleted, kept or skipped - exactly one; the primary too when it is pruned,
+    and with prune.primary = false the primary is never a deletion candidate."""
+    plan = h.plan()
+    decisions: dict[tuple[str, str], int] = defaultdict(int)
+    for d in plan.deletions:
+        decisions[d.volume, d.rel] += 1
+    for k in plan.kept:
+        decisions[k.volume, k.rel] += 1
+    for s in plan.skipped:
+        decisions[s.volume, s.rel] += 1
+    for rel in list(h.mirror) + list(h.partials):
+        assert decisions.pop(("mirror", rel)) == 1, rel
+    for rel in h.primary:
+        n = decisions.pop(("primary", rel), 0)
+        assert n == 1 if h.policy.primary else n <= 1, rel
+    assert not decisions
+    if not h.policy.primary:
+        assert not [d for d in plan.deletions if d.volume == "primary"]
+        assert not [s for s in plan.skipped if s.volume == "primary"]
+
+
+@PROPERTY
+@given(histories(guards_quiet=True))
+def test_both_sides_lose_the_same_steps(h: History) -> None:
+    """With primary pruning on and no guard objecting, a step present on both sides goes from both or neither."""
+    h.policy = h.policy.model_copy(update={"primary": True})
+    plan = h.plan()
+    gone: dict[str, set[tuple[str, int | None]]] = defaultdict(set)
+    for d in plan.deletions:
+        if d.kind == "step":
+            gone[d.volume].add((d.state.run, d.step))
+    common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror}
+    assert gone["primary"] & common == gone["mirror"] & common
+
+
+@PROPERTY
+@given(histories(steady=True))
+def test_after_a_full_sync_both_sides_end_with_the_same_kept_steps(h: History) -> None:
+    """Steady state: what remains on each side is exactly the kept set, the same on both."""
+    plan = h.plan()
+    deleted = {(d.volume, d.rel) for d in plan.deletions}
+    assert not plan.skipped
+    remaining = {
+        vol: {(s.run, step_of(s.rel, STEP_RE)) for s in files.values() if (vol, s.rel) not in deleted}
+        for vol, files in (("primary", h.primary), ("mirror", h.mirror))
+    }
+    kept = {(run, step) for run, steps in kept_steps(h).items() for step in steps}
+    assert remaining["primary"] == remaining["mirror"] == kept
+
+
+@PROPERTY
+@given(histories(), st.sampled_from(["primary", "mirror"]))
+def test_a_partial_listing_deletes_nothing(h: History, side: str) -> None:
+    """A listing error on either side refuses the whole plan."""
+    primary_errors = ("/data/ckpt/x: cannot list: Input/output error",) if side == "primary" else ()
+    plan = plan_prune(
+        Snapshot(dict(h.primary), errors=primary_errors),
+        Snapshot(dict(h.mirror), dict(h.partials), errors=() if primary_errors else ("/m: cannot list",)),
+        dict(h.manifest), frozenset(h.in_flight), NOW, h.policy, STEP_RE, ROOTS,
+    )
+    assert plan.deletions == ()
+    assert [r for r, _ in plan.refused] == ["partial_view"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(histories())
+def test_planning_is_pure(h: History) -> None:
+    """The same inputs give the same plan, and the inputs are not modified."""
+    before = (dict(h.primary), dict(h.mirror), dict(h.manifest), set(h.in_flight))
+    assert h.plan() == h.plan()
+    assert (h.primary, h.mirror, h.manifest, h.in_flight) == before
+
+
+# -- examples -----------------------------------------------------------------------------------------
+
+def synced(steps: range, run: str = "run", mtime_ns: int = MTIMES["old"]) -> History:
+    h = History(PruneConfig(keep_last=3, primary=True))
+    for step in steps:
+        rel = rel_of(run, f"step_{step:04d}.pt")
+        h.primary[rel] = FileState(rel, 100, mtime_ns + step, ino=step)
+        h.mirror[rel] = FileState(rel, 100, mtime_ns + step, ino=100 + step)
+        h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", mtime_ns + step, step, NOW)
+    return h
+
+
+def test_keep_last_three_of_ten_deletes_steps_one_to_seven_on_both_sides() -> None:
+    plan = synced(range(1, 11)).plan()
+    assert sorted((d.volume, d.step) for d in plan.deletions) == sorted(
+        (vol, s) for vol in ("primary", "mirror") for s in range(1, 8)
+    )
+    assert {(k.step, k.why) for k in plan.kept} == {(8, "keep_last"), (9, "keep_last"), (10, "keep_last")}
+    assert all(d.entry is not None for d in plan.deletions if d.volume == "mirror")
+    assert all(d.entry is None for d in plan.deletions if d.volume == "primary")
+    assert plan.floors == {"run": 8}
+
+
+def test_deletions_are_ordered_oldest_first_mirror_before_primary() -> None:
+    plan = synced(range(1, 6)).plan()
+    assert [(d.step, d.volume) for d in plan.deletions] == [(1, "mirror"), (1, "primary"), (2, "mirror"),
+                                                             (2, "primary")]
+
+
+def test_steps_newer_than_the_kept_set_and_unverified_gaps_are_kept() -> None:
+    """Not yet mirrored (newer) and unverified (inside the window) are kept, with their reason."""
+    h = synced(range(1, 9))
+    del h.manifest["run/step_0007.pt"]  # 7 is on the mirror but not recorded
+    h.primary["run/step_0009.pt"] = FileState("run/step_0009.pt", 100, MTIMES["old"], ino=9)  # not copied yet
+    plan = h.plan()
+    why = {(k.volume, k.step): k.why for k in plan.kept}
+    assert why["primary", 9] == "newer_than_kept"
+    assert why["mirror", 7] == why["primary", 7] == "unverified"
+    assert {s for (_, s), w in why.items() if w == "keep_last"} == {5, 6, 8}
+    assert {d.step for d in plan.deletions} == {1, 2, 3, 4}
+
+
+def test_files_without_a_step_are_never_pruned() -> None:
+    h = synced(range(1, 6))
+    h.mirror["run/final.pt"] = FileState("run/final.pt", 10, MTIMES["old"])
+    plan = h.plan()
+    assert ("mirror", "run/final.pt", "no_step") in {(k.volume, k.rel, k.why) for k in plan.kept}
+
+
+def test_a_run_with_nothing_verified_has_no_candidates() -> None:
+    h = synced(range(1, 6))
+    h.manifest.clear()
+    h.mirror["x.pt"] = FileState("x.pt", 1, 1)  # the mirror is not empty: this is not "unmounted"
+    plan = h.plan()
+    assert plan.deletions == () and plan.refused == ()
+    assert {k.why for k in plan.kept if k.step is not None} == {"newer_than_kept"}
+
+
+def test_runs_are_pruned_independently() -> None:
+    h = synced(range(1, 6), run="a")
+    other = synced(range(10, 12), run="b")
+    for name in ("primary", "mirror", "manifest"):
+        getattr(h, name).update(getattr(other, name))
+    plan = h.plan()
+    assert {(d.state.run, d.step) for d in plan.deletions} == {("a", 1), ("a", 2)}
+    assert plan.floors == {"a": 3, "b": 10}
+
+
+def test_guards_move_candidates_to_skipped_with_their_reason() -> None:
+    h = synced(range(1, 8))
+    h.primary["run/step_0001.pt"] = FileState("run/step_0001.pt", 100, 0, ino=1)
+    h.mirror["run/step_0002.pt"] = FileState("run/step_0002.pt", 100, MTIMES["recent"], ino=102)
+    h.in_flight.add("run/step_0003.pt")
+    plan = h.plan()
+    assert {(s.volume, s.step, s.reason) for s in plan.skipped} == {
+        ("primary", 1, "zero_mtime"), ("mirror", 2, "recent_mtime"),
+        ("primary", 3, "in_flight"), ("mirror", 3, "in_flight"),
+    }
+
+
+def test_orphan_temp_files_are_candidates_under_the_same_guards() -> None:
+    h = synced(range(1, 3))
+    h.partials["run/step_0009.pt.part"] = FileState("run/step_0009.pt.part", 5, MTIMES["old"], ino=9)
+    h.partials["run/step_0010.pt.part"] = FileState("run/step_0010.pt.part", 5, MTIMES["recent"], ino=10)
+    h.partials["run/step_0011.pt.part"] = FileState("run/step_0011.pt.part", 5, MTIMES["old"], ino=11)
+    h.in_flight.add("run/step_0011.pt")
+    plan = h.plan()
+    assert [(d.rel, d.kind) for d in plan.deletions] == [("run/step_0009.pt.part", "orphan_part")]
+    assert {(s.rel, s.reason) for s in plan.skipped} == {
+        ("run/step_0010.pt.part", "recent_mtime"), ("run/step_0011.pt.part", "in_flight"),
+    }
+
+
+def test_empty_mirror_with_a_manifest_is_refused() -> None:
+    h = synced(range(1, 6))
+    h.mirror.clear()
+    plan = h.plan()
+    assert plan.deletions == ()
+    assert [r for r, _ in plan.refused] == ["mirror_unmounted"]
+
+
+def test_mirror_unmounted_checks() -> None:
+    entry = {"a.pt": ManifestEntry("a.pt", 1, "blake3", "00", 1, None, 0.0)}
+    full = Snapshot({"a.pt": FileState("a.pt", 1, 1)})
+    assert mirror_unmounted(Snapshot(), entry) is not None
+    assert mirror_unmounted(full, entry) is None
+    assert mirror_unmounted(Snapshot(), {}) is None  # a new, empty mirror is fine
+    assert mirror_unmounted(full, entry, is_mount=False) is not None
+    assert mirror_unmounted(full, entry, is_mount=True) is None
+
+
+def test_retired_steps_are_below_the_window_and_kept_by_no_policy() -> None:
+    """The copy planner can ask the plan whether a primary file is worth copying again."""
+    h = synced(range(1, 11))
+    h.policy = PruneConfig(keep_last=3, keep_every=5, primary=False)
+    plan = h.plan()
+    assert plan.retired("run", 1) and plan.retired("run", 7)
+    assert not plan.retired("run", 5)  # a milestone
+    assert not plan.retired("run", 8) and not plan.retired("run", 11)
+    assert not plan.retired("run", None) and not plan.retired("other", 1)
+
+
+def test_policies_keep_if_any_keeps() -> None:
+    steps = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    verified = {0, 1, 2, 3, 4, 5, 6, 7, 8}
+    assert KeepLast(2).preserve(steps, verified) == {7, 8}
+    assert KeepEvery(5).preserve(steps, verified) == {0, 5, 10}
+    assert preserved([KeepLast(2), KeepEvery(4)], steps, verified) == {
+        7: "keep_last", 8: "keep_last", 0: "keep_every", 4: "keep_every",
+    }
+    assert KeepLast(3).preserve(steps, set()) == frozenset()

@@ -5,9 +5,10 @@
 #   docker run -v ckpt:/primary:ro -v /mnt/mirror:/mirror -p 9108:9108 --stop-timeout 45 mirrord
 #
 # Configuration: MIRRORD_* environment variables (MIRRORD_<KEY>, MIRRORD_<SECTION>__<KEY>)
-# override the file at /etc/mirrord/mirrord.toml; mount your own file there (read-only).
-# Mount /primary read-only unless primary pruning is on (then mirrord deletes old checkpoints
-# there too and needs write access).
+# override the file named by MIRRORD_CONFIG, /etc/mirrord/mirrord.toml; mount your own file
+# there (read-only). Arguments after the image name go to `mirrord run` and override both.
+# Mount /primary read-only unless primary pruning is on (prune.primary = true: mirrord then
+# deletes old checkpoints there too and needs write access).
 # Stopping: mirrord lets in-flight copies finish for up to shutdown_grace_seconds (30 s); give
 # the container more than that (`--stop-timeout 45`, compose `stop_grace_period: 45s`).
 
@@ -37,7 +38,8 @@ RUN groupadd --system --gid 10001 mirrord \
     && printf '%s\n' '# Mount your mirrord.toml here. MIRRORD_* environment variables override it.' \
        > /etc/mirrord/mirrord.toml
 
-ENV MIRRORD_PRIMARY=/primary \
+ENV MIRRORD_CONFIG=/etc/mirrord/mirrord.toml \
+    MIRRORD_PRIMARY=/primary \
     MIRRORD_MIRROR=/mirror \
     MIRRORD_METRICS__ADDRESS=0.0.0.0:9108
 VOLUME ["/primary", "/mirror"]
@@ -45,9 +47,10 @@ EXPOSE 9108
 USER 10001:10001
 
 # slim has no curl: ask /healthz with the standard library. A 503 raises, which exits 1.
+# /healthz turns 200 after the first reconcile (a scan of both volumes, minutes on very large
+# network volumes); failures in the start period do not count, and the first success ends it.
 # If you move the metrics port with MIRRORD_METRICS__ADDRESS, override this check too.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+HEALTHCHECK --interval=30s --timeout=5s --start-period=5m --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9108/healthz', timeout=4)"]
 
 ENTRYPOINT ["mirrord", "run"]
-CMD ["--config", "/etc/mirrord/mirrord.toml"]

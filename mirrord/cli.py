@@ -88,6 +88,10 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     from mirrord.latest import latest_checkpoint
 
     root = config.primary if args.primary_side else config.mirror
+    run = Path(args.run) if args.run else None
+    if run is not None and run.is_absolute() and not run.resolve().is_relative_to(root.resolve()):
+        print(f"mirrord: config error: --run: {run} is not a folder under {root}", file=sys.stderr)
+        return EXIT_USAGE
     found = latest_checkpoint(
         root, run=args.run, require_manifest=not args.primary_side,
         patterns=config.patterns, step_pattern=config.prune.step_pattern,

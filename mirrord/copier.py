@@ -77,7 +77,9 @@ class CopyOptions:
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
+    """Same inode, size, mtime and ctime: ctime also catches a same-size rewrite whose mtime was restored."""
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (
+        b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns)
 
 
 def _stat_beneath(root: Path, rel: str) -> os.stat_result:
@@ -107,10 +109,12 @@ def copy_file(
             raise PermanentError(src_path, "is a symlink or lies below one; not copied") from exc
         raise from_oserror(src_path, exc, "open source") from exc
     upload: Upload | None = None
+    where = src_path  # the side an OSError concerns: the source until the mirror is touched
     try:
         before = os.fstat(src_fd)
         if not stat.S_ISREG(before.st_mode):
             raise PermanentError(src_path, "not a regular file; not copied")
+        where = mirror.root / rel
         free, _total = mirror.space()
         if free < before.st_size + options.reserve_bytes:
             raise NoSpaceError(
@@ -123,7 +127,13 @@ def copy_file(
             raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
         control.check(src_path)
         upload.seal(before.st_mtime_ns)
-        if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, _stat_beneath(primary_root, rel))):
+        try:
+            now = _stat_beneath(primary_root, rel)
+        except OSError as exc:
+            raise SourceChangedError(
+                src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
+            ) from exc
+        if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
             raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
         control.check(src_path)
         upload.commit()
@@ -131,7 +141,7 @@ def copy_file(
     except MirrordError:
         raise
     except OSError as exc:
-        raise from_oserror(mirror.root / rel if upload else src_path, exc, "copy") from exc
+        raise from_oserror(where, exc, "copy") from exc
     finally:
         if upload is not None:
             upload.abort()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,8 @@ class Engine:
         self.options = copy_options(config)
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
+        self._space_lock = threading.Lock()
+        self._reserved = 0  # bytes promised to copies in flight: they all passed the free-space check
 
     def reconfigure(self, config: Config) -> None:
         self.config = config
@@ -66,14 +70,18 @@ class Engine:
         fields: dict[str, Any] = {"path": job.rel, "run": job.run or ".", "step": job.step, "size": job.size}
         self.log.info("copy.started", why=job.why, **fields)
         self.metrics.in_flight.inc()
+        with self._space_lock:
+            # Concurrent copies each need their full size: count the others' as reserved space.
+            options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
+            self._reserved += job.size
         try:
             try:
-                result = copy_file(self.primary_root, job.rel, self.mirror, self.options, control)
+                result = copy_file(self.primary_root, job.rel, self.mirror, options, control)
             except NoSpaceError:
                 if self.make_room is None:
                     raise
-                self.make_room(job.size + self.options.reserve_bytes)
-                result = copy_file(self.primary_root, job.rel, self.mirror, self.options, control)
+                self.make_room(job.size + options.reserve_bytes)
+                result = copy_file(self.primary_root, job.rel, self.mirror, options, control)
             entry = ManifestEntry(
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
                 source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
@@ -86,6 +94,8 @@ class Engine:
             raise
         finally:
             self.metrics.in_flight.dec()
+            with self._space_lock:
+                self._reserved -= job.size
         throughput = result.size / result.seconds if result.seconds > 0 else 0.0
         self.metrics.copy_result("ok")
         self.metrics.copied_bytes.inc(result.size)

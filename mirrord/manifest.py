@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.errors import ManifestError
+from mirrord.hashing import ALGORITHMS
 from mirrord.model import ManifestEntry
+from mirrord.paths import split_rel
 
 MANIFEST_NAME = ".mirrord-manifest.json"
 SCHEMA = "mirrord-manifest"
@@ -113,7 +115,7 @@ class Manifest:
             if doc.get("version") != SCHEMA_VERSION:
                 raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
             entries = {path: _entry(path, raw) for path, raw in doc["entries"].items()}
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(where, f"cannot parse manifest: {exc}") from exc
         return cls(entries)
 
@@ -131,6 +133,10 @@ class Manifest:
 
 
 def _entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
+    split_rel(path)  # ValueError unless a plain relative path: an entry never names a file outside the root
+    algo = str(raw["hash"]["algo"])
+    if algo not in ALGORITHMS:
+        raise ValueError(f"{path}: unknown hash algorithm {algo!r}")
     step = raw.get("step")
     return ManifestEntry(
         path=path,

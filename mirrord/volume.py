@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from mirrord import atomic
-from mirrord.errors import LockedError, ManifestError, PermanentError, SizeMismatchError, from_oserror
+from mirrord.errors import (
+    LockedError,
+    ManifestError,
+    NoSpaceError,
+    PermanentError,
+    SizeMismatchError,
+    from_oserror,
+)
 from mirrord.manifest import MANIFEST_NAME, Manifest
 from mirrord.model import FileState, Snapshot
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
@@ -208,6 +215,9 @@ class LocalUpload:
             raise RuntimeError("commit() before seal()")
         try:
             atomic.publish(self._dir_fd, self.name, self._fd)
+        except BaseException:
+            atomic.discard_temp(self._dir_fd, self.name, self._fd)
+            raise
         finally:
             self._close()
 
@@ -237,12 +247,17 @@ class LocalMirror(LocalVolume):
         try:
             atomic.write_bytes_atomic(self.root / MANIFEST_NAME, data)
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # transient: pruning or a retry may free space
+                raise NoSpaceError(self.root / MANIFEST_NAME, f"cannot write manifest: {exc.strerror}") from exc
             raise ManifestError(self.root / MANIFEST_NAME, f"cannot write: {exc.strerror or exc}") from exc
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """One mirrord per mirror: the lock is what makes a leftover NAME.part safe to replace."""
+        created = [p for p in (self.root, *self.root.parents) if not p.exists()]
         self.root.mkdir(parents=True, exist_ok=True)
+        for path in reversed(created):  # a root that a power cut can unlink loses every file below it
+            atomic.fsync_dir(path.parent)
         fd = os.open(self.root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             try:

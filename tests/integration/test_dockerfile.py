@@ -9,8 +9,9 @@ built here. What is checked instead:
   directory, `pip wheel` builds mirrord and its dependencies there, and the mirrord wheel is
   installed alone with `--no-index` from those wheels. The only change to the commands is that
   pip may use its cache (`--no-cache-dir` dropped) to keep the test fast; paths are temporary.
-  Then `mirrord --version` runs, and a short `mirrord run` configured the way the image
-  configures it answers the image's own HEALTHCHECK command and exits cleanly on SIGTERM.
+  Then `mirrord --version` runs, and a short `mirrord run` (the image's ENTRYPOINT) configured
+  through the same variables as the image (paths and port moved to temporary ones) answers the
+  image's own HEALTHCHECK command and exits cleanly on SIGTERM.
 
 Not checked here: the base image, the non-root user, file ownership, volumes and image size.
 """
@@ -35,11 +36,11 @@ BUILDER_COPIES = ("COPY pyproject.toml README.md ./", "COPY mirrord ./mirrord")
 BUILD_WHEELS = "pip wheel --no-cache-dir --wheel-dir /wheels ."
 INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl"
 IMAGE_ENV = {
+    "MIRRORD_CONFIG": "/etc/mirrord/mirrord.toml",
     "MIRRORD_PRIMARY": "/primary",
     "MIRRORD_MIRROR": "/mirror",
     "MIRRORD_METRICS__ADDRESS": "0.0.0.0:9108",
 }
-IMAGE_CONFIG = "/etc/mirrord/mirrord.toml"
 
 
 def _run(argv: list[str], cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -97,13 +98,15 @@ def test_dockerfile_lints_clean(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
-    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    findings = result.stdout + result.stderr
+    assert findings == "", findings
+    assert result.returncode == 0
 
 
 def test_replayed_commands_are_the_dockerfiles() -> None:
     """The commands the install test replays appear verbatim in the Dockerfile."""
     text = DOCKERFILE.read_text()
-    for line in (*BUILDER_COPIES, BUILD_WHEELS, INSTALL_WHEEL, f'CMD ["--config", "{IMAGE_CONFIG}"]'):
+    for line in (*BUILDER_COPIES, BUILD_WHEELS, INSTALL_WHEEL):
         assert line in text, line
     for key, value in IMAGE_ENV.items():
         assert f"{key}={value}" in text, key
@@ -137,6 +140,7 @@ def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Pa
     config.write_text("# Mount your mirrord.toml here. MIRRORD_* environment variables override it.\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRRORD_", "NOTIFY_SOCKET"))}
     env |= {
+        "MIRRORD_CONFIG": str(config),
         "MIRRORD_PRIMARY": str(tmp_path / "primary"),
         "MIRRORD_MIRROR": str(tmp_path / "mirror"),
         "MIRRORD_METRICS__ADDRESS": f"127.0.0.1:{port}",
@@ -146,9 +150,7 @@ def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Pa
 
     log = tmp_path / "mirrord.log"
     with log.open("w") as out:
-        daemon = subprocess.Popen(
-            [str(mirrord), "run", "--config", str(config)], env=env, cwd=tmp_path, stdout=out, stderr=out
-        )
+        daemon = subprocess.Popen([str(mirrord), "run"], env=env, cwd=tmp_path, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -20,11 +20,16 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-UNIT = Path(__file__).resolve().parents[2] / "systemd" / "mirrord.service"
+from mirrord.config import DaemonConfig
+
+REPO = Path(__file__).resolve().parents[2]
+UNIT = REPO / "systemd" / "mirrord.service"
+SHIPPED_CONFIG = REPO / "config" / "mirrord.toml"
 SHIPPED_BINARY = "/usr/local/bin/mirrord"
 
 pytestmark = pytest.mark.skipif(
@@ -127,16 +132,19 @@ def test_unit_runs_the_daemon_the_way_the_contract_says() -> None:
 
 
 def test_timeouts_leave_room_for_heartbeat_and_graceful_shutdown() -> None:
-    """The watchdog tolerates several missed 5 s heartbeats; stop waits past the 30 s grace."""
-    heartbeat_seconds, shutdown_grace_seconds = 5, 30
-    assert int(_value("WatchdogSec")) >= 3 * heartbeat_seconds
-    assert int(_value("TimeoutStopSec")) > shutdown_grace_seconds
+    """The watchdog tolerates several missed default heartbeats; stop waits past the grace."""
+    defaults = DaemonConfig()
+    assert int(_value("WatchdogSec")) >= 3 * defaults.heartbeat_seconds
+    assert int(_value("TimeoutStopSec")) > defaults.shutdown_grace_seconds
 
 
 def test_only_the_mirror_is_writable_and_no_capabilities_remain() -> None:
-    """The filesystem is read-only except the mirror; the service keeps no capabilities."""
+    """The filesystem is read-only except the shipped config's mirror; no capabilities remain."""
+    config = tomllib.loads(SHIPPED_CONFIG.read_text())
+    assert config["prune"]["primary"] is False
     assert _value("ProtectSystem") == "strict"
-    assert _value("ReadWritePaths") == "/srv/mirror"
+    assert _value("ReadWritePaths") == config["mirror"]
+    assert _value("RequiresMountsFor", "Unit") == f"{config['primary']} {config['mirror']}"
     assert _value("CapabilityBoundingSet") == ""
     assert _value("AmbientCapabilities") == ""
     for key in ("NoNewPrivileges", "PrivateTmp", "ProtectHome", "PrivateDevices"):

@@ -1,0 +1,117 @@
+"""Fixtures shared by every test: temporary roots, real checkpoints, log capture, a thread-leak check."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from mirrord.config import Config, load_config
+from tests.helpers import save_checkpoint
+
+THREAD_JOIN_SECONDS = 5.0
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves a thread running: every worker a test starts must be joined by it.
+
+    A thread that is already finishing gets a bounded join before it counts as leaked.
+    """
+    before = set(threading.enumerate())
+    yield
+    new = [t for t in threading.enumerate() if t not in before]
+    deadline = time.monotonic() + THREAD_JOIN_SECONDS
+    for thread in new:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    leaked = [t.name for t in new if t.is_alive()]
+    if leaked:
+        pytest.fail(f"test leaked threads: {leaked}")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> Iterator[None]:
+    """cli.main() configures structlog onto the stream pytest captured; never let that outlive a test."""
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def logs() -> Iterator[list[dict[str, Any]]]:
+    """Log events emitted during the test, as dicts (structlog.testing.capture_logs)."""
+    with structlog.testing.capture_logs() as captured:
+        yield captured
+
+
+@pytest.fixture
+def primary(tmp_path: Path) -> Path:
+    path = tmp_path / "primary"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Path:
+    path = tmp_path / "mirror"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def make_config(primary: Path, mirror: Path) -> Callable[..., Config]:
+    """A Config for the test's roots, with no file and no environment; sections as keyword dicts."""
+
+    def make(**overrides: Any) -> Config:
+        data: dict[str, Any] = {"primary": str(primary), "mirror": str(mirror)}
+        data.setdefault("copy", {}).update({"settle_seconds": 0.0, "retry_backoff_seconds": 0.0})
+        for key, value in overrides.items():
+            if isinstance(value, dict):
+                data.setdefault(key, {}).update(value)
+            else:
+                data[key] = value
+        return load_config(None, environ={}, overrides=data)
+
+    return make
+
+
+@pytest.fixture
+def checkpoint() -> Callable[..., Path]:
+    """save_checkpoint(path, step, width=64, depth=2, mtime_ns=None): a real torch.save file."""
+    return save_checkpoint
+
+
+@pytest.fixture
+def world_tmp() -> Iterator[Path]:
+    """A directory an unprivileged child can reach (pytest's own tmp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="mirrord-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB tmpfs: free space is small and exact, ENOSPC is the kernel's own."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", str(mount_point)],
+        capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], capture_output=True, check=True)

@@ -1,0 +1,365 @@
+"""Configuration: defaults < TOML < MIRRORD_* < flags; every problem is one message naming its key, exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mirrord import cli
+from mirrord.config import Config, env_overrides, load_config
+from mirrord.errors import ConfigError
+from tests.helpers import run_as_nobody, run_mirrord
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "config" / "mirrord.toml"
+PREFIX = "mirrord: config error: "
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _problems(stderr: str) -> list[str]:
+    """The config problems printed on stderr; fails if stderr holds anything else."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert all(line.startswith(PREFIX) for line in lines), stderr
+    return [line.removeprefix(PREFIX) for line in lines]
+
+
+@pytest.fixture(autouse=True)
+def _no_mirrord_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only what a test sets itself: MIRRORD_* variables of the calling shell must not leak in."""
+    for name in list(os.environ):
+        if name.startswith("MIRRORD_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def mirrord_main(capsys: pytest.CaptureFixture[str]) -> Callable[..., Outcome]:
+    """cli.main in this process (fast); the console script itself is run by the subprocess tests."""
+
+    def run(*argv: str | Path) -> Outcome:
+        capsys.readouterr()
+        code = cli.main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return Outcome(code, out, err)
+
+    return run
+
+
+def _write(tmp_path: Path, toml: str) -> Path:
+    path = tmp_path / "mirrord.toml"
+    path.write_text(toml, encoding="utf-8")
+    return path
+
+
+# --- the shipped file and the defaults ---------------------------------------------------------------
+
+
+def test_shipped_file_parses_and_equals_the_embedded_defaults() -> None:
+    """config/mirrord.toml documents the defaults; only the two roots are site-specific."""
+    shipped = load_config(SHIPPED, environ={}, check_roots=False).model_dump()
+    defaults = Config().model_dump()
+    for key in ("primary", "mirror"):
+        shipped.pop(key)
+        defaults.pop(key)
+    assert shipped == defaults
+
+
+def test_shipped_file_mentions_every_key() -> None:
+    """Every key of every section is in the shipped file, set or commented out, so it is documented."""
+    text = SHIPPED.read_text(encoding="utf-8")
+    parsed = tomllib.loads(text)
+    for name, field in Config.model_fields.items():
+        key = field.alias or name
+        sub = getattr(field.annotation, "model_fields", None)
+        if sub is None:
+            assert key in parsed, f"top-level key {key!r} missing from {SHIPPED.name}"
+            continue
+        assert f"[{key}]" in text, f"section [{key}] missing from {SHIPPED.name}"
+        for sub_key in sub:
+            assert sub_key in parsed.get(key, {}) or f"# {sub_key} =" in text, f"{key}.{sub_key} undocumented"
+
+
+def test_defaults_need_no_file(primary: Path, mirror: Path) -> None:
+    """`--primary A --mirror B` alone is a complete configuration."""
+    config = load_config(None, environ={}, overrides={"primary": str(primary), "mirror": str(mirror)})
+    assert (config.primary, config.mirror) == (primary, mirror)
+    assert config.patterns == ("*.pt",)
+    assert (config.copy.workers, config.copy.hash, config.copy.settle_seconds) == (2, "blake3", 2.0)
+    assert (config.prune.keep_last, config.prune.step_pattern) == (12, r"step_(\d+)")
+    assert (config.metrics.address, config.log.format, config.log.level) == ("127.0.0.1:9108", "auto", "info")
+
+
+def test_config_is_frozen(primary: Path, mirror: Path) -> None:
+    """Built once, never changed afterwards."""
+    config = load_config(None, environ={}, overrides={"primary": str(primary), "mirror": str(mirror)})
+    with pytest.raises(ValueError, match="frozen"):
+        config.primary = mirror  # type: ignore[misc]
+
+
+# --- precedence ---------------------------------------------------------------------------------------
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path: Path, primary: Path, mirror: Path) -> None:
+    """The console script: a flag beats MIRRORD_*, which beats the file, which beats the default."""
+    other = tmp_path / "other"
+    other.mkdir()
+    config_file = _write(tmp_path, (
+        f'primary = "{other}"\nmirror = "{tmp_path / "m-file"}"\n'
+        '[copy]\nworkers = 3\nhash = "sha256"\n[log]\nlevel = "debug"\n[prune]\nkeep_last = 7\n'
+    ))
+    env = {
+        "MIRRORD_PRIMARY": str(primary),
+        "MIRRORD_MIRROR": str(tmp_path / "m-env"),
+        "MIRRORD_COPY__WORKERS": "4",
+        "MIRRORD_LOG__LEVEL": "warning",
+    }
+    result = run_mirrord("check-config", "--config", config_file, "--mirror", mirror, "--log-level", "error",
+                         env=env)
+    assert result.returncode == 0, result.stderr
+    effective = json.loads(result.stdout)
+    assert effective["primary"] == str(primary)  # environment over file
+    assert effective["mirror"] == str(mirror)  # flag over environment over file
+    assert effective["copy"]["workers"] == 4  # environment over file
+    assert effective["copy"]["hash"] == "sha256"  # file over default
+    assert effective["log"]["level"] == "error"  # flag over environment over file
+    assert effective["prune"]["keep_last"] == 7  # file over default
+    assert effective["prune"]["min_age_seconds"] == 300.0  # default
+
+
+def test_config_file_from_environment_and_the_flag_wins(
+    tmp_path: Path, primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
+    mirrord_main: Callable[..., Outcome],
+) -> None:
+    """MIRRORD_CONFIG names the file; --config overrides it."""
+    (tmp_path / "a.toml").write_text("[copy]\nworkers = 5\n", encoding="utf-8")
+    (tmp_path / "b.toml").write_text("[copy]\nworkers = 6\n", encoding="utf-8")
+    monkeypatch.setenv("MIRRORD_CONFIG", str(tmp_path / "a.toml"))
+    roots = ("--primary", primary, "--mirror", mirror)
+    from_env = mirrord_main("check-config", *roots)
+    from_flag = mirrord_main("check-config", *roots, "--config", tmp_path / "b.toml")
+    assert json.loads(from_env.stdout)["copy"]["workers"] == 5
+    assert json.loads(from_flag.stdout)["copy"]["workers"] == 6
+
+
+def test_environment_values_are_typed() -> None:
+    """MIRRORD_SECTION__KEY nests; JSON values become numbers, booleans and lists; the rest stay strings."""
+    env = {
+        "MIRRORD_COPY__WORKERS": "4",
+        "MIRRORD_PRUNE__DRY_RUN": "true",
+        "MIRRORD_PATTERNS": '["*.pt", "*.ckpt"]',
+        "MIRRORD_MIRROR": "/mnt/m",
+        "MIRRORD_CONFIG": "/ignored.toml",
+        "OTHER": "x",
+    }
+    assert env_overrides(env) == {
+        "copy": {"workers": 4},
+        "prune": {"dry_run": True},
+        "patterns": ["*.pt", "*.ckpt"],
+        "mirror": "/mnt/m",
+    }
+    del env["MIRRORD_CONFIG"]
+    config = load_config(None, environ=env, check_roots=False)
+    assert (config.copy.workers, config.prune.dry_run, config.patterns) == (4, True, ("*.pt", "*.ckpt"))
+
+
+# --- one message per problem, naming the key, exit 2 ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "words"),
+    [
+        ("[prune]\nkeep_last = 0\n", "prune.keep_last", "greater than or equal to 1"),
+        ("wokers = 2\n", "wokers", "unknown key"),
+        ("[copy]\nwokers = 2\n", "copy.wokers", "unknown key"),
+        ("[prune]\nstep_pattern = 'step_(\\d+'\n", "prune.step_pattern", "regular expression"),
+        ("[prune]\nstep_pattern = 'step_\\d+'\n", "prune.step_pattern", "capturing group"),
+        ('patterns = ["runs/*.pt"]\n', "patterns", "not a file-name pattern"),
+        ('patterns = ["step_[0-9.pt"]\n', "patterns", "unbalanced brackets"),
+        ("patterns = []\n", "patterns", "at least one pattern"),
+        ('[copy]\nhash = "md5"\n', "copy.hash", "blake3"),
+        ('[metrics]\naddress = "9108"\n', "metrics.address", "HOST:PORT"),
+    ],
+)
+def test_invalid_value_exits_2_naming_the_key(
+    tmp_path: Path, primary: Path, mirror: Path, mirrord_main: Callable[..., Outcome],
+    toml: str, key: str, words: str,
+) -> None:
+    """One problem, one line on stderr that starts with the key; nothing on stdout."""
+    result = mirrord_main("check-config", "--config", _write(tmp_path, toml), "--primary", primary,
+                          "--mirror", mirror)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [problem] = _problems(result.stderr)
+    assert problem.startswith(f"{key}: ") and words in problem, problem
+
+
+def test_console_script_exits_2_on_an_unknown_key(tmp_path: Path, primary: Path, mirror: Path) -> None:
+    """The real process: status 2, the message on stderr, nothing on stdout."""
+    result = run_mirrord("sync", "--config", _write(tmp_path, "[copy]\nwokers = 2\n"),
+                         "--primary", primary, "--mirror", mirror)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert _problems(result.stderr) == ["copy.wokers: unknown key"]
+    assert list(mirror.iterdir()) == []
+
+
+def test_invalid_environment_value_names_the_key(
+    primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch, mirrord_main: Callable[..., Outcome]
+) -> None:
+    monkeypatch.setenv("MIRRORD_COPY__WORKERS", "many")
+    result = mirrord_main("check-config", "--primary", primary, "--mirror", mirror)
+    assert result.returncode == 2
+    assert [p.split(":")[0] for p in _problems(result.stderr)] == ["copy.workers"]
+
+
+def test_unparsable_file_exits_2(
+    tmp_path: Path, primary: Path, mirror: Path, mirrord_main: Callable[..., Outcome]
+) -> None:
+    result = mirrord_main("check-config", "--config", _write(tmp_path, "[copy\nworkers = 2\n"),
+                          "--primary", primary, "--mirror", mirror)
+    assert result.returncode == 2
+    [problem] = _problems(result.stderr)
+    assert problem.startswith("config: ") and "not valid TOML" in problem
+
+
+def test_missing_config_file_exits_2(
+    tmp_path: Path, primary: Path, mirror: Path, mirrord_main: Callable[..., Outcome]
+) -> None:
+    result = mirrord_main("check-config", "--config", tmp_path / "absent.toml", "--primary", primary,
+                          "--mirror", mirror)
+    assert result.returncode == 2
+    [problem] = _problems(result.stderr)
+    assert problem.startswith("config: ") and "absent.toml" in problem
+
+
+@pytest.fixture
+def root_problems(mirrord_main: Callable[..., Outcome]) -> Callable[[Path, Path], list[str]]:
+    def check(primary: Path, mirror: Path) -> list[str]:
+        result = mirrord_main("check-config", "--primary", primary, "--mirror", mirror)
+        assert result.returncode == 2, result.stdout
+        return _problems(result.stderr)
+
+    return check
+
+
+def test_missing_primary(
+    tmp_path: Path, mirror: Path, root_problems: Callable[[Path, Path], list[str]]
+) -> None:
+    [problem] = root_problems(tmp_path / "nowhere", mirror)
+    assert problem.startswith("primary: ") and "does not exist" in problem
+
+
+def test_primary_that_is_a_file(
+    tmp_path: Path, mirror: Path, root_problems: Callable[[Path, Path], list[str]]
+) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    [problem] = root_problems(tmp_path / "file", mirror)
+    assert problem.startswith("primary: ") and "not a directory" in problem
+
+
+def test_mirror_equal_to_primary(primary: Path, root_problems: Callable[[Path, Path], list[str]]) -> None:
+    [problem] = root_problems(primary, primary)
+    assert problem.startswith("mirror: ") and "same directory" in problem
+
+
+def test_mirror_equal_to_primary_through_a_symlink(
+    tmp_path: Path, primary: Path, root_problems: Callable[[Path, Path], list[str]]
+) -> None:
+    """Resolved paths are compared: an alias of the primary is the primary."""
+    (tmp_path / "alias").symlink_to(primary)
+    [problem] = root_problems(primary, tmp_path / "alias")
+    assert problem.startswith("mirror: ") and "same directory" in problem
+
+
+def test_mirror_inside_primary(primary: Path, root_problems: Callable[[Path, Path], list[str]]) -> None:
+    [problem] = root_problems(primary, primary / "backup")
+    assert problem.startswith("mirror: ") and "inside primary" in problem
+
+
+def test_primary_inside_mirror(mirror: Path, root_problems: Callable[[Path, Path], list[str]]) -> None:
+    (mirror / "ckpt").mkdir()
+    [problem] = root_problems(mirror / "ckpt", mirror)
+    assert problem.startswith("primary: ") and "inside mirror" in problem
+
+
+def test_sibling_with_a_common_prefix_is_not_inside(
+    tmp_path: Path, mirrord_main: Callable[..., Outcome]
+) -> None:
+    """/x/ckpt and /x/ckpt-mirror are siblings, not nested (a string-prefix test would say otherwise)."""
+    (tmp_path / "ckpt").mkdir()
+    result = mirrord_main("check-config", "--primary", tmp_path / "ckpt",
+                          "--mirror", tmp_path / "ckpt-mirror")
+    assert result.returncode == 0, result.stderr
+
+
+def _main_captured(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(argv)
+    return code, err.getvalue()
+
+
+def test_unreadable_primary(world_tmp: Path) -> None:
+    """Permission bits bind only a non-root process: cli.main runs in a child that dropped to nobody."""
+    primary, mirror = world_tmp / "primary", world_tmp / "mirror"
+    primary.mkdir(mode=0o700)
+    mirror.mkdir()
+    mirror.chmod(0o777)
+    argv = ["check-config", "--primary", str(primary), "--mirror", str(mirror)]
+    outcome = run_as_nobody(_main_captured, argv)
+    code, stderr = outcome["value"]
+    assert code == 2
+    [problem] = _problems(stderr)
+    assert problem.startswith("primary: ") and "not readable" in problem
+
+
+def test_every_problem_is_reported_at_once(
+    tmp_path: Path, mirrord_main: Callable[..., Outcome]
+) -> None:
+    """An operator fixes everything in one round: value problems and root problems appear together."""
+    config_file = _write(tmp_path, "[prune]\nkeep_last = 0\n[copy]\nwokers = 2\n")
+    result = mirrord_main("check-config", "--config", config_file, "--primary", tmp_path / "nowhere",
+                          "--mirror", tmp_path / "m")
+    assert result.returncode == 2
+    keys = sorted(p.split(": ")[0] for p in _problems(result.stderr))
+    assert keys == ["copy.wokers", "primary", "prune.keep_last"]
+
+
+def test_load_config_lists_one_problem_per_key(primary: Path, mirror: Path) -> None:
+    """The library API reports the problems as a list, one per key."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={}, overrides={
+            "primary": str(primary), "mirror": str(mirror),
+            "prune": {"keep_last": 0, "step_pattern": "("}, "nope": 1,
+        })
+    keys = sorted(p.split(": ")[0] for p in info.value.problems)
+    assert keys == ["nope", "prune.keep_last", "prune.step_pattern"]
+
+
+# --- check-config ---------------------------------------------------------------------------------------
+
+
+def test_check_config_prints_the_effective_configuration(
+    primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch, mirrord_main: Callable[..., Outcome]
+) -> None:
+    """The printed document is the whole effective configuration and loads back to the same Config."""
+    monkeypatch.setenv("MIRRORD_COPY__WORKERS", "3")
+    result = mirrord_main("check-config", "--primary", primary, "--mirror", mirror)
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert (printed["primary"], printed["mirror"]) == (str(primary), str(mirror))
+    assert printed["copy"]["workers"] == 3
+    expected = load_config(None, overrides={"primary": str(primary), "mirror": str(mirror)})
+    assert load_config(None, environ={}, overrides=printed) == expected

@@ -1,0 +1,143 @@
+"""Scanning: committed candidates by lstat; temp, hidden, symlinked and special files never count."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from mirrord.scan import is_candidate_name, snapshot_tree
+from tests.helpers import run_as_nobody
+
+PATTERNS = ("*.pt",)
+
+
+@pytest.mark.parametrize(
+    ("name", "candidate"),
+    [
+        ("step_0010.pt", True),
+        ("step_0010.pt.part", False),
+        ("step_0010.pt.tmp", False),
+        (".step_0010.pt", False),
+        ("step_0010.ckpt", False),
+        ("notes.txt", False),
+    ],
+)
+def test_is_candidate_name(name: str, candidate: bool) -> None:
+    assert is_candidate_name(name, PATTERNS) is candidate
+
+
+def test_patterns_never_admit_temp_or_hidden_names() -> None:
+    """Even a catch-all pattern does not make a temp or hidden file a checkpoint."""
+    assert not is_candidate_name("x.part", ("*",))
+    assert not is_candidate_name("x.tmp", ("*",))
+    assert not is_candidate_name(".mirrord-manifest.json", ("*",))
+    assert is_candidate_name("model.ckpt", ("*.pt", "*.ckpt"))
+
+
+def test_snapshot_lists_committed_files_with_their_stat(tmp_path: Path) -> None:
+    (tmp_path / "run_a").mkdir()
+    (tmp_path / "run_a" / "nested").mkdir()
+    (tmp_path / "top.pt").write_bytes(b"1")
+    (tmp_path / "run_a" / "step_0001.pt").write_bytes(b"22")
+    (tmp_path / "run_a" / "nested" / "step_0002.pt").write_bytes(b"333")
+    os.utime(tmp_path / "top.pt", ns=(5, 123_456_789))
+    snap = snapshot_tree(tmp_path, PATTERNS)
+    assert sorted(snap.files) == ["run_a/nested/step_0002.pt", "run_a/step_0001.pt", "top.pt"]
+    top = snap.files["top.pt"]
+    st = (tmp_path / "top.pt").stat()
+    assert (top.size, top.mtime_ns, top.ino, top.dev) == (1, 123_456_789, st.st_ino, st.st_dev)
+    assert top.run == "" and snap.files["run_a/nested/step_0002.pt"].run == "run_a/nested"
+    assert snap.complete and snap.errors == () and snap.skipped == ()
+
+
+def test_snapshot_ignores_temp_hidden_and_unmatched_files(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / ".hidden_run").mkdir()
+    for name in ("step_1.pt.part", "step_1.pt.tmp", ".step_1.pt", "step_1.txt", "step_1.pt"):
+        (tmp_path / "run" / name).write_bytes(b"x")
+    (tmp_path / ".hidden_run" / "step_2.pt").write_bytes(b"x")
+    snap = snapshot_tree(tmp_path, PATTERNS)
+    assert list(snap.files) == ["run/step_1.pt"]
+    assert snap.partials == {}
+    assert snap.complete
+
+
+def test_partials_are_collected_on_request(tmp_path: Path) -> None:
+    """The mirror side wants its leftover NAME.part files (to sweep them); never as checkpoints."""
+    (tmp_path / "step_1.pt.part").write_bytes(b"half")
+    (tmp_path / "step_2.pt").write_bytes(b"whole")
+    snap = snapshot_tree(tmp_path, PATTERNS, collect_partials=True)
+    assert list(snap.partials) == ["step_1.pt.part"] and snap.partials["step_1.pt.part"].size == 4
+    assert list(snap.files) == ["step_2.pt"]
+
+
+def test_symlinks_are_skipped_never_followed(tmp_path: Path) -> None:
+    """A link to a file or a directory outside the root is reported, not listed and not entered."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.pt").write_bytes(b"secret")
+    (outside / "step_9.pt").write_bytes(b"secret too")
+    (root / "step_1.pt").symlink_to(outside / "secret.pt")
+    (root / "linked_run").symlink_to(outside)
+    (root / "dangling.pt").symlink_to(tmp_path / "nowhere")
+    snap = snapshot_tree(root, PATTERNS)
+    assert snap.files == {}
+    assert sorted(snap.skipped) == [
+        ("dangling.pt", "symlink"), ("linked_run", "symlink"), ("step_1.pt", "symlink"),
+    ]
+    assert snap.complete
+
+
+def test_the_root_itself_may_be_a_symlink(tmp_path: Path) -> None:
+    """The operator chose the root; only links below it are refused."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "step_1.pt").write_bytes(b"x")
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    assert list(snapshot_tree(tmp_path / "alias", PATTERNS).files) == ["step_1.pt"]
+
+
+def test_fifos_and_sockets_are_skipped(tmp_path: Path) -> None:
+    """Opening a FIFO would block the scanner forever; a socket has no bytes to copy."""
+    os.mkfifo(tmp_path / "step_1.pt")
+    os.mkfifo(tmp_path / "other_fifo")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "step_2.pt"))
+        snap = snapshot_tree(tmp_path, PATTERNS)
+    assert snap.files == {}
+    assert sorted(snap.skipped) == [("step_1.pt", "not a regular file"), ("step_2.pt", "not a regular file")]
+
+
+def test_a_directory_named_like_a_checkpoint_is_entered_not_listed(tmp_path: Path) -> None:
+    (tmp_path / "odd.pt").mkdir()
+    (tmp_path / "odd.pt" / "step_1.pt").write_bytes(b"x")
+    assert list(snapshot_tree(tmp_path, PATTERNS).files) == ["odd.pt/step_1.pt"]
+
+
+def test_missing_root_is_an_error_not_an_empty_volume(tmp_path: Path) -> None:
+    """An unmounted volume must not look like one with no checkpoints (that would license pruning)."""
+    snap = snapshot_tree(tmp_path / "absent", PATTERNS)
+    assert snap.files == {}
+    assert not snap.complete
+    assert len(snap.errors) == 1 and str(tmp_path / "absent") in snap.errors[0]
+
+
+def _scan(root: str) -> dict[str, object]:
+    snap = snapshot_tree(Path(root), PATTERNS)
+    return {"files": sorted(snap.files), "errors": list(snap.errors)}
+
+
+def test_unreadable_directory_is_collected_as_an_error(world_tmp: Path) -> None:
+    """The listing goes on past an unreadable run folder and reports it (scan runs as nobody)."""
+    (world_tmp / "open").mkdir()
+    (world_tmp / "locked").mkdir()
+    (world_tmp / "open" / "step_1.pt").write_bytes(b"x")
+    (world_tmp / "locked" / "step_2.pt").write_bytes(b"x")
+    (world_tmp / "locked").chmod(0o700)
+    result = run_as_nobody(_scan, str(world_tmp))["value"]
+    assert result["files"] == ["open/step_1.pt"]
+    [error] = result["errors"]
+    assert str(world_tmp / "locked") in error and "Permission denied" in error

@@ -167,5 +167,5 @@ def save_checkpoint(path: Path, step: int, megabytes: float = 0.1, rename: bool 
     target = path.with_name(path.name + ".part") if rename else path
     torch.save({"step": step, "model": model.state_dict(), "optim": opt.state_dict()}, target)
     if rename:
-        os.replace(target, path)
+        target.replace(path)
     return path

@@ -28,7 +28,7 @@ def test_keep_last_3_of_10_on_both_sides_with_guards(tmp_path, daemon_factory):
 
 
 def test_zero_and_recent_mtimes_survive(tmp_path, daemon_factory):
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary = tmp_path / "primary"
     old = time.time() - 3600
     for step in range(1, 7):
         p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)

@@ -1,6 +1,6 @@
 # Developer entry points. Each target sets up what it needs in ./.venv first.
 VENV ?= .venv
-PY := $(VENV)/bin/python
+PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
 .PHONY: run test demo chaos chaos-ci bench bench-smoke clean
 
@@ -20,8 +20,18 @@ run: $(VENV)/.installed
 test:
 	bash .ci/run
 
+# A one-minute simulated training run against ./var/demo.
 demo: $(VENV)/.installed
 	$(VENV)/bin/mirrord demo
+
+# Every chaos scenario at full scale (>= 500 kill -9 rounds, ...); rewrites tests/chaos/RESULTS.md.
+# Needs the test environment (make test, or .ci/run) first. See tests/chaos/README.md.
+chaos:
+	$(PYTHON) -m tests.chaos --full
+
+# The CI-sized chaos run (also part of the default pytest run).
+chaos-ci:
+	$(PYTHON) -m tests.chaos
 
 clean:
 	rm -rf var build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

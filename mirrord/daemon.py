@@ -35,6 +35,9 @@ from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
 from mirrord.workers import JobQueue, WorkerPool
 
+# Copy reasons that mean a mirrored file no longer matches its manifest record (checked by stat on every
+# reconcile; `mirrord verify` checks content hashes, in its own process, and reports by exit status).
+VERIFY_FAILURES = ("mirror_missing", "mirror_mismatch")
 # Keys a SIGHUP cannot change: they define what is watched, where it goes, or where we listen.
 RESTART_ONLY = ("primary", "mirror", "patterns", "mirror_must_be_mountpoint", "watch.mode", "metrics")
 
@@ -96,6 +99,8 @@ class Daemon:
         self._reload_requested = False
         self._prune_due = False
         self._unsettled: set[str] = set()
+        self._verify_failed: set[str] = set()  # main loop adds, workers discard (single set ops)
+        self._refused_since_mtime = 0.0  # oldest unmirrored file while the mirror is refused (0: none)
         self._ready = False
         self._health: tuple[bool, str] = (False, "starting")
         self._last_heartbeat = 0.0
@@ -133,6 +138,7 @@ class Daemon:
         """Called from worker threads."""
         if isinstance(outcome, CopyResult):
             self._copied += 1
+            self._verify_failed.discard(job.rel)
         elif outcome.reason != "cancelled":
             self._failed += 1
             self._last_error = f"{job.rel}: {outcome.cause}"
@@ -245,7 +251,11 @@ class Daemon:
         for rel, why in psnap.skipped:
             self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
         if self._mirror_looks_unmounted(msnap):
+            # Nothing is queued while the mirror is refused, yet it falls behind: keep lag honest.
+            pending = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex).jobs
+            self._refused_since_mtime = min((j.mtime_ns / 1e9 for j in pending if j.mtime_ns > 0), default=0.0)
             return
+        self._refused_since_mtime = 0.0
         # Prune first: its plan tells the copy planner which old steps retention has retired.
         self._prune(psnap, msnap)
         queued = self._enqueue(psnap, msnap)
@@ -269,7 +279,18 @@ class Daemon:
         plan = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex, self.settle)
         # Steps retention already pruned would only be pruned again (prune.primary = false keeps them).
         retired = self.pruner.retired if self.pruner is not None else (lambda run, step: False)
-        queued = sum(self.queue.put(job) for job in plan.jobs if not retired(job.run, job.step))
+        queued = 0
+        for job in plan.jobs:
+            if retired(job.run, job.step) or not self.queue.put(job):
+                continue
+            queued += 1
+            if job.why in VERIFY_FAILURES and job.rel not in self._verify_failed:
+                # The manifest vouches for a copy that is gone or no longer what was recorded: count it
+                # once per damage (until a fresh copy is recorded), then repair it by copying again.
+                self._verify_failed.add(job.rel)
+                self.metrics.verify_failures.inc()
+                self.log.warning("mirror.verify_failed", path=job.rel, run=job.run or ".", step=job.step,
+                                 why=job.why)
         if partial:
             self._unsettled.update(plan.unsettled)
             self._unsettled.difference_update(j.rel for j in plan.jobs)
@@ -362,6 +383,8 @@ class Daemon:
             mtime = entry.job.mtime_ns / 1e9
             by_mtime = now_wall - mtime if 0 < mtime <= now_wall else 0.0
             lag = max(lag, by_mtime, now_mono - entry.first_seen)
+        if self._blocked and self._refused_since_mtime:
+            lag = max(lag, now_wall - self._refused_since_mtime)
         self.metrics.lag.set(lag)
 
     def _status(self) -> str:

@@ -213,7 +213,9 @@ def plan_prune(
         keep = preserved(policies, steps, verified)
         keeps[run] = frozenset(keep)
         window = KeepLast(policy.keep_last).preserve(steps, verified)
-        floor = min(window) if window else None
+        # Only a full window has a floor: with fewer than keep_last verified steps, every step is kept
+        # (an older step whose mirror copy is damaged is repaired, not retired).
+        floor = min(window) if len(window) >= policy.keep_last else None
         if floor is not None:
             floors[run] = floor
         if verified:

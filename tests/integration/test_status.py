@@ -1,0 +1,231 @@
+"""`mirrord status` as a person (and a script) runs it: the real CLI over real mirrors, with and without a daemon."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrord.config import load_config
+from mirrord.manifest import MANIFEST_NAME, Manifest
+from mirrord.status import collect
+from tests.helpers import run_mirrord
+from tests.integration.daemon_harness import DaemonProcess, free_port, save_checkpoint, wait_for
+
+
+@pytest.fixture
+def no_daemon_env() -> dict[str, str]:
+    """A metrics address where certainly nothing listens, so "no daemon" is what the test sees."""
+    return {"MIRRORD_METRICS__ADDRESS": f"127.0.0.1:{free_port()}"}
+
+
+def status(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    result = run_mirrord("status", "--json", *args, env=env)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def run_of(report: dict[str, Any], name: str) -> dict[str, Any]:
+    [run] = [r for r in report["runs"] if r["run"] == name]
+    return run
+
+
+def sync(primary: Path, mirror: Path, env: dict[str, str] | None = None) -> None:
+    result = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env)
+    assert result.returncode == 0, result.stderr
+
+
+def test_per_run_steps_lag_and_free_space_without_a_daemon(primary, mirror, checkpoint, no_daemon_env) -> None:
+    """Each run shows its newest step on both sides; an unmirrored step is lag, not a problem."""
+    for step in (1, 2):
+        checkpoint(primary / "runA" / f"step_{step:04d}.pt", step)
+    checkpoint(primary / "runB" / "step_0005.pt", 5)
+    sync(primary, mirror)
+    checkpoint(primary / "runA" / "step_0003.pt", 3)  # committed after the last sync
+
+    code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert code == 0 and report["ok"] and report["problems"] == []
+    a, b = run_of(report, "runA"), run_of(report, "runB")
+    assert (a["primary_step"], a["mirror_step"], a["verified"], a["pending_files"]) == (3, 2, True, 1)
+    assert a["lag_seconds"] > 0 and report["lag_seconds"] == a["lag_seconds"]
+    assert (b["primary_step"], b["mirror_step"], b["verified"], b["pending_files"], b["lag_seconds"]) == (
+        5, 5, True, 0, 0.0
+    )
+    assert a["verify_mode"] == "size"
+    for side in ("primary", "mirror"):
+        assert 0 < report[side]["free_bytes"] <= report[side]["total_bytes"]
+    assert report["mirror"]["files"] == report["manifest_entries"] == 3
+    assert report["daemon"]["running"] is False
+    assert no_daemon_env["MIRRORD_METRICS__ADDRESS"] in report["daemon"]["error"]
+
+    text = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert text.returncode == 0
+    lines = text.stdout.splitlines()
+    [row_a] = [line for line in lines if line.strip().startswith("runA ")]
+    assert row_a.split()[:3] == ["runA", "3", "2"] and "1 file(s), oldest" in row_a
+    [row_b] = [line for line in lines if line.strip().startswith("runB ")]
+    assert "intact (size checked)" in row_b and row_b.rstrip().endswith("caught up")
+    assert "free of" in text.stdout
+    assert "daemon   not reachable" in text.stdout
+    assert "problems: none" in text.stdout
+
+
+def test_size_check_by_default_hash_check_with_verify(primary, mirror, checkpoint, no_daemon_env) -> None:
+    """Bit rot keeps the size: only --verify (which reads the file) sees it; exit 1 once it is seen."""
+    for step in (1, 2):
+        checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+    sync(primary, mirror)
+    newest = mirror / "r" / "step_0002.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+
+    code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert code == 0 and run_of(report, "r")["verified"] is True
+
+    code, report = status("--verify", "--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    r = run_of(report, "r")
+    assert code == 1 and not report["ok"]
+    assert (r["verified"], r["verify_mode"]) == (False, "hash")
+    assert "hash_mismatch" in r["verify_detail"] and "r/step_0002.pt" in r["verify_detail"]
+    assert any("NOT intact" in p for p in report["problems"])
+
+
+def test_truncated_newest_copy_fails_the_size_check(primary, mirror, checkpoint, no_daemon_env) -> None:
+    """A truncated file on the mirror is caught without reading it, and shown as NOT INTACT."""
+    checkpoint(primary / "r" / "step_0007.pt", 7)
+    sync(primary, mirror)
+    with (mirror / "r" / "step_0007.pt").open("r+b") as f:
+        f.truncate(100)
+    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert result.returncode == 1
+    assert "NOT INTACT (size)" in result.stdout
+    assert "r/step_0007.pt: 100 bytes, manifest says" in result.stdout
+    assert "differ in size from the manifest" in result.stdout
+
+
+def test_an_emptied_mirror_is_reported_as_probably_unmounted(primary, mirror, checkpoint, no_daemon_env) -> None:
+    """Manifest entries with no files behind them: the mirror volume is probably not mounted."""
+    checkpoint(primary / "r" / "step_0001.pt", 1)
+    sync(primary, mirror)
+    shutil.rmtree(mirror / "r")
+    code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert code == 1
+    assert any("is empty but its manifest lists 1 file(s)" in p for p in report["problems"])
+    assert run_of(report, "r")["verified"] is False
+
+
+def test_an_unreadable_manifest_is_a_problem(primary, mirror, checkpoint, no_daemon_env) -> None:
+    """A corrupt manifest vouches for nothing: reported, and every mirrored file shows as unrecorded."""
+    checkpoint(primary / "r" / "step_0001.pt", 1)
+    sync(primary, mirror)
+    (mirror / MANIFEST_NAME).write_text("{not json")
+    code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert code == 1
+    assert any(p.startswith("manifest: cannot parse manifest") for p in report["problems"])
+    assert any("not in the manifest" in n for n in report["notes"])
+
+
+def test_steps_retention_let_go_are_not_lag(primary, mirror, checkpoint, no_daemon_env) -> None:
+    """With pruning on and the primary kept, old steps absent from the mirror are retired, not behind."""
+    for step in (1, 2, 3, 4):
+        checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+    env = {**no_daemon_env, "MIRRORD_PRUNE__KEEP_LAST": "2", "MIRRORD_PRUNE__MIN_AGE_SECONDS": "0"}
+    sync(primary, mirror, env)
+    pruned = run_mirrord("prune", "--primary", primary, "--mirror", mirror, env=env)
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    assert sorted(Manifest.load(mirror).entries) == ["r/step_0003.pt", "r/step_0004.pt"]
+
+    code, report = status("--primary", primary, "--mirror", mirror, env=env)
+    r = run_of(report, "r")
+    assert code == 0 and (r["primary_step"], r["mirror_step"], r["pending_files"], r["lag_seconds"]) == (
+        4, 4, 0, 0.0
+    )
+    # Without retention the same two steps are simply missing from the mirror: that is lag.
+    _, report = status("--primary", primary, "--mirror", mirror,
+                       env={**env, "MIRRORD_PRUNE__ENABLED": "false"})
+    assert run_of(report, "r")["pending_files"] == 2
+
+
+def test_a_running_daemon_is_asked_for_health_queue_and_copies(tmp_path, daemon_factory) -> None:
+    """With the daemon up, status shows its health, readiness, queue and copy counts from its endpoint."""
+    primary = tmp_path / "primary"
+    d: DaemonProcess = daemon_factory().start()
+    save_checkpoint(primary / "live" / "step_0003.pt", 3)
+    wait_for(lambda: d.metric("mirrord_copies_total", 'result="ok"') == 1, 20, "one copy counted")
+
+    code, report = status("--config", d.config_path)
+    daemon = report["daemon"]
+    assert code == 0 and report["ok"]
+    assert (daemon["running"], daemon["healthy"], daemon["ready"]) == (True, True, True)
+    assert (daemon["health"], daemon["readiness"]) == ("ok", "ready")
+    assert daemon["copies"]["ok"] == 1 and daemon["copies"]["failed"] == 0
+    assert daemon["queue_depth"] == 0 and daemon["in_flight"] == 0
+    assert daemon["version"] == report["version"]
+    assert daemon["last_copy_at"] > 0
+    live = run_of(report, "live")
+    assert (live["primary_step"], live["mirror_step"], live["verified"], live["pending_files"]) == (3, 3, True, 0)
+
+    text = run_mirrord("status", "--verify", "--config", d.config_path)
+    assert text.returncode == 0, text.stdout
+    assert f"on 127.0.0.1:{d.port}: healthy, ready" in text.stdout
+    assert "copies since start: 1 ok" in text.stdout
+    assert "intact (hash checked)" in text.stdout
+    assert d.stop() == 0
+
+
+def test_a_daemon_refusing_the_mirror_makes_status_fail_with_its_reason(tmp_path, daemon_factory) -> None:
+    """The daemon's own /readyz reason reaches the person running status, next to what the disk shows."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    save_checkpoint(primary / "run1" / "step_0001.pt", 1)
+    first = daemon_factory().start()
+    wait_for(lambda: (mirror / "run1" / "step_0001.pt").exists() and Manifest.load(mirror).entries, 20,
+             "step 1 mirrored")
+    assert first.stop() == 0
+    shutil.rmtree(mirror / "run1")
+    again = daemon_factory().start(wait_ready=False)
+    wait_for(lambda: again.http("/readyz")[0] == 503, 30, "/readyz 503")
+
+    code, report = status("--config", again.config_path)
+    assert code == 1
+    assert report["daemon"]["running"] and report["daemon"]["healthy"] and not report["daemon"]["ready"]
+    assert any(p.startswith("daemon: not ready:") and "manifest lists 1 file" in p for p in report["problems"])
+    assert any(p.startswith("mirror:") and "is empty but its manifest lists" in p for p in report["problems"])
+    assert again.stop() == 0
+
+
+def test_status_help_is_complete() -> None:
+    """--help names every option and the exit codes."""
+    result = run_mirrord("status", "--help")
+    assert result.returncode == 0
+    for text in ("--json", "--verify", "--timeout", "--config", "--primary", "--mirror", "Exit 0"):
+        assert text in result.stdout, text
+
+
+def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, daemon_factory) -> None:
+    """While the daemon publishes, records and prunes, no status taken meanwhile reports damage on disk."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d: DaemonProcess = daemon_factory({
+        "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0, "primary": True},
+        "io": {"bandwidth_limit": 20 * 1024 * 1024, "drop_cache": False},
+    }).start()
+    config = load_config(d.config_path, environ={})
+    reports = []
+
+    def finished() -> bool:
+        reports.append(collect(config))
+        return sorted(Manifest.load(mirror).entries) == ["r/step_0009.pt", "r/step_0010.pt"] and not any(
+            mirror.rglob("*.part"))
+
+    for step in range(1, 11):
+        save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step, megabytes=4)
+        reports.append(collect(config))
+    wait_for(finished, 60, "steps 9 and 10 kept, the rest pruned", interval=0)  # as many looks as possible
+    assert len(reports) > 20
+    # Only what status concludes from the disks; the daemon's own health is another test's business.
+    assert [p for r in reports for p in r.problems if not p.startswith("daemon:")] == []
+    assert d.metric("mirrord_pruned_files_total", 'volume="mirror"') >= 1
+    assert d.stop() == 0

@@ -33,5 +33,12 @@ chaos:
 chaos-ci:
 	$(PYTHON) -m tests.chaos
 
+# The benchmark suite against cp, rsync, rclone (about 15 minutes); results go to bench/results/.
+bench:
+	$(PYTHON) -m bench
+
+bench-smoke:
+	$(PYTHON) -m bench --smoke
+
 clean:
 	rm -rf var build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

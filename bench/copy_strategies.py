@@ -140,10 +140,44 @@ def copy_shutil_fsync(src: Path, dst: Path) -> str:
     return ""
 
 
+class DropBehind:
+    """Stream writeback behind the copy and drop what is already on disk from the page cache.
+
+    After each chunk: start its writeback (sync_file_range WRITE, asynchronous). Once more than
+    two windows are written, wait for the oldest window to reach the disk and DONTNEED it on both
+    files. The copy then holds about two windows of cache, reuses the same free pages, and the
+    final fsync only has the tail left to write.
+    """
+
+    def __init__(self, sfd: int, dfd: int, window: int = 64 * MiB, drop_cache: bool = True) -> None:
+        self.sfd, self.dfd, self.window, self.drop_cache = sfd, dfd, window, drop_cache
+        self.written = 0
+        self.dropped = 0
+
+    def wrote(self, n: int) -> None:
+        """Account for ``n`` bytes just written at the current end of the file."""
+        sync_file_range(self.dfd, self.written, n, _SFR_WRITE)
+        self.written += n
+        while self.written - self.dropped >= 2 * self.window:
+            sync_file_range(self.dfd, self.dropped, self.window, _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
+            if self.drop_cache:
+                os.posix_fadvise(self.dfd, self.dropped, self.window, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(self.sfd, self.dropped, self.window, os.POSIX_FADV_DONTNEED)
+            self.dropped += self.window
+
+    def finish(self) -> None:
+        """After the fsync: everything is clean, drop the rest."""
+        if not self.drop_cache:
+            return
+        os.posix_fadvise(self.dfd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def make_loop(bufsize: int, algo: str, drop: str = "none", window: int = 64 * MiB) -> Callable[[Path, Path], str]:
     """Read/write loop with one reusable buffer; the hash is fed from the bytes that are written.
 
     drop="end": posix_fadvise(DONTNEED) on both files after the fsync.
+    drop="writeback": stream writeback behind the copy (sync_file_range) but keep the cache.
     drop="behind": start writeback of each chunk as it is written (sync_file_range WRITE), and
     once a window is on disk, drop it from the page cache on both files, so the copy never holds
     more than ~2 windows of cache and the final fsync has little left to do.
@@ -155,25 +189,20 @@ def make_loop(bufsize: int, algo: str, drop: str = "none", window: int = 64 * Mi
         buf = bytearray(bufsize)
         view = memoryview(buf)
         reader = io.FileIO(sfd, "rb", closefd=True)
-        off = 0
-        dropped = 0
+        behind = DropBehind(sfd, dfd, window, drop_cache=drop == "behind")
         try:
             while n := reader.readinto(buf):
                 chunk = view[:n]
                 hasher.update(chunk)
                 _write_all(dfd, chunk)
-                if drop == "behind":
-                    sync_file_range(dfd, off, n, _SFR_WRITE)
-                    off += n
-                    if off - dropped >= 2 * window:
-                        sync_file_range(dfd, dropped, window, _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
-                        os.posix_fadvise(dfd, dropped, window, os.POSIX_FADV_DONTNEED)
-                        os.posix_fadvise(sfd, dropped, window, os.POSIX_FADV_DONTNEED)
-                        dropped += window
+                if drop in ("behind", "writeback"):
+                    behind.wrote(n)
             os.fsync(dfd)
-            if drop != "none":
+            if drop == "end":
                 os.posix_fadvise(dfd, 0, 0, os.POSIX_FADV_DONTNEED)
                 os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_DONTNEED)
+            elif drop == "behind":
+                behind.finish()
             os.close(dfd)
             fsync_dir(dst.parent)
         finally:
@@ -231,7 +260,7 @@ def make_cfr(algo: str, hash_from: str, chunk: int = 64 * MiB, drop: bool = Fals
     return copy
 
 
-def make_pipeline(bufsize: int, algo: str, nbuf: int = 4) -> Callable[[Path, Path], str]:
+def make_pipeline(bufsize: int, algo: str, nbuf: int = 4, drop_behind: bool = False) -> Callable[[Path, Path], str]:
     """Three stages on three threads: read chunk N+2 while hashing N+1 and writing N."""
 
     def copy(src: Path, dst: Path) -> str:
@@ -243,6 +272,7 @@ def make_pipeline(bufsize: int, algo: str, nbuf: int = 4) -> Callable[[Path, Pat
         to_hash: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
         to_write: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
         errors: list[BaseException] = []
+        behind = DropBehind(sfd, dfd) if drop_behind else None
 
         def hash_stage() -> None:
             while (item := to_hash.get()) is not None:
@@ -255,6 +285,8 @@ def make_pipeline(bufsize: int, algo: str, nbuf: int = 4) -> Callable[[Path, Pat
                 try:
                     if not errors:
                         _write_all(dfd, memoryview(item[0])[: item[1]])
+                        if behind is not None:
+                            behind.wrote(item[1])
                 except OSError as exc:
                     errors.append(exc)
                 free.put(item[0])
@@ -262,7 +294,7 @@ def make_pipeline(bufsize: int, algo: str, nbuf: int = 4) -> Callable[[Path, Pat
         threads = [threading.Thread(target=hash_stage), threading.Thread(target=write_stage)]
         for t in threads:
             t.start()
-        reader = io.FileIO(sfd, "rb", closefd=True)
+        reader = io.FileIO(sfd, "rb", closefd=False)
         try:
             while not errors:
                 buf = free.get()
@@ -274,12 +306,33 @@ def make_pipeline(bufsize: int, algo: str, nbuf: int = 4) -> Callable[[Path, Pat
             to_hash.put(None)
             for t in threads:
                 t.join()
-            reader.close()
-        if errors:
+        try:
+            if errors:
+                os.close(dfd)
+                raise errors[0]
+            os.fsync(dfd)
+            if behind is not None:
+                behind.finish()
             os.close(dfd)
-            raise errors[0]
-        _finish(dfd, dst)
+        finally:
+            os.close(sfd)
+        fsync_dir(dst.parent)
         return hasher.hexdigest()
+
+    return copy
+
+
+def make_mirrord(drop_cache: bool) -> Callable[[Path, Path], str] | None:
+    """mirrord's own copier (mirrord.copier.copy_file), in process: the copy path without start-up."""
+    try:
+        from mirrord.copier import CopyOptions, copy_file
+        from mirrord.volume import LocalMirror
+    except ImportError:
+        return None
+
+    def copy(src: Path, dst: Path) -> str:
+        options = CopyOptions(algo="blake3", reserve_bytes=0, drop_cache=drop_cache)
+        return copy_file(src.parent, src.name, LocalMirror(dst.parent), options).digest
 
     return copy
 
@@ -312,15 +365,24 @@ def build_variants(matrix: bool) -> list[Variant]:
             v.append(Variant(f"loop 8M {algo}", "b", make_loop(8 * MiB, algo), algo))
     v += [
         Variant("cfr + hash dst after", "c", make_cfr("blake3", "dst"), "blake3"),
-        Variant("cfr + hash src after", "c", make_cfr("blake3", "src_after"), "blake3"),
         Variant("cfr || hash src thread", "c", make_cfr("blake3", "src_parallel"), "blake3"),
-        Variant("pipeline 1M blake3", "d", make_pipeline(1 * MiB, "blake3"), "blake3"),
         Variant("pipeline 8M blake3", "d", make_pipeline(8 * MiB, "blake3"), "blake3"),
         Variant("pipeline 8M sha256", "d", make_pipeline(8 * MiB, "sha256"), "sha256"),
         Variant("loop 8M blake3 +dontneed end", "e", make_loop(8 * MiB, "blake3", "end"), "blake3"),
         Variant("loop 8M blake3 +dontneed behind", "e", make_loop(8 * MiB, "blake3", "behind"), "blake3"),
         Variant("cfr || hash +dontneed end", "e", make_cfr("blake3", "src_parallel", drop=True), "blake3"),
+        Variant("loop 8M blake3 +writeback behind", "e", make_loop(8 * MiB, "blake3", "writeback"), "blake3",
+                note="sync_file_range WRITE behind the copy, no DONTNEED"),
+        Variant("loop 8M xxh3_128 +dontneed behind", "e", make_loop(8 * MiB, "xxh3_128", "behind"), "xxh3_128"),
+        Variant("pipeline 8M blake3 +dontneed behind", "e", make_pipeline(8 * MiB, "blake3", drop_behind=True),
+                "blake3"),
+        Variant("pipeline 8M sha256 +dontneed behind", "e", make_pipeline(8 * MiB, "sha256", drop_behind=True),
+                "sha256"),
     ]
+    for drop in (True, False):
+        fn = make_mirrord(drop)
+        if fn is not None:
+            v.append(Variant(f"mirrord copier drop_cache={'on' if drop else 'off'}", "f", fn, "blake3"))
     return v
 
 
@@ -329,8 +391,9 @@ COLD_SUBSET = (
     "cp+fsync",
     "loop 8M blake3",
     "cfr || hash src thread",
-    "pipeline 8M blake3",
     "loop 8M blake3 +dontneed behind",
+    "pipeline 8M blake3 +dontneed behind",
+    "mirrord copier drop_cache=on",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -385,8 +448,15 @@ class Series:
     runs: list[Run] = field(default_factory=list)
 
 
-def timed_copy(variant: Variant, src: Path, dst: Path, cold: bool, expected: dict[str, str]) -> Run:
-    """Reset the world (no dst, nothing dirty, source cached or not), then time one copy."""
+def timed_copy(variant: Variant, src: Path, dst: Path, cold: bool, expected: dict[str, str],
+               settle: float = 0.0) -> Run:
+    """Reset the world (no dst, nothing dirty, source cached or not), then time one copy.
+
+    ``settle``: idle seconds before the copy. In a VM with free page reporting (Firecracker,
+    virtio-balloon) memory freed by the previous run is handed back to the host after ~2 s and
+    costs a host fault per page when reused; waiting makes every run start from that same state,
+    which is also the daemon's steady state (checkpoints arrive minutes apart).
+    """
     if dst.exists():
         dst.unlink()
     os.sync()
@@ -394,6 +464,7 @@ def timed_copy(variant: Variant, src: Path, dst: Path, cold: bool, expected: dic
         drop_caches()
     else:
         warm(src)
+    time.sleep(settle)
     before = meminfo()["Cached"]
     c0 = cpu_seconds()
     t0 = time.perf_counter()
@@ -408,14 +479,14 @@ def timed_copy(variant: Variant, src: Path, dst: Path, cold: bool, expected: dic
 
 
 def run_paired(variants: list[Variant], src: Path, dst: Path, reps: int, cold: bool,
-               expected: dict[str, str], log: Callable[[str], None]) -> list[Series]:
+               expected: dict[str, str], log: Callable[[str], None], settle: float = 0.0) -> list[Series]:
     """Every repetition runs every variant once, rotating the order so no variant always follows
     the same neighbour (writeback and page reclaim from the previous run leak into the next)."""
     series = [Series(v) for v in variants]
     for rep in range(reps):
         k = rep % len(series)
         for s in series[k:] + series[:k]:
-            r = timed_copy(s.variant, src, dst, cold, expected)
+            r = timed_copy(s.variant, src, dst, cold, expected, settle)
             s.runs.append(r)
             log(f"  rep {rep + 1}/{reps} {'cold' if cold else 'warm'} {s.variant.name:34s} "
                 f"{r.seconds:6.2f}s cpu {r.cpu_seconds:5.2f}s cached {r.cached_delta / MiB:+8.0f} MiB"
@@ -586,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where to write copy_strategies.{json,md}")
     p.add_argument("--matrix", action="store_true", help="every buffer size with every hash")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="idle seconds before each timed copy, so memory freed by the previous run has gone "
+                        "back to a VM host (free page reporting) before the next; default 0")
     p.add_argument("--only", default="", help="comma-separated variant names to run (baseline always)")
     args = p.parse_args(argv)
 
@@ -624,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
             "kernel": platform.release(),
             "python": platform.python_version(),
             "reps": args.reps,
+            "settle_s": args.settle,
             "blake3": getattr(blake3, "__version__", "?"),
             "xxhash": xxhash.VERSION,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -645,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
             log("not root: skipping cold-cache runs")
     for mode, cold, vs in modes:
         log(f"{mode}: {len(vs)} variants x {args.reps} reps")
-        rows = summarize(run_paired(vs, src, dst, args.reps, cold, expected, log), size)
+        rows = summarize(run_paired(vs, src, dst, args.reps, cold, expected, log, args.settle), size)
         doc["modes"][mode] = rows
         doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         save()

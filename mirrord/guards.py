@@ -7,7 +7,7 @@ executor applies them again to a fresh stat just before unlinking, because the w
 
 from __future__ import annotations
 
-import posixpath
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -42,6 +42,15 @@ class GuardContext:
 Guard = Callable[[str, FileState, GuardContext], str | None]
 
 
+@functools.lru_cache(maxsize=64)
+def _nested_prefix(own: PurePath, other: PurePath) -> str | None:
+    """`other` relative to `own` plus '/', when `other` lies strictly inside `own`; else None.
+    Roots are few and fixed while files are many, hence the cache."""
+    if other == own or not other.is_relative_to(own):
+        return None
+    return other.relative_to(own).as_posix() + "/"
+
+
 def outside_roots(volume: str, state: FileState, ctx: GuardContext) -> str | None:
     """Not a regular file, or a path that does not stay below its own root (and out of the other root).
 
@@ -61,11 +70,11 @@ def outside_roots(volume: str, state: FileState, ctx: GuardContext) -> str | Non
         own = ctx.roots.get(volume)
         if own is None:
             return NOT_REGULAR
-        target = PurePath(posixpath.normpath(PurePath(own, state.rel).as_posix()))
-        if not target.is_relative_to(own) or target == PurePath(own):
-            return NOT_REGULAR
+        # split_rel refused '', '.', '..' and absolute paths, so own/rel lies strictly below own;
+        # what is left is a root nested in ours, compared as strings (pathlib per file is slow).
         for name, other in ctx.roots.items():
-            if name != volume and other != own and other.is_relative_to(own) and target.is_relative_to(other):
+            prefix = None if name == volume else _nested_prefix(own, other)
+            if prefix is not None and (state.rel + "/").startswith(prefix):
                 return NOT_REGULAR
     return None
 

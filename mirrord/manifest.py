@@ -104,7 +104,13 @@ class Manifest:
                 for e in sorted(self._entries.values(), key=lambda e: e.path)
             },
         }
-        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
+        # Compact on purpose: with `indent`, json falls back to its pure-Python encoder, which made
+        # every record cost 1.6 s at 100,000 entries (0.45 s compact). `jq .` pretty-prints it.
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
+        try:
+            return text.encode()
+        except UnicodeEncodeError:  # a file name that is not UTF-8: keep it as JSON \u escapes
+            return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = MANIFEST_NAME) -> Manifest:

@@ -53,10 +53,21 @@ def open_dir_beneath(root: Path, rel_dir: tuple[str, ...], create: bool = False)
 
 
 def open_file_beneath(root: Path, rel: str, flags: int = os.O_RDONLY) -> int:
-    """Open root/rel for reading with no symlink anywhere below root (ELOOP/ENOTDIR if one is met)."""
+    """Open root/rel for reading with no symlink anywhere below root (ELOOP/ENOTDIR if one is met).
+
+    The open itself never blocks: a FIFO swapped in for a checkpoint would otherwise wait forever for
+    a writer. Callers check S_ISREG on the result; a regular file is returned in blocking mode.
+    """
     parts = split_rel(rel)
     dir_fd = open_dir_beneath(root, parts[:-1])
     try:
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
+    if not flags & os.O_NONBLOCK:
+        try:
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd

@@ -175,17 +175,19 @@ class LocalUpload:
         self._write_behind(start)
 
     def _write_behind(self, start: int) -> None:
-        """Start writeback of what was just written; once two windows are pending, wait for the older
-        one and (with drop_cache) drop it from the page cache. Not a durability step: seal() fsyncs."""
-        if self._writeback is None:
+        """With drop_cache: start writeback of what was just written; while two windows are pending,
+        wait for the older one and drop it from the page cache. Not a durability step: seal() fsyncs.
+
+        Without drop_cache the pages stay cached anyway, and waiting window by window only slowed the
+        copy (bench/results/copy_strategies.md), so the final fsync does all the writing then."""
+        if self._writeback is None or not self.drop_cache:
             return
         try:
             self._writeback(self._fd, start, self.written - start, _SFR_WRITE)
-            if self.written - self._flushed >= 2 * WRITEBACK_WINDOW:
+            while self.written - self._flushed >= 2 * WRITEBACK_WINDOW:  # one write may span several windows
                 flags = _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER
                 self._writeback(self._fd, self._flushed, WRITEBACK_WINDOW, flags)
-                if self.drop_cache:
-                    os.posix_fadvise(self._fd, self._flushed, WRITEBACK_WINDOW, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(self._fd, self._flushed, WRITEBACK_WINDOW, os.POSIX_FADV_DONTNEED)
                 self._flushed += WRITEBACK_WINDOW
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):

@@ -1,0 +1,269 @@
+"""Shared plumbing for the benchmark suite: test data, page-cache control, paired timing, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+GB = 1e9
+
+Log = Callable[[str], None]
+
+
+def log(msg: str) -> None:
+    """Progress on stdout, flushed (runs are long; show where they are)."""
+    print(msg, flush=True)
+
+
+# --- the machine -------------------------------------------------------------------------------
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    out: dict[str, int] = {}
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            key, rest = line.split(":", 1)
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def cached_bytes() -> int:
+    return meminfo()["Cached"]
+
+
+def can_drop_caches() -> bool:
+    return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
+
+
+def drop_caches() -> None:
+    """Empty the page cache (root only) so the next read comes from the disk."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def warm(paths: Iterable[Path]) -> None:
+    """Read files into the page cache: a checkpoint the trainer just wrote is cached."""
+    buf = bytearray(8 * MiB)
+    for p in paths:
+        with open(p, "rb", buffering=0) as fh:
+            while fh.readinto(buf):
+                pass
+
+
+def resident_bytes(paths: Sequence[Path]) -> int | None:
+    """Bytes of these files in the page cache (util-linux fincore), or None without fincore."""
+    if shutil.which("fincore") is None:
+        return None
+    total = 0
+    for i in range(0, len(paths), 200):
+        out = subprocess.run(
+            ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths[i : i + 200])],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        total += sum(int(x) for x in out.split())
+    return total
+
+
+def device_of(path: Path) -> str:
+    """Block device, mount point and filesystem that hold ``path``."""
+    best = ("", "", "")
+    real = str(path.resolve())
+    with open("/proc/mounts") as fh:
+        for line in fh:
+            dev, mnt, fs = line.split()[:3]
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
+                best = (dev, mnt, fs)
+    return f"{best[0]} on {best[1]} ({best[2]})"
+
+
+def cpu_seconds_self_and_children() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS / VmHWM of a process in bytes."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+# --- test data ---------------------------------------------------------------------------------
+
+
+def make_checkpoint(path: Path, size: int, seed: int) -> str:
+    """A real torch.save file of random float32 tensors (<= 64 MiB each) of about ``size`` bytes;
+    random bytes when torch is not importable. Returns what was made."""
+    try:
+        import torch
+    except ImportError:
+        with open(path, "wb") as fh:
+            left = size
+            while left > 0:
+                fh.write(os.urandom(min(left, 64 * MiB)))
+                left -= 64 * MiB
+        return "random bytes (torch not importable)"
+    gen = torch.Generator().manual_seed(seed)
+    state: dict[str, Any] = {}
+    left = max(1, size // 4)
+    i = 0
+    while left > 0:
+        n = min(16 * MiB, left)
+        state[f"layer{i}.weight"] = torch.randn(n, generator=gen)
+        left -= n
+        i += 1
+    state["step"] = seed
+    torch.save(state, path)
+    return f"torch.save of random float32 tensors (torch {torch.__version__})"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """``count`` checkpoints of ``size`` bytes, spread over ``runs`` run folders."""
+
+    name: str
+    count: int
+    size: int
+    runs: int = 1
+
+    def files(self, root: Path) -> list[Path]:
+        return sorted(p for p in root.rglob("*.pt") if p.is_file())
+
+
+def ensure_dataset(ds: Dataset, root: Path, say: Log = log) -> tuple[Path, str]:
+    """Create (or reuse, if already complete) the dataset under ``root/<name>``."""
+    where = root / ds.name
+    marker = where / ".complete"
+    if marker.exists():
+        return where, marker.read_text()
+    if where.exists():
+        shutil.rmtree(where)
+    say(f"making dataset {ds.name}: {ds.count} x {ds.size / MiB:g} MiB")
+    t0 = time.perf_counter()
+    kind = ""
+    for i in range(ds.count):
+        run = where / f"run_{i % ds.runs:02d}" if ds.runs > 1 else where
+        run.mkdir(parents=True, exist_ok=True)
+        kind = make_checkpoint(run / f"step_{i:05d}.pt", ds.size, seed=i + 1)
+    marker.write_text(kind)
+    say(f"  made in {time.perf_counter() - t0:.1f} s")
+    return where, kind
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*.pt") if p.is_file())
+
+
+# --- paired timing -----------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    seconds: float
+    cpu_seconds: float
+    cached_delta: int
+
+
+@dataclass
+class Case:
+    """One thing to time: ``run`` does the work; ``check`` (optional) validates the result."""
+
+    name: str
+    run: Callable[[], None]
+    check: Callable[[], None] | None = None
+    samples: list[Sample] = field(default_factory=list)
+
+
+def run_paired(cases: list[Case], reset: Callable[[], None], reps: int, say: Log = log, label: str = "") -> None:
+    """Every repetition runs every case once, in an order rotated per repetition, so slow drift
+    of the machine (writeback, reclaim, neighbours) spreads over all cases; ``reset`` runs
+    untimed before each case."""
+    for rep in range(reps):
+        k = rep % len(cases)
+        for case in cases[k:] + cases[:k]:
+            reset()
+            before = cached_bytes()
+            c0 = cpu_seconds_self_and_children()
+            t0 = time.perf_counter()
+            case.run()
+            seconds = time.perf_counter() - t0
+            cpu = cpu_seconds_self_and_children() - c0
+            delta = cached_bytes() - before
+            if case.check is not None:
+                case.check()
+            case.samples.append(Sample(seconds, cpu, delta))
+            say(f"  {label} rep {rep + 1}/{reps} {case.name:28s} {seconds:7.3f} s  cpu {cpu:6.2f} s  "
+                f"cache {delta / MiB:+7.0f} MiB")
+
+
+def summarize(cases: list[Case], nbytes: int, baseline: str) -> list[dict[str, Any]]:
+    """Medians; ratios are taken per repetition against the baseline of the same repetition."""
+    base = next(c for c in cases if c.name == baseline).samples
+    rows = []
+    for c in cases:
+        ratios = [s.seconds / b.seconds for s, b in zip(c.samples, base, strict=True)]
+        med = statistics.median(s.seconds for s in c.samples)
+        rows.append({
+            "case": c.name,
+            "median_s": round(med, 3),
+            "min_s": round(min(s.seconds for s in c.samples), 3),
+            "ratio": round(statistics.median(ratios), 3),
+            "ratios": [round(r, 3) for r in ratios],
+            "gb_per_s": round(nbytes / med / GB, 3),
+            "cpu_s_per_gb": round(statistics.median(s.cpu_seconds for s in c.samples) / (nbytes / GB), 3),
+            "cache_delta_mib": round(statistics.median(s.cached_delta for s in c.samples) / MiB),
+            "runs_s": [round(s.seconds, 3) for s in c.samples],
+        })
+    return rows
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[k]
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub markdown table; numbers right-aligned."""
+    rows = [list(r) for r in rows]
+    align = ["---:" if rows and isinstance(rows[0][i], int | float) else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(v) for v in r) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,123 @@
+"""Scale: reconcile cost for 10,000 and 100,000 checkpoints across 1,000 run folders.
+
+A reconcile is what `mirrord sync` and the daemon's rescans do before copying anything: snapshot the
+primary, snapshot the mirror, load the manifest, plan. The trees hold empty `*.pt` files (the cost is
+per file, not per byte) with a mirror and manifest that are fully in sync, so the plan is empty, as in
+the steady state. Each size is measured in a fresh process so its peak RSS is its own. Also timed:
+planning against an empty manifest (everything new), persisting one manifest entry at that size,
+and the whole `mirrord sync` command on the in-sync tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import Log, MiB, log, proc_status
+from bench.throughput import REPO, mirrord_env
+
+
+def build_tree(root: Path, n_files: int, n_runs: int, say: Log = log) -> Path:
+    """primary/ and mirror/ with ``n_files`` files over ``n_runs`` folders, and an in-sync manifest."""
+    from mirrord.hashing import new_hasher
+    from mirrord.manifest import MANIFEST_NAME, Manifest
+    from mirrord.model import ManifestEntry
+
+    where = root / f"scale-{n_files}"
+    if (where / ".complete").exists():
+        return where
+    shutil.rmtree(where, ignore_errors=True)
+    say(f"making scale tree: {n_files} files in {n_runs} run folders")
+    t0 = time.perf_counter()
+    empty = new_hasher("blake3").hexdigest()
+    entries = {}
+    mtime = time.time_ns() - 3600 * 10**9
+    for i in range(n_files):
+        run = f"run_{i % n_runs:04d}"
+        rel = f"{run}/step_{i // n_runs:06d}.pt"
+        for side in ("primary", "mirror"):
+            p = where / side / rel
+            if i < n_runs:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o644))
+            os.utime(p, ns=(mtime, mtime))
+        entries[rel] = ManifestEntry(rel, 0, "blake3", empty, mtime, i // n_runs, time.time())
+    (where / "mirror" / MANIFEST_NAME).write_bytes(Manifest(entries).to_bytes())
+    (where / ".complete").write_text("")
+    say(f"  made in {time.perf_counter() - t0:.1f} s")
+    return where
+
+
+def _measure_here(where: Path) -> dict[str, Any]:
+    """Runs inside the child process."""
+    from mirrord.manifest import Manifest
+    from mirrord.model import ManifestEntry
+    from mirrord.plan import plan_copies
+    from mirrord.scan import snapshot_tree
+    from mirrord.volume import LocalMirror
+
+    patterns = ("*.pt",)
+    step = re.compile(r"step_(\d+)")
+    # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's peak (fork copies it).
+    rss0 = proc_status(os.getpid())["VmHWM"]
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
+    psnap = snapshot_tree(where / "primary", patterns)
+    t["scan_primary_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    msnap = snapshot_tree(where / "mirror", patterns, collect_partials=True)
+    t["scan_mirror_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    manifest = Manifest.load(where / "mirror")
+    t["manifest_load_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plan = plan_copies(psnap, msnap, manifest.entries, step)
+    t["plan_s"] = time.perf_counter() - t0
+    if plan.jobs:
+        raise RuntimeError(f"expected an in-sync tree, planner wants {len(plan.jobs)} copies")
+    t["reconcile_s"] = sum(t.values())
+    t0 = time.perf_counter()
+    all_new = plan_copies(psnap, msnap, {}, step)
+    t["plan_all_new_s"] = time.perf_counter() - t0
+    peak = proc_status(os.getpid())["VmHWM"]
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        bound = Manifest(manifest.entries).bind(LocalMirror(Path(tmp)).write_manifest)
+        e = next(iter(manifest.entries.values()))
+        t0 = time.perf_counter()
+        bound.record(ManifestEntry("extra/step_000001.pt", 1, e.algo, e.digest, e.source_mtime_ns, 1, time.time()))
+        t["manifest_record_s"] = time.perf_counter() - t0
+        manifest_bytes = (Path(tmp) / ".mirrord-manifest.json").stat().st_size
+    return {
+        "files": len(psnap.files), "jobs_all_new": len(all_new.jobs),
+        **{k: round(v, 4) for k, v in t.items()},
+        "reconcile_peak_rss_growth_mib": round((peak - rss0) / MiB, 1),
+        "manifest_mib": round(manifest_bytes / MiB, 2),
+    }
+
+
+def measure(root: Path, n_files: int, n_runs: int, say: Log = log) -> dict[str, Any]:
+    """Build (or reuse) the tree, time the reconcile in a child process and the whole `mirrord sync`."""
+    where = build_tree(root, n_files, n_runs, say)
+    os.sync()
+    out = subprocess.run([sys.executable, "-m", "bench.scale", str(where)], check=True,
+                         capture_output=True, text=True, cwd=REPO).stdout
+    result: dict[str, Any] = {"runs": n_runs, **json.loads(out)}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "mirrord", "sync", "--primary", str(where / "primary"),
+                    "--mirror", str(where / "mirror")], check=True, env=mirrord_env(copy__settle_seconds="0"),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result["sync_command_s"] = round(time.perf_counter() - t0, 3)
+    say(f"  scale {n_files}: {result}")
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(_measure_here(Path(sys.argv[1]))))

@@ -38,7 +38,7 @@ def profile(smoke: bool) -> dict[str, Any]:
     return {
         "datasets": [Dataset("1x2GiB", 1, 2 * GiB), Dataset("8x256MiB", 8, 256 * MiB),
                      Dataset("200x4MiB", 200, 4 * MiB, runs=10)],
-        "reps": 3, "latency": {"native": 30, "polling": 10}, "latency_bytes": 1 * MiB,
+        "reps": 3, "latency": {"native": 60, "polling": 50}, "latency_bytes": 1 * MiB,
         "latency_settings": {}, "copies": 2, "idle_seconds": 60.0, "drop_modes": (True, False),
         "scale": [(10_000, 1000), (100_000, 1000)],
     }

@@ -1,0 +1,69 @@
+"""Fixtures of the chaos suite: the scale, the tally that becomes RESULTS.md, real checkpoints, a fork
+server for real mirrord processes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.harness import REPORT, SCALE, Checkpoints, Report, Scale, World, Zygote
+from tests.helpers import save_checkpoint
+
+# (width, depth) of the checkpoints: about 25 KB to 1.6 MB of real torch.save zip files.
+SHAPES = ((32, 2), (48, 2), (64, 2), (96, 2), (128, 2), (160, 3), (192, 2), (256, 2))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Remember each chaos test's outcome (and why it was skipped) for RESULTS.md."""
+    if not report.nodeid.startswith("tests/chaos/"):
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2])
+        elif hasattr(report, "wasxfail"):
+            reason = str(report.wasxfail)
+        REPORT.outcomes.append({"test": report.nodeid, "outcome": outcome, "reason": reason})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get("CHAOS_RESULTS")
+    if path and (REPORT.tallies or REPORT.outcomes):
+        REPORT.write(Path(path))
+
+
+@pytest.fixture(scope="session")
+def scale() -> Scale:
+    return SCALE
+
+
+@pytest.fixture(scope="session")
+def report() -> Report:
+    return REPORT
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
+    """Distinct real checkpoints (model + Adam state), each a different size."""
+    base = tmp_path_factory.mktemp("blobs")
+    blobs = []
+    for i, (width, depth) in enumerate(SHAPES):
+        path = save_checkpoint(base / f"b{i}.pt", 100 + i, width=width, depth=depth)
+        blobs.append(path.read_bytes())
+    return Checkpoints(blobs)
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    z = Zygote(tmp_path_factory.mktemp("zygote") / "zygote.log")
+    yield z
+    z.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)

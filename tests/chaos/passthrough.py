@@ -1,0 +1,88 @@
+"""A read-only FUSE passthrough for the chaos tests (mfusepy over libfuse).
+
+    python passthrough.py BACKING MOUNTPOINT STALLFILE
+
+Serves BACKING at MOUNTPOINT. Changes made directly in BACKING reach readers of the mount, but no
+inotify event is ever raised on the mount: the situation of NFS, SMB or a 9p bridge, where only
+polling or a rescan sees new files. While STALLFILE exists, reads of any file whose name is listed
+in it block: a hung network mount, as seen by a copy in progress.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mfusepy
+
+STALL_LIMIT_SECONDS = 300  # a stalled read never blocks longer than this, whatever the test does
+
+
+class Passthrough(mfusepy.Operations):  # type: ignore[misc]
+    use_ns = True
+
+    def __init__(self, backing: str, stall_file: str) -> None:
+        self.backing = backing
+        self.stall_file = stall_file
+
+    def _full(self, path: str) -> str:
+        return str(Path(self.backing) / path.lstrip("/"))
+
+    def _stalled(self, path: str) -> bool:
+        try:
+            with open(self.stall_file, encoding="utf-8") as f:
+                names = f.read().split()
+        except FileNotFoundError:
+            return False
+        return Path(path).name in names
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        try:
+            st = os.lstat(self._full(path))
+        except OSError as exc:
+            raise mfusepy.FuseOSError(exc.errno or errno.EIO) from exc
+        keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino")
+        attrs: dict[str, Any] = {k: getattr(st, k) for k in keys}
+        attrs.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+        return attrs
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        return [".", "..", *(p.name for p in Path(self._full(path)).iterdir())]
+
+    def readlink(self, path: str) -> str:
+        return str(Path(self._full(path)).readlink())
+
+    def open(self, path: str, flags: int) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise mfusepy.FuseOSError(errno.EROFS)
+        return os.open(self._full(path), os.O_RDONLY)
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        deadline = time.monotonic() + STALL_LIMIT_SECONDS
+        while self._stalled(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return os.pread(fh, size, offset)
+
+    def release(self, path: str, fh: int) -> int:
+        os.close(fh)
+        return 0
+
+    def statfs(self, path: str) -> dict[str, int]:
+        st = os.statvfs(self._full(path))
+        keys = ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree", "f_files", "f_flag",
+                "f_frsize", "f_namemax")
+        return {k: getattr(st, k) for k in keys}
+
+
+def main() -> None:
+    backing, mount_point, stall_file = sys.argv[1:4]
+    mfusepy.FUSE(Passthrough(backing, stall_file), mount_point, foreground=True, ro=True,
+                 fsname="chaos-passthrough")
+
+
+if __name__ == "__main__":
+    main()

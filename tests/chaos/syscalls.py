@@ -1,0 +1,338 @@
+"""strace for the chaos suite: trace a real mirrord process, parse the trace, check the durability order.
+
+The order every published name must follow (mirrord.atomic):
+
+    openat(NAME.part, O_CREAT|O_EXCL) -> write* (NAME.part only) -> fsync(NAME.part)
+    -> rename(NAME.part, NAME) -> fsync(directory of NAME)
+
+`strace -y` prints every file descriptor with the path it refers to at that moment, so "the fd of
+the temp file" and "the directory fd" are checked by path, whichever fd number (or dup) was used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from tests.chaos.harness import Zygote, wait_until
+
+TRACED = ("openat", "write", "pwrite64", "writev", "pwritev", "copy_file_range", "sendfile", "fsync",
+          "fdatasync", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat")
+WRITES = {"write": 0, "pwrite64": 0, "writev": 0, "pwritev": 0, "copy_file_range": 2, "sendfile": 0}
+LOCK_NAME = ".mirrord.lock"
+MANIFEST_NAME = ".mirrord-manifest.json"
+
+_LINE = re.compile(r"^(?P<ts>\d+\.\d+) (?P<name>\w+)\((?P<args>.*)\)\s+= (?P<ret>-?\d+|\?)(?:<(?P<retpath>.*)>)?")
+_FD = re.compile(r"^(?:-?\d+|AT_FDCWD)<(?P<path>.*)>$")
+
+
+@dataclass(frozen=True)
+class Call:
+    ts: float
+    tid: int
+    seq: int
+    name: str
+    args: tuple[str, ...]
+    ret: int | None
+    ret_path: str | None
+    text: str
+
+    def fd_path(self, index: int) -> str | None:
+        match = _FD.match(self.args[index]) if index < len(self.args) else None
+        return _unescape(match["path"]) if match else None
+
+    def string(self, index: int) -> str | None:
+        arg = self.args[index] if index < len(self.args) else ""
+        if arg.startswith('"'):
+            return _unescape(arg[1:arg.rindex('"')])
+        return None
+
+    def at_path(self, dir_index: int, name_index: int) -> str | None:
+        """An *at() path argument resolved against its directory fd."""
+        name = self.string(name_index)
+        if name is None:
+            return None
+        if name.startswith("/"):
+            return name
+        base = self.fd_path(dir_index)
+        return None if base is None else str(PurePosixPath(base) / name)
+
+
+_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|[0-7]{1,3}|.)")
+_SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"v": b"\v", b"f": b"\f", b"a": b"\a", b"b": b"\b"}
+
+
+def _unescape(text: str) -> str:
+    """Undo strace's C escapes; the trace is read as latin-1 so every byte survives, names are UTF-8."""
+
+    def one(match: re.Match[bytes]) -> bytes:
+        esc = match.group(1)
+        if esc[:1] == b"x":
+            return bytes([int(esc[1:], 16)])
+        if esc[:1].isdigit():
+            return bytes([int(esc, 8) & 0xFF])
+        return _SIMPLE.get(esc, esc)
+
+    return _ESCAPE.sub(one, text.encode("latin-1")).decode("utf-8", "surrogateescape")
+
+
+def _split_args(text: str) -> tuple[str, ...]:
+    """Split strace arguments at top-level commas (not inside "strings", <paths>, {structs} or [arrays])."""
+    out, depth, start, i, quoted = [], 0, 0, 0, False
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c in "<{[":
+            depth += 1
+        elif c in ">}]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+    out.append(text[start:].strip())
+    return tuple(a for a in out if a)
+
+
+def parse(prefix: Path) -> list[Call]:
+    """Every traced call of every thread (strace -ff -ttt -y -o PREFIX), in time order."""
+    calls: list[Call] = []
+    seq = 0
+    for file in sorted(prefix.parent.glob(prefix.name + ".*")):
+        tid = int(file.name.rsplit(".", 1)[1])
+        for line in file.read_text(encoding="latin-1").splitlines():
+            match = _LINE.match(line)
+            if not match:
+                continue
+            ret = None if match["ret"] == "?" else int(match["ret"])
+            retpath = _unescape(match["retpath"]) if match["retpath"] is not None else None
+            calls.append(Call(float(match["ts"]), tid, seq, match["name"], _split_args(match["args"]), ret,
+                              retpath, line))
+            seq += 1
+    calls.sort(key=lambda c: (c.ts, c.seq))
+    return calls
+
+
+def write_target(call: Call) -> str | None:
+    index = WRITES.get(call.name)
+    return None if index is None else call.fd_path(index)
+
+
+def rename_paths(call: Call) -> tuple[str, str] | None:
+    if call.name == "rename":
+        src, dst = call.string(0), call.string(1)
+        return (src, dst) if src is not None and dst is not None else None
+    if call.name in ("renameat", "renameat2"):
+        src, dst = call.at_path(0, 1), call.at_path(2, 3)
+        return (src, dst) if src is not None and dst is not None else None
+    return None
+
+
+def unlink_path(call: Call) -> str | None:
+    if call.name == "unlink":
+        return call.string(0)
+    if call.name == "unlinkat":
+        return call.at_path(0, 1)
+    return None
+
+
+def mkdir_path(call: Call) -> str | None:
+    if call.name == "mkdir":
+        return call.string(0)
+    if call.name == "mkdirat":
+        return call.at_path(0, 1)
+    return None
+
+
+def _under(path: str | None, root: str) -> bool:
+    return path is not None and (path == root or path.startswith(root.rstrip("/") + "/"))
+
+
+def order_violations(calls: list[Call], mirror: Path) -> tuple[list[str], dict[str, int]]:
+    """Check the durability order of everything published under `mirror`.
+
+    Returns (violations, counts) where counts has the number of published files, manifest writes,
+    directories created and files unlinked that were checked.
+    """
+    root = str(mirror)
+    violations: list[str] = []
+    counts = {"published": 0, "manifest_writes": 0, "dirs_created": 0, "unlinked": 0, "committed_logged": 0}
+    by_thread: dict[int, list[Call]] = {}
+    for call in calls:
+        by_thread.setdefault(call.tid, []).append(call)
+
+    for call in calls:
+        target = write_target(call)
+        if _under(target, root) and not (target.endswith(".part") or target.endswith("/" + LOCK_NAME)):
+            violations.append(f"write to a final name: {call.text}")
+
+    for thread in by_thread.values():
+        for i, call in enumerate(thread):
+            if call.ret is None or call.ret < 0:
+                continue
+            renamed = rename_paths(call)
+            if renamed and _under(renamed[1], root):
+                violations += _check_publish(thread, i, renamed, calls)
+                counts["published" if not renamed[1].endswith(MANIFEST_NAME) else "manifest_writes"] += 1
+            made = mkdir_path(call)
+            if _under(made, root):
+                counts["dirs_created"] += 1
+                violations += _check_next_fsync(thread, i, str(PurePosixPath(made).parent), "mkdir", call)
+            gone = unlink_path(call)
+            if _under(gone, root) and not gone.endswith(".part"):
+                counts["unlinked"] += 1
+                violations += _check_unlink(thread, i, gone)
+            if call.name == "write" and "copy.committed" in call.text:
+                counts["committed_logged"] += 1
+                violations += _check_committed_log(thread, i, root)
+    return violations, counts
+
+
+def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: list[Call]) -> list[str]:
+    src, dst = renamed
+    rename = thread[i]
+    out: list[str] = []
+    if src != dst + ".part":
+        return [f"{dst} published from {src}, not from its temp name: {rename.text}"]
+    created = [j for j in range(i) if thread[j].name == "openat" and thread[j].ret_path == src
+               and "O_CREAT" in thread[j].text and "O_EXCL" in thread[j].text and (thread[j].ret or 0) >= 0]
+    if not created:
+        return [f"{dst}: the temp file was not created exclusively by the publishing thread"]
+    start = thread[created[-1]]
+    writes = [c for c in calls if start.ts <= c.ts <= rename.ts and c.seq != rename.seq
+              and write_target(c) == src and (c.ret or 0) > 0]
+    syncs = [j for j in range(created[-1], i) if thread[j].name in ("fsync", "fdatasync")
+             and thread[j].fd_path(0) == src]
+    if not syncs:
+        out.append(f"{dst}: renamed without an fsync of its temp file")
+    else:
+        sync = thread[syncs[-1]]
+        if sync.ret != 0:
+            out.append(f"{dst}: renamed although the fsync of its temp file failed")
+        late = [w for w in writes if (w.ts, w.seq) > (sync.ts, sync.seq)]
+        if late:
+            out.append(f"{dst}: data written after the fsync: {late[0].text}")
+    if not writes and not dst.endswith(MANIFEST_NAME):
+        out.append(f"{dst}: published with no data written to its temp file")
+    out += _check_next_fsync(thread, i, str(PurePosixPath(dst).parent), "rename", rename)
+    return out
+
+
+def _check_next_fsync(thread: list[Call], i: int, directory: str, what: str, call: Call) -> list[str]:
+    """The first fsync after call i in this thread is of `directory`, with no write or rename before it."""
+    for later in thread[i + 1:]:
+        if later.name in ("fsync", "fdatasync"):
+            if later.fd_path(0) != directory:
+                return [f"{what} not followed by an fsync of {directory} (fsync of {later.fd_path(0)}): {call.text}"]
+            if later.ret != 0:
+                return [f"{what}: fsync of {directory} failed and was ignored: {call.text}"]
+            return []
+        if write_target(later) is not None or rename_paths(later) or unlink_path(later):
+            return [f"{what} followed by other I/O before the directory fsync: {later.text}"]
+    return [f"{what} never followed by an fsync of {directory}: {call.text}"]
+
+
+def _check_unlink(thread: list[Call], i: int, path: str) -> list[str]:
+    """A mirrored file is deleted only after the manifest without it is durable; the unlink is fsynced."""
+    out = _check_next_fsync(thread, i, str(PurePosixPath(path).parent), "unlink", thread[i])
+    manifest_durable = False
+    for j in range(i - 1, -1, -1):
+        renamed = rename_paths(thread[j])
+        if renamed and renamed[1].endswith("/" + MANIFEST_NAME):
+            manifest_durable = not _check_next_fsync(thread, j, str(PurePosixPath(renamed[1]).parent), "", thread[j])
+            break
+        if unlink_path(thread[j]) is not None and not (unlink_path(thread[j]) or "").endswith(".part"):
+            break  # the previous deletion's manifest write does not cover this one
+    if not manifest_durable:
+        out.append(f"{path}: unlinked before a durable manifest without it")
+    return out
+
+
+def _check_committed_log(thread: list[Call], i: int, root: str) -> list[str]:
+    """copy.committed is logged only after the file and the manifest recording it are both durable."""
+    text = thread[i].text
+    match = re.search(r'\\"path\\": \\"(.*?)\\"', text)
+    if not match:
+        return []
+    final = str(PurePosixPath(root) / _unescape(match[1]))
+    published = manifest_after = False
+    for j in range(i):
+        renamed = rename_paths(thread[j])
+        if renamed and renamed[1] == final:
+            published, manifest_after = True, False
+        elif published and renamed and renamed[1].endswith("/" + MANIFEST_NAME):
+            manifest_after = not _check_next_fsync(thread, j, str(PurePosixPath(renamed[1]).parent), "", thread[j])
+    if not published:
+        return [f"copy.committed logged for {final} by a thread that did not publish it"]
+    if not manifest_after:
+        return [f"copy.committed logged for {final} before a durable manifest recorded it"]
+    return []
+
+
+def syscall_counts(calls: list[Call]) -> dict[str, int]:
+    """Per syscall, the largest number of invocations by any one thread (strace counts per tracee)."""
+    per: dict[tuple[str, int], int] = {}
+    for call in calls:
+        per[(call.name, call.tid)] = per.get((call.name, call.tid), 0) + 1
+    counts: dict[str, int] = {}
+    for (name, _tid), n in per.items():
+        counts[name] = max(counts.get(name, 0), n)
+    return counts
+
+
+def _proc_field(pid: int, key: str) -> str:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return line.split(":", 1)[1].strip()
+    except FileNotFoundError:
+        return ""
+    return ""
+
+
+def run_traced(zygote: Zygote, argv: list[str], log: Path, strace_args: list[str], *,
+               patch: str | None = None, timeout: float = 120) -> int | None:
+    """Fork a mirrord process stopped, attach strace to it, let it run; returns its exit status.
+
+    Attaching to a forked, already-imported process keeps interpreter start-up out of the trace, so
+    strace's per-thread invocation numbers (`when=N`) count only the work under test.
+    """
+    pid = zygote.spawn(argv, log, stop=True, patch=patch)
+    wait_until(lambda: _proc_field(pid, "State").startswith("T"), 10, "the child to stop itself")
+    tracer = subprocess.Popen(["strace", "-f", "-qq", *strace_args, "-p", str(pid)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: _proc_field(pid, "TracerPid") not in ("", "0") or tracer.poll() is not None,
+                   10, "strace to attach")
+        if tracer.poll() is not None:
+            raise AssertionError(f"strace failed: {tracer.communicate()[1].decode(errors='replace')}")
+        os.kill(pid, signal.SIGCONT)
+        status = zygote.wait(pid, timeout)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            zygote.wait(pid, 30)
+        tracer.wait(timeout=60)
+    finally:
+        if tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
+        if tracer.stderr is not None:
+            tracer.stderr.close()
+    return status
+
+
+def trace_args(prefix: Path, syscalls: tuple[str, ...] = TRACED, string_limit: int = 512) -> list[str]:
+    """-ff: one file per thread; -ttt: ordering across threads; -y: fds as paths; '?': a syscall this
+    architecture lacks (rename, unlink, mkdir on arm64) is ignored rather than an error."""
+    names = ",".join("?" + s for s in syscalls)
+    return ["-ff", "-ttt", "-y", "-s", str(string_limit), "-o", str(prefix), "-e", "trace=" + names]

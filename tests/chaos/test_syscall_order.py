@@ -1,0 +1,99 @@
+"""The durability order, seen from the kernel's side: strace a real `mirrord sync` and `mirrord prune`.
+
+For every published file and every manifest write: data written only to NAME.part -> fsync of that
+file -> rename onto NAME -> fsync of the directory. Created directories are fsynced into their parent
+before anything is published in them; a prune deletes a file only after a durable manifest without
+it; `copy.committed` is logged only once the file and its manifest record are durable. And the check
+itself is shown to fail on deliberately broken copiers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.harness import Checkpoints, Report, World, Zygote, step_name, write_config
+from tests.chaos.syscalls import order_violations, parse, run_traced, trace_args
+from tests.helpers import mirrord_argv
+
+pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+
+
+def _populate(world: World, checkpoints: Checkpoints, rng: random.Random) -> None:
+    for run in ("run-a", "run b"):
+        for step in (1, 2, 3):
+            world.install(f"{run}/{step_name(step)}", checkpoints.pick(rng))
+    world.install(step_name(9), checkpoints.pick(rng))
+
+
+def _second_cycle(world: World, checkpoints: Checkpoints, rng: random.Random) -> None:
+    """Work that exercises every path: a new run folder, a replaced file, a stale temp file."""
+    world.install(f"run-a/{step_name(2)}", checkpoints.pick(rng))  # rename over an existing copy
+    world.install(f"run-c/{step_name(4)}", checkpoints.pick(rng))  # a directory to create
+    world.install(f"run-a/{step_name(5)}", checkpoints.pick(rng))
+    stale = world.mirror / "run-a" / (step_name(5) + ".part")
+    stale.write_bytes(b"left behind by a dead process")
+
+
+def test_sync_and_prune_follow_the_durability_order(
+    world: World, checkpoints: Checkpoints, tmp_path: Path, report: Report
+) -> None:
+    """A real `mirrord sync` (fresh mirror, then a second pass with replacements) and a real prune."""
+    tally = report.scenario("syscall order: sync + prune under strace")
+    rng = random.Random(7)
+    _populate(world, checkpoints, rng)
+    configs = {
+        "sync": write_config(tmp_path / "sync.toml", world),
+        "prune": write_config(tmp_path / "prune.toml", world, prune={"enabled": True, "keep_last": 1}),
+    }
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    totals: dict[str, int] = {}
+    for label, setup, command in (
+        ("first-sync", None, "sync"),
+        ("second-sync", _second_cycle, "sync"),
+        ("prune", None, "prune"),
+    ):
+        if setup is not None:
+            setup(world, checkpoints, rng)
+        prefix = traces / label
+        result = subprocess.run(
+            ["strace", *trace_args(prefix), "--", *mirrord_argv(), command, "--config", str(configs[command])],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        violations, counts = order_violations(parse(prefix), world.mirror)
+        tally.rounds += 1
+        tally.check(violations, label)
+        for key, n in counts.items():
+            totals[key] = totals.get(key, 0) + n
+    tally.notes.append(", ".join(f"{k} {v}" for k, v in totals.items()))
+    tally.assert_clean()
+    assert totals["published"] >= 10 and totals["manifest_writes"] >= 10
+    assert totals["dirs_created"] >= 3 and totals["unlinked"] >= 3 and totals["committed_logged"] >= 10
+
+
+@pytest.mark.parametrize("broken", ["no_dir_fsync", "no_file_fsync", "rename_before_fsync"])
+def test_the_order_check_catches_a_broken_copier(
+    broken: str, world: World, checkpoints: Checkpoints, tmp_path: Path, zygote: Zygote, report: Report
+) -> None:
+    """The same check on a copier with one step of the protocol removed or misordered must fail."""
+    tally = report.scenario(f"syscall order: broken copier ({broken}) is caught", expect_violations=True)
+    _populate(world, checkpoints, random.Random(3))
+    config = write_config(tmp_path / "mirrord.toml", world)
+    prefix = tmp_path / "trace"
+    status = run_traced(zygote, ["sync", "--config", config], tmp_path / "sync.log", trace_args(prefix),
+                        patch=broken)
+    assert status == 0, (tmp_path / "sync.log").read_text()[-3000:]
+    violations, counts = order_violations(parse(prefix), world.mirror)
+    tally.rounds = 1
+    tally.check(violations)
+    tally.notes.append(f"{len(violations)} violation(s) found in {counts['published']} publications")
+    assert violations, f"the order check did not notice the {broken} copier"
+    shutil.rmtree(world.mirror)

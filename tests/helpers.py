@@ -63,6 +63,24 @@ def _torch_save(path: Path, step: int, width: int, depth: int) -> None:
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
 
+def train_state(seed: int = 0) -> dict[str, object]:
+    """A small model with its Adam state after one step: what a trainer checkpoints."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 8),
+    )
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 32)).square().mean().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": seed}
+
+
 def sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()

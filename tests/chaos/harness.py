@@ -28,6 +28,7 @@ from mirrord.errors import ManifestError
 from mirrord.hashing import hash_file, new_hasher
 from mirrord.manifest import Manifest
 from mirrord.model import ManifestEntry
+from tests.integration.daemon_harness import wait_for
 
 ALGO = "blake3"
 ZYGOTE = Path(__file__).with_name("zygote.py")
@@ -385,14 +386,7 @@ def events(log: Path, name: str | None = None) -> list[dict[str, Any]]:
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
     """Poll until `predicate` is truthy; fail naming `what` when the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    return wait_for(predicate, timeout, what, interval)
 
 
 def latest_violations(zygote: Zygote, config: Path, world: World, workdir: Path) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import train_state
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,19 +23,8 @@ from mirrord.zipcheck import STATUSES, check_torch_zip, check_torch_zip_fd, crc3
 
 def _checkpoint_bytes() -> bytes:
     """A small model and its Adam state after one step, as a trainer would save them."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 8),
-    )
-    optimizer = torch.optim.Adam(model.parameters())
-    model(torch.randn(4, 32)).square().mean().backward()
-    optimizer.step()
     buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1}, buf)
+    torch.save(train_state(1), buf)
     return buf.getvalue()
 
 

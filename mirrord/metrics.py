@@ -38,6 +38,11 @@ class Metrics:
         self.prune_skipped = Counter(
             "mirrord_prune_skipped", "Deletions vetoed by a guard, by reason.", ["reason"], registry=r
         )
+        self.prune_refused = Counter(
+            "mirrord_prune_refused",
+            "Prune cycles (partial_view, mirror_unmounted, manifest) or single deletions (changed, ...) "
+            "refused, by reason.", ["reason"], registry=r,
+        )
         self.last_step = Gauge("mirrord_last_mirrored_step", "Highest step mirrored, per run.", ["run"], registry=r)
         self.last_timestamp = Gauge(
             "mirrord_last_mirrored_timestamp_seconds", "Unix time of the last published copy.", registry=r

@@ -18,26 +18,20 @@ SCRAPE_CONFIG = REPO / "config" / "prometheus" / "prometheus.yml"
 RULE_TESTS = Path(__file__).resolve().parent / "data" / "alerts_test.yml"
 
 # The metric names fixed by the observability issue; an alert on any other name never fires.
-EXPORTED_METRICS = {
-    "mirrord_copies_total",
-    "mirrord_copied_bytes_total",
-    "mirrord_copy_duration_seconds",
-    "mirrord_copy_throughput_bytes_per_second",
-    "mirrord_queue_depth",
-    "mirrord_copies_in_flight",
-    "mirrord_pruned_files_total",
-    "mirrord_pruned_bytes_total",
-    "mirrord_prune_skipped_total",
-    "mirrord_last_mirrored_step",
-    "mirrord_last_mirrored_timestamp_seconds",
-    "mirrord_mirror_lag_seconds",
-    "mirrord_volume_free_bytes",
-    "mirrord_volume_total_bytes",
-    "mirrord_verify_failures_total",
-    "mirrord_reconcile_duration_seconds",
-    "mirrord_watch_mode",
-    "mirrord_build_info",
-}
+def _exported_metrics() -> set[str]:
+    """Every metric mirrord exports, read from a fresh registry (so a renamed metric fails here).
+
+    Families are collected rather than scraped: a labelled gauge has no sample before it is first set.
+    """
+    from mirrord.metrics import Metrics
+
+    names = set()
+    for family in Metrics().registry.collect():
+        names.add(family.name + ("_total" if family.type == "counter" else ""))
+    return names
+
+
+EXPORTED_METRICS = _exported_metrics()
 
 
 def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -257,6 +257,7 @@ def test_a_mirror_listing_error_deletes_nothing(synced: Config, logs: list[dict[
     assert not report.ok and report.deleted == []
     assert (tree(synced.primary), tree(synced.mirror)) == before
     assert [e["reason"] for e in logs if e["event"] == "prune.refused"] == ["partial_view"]
+    assert pruner.metrics.prune_refused.labels("partial_view")._value.get() == 1
 
 
 def test_in_flight_is_checked_again_just_before_each_unlink(synced: Config) -> None:

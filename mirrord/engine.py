@@ -111,36 +111,3 @@ class Engine:
             throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest, **fields,
         )
         return result
-
-    def copy_with_retries(
-        self,
-        job: CopyJob,
-        new_control: Callable[[], CopyControl] = CopyControl,
-        sleep: Callable[[float], bool] | None = None,
-    ) -> CopyResult | MirrordError:
-        """Retry transient failures with backoff; return the result or the last error (logged).
-
-        `sleep(seconds)` returns False to give up early (shutdown); it defaults to time.sleep.
-        """
-        attempts = self.config.copy.max_attempts
-        for attempt in range(1, attempts + 1):
-            try:
-                return self.copy_once(job, new_control())
-            except MirrordError as exc:
-                retry = exc.transient and attempt < attempts and not isinstance(exc, CancelledError)
-                self.log.warning(
-                    "copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=exc.reason,
-                    cause=exc.cause, error_path=exc.path, attempt=attempt, will_retry=retry,
-                )
-                if not retry:
-                    if exc.transient and not isinstance(exc, CancelledError):
-                        self.log.error("copy.gave_up", path=job.rel, reason=exc.reason, attempts=attempt)
-                    return exc
-                delay = backoff_delay(
-                    attempt, self.config.copy.retry_backoff_seconds, self.config.copy.retry_backoff_max_seconds
-                )
-                if sleep is None:
-                    time.sleep(delay)
-                elif not sleep(delay):
-                    return exc
-        raise AssertionError("unreachable")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mirrord.config import Config
@@ -15,6 +14,7 @@ from mirrord.model import CopyJob
 from mirrord.plan import SettleTracker, plan_copies
 from mirrord.prune import Pruner
 from mirrord.volume import LocalMirror, LocalVolume
+from mirrord.workers import copy_all
 
 
 @dataclass
@@ -73,13 +73,12 @@ def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
 
 
 def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncReport) -> None:
-    if not jobs:
-        return
-    with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="mirrord-copy") as pool:
-        for job, outcome in zip(jobs, pool.map(engine.copy_with_retries, jobs), strict=True):
-            if isinstance(outcome, MirrordError):
-                report.failed[job.rel] = str(outcome)
-                if isinstance(outcome, ManifestError):
-                    raise outcome
-            else:
-                report.copied.append(job.rel)
+    outcomes = copy_all(engine, jobs, workers)
+    for job in jobs:
+        outcome = outcomes.get(job.rel)
+        if isinstance(outcome, MirrordError):
+            report.failed[job.rel] = str(outcome)
+            if isinstance(outcome, ManifestError):
+                raise outcome
+        elif outcome is not None:
+            report.copied.append(job.rel)

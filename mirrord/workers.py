@@ -286,3 +286,32 @@ class WorkerPool:
             self.log.error("copy.gave_up", path=job.rel, reason=outcome.reason, attempts=entry.attempt)
         self.queue.done(job.rel)
         self.on_done(job, outcome)
+
+
+def copy_all(
+    engine: Engine, jobs: list[CopyJob], workers: int, poll_seconds: float = 0.25
+) -> dict[str, CopyResult | MirrordError]:
+    """Copy `jobs` on a temporary pool (the daemon's retries, backoff and stall detection) and wait for
+    every outcome; the one-shot commands use this so that they behave exactly like the daemon."""
+    queue = JobQueue()
+    wanted = {job.rel for job in jobs if queue.put(job)}
+    if not wanted:
+        return {}
+    outcomes: dict[str, CopyResult | MirrordError] = {}
+    lock = threading.Lock()
+    all_done = threading.Event()
+
+    def on_done(job: CopyJob, outcome: CopyResult | MirrordError) -> None:
+        with lock:
+            outcomes[job.rel] = outcome
+            if wanted <= outcomes.keys():
+                all_done.set()
+
+    pool = WorkerPool(engine, queue, min(workers, len(wanted)), on_done, engine.config.io.ionice)
+    try:
+        while not all_done.wait(poll_seconds):
+            pool.check_stalls(engine.config.copy.stall_seconds)
+    finally:
+        pool.stop(grace=0)
+    return outcomes
+

@@ -37,6 +37,7 @@ from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult
 from mirrord.sync import run_sync
 from mirrord.volume import LocalMirror, LocalUpload
+from mirrord.workers import copy_all
 from tests.helpers import (
     assert_mirror_consistent,
     mirror_files,
@@ -229,12 +230,13 @@ def test_after_fsync_failure_the_retry_rebuilds_from_the_source(
     make_config: Callable[..., Config], logs: list[dict[str, Any]],
 ) -> None:
     """The kernel may have dropped the dirty pages: that file is never fsynced again; a new one is made."""
-    config = make_config(copy={"max_attempts": 3}, io={"buffer_bytes": CHUNK, "drop_cache": False})
+    config = make_config(copy={"max_attempts": 3, "retry_backoff_seconds": 0},
+                         io={"buffer_bytes": CHUNK, "drop_cache": False})
     manifest = Manifest()
     engine = Engine(config, LocalMirror(mirror), manifest, Metrics())
     st = source.stat()
     job = CopyJob(REL, st.st_size, st.st_mtime_ns, 10, "new")
-    outcome = engine.copy_with_retries(job, sleep=lambda _s: True)
+    outcome = copy_all(engine, [job], 1)[REL]
     assert isinstance(outcome, CopyResult)
     first, second = failing_part_fsync
     assert first != second, "the file whose fsync failed was fsynced again"

@@ -19,6 +19,7 @@ from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, step_of
 from mirrord.prune import Pruner
 from mirrord.volume import LocalMirror, LocalVolume
+from mirrord.workers import copy_all
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -183,7 +184,7 @@ def test_failure_events_carry_reason_and_checkpoint(make_config, primary, mirror
     job = CopyJob("r/step_0005.pt", st.st_size, st.st_mtime_ns, 5, "new")
     out = io.StringIO()
     log.configure("json", "info", out)
-    outcome = Engine(cfg, volume, volume.read_manifest(), Metrics()).copy_with_retries(job)
+    outcome = copy_all(Engine(cfg, volume, volume.read_manifest(), Metrics()), [job], 1)[job.rel]
     assert isinstance(outcome, NoSpaceError)
     failed = [e for e in json_lines(out) if e["event"] == "copy.failed"]
     assert len(failed) == 1

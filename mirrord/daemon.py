@@ -15,7 +15,6 @@ import os
 import selectors
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -156,15 +155,11 @@ class Daemon:
             self.engine = Engine(cfg, self.mirror, self.manifest, self.metrics,
                                  make_room=self.pruner.make_room if self.pruner else None)
             self._start_endpoints()
-            fstype = filesystem_type(cfg.primary)
-            mode, why = choose_mode(cfg.watch.mode, fstype)
-            self.metrics.watch_mode.labels(mode).set(1)
-            self.log.info("watch.mode", mode=mode, fstype=fstype, why=why)
-            self.watcher = Watcher(cfg.primary, cfg.patterns, mode, cfg.watch.poll_interval_seconds, self._emit)
-            self.pool = WorkerPool(self.engine, self.queue, cfg.copy.workers, self._on_copy_done, cfg.io.ionice)
             previous = self._install_signals()
             try:
-                self.watcher.start()  # before the first scan, so nothing committed in between is missed
+                self.pool = WorkerPool(self.engine, self.queue, cfg.copy.workers, self._on_copy_done,
+                                       cfg.io.ionice)
+                self._start_watcher(cfg)  # before the first scan, so nothing committed in between is missed
                 self._loop()
             finally:
                 self._shutdown()
@@ -173,6 +168,26 @@ class Daemon:
                 signal.set_wakeup_fd(-1)
         self.log.info("daemon.stopped", copied=self._copied, failed=self._failed)
         return 0
+
+    def _start_watcher(self, cfg: Config) -> None:
+        fstype = filesystem_type(cfg.primary)
+        mode, why = choose_mode(cfg.watch.mode, fstype)
+        try:
+            self.watcher = Watcher(cfg.primary, cfg.patterns, mode, cfg.watch.poll_interval_seconds, self._emit)
+            self.watcher.start()
+        except OSError as exc:
+            if mode == "polling":
+                raise
+            # e.g. "inotify watch limit reached" on a big tree: polling is slower but still correct.
+            self.log.error("watch.native_failed", cause=exc.strerror or str(exc), fallback="polling",
+                           hint="raise fs.inotify.max_user_watches, or set watch.mode = polling")
+            with contextlib.suppress(Exception):
+                self.watcher.stop()
+            mode, why = "polling", f"native watch failed: {exc.strerror or exc}"
+            self.watcher = Watcher(cfg.primary, cfg.patterns, mode, cfg.watch.poll_interval_seconds, self._emit)
+            self.watcher.start()
+        self.metrics.watch_mode.labels(mode).set(1)
+        self.log.info("watch.mode", mode=mode, fstype=fstype, why=why)
 
     def _make_pruner(self, cfg: Config) -> Any:
         if not cfg.prune.enabled:
@@ -428,12 +443,14 @@ class Daemon:
     def _shutdown(self) -> None:
         cfg = self.config
         self.notifier.stopping()
-        self.log.info("daemon.stopping", in_flight=len(self.pool.active_controls()),
+        pool: WorkerPool | None = getattr(self, "pool", None)
+        self.log.info("daemon.stopping", in_flight=len(pool.active_controls()) if pool else 0,
                       grace_seconds=cfg.daemon.shutdown_grace_seconds)
-        with contextlib.suppress(Exception):
-            self.watcher.stop()
-        clean = self.pool.stop(cfg.daemon.shutdown_grace_seconds, force=lambda: self._stop_requests > 1)
-        if not clean:
+        if getattr(self, "watcher", None) is not None:
+            with contextlib.suppress(Exception):
+                self.watcher.stop()
+        if pool is not None and not pool.stop(cfg.daemon.shutdown_grace_seconds,
+                                              force=lambda: self._stop_requests > 1):
             self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
         if self.endpoints is not None:
             self.endpoints.stop()
@@ -449,11 +466,5 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
 
 
 def run_daemon(config: Config, reload_config: Callable[[], Config]) -> int:
-    daemon = Daemon(config, reload_config)
-    try:
-        return daemon.run()
-    except StartupError:
-        raise
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.set_wakeup_fd(-1)
+    """Run until SIGTERM/SIGINT; raises StartupError when it cannot start as configured."""
+    return Daemon(config, reload_config).run()

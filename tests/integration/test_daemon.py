@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from mirrord.manifest import Manifest
 from tests.integration.daemon_harness import save_checkpoint, wait_for
 
@@ -171,3 +173,29 @@ def test_run_starts_without_importing_torch(tmp_path):
     code = "import sys, mirrord.daemon, mirrord.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+INOTIFY_WATCHES = Path("/proc/sys/fs/inotify/max_user_watches")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not INOTIFY_WATCHES.exists(), reason="needs root to lower the inotify limit")
+def test_inotify_watch_limit_falls_back_to_polling(tmp_path, daemon_factory):
+    """inotify cannot watch the primary (the user's watch limit is exhausted): the daemon says why and
+    polls instead. (watchdog itself skips sub-folders it cannot watch without a word; the periodic
+    rescan is what still finds their checkpoints.)"""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for i in range(8):
+        (primary / f"run{i}").mkdir()
+    original = INOTIFY_WATCHES.read_text()
+    d = daemon_factory({"watch": {"poll_interval_seconds": 0.2}})
+    INOTIFY_WATCHES.write_text("0\n")
+    try:
+        d.start()
+        d.wait_event("watch.mode", mode="polling")
+    finally:
+        INOTIFY_WATCHES.write_text(original)
+    failed = d.events("watch.native_failed")
+    assert failed and failed[0]["fallback"] == "polling"
+    save_checkpoint(primary / "run5" / "step_0001.pt", 1)
+    wait_for(lambda: mirrored(mirror, "run5/step_0001.pt"), 20, "mirrored by the polling watcher")
+    assert d.stop() == 0

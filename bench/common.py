@@ -112,6 +112,31 @@ def proc_status(pid: int) -> dict[str, int]:
 # --- test data ---------------------------------------------------------------------------------
 
 
+def parse_size(text: str) -> int:
+    """'2G', '512M', '4096' -> bytes (binary units)."""
+    units = {"K": KiB, "M": MiB, "G": GiB}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def random_tensors(gen: Any, elements: int, prefix: str) -> dict[str, Any]:
+    """``elements`` random float32 values from the torch generator ``gen``, as tensors of at most
+    64 MiB named ``{prefix}0.weight``, ``{prefix}1.weight``, ... (none when ``elements`` <= 0)."""
+    import torch
+
+    state: dict[str, Any] = {}
+    left = elements
+    i = 0
+    while left > 0:
+        n = min(16 * MiB, left)
+        state[f"{prefix}{i}.weight"] = torch.randn(n, generator=gen)
+        left -= n
+        i += 1
+    return state
+
+
 def make_checkpoint(path: Path, size: int, seed: int) -> str:
     """A real torch.save file of random float32 tensors (<= 64 MiB each) of about ``size`` bytes;
     random bytes when torch is not importable. Returns what was made."""
@@ -124,15 +149,7 @@ def make_checkpoint(path: Path, size: int, seed: int) -> str:
                 fh.write(os.urandom(min(left, 64 * MiB)))
                 left -= 64 * MiB
         return "random bytes (torch not importable)"
-    gen = torch.Generator().manual_seed(seed)
-    state: dict[str, Any] = {}
-    left = max(1, size // 4)
-    i = 0
-    while left > 0:
-        n = min(16 * MiB, left)
-        state[f"layer{i}.weight"] = torch.randn(n, generator=gen)
-        left -= n
-        i += 1
+    state = random_tensors(torch.Generator().manual_seed(seed), max(1, size // 4), "layer")
     state["step"] = seed
     torch.save(state, path)
     return f"torch.save of random float32 tensors (torch {torch.__version__})"

@@ -34,9 +34,22 @@ from typing import Any, Protocol
 import blake3
 import xxhash
 
-MiB = 1 << 20
-GiB = 1 << 30
-GB = 1e9
+if __package__ in (None, ""):  # run as a script (python bench/X.py): make the `bench` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (
+    GB,
+    GiB,
+    MiB,
+    cached_bytes,
+    cpu_seconds_self_and_children,
+    device_of,
+    drop_caches,
+    log,
+    make_checkpoint,
+    parse_size,
+    warm,
+)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -400,36 +413,6 @@ COLD_SUBSET = (
 # Measurement plumbing.
 
 
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes (Cached, Dirty, ...)."""
-    out: dict[str, int] = {}
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            key, rest = line.split(":", 1)
-            out[key] = int(rest.split()[0]) * 1024
-    return out
-
-
-def drop_caches() -> None:
-    """Empty the page cache so the next read comes from the disk (root only)."""
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def warm(path: Path) -> None:
-    """Pull a file into the page cache (cheap when it is already there)."""
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(8 * MiB)
-        while fh.readinto(buf):
-            pass
-
-
-def cpu_seconds() -> float:
-    """User + system CPU of this process and its waited-for children."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
 @dataclass
 class Run:
     """One timed copy."""
@@ -463,15 +446,15 @@ def timed_copy(variant: Variant, src: Path, dst: Path, cold: bool, expected: dic
     if cold:
         drop_caches()
     else:
-        warm(src)
+        warm([src])
     time.sleep(settle)
-    before = meminfo()["Cached"]
-    c0 = cpu_seconds()
+    before = cached_bytes()
+    c0 = cpu_seconds_self_and_children()
     t0 = time.perf_counter()
     digest = variant.fn(src, dst)
     seconds = time.perf_counter() - t0
-    cpu = cpu_seconds() - c0
-    after = meminfo()["Cached"]
+    cpu = cpu_seconds_self_and_children() - c0
+    after = cached_bytes()
     ok = dst.stat().st_size == src.stat().st_size
     if variant.algo is not None:
         ok = ok and digest == expected[variant.algo]
@@ -523,7 +506,7 @@ def summarize(series: list[Series], size: int) -> list[dict[str, Any]]:
 
 def hash_speeds(src: Path, seconds: float = 1.0) -> dict[str, dict[str, float]]:
     """Hash throughput: from a buffer in memory, and streaming the (cached) file with readinto."""
-    warm(src)
+    warm([src])
     with open(src, "rb") as fh:
         data = fh.read(256 * MiB)
     view = memoryview(data)
@@ -555,54 +538,6 @@ def reference_digests(src: Path) -> dict[str, str]:
         out[algo] = _hash_fd(fd, algo)
         os.close(fd)
     return out
-
-
-def make_checkpoint(path: Path, size: int) -> str:
-    """A real torch checkpoint of random float32 tensors (64 MiB each), falling back to random
-    bytes when torch is absent. Returns what was made."""
-    try:
-        import torch
-    except ImportError:
-        with open(path, "wb") as fh:
-            left = size
-            while left:
-                fh.write(os.urandom(min(left, 64 * MiB)))
-                left -= min(left, 64 * MiB)
-        return "random bytes (torch not importable)"
-    gen = torch.Generator().manual_seed(0)
-    per = 16 * MiB  # float32 elements per 64 MiB tensor
-    state: dict[str, Any] = {}
-    left = size // 4
-    i = 0
-    while left > 0:
-        n = min(per, left)
-        state[f"layer{i}.weight"] = torch.randn(n, generator=gen)
-        left -= n
-        i += 1
-    state["step"] = 810
-    torch.save(state, path)
-    return f"torch.save of {i} random float32 tensors (torch {torch.__version__})"
-
-
-def parse_size(text: str) -> int:
-    """'2G', '512M', '4096' -> bytes (binary units)."""
-    units = {"K": 1 << 10, "M": MiB, "G": GiB}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
-
-
-def device_of(path: Path) -> str:
-    """The block device and filesystem that hold ``path`` (from /proc/mounts)."""
-    best = ("", "", "")
-    real = str(path.resolve())
-    with open("/proc/mounts") as fh:
-        for line in fh:
-            dev, mnt, fs = line.split()[:3]
-            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
-                best = (dev, mnt, fs)
-    return f"{best[0]} mounted on {best[1]} ({best[2]})"
 
 
 def to_markdown(doc: dict[str, Any]) -> str:
@@ -662,10 +597,6 @@ def main(argv: list[str] | None = None) -> int:
                         "back to a VM host (free page reporting) before the next; default 0")
     p.add_argument("--only", default="", help="comma-separated variant names to run (baseline always)")
     args = p.parse_args(argv)
-
-    def log(msg: str) -> None:
-        print(msg, flush=True)
-
     size = parse_size(args.size)
     srcdir, dstdir = args.workdir / "src", args.workdir / "dst"
     srcdir.mkdir(parents=True, exist_ok=True)
@@ -676,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     if not src.exists() or abs(src.stat().st_size - size) > 4 * MiB or not kind_file.exists():
         log(f"making {size / GiB:.2f} GiB checkpoint at {src}")
         t0 = time.perf_counter()
-        kind_file.write_text(make_checkpoint(src, size))
+        kind_file.write_text(make_checkpoint(src, size, seed=810))
         log(f"  made in {time.perf_counter() - t0:.1f}s")
     size = src.stat().st_size
 

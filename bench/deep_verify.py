@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import zipfile
@@ -32,9 +33,11 @@ from typing import Any
 from mirrord.hashing import hash_file
 from mirrord.zipcheck import MAX_WORKERS, check_torch_zip, load_check
 
-MiB = 1 << 20
-GiB = 1 << 30
-GB = 1e9
+if __package__ in (None, ""):  # run as a script (python bench/X.py): make the `bench` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import GB, GiB, MiB, parse_size, random_tensors
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -84,22 +87,11 @@ def make_checkpoint(path: Path, size: int) -> str:
 
     gen = torch.Generator().manual_seed(0)
     state: dict[str, Any] = {f"block{i}.norm": torch.randn(1024, generator=gen) for i in range(256)}
-    left = (size - 256 * 4096) // 4
-    i = 0
-    while left > 0:
-        n = min(16 * MiB, left)
-        state[f"block{i}.weight"] = torch.randn(n, generator=gen)
-        left -= n
-        i += 1
+    weights = random_tensors(gen, (size - 256 * 4096) // 4, "block")
+    state.update(weights)
     state["step"] = 1000
     torch.save(state, path)
-    return f"torch.save of {i} random float32 tensors of <=64 MiB + 256 of 4 KiB (torch {torch.__version__})"
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": MiB, "G": GiB}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    return f"torch.save of {len(weights)} random float32 tensors of <=64 MiB + 256 of 4 KiB (torch {torch.__version__})"
 
 
 def cpu_seconds() -> float:

@@ -82,3 +82,5 @@ def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncRep
                 raise outcome
         elif outcome is not None:
             report.copied.append(job.rel)
+        else:
+            report.failed[job.rel] = f"{job.rel}: not copied: the copy worker died (see the log)"

@@ -264,7 +264,11 @@ class WorkerPool:
             if abandoned:
                 self.log.info("copy.abandoned_returned", path=entry.job.rel, outcome=type(outcome).__name__)
                 return
-            self._finish(entry, outcome)
+            try:
+                self._finish(entry, outcome)
+            except Exception:  # never leave a path reserved, nor a waiter without its outcome
+                self.queue.done(entry.job.rel)
+                self.on_done(entry.job, outcome)
 
     def _finish(self, entry: _Entry, outcome: CopyResult | MirrordError) -> None:
         job = entry.job
@@ -311,6 +315,8 @@ def copy_all(
     try:
         while not all_done.wait(poll_seconds):
             pool.check_stalls(engine.config.copy.stall_seconds)
+            if not any(t.is_alive() for t in pool.threads()):
+                break  # every worker died: report what is missing instead of waiting forever
     finally:
         pool.stop(grace=0)
     return outcomes

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import stat
 import subprocess
 import sys
@@ -119,6 +120,13 @@ class Report:
         self.tallies.append(tally)
         return tally
 
+    def seeded_scenario(self, name: str, label: str) -> tuple[Tally, random.Random]:
+        """A scenario driven by seeded_rng(label); its seed is noted so that a failure can be replayed."""
+        tally = self.scenario(name)
+        rng, seed = seeded_rng(label)
+        tally.notes.append(f"seed {seed}")
+        return tally, rng
+
     def write(self, path: Path) -> None:
         doc = {"tallies": [t.as_row() for t in self.tallies], "tests": self.outcomes}
         path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -178,6 +186,17 @@ class World:
 
     def primary_files(self) -> list[str]:
         return sorted(finals(self.primary)[0])
+
+    def mirror_reset(self, baseline: Path) -> Callable[[], None]:
+        """Copy the mirror to `baseline` now; the function returned puts that copy back, so that every
+        round of a scenario starts from the same mirror."""
+        shutil.copytree(self.mirror, baseline, symlinks=True)
+
+        def reset() -> None:
+            shutil.rmtree(self.mirror)
+            shutil.copytree(baseline, self.mirror, symlinks=True)
+
+        return reset
 
 
 def finals(root: Path) -> tuple[dict[str, Path], list[str], list[str]]:
@@ -343,13 +362,18 @@ class Zygote:
         status = self._call(op="wait", pid=pid, timeout=timeout)["status"]
         return None if status is None else int(status)
 
-    def run(self, argv: list[str], log: Path, timeout: float = 120, **kwargs: Any) -> int:
-        """Run to completion; a process that outlives `timeout` is killed and reported as hung."""
-        pid = self.spawn(argv, log, **kwargs)
+    def wait_or_kill(self, pid: int, timeout: float) -> int | None:
+        """Wait up to `timeout`; a process still running then is SIGKILLed and reaped, and None returned."""
         status = self.wait(pid, timeout)
         if status is None:
             os.kill(pid, 9)
             self.wait(pid, 30)
+        return status
+
+    def run(self, argv: list[str], log: Path, timeout: float = 120, **kwargs: Any) -> int:
+        """Run to completion; a process that outlives `timeout` is killed and reported as hung."""
+        status = self.wait_or_kill(self.spawn(argv, log, **kwargs), timeout)
+        if status is None:
             raise AssertionError(f"mirrord {' '.join(map(str, argv[:1]))} hung for {timeout} s; log: {log}")
         return status
 

@@ -30,6 +30,7 @@ from tests.chaos.harness import (
     SCALE,
     Checkpoints,
     Report,
+    Tally,
     World,
     Zygote,
     converged_violations,
@@ -40,7 +41,6 @@ from tests.chaos.harness import (
     latest_violations,
     load_manifest,
     make_config,
-    seeded_rng,
     step_name,
     wait_until,
     write_config,
@@ -67,6 +67,36 @@ def _leaked(world: World, secrets: set[str]) -> list[str]:
     return [f"{rel}: holds bytes from outside the primary" for rel, p in files.items() if hash_file(p, ALGO) in secrets]
 
 
+def _sync_round(world: World, zygote: Zygote, tmp_path: Path, tally: Tally) -> tuple[Path, Path, int]:
+    """One round of a real `mirrord sync` of the world: its config, its log and its exit code."""
+    config = write_config(tmp_path / "mirrord.toml", world)
+    log = tmp_path / "sync.log"
+    code = zygote.run(["sync", "--config", config], log, timeout=60)
+    tally.rounds += 1
+    return config, log, code
+
+
+def _daemon_round(
+    world: World, tmp_path: Path, tally: Tally, rescan: float, until: Callable[[DaemonProcess], object], what: str
+) -> None:
+    """One round of the daemon on the same tree, until `until` returns: it stays healthy and exits 0."""
+    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"watch": {"rescan_interval_seconds": rescan}})
+    daemon.start()
+    try:
+        until(daemon)
+        if daemon.http("/healthz")[0] != 200:
+            tally.check([f"daemon unhealthy with {what}"])
+    finally:
+        code = daemon.stop()
+    tally.rounds += 1
+    if code != 0:
+        tally.check([f"daemon exited {code}"])
+
+
+def _three_reconciles(daemon: DaemonProcess) -> None:
+    wait_until(lambda: len(daemon.events("reconcile.finished")) >= 3, 30, "three reconciles")
+
+
 def test_symlinks_in_the_primary_are_never_followed(
     world: World, checkpoints: Checkpoints, zygote: Zygote, tmp_path: Path, report: Report
 ) -> None:
@@ -87,10 +117,7 @@ def test_symlinks_in_the_primary_are_never_followed(
     for rel, target in links.items():
         (world.primary / rel).symlink_to(target)
         tally.fault("symlink planted")
-    config = write_config(tmp_path / "mirrord.toml", world)
-    log = tmp_path / "sync.log"
-    code = zygote.run(["sync", "--config", config], log, timeout=60)
-    tally.rounds += 1
+    _config, log, code = _sync_round(world, zygote, tmp_path, tally)
     if code != 0:
         tally.check([f"sync exited {code}: symlinks must be skipped, not fail the pass"])
     skipped = {e["path"] for e in events(log, "scan.skipped")}
@@ -98,17 +125,7 @@ def test_symlinks_in_the_primary_are_never_followed(
     tally.check(_leaked(world, secrets))
     tally.check(converged_violations(world, {f"run/{step_name(1)}"}))
     # The daemon sees the same tree: it mirrors the real file and stays healthy.
-    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"watch": {"rescan_interval_seconds": 0.5}})
-    daemon.start()
-    try:
-        wait_until(lambda: len(daemon.events("reconcile.finished")) >= 3, 30, "three reconciles")
-        if daemon.http("/healthz")[0] != 200:
-            tally.check(["daemon unhealthy with symlinks in the primary"])
-    finally:
-        code = daemon.stop()
-    tally.rounds += 1
-    if code != 0:
-        tally.check([f"daemon exited {code}"])
+    _daemon_round(world, tmp_path, tally, 0.5, _three_reconciles, "symlinks in the primary")
     tally.check(_leaked(world, secrets))
     tally.check(converged_violations(world, {f"run/{step_name(1)}"}))
     tally.assert_clean()
@@ -129,10 +146,7 @@ def test_symlinks_planted_on_the_mirror_are_not_written_through(
     (world.mirror / "run").symlink_to(elsewhere, target_is_directory=True)
     (world.mirror / step_name(2)).symlink_to(victim)
     tally.fault("symlinks planted", 2)
-    config = write_config(tmp_path / "mirrord.toml", world)
-    log = tmp_path / "sync.log"
-    code = zygote.run(["sync", "--config", config], log, timeout=60)
-    tally.rounds += 1
+    _config, log, code = _sync_round(world, zygote, tmp_path, tally)
     if code != 1:
         tally.check([f"sync exited {code}; the copy into a symlinked folder must fail"])
     if list(elsewhere.iterdir()):
@@ -154,8 +168,7 @@ def _prune_world(world: World, checkpoints: Checkpoints, side: str) -> tuple[Con
     for step in (1, 2, 3, 4):
         if not (world.primary / "run" / step_name(step)).exists():
             world.install(f"run/{step_name(step)}", checkpoints.blobs[step])
-    config = make_config(world, prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0,
-                                       "primary": side == "primary"})
+    config = make_config(world, prune=_prune_settings(side))
     assert mirrord.sync.run_sync(config).ok
     victim = world.base / "victim" / "run"
     if not victim.exists():
@@ -163,6 +176,15 @@ def _prune_world(world: World, checkpoints: Checkpoints, side: str) -> tuple[Con
         for step in (1, 2, 3, 4):
             (victim / step_name(step)).write_bytes(f"victim {step}".encode())
     return config, victim
+
+
+def _prune_settings(side: str) -> dict[str, Any]:
+    """keep_last = 1 on the mirror, or on the primary too with side == "primary"."""
+    return {"enabled": True, "keep_last": 1, "min_age_seconds": 0, "primary": side == "primary"}
+
+
+def _run_folder(world: World, side: str) -> Path:
+    return (world.mirror if side == "mirror" else world.primary) / "run"
 
 
 def _victims_intact(victim: Path) -> list[str]:
@@ -190,7 +212,7 @@ def test_folder_swapped_for_a_symlink_between_plan_and_delete(
     """The TOCTOU window of pruning, hit exactly: the run folder becomes a symlink to a victim folder."""
     tally = report.scenario(f"hostile: run folder swapped for a symlink {when} ({side} pruning)")
     config, victim = _prune_world(world, checkpoints, side)
-    folder = (world.mirror if side == "mirror" else world.primary) / "run"
+    folder = _run_folder(world, side)
     swapped: list[bool] = []
 
     def swap_once() -> None:
@@ -234,15 +256,12 @@ def test_folder_flipping_to_a_symlink_while_mirrord_prunes(
     world: World, checkpoints: Checkpoints, zygote: Zygote, tmp_path: Path, report: Report
 ) -> None:
     """A real `mirrord prune` while another thread keeps flipping the run folder to a symlink and back."""
-    tally = report.scenario("hostile: run folder flipping to a symlink during a real mirrord prune")
-    rng, seed = seeded_rng("flip")
-    tally.notes.append(f"seed {seed}")
+    tally, rng = report.seeded_scenario("hostile: run folder flipping to a symlink during a real mirrord prune", "flip")
     for n in range(SCALE.swap_rounds):
         side = "primary" if n % 3 == 2 else "mirror"
         config, victim = _prune_world(world, checkpoints, side)
-        cfg = write_config(tmp_path / f"{side}.toml", world, prune={
-            "enabled": True, "keep_last": 1, "min_age_seconds": 0, "primary": side == "primary"})
-        folder = (world.mirror if side == "mirror" else world.primary) / "run"
+        cfg = write_config(tmp_path / f"{side}.toml", world, prune=_prune_settings(side))
+        folder = _run_folder(world, side)
         stop = threading.Event()
         pause = rng.uniform(0, 0.003)
 
@@ -304,10 +323,7 @@ def test_hostile_names_are_mirrored(
         tally.fault("hostile name")
     world.install(TOO_LONG, checkpoints.pick(rng, 400_000), in_place=True)
     tally.fault("hostile name")
-    config = write_config(tmp_path / "mirrord.toml", world)
-    log = tmp_path / "sync.log"
-    code = zygote.run(["sync", "--config", config], log, timeout=60)
-    tally.rounds += 1
+    config, log, code = _sync_round(world, zygote, tmp_path, tally)
     if code != 1:
         tally.check([f"sync exited {code}; expected 1 (the 255-byte name cannot be mirrored)"])
     failed = {e["path"]: e for e in events(log, "copy.failed")}
@@ -319,21 +335,13 @@ def test_hostile_names_are_mirrored(
     tally.check(latest_violations(zygote, config, world, tmp_path), "sync")
     # The daemon, from scratch, with the same names: it mirrors them and stays healthy.
     shutil.rmtree(world.mirror)
-    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"watch": {"rescan_interval_seconds": 1}})
-    daemon.start()
-    try:
-        def mirrored() -> bool:
-            entries, _ = load_manifest(world.mirror)
-            return expected <= set(entries)
 
-        wait_until(mirrored, 60, "the daemon to mirror every hostile name")
-        if daemon.http("/healthz")[0] != 200:
-            tally.check(["daemon unhealthy with hostile names"])
-    finally:
-        code = daemon.stop()
-    tally.rounds += 1
-    if code != 0:
-        tally.check([f"daemon exited {code}"])
+    def mirrored() -> bool:
+        entries, _ = load_manifest(world.mirror)
+        return expected <= set(entries)
+
+    _daemon_round(world, tmp_path, tally, 1, lambda _daemon: wait_until(
+        mirrored, 60, "the daemon to mirror every hostile name"), "hostile names")
     tally.check(converged_violations(world, expected), "daemon")
     tally.assert_clean()
 
@@ -363,26 +371,13 @@ def test_fifos_and_device_nodes_are_never_opened_or_copied(
     for rel, make in _special_files(world.primary).items():
         make(world.primary / rel)
         tally.fault("special file")
-    config = write_config(tmp_path / "mirrord.toml", world)
-    log = tmp_path / "sync.log"
-    code = zygote.run(["sync", "--config", config], log, timeout=60)
-    tally.rounds += 1
+    _config, log, code = _sync_round(world, zygote, tmp_path, tally)
     if code != 0:
         tally.check([f"sync exited {code}"])
     skipped = {e["path"] for e in events(log, "scan.skipped")}
     tally.check([f"{rel}: not reported as skipped" for rel in _special_files(world.primary) if rel not in skipped])
     tally.check(converged_violations(world, {f"run/{step_name(1)}"}))
-    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"watch": {"rescan_interval_seconds": 0.5}})
-    daemon.start()
-    try:
-        wait_until(lambda: len(daemon.events("reconcile.finished")) >= 3, 30, "three reconciles")
-        if daemon.http("/healthz")[0] != 200:
-            tally.check(["daemon unhealthy with special files in the primary"])
-    finally:
-        code = daemon.stop()
-    tally.rounds += 1
-    if code != 0:
-        tally.check([f"daemon exited {code}"])
+    _daemon_round(world, tmp_path, tally, 0.5, _three_reconciles, "special files in the primary")
     tally.check(converged_violations(world, {f"run/{step_name(1)}"}))
     tally.assert_clean()
 
@@ -403,10 +398,8 @@ def test_checkpoint_swapped_for_a_special_file_before_the_copy_opens_it(
     log = tmp_path / "sync.log"
     pid = zygote.spawn(["sync", "--config", config], log, patch=f"{patch}:{rel}",
                        env={"CHAOS_SYMLINK_TARGET": str(outside / "secret.pt")})
-    code = zygote.wait(pid, 30)
+    code = zygote.wait_or_kill(pid, 30)
     if code is None:
-        os.kill(pid, 9)
-        zygote.wait(pid, 30)
         tally.check(["mirrord sync hung on the swapped-in file"])
     tally.fault(patch)
     tally.rounds += 1
@@ -442,11 +435,9 @@ def test_fifo_planted_on_the_mirror_does_not_hang_latest_or_verify(
     out = tmp_path / "latest.out"
     for command, want in (("latest", 0), ("verify", 1)):
         pid = zygote.spawn([command, "--config", config], tmp_path / f"{command}.log", stdout=out)
-        code = zygote.wait(pid, 30)
+        code = zygote.wait_or_kill(pid, 30)
         tally.rounds += 1
         if code is None:
-            os.kill(pid, 9)
-            zygote.wait(pid, 30)
             tally.check([f"mirrord {command} hung on a FIFO on the mirror"])
         elif code != want:
             tally.check([f"mirrord {command} exited {code}, expected {want}"])

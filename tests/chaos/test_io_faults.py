@@ -38,7 +38,6 @@ from tests.chaos.harness import (
     finals,
     latest_inprocess_violations,
     make_config,
-    seeded_rng,
     step_name,
     write_config,
 )
@@ -69,16 +68,10 @@ def busy_world(world: World, checkpoints: Checkpoints) -> Iterator[tuple[World, 
     for step in (1, 2, 3):
         world.install(f"run-a/{step_name(step)}", checkpoints.pick(rng, SMALL))
     assert run_sync(make_config(world)).ok
-    baseline = world.base / "baseline"
-    shutil.copytree(world.mirror, baseline, symlinks=True)
+    reset = world.mirror_reset(world.base / "baseline")
     world.install(f"run-a/{step_name(2)}", checkpoints.pick(rng, SMALL))
     world.install(f"run-b/{step_name(4)}", checkpoints.pick(rng, SMALL))
     world.install(f"run-a/{step_name(5)}", checkpoints.pick(rng, SMALL))
-
-    def reset() -> None:
-        shutil.rmtree(world.mirror)
-        shutil.copytree(baseline, world.mirror, symlinks=True)
-
     yield world, reset
 
 
@@ -280,9 +273,7 @@ def test_fiu_random_libc_faults_in_a_real_process(
     world: World, checkpoints: Checkpoints, zygote: Zygote, tmp_path: Path, report: Report
 ) -> None:
     """libfiu's LD_PRELOAD wrappers fail libc calls of a real `mirrord sync` at random."""
-    tally = report.scenario("I/O fault: libfiu LD_PRELOAD random libc failures (real process)")
-    rng, seed = seeded_rng("fiu")
-    tally.notes.append(f"seed {seed}")
+    tally, rng = report.seeded_scenario("I/O fault: libfiu LD_PRELOAD random libc failures (real process)", "fiu")
     config = write_config(tmp_path / "sync.toml", world)
     names = [f"run-{r}/{step_name(s)}" for r in "ab" for s in range(1, 5)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}

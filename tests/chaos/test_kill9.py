@@ -34,7 +34,6 @@ from tests.chaos.harness import (
     finals,
     latest_violations,
     load_manifest,
-    seeded_rng,
     step_name,
     wait_until,
     write_config,
@@ -231,9 +230,7 @@ def test_sigkill_at_random_instants(
     world: World, checkpoints: Checkpoints, zygote: Zygote, tmp_path: Path, report: Report
 ) -> None:
     """SIGKILL `mirrord sync`, `mirrord prune` and `mirrord run` at random instants, then restart."""
-    tally = report.scenario("kill -9 at random instants (sync, prune, daemon)")
-    rng, seed = seeded_rng("kill9")
-    tally.notes.append(f"seed {seed}")
+    tally, rng = report.seeded_scenario("kill -9 at random instants (sync, prune, daemon)", "kill9")
     trainer = Trainer(world, checkpoints, rng)
     rounds = Rounds(zygote, world, tmp_path, tally, rng)
     rounds.sync()
@@ -297,13 +294,7 @@ def _every_syscall(
     zygote: Zygote, world: World, workdir: Path, tally: Tally, argv: list[str], expected: Callable[[], set[str]],
     restart: list[str], check_cfg: Path,
 ) -> None:
-    baseline = workdir / "baseline-mirror"
-    shutil.copytree(world.mirror, baseline, symlinks=True)
-
-    def reset() -> None:
-        shutil.rmtree(world.mirror)
-        shutil.copytree(baseline, world.mirror, symlinks=True)
-
+    reset = world.mirror_reset(workdir / "baseline-mirror")
     prefix = workdir / "count" / "t"
     prefix.parent.mkdir()
     assert run_traced(zygote, argv, workdir / "count.log", trace_args(prefix, INJECTED)) == 0

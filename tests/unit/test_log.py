@@ -215,3 +215,15 @@ def test_prune_events_carry_volume_path_run_step_size(make_config, primary, mirr
     assert deleted[0]["size"] == (primary / "r" / "step_0002.pt").stat().st_size
     assert [(e["path"], e["reason"]) for e in skipped] == [("r/step_0001.pt", "in_flight")]
     assert any(e["event"] == "prune.finished" for e in events)
+
+
+def test_a_failing_log_stream_never_reaches_the_caller() -> None:
+    """A full disk or a closed pipe under the log must not stop a copy or kill a worker thread."""
+
+    class Full(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    log.configure("json", "info", Full())
+    log.get_logger().info("copy.committed", path="r/step_0001.pt")  # must not raise
+    log.get_logger().error("copy.failed", path="r/step_0001.pt")

@@ -107,19 +107,36 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     import faulthandler
 
+    from mirrord.config import reload_config as reread
     from mirrord.daemon import StartupError, run_daemon
 
     # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
     faulthandler.enable()
 
-    def reload_config() -> Config:
-        return _load(args)
+    def reload_config() -> tuple[Config, bool]:
+        return reread(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
 
     try:
-        return run_daemon(config, reload_config)
+        return run_daemon(config, reload_config, getattr(args, "signals", None))
     except StartupError as exc:
         print(f"mirrord: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.repair import repair_manifest
+
+    report = repair_manifest(config)
+    for rel, why in report.rejected:
+        print(f"NOT RECORDED {rel}: {why}", file=sys.stderr)
+    for msg in report.errors:
+        print(f"ERROR {msg}", file=sys.stderr)
+    if report.errors:
+        print("the mirror could not be listed completely: the manifest was NOT rewritten", file=sys.stderr)
+    else:
+        print(f"manifest rebuilt: {len(report.recorded)} file(s) recorded, {len(report.rejected)} not recorded"
+              + (f"; old manifest {report.old_manifest}" if report.old_manifest else ""))
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
@@ -228,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz. SIGTERM/SIGINT stop it cleanly, SIGHUP reloads the config.")
     add("check-config", cmd_check_config, "Validate the configuration and print the effective values.")
+    add("repair-manifest", cmd_repair_manifest, "Rebuild a lost or damaged manifest from the mirror's files "
+        "(offline: takes the mirror lock). Every file is re-hashed and validated (same content as its source "
+        "on the primary, or a torch.save zip whose CRCs check out) before it is recorded; the old manifest is "
+        "kept as .mirrord-manifest.json.damaged. Exit 0 if every file was recorded, 1 otherwise.")
     # --- prune ---
     p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
             "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
@@ -273,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "run":
+        from mirrord.signals import SignalFlags
+
+        # First thing: a SIGHUP or SIGTERM while the daemon is still starting is recorded, not fatal.
+        args.signals = SignalFlags().install()
     try:
         config = _load(args)
     except ConfigError as exc:

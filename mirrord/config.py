@@ -302,24 +302,27 @@ def config_path(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     return path
 
 
-def read_stable(path: Path, pause: float = 0.1, timeout: float = 2.0) -> tuple[bytes, bool]:
-    """The file's bytes, and whether they were stable: read until two reads `pause` apart agree on
-    inode, size, mtime and content, for at most `timeout` seconds.
+def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1) -> tuple[bytes, bool]:
+    """The file's bytes, and whether they were stable: unchanged (inode, size, mtime, content) across
+    reads for `quiet` seconds, counting the time since its mtime; gives up after `timeout` seconds.
 
-    An editor or a script writing the file in place can be caught half-way by a SIGHUP; a file that
-    is written to a temp name and renamed into place (what config-management tools do) is always
-    whole and is stable at the first comparison.
+    An editor or a script writing the file in place can be caught half-way by a SIGHUP. A file that
+    was written to a temp name and renamed into place (what config-management tools do) is whole;
+    one last modified `quiet` seconds ago is stable after two reads `pause` apart.
     """
-    deadline = time.monotonic() + timeout
-    previous = _read_with_stat(path)
+    started = time.monotonic()
+    previous, unchanged_since = _read_with_stat(path), started
     while True:
         time.sleep(pause)
-        current = _read_with_stat(path)
-        if current == previous:
-            return current[-1], True
-        if time.monotonic() >= deadline:
+        current, now = _read_with_stat(path), time.monotonic()
+        if current != previous:
+            previous, unchanged_since = current, now
+        else:
+            age = max(now - unchanged_since, time.time() - current[2] / 1e9)
+            if age >= quiet:
+                return current[-1], True
+        if now - started >= timeout:
             return current[-1], False
-        previous = current
 
 
 def _read_with_stat(path: Path) -> tuple[int, int, int, bytes]:

@@ -118,6 +118,7 @@ class Daemon:
         self._last_error = ""
         self._exit_code = 0
         self._refusals: dict[str, str] = {}  # source -> why copying and pruning are refused
+        self._refusals_logged: dict[str, str] = {}
         self._watch_key: tuple[int, int] | None = None
         self.watcher: Any = None
         self.endpoints: Any = None
@@ -132,15 +133,17 @@ class Daemon:
         return "; ".join(v for v in dict(self._refusals).values() if v)
 
     def _refuse(self, source: str, problem: str | None) -> None:
-        """Set or clear one refusal; logs each change once."""
-        old = self._refusals.get(source, "")
-        if (problem or "") == old:
-            return
+        """Set or clear one refusal; logs each change once (a worker may have set it first, unlogged)."""
         if problem:
             self._refusals[source] = problem
-            self.log.error("mirror.refused", cause=problem, mirror=str(self.config.mirror), check=source)
         else:
             self._refusals.pop(source, None)
+        if (problem or "") == self._refusals_logged.get(source, ""):
+            return
+        self._refusals_logged[source] = problem or ""
+        if problem:
+            self.log.error("mirror.refused", cause=problem, mirror=str(self.config.mirror), check=source)
+        else:
             self.log.info("mirror.accepted", mirror=str(self.config.mirror), check=source)
 
     # -- probes (called from the HTTP thread) ---------------------------------------------------
@@ -309,6 +312,7 @@ class Daemon:
         entries = self.manifest.entries
         if self._refusals.get(IDENTITY):
             self._track_unmirrored(psnap, self._as_recorded(entries), entries, replace=True)
+            self.log.debug("reconcile.refused", cause=self._blocked)
             return
         msnap = self.mirror.snapshot(self.config.patterns)
         for msg in msnap.errors:
@@ -316,6 +320,7 @@ class Daemon:
         if self._mirror_looks_unmounted(msnap, entries):
             # Nothing is queued while the mirror is refused, yet it falls behind: keep lag honest.
             self._track_unmirrored(psnap, self._as_recorded(entries), entries, replace=True)
+            self.log.debug("reconcile.refused", cause=self._blocked)
             return
         # Prune first: its plan tells the copy planner which old steps retention has retired.
         self._prune(psnap, msnap)
@@ -482,13 +487,14 @@ class Daemon:
     def _heartbeat(self) -> None:
         cfg = self.config
         problems = self.pool.check_stalls(cfg.copy.stall_seconds)
-        lost = self.mirror.lock_problem()
+        self._check_mirror()
+        # (An unmounted mirror takes its lock file along: that is a refusal, handled above.)
+        lost = None if self._refusals.get(IDENTITY) else self.mirror.lock_problem()
         if lost:
             self.log.error("mirror.lock_lost", cause=lost, action="stopping")
             self._exit_code = 1
             self.signals.stop_requests += 1
             self._waker.wake()
-        self._check_mirror()
         problems += self._check_watcher()
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last_heartbeat = time.monotonic()

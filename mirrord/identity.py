@@ -121,13 +121,15 @@ def overlap(primary: Path, mirror: Path, mountinfo: str = "/proc/self/mountinfo"
     one root placed somewhere below the other.
     """
     pkey, mkey = _key(primary), _key(mirror)
-    if pkey is None or mkey is None:
-        return None  # a missing root is reported by the path checks
-    if pkey == mkey:
-        return f"{mirror} is the same directory as primary {primary} (same device and inode: a bind mount?)"
-    for parent in Path(mirror).resolve().parents:
+    if pkey is None:
+        return None  # a missing primary is reported by the path checks
+    for parent in Path(mirror).resolve().parents:  # also for a mirror not created yet
         if _key(parent) == pkey:
             return f"{mirror} is inside primary {primary} (reached through {parent}: a bind mount?)"
+    if mkey is None:
+        return None
+    if pkey == mkey:
+        return f"{mirror} is the same directory as primary {primary} (same device and inode: a bind mount?)"
     for parent in Path(primary).resolve().parents:
         if _key(parent) == mkey:
             return f"primary {primary} is inside {mirror} (reached through {parent}: a bind mount?)"

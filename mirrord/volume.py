@@ -170,6 +170,7 @@ class LocalUpload:
         self._flushed = 0  # bytes below this offset are written back (and dropped when drop_cache)
         self._writeback = _sync_file_range
         self._sealed = False
+        self._hole_at_end = False
         self._dir_fd = open_dir_beneath(root, parts[:-1], create=True)
         try:
             self._fd = atomic.create_temp(self._dir_fd, self.name)
@@ -178,6 +179,7 @@ class LocalUpload:
             raise
 
     def write(self, data: memoryview) -> None:
+        self._hole_at_end = False
         start = self.written
         while data:
             n = os.write(self._fd, data)
@@ -189,6 +191,7 @@ class LocalUpload:
         """Leave a hole of `nbytes` (zeros that take no space): a sparse source stays sparse."""
         os.lseek(self._fd, nbytes, os.SEEK_CUR)
         self.written += nbytes
+        self._hole_at_end = nbytes > 0
 
     def _write_behind(self, start: int) -> None:
         """With drop_cache: start writeback of what was just written; while two windows are pending,
@@ -218,7 +221,7 @@ class LocalUpload:
         If fsync fails the kernel may already have dropped the dirty pages, so retrying fsync could
         report success for lost data: the caller must abort and rebuild from the source.
         """
-        if os.fstat(self._fd).st_size < self.written:
+        if self._hole_at_end:
             os.ftruncate(self._fd, self.written)  # a trailing hole: skip() moved the offset only
         os.utime(self._fd, ns=(mtime_ns, mtime_ns))
         os.fsync(self._fd)

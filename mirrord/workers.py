@@ -308,10 +308,17 @@ class WorkerPool:
 
 
 def copy_all(
-    engine: Engine, jobs: list[CopyJob], workers: int, poll_seconds: float = 0.25
+    engine: Engine,
+    jobs: list[CopyJob],
+    workers: int,
+    poll_seconds: float = 0.25,
+    still_ours: Callable[[], str | None] | None = None,
 ) -> dict[str, CopyResult | MirrordError]:
     """Copy `jobs` on a temporary pool (the daemon's retries, backoff and stall detection) and wait for
-    every outcome; the one-shot commands use this so that they behave exactly like the daemon."""
+    every outcome; the one-shot commands use this so that they behave exactly like the daemon.
+
+    `still_ours()` (the mirror lock check) is asked at every poll: once it names a problem, copies in
+    flight are cancelled and nothing more is started (their outcomes are missing)."""
     queue = JobQueue()
     wanted = {job.rel for job in jobs if queue.put(job)}
     if not wanted:
@@ -329,6 +336,10 @@ def copy_all(
     pool = WorkerPool(engine, queue, min(workers, len(wanted)), on_done, engine.config.io.ionice)
     try:
         while not all_done.wait(poll_seconds):
+            lost = still_ours() if still_ours is not None else None
+            if lost:
+                engine.log.error("mirror.lock_lost", cause=lost, action="stopping")
+                break
             pool.check_stalls(engine.config.copy.stall_seconds)
             if not any(t.is_alive() for t in pool.threads()):
                 break  # every worker died: report what is missing instead of waiting forever

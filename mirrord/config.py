@@ -304,11 +304,11 @@ def config_path(path: Path | None, environ: Mapping[str, str] | None = None) -> 
 
 def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1) -> tuple[bytes, bool]:
     """The file's bytes, and whether they were stable: unchanged (inode, size, mtime, content) across
-    reads for `quiet` seconds, counting the time since its mtime; gives up after `timeout` seconds.
+    reads for `quiet` seconds of our own (monotonic) observation; gives up after `timeout` seconds.
 
     An editor or a script writing the file in place can be caught half-way by a SIGHUP. A file that
-    was written to a temp name and renamed into place (what config-management tools do) is whole;
-    one last modified `quiet` seconds ago is stable after two reads `pause` apart.
+    was written to a temp name and renamed into place (what config-management tools do) is whole.
+    The file's mtime is not trusted to say how old it is: a clock step would make a fresh file look old.
     """
     started = time.monotonic()
     previous, unchanged_since = _read_with_stat(path), started
@@ -318,8 +318,7 @@ def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: flo
         if current != previous:
             previous, unchanged_since = current, now
         else:
-            age = max(now - unchanged_since, time.time() - current[2] / 1e9)
-            if age >= quiet:
+            if now - unchanged_since >= quiet:
                 return current[-1], True
         if now - started >= timeout:
             return current[-1], False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -78,8 +79,9 @@ class DaemonProcess:
         env.update(self.env)
         cmd = [*self.wrapper, sys.executable, "-m", "mirrord", "run", "--config", str(self.config_path)]
         self._log = self.log_path.open("ab")
+        # Its own process group: kill() reaches the daemon even behind a wrapper (strace) that dies first.
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         if wait_ready:
             wait_for(lambda: self.http("/readyz")[0] == 200 or self.exited(), 30, "daemon readiness")
             assert not self.exited(), self.log_text()
@@ -146,8 +148,10 @@ class DaemonProcess:
             self._log.close()
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        """SIGKILL the whole process group (the daemon and any wrapper), whether or not it still runs."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
         if hasattr(self, "_log"):
             self._log.close()

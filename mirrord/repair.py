@@ -89,13 +89,23 @@ def repair_manifest(config: Config) -> RepairReport:
             report.recorded.append(rel)
         if snap.errors:
             return report  # a partial listing must not become a manifest that forgets files
-        path = mirror.root / MANIFEST_NAME
-        if path.exists() or path.is_symlink():
-            aside = path.with_name(MANIFEST_NAME + DAMAGED_SUFFIX)
+        # The old snapshot and journals go aside (never deleted: a person may want them), then the
+        # rebuilt entries are recorded and folded into one fresh snapshot.
+        old = [mirror.root / MANIFEST_NAME] + sorted(mirror.root.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
+        moved = []
+        for path in old:
+            if path.name.endswith(DAMAGED_SUFFIX) or not (path.exists() or path.is_symlink()):
+                continue
+            aside = path.with_name(path.name + DAMAGED_SUFFIX)
             try:
                 path.replace(aside)
             except OSError as exc:
                 raise ManifestError(path, f"cannot move the old manifest aside: {exc.strerror or exc}") from exc
-            report.old_manifest = f"kept as {aside}"
-        Manifest(entries).bind(mirror.write_manifest).rewrite()
+            moved.append(aside.name)
+        if moved:
+            report.old_manifest = "kept as " + ", ".join(moved)
+        manifest = Manifest.open(mirror.root, guard=mirror.check_identity)
+        if entries:
+            manifest.apply(puts=entries.values())
+        manifest.close()
     return report

@@ -10,10 +10,8 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import hashlib
 import os
 import stat
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -21,14 +19,12 @@ from typing import BinaryIO, Protocol
 from mirrord import atomic
 from mirrord.errors import (
     LockedError,
-    ManifestError,
-    NoSpaceError,
     PermanentError,
     SizeMismatchError,
     from_oserror,
 )
 from mirrord.identity import VolumeIdentity
-from mirrord.manifest import MANIFEST_NAME, Manifest
+from mirrord.manifest import Manifest
 from mirrord.model import FileState, Snapshot
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.scan import snapshot_tree, state_from_stat
@@ -80,7 +76,6 @@ class Mirror(Protocol):
     def delete(self, rel: str, expected: FileState) -> None: ...
     def open_read(self, rel: str) -> BinaryIO: ...
     def read_manifest(self) -> Manifest: ...
-    def write_manifest(self, data: bytes) -> None: ...
     def space(self) -> tuple[int, int]: ...
     def lock(self) -> contextlib.AbstractContextManager[None]: ...
     def check_identity(self) -> None: ...
@@ -270,8 +265,6 @@ class LocalMirror(LocalVolume):
         super().__init__(root)
         self.identity: VolumeIdentity | None = None
         self._lock_fd = -1
-        self._manifest_lock = threading.Lock()
-        self._manifest_seen: tuple[tuple[int, ...], str] | None = None  # (stat key, sha256) last read/written
 
     def check_identity(self) -> None:
         """Raise MirrorGoneError if the mirror is no longer the pinned volume (no-op when not pinned)."""
@@ -290,53 +283,9 @@ class LocalMirror(LocalVolume):
         super().delete(rel, expected)
 
     def read_manifest(self) -> Manifest:
-        """The manifest, bound so that every change to it is published atomically on this mirror."""
-        path = self.root / MANIFEST_NAME
-        with self._manifest_lock:
-            manifest = Manifest.load(self.root).bind(self.write_manifest)
-            try:
-                self._manifest_seen = (_file_key(path), hashlib.sha256(path.read_bytes()).hexdigest())
-            except FileNotFoundError:
-                self._manifest_seen = None
-        return manifest
-
-    def write_manifest(self, data: bytes) -> None:
-        self.check_identity()
-        path = self.root / MANIFEST_NAME
-        with self._manifest_lock:
-            try:
-                atomic.write_bytes_atomic(path, data)
-                self._manifest_seen = (_file_key(path), hashlib.sha256(data).hexdigest())
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # transient: pruning or a retry may free space
-                    raise NoSpaceError(path, f"cannot write manifest: {exc.strerror}") from exc
-                raise ManifestError(path, f"cannot write: {exc.strerror or exc}") from exc
-
-    def manifest_problem(self) -> str | None:
-        """None while the manifest on disk is the one this process last read or wrote; else what
-        happened to it (corrupted, truncated, replaced, removed). Reads the file only if its stat
-        changed, so it is cheap enough for every heartbeat."""
-        path = self.root / MANIFEST_NAME
-        with self._manifest_lock:
-            seen = self._manifest_seen
-            try:
-                key = _file_key(path)
-            except FileNotFoundError:
-                return None if seen is None else f"{path} was removed behind mirrord's back"
-            except OSError as exc:
-                return f"{path}: cannot stat: {exc.strerror or exc}"
-            if not stat.S_ISREG(key[0]):
-                return f"{path} is no longer a regular file"
-            if seen is not None and key == seen[0]:
-                return None
-            try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            except OSError as exc:
-                return f"{path}: cannot read: {exc.strerror or exc}"
-            if seen is not None and digest == seen[1]:
-                self._manifest_seen = (key, digest)  # touched, not changed
-                return None
-            return f"{path} was changed on disk behind mirrord's back"
+        """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.journal);
+        every write first checks that the mirror is still the pinned volume."""
+        return Manifest.open(self.root, guard=self.check_identity)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -395,11 +344,6 @@ class LocalMirror(LocalVolume):
         except OSError as exc:
             return f"{path}: cannot stat the lock file: {exc.strerror or exc}"
         return f"{path} was removed or replaced: another mirrord may now work on this mirror"
-
-
-def _file_key(path: Path) -> tuple[int, ...]:
-    st = path.lstat()
-    return st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _same_inode(fd: int, path: Path) -> bool:

@@ -50,6 +50,8 @@ def encode_entry(e: ManifestEntry) -> dict[str, Any]:
     raw: dict[str, Any] = {"size": e.size, "hash": {"algo": e.algo, "digest": e.digest}}
     for f in _PLAIN:
         raw[f.name] = getattr(e, f.name)
+    if raw.get("mirror_mtime_ns") in (None, e.source_mtime_ns):
+        raw.pop("mirror_mtime_ns", None)  # only where the mirror could not store the source's mtime
     return raw
 
 

@@ -91,7 +91,8 @@ def repair_manifest(config: Config) -> RepairReport:
             return report  # a partial listing must not become a manifest that forgets files
         # The old snapshot and journals go aside (never deleted: a person may want them), then the
         # rebuilt entries are recorded and folded into one fresh snapshot.
-        old = [mirror.root / MANIFEST_NAME] + sorted(mirror.root.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
+        journals = sorted(mirror.root.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
+        old = [mirror.root / MANIFEST_NAME, *journals]
         moved = []
         for path in old:
             if path.name.endswith(DAMAGED_SUFFIX) or not (path.exists() or path.is_symlink()):

@@ -71,7 +71,7 @@ class Endpoints:
             raise
         self._stop = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
-        self._ready: queue.Queue[socket.socket | None] = queue.Queue(maxsize=MAX_CONNECTIONS)
+        self._ready: queue.Queue[socket.socket | None] = queue.Queue(maxsize=MAX_CONNECTIONS + HANDLERS)
         self._threads = [threading.Thread(target=self._accept_loop, name="mirrord-http", daemon=True)]
         self._threads += [threading.Thread(target=self._handle_loop, name=f"mirrord-http-{i}", daemon=True)
                           for i in range(HANDLERS)]
@@ -88,11 +88,19 @@ class Endpoints:
         self._stop.set()
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
-        for _ in range(HANDLERS):
-            with contextlib.suppress(queue.Full):
-                self._ready.put_nowait(None)
-        for thread in self._threads:
+        acceptor, handlers = self._threads[0], self._threads[1:]
+        acceptor.join(timeout=5)  # it closes the idle connections; nothing is queued after it ends
+        for _ in handlers:
+            self._ready.put(None)  # blocks only while handlers still drain connections queued before
+        for thread in handlers:
             thread.join(timeout=5)
+        while True:  # whatever a handler did not take
+            try:
+                conn = self._ready.get_nowait()
+            except queue.Empty:
+                break
+            if conn is not None:
+                conn.close()
         self._sock.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -113,10 +121,10 @@ class Endpoints:
                         assert isinstance(conn, socket.socket)
                         sel.unregister(conn)
                         idle.pop(conn, None)
-                        try:
-                            self._ready.put_nowait(conn)
-                        except queue.Full:  # handlers saturated: shed load rather than queue forever
+                        if self._ready.qsize() >= MAX_CONNECTIONS:  # handlers saturated: shed load
                             conn.close()
+                        else:
+                            self._ready.put_nowait(conn)
                 deadline = time.monotonic() - TIMEOUT_SECONDS
                 while idle and next(iter(idle.values())) < deadline:
                     conn, _ = idle.popitem(last=False)

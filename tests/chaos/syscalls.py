@@ -308,7 +308,7 @@ def run_traced(zygote: Zygote, argv: list[str], log: Path, strace_args: list[str
     strace's per-thread invocation numbers (`when=N`) count only the work under test.
     """
     pid = zygote.spawn(argv, log, stop=True, patch=patch)
-    wait_until(lambda: _proc_field(pid, "State").startswith("T"), 10, "the child to stop itself")
+    wait_until(lambda: _proc_field(pid, "State").startswith("T"), 90, "the child to stop itself")
     tracer = subprocess.Popen(["strace", "-f", "-qq", *strace_args, "-p", str(pid)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -19,15 +19,15 @@ MiB = 2**20
 
 
 def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_file(tmp_path, daemon_factory) -> None:
-    """A 120 MiB copy capped at 4 MiB/s takes 30 s: long enough to see it everywhere, then to abort it."""
+    """A 200 MiB copy capped at 4 MiB/s takes 50 s: long enough to see it everywhere, then to abort it."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "r" / "step_0042.pt", 42, megabytes=120)
+    save_checkpoint(primary / "r" / "step_0042.pt", 42, megabytes=200)
     d: DaemonProcess = daemon_factory({"io": {"bandwidth_limit": 4 * MiB, "drop_cache": False},
                                        "daemon": {"shutdown_grace_seconds": 60}}).start()
     d.wait_event("copy.started", path="r/step_0042.pt")
 
-    first = wait_for(lambda: d.metric("mirrord_copy_bytes_in_flight"), 30, "bytes in flight")
-    wait_for(lambda: (d.metric("mirrord_copy_bytes_in_flight") or 0) > first, 30, "bytes in flight growing")
+    first = wait_for(lambda: d.metric("mirrord_copy_bytes_in_flight"), 90, "bytes in flight")
+    wait_for(lambda: (d.metric("mirrord_copy_bytes_in_flight") or 0) > first, 90, "bytes in flight growing")
 
     code, body = d.http("/status")
     [copy] = json.loads(body)["copies"]
@@ -41,14 +41,14 @@ def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_fil
     doc = json.loads(run_mirrord("status", "--json", "--config", d.config_path).stdout)
     assert [c["path"] for c in doc["daemon"]["copying"]] == ["r/step_0042.pt"]
 
-    progress = d.wait_event("copy.progress", timeout=40, path="r/step_0042.pt")
+    progress = d.wait_event("copy.progress", timeout=90, path="r/step_0042.pt")
     assert progress["seconds"] >= 10 and 0 < progress["bytes_done"] < progress["size"]
     assert progress["rate_mib_s"] > 0 and progress["eta_seconds"] > 0 and 0 < progress["percent"] < 100
 
     d.send(signal.SIGINT)
     d.wait_event("daemon.stopping")
     d.send(signal.SIGINT)  # the second one: abort the copy now
-    assert d.proc is not None and d.proc.wait(timeout=30) == 0
+    assert d.proc is not None and d.proc.wait(timeout=90) == 0
     [aborted] = d.events("copy.aborted")
     assert (aborted["path"], aborted["step"], aborted["why"]) == ("r/step_0042.pt", 42, "second stop signal")
     assert 0 < aborted["bytes_done"] < aborted["size"]

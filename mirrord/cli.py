@@ -223,6 +223,8 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
         # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
         absent = Snapshot() if dry_run and not config.mirror.exists() else None
         report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+        if not dry_run:
+            manifest.close()
     if args.json:
         from mirrord.report import dumps, prune_document
 

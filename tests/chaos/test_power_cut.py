@@ -182,5 +182,8 @@ def test_power_cut_catches_a_broken_copier(
     caught = run_power_cuts(SCALE.broken_power_cuts, broken, tally, world, ext4, zygote, checkpoints, rng, tmp_path,
                             after=0.5)
     tally.notes.append(f"seed {seed}; caught in {caught} of {tally.rounds} rounds")
-    if broken != "rename_before_fsync":
+    # ext4 commits metadata in order, and any fsync commits all that came before: the fsync of the manifest
+    # journal that follows every publication therefore also makes a rename durable whose directory was not
+    # fsynced. On ext4 a power cut cannot reveal that copier; the syscall order check does (test_syscall_order).
+    if broken not in ("rename_before_fsync", "no_dir_fsync"):
         assert caught, f"{tally.rounds} power cuts did not reveal the {broken} copier"

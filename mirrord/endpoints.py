@@ -1,4 +1,5 @@
-"""One HTTP listener: /metrics (Prometheus text format), /healthz (liveness), /readyz (first reconcile done).
+"""One HTTP listener: /metrics (Prometheus text format), /healthz (liveness), /readyz (first reconcile done),
+/status (JSON: the copies under way with their progress, for `mirrord status`).
 
 Bounded whatever the clients do: a fixed number of handler threads, at most MAX_CONNECTIONS open
 connections (a new one evicts the oldest idle one), a per-connection timeout, a listen backlog of
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import queue
 import selectors
 import socket
@@ -17,10 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 Probe = Callable[[], tuple[bool, str]]
+Report = Callable[[], dict[str, Any]]
 
 HANDLERS = 2
 MAX_CONNECTIONS = 64
@@ -39,8 +43,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif path in ("/healthz", "/readyz"):
             ok, reason = (self.server.health if path == "/healthz" else self.server.ready)()
             self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8")
+        elif path == "/status":
+            body = json.dumps(self.server.status(), indent=1).encode() + b"\n"
+            self._send(200, body, "application/json")
         else:
-            self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
+            self._send(404, b"not found: try /metrics, /healthz, /readyz or /status\n", "text/plain; charset=utf-8")
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
         self.send_response(code)
@@ -57,8 +64,9 @@ class _Handler(BaseHTTPRequestHandler):
 class Endpoints:
     """Binds at construction (so a bad or busy address fails start-up), serves on daemon threads."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe) -> None:
-        self.registry, self.health, self.ready = registry, health, ready
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe,
+                 status: Report = dict) -> None:
+        self.registry, self.health, self.ready, self.status = registry, health, ready, status
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         try:

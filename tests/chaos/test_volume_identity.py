@@ -95,7 +95,6 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
         kept = {f"run/{step_name(s)}" for s in (4, 5)}
         wait_until(lambda: _mirrored(world, kept) and set(world.primary_files()) == kept, 60,
                    "steps 4-5 mirrored and steps 1-3 pruned on both sides")
-        free_before = daemon.metric("mirrord_volume_free_bytes", 'volume="mirror"')
         run_root("umount", "-l", str(loop_mirror.mount_point))
         loop_mirror.mounted = False
         tally.fault("umount -l of the mirror")
@@ -125,9 +124,9 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
         tally.notes.append(f"/readyz while unmounted: {code} {why.strip()[:120]}")
         if code != 503:
             tally.check([f"/readyz answered {code} while the mirror was unmounted"])
-        free_now = daemon.metric("mirrord_volume_free_bytes", 'volume="mirror"')
-        if free_now != free_before:
-            tally.check([f"mirror free bytes changed from {free_before} to {free_now} (the root disk's?)"])
+        free_now = daemon.metric("mirrord_volume_free_bytes", 'volume="mirror"') or 0
+        if free_now > 64 * 2**20:  # more than the whole 64 MiB mirror image: whatever lies underneath
+            tally.check([f"mirror free bytes became {free_now:.0f}: the free space under the mount point"])
         loop_mirror.mount()
         tally.fault("remount")
         want = {f"run/{step_name(s)}" for s in (6, 7)}

@@ -77,7 +77,10 @@ def test_sync_mirrors_a_tree_of_real_checkpoints_including_200_mb(
     assert {rel: e.step for rel, e in manifest.entries.items()} == {**SMALL, "final.pt": None, BIG: 100}
     events = log_events(result.stderr)
     assert sorted(e["path"] for e in events if e["event"] == "copy.committed") == sorted([*SMALL, BIG])
-    assert next(e["path"] for e in events if e["event"] == "copy.started") == BIG  # highest step first
+    # Highest step first: the queue hands BIG out first, but with copy.workers (2 by default) threads the
+    # second job's copy.started may be logged before it; BIG is among the first `workers` to start.
+    started = [e["path"] for e in events if e["event"] == "copy.started"]
+    assert BIG in started[:2], started
 
     again = run_mirrord("sync", "--primary", primary, "--mirror", mirror)
     assert again.returncode == 0, again.stderr

@@ -28,7 +28,7 @@ from mirrord.log import get_logger
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult, FileState, Snapshot
 from mirrord.plan import SettleTracker, plan_copies
-from mirrord.retention import mirror_unmounted
+from mirrord.retention import describe_policy, mirror_unmounted
 from mirrord.systemd import Notifier
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
@@ -104,6 +104,7 @@ class Daemon:
         self._health: tuple[bool, str] = (False, "starting")
         self._last_heartbeat = 0.0
         self._next_heartbeat = 0.0
+        self._rescan_asked = False  # by a hint drained during a prune pass: done when the pass ends
         self._copied = self._failed = 0
         self._last_error = ""
         self._blocked = ""  # why copying and pruning are refused (e.g. the mirror looks unmounted)
@@ -121,6 +122,16 @@ class Daemon:
         if self._blocked:
             return False, self._blocked
         return (True, "ready") if self._ready else (False, "first reconcile not finished")
+
+    def report(self) -> dict[str, Any]:
+        """The /status document: what the daemon is doing right now (copies with their progress)."""
+        engine = getattr(self, "engine", None)
+        return {
+            "version": __version__,
+            "ready": self.readiness()[0],
+            "queue_depth": self.queue.depth(),
+            "copies": [p.to_dict() for p in engine.board.snapshot()] if engine is not None else [],
+        }
 
     # -- signals -------------------------------------------------------------------------------
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -149,7 +160,7 @@ class Daemon:
     def run(self) -> int:
         cfg = self.config
         self.log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(cfg.primary),
-                      mirror=str(cfg.mirror))
+                      mirror=str(cfg.mirror), retention=describe_policy(cfg.prune))
         with self.mirror.lock():
             self.manifest = self.mirror.read_manifest()
             self.pruner = self._make_pruner(cfg)
@@ -204,14 +215,15 @@ class Daemon:
 
         m = self.config.metrics
         try:
-            self.endpoints = Endpoints(m.host, m.port, self.metrics.registry, self.health, self.readiness)
+            self.endpoints = Endpoints(m.host, m.port, self.metrics.registry, self.health, self.readiness,
+                                       self.report)
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {m.address} (metrics.address): {exc.strerror or exc}"
             ) from exc
         self.endpoints.start()
         self.log.info("metrics.listening", address=f"{m.host}:{self.endpoints.port}",
-                      endpoints=["/metrics", "/healthz", "/readyz"])
+                      endpoints=["/metrics", "/healthz", "/readyz", "/status"])
 
     def _install_signals(self) -> dict[int, Any]:
         previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -243,7 +255,8 @@ class Daemon:
                 self._reload_requested = False
                 self._reload()
             now = time.monotonic()
-            if self._drain_hints() or now >= next_rescan:
+            if self._drain_hints() or self._rescan_asked or now >= next_rescan:
+                self._rescan_asked = False
                 self._reconcile()
                 next_rescan = time.monotonic() + cfg.watch.rescan_interval_seconds
             if self._unsettled and now >= next_settle:
@@ -367,7 +380,10 @@ class Daemon:
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
 
     def _between_deletions(self) -> bool:
-        """A long prune pass stays a good citizen: heartbeat (WATCHDOG=1, /healthz) when due; stop when asked."""
+        """A long prune pass keeps the daemon alive: new checkpoints are queued (workers copy meanwhile),
+        the heartbeat (WATCHDOG=1, /healthz) goes on, and a stop request ends the pass."""
+        if self._hints and self._drain_hints():
+            self._rescan_asked = True
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         return not self._stop_requests
@@ -376,6 +392,7 @@ class Daemon:
     def _heartbeat(self) -> None:
         cfg = self.config
         problems = self.pool.check_stalls(cfg.copy.stall_seconds)
+        self.pool.report_progress()
         if not self.watcher.is_alive():
             problems.append("filesystem watcher stopped")
         self._health = (not problems, "; ".join(problems) or "ok")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mirrord.banner import mirrord_command
 from mirrord.manifest import Manifest
 from mirrord.zipcheck import check_torch_zip
 from tests.helpers import assert_mirror_consistent, log_events, mirrord_argv, run_mirrord
@@ -73,7 +74,7 @@ def test_short_demo_mirrors_prunes_and_leaves_keep_last_on_both_sides(tmp_path) 
     # Where things are, then the status of the still-running daemon.
     for where in (str(primary), str(mirror), str(directory / "mirrord.toml"), "/metrics"):
         assert where in out
-    status = out[out.index("$ mirrord status"):]
+    status = out[out.index(f"$ {mirrord_command()} status"):]
     assert "intact (size checked)" in status and "caught up" in status
     assert "healthy, ready" in status and "copies since start: 5 ok" in status
     assert "problems: none" in status

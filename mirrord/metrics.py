@@ -19,7 +19,7 @@ from mirrord import __version__
 
 # `*_created` series (one timestamp per counter and label set) double the series count and answer a
 # question nobody asks of mirrord; the setting is process-wide in prometheus_client.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 COPY_RESULTS = ("ok", "failed", "source_changed", "size_mismatch", "no_space", "stalled")
 SKIP_REASONS = ("recent_mtime", "zero_mtime", "future_mtime", "in_flight", "newest", "not_regular")

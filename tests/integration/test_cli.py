@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -50,8 +51,10 @@ def test_daemon_logs_absolute_paths_and_exports_runtime_metrics(
 ) -> None:
     """A config with relative roots, read from another working directory: the daemon mirrors the folders
     next to the file and logs them as absolute paths. Its /metrics has process_* and python_* series,
-    every prune refusal reason at 0 before any refusal, and no *_created series."""
-    daemon = daemon_factory({"primary": "primary", "mirror": "mirror"}).start()
+    every prune refusal reason at 0 before any refusal, and no *_created series. Kubernetes service
+    variables in its environment are logged once."""
+    kubernetes = {"MIRRORD_SERVICE_HOST": "10.96.0.12", "MIRRORD_PORT": "tcp://10.96.0.12:9108"}
+    daemon = daemon_factory({"primary": "primary", "mirror": "mirror"}, env=kubernetes).start()
     loaded = daemon.wait_event("config.loaded")
     assert loaded["file"] == str(tmp_path / "mirrord.toml")
     assert (loaded["primary"], loaded["mirror"]) == (str(tmp_path / "primary"), str(tmp_path / "mirror"))
@@ -67,6 +70,12 @@ def test_daemon_logs_absolute_paths_and_exports_runtime_metrics(
     assert not [n for n in names if n.endswith("_created")]
     for reason in PRUNE_REFUSED_REASONS:
         assert daemon.metric("mirrord_prune_refused_total", f'reason="{reason}"') == 0.0, reason
+
+    # Kubernetes' service variables: ignored, and said so once, not again on every SIGHUP reload.
+    daemon.send(signal.SIGHUP)
+    daemon.wait_event("config.reloaded")
+    [ignored] = daemon.events("config.environment_ignored")
+    assert sorted(ignored["variables"]) == sorted(kubernetes)
     assert daemon.stop() == 0
 
 

@@ -260,7 +260,8 @@ def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, daem
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d: DaemonProcess = daemon_factory({
         "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0, "primary": True},
-        "io": {"bandwidth_limit": 20 * 1024 * 1024, "drop_cache": False},
+        # Slow enough (about 5 s of copying) that even a loaded box gets many looks in while it happens.
+        "io": {"bandwidth_limit": 8 * 1024 * 1024, "drop_cache": False},
     }).start()
     config = load_config(d.config_path, environ={})
     reports = []

@@ -394,7 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
-        "ones, serve /metrics /healthz /readyz. SIGTERM/SIGINT stop it cleanly, SIGHUP reloads the config.")
+        "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
+        "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
+        "its endpoints and the command that shows its status.")
     p = add("check-config", cmd_check_config, "Validate the configuration (file, MIRRORD_* variables, flags) and "
             "print the effective values as TOML that can be pasted into a config file, each value followed by "
             "a comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")

@@ -29,7 +29,7 @@ from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult, FileState, Snapshot
 from mirrord.plan import SettleTracker, plan_copies
 from mirrord.retention import mirror_unmounted
-from mirrord.systemd import Notifier
+from mirrord.systemd import Notifier, ping_interval
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
 from mirrord.workers import JobQueue, WorkerPool
@@ -103,6 +103,7 @@ class Daemon:
         self._ready = False
         self._health: tuple[bool, str] = (False, "starting")
         self._last_heartbeat = 0.0
+        self._ping_every = config.daemon.heartbeat_seconds  # WATCHDOG=1 period; see _ping_interval
         self._copied = self._failed = 0
         self._last_error = ""
         self._blocked = ""  # why copying and pruning are refused (e.g. the mirror looks unmounted)
@@ -220,8 +221,19 @@ class Daemon:
         signal.set_wakeup_fd(self._waker.write_fd, warn_on_full_buffer=False)
         return previous
 
+    def _ping_interval(self, cfg: Config) -> float:
+        """The heartbeat period systemd's watchdog can live with; warns when the config asks for slower."""
+        heartbeat, watchdog = cfg.daemon.heartbeat_seconds, self.notifier.watchdog_seconds
+        every = ping_interval(heartbeat, watchdog)
+        if every < heartbeat:
+            self.log.warning("daemon.heartbeat_slower_than_watchdog", heartbeat_seconds=heartbeat,
+                             watchdog_seconds=watchdog, ping_every_seconds=every,
+                             hint="lower daemon.heartbeat_seconds below half of the unit's WatchdogSec")
+        return every
+
     def _loop(self) -> None:
         cfg = self.config
+        self._ping_every = self._ping_interval(cfg)
         self._reconcile()
         self._ready = True
         self.notifier.ready(self._status())
@@ -229,7 +241,7 @@ class Daemon:
         self.log.info("daemon.ready", status=self._status())
         now = time.monotonic()
         next_rescan = now + cfg.watch.rescan_interval_seconds
-        next_heartbeat = now + cfg.daemon.heartbeat_seconds
+        next_heartbeat = now + self._ping_every
         next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
         while not self._stop_requests:
             cfg = self.config
@@ -254,7 +266,7 @@ class Daemon:
                 self._prune()
             if now >= next_heartbeat:
                 self._heartbeat()
-                next_heartbeat = now + cfg.daemon.heartbeat_seconds
+                next_heartbeat = now + self._ping_every
 
     # -- reconcile and hints ------------------------------------------------------------------------
     def _reconcile(self) -> None:
@@ -427,6 +439,7 @@ class Daemon:
             self.notifier.status(self._status())
             return
         self.config = new
+        self._ping_every = self._ping_interval(new)
         self.engine.reconfigure(new)
         self.pool.resize(new.copy.workers)
         self.settle.settle_seconds = new.copy.settle_seconds

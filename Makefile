@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
-.PHONY: run test demo chaos chaos-ci bench bench-smoke clean
+.PHONY: run test stress demo chaos chaos-ci bench bench-smoke clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(VENV)/.installed
 # Set up everything the tests need and run them (what CI runs).
 test:
 	bash .ci/run
+
+# The whole suite three times in a row under stress-ng (2 CPU + 2 I/O workers); all must pass.
+stress:
+	bash .ci/stress
 
 # A one-minute simulated training run against ./var/demo.
 demo: $(VENV)/.installed

@@ -149,6 +149,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             return EXIT_FAILED
         pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest)
         report = pruner.run_cycle(dry_run=True if args.dry_run else None)
+        manifest.close()
     print(describe(report))
     return EXIT_OK if report.ok else EXIT_FAILED
 # --- end prune -----------------------------------------------------------------------------------

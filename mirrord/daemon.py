@@ -104,6 +104,7 @@ class Daemon:
         self._health: tuple[bool, str] = (False, "starting")
         self._last_heartbeat = 0.0
         self._ping_every = config.daemon.heartbeat_seconds  # WATCHDOG=1 period; see _ping_interval
+        self._next_heartbeat = 0.0
         self._copied = self._failed = 0
         self._last_error = ""
         self._blocked = ""  # why copying and pruning are refused (e.g. the mirror looks unmounted)
@@ -241,11 +242,10 @@ class Daemon:
         self.log.info("daemon.ready", status=self._status())
         now = time.monotonic()
         next_rescan = now + cfg.watch.rescan_interval_seconds
-        next_heartbeat = now + self._ping_every
         next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
         while not self._stop_requests:
             cfg = self.config
-            deadlines = [next_rescan, next_heartbeat]
+            deadlines = [next_rescan, self._next_heartbeat]
             if self._unsettled:
                 deadlines.append(next_settle)
             self._waker.wait(min(deadlines) - time.monotonic() if not self._hints else 0)
@@ -264,9 +264,8 @@ class Daemon:
             if self._prune_due:
                 self._prune_due = False
                 self._prune()
-            if now >= next_heartbeat:
+            if time.monotonic() >= self._next_heartbeat:
                 self._heartbeat()
-                next_heartbeat = now + self._ping_every
 
     # -- reconcile and hints ------------------------------------------------------------------------
     def _reconcile(self) -> None:
@@ -375,9 +374,15 @@ class Daemon:
         if self.pruner is None or self._blocked:
             return
         try:
-            self.pruner.run_cycle(psnap, msnap)
+            self.pruner.run_cycle(psnap, msnap, keep_going=self._between_deletions)
         except MirrordError as exc:
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
+
+    def _between_deletions(self) -> bool:
+        """A long prune pass stays a good citizen: heartbeat (WATCHDOG=1, /healthz) when due; stop when asked."""
+        if time.monotonic() >= self._next_heartbeat:
+            self._heartbeat()
+        return not self._stop_requests
 
     # -- supervision ------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -387,6 +392,7 @@ class Daemon:
             problems.append("filesystem watcher stopped")
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last_heartbeat = time.monotonic()
+        self._next_heartbeat = self._last_heartbeat + self._ping_every
         self._update_gauges()
         status = self._status()
         if problems:
@@ -465,10 +471,22 @@ class Daemon:
         if pool is not None and not pool.stop(cfg.daemon.shutdown_grace_seconds,
                                               force=lambda: self._stop_requests > 1):
             self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
+        self._close_manifest()
         if self.endpoints is not None:
             self.endpoints.stop()
         self._waker.close()
         self.notifier.close()
+
+
+    def _close_manifest(self) -> None:
+        """Fold the journal into the snapshot; if that fails the journal is simply replayed next start."""
+        manifest = getattr(self, "manifest", None)
+        if manifest is None:
+            return
+        try:
+            manifest.close()
+        except MirrordError as exc:
+            self.log.error("manifest.compaction_failed", path=exc.path, cause=exc.cause)
 
 
 def _get(data: dict[str, Any], dotted: str) -> Any:

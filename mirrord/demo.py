@@ -293,6 +293,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _interrupt_on_stop_signals() -> dict[int, Any]:
+    """Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script
+    starts with SIGINT ignored, and Python then installs no handler): as `mirrord run` does."""
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.default_int_handler)
+    return previous
+
+
+def _force_on_stop_signals(proc: subprocess.Popen[bytes]) -> None:
+    """While the daemon stops, another Ctrl-C kills it rather than leaving it orphaned."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda _signum, _frame: proc.kill())
+
+
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """Run the whole demo; 0 when both sides end with exactly the newest keep_last steps, verified.
 
@@ -324,6 +342,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     trainer.prepare()
     narrator = Narrator(out, options.keep_last)
     follower = LogFollower(log_path)
+    previous_handlers = _interrupt_on_stop_signals()
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mirrord", "run", "--config", str(config_path)],
@@ -348,7 +367,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the demo daemon", file=out, flush=True)
     finally:
+        _force_on_stop_signals(proc)
         code = _stop(proc)
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
     print(f"\nThe demo daemon stopped (exit {code}). Try next:\n"
           f"  mirrord status --config {config_path}\n"
           f"  mirrord verify --deep --config {config_path}\n"

@@ -61,6 +61,7 @@ def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
             if not plan.unsettled or time.monotonic() >= deadline:
                 break
             time.sleep(min(0.5, config.copy.settle_seconds))
+        manifest.close()
     for msg in report.listing_errors:
         log.error("scan.error", cause=msg)
     for rel in report.unsettled:

@@ -155,7 +155,7 @@ def test_a_running_daemon_is_asked_for_health_queue_and_copies(tmp_path, daemon_
     primary = tmp_path / "primary"
     d: DaemonProcess = daemon_factory().start()
     save_checkpoint(primary / "live" / "step_0003.pt", 3)
-    wait_for(lambda: d.metric("mirrord_copies_total", 'result="ok"') == 1, 20, "one copy counted")
+    wait_for(lambda: d.metric("mirrord_copies_total", 'result="ok"') == 1, 90, "one copy counted")
 
     code, report = status("--config", d.config_path)
     daemon = report["daemon"]
@@ -187,7 +187,7 @@ def test_a_daemon_refusing_the_mirror_makes_status_fail_with_its_reason(tmp_path
     assert first.stop() == 0
     shutil.rmtree(mirror / "run1")
     again = daemon_factory().start(wait_ready=False)
-    wait_for(lambda: again.http("/readyz")[0] == 503, 30, "/readyz 503")
+    wait_for(lambda: again.http("/readyz")[0] == 503, 90, "/readyz 503")
 
     code, report = status("--config", again.config_path)
     assert code == 1

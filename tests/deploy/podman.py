@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.conftest import SESSION_MARKER
+
 # Two quirks of the VMs the tests run on, handled here rather than on the machine:
 # * root lacks CAP_SYS_RESOURCE, so podman's default rlimits cannot be set (crun/runc: "setrlimit
 #   RLIMIT_NOFILE: Operation not permitted"): cap them below the hard limits;
@@ -53,6 +55,8 @@ class Podman:
             "CONTAINERS_STORAGE_CONF": str(home / "storage.conf"),
             "CONTAINERS_REGISTRIES_CONF": str(home / "registries.conf"),
         }
+        if SESSION_MARKER in os.environ:  # so that the session's leftover check sees conmon too
+            self.env[SESSION_MARKER] = os.environ[SESSION_MARKER]
         # The flags repeat storage.conf: even a podman that ignored the variable stays in `home`.
         self.argv = ["podman", "--root", str(home / "storage"), "--runroot", str(home / "run")]
 

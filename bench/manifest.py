@@ -9,7 +9,9 @@
   the lock: appends go on meanwhile) and its share per record; and what a reader pays to load the
   manifest (snapshot alone, and with the longest journal a compaction lets build up);
 * **group commit**: T threads recording at once (copies that finish together): journal fsyncs per
-  record and records per second.
+  record and records per second;
+* **many small files**: `mirrord sync` of 200 x 4 MiB (10 run folders), this tree vs BASELINE vs
+  `cp -r` + `sync`, paired and interleaved, and the fsync calls each makes (strace -f -c).
 
 Every timing is one durable change on the disk under --workdir (fsync included). Results go to
 bench/results/manifest.{md,json} (smoke: WORKDIR/smoke).
@@ -18,6 +20,7 @@ bench/results/manifest.{md,json} (smoke: WORKDIR/smoke).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -76,6 +79,12 @@ def old_manifest_module() -> types.ModuleType | None:
     return module
 
 
+def settle() -> None:
+    """Nothing dirty left from building the case (an fsync would pay for writing it back), no garbage."""
+    os.sync()
+    gc.collect()
+
+
 def time_records(record: Callable[[ManifestEntry], None], start: int, count: int) -> list[float]:
     times = []
     for i in range(start, start + count):
@@ -92,6 +101,7 @@ def measure_before(work: Path, n: int, count: int) -> dict[str, Any] | None:
     d = fresh_dir(work, f"before-{n}")
     path = d / MANIFEST_NAME
     manifest = old.Manifest(entries_of(n)).bind(lambda data: atomic.write_bytes_atomic(path, data))
+    settle()
     return summary(time_records(manifest.record, n, count))
 
 
@@ -99,6 +109,7 @@ def measure_after(work: Path, n: int, count: int) -> dict[str, Any]:
     d = fresh_dir(work, f"after-{n}")
     (d / MANIFEST_NAME).write_bytes(encode_snapshot(entries_of(n)))
     manifest = Manifest.open(d)
+    settle()
     record = summary(time_records(manifest.record, n, count))
     threshold = max(COMPACT_MIN_RECORDS, len(manifest) // 4)
     t0 = time.perf_counter()
@@ -159,6 +170,72 @@ def measure_group(work: Path, n: int, threads: int, per_thread: int) -> dict[str
             "fsyncs_per_record": round(synced[0] / total, 3), "records_per_s": round(total / elapsed)}
 
 
+def baseline_tree(work: Path) -> Path | None:
+    """The mirrord package as of BASELINE, unpacked from git (pure Python: it runs on this venv)."""
+    where = work / f"mirrord-{BASELINE}"
+    if (where / "mirrord" / "__main__.py").exists():
+        return where
+    where.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", BASELINE, "mirrord"], capture_output=True)
+    if archive.returncode != 0:
+        return None
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    return where
+
+
+def sync_cmd(src: Path, dst: Path, code: Path) -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(code)!r}); from mirrord.cli import main; "
+            f"sys.exit(main())", "sync", "--primary", str(src), "--mirror", str(dst)]
+
+
+def fsyncs_of(cmd: list[str], env: dict[str, str]) -> int | None:
+    """fsync + fdatasync calls of one run (strace -f -c), or None without strace."""
+    if shutil.which("strace") is None:
+        return None
+    out = subprocess.run(["strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "--", *cmd], env=env,
+                         capture_output=True, text=True, check=True).stderr
+    return sum(int(line.split()[3]) for line in out.splitlines()
+               if line.split()[-1:] in (["fsync"], ["fdatasync"]) and line.split()[3].isdigit())
+
+
+def measure_small_files(work: Path, count: int, size: int, reps: int) -> dict[str, Any] | None:
+    from bench.common import Case, Dataset, ensure_dataset, run_paired, summarize, warm
+    from bench.throughput import mirrord_env
+
+    baseline = baseline_tree(work)
+    ds = Dataset(f"{count}x{size >> 20}MiB", count, size, runs=10)
+    src, _ = ensure_dataset(ds, work / "data")
+    dst = work / "small-mirror"
+    files = ds.files(src)
+    env = mirrord_env(copy__settle_seconds="0", log__format="json")
+
+    def reset() -> None:
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir(parents=True)
+        os.sync()
+        warm(files)
+
+    def run(cmd: list[str]) -> Callable[[], None]:
+        return lambda: subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def cp_sync() -> None:
+        subprocess.run(["cp", "-r", f"{src}/.", f"{dst}/"], check=True)
+        subprocess.run(["sync"], check=True)
+
+    cases = [Case("cp+sync", cp_sync), Case("mirrord sync (journal)", run(sync_cmd(src, dst, REPO)))]
+    if baseline is not None:
+        cases.append(Case(f"mirrord sync ({BASELINE})", run(sync_cmd(src, dst, baseline))))
+    run_paired(cases, reset, reps, label=ds.name)
+    rows = summarize(cases, sum(f.stat().st_size for f in files), "cp+sync")
+    for row, code in zip(rows[1:], [REPO, baseline], strict=False):
+        reset()
+        n = fsyncs_of(sync_cmd(src, dst, code), env) if code is not None else None
+        row["fsyncs"] = n
+        row["fsyncs_per_file"] = None if n is None else round(n / count, 2)
+    shutil.rmtree(dst, ignore_errors=True)
+    return {"dataset": ds.name, "files": count, "rows": rows}
+
+
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -185,6 +262,12 @@ def to_markdown(doc: dict[str, Any]) -> str:
            md_table(["threads", "records", "journal fsyncs", "fsyncs per record", "records/s"],
                     [[g["threads"], g["records"], g["journal_fsyncs"], g["fsyncs_per_record"], g["records_per_s"]]
                      for g in doc["group"]]), ""]
+    small = doc.get("small_files")
+    if small:
+        out += [f"## Many small files: `mirrord sync` of {small['dataset']} (10 run folders), paired", "",
+                md_table(["case", "median s", "ratio to cp+sync", "runs s", "fsyncs", "fsyncs per file"],
+                         [[r["case"], r["median_s"], r["ratio"], " ".join(f"{x:.2f}" for x in r["runs_s"]),
+                           r.get("fsyncs", "-"), r.get("fsyncs_per_file", "-")] for r in small["rows"]]), ""]
     return "\n".join(out)
 
 
@@ -212,12 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     for threads in (1, 2, 4, 8):
         doc["group"].append(measure_group(work, doc["group_entries"], threads, 100 if not args.smoke else 10))
         log(f"  group: {doc['group'][-1]}")
+    log("many small files")
+    doc["small_files"] = measure_small_files(work, 20 if args.smoke else 200, (1 if args.smoke else 4) << 20,
+                                             1 if args.smoke else 5)
     doc["meta"]["load_after"] = load_average()
     doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json(out / "manifest.json", doc)
     (out / "manifest.md").write_text(to_markdown(doc))
     log(f"results: {out / 'manifest.md'}")
-    shutil.rmtree(work, ignore_errors=True)
+    for leftover in work.iterdir():
+        if leftover.name != "data":  # the dataset is kept for the next run
+            shutil.rmtree(leftover, ignore_errors=True)
     return 0
 
 

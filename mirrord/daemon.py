@@ -105,6 +105,7 @@ class Daemon:
         self._last_heartbeat = 0.0
         self._ping_every = config.daemon.heartbeat_seconds  # WATCHDOG=1 period; see _ping_interval
         self._next_heartbeat = 0.0
+        self._rescan_asked = False  # by a hint drained during a prune pass: done when the pass ends
         self._copied = self._failed = 0
         self._last_error = ""
         self._blocked = ""  # why copying and pruning are refused (e.g. the mirror looks unmounted)
@@ -255,7 +256,8 @@ class Daemon:
                 self._reload_requested = False
                 self._reload()
             now = time.monotonic()
-            if self._drain_hints() or now >= next_rescan:
+            if self._drain_hints() or self._rescan_asked or now >= next_rescan:
+                self._rescan_asked = False
                 self._reconcile()
                 next_rescan = time.monotonic() + cfg.watch.rescan_interval_seconds
             if self._unsettled and now >= next_settle:
@@ -379,7 +381,10 @@ class Daemon:
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
 
     def _between_deletions(self) -> bool:
-        """A long prune pass stays a good citizen: heartbeat (WATCHDOG=1, /healthz) when due; stop when asked."""
+        """A long prune pass keeps the daemon alive: new checkpoints are queued (workers copy meanwhile),
+        the heartbeat (WATCHDOG=1, /healthz) goes on, and a stop request ends the pass."""
+        if self._hints and self._drain_hints():
+            self._rescan_asked = True
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         return not self._stop_requests

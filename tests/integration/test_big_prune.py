@@ -1,5 +1,6 @@
 """A prune pass of thousands of deletions inside the running daemon: it keeps its heartbeat (/healthz 200),
-honours SIGTERM in the middle, and leaves a manifest that records exactly the files still there."""
+mirrors a checkpoint committed meanwhile, honours SIGTERM in the middle, and leaves a manifest that
+records exactly the files still there."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def _build(tmp_path: Path) -> tuple[Path, Path, set[str]]:
     manifest = Manifest.open(mirror)
     manifest.apply(puts=entries)
     manifest.close()
+    (primary / "run_new").mkdir()  # watched from the start: the test commits a checkpoint there mid-prune
     return primary, mirror, kept
 
 
@@ -77,10 +79,13 @@ def test_a_3400_file_prune_keeps_the_daemon_alive_and_stoppable(tmp_path: Path, 
             code, body = d.http("/healthz")
             probes.append((code, body))
             time.sleep(0.1)
-        deleted_meanwhile = len(d.events("prune.deleted"))
         assert all(code == 200 for code, _ in probes), [p for p in probes if p[0] != 200][:3]
+        # A checkpoint committed now is mirrored and recorded while the pass goes on.
+        new = primary / "run_new" / "step_002000.pt"
+        save_checkpoint(new.with_name(new.name + ".part"), 2000).replace(new)
+        wait_for(lambda: "run_new/step_002000.pt" in Manifest.load(mirror).entries, 60, "the new checkpoint")
+        assert (mirror / "run_new" / "step_002000.pt").read_bytes() == new.read_bytes()
         assert not d.events("prune.finished"), "the pass ended too early to show anything"
-        assert deleted_meanwhile < RUNS * OLD_STEPS
         os.kill(pid, signal.SIGTERM)
         assert d.proc.wait(timeout=120) == 0, d.log_text()[-3000:]
     finally:
@@ -94,7 +99,8 @@ def test_a_3400_file_prune_keeps_the_daemon_alive_and_stoppable(tmp_path: Path, 
     # The manifest records exactly the files still there: none deleted is vouched for, none left is lost.
     left = mirror_files(mirror)
     assert set(Manifest.load(mirror).entries) == set(left)
-    assert len(left) == RUNS * (OLD_STEPS + KEEP) - deleted
+    assert len(left) == RUNS * (OLD_STEPS + KEEP) + 1 - deleted
+    kept.add("run_new/step_002000.pt")
 
     # A restart without the delay finishes the job.
     d2 = daemon_factory({"prune": {"enabled": True, "keep_last": KEEP, "min_age_seconds": 0}}).start()

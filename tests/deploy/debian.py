@@ -3,7 +3,7 @@
 No container registry is reachable from the machines that run the tests, so the image's base is a
 stand-in made from Debian packages (bookworm's Python is 3.11, the minor of python:3.11-slim), and
 the root that boots systemd is made the same way. Both are built once per test run, concurrently
-(about 30 s together), and only when a test asks for one of them.
+(30 s on an idle machine, 2 min on a busy one), and only when a test asks for one of them.
 """
 
 from __future__ import annotations

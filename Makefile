@@ -13,7 +13,8 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed
 	mkdir -p var/primary var/mirror
 	@echo "mirrord: drop checkpoints (*.pt) into $(CURDIR)/var/primary; copies appear in $(CURDIR)/var/mirror"
-	@echo "mirrord: metrics at http://127.0.0.1:9108/metrics, health at /healthz; Ctrl-C stops"
+	@echo "mirrord: the command is $(VENV)/bin/mirrord (make does not put it on PATH; . $(VENV)/bin/activate does)"
+	@echo "mirrord: on a terminal the daemon's banner shows the retention in force; Ctrl-C stops"
 	$(VENV)/bin/mirrord run --config config/local.toml
 
 # Set up everything the tests need and run them (what CI runs).

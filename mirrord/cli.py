@@ -2,25 +2,47 @@
 
 Exit codes: 0 success; 1 the operation failed (a copy, a mismatch, no intact checkpoint);
 2 bad usage or configuration (one message per problem, naming the key).
+
+This module imports only the standard library at load time: `mirrord -V`, shell completion and the
+build step that writes the man page must not pay for pydantic and structlog (or need them installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mirrord import __version__
-from mirrord import log as logsetup
-from mirrord.config import Config, load_config
 from mirrord.errors import ConfigError, MirrordError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from mirrord.config import Config, LoadedConfig
 
-Command = Callable[[Config, argparse.Namespace], int]
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+JSON_HELP = "print one JSON document on stdout instead of text (schema: README, JSON output)"
+
+Command = Callable[["Config", argparse.Namespace], int]
+PlainCommand = Callable[[argparse.Namespace], int]  # commands that read no configuration
+
+# One line per command: the list `mirrord` prints without arguments (and with --help).
+SUMMARIES = {
+    "run": "the daemon: watch, mirror, prune, serve /metrics /healthz /readyz",
+    "sync": "copy every committed checkpoint the mirror lacks, once",
+    "verify": "recheck every mirrored file against the manifest",
+    "latest": "print the newest intact checkpoint",
+    "prune": "apply retention once (--dry-run prints the plan)",
+    "status": "per run: newest step on each side, lag, free space, problems",
+    "check-config": "validate the configuration; print it as TOML with each value's origin",
+    "init": "write a commented config file (and with --systemd a unit) to start from",
+    "demo": "a one-minute simulated training run against a local mirror",
+    "completion": "print a bash, zsh or fish completion script",
+    "man": "print the manual page (roff)",
+}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -41,24 +63,59 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     log = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v is not None}
     if log:
         data["log"] = log
-    for key, value in getattr(args, "extra_overrides", {}).items():
-        section, _, name = key.partition(".")
-        data.setdefault(section, {})[name] = value
     return data
 
 
 def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     from mirrord.sync import run_sync
 
-    report = run_sync(config)
+    report = _sync_with_progress(config, run_sync)
+    if args.json:
+        from mirrord.report import dumps, sync_document
+
+        print(dumps(sync_document(report)))
     for rel, err in sorted(report.failed.items()):
         print(f"FAILED {rel}: {err}", file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def _sync_with_progress(config: Config, run_sync: Any) -> Any:
+    """On a terminal, a live line per file being copied (bytes, rate, ETA); only this path imports the view."""
+    if not sys.stderr.isatty():
+        return run_sync(config)
+    from mirrord import log as logsetup
+    from mirrord.console import live_copies
+    from mirrord.progress import ProgressBoard
+
+    board = ProgressBoard()
+    with live_copies(board, sys.stderr) as log_stream:
+        logsetup.configure(config.log.format, config.log.level, log_stream)  # log lines above the live lines
+        try:
+            return run_sync(config, board=board)
+        finally:
+            logsetup.configure(config.log.format, config.log.level, sys.stderr)
+
+
+def _torch_import_error() -> str | None:
+    """Why torch cannot be imported, or None. (--load needs it; nothing else in the CLI does.)"""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     from mirrord.verify import verify_mirror
 
+    if not config.mirror.is_dir():
+        print(f"mirrord: verify: the mirror {config.mirror} does not exist or is not a directory "
+              "(mirror / --mirror); nothing to verify", file=sys.stderr)
+        return EXIT_USAGE
+    if args.load and (why := _torch_import_error()) is not None:
+        print(f"mirrord: verify --load needs torch, which cannot be imported ({why}): "
+              "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)", file=sys.stderr)
+        return EXIT_USAGE
     deep = None
     if args.deep or args.load:
         from mirrord.verify import deep_check
@@ -68,10 +125,17 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(config.mirror, config.patterns, progress, deep)
-    for f in findings:
-        print(f"{f.problem.upper():14} {f.path}  {f.detail}")
-    print(f"verified {checked} file(s): {checked - sum(f.problem != 'unrecorded' for f in findings)} ok, "
-          f"{len(findings)} problem(s)", file=sys.stderr)
+    # Findings about recorded files; unrecorded files and listing errors are problems, not checked files.
+    damaged = {f.path for f in findings if f.problem != "unrecorded" and f.path != str(config.mirror)}
+    intact = checked - len(damaged)
+    if args.json:
+        from mirrord.report import dumps, verify_document
+
+        print(dumps(verify_document(config.mirror, checked, intact, findings, args.deep, args.load)))
+    else:
+        for f in findings:
+            print(f"{f.problem.upper():14} {f.path}  {f.detail}")
+    print(f"verified {checked} file(s): {intact} intact, {len(findings)} problem(s)", file=sys.stderr)
     return EXIT_FAILED if findings else EXIT_OK
 
 
@@ -86,8 +150,14 @@ def _progress_bar(done: int, total: int, path: str) -> None:
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     from mirrord.latest import latest_checkpoint
+    from mirrord.model import step_of
 
     root = config.primary if args.primary_side else config.mirror
+    side = "primary" if args.primary_side else "mirror"
+    if not root.is_dir():
+        print(f"mirrord: latest: the {side} {root} does not exist or is not a directory ({side} / --{side})",
+              file=sys.stderr)
+        return EXIT_USAGE
     run = Path(args.run) if args.run else None
     if run is not None and run.is_absolute() and not run.resolve().is_relative_to(root.resolve()):
         print(f"mirrord: config error: --run: {run} is not a folder under {root}", file=sys.stderr)
@@ -96,11 +166,17 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
         root, run=args.run, require_manifest=not args.primary_side,
         patterns=config.patterns, step_pattern=config.prune.step_pattern,
     )
+    if args.json:
+        from mirrord.report import dumps, latest_document
+
+        step = step_of(found.name, config.step_regex) if found is not None else None
+        print(dumps(latest_document(root, side, args.run, found, step)))
     if found is None:
         print(f"no intact checkpoint under {root}" + (f" for run {args.run}" if args.run else ""),
               file=sys.stderr)
         return EXIT_FAILED
-    print(found)
+    if not args.json:
+        print(found)
     return EXIT_OK
 
 
@@ -115,6 +191,10 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     def reload_config() -> Config:
         return _load(args)
 
+    if sys.stderr.isatty():
+        from mirrord.banner import run_banner
+
+        print(run_banner(config, args.config), file=sys.stderr, flush=True)
     try:
         return run_daemon(config, reload_config)
     except StartupError as exc:
@@ -123,34 +203,107 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
-    print(json.dumps(config.to_toml_dict(), indent=2, default=str))
+    if args.format == "json":
+        print(json.dumps(config.to_toml_dict(), indent=2))
+        return EXIT_OK
+    from mirrord.config_toml import render
+
+    loaded = _explain(args)
+    print(render(config.to_toml_dict(), lambda key: str(loaded.origin(key))), end="")
     return EXIT_OK
 
 
+def _explain(args: argparse.Namespace) -> LoadedConfig:
+    """File + environment + flags, roots checked as the command needs, with each value's origin."""
+    from mirrord.config import explain_config
+
+    return explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
+
+
 def _load(args: argparse.Namespace) -> Config:
-    """The one Config of this command: file + environment + flags, roots checked as the command needs."""
-    return load_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
+    """The one Config of this command (SIGHUP calls this again)."""
+    return _explain(args).config
+
+
+# --- init, completion, man: no configuration read -----------------------------------------------------
+def cmd_init(args: argparse.Namespace) -> int:
+    from mirrord.init import UNIT_NAME, InitError, mirrord_executable, starter_config, starter_unit, write_files
+
+    path: Path = args.path
+    files = {path: starter_config(args.primary, args.mirror)}
+    if args.systemd:
+        files[path.parent / UNIT_NAME] = starter_unit(path, args.primary, args.mirror, mirrord_executable(sys.argv[0]))
+    try:
+        written = write_files(files, args.force)
+    except (InitError, OSError) as exc:
+        print(f"mirrord init: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, InitError) else EXIT_FAILED
+    for w in written:
+        print(f"{'replaced' if w.replaced else 'wrote'} {w.path}")
+    config = path.absolute()
+    steps = [] if args.mirror is not None else [f"set mirror (required) in {config}"]
+    steps.append(f"mirrord check-config --config {config}")
+    if args.systemd:
+        steps.append(f"install -m 0644 {(path.parent / UNIT_NAME).absolute()} /etc/systemd/system/{UNIT_NAME} "
+                     "&& systemctl daemon-reload && systemctl enable --now mirrord")
+    else:
+        steps.append(f"mirrord run --config {config}")
+    print("next:\n" + "\n".join(f"  {step}" for step in steps))
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from mirrord.completion import script
+
+    print(script(args.shell, build_parser()), end="")
+    return EXIT_OK
+
+
+def cmd_man(args: argparse.Namespace) -> int:
+    from mirrord.manpage import render
+
+    print(render(build_parser(), __version__), end="")
+    return EXIT_OK
 
 
 # --- prune (retention; see mirrord/prune.py) ---------------------------------------------------------
 def cmd_prune(config: Config, args: argparse.Namespace) -> int:
+    from mirrord import log as logsetup
     from mirrord.errors import ManifestError
+    from mirrord.manifest import Manifest
+    from mirrord.model import Snapshot
     from mirrord.prune import Pruner, describe
     from mirrord.volume import LocalMirror, LocalVolume
 
+    dry_run = args.dry_run or config.prune.dry_run
     mirror = LocalMirror(config.mirror)
-    with mirror.lock():
+    # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
+    guard = contextlib.nullcontext() if dry_run else mirror.lock()
+    with guard:
         try:
-            manifest = mirror.read_manifest()
+            manifest = Manifest.load(config.mirror) if dry_run else mirror.read_manifest()
         except ManifestError as exc:
             # Without the manifest nothing is known to be verified: delete nothing.
             logsetup.get_logger().error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=0)
             print(f"REFUSED (manifest): {exc}; nothing deleted", file=sys.stderr)
+            if args.json:
+                from mirrord.prune import PruneReport
+                from mirrord.report import dumps, prune_document
+
+                print(dumps(prune_document(PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]))))
             return EXIT_FAILED
         pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest)
-        report = pruner.run_cycle(dry_run=True if args.dry_run else None)
-        manifest.close()
-    print(describe(report))
+        # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
+        absent = Snapshot() if dry_run and not config.mirror.exists() else None
+        report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+        if not dry_run:
+            manifest.close()
+    if args.json:
+        from mirrord.report import dumps, prune_document
+
+        print(dumps(prune_document(report)))
+    else:
+        print(describe(report))
     return EXIT_OK if report.ok else EXIT_FAILED
 # --- end prune -----------------------------------------------------------------------------------
 
@@ -159,7 +312,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
     from mirrord.status import collect, render
 
-    status = collect(config, deep=args.verify, timeout=args.timeout)
+    status = collect(config, deep=args.verify, timeout=args.timeout, max_lag=args.max_lag)
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
     else:
@@ -167,12 +320,15 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK if status.ok else EXIT_FAILED
 
 
-def cmd_demo(config: Config, args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from mirrord.demo import DemoError, DemoOptions, run_demo
 
     if args.primary is not None or args.mirror is not None:
         print("mirrord: the demo always uses DIR/primary and DIR/mirror; choose DIR with --dir", file=sys.stderr)
         return EXIT_USAGE
+    if args.config is not None:
+        print(f"mirrord demo: --config {args.config} is ignored: the demo writes and uses DIR/mirrord.toml",
+              file=sys.stderr)
     options = DemoOptions(args.dir, args.steps, args.interval, args.keep_last, False if args.no_torch else None)
     try:
         return run_demo(options)
@@ -204,38 +360,57 @@ def build_parser() -> argparse.ArgumentParser:
         "verified, renamed into place, and recorded with its size and hash in a manifest.",
         epilog="Exit codes: 0 ok, 1 operation failed, 2 bad usage or configuration.",
     )
-    parser.add_argument("--version", action="version", version=f"mirrord {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("-V", "--version", action="version", version=f"mirrord {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def add(name: str, func: Command, help_: str, needs_primary: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        _common(p)
-        p.set_defaults(func=func, needs_primary=needs_primary)
+    def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: bool = True,
+            config: bool = True) -> argparse.ArgumentParser:
+        """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
+        p = sub.add_parser(name, help=SUMMARIES[name], description=help_)
+        if config:
+            _common(p)
+            p.set_defaults(func=func, needs_primary=needs_primary)
+        else:
+            p.set_defaults(plain=func)
         return p
 
-    add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
-        "(0 if all copies succeeded, 1 if any failed).")
+    p = add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
+            "(0 if all copies succeeded, 1 if any failed). On a terminal, each copy under way shows its "
+            "bytes, rate and ETA.")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = add("verify", cmd_verify, "Recheck every mirrored file against the manifest (size and hash); list "
-            "mismatches, missing and unrecorded files; exit 1 on any problem.", needs_primary=False)
+            "mismatches, missing and unrecorded files; exit 1 on any problem, 2 if the mirror does not exist "
+            "or --load is asked for without torch installed.", needs_primary=False)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--deep", action="store_true",
                    help="also check every record's CRC-32 inside torch.save zip files (no torch needed)")
     p.add_argument("--load", action="store_true",
-                   help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch")
+                   help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch "
+                   "(pip install 'mirrord[torch]')")
     p = add("latest", cmd_latest, "Print the newest checkpoint whose size and hash match the manifest; "
-            "exit 1 if there is none.", needs_primary=False)
+            "exit 1 if there is none, 2 if the mirror does not exist.", needs_primary=False)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
-        "ones, serve /metrics /healthz /readyz. SIGTERM/SIGINT stop it cleanly, SIGHUP reloads the config.")
-    add("check-config", cmd_check_config, "Validate the configuration and print the effective values.")
+        "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
+        "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
+        "its endpoints and the command that shows its status.")
+    p = add("check-config", cmd_check_config, "Validate the configuration (file, MIRRORD_* variables, flags) and "
+            "print the effective values as TOML that can be pasted into a config file, each value followed by "
+            "a comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
+    p.add_argument("--format", choices=["toml", "json"], default="toml",
+                   help="toml (default): for a person, with origins; json: the values only, for machines")
     # --- prune ---
     p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
             "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
             "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
             "manifest, mirror looks unmounted).")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the plan, delete nothing (as prune.dry_run = true)")
+                   help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
+                   "nothing, so it runs beside a daemon")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---
     # --- status and demo ---
     p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "
@@ -243,19 +418,25 @@ def build_parser() -> argparse.ArgumentParser:
             "volumes, and problems; plus, if a daemon answers on metrics.address, its health, readiness, "
             "queue and copy counts. Reads only: safe while the daemon runs. Exit 0 if nothing is wrong, "
             "1 if a problem is listed (newest mirrored step not intact, files missing from the mirror, "
-            "unreadable manifest, daemon unhealthy or refusing the mirror).", needs_primary=False)
+            "unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
+            "behind, daemon unhealthy or refusing the mirror). With a daemon, each copy under way is shown "
+            "with its bytes, rate and ETA.", needs_primary=False)
     p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
     p.add_argument("--verify", action="store_true",
                    help="check the content hash of each run's newest mirrored step, not only its size "
                    "(reads those files in full)")
     p.add_argument("--timeout", type=_positive_float, default=1.0, metavar="SECONDS",
                    help="how long to wait for the daemon's HTTP endpoint (default: 1)")
+    p.add_argument("--max-lag", type=_positive_float, default=900.0, metavar="SECONDS",
+                   help="a run whose oldest unmirrored checkpoint is older than this is a problem "
+                   "(exit 1), not just lag (default: 900, as the MirrordMirrorLagging alert)")
     p = add("demo", cmd_demo, "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
             "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a "
             "`mirrord run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, "
             "copy and deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the "
             "daemon's log. --config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.",
-            needs_primary=False)
+            config=False)
+    _common(p)
     p.add_argument("--dir", type=Path, default=Path("var/demo"), metavar="DIR",
                    help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
                    "must be empty or made by an earlier demo, which is wiped)")
@@ -268,19 +449,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-torch", action="store_true",
                    help="write torch-like zip files even if torch is installed (starts faster)")
     # --- end status and demo ---
+    p = add("init", cmd_init, "Write a configuration file to start from: the example config with every key "
+            "documented and set to its default, the roots filled in from --primary/--mirror. With --systemd, also "
+            "write mirrord.service next to it, pointed at that file and those roots. An existing file is never "
+            "replaced without --force; files are written atomically.", config=False)
+    p.add_argument("path", nargs="?", type=Path, default=Path("mirrord.toml"), metavar="PATH",
+                   help="the config file to write (default: ./mirrord.toml); missing folders are created")
+    p.add_argument("--primary", type=Path, metavar="DIR", help="the directory the trainer writes checkpoints to")
+    p.add_argument("--mirror", type=Path, metavar="DIR",
+                   help="the directory for the trustworthy copy (required to run; else left for you to set)")
+    p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
+    p.add_argument("--force", action="store_true", help="replace files that exist")
+    p = add("completion", cmd_completion, "Print a shell completion script generated from this command's own "
+            "parser. bash: `source <(mirrord completion bash)` (or save it as "
+            "/etc/bash_completion.d/mirrord); zsh: save it as _mirrord in a folder of $fpath; fish: save it as "
+            "~/.config/fish/completions/mirrord.fish. Wheels also ship them under mirrord/data/completion/.",
+            config=False)
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete for")
+    add("man", cmd_man, "Print the manual page mirrord(1) in roff, generated from this command's own parser: "
+        "`mirrord man | man -l -`. Wheels also ship it as mirrord/data/man/mirrord.1.", config=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    plain: PlainCommand | None = getattr(args, "plain", None)
+    if plain is not None:
+        return _run_plain(plain, args)
+    from mirrord import log as logsetup
+
     try:
-        config = _load(args)
+        loaded = _explain(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"mirrord: config error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    config = loaded.config
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
+    if loaded.ignored_environment:  # once per process: a SIGHUP reload does not repeat it
+        logsetup.get_logger().info("config.environment_ignored", variables=list(loaded.ignored_environment),
+                                   why="Kubernetes service variables, not mirrord settings")
+    if args.command == "run":
+        logsetup.get_logger().info("config.loaded", file=str(loaded.file) if loaded.file else None,
+                                   primary=str(config.primary), mirror=str(config.mirror))
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
@@ -288,6 +503,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     path=exc.path, cause=exc.cause)
         print(f"mirrord: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:
+    from mirrord import log as logsetup
+
+    logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
+                       sys.stderr)
+    try:
+        return int(command(args))
     except KeyboardInterrupt:
         return 130
 

@@ -28,7 +28,7 @@ from mirrord.log import get_logger
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult, FileState, Snapshot
 from mirrord.plan import SettleTracker, plan_copies
-from mirrord.retention import mirror_unmounted
+from mirrord.retention import describe_policy, mirror_unmounted
 from mirrord.systemd import Notifier, ping_interval
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
@@ -124,6 +124,16 @@ class Daemon:
             return False, self._blocked
         return (True, "ready") if self._ready else (False, "first reconcile not finished")
 
+    def report(self) -> dict[str, Any]:
+        """The /status document: what the daemon is doing right now (copies with their progress)."""
+        engine = getattr(self, "engine", None)
+        return {
+            "version": __version__,
+            "ready": self.readiness()[0],
+            "queue_depth": self.queue.depth(),
+            "copies": [p.to_dict() for p in engine.board.snapshot()] if engine is not None else [],
+        }
+
     # -- signals -------------------------------------------------------------------------------
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_requests += 1  # NO LOGGING here: just record it; the loop acts.
@@ -151,7 +161,7 @@ class Daemon:
     def run(self) -> int:
         cfg = self.config
         self.log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(cfg.primary),
-                      mirror=str(cfg.mirror))
+                      mirror=str(cfg.mirror), retention=describe_policy(cfg.prune))
         with self.mirror.lock():
             self.manifest = self.mirror.read_manifest()
             self.pruner = self._make_pruner(cfg)
@@ -206,14 +216,15 @@ class Daemon:
 
         m = self.config.metrics
         try:
-            self.endpoints = Endpoints(m.host, m.port, self.metrics.registry, self.health, self.readiness)
+            self.endpoints = Endpoints(m.host, m.port, self.metrics.registry, self.health, self.readiness,
+                                       self.report)
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {m.address} (metrics.address): {exc.strerror or exc}"
             ) from exc
         self.endpoints.start()
         self.log.info("metrics.listening", address=f"{m.host}:{self.endpoints.port}",
-                      endpoints=["/metrics", "/healthz", "/readyz"])
+                      endpoints=["/metrics", "/healthz", "/readyz", "/status"])
 
     def _install_signals(self) -> dict[int, Any]:
         previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -393,6 +404,7 @@ class Daemon:
     def _heartbeat(self) -> None:
         cfg = self.config
         problems = self.pool.check_stalls(cfg.copy.stall_seconds)
+        self.pool.report_progress()
         if not self.watcher.is_alive():
             problems.append("filesystem watcher stopped")
         self._health = (not problems, "; ".join(problems) or "ok")

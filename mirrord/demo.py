@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mirrord.atomic import TEMP_SUFFIX, atomic_output
+from mirrord.banner import mirrord_command
 from mirrord.config import load_config
 from mirrord.errors import ManifestError
 from mirrord.manifest import Manifest
@@ -299,7 +300,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _interrupt_on_stop_signals() -> dict[int, Any]:
     """Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script
     starts with SIGINT ignored, and Python then installs no handler): as `mirrord run` does."""
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    previous: dict[int, Any] = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.default_int_handler)
     return previous
@@ -362,7 +363,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                   f"{', '.join(map(str, expected))} of {RUN}.\n", file=out)
         else:
             print(f"\nThe demo failed: {failure}; see {log_path}.\n", file=out)
-        print("$ mirrord status --config " + str(config_path), file=out)
+        print(f"$ {mirrord_command()} status --config {config_path}", file=out)
         print(render(collect(config)), file=out, flush=True)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the demo daemon", file=out, flush=True)
@@ -371,12 +372,16 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         code = _stop(proc)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
+    command = mirrord_command()
     print(f"\nThe demo daemon stopped (exit {code}). Try next:\n"
-          f"  mirrord status --config {config_path}\n"
-          f"  mirrord verify --deep --config {config_path}\n"
-          f"  mirrord latest --config {config_path}\n"
-          f"  mirrord run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
+          f"  {command} status --config {config_path}\n"
+          f"  {command} verify --deep --config {config_path}\n"
+          f"  {command} latest --config {config_path}\n"
+          f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
           file=out, flush=True)
+    if command != "mirrord":
+        print(f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",
+              file=out, flush=True)
     if failure == "interrupted":
         return 130
     return 0 if failure is None and code == 0 else 1

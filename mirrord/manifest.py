@@ -164,7 +164,10 @@ class Manifest:
     """
 
     def __init__(
-        self, entries: dict[str, ManifestEntry] | None = None, store: LocalManifestStore | None = None
+        self,
+        entries: dict[str, ManifestEntry] | None = None,
+        store: LocalManifestStore | None = None,
+        background_compaction: bool = True,
     ) -> None:
         self._entries: dict[str, ManifestEntry] = dict(entries or {})
         self._lock = threading.Lock()  # the entries and the queue of pending changes
@@ -172,6 +175,10 @@ class Manifest:
         self._queue: list[_Pending] = []
         self._store = store
         self._compacting = False
+        # Compaction rewrites every entry (a second at 100,000): off the thread whose change triggered it,
+        # so neither a copy worker nor the daemon's main loop waits for it.
+        self._background = background_compaction
+        self._compactor: threading.Thread | None = None
 
     @property
     def entries(self) -> dict[str, ManifestEntry]:
@@ -217,7 +224,7 @@ class Manifest:
         if pending.error is not None:
             raise pending.error
         if self._compaction_due():
-            self._compact_quietly()
+            self._start_compaction()
 
     def _write_queued(self) -> None:
         """With the commit lock: write every queued change in one append, then apply them in order."""
@@ -240,6 +247,17 @@ class Manifest:
         store = self._store
         return (store is not None and not self._compacting
                 and store.journal_records >= max(COMPACT_MIN_RECORDS, len(self._entries) // 4))
+
+    def _start_compaction(self) -> None:
+        if not self._background:
+            self._compact_quietly()
+            return
+        with self._lock:
+            if self._compactor is not None and self._compactor.is_alive():
+                return
+            self._compactor = threading.Thread(target=self._compact_quietly, name="mirrord-manifest-compaction",
+                                               daemon=True)  # killed at exit mid-way: each step is crash-safe
+            self._compactor.start()
 
     def _compact_quietly(self) -> None:
         """After a durable change: a failed compaction is logged and tried again later, never raised."""
@@ -279,6 +297,9 @@ class Manifest:
         store = self._store
         if store is None:
             return
+        compactor = self._compactor
+        if compactor is not None:
+            compactor.join()
         if store.journal_records:
             self.compact()
 
@@ -298,7 +319,7 @@ class Manifest:
         return cls(_replay(LocalManifestStore(root, MANIFEST_NAME).read(decode_snapshot)))
 
     @classmethod
-    def open(cls, root: Path) -> Manifest:
+    def open(cls, root: Path, background_compaction: bool = True) -> Manifest:
         """The manifest of a local mirror root, for the process holding its lock: changes are journaled.
 
         A root without a snapshot gets an empty one first, so a journal never exists without it.
@@ -309,4 +330,4 @@ class Manifest:
         if stored.snapshot is None:
             store.publish_snapshot(encode_snapshot({}))
         store.open_for_append(stored)
-        return cls(entries, store)
+        return cls(entries, store, background_compaction)

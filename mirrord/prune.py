@@ -138,11 +138,16 @@ class Pruner:
         with self._lock:
             plan = self.plan(primary_snap, mirror_snap)
             report = self._execute(plan, dry, (PRIMARY, MIRROR), keep_going=keep_going)
+        # A dry run deletes nothing: its totals are what it would delete, and are named so.
+        count, mirror_bytes = len(report.deleted), report.freed_bytes(MIRROR)
+        primary_bytes = report.freed_bytes(PRIMARY)
+        totals = (
+            {"would_delete": count, "would_free_bytes_mirror": mirror_bytes, "would_free_bytes_primary": primary_bytes}
+            if dry else {"deleted": count, "freed_bytes_mirror": mirror_bytes, "freed_bytes_primary": primary_bytes}
+        )
         self.log.info(
-            "prune.finished", dry_run=dry, deleted=len(report.deleted), interrupted=report.interrupted,
-            freed_bytes_mirror=report.freed_bytes(MIRROR), freed_bytes_primary=report.freed_bytes(PRIMARY),
-            skipped=report.skips_by_reason(), refused=[r for r, _ in report.refused],
-            failed=len(report.failed),
+            "prune.finished", dry_run=dry, **totals, interrupted=report.interrupted, skipped=report.skips_by_reason(),
+            refused=[r for r, _ in report.refused], failed=len(report.failed),
         )
         return report
 
@@ -186,7 +191,7 @@ class Pruner:
         if plan.refused:
             for reason, detail in plan.refused:
                 self.log.error("prune.refused", reason=reason, detail=detail, deleted=0)
-                self.metrics.prune_refused.labels(reason).inc()
+                self.metrics.prune_refusal(reason)
             report.refused.extend(plan.refused)
             return report
         for kept in plan.kept:
@@ -322,7 +327,7 @@ class Pruner:
         (report.failed if failed else report.changed).append((d.volume, d.rel, f"{reason}: {cause}"))
         log = self.log.error if failed else self.log.warning
         log("prune.refused", reason=reason, detail=cause, **_fields(d.volume, d.state, d.step))
-        self.metrics.prune_refused.labels(reason).inc()
+        self.metrics.prune_refusal(reason)
 
 
 def _size(n: int) -> str:

@@ -12,6 +12,7 @@ from mirrord.log import get_logger
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob
 from mirrord.plan import SettleTracker, plan_copies
+from mirrord.progress import ProgressBoard
 from mirrord.prune import Pruner
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.workers import copy_all
@@ -30,16 +31,17 @@ class SyncReport:
         return not self.failed and not self.listing_errors
 
 
-def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
+def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoard | None = None) -> SyncReport:
     """Copy every committed checkpoint the mirror lacks. Files still being written are waited for
-    (up to three settle periods) and then reported as unsettled, not copied."""
+    (up to three settle periods) and then reported as unsettled, not copied. `board` shows the copies
+    under way to a watcher (the terminal display)."""
     log = get_logger()
     primary = LocalVolume(config.primary)
     mirror = LocalMirror(config.mirror)
     report = SyncReport()
     with mirror.lock():
         manifest = mirror.read_manifest()
-        engine = Engine(config, mirror, manifest, metrics)
+        engine = Engine(config, mirror, manifest, metrics, board=board)
         pruner = Pruner(config, primary, mirror, manifest, engine.metrics) if config.prune.enabled else None
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
         deadline = time.monotonic() + 3 * config.copy.settle_seconds

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -211,8 +212,9 @@ def _under(path: str | None, root: str) -> bool:
     return path is not None and (path == root or path.startswith(root.rstrip("/") + "/"))
 
 
-def order_violations(calls: list[Call], mirror: Path) -> tuple[list[str], dict[str, int]]:
-    """Check the durability order of everything published under `mirror`.
+def order_violations(calls: list[Call], mirror: Path, recorded: Iterable[str] = ()) -> tuple[list[str], dict[str, int]]:
+    """Check the durability order of everything published under `mirror`; `recorded` is what the
+    manifest held when the traced process started (a deletion of those needs a durable removal record).
 
     Returns (violations, counts) where counts has the number of published files, manifest writes,
     directories created and files unlinked that were checked.
@@ -236,6 +238,10 @@ def order_violations(calls: list[Call], mirror: Path) -> tuple[list[str], dict[s
         if is_journal(target) and (call.ret or 0) > 0:
             counts["journal_appends"] += 1
     records = durable_journal_records(calls)
+    ever_recorded = set(recorded)
+    for call in calls:
+        if is_journal(write_target(call)):
+            ever_recorded |= journal_changes(call)[0]
 
     for thread in by_thread.values():
         for i, call in enumerate(thread):
@@ -253,7 +259,7 @@ def order_violations(calls: list[Call], mirror: Path) -> tuple[list[str], dict[s
             gone = unlink_path(call)
             if _under(gone, root) and not gone.endswith(".part"):
                 counts["unlinked"] += 1
-                violations += _check_unlink(thread, i, gone, root, records)
+                violations += _check_unlink(thread, i, gone, root, records, ever_recorded)
             if call.name == "write" and "copy.committed" in call.text:
                 counts["committed_logged"] += 1
                 violations += _check_committed_log(thread, i, root, records)
@@ -308,14 +314,14 @@ def _rel(path: str, root: str) -> str:
     return str(PurePosixPath(path).relative_to(root))
 
 
-def _check_unlink(thread: list[Call], i: int, path: str, root: str, records: list[Record]) -> list[str]:
+def _check_unlink(thread: list[Call], i: int, path: str, root: str, records: list[Record],
+                  recorded: set[str]) -> list[str]:
     """A mirrored file is deleted only after a durable journal record of its removal; the unlink is fsynced.
 
     (A file that was never recorded - a prune of an unrecorded leftover - needs no record.)"""
     out = _check_next_fsync(thread, i, str(PurePosixPath(path).parent), "unlink", thread[i])
     rel = _rel(path, root)
-    recorded = any(rel in puts for _, _, puts, _ in records)
-    if recorded and not any(rel in removes and durable <= thread[i].ts for _, durable, _, removes in records):
+    if rel in recorded and not any(rel in removes and durable <= thread[i].ts for _, durable, _, removes in records):
         out.append(f"{path}: unlinked before a durable journal record of its removal")
     return out
 

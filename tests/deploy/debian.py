@@ -19,7 +19,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 BASE_PYTHON = (3, 11)  # bookworm's python3, the same minor as the Dockerfile's python:3.11-slim
-BUILD_SECONDS = 900  # downloads from the Debian archive: generous for a slow mirror
+BUILD_SECONDS = 900
+WHEEL_FILES = ("pyproject.toml", "setup.py", "README.md")
+WHEEL_FOLDERS = ("mirrord", "config", "systemd")  # downloads from the Debian archive: generous for a slow mirror
 
 # Docs, man pages and translations are of no use to a test and are a third of the download.
 _SLIM = [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "locale")]
@@ -86,6 +88,14 @@ class DebianRoots:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def copy_wheel_sources(dest: Path) -> None:
+    """What `pip wheel .` needs from a checkout; mirrord/data/ links into config/ and systemd/ (kept as links)."""
+    for name in WHEEL_FILES:
+        shutil.copy2(REPO / name, dest)
+    for folder in WHEEL_FOLDERS:
+        shutil.copytree(REPO / folder, dest / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def build_wheels(dest: Path, scratch: Path) -> list[Path]:
     """mirrord and its dependencies as wheels, pinned to exactly the versions installed where the
     tests run: the image and the booted machine then run what the rest of the suite tested.
@@ -94,9 +104,7 @@ def build_wheels(dest: Path, scratch: Path) -> list[Path]:
     """
     source = scratch / "src"
     source.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", source)
-    shutil.copy2(REPO / "README.md", source)
-    shutil.copytree(REPO / "mirrord", source / "mirrord", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_wheel_sources(source)
     frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
                             capture_output=True, text=True, timeout=120, check=True).stdout
     constraints = scratch / "constraints.txt"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mirrord.banner import mirrord_command
 from mirrord.manifest import Manifest
 from mirrord.zipcheck import check_torch_zip
 from tests.helpers import assert_mirror_consistent, log_events, mirrord_argv, run_mirrord
@@ -73,7 +74,7 @@ def test_short_demo_mirrors_prunes_and_leaves_keep_last_on_both_sides(tmp_path) 
     # Where things are, then the status of the still-running daemon.
     for where in (str(primary), str(mirror), str(directory / "mirrord.toml"), "/metrics"):
         assert where in out
-    status = out[out.index("$ mirrord status"):]
+    status = out[out.index(f"$ {mirrord_command()} status"):]
     assert "intact (size checked)" in status and "caught up" in status
     assert "healthy, ready" in status and "copies since start: 5 ok" in status
     assert "problems: none" in status
@@ -169,10 +170,15 @@ def test_help_lists_status_and_demo_with_their_options() -> None:
 
 
 def test_demo_config_is_a_valid_mirrord_config(tmp_path) -> None:
-    """The config the demo leaves behind passes check-config, so `mirrord run --config` can reuse it."""
+    """The config the demo leaves behind passes check-config, so `mirrord run --config` can reuse it.
+
+    The demo reads no configuration: a --config naming no file is ignored (and said to be), not an error.
+    """
     directory = tmp_path / "demo"
-    assert demo(directory, "--steps", "1", "--interval", "0.1", "--no-torch").returncode == 0
-    checked = run_mirrord("check-config", "--config", directory / "mirrord.toml")
+    result = demo(directory, "--steps", "1", "--interval", "0.1", "--no-torch", "--config", tmp_path / "nope.toml")
+    assert result.returncode == 0, result.stderr
+    assert f"--config {tmp_path / 'nope.toml'} is ignored" in result.stderr
+    checked = run_mirrord("check-config", "--config", directory / "mirrord.toml", "--format", "json")
     assert checked.returncode == 0, checked.stderr
     effective = json.loads(checked.stdout)
     assert effective["prune"]["keep_last"] == 3 and effective["prune"]["primary"] is True

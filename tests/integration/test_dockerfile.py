@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.deploy.debian import copy_wheel_sources
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 
@@ -128,9 +130,7 @@ def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Pa
     """Build the wheels, install mirrord alone from them, then --version and a short run work."""
     context = tmp_path / "src"
     context.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", context)
-    shutil.copy2(REPO / "README.md", context)
-    shutil.copytree(REPO / "mirrord", context / "mirrord", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_wheel_sources(context)
     venv, wheels = tmp_path / "venv", context / "wheels"  # BUILD_WHEELS writes ./wheels
     _run([sys.executable, "-m", "venv", str(venv)])
 
@@ -143,6 +143,10 @@ def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Pa
     _run([str(python), "-c", no_torch])
     version = _run([str(mirrord), "--version"], timeout=60)
     assert "mirrord" in version.stdout + version.stderr
+    # The installed wheel carries the example config and the unit: init needs no source checkout.
+    _run([str(mirrord), "init", "--systemd", str(tmp_path / "etc" / "mirrord.toml")], cwd=tmp_path)
+    assert (tmp_path / "etc" / "mirrord.toml").read_text() == (REPO / "config" / "mirrord.toml").read_text()
+    assert "ExecStart=" + str(mirrord) in (tmp_path / "etc" / "mirrord.service").read_text()
 
     port = _free_port()
     for name in ("primary", "mirror"):

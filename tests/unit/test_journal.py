@@ -188,7 +188,7 @@ def test_readers_see_a_consistent_prefix_while_a_writer_appends_and_compacts(tmp
 def test_compaction_threshold_scales_with_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A compaction rewrites every entry, so it waits for a quarter of them in records: constant cost per record."""
     monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 10)
-    manifest = Manifest.open(tmp_path)
+    manifest = Manifest.open(tmp_path, background_compaction=False)
     manifest.apply(puts=[entry(i) for i in range(200)])
     for i in range(45):
         manifest.record(entry(i, size=2))

@@ -268,7 +268,7 @@ def test_changes_waiting_for_a_write_share_the_next_fsync(tmp_path: Path, monkey
 
 def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 5)
-    manifest = Manifest.open(tmp_path)
+    manifest = Manifest.open(tmp_path, background_compaction=False)
     for i in range(23):
         manifest.record(entry(f"s{i:02d}.pt", step=i))
         if i % 3 == 0:
@@ -283,6 +283,36 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, monkeypa
     journal = (tmp_path / journals(tmp_path)[0]).read_bytes()
     assert len(journal.splitlines()) == 1  # the header of an empty journal
     assert Manifest.open(tmp_path).entries == manifest.entries
+
+
+def test_changes_go_on_while_a_compaction_writes_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The change that makes a compaction due does not wait for it, nor do the changes after it; close()
+    waits for it and folds in what came meanwhile."""
+    monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 3)
+    manifest = Manifest.open(tmp_path)
+    store = manifest._store
+    real_publish = store.publish_snapshot
+    writing, release = threading.Event(), threading.Event()
+
+    def slow_publish(data: bytes) -> None:
+        writing.set()
+        assert release.wait(30)
+        real_publish(data)
+
+    monkeypatch.setattr(store, "publish_snapshot", slow_publish)
+    for i in range(3):
+        manifest.record(entry(f"a{i}.pt"))
+    assert writing.wait(30)  # the compaction is writing its snapshot, in another thread
+    for i in range(5):
+        manifest.record(entry(f"b{i}.pt"))  # appended to the new journal meanwhile
+    assert len(Manifest.load(tmp_path)) == 8
+    release.set()
+    manifest.close()
+    snapshot = (tmp_path / MANIFEST_NAME).read_bytes()
+    assert len(Manifest.from_bytes(snapshot)) == 8
+    assert journals(tmp_path) == [f".mirrord-manifest.journal.{json.loads(snapshot)['journal']}"]
 
 
 def test_a_manifest_from_before_the_journal_is_read_and_extended(tmp_path: Path) -> None:

@@ -26,13 +26,21 @@ pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 UNIT = REPO / "systemd" / "mirrord.service"
 PRIMARY, MIRROR = "/data/checkpoints", "/mnt/mirror/checkpoints"
 SOURCES, WHEELS = "/run/mirrord-src", "/run/mirrord-wheels"
+# The README's install: copy the shipped config, then set the mirror in it (a required key the
+# shipped file leaves commented out; its primary already is the unit's /data/checkpoints).
+INSTALL_CONFIG = f"""
+install -D -m 0640 -o root -g mirrord {SOURCES}/config/mirrord.toml /etc/mirrord/mirrord.toml
+sed -i 's|^# mirror = "{MIRROR}"$|mirror = "{MIRROR}"|' /etc/mirrord/mirrord.toml
+grep -qx 'mirror = "{MIRROR}"' /etc/mirrord/mirrord.toml
+grep -qx 'primary = "{PRIMARY}"' /etc/mirrord/mirrord.toml
+"""
 INSTALL = f"""
 useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord
 python3 -m venv /opt/mirrord
 /opt/mirrord/bin/pip install --quiet --no-index --find-links {WHEELS} {WHEELS}/mirrord-*.whl
 ln -s /opt/mirrord/bin/mirrord /usr/local/bin/mirrord
 install -D -m 0644 {SOURCES}/systemd/mirrord.service /etc/systemd/system/mirrord.service
-install -D -m 0640 -o root -g mirrord {SOURCES}/config/mirrord.toml /etc/mirrord/mirrord.toml
+{INSTALL_CONFIG}
 chown mirrord:mirrord {MIRROR}
 systemctl daemon-reload
 systemctl enable mirrord
@@ -137,11 +145,12 @@ def service(booted: Booted) -> Service:
     machine = booted.machine
     machine.run("systemctl", "stop", "mirrord")
     machine.run("systemctl", "reset-failed", "mirrord", check=False)
-    machine.sh(f"install -m 0640 -o root -g mirrord {SOURCES}/config/mirrord.toml /etc/mirrord/mirrord.toml")
+    machine.sh(INSTALL_CONFIG)
     machine.sh(f"find {MIRROR} {PRIMARY} -mindepth 1 -delete")
     svc = Service(machine)
     started = time.monotonic()
-    machine.run("systemctl", "start", "mirrord", timeout=300)
+    result = machine.run("systemctl", "start", "mirrord", timeout=300, check=False)
+    assert result.returncode == 0, f"systemctl start failed: {result.stderr}\n" + "\n".join(svc.messages()[-30:])
     FIGURES.setdefault("systemctl start (until READY=1)", f"{time.monotonic() - started:.1f} s")
     return svc
 

@@ -50,11 +50,12 @@ class Machine:
             self.leader = _child_named(self.nspawn.pid, "systemd")
             if not self.leader:
                 time.sleep(0.1)
-        # PID 1 answers only once its private socket exists: until then the state is empty.
+        # PID 1 answers only once /run/systemd/system and its private socket exist: until then the
+        # state is "offline" (not booted with systemd, as far as systemctl can tell) or empty.
         while True:
             result = self.run("systemctl", "is-system-running", "--wait", check=False, timeout=BOOT_SECONDS)
             state = result.stdout.strip()
-            if state:
+            if state not in ("", "offline"):
                 break
             assert time.monotonic() < deadline, f"systemd never answered: {result.stderr}\n{self.console()}"
             time.sleep(0.2)

@@ -322,12 +322,11 @@ class Manifest:
     def open(cls, root: Path, background_compaction: bool = True) -> Manifest:
         """The manifest of a local mirror root, for the process holding its lock: changes are journaled.
 
-        A root without a snapshot gets an empty one first, so a journal never exists without it.
+        Nothing is written until the first change; on a root without a snapshot, that change publishes an
+        empty one first, so that a journal never exists without it.
         """
         store = LocalManifestStore(root, MANIFEST_NAME)
         stored = store.read(decode_snapshot)
         entries = _replay(stored)
-        if stored.snapshot is None:
-            store.publish_snapshot(encode_snapshot({}))
-        store.open_for_append(stored)
+        store.open_for_append(stored, encode_snapshot({}))
         return cls(entries, store, background_compaction)

@@ -30,6 +30,7 @@ from mirrord.errors import (
 from mirrord.hashing import new_hasher
 from mirrord.model import CopyResult
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.units import bytes_both
 from mirrord.volume import Mirror, Upload
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -119,7 +120,8 @@ def copy_file(
         if free < before.st_size + options.reserve_bytes:
             raise NoSpaceError(
                 mirror.root / rel,
-                f"mirror has {free} bytes free; needs {before.st_size} + reserve {options.reserve_bytes}",
+                f"mirror has {bytes_both(free)} free; needs {bytes_both(before.st_size)} "
+                f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
         digest, copied = _stream(src_fd, upload, options, control, src_path)

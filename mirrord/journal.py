@@ -23,9 +23,11 @@ next append. A bad line followed by a good one is corruption: an error naming th
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -147,6 +149,13 @@ class LocalManifestStore:
         self._must_rotate = False
         self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
         self.journal_records = 0  # since the last compaction began: the caller's compaction policy
+        # Called before every write (the mirror's identity check: never write to whatever lies under
+        # an unmounted mount point).
+        self.guard: Callable[[], None] | None = None
+        # What this process last read or wrote: snapshot (identity, sha256), journal identity. A
+        # difference means someone else changed the files (see damage()).
+        self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
+        self._journal_seen: tuple[int, ...] | None = None
 
     def journal_path(self, generation: int) -> Path:
         return self.root / f"{self.prefix}{generation}"
@@ -183,6 +192,7 @@ class LocalManifestStore:
             finally:
                 os.close(fd)
             snapshot, generation = parse(data, where)
+            self._snapshot_seen = (_identity(before), hashlib.sha256(data).hexdigest())
         fds: dict[int, int] = {}
         try:
             for gen, path in self._journal_names():
@@ -254,6 +264,7 @@ class LocalManifestStore:
         self._torn = newest is not None and newest.size > newest.valid_size
         self._exists = newest is not None
         self.journal_records = len(stored.records)
+        self._journal_seen = self._stat_identity(self.journal_path(self._generation)) if self._exists else None
 
     def append(self, payloads: Iterable[bytes]) -> None:
         """Append the records in one write and make them durable with one fsync; raise on any failure.
@@ -264,6 +275,8 @@ class LocalManifestStore:
         """
         data = b"".join(frame(p) for p in payloads)
         path = self.journal_path(self._generation)
+        if self.guard is not None:
+            self.guard()
         try:
             if self._must_rotate:
                 if self._exists:
@@ -276,6 +289,7 @@ class LocalManifestStore:
                 while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
+                self._journal_seen = _identity(os.fstat(fd))
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -307,9 +321,12 @@ class LocalManifestStore:
         with atomic.atomic_output(self.journal_path(generation)) as f:
             f.write(_header(generation))
         self._exists = True
+        self._journal_seen = self._stat_identity(self.journal_path(generation))
 
     def rotate(self) -> int:
         """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
+        if self.guard is not None:
+            self.guard()
         generation = self._generation + 1
         path = self.journal_path(generation)
         try:
@@ -324,13 +341,54 @@ class LocalManifestStore:
 
     def publish_snapshot(self, data: bytes) -> None:
         """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
+        if self.guard is not None:
+            self.guard()
         try:
             atomic.write_bytes_atomic(self.snapshot_path, data)
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
+        self._snapshot_seen = (self._stat_identity(self.snapshot_path), hashlib.sha256(data).hexdigest())
+
+    @staticmethod
+    def _stat_identity(path: Path) -> tuple[int, ...] | None:
+        try:
+            return _identity(path.lstat())
+        except OSError:
+            return None
+
+    def damage(self) -> str | None:
+        """None while the snapshot and the current journal are what this process last read or wrote;
+        else what happened (changed, truncated, removed, replaced). The caller serialises it with the
+        appends. Reads the snapshot only when its stat changed: cheap enough for every heartbeat."""
+        seen = self._snapshot_seen
+        if seen is not None:
+            path = self.snapshot_path
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                return f"{path} was removed behind mirrord's back"
+            except OSError as exc:
+                return f"{path}: cannot stat: {exc.strerror or exc}"
+            if not stat.S_ISREG(st.st_mode):
+                return f"{path} is no longer a regular file"
+            if _identity(st) != seen[0]:
+                try:
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                except OSError as exc:
+                    return f"{path}: cannot read: {exc.strerror or exc}"
+                if digest != seen[1]:
+                    return f"{path} was changed on disk behind mirrord's back"
+                self._snapshot_seen = (_identity(st), digest)  # touched, not changed
+        if self._exists and self._journal_seen is not None:
+            path = self.journal_path(self._generation)
+            if self._stat_identity(path) != self._journal_seen:
+                return f"{path} was changed, truncated or removed behind mirrord's back"
+        return None
 
     def drop_before(self, generation: int) -> None:
         """Step 3: the journals a published snapshot made stale go (best effort: stale ones are ignored)."""
+        if self.guard is not None:
+            self.guard()
         dropped = False
         for gen, path in self._journal_names():
             if gen < generation:

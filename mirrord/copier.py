@@ -124,11 +124,14 @@ def copy_file(
                 f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        digest, copied = _stream(src_fd, upload, options, control, src_path)
+        if before.st_blocks * 512 < before.st_size:  # holes: copy the data segments only
+            digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
+        else:
+            digest, copied = _stream(src_fd, upload, options, control, src_path)
         if copied != before.st_size:
             raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
         control.check(src_path)
-        upload.seal(before.st_mtime_ns)
+        stored_mtime_ns = upload.seal(before.st_mtime_ns)
         try:
             now = _stat_beneath(primary_root, rel)
         except OSError as exc:
@@ -148,7 +151,54 @@ def copy_file(
         if upload is not None:
             upload.abort()
         os.close(src_fd)
-    return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started)
+    return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started,
+                      stored_mtime_ns)
+
+
+def _stream_sparse(
+    src_fd: int, size: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
+) -> tuple[str, int]:
+    """As _stream, for a source with holes: data segments (SEEK_DATA/SEEK_HOLE) are copied, holes are
+    skipped on the mirror (and hashed as the zeros they read as), so the copy is as sparse as its source."""
+    hasher = new_hasher(options.algo)
+    buf = bytearray(options.buffer_bytes)
+    view = memoryview(buf)
+    zeros = memoryview(bytes(min(options.buffer_bytes, 1 << 20)))
+    offset = 0
+    while offset < size:
+        control.check(src_path)
+        try:
+            data = os.lseek(src_fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left up to the end
+                raise from_oserror(src_path, exc, "seek data in source") from exc
+            data = size
+        data = min(data, size)
+        hole = data - offset
+        upload.skip(hole)
+        while hole > 0:
+            n = min(hole, len(zeros))
+            hasher.update(zeros[:n])
+            hole -= n
+        control.advance(data - offset)
+        offset = data
+        if offset >= size:
+            break
+        end = min(os.lseek(src_fd, data, os.SEEK_HOLE), size)
+        while offset < end:
+            control.check(src_path)
+            try:
+                n = os.preadv(src_fd, [view[: min(len(buf), end - offset)]], offset)
+            except OSError as exc:
+                raise from_oserror(src_path, exc, "read source") from exc
+            if n == 0:
+                return hasher.hexdigest(), offset  # shrank under us: the caller reports source_changed
+            hasher.update(view[:n])
+            upload.write(view[:n])
+            offset += n
+            control.advance(n)
+        offset = end
+    return hasher.hexdigest(), offset
 
 
 def _stream(

@@ -85,6 +85,7 @@ class Engine:
             entry = ManifestEntry(
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
                 source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
+                mirror_mtime_ns=result.mirror_mtime_ns,
             )
             self.manifest.record(entry)
         except MirrordError as exc:

@@ -54,6 +54,9 @@ class ManifestEntry:
     source_mtime_ns: int
     step: int | None
     mirrored_at: float
+    # The mtime the mirror actually stored (a filesystem may clamp or round what it is given, e.g.
+    # ext4 with 128-byte inodes stops at 2038); None in records made before it was kept.
+    mirror_mtime_ns: int | None = None
 
     @property
     def run(self) -> str:
@@ -83,6 +86,7 @@ class CopyResult:
     digest: str
     source_mtime_ns: int
     seconds: float
+    mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
 
 
 def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:

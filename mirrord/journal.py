@@ -147,6 +147,7 @@ class LocalManifestStore:
         self._torn = False  # bytes after _size to cut off before the next append
         self._exists = False
         self._must_rotate = False
+        self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
         self.journal_records = 0  # since the last compaction began: the caller's compaction policy
         # Called before every write (the mirror's identity check: never write to whatever lies under
         # an unmounted mount point).
@@ -253,8 +254,10 @@ class LocalManifestStore:
                                 "is missing or the snapshot is out of date")
 
     # -- writing (the process holding the mirror lock) ------------------------------------------------
-    def open_for_append(self, stored: Stored[T]) -> None:
-        """Continue after `stored`: appends go to its newest journal (created on first use)."""
+    def open_for_append(self, stored: Stored[T], empty_snapshot: bytes) -> None:
+        """Continue after `stored`: appends go to its newest journal (created on first use). Without a
+        snapshot, `empty_snapshot` is published before the first journal, which never exists alone."""
+        self._initial = empty_snapshot if stored.snapshot is None else None
         newest = stored.journals[-1] if stored.journals else None
         self._generation = newest.generation if newest else stored.generation
         self._size = newest.valid_size if newest else 0
@@ -276,7 +279,9 @@ class LocalManifestStore:
             self.guard()
         try:
             if self._must_rotate:
-                self.rotate()
+                if self._exists:
+                    self.rotate()
+                self._must_rotate = False
             path = self.journal_path(self._generation)
             fd = self._open_for_append(path)
             try:
@@ -310,6 +315,9 @@ class LocalManifestStore:
         return fd
 
     def _create(self, generation: int) -> None:
+        if self._initial is not None:
+            self.publish_snapshot(self._initial)
+            self._initial = None
         with atomic.atomic_output(self.journal_path(generation)) as f:
             f.write(_header(generation))
         self._exists = True
@@ -322,6 +330,8 @@ class LocalManifestStore:
         generation = self._generation + 1
         path = self.journal_path(generation)
         try:
+            if not self._exists:  # the sequence of journals after a snapshot never has a gap
+                self._create(self._generation)
             self._create(generation)
         except OSError as exc:
             raise _error(path, exc, "create the manifest journal") from exc

@@ -339,14 +339,13 @@ class Manifest:
     ) -> Manifest:
         """The manifest of a local mirror root, for the process holding its lock: changes are journaled.
 
-        A root without a snapshot gets an empty one first, so a journal never exists without it.
-        `guard` is called before every write (it raises to refuse it).
+        Nothing is written until the first change; on a root without a snapshot, that change publishes an
+        empty one first, so that a journal never exists without it. `guard` is called before every write
+        (it raises to refuse it).
         """
         store = LocalManifestStore(root, MANIFEST_NAME)
         store.guard = guard
         stored = store.read(decode_snapshot)
         entries = _replay(stored)
-        if stored.snapshot is None:
-            store.publish_snapshot(encode_snapshot({}))
-        store.open_for_append(stored)
+        store.open_for_append(stored, encode_snapshot({}))
         return cls(entries, store, background_compaction)

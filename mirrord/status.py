@@ -78,6 +78,8 @@ class DaemonStatus:
     copies: dict[str, float] = field(default_factory=dict)
     last_copy_at: float | None = None
     copying: list[dict[str, Any]] = field(default_factory=list)  # copies under way, from /status
+    copy_loops: float | None = None  # files the daemon stopped re-copying (copies never stick)
+    manifest_repairs: float | None = None  # on-disk manifest found damaged and rewritten
 
 
 @dataclass
@@ -150,6 +152,8 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
     status.queue_depth = samples.get(("mirrord_queue_depth", ()))
     status.in_flight = samples.get(("mirrord_copies_in_flight", ()))
     status.lag_seconds = samples.get(("mirrord_mirror_lag_seconds", ()))
+    status.copy_loops = samples.get(("mirrord_copy_loop_files", ()))
+    status.manifest_repairs = samples.get(("mirrord_manifest_repairs_total", ()))
     last = samples.get(("mirrord_last_mirrored_timestamp_seconds", ()))
     status.last_copy_at = last or None
     code, body = fetch(base + "/healthz", timeout)
@@ -340,6 +344,12 @@ def collect(
             problems.append(f"daemon: unhealthy: {daemon.health}")
         if not daemon.ready:
             problems.append(f"daemon: not ready: {daemon.readiness}")
+        if daemon.copy_loops:
+            problems.append(f"daemon: {daemon.copy_loops:.0f} file(s) copied again and again with the same result, "
+                            "no longer copied (the mirror does not keep what is written; see copy.loop in its log)")
+        if daemon.manifest_repairs:
+            notes.append(f"daemon: the on-disk manifest was found damaged and rewritten "
+                         f"{daemon.manifest_repairs:.0f} time(s) (see manifest.repaired in its log)")
         failed = {r: n for r, n in daemon.copies.items() if r != "ok" and n}
         if failed:
             detail = ", ".join(f"{r} {n:.0f}" for r, n in sorted(failed.items()))

@@ -53,6 +53,10 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     report = run_sync(config)
     for rel, err in sorted(report.failed.items()):
         print(f"FAILED {rel}: {err}", file=sys.stderr)
+    for rel, cause in sorted(report.invalid.items()):
+        print(f"NOT PUBLISHED {rel}: the source is not a whole checkpoint: {cause}", file=sys.stderr)
+    for rel in report.unsettled:
+        print(f"UNSETTLED {rel}: still changing; not copied", file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -70,9 +74,12 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     checked, findings = verify_mirror(config.mirror, config.patterns, progress, deep)
     for f in findings:
         print(f"{f.problem.upper():14} {f.path}  {f.detail}")
-    print(f"verified {checked} file(s): {checked - sum(f.problem != 'unrecorded' for f in findings)} ok, "
-          f"{len(findings)} problem(s)", file=sys.stderr)
-    return EXIT_FAILED if findings else EXIT_OK
+    problems = [f for f in findings if f.is_problem]
+    unchecked = len(findings) - len(problems)
+    bad = sum(f.problem not in ("unrecorded", "unchecked") for f in findings)
+    print(f"verified {checked} file(s): {checked - bad} ok, {len(problems)} problem(s)"
+          + (f", {unchecked} unchecked (no validator for their format)" if unchecked else ""), file=sys.stderr)
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def _progress_bar(done: int, total: int, path: str) -> None:
@@ -94,7 +101,7 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     found = latest_checkpoint(
         root, run=args.run, require_manifest=not args.primary_side,
-        patterns=config.patterns, step_pattern=config.prune.step_pattern,
+        patterns=config.patterns, step_pattern=config.prune.step_pattern, verify=args.verify,
     )
     if found is None:
         print(f"no intact checkpoint under {root}" + (f" for run {args.run}" if args.run else ""),
@@ -217,12 +224,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("verify", cmd_verify, "Recheck every mirrored file against the manifest (size and hash); list "
             "mismatches, missing and unrecorded files; exit 1 on any problem.", needs_primary=False)
     p.add_argument("--deep", action="store_true",
-                   help="also check every record's CRC-32 inside torch.save zip files (no torch needed)")
+                   help="also run the format validator on every file, recorded or not: a torch.save zip's "
+                   "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
+                   "are reported as unchecked, not as problems")
     p.add_argument("--load", action="store_true",
                    help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch")
-    p = add("latest", cmd_latest, "Print the newest checkpoint whose size and hash match the manifest; "
-            "exit 1 if there is none.", needs_primary=False)
+    p = add("latest", cmd_latest, "Print the newest verified checkpoint: recorded in the manifest (its source "
+            "passed its format validator), still the file that was recorded (by inode, size, mtime and "
+            "ctime; re-hashed when they differ). Newest is by step within a run, the newest branch first "
+            "after a rollback; without --run, the run whose best checkpoint is newest by mtime. Exit 1 if "
+            "there is none.", needs_primary=False)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
+    p.add_argument("--verify", action="store_true",
+                   help="re-read each candidate: content hash and format validator, not only stat")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "

@@ -36,6 +36,7 @@ class CopyConfig(_Section):
     retry_backoff_seconds: float = Field(1.0, ge=0)
     retry_backoff_max_seconds: float = Field(60.0, ge=0)
     free_space_reserve_bytes: int = Field(256 * MIB, ge=0)
+    invalid_grace_seconds: float = Field(600.0, ge=0)
 
 
 class PruneConfig(_Section):

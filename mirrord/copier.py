@@ -1,7 +1,8 @@
 """Copy one committed checkpoint to the mirror: stream, hash, verify, publish. Readable in a minute.
 
     open source (O_NOFOLLOW, beneath the root) -> fstat -> check free space -> NAME.part (exclusive)
-    -> stream + hash the same buffer -> seal (mtime, fsync, size) -> source unchanged? -> publish
+    -> stream + hash + validate the same buffer -> source whole? -> seal (mtime, fsync, size)
+    -> source unchanged? -> publish
 
 Any failure removes NAME.part and raises a typed error naming the path and the cause; the final name
 is only ever created by the rename of a complete, fsynced, verified file.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from mirrord.errors import (
     CancelledError,
+    InvalidSourceError,
     MirrordError,
     NoSpaceError,
     PermanentError,
@@ -30,6 +32,7 @@ from mirrord.errors import (
 from mirrord.hashing import new_hasher
 from mirrord.model import CopyResult
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.validators import Verdict, new_validator
 from mirrord.volume import Mirror, Upload
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -74,6 +77,7 @@ class CopyOptions:
     reserve_bytes: int = 0
     bandwidth_limit: int = 0  # bytes/s, 0 = unlimited
     drop_cache: bool = False
+    validate: bool = True  # run the format validator on the streamed bytes (mirrord.validators)
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
@@ -122,19 +126,16 @@ def copy_file(
                 f"mirror has {free} bytes free; needs {before.st_size} + reserve {options.reserve_bytes}",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        digest, copied = _stream(src_fd, upload, options, control, src_path)
+        digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
         if copied != before.st_size:
             raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
         control.check(src_path)
+        if not verdict.passed:
+            _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
+            raise InvalidSourceError(src_path, f"not published: {verdict}", verdict.status,
+                                     (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns))
         upload.seal(before.st_mtime_ns)
-        try:
-            now = _stat_beneath(primary_root, rel)
-        except OSError as exc:
-            raise SourceChangedError(
-                src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
-            ) from exc
-        if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
-            raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
+        _check_unchanged(primary_root, rel, src_fd, before, src_path)
         control.check(src_path)
         upload.commit()
         upload = None
@@ -146,14 +147,27 @@ def copy_file(
         if upload is not None:
             upload.abort()
         os.close(src_fd)
-    return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started)
+    return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started,
+                      verdict.status, verdict.detail)
+
+
+def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
+    try:
+        now = _stat_beneath(primary_root, rel)
+    except OSError as exc:
+        raise SourceChangedError(
+            src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
+        ) from exc
+    if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
+        raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
 
 
 def _stream(
-    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
-) -> tuple[str, int]:
-    """Read, hash and write the same buffer until EOF; returns (digest, bytes copied)."""
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path, rel: str
+) -> tuple[str, int, Verdict]:
+    """Read, hash, validate and write the same buffer until EOF; returns (digest, bytes copied, verdict)."""
     hasher = new_hasher(options.algo)
+    validator = new_validator(rel) if options.validate else None
     buf = bytearray(options.buffer_bytes)
     view = memoryview(buf)
     copied = dropped = 0
@@ -168,6 +182,8 @@ def _stream(
             break
         chunk = view[:n]
         hasher.update(chunk)
+        if validator is not None:
+            validator.feed(buf, n)
         upload.write(chunk)
         copied += n
         control.advance(n)
@@ -178,6 +194,12 @@ def _stream(
             ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
             if ahead > 0:
                 time.sleep(ahead)
+    if validator is not None:
+        verdict = validator.finish(src_fd)
+    elif copied == 0:
+        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
+    else:
+        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
     if options.drop_cache:
         os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    return hasher.hexdigest(), copied
+    return hasher.hexdigest(), copied, verdict

@@ -94,14 +94,7 @@ class Manifest:
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
             "entries": {
-                e.path: {
-                    "size": e.size,
-                    "hash": {"algo": e.algo, "digest": e.digest},
-                    "source_mtime_ns": e.source_mtime_ns,
-                    "step": e.step,
-                    "mirrored_at": e.mirrored_at,
-                }
-                for e in sorted(self._entries.values(), key=lambda e: e.path)
+                e.path: _raw(e) for e in sorted(self._entries.values(), key=lambda e: e.path)
             },
         }
         # Compact on purpose: with `indent`, json falls back to its pure-Python encoder, which made
@@ -138,12 +131,30 @@ class Manifest:
         return cls.from_bytes(data, str(path))
 
 
+def _raw(e: ManifestEntry) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "size": e.size,
+        "hash": {"algo": e.algo, "digest": e.digest},
+        "source_mtime_ns": e.source_mtime_ns,
+        "step": e.step,
+        "mirrored_at": e.mirrored_at,
+    }
+    # Optional keys (older readers ignore them; older manifests simply lack them).
+    if e.validation is not None:
+        raw["validation"] = e.validation
+    if e.mirror_ino:
+        raw["stat"] = {"ino": e.mirror_ino, "mtime_ns": e.mirror_mtime_ns, "ctime_ns": e.mirror_ctime_ns}
+    return raw
+
+
 def _entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
     split_rel(path)  # ValueError unless a plain relative path: an entry never names a file outside the root
     algo = str(raw["hash"]["algo"])
     if algo not in ALGORITHMS:
         raise ValueError(f"{path}: unknown hash algorithm {algo!r}")
     step = raw.get("step")
+    validation = raw.get("validation")
+    st = raw.get("stat") or {}
     return ManifestEntry(
         path=path,
         size=int(raw["size"]),
@@ -152,4 +163,8 @@ def _entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
         source_mtime_ns=int(raw["source_mtime_ns"]),
         step=None if step is None else int(step),
         mirrored_at=float(raw["mirrored_at"]),
+        validation=None if validation is None else str(validation),
+        mirror_ino=int(st.get("ino", 0)),
+        mirror_mtime_ns=int(st.get("mtime_ns", 0)),
+        mirror_ctime_ns=int(st.get("ctime_ns", 0)),
     )

@@ -8,8 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mirrord import __version__
 
-COPY_RESULTS = ("ok", "failed", "source_changed", "size_mismatch", "no_space", "stalled")
-SKIP_REASONS = ("recent_mtime", "zero_mtime", "future_mtime", "in_flight", "newest", "not_regular")
+COPY_RESULTS = ("ok", "failed", "source_changed", "size_mismatch", "no_space", "stalled", "invalid_source")
+SKIP_REASONS = ("recent_mtime", "zero_mtime", "future_mtime", "in_flight", "newest", "not_regular",
+                "recently_seen", "unmirrored")
 VOLUMES = ("primary", "mirror")
 # 1 MB .. 10 GB files at 10 MB/s .. 2 GB/s: from a few ms to many minutes.
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 3600)
@@ -53,6 +54,11 @@ class Metrics:
         )
         self.free_bytes = Gauge("mirrord_volume_free_bytes", "Free bytes per volume.", ["volume"], registry=r)
         self.total_bytes = Gauge("mirrord_volume_total_bytes", "Size of each volume.", ["volume"], registry=r)
+        self.invalid_sources = Gauge(
+            "mirrord_invalid_sources",
+            "Primary files that failed their format validator for longer than copy.invalid_grace_seconds "
+            "(not published).", registry=r,
+        )
         self.verify_failures = Counter(
             "mirrord_verify_failures", "Mirrored files that no longer match the manifest.", registry=r
         )

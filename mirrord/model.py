@@ -18,6 +18,12 @@ class FileState:
     ino: int = 0
     dev: int = 0
     mode: int = stat.S_IFREG | 0o644
+    ctime_ns: int = 0
+
+    @property
+    def identity(self) -> tuple[int, int, int, int]:
+        """What must stay the same for the file to count as unchanged: a rewrite moves ctime at least."""
+        return (self.ino, self.size, self.mtime_ns, self.ctime_ns)
 
     @property
     def is_regular(self) -> bool:
@@ -54,10 +60,23 @@ class ManifestEntry:
     source_mtime_ns: int
     step: int | None
     mirrored_at: float
+    # The format validator's verdict on the source ("ok" or "unchecked"); None in entries written
+    # before validation existed. An entry is only ever recorded for a source that passed.
+    validation: str | None = None
+    # How the published copy looked right after it was recorded (0 when unknown): while the file
+    # still has this inode, size, mtime and ctime, its recorded hash can be trusted without re-reading.
+    mirror_ino: int = 0
+    mirror_mtime_ns: int = 0
+    mirror_ctime_ns: int = 0
 
     @property
     def run(self) -> str:
         return dirname(self.path)
+
+    def unchanged(self, state: FileState) -> bool:
+        """The mirror file is, by stat, exactly the one recorded (needs the identity recorded)."""
+        return bool(self.mirror_ino) and (state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
+            self.mirror_ino, self.size, self.mirror_mtime_ns, self.mirror_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +102,8 @@ class CopyResult:
     digest: str
     source_mtime_ns: int
     seconds: float
+    validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
+    validation_detail: str = ""
 
 
 def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:

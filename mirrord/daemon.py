@@ -116,6 +116,7 @@ class Daemon:
         self._stop_requests = 0
         self._reload_requested = False
         self._prune_due = False
+        self._reconcile_due = False
         self._unsettled: set[str] = set()
         self._verify_failed: set[str] = set()  # main loop adds, workers discard (single set ops)
         self._refused_since_mtime = 0.0  # oldest unmirrored file while the mirror is refused (0: none)
@@ -166,6 +167,8 @@ class Daemon:
                 self._invalid[job.rel] = _Invalid(
                     outcome.identity, previous.since if previous else time.monotonic(), outcome.status,
                     outcome.cause, previous.reported if previous else False)
+            # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
+            self._reconcile_due = True
         elif outcome.reason != "cancelled":
             self._failed += 1
             self._last_error = f"{job.rel}: {outcome.cause}"
@@ -223,7 +226,11 @@ class Daemon:
         from mirrord.prune import Pruner
 
         return Pruner(cfg, self.primary, self.mirror, self.manifest, self.metrics, in_flight=self.queue.paths,
-                      observations=self.observations)
+                      observations=self.observations, invalid=self._invalid_paths)
+
+    def _invalid_paths(self) -> frozenset[str]:
+        with self._invalid_lock:
+            return frozenset(self._invalid)
 
     def _start_endpoints(self) -> None:
         if not self.config.metrics.enabled:
@@ -272,7 +279,8 @@ class Daemon:
                 self._reload_requested = False
                 self._reload()
             now = time.monotonic()
-            if self._drain_hints() or now >= next_rescan:
+            if self._drain_hints() or now >= next_rescan or self._reconcile_due:
+                self._reconcile_due = False
                 self._reconcile()
                 next_rescan = time.monotonic() + cfg.watch.rescan_interval_seconds
             if (self._unsettled or self._invalid) and now >= next_settle:
@@ -330,7 +338,8 @@ class Daemon:
         return bool(problem)
 
     def _enqueue(self, psnap: Snapshot, msnap: Snapshot, partial: bool = False) -> int:
-        plan = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex, self.settle)
+        plan = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex,
+                           self.settle.at(time.monotonic()))
         # Steps retention already pruned would only be pruned again (prune.primary = false keeps them).
         retired = self.pruner.retired if self.pruner is not None else (lambda run, step, mtime_ns: False)
         queued = 0

@@ -80,11 +80,11 @@ class SettleTracker:
     def mark_committed(self, state: FileState) -> None:
         self._committed[state.rel] = state.identity
 
-    def __call__(self, state: FileState) -> bool:
+    def __call__(self, state: FileState, now: float | None = None) -> bool:
         key = state.identity
         if self.settle_seconds <= 0 or self._committed.get(state.rel) == key:
             return True
-        now = self.monotonic()
+        now = self.monotonic() if now is None else now
         seen = self._seen.get(state.rel)
         if seen is None or seen[0] != key:
             self._seen[state.rel] = (key, now)
@@ -93,6 +93,11 @@ class SettleTracker:
             return False
         age = self.wall() - state.mtime_ns / 1e9
         return not 0 <= age < self.settle_seconds
+
+    def at(self, now: float) -> Callable[[FileState], bool]:
+        """The predicate for one listing: every file of it judged at the same instant, so files first
+        seen together settle together (and are queued together, newest step first)."""
+        return lambda state: self(state, now)
 
     def forget(self, rel: str) -> None:
         self._seen.pop(rel, None)

@@ -79,6 +79,7 @@ class Pruner:
         wall: Callable[[], float] = time.time,
         in_flight: Callable[[], frozenset[str]] = frozenset,
         observations: Observations | None = None,
+        invalid: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self.config = config
         self.primary = primary
@@ -91,6 +92,7 @@ class Pruner:
         # process to have seen a file unchanged for min_age_seconds (monotonic). A one-shot command
         # has seen nothing, so it passes none and relies on mtimes alone.
         self.observations = observations
+        self.invalid = invalid  # primary files that failed their validator as they are now
         self.log = get_logger()
         self._lock = threading.Lock()
         self._last_plan: PrunePlan | None = None
@@ -99,7 +101,8 @@ class Pruner:
             MIRROR: PurePath(mirror.root.resolve()),
         }
 
-    def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None) -> PrunePlan:
+    def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None,
+             space_pressure: bool = False) -> PrunePlan:
         """List both sides (unless given the daemon's own snapshots) and plan; deletes nothing."""
         psnap = primary_snap if primary_snap is not None else self.primary.snapshot(self.config.patterns)
         msnap = mirror_snap if mirror_snap is not None else self.mirror.snapshot(self.config.patterns)
@@ -110,9 +113,10 @@ class Pruner:
             observed.update(self.observations.update(MIRROR, [*msnap.files.values(), *msnap.partials.values()]))
         plan = plan_prune(
             psnap, msnap, self.manifest.entries, frozenset(self.in_flight()), self.wall(),
-            self.config.prune, self.config.step_regex, self._roots, is_mount, observed,
+            self.config.prune, self.config.step_regex, self._roots, is_mount, observed, self.invalid(),
+            space_pressure,
         )
-        if not plan.refused:
+        if not plan.refused and not space_pressure:
             self._last_plan = plan
         return plan
 
@@ -166,7 +170,7 @@ class Pruner:
             free, _ = self.mirror.space()
             if free >= bytes_needed:
                 return
-            plan = self.plan()
+            plan = self.plan(space_pressure=True)
             report = self._execute(plan, False, (MIRROR,), lambda: self.mirror.space()[0] >= bytes_needed)
             free, _ = self.mirror.space()
         self.log.info(

@@ -193,12 +193,19 @@ def plan_prune(
     roots: Mapping[str, PurePath] | None = None,
     mirror_is_mount: bool | None = None,
     observed: Mapping[tuple[str, str], float] | None = None,
+    invalid: AbstractSet[str] = frozenset(),
+    space_pressure: bool = False,
 ) -> PrunePlan:
     """The prune plan for one cycle. Pure: the same inputs give the same plan.
 
     `roots` maps "primary"/"mirror" to their root paths (for the path guard); `mirror_is_mount` is
     None unless `mirror_must_be_mountpoint` asks for the check; `observed` maps (volume, rel) to how
-    long this process has seen the file unchanged (monotonic), None to skip that guard.
+    long this process has seen the file unchanged (monotonic), None to skip that guard; `invalid` are
+    primary files that failed their format validator as they are now: they do not count as present for
+    the window (a torn newest step must not retire the good step before it), yet, being unverified,
+    they keep every older step. With `space_pressure` (the mirror cannot take the next copy) a retired
+    step may go once keep_last newer steps are verified, even if others are not: otherwise a full mirror
+    could never make room for the copies that would verify them.
     """
     refused: list[tuple[str, str]] = []
     for side, snap in ((PRIMARY, primary), (MIRROR, mirror)):
@@ -245,25 +252,29 @@ def plan_prune(
         kept_window = [s for s in order if s in verified][-policy.keep_last:]
         # Retired: below the keep_last newest steps present. Deletable: retired, not kept by a policy,
         # and every newer step verified (a torn or unfinished newer step keeps the older ones).
-        retire_below = len(order) - policy.keep_last
-        if retire_below > 0:
-            windows[run] = Window(run_branches.key(order[retire_below]), run_branches, max(mtimes.values()))
+        present = [s for s in order
+                   if by_step[s][MIRROR] or any(f.rel not in invalid for f in by_step[s][PRIMARY])]
+        floor = run_branches.key(present[-policy.keep_last]) if len(present) > policy.keep_last else None
+        if floor is not None:
+            windows[run] = Window(floor, run_branches, max(mtimes.values()))
         if kept_window:
             top = by_step[kept_window[-1]]
             newest.update(s.rel for s in top[PRIMARY] + top[MIRROR])
         newer_verified = True  # every step after this one (in order) is verified
+        verified_above = 0
         deletable: set[int] = set()
-        for rank in range(len(order) - 1, -1, -1):
-            step = order[rank]
-            if rank < retire_below and newer_verified and step not in keep:
+        for step in reversed(order):
+            enough = newer_verified or (space_pressure and verified_above >= policy.keep_last)
+            if floor is not None and run_branches.key(step) < floor and enough and step not in keep:
                 deletable.add(step)
             newer_verified = newer_verified and step in verified
-        for rank, step in enumerate(order):
+            verified_above += step in verified
+        for step in order:
             for side in (PRIMARY, MIRROR):
                 for state in by_step[step][side]:
                     if step in keep:
                         kept.append(Kept(side, state.rel, step, keep[step]))
-                    elif rank >= retire_below:
+                    elif floor is None or run_branches.key(step) >= floor:
                         newer = not kept_window or run_branches.key(step) > run_branches.key(kept_window[-1])
                         kept.append(Kept(side, state.rel, step, NEWER_THAN_KEPT if newer else UNVERIFIED))
                     elif step not in deletable:

@@ -42,7 +42,8 @@ def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
     with mirror.lock():
         manifest = mirror.read_manifest()
         engine = Engine(config, mirror, manifest, metrics)
-        pruner = Pruner(config, primary, mirror, manifest, engine.metrics) if config.prune.enabled else None
+        pruner = Pruner(config, primary, mirror, manifest, engine.metrics,
+                        invalid=lambda: frozenset(report.invalid)) if config.prune.enabled else None
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
         deadline = time.monotonic() + 3 * config.copy.settle_seconds
         attempted: dict[str, tuple[int, int, int, int]] = {}  # rel -> the source identity tried
@@ -52,7 +53,7 @@ def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
             report.listing_errors = list(psnap.errors + msnap.errors)
             for rel, why in psnap.skipped:
                 log.warning("scan.skipped", path=rel, why=why, volume="primary")
-            plan = plan_copies(psnap, msnap, manifest.entries, config.step_regex, settle)
+            plan = plan_copies(psnap, msnap, manifest.entries, config.step_regex, settle.at(time.monotonic()))
             if pruner is not None:
                 pruner.plan(psnap, msnap)  # which old steps retention has retired: not worth copying again
             jobs = [j for j in plan.jobs if attempted.get(j.rel) != psnap.files[j.rel].identity

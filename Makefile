@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
-.PHONY: run test demo chaos chaos-ci bench bench-smoke clean
+.PHONY: run test stress demo chaos chaos-ci bench bench-smoke clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,12 +13,17 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed
 	mkdir -p var/primary var/mirror
 	@echo "mirrord: drop checkpoints (*.pt) into $(CURDIR)/var/primary; copies appear in $(CURDIR)/var/mirror"
-	@echo "mirrord: metrics at http://127.0.0.1:9108/metrics, health at /healthz; Ctrl-C stops"
+	@echo "mirrord: the command is $(VENV)/bin/mirrord (make does not put it on PATH; . $(VENV)/bin/activate does)"
+	@echo "mirrord: on a terminal the daemon's banner shows the retention in force; Ctrl-C stops"
 	$(VENV)/bin/mirrord run --config config/local.toml
 
 # Set up everything the tests need and run them (what CI runs).
 test:
 	bash .ci/run
+
+# The whole suite three times in a row under stress-ng (2 CPU + 2 I/O workers); all must pass.
+stress:
+	bash .ci/stress
 
 # A one-minute simulated training run against ./var/demo.
 demo: $(VENV)/.installed

@@ -15,7 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mirrord.manifest import MANIFEST_NAME
+from mirrord.errors import ManifestError
+from mirrord.manifest import MANIFEST_NAME, Manifest
+
+MANIFEST_PREFIX = MANIFEST_NAME.removesuffix(".json")
 
 
 def free_port() -> int:
@@ -46,22 +49,33 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 class ManifestWatcher:
-    """Reads the mirror's manifest only when its file changed (cheap enough to poll every ms)."""
+    """Reads the mirror's manifest (snapshot + journal) only when one of its files changed (cheap enough
+    to poll every ms)."""
 
     def __init__(self, mirror: Path) -> None:
-        self.path = mirror / MANIFEST_NAME
-        self._key: tuple[int, int] | None = None
+        self.mirror = mirror
+        self._key: tuple[tuple[str, int, int, int], ...] | None = None
         self.entries: dict[str, Any] = {}
 
     def refresh(self) -> dict[str, Any]:
+        key = []
         try:
-            st = self.path.stat()
+            names = sorted(p.name for p in self.mirror.iterdir())
         except FileNotFoundError:
             return self.entries
-        key = (st.st_ino, st.st_mtime_ns)
-        if key != self._key:
-            self.entries = json.loads(self.path.read_bytes())["entries"]
-            self._key = key
+        for name in names:
+            if name.startswith(MANIFEST_PREFIX) and not name.endswith(".part"):
+                try:
+                    st = (self.mirror / name).stat()
+                except FileNotFoundError:
+                    continue
+                key.append((name, st.st_ino, st.st_size, st.st_mtime_ns))
+        if tuple(key) != self._key:
+            try:
+                self.entries = Manifest.load(self.mirror).entries
+            except ManifestError:  # changed under us by a compaction: read again at the next poll
+                return self.entries
+            self._key = tuple(key)
         return self.entries
 
 

@@ -58,11 +58,10 @@ def build_tree(root: Path, n_files: int, n_runs: int, say: Log = log) -> Path:
 
 def _measure_here(where: Path) -> dict[str, Any]:
     """Runs inside the child process."""
-    from mirrord.manifest import Manifest
+    from mirrord.manifest import MANIFEST_NAME, Manifest
     from mirrord.model import ManifestEntry
     from mirrord.plan import plan_copies
     from mirrord.scan import snapshot_tree
-    from mirrord.volume import LocalMirror
 
     patterns = ("*.pt",)
     step = re.compile(r"step_(\d+)")
@@ -89,12 +88,13 @@ def _measure_here(where: Path) -> dict[str, Any]:
     t["plan_all_new_s"] = time.perf_counter() - t0
     peak = proc_status(os.getpid())["VmHWM"]
     with tempfile.TemporaryDirectory(dir=where) as tmp:
-        bound = Manifest(manifest.entries).bind(LocalMirror(Path(tmp)).write_manifest)
+        (Path(tmp) / MANIFEST_NAME).write_bytes(manifest.to_bytes())
+        bound = Manifest.open(Path(tmp))
         e = next(iter(manifest.entries.values()))
         t0 = time.perf_counter()
         bound.record(ManifestEntry("extra/step_000001.pt", 1, e.algo, e.digest, e.source_mtime_ns, 1, time.time()))
         t["manifest_record_s"] = time.perf_counter() - t0
-        manifest_bytes = (Path(tmp) / ".mirrord-manifest.json").stat().st_size
+        manifest_bytes = (Path(tmp) / MANIFEST_NAME).stat().st_size
     return {
         "files": len(psnap.files), "jobs_all_new": len(all_new.jobs),
         **{k: round(v, 4) for k, v in t.items()},

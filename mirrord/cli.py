@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 the operation failed (a copy, a mismatch, no intact che
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from mirrord.config import Config, load_config
 from mirrord.errors import ConfigError, MirrordError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+JSON_HELP = "print one JSON document on stdout instead of text (schema: README, JSON output)"
 
 Command = Callable[[Config, argparse.Namespace], int]
 
@@ -50,7 +52,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     from mirrord.sync import run_sync
 
-    report = run_sync(config)
+    report = _sync_with_progress(config, run_sync)
+    if args.json:
+        from mirrord.report import dumps, sync_document
+
+        print(dumps(sync_document(report)))
     for rel, err in sorted(report.failed.items()):
         print(f"FAILED {rel}: {err}", file=sys.stderr)
     for rel, cause in sorted(report.invalid.items()):
@@ -60,9 +66,42 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def _sync_with_progress(config: Config, run_sync: Any) -> Any:
+    """On a terminal, a live line per file being copied (bytes, rate, ETA); only this path imports the view."""
+    if not sys.stderr.isatty():
+        return run_sync(config)
+    from mirrord.console import live_copies
+    from mirrord.progress import ProgressBoard
+
+    board = ProgressBoard()
+    with live_copies(board, sys.stderr) as log_stream:
+        logsetup.configure(config.log.format, config.log.level, log_stream)  # log lines above the live lines
+        try:
+            return run_sync(config, board=board)
+        finally:
+            logsetup.configure(config.log.format, config.log.level, sys.stderr)
+
+
+def _torch_import_error() -> str | None:
+    """Why torch cannot be imported, or None. (--load needs it; nothing else in the CLI does.)"""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     from mirrord.verify import verify_mirror
 
+    if not config.mirror.is_dir():
+        print(f"mirrord: verify: the mirror {config.mirror} does not exist or is not a directory "
+              "(mirror / --mirror); nothing to verify", file=sys.stderr)
+        return EXIT_USAGE
+    if args.load and (why := _torch_import_error()) is not None:
+        print(f"mirrord: verify --load needs torch, which cannot be imported ({why}): "
+              "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)", file=sys.stderr)
+        return EXIT_USAGE
     deep = None
     if args.deep or args.load:
         from mirrord.verify import deep_check
@@ -72,12 +111,21 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(config.mirror, config.patterns, progress, deep)
-    for f in findings:
-        print(f"{f.problem.upper():14} {f.path}  {f.detail}")
+    # Findings about recorded files; unrecorded files and listing errors are problems, not checked files;
+    # "unchecked" (a format without a validator, with --deep) is reported, never a problem.
+    damaged = {f.path for f in findings
+               if f.problem not in ("unrecorded", "unchecked") and f.path != str(config.mirror)}
+    intact = checked - len(damaged)
     problems = [f for f in findings if f.is_problem]
     unchecked = len(findings) - len(problems)
-    bad = sum(f.problem not in ("unrecorded", "unchecked") for f in findings)
-    print(f"verified {checked} file(s): {checked - bad} ok, {len(problems)} problem(s)"
+    if args.json:
+        from mirrord.report import dumps, verify_document
+
+        print(dumps(verify_document(config.mirror, checked, intact, findings, args.deep, args.load)))
+    else:
+        for f in findings:
+            print(f"{f.problem.upper():14} {f.path}  {f.detail}")
+    print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
           + (f", {unchecked} unchecked (no validator for their format)" if unchecked else ""), file=sys.stderr)
     return EXIT_FAILED if problems else EXIT_OK
 
@@ -93,8 +141,14 @@ def _progress_bar(done: int, total: int, path: str) -> None:
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     from mirrord.latest import latest_checkpoint
+    from mirrord.model import step_of
 
     root = config.primary if args.primary_side else config.mirror
+    side = "primary" if args.primary_side else "mirror"
+    if not root.is_dir():
+        print(f"mirrord: latest: the {side} {root} does not exist or is not a directory ({side} / --{side})",
+              file=sys.stderr)
+        return EXIT_USAGE
     run = Path(args.run) if args.run else None
     if run is not None and run.is_absolute() and not run.resolve().is_relative_to(root.resolve()):
         print(f"mirrord: config error: --run: {run} is not a folder under {root}", file=sys.stderr)
@@ -103,11 +157,17 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
         root, run=args.run, require_manifest=not args.primary_side,
         patterns=config.patterns, step_pattern=config.prune.step_pattern, verify=args.verify,
     )
+    if args.json:
+        from mirrord.report import dumps, latest_document
+
+        step = step_of(found.name, config.step_regex) if found is not None else None
+        print(dumps(latest_document(root, side, args.run, found, step)))
     if found is None:
         print(f"no intact checkpoint under {root}" + (f" for run {args.run}" if args.run else ""),
               file=sys.stderr)
         return EXIT_FAILED
-    print(found)
+    if not args.json:
+        print(found)
     return EXIT_OK
 
 
@@ -122,6 +182,10 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     def reload_config() -> Config:
         return _load(args)
 
+    if sys.stderr.isatty():
+        from mirrord.banner import run_banner
+
+        print(run_banner(config, args.config), file=sys.stderr, flush=True)
     try:
         return run_daemon(config, reload_config)
     except StartupError as exc:
@@ -142,21 +206,40 @@ def _load(args: argparse.Namespace) -> Config:
 # --- prune (retention; see mirrord/prune.py) ---------------------------------------------------------
 def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     from mirrord.errors import ManifestError
+    from mirrord.manifest import Manifest
+    from mirrord.model import Snapshot
     from mirrord.prune import Pruner, describe
     from mirrord.volume import LocalMirror, LocalVolume
 
+    dry_run = args.dry_run or config.prune.dry_run
     mirror = LocalMirror(config.mirror)
-    with mirror.lock():
+    # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
+    guard = contextlib.nullcontext() if dry_run else mirror.lock()
+    with guard:
         try:
-            manifest = mirror.read_manifest()
+            manifest = Manifest.load(config.mirror) if dry_run else mirror.read_manifest()
         except ManifestError as exc:
             # Without the manifest nothing is known to be verified: delete nothing.
             logsetup.get_logger().error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=0)
             print(f"REFUSED (manifest): {exc}; nothing deleted", file=sys.stderr)
+            if args.json:
+                from mirrord.prune import PruneReport
+                from mirrord.report import dumps, prune_document
+
+                print(dumps(prune_document(PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]))))
             return EXIT_FAILED
         pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest)
-        report = pruner.run_cycle(dry_run=True if args.dry_run else None)
-    print(describe(report))
+        # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
+        absent = Snapshot() if dry_run and not config.mirror.exists() else None
+        report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+        if not dry_run:
+            manifest.close()
+    if args.json:
+        from mirrord.report import dumps, prune_document
+
+        print(dumps(prune_document(report)))
+    else:
+        print(describe(report))
     return EXIT_OK if report.ok else EXIT_FAILED
 # --- end prune -----------------------------------------------------------------------------------
 
@@ -165,7 +248,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
     from mirrord.status import collect, render
 
-    status = collect(config, deep=args.verify, timeout=args.timeout)
+    status = collect(config, deep=args.verify, timeout=args.timeout, max_lag=args.max_lag)
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
     else:
@@ -219,21 +302,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func, needs_primary=needs_primary)
         return p
 
-    add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
-        "(0 if all copies succeeded, 1 if any failed).")
+    p = add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
+            "(0 if all copies succeeded, 1 if any failed). On a terminal, each copy under way shows its "
+            "bytes, rate and ETA.")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = add("verify", cmd_verify, "Recheck every mirrored file against the manifest (size and hash); list "
-            "mismatches, missing and unrecorded files; exit 1 on any problem.", needs_primary=False)
+            "mismatches, missing and unrecorded files; exit 1 on any problem, 2 if the mirror does not exist "
+            "or --load is asked for without torch installed.", needs_primary=False)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--deep", action="store_true",
                    help="also run the format validator on every file, recorded or not: a torch.save zip's "
                    "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
                    "are reported as unchecked, not as problems")
     p.add_argument("--load", action="store_true",
-                   help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch")
+                   help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch "
+                   "(pip install 'mirrord[torch]')")
     p = add("latest", cmd_latest, "Print the newest verified checkpoint: recorded in the manifest (its source "
             "passed its format validator), still the file that was recorded (by inode, size, mtime and "
             "ctime; re-hashed when they differ). Newest is by step within a run, the newest branch first "
             "after a rollback; without --run, the run whose best checkpoint is newest by mtime. Exit 1 if "
-            "there is none.", needs_primary=False)
+            "there is none, 2 if the mirror does not exist.", needs_primary=False)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
     p.add_argument("--verify", action="store_true",
                    help="re-read each candidate: content hash and format validator, not only stat")
@@ -248,7 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
             "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
             "manifest, mirror looks unmounted).")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the plan, delete nothing (as prune.dry_run = true)")
+                   help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
+                   "nothing, so it runs beside a daemon")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---
     # --- status and demo ---
     p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "
@@ -256,13 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
             "volumes, and problems; plus, if a daemon answers on metrics.address, its health, readiness, "
             "queue and copy counts. Reads only: safe while the daemon runs. Exit 0 if nothing is wrong, "
             "1 if a problem is listed (newest mirrored step not intact, files missing from the mirror, "
-            "unreadable manifest, daemon unhealthy or refusing the mirror).", needs_primary=False)
+            "unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
+            "behind, daemon unhealthy or refusing the mirror). With a daemon, each copy under way is shown "
+            "with its bytes, rate and ETA.", needs_primary=False)
     p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
     p.add_argument("--verify", action="store_true",
                    help="check the content hash of each run's newest mirrored step, not only its size "
                    "(reads those files in full)")
     p.add_argument("--timeout", type=_positive_float, default=1.0, metavar="SECONDS",
                    help="how long to wait for the daemon's HTTP endpoint (default: 1)")
+    p.add_argument("--max-lag", type=_positive_float, default=900.0, metavar="SECONDS",
+                   help="a run whose oldest unmirrored checkpoint is older than this is a problem "
+                   "(exit 1), not just lag (default: 900, as the MirrordMirrorLagging alert)")
     p = add("demo", cmd_demo, "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
             "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a "
             "`mirrord run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, "

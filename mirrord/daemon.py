@@ -32,7 +32,7 @@ from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult, FileState, Snapshot
 from mirrord.observe import Observations
 from mirrord.plan import SettleTracker, plan_copies
-from mirrord.retention import mirror_unmounted
+from mirrord.retention import describe_policy, mirror_unmounted
 from mirrord.systemd import Notifier
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
@@ -116,13 +116,14 @@ class Daemon:
         self._stop_requests = 0
         self._reload_requested = False
         self._prune_due = False
-        self._reconcile_due = False
         self._unsettled: set[str] = set()
         self._verify_failed: set[str] = set()  # main loop adds, workers discard (single set ops)
         self._refused_since_mtime = 0.0  # oldest unmirrored file while the mirror is refused (0: none)
         self._ready = False
         self._health: tuple[bool, str] = (False, "starting")
         self._last_heartbeat = 0.0
+        self._next_heartbeat = 0.0
+        self._rescan_asked = False  # by a hint drained during a prune pass: done when the pass ends
         self._copied = self._failed = 0
         self._last_error = ""
         self._blocked = ""  # why copying and pruning are refused (e.g. the mirror looks unmounted)
@@ -140,6 +141,16 @@ class Daemon:
         if self._blocked:
             return False, self._blocked
         return (True, "ready") if self._ready else (False, "first reconcile not finished")
+
+    def report(self) -> dict[str, Any]:
+        """The /status document: what the daemon is doing right now (copies with their progress)."""
+        engine = getattr(self, "engine", None)
+        return {
+            "version": __version__,
+            "ready": self.readiness()[0],
+            "queue_depth": self.queue.depth(),
+            "copies": [p.to_dict() for p in engine.board.snapshot()] if engine is not None else [],
+        }
 
     # -- signals -------------------------------------------------------------------------------
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -168,7 +179,7 @@ class Daemon:
                     outcome.identity, previous.since if previous else time.monotonic(), outcome.status,
                     outcome.cause, previous.reported if previous else False)
             # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
-            self._reconcile_due = True
+            self._rescan_asked = True
         elif outcome.reason != "cancelled":
             self._failed += 1
             self._last_error = f"{job.rel}: {outcome.cause}"
@@ -179,7 +190,7 @@ class Daemon:
     def run(self) -> int:
         cfg = self.config
         self.log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(cfg.primary),
-                      mirror=str(cfg.mirror))
+                      mirror=str(cfg.mirror), retention=describe_policy(cfg.prune))
         with self.mirror.lock():
             self.manifest = self.mirror.read_manifest()
             self.pruner = self._make_pruner(cfg)
@@ -239,14 +250,15 @@ class Daemon:
 
         m = self.config.metrics
         try:
-            self.endpoints = Endpoints(m.host, m.port, self.metrics.registry, self.health, self.readiness)
+            self.endpoints = Endpoints(m.host, m.port, self.metrics.registry, self.health, self.readiness,
+                                       self.report)
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {m.address} (metrics.address): {exc.strerror or exc}"
             ) from exc
         self.endpoints.start()
         self.log.info("metrics.listening", address=f"{m.host}:{self.endpoints.port}",
-                      endpoints=["/metrics", "/healthz", "/readyz"])
+                      endpoints=["/metrics", "/healthz", "/readyz", "/status"])
 
     def _install_signals(self) -> dict[int, Any]:
         previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -265,11 +277,10 @@ class Daemon:
         self.log.info("daemon.ready", status=self._status())
         now = time.monotonic()
         next_rescan = now + cfg.watch.rescan_interval_seconds
-        next_heartbeat = now + cfg.daemon.heartbeat_seconds
         next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
         while not self._stop_requests:
             cfg = self.config
-            deadlines = [next_rescan, next_heartbeat]
+            deadlines = [next_rescan, self._next_heartbeat]
             if self._unsettled or self._invalid:
                 deadlines.append(next_settle)
             self._waker.wait(min(deadlines) - time.monotonic() if not self._hints else 0)
@@ -279,8 +290,8 @@ class Daemon:
                 self._reload_requested = False
                 self._reload()
             now = time.monotonic()
-            if self._drain_hints() or now >= next_rescan or self._reconcile_due:
-                self._reconcile_due = False
+            if self._drain_hints() or self._rescan_asked or now >= next_rescan:
+                self._rescan_asked = False
                 self._reconcile()
                 next_rescan = time.monotonic() + cfg.watch.rescan_interval_seconds
             if (self._unsettled or self._invalid) and now >= next_settle:
@@ -289,9 +300,8 @@ class Daemon:
             if self._prune_due:
                 self._prune_due = False
                 self._prune()
-            if now >= next_heartbeat:
+            if time.monotonic() >= self._next_heartbeat:
                 self._heartbeat()
-                next_heartbeat = now + cfg.daemon.heartbeat_seconds
 
     # -- reconcile and hints ------------------------------------------------------------------------
     def _reconcile(self) -> None:
@@ -423,18 +433,29 @@ class Daemon:
         if self.pruner is None or self._blocked:
             return
         try:
-            self.pruner.run_cycle(psnap, msnap)
+            self.pruner.run_cycle(psnap, msnap, keep_going=self._between_deletions)
         except MirrordError as exc:
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
+
+    def _between_deletions(self) -> bool:
+        """A long prune pass keeps the daemon alive: new checkpoints are queued (workers copy meanwhile),
+        the heartbeat (WATCHDOG=1, /healthz) goes on, and a stop request ends the pass."""
+        if self._hints and self._drain_hints():
+            self._rescan_asked = True
+        if time.monotonic() >= self._next_heartbeat:
+            self._heartbeat()
+        return not self._stop_requests
 
     # -- supervision ------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
         cfg = self.config
         problems = self.pool.check_stalls(cfg.copy.stall_seconds)
+        self.pool.report_progress()
         if not self.watcher.is_alive():
             problems.append("filesystem watcher stopped")
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last_heartbeat = time.monotonic()
+        self._next_heartbeat = self._last_heartbeat + cfg.daemon.heartbeat_seconds
         self._report_invalid()
         self._update_gauges()
         status = self._status()
@@ -526,10 +547,22 @@ class Daemon:
         if pool is not None and not pool.stop(cfg.daemon.shutdown_grace_seconds,
                                               force=lambda: self._stop_requests > 1):
             self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
+        self._close_manifest()
         if self.endpoints is not None:
             self.endpoints.stop()
         self._waker.close()
         self.notifier.close()
+
+
+    def _close_manifest(self) -> None:
+        """Fold the journal into the snapshot; if that fails the journal is simply replayed next start."""
+        manifest = getattr(self, "manifest", None)
+        if manifest is None:
+            return
+        try:
+            manifest.close()
+        except MirrordError as exc:
+            self.log.error("manifest.compaction_failed", path=exc.path, cause=exc.cause)
 
 
 def _get(data: dict[str, Any], dotted: str) -> Any:

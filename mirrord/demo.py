@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mirrord.atomic import TEMP_SUFFIX, atomic_output
+from mirrord.banner import mirrord_command
 from mirrord.config import load_config
 from mirrord.errors import ManifestError
 from mirrord.manifest import Manifest
@@ -293,6 +294,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _interrupt_on_stop_signals() -> dict[int, Any]:
+    """Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script
+    starts with SIGINT ignored, and Python then installs no handler): as `mirrord run` does."""
+    previous: dict[int, Any] = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.default_int_handler)
+    return previous
+
+
+def _force_on_stop_signals(proc: subprocess.Popen[bytes]) -> None:
+    """While the daemon stops, another Ctrl-C kills it rather than leaving it orphaned."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda _signum, _frame: proc.kill())
+
+
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """Run the whole demo; 0 when both sides end with exactly the newest keep_last steps, verified.
 
@@ -324,6 +343,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     trainer.prepare()
     narrator = Narrator(out, options.keep_last)
     follower = LogFollower(log_path)
+    previous_handlers = _interrupt_on_stop_signals()
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mirrord", "run", "--config", str(config_path)],
@@ -343,18 +363,25 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                   f"{', '.join(map(str, expected))} of {RUN}.\n", file=out)
         else:
             print(f"\nThe demo failed: {failure}; see {log_path}.\n", file=out)
-        print("$ mirrord status --config " + str(config_path), file=out)
+        print(f"$ {mirrord_command()} status --config {config_path}", file=out)
         print(render(collect(config)), file=out, flush=True)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the demo daemon", file=out, flush=True)
     finally:
+        _force_on_stop_signals(proc)
         code = _stop(proc)
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
+    command = mirrord_command()
     print(f"\nThe demo daemon stopped (exit {code}). Try next:\n"
-          f"  mirrord status --config {config_path}\n"
-          f"  mirrord verify --deep --config {config_path}\n"
-          f"  mirrord latest --config {config_path}\n"
-          f"  mirrord run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
+          f"  {command} status --config {config_path}\n"
+          f"  {command} verify --deep --config {config_path}\n"
+          f"  {command} latest --config {config_path}\n"
+          f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
           file=out, flush=True)
+    if command != "mirrord":
+        print(f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",
+              file=out, flush=True)
     if failure == "interrupted":
         return 130
     return 0 if failure is None and code == 0 else 1

@@ -17,6 +17,7 @@ from mirrord.log import get_logger
 from mirrord.manifest import Manifest
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult, ManifestEntry
+from mirrord.progress import ProgressBoard
 from mirrord.volume import Mirror
 
 
@@ -47,6 +48,7 @@ class Engine:
         metrics: Metrics | None = None,
         wall: Callable[[], float] = time.time,
         make_room: Callable[[int], None] | None = None,
+        board: ProgressBoard | None = None,
     ) -> None:
         self.config = config
         self.primary_root = Path(config.primary)
@@ -55,6 +57,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.wall = wall
         self.make_room = make_room
+        self.board = board or ProgressBoard()
+        self.metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
         self.options = copy_options(config)
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
@@ -70,18 +74,14 @@ class Engine:
         fields: dict[str, Any] = {"path": job.rel, "run": job.run or ".", "step": job.step, "size": job.size}
         self.log.info("copy.started", why=job.why, **fields)
         self.metrics.in_flight.inc()
+        control = control or CopyControl()
         with self._space_lock:
             # Concurrent copies each need their full size: count the others' as reserved space.
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
             self._reserved += job.size
         try:
-            try:
-                result = copy_file(self.primary_root, job.rel, self.mirror, options, control)
-            except NoSpaceError:
-                if self.make_room is None:
-                    raise
-                self.make_room(job.size + options.reserve_bytes)
-                result = copy_file(self.primary_root, job.rel, self.mirror, options, control)
+            with self.board.track(job, control):
+                result = self._copy(job, options, control)
             entry = ManifestEntry(
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
                 source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
@@ -115,6 +115,17 @@ class Engine:
             validation=result.validation, **fields,
         )
         return result
+
+    def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
+        """copy_file, once more after making room when the mirror is full (and retention may free some)."""
+        try:
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control)
+        except NoSpaceError:
+            if self.make_room is None:
+                raise
+            self.make_room(job.size + options.reserve_bytes)
+            control.bytes_done = 0  # the second try starts from the first byte again
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control)
 
     def _published_identity(self, rel: str) -> dict[str, int]:
         """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry

@@ -34,6 +34,12 @@ class Metrics:
         )
         self.queue_depth = Gauge("mirrord_queue_depth", "Copy jobs waiting for a worker.", registry=r)
         self.in_flight = Gauge("mirrord_copies_in_flight", "Copies being made right now.", registry=r)
+        # Set to a function by the Engine (computed at scrape time); with mirrord_copied_bytes_total it
+        # gives a progress curve that moves during a long copy, not only when it is published.
+        self.copy_bytes_in_flight = Gauge(
+            "mirrord_copy_bytes_in_flight", "Bytes already copied by the copies under way (0 when idle).",
+            registry=r,
+        )
         self.pruned_files = Counter("mirrord_pruned_files", "Files deleted by retention.", ["volume"], registry=r)
         self.pruned_bytes = Counter("mirrord_pruned_bytes", "Bytes freed by retention.", ["volume"], registry=r)
         self.prune_skipped = Counter(

@@ -1,11 +1,12 @@
 """The retention executor: plan (mirrord.retention), then delete file by file after checking again.
 
-Just before each unlink the file is stat'ed afresh (beneath its root, never through a symlink) and
-must still be the file that was planned; the guards are applied again to that fresh stat with a
-fresh clock and in-flight set, because the world may have changed since the listing. Deleting a
-mirrored file first drops its manifest entry (written atomically), so the manifest never vouches for
-a file that is gone. One log event per decision: prune.deleted, prune.skipped (reason),
-prune.refused (reason); prune.would_delete in dry-run mode.
+Before deleting, each file is stat'ed afresh (beneath its root, never through a symlink) and must
+still be the file that was planned; the guards are applied again to that fresh stat with a fresh
+clock and in-flight set, because the world may have changed since the listing; the unlink itself
+checks the inode, size and mtime once more. Deleting mirrored files first drops their manifest
+entries (one durable journal record per batch), so the manifest never vouches for a file that is
+gone. One log event per decision: prune.deleted, prune.skipped (reason), prune.refused (reason);
+prune.would_delete in dry-run mode.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from pathlib import PurePath
 from typing import Any
 
 from mirrord.config import Config
-from mirrord.errors import ManifestError, MirrordError
+from mirrord.errors import MirrordError
 from mirrord.guards import NOT_REGULAR, REASONS, UNMIRRORED, GuardContext, veto
 from mirrord.log import get_logger
 from mirrord.manifest import Manifest
 from mirrord.metrics import Metrics
-from mirrord.model import FileState, Snapshot
+from mirrord.model import FileState, ManifestEntry, Snapshot
 from mirrord.observe import Observations
 from mirrord.retention import MIRROR, PRIMARY, STEP, Deletion, PrunePlan, Skipped, exact_copy, plan_prune
 from mirrord.volume import ChangedError, LocalVolume, Mirror
@@ -32,6 +33,8 @@ from mirrord.volume import ChangedError, LocalVolume, Mirror
 VANISHED = "vanished"  # gone before we got to it: nothing to do, not a guard's veto
 CHANGED = "changed"  # no longer the file that was planned: reconsidered next cycle
 DISABLED = "disabled"
+# Deletions re-checked together and whose manifest entries go in one journal record (one fsync).
+BATCH = 64
 
 
 @dataclass
@@ -46,6 +49,7 @@ class PruneReport:
     refused: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail): nothing deleted
     changed: list[tuple[str, str, str]] = field(default_factory=list)  # (volume, rel, reason)
     failed: list[tuple[str, str, str]] = field(default_factory=list)  # (volume, rel, cause)
+    interrupted: bool = False  # a stop was requested: the rest waits for the next pass
 
     @property
     def ok(self) -> bool:
@@ -134,20 +138,30 @@ class Pruner:
         primary_snap: Snapshot | None = None,
         mirror_snap: Snapshot | None = None,
         dry_run: bool | None = None,
+        keep_going: Callable[[], bool] = lambda: True,
     ) -> PruneReport:
-        """Plan and execute one retention pass. With prune.enabled = false only a dry run plans."""
+        """Plan and execute one retention pass. With prune.enabled = false only a dry run plans.
+
+        `keep_going` is asked between deletions (the daemon beats its heartbeat there and says no once
+        a stop was requested): a pass of thousands of deletions never holds the caller for long.
+        """
         dry = self.config.prune.dry_run if dry_run is None else dry_run
         if not self.config.prune.enabled and not dry:
             self.log.debug("prune.disabled")
             return PruneReport(disabled=True)
         with self._lock:
             plan = self.plan(primary_snap, mirror_snap)
-            report = self._execute(plan, dry, (PRIMARY, MIRROR))
+            report = self._execute(plan, dry, (PRIMARY, MIRROR), keep_going=keep_going)
+        # A dry run deletes nothing: its totals are what it would delete, and are named so.
+        count, mirror_bytes = len(report.deleted), report.freed_bytes(MIRROR)
+        primary_bytes = report.freed_bytes(PRIMARY)
+        totals = (
+            {"would_delete": count, "would_free_bytes_mirror": mirror_bytes, "would_free_bytes_primary": primary_bytes}
+            if dry else {"deleted": count, "freed_bytes_mirror": mirror_bytes, "freed_bytes_primary": primary_bytes}
+        )
         self.log.info(
-            "prune.finished", dry_run=dry, deleted=len(report.deleted),
-            freed_bytes_mirror=report.freed_bytes(MIRROR), freed_bytes_primary=report.freed_bytes(PRIMARY),
-            skipped=report.skips_by_reason(), refused=[r for r, _ in report.refused],
-            failed=len(report.failed),
+            "prune.finished", dry_run=dry, **totals, interrupted=report.interrupted, skipped=report.skips_by_reason(),
+            refused=[r for r, _ in report.refused], failed=len(report.failed),
         )
         return report
 
@@ -184,6 +198,7 @@ class Pruner:
         dry_run: bool,
         volumes: Iterable[str],
         enough: Callable[[], bool] | None = None,
+        keep_going: Callable[[], bool] = lambda: True,
     ) -> PruneReport:
         volumes = tuple(volumes)
         report = PruneReport(plan=plan, dry_run=dry_run)
@@ -198,17 +213,15 @@ class Pruner:
         for skip in plan.skipped:
             if skip.volume in volumes:
                 self._skip(report, skip)
-        for deletion in plan.deletions:
-            if deletion.volume not in volumes:
-                continue
-            if dry_run:
+        todo = [d for d in plan.deletions if d.volume in volumes]
+        if dry_run:
+            for deletion in todo:
                 self.log.info("prune.would_delete", kind=deletion.kind,
                               **_fields(deletion.volume, deletion.state, deletion.step))
                 report.deleted.append(deletion)
-                continue
-            if not self._delete_one(deletion, plan, report):
-                break
-            if enough is not None and enough():
+            return report
+        for start in range(0, len(todo), BATCH):
+            if not self._delete_batch(todo[start:start + BATCH], plan, report, keep_going, enough):
                 break
         return report
 
@@ -218,26 +231,78 @@ class Pruner:
         if skip.reason in REASONS:
             self.metrics.prune_skipped.labels(skip.reason).inc()
 
-    def _delete_one(self, d: Deletion, plan: PrunePlan, report: PruneReport) -> bool:
-        """Re-check and delete one file; False means stop the cycle (the manifest cannot be written)."""
+    def _delete_batch(
+        self,
+        batch: list[Deletion],
+        plan: PrunePlan,
+        report: PruneReport,
+        keep_going: Callable[[], bool],
+        enough: Callable[[], bool] | None,
+    ) -> bool:
+        """Re-check a batch, drop the manifest entries of its mirrored files in one durable record, then
+        unlink file by file. False means stop the cycle (asked to stop, enough room, or no manifest).
+
+        Entries go before files, so the manifest never vouches for a file that is gone; an entry whose
+        file is not deleted after all (an I/O error, a stop request) is recorded again.
+        """
+        ready: list[tuple[Deletion, FileState, ManifestEntry | None]] = []
+        for d in batch:
+            if not keep_going():
+                report.interrupted = True
+                return False  # nothing of this batch was recorded or deleted yet
+            fresh = self._recheck(d, plan, report)
+            if fresh is not None:
+                entry = self.manifest.get(d.rel) if d.volume == MIRROR and d.kind == STEP else None
+                ready.append((d, fresh, entry))
+        dropped = [entry for _, _, entry in ready if entry is not None]
+        if dropped:
+            try:
+                self.manifest.apply(removes=[e.path for e in dropped])
+            except MirrordError as exc:
+                # Without a writable manifest no deletion can be recorded: stop the whole cycle.
+                for d, _, entry in ready:
+                    if entry is not None:
+                        self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
+                report.refused.append((exc.reason, exc.cause))
+                return False
+        restore: list[ManifestEntry] = []
+        go_on = True
+        for i, (d, fresh, entry) in enumerate(ready):
+            if i and ((enough is not None and enough()) or not keep_going()):
+                report.interrupted = enough is None
+                restore += [e for _, _, e in ready[i:] if e is not None]
+                go_on = False
+                break
+            if not self._unlink(d, fresh, entry, report) and entry is not None:
+                restore.append(entry)  # the file is still there and still what was recorded
+        if go_on and enough is not None and enough():
+            go_on = False
+        if restore:
+            try:
+                self.manifest.apply(puts=restore)
+            except MirrordError as exc:  # they stay unrecorded: copied and recorded again by a later pass
+                self.log.error("prune.rerecord_failed", files=len(restore), reason=exc.reason, cause=exc.cause)
+        return go_on
+
+    def _recheck(self, d: Deletion, plan: PrunePlan, report: PruneReport) -> FileState | None:
+        """A fresh stat that is still the planned file and that no guard vetoes, else None (reported)."""
         volume = self.primary if d.volume == PRIMARY else self.mirror
-        fields = _fields(d.volume, d.state, d.step)
         try:
             fresh = volume.stat(d.rel)
         except ValueError:
             self._skip(report, Skipped(d.volume, d.rel, d.step, NOT_REGULAR, d.state.size))
-            return True
+            return None
         except OSError as exc:
             self._refuse_file(report, d, "restat_failed", exc.strerror or str(exc), failed=True)
-            return True
+            return None
         if fresh is None:
             self._skip(report, Skipped(d.volume, d.rel, d.step, VANISHED, d.state.size))
-            return True
+            return None
         if (fresh.ino, fresh.size, fresh.mtime_ns, fresh.mode) != (
             d.state.ino, d.state.size, d.state.mtime_ns, d.state.mode
         ):
             self._refuse_file(report, d, CHANGED, "no longer the file that was planned")
-            return True
+            return None
         ctx = GuardContext(
             now=self.wall(),
             min_age_seconds=self.config.prune.min_age_seconds,
@@ -253,30 +318,25 @@ class Pruner:
             reason = UNMIRRORED
         if reason is not None:
             self._skip(report, Skipped(d.volume, d.rel, d.step, reason, fresh.size))
-            return True
-        entry = self.manifest.get(d.rel) if d.volume == MIRROR and d.kind == STEP else None
-        if entry is not None:
-            try:
-                self.manifest.remove(d.rel)
-            except ManifestError as exc:
-                # Without a writable manifest no deletion can be recorded: stop the whole cycle.
-                self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
-                report.refused.append((exc.reason, exc.cause))
-                return False
+            return None
+        return fresh
+
+    def _unlink(self, d: Deletion, fresh: FileState, entry: ManifestEntry | None, report: PruneReport) -> bool:
+        """Delete one re-checked file; False if it is still there (its entry should be recorded again)."""
+        volume = self.primary if d.volume == PRIMARY else self.mirror
         try:
             volume.delete(d.rel, fresh)
         except ChangedError as exc:
             self._refuse_file(report, d, CHANGED, exc.cause)
-            return True
+            return True  # it is not the recorded file any more: the entry must not come back
         except MirrordError as exc:
-            if entry is not None:
-                self.manifest.record(entry)  # the file is still there and still what was recorded
             self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
-            return True
+            return False
         report.deleted.append(d)
         self.metrics.pruned_files.labels(d.volume).inc()
         self.metrics.pruned_bytes.labels(d.volume).inc(fresh.size)
-        self.log.info("prune.deleted", kind=d.kind, manifest_entry=entry is not None, **fields)
+        self.log.info("prune.deleted", kind=d.kind, manifest_entry=entry is not None,
+                      **_fields(d.volume, d.state, d.step))
         return True
 
     def _mirror_vouches(self, src: FileState) -> bool:

@@ -59,6 +59,19 @@ MIRROR_UNMOUNTED = "mirror_unmounted"
 STEP, ORPHAN_PART = "step", "orphan_part"
 
 
+def describe_policy(policy: PruneConfig) -> str:
+    """The retention in force, in one line for a person (start-up banner and log)."""
+    if not policy.enabled:
+        return "off (prune.enabled = false): nothing is ever deleted"
+    sides = "on the mirror and the primary" if policy.primary else "on the mirror only (prune.primary = false)"
+    text = f"keep_last={policy.keep_last} verified steps per run"
+    if policy.keep_every:
+        text += f", plus every step that is a multiple of keep_every={policy.keep_every}"
+    text += f"; older steps are deleted {sides}; nothing younger than min_age_seconds={policy.min_age_seconds:g}"
+    text += " is deleted"
+    return text + ("; prune.dry_run = true: deletions are only logged" if policy.dry_run else "")
+
+
 class Policy(Protocol):
     """A retention rule: the steps of one run it wants to keep. Policies never delete."""
 

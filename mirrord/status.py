@@ -9,6 +9,8 @@ how far behind the mirror is.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import time
 import urllib.error
@@ -36,6 +38,8 @@ from mirrord.verify import check_entry
 from mirrord.volume import LocalVolume
 
 DEFAULT_TIMEOUT = 1.0
+# Behind by more than this is a problem, not just lag (the MirrordMirrorLagging alert uses the same 15 min).
+DEFAULT_MAX_LAG = 15 * 60.0
 
 
 @dataclass
@@ -77,6 +81,7 @@ class DaemonStatus:
     invalid_sources: float | None = None
     copies: dict[str, float] = field(default_factory=dict)
     last_copy_at: float | None = None
+    copying: list[dict[str, Any]] = field(default_factory=list)  # copies under way, from /status
 
 
 @dataclass
@@ -155,6 +160,10 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
     status.healthy, status.health = code == 200, body.strip() or f"HTTP {code}"
     code, body = fetch(base + "/readyz", timeout)
     status.ready, status.readiness = code == 200, body.strip() or f"HTTP {code}"
+    code, body = fetch(base + "/status", timeout)
+    if code == 200:  # an older daemon has no /status: then there is just no per-file progress
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            status.copying = list(json.loads(body).get("copies", []))
     return status
 
 
@@ -296,8 +305,13 @@ def collect(
     now: Callable[[], float] = time.time,
     timeout: float = DEFAULT_TIMEOUT,
     fetch: Fetch = http_get,
+    max_lag: float = DEFAULT_MAX_LAG,
 ) -> Status:
-    """Build the status report; reads only (never takes the mirror lock, never writes)."""
+    """Build the status report; reads only (never takes the mirror lock, never writes).
+
+    Lag is a problem once a run is more than `max_lag` seconds behind, and so is a primary holding
+    checkpoints to copy while the mirror has no manifest and no daemon answers: nothing is vouched for,
+    and nothing is about to change that."""
     checked_at = now()
     problems: list[str] = []
     notes: list[str] = []
@@ -347,8 +361,18 @@ def collect(
         if run.verified is False:
             problems.append(f"run {run.run}: newest mirrored step {run.mirror_step} is NOT intact: "
                             f"{run.verify_detail}")
+        if run.lag_seconds > max_lag:
+            problems.append(f"run {run.run}: the mirror is {human_duration(run.lag_seconds)} behind "
+                            f"({run.pending_files} file(s) not mirrored; more than "
+                            f"{human_duration(max_lag)}, see --max-lag)")
 
     daemon = ask_daemon(config, timeout, fetch)
+    pending = sum(r.pending_files for r in runs)
+    if not manifest and pending and not daemon.running and not any(p.startswith("manifest:") for p in problems):
+        # Nothing is vouched for and no daemon is there to change that. (A running daemon is busy with its
+        # first copies: that is lag, a problem only past max_lag.)
+        problems.append(f"mirror: no manifest in {config.mirror} and no daemon answers: none of the {pending} "
+                        "checkpoint(s) on the primary is mirrored (start `mirrord run`, or `mirrord sync` now)")
     if not daemon.running and config.metrics.enabled:
         problems.append(f"daemon: {daemon.error}")
     elif not daemon.running:
@@ -448,7 +472,7 @@ def render(status: Status) -> str:
                  f"{_space(status.mirror)}")
     lines.append("")
     if status.runs:
-        rows = [["RUN", "PRIMARY", "MIRROR", "NEWEST MIRRORED STEP", "BEHIND"]]
+        rows = [["RUN", "NEWEST STEP (PRIMARY)", "NEWEST STEP (MIRROR)", "MIRROR'S NEWEST STEP", "BEHIND"]]
         for run in status.runs:
             if run.verified is None:
                 verified = "-"
@@ -495,4 +519,15 @@ def _render_daemon(d: DaemonStatus, now: float) -> list[str]:
     lines.append(f"         {queue}, {lag}; copies since start: {copies}")
     if d.last_copy_at:
         lines.append(f"         last copy published {human_duration(now - d.last_copy_at)} ago")
+    for c in d.copying:
+        lines.append(f"         copying {_progress_line(c)}")
     return lines
+
+
+def _progress_line(c: dict[str, Any]) -> str:
+    """`run/step_9.pt  1.2 GiB of 4.0 GiB (30%), 85.0 MiB/s, ETA 34s` from one /status copy."""
+    size, done = c.get("size") or 0, c.get("bytes_done") or 0
+    percent = f"{100 * done / size:.0f}%" if size else "?"
+    rate, eta = c.get("rate_bytes_per_second") or 0, c.get("eta_seconds")
+    return (f"{c.get('path')}  {human_bytes(done)} of {human_bytes(size)} ({percent}), {human_bytes(rate)}/s, "
+            f"ETA {'?' if eta is None else human_duration(eta)}")

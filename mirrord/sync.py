@@ -12,6 +12,7 @@ from mirrord.log import get_logger
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob
 from mirrord.plan import SettleTracker, plan_copies
+from mirrord.progress import ProgressBoard
 from mirrord.prune import Pruner
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.workers import copy_all
@@ -31,17 +32,18 @@ class SyncReport:
         return not self.failed and not self.listing_errors and not self.invalid
 
 
-def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
+def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoard | None = None) -> SyncReport:
     """Copy every committed checkpoint the mirror lacks. Files still being written are waited for
     (up to three settle periods) and then reported as unsettled, not copied; a source that fails its
-    format validator is tried again if it changes within that time, else reported as invalid."""
+    format validator is tried again if it changes within that time, else reported as invalid. `board`
+    shows the copies under way to a watcher (the terminal display)."""
     log = get_logger()
     primary = LocalVolume(config.primary)
     mirror = LocalMirror(config.mirror)
     report = SyncReport()
     with mirror.lock():
         manifest = mirror.read_manifest()
-        engine = Engine(config, mirror, manifest, metrics)
+        engine = Engine(config, mirror, manifest, metrics, board=board)
         pruner = Pruner(config, primary, mirror, manifest, engine.metrics,
                         invalid=lambda: frozenset(report.invalid)) if config.prune.enabled else None
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
@@ -65,6 +67,7 @@ def run_sync(config: Config, metrics: Metrics | None = None) -> SyncReport:
             if not (plan.unsettled or report.invalid) or time.monotonic() >= deadline:
                 break
             time.sleep(min(0.5, config.copy.settle_seconds))
+        manifest.close()
     for msg in report.listing_errors:
         log.error("scan.error", cause=msg)
     for rel in report.unsettled:

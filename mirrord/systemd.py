@@ -29,8 +29,10 @@ class Notifier:
             return
         if self._sock is None:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        # Never block: a notify socket whose queue is full (a swamped or stuck reader) must not stall
+        # the main loop; the message is dropped, as when systemd is away.
         with contextlib.suppress(OSError):
-            self._sock.sendto("\n".join(lines).encode(), self._address)
+            self._sock.sendto("\n".join(lines).encode(), socket.MSG_DONTWAIT, self._address)
 
     def ready(self, status: str) -> None:
         self.notify("READY=1", f"STATUS={status}")

@@ -19,13 +19,11 @@ from typing import BinaryIO, Protocol
 from mirrord import atomic
 from mirrord.errors import (
     LockedError,
-    ManifestError,
-    NoSpaceError,
     PermanentError,
     SizeMismatchError,
     from_oserror,
 )
-from mirrord.manifest import MANIFEST_NAME, Manifest
+from mirrord.manifest import Manifest
 from mirrord.model import FileState, Snapshot
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.scan import snapshot_tree, state_from_stat
@@ -76,7 +74,6 @@ class Mirror(Protocol):
     def delete(self, rel: str, expected: FileState) -> None: ...
     def open_read(self, rel: str) -> BinaryIO: ...
     def read_manifest(self) -> Manifest: ...
-    def write_manifest(self, data: bytes) -> None: ...
     def space(self) -> tuple[int, int]: ...
     def lock(self) -> contextlib.AbstractContextManager[None]: ...
 
@@ -242,16 +239,8 @@ class LocalMirror(LocalVolume):
         return LocalUpload(self.root, rel, size, drop_cache)
 
     def read_manifest(self) -> Manifest:
-        """The manifest, bound so that every change to it is published atomically on this mirror."""
-        return Manifest.load(self.root).bind(self.write_manifest)
-
-    def write_manifest(self, data: bytes) -> None:
-        try:
-            atomic.write_bytes_atomic(self.root / MANIFEST_NAME, data)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # transient: pruning or a retry may free space
-                raise NoSpaceError(self.root / MANIFEST_NAME, f"cannot write manifest: {exc.strerror}") from exc
-            raise ManifestError(self.root / MANIFEST_NAME, f"cannot write: {exc.strerror or exc}") from exc
+        """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.journal)."""
+        return Manifest.open(self.root)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

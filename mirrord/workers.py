@@ -158,6 +158,7 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         self._names = itertools.count(1)
         self._stopping = threading.Event()
+        self._cancel_why = ""
         self.log = get_logger()
         self.resize(size)
 
@@ -188,6 +189,7 @@ class WorkerPool:
             while thread.is_alive() and self.clock() < deadline and not force():
                 thread.join(timeout=0.2)
         late = [t for t in self.threads() if t.is_alive()]
+        self._cancel_why = "second stop signal" if force() else f"shutdown grace period ({grace:g} s) over"
         for control in self.active_controls():
             control.stop("cancelled")
         for thread in late:
@@ -236,6 +238,15 @@ class WorkerPool:
             problems.extend(f"worker {w.name} died" for w in dead)
         return problems
 
+    def report_progress(self) -> None:
+        """Log `copy.progress` for each copy that has run PROGRESS_LOG_SECONDS since its last report."""
+        for p in self.engine.board.due_for_log():
+            eta = p.eta_seconds
+            self.log.info("copy.progress", path=p.path, run=p.run, step=p.step, size=p.size,
+                          bytes_done=p.bytes_done, percent=round(100 * p.fraction, 1),
+                          rate_mib_s=round(p.rate / 2**20, 1), eta_seconds=None if eta is None else round(eta),
+                          seconds=round(p.elapsed_seconds, 1))
+
     def active_controls(self) -> list[CopyControl]:
         with self._lock:
             return [w.control for w in self._workers if w.control is not None]
@@ -265,13 +276,18 @@ class WorkerPool:
                 self.log.info("copy.abandoned_returned", path=entry.job.rel, outcome=type(outcome).__name__)
                 return
             try:
-                self._finish(entry, outcome)
+                self._finish(entry, outcome, control)
             except Exception:  # never leave a path reserved, nor a waiter without its outcome
                 self.queue.done(entry.job.rel)
                 self.on_done(entry.job, outcome)
 
-    def _finish(self, entry: _Entry, outcome: CopyResult | MirrordError) -> None:
+    def _finish(self, entry: _Entry, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
         job = entry.job
+        if isinstance(outcome, CancelledError):
+            # Shutdown cut this copy short (grace period over, or a second signal): its NAME.part is gone,
+            # and the next start copies the file again. Say which file, and how far it had got.
+            self.log.warning("copy.aborted", path=job.rel, run=job.run or ".", step=job.step, size=job.size,
+                             bytes_done=control.bytes_done, why=self._cancel_why or outcome.cause)
         if isinstance(outcome, CopyResult | CancelledError):
             self.queue.done(job.rel)
             self.on_done(job, outcome)
@@ -315,6 +331,7 @@ def copy_all(
     try:
         while not all_done.wait(poll_seconds):
             pool.check_stalls(engine.config.copy.stall_seconds)
+            pool.report_progress()
             if not any(t.is_alive() for t in pool.threads()):
                 break  # every worker died: report what is missing instead of waiting forever
     finally:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -19,6 +21,49 @@ from mirrord.config import Config, load_config
 from tests.helpers import save_checkpoint
 
 THREAD_JOIN_SECONDS = 5.0
+# Every process the tests start inherits this variable (children copy os.environ, even when they drop
+# MIRRORD_*): at the end, a process still carrying this session's value outlived the suite.
+SESSION_MARKER = "PYTEST_MIRRORD_SESSION"
+LEFTOVER_GRACE_SECONDS = 15.0
+
+
+def _session_processes(marker: str) -> dict[int, str]:
+    """pid -> command line of every live process (not this one, not a zombie) that carries `marker`
+    in its environment or is still a child of this process."""
+    found: dict[int, str] = {}
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if state != "Z" and (marker.encode() in environ or int(ppid) == me):
+            found[int(entry.name)] = cmdline
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftover_processes() -> Iterator[None]:
+    """Fail the session if a process started by the tests outlives them (then kill it): a test must
+    stop what it starts, by process group, pass or fail."""
+    marker = f"{SESSION_MARKER}={os.getpid()}-{time.time_ns()}"
+    os.environ[SESSION_MARKER] = marker.split("=", 1)[1]
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
+    while (left := _session_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # a process that is already exiting gets a bounded grace period
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os.environ.pop(SESSION_MARKER, None)
+    if left:
+        listing = "\n  ".join(f"{pid}: {cmd}" for pid, cmd in sorted(left.items()))
+        pytest.fail(f"{len(left)} process(es) started by the tests outlived the suite (now killed):\n  {listing}")
 
 
 @pytest.fixture(autouse=True)

@@ -52,6 +52,7 @@ def render(doc: dict[str, Any], scale: str, seed: str, seconds: float, exit_code
             violations = str(row["violations"])
         lines.append(f"| {row['scenario']} | {row['rounds']} | {faults} | {violations} |")
         notes += [f"- {row['scenario']}: {note}" for note in row["notes"]]
+        notes += [f"- {row['scenario']}: finding: {finding}" for finding in row.get("findings", ())]
     if notes:
         lines += ["", "## Notes", "", *notes]
     odd = [t for t in doc["tests"] if t["outcome"] not in ("passed",)]

@@ -36,6 +36,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         REPORT.write(Path(path))
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Findings (I/O errors of the filesystem under test) are part of the result: show them."""
+    findings = [f"{t.scenario}: {f}" for t in REPORT.tallies for f in t.findings]
+    if findings:
+        terminalreporter.section("chaos findings (not invariant violations)")
+        for line in findings:
+            terminalreporter.line(line)
+
+
 @pytest.fixture(scope="session")
 def scale() -> Scale:
     return SCALE

@@ -5,16 +5,23 @@ The order every published name must follow (mirrord.atomic):
     openat(NAME.part, O_CREAT|O_EXCL) -> write* (NAME.part only) -> fsync(NAME.part)
     -> rename(NAME.part, NAME) -> fsync(directory of NAME)
 
+The one file written under its final name is the manifest journal, opened only with O_APPEND: a
+change counts once the write holding its record and an fsync of the journal completed (strace -T
+gives each call's duration, so "completed before" is checked across threads, as group commit needs).
+
 `strace -y` prints every file descriptor with the path it refers to at that moment, so "the fd of
 the temp file" and "the directory fd" are checked by path, whichever fd number (or dup) was used.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -25,7 +32,9 @@ TRACED = ("openat", "write", "pwrite64", "writev", "pwritev", "copy_file_range",
 WRITES = {"write": 0, "pwrite64": 0, "writev": 0, "pwritev": 0, "copy_file_range": 2, "sendfile": 0}
 LOCK_NAME = ".mirrord.lock"
 MANIFEST_NAME = ".mirrord-manifest.json"
+JOURNAL = re.compile(r"/\.mirrord-manifest\.journal\.\d+$")
 
+_DURATION = re.compile(r" <(\d+\.\d+)>$")
 _LINE = re.compile(r"^(?P<ts>\d+\.\d+) (?P<name>\w+)\((?P<args>.*)\)\s+= (?P<ret>-?\d+|\?)(?:<(?P<retpath>.*)>)?")
 _FD = re.compile(r"^(?:-?\d+|AT_FDCWD)<(?P<path>.*)>$")
 
@@ -40,6 +49,11 @@ class Call:
     ret: int | None
     ret_path: str | None
     text: str
+    duration: float = 0.0
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.duration
 
     def fd_path(self, index: int) -> str | None:
         match = _FD.match(self.args[index]) if index < len(self.args) else None
@@ -111,13 +125,14 @@ def parse(prefix: Path) -> list[Call]:
     for file in sorted(prefix.parent.glob(prefix.name + ".*")):
         tid = int(file.name.rsplit(".", 1)[1])
         for line in file.read_text(encoding="latin-1").splitlines():
-            match = _LINE.match(line)
+            timed = _DURATION.search(line)
+            match = _LINE.match(line[: timed.start()] if timed else line)
             if not match:
                 continue
             ret = None if match["ret"] == "?" else int(match["ret"])
             retpath = _unescape(match["retpath"]) if match["retpath"] is not None else None
             calls.append(Call(float(match["ts"]), tid, seq, match["name"], _split_args(match["args"]), ret,
-                              retpath, line))
+                              retpath, line, float(timed[1]) if timed else 0.0))
             seq += 1
     calls.sort(key=lambda c: (c.ts, c.seq))
     return calls
@@ -154,27 +169,79 @@ def mkdir_path(call: Call) -> str | None:
     return None
 
 
+def is_journal(path: str | None) -> bool:
+    return path is not None and JOURNAL.search(path) is not None
+
+
+def journal_changes(call: Call) -> tuple[set[str], set[str]]:
+    """(paths recorded, paths removed) by the whole records in a write to the journal."""
+    data = call.string(1)
+    puts: set[str] = set()
+    removes: set[str] = set()
+    if data is None:
+        return puts, removes
+    for line in data.encode("utf-8", "surrogateescape").split(b"\n"):
+        payload = line[9:]
+        if len(line) < 10 or zlib.crc32(payload) != int(line[:8], 16):
+            continue
+        doc = json.loads(payload)
+        puts.update(doc.get("put", {}))
+        removes.update(doc.get("del", ()))
+    return puts, removes
+
+
+Record = tuple[float, float, set[str], set[str]]
+
+
+def durable_journal_records(calls: list[Call]) -> list[Record]:
+    """(when the write started, when it was durable, paths recorded, paths removed) for every journal
+    write followed, in its thread, by a successful fsync of that journal (durable: when it returned)."""
+    out = []
+    for i, call in enumerate(calls):
+        target = write_target(call)
+        if not is_journal(target) or (call.ret or 0) <= 0:
+            continue
+        sync = next((c for c in calls[i + 1:] if c.tid == call.tid and c.name in ("fsync", "fdatasync")
+                     and c.fd_path(0) == target), None)
+        if sync is not None and sync.ret == 0 and sync.ts >= call.end:
+            out.append((call.ts, sync.end, *journal_changes(call)))
+    return out
+
+
 def _under(path: str | None, root: str) -> bool:
     return path is not None and (path == root or path.startswith(root.rstrip("/") + "/"))
 
 
-def order_violations(calls: list[Call], mirror: Path) -> tuple[list[str], dict[str, int]]:
-    """Check the durability order of everything published under `mirror`.
+def order_violations(calls: list[Call], mirror: Path, recorded: Iterable[str] = ()) -> tuple[list[str], dict[str, int]]:
+    """Check the durability order of everything published under `mirror`; `recorded` is what the
+    manifest held when the traced process started (a deletion of those needs a durable removal record).
 
     Returns (violations, counts) where counts has the number of published files, manifest writes,
     directories created and files unlinked that were checked.
     """
     root = str(mirror)
     violations: list[str] = []
-    counts = {"published": 0, "manifest_writes": 0, "dirs_created": 0, "unlinked": 0, "committed_logged": 0}
+    counts = {"published": 0, "manifest_writes": 0, "journal_appends": 0, "dirs_created": 0, "unlinked": 0,
+              "committed_logged": 0}
     by_thread: dict[int, list[Call]] = {}
     for call in calls:
         by_thread.setdefault(call.tid, []).append(call)
 
     for call in calls:
         target = write_target(call)
-        if _under(target, root) and not (target.endswith(".part") or target.endswith("/" + LOCK_NAME)):
+        if _under(target, root) and not (target.endswith(".part") or target.endswith("/" + LOCK_NAME)
+                                         or is_journal(target)):
             violations.append(f"write to a final name: {call.text}")
+        if call.name == "openat" and is_journal(call.ret_path) and ("O_WRONLY" in call.text or "O_RDWR" in call.text) \
+                and "O_APPEND" not in call.text:
+            violations.append(f"journal opened for writing without O_APPEND: {call.text}")
+        if is_journal(target) and (call.ret or 0) > 0:
+            counts["journal_appends"] += 1
+    records = durable_journal_records(calls)
+    ever_recorded = set(recorded)
+    for call in calls:
+        if is_journal(write_target(call)):
+            ever_recorded |= journal_changes(call)[0]
 
     for thread in by_thread.values():
         for i, call in enumerate(thread):
@@ -183,7 +250,8 @@ def order_violations(calls: list[Call], mirror: Path) -> tuple[list[str], dict[s
             renamed = rename_paths(call)
             if renamed and _under(renamed[1], root):
                 violations += _check_publish(thread, i, renamed, calls)
-                counts["published" if not renamed[1].endswith(MANIFEST_NAME) else "manifest_writes"] += 1
+                manifest = renamed[1].endswith(MANIFEST_NAME) or is_journal(renamed[1])
+                counts["manifest_writes" if manifest else "published"] += 1
             made = mkdir_path(call)
             if _under(made, root):
                 counts["dirs_created"] += 1
@@ -191,10 +259,10 @@ def order_violations(calls: list[Call], mirror: Path) -> tuple[list[str], dict[s
             gone = unlink_path(call)
             if _under(gone, root) and not gone.endswith(".part"):
                 counts["unlinked"] += 1
-                violations += _check_unlink(thread, i, gone)
+                violations += _check_unlink(thread, i, gone, root, records, ever_recorded)
             if call.name == "write" and "copy.committed" in call.text:
                 counts["committed_logged"] += 1
-                violations += _check_committed_log(thread, i, root)
+                violations += _check_committed_log(thread, i, root, records)
     return violations, counts
 
 
@@ -222,7 +290,7 @@ def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: 
         late = [w for w in writes if (w.ts, w.seq) > (sync.ts, sync.seq)]
         if late:
             out.append(f"{dst}: data written after the fsync: {late[0].text}")
-    if not writes and not dst.endswith(MANIFEST_NAME):
+    if not writes and not (dst.endswith(MANIFEST_NAME) or is_journal(dst)):
         out.append(f"{dst}: published with no data written to its temp file")
     out += _check_next_fsync(thread, i, str(PurePosixPath(dst).parent), "rename", rename)
     return out
@@ -242,40 +310,41 @@ def _check_next_fsync(thread: list[Call], i: int, directory: str, what: str, cal
     return [f"{what} never followed by an fsync of {directory}: {call.text}"]
 
 
-def _check_unlink(thread: list[Call], i: int, path: str) -> list[str]:
-    """A mirrored file is deleted only after the manifest without it is durable; the unlink is fsynced."""
+def _rel(path: str, root: str) -> str:
+    return str(PurePosixPath(path).relative_to(root))
+
+
+def _check_unlink(thread: list[Call], i: int, path: str, root: str, records: list[Record],
+                  recorded: set[str]) -> list[str]:
+    """A mirrored file is deleted only after a durable journal record of its removal; the unlink is fsynced.
+
+    (A file that was never recorded - a prune of an unrecorded leftover - needs no record.)"""
     out = _check_next_fsync(thread, i, str(PurePosixPath(path).parent), "unlink", thread[i])
-    manifest_durable = False
-    for j in range(i - 1, -1, -1):
-        renamed = rename_paths(thread[j])
-        if renamed and renamed[1].endswith("/" + MANIFEST_NAME):
-            manifest_durable = not _check_next_fsync(thread, j, str(PurePosixPath(renamed[1]).parent), "", thread[j])
-            break
-        if unlink_path(thread[j]) is not None and not (unlink_path(thread[j]) or "").endswith(".part"):
-            break  # the previous deletion's manifest write does not cover this one
-    if not manifest_durable:
-        out.append(f"{path}: unlinked before a durable manifest without it")
+    rel = _rel(path, root)
+    if rel in recorded and not any(rel in removes and durable <= thread[i].ts for _, durable, _, removes in records):
+        out.append(f"{path}: unlinked before a durable journal record of its removal")
     return out
 
 
-def _check_committed_log(thread: list[Call], i: int, root: str) -> list[str]:
-    """copy.committed is logged only after the file and the manifest recording it are both durable."""
+def _check_committed_log(thread: list[Call], i: int, root: str, records: list[Record]) -> list[str]:
+    """copy.committed is logged only after the file is durable (renamed, directory fsynced), and after
+    that, a journal record of it was written and fsynced."""
     text = thread[i].text
     match = re.search(r'\\"path\\": \\"(.*?)\\"', text)
     if not match:
         return []
     final = str(PurePosixPath(root) / _unescape(match[1]))
-    published = manifest_after = False
+    rel = _rel(final, root)
+    published = None
     for j in range(i):
         renamed = rename_paths(thread[j])
         if renamed and renamed[1] == final:
-            published, manifest_after = True, False
-        elif published and renamed and renamed[1].endswith("/" + MANIFEST_NAME):
-            manifest_after = not _check_next_fsync(thread, j, str(PurePosixPath(renamed[1]).parent), "", thread[j])
-    if not published:
+            published = next((c for c in thread[j + 1:i] if c.name in ("fsync", "fdatasync")), None)
+    if published is None:
         return [f"copy.committed logged for {final} by a thread that did not publish it"]
-    if not manifest_after:
-        return [f"copy.committed logged for {final} before a durable manifest recorded it"]
+    if not any(published.end <= start and durable <= thread[i].ts and rel in puts
+               for start, durable, puts, _ in records):
+        return [f"copy.committed logged for {final} before a durable journal record of it"]
     return []
 
 
@@ -308,7 +377,7 @@ def run_traced(zygote: Zygote, argv: list[str], log: Path, strace_args: list[str
     strace's per-thread invocation numbers (`when=N`) count only the work under test.
     """
     pid = zygote.spawn(argv, log, stop=True, patch=patch)
-    wait_until(lambda: _proc_field(pid, "State").startswith("T"), 10, "the child to stop itself")
+    wait_until(lambda: _proc_field(pid, "State").startswith("T"), 90, "the child to stop itself")
     tracer = subprocess.Popen(["strace", "-f", "-qq", *strace_args, "-p", str(pid)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -331,8 +400,9 @@ def run_traced(zygote: Zygote, argv: list[str], log: Path, strace_args: list[str
     return status
 
 
-def trace_args(prefix: Path, syscalls: tuple[str, ...] = TRACED, string_limit: int = 512) -> list[str]:
-    """-ff: one file per thread; -ttt: ordering across threads; -y: fds as paths; '?': a syscall this
-    architecture lacks (rename, unlink, mkdir on arm64) is ignored rather than an error."""
+def trace_args(prefix: Path, syscalls: tuple[str, ...] = TRACED, string_limit: int = 65536) -> list[str]:
+    """-ff: one file per thread; -ttt: ordering across threads; -T: durations (when a call returned);
+    -y: fds as paths; -s: whole journal records; '?': a syscall this architecture lacks (rename,
+    unlink, mkdir on arm64) is ignored rather than an error."""
     names = ",".join("?" + s for s in syscalls)
-    return ["-ff", "-ttt", "-y", "-s", str(string_limit), "-o", str(prefix), "-e", "trace=" + names]
+    return ["-ff", "-ttt", "-T", "-y", "-s", str(string_limit), "-o", str(prefix), "-e", "trace=" + names]

@@ -94,7 +94,7 @@ def _daemon_round(
 
 
 def _three_reconciles(daemon: DaemonProcess) -> None:
-    wait_until(lambda: len(daemon.events("reconcile.finished")) >= 3, 30, "three reconciles")
+    wait_until(lambda: len(daemon.events("reconcile.finished")) >= 3, 90, "three reconciles")
 
 
 def test_symlinks_in_the_primary_are_never_followed(

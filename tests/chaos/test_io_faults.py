@@ -353,7 +353,8 @@ def test_real_full_filesystem(small_tmpfs: Path, tmp_path: Path, zygote: Zygote,
     filler = _fill(small_tmpfs, 0)
     filler.unlink()
     page = os.statvfs(small_tmpfs).f_frsize
-    filler = _fill(small_tmpfs, (-(-len(big[0]) // page) + 1) * page)  # the data, and the lock file
+    # The data, the lock file and the empty snapshot a fresh mirror gets; not the journal of the record.
+    filler = _fill(small_tmpfs, (-(-len(big[0]) // page) + 2) * page)
     world.primary.joinpath("run/step_0002.pt").rename(tmp_path / "aside.pt")
     code, log_events = sync("manifest-does-not-fit")
     after("the manifest does not fit", code, log_events)

@@ -279,7 +279,7 @@ def test_restart_after_a_kill_keeps_keep_last_steps(
         return len(reconciles) >= 2 and reconciles[-1]["queued"] == 0 and started == ended
 
     try:
-        wait_until(idle, 30, "the daemon to go idle")
+        wait_until(idle, 90, "the daemon to go idle")
         assert set(finals(world.mirror)[0]) == {f"run/{step_name(s)}" for s in (2, 3)}
     finally:
         os.kill(pid, signal.SIGTERM)

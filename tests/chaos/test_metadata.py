@@ -217,7 +217,7 @@ class FuseMount:
             [sys.executable, str(Path(__file__).with_name("passthrough.py")), str(backing), str(mount_point),
              str(self.stall_file)], stdout=self._log, stderr=self._log,
         )
-        wait_until(lambda: os.path.ismount(mount_point) or self.proc.poll() is not None, 30, "the FUSE mount")
+        wait_until(lambda: os.path.ismount(mount_point) or self.proc.poll() is not None, 90, "the FUSE mount")
         assert self.proc.poll() is None, (workdir / "fuse.log").read_text()
 
     def stall(self, *names: str) -> None:
@@ -318,7 +318,7 @@ def test_stalled_read_is_abandoned_and_retried(
     mount.stall(Path(rel).name)
     _install_behind(world, mount, rel, max(checkpoints.blobs, key=len))
     settings = {"watch": {"mode": "polling", "poll_interval_seconds": 0.3, "rescan_interval_seconds": 3600},
-                "copy": {"settle_seconds": 0.2, "stall_seconds": 1.0, "retry_backoff_seconds": 0.1}}
+                "copy": {"settle_seconds": 0.2, "stall_seconds": 3.0, "retry_backoff_seconds": 0.1}}
     daemon = DaemonProcess(tmp_path, world.primary, world.mirror, settings).start()
     try:
         daemon.wait_event("copy.stalled", timeout=60)

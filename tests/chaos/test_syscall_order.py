@@ -1,10 +1,11 @@
 """The durability order, seen from the kernel's side: strace a real `mirrord sync` and `mirrord prune`.
 
-For every published file and every manifest write: data written only to NAME.part -> fsync of that
-file -> rename onto NAME -> fsync of the directory. Created directories are fsynced into their parent
-before anything is published in them; a prune deletes a file only after a durable manifest without
-it; `copy.committed` is logged only once the file and its manifest record are durable. And the check
-itself is shown to fail on deliberately broken copiers.
+For every published file and every manifest snapshot or journal: data written only to NAME.part ->
+fsync of that file -> rename onto NAME -> fsync of the directory. Created directories are fsynced into
+their parent before anything is published in them; the journal is only appended to; a prune deletes a
+recorded file only after a durable journal record of its removal; `copy.committed` is logged only once
+the file and its journal record are durable. And the checks themselves are shown to fail on
+deliberately broken copiers and manifests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mirrord.manifest import Manifest
 from tests.chaos.harness import Checkpoints, Report, World, Zygote, step_name, write_config
 from tests.chaos.syscalls import order_violations, parse, run_traced, trace_args
 from tests.helpers import mirrord_argv
@@ -61,6 +63,7 @@ def test_sync_and_prune_follow_the_durability_order(
     ):
         if setup is not None:
             setup(world, checkpoints, rng)
+        recorded = set(Manifest.load(world.mirror).entries) if world.mirror.exists() else set()
         prefix = traces / label
         result = subprocess.run(
             ["strace", *trace_args(prefix), "--", *mirrord_argv(), command, "--config", str(configs[command])],
@@ -68,14 +71,14 @@ def test_sync_and_prune_follow_the_durability_order(
             env={k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")},
         )
         assert result.returncode == 0, result.stderr[-3000:]
-        violations, counts = order_violations(parse(prefix), world.mirror)
+        violations, counts = order_violations(parse(prefix), world.mirror, recorded)
         tally.rounds += 1
         tally.check(violations, label)
         for key, n in counts.items():
             totals[key] = totals.get(key, 0) + n
     tally.notes.append(", ".join(f"{k} {v}" for k, v in totals.items()))
     tally.assert_clean()
-    assert totals["published"] >= 10 and totals["manifest_writes"] >= 10
+    assert totals["published"] >= 10 and totals["journal_appends"] >= 10 and totals["manifest_writes"] >= 3
     assert totals["dirs_created"] >= 3 and totals["unlinked"] >= 3 and totals["committed_logged"] >= 10
 
 
@@ -97,3 +100,32 @@ def test_the_order_check_catches_a_broken_copier(
     tally.notes.append(f"{len(violations)} violation(s) found in {counts['published']} publications")
     assert violations, f"the order check did not notice the {broken} copier"
     shutil.rmtree(world.mirror)
+
+
+@pytest.mark.parametrize("broken", ["journal_no_fsync", "late_removal"])
+def test_the_order_check_catches_a_broken_manifest(
+    broken: str, world: World, checkpoints: Checkpoints, tmp_path: Path, zygote: Zygote, report: Report
+) -> None:
+    """Journal records never fsynced (copies and removals count before they are durable), or removals
+    recorded after the unlink: the checks of copy.committed and of every unlink must fail."""
+    tally = report.scenario(f"syscall order: broken manifest ({broken}) is caught", expect_violations=True)
+    _populate(world, checkpoints, random.Random(5))
+    sync_cfg = write_config(tmp_path / "sync.toml", world)
+    prune_cfg = write_config(tmp_path / "prune.toml", world, prune={"enabled": True, "keep_last": 1})
+    found: list[str] = []
+    for label, config, patch in (("sync", sync_cfg, broken if broken == "journal_no_fsync" else None),
+                                 ("prune", prune_cfg, broken)):
+        prefix = tmp_path / f"trace-{label}"
+        recorded = set(Manifest.load(world.mirror).entries) if world.mirror.exists() else set()
+        status = run_traced(zygote, [label, "--config", config], tmp_path / f"{label}.log", trace_args(prefix),
+                            patch=patch)
+        assert status == 0, (tmp_path / f"{label}.log").read_text()[-3000:]
+        violations, _ = order_violations(parse(prefix), world.mirror, recorded)
+        found += violations
+    tally.rounds = 1
+    tally.check(found)
+    kinds = {"journal_no_fsync": ("before a durable journal record of it", "unlinked before a durable journal"),
+             "late_removal": ("unlinked before a durable journal",)}[broken]
+    tally.notes.append(f"{len(found)} violation(s) found")
+    for kind in kinds:
+        assert any(kind in v for v in found), f"the order check did not notice the {broken} manifest ({kind})"

@@ -32,7 +32,9 @@ from typing import Any
 import mirrord.cli
 import mirrord.copier
 import mirrord.daemon
+import mirrord.journal
 import mirrord.latest
+import mirrord.manifest
 import mirrord.prune
 import mirrord.sync
 import mirrord.verify
@@ -98,6 +100,34 @@ def _broken_rename_before_fsync(arg: str) -> None:
     atomic.publish = publish  # type: ignore[assignment]
 
 
+def _broken_journal_no_fsync(arg: str) -> None:
+    """Journal records written but never fsynced: a change "counts" before it is durable."""
+    mirrord.journal.os = _SelectiveFsync(_is_file)  # type: ignore[attr-defined]
+
+
+def _broken_late_removal(arg: str) -> None:
+    """A prune's manifest removals recorded one batch late: files are unlinked while still recorded."""
+    real_apply, real_close = mirrord.manifest.Manifest.apply, mirrord.manifest.Manifest.close
+    deferred: list[str] = []
+
+    def apply(self: Any, puts: Any = (), removes: Any = ()) -> None:
+        puts, removes = tuple(puts), tuple(removes)
+        if removes and not puts:
+            late, deferred[:] = list(deferred), removes
+            if late:
+                real_apply(self, removes=late)
+            return
+        real_apply(self, puts, removes)
+
+    def close(self: Any) -> None:
+        if deferred:
+            real_apply(self, removes=list(deferred))
+        real_close(self)
+
+    mirrord.manifest.Manifest.apply = apply  # type: ignore[method-assign]
+    mirrord.manifest.Manifest.close = close  # type: ignore[method-assign]
+
+
 def _swap_source(make: Callable[[Path], None]) -> Callable[[str], None]:
     """Replace the source file ARG just before the copier opens it (the scan saw a regular file)."""
 
@@ -122,6 +152,8 @@ PATCHES: dict[str, Callable[[str], None]] = {
     "no_dir_fsync": _broken_no_dir_fsync,
     "no_file_fsync": _broken_no_file_fsync,
     "rename_before_fsync": _broken_rename_before_fsync,
+    "journal_no_fsync": _broken_journal_no_fsync,
+    "late_removal": _broken_late_removal,
     "fifo_at_open": _swap_source(lambda p: os.mkfifo(p, 0o644)),
     "zero_device_at_open": _swap_source(lambda p: os.mknod(p, stat.S_IFCHR | 0o644, os.makedev(1, 5))),
     "symlink_at_open": _swap_source(lambda p: p.symlink_to(os.environ["CHAOS_SYMLINK_TARGET"])),

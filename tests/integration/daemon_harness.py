@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -78,10 +79,11 @@ class DaemonProcess:
         env.update(self.env)
         cmd = [*self.wrapper, sys.executable, "-m", "mirrord", "run", "--config", str(self.config_path)]
         self._log = self.log_path.open("ab")
+        # Its own process group: kill() reaches the daemon even behind a wrapper (strace) that dies first.
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         if wait_ready:
-            wait_for(lambda: self.http("/readyz")[0] == 200 or self.exited(), 30, "daemon readiness")
+            wait_for(lambda: self.http("/readyz")[0] == 200 or self.exited(), 90, "daemon readiness")
             assert not self.exited(), self.log_text()
         return self
 
@@ -90,7 +92,7 @@ class DaemonProcess:
 
     def http(self, path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
@@ -123,7 +125,7 @@ class DaemonProcess:
                 out.append(event)
         return out
 
-    def wait_event(self, name: str, timeout: float = 20, **match: Any) -> dict[str, Any]:
+    def wait_event(self, name: str, timeout: float = 90, **match: Any) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
             if self.exited():
                 raise AssertionError(f"daemon exited ({self.proc.returncode}) before {name}:\n{self.log_text()}")
@@ -136,7 +138,7 @@ class DaemonProcess:
         assert self.proc is not None
         self.proc.send_signal(signum)
 
-    def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 90) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
@@ -146,8 +148,10 @@ class DaemonProcess:
             self._log.close()
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        """SIGKILL the whole process group (the daemon and any wrapper), whether or not it still runs."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
         if hasattr(self, "_log"):
             self._log.close()

@@ -72,14 +72,25 @@ def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
                         "copy": {"workers": 1}, "watch": {"rescan_interval_seconds": 0.3},
                         "io": {"bandwidth_limit": 15 * 1024 * 1024, "drop_cache": False}}).start()
     part = mirror / "r" / "step_0001.pt.part"
-    wait_for(lambda: part.exists(), 30, "the slow copy to start")
+    wait_for(lambda: part.exists(), 90, "the slow copy to start")
     for step in (2, 3):
         p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
         os.utime(p, (old + step, old + step))
-    wait_for(lambda: d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt.part"), 30,
+    wait_for(lambda: d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt.part"), 90,
              "in-flight veto")
-    while part.exists():  # for the whole copy, whatever retention does, the source stays
-        assert slow.exists(), "the source of a copy in flight was deleted"
-        time.sleep(0.05)
+
+    def copy_done() -> bool:
+        """For the whole copy, whatever retention does, the source stays: the source missing while
+        the temp file is still there (looked at again after the source, so that a copy that just
+        finished and was then pruned is no false alarm) is a deletion in flight."""
+        in_flight = part.exists()
+        assert not in_flight or slow.exists() or not part.exists(), "the source of a copy in flight was deleted"
+        return not in_flight
+
+    wait_for(copy_done, 120, "the slow copy to finish")
     wait_for(lambda: steps(primary) == [2, 3] and steps(mirror) == [2, 3], 60, "step 1 pruned once copied")
     assert d.stop() == 0
+    # And from the daemon's own account: step 1 was deleted on the primary only after it was committed.
+    names = [(e["event"], e.get("volume")) for e in d.events() if e.get("path") == "r/step_0001.pt"
+             and e["event"] in ("copy.committed", "prune.deleted")]
+    assert names.index(("prune.deleted", "primary")) > names.index(("copy.committed", None)), names

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mirrord.banner import mirrord_command
 from mirrord.manifest import Manifest
 from mirrord.zipcheck import check_torch_zip
 from tests.helpers import assert_mirror_consistent, log_events, mirrord_argv, run_mirrord
@@ -73,7 +74,7 @@ def test_short_demo_mirrors_prunes_and_leaves_keep_last_on_both_sides(tmp_path) 
     # Where things are, then the status of the still-running daemon.
     for where in (str(primary), str(mirror), str(directory / "mirrord.toml"), "/metrics"):
         assert where in out
-    status = out[out.index("$ mirrord status"):]
+    status = out[out.index(f"$ {mirrord_command()} status"):]
     assert "intact (size checked)" in status and "caught up" in status
     assert "healthy, ready" in status and "copies since start: 5 ok" in status
     assert "problems: none" in status
@@ -101,20 +102,28 @@ def test_demo_without_torch_writes_torch_like_zips_and_can_run_again(tmp_path) -
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
-def test_ctrl_c_stops_the_demo_and_its_daemon(tmp_path) -> None:
-    """SIGINT to the demo (as Ctrl-C sends it) ends it with 130, and the daemon child is stopped cleanly."""
+@pytest.mark.parametrize(("signum", "inherited"), [
+    (signal.SIGINT, "default"),
+    (signal.SIGINT, "ignored"),  # a background job of a script: the shell starts it with SIGINT ignored
+    (signal.SIGTERM, "default"),
+])
+def test_ctrl_c_stops_the_demo_and_its_daemon(tmp_path, signum: int, inherited: str) -> None:
+    """SIGINT to the demo (as Ctrl-C sends it) or SIGTERM ends it with 130, and the daemon child is
+    stopped cleanly, also when the demo was started with SIGINT ignored (whatever pytest inherited)."""
     directory, out_path = tmp_path / "demo", tmp_path / "demo.out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
+    argv = [*mirrord_argv(), "demo", "--dir", str(directory), "--no-torch", "--interval", "30"]
+    if inherited == "ignored":
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
     with out_path.open("wb") as out:
-        proc = subprocess.Popen([*mirrord_argv(), "demo", "--dir", str(directory), "--no-torch",
-                                 "--interval", "30"], stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        wait_for(lambda: "committed demo-run/step_0001.pt" in out_path.read_text(), 60, "first commit")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        wait_for(lambda: "committed demo-run/step_0001.pt" in out_path.read_text(), 120, "first commit")
+        proc.send_signal(signum)
+        assert proc.wait(timeout=90) == 130
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     text = out_path.read_text()
     assert "interrupted: stopping the demo daemon" in text

@@ -130,7 +130,7 @@ def test_prometheus_scrapes_a_mirrored_copy(tmp_path, daemon_factory, prometheus
     assert d.http("/readyz") == (200, "ready\n")
 
     src = save_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)
-    wait_for(lambda: mirrored(mirror, "run1/step_0010.pt"), 20, "step 10 mirrored")
+    wait_for(lambda: mirrored(mirror, "run1/step_0010.pt"), 90, "step 10 mirrored")
 
     [(labels, ok)] = prom.wait_query('mirrord_copies_total{result="ok"} >= 1')
     assert labels["job"] == "mirrord" and ok == 1
@@ -165,7 +165,7 @@ def test_shipped_alert_rules_evaluate_cleanly_against_real_series(daemon_factory
         done = all(not r["lastEvaluation"].startswith("0001-") for r in rules)
         return rules if rules and done else None
 
-    rules = wait_for(evaluated, 30, "every alert rule evaluated once", interval=0.25)
+    rules = wait_for(evaluated, 90, "every alert rule evaluated once", interval=0.25)
     assert {r["name"] for r in rules} >= {"MirrordDown", "MirrordMirrorLagging", "MirrordVerifyFailed"}
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
     assert [r["name"] for r in rules if r["state"] == "firing"] == []
@@ -187,7 +187,7 @@ def test_lag_is_positive_while_a_copy_waits_and_zero_once_caught_up(tmp_path, da
         values = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in mirrord_lines(body)}
         return code == 200 and values["mirrord_queue_depth"] >= 1 and values["mirrord_mirror_lag_seconds"] > 0
 
-    wait_for(waiting_with_lag, 30, "a queued copy with lag > 0 in one scrape")
+    wait_for(waiting_with_lag, 90, "a queued copy with lag > 0 in one scrape")
     wait_for(lambda: all(mirrored(mirror, f"slow/step_{s:04d}.pt") for s in (1, 2)), 60, "both mirrored")
     # Prometheus saw the lag while it lasted, and sees it return to 0 with an empty queue.
     prom.wait_query("max_over_time(mirrord_mirror_lag_seconds[5m]) > 0")
@@ -203,7 +203,7 @@ def test_readyz_refuses_an_emptied_mirror_with_the_reason(tmp_path, daemon_facto
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     save_checkpoint(primary / "run1" / "step_0001.pt", 1)
     first = daemon_factory().start()
-    wait_for(lambda: mirrored(mirror, "run1/step_0001.pt"), 20, "step 1 mirrored")
+    wait_for(lambda: mirrored(mirror, "run1/step_0001.pt"), 90, "step 1 mirrored")
     assert first.stop() == 0
 
     shutil.rmtree(mirror / "run1")  # what an unmounted volume looks like: the manifest, no files
@@ -214,7 +214,7 @@ def test_readyz_refuses_an_emptied_mirror_with_the_reason(tmp_path, daemon_facto
         code, body = again.http("/readyz")
         return body if code == 503 and "manifest" in body else None
 
-    reason = wait_for(refused, 30, "/readyz 503 naming the manifest")
+    reason = wait_for(refused, 90, "/readyz 503 naming the manifest")
     assert "empty" in reason and "manifest lists 1 file" in reason
     assert again.http("/healthz") == (200, "ok\n"), "refusing to mirror is not being dead"
     again.wait_event("mirror.refused")

@@ -5,6 +5,7 @@ tests.helpers.save_checkpoint) so the min-age guard lets them go unless a test s
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -153,6 +154,10 @@ def test_dry_run_deletes_nothing_and_prints_the_plan(primary: Path, mirror: Path
     assert "dry run: nothing was deleted" in out
     assert len(events(result, "prune.would_delete")) == 12
     assert events(result, "prune.deleted") == []
+    [finished] = events(result, "prune.finished")  # totals named for what a dry run does: nothing yet
+    assert (finished["dry_run"], finished["would_delete"]) == (True, 12)
+    assert finished["would_free_bytes_mirror"] > 0 and finished["would_free_bytes_primary"] > 0
+    assert not {"deleted", "freed_bytes_mirror", "freed_bytes_primary"} & finished.keys()
 
 
 def test_a_listing_error_deletes_nothing(primary: Path, mirror: Path) -> None:
@@ -211,6 +216,67 @@ def test_prune_takes_the_mirror_lock(primary: Path, mirror: Path) -> None:
     assert result.returncode == 1
     assert "another mirrord process" in result.stderr
     assert (tree(primary), tree(mirror)) == before
+
+
+def test_dry_run_beside_a_running_daemon_takes_no_lock_and_writes_nothing(
+    primary: Path, mirror: Path, daemon_factory: Callable[..., Any]
+) -> None:
+    """The daemon holds the mirror's lock; a dry run still plans, prints, and leaves every byte alone."""
+    make_run(primary)
+    sync(primary, mirror)
+    daemon = daemon_factory().start()  # the harness daemon does not prune
+    lock = mirror / ".mirrord.lock"
+    holder = lock.read_text()
+    before = (tree(primary), tree(mirror))
+    result = cli("prune", primary, mirror, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would delete 14 file(s)" in result.stdout
+    assert (tree(primary), tree(mirror), lock.read_text()) == (*before, holder)
+    [finished] = events(result, "prune.finished")
+    assert finished["would_delete"] == 14
+    assert not daemon.exited()
+    refused = cli("prune", primary, mirror)  # a real prune still needs the lock
+    assert refused.returncode == 1 and "another mirrord process" in refused.stderr
+    assert daemon.stop() == 0
+
+
+def test_dry_run_on_a_mirror_that_does_not_exist_creates_nothing(primary: Path, tmp_path: Path) -> None:
+    make_run(primary)
+    absent = tmp_path / "not-yet"
+    before = tree(primary)
+    result = cli("prune", primary, absent, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would delete 0 file(s)" in result.stdout
+    assert not absent.exists() and tree(primary) == before
+
+
+def test_prune_json_names_what_would_be_and_what_was_deleted(primary: Path, mirror: Path) -> None:
+    ckpts = make_run(primary)
+    freed = sum(ckpts[s].stat().st_size for s in range(1, 8))
+    sync(primary, mirror)
+    planned = cli("prune", primary, mirror, "--dry-run", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert (plan["command"], plan["ok"], plan["dry_run"], plan["deleted"]) == ("prune", True, True, [])
+    assert sorted((d["volume"], d["step"]) for d in plan["would_delete"]) == sorted(
+        (v, s) for v in ("mirror", "primary") for s in range(1, 8))
+    assert plan["would_free_bytes"] == {"mirror": freed, "primary": freed}
+    assert sorted(k["step"] for k in plan["kept"] if k["volume"] == "mirror") == [8, 9, 10]
+    assert steps_on(primary) == steps_on(mirror) == list(range(1, 11))
+
+    done = cli("prune", primary, mirror, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["dry_run"], report["would_delete"], report["freed_bytes"]) == (
+        False, [], {"mirror": freed, "primary": freed})
+    assert sorted((d["volume"], d["path"]) for d in report["deleted"]) == sorted(
+        (d["volume"], d["path"]) for d in plan["would_delete"])
+    assert steps_on(primary) == steps_on(mirror) == [8, 9, 10]
+
+    (mirror / MANIFEST_NAME).write_text("{not json")
+    refused = cli("prune", primary, mirror, "--json")
+    assert refused.returncode == 1
+    assert [r["reason"] for r in json.loads(refused.stdout)["refused"]] == ["manifest"]
 
 
 def test_disabled_pruning_deletes_nothing_but_dry_run_still_plans(primary: Path, mirror: Path) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,8 @@ def test_per_run_steps_lag_and_free_space_without_a_daemon(primary, mirror, chec
         checkpoint(primary / "runA" / f"step_{step:04d}.pt", step)
     checkpoint(primary / "runB" / "step_0005.pt", 5)
     sync(primary, mirror)
-    checkpoint(primary / "runA" / "step_0003.pt", 3)  # committed after the last sync
+    # Committed a minute ago, after the last sync: lag within --max-lag (15 min by default).
+    checkpoint(primary / "runA" / "step_0003.pt", 3, mtime_ns=time.time_ns() - 60 * 10**9)
 
     code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
     assert only_the_daemon_is_missing(code, report), report["problems"]
@@ -84,9 +87,11 @@ def test_size_check_by_default_hash_check_with_verify(primary, mirror, checkpoin
         checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
     sync(primary, mirror)
     newest = mirror / "r" / "step_0002.pt"
+    mtime_ns = newest.stat().st_mtime_ns
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
+    os.utime(newest, ns=(mtime_ns, mtime_ns))  # bit rot changes no metadata
 
     code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
     assert only_the_daemon_is_missing(code, report) and run_of(report, "r")["verified"] is True
@@ -156,12 +161,57 @@ def test_steps_retention_let_go_are_not_lag(primary, mirror, checkpoint, no_daem
     assert run_of(report, "r")["pending_files"] == 2
 
 
+def test_no_manifest_and_checkpoints_an_hour_behind_is_a_problem(primary, mirror, checkpoint, no_daemon_env) -> None:
+    """Nothing mirrored, no daemon, every checkpoint an hour old: two problems, exit 1, not "problems: none"."""
+    hour_ago = time.time_ns() - 3600 * 10**9
+    for step in (1, 2):
+        checkpoint(primary / "r" / f"step_{step:04d}.pt", step, mtime_ns=hour_ago + step)
+    args = ("--primary", primary, "--mirror", mirror)
+    code, report = status(*args, env=no_daemon_env)
+    assert code == 1 and not report["ok"]
+    assert any(p.startswith("mirror: no manifest") and "none of the 2 checkpoint(s)" in p for p in report["problems"])
+    assert any(p.startswith("run r: the mirror is 1h 00m behind") for p in report["problems"])
+    text = run_mirrord("status", *args, env=no_daemon_env)
+    assert text.returncode == 1 and "problems: none" not in text.stdout
+    # Within --max-lag only the missing manifest is wrong; once synced, nothing is.
+    code, report = status(*args, "--max-lag", "7200", env=no_daemon_env)
+    assert code == 1 and [p.split(":")[0] for p in report["problems"]] == ["mirror"]
+    sync(primary, mirror)
+    assert status(*args, env=no_daemon_env)[0] == 0
+
+
+def test_lag_beyond_max_lag_is_a_problem_with_a_manifest_too(primary, mirror, checkpoint, no_daemon_env) -> None:
+    checkpoint(primary / "r" / "step_0001.pt", 1)
+    sync(primary, mirror)
+    checkpoint(primary / "r" / "step_0002.pt", 2, mtime_ns=time.time_ns() - 1200 * 10**9)  # 20 min ago
+    args = ("--primary", primary, "--mirror", mirror)
+    code, report = status(*args, env=no_daemon_env)
+    [problem] = report["problems"]
+    assert code == 1 and problem.startswith("run r: the mirror is 20m ")
+    assert problem.endswith("behind (1 file(s) not mirrored; more than 15m 00s, see --max-lag)")
+    code, report = status(*args, "--max-lag", "3600", env=no_daemon_env)
+    assert (code, report["problems"], run_of(report, "r")["pending_files"]) == (0, [], 1)
+
+
+def test_step_columns_say_they_are_steps(primary, mirror, checkpoint, no_daemon_env) -> None:
+    checkpoint(primary / "r" / "step_0007.pt", 7)
+    sync(primary, mirror)
+    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert result.returncode == 0, result.stdout
+    header = next(line for line in result.stdout.splitlines() if line.strip().startswith("RUN"))
+    assert "NEWEST STEP (PRIMARY)" in header and "NEWEST STEP (MIRROR)" in header
+    row = next(line for line in result.stdout.splitlines() if line.strip().startswith("r "))
+    assert row.split()[:3] == ["r", "7", "7"]
+
+
 def test_a_running_daemon_is_asked_for_health_queue_and_copies(tmp_path, daemon_factory) -> None:
     """With the daemon up, status shows its health, readiness, queue and copy counts from its endpoint."""
     primary = tmp_path / "primary"
     d: DaemonProcess = daemon_factory().start()
     save_checkpoint(primary / "live" / "step_0003.pt", 3)
-    wait_for(lambda: d.metric("mirrord_copies_total", 'result="ok"') == 1, 20, "one copy counted")
+    wait_for(lambda: d.metric("mirrord_copies_total", 'result="ok"') == 1, 90, "one copy counted")
+    # The queue gauge is refreshed by the heartbeat: wait for the one after the copy.
+    wait_for(lambda: d.metric("mirrord_queue_depth") == 0, 90, "queue gauge back to 0")
 
     code, report = status("--config", d.config_path)
     daemon = report["daemon"]
@@ -193,7 +243,7 @@ def test_a_daemon_refusing_the_mirror_makes_status_fail_with_its_reason(tmp_path
     assert first.stop() == 0
     shutil.rmtree(mirror / "run1")
     again = daemon_factory().start(wait_ready=False)
-    wait_for(lambda: again.http("/readyz")[0] == 503, 30, "/readyz 503")
+    wait_for(lambda: again.http("/readyz")[0] == 503, 90, "/readyz 503")
 
     code, report = status("--config", again.config_path)
     assert code == 1

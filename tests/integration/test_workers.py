@@ -39,7 +39,10 @@ def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monke
     """A source read that blocks (a hung mount) stops progress; after stall_seconds the supervisor
     abandons the copy, a fresh worker copies the file whole, and when the stuck read finally returns
     the abandoned attempt removes only its own temp file."""
-    engine, queue, primary, mirror = _setup(tmp_path, stall_seconds=0.3)
+    # Longer than any pause of a healthy copy on a loaded machine (an 8 MB fsync included), so that only
+    # the hung read counts as a stall.
+    stall = 10.0
+    engine, queue, primary, mirror = _setup(tmp_path, stall_seconds=stall)
     src = save_checkpoint(primary / "step_0003.pt", 3, megabytes=8)
     release = threading.Event()
     calls = {"n": 0}
@@ -48,7 +51,7 @@ def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monke
     def readv(fd: int, buffers: list[bytearray]) -> int:
         calls["n"] += 1
         if calls["n"] == 3:  # the third read of the whole process hangs, like a dead NFS server
-            release.wait(30)
+            release.wait(300)
         return real_readv(fd, buffers)
 
     monkeypatch.setattr("mirrord.copier.os.readv", readv)
@@ -56,12 +59,12 @@ def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monke
     pool = WorkerPool(engine, queue, 1, on_done=lambda job, outcome: outcomes.append(outcome))
     queue.put(_job(primary, "step_0003.pt", 3))
     problems: list[str] = []
-    wait_for(lambda: problems.extend(pool.check_stalls(0.3)) or outcomes, 30, "retry to finish", 0.05)
+    wait_for(lambda: problems.extend(pool.check_stalls(stall)) or outcomes, 120, "retry to finish", 0.05)
     assert isinstance(outcomes[0], CopyResult)
     assert filecmp.cmp(src, mirror / "step_0003.pt", shallow=False)
     assert engine.metrics.copies.labels("stalled")._value.get() == 1
     release.set()
-    wait_for(lambda: not any(t.is_alive() and t.name == "mirrord-copy-1" for t in pool.threads()), 30,
+    wait_for(lambda: not any(t.is_alive() and t.name == "mirrord-copy-1" for t in pool.threads()), 60,
              "the abandoned thread to return")
     assert not list(mirror.rglob("*.part"))
     assert filecmp.cmp(src, mirror / "step_0003.pt", shallow=False)
@@ -81,7 +84,7 @@ def test_transient_errors_are_retried_then_given_up(tmp_path, monkeypatch):
     outcomes: list[CopyResult | MirrordError] = []
     pool = WorkerPool(engine, queue, 2, on_done=lambda job, outcome: outcomes.append(outcome))
     queue.put(_job(primary, "step_0001.pt", 1))
-    wait_for(lambda: outcomes, 30, "the job to give up")
+    wait_for(lambda: outcomes, 60, "the job to give up")
     assert attempts["n"] == 3
     assert isinstance(outcomes[0], MirrordError) and "step_0001.pt" in outcomes[0].path
     assert "Input/output error" in outcomes[0].cause

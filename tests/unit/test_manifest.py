@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mirrord.errors import ManifestError
+import mirrord.manifest as manifest_module
+from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
 from mirrord.model import ManifestEntry
 from mirrord.volume import LocalMirror
@@ -44,10 +48,22 @@ def test_json_layout_is_the_documented_schema() -> None:
                 "source_mtime_ns": 1_700_000_000_123_456_789,
                 "step": 10,
                 "mirrored_at": 1_700_000_100.5,
+                # issue 14: the validator's verdict (null: recorded before validation existed) and the
+                # published copy's inode, mtime and ctime (0: unknown), so `latest` need not re-hash it
+                "validation": None,
+                "mirror_ino": 0,
+                "mirror_mtime_ns": 0,
+                "mirror_ctime_ns": 0,
             }
         },
     }
     assert MANIFEST_NAME == ".mirrord-manifest.json"
+
+
+def test_a_manifest_without_the_validation_fields_still_loads() -> None:
+    """Entries written before issue 14 lack validation and the copy's stat: they load with defaults."""
+    [loaded] = Manifest.from_bytes(doc({"run/step_0001.pt": GOOD})).entries.values()
+    assert (loaded.validation, loaded.mirror_ino, loaded.mirror_ctime_ns) == (None, 0, 0)
 
 
 def test_round_trip_keeps_every_field_exactly() -> None:
@@ -101,61 +117,111 @@ def test_unreadable_manifest_raises_manifest_error(tmp_path: Path) -> None:
         Manifest.load(tmp_path)
 
 
-def test_record_and_remove_persist_every_change() -> None:
-    written: list[bytes] = []
-    manifest = Manifest(persist=written.append)
+def journals(root: Path) -> list[str]:
+    return sorted(n for n in names(root) if ".journal." in n)
+
+
+def test_changes_are_journaled_and_read_back(tmp_path: Path) -> None:
+    """Each change is one journal record; a reader replays them on the snapshot; no temp file is left."""
+    manifest = Manifest.open(tmp_path)
     manifest.record(entry("a.pt"))
     manifest.record(entry("b.pt"))
     manifest.remove("a.pt")
-    manifest.remove("never-there.pt")  # nothing changes, nothing is written
-    assert len(written) == 3
-    assert list(Manifest.from_bytes(written[-1]).entries) == ["b.pt"]
-    assert Manifest.from_bytes(written[-1]).entries == manifest.entries
+    assert names(tmp_path) == [".mirrord-manifest.journal.0", MANIFEST_NAME]
+    assert json.loads((tmp_path / MANIFEST_NAME).read_bytes())["entries"] == {}  # the snapshot is untouched
+    assert Manifest.load(tmp_path).entries == {"b.pt": entry("b.pt")} == manifest.entries
 
 
-class PersistError(Exception):
-    pass
-
-
-def _failing(_data: bytes) -> None:
-    raise PersistError("disk full")
-
-
-def test_failed_persist_rolls_back_a_new_entry() -> None:
-    """Memory never claims what the disk does not record."""
-    manifest = Manifest(persist=_failing)
-    with pytest.raises(PersistError):
-        manifest.record(entry("a.pt"))
-    assert manifest.get("a.pt") is None and len(manifest) == 0
-
-
-def test_failed_persist_restores_a_replaced_entry() -> None:
-    old = entry("a.pt", size=1)
-    manifest = Manifest({"a.pt": old}, persist=_failing)
-    with pytest.raises(PersistError):
-        manifest.record(entry("a.pt", size=2))
-    assert manifest.get("a.pt") == old
-
-
-def test_failed_persist_restores_a_removed_entry() -> None:
-    old = entry("a.pt")
-    manifest = Manifest({"a.pt": old}, persist=_failing)
-    with pytest.raises(PersistError):
-        manifest.remove("a.pt")
-    assert manifest.entries == {"a.pt": old}
-
-
-def test_entries_is_a_snapshot() -> None:
-    manifest = Manifest()
-    view = manifest.entries
+def test_removing_an_absent_entry_writes_nothing(tmp_path: Path) -> None:
+    manifest = Manifest.open(tmp_path)
     manifest.record(entry("a.pt"))
-    assert view == {} and list(manifest.entries) == ["a.pt"]
+    journal = tmp_path / journals(tmp_path)[0]
+    size = journal.stat().st_size
+    manifest.remove("never-there.pt")
+    manifest.apply(removes=["never-there.pt", "nor-this.pt"])
+    assert journal.stat().st_size == size
 
 
-def test_concurrent_records_all_reach_the_disk_in_order() -> None:
-    """Each persisted document contains every change made before it (writes happen under the lock)."""
-    written: list[bytes] = []
-    manifest = Manifest(persist=written.append)
+def test_a_batch_is_one_record(tmp_path: Path) -> None:
+    manifest = Manifest.open(tmp_path)
+    manifest.apply(puts=[entry(f"s{i}.pt") for i in range(50)])
+    journal = tmp_path / journals(tmp_path)[0]
+    lines = journal.read_bytes().splitlines()
+    manifest.apply(removes=[f"s{i}.pt" for i in range(40)])
+    assert len(journal.read_bytes().splitlines()) == len(lines) + 1  # header + 1, then + 1 again
+    assert sorted(Manifest.load(tmp_path).entries) == sorted(f"s{i}.pt" for i in range(40, 50))
+    with pytest.raises(ValueError):
+        manifest.apply(puts=[entry("x.pt")], removes=["x.pt"])
+
+
+def test_local_mirror_journals_and_reloads(tmp_path: Path) -> None:
+    mirror = LocalMirror(tmp_path)
+    manifest = mirror.read_manifest()
+    manifest.record(entry())
+    assert not [n for n in names(tmp_path) if n.endswith(".part")]
+    assert Manifest.load(tmp_path).entries == {"run/step_0010.pt": entry()}
+    manifest.remove("run/step_0010.pt")
+    assert len(Manifest.load(tmp_path)) == 0
+
+
+class FailingFsync:
+    """os.fsync that fails (EIO) the next time it is called on the journal: a real fault on the real path."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.armed, self.calls = real, False, 0
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.armed and ".journal." in str(Path(f"/proc/self/fd/{fd}").readlink()):
+            self.armed = False
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        self.real(fd)
+
+
+def test_a_failed_append_changes_nothing_and_moves_to_a_new_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory never claims what the disk may not hold; after the fault the journal is not appended to again
+    (its tail is unknown), and the next change goes to a new one that replays after it."""
+    manifest = Manifest.open(tmp_path)
+    manifest.record(entry("a.pt", size=1))
+    fsync = FailingFsync(os.fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    fsync.armed = True
+    with pytest.raises(ManifestError) as info:
+        manifest.record(entry("a.pt", size=2))
+    assert ".journal.0" in str(info.value.path) and "Input/output error" in info.value.cause
+    assert manifest.get("a.pt") == entry("a.pt", size=1)
+    with pytest.raises(ManifestError):
+        fsync.armed = True
+        manifest.remove("a.pt")
+    assert manifest.entries == {"a.pt": entry("a.pt", size=1)}
+    manifest.record(entry("b.pt"))
+    assert len(journals(tmp_path)) >= 2
+    reloaded = Manifest.load(tmp_path).entries
+    assert reloaded["b.pt"] == entry("b.pt")
+    # The failed records may or may not have reached the disk; each one alone is harmless (a copy that
+    # was published, a removal of a file still there). What was acknowledged is always there.
+    assert set(reloaded) >= {"b.pt"}
+
+
+def test_no_space_for_the_journal_is_transient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest = Manifest.open(tmp_path)
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if ".journal." in str(Path(f"/proc/self/fd/{fd}").readlink()):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(NoSpaceError) as info:
+        manifest.record(entry("a.pt"))
+    assert info.value.transient and len(manifest) == 0
+
+
+def test_concurrent_changes_all_reach_the_disk(tmp_path: Path) -> None:
+    manifest = Manifest.open(tmp_path)
 
     def worker(n: int) -> None:
         for i in range(25):
@@ -166,30 +232,122 @@ def test_concurrent_records_all_reach_the_disk_in_order() -> None:
         t.start()
     for t in threads:
         t.join()
-    sizes = [len(Manifest.from_bytes(w)) for w in written]
-    assert sizes == list(range(1, 201))
-    assert Manifest.from_bytes(written[-1]).entries == manifest.entries
+    assert len(manifest) == 200
+    assert Manifest.load(tmp_path).entries == manifest.entries
 
 
-def test_local_mirror_persists_atomically_and_reloads(tmp_path: Path) -> None:
-    mirror = LocalMirror(tmp_path)
-    manifest = mirror.read_manifest()
-    manifest.record(entry())
-    assert names(tmp_path) == [MANIFEST_NAME]  # no .part left
-    assert Manifest.load(tmp_path).entries == {"run/step_0010.pt": entry()}
-    mirror.read_manifest().remove("run/step_0010.pt")
-    assert len(Manifest.load(tmp_path)) == 0
+def test_changes_waiting_for_a_write_share_the_next_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group commit: while one record is being fsynced, the changes that arrive are written together,
+    with one fsync, and each caller returns only once its own change is durable."""
+    manifest = Manifest.open(tmp_path)
+    manifest.record(entry("first.pt"))  # the journal exists: only appends are counted below
+    real = os.fsync
+    entered, release = threading.Event(), threading.Event()
+    synced: list[int] = []
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        if len(synced) == 1:
+            entered.set()
+            assert release.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    returned: list[str] = []
+
+    def record(name: str) -> None:
+        manifest.record(entry(name))
+        returned.append(name)
+
+    first = threading.Thread(target=record, args=("a.pt",))
+    first.start()
+    assert entered.wait(30)
+    others = [threading.Thread(target=record, args=(f"{c}.pt",)) for c in "bcd"]
+    for t in others:
+        t.start()
+    wait = 0
+    while len(manifest._queue) < 3 and wait < 3000:  # all three are queued behind the fsync
+        threading.Event().wait(0.01)
+        wait += 1
+    assert returned == [] and len(manifest) == 1
+    release.set()
+    for t in [first, *others]:
+        t.join(30)
+    assert sorted(returned) == ["a.pt", "b.pt", "c.pt", "d.pt"]
+    assert len(synced) == 2
+    assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt", "c.pt", "d.pt", "first.pt"]
 
 
-def test_local_mirror_write_failure_is_a_manifest_error_and_rolls_back(tmp_path: Path) -> None:
-    """A directory squatting on the temp name makes the write fail for real; the old file stays."""
-    mirror = LocalMirror(tmp_path)
-    manifest = mirror.read_manifest()
+def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 5)
+    manifest = Manifest.open(tmp_path, background_compaction=False)
+    for i in range(23):
+        manifest.record(entry(f"s{i:02d}.pt", step=i))
+        if i % 3 == 0:
+            manifest.remove(f"s{i:02d}.pt")
+    snapshot = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
+    assert snapshot["journal"] >= 3  # compacted a few times
+    assert journals(tmp_path) == [f".mirrord-manifest.journal.{snapshot['journal']}"]  # older ones dropped
+    assert Manifest.load(tmp_path).entries == manifest.entries
+    manifest.close()
+    snapshot = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
+    assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == manifest.entries
+    journal = (tmp_path / journals(tmp_path)[0]).read_bytes()
+    assert len(journal.splitlines()) == 1  # the header of an empty journal
+    assert Manifest.open(tmp_path).entries == manifest.entries
+
+
+def test_changes_go_on_while_a_compaction_writes_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The change that makes a compaction due does not wait for it, nor do the changes after it; close()
+    waits for it and folds in what came meanwhile."""
+    monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 3)
+    manifest = Manifest.open(tmp_path)
+    store = manifest._store
+    real_publish = store.publish_snapshot
+    writing, release = threading.Event(), threading.Event()
+
+    def slow_publish(data: bytes) -> None:
+        writing.set()
+        assert release.wait(30)
+        real_publish(data)
+
+    monkeypatch.setattr(store, "publish_snapshot", slow_publish)
+    for i in range(3):
+        manifest.record(entry(f"a{i}.pt"))
+    assert writing.wait(30)  # the compaction is writing its snapshot, in another thread
+    for i in range(5):
+        manifest.record(entry(f"b{i}.pt"))  # appended to the new journal meanwhile
+    assert len(Manifest.load(tmp_path)) == 8
+    release.set()
+    manifest.close()
+    snapshot = (tmp_path / MANIFEST_NAME).read_bytes()
+    assert len(Manifest.from_bytes(snapshot)) == 8
+    assert journals(tmp_path) == [f".mirrord-manifest.journal.{json.loads(snapshot)['journal']}"]
+
+
+def test_a_manifest_from_before_the_journal_is_read_and_extended(tmp_path: Path) -> None:
+    """Backward compatible: a version-1 manifest without a journal generation is generation 0."""
+    (tmp_path / MANIFEST_NAME).write_bytes(doc({"a.pt": GOOD}))
+    manifest = Manifest.open(tmp_path)
+    manifest.record(entry("b.pt"))
+    assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
+    manifest.close()
+    data = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
+    assert data["version"] == 1 and sorted(data["entries"]) == ["a.pt", "b.pt"]
+
+
+def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() -> None:
+    """Entries are encoded field by field, so a newer writer's extra fields do not break this reader."""
+    data = Manifest.from_bytes(doc({"a.pt": {**GOOD, "ino_from_the_future": 7}})).entries
+    assert data["a.pt"].size == 1
+    stored = json.loads(Manifest({"a.pt": entry("a.pt")}).to_bytes())["entries"]["a.pt"]
+    assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - {"path", "algo", "digest"} | {"hash"}
+
+
+def test_entries_is_a_snapshot() -> None:
+    manifest = Manifest()
+    view = manifest.entries
     manifest.record(entry("a.pt"))
-    before = (tmp_path / MANIFEST_NAME).read_bytes()
-    (tmp_path / f"{MANIFEST_NAME}.part").mkdir()
-    with pytest.raises(ManifestError) as info:
-        manifest.record(entry("b.pt"))
-    assert info.value.path == str(tmp_path / MANIFEST_NAME)
-    assert list(manifest.entries) == ["a.pt"]
-    assert (tmp_path / MANIFEST_NAME).read_bytes() == before
+    assert view == {} and list(manifest.entries) == ["a.pt"]

@@ -1,0 +1,45 @@
+"""The harness itself: a file the filesystem under test will not read is an outcome, never a crash."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import harness
+from tests.chaos.harness import World, converged_violations, crash_violations, split_unreadable
+
+
+@pytest.fixture
+def eio_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
+    """A world whose mirror holds one good copy and one file that reads as EIO (as after a power cut)."""
+    world = World(tmp_path)
+    for rel in ("run/step_0001.pt", "run/step_0002.pt"):
+        data = rel.encode() * 100
+        world.install(rel, data)
+        (world.mirror / "run").mkdir(parents=True, exist_ok=True)
+        (world.mirror / rel).write_bytes(data)
+    real_hash = harness.hash_file
+
+    def hash_file(path: Path, algo: str) -> str:
+        if path.name == "step_0002.pt" and world.mirror in path.parents:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_hash(path, algo)
+
+    monkeypatch.setattr(harness, "hash_file", hash_file)
+    return world
+
+
+def test_an_unreadable_mirror_file_is_a_violation_not_a_crash(eio_world: World) -> None:
+    found = crash_violations(eio_world)
+    io, rest = split_unreadable(found)
+    assert io == ["run/step_0002.pt: unreadable on the mirror (Input/output error)"]
+    assert rest == []
+
+
+def test_converged_check_reports_the_unreadable_file_and_still_checks_the_rest(eio_world: World) -> None:
+    io, rest = split_unreadable(converged_violations(eio_world, eio_world.primary_files()))
+    assert io == ["run/step_0002.pt: unreadable on the mirror (Input/output error)"] * 2
+    # The readable copy is checked as usual: it is not recorded in a manifest (there is none).
+    assert rest == ["run/step_0001.pt: not recorded in the manifest after a completed restart"]

@@ -1,0 +1,90 @@
+"""A long copy is visible while it runs (log, metric, /status, `mirrord status`, `sync` on a terminal),
+and one cut short by a second Ctrl-C says which file it was. Real daemons, real terminals (a pty)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import assert_mirror_consistent, mirrord_argv, run_mirrord, temp_files
+from tests.integration.daemon_harness import DaemonProcess, save_checkpoint, wait_for
+from tests.integration.terminal import Terminal
+
+MiB = 2**20
+
+
+def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_file(tmp_path, daemon_factory) -> None:
+    """A 200 MiB copy capped at 4 MiB/s takes 50 s: long enough to see it everywhere, then to abort it."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    save_checkpoint(primary / "r" / "step_0042.pt", 42, megabytes=200)
+    d: DaemonProcess = daemon_factory({"io": {"bandwidth_limit": 4 * MiB, "drop_cache": False},
+                                       "daemon": {"shutdown_grace_seconds": 60}}).start()
+    d.wait_event("copy.started", path="r/step_0042.pt")
+
+    first = wait_for(lambda: d.metric("mirrord_copy_bytes_in_flight"), 90, "bytes in flight")
+    wait_for(lambda: (d.metric("mirrord_copy_bytes_in_flight") or 0) > first, 90, "bytes in flight growing")
+
+    code, body = d.http("/status")
+    [copy] = json.loads(body)["copies"]
+    assert code == 200 and copy["path"] == "r/step_0042.pt" and copy["step"] == 42
+    assert 0 < copy["bytes_done"] < copy["size"] and copy["rate_bytes_per_second"] > 0
+    assert copy["eta_seconds"] is not None and copy["eta_seconds"] > 0
+
+    shown = run_mirrord("status", "--config", d.config_path)
+    line = next(x for x in shown.stdout.splitlines() if "copying r/" in x)
+    assert re.search(r"r/step_0042\.pt  [\d.]+ MiB of [\d.]+ MiB \(\d+%\), [\d.]+ (MiB|KiB)/s, ETA \d", line), line
+    doc = json.loads(run_mirrord("status", "--json", "--config", d.config_path).stdout)
+    assert [c["path"] for c in doc["daemon"]["copying"]] == ["r/step_0042.pt"]
+
+    progress = d.wait_event("copy.progress", timeout=90, path="r/step_0042.pt")
+    assert progress["seconds"] >= 10 and 0 < progress["bytes_done"] < progress["size"]
+    assert progress["rate_mib_s"] > 0 and progress["eta_seconds"] > 0 and 0 < progress["percent"] < 100
+
+    d.send(signal.SIGINT)
+    d.wait_event("daemon.stopping")
+    d.send(signal.SIGINT)  # the second one: abort the copy now
+    assert d.proc is not None and d.proc.wait(timeout=90) == 0
+    [aborted] = d.events("copy.aborted")
+    assert (aborted["path"], aborted["step"], aborted["why"]) == ("r/step_0042.pt", 42, "second stop signal")
+    assert 0 < aborted["bytes_done"] < aborted["size"]
+    assert temp_files(mirror) == [] and not (mirror / "r" / "step_0042.pt").exists()
+
+
+def test_sync_on_a_terminal_shows_each_copy_with_bytes_rate_and_eta(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for step in (1, 2):
+        save_checkpoint(primary / f"step_{step:04d}.pt", step, megabytes=24)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
+    env.update(TERM="xterm", MIRRORD_IO__BANDWIDTH_LIMIT=str(8 * MiB), MIRRORD_COPY__SETTLE_SECONDS="0")
+    terminal = Terminal([*mirrord_argv(), "sync", "--primary", str(primary), "--mirror", str(mirror)], env)
+    try:
+        code = terminal.finish(timeout=120)
+    finally:
+        terminal.close()
+    screen = terminal.text
+    assert code == 0, screen
+    assert_mirror_consistent(primary, mirror)
+    for name in ("step_0001.pt", "step_0002.pt"):
+        # e.g. "step_0001.pt [########................]  33%  8.0 MiB of 24.0 MiB  8.0 MiB/s  ETA 0:02"
+        pattern = rf"{name} \[[#.]+\] +\d+%  [\d.]+ [KM]iB of 24\.0 MiB  [\d.]+ [KM]iB/s  ETA \d+:\d\d"
+        lines = [x for x in screen.splitlines() if re.search(pattern, x) and "ETA ?" not in x]
+        assert lines, f"no progress line for {name}:\n{screen}"
+    assert "copy.committed" in screen  # the log lines still reach the terminal, above the live lines
+
+    piped = run_mirrord("sync", "--primary", primary, "--mirror", tmp_path / "piped", env={
+        "MIRRORD_IO__BANDWIDTH_LIMIT": str(8 * MiB), "MIRRORD_COPY__SETTLE_SECONDS": "0"})
+    assert piped.returncode == 0 and "ETA" not in piped.stderr  # not a terminal: log lines only
+
+
+def test_the_terminal_view_is_imported_only_for_a_terminal() -> None:
+    """The live view is for a person's terminal: the daemon and every command's module load without it."""
+    code = ("import sys, mirrord.cli, mirrord.daemon, mirrord.sync, mirrord.status, mirrord.report, "
+            "mirrord.progress, mirrord.banner; print(sorted(m for m in sys.modules if m in "
+            "('mirrord.console', 'rich')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

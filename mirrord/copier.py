@@ -16,6 +16,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +30,10 @@ from mirrord.errors import (
     StalledError,
     from_oserror,
 )
-from mirrord.hashing import new_hasher
+from mirrord.hashing import Hasher, new_hasher
 from mirrord.model import CopyResult
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
-from mirrord.validators import Verdict, new_validator
+from mirrord.validators import Validator, Verdict, new_validator
 from mirrord.volume import Mirror, Upload
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -168,6 +169,30 @@ def _stream(
     """Read, hash, validate and write the same buffer until EOF; returns (digest, bytes copied, verdict)."""
     hasher = new_hasher(options.algo)
     validator = new_validator(rel) if options.validate else None
+    # The validator's CRC-32 runs on a second core while this thread hashes and writes the same buffer
+    # (zlib, blake3 and write all release the GIL); both finish before the buffer is read into again.
+    helper = ThreadPoolExecutor(1, thread_name_prefix="mirrord-validate") if validator is not None else None
+    try:
+        digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator, helper)
+    finally:
+        if helper is not None:
+            helper.shutdown(wait=True)
+    if validator is not None:
+        verdict = validator.finish(src_fd)
+    elif copied == 0:
+        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
+    else:
+        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
+    if options.drop_cache:
+        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return digest, copied, verdict
+
+
+def _pump(
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path,
+    hasher: Hasher, validator: Validator | None, helper: ThreadPoolExecutor | None,
+) -> tuple[str, int]:
+    """The copy loop: one buffer, read once, hashed, validated and written; returns (digest, bytes)."""
     buf = bytearray(options.buffer_bytes)
     view = memoryview(buf)
     copied = dropped = 0
@@ -181,10 +206,13 @@ def _stream(
         if n == 0:
             break
         chunk = view[:n]
-        hasher.update(chunk)
-        if validator is not None:
-            validator.feed(buf, n)
-        upload.write(chunk)
+        validating = helper.submit(validator.feed, buf, n) if helper is not None and validator is not None else None
+        try:
+            hasher.update(chunk)
+            upload.write(chunk)
+        finally:
+            if validating is not None:
+                validating.result()  # before the buffer is read into again
         copied += n
         control.advance(n)
         if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
@@ -194,12 +222,4 @@ def _stream(
             ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
             if ahead > 0:
                 time.sleep(ahead)
-    if validator is not None:
-        verdict = validator.finish(src_fd)
-    elif copied == 0:
-        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
-    else:
-        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
-    if options.drop_cache:
-        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    return hasher.hexdigest(), copied, verdict
+    return hasher.hexdigest(), copied

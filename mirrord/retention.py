@@ -13,8 +13,9 @@ and a passing validator verdict, and every primary file of the step is the one t
 * the window is the `keep_last` newest steps *present* (on either side, verified or not); steps below
   it are *retired*: not worth copying (first run on an existing tree, or an unverified newest step,
   never causes copy-then-delete churn);
-* a retired step is a candidate only when every newer step is verified: a torn or unfinished newer
-  step keeps every older one. Candidates are on the mirror, and on the primary when
+* a retired step is a candidate only when every step of the window is verified: a torn or unfinished
+  newest step keeps every older one (a step retired itself, never copied, does not). Candidates are
+  on the mirror, and on the primary when
   `prune.primary = true` - a primary file only if the mirror holds a verified copy of that exact
   file (reason `unmirrored` otherwise), whatever its step;
 * files whose name carries no step are never pruned;
@@ -264,7 +265,7 @@ def plan_prune(
         keeps[run] = frozenset(keep)
         kept_window = [s for s in order if s in verified][-policy.keep_last:]
         # Retired: below the keep_last newest steps present. Deletable: retired, not kept by a policy,
-        # and every newer step verified (a torn or unfinished newer step keeps the older ones).
+        # and the window verified (see below).
         present = [s for s in order
                    if by_step[s][MIRROR] or any(f.rel not in invalid for f in by_step[s][PRIMARY])]
         floor = run_branches.key(present[-policy.keep_last]) if len(present) > policy.keep_last else None
@@ -273,14 +274,16 @@ def plan_prune(
         if kept_window:
             top = by_step[kept_window[-1]]
             newest.update(s.rel for s in top[PRIMARY] + top[MIRROR])
-        newer_verified = True  # every step after this one (in order) is verified
+        # The steps that would replace a retired one are the window: all must be verified first (a
+        # torn or unfinished newest step keeps every older one). Under space pressure, keep_last
+        # verified newer steps are enough.
+        window_verified = all(s in verified for s in present[-policy.keep_last:])
         verified_above = 0
         deletable: set[int] = set()
         for step in reversed(order):
-            enough = newer_verified or (space_pressure and verified_above >= policy.keep_last)
+            enough = window_verified or (space_pressure and verified_above >= policy.keep_last)
             if floor is not None and run_branches.key(step) < floor and enough and step not in keep:
                 deletable.add(step)
-            newer_verified = newer_verified and step in verified
             verified_above += step in verified
         for step in order:
             for side in (PRIMARY, MIRROR):

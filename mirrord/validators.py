@@ -2,7 +2,8 @@
 
 A copy counts only when its source passes its format's validator. Validators are fed the bytes the
 copier streams anyway (`feed`), so a torn or corrupt source costs no second read; `finish` may pread
-a few small structures (a zip's central directory and local headers) from the same descriptor.
+a few small structures (a zip's central directory, local headers, and at most 8 KiB at each record
+boundary) from the same descriptor.
 Standard library only.
 
     torch zip     a file that begins with the zip local-header signature must be a whole zip: end
@@ -21,6 +22,7 @@ import os
 import stat
 import struct
 import zlib
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,9 +36,6 @@ PASSING = (OK, UNCHECKED)  # statuses a checkpoint may be published with
 TORCH_ZIP, SAFETENSORS, JSON = "torch_zip", "safetensors", "json"
 
 _SIG_LOCAL = b"PK\x03\x04"
-_SIG_TAILS = (b"\x03\x04", b"\x01\x02", b"\x07\x08")  # local header, central directory, data descriptor
-_SIGS = tuple(b"PK" + t for t in _SIG_TAILS)
-_MAX_MARKS = 1_000_000  # signature positions remembered; past this the zip is checked by re-reading it
 _MAX_BUFFERED = 64 * 1024 * 1024  # JSON files and safetensors headers larger than this are unchecked
 
 
@@ -65,50 +64,46 @@ class Validator(Protocol):
 
 
 class _TorchZip:
-    """Streams a zip: the CRC-32 of the whole byte stream, remembered at every zip signature.
+    """Streams a zip: the CRC-32 of the whole byte stream, remembered every GRID bytes.
 
-    A record's CRC is then derived from the stream CRC at its data start and end (CRC-32 is linear:
-    crc(B) = P(end) ^ P(start) * x^(8*len(B))), so the record bytes are never read twice. Record
-    boundaries come from the central directory, read at the end.
+    A record's CRC is then derived from the stream's CRC at its data start and end (CRC-32 is linear:
+    crc(B) = P(end) ^ P(start) * x^(8*len(B))), each P(x) from the grid point below x plus at most
+    GRID bytes read back, so the record bytes themselves are never read twice. Record boundaries come
+    from the central directory, read at the end. (Scanning the stream for zip signatures instead cost
+    four times the CRC itself: bytes.find of a two-byte needle runs at about 1.3 GB/s.)
     """
 
     format = TORCH_ZIP
+    GRID = 8192
 
     def __init__(self) -> None:
         self.size = 0
         self._crc = 0
-        self._marks: dict[int, int] = {}  # offset of a signature -> CRC-32 of every byte before it
-        self._tentative: list[tuple[int, int, bytes]] = []  # a signature cut by the end of a chunk
-        self._overflow = False
+        self._grid = array("I")  # _grid[k]: CRC-32 of the first (k + 1) * GRID bytes
 
     def feed(self, buf: bytes | bytearray, n: int) -> None:
-        base, crc, last = self.size, self._crc, 0
         view = memoryview(buf)
-        for offset, crc_at, seen in self._tentative:
-            if seen + bytes(buf[: 4 - len(seen)]) in _SIGS:
-                self._mark(offset, crc_at)
-        self._tentative = []
-        pos = buf.find(b"PK", 0, n)
-        while 0 <= pos <= n - 4:
-            if buf[pos + 2 : pos + 4] in _SIG_TAILS:
-                crc = zlib.crc32(view[last:pos], crc)
-                last = pos
-                self._mark(base + pos, crc)
-            pos = buf.find(b"PK", pos + 1, n)
-        for pos in range(max(0, n - 3), n):
-            tail = bytes(buf[pos:n])
-            if any(sig.startswith(tail) for sig in _SIGS):
-                crc = zlib.crc32(view[last:pos], crc)
-                last = pos
-                self._tentative.append((base + pos, crc, tail))
-        self._crc = zlib.crc32(view[last:n], crc)
-        self.size += n
+        pos, crc, size, grid = 0, self._crc, self.size, self.GRID
+        while pos < n:
+            take = min(grid - size % grid, n - pos)
+            crc = zlib.crc32(view[pos : pos + take], crc)
+            pos += take
+            size += take
+            if size % grid == 0:
+                self._grid.append(crc)
+        self._crc, self.size = crc, size
 
-    def _mark(self, offset: int, crc: int) -> None:
-        if len(self._marks) < _MAX_MARKS:
-            self._marks[offset] = crc
-        else:
-            self._overflow = True
+    def _prefix(self, fd: int, offset: int) -> int:
+        """CRC-32 of the first `offset` bytes of the stream."""
+        if offset == self.size:
+            return self._crc
+        k = offset // self.GRID
+        base = self._grid[k - 1] if k else 0
+        gap = offset - k * self.GRID
+        data = os.pread(fd, gap, k * self.GRID) if gap else b""
+        if len(data) != gap:
+            raise zipcheck._BadFileError(TRUNCATED, f"file shrank while it was validated (at byte {offset})")
+        return zlib.crc32(data, base)
 
     def finish(self, fd: int) -> Verdict:
         try:
@@ -122,19 +117,18 @@ class _TorchZip:
         records, cd_offset = zipcheck._read_central_directory(fd, self.size)
         zipcheck._require_torch_layout(records)
         ranges = zipcheck._locate_records(fd, records, cd_offset, self.size)
-        slow: list[int] = []
+        deflated: list[int] = []
         for index, (r, (start, end)) in enumerate(zip(records, ranges, strict=True)):
-            at_header, at_end = self._marks.get(r.header_offset), self._marks.get(end)
-            if self._overflow or r.method != 0 or at_header is None or at_end is None:
-                slow.append(index)  # deflated, or junk after the data: checksum it the slow way
+            if r.method != 0:
+                deflated.append(index)  # torch never deflates; checksum such a record the slow way
                 continue
-            at_start = zlib.crc32(os.pread(fd, start - r.header_offset, r.header_offset), at_header)
-            crc = at_end ^ zipcheck._multmodp(zipcheck._shift_operator(end - start), at_start)
+            crc = self._prefix(fd, end) ^ zipcheck._multmodp(zipcheck._shift_operator(end - start),
+                                                             self._prefix(fd, start))
             if crc != r.crc:
                 return Verdict(CRC_MISMATCH, f"record {r.name!r} (bytes {start}-{end}): stored CRC-32 "
                                f"{r.crc:08x}, computed {crc:08x}", TORCH_ZIP)
-        if slow:
-            found = zipcheck._verify_crcs(fd, [records[i] for i in slow], [ranges[i] for i in slow], 1)
+        if deflated:
+            found = zipcheck._verify_crcs(fd, [records[i] for i in deflated], [ranges[i] for i in deflated], 1)
             if not found.ok:
                 return _from_zipcheck(found)
         return Verdict(OK, f"{len(records)} records, all CRC-32 match", TORCH_ZIP)

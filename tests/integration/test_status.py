@@ -162,7 +162,9 @@ def test_steps_retention_let_go_are_not_lag(primary, mirror, checkpoint, no_daem
 
 
 def test_no_manifest_and_checkpoints_an_hour_behind_is_a_problem(primary, mirror, checkpoint, no_daemon_env) -> None:
-    """Nothing mirrored, no daemon, every checkpoint an hour old: two problems, exit 1, not "problems: none"."""
+    """Nothing mirrored, no daemon, every checkpoint an hour old: two problems, exit 1, not "problems: none".
+    (metrics.enabled = false: that no daemon answers is then a note, not a third problem.)"""
+    no_daemon_env = {**no_daemon_env, "MIRRORD_METRICS__ENABLED": "false"}
     hour_ago = time.time_ns() - 3600 * 10**9
     for step in (1, 2):
         checkpoint(primary / "r" / f"step_{step:04d}.pt", step, mtime_ns=hour_ago + step)
@@ -181,6 +183,7 @@ def test_no_manifest_and_checkpoints_an_hour_behind_is_a_problem(primary, mirror
 
 
 def test_lag_beyond_max_lag_is_a_problem_with_a_manifest_too(primary, mirror, checkpoint, no_daemon_env) -> None:
+    no_daemon_env = {**no_daemon_env, "MIRRORD_METRICS__ENABLED": "false"}  # no daemon to ask: a note
     checkpoint(primary / "r" / "step_0001.pt", 1)
     sync(primary, mirror)
     checkpoint(primary / "r" / "step_0002.pt", 2, mtime_ns=time.time_ns() - 1200 * 10**9)  # 20 min ago
@@ -194,6 +197,7 @@ def test_lag_beyond_max_lag_is_a_problem_with_a_manifest_too(primary, mirror, ch
 
 
 def test_step_columns_say_they_are_steps(primary, mirror, checkpoint, no_daemon_env) -> None:
+    no_daemon_env = {**no_daemon_env, "MIRRORD_METRICS__ENABLED": "false"}  # no daemon to ask: a note
     checkpoint(primary / "r" / "step_0007.pt", 7)
     sync(primary, mirror)
     result = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=no_daemon_env)
@@ -276,9 +280,16 @@ def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, daem
         return sorted(Manifest.load(mirror).entries) == ["r/step_0009.pt", "r/step_0010.pt"] and not any(
             mirror.rglob("*.part"))
 
-    for step in range(1, 11):
-        save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step, megabytes=4)
+    def mirrored(rel: str) -> bool:
         reports.append(collect(config))
+        return rel in Manifest.load(mirror).entries
+
+    for step in range(1, 11):
+        # Each step mirrored before the next is written, so that older ones are copied and then pruned
+        # (a step already below the window when first seen is never copied at all).
+        rel = f"r/step_{step:04d}.pt"
+        save_checkpoint(primary / rel, step, megabytes=4)
+        wait_for(lambda rel=rel: mirrored(rel), 60, f"{rel} mirrored", interval=0)
     wait_for(finished, 60, "steps 9 and 10 kept, the rest pruned", interval=0)  # as many looks as possible
     assert len(reports) > 20
     # Only what status concludes from the disks; the daemon's own health is another test's business.

@@ -330,6 +330,55 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
     assert sorted(e["path"] for e in d.events("copy.started")) == [f"{RUN}/step_19.pt", f"{RUN}/step_20.pt"]
     assert not d.events("prune.deleted")
     assert steps_on(primary) == list(range(1, 21)) and steps_on(mirror) == [19, 20]
-    if prune_primary:  # step 18 would go but has no mirror copy; it being unverified keeps 1-17 as well
-        assert {e["path"] for e in d.events("prune.skipped", reason="unmirrored")} == {f"{RUN}/step_18.pt"}
+    if prune_primary:  # retired, but without a verified mirror copy: never deleted from the primary
+        assert {e["path"] for e in d.events("prune.skipped", reason="unmirrored")} == {
+            f"{RUN}/step_{s}.pt" for s in range(1, 19)}
     assert assert_latest_loads(mirror) == ckpt(mirror, 20)
+
+
+# -- verify --deep, status and latest on files the manifest cannot vouch for --------------------------
+
+def test_verify_deep_validates_unrecorded_files_and_reports_unknown_formats_as_unchecked(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    save_checkpoint(ckpt(primary, 1), 1, megabytes=1)
+    sync = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env={"MIRRORD_COPY__SETTLE_SECONDS": "0"})
+    assert sync.returncode == 0, sync.stderr
+    (mirror / RUN / "notes.pt").write_bytes(b"\x80\x02 not a zip, no validator for it")
+    assert run_mirrord("verify", "--deep", "--mirror", mirror).returncode == 1  # unrecorded is a problem
+    bad = bytearray(ckpt(primary, 1).read_bytes())
+    bad[len(bad) // 2] ^= 1
+    (mirror / RUN / "step_9.pt").write_bytes(bytes(bad))
+    deep = run_mirrord("verify", "--deep", "--mirror", mirror)
+    lines = {line.split()[1]: line.split()[0] for line in deep.stdout.splitlines() if len(line.split()) > 1}
+    assert lines[f"{RUN}/step_9.pt"] == "CRC_MISMATCH", deep.stdout
+    assert lines[f"{RUN}/notes.pt"] == "UNRECORDED", deep.stdout
+    assert deep.returncode == 1
+    (mirror / RUN / "step_9.pt").unlink()
+    (mirror / RUN / "notes.pt").unlink()
+    clean = run_mirrord("verify", "--deep", "--mirror", mirror)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+
+def test_a_torn_file_recorded_by_an_older_mirrord_is_neither_intact_nor_latest(tmp_path: Path) -> None:
+    """A manifest entry written before validation existed, for a torn file of the recorded size and hash
+    (what 0.1.0 recorded for a torn source): status says NOT intact (exit 1), latest skips it."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    save_checkpoint(ckpt(primary, 1), 1, megabytes=1)
+    env = {"MIRRORD_COPY__SETTLE_SECONDS": "0", "MIRRORD_METRICS__ENABLED": "false"}
+    assert run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env).returncode == 0
+    save_checkpoint(ckpt(primary, 2), 2, megabytes=1, rename=False)
+    torn = ckpt(primary, 2).read_bytes()[: 500_000]
+    ckpt(primary, 2).write_bytes(torn)
+    ckpt(mirror, 2).write_bytes(torn)
+    st = ckpt(primary, 2).stat()
+    os.utime(ckpt(mirror, 2), ns=(st.st_mtime_ns, st.st_mtime_ns))
+    manifest = Manifest.open(mirror)
+    from mirrord.hashing import hash_file
+    from mirrord.model import ManifestEntry
+
+    manifest.record(ManifestEntry(f"{RUN}/step_2.pt", len(torn), "blake3", hash_file(ckpt(mirror, 2), "blake3"),
+                                  st.st_mtime_ns, 2, 0.0))  # validation None: recorded before issue 14
+    manifest.close()
+    status = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=env)
+    assert status.returncode == 1 and "NOT intact" in status.stdout and "truncated" in status.stdout, status.stdout
+    assert assert_latest_loads(mirror) == ckpt(mirror, 1)

@@ -183,13 +183,13 @@ def kept_steps(h: History) -> dict[str, set[int]]:
 
 
 def deletable_steps(h: History) -> dict[str, set[int]]:
-    """Below the keep_last newest steps present, kept by no policy, and every newer step verified."""
+    """Below the keep_last newest steps present, kept by no policy, and those keep_last all verified."""
     verified, kept = verified_steps(h), kept_steps(h)
     out = {}
     for run, steps in order(h).items():
+        window = steps[-h.policy.keep_last:]
         retired = steps[: max(0, len(steps) - h.policy.keep_last)]
-        out[run] = {s for i, s in enumerate(retired)
-                    if s not in kept[run] and all(n in verified[run] for n in steps[i + 1:])}
+        out[run] = {s for s in retired if s not in kept[run] and all(w in verified[run] for w in window)}
     return out
 
 
@@ -225,8 +225,8 @@ def test_never_plans_deleting_a_recent_zero_future_in_flight_or_newest_file(h: H
 @PROPERTY
 @given(histories())
 def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> None:
-    """Deleted steps are below the keep_last newest steps present, kept by no policy, and every newer
-    step of their run is verified (a torn or unfinished newer step keeps the older ones)."""
+    """Deleted steps are below the keep_last newest steps present, kept by no policy, and those newest
+    steps of their run are all verified (a torn or unfinished newest step keeps the older ones)."""
     plan = h.plan()
     kept, verified, deletable = kept_steps(h), verified_steps(h), deletable_steps(h)
     for d in plan.deletions:
@@ -237,8 +237,7 @@ def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> Non
         assert d.step not in kept[run], d
         assert verified[run], "a run with no verified step has no candidates"
         assert d.step in deletable[run], d
-        steps = order(h)[run]
-        assert all(s in verified[run] for s in steps[steps.index(d.step) + 1:]), d
+        assert all(s in verified[run] for s in order(h)[run][-h.policy.keep_last:]), d
 
 
 @PROPERTY
@@ -481,10 +480,10 @@ def test_guards_move_candidates_to_skipped_with_their_reason() -> None:
     h.mirror["run/step_0002.pt"] = FileState("run/step_0002.pt", 100, MTIMES["recent"], ino=102)
     h.in_flight.add("run/step_0003.pt")
     plan = h.plan()
-    # The primary's step 2 (its mirror copy's mtime is no longer the recorded one) is not exactly what
-    # was mirrored: never deleted, whatever the guards say; so step 2 is unverified and keeps step 1.
+    # The primary's steps 1 (now mtime 0) and 2 (its mirror copy's mtime is no longer the recorded one)
+    # are not exactly what was mirrored: never deleted, whatever the guards say.
     assert {(s.volume, s.step, s.reason) for s in plan.skipped} == {
-        ("mirror", 2, "recent_mtime"), ("primary", 2, "unmirrored"),
+        ("primary", 1, "unmirrored"), ("mirror", 2, "recent_mtime"), ("primary", 2, "unmirrored"),
         ("primary", 3, "in_flight"), ("mirror", 3, "in_flight"),
     }
 

@@ -15,8 +15,11 @@
 # --- builder: turn the source into wheels (mirrord and its dependencies) ------------------
 FROM python:3.11-slim AS builder
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY mirrord ./mirrord
+# mirrord/data/ links to the example config, the unit and the alert rules: the wheel ships them.
+COPY config ./config
+COPY systemd ./systemd
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 # --- final: the wheels installed, nothing else (no compiler, no source, no torch) ----------

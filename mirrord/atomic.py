@@ -69,38 +69,56 @@ def publish(dir_fd: int, final_name: str, temp_fd: int) -> None:
 
     Refuses if the temp name no longer refers to the file we wrote (someone replaced it meanwhile).
     """
+    name = _still_ours(dir_fd, final_name, temp_fd)
+    os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
+    """publish, but never over an existing file: FileExistsError if the final name exists.
+
+    The final name is linked to the temp file, not renamed onto: a file that appeared a moment ago (a
+    check-then-rename could clobber it) makes the link fail. Then the temp name is removed.
+    """
+    name = _still_ours(dir_fd, final_name, temp_fd)
+    os.link(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    os.unlink(name, dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def _still_ours(dir_fd: int, final_name: str, temp_fd: int) -> str:
     name = temp_name(final_name)
     ours = os.fstat(temp_fd)
     there = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
         raise FileExistsError(f"{name} was replaced while it was being written")
-    os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    os.fsync(dir_fd)
+    return name
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Publish a small file (the manifest) with the full protocol."""
-    with atomic_output(path) as f:
+def write_bytes_atomic(path: Path, data: bytes, overwrite: bool = True, mode: int = 0o644) -> None:
+    """Publish a small file (the manifest, a starter config) with the full protocol."""
+    with atomic_output(path, overwrite, mode) as f:
         f.write(data)
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+def atomic_output(path: str | os.PathLike[str], overwrite: bool = True, mode: int = 0o644) -> Iterator[BinaryIO]:
     """Yield a file open on PATH.part; publish it as PATH only if the block completes.
 
-    On exit without error: flush, fsync, os.replace, fsync the directory. On any exception the temp
-    file is removed and the exception propagates; PATH is untouched.
+    On exit without error: flush, fsync, publish (publish_new with overwrite=False: never over an
+    existing file), fsync the directory. On any exception the temp file is removed and the exception
+    propagates; PATH is untouched.
     """
     final = Path(path)
     dir_fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = create_temp(dir_fd, final.name)
+        fd = create_temp(dir_fd, final.name, mode)
         try:
             with os.fdopen(os.dup(fd), "wb") as f:
                 yield f
                 f.flush()
             os.fsync(fd)
-            publish(dir_fd, final.name, fd)
+            (publish if overwrite else publish_new)(dir_fd, final.name, fd)
         except BaseException:
             discard_temp(dir_fd, final.name, fd)
             raise

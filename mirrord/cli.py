@@ -2,6 +2,9 @@
 
 Exit codes: 0 success; 1 the operation failed (a copy, a mismatch, no intact checkpoint);
 2 bad usage or configuration (one message per problem, naming the key).
+
+This module imports only the standard library at load time: `mirrord -V`, shell completion and the
+build step that writes the man page must not pay for pydantic and structlog (or need them installed).
 """
 
 from __future__ import annotations
@@ -12,17 +15,34 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mirrord import __version__
-from mirrord import log as logsetup
-from mirrord.config import Config, load_config
 from mirrord.errors import ConfigError, MirrordError
+
+if TYPE_CHECKING:
+    from mirrord.config import Config, LoadedConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 JSON_HELP = "print one JSON document on stdout instead of text (schema: README, JSON output)"
 
-Command = Callable[[Config, argparse.Namespace], int]
+Command = Callable[["Config", argparse.Namespace], int]
+PlainCommand = Callable[[argparse.Namespace], int]  # commands that read no configuration
+
+# One line per command: the list `mirrord` prints without arguments (and with --help).
+SUMMARIES = {
+    "run": "the daemon: watch, mirror, prune, serve /metrics /healthz /readyz",
+    "sync": "copy every committed checkpoint the mirror lacks, once",
+    "verify": "recheck every mirrored file against the manifest",
+    "latest": "print the newest intact checkpoint",
+    "prune": "apply retention once (--dry-run prints the plan)",
+    "status": "per run: newest step on each side, lag, free space, problems",
+    "check-config": "validate the configuration; print it as TOML with each value's origin",
+    "init": "write a commented config file (and with --systemd a unit) to start from",
+    "demo": "a one-minute simulated training run against a local mirror",
+    "completion": "print a bash, zsh or fish completion script",
+    "man": "print the manual page (roff)",
+}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -43,9 +63,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     log = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v is not None}
     if log:
         data["log"] = log
-    for key, value in getattr(args, "extra_overrides", {}).items():
-        section, _, name = key.partition(".")
-        data.setdefault(section, {})[name] = value
     return data
 
 
@@ -70,6 +87,7 @@ def _sync_with_progress(config: Config, run_sync: Any) -> Any:
     """On a terminal, a live line per file being copied (bytes, rate, ETA); only this path imports the view."""
     if not sys.stderr.isatty():
         return run_sync(config)
+    from mirrord import log as logsetup
     from mirrord.console import live_copies
     from mirrord.progress import ProgressBoard
 
@@ -194,17 +212,72 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
-    print(json.dumps(config.to_toml_dict(), indent=2, default=str))
+    if args.format == "json":
+        print(json.dumps(config.to_toml_dict(), indent=2))
+        return EXIT_OK
+    from mirrord.config_toml import render
+
+    loaded = _explain(args)
+    print(render(config.to_toml_dict(), lambda key: str(loaded.origin(key))), end="")
     return EXIT_OK
 
 
+def _explain(args: argparse.Namespace) -> LoadedConfig:
+    """File + environment + flags, roots checked as the command needs, with each value's origin."""
+    from mirrord.config import explain_config
+
+    return explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
+
+
 def _load(args: argparse.Namespace) -> Config:
-    """The one Config of this command: file + environment + flags, roots checked as the command needs."""
-    return load_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
+    """The one Config of this command (SIGHUP calls this again)."""
+    return _explain(args).config
+
+
+# --- init, completion, man: no configuration read -----------------------------------------------------
+def cmd_init(args: argparse.Namespace) -> int:
+    from mirrord.init import UNIT_NAME, InitError, mirrord_executable, starter_config, starter_unit, write_files
+
+    path: Path = args.path
+    files = {path: starter_config(args.primary, args.mirror)}
+    if args.systemd:
+        files[path.parent / UNIT_NAME] = starter_unit(path, args.primary, args.mirror, mirrord_executable(sys.argv[0]))
+    try:
+        written = write_files(files, args.force)
+    except (InitError, OSError) as exc:
+        print(f"mirrord init: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, InitError) else EXIT_FAILED
+    for w in written:
+        print(f"{'replaced' if w.replaced else 'wrote'} {w.path}")
+    config = path.absolute()
+    steps = [] if args.mirror is not None else [f"set mirror (required) in {config}"]
+    steps.append(f"mirrord check-config --config {config}")
+    if args.systemd:
+        steps.append(f"install -m 0644 {(path.parent / UNIT_NAME).absolute()} /etc/systemd/system/{UNIT_NAME} "
+                     "&& systemctl daemon-reload && systemctl enable --now mirrord")
+    else:
+        steps.append(f"mirrord run --config {config}")
+    print("next:\n" + "\n".join(f"  {step}" for step in steps))
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from mirrord.completion import script
+
+    print(script(args.shell, build_parser()), end="")
+    return EXIT_OK
+
+
+def cmd_man(args: argparse.Namespace) -> int:
+    from mirrord.manpage import render
+
+    print(render(build_parser(), __version__), end="")
+    return EXIT_OK
 
 
 # --- prune (retention; see mirrord/prune.py) ---------------------------------------------------------
 def cmd_prune(config: Config, args: argparse.Namespace) -> int:
+    from mirrord import log as logsetup
     from mirrord.errors import ManifestError
     from mirrord.manifest import Manifest
     from mirrord.model import Snapshot
@@ -256,12 +329,15 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK if status.ok else EXIT_FAILED
 
 
-def cmd_demo(config: Config, args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from mirrord.demo import DemoError, DemoOptions, run_demo
 
     if args.primary is not None or args.mirror is not None:
         print("mirrord: the demo always uses DIR/primary and DIR/mirror; choose DIR with --dir", file=sys.stderr)
         return EXIT_USAGE
+    if args.config is not None:
+        print(f"mirrord demo: --config {args.config} is ignored: the demo writes and uses DIR/mirrord.toml",
+              file=sys.stderr)
     options = DemoOptions(args.dir, args.steps, args.interval, args.keep_last, False if args.no_torch else None)
     try:
         return run_demo(options)
@@ -293,13 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
         "verified, renamed into place, and recorded with its size and hash in a manifest.",
         epilog="Exit codes: 0 ok, 1 operation failed, 2 bad usage or configuration.",
     )
-    parser.add_argument("--version", action="version", version=f"mirrord {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("-V", "--version", action="version", version=f"mirrord {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def add(name: str, func: Command, help_: str, needs_primary: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        _common(p)
-        p.set_defaults(func=func, needs_primary=needs_primary)
+    def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: bool = True,
+            config: bool = True) -> argparse.ArgumentParser:
+        """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
+        p = sub.add_parser(name, help=SUMMARIES[name], description=help_)
+        if config:
+            _common(p)
+            p.set_defaults(func=func, needs_primary=needs_primary)
+        else:
+            p.set_defaults(plain=func)
         return p
 
     p = add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
@@ -329,8 +410,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
-        "ones, serve /metrics /healthz /readyz. SIGTERM/SIGINT stop it cleanly, SIGHUP reloads the config.")
-    add("check-config", cmd_check_config, "Validate the configuration and print the effective values.")
+        "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
+        "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
+        "its endpoints and the command that shows its status.")
+    p = add("check-config", cmd_check_config, "Validate the configuration (file, MIRRORD_* variables, flags) and "
+            "print the effective values as TOML that can be pasted into a config file, each value followed by "
+            "a comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
+    p.add_argument("--format", choices=["toml", "json"], default="toml",
+                   help="toml (default): for a person, with origins; json: the values only, for machines")
     # --- prune ---
     p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
             "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
@@ -364,7 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
             "`mirrord run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, "
             "copy and deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the "
             "daemon's log. --config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.",
-            needs_primary=False)
+            config=False)
+    _common(p)
     p.add_argument("--dir", type=Path, default=Path("var/demo"), metavar="DIR",
                    help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
                    "must be empty or made by an earlier demo, which is wiped)")
@@ -377,19 +465,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-torch", action="store_true",
                    help="write torch-like zip files even if torch is installed (starts faster)")
     # --- end status and demo ---
+    p = add("init", cmd_init, "Write a configuration file to start from: the example config with every key "
+            "documented and set to its default, the roots filled in from --primary/--mirror. With --systemd, also "
+            "write mirrord.service next to it, pointed at that file and those roots. An existing file is never "
+            "replaced without --force; files are written atomically.", config=False)
+    p.add_argument("path", nargs="?", type=Path, default=Path("mirrord.toml"), metavar="PATH",
+                   help="the config file to write (default: ./mirrord.toml); missing folders are created")
+    p.add_argument("--primary", type=Path, metavar="DIR", help="the directory the trainer writes checkpoints to")
+    p.add_argument("--mirror", type=Path, metavar="DIR",
+                   help="the directory for the trustworthy copy (required to run; else left for you to set)")
+    p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
+    p.add_argument("--force", action="store_true", help="replace files that exist")
+    p = add("completion", cmd_completion, "Print a shell completion script generated from this command's own "
+            "parser. bash: `source <(mirrord completion bash)` (or save it as "
+            "/etc/bash_completion.d/mirrord); zsh: save it as _mirrord in a folder of $fpath; fish: save it as "
+            "~/.config/fish/completions/mirrord.fish. Wheels also ship them under mirrord/data/completion/.",
+            config=False)
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete for")
+    add("man", cmd_man, "Print the manual page mirrord(1) in roff, generated from this command's own parser: "
+        "`mirrord man | man -l -`. Wheels also ship it as mirrord/data/man/mirrord.1.", config=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    plain: PlainCommand | None = getattr(args, "plain", None)
+    if plain is not None:
+        return _run_plain(plain, args)
+    from mirrord import log as logsetup
+
     try:
-        config = _load(args)
+        loaded = _explain(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"mirrord: config error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    config = loaded.config
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
+    if loaded.ignored_environment:  # once per process: a SIGHUP reload does not repeat it
+        logsetup.get_logger().info("config.environment_ignored", variables=list(loaded.ignored_environment),
+                                   why="Kubernetes service variables, not mirrord settings")
+    if args.command == "run":
+        logsetup.get_logger().info("config.loaded", file=str(loaded.file) if loaded.file else None,
+                                   primary=str(config.primary), mirror=str(config.mirror))
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
@@ -397,6 +519,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     path=exc.path, cause=exc.cause)
         print(f"mirrord: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:
+    from mirrord import log as logsetup
+
+    logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
+                       sys.stderr)
+    try:
+        return int(command(args))
     except KeyboardInterrupt:
         return 130
 

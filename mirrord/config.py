@@ -1,16 +1,23 @@
 """Configuration: built once from defaults, a TOML file, MIRRORD_* variables and flags; frozen; validated loudly.
 
 Precedence (lowest first): embedded defaults < TOML file < environment < command-line flags.
-Nothing is silently corrected: every problem becomes one message that names the key.
+Nothing is silently corrected: every problem becomes one message that names the key, and says where
+the bad value came from (the file, the variable, the flag). `mirror` has no default: copying into a
+made-up path on the root disk is worse than refusing to start. Relative paths in a file are relative
+to the file's folder; everywhere else to the working directory; the Config holds them absolute.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +28,13 @@ from mirrord.errors import ConfigError
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
 MIB = 1024 * 1024
+PATH_KEYS = ("primary", "mirror")
+# Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
+# (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
+# They are not settings: ignored (and logged once) instead of stopping the sidecar as unknown keys.
+KUBERNETES_SERVICE_VARIABLE = re.compile(
+    r"MIRRORD_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)"
+)
 
 
 class _Section(BaseModel):
@@ -107,7 +121,7 @@ class DaemonConfig(_Section):
 
 class Config(_Section):
     primary: Path = Path("/data/checkpoints")
-    mirror: Path = Path("/mnt/mirror/checkpoints")
+    mirror: Path  # no default: a missing mirror is an error, never a silently invented path
     patterns: tuple[str, ...] = ("*.pt",)
     mirror_must_be_mountpoint: bool = False
     copy_: CopyConfig = Field(default_factory=CopyConfig, alias="copy")
@@ -119,6 +133,19 @@ class Config(_Section):
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("primary", "mirror", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("primary", "mirror")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        """Relative to the working directory (a file's relative paths were joined to its folder before)."""
+        return value.absolute()
 
     @field_validator("patterns", mode="before")
     @classmethod
@@ -164,38 +191,164 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def _parse_env_value(raw: str) -> Any:
-    """JSON where it parses (numbers, booleans, lists), the raw string otherwise."""
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from: `default`, `file` (path), `environment` (variable) or `flag` (name)."""
+
+    kind: Literal["default", "file", "environment", "flag"]
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.detail}" if self.detail else self.kind
+
+    def suffix(self) -> str:
+        """For an error message: where to go and fix the value."""
+        return {"file": f" (in {self.detail})", "environment": f" (from {self.detail})",
+                "flag": f" (from {self.detail})"}.get(self.kind, "")
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """MIRRORD_KEY and MIRRORD_SECTION__KEY variables as nested config data."""
-    data: dict[str, Any] = {}
-    for name, raw in environ.items():
+DEFAULT = Origin("default")
+
+
+@dataclass
+class _Layer:
+    """One source of settings: nested data plus the origin of each dotted key in it."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, Origin] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+def _sections() -> dict[str, type[BaseModel]]:
+    return {f.alias or name: f.annotation for name, f in Config.model_fields.items()
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+
+
+def _is_structured(annotation: Any) -> bool:
+    """Lists and tuples are given as JSON in a variable; everything else as the string itself."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_structured(a) for a in typing.get_args(annotation) if a is not type(None))
+    return origin in (list, tuple, dict, set, frozenset) or annotation in (list, tuple, dict)
+
+
+def _settings() -> dict[str, Any]:
+    """Every dotted key a user can set, with its annotation."""
+    keys: dict[str, Any] = {}
+    sections = _sections()
+    for name, f in Config.model_fields.items():
+        key = f.alias or name
+        if key in sections:
+            keys |= {f"{key}.{sub}": sf.annotation for sub, sf in sections[key].model_fields.items()}
+        else:
+            keys[key] = f.annotation
+    return keys
+
+
+def env_name(dotted: str) -> str:
+    """copy.workers -> MIRRORD_COPY__WORKERS."""
+    return ENV_PREFIX + dotted.replace(".", "__").upper()
+
+
+def _closest(name: str, candidates: list[str]) -> str | None:
+    squash = name.replace("_", "")
+    for candidate in candidates:
+        if candidate.replace("_", "") == squash:
+            return candidate
+    found = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def read_environment(environ: Mapping[str, str]) -> _Layer:
+    """MIRRORD_KEY and MIRRORD_SECTION__KEY variables as nested config data.
+
+    Values stay strings for pydantic to coerce (MIRRORD_MIRROR=2024 is a folder named 2024); only a
+    list-typed key given as a JSON list ('["*.pt","*.ckpt"]') is decoded. Unknown names are problems
+    that name the variable and suggest the closest one; Kubernetes service variables are set aside in
+    `ignored`.
+    """
+    layer = _Layer()
+    settings = _settings()
+    known = {env_name(k): k for k in settings}
+    for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
             continue
-        parts = name[len(ENV_PREFIX):].lower().split("__")
-        node = data
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = _parse_env_value(raw)
-    return data
+        raw = environ[name]
+        if KUBERNETES_SERVICE_VARIABLE.fullmatch(name):
+            layer.ignored.append(name)
+            continue
+        dotted = known.get(name)
+        if dotted is None:
+            hint = _closest(name, sorted(known))
+            layer.problems.append(f"{name}: unknown setting" + (
+                f"; did you mean {hint} ({known[hint]})?" if hint else
+                f"; settings are {ENV_PREFIX}<KEY> or {ENV_PREFIX}<SECTION>__<KEY>, see check-config"))
+            continue
+        value: Any = raw
+        if _is_structured(settings[dotted]) and raw.lstrip().startswith("["):  # else: comma-separated
+            try:
+                value = json.loads(raw)
+            except ValueError as exc:
+                layer.problems.append(f"{dotted}: {name} is not valid JSON ({exc}); e.g. {name}='[\"*.pt\"]'")
+                continue
+        section, _, key = dotted.rpartition(".")
+        node = layer.data.setdefault(section, {}) if section else layer.data
+        node[key] = value
+        layer.origins[dotted] = Origin("environment", name)
+    return layer
 
 
-def _format_errors(exc: ValidationError) -> list[str]:
+def _read_file(path: Path) -> _Layer:
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"config: {path} is not valid TOML: {exc}"]) from exc
+    folder = Path(path).absolute().parent
+    for key in PATH_KEYS:  # relative to the file, not to wherever the command happens to run
+        value = data.get(key)
+        if isinstance(value, str) and value.strip() and not Path(value).is_absolute():
+            data[key] = str(folder / value)
+    origin = Origin("file", str(Path(path).absolute()))
+    return _Layer(data, {k: origin for k in _dotted_keys(data)})
+
+
+def _flag_layer(overrides: Mapping[str, Any]) -> _Layer:
+    """Command-line flags: --primary, --mirror, --log-level, --log-format (spelled from the key)."""
+    data = _deep_merge({}, overrides)
+    origins = {k: Origin("flag", "--" + k.replace(".", "-").replace("_", "-")) for k in _dotted_keys(data)}
+    return _Layer(data, origins)
+
+
+def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        keys.append(prefix + key)
+        if isinstance(value, Mapping):
+            keys += _dotted_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[str]:
     problems = []
+    settings = _settings()
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
-        key = key.replace("copy_", "copy")
+        origin = origins.get(key, DEFAULT)
         if err["type"] == "extra_forbidden":
-            problems.append(f"{key}: unknown key")
+            hint = _closest(key, [k for k in settings if k.count(".") == key.count(".")])
+            problems.append(f"{key}: unknown key{origin.suffix()}" + (f"; did you mean {hint}?" if hint else ""))
+        elif err["type"] == "missing" and key == "mirror":
+            problems.append('mirror: not set (there is no default); give --mirror DIR, MIRRORD_MIRROR=DIR '
+                            'or mirror = "DIR" in the config file')
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{key}: {msg}")
+            where = origin.suffix()
+            if origin.kind == "environment":
+                where = f" (from {origin.detail}={err['input']!r})" if isinstance(err["input"], str) else where
+            problems.append(f"{key}: {msg}{where}")
     return problems
 
 
@@ -228,6 +381,19 @@ def check_paths(config: Config, need_primary: bool = True) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class LoadedConfig:
+    """The Config, plus what `check-config` and the start-up log tell a person about it."""
+
+    config: Config
+    file: Path | None
+    origins: Mapping[str, Origin]  # dotted key -> where its value came from (absent: default)
+    ignored_environment: tuple[str, ...]  # Kubernetes service variables, not settings
+
+    def origin(self, dotted: str) -> Origin:
+        return self.origins.get(dotted, DEFAULT)
+
+
 def load_config(
     path: Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -236,31 +402,42 @@ def load_config(
     need_primary: bool = True,
 ) -> Config:
     """Build the one Config of this process; raise ConfigError listing every problem at once."""
+    return explain_config(path, environ, overrides, check_roots, need_primary).config
+
+
+def explain_config(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    check_roots: bool = True,
+    need_primary: bool = True,
+) -> LoadedConfig:
+    """load_config, also saying where each value came from. `overrides` are the command-line flags."""
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_CONFIG_FILE):
         path = Path(environ[ENV_CONFIG_FILE])
+    layers = [_read_file(path)] if path is not None else []
+    env = read_environment(environ)
+    layers += [env, _flag_layer(overrides or {})]
     data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError([f"config: {path} is not valid TOML: {exc}"]) from exc
-    data = _deep_merge(data, env_overrides(environ))
-    data = _deep_merge(data, overrides or {})
+    origins: dict[str, Origin] = {}
+    for layer in layers:
+        data = _deep_merge(data, layer.data)
+        origins |= layer.origins
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        problems = _format_errors(exc)
+        problems = env.problems + _format_errors(exc, origins)
         if check_roots:
             problems += _root_problems(data, need_primary)
         raise ConfigError(problems) from exc
+    problems = list(env.problems)
     if check_roots:
-        problems = check_paths(config, need_primary)
-        if problems:
-            raise ConfigError(problems)
-    return config
+        problems += check_paths(config, need_primary)
+    if problems:
+        raise ConfigError(problems)
+    file = Path(path).absolute() if path is not None else None
+    return LoadedConfig(config, file, origins, tuple(env.ignored))
 
 
 def _root_problems(data: Mapping[str, Any], need_primary: bool) -> list[str]:

@@ -33,6 +33,7 @@ from mirrord.errors import (
 from mirrord.hashing import Hasher, new_hasher
 from mirrord.model import CopyResult
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.units import bytes_both
 from mirrord.validators import Validator, Verdict, new_validator
 from mirrord.volume import Mirror, Upload
 
@@ -124,7 +125,8 @@ def copy_file(
         if free < before.st_size + options.reserve_bytes:
             raise NoSpaceError(
                 mirror.root / rel,
-                f"mirror has {free} bytes free; needs {before.st_size} + reserve {options.reserve_bytes}",
+                f"mirror has {bytes_both(free)} free; needs {bytes_both(before.st_size)} "
+                f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
         digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)

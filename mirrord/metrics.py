@@ -4,13 +4,29 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from mirrord import __version__
+
+# `*_created` series (one timestamp per counter and label set) double the series count and answer a
+# question nobody asks of mirrord; the setting is process-wide in prometheus_client.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 COPY_RESULTS = ("ok", "failed", "source_changed", "size_mismatch", "no_space", "stalled", "invalid_source")
 SKIP_REASONS = ("recent_mtime", "zero_mtime", "future_mtime", "in_flight", "newest", "not_regular",
                 "recently_seen", "unmirrored")
+# Whole cycles (partial_view, mirror_unmounted, manifest) and single files (changed, restat_failed,
+# failed: any other error) refused by retention.
+PRUNE_REFUSED_REASONS = ("partial_view", "mirror_unmounted", "manifest", "changed", "restat_failed", "failed")
 VOLUMES = ("primary", "mirror")
 # 1 MB .. 10 GB files at 10 MB/s .. 2 GB/s: from a few ms to many minutes.
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 3600)
@@ -21,8 +37,13 @@ OTHER_RUN = "_other"
 class Metrics:
     """All of mirrord's metrics, bound to one registry (a fresh one per test)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, runtime: bool = True) -> None:
+        """runtime: also export process_* (CPU, memory, fds) and python_* (GC, version) like any exporter."""
         r = self.registry = registry if registry is not None else CollectorRegistry()
+        if runtime and r is not prometheus_client.REGISTRY:  # the global one already has them
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
         self.copies = Counter("mirrord_copies", "Copy attempts by result.", ["result"], registry=r)
         self.copied_bytes = Counter("mirrord_copied_bytes", "Bytes published on the mirror.", registry=r)
         self.copy_duration = Histogram(
@@ -78,6 +99,8 @@ class Metrics:
             self.copies.labels(result)
         for reason in SKIP_REASONS:
             self.prune_skipped.labels(reason)
+        for reason in PRUNE_REFUSED_REASONS:
+            self.prune_refused.labels(reason)
         for volume in VOLUMES:
             self.pruned_files.labels(volume)
             self.pruned_bytes.labels(volume)
@@ -97,3 +120,7 @@ class Metrics:
 
     def copy_result(self, reason: str) -> None:
         self.copies.labels(reason if reason in COPY_RESULTS else "failed").inc()
+
+    def prune_refusal(self, reason: str) -> None:
+        """Bounded labels: an unexpected error's reason is counted as failed."""
+        self.prune_refused.labels(reason if reason in PRUNE_REFUSED_REASONS else "failed").inc()

@@ -205,7 +205,7 @@ class Pruner:
         if plan.refused:
             for reason, detail in plan.refused:
                 self.log.error("prune.refused", reason=reason, detail=detail, deleted=0)
-                self.metrics.prune_refused.labels(reason).inc()
+                self.metrics.prune_refusal(reason)
             report.refused.extend(plan.refused)
             return report
         for kept in plan.kept:
@@ -356,7 +356,7 @@ class Pruner:
         (report.failed if failed else report.changed).append((d.volume, d.rel, f"{reason}: {cause}"))
         log = self.log.error if failed else self.log.warning
         log("prune.refused", reason=reason, detail=cause, **_fields(d.volume, d.state, d.step))
-        self.metrics.prune_refused.labels(reason).inc()
+        self.metrics.prune_refusal(reason)
 
 
 def _size(n: int) -> str:

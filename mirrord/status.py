@@ -160,7 +160,7 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
     status.healthy, status.health = code == 200, body.strip() or f"HTTP {code}"
     code, body = fetch(base + "/readyz", timeout)
     status.ready, status.readiness = code == 200, body.strip() or f"HTTP {code}"
-    code, body = fetch(base + "/status", timeout)
+    code, body = fetch(base + "/status", timeout) if status.in_flight else (0, "")
     if code == 200:  # an older daemon has no /status: then there is just no per-file progress
         with contextlib.suppress(ValueError, AttributeError, TypeError):
             status.copying = list(json.loads(body).get("copies", []))

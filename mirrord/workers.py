@@ -178,9 +178,10 @@ class WorkerPool:
         self._workers.append(worker)
         worker.thread.start()
 
-    def stop(self, grace: float, force: Callable[[], bool] = lambda: False) -> bool:
+    def stop(self, grace: float, force: Callable[[], bool] = lambda: False, why: str = "") -> bool:
         """Stop taking work; let copies finish for `grace` seconds (or until `force()`), then cancel
-        them (their temp files are removed). True if every worker ended."""
+        them (their temp files are removed; each logs copy.aborted, with `why` if given). True if every
+        worker ended."""
         self._stopping.set()
         self.queue.drop_waiting()
         self.queue.close()
@@ -189,7 +190,7 @@ class WorkerPool:
             while thread.is_alive() and self.clock() < deadline and not force():
                 thread.join(timeout=0.2)
         late = [t for t in self.threads() if t.is_alive()]
-        self._cancel_why = "second stop signal" if force() else f"shutdown grace period ({grace:g} s) over"
+        self._cancel_why = why or ("second stop signal" if force() else f"shutdown grace period ({grace:g} s) over")
         for control in self.active_controls():
             control.stop("cancelled")
         for thread in late:
@@ -335,6 +336,6 @@ def copy_all(
             if not any(t.is_alive() for t in pool.threads()):
                 break  # every worker died: report what is missing instead of waiting forever
     finally:
-        pool.stop(grace=0)
+        pool.stop(grace=0, why="interrupted")  # copies still running here: Ctrl-C, or every worker died
     return outcomes
 

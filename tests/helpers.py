@@ -142,14 +142,14 @@ def mirrord_argv() -> list[str]:
 
 
 def run_mirrord(
-    *args: str | Path, env: Mapping[str, str] | None = None, timeout: float = 120
+    *args: str | Path, env: Mapping[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run `mirrord ARGS` in a child process with no MIRRORD_* variables except those in env."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
     child_env.update(env or {})
     return subprocess.run(
         [*mirrord_argv(), *map(str, args)],
-        capture_output=True, text=True, env=child_env, timeout=timeout, check=False,
+        capture_output=True, text=True, env=child_env, timeout=timeout, check=False, cwd=cwd,
     )
 
 

@@ -8,7 +8,9 @@ same harness runs copiers with one step of the protocol removed, to show that it
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import itertools
 import os
 import random
 import struct
@@ -99,9 +101,17 @@ def _committed_violations(world: World, committed: dict[str, str]) -> list[str]:
 def run_power_cuts(
     rounds: int, patch: str | None, tally: Tally, world: World, fs: LoopFs, zygote: Zygote,
     checkpoints: Checkpoints, rng: random.Random, workdir: Path, after: float = 0.25,
-) -> int:
-    """Returns the number of rounds in which the power cut left a violation behind. A fraction
-    `after` of the cuts come just after the process finished (what it logged must survive that).
+    until_revealing: int = 0,
+) -> tuple[int, int]:
+    """Returns (rounds in which the power cut left a violation behind, rounds that could reveal a
+    missing fsync). A fraction `after` of the cuts come just after the process finished (what it
+    logged must survive that).
+
+    A round can reveal a missing fsync only if writes nobody fsynced are lost by the cut. Each round
+    writes a canary file without fsync as the sync starts: if it survives the cut, something made it
+    durable (a journal commit, or another process's sync(): `stress-ng --io` calls it in a loop), and
+    a broken copier would have got away with it too. With `until_revealing`, rounds go on (up to 3x)
+    until that many rounds could reveal one.
 
     A file the remounted filesystem will not read (EIO) is an outcome, never a crash: with a broken
     copier it counts as caught; with mirrord it is a finding in the tally (reported in RESULTS.md and
@@ -112,10 +122,16 @@ def run_power_cuts(
     caught = 0
     duration = 0.3
     names = [f"run-{r}/{step_name(s)}" for r in "ab" for s in range(1, 7)]
-    for n in range(rounds):
+    canary = fs.mount_point / ".canary"  # outside the mirror: no invariant looks at it
+    revealing = 0
+    for n in itertools.count():
+        if n >= rounds and (revealing >= until_revealing or n >= 3 * rounds):
+            break
         for rel in rng.sample(names, k=rng.randint(2, 4)):
             world.install(rel, checkpoints.pick(rng))
         log = workdir / f"cut-{n}.log"
+        canary_bytes = os.urandom(64 * 1024)
+        canary.write_bytes(canary_bytes)  # deliberately never fsynced
         spawned = time.time()
         pid = zygote.spawn(["sync", "--config", config], log, patch=patch)
         if rng.random() < after:
@@ -134,6 +150,12 @@ def run_power_cuts(
         tally.fault("power cut after the sync finished" if status == 0 else "power cut during the sync")
         fs.umount()
         fs.mount()  # replays the journal: this is the state a rebooted machine would see
+        try:
+            revealing += canary.read_bytes() != canary_bytes
+        except OSError:  # gone, or unreadable: lost all the same
+            revealing += 1
+        with contextlib.suppress(OSError):
+            canary.unlink()
         for event in events(log, "copy.committed"):
             committed[event["path"]] = event["digest"]
         found = _committed_violations(world, committed) + crash_violations(world)
@@ -157,7 +179,7 @@ def run_power_cuts(
                 tally.findings.extend(f"restart after cut {n}: {v}" for v in io_after + recovered)
                 recovered = []
             tally.check(recovered, f"restart after cut {n}")
-    return caught
+    return caught, revealing
 
 
 def test_power_cut_never_loses_what_was_logged_committed(
@@ -179,11 +201,18 @@ def test_power_cut_catches_a_broken_copier(
     rng, seed = seeded_rng(f"power-cut-{broken}")
     world = World(tmp_path, mirror_at=ext4.mount_point / "mirror")
     # Half the cuts just after the sync: the moment when a missing fsync is most likely to show.
-    caught = run_power_cuts(SCALE.broken_power_cuts, broken, tally, world, ext4, zygote, checkpoints, rng, tmp_path,
-                            after=0.5)
-    tally.notes.append(f"seed {seed}; caught in {caught} of {tally.rounds} rounds")
+    target = SCALE.broken_power_cuts
+    caught, revealing = run_power_cuts(target, broken, tally, world, ext4, zygote, checkpoints, rng, tmp_path,
+                                       after=0.5, until_revealing=target if broken == "no_file_fsync" else 0)
+    tally.notes.append(f"seed {seed}; caught in {caught} of {tally.rounds} rounds "
+                       f"({revealing} of which lost an un-fsynced canary)")
     # ext4 commits metadata in order, and any fsync commits all that came before: the fsync of the manifest
     # journal that follows every publication therefore also makes a rename durable whose directory was not
     # fsynced. On ext4 a power cut cannot reveal that copier; the syscall order check does (test_syscall_order).
-    if broken not in ("rename_before_fsync", "no_dir_fsync"):
-        assert caught, f"{tally.rounds} power cuts did not reveal the {broken} copier"
+    if broken in ("rename_before_fsync", "no_dir_fsync") or caught:
+        return
+    if revealing < target // 4:
+        pytest.skip(f"only {revealing} of {tally.rounds} power cuts lost an un-fsynced write (another process's "
+                    f"sync() made them durable?): this machine cannot reveal the {broken} copier now")
+    raise AssertionError(f"{tally.rounds} power cuts ({revealing} losing un-fsynced writes) did not reveal "
+                         f"the {broken} copier")

@@ -170,10 +170,15 @@ def test_help_lists_status_and_demo_with_their_options() -> None:
 
 
 def test_demo_config_is_a_valid_mirrord_config(tmp_path) -> None:
-    """The config the demo leaves behind passes check-config, so `mirrord run --config` can reuse it."""
+    """The config the demo leaves behind passes check-config, so `mirrord run --config` can reuse it.
+
+    The demo reads no configuration: a --config naming no file is ignored (and said to be), not an error.
+    """
     directory = tmp_path / "demo"
-    assert demo(directory, "--steps", "1", "--interval", "0.1", "--no-torch").returncode == 0
-    checked = run_mirrord("check-config", "--config", directory / "mirrord.toml")
+    result = demo(directory, "--steps", "1", "--interval", "0.1", "--no-torch", "--config", tmp_path / "nope.toml")
+    assert result.returncode == 0, result.stderr
+    assert f"--config {tmp_path / 'nope.toml'} is ignored" in result.stderr
+    checked = run_mirrord("check-config", "--config", directory / "mirrord.toml", "--format", "json")
     assert checked.returncode == 0, checked.stderr
     effective = json.loads(checked.stdout)
     assert effective["prune"]["keep_last"] == 3 and effective["prune"]["primary"] is True

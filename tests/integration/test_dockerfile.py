@@ -32,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 
-BUILDER_COPIES = ("COPY pyproject.toml README.md ./", "COPY mirrord ./mirrord")
+BUILDER_COPIES = ("COPY pyproject.toml setup.py README.md ./", "COPY mirrord ./mirrord", "COPY config ./config",
+                  "COPY systemd ./systemd")
 BUILD_WHEELS = "pip wheel --no-cache-dir --wheel-dir /wheels ."
 INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl"
 IMAGE_ENV = {
@@ -117,9 +118,10 @@ def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Pa
     """Build the wheels, install mirrord alone from them, then --version and a short run work."""
     context = tmp_path / "src"
     context.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", context)
-    shutil.copy2(REPO / "README.md", context)
-    shutil.copytree(REPO / "mirrord", context / "mirrord", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(REPO / name, context)
+    for folder in ("mirrord", "config", "systemd"):  # as COPY does: links stay links
+        shutil.copytree(REPO / folder, context / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     venv, wheels = tmp_path / "venv", tmp_path / "wheels"
     _run([sys.executable, "-m", "venv", str(venv)])
 
@@ -132,6 +134,10 @@ def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Pa
     _run([str(python), "-c", no_torch])
     version = _run([str(mirrord), "--version"], timeout=60)
     assert "mirrord" in version.stdout + version.stderr
+    # The installed wheel carries the example config and the unit: init needs no source checkout.
+    _run([str(mirrord), "init", "--systemd", str(tmp_path / "etc" / "mirrord.toml")], cwd=tmp_path)
+    assert (tmp_path / "etc" / "mirrord.toml").read_text() == (REPO / "config" / "mirrord.toml").read_text()
+    assert "ExecStart=" + str(mirrord) in (tmp_path / "etc" / "mirrord.service").read_text()
 
     port = _free_port()
     for name in ("primary", "mirror"):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import assert_mirror_consistent, mirrord_argv, run_mirrord, temp_files
+from tests.helpers import assert_mirror_consistent, log_events, mirrord_argv, run_mirrord, temp_files
 from tests.integration.daemon_harness import DaemonProcess, save_checkpoint, wait_for
 from tests.integration.terminal import Terminal
 
@@ -53,6 +53,34 @@ def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_fil
     assert (aborted["path"], aborted["step"], aborted["why"]) == ("r/step_0042.pt", 42, "second stop signal")
     assert 0 < aborted["bytes_done"] < aborted["size"]
     assert temp_files(mirror) == [] and not (mirror / "r" / "step_0042.pt").exists()
+
+
+def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    save_checkpoint(primary / "step_0009.pt", 9, megabytes=200)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
+    env.update(MIRRORD_IO__BANDWIDTH_LIMIT=str(4 * MiB), MIRRORD_COPY__SETTLE_SECONDS="0",
+               MIRRORD_LOG__FORMAT="json")
+    log = tmp_path / "sync.log"
+    with log.open("wb") as err:
+        # SIGINT as at a terminal, even if pytest itself runs with SIGINT ignored (a background job).
+        proc = subprocess.Popen([*mirrord_argv(), "sync", "--primary", str(primary), "--mirror", str(mirror)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        part = mirror / "step_0009.pt.part"
+        wait_for(lambda: part.exists() and part.stat().st_size > 0, 90, "copy under way")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    [aborted] = [e for e in log_events(log.read_text()) if e["event"] == "copy.aborted"]
+    assert (aborted["path"], aborted["step"], aborted["why"]) == ("step_0009.pt", 9, "interrupted")
+    assert 0 < aborted["bytes_done"] < aborted["size"]
+    assert temp_files(mirror) == [] and not (mirror / "step_0009.pt").exists()
 
 
 def test_sync_on_a_terminal_shows_each_copy_with_bytes_rate_and_eta(tmp_path: Path) -> None:

@@ -140,11 +140,14 @@ def test_timeouts_leave_room_for_heartbeat_and_graceful_shutdown() -> None:
 
 def test_only_the_mirror_is_writable_and_no_capabilities_remain() -> None:
     """The filesystem is read-only except the shipped config's mirror; no capabilities remain."""
-    config = tomllib.loads(SHIPPED_CONFIG.read_text())
+    text = SHIPPED_CONFIG.read_text()
+    config = tomllib.loads(text)
     assert config["prune"]["primary"] is False
     assert _value("ProtectSystem") == "strict"
-    assert _value("ReadWritePaths") == config["mirror"]
-    assert _value("RequiresMountsFor", "Unit") == f"{config['primary']} {config['mirror']}"
+    # mirror has no default: the shipped config shows the example path in a comment.
+    assert "mirror" not in config
+    assert f'\n# mirror = "{_value("ReadWritePaths")}"\n' in text
+    assert _value("RequiresMountsFor", "Unit") == f"{config['primary']} {_value('ReadWritePaths')}"
     assert _value("CapabilityBoundingSet") == ""
     assert _value("AmbientCapabilities") == ""
     for key in ("NoNewPrivileges", "PrivateTmp", "ProtectHome", "PrivateDevices"):

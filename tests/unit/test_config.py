@@ -1,4 +1,9 @@
-"""Configuration: defaults < TOML < MIRRORD_* < flags; every problem is one message naming its key, exit 2."""
+"""Configuration: defaults < TOML < MIRRORD_* < flags; every problem is one message naming its key, exit 2.
+
+Also: no default mirror; relative paths in a file are relative to the file; environment values are
+strings the schema coerces, and a bad one names its variable; Kubernetes service variables are
+ignored; check-config prints pasteable TOML saying where each value came from.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mirrord import cli
-from mirrord.config import Config, env_overrides, load_config
+from mirrord.config import Config, explain_config, load_config, read_environment
+from mirrord.config_toml import value_to_toml
 from mirrord.errors import ConfigError
 from tests.helpers import run_as_nobody, run_mirrord
 
@@ -69,8 +77,8 @@ def _write(tmp_path: Path, toml: str) -> Path:
 
 def test_shipped_file_parses_and_equals_the_embedded_defaults() -> None:
     """config/mirrord.toml documents the defaults; only the two roots are site-specific."""
-    shipped = load_config(SHIPPED, environ={}, check_roots=False).model_dump()
-    defaults = Config().model_dump()
+    shipped = load_config(SHIPPED, environ={}, overrides={"mirror": "/m"}, check_roots=False).model_dump()
+    defaults = Config(mirror=Path("/m")).model_dump()
     for key in ("primary", "mirror"):
         shipped.pop(key)
         defaults.pop(key)
@@ -85,7 +93,7 @@ def test_shipped_file_mentions_every_key() -> None:
         key = field.alias or name
         sub = getattr(field.annotation, "model_fields", None)
         if sub is None:
-            assert key in parsed, f"top-level key {key!r} missing from {SHIPPED.name}"
+            assert key in parsed or f"# {key} =" in text, f"top-level key {key!r} missing from {SHIPPED.name}"
             continue
         assert f"[{key}]" in text, f"section [{key}] missing from {SHIPPED.name}"
         for sub_key in sub:
@@ -129,7 +137,7 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, primary: Pa
     result = run_mirrord("check-config", "--config", config_file, "--mirror", mirror, "--log-level", "error",
                          env=env)
     assert result.returncode == 0, result.stderr
-    effective = json.loads(result.stdout)
+    effective = tomllib.loads(result.stdout)
     assert effective["primary"] == str(primary)  # environment over file
     assert effective["mirror"] == str(mirror)  # flag over environment over file
     assert effective["copy"]["workers"] == 4  # environment over file
@@ -150,29 +158,84 @@ def test_config_file_from_environment_and_the_flag_wins(
     roots = ("--primary", primary, "--mirror", mirror)
     from_env = mirrord_main("check-config", *roots)
     from_flag = mirrord_main("check-config", *roots, "--config", tmp_path / "b.toml")
-    assert json.loads(from_env.stdout)["copy"]["workers"] == 5
-    assert json.loads(from_flag.stdout)["copy"]["workers"] == 6
+    assert tomllib.loads(from_env.stdout)["copy"]["workers"] == 5
+    assert tomllib.loads(from_flag.stdout)["copy"]["workers"] == 6
 
 
-def test_environment_values_are_typed() -> None:
-    """MIRRORD_SECTION__KEY nests; JSON values become numbers, booleans and lists; the rest stay strings."""
+def test_environment_values_are_strings_the_schema_coerces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIRRORD_SECTION__KEY nests; values stay strings (only list keys are JSON) and pydantic types them."""
     env = {
         "MIRRORD_COPY__WORKERS": "4",
         "MIRRORD_PRUNE__DRY_RUN": "true",
+        "MIRRORD_PRUNE__MIN_AGE_SECONDS": "2.5",
         "MIRRORD_PATTERNS": '["*.pt", "*.ckpt"]',
-        "MIRRORD_MIRROR": "/mnt/m",
+        "MIRRORD_MIRROR": "2024",
         "MIRRORD_CONFIG": "/ignored.toml",
         "OTHER": "x",
     }
-    assert env_overrides(env) == {
-        "copy": {"workers": 4},
-        "prune": {"dry_run": True},
+    assert read_environment(env).data == {
+        "copy": {"workers": "4"},
+        "prune": {"dry_run": "true", "min_age_seconds": "2.5"},
         "patterns": ["*.pt", "*.ckpt"],
-        "mirror": "/mnt/m",
+        "mirror": "2024",
     }
     del env["MIRRORD_CONFIG"]
+    monkeypatch.chdir(tmp_path)
     config = load_config(None, environ=env, check_roots=False)
-    assert (config.copy.workers, config.prune.dry_run, config.patterns) == (4, True, ("*.pt", "*.ckpt"))
+    assert (config.copy.workers, config.prune.dry_run, config.prune.min_age_seconds) == (4, True, 2.5)
+    assert config.patterns == ("*.pt", "*.ckpt")
+    assert config.mirror == tmp_path / "2024"  # a folder named 2024, not the number
+    comma = load_config(None, environ={"MIRRORD_MIRROR": "/m", "MIRRORD_PATTERNS": "*.pt,*.ckpt"}, check_roots=False)
+    assert comma.patterns == ("*.pt", "*.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("MIRRORD_COPY_WORKERS", "4", "MIRRORD_COPY_WORKERS: unknown setting; did you mean MIRRORD_COPY__WORKERS "
+         "(copy.workers)?"),
+        ("MIRRORD_COPY__WOKERS", "4", "MIRRORD_COPY__WOKERS: unknown setting; did you mean MIRRORD_COPY__WORKERS "
+         "(copy.workers)?"),
+        ("MIRRORD_MIROR", "/m", "MIRRORD_MIROR: unknown setting; did you mean MIRRORD_MIRROR (mirror)?"),
+        ("MIRRORD_COPY__WORKERS", "abc", "copy.workers: Input should be a valid integer, unable to parse string as "
+         "an integer (from MIRRORD_COPY__WORKERS='abc')"),
+        ("MIRRORD_PATTERNS", '["*.pt"', "patterns: MIRRORD_PATTERNS is not valid JSON"),
+        # Shaped like a section key: stays an error even though it resembles Kubernetes' names.
+        ("MIRRORD_SERVICE__HOST", "10.0.0.1", "MIRRORD_SERVICE__HOST: unknown setting"),
+        ("MIRRORD_METRICS__PORT", "9108", "MIRRORD_METRICS__PORT: unknown setting"),
+    ],
+)
+def test_environment_problems_name_the_variable(
+    primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch, mirrord_main: Callable[..., Outcome],
+    name: str, value: str, expected: str,
+) -> None:
+    """A bad variable is reported with its own name, and a misspelt one with the closest real one."""
+    monkeypatch.setenv(name, value)
+    result = mirrord_main("check-config", "--primary", primary, "--mirror", mirror)
+    assert (result.returncode, result.stdout) == (2, "")
+    [problem] = _problems(result.stderr)
+    assert problem.startswith(expected), problem
+
+
+def test_kubernetes_service_variables_are_ignored_and_logged_once(primary: Path, mirror: Path) -> None:
+    """What Kubernetes injects for a Service named `mirrord` does not stop the sidecar; one log line says so."""
+    injected = {
+        "MIRRORD_SERVICE_HOST": "10.96.0.12",
+        "MIRRORD_SERVICE_PORT": "9108",
+        "MIRRORD_SERVICE_PORT_METRICS": "9108",
+        "MIRRORD_PORT": "tcp://10.96.0.12:9108",
+        "MIRRORD_PORT_9108_TCP": "tcp://10.96.0.12:9108",
+        "MIRRORD_PORT_9108_TCP_PROTO": "tcp",
+        "MIRRORD_PORT_9108_TCP_PORT": "9108",
+        "MIRRORD_PORT_9108_TCP_ADDR": "10.96.0.12",
+    }
+    result = run_mirrord("check-config", "--primary", primary, "--mirror", mirror, "--log-format", "json",
+                         env={**injected, "MIRRORD_COPY__WORKERS": "3"})
+    assert result.returncode == 0, result.stderr
+    assert tomllib.loads(result.stdout)["copy"]["workers"] == 3
+    [event] = [json.loads(line) for line in result.stderr.splitlines()]
+    assert event["event"] == "config.environment_ignored"
+    assert sorted(event["variables"]) == sorted(injected)
 
 
 # --- one message per problem, naming the key, exit 2 ----------------------------------------------------
@@ -208,10 +271,10 @@ def test_invalid_value_exits_2_naming_the_key(
 
 def test_console_script_exits_2_on_an_unknown_key(tmp_path: Path, primary: Path, mirror: Path) -> None:
     """The real process: status 2, the message on stderr, nothing on stdout."""
-    result = run_mirrord("sync", "--config", _write(tmp_path, "[copy]\nwokers = 2\n"),
-                         "--primary", primary, "--mirror", mirror)
+    config_file = _write(tmp_path, "[copy]\nwokers = 2\n")
+    result = run_mirrord("sync", "--config", config_file, "--primary", primary, "--mirror", mirror)
     assert (result.returncode, result.stdout) == (2, "")
-    assert _problems(result.stderr) == ["copy.wokers: unknown key"]
+    assert _problems(result.stderr) == [f"copy.wokers: unknown key (in {config_file}); did you mean copy.workers?"]
     assert list(mirror.iterdir()) == []
 
 
@@ -221,7 +284,8 @@ def test_invalid_environment_value_names_the_key(
     monkeypatch.setenv("MIRRORD_COPY__WORKERS", "many")
     result = mirrord_main("check-config", "--primary", primary, "--mirror", mirror)
     assert result.returncode == 2
-    assert [p.split(":")[0] for p in _problems(result.stderr)] == ["copy.workers"]
+    [problem] = _problems(result.stderr)
+    assert problem.split(":")[0] == "copy.workers" and "MIRRORD_COPY__WORKERS='many'" in problem
 
 
 def test_unparsable_file_exits_2(
@@ -351,15 +415,97 @@ def test_load_config_lists_one_problem_per_key(primary: Path, mirror: Path) -> N
 # --- check-config ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fmt", ["toml", "json"])
 def test_check_config_prints_the_effective_configuration(
-    primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch, mirrord_main: Callable[..., Outcome]
+    tmp_path: Path, primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
+    mirrord_main: Callable[..., Outcome], fmt: str,
 ) -> None:
-    """The printed document is the whole effective configuration and loads back to the same Config."""
+    """The printed document (TOML for a person, --format json for machines) loads back to the same Config.
+
+    The TOML is pasted into a file as is: `--config` on it gives the same configuration.
+    """
     monkeypatch.setenv("MIRRORD_COPY__WORKERS", "3")
-    result = mirrord_main("check-config", "--primary", primary, "--mirror", mirror)
+    config_file = _write(tmp_path, "[prune]\nkeep_every = 1000\nstep_pattern = 'it(\\d+)\\.pt'\n")
+    result = mirrord_main("check-config", "--config", config_file, "--primary", primary, "--mirror", mirror,
+                          "--format", fmt)
     assert result.returncode == 0, result.stderr
-    printed = json.loads(result.stdout)
+    printed = json.loads(result.stdout) if fmt == "json" else tomllib.loads(result.stdout)
     assert (printed["primary"], printed["mirror"]) == (str(primary), str(mirror))
     assert printed["copy"]["workers"] == 3
-    expected = load_config(None, overrides={"primary": str(primary), "mirror": str(mirror)})
+    assert printed["prune"]["step_pattern"] == r"it(\d+)\.pt"
+    expected = load_config(config_file, overrides={"primary": str(primary), "mirror": str(mirror)})
     assert load_config(None, environ={}, overrides=printed) == expected
+    if fmt == "toml":
+        pasted = tmp_path / "pasted.toml"
+        pasted.write_text(result.stdout, encoding="utf-8")
+        monkeypatch.delenv("MIRRORD_COPY__WORKERS")
+        assert load_config(pasted) == expected
+
+
+def test_check_config_says_where_each_value_came_from(
+    tmp_path: Path, primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
+    mirrord_main: Callable[..., Outcome],
+) -> None:
+    """Every value line ends in a comment naming its origin: default, file PATH, environment NAME, flag NAME."""
+    config_file = _write(tmp_path, f'primary = "{primary}"\n[prune]\nkeep_last = 7\n')
+    monkeypatch.setenv("MIRRORD_COPY__WORKERS", "3")
+    result = mirrord_main("check-config", "--config", config_file, "--mirror", mirror, "--log-level", "debug")
+    assert result.returncode == 0, result.stderr
+    origins, table = {}, ""
+    for line in result.stdout.splitlines():
+        if line.startswith("["):
+            table = line.strip("[]") + "."
+        elif " = " in line and not line.startswith("#"):
+            key, _, rest = line.partition(" = ")
+            origins[table + key] = rest.rpartition("  # ")[2]
+    parsed = tomllib.loads(result.stdout)
+    values = {f"{t}.{k}" for t, v in parsed.items() if isinstance(v, dict) for k in v}
+    values |= {k for k, v in parsed.items() if not isinstance(v, dict)}
+    assert set(origins) == values and all(origins.values())  # a comment on every value
+    assert origins["primary"] == f"file {config_file}"
+    assert origins["mirror"] == "flag --mirror"
+    assert origins["copy.workers"] == "environment MIRRORD_COPY__WORKERS"
+    assert origins["prune.keep_last"] == f"file {config_file}"
+    assert origins["log.level"] == "flag --log-level"
+    assert origins["copy.hash"] == origins["prune.min_age_seconds"] == origins["prune.primary"] == "default"
+    assert "# keep_every = (not set)  # default" in result.stdout.splitlines()
+    explained = explain_config(config_file, overrides={"mirror": str(mirror)})
+    assert str(explained.origin("copy.workers")) == "environment MIRRORD_COPY__WORKERS"
+    assert str(explained.origin("copy.hash")) == "default"
+
+
+# --- no default mirror, relative paths -------------------------------------------------------------------
+
+
+def test_a_missing_mirror_is_an_error_naming_the_key(tmp_path: Path, primary: Path) -> None:
+    """`mirrord sync --primary p` used to copy into a built-in /mnt/mirror/checkpoints on the root disk."""
+    result = run_mirrord("sync", "--primary", primary, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    [problem] = _problems(result.stderr)
+    assert problem.startswith("mirror: not set (there is no default)") and "--mirror" in problem
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["primary"]
+
+
+def test_relative_paths_in_a_file_are_relative_to_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same file means the same folders wherever the command runs; flags stay relative to the cwd."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "ckpt").mkdir()
+    config_file = _write(etc, 'primary = "ckpt"\nmirror = "../backup/ckpt"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config(config_file, environ={})
+    assert config.primary == etc / "ckpt"
+    assert config.mirror == etc / "../backup/ckpt"
+    assert config.mirror.resolve() == tmp_path / "backup" / "ckpt"
+    from_flag = load_config(config_file, environ={}, overrides={"mirror": "m"})
+    assert from_flag.mirror == elsewhere / "m"
+    from_env = load_config(config_file, environ={"MIRRORD_MIRROR": "e"})
+    assert from_env.mirror == elsewhere / "e"
+
+
+@given(st.text())
+def test_every_string_is_written_as_toml_that_reads_back(value: str) -> None:
+    """check-config may print any path or pattern: each one survives the trip through TOML."""
+    assert tomllib.loads(f"key = {value_to_toml(value)}\n") == {"key": value}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -608,6 +609,8 @@ def test_sync_onto_a_disk_too_small_for_both(
     assert not report.ok
     assert report.copied == ["run2/step_2.pt"]
     assert list(report.failed) == ["run1/step_1.pt"]
-    assert "bytes free" in report.failed["run1/step_1.pt"]
+    # Human units for the reader, exact bytes for the arithmetic: "mirror has 3.4 MiB (3547136 bytes) free".
+    assert re.search(r"mirror has \d+\.\d MiB \(\d+ bytes\) free; needs \d+\.\d MiB \(\d+ bytes\)",
+                     report.failed["run1/step_1.pt"]), report.failed["run1/step_1.pt"]
     assert sorted(Manifest.load(small_tmpfs).entries) == ["run2/step_2.pt"]
     assert_mirror_consistent(primary, small_tmpfs)

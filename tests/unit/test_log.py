@@ -192,7 +192,7 @@ def test_failure_events_carry_reason_and_checkpoint(make_config, primary, mirror
     assert (e["level"], e["path"], e["run"], e["step"], e["reason"], e["will_retry"]) == (
         "warning", "r/step_0005.pt", "r", 5, "no_space", False
     )
-    assert "bytes free" in e["cause"]
+    assert "bytes) free" in e["cause"]
 
 
 def test_prune_events_carry_volume_path_run_step_size(make_config, primary, mirror, checkpoint) -> None:

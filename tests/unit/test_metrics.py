@@ -18,7 +18,7 @@ from mirrord.config import Config
 from mirrord.copier import CopyControl
 from mirrord.engine import Engine
 from mirrord.errors import CancelledError, NoSpaceError, SourceChangedError, StalledError
-from mirrord.metrics import COPY_RESULTS, MAX_RUN_LABELS, OTHER_RUN, SKIP_REASONS, Metrics
+from mirrord.metrics import COPY_RESULTS, MAX_RUN_LABELS, OTHER_RUN, PRUNE_REFUSED_REASONS, SKIP_REASONS, Metrics
 from mirrord.model import CopyJob, step_of
 from mirrord.prune import Pruner
 from mirrord.volume import LocalMirror, LocalVolume
@@ -282,3 +282,22 @@ def test_unknown_copy_result_is_folded_into_failed() -> None:
     m.copy_result("locked")
     assert value(m, "mirrord_copies_total", result="failed") == 2
     assert label_values(m, "mirrord_copies_total", "result") == set(COPY_RESULTS)
+
+
+def test_prune_refusals_start_at_zero_and_unknown_reasons_count_as_failed() -> None:
+    """Like every labelled counter: a series per known reason from the start, and a bounded label set."""
+    m = Metrics()
+    assert label_values(m, "mirrord_prune_refused_total", "reason") == set(PRUNE_REFUSED_REASONS)
+    m.prune_refusal("changed")
+    m.prune_refusal("stale_handle_nobody_listed")
+    assert value(m, "mirrord_prune_refused_total", reason="changed") == 1
+    assert value(m, "mirrord_prune_refused_total", reason="failed") == 1
+    assert label_values(m, "mirrord_prune_refused_total", "reason") == set(PRUNE_REFUSED_REASONS)
+
+
+def test_no_created_series_and_runtime_collectors() -> None:
+    """The exposition has process_* and python_* families and no *_created samples."""
+    text = generate_latest(Metrics().registry).decode()
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert not [n for n in names if n.endswith("_created")]
+    assert {"process_resident_memory_bytes", "process_open_fds", "python_info", "python_gc_collections_total"} <= names

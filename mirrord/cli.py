@@ -77,7 +77,7 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     for rel, err in sorted(report.failed.items()):
         print(f"FAILED {rel}: {err}", file=sys.stderr)
     for rel, cause in sorted(report.invalid.items()):
-        print(f"NOT PUBLISHED {rel}: the source is not a whole checkpoint: {cause}", file=sys.stderr)
+        print(f"NOT PUBLISHED {rel}: {cause}", file=sys.stderr)
     for rel in report.unsettled:
         print(f"UNSETTLED {rel}: still changing; not copied", file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED

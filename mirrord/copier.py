@@ -135,7 +135,7 @@ def copy_file(
         control.check(src_path)
         if not verdict.passed:
             _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
-            raise InvalidSourceError(src_path, f"not published: {verdict}", verdict.status,
+            raise InvalidSourceError(src_path, f"not a whole checkpoint ({verdict}); not published", verdict.status,
                                      (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns))
         upload.seal(before.st_mtime_ns)
         _check_unchanged(primary_root, rel, src_fd, before, src_path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +30,8 @@ from mirrord.scan import snapshot_tree
 from mirrord.validators import validate_fd
 from mirrord.verify import check_entry
 from mirrord.volume import LocalVolume
+
+FUTURE_SKEW_SECONDS = 60.0  # as prune.future_skew_seconds' default
 
 
 def _run_key(root: Path, run: str | Path | None) -> str | None:
@@ -44,9 +47,10 @@ def _run_key(root: Path, run: str | Path | None) -> str | None:
 def _by_recency(items: list[tuple[int | None, int, object]]) -> list[object]:
     """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them."""
     mtimes: dict[int, int] = {}
+    lie = (time.time() + FUTURE_SKEW_SECONDS) * 1e9  # beyond: a lying clock, no evidence of order
     for step, mtime, _ in items:
         if step is not None:
-            mtimes[step] = max(mtimes.get(step, 0), mtime)
+            mtimes[step] = max(mtimes.get(step, 0), 0 if mtime > lie else mtime)
     order = branches(mtimes)
     def key(item: tuple[int | None, int, object]) -> tuple[int, int, int, int]:
         step, mtime, _ = item

@@ -253,6 +253,9 @@ def plan_prune(
     for run, by_step in runs.items():
         # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
         mtimes = {step: max(s.mtime_ns for s in files[PRIMARY] or files[MIRROR]) for step, files in by_step.items()}
+        # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
+        lie = (now + policy.future_skew_seconds) * 1e9
+        mtimes = {step: 0 if mtime > lie else mtime for step, mtime in mtimes.items()}
         run_branches = branches(mtimes)
         if run_branches.rollbacks:
             rollbacks[run] = run_branches.rollbacks

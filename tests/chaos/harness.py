@@ -332,8 +332,10 @@ def expected_latest(mirror: Path) -> Path | None:
     for e in entries.values():
         by_run.setdefault(e.run, []).append(e)
     best = []
+    lie = (time.time() + 60) * 1e9  # an mtime beyond the skew allowance is a lying clock: no order
     for run_entries in by_run.values():
-        order = branches({e.step: e.source_mtime_ns for e in run_entries if e.step is not None})
+        order = branches({e.step: 0 if e.source_mtime_ns > lie else e.source_mtime_ns
+                          for e in run_entries if e.step is not None})
         best.append(max(run_entries, key=lambda e: (e.step is not None, order.key(e.step) if e.step is not None
                                                      else (0, 0), e.source_mtime_ns)))
     return mirror / max(best, key=lambda e: e.source_mtime_ns).path

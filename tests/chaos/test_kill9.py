@@ -260,8 +260,9 @@ class Rounds:
             time.sleep(self.rng.uniform(0.05, writer.seconds * 0.9))  # the fault instant, not a synchronization
             writer.kill()
             self.tally.fault("SIGKILL of the trainer mid-save")
-            size = (self.world.primary / rel).stat().st_size
-            if size < len(blob):
+            written = self.world.primary / rel
+            size = written.stat().st_size if written.exists() else 0  # killed before it even opened it
+            if 0 < size < len(blob):
                 log = self.log("daemon")
                 wait_until(lambda: [e for e in events(log, "copy.failed") if e.get("path") == rel]
                            or self.zygote.wait(pid, 0) is not None, 60, "the daemon to judge the torn file")

@@ -418,6 +418,20 @@ def test_a_torn_newest_step_keeps_every_older_one() -> None:
     assert not plan.retired("run", 2)
 
 
+def test_a_file_that_failed_its_validator_does_not_retire_the_step_before_it() -> None:
+    """Step 2 is known torn (its validator failed): it does not count as present, so step 1 is in the
+    window and worth copying, while step 2, unverified, still keeps it from being deleted."""
+    h = History(PruneConfig(keep_last=1, primary=True))
+    for step, size in ((1, 100), (2, 50)):
+        rel = f"run/step_{step:04d}.pt"
+        h.primary[rel] = FileState(rel, size, MTIMES["old"] + step, ino=step)
+    plan = plan_prune(Snapshot(dict(h.primary)), Snapshot(), {}, frozenset(), NOW, h.policy, STEP_RE, ROOTS,
+                      invalid=frozenset({"run/step_0002.pt"}))
+    assert not plan.retired("run", 1) and not plan.retired("run", 2)
+    assert plan.deletions == ()
+    assert h.plan().retired("run", 1)  # not known to be torn: the newest step present wins the window
+
+
 def test_a_primary_file_without_an_exact_mirror_copy_is_skipped_as_unmirrored() -> None:
     h = synced(range(1, 6))
     h.primary["run/step_0001.pt"] = FileState("run/step_0001.pt", 101, MTIMES["old"] + 1, ino=1)  # rewritten

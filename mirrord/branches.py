@@ -55,13 +55,17 @@ def branches(mtimes: Mapping[int, int]) -> Branches:
     return Branches(of, tuple(rollbacks))
 
 
-def run_rollbacks(files: Iterable[FileState], step_regex: re.Pattern[str]) -> dict[str, tuple[tuple[int, int], ...]]:
-    """Every run of a listing that went back to a lower step: run -> its rollbacks (old, new step)."""
+def run_rollbacks(
+    files: Iterable[FileState], step_regex: re.Pattern[str], lie_after_ns: float = float("inf")
+) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Every run of a listing that went back to a lower step: run -> its rollbacks (old, new step).
+    An mtime past `lie_after_ns` (beyond the allowed clock skew) is a lying clock: treated as unknown."""
     mtimes: dict[str, dict[int, int]] = defaultdict(dict)
     for state in files:
         step = step_of(state.rel, step_regex)
         if step is not None:
             steps = mtimes[state.run]
-            steps[step] = max(steps.get(step, 0), state.mtime_ns)
+            mtime = 0 if state.mtime_ns > lie_after_ns else state.mtime_ns
+            steps[step] = max(steps.get(step, 0), mtime)
     found = {run: branches(steps).rollbacks for run, steps in mtimes.items()}
     return {run: rollbacks for run, rollbacks in found.items() if rollbacks}

@@ -329,7 +329,8 @@ class Daemon:
 
     def _log_rollbacks(self, psnap: Snapshot) -> None:
         """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored)."""
-        for run, rollbacks in run_rollbacks(psnap.files.values(), self.config.step_regex).items():
+        lie = (time.time() + self.config.prune.future_skew_seconds) * 1e9
+        for run, rollbacks in run_rollbacks(psnap.files.values(), self.config.step_regex, lie).items():
             if run not in self._rollbacks_logged:
                 self._rollbacks_logged.add(run)
                 old, new = rollbacks[-1]

@@ -128,7 +128,8 @@ def latest_checkpoint(
                     break
         if not found:
             return None
-        return root / max(found, key=lambda e: e.source_mtime_ns).path
+        lie = (time.time() + FUTURE_SKEW_SECONDS) * 1e9
+        return root / max(found, key=lambda e: 0 if e.source_mtime_ns > lie else e.source_mtime_ns).path
     snap = snapshot_tree(root, patterns)
     step_regex = re.compile(step_pattern)
     by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)

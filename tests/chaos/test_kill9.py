@@ -34,6 +34,7 @@ from tests.chaos.harness import (
     Zygote,
     converged_violations,
     crash_violations,
+    digest_bytes,
     events,
     finals,
     latest_violations,
@@ -253,6 +254,8 @@ class Rounds:
         step = trainer.steps[run] + 1
         rel = f"{run}/{step_name(step)}"
         blob = trainer.checkpoints.pick(self.rng)
+        # The whole blob is a version the primary may have (the writer may finish before the kill).
+        self.world.history.setdefault(rel, []).append(digest_bytes(blob))
         pid = self.start_daemon()
         try:
             wait_until(lambda: self.daemon_converged(kept_before), 60, "the daemon to converge before the save")

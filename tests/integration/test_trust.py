@@ -301,8 +301,9 @@ def test_a_wall_clock_a_day_ahead_does_not_age_a_file_past_min_age(tmp_path: Pat
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=1, primary=True, min_age_seconds=300),
                        wrapper=["faketime", "-f", "+1d"], env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"}).start()
-    for step in (1, 2):
-        save_checkpoint(ckpt(primary, step), step, megabytes=0.5)
+    save_checkpoint(ckpt(primary, 1), 1, megabytes=0.5)
+    wait_for(lambda: steps_on(mirror) == [1], 60, "step 1 mirrored")  # before step 2 retires it
+    save_checkpoint(ckpt(primary, 2), 2, megabytes=0.5)
     wait_for(lambda: steps_on(mirror) == [1, 2], 60, "both steps mirrored")
     d.wait_event("prune.skipped", path=f"{RUN}/step_1.pt", volume="mirror", reason="recently_seen", timeout=60)
     d.wait_event("prune.skipped", path=f"{RUN}/step_1.pt", volume="primary", reason="recently_seen", timeout=60)

@@ -1,8 +1,9 @@
 """The benchmark suite: `python -m bench` (full, ~15-25 min) or `python -m bench --smoke` (< 30 s).
 
 Sections (all by default; pick with --only): throughput (with copy.workers 1/2/4 and io.drop_cache),
-latency, resources, scale. Full results go to bench/results/bench.{json,md}; a smoke run writes to
-its work directory unless --out is given, so it never overwrites the committed results.
+latency, resources, scale, manifest (bench/manifest.py). Full results go to bench/results/bench.{json,md};
+a smoke run writes to its work directory unless --out is given, so it never overwrites the committed
+results.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import latency, resources, scale, throughput
+from bench import manifest as manifest_bench
 from bench.common import GB, Dataset, GiB, KiB, MiB, device_of, log, md_table, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("throughput", "latency", "resources", "scale")
+SECTIONS = ("throughput", "latency", "resources", "scale", "manifest")
 
 
 def profile(smoke: bool) -> dict[str, Any]:
@@ -72,6 +74,7 @@ def goals(doc: dict[str, Any]) -> list[list[Any]]:
                          f"{res['peak_rss_mib']} MiB", "yes" if res["peak_rss_mib"] * MiB < 80e6 else "no"])
             rows.append([f"resources: idle CPU < 0.5% (over {res['idle_seconds']:.0f} s)",
                          f"{res['idle_cpu_percent']}%", "yes" if res["idle_cpu_percent"] < 0.5 else "no"])
+    rows += manifest_bench.goal_rows(doc.get("manifest") or {})
     for sc in doc.get("scale") or []:
         if sc["files"] == 10_000:
             rows.append(["scale: reconcile of 10,000 files < 1 s", f"{sc['reconcile_s']} s",
@@ -123,6 +126,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
                            x["plan_s"], x["reconcile_s"], x["reconcile_peak_rss_growth_mib"], x["plan_all_new_s"],
                            x["manifest_record_s"], x["manifest_mib"], x["sync_command_s"]] for x in doc["scale"]]),
                 ""]
+    if doc.get("manifest"):
+        out += ["## Manifest (full tables: `python -m bench.manifest`, bench/results/manifest.md)", "",
+                manifest_bench.to_markdown(doc["manifest"]).split("\n", 4)[4], ""]
     if m.get("kept_from_previous_run"):
         out += [f"Sections {', '.join(m['kept_from_previous_run'])} are from the previous run (this one ran "
                 f"`{m['command'].strip()}`).", ""]
@@ -205,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"scale {n_files}")
             doc["scale"].append(scale.measure(work, n_files, n_runs))
             save()
+    if "manifest" in sections:
+        log("manifest")
+        doc["manifest"] = manifest_bench.measure(work / "manifest", args.smoke)
     save()
     log(f"wrote {out / (name + '.json')} and .md ({time.perf_counter() - t_start:.1f} s)")
     return 0

@@ -38,6 +38,7 @@ SUMMARIES = {
     "prune": "apply retention once (--dry-run prints the plan)",
     "status": "per run: newest step on each side, lag, free space, problems",
     "check-config": "validate the configuration; print it as TOML with each value's origin",
+    "repair-manifest": "rebuild a lost or damaged manifest by re-hashing the mirror's files (offline)",
     "init": "write a commented config file (and with --systemd a unit) to start from",
     "demo": "a one-minute simulated training run against a local mirror",
     "completion": "print a bash, zsh or fish completion script",
@@ -192,23 +193,40 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     import faulthandler
 
+    from mirrord.config import reload_config as reread
     from mirrord.daemon import StartupError, run_daemon
 
     # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
     faulthandler.enable()
 
-    def reload_config() -> Config:
-        return _load(args)
+    def reload_config() -> tuple[Config, bool]:
+        return reread(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
 
     if sys.stderr.isatty():
         from mirrord.banner import run_banner
 
         print(run_banner(config, args.config), file=sys.stderr, flush=True)
     try:
-        return run_daemon(config, reload_config)
+        return run_daemon(config, reload_config, getattr(args, "signals", None))
     except StartupError as exc:
         print(f"mirrord: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
+    from mirrord.repair import repair_manifest
+
+    report = repair_manifest(config)
+    for rel, why in report.rejected:
+        print(f"NOT RECORDED {rel}: {why}", file=sys.stderr)
+    for msg in report.errors:
+        print(f"ERROR {msg}", file=sys.stderr)
+    if report.errors:
+        print("the mirror could not be listed completely: the manifest was NOT rewritten", file=sys.stderr)
+    else:
+        print(f"manifest rebuilt: {len(report.recorded)} file(s) recorded, {len(report.rejected)} not recorded"
+              + (f"; old manifest {report.old_manifest}" if report.old_manifest else ""))
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
@@ -418,6 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
             "a comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
     p.add_argument("--format", choices=["toml", "json"], default="toml",
                    help="toml (default): for a person, with origins; json: the values only, for machines")
+    add("repair-manifest", cmd_repair_manifest, "Rebuild a lost or damaged manifest from the mirror's files "
+        "(offline: takes the mirror lock). Every file is re-hashed and validated (same content as its source "
+        "on the primary, or a torch.save zip whose CRCs check out) before it is recorded; the old snapshot and "
+        "journals are kept with a .damaged suffix. Exit 0 if every file was recorded, 1 otherwise.")
     # --- prune ---
     p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
             "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
@@ -493,6 +515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command == "run":
+        from mirrord.signals import SignalFlags
+
+        # First thing: a SIGHUP or SIGTERM while the daemon is still starting is recorded, not fatal.
+        args.signals = SignalFlags().install()
     plain: PlainCommand | None = getattr(args, "plain", None)
     if plain is not None:
         return _run_plain(plain, args)

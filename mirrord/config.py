@@ -13,6 +13,7 @@ import difflib
 import json
 import os
 import re
+import time
 import tomllib
 import types
 import typing
@@ -28,6 +29,12 @@ from mirrord.errors import ConfigError
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
 MIB = 1024 * 1024
+DAY = 86_400.0
+# Every interval and rate is finite and within bounds a real deployment can use: an infinite
+# heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
+# log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
+_FINITE: dict[str, Any] = {"allow_inf_nan": False}
+MIN_BANDWIDTH = 64 * 1024  # bytes/s: a 1 GB checkpoint still copies in under 5 hours
 PATH_KEYS = ("primary", "mirror")
 # Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
 # (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
@@ -44,21 +51,21 @@ class _Section(BaseModel):
 class CopyConfig(_Section):
     workers: int = Field(2, ge=1, le=64)
     hash: Literal["blake3", "sha256", "xxh3_128"] = "blake3"
-    settle_seconds: float = Field(2.0, ge=0)
-    stall_seconds: float = Field(120.0, gt=0)
-    max_attempts: int = Field(5, ge=1)
-    retry_backoff_seconds: float = Field(1.0, ge=0)
-    retry_backoff_max_seconds: float = Field(60.0, ge=0)
+    settle_seconds: float = Field(2.0, ge=0, le=DAY, **_FINITE)
+    stall_seconds: float = Field(120.0, ge=0.1, le=DAY, **_FINITE)
+    max_attempts: int = Field(5, ge=1, le=1000)
+    retry_backoff_seconds: float = Field(1.0, ge=0, le=3600, **_FINITE)
+    retry_backoff_max_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
     free_space_reserve_bytes: int = Field(256 * MIB, ge=0)
-    invalid_grace_seconds: float = Field(600.0, ge=0)
+    invalid_grace_seconds: float = Field(600.0, ge=0, le=7 * DAY, **_FINITE)
 
 
 class PruneConfig(_Section):
     enabled: bool = True
     keep_last: int = Field(12, ge=1)
     keep_every: int | None = Field(None, ge=1)
-    min_age_seconds: float = Field(300.0, ge=0)
-    future_skew_seconds: float = Field(60.0, ge=0)
+    min_age_seconds: float = Field(300.0, ge=0, le=365 * DAY, **_FINITE)
+    future_skew_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
     primary: bool = False
     dry_run: bool = False
     step_pattern: str = r"step_(\d+)"
@@ -77,8 +84,8 @@ class PruneConfig(_Section):
 
 class WatchConfig(_Section):
     mode: Literal["auto", "native", "polling"] = "auto"
-    poll_interval_seconds: float = Field(2.0, gt=0)
-    rescan_interval_seconds: float = Field(60.0, gt=0)
+    poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600, **_FINITE)
+    rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY, **_FINITE)
 
 
 class MetricsConfig(_Section):
@@ -109,14 +116,21 @@ class LogConfig(_Section):
 
 class IoConfig(_Section):
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
-    bandwidth_limit: int = Field(0, ge=0)
+    bandwidth_limit: int = Field(0, ge=0)  # 0 or at least MIN_BANDWIDTH (checked below)
     drop_cache: bool = True
     ionice: Literal["none", "best-effort", "idle"] = "none"
 
+    @field_validator("bandwidth_limit")
+    @classmethod
+    def _usable_rate(cls, value: int) -> int:
+        if 0 < value < MIN_BANDWIDTH:
+            raise ValueError(f"must be 0 (unlimited) or at least {MIN_BANDWIDTH} bytes/s, got {value}")
+        return value
+
 
 class DaemonConfig(_Section):
-    heartbeat_seconds: float = Field(5.0, gt=0)
-    shutdown_grace_seconds: float = Field(30.0, ge=0)
+    heartbeat_seconds: float = Field(5.0, ge=0.1, le=60, **_FINITE)
+    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600, **_FINITE)
 
 
 class Config(_Section):
@@ -299,9 +313,11 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
     return layer
 
 
-def _read_file(path: Path) -> _Layer:
+def _read_file(path: Path, content: bytes | None = None) -> _Layer:
+    """The file's layer; `content`, when given, is its bytes as already read (see read_stable)."""
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_bytes() if content is None else content
+        data = tomllib.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -372,6 +388,12 @@ def check_paths(config: Config, need_primary: bool = True) -> list[str]:
         problems.append(f"mirror: {mirror} is inside primary {primary}")
     elif rp.is_relative_to(rm):
         problems.append(f"primary: {primary} is inside mirror {mirror}")
+    elif need_primary:
+        from mirrord.identity import overlap
+
+        clash = overlap(primary, mirror)  # the same trees under other names (bind mounts)
+        if clash:
+            problems.append(f"mirror: {clash}")
     if mirror.exists() and not mirror.is_dir():
         problems.append(f"mirror: {mirror} exists and is not a directory")
     elif mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
@@ -400,9 +422,10 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     check_roots: bool = True,
     need_primary: bool = True,
+    content: bytes | None = None,
 ) -> Config:
     """Build the one Config of this process; raise ConfigError listing every problem at once."""
-    return explain_config(path, environ, overrides, check_roots, need_primary).config
+    return explain_config(path, environ, overrides, check_roots, need_primary, content).config
 
 
 def explain_config(
@@ -411,12 +434,13 @@ def explain_config(
     overrides: Mapping[str, Any] | None = None,
     check_roots: bool = True,
     need_primary: bool = True,
+    content: bytes | None = None,
 ) -> LoadedConfig:
     """load_config, also saying where each value came from. `overrides` are the command-line flags."""
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_CONFIG_FILE):
         path = Path(environ[ENV_CONFIG_FILE])
-    layers = [_read_file(path)] if path is not None else []
+    layers = [_read_file(path, content)] if path is not None else []
     env = read_environment(environ)
     layers += [env, _flag_layer(overrides or {})]
     data: dict[str, Any] = {}
@@ -447,3 +471,74 @@ def _root_problems(data: Mapping[str, Any], need_primary: bool) -> list[str]:
         return check_paths(Config.model_validate(roots), need_primary)
     except ValidationError:
         return []
+
+
+def config_path(path: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The config file in use: --config, else $MIRRORD_CONFIG, else none."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(ENV_CONFIG_FILE):
+        return Path(environ[ENV_CONFIG_FILE])
+    return path
+
+
+def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1) -> tuple[bytes, bool]:
+    """The file's bytes, and whether they were stable: unchanged (inode, size, mtime, content) across
+    reads for `quiet` seconds of our own (monotonic) observation; gives up after `timeout` seconds.
+
+    An editor or a script writing the file in place can be caught half-way by a SIGHUP. A file that
+    was written to a temp name and renamed into place (what config-management tools do) is whole.
+    The file's mtime is not trusted to say how old it is: a clock step would make a fresh file look old.
+    """
+    started = time.monotonic()
+    previous, unchanged_since = _read_with_stat(path), started
+    while True:
+        time.sleep(pause)
+        current, now = _read_with_stat(path), time.monotonic()
+        if current != previous:
+            previous, unchanged_since = current, now
+        else:
+            if now - unchanged_since >= quiet:
+                return current[-1], True
+        if now - started >= timeout:
+            return current[-1], False
+
+
+def _read_with_stat(path: Path) -> tuple[int, int, int, bytes]:
+    with Path(path).open("rb") as f:
+        st = os.fstat(f.fileno())
+        return st.st_ino, st.st_size, st.st_mtime_ns, f.read()
+
+
+def reload_config(
+    path: Path | None, overrides: Mapping[str, Any] | None = None, need_primary: bool = True
+) -> tuple[Config, bool]:
+    """For SIGHUP: (the new Config, whether the file was stable while it was read)."""
+    path = config_path(path)
+    if path is None:
+        return load_config(None, overrides=overrides, need_primary=need_primary), True
+    try:
+        content, stable = read_stable(path)
+    except OSError as exc:
+        raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
+    return load_config(path, overrides=overrides, need_primary=need_primary, content=content), stable
+
+
+def risky_changes(old: Config, new: Config) -> list[str]:
+    """Changes that make retention delete more or sooner: applied only from a stable read."""
+    a, b = old.prune, new.prune
+    risky = []
+    if b.enabled and not a.enabled:
+        risky.append("prune.enabled turned on")
+    if a.dry_run and not b.dry_run:
+        risky.append("prune.dry_run turned off")
+    if b.primary and not a.primary:
+        risky.append("prune.primary turned on")
+    if b.keep_last < a.keep_last:
+        risky.append(f"prune.keep_last lowered from {a.keep_last} to {b.keep_last}")
+    if a.keep_every is not None and b.keep_every != a.keep_every:
+        risky.append(f"prune.keep_every changed from {a.keep_every} to {b.keep_every}")
+    if b.min_age_seconds < a.min_age_seconds:
+        risky.append(f"prune.min_age_seconds lowered from {a.min_age_seconds:g} to {b.min_age_seconds:g}")
+    if b.step_pattern != a.step_pattern:
+        risky.append("prune.step_pattern changed")
+    return risky

@@ -34,7 +34,7 @@ from mirrord.hashing import Hasher, new_hasher
 from mirrord.model import CopyResult
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.units import bytes_both
-from mirrord.validators import Validator, Verdict, new_validator
+from mirrord.validators import Validator, Verdict, new_validator, validate_fd
 from mirrord.volume import Mirror, Upload
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -129,7 +129,12 @@ def copy_file(
                 f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
+        if before.st_blocks * 512 < before.st_size:  # holes: copy the data segments only
+            digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
+            # A sparse source (rare for checkpoints) is validated by reading it once more.
+            verdict = _validate_again(src_fd, rel, options, copied)
+        else:
+            digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
         if copied != before.st_size:
             raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
         control.check(src_path)
@@ -137,7 +142,7 @@ def copy_file(
             _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
             raise InvalidSourceError(src_path, f"not a whole checkpoint ({verdict}); not published", verdict.status,
                                      (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns))
-        upload.seal(before.st_mtime_ns)
+        stored_mtime_ns = upload.seal(before.st_mtime_ns)
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
         control.check(src_path)
         upload.commit()
@@ -151,7 +156,7 @@ def copy_file(
             upload.abort()
         os.close(src_fd)
     return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started,
-                      verdict.status, verdict.detail)
+                      stored_mtime_ns, verdict.status, verdict.detail)
 
 
 def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
@@ -163,6 +168,58 @@ def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_
         ) from exc
     if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
         raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
+
+
+def _validate_again(src_fd: int, rel: str, options: CopyOptions, copied: int) -> Verdict:
+    if not options.validate:
+        return Verdict("empty", "0 bytes") if copied == 0 else Verdict("unchecked", "validation is off")
+    return validate_fd(src_fd, rel)
+
+
+def _stream_sparse(
+    src_fd: int, size: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
+) -> tuple[str, int]:
+    """As _stream, for a source with holes: data segments (SEEK_DATA/SEEK_HOLE) are copied, holes are
+    skipped on the mirror (and hashed as the zeros they read as), so the copy is as sparse as its source."""
+    hasher = new_hasher(options.algo)
+    buf = bytearray(options.buffer_bytes)
+    view = memoryview(buf)
+    zeros = memoryview(bytes(min(options.buffer_bytes, 1 << 20)))
+    offset = 0
+    while offset < size:
+        control.check(src_path)
+        try:
+            data = os.lseek(src_fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left up to the end
+                raise from_oserror(src_path, exc, "seek data in source") from exc
+            data = size
+        data = min(data, size)
+        hole = data - offset
+        upload.skip(hole)
+        while hole > 0:
+            n = min(hole, len(zeros))
+            hasher.update(zeros[:n])
+            hole -= n
+        control.advance(data - offset)
+        offset = data
+        if offset >= size:
+            break
+        end = min(os.lseek(src_fd, data, os.SEEK_HOLE), size)
+        while offset < end:
+            control.check(src_path)
+            try:
+                n = os.preadv(src_fd, [view[: min(len(buf), end - offset)]], offset)
+            except OSError as exc:
+                raise from_oserror(src_path, exc, "read source") from exc
+            if n == 0:
+                return hasher.hexdigest(), offset  # shrank under us: the caller reports source_changed
+            hasher.update(view[:n])
+            upload.write(view[:n])
+            offset += n
+            control.advance(n)
+        offset = end
+    return hasher.hexdigest(), offset
 
 
 def _stream(

@@ -13,26 +13,26 @@ import collections
 import contextlib
 import os
 import selectors
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from mirrord import __version__
 from mirrord.branches import run_rollbacks
-from mirrord.config import Config
+from mirrord.config import Config, risky_changes
 from mirrord.engine import Engine
 from mirrord.errors import ConfigError, InvalidSourceError, MirrordError
+from mirrord.identity import MirrorGoneError
 from mirrord.log import get_logger
 from mirrord.metrics import Metrics
-from mirrord.model import CopyJob, CopyResult, FileState, Snapshot
+from mirrord.model import CopyJob, CopyResult, FileState, ManifestEntry, Snapshot
 from mirrord.observe import Observations
-from mirrord.plan import SettleTracker, plan_copies
+from mirrord.plan import SettleTracker, plan_copies, why_copy
 from mirrord.retention import describe_policy, mirror_unmounted
+from mirrord.signals import SignalFlags
 from mirrord.systemd import Notifier
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
@@ -43,6 +43,11 @@ from mirrord.workers import JobQueue, WorkerPool
 VERIFY_FAILURES = ("mirror_missing", "mirror_mismatch")
 # Keys a SIGHUP cannot change: they define what is watched, where it goes, or where we listen.
 RESTART_ONLY = ("primary", "mirror", "patterns", "mirror_must_be_mountpoint", "watch.mode", "metrics")
+# A file re-copied this many times for the same source (size, mtime) with the same outcome is a
+# problem to report (status, metrics), not a job: copying it again would loop forever.
+RECOPY_LIMIT = 3
+# Refusal sources: the mirror is not the pinned volume; it looks unmounted; its manifest is unwritable.
+IDENTITY, LISTING, MANIFEST = "identity", "listing", "manifest"
 
 
 class StartupError(Exception):
@@ -94,12 +99,14 @@ class Daemon:
     def __init__(
         self,
         config: Config,
-        reload_config: Callable[[], Config],
+        reload_config: Callable[[], tuple[Config, bool]],
         metrics: Metrics | None = None,
         notifier: Notifier | None = None,
+        signals: SignalFlags | None = None,
     ) -> None:
         self.config = config
         self.reload_config = reload_config
+        self.signals = signals or SignalFlags()
         self.metrics = metrics or Metrics()
         self.notifier = notifier or Notifier()
         self.log = get_logger()
@@ -113,12 +120,15 @@ class Daemon:
         self._rollbacks_logged: set[str] = set()
         self._hints: collections.deque[Hint] = collections.deque()
         self._waker = _Waker()
-        self._stop_requests = 0
-        self._reload_requested = False
         self._prune_due = False
         self._unsettled: set[str] = set()
         self._verify_failed: set[str] = set()  # main loop adds, workers discard (single set ops)
-        self._refused_since_mtime = 0.0  # oldest unmirrored file while the mirror is refused (0: none)
+        # Committed primary files not yet mirrored -> since when (wall clock): the lag, whatever the
+        # queue holds (a job dropped after a permanent error is still behind). Workers remove.
+        self._unmirrored: dict[str, float] = {}
+        self._unmirrored_lock = threading.Lock()
+        self._recopies: dict[str, tuple[tuple[int, int], int]] = {}  # rel -> (source key, re-copies)
+        self._looping: set[str] = set()
         self._ready = False
         self._health: tuple[bool, str] = (False, "starting")
         self._last_heartbeat = 0.0
@@ -126,8 +136,35 @@ class Daemon:
         self._rescan_asked = False  # by a hint drained during a prune pass: done when the pass ends
         self._copied = self._failed = 0
         self._last_error = ""
-        self._blocked = ""  # why copying and pruning are refused (e.g. the mirror looks unmounted)
+        self._exit_code = 0
+        self._refusals: dict[str, str] = {}  # source -> why copying and pruning are refused
+        self._refusals_logged: dict[str, str] = {}
+        self._watch_key: tuple[int, int] | None = None
+        self.watcher: Any = None
         self.endpoints: Any = None
+
+    @property
+    def _stop_requests(self) -> int:
+        return self.signals.stop_requests
+
+    @property
+    def _blocked(self) -> str:
+        """Why copying and pruning are refused ('' when they are not)."""
+        return "; ".join(v for v in dict(self._refusals).values() if v)
+
+    def _refuse(self, source: str, problem: str | None) -> None:
+        """Set or clear one refusal; logs each change once (a worker may have set it first, unlogged)."""
+        if problem:
+            self._refusals[source] = problem
+        else:
+            self._refusals.pop(source, None)
+        if (problem or "") == self._refusals_logged.get(source, ""):
+            return
+        self._refusals_logged[source] = problem or ""
+        if problem:
+            self.log.error("mirror.refused", cause=problem, mirror=str(self.config.mirror), check=source)
+        else:
+            self.log.info("mirror.accepted", mirror=str(self.config.mirror), check=source)
 
     # -- probes (called from the HTTP thread) ---------------------------------------------------
     def health(self) -> tuple[bool, str]:
@@ -152,13 +189,6 @@ class Daemon:
             "copies": [p.to_dict() for p in engine.board.snapshot()] if engine is not None else [],
         }
 
-    # -- signals -------------------------------------------------------------------------------
-    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._stop_requests += 1  # NO LOGGING here: just record it; the loop acts.
-
-    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
-        self._reload_requested = True
-
     def _emit(self, hint: Hint) -> None:
         """Called from watcher threads."""
         self._hints.append(hint)
@@ -169,6 +199,8 @@ class Daemon:
         if isinstance(outcome, CopyResult):
             self._copied += 1
             self._verify_failed.discard(job.rel)
+            with self._unmirrored_lock:
+                self._unmirrored.pop(job.rel, None)
             with self._invalid_lock:
                 self._invalid.pop(job.rel, None)
         elif isinstance(outcome, InvalidSourceError):
@@ -183,35 +215,52 @@ class Daemon:
         elif outcome.reason != "cancelled":
             self._failed += 1
             self._last_error = f"{job.rel}: {outcome.cause}"
+            if isinstance(outcome, MirrorGoneError):
+                self._refusals[IDENTITY] = outcome.cause  # logged by the next heartbeat's check
         self._prune_due = True
         self._waker.wake()
 
     # -- main --------------------------------------------------------------------------------------
     def run(self) -> int:
         cfg = self.config
-        self.log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(cfg.primary),
-                      mirror=str(cfg.mirror), retention=describe_policy(cfg.prune))
-        with self.mirror.lock():
-            self.manifest = self.mirror.read_manifest()
-            self.pruner = self._make_pruner(cfg)
-            self.engine = Engine(cfg, self.mirror, self.manifest, self.metrics,
-                                 make_room=self.pruner.make_room if self.pruner else None)
-            self._start_endpoints()
-            previous = self._install_signals()
-            try:
-                self.pool = WorkerPool(self.engine, self.queue, cfg.copy.workers, self._on_copy_done,
-                                       cfg.io.ionice)
-                self._start_watcher(cfg)  # before the first scan, so nothing committed in between is missed
-                self._loop()
-            finally:
-                self._shutdown()
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
-                signal.set_wakeup_fd(-1)
+        # Handlers first (cli.main may have installed them even earlier): a signal during start-up
+        # (lock, manifest, listener) is recorded and acted on, never fatal.
+        self.signals.install()
+        self.signals.wake_through(self._waker.write_fd)
+        try:
+            self.log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(cfg.primary),
+                          mirror=str(cfg.mirror), retention=describe_policy(cfg.prune))
+            with self.mirror.lock():
+                self._pin_roots()
+                self.manifest = self.mirror.read_manifest()
+                self.pruner = self._make_pruner(cfg)
+                self.engine = Engine(cfg, self.mirror, self.manifest, self.metrics,
+                                     make_room=self.pruner.make_room if self.pruner else None)
+                self._start_endpoints()
+                try:
+                    self.pool = WorkerPool(self.engine, self.queue, cfg.copy.workers, self._on_copy_done,
+                                           cfg.io.ionice, rescans=True)
+                    self._start_watcher(cfg)  # before the first scan, so nothing committed in between is missed
+                    if not self._stop_requests:
+                        self._loop()
+                finally:
+                    self._shutdown()
+        finally:
+            self.signals.restore()
         self.log.info("daemon.stopped", copied=self._copied, failed=self._failed)
-        return 0
+        return self._exit_code
+
+    def _pin_roots(self) -> None:
+        """Neither scan ever enters the other root, whatever path leads there (bind mounts)."""
+        with contextlib.suppress(OSError):
+            self.primary.exclude = frozenset({self.mirror.key()})
+            self.mirror.exclude = frozenset({self.primary.key()})
 
     def _start_watcher(self, cfg: Config) -> None:
+        try:
+            self._watch_key = self.primary.key()
+        except OSError:
+            self._watch_key = None
         fstype = filesystem_type(cfg.primary)
         mode, why = choose_mode(cfg.watch.mode, fstype)
         try:
@@ -260,14 +309,6 @@ class Daemon:
         self.log.info("metrics.listening", address=f"{m.host}:{self.endpoints.port}",
                       endpoints=["/metrics", "/healthz", "/readyz", "/status"])
 
-    def _install_signals(self) -> dict[int, Any]:
-        previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_hup)
-        signal.set_wakeup_fd(self._waker.write_fd, warn_on_full_buffer=False)
-        return previous
-
     def _loop(self) -> None:
         cfg = self.config
         self._reconcile()
@@ -286,8 +327,8 @@ class Daemon:
             self._waker.wait(min(deadlines) - time.monotonic() if not self._hints else 0)
             if self._stop_requests:
                 break
-            if self._reload_requested:
-                self._reload_requested = False
+            if self.signals.reload_requested:
+                self.signals.reload_requested = False
                 self._reload()
             now = time.monotonic()
             if self._drain_hints() or self._rescan_asked or now >= next_rescan:
@@ -307,21 +348,30 @@ class Daemon:
     def _reconcile(self) -> None:
         started = time.monotonic()
         psnap = self.primary.snapshot(self.config.patterns)
-        msnap = self.mirror.snapshot(self.config.patterns)
-        for msg in psnap.errors + msnap.errors:
+        for msg in psnap.errors:
             self.log.error("scan.error", cause=msg)
         for rel, why in psnap.skipped:
             self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
-        if self._mirror_looks_unmounted(msnap):
-            # Nothing is queued while the mirror is refused, yet it falls behind: keep lag honest.
-            pending = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex).jobs
-            self._refused_since_mtime = min((j.mtime_ns / 1e9 for j in pending if j.mtime_ns > 0), default=0.0)
+        self._refuse(IDENTITY, self.mirror.identity_problem())
+        # The manifest is read before the mirror is listed: a copy recorded in it was published before
+        # it was recorded, so the listing cannot miss it (a copy published meanwhile is rechecked).
+        entries = self.manifest.entries
+        if self._refusals.get(IDENTITY):
+            self._track_unmirrored(psnap, self._as_recorded(entries), entries, replace=True)
+            self.log.debug("reconcile.refused", cause=self._blocked)
             return
-        self._refused_since_mtime = 0.0
+        msnap = self.mirror.snapshot(self.config.patterns)
+        for msg in msnap.errors:
+            self.log.error("scan.error", cause=msg)
+        if self._mirror_looks_unmounted(msnap, entries):
+            # Nothing is queued while the mirror is refused, yet it falls behind: keep lag honest.
+            self._track_unmirrored(psnap, self._as_recorded(entries), entries, replace=True)
+            self.log.debug("reconcile.refused", cause=self._blocked)
+            return
         self._log_rollbacks(psnap)
         # Prune first: its plan tells the copy planner which old steps retention has retired.
         self._prune(psnap, msnap)
-        queued = self._enqueue(psnap, msnap)
+        queued = self._enqueue(psnap, msnap, entries=entries)
         self.metrics.reconcile_duration.set(time.monotonic() - started)
         self.log.info("reconcile.finished", primary_files=len(psnap.files), mirror_files=len(msnap.files),
                       queued=queued, unsettled=len(self._unsettled),
@@ -337,30 +387,73 @@ class Daemon:
                 self.log.warning("run.rollback_detected", run=run or ".", old_step=old, new_step=new,
                                  rollbacks=len(rollbacks))
 
-    def _mirror_looks_unmounted(self, msnap: Snapshot) -> bool:
+    def _mirror_looks_unmounted(self, msnap: Snapshot, entries: Mapping[str, ManifestEntry]) -> bool:
         is_mount = self.config.mirror.is_mount() if self.config.mirror_must_be_mountpoint else None
-        problem = mirror_unmounted(msnap, self.manifest.entries, is_mount)
-        if (problem or "") != self._blocked:
-            if problem:
-                self.log.error("mirror.refused", cause=problem, mirror=str(self.config.mirror))
-            else:
-                self.log.info("mirror.accepted", mirror=str(self.config.mirror))
-        self._blocked = problem or ""
-        return bool(problem)
+        self._refuse(LISTING, mirror_unmounted(msnap, entries, is_mount))
+        return bool(self._blocked)
 
-    def _enqueue(self, psnap: Snapshot, msnap: Snapshot, partial: bool = False) -> int:
-        plan = plan_copies(psnap, msnap, self.manifest.entries, self.config.step_regex,
+    @staticmethod
+    def _as_recorded(entries: Mapping[str, ManifestEntry]) -> Snapshot:
+        """The mirror as the manifest describes it (for the lag while the mirror cannot be listed)."""
+        return Snapshot({rel: FileState(rel, e.size, e.mirror_mtime_ns if e.mirror_mtime_ns is not None
+                                        else e.source_mtime_ns) for rel, e in entries.items()})
+
+    def _track_unmirrored(self, psnap: Snapshot, msnap: Snapshot, entries: Mapping[str, ManifestEntry],
+                          replace: bool) -> None:
+        """While the mirror is refused: which committed primary files lack their mirror copy."""
+        plan = plan_copies(psnap, msnap, entries, self.config.step_regex)
+        retired = self.pruner.retired if self.pruner is not None else (lambda run, step, mtime_ns=None: False)
+        self._behind([j for j in plan.jobs if not retired(j.run, j.step, j.mtime_ns) and j.rel not in self._unsettled],
+                     replace)
+
+    def _behind(self, jobs: list[CopyJob], replace: bool) -> None:
+        """Remember since when each of `jobs` lacks its mirror copy (the lag gauge reads this)."""
+        now = time.time()
+        with self._unmirrored_lock:
+            behind = {} if replace else self._unmirrored
+            for job in jobs:
+                entry = self.manifest.get(job.rel)
+                if entry is not None and (entry.size, entry.source_mtime_ns) == (job.size, job.mtime_ns) \
+                        and job.why not in VERIFY_FAILURES:
+                    continue  # copied and recorded since the plan was made
+                mtime = job.mtime_ns / 1e9
+                since = mtime if 0 < mtime <= now else now
+                behind[job.rel] = min(since, self._unmirrored.get(job.rel, since))
+            self._unmirrored = behind
+
+    def _enqueue(self, psnap: Snapshot, msnap: Snapshot, partial: bool = False,
+                 entries: Mapping[str, ManifestEntry] | None = None) -> int:
+        if self._blocked:
+            return 0  # every enqueue path honours a refusal (the settle recheck, hints, reconciles)
+        entries = self.manifest.entries if entries is None else entries
+        plan = plan_copies(psnap, msnap, entries, self.config.step_regex,
                            self.settle.at(time.monotonic()))
         # Steps retention already pruned would only be pruned again (prune.primary = false keeps them).
         retired = self.pruner.retired if self.pruner is not None else (lambda run, step, mtime_ns: False)
         queued = 0
+        behind, jobs = [], []
         for job in plan.jobs:
             with self._invalid_lock:
                 invalid = self._invalid.get(job.rel)
             src = psnap.files.get(job.rel)
             if invalid is not None and src is not None and src.identity == invalid.identity:
                 continue  # judged invalid as it is now; retried once it changes and settles again
-            if retired(job.run, job.step, job.mtime_ns) or not self.queue.put(job):
+            if retired(job.run, job.step, job.mtime_ns):
+                continue
+            if job.why in VERIFY_FAILURES and not self._still_damaged(job, psnap.files[job.rel]):
+                continue  # published and recorded while we listed: not damage, not a job
+            behind.append(job)
+            if job.rel in self._looping or self._copy_loops(job):
+                continue
+            jobs.append(job)
+        if partial:
+            self._unsettled.update(plan.unsettled)
+            self._unsettled.difference_update(j.rel for j in plan.jobs)
+        else:
+            self._unsettled = set(plan.unsettled)
+        self._behind(behind, replace=not partial)
+        for job in jobs:
+            if not self.queue.put(job):
                 continue
             queued += 1
             if job.why in VERIFY_FAILURES and job.rel not in self._verify_failed:
@@ -370,12 +463,34 @@ class Daemon:
                 self.metrics.verify_failures.inc()
                 self.log.warning("mirror.verify_failed", path=job.rel, run=job.run or ".", step=job.step,
                                  why=job.why)
-        if partial:
-            self._unsettled.update(plan.unsettled)
-            self._unsettled.difference_update(j.rel for j in plan.jobs)
-        else:
-            self._unsettled = set(plan.unsettled)
         return queued
+
+    def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
+        """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
+        copy published between the listing and the plan is not damage (no false verify failures)."""
+        try:
+            fresh = self.mirror.stat(job.rel)
+        except (OSError, ValueError):
+            return True
+        return why_copy(src, self.manifest.get(job.rel), fresh) in VERIFY_FAILURES
+
+    def _copy_loops(self, job: CopyJob) -> bool:
+        """Count re-copies of the same source version; past RECOPY_LIMIT it is a problem, not a job."""
+        if job.why not in VERIFY_FAILURES:
+            self._recopies.pop(job.rel, None)
+            return False
+        key = (job.size, job.mtime_ns)
+        previous, count = self._recopies.get(job.rel, (key, 0))
+        count = count + 1 if previous == key else 1
+        self._recopies[job.rel] = (key, count)
+        if count <= RECOPY_LIMIT:
+            return False
+        self._looping.add(job.rel)
+        self.metrics.copy_loops.set(len(self._looping))
+        self.log.error("copy.loop", path=job.rel, run=job.run or ".", step=job.step, copies=count - 1,
+                       why=job.why, action="not copied again until its source changes or mirrord restarts",
+                       hint="the mirror does not keep what was written (timestamps, a filter, a sync tool?)")
+        return True
 
     def _drain_hints(self) -> bool:
         """Handle queued watcher hints; returns True when a full rescan was asked for."""
@@ -452,8 +567,15 @@ class Daemon:
         cfg = self.config
         problems = self.pool.check_stalls(cfg.copy.stall_seconds)
         self.pool.report_progress()
-        if not self.watcher.is_alive():
-            problems.append("filesystem watcher stopped")
+        self._check_mirror()
+        # (An unmounted mirror takes its lock file along: that is a refusal, handled above.)
+        lost = None if self._refusals.get(IDENTITY) else self.mirror.lock_problem()
+        if lost:
+            self.log.error("mirror.lock_lost", cause=lost, action="stopping")
+            self._exit_code = 1
+            self.signals.stop_requests += 1
+            self._waker.wake()
+        problems += self._check_watcher()
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last_heartbeat = time.monotonic()
         self._next_heartbeat = self._last_heartbeat + cfg.daemon.heartbeat_seconds
@@ -479,9 +601,57 @@ class Daemon:
                                seconds_invalid=round(now - invalid.since, 1), published=False)
         self.metrics.invalid_sources.set(sum(i.reported for _, i in items))
 
+    def _check_mirror(self) -> None:
+        """Every heartbeat: is the mirror still the pinned volume, and is its manifest still ours?"""
+        self._refuse(IDENTITY, self.mirror.identity_problem())
+        if self._refusals.get(IDENTITY):
+            return
+        damage = self.manifest.disk_problem()
+        if damage is None:
+            if self._refusals.get(MANIFEST):
+                self._refuse(MANIFEST, None)
+            return
+        try:
+            self.manifest.repair()
+        except MirrordError as exc:
+            self._refuse(MANIFEST, f"{damage}; cannot repair it: {exc.cause}; fix the path, or stop mirrord "
+                                   f"and run `mirrord repair-manifest`")
+            return
+        self.metrics.manifest_repairs.inc()
+        self.log.error("manifest.repaired", cause=damage, entries=len(self.manifest))
+        self._refuse(MANIFEST, None)
+
+    def _check_watcher(self) -> list[str]:
+        """Re-arm the watcher when the primary root is another directory now (recreated, or a filesystem
+        mounted on it) or the watcher died; a dead watcher is reported for this heartbeat."""
+        try:
+            key: tuple[int, int] | None = self.primary.key()
+        except OSError as exc:
+            return [f"primary root {self.config.primary}: {exc.strerror or exc}"]
+        problems = []
+        alive = self.watcher is not None and self.watcher.is_alive()
+        if not alive:
+            problems.append("filesystem watcher stopped")
+        if alive and key == self._watch_key:
+            return problems
+        why = "watcher died" if not alive else "primary root changed (recreated or mounted over)"
+        self.log.warning("watch.rearm", why=why, primary=str(self.config.primary))
+        if self.watcher is not None:
+            with contextlib.suppress(Exception):
+                self.watcher.stop()
+        try:
+            self._start_watcher(self.config)
+        except OSError as exc:
+            problems.append(f"cannot watch {self.config.primary}: {exc.strerror or exc}")
+        self._hints.append(Hint("", committed=False, rescan=True))  # what changed meanwhile
+        self._waker.wake()
+        return problems
+
     def _update_gauges(self) -> None:
         self.metrics.queue_depth.set(self.queue.depth())
         for name, volume in (("primary", self.primary), ("mirror", self.mirror)):
+            if name == "mirror" and self._refusals.get(IDENTITY):
+                continue  # that would be the free space of whatever is under the mount point
             try:
                 free, total = volume.space()
             except OSError:
@@ -491,12 +661,10 @@ class Daemon:
         now_wall, now_mono = time.time(), time.monotonic()
         lag = 0.0
         for entry in self.queue.pending():
-            mtime = entry.job.mtime_ns / 1e9
-            by_mtime = now_wall - mtime if 0 < mtime <= now_wall else 0.0
-            lag = max(lag, by_mtime, now_mono - entry.first_seen)
-        if self._blocked and self._refused_since_mtime:
-            lag = max(lag, now_wall - self._refused_since_mtime)
-        self.metrics.lag.set(lag)
+            lag = max(lag, now_mono - entry.first_seen)
+        with self._unmirrored_lock:
+            oldest = min(self._unmirrored.values(), default=now_wall)
+        self.metrics.lag.set(max(lag, now_wall - oldest))
 
     def _status(self) -> str:
         status = (f"{self._copied} copied, {self._failed} failed, queue {self.queue.depth()}, "
@@ -505,13 +673,15 @@ class Daemon:
             status += f"; REFUSED: {self._blocked}"
         elif self._last_error:
             status += f"; last error: {self._last_error}"
+        if self._looping:
+            status += f"; {len(self._looping)} file(s) re-copied in a loop, not copied again"
         return status
 
     # -- reload and shutdown ------------------------------------------------------------------------
     def _reload(self) -> None:
         self.notifier.reloading()
         try:
-            new = self.reload_config()
+            new, stable = self.reload_config()
         except ConfigError as exc:
             self.log.error("config.reload_failed", problems=exc.problems)
             self.notifier.status(self._status())
@@ -520,6 +690,14 @@ class Daemon:
         fixed = [k for k in RESTART_ONLY if _get(old_data, k) != _get(new_data, k)]
         if fixed:
             self.log.error("config.reload_refused", keys=fixed, why="these keys need a restart")
+            self.notifier.status(self._status())
+            return
+        risky = risky_changes(self.config, new)
+        if risky and not stable:
+            # A half-written file reads as defaults for the missing sections or a cut number: never
+            # let such a read make retention delete more.
+            self.log.error("config.reload_refused", keys=risky, why="the file kept changing while it was "
+                           "read; write it to a temporary name and rename it into place, then reload again")
             self.notifier.status(self._status())
             return
         self.config = new
@@ -573,6 +751,9 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def run_daemon(config: Config, reload_config: Callable[[], Config]) -> int:
-    """Run until SIGTERM/SIGINT; raises StartupError when it cannot start as configured."""
-    return Daemon(config, reload_config).run()
+def run_daemon(
+    config: Config, reload_config: Callable[[], tuple[Config, bool]], signals: SignalFlags | None = None
+) -> int:
+    """Run until SIGTERM/SIGINT (0), or until the mirror lock is lost (1); raises StartupError when it
+    cannot start as configured."""
+    return Daemon(config, reload_config, signals=signals).run()

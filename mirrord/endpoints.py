@@ -1,12 +1,24 @@
 """One HTTP listener: /metrics (Prometheus text format), /healthz (liveness), /readyz (first reconcile done),
-/status (JSON: the copies under way with their progress, for `mirrord status`)."""
+/status (JSON: the copies under way with their progress, for `mirrord status`).
+
+Bounded whatever the clients do: a fixed number of handler threads, at most MAX_CONNECTIONS open
+connections (a new one evicts the oldest idle one), a per-connection timeout, a listen backlog of
+BACKLOG. A connection reaches a handler only once it has sent something, so idle or slow clients
+(a thousand of them) cannot hold the handlers, the descriptors, or /healthz hostage.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import queue
+import selectors
+import socket
 import threading
+import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -14,19 +26,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 Probe = Callable[[], tuple[bool, str]]
 Report = Callable[[], dict[str, Any]]
 
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    registry: CollectorRegistry
-    health: Probe
-    ready: Probe
-    status: Report
+HANDLERS = 2
+MAX_CONNECTIONS = 64
+BACKLOG = 128
+TIMEOUT_SECONDS = 5.0
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    server: Endpoints  # type: ignore[assignment]
+    timeout = TIMEOUT_SECONDS  # per-connection: a client that stops sending is dropped
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -45,6 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
@@ -53,23 +62,120 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Endpoints:
-    """Binds at construction (so a bad or busy address fails start-up), serves on a daemon thread."""
+    """Binds at construction (so a bad or busy address fails start-up), serves on daemon threads."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe,
                  status: Report = dict) -> None:
-        self._server = _Server((host, port), _Handler)
-        self._server.registry, self._server.health, self._server.ready = registry, health, ready
-        self._server.status = status
-        self._thread = threading.Thread(target=self._server.serve_forever, name="mirrord-http", daemon=True)
+        self.registry, self.health, self.ready, self.status = registry, health, ready, status
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+            self._sock.listen(BACKLOG)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            raise
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._ready: queue.Queue[socket.socket | None] = queue.Queue(maxsize=MAX_CONNECTIONS + HANDLERS)
+        self._threads = [threading.Thread(target=self._accept_loop, name="mirrord-http", daemon=True)]
+        self._threads += [threading.Thread(target=self._handle_loop, name=f"mirrord-http-{i}", daemon=True)
+                          for i in range(HANDLERS)]
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._sock.getsockname()[1])
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+        acceptor, handlers = self._threads[0], self._threads[1:]
+        acceptor.join(timeout=5)  # it closes the idle connections; nothing is queued after it ends
+        for _ in handlers:
+            self._ready.put(None)  # blocks only while handlers still drain connections queued before
+        for thread in handlers:
+            thread.join(timeout=5)
+        while True:  # whatever a handler did not take
+            try:
+                conn = self._ready.get_nowait()
+            except queue.Empty:
+                break
+            if conn is not None:
+                conn.close()
+        self._sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # -- the acceptor: holds idle connections, hands readable ones to the handlers ----------------
+    def _accept_loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._sock, selectors.EVENT_READ, "listen")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        idle: collections.OrderedDict[socket.socket, float] = collections.OrderedDict()
+        try:
+            while not self._stop.is_set():
+                for key, _ in sel.select(timeout=1.0):
+                    if key.data == "listen":
+                        self._accept(sel, idle)
+                    elif key.data == "conn":
+                        conn = key.fileobj
+                        assert isinstance(conn, socket.socket)
+                        sel.unregister(conn)
+                        idle.pop(conn, None)
+                        if self._ready.qsize() >= MAX_CONNECTIONS:  # handlers saturated: shed load
+                            conn.close()
+                        else:
+                            self._ready.put_nowait(conn)
+                deadline = time.monotonic() - TIMEOUT_SECONDS
+                while idle and next(iter(idle.values())) < deadline:
+                    conn, _ = idle.popitem(last=False)
+                    sel.unregister(conn)
+                    conn.close()
+        finally:
+            for conn in idle:
+                conn.close()
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector, idle: collections.OrderedDict[socket.socket, float]) -> None:
+        for _ in range(BACKLOG):
+            try:
+                conn, _addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE and friends: shed the oldest idle connection and try later
+                if idle:
+                    old, _ = idle.popitem(last=False)
+                    sel.unregister(old)
+                    old.close()
+                return
+            if len(idle) >= MAX_CONNECTIONS:
+                old, _ = idle.popitem(last=False)
+                sel.unregister(old)
+                old.close()
+            conn.setblocking(True)
+            idle[conn] = time.monotonic()
+            sel.register(conn, selectors.EVENT_READ, "conn")
+
+    def _handle_loop(self) -> None:
+        while True:
+            conn = self._ready.get()
+            if conn is None or self._stop.is_set():
+                if conn is not None:
+                    conn.close()
+                return
+            try:
+                conn.settimeout(TIMEOUT_SECONDS)
+                _Handler(conn, conn.getpeername(), self)  # type: ignore[arg-type]
+            except Exception:  # noqa: S110 - a client that misbehaves must never kill a handler
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()

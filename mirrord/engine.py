@@ -85,7 +85,8 @@ class Engine:
             entry = ManifestEntry(
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
                 source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
-                validation=result.validation, **self._published_identity(result.rel),
+                mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
+                **self._published_identity(result.rel),
             )
             self.manifest.record(entry)
         except MirrordError as exc:
@@ -136,4 +137,4 @@ class Engine:
             state = None
         if state is None:
             return {}
-        return {"mirror_ino": state.ino, "mirror_mtime_ns": state.mtime_ns, "mirror_ctime_ns": state.ctime_ns}
+        return {"mirror_ino": state.ino, "mirror_ctime_ns": state.ctime_ns}

@@ -23,9 +23,11 @@ next append. A bad line followed by a good one is corruption: an error naming th
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -145,7 +147,15 @@ class LocalManifestStore:
         self._torn = False  # bytes after _size to cut off before the next append
         self._exists = False
         self._must_rotate = False
+        self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
         self.journal_records = 0  # since the last compaction began: the caller's compaction policy
+        # Called before every write (the mirror's identity check: never write to whatever lies under
+        # an unmounted mount point).
+        self.guard: Callable[[], None] | None = None
+        # What this process last read or wrote: snapshot (identity, sha256), journal identity. A
+        # difference means someone else changed the files (see damage()).
+        self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
+        self._journal_seen: tuple[int, ...] | None = None
 
     def journal_path(self, generation: int) -> Path:
         return self.root / f"{self.prefix}{generation}"
@@ -182,6 +192,7 @@ class LocalManifestStore:
             finally:
                 os.close(fd)
             snapshot, generation = parse(data, where)
+            self._snapshot_seen = (_identity(before), hashlib.sha256(data).hexdigest())
         fds: dict[int, int] = {}
         try:
             for gen, path in self._journal_names():
@@ -243,14 +254,17 @@ class LocalManifestStore:
                                 "is missing or the snapshot is out of date")
 
     # -- writing (the process holding the mirror lock) ------------------------------------------------
-    def open_for_append(self, stored: Stored[T]) -> None:
-        """Continue after `stored`: appends go to its newest journal (created on first use)."""
+    def open_for_append(self, stored: Stored[T], empty_snapshot: bytes) -> None:
+        """Continue after `stored`: appends go to its newest journal (created on first use). Without a
+        snapshot, `empty_snapshot` is published before the first journal, which never exists alone."""
+        self._initial = empty_snapshot if stored.snapshot is None else None
         newest = stored.journals[-1] if stored.journals else None
         self._generation = newest.generation if newest else stored.generation
         self._size = newest.valid_size if newest else 0
         self._torn = newest is not None and newest.size > newest.valid_size
         self._exists = newest is not None
         self.journal_records = len(stored.records)
+        self._journal_seen = self._stat_identity(self.journal_path(self._generation)) if self._exists else None
 
     def append(self, payloads: Iterable[bytes]) -> None:
         """Append the records in one write and make them durable with one fsync; raise on any failure.
@@ -261,9 +275,13 @@ class LocalManifestStore:
         """
         data = b"".join(frame(p) for p in payloads)
         path = self.journal_path(self._generation)
+        if self.guard is not None:
+            self.guard()
         try:
             if self._must_rotate:
-                self.rotate()
+                if self._exists:
+                    self.rotate()
+                self._must_rotate = False
             path = self.journal_path(self._generation)
             fd = self._open_for_append(path)
             try:
@@ -271,6 +289,7 @@ class LocalManifestStore:
                 while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
+                self._journal_seen = _identity(os.fstat(fd))
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -296,15 +315,23 @@ class LocalManifestStore:
         return fd
 
     def _create(self, generation: int) -> None:
+        if self._initial is not None:
+            self.publish_snapshot(self._initial)
+            self._initial = None
         with atomic.atomic_output(self.journal_path(generation)) as f:
             f.write(_header(generation))
         self._exists = True
+        self._journal_seen = self._stat_identity(self.journal_path(generation))
 
     def rotate(self) -> int:
         """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
+        if self.guard is not None:
+            self.guard()
         generation = self._generation + 1
         path = self.journal_path(generation)
         try:
+            if not self._exists:  # the sequence of journals after a snapshot never has a gap
+                self._create(self._generation)
             self._create(generation)
         except OSError as exc:
             raise _error(path, exc, "create the manifest journal") from exc
@@ -314,13 +341,54 @@ class LocalManifestStore:
 
     def publish_snapshot(self, data: bytes) -> None:
         """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
+        if self.guard is not None:
+            self.guard()
         try:
             atomic.write_bytes_atomic(self.snapshot_path, data)
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
+        self._snapshot_seen = (self._stat_identity(self.snapshot_path), hashlib.sha256(data).hexdigest())
+
+    @staticmethod
+    def _stat_identity(path: Path) -> tuple[int, ...] | None:
+        try:
+            return _identity(path.lstat())
+        except OSError:
+            return None
+
+    def damage(self) -> str | None:
+        """None while the snapshot and the current journal are what this process last read or wrote;
+        else what happened (changed, truncated, removed, replaced). The caller serialises it with the
+        appends. Reads the snapshot only when its stat changed: cheap enough for every heartbeat."""
+        seen = self._snapshot_seen
+        if seen is not None:
+            path = self.snapshot_path
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                return f"{path} was removed behind mirrord's back"
+            except OSError as exc:
+                return f"{path}: cannot stat: {exc.strerror or exc}"
+            if not stat.S_ISREG(st.st_mode):
+                return f"{path} is no longer a regular file"
+            if _identity(st) != seen[0]:
+                try:
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                except OSError as exc:
+                    return f"{path}: cannot read: {exc.strerror or exc}"
+                if digest != seen[1]:
+                    return f"{path} was changed on disk behind mirrord's back"
+                self._snapshot_seen = (_identity(st), digest)  # touched, not changed
+        if self._exists and self._journal_seen is not None:
+            path = self.journal_path(self._generation)
+            if self._stat_identity(path) != self._journal_seen:
+                return f"{path} was changed, truncated or removed behind mirrord's back"
+        return None
 
     def drop_before(self, generation: int) -> None:
         """Step 3: the journals a published snapshot made stale go (best effort: stale ones are ignored)."""
+        if self.guard is not None:
+            self.guard()
         dropped = False
         for gen, path in self._journal_names():
             if gen < generation:

@@ -26,6 +26,7 @@ from mirrord.model import ManifestEntry
 from mirrord.paths import split_rel
 
 MANIFEST_NAME = ".mirrord-manifest.json"
+REPAIR_HINT = "stop mirrord and run `mirrord repair-manifest` to rebuild it from the mirror's files"
 SCHEMA = "mirrord-manifest"
 SCHEMA_VERSION = 1
 # A compaction rewrites every entry, so it waits for this many records, or a quarter of the entries if
@@ -49,6 +50,8 @@ def encode_entry(e: ManifestEntry) -> dict[str, Any]:
     raw: dict[str, Any] = {"size": e.size, "hash": {"algo": e.algo, "digest": e.digest}}
     for f in _PLAIN:
         raw[f.name] = getattr(e, f.name)
+    if raw.get("mirror_mtime_ns") in (None, e.source_mtime_ns):
+        raw.pop("mirror_mtime_ns", None)  # only where the mirror could not store the source's mtime
     return raw
 
 
@@ -99,7 +102,7 @@ def decode_snapshot(data: bytes, where: str) -> tuple[dict[str, ManifestEntry], 
             raise ValueError(f"bad journal generation {generation!r}")
         entries = {path: decode_entry(path, raw) for path, raw in doc["entries"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ManifestError(where, f"cannot parse manifest: {exc}") from exc
+        raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
     return entries, generation
 
 
@@ -292,6 +295,18 @@ class Manifest:
         finally:
             self._compacting = False
 
+    def disk_problem(self) -> str | None:
+        """What happened to the on-disk manifest behind our back (None: it is what we wrote)."""
+        store = self._store
+        if store is None or self._compacting:
+            return None  # (a compaction publishes its snapshot outside the commit lock)
+        with self._commit:
+            return None if self._compacting else store.damage()
+
+    def repair(self) -> None:
+        """Rewrite the on-disk manifest from memory: a new snapshot of every entry and a fresh journal."""
+        self.compact()
+
     def close(self) -> None:
         """Fold the journal into the snapshot, so that a stopped mirror is one complete JSON file."""
         store = self._store
@@ -319,15 +334,18 @@ class Manifest:
         return cls(_replay(LocalManifestStore(root, MANIFEST_NAME).read(decode_snapshot)))
 
     @classmethod
-    def open(cls, root: Path, background_compaction: bool = True) -> Manifest:
+    def open(
+        cls, root: Path, background_compaction: bool = True, guard: Callable[[], None] | None = None
+    ) -> Manifest:
         """The manifest of a local mirror root, for the process holding its lock: changes are journaled.
 
-        A root without a snapshot gets an empty one first, so a journal never exists without it.
+        Nothing is written until the first change; on a root without a snapshot, that change publishes an
+        empty one first, so that a journal never exists without it. `guard` is called before every write
+        (it raises to refuse it).
         """
         store = LocalManifestStore(root, MANIFEST_NAME)
+        store.guard = guard
         stored = store.read(decode_snapshot)
         entries = _replay(stored)
-        if stored.snapshot is None:
-            store.publish_snapshot(encode_snapshot({}))
-        store.open_for_append(stored)
+        store.open_for_append(stored, encode_snapshot({}))
         return cls(entries, store, background_compaction)

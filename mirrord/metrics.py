@@ -89,6 +89,14 @@ class Metrics:
         self.verify_failures = Counter(
             "mirrord_verify_failures", "Mirrored files that no longer match the manifest.", registry=r
         )
+        self.manifest_repairs = Counter(
+            "mirrord_manifest_repairs",
+            "Times the on-disk manifest was found damaged or replaced and rewritten from memory.", registry=r,
+        )
+        self.copy_loops = Gauge(
+            "mirrord_copy_loop_files",
+            "Files no longer re-copied: copied again and again with the same result (see status).", registry=r,
+        )
         self.reconcile_duration = Gauge(
             "mirrord_reconcile_duration_seconds", "Duration of the last full reconcile.", registry=r
         )

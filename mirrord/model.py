@@ -60,13 +60,15 @@ class ManifestEntry:
     source_mtime_ns: int
     step: int | None
     mirrored_at: float
+    # The mtime the mirror actually stored (a filesystem may clamp or round what it is given, e.g.
+    # ext4 with 128-byte inodes stops at 2038); None in records made before it was kept.
+    mirror_mtime_ns: int | None = None
     # The format validator's verdict on the source ("ok" or "unchecked"); None in entries written
     # before validation existed. An entry is only ever recorded for a source that passed.
     validation: str | None = None
-    # How the published copy looked right after it was recorded (0 when unknown): while the file
-    # still has this inode, size, mtime and ctime, its recorded hash can be trusted without re-reading.
+    # The published copy's inode and ctime right after it was recorded (0 when unknown): while the file
+    # still has them, and the recorded size and stored mtime, its recorded hash holds without re-reading.
     mirror_ino: int = 0
-    mirror_mtime_ns: int = 0
     mirror_ctime_ns: int = 0
 
     @property
@@ -75,7 +77,8 @@ class ManifestEntry:
 
     def unchanged(self, state: FileState) -> bool:
         """The mirror file is, by stat, exactly the one recorded (needs the identity recorded)."""
-        return bool(self.mirror_ino) and (state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
+        return bool(self.mirror_ino) and self.mirror_mtime_ns is not None and (
+            state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
             self.mirror_ino, self.size, self.mirror_mtime_ns, self.mirror_ctime_ns)
 
 
@@ -102,6 +105,7 @@ class CopyResult:
     digest: str
     source_mtime_ns: int
     seconds: float
+    mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
     validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
     validation_detail: str = ""
 

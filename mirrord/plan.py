@@ -27,7 +27,9 @@ def why_copy(src: FileState, entry: ManifestEntry | None, dst: FileState | None)
         return "changed"
     if dst is None:
         return "mirror_missing"
-    if dst.size != entry.size or abs(dst.mtime_ns - entry.source_mtime_ns) > MTIME_TOLERANCE_NS:
+    # Compared with what the mirror stored, which is not always what it was given (clamped, rounded).
+    stored = entry.mirror_mtime_ns if entry.mirror_mtime_ns is not None else entry.source_mtime_ns
+    if dst.size != entry.size or abs(dst.mtime_ns - stored) > MTIME_TOLERANCE_NS:
         return "mirror_mismatch"
     return None
 

@@ -100,6 +100,10 @@ class Pruner:
         self.log = get_logger()
         self._lock = threading.Lock()
         self._last_plan: PrunePlan | None = None
+        # (volume, path, reason) vetoes already logged: a young file kept for many passes is one
+        # prune.skipped line, not one per pass (the metric still counts every pass).
+        self._skips_logged: set[tuple[str, str, str]] = set()
+        self._skips_seen: set[tuple[str, str, str]] = set()
         self._roots = {
             PRIMARY: PurePath(primary.root.resolve()),
             MIRROR: PurePath(mirror.root.resolve()),
@@ -210,9 +214,12 @@ class Pruner:
             return report
         for kept in plan.kept:
             self.log.debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
+        self._skips_seen = set()
         for skip in plan.skipped:
             if skip.volume in volumes:
                 self._skip(report, skip)
+        if set(volumes) == {PRIMARY, MIRROR}:
+            self._skips_logged &= self._skips_seen  # forget files no longer vetoed (bounded memory)
         todo = [d for d in plan.deletions if d.volume in volumes]
         if dry_run:
             for deletion in todo:
@@ -225,9 +232,25 @@ class Pruner:
                 break
         return report
 
+    def _mirror_still_there(self, report: PruneReport) -> bool:
+        """Before every deletion, on either side: the mirror is still the volume that was pinned. A
+        primary deletion is only safe while the copy it relies on is really there."""
+        try:
+            self.mirror.check_identity()
+        except MirrordError as exc:
+            self.log.error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=len(report.deleted))
+            self.metrics.prune_refused.labels(exc.reason).inc()
+            report.refused.append((exc.reason, exc.cause))
+            return False
+        return True
+
     def _skip(self, report: PruneReport, skip: Skipped) -> None:
         report.skipped.append(skip)
-        self.log.info("prune.skipped", volume=skip.volume, path=skip.rel, step=skip.step, reason=skip.reason)
+        key = (skip.volume, skip.rel, skip.reason)
+        self._skips_seen.add(key)
+        log = self.log.debug if key in self._skips_logged else self.log.info
+        self._skips_logged.add(key)
+        log("prune.skipped", volume=skip.volume, path=skip.rel, step=skip.step, reason=skip.reason)
         if skip.reason in REASONS:
             self.metrics.prune_skipped.labels(skip.reason).inc()
 
@@ -270,6 +293,10 @@ class Pruner:
         for i, (d, fresh, entry) in enumerate(ready):
             if i and ((enough is not None and enough()) or not keep_going()):
                 report.interrupted = enough is None
+                restore += [e for _, _, e in ready[i:] if e is not None]
+                go_on = False
+                break
+            if not self._mirror_still_there(report):
                 restore += [e for _, _, e in ready[i:] if e is not None]
                 go_on = False
                 break

@@ -191,7 +191,8 @@ def mirror_unmounted(
     """
     if is_mount is False:
         return "the mirror is not a mount point (mirror_must_be_mountpoint = true)"
-    if manifest and not mirror.files:
+    # A listing that failed (EMFILE, EIO ...) is a partial view, refused as such: never "unmounted".
+    if manifest and not mirror.files and not mirror.errors:
         return f"the mirror is empty but the manifest lists {len(manifest)} file(s): is it mounted?"
     return None
 

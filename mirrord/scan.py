@@ -29,12 +29,19 @@ def state_from_stat(rel: str, st: os.stat_result) -> FileState:
     return FileState(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_ctime_ns)
 
 
-def snapshot_tree(root: Path, patterns: Iterable[str], collect_partials: bool = False) -> Snapshot:
+def snapshot_tree(
+    root: Path,
+    patterns: Iterable[str],
+    collect_partials: bool = False,
+    exclude: frozenset[tuple[int, int]] = frozenset(),
+) -> Snapshot:
     """List `root` recursively.
 
     Symlinks (to files or directories) are never followed or listed as files; devices, FIFOs and
-    sockets are skipped; both are reported in `skipped`. Hidden directories are not entered. Listing
-    errors are collected, not raised: a caller must treat a snapshot with errors as partial.
+    sockets are skipped; both are reported in `skipped`. Hidden directories are not entered, nor a
+    directory whose (device, inode) is in `exclude` (the other root, reached through a bind mount):
+    that is an error. Listing errors are collected, not raised: a caller must treat a snapshot with
+    errors as partial.
     """
     patterns = tuple(patterns)
     files: dict[str, FileState] = {}
@@ -64,7 +71,9 @@ def snapshot_tree(root: Path, patterns: Iterable[str], collect_partials: bool = 
             if stat.S_ISLNK(mode):
                 skipped.append((rel, "symlink"))
             elif stat.S_ISDIR(mode):
-                if not entry.name.startswith("."):
+                if (st.st_dev, st.st_ino) in exclude:
+                    errors.append(f"{root / rel}: is the other root (a bind mount?); not entered")
+                elif not entry.name.startswith("."):
                     stack.append(rel)
             elif collect_partials and is_temp_name(entry.name):
                 if stat.S_ISREG(mode):

@@ -82,7 +82,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
 
 
 def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncReport) -> None:
-    outcomes = copy_all(engine, jobs, workers)
+    lock_problem = getattr(engine.mirror, "lock_problem", None)
+    outcomes = copy_all(engine, jobs, workers, still_ours=lock_problem)
     for job in jobs:
         outcome = outcomes.get(job.rel)
         report.invalid.pop(job.rel, None)
@@ -95,4 +96,5 @@ def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncRep
         elif outcome is not None:
             report.copied.append(job.rel)
         else:
-            report.failed[job.rel] = f"{job.rel}: not copied: the copy worker died (see the log)"
+            report.failed[job.rel] = (f"{job.rel}: not copied: the mirror lock was lost or the copy worker "
+                                      "died (see the log)")

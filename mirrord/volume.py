@@ -23,6 +23,7 @@ from mirrord.errors import (
     SizeMismatchError,
     from_oserror,
 )
+from mirrord.identity import VolumeIdentity
 from mirrord.manifest import Manifest
 from mirrord.model import FileState, Snapshot
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
@@ -60,7 +61,8 @@ class Upload(Protocol):
     """One artifact being written under its temp name; it has a final name only after commit()."""
 
     def write(self, data: memoryview) -> None: ...
-    def seal(self, mtime_ns: int) -> None: ...
+    def skip(self, nbytes: int) -> None: ...
+    def seal(self, mtime_ns: int) -> int | None: ...
     def commit(self) -> None: ...
     def abort(self) -> None: ...
 
@@ -76,6 +78,7 @@ class Mirror(Protocol):
     def read_manifest(self) -> Manifest: ...
     def space(self) -> tuple[int, int]: ...
     def lock(self) -> contextlib.AbstractContextManager[None]: ...
+    def check_identity(self) -> None: ...
 
 
 class ChangedError(PermanentError):
@@ -89,9 +92,15 @@ class LocalVolume:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self.exclude: frozenset[tuple[int, int]] = frozenset()  # (dev, ino) of the other root: never entered
 
     def snapshot(self, patterns: Iterable[str]) -> Snapshot:
-        return snapshot_tree(self.root, patterns, collect_partials=True)
+        return snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude)
+
+    def key(self) -> tuple[int, int]:
+        """(device, inode) of the root directory."""
+        st = self.root.stat()
+        return st.st_dev, st.st_ino
 
     def stat(self, rel: str) -> FileState | None:
         parts = split_rel(rel)
@@ -156,6 +165,7 @@ class LocalUpload:
         self._flushed = 0  # bytes below this offset are written back (and dropped when drop_cache)
         self._writeback = _sync_file_range
         self._sealed = False
+        self._hole_at_end = False
         self._dir_fd = open_dir_beneath(root, parts[:-1], create=True)
         try:
             self._fd = atomic.create_temp(self._dir_fd, self.name)
@@ -164,12 +174,19 @@ class LocalUpload:
             raise
 
     def write(self, data: memoryview) -> None:
+        self._hole_at_end = False
         start = self.written
         while data:
             n = os.write(self._fd, data)
             self.written += n
             data = data[n:]
         self._write_behind(start)
+
+    def skip(self, nbytes: int) -> None:
+        """Leave a hole of `nbytes` (zeros that take no space): a sparse source stays sparse."""
+        os.lseek(self._fd, nbytes, os.SEEK_CUR)
+        self.written += nbytes
+        self._hole_at_end = nbytes > 0
 
     def _write_behind(self, start: int) -> None:
         """With drop_cache: start writeback of what was just written; while two windows are pending,
@@ -192,15 +209,19 @@ class LocalUpload:
             else:
                 raise
 
-    def seal(self, mtime_ns: int) -> None:
-        """Give the copy the source's mtime, make it durable, and check its size.
+    def seal(self, mtime_ns: int) -> int:
+        """Give the copy the source's mtime, make it durable, and check its size; returns the mtime the
+        filesystem actually stored (it may clamp or round it).
 
         If fsync fails the kernel may already have dropped the dirty pages, so retrying fsync could
         report success for lost data: the caller must abort and rebuild from the source.
         """
+        if self._hole_at_end:
+            os.ftruncate(self._fd, self.written)  # a trailing hole: skip() moved the offset only
         os.utime(self._fd, ns=(mtime_ns, mtime_ns))
         os.fsync(self._fd)
-        size = os.fstat(self._fd).st_size
+        st = os.fstat(self._fd)
+        size = st.st_size
         if size != self.expected_size or self.written != self.expected_size:
             raise SizeMismatchError(
                 self.path, f"wrote {self.written} bytes, file has {size}, source had {self.expected_size}"
@@ -208,6 +229,7 @@ class LocalUpload:
         if self.drop_cache:
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
         self._sealed = True
+        return st.st_mtime_ns
 
     def commit(self) -> None:
         if not self._sealed:
@@ -233,32 +255,101 @@ class LocalUpload:
 
 
 class LocalMirror(LocalVolume):
-    """The filesystem implementation of Mirror."""
+    """The filesystem implementation of Mirror.
+
+    While the lock is held the mirror is pinned (mirrord.identity): every upload, manifest write and
+    deletion first checks that the root is still the volume the lock was taken on.
+    """
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.identity: VolumeIdentity | None = None
+        self._lock_fd = -1
+
+    def check_identity(self) -> None:
+        """Raise MirrorGoneError if the mirror is no longer the pinned volume (no-op when not pinned)."""
+        if self.identity is not None:
+            self.identity.check()
+
+    def identity_problem(self) -> str | None:
+        return None if self.identity is None else self.identity.problem()
 
     def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> LocalUpload:
+        self.check_identity()
         return LocalUpload(self.root, rel, size, drop_cache)
 
+    def delete(self, rel: str, expected: FileState) -> None:
+        self.check_identity()
+        super().delete(rel, expected)
+
     def read_manifest(self) -> Manifest:
-        """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.journal)."""
-        return Manifest.open(self.root)
+        """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.journal);
+        every write first checks that the mirror is still the pinned volume."""
+        return Manifest.open(self.root, guard=self.check_identity)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """One mirrord per mirror: the lock is what makes a leftover NAME.part safe to replace."""
+        """One mirrord per mirror: the lock is what makes a leftover NAME.part safe to replace.
+
+        The lock file is held open read-only (flock needs no write access), so holding it does not
+        keep the mirror busy for `mount -o remount,ro`. While it is held the mirror is pinned
+        (see check_identity) and `lock_problem()` tells whether the file is still the one locked.
+        """
         created = [p for p in (self.root, *self.root.parents) if not p.exists()]
         self.root.mkdir(parents=True, exist_ok=True)
         for path in reversed(created):  # a root that a power cut can unlink loses every file below it
             atomic.fsync_dir(path.parent)
-        fd = os.open(self.root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        self._lock_fd = self._acquire_lock()
         try:
+            self.identity = VolumeIdentity.establish(self.root)
+            yield
+        finally:
+            self.identity = None
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _acquire_lock(self) -> int:
+        path = self.root / LOCK_NAME
+        for _ in range(20):
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
+                os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
                     raise LockedError(self.root, "another mirrord process is using this mirror") from exc
                 raise
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            yield
-        finally:
+            if _same_inode(fd, path):
+                break
+            # Unlinked or replaced between our open and our flock: lock the file at the path now.
             os.close(fd)
+        else:
+            raise LockedError(path, "the lock file keeps being replaced; another process is fighting over it")
+        with contextlib.suppress(OSError):  # the pid is for people; the flock is the lock
+            pid_fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(pid_fd)
+        return fd
+
+    def lock_problem(self) -> str | None:
+        """None while the file at .mirrord.lock is the one we locked; else why the lock is lost."""
+        if self._lock_fd < 0:
+            return None
+        path = self.root / LOCK_NAME
+        try:
+            if _same_inode(self._lock_fd, path):
+                return None
+        except OSError as exc:
+            return f"{path}: cannot stat the lock file: {exc.strerror or exc}"
+        return f"{path} was removed or replaced: another mirrord may now work on this mirror"
+
+
+def _same_inode(fd: int, path: Path) -> bool:
+    try:
+        there = path.lstat()
+    except FileNotFoundError:
+        return False
+    ours = os.fstat(fd)
+    return (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino)

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mirrord.copier import CopyControl
 from mirrord.engine import Engine, backoff_delay
@@ -148,8 +149,12 @@ class WorkerPool:
         on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
         ionice: str = "none",
         clock: Callable[[], float] = time.monotonic,
+        rescans: bool = False,
     ) -> None:
+        """`rescans`: a periodic reconcile will plan a file that failed for good again (the daemon),
+        so `copy.failed` can say when it will be tried next."""
         self.engine = engine
+        self.rescans = rescans
         self.queue = queue
         self.on_done = on_done
         self.ionice = ionice
@@ -294,13 +299,23 @@ class WorkerPool:
             self.on_done(job, outcome)
             return
         cfg = self.engine.config.copy
-        retry = outcome.transient and entry.attempt < cfg.max_attempts and not self._stopping.is_set()
+        stopping = self._stopping.is_set()
+        retry = outcome.transient and entry.attempt < cfg.max_attempts and not stopping
+        delay = backoff_delay(entry.attempt, cfg.retry_backoff_seconds, cfg.retry_backoff_max_seconds)
+        # Say what will really happen: a retry after a backoff, the next rescan (which plans every file
+        # the mirror still lacks, whatever the error was), or nothing.
+        if retry:
+            when: dict[str, Any] = {"will_retry": True, "retry": "backoff", "retry_in_seconds": round(delay, 2)}
+        elif self.rescans and not stopping:
+            when = {"will_retry": True, "retry": "next_rescan",
+                    "retry_in_seconds": self.engine.config.watch.rescan_interval_seconds}
+        else:
+            when = {"will_retry": False, "retry": "never"}
         self.log.warning(
             "copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
-            cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, will_retry=retry,
+            cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when,
         )
         if retry:
-            delay = backoff_delay(entry.attempt, cfg.retry_backoff_seconds, cfg.retry_backoff_max_seconds)
             self.queue.release_for_retry(entry, delay)
             return
         if outcome.transient:
@@ -310,10 +325,17 @@ class WorkerPool:
 
 
 def copy_all(
-    engine: Engine, jobs: list[CopyJob], workers: int, poll_seconds: float = 0.25
+    engine: Engine,
+    jobs: list[CopyJob],
+    workers: int,
+    poll_seconds: float = 0.25,
+    still_ours: Callable[[], str | None] | None = None,
 ) -> dict[str, CopyResult | MirrordError]:
     """Copy `jobs` on a temporary pool (the daemon's retries, backoff and stall detection) and wait for
-    every outcome; the one-shot commands use this so that they behave exactly like the daemon."""
+    every outcome; the one-shot commands use this so that they behave exactly like the daemon.
+
+    `still_ours()` (the mirror lock check) is asked at every poll: once it names a problem, copies in
+    flight are cancelled and nothing more is started (their outcomes are missing)."""
     queue = JobQueue()
     wanted = {job.rel for job in jobs if queue.put(job)}
     if not wanted:
@@ -331,6 +353,10 @@ def copy_all(
     pool = WorkerPool(engine, queue, min(workers, len(wanted)), on_done, engine.config.io.ionice)
     try:
         while not all_done.wait(poll_seconds):
+            lost = still_ours() if still_ours is not None else None
+            if lost:
+                engine.log.error("mirror.lock_lost", cause=lost, action="stopping")
+                break
             pool.check_stalls(engine.config.copy.stall_seconds)
             pool.report_progress()
             if not any(t.is_alive() for t in pool.threads()):

@@ -255,6 +255,8 @@ def load_manifest(mirror: Path) -> tuple[dict[str, ManifestEntry], list[str]]:
         return Manifest.load(mirror).entries, []
     except ManifestError as exc:
         return {}, [f"manifest does not parse: {exc}"]
+    except OSError as exc:  # EIO from the filesystem under test (after a power cut)
+        return {}, [unreadable("the manifest", exc)]
 
 
 def _matches(path: Path, entry: ManifestEntry | None) -> bool:
@@ -515,13 +517,32 @@ class LoopFs:
             f.truncate(size_mb * 2**20)
         run_root("mkfs.ext4", "-q", "-F", *mkfs_args, str(image))
         self.device = run_root("losetup", "--find", "--show", str(image)).stdout.strip()
+        self.stale_devices: list[str] = []  # loop devices whose superblock another namespace kept alive
         mount_point.mkdir(parents=True, exist_ok=True)
         self.mounted = False
         self.mount()
 
     def mount(self) -> None:
+        if self._held_elsewhere():
+            # Unmounted here, yet the kernel keeps the filesystem: a mount namespace created meanwhile by
+            # another process (unshare, a container, a chroot build) holds a copy of the mount. Mounting the
+            # device again would get that same, shut-down superblock back (EIO on every access). A second
+            # loop device on the image gives a fresh mount that replays the journal, as a reboot would;
+            # the old superblock is shut down and writes nothing.
+            self.stale_devices.append(self.device)
+            self.device = run_root("losetup", "--find", "--show", str(self.image)).stdout.strip()
         run_root("mount", "-t", "ext4", self.device, str(self.mount_point))
         self.mounted = True
+
+    def _held_elsewhere(self) -> bool:
+        """Whether the kernel still has an ext4 superblock on our device (give teardown 5 s)."""
+        sysfs = Path("/sys/fs/ext4") / Path(self.device).name
+        deadline = time.monotonic() + 5
+        while sysfs.exists():
+            if time.monotonic() > deadline:
+                return True
+            time.sleep(0.05)
+        return False
 
     def umount(self) -> None:
         deadline = time.monotonic() + 30
@@ -537,7 +558,8 @@ class LoopFs:
     def close(self) -> None:
         if self.mounted:
             self.umount()
-        run_root("losetup", "--detach", self.device, check=False)
+        for device in [*self.stale_devices, self.device]:  # a busy one goes when its holder lets go
+            run_root("losetup", "--detach", device, check=False)
 
 
 def loop_devices_unavailable() -> str | None:

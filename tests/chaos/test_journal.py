@@ -9,6 +9,7 @@ next writer resumes on that state (cutting the torn tail off) and the next kill 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -74,17 +75,21 @@ def test_kill9_of_a_manifest_writer_loses_nothing_acknowledged(tmp_path: Path, r
     state: frozenset[str] = frozenset()
     next_change = 0
     for _ in range(SCALE.kill_rounds):
-        out = tmp_path / "acks"
-        with out.open("w") as f:
+        out, err = tmp_path / "acks", tmp_path / "stderr"
+        with out.open("w") as f, err.open("w") as e:
             writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(next_change)], stdout=f,
-                                      start_new_session=True)
+                                      stderr=e, start_new_session=True)
         try:
             wait_until(lambda out=out, w=writer: "open" in out.read_text() or w.poll() is not None, 60,
                        "the writer to open")
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
-            os.killpg(writer.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(writer.pid, signal.SIGKILL)
             writer.wait()
+        if writer.returncode != -signal.SIGKILL:
+            tally.check([f"the writer exited {writer.returncode} before it was killed: {err.read_text()[-2000:]}"])
+            break
         tally.rounds += 1
         tally.fault("SIGKILL")
         journals = [p for p in root.glob(".mirrord-manifest.journal.*") if p.suffix != ".part"]

@@ -137,8 +137,28 @@ def test_fish_completes_commands_and_values(tmp_path: Path) -> None:
     assert [ln.split("\t")[0] for ln in third] == ["--deep"]
 
 
-def test_zsh_script_parses_and_registers_with_compinit(tmp_path: Path) -> None:
-    """zsh parses the script, compinit registers it for mirrord, and as an $fpath file it is found by name."""
+# zsh completes only inside its line editor: a zpty drives an interactive `zsh -f -i` as a terminal would.
+# Each `zpty -r` waits for its pattern (the Python-side timeout is the deadline); \t is the Tab key.
+ZSH_DRIVER = r"""
+zmodload zsh/zpty
+zpty z zsh -f -i
+zpty -w z "PS1='> '; fpath=($PWD/functions \$fpath); autoload -U compinit; compinit -u -d $PWD/dump; \
+path=($MIRRORD_BIN \$path); echo READY"
+zpty -r z out '*READY*'
+zpty -w -n z $'mirrord sy\t'
+zpty -r z out '*mirrord sync*'
+print -r -- COMPLETED-COMMAND
+zpty -w -n z $'\C-u'
+zpty -w -n z $'mirrord check-config --format \t'
+zpty -r z out '*json*toml*'
+print -r -- LISTED-VALUES
+zpty -d z
+"""
+
+
+def test_zsh_completes_a_command_and_lists_values(tmp_path: Path) -> None:
+    """zsh parses the script; from $fpath, compinit loads it and Tab completes `sy` to `sync` and lists
+    the values of --format."""
     assert shutil.which("zsh"), "zsh not installed (Debian package zsh; .ci/run installs it)"
     functions = tmp_path / "functions"
     functions.mkdir()
@@ -146,11 +166,12 @@ def test_zsh_script_parses_and_registers_with_compinit(tmp_path: Path) -> None:
     syntax = subprocess.run(["zsh", "-n", str(functions / "_mirrord")], capture_output=True, text=True,
                             timeout=60, check=False)
     assert syntax.returncode == 0, syntax.stderr
-    probe = ("fpath=($PWD/functions $fpath); autoload -U compinit; compinit -u -d $PWD/zcompdump; "
-             "print -r -- ${_comps[mirrord]}")
-    result = subprocess.run(["zsh", "-f", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                            timeout=60, check=False, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert (result.returncode, result.stdout.strip()) == (0, "_mirrord"), result.stderr
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "TERM": "xterm",
+           "MIRRORD_BIN": str(Path(mirrord_argv()[0]).parent)}
+    result = subprocess.run(["zsh", "-f", "-c", ZSH_DRIVER], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=60, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["COMPLETED-COMMAND", "LISTED-VALUES"]
 
 
 def test_man_page_renders_without_warnings_and_documents_every_command(tmp_path: Path) -> None:

@@ -77,9 +77,9 @@ class ManifestEntry:
 
     def unchanged(self, state: FileState) -> bool:
         """The mirror file is, by stat, exactly the one recorded (needs the identity recorded)."""
-        return bool(self.mirror_ino) and self.mirror_mtime_ns is not None and (
-            state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
-            self.mirror_ino, self.size, self.mirror_mtime_ns, self.mirror_ctime_ns)
+        stored = self.source_mtime_ns if self.mirror_mtime_ns is None else self.mirror_mtime_ns
+        return bool(self.mirror_ino) and (state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
+            self.mirror_ino, self.size, stored, self.mirror_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,10 +49,9 @@ def test_json_layout_is_the_documented_schema() -> None:
                 "step": 10,
                 "mirrored_at": 1_700_000_100.5,
                 # issue 14: the validator's verdict (null: recorded before validation existed) and the
-                # published copy's inode, mtime and ctime (0: unknown), so `latest` need not re-hash it
+                # published copy's inode and ctime (0: unknown), so `latest` need not re-hash it
                 "validation": None,
                 "mirror_ino": 0,
-                "mirror_mtime_ns": 0,
                 "mirror_ctime_ns": 0,
             }
         },

@@ -158,12 +158,14 @@ def all_steps(h: History) -> dict[str, set[int]]:
 
 def order(h: History) -> dict[str, list[int]]:
     """Per run, steps oldest first: by branch (mirrord.branches, from the primary's mtime, else the
-    mirror's), then step. Without a rollback this is plain step order."""
+    mirror's; an mtime beyond the skew allowance counts as unknown), then step. Without a rollback
+    this is plain step order."""
     prim, mirr = by_run_step(h.primary), by_run_step(h.mirror)
     out = {}
     for run, steps in all_steps(h).items():
         mtimes = {s: max(f.mtime_ns for f in prim[run][s] or mirr[run][s]) for s in steps}
-        out[run] = sorted(steps, key=branches(mtimes).key)
+        lie = (NOW + h.policy.future_skew_seconds) * NS  # a lying clock says nothing about order
+        out[run] = sorted(steps, key=branches({s: 0 if m > lie else m for s, m in mtimes.items()}).key)
     return out
 
 

@@ -233,8 +233,9 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
     abandoned branch goes only once the new one is verified, and latest returns the new step 8."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=2, primary=prune_primary)).start()
-    for step in (2, 4, 6, 8, 10, 12):
-        save_checkpoint(ckpt(primary, step), step, megabytes=0.5)
+    for step in (2, 4, 6, 8, 10, 12):  # each mirrored before the next (a step below the window when
+        save_checkpoint(ckpt(primary, step), step, megabytes=0.5)  # first seen is never copied)
+        wait_for(lambda step=step: step in steps_on(mirror), 60, f"step {step} mirrored")
     wait_for(lambda: steps_on(mirror) == [10, 12], 60, "steps 10 and 12 mirrored, older ones pruned")
     if prune_primary:
         wait_for(lambda: steps_on(primary) == [10, 12], 60, "the primary pruned to 10 and 12")

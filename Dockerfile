@@ -1,8 +1,16 @@
-# syntax=docker/dockerfile:1
 # mirrord as a sidecar: mirrors committed checkpoints from /primary to /mirror.
 #
+#   pip wheel --wheel-dir wheels .        # on the host, with Python 3.11 (the image's minor version)
 #   docker build -t mirrord .
 #   docker run -v ckpt:/primary:ro -v /mnt/mirror:/mirror -p 9108:9108 --stop-timeout 45 mirrord
+#
+# The image installs only the wheels built on the host (`--no-index`: the registry is never asked),
+# so it holds exactly the versions you built and tested, and the build needs no network at all.
+# No `# syntax=` line on purpose: it makes BuildKit pull a frontend image from Docker Hub at build
+# time (fails offline and in air-gapped clusters); the built-in frontend already supports the one
+# feature used here, RUN --mount.
+# Base image: python:3.11-slim by default; `--build-arg PYTHON_IMAGE=...` names another one with
+# python and pip of the same minor version (the tests pass a Debian-built stand-in this way).
 #
 # Configuration: MIRRORD_* environment variables (MIRRORD_<KEY>, MIRRORD_<SECTION>__<KEY>)
 # override the file named by MIRRORD_CONFIG, /etc/mirrord/mirrord.toml; mount your own file
@@ -12,23 +20,15 @@
 # Stopping: mirrord lets in-flight copies finish for up to shutdown_grace_seconds (30 s); give
 # the container more than that (`--stop-timeout 45`, compose `stop_grace_period: 45s`).
 
-# --- builder: turn the source into wheels (mirrord and its dependencies) ------------------
-FROM python:3.11-slim AS builder
-WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
-COPY mirrord ./mirrord
-# mirrord/data/ links to the example config, the unit and the alert rules: the wheel ships them.
-COPY config ./config
-COPY systemd ./systemd
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
-
-# --- final: the wheels installed, nothing else (no compiler, no source, no torch) ----------
-FROM python:3.11-slim
+ARG PYTHON_IMAGE=python:3.11-slim
+# The wheels installed, nothing else (no compiler, no source, no torch).
+FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# --no-index: only the wheels built above can be installed, so nothing unpinned sneaks in.
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+# --no-index: only the host's wheels can be installed, so nothing unpinned sneaks in. A bind
+# mount, not COPY: the wheels never become a layer of the image.
+RUN --mount=type=bind,source=wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl
 # A fixed numeric uid/gid so that volume permissions and `runAsNonRoot` checks are predictable.
 # /mirror is owned by mirrord so a fresh named volume starts out writable; the placeholder

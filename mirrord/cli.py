@@ -545,6 +545,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logsetup.get_logger().error("command.failed", command=args.command, reason=exc.reason,
                                     path=exc.path, cause=exc.cause)
         print(f"mirrord: {exc}", file=sys.stderr)
+        if getattr(args, "json", False) and args.command != "status":
+            from mirrord.report import dumps, error_document
+
+            print(dumps(error_document(args.command, exc)))  # --json promised a document: say why there is none
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

@@ -33,7 +33,7 @@ from mirrord.observe import Observations
 from mirrord.plan import SettleTracker, plan_copies, why_copy
 from mirrord.retention import describe_policy, mirror_unmounted
 from mirrord.signals import SignalFlags
-from mirrord.systemd import Notifier
+from mirrord.systemd import Notifier, ping_interval
 from mirrord.volume import LocalMirror, LocalVolume
 from mirrord.watcher import Hint, Watcher, choose_mode, filesystem_type
 from mirrord.workers import JobQueue, WorkerPool
@@ -132,6 +132,7 @@ class Daemon:
         self._ready = False
         self._health: tuple[bool, str] = (False, "starting")
         self._last_heartbeat = 0.0
+        self._ping_every = config.daemon.heartbeat_seconds  # WATCHDOG=1 period; see _ping_interval
         self._next_heartbeat = 0.0
         self._rescan_asked = False  # by a hint drained during a prune pass: done when the pass ends
         self._copied = self._failed = 0
@@ -309,8 +310,19 @@ class Daemon:
         self.log.info("metrics.listening", address=f"{m.host}:{self.endpoints.port}",
                       endpoints=["/metrics", "/healthz", "/readyz", "/status"])
 
+    def _ping_interval(self, cfg: Config) -> float:
+        """The heartbeat period systemd's watchdog can live with; warns when the config asks for slower."""
+        heartbeat, watchdog = cfg.daemon.heartbeat_seconds, self.notifier.watchdog_seconds
+        every = ping_interval(heartbeat, watchdog)
+        if every < heartbeat:
+            self.log.warning("daemon.heartbeat_slower_than_watchdog", heartbeat_seconds=heartbeat,
+                             watchdog_seconds=watchdog, ping_every_seconds=every,
+                             hint="lower daemon.heartbeat_seconds below half of the unit's WatchdogSec")
+        return every
+
     def _loop(self) -> None:
         cfg = self.config
+        self._ping_every = self._ping_interval(cfg)
         self._reconcile()
         self._ready = True
         self.notifier.ready(self._status())
@@ -578,7 +590,7 @@ class Daemon:
         problems += self._check_watcher()
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last_heartbeat = time.monotonic()
-        self._next_heartbeat = self._last_heartbeat + cfg.daemon.heartbeat_seconds
+        self._next_heartbeat = self._last_heartbeat + self._ping_every
         self._report_invalid()
         self._update_gauges()
         status = self._status()
@@ -701,6 +713,7 @@ class Daemon:
             self.notifier.status(self._status())
             return
         self.config = new
+        self._ping_every = self._ping_interval(new)
         self.engine.reconfigure(new)
         self.pool.resize(new.copy.workers)
         self.settle.settle_seconds = new.copy.settle_seconds

@@ -50,11 +50,15 @@ class VolumeIdentity:
     @classmethod
     def establish(cls, root: Path) -> VolumeIdentity:
         """Pin ROOT as it is now; write the marker (a fresh volume id) if the mirror has none yet."""
-        st = Path(root).stat()
-        volume_id = read_marker(root)
-        if not volume_id:
-            volume_id = uuid.uuid4().hex
-            atomic.write_bytes_atomic(root / MARKER_NAME, f"{_MARKER_PREFIX}{volume_id}\n".encode())
+        marker = Path(root) / MARKER_NAME
+        try:
+            st = Path(root).stat()
+            volume_id = read_marker(root)
+            if not volume_id:
+                volume_id = uuid.uuid4().hex
+                atomic.write_bytes_atomic(marker, f"{_MARKER_PREFIX}{volume_id}\n".encode())
+        except OSError as exc:
+            raise PermanentError(marker, f"cannot read or write the volume marker: {exc.strerror or exc}") from exc
         return cls(Path(root), st.st_dev, st.st_ino, volume_id)
 
     def problem(self) -> str | None:

@@ -2,7 +2,8 @@
 
 Every document carries `command`, `version` and `ok` (true exactly when the command exits 0); the
 other fields are the command's own (README, "JSON output"). Paths on a volume are POSIX paths relative
-to its root, as in the manifest; roots are absolute. Nothing is printed on stdout for exit status 2.
+to its root, as in the manifest; roots are absolute. Nothing is printed on stdout for exit status 2;
+a command stopped by an error before it had a result prints `error_document` instead.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrord import __version__
+from mirrord.errors import MirrordError
 from mirrord.prune import PruneReport
 from mirrord.sync import SyncReport
 from mirrord.verify import Finding
@@ -24,6 +26,12 @@ def dumps(document: dict[str, Any]) -> str:
 
 def _head(command: str, ok: bool) -> dict[str, Any]:
     return {"command": command, "version": __version__, "ok": ok}
+
+
+def error_document(command: str, exc: MirrordError) -> dict[str, Any]:
+    """The command stopped before it had a result (an unreadable manifest, a mirror locked by another
+    mirrord): exit status 1, and this instead of the command's own fields."""
+    return {**_head(command, False), "error": {"reason": exc.reason, "path": str(exc.path), "cause": exc.cause}}
 
 
 def verify_document(mirror: Path, checked: int, intact: int, findings: Iterable[Finding],

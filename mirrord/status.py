@@ -82,6 +82,8 @@ class DaemonStatus:
     copies: dict[str, float] = field(default_factory=dict)
     last_copy_at: float | None = None
     copying: list[dict[str, Any]] = field(default_factory=list)  # copies under way, from /status
+    copy_loops: float | None = None  # files the daemon stopped re-copying (copies never stick)
+    manifest_repairs: float | None = None  # on-disk manifest found damaged and rewritten
 
 
 @dataclass
@@ -104,6 +106,7 @@ class Status:
         data = asdict(self)
         data["ok"] = self.ok
         data["version"] = __version__
+        data["command"] = "status"  # as every --json document says which command wrote it
         return data
 
 
@@ -154,6 +157,8 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
     status.in_flight = samples.get(("mirrord_copies_in_flight", ()))
     status.lag_seconds = samples.get(("mirrord_mirror_lag_seconds", ()))
     status.invalid_sources = samples.get(("mirrord_invalid_sources", ()))
+    status.copy_loops = samples.get(("mirrord_copy_loop_files", ()))
+    status.manifest_repairs = samples.get(("mirrord_manifest_repairs_total", ()))
     last = samples.get(("mirrord_last_mirrored_timestamp_seconds", ()))
     status.last_copy_at = last or None
     code, body = fetch(base + "/healthz", timeout)
@@ -385,6 +390,12 @@ def collect(
             problems.append(f"daemon: unhealthy: {daemon.health}")
         if not daemon.ready:
             problems.append(f"daemon: not ready: {daemon.readiness}")
+        if daemon.copy_loops:
+            problems.append(f"daemon: {daemon.copy_loops:.0f} file(s) copied again and again with the same result, "
+                            "no longer copied (the mirror does not keep what is written; see copy.loop in its log)")
+        if daemon.manifest_repairs:
+            notes.append(f"daemon: the on-disk manifest was found damaged and rewritten "
+                         f"{daemon.manifest_repairs:.0f} time(s) (see manifest.repaired in its log)")
         failed = {r: n for r, n in daemon.copies.items() if r != "ok" and n}
         if failed:
             detail = ", ".join(f"{r} {n:.0f}" for r, n in sorted(failed.items()))

@@ -8,8 +8,16 @@ import socket
 from collections.abc import Mapping
 
 
+def ping_interval(heartbeat_seconds: float, watchdog_seconds: float | None) -> float:
+    """Seconds between WATCHDOG=1 pings: the configured heartbeat, but never slower than half of
+    WatchdogSec (sd_watchdog_enabled(3)), so one late ping cannot get a healthy daemon killed."""
+    if watchdog_seconds is None:
+        return heartbeat_seconds
+    return min(heartbeat_seconds, watchdog_seconds / 2)
+
+
 class Notifier:
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None, pid: int | None = None) -> None:
         environ = os.environ if environ is None else environ
         address = environ.get("NOTIFY_SOCKET", "")
         if address.startswith("@"):
@@ -18,6 +26,10 @@ class Notifier:
         self._sock: socket.socket | None = None
         usec = environ.get("WATCHDOG_USEC", "")
         self.watchdog_seconds = int(usec) / 1e6 if usec.isdigit() and int(usec) > 0 else None
+        # WATCHDOG_PID names the process systemd watches; a child that inherited the variables is not it.
+        watched = environ.get("WATCHDOG_PID", "")
+        if watched and watched != str(os.getpid() if pid is None else pid):
+            self.watchdog_seconds = None
 
     @property
     def enabled(self) -> bool:

@@ -47,6 +47,34 @@ def _session_processes(marker: str) -> dict[int, str]:
     return found
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A private base temp dir per session (unless --basetemp is given). Under the shared
+    /tmp/pytest-of-USER, a concurrent session's cleanup renames and deletes the numbered dirs it deems
+    old, a running test's loop mount included (EBUSY, and a warning that fails this suite)."""
+    if config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="mirrord-tests-")
+        config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)
+
+
+_OWN_BASETEMP = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A session that passed leaves nothing in /tmp; a failed one keeps its files to look at."""
+    own = session.config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and exitstatus == 0 and not _mounts_below(own):
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def _mounts_below(root: Path) -> list[str]:
+    """Mount points inside root, from the kernel's table: walking the tree and stat'ing each directory
+    fails on the deeper-than-PATH_MAX tree a prune test builds on purpose (ENAMETOOLONG)."""
+    prefix = f"{root}/"
+    with Path("/proc/self/mounts").open() as mounts:
+        return [point for point in (line.split()[1] for line in mounts) if point.startswith(prefix)]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftover_processes() -> Iterator[None]:
     """Fail the session if a process started by the tests outlives them (then kill it): a test must

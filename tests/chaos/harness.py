@@ -522,13 +522,16 @@ class LoopFs:
         self.mounted = False
         self.mount()
 
-    def mount(self) -> None:
-        if self._held_elsewhere():
+    def mount(self, after_shutdown: bool = False) -> None:
+        """Mount the image. `after_shutdown`: the filesystem was shut down (a simulated power cut) and
+        this mount stands for the reboot; then it must be a fresh one, never the dead superblock."""
+        if after_shutdown and self._held_elsewhere():
             # Unmounted here, yet the kernel keeps the filesystem: a mount namespace created meanwhile by
             # another process (unshare, a container, a chroot build) holds a copy of the mount. Mounting the
             # device again would get that same, shut-down superblock back (EIO on every access). A second
             # loop device on the image gives a fresh mount that replays the journal, as a reboot would;
-            # the old superblock is shut down and writes nothing.
+            # the old superblock is shut down and writes nothing. (Only then: a live superblock, as after
+            # `umount -l` under a running daemon, must be shared, never mounted twice.)
             self.stale_devices.append(self.device)
             self.device = run_root("losetup", "--find", "--show", str(self.image)).stdout.strip()
         run_root("mount", "-t", "ext4", self.device, str(self.mount_point))

@@ -353,8 +353,9 @@ def test_real_full_filesystem(small_tmpfs: Path, tmp_path: Path, zygote: Zygote,
     filler = _fill(small_tmpfs, 0)
     filler.unlink()
     page = os.statvfs(small_tmpfs).f_frsize
-    # The data, the lock file and the empty snapshot a fresh mirror gets; not the journal of the record.
-    filler = _fill(small_tmpfs, (-(-len(big[0]) // page) + 2) * page)
+    # The data, the lock file, the volume marker and the empty snapshot a fresh mirror gets; not the
+    # journal of the record.
+    filler = _fill(small_tmpfs, (-(-len(big[0]) // page) + 3) * page)
     world.primary.joinpath("run/step_0002.pt").rename(tmp_path / "aside.pt")
     code, log_events = sync("manifest-does-not-fit")
     after("the manifest does not fit", code, log_events)

@@ -87,7 +87,7 @@ def test_remount_after_a_cut_is_fresh_even_if_another_namespace_holds_the_mount(
                    "the namespace holder")
         power_cut(ext4.mount_point)
         ext4.umount()
-        ext4.mount()
+        ext4.mount(after_shutdown=True)
         assert (ext4.mount_point / "before.bin").read_bytes() == b"x" * 4096
         (ext4.mount_point / "after.bin").write_bytes(b"y")
         assert ext4.stale_devices, "the superblock outlived the unmount: the harness must notice"
@@ -177,7 +177,7 @@ def run_power_cuts(
             duration = datetime.fromisoformat(finished[0]["timestamp"]).timestamp() - spawned
         tally.fault("power cut after the sync finished" if status == 0 else "power cut during the sync")
         fs.umount()
-        fs.mount()  # replays the journal: this is the state a rebooted machine would see
+        fs.mount(after_shutdown=True)  # replays the journal: this is the state a rebooted machine would see
         try:
             revealing += bool(canary_bytes) and canary.read_bytes() != canary_bytes
         except OSError:  # gone, or unreadable: lost all the same

@@ -314,6 +314,10 @@ def test_timestamps_the_mirror_cannot_store_are_not_recopied(
             tally.check([f"re-copied {recopies} times in a loop"])
         if daemon.metric("mirrord_copy_loop_files") != 1:
             tally.check(["mirrord_copy_loop_files does not report the looping file"])
+        status = subprocess.run([*_mirrord(), "status", "--config", str(daemon.config_path)], capture_output=True,
+                                text=True, timeout=60, check=False)
+        if status.returncode != 1 or "copied again and again" not in status.stdout:
+            tally.check([f"mirrord status exited {status.returncode} without the looping file as a problem"])
     finally:
         code = daemon.stop()
     tally.check([] if code == 0 else [f"daemon exited {code}"])

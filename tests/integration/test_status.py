@@ -56,6 +56,7 @@ def test_per_run_steps_lag_and_free_space_without_a_daemon(primary, mirror, chec
 
     code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
     assert only_the_daemon_is_missing(code, report), report["problems"]
+    assert report["command"] == "status"
     a, b = run_of(report, "runA"), run_of(report, "runB")
     assert (a["primary_step"], a["mirror_step"], a["verified"], a["pending_files"]) == (3, 2, True, 1)
     assert a["lag_seconds"] > 0 and report["lag_seconds"] == a["lag_seconds"]

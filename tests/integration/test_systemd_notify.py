@@ -63,6 +63,30 @@ def test_ready_watchdog_and_stopping(tmp_path, daemon_factory, fake_systemd):
     wait_for(lambda: fake_systemd.seen("STOPPING"), 90, "STOPPING=1")
 
 
+def test_pings_twice_per_watchdog_period_when_the_heartbeat_is_slower(tmp_path, daemon_factory, fake_systemd):
+    """heartbeat_seconds = 5 under WatchdogSec=1 would get a healthy daemon killed: it pings every 0.5 s
+    instead, and says at start-up that its configured heartbeat is too slow for the unit."""
+    d = daemon_factory({"daemon": {"heartbeat_seconds": 5.0}},
+                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "1000000"}).start()
+    warning = d.wait_event("daemon.heartbeat_slower_than_watchdog", timeout=10)
+    assert (warning["heartbeat_seconds"], warning["watchdog_seconds"], warning["ping_every_seconds"]) == (5.0, 1.0, 0.5)
+    wait_for(lambda: len(fake_systemd.seen("WATCHDOG")) >= 8, 20, "eight WATCHDOG=1 pings")
+    gaps = [b - a for a, b in itertools.pairwise(fake_systemd.seen("WATCHDOG"))]
+    # Far below the configured 5 s: the watchdog's rate wins over the configured one.
+    assert max(gaps) < 2.5, gaps
+    assert d.stop(signal.SIGTERM) == 0
+
+
+def test_no_warning_when_the_heartbeat_fits_the_watchdog(tmp_path, daemon_factory, fake_systemd):
+    """The shipped pair (heartbeat 5 s, WatchdogSec=30) is fine as it is: no warning."""
+    d = daemon_factory({"daemon": {"heartbeat_seconds": 5.0}},
+                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "30000000"}).start()
+    wait_for(lambda: fake_systemd.seen("READY"), 10, "READY=1")
+    assert d.stop(signal.SIGTERM) == 0
+    assert d.events("daemon.ready")
+    assert not d.events("daemon.heartbeat_slower_than_watchdog")
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_watchdog_stops_while_a_worker_is_wedged(tmp_path, daemon_factory, fake_systemd):
     """strace delays every copy thread's 3rd read by 10 min: the copy stalls, the worker is wedged in

@@ -1,0 +1,261 @@
+"""systemd/mirrord.service, unchanged, under a real systemd (PID 1 of a systemd-nspawn container).
+
+mirrord is installed the way the README's systemd section says (a venv in /opt/mirrord linked to
+/usr/local/bin, a system user, the unit and the shipped config/mirrord.toml copied into place),
+from the same wheels as the image. The unit's own paths, /data/checkpoints and
+/mnt/mirror/checkpoints, are bind-mounted test folders. Each test starts the service afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.deploy.conftest import FIGURES, require
+from tests.deploy.debian import REPO, DebianRoots
+from tests.deploy.nspawn import Machine
+from tests.helpers import save_checkpoint
+
+pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
+
+UNIT = REPO / "systemd" / "mirrord.service"
+PRIMARY, MIRROR = "/data/checkpoints", "/mnt/mirror/checkpoints"
+SOURCES, WHEELS = "/run/mirrord-src", "/run/mirrord-wheels"
+# The README's install: copy the shipped config, then set the mirror in it (a required key the
+# shipped file leaves commented out; its primary already is the unit's /data/checkpoints).
+INSTALL_CONFIG = f"""
+install -D -m 0640 -o root -g mirrord {SOURCES}/config/mirrord.toml /etc/mirrord/mirrord.toml
+sed -i 's|^# mirror = "{MIRROR}"$|mirror = "{MIRROR}"|' /etc/mirrord/mirrord.toml
+grep -qx 'mirror = "{MIRROR}"' /etc/mirrord/mirrord.toml
+grep -qx 'primary = "{PRIMARY}"' /etc/mirrord/mirrord.toml
+"""
+INSTALL = f"""
+useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord
+python3 -m venv /opt/mirrord
+/opt/mirrord/bin/pip install --quiet --no-index --find-links {WHEELS} {WHEELS}/mirrord-*.whl
+ln -s /opt/mirrord/bin/mirrord /usr/local/bin/mirrord
+install -D -m 0644 {SOURCES}/systemd/mirrord.service /etc/systemd/system/mirrord.service
+{INSTALL_CONFIG}
+chown mirrord:mirrord {MIRROR}
+systemctl daemon-reload
+systemctl enable mirrord
+"""
+
+
+def _unit_value(key: str) -> str:
+    values = [line.partition("=")[2] for line in UNIT.read_text().splitlines() if line.startswith(f"{key}=")]
+    assert len(values) == 1, key
+    return values[0]
+
+
+WATCHDOG_SECONDS = int(_unit_value("WatchdogSec"))
+RESTART_SECONDS = int(_unit_value("RestartSec"))
+
+
+class Booted:
+    def __init__(self, machine: Machine, primary: Path, mirror: Path) -> None:
+        self.machine, self.primary, self.mirror = machine, primary, mirror
+
+
+@pytest.fixture(scope="module")
+def booted(debian_roots: DebianRoots, wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
+    """A booted machine with mirrord installed; powered off (or killed) at the end, even on failure."""
+    require("systemd-nspawn", "nsenter", "mmdebstrap")
+    root = debian_roots.systemd()
+    work = tmp_path_factory.mktemp("unit")
+    primary, mirror = work / "primary", work / "mirror"
+    primary.mkdir(mode=0o755)
+    mirror.mkdir(mode=0o755)
+    machine = Machine(
+        root,
+        binds={PRIMARY: primary, MIRROR: mirror},
+        read_only={WHEELS: wheels, f"{SOURCES}/systemd": REPO / "systemd", f"{SOURCES}/config": REPO / "config"},
+        console_log=work / "console.log",
+    )
+    try:
+        machine.wait_booted()
+        FIGURES["systemd-nspawn boot to running"] = f"{machine.boot_seconds:.1f} s"
+        started = time.monotonic()
+        machine.sh(INSTALL, timeout=300)
+        FIGURES["install in the booted machine (venv, wheels, unit)"] = f"{time.monotonic() - started:.1f} s"
+        yield Booted(machine, primary, mirror)
+    finally:
+        machine.close()
+
+
+class Service:
+    """mirrord.service seen through systemctl and the journal, since `since_us` (wall clock, microseconds)."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.since_us = time.time_ns() // 1000
+
+    def show(self, *props: str) -> dict[str, str]:
+        out = self.machine.run("systemctl", "show", "mirrord", *[f"--property={p}" for p in props]).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def prop(self, name: str) -> str:
+        return self.show(name)[name]
+
+    def journal(self) -> list[dict[str, Any]]:
+        out = self.machine.run("journalctl", "--unit=mirrord", "--output=json", "--no-pager").stdout
+        entries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        return [e for e in entries if int(e["__REALTIME_TIMESTAMP"]) >= self.since_us]
+
+    def messages(self) -> list[str]:
+        return [m for m in (e.get("MESSAGE") for e in self.journal()) if isinstance(m, str)]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found = []
+        for message in self.messages():
+            if message.startswith("{"):
+                event = json.loads(message)
+                if event.get("event") == name:
+                    found.append(event)
+        return found
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                state = self.show("ActiveState", "SubState")
+                log = "\n".join(self.messages()[-40:])
+                raise AssertionError(f"{what} not within {timeout:.0f} s; {state}:\n{log}")
+            time.sleep(0.5)
+
+    def main_pid(self) -> int:
+        return int(self.prop("MainPID"))
+
+    def threads(self, pid: int) -> int:
+        return len(self.machine.run("ls", f"/proc/{pid}/task").stdout.split())
+
+
+@pytest.fixture
+def service(booted: Booted) -> Service:
+    """mirrord.service freshly started with the shipped configuration (`systemctl start` returns once
+    READY=1 arrived, Type=notify), and an empty mirror."""
+    machine = booted.machine
+    machine.run("systemctl", "stop", "mirrord")
+    machine.run("systemctl", "reset-failed", "mirrord", check=False)
+    machine.sh(INSTALL_CONFIG)
+    machine.sh(f"find {MIRROR} {PRIMARY} -mindepth 1 -delete")
+    svc = Service(machine)
+    started = time.monotonic()
+    result = machine.run("systemctl", "start", "mirrord", timeout=300, check=False)
+    assert result.returncode == 0, f"systemctl start failed: {result.stderr}\n" + "\n".join(svc.messages()[-30:])
+    FIGURES.setdefault("systemctl start (until READY=1)", f"{time.monotonic() - started:.1f} s")
+    return svc
+
+
+def test_the_installed_unit_is_the_repositorys_and_start_reaches_active_via_ready(
+    booted: Booted, service: Service
+) -> None:
+    """Type=notify: `systemctl start` returned, so READY=1 came; the STATUS= line reached systemd; the
+    daemon logged its first reconcile; the unit file in place is byte for byte the repository's."""
+    assert booted.machine.run("cat", "/etc/systemd/system/mirrord.service").stdout == UNIT.read_text()
+    props = service.show("ActiveState", "SubState", "Type", "StatusText", "NRestarts", "WatchdogUSec", "User")
+    assert (props["ActiveState"], props["SubState"], props["Type"]) == ("active", "running", "notify"), props
+    assert "copied" in props["StatusText"], props
+    assert props["NRestarts"] == "0"
+    assert props["WatchdogUSec"] == f"{WATCHDOG_SECONDS}s"
+    assert props["User"] == "mirrord"
+    ready = service.wait(lambda: service.events("daemon.ready"), 30, "daemon.ready in the journal")
+    assert len(ready) == 1
+    assert not service.events("daemon.heartbeat_slower_than_watchdog")  # 5 s heartbeat, WatchdogSec=30
+
+
+def test_it_mirrors_under_the_units_hardening(booted: Booted, service: Service) -> None:
+    """A committed checkpoint is mirrored byte-identical, group-readable only (UMask=0027), while
+    the daemon has no capabilities, no new privileges, a seccomp filter and its own user namespace;
+    /healthz answers on the loopback (IPAddressAllow=localhost)."""
+    pid = service.main_pid()
+    status = dict(line.split(":", 1) for line in booted.machine.run("cat", f"/proc/{pid}/status").stdout.splitlines())
+    assert status["CapEff"].strip() == "0000000000000000"
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Seccomp"].strip() == "2"
+    uid_map = booted.machine.run("cat", f"/proc/{pid}/uid_map").stdout.splitlines()
+    assert len(uid_map) == 2, uid_map  # PrivateUsers=yes: root and mirrord only
+
+    staged = save_checkpoint(booted.primary / "run1" / ".step_0003.pt.tmp", 3, width=256, depth=3)
+    final = staged.with_name("step_0003.pt")
+    staged.rename(final)
+    service.wait(lambda: service.events("copy.committed"), 60, "copy.committed")
+    copy = booted.mirror / "run1" / "step_0003.pt"
+    assert copy.read_bytes() == final.read_bytes()
+    assert copy.stat().st_mode & 0o777 == 0o640
+    mirrord_uid = int(booted.machine.run("id", "-u", "mirrord").stdout)
+    assert copy.stat().st_uid == mirrord_uid
+
+    probe = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9108/healthz', timeout=5).read().decode())"
+    assert booted.machine.run("python3", "-c", probe).stdout.strip() == "ok"
+
+
+def test_a_healthy_daemon_survives_past_watchdog_sec(service: Service) -> None:
+    """Pings keep coming (systemd's WatchdogTimestamp moves), for 1.5 x WatchdogSec: same PID, no restart."""
+    pid = service.main_pid()
+    pings: set[str] = set()
+    deadline = time.monotonic() + 1.5 * WATCHDOG_SECONDS
+    while time.monotonic() < deadline:
+        props = service.show("ActiveState", "MainPID", "NRestarts", "WatchdogTimestampMonotonic")
+        assert (props["ActiveState"], props["MainPID"], props["NRestarts"]) == ("active", str(pid), "0"), props
+        pings.add(props["WatchdogTimestampMonotonic"])
+        time.sleep(1)
+    assert len(pings) >= 3, f"systemd saw only {len(pings)} distinct WATCHDOG=1 times"
+    assert not [m for m in service.messages() if "Watchdog timeout" in m]
+
+
+def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(booted: Booted, service: Service) -> None:
+    """SIGSTOP freezes the daemon: the pings stop, systemd kills it after WatchdogSec and Restart=
+    brings up a new one, which becomes ready again."""
+    pid = service.main_pid()
+    booted.machine.run("kill", "-STOP", str(pid))
+    stopped = time.monotonic()
+
+    def restarted() -> bool:
+        props = service.show("ActiveState", "SubState", "MainPID", "NRestarts")
+        new_pid = props["MainPID"] not in ("0", str(pid))
+        return props["NRestarts"] == "1" and props["ActiveState"] == "active" and new_pid
+
+    service.wait(restarted, WATCHDOG_SECONDS + RESTART_SECONDS + 90, "a restart after the watchdog fired")
+    FIGURES["SIGSTOP -> watchdog kill -> restarted and ready"] = (
+        f"{time.monotonic() - stopped:.0f} s (WatchdogSec={WATCHDOG_SECONDS}, RestartSec={RESTART_SECONDS})"
+    )
+    assert [m for m in service.messages() if "Watchdog timeout" in m], service.messages()[-20:]
+    assert booted.machine.run("kill", "-0", str(pid), check=False).returncode != 0, "the frozen daemon is still there"
+    service.wait(lambda: len(service.events("daemon.ready")) == 2, 30, "the new daemon's daemon.ready")
+
+
+def test_reload_applies_a_new_worker_count_in_the_same_process(booted: Booted, service: Service) -> None:
+    """`systemctl reload` (SIGHUP) re-reads the config: two more copy workers, two more threads, same PID."""
+    pid = service.main_pid()
+    threads = service.threads(pid)
+    booted.machine.sh("sed -i 's/^workers = 2$/workers = 4/' /etc/mirrord/mirrord.toml")
+    assert "workers = 4" in booted.machine.run("cat", "/etc/mirrord/mirrord.toml").stdout
+    booted.machine.run("systemctl", "reload", "mirrord")
+    reloaded = service.wait(lambda: service.events("config.reloaded"), 30, "config.reloaded")
+    assert reloaded[-1]["workers"] == 4
+    service.wait(lambda: service.threads(pid) == threads + 2, 30, f"{threads + 2} threads")
+    props = service.show("ActiveState", "SubState", "MainPID", "NRestarts")
+    assert props == {"ActiveState": "active", "SubState": "running", "MainPID": str(pid), "NRestarts": "0"}
+
+
+def test_stop_is_clean(booted: Booted, service: Service) -> None:
+    """`systemctl stop`: SIGTERM, STOPPING=1, exit 0; systemd records success, not a kill or failure."""
+    pid = service.main_pid()
+    started = time.monotonic()
+    booted.machine.run("systemctl", "stop", "mirrord", timeout=120)
+    FIGURES["systemctl stop"] = f"{time.monotonic() - started:.1f} s"
+    props = service.show("ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "MainPID")
+    # ExecMainCode 1 is CLD_EXITED: the daemon exited by itself, it was not killed by a signal.
+    assert props == {"ActiveState": "inactive", "SubState": "dead", "Result": "success", "ExecMainCode": "1",
+                     "ExecMainStatus": "0", "MainPID": "0"}, props
+    assert service.events("daemon.stopped")
+    assert booted.machine.run("kill", "-0", str(pid), check=False).returncode != 0

@@ -102,6 +102,7 @@ class Status:
         data = asdict(self)
         data["ok"] = self.ok
         data["version"] = __version__
+        data["command"] = "status"  # as every --json document says which command wrote it
         return data
 
 

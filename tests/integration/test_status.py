@@ -50,7 +50,7 @@ def test_per_run_steps_lag_and_free_space_without_a_daemon(primary, mirror, chec
     checkpoint(primary / "runA" / "step_0003.pt", 3, mtime_ns=time.time_ns() - 60 * 10**9)
 
     code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
-    assert code == 0 and report["ok"] and report["problems"] == []
+    assert code == 0 and report["ok"] and report["problems"] == [] and report["command"] == "status"
     a, b = run_of(report, "runA"), run_of(report, "runB")
     assert (a["primary_step"], a["mirror_step"], a["verified"], a["pending_files"]) == (3, 2, True, 1)
     assert a["lag_seconds"] > 0 and report["lag_seconds"] == a["lag_seconds"]

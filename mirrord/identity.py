@@ -62,22 +62,27 @@ class VolumeIdentity:
         return cls(Path(root), st.st_dev, st.st_ino, volume_id)
 
     def problem(self) -> str | None:
-        """None while ROOT is still the pinned volume; else why not (one line naming the path)."""
+        """None while ROOT is still the pinned volume; else why not (one line naming the path).
+
+        The volume id decides: the same volume mounted again (even on another device number, as a
+        loop device or a USB disk may get) is the same mirror; a bare mount point or another volume is not.
+        """
         try:
             st = self.root.stat()
         except OSError as exc:
             return f"{self.root}: cannot stat the mirror root: {exc.strerror or exc}"
-        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
-            return (f"{self.root} is no longer the directory mirrord started on (device {self.dev:#x} inode "
-                    f"{self.ino} -> device {st.st_dev:#x} inode {st.st_ino}): is the mirror unmounted?")
         try:
             found = read_marker(self.root)
         except OSError as exc:
             return f"{self.root / MARKER_NAME}: cannot read the volume marker: {exc.strerror or exc}"
-        if found != self.volume_id:
-            what = "is missing" if found is None else f"holds volume id {found or '(garbage)'!r}"
-            return f"{self.root / MARKER_NAME} {what}; expected volume id {self.volume_id}"
-        return None
+        if found == self.volume_id:
+            return None
+        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+            return (f"{self.root} is no longer the directory mirrord started on (device {self.dev:#x} inode "
+                    f"{self.ino} -> device {st.st_dev:#x} inode {st.st_ino}, no volume id {self.volume_id} "
+                    "there): is the mirror unmounted?")
+        what = "is missing" if found is None else f"holds volume id {found or '(garbage)'!r}"
+        return f"{self.root / MARKER_NAME} {what}; expected volume id {self.volume_id}"
 
     def check(self) -> None:
         """Raise MirrorGoneError unless ROOT is still the pinned volume."""

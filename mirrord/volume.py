@@ -334,16 +334,32 @@ class LocalMirror(LocalVolume):
         return fd
 
     def lock_problem(self) -> str | None:
-        """None while the file at .mirrord.lock is the one we locked; else why the lock is lost."""
+        """None while the file at .mirrord.lock is the one we locked; else why the lock is lost.
+
+        The same volume mounted again (on another device number) holds the same lock file on a new
+        mount: that lock is taken over (flock again) rather than reported, unless someone holds it.
+        """
         if self._lock_fd < 0:
             return None
         path = self.root / LOCK_NAME
         try:
             if _same_inode(self._lock_fd, path):
                 return None
+            there = path.lstat()
+        except FileNotFoundError:
+            return f"{path} was removed: another mirrord may now work on this mirror"
         except OSError as exc:
             return f"{path}: cannot stat the lock file: {exc.strerror or exc}"
-        return f"{path} was removed or replaced: another mirrord may now work on this mirror"
+        ours = os.fstat(self._lock_fd)
+        if there.st_dev != ours.st_dev and self.identity_problem() is None:
+            try:
+                fd = self._acquire_lock()
+            except (LockedError, OSError) as exc:
+                return f"{path}: the mirror was mounted again and its lock cannot be taken: {exc}"
+            os.close(self._lock_fd)
+            self._lock_fd = fd
+            return None
+        return f"{path} was replaced: another mirrord may now work on this mirror"
 
 
 def _same_inode(fd: int, path: Path) -> bool:

@@ -77,6 +77,10 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
         print(dumps(sync_document(report)))
     for rel, err in sorted(report.failed.items()):
         print(f"FAILED {rel}: {err}", file=sys.stderr)
+    for rel, cause in sorted(report.invalid.items()):
+        print(f"NOT PUBLISHED {rel}: {cause}", file=sys.stderr)
+    for rel in report.unsettled:
+        print(f"UNSETTLED {rel}: still changing; not copied", file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -126,9 +130,13 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(config.mirror, config.patterns, progress, deep)
-    # Findings about recorded files; unrecorded files and listing errors are problems, not checked files.
-    damaged = {f.path for f in findings if f.problem != "unrecorded" and f.path != str(config.mirror)}
+    # Findings about recorded files; unrecorded files and listing errors are problems, not checked files;
+    # "unchecked" (a format without a validator, with --deep) is reported, never a problem.
+    damaged = {f.path for f in findings
+               if f.problem not in ("unrecorded", "unchecked") and f.path != str(config.mirror)}
     intact = checked - len(damaged)
+    problems = [f for f in findings if f.is_problem]
+    unchecked = len(findings) - len(problems)
     if args.json:
         from mirrord.report import dumps, verify_document
 
@@ -136,8 +144,9 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(f"{f.problem.upper():14} {f.path}  {f.detail}")
-    print(f"verified {checked} file(s): {intact} intact, {len(findings)} problem(s)", file=sys.stderr)
-    return EXIT_FAILED if findings else EXIT_OK
+    print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
+          + (f", {unchecked} unchecked (no validator for their format)" if unchecked else ""), file=sys.stderr)
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def _progress_bar(done: int, total: int, path: str) -> None:
@@ -165,7 +174,7 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     found = latest_checkpoint(
         root, run=args.run, require_manifest=not args.primary_side,
-        patterns=config.patterns, step_pattern=config.prune.step_pattern,
+        patterns=config.patterns, step_pattern=config.prune.step_pattern, verify=args.verify,
     )
     if args.json:
         from mirrord.report import dumps, latest_document
@@ -401,14 +410,21 @@ def build_parser() -> argparse.ArgumentParser:
             "or --load is asked for without torch installed.", needs_primary=False)
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--deep", action="store_true",
-                   help="also check every record's CRC-32 inside torch.save zip files (no torch needed)")
+                   help="also run the format validator on every file, recorded or not: a torch.save zip's "
+                   "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
+                   "are reported as unchecked, not as problems")
     p.add_argument("--load", action="store_true",
                    help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch "
                    "(pip install 'mirrord[torch]')")
-    p = add("latest", cmd_latest, "Print the newest checkpoint whose size and hash match the manifest; "
-            "exit 1 if there is none, 2 if the mirror does not exist.", needs_primary=False)
+    p = add("latest", cmd_latest, "Print the newest verified checkpoint: recorded in the manifest (its source "
+            "passed its format validator), still the file that was recorded (by inode, size, mtime and "
+            "ctime; re-hashed when they differ). Newest is by step within a run, the newest branch first "
+            "after a rollback; without --run, the run whose best checkpoint is newest by mtime. Exit 1 if "
+            "there is none, 2 if the mirror does not exist.", needs_primary=False)
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
+    p.add_argument("--verify", action="store_true",
+                   help="re-read each candidate: content hash and format validator, not only stat")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "

@@ -1,7 +1,8 @@
 """Copy one committed checkpoint to the mirror: stream, hash, verify, publish. Readable in a minute.
 
     open source (O_NOFOLLOW, beneath the root) -> fstat -> check free space -> NAME.part (exclusive)
-    -> stream + hash the same buffer -> seal (mtime, fsync, size) -> source unchanged? -> publish
+    -> stream + hash + validate the same buffer -> source whole? -> seal (mtime, fsync, size)
+    -> source unchanged? -> publish
 
 Any failure removes NAME.part and raises a typed error naming the path and the cause; the final name
 is only ever created by the rename of a complete, fsynced, verified file.
@@ -15,11 +16,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mirrord.errors import (
     CancelledError,
+    InvalidSourceError,
     MirrordError,
     NoSpaceError,
     PermanentError,
@@ -27,10 +30,11 @@ from mirrord.errors import (
     StalledError,
     from_oserror,
 )
-from mirrord.hashing import new_hasher
+from mirrord.hashing import Hasher, new_hasher
 from mirrord.model import CopyResult
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.units import bytes_both
+from mirrord.validators import Validator, Verdict, new_validator, validate_fd
 from mirrord.volume import Mirror, Upload
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -75,6 +79,7 @@ class CopyOptions:
     reserve_bytes: int = 0
     bandwidth_limit: int = 0  # bytes/s, 0 = unlimited
     drop_cache: bool = False
+    validate: bool = True  # run the format validator on the streamed bytes (mirrord.validators)
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
@@ -126,20 +131,19 @@ def copy_file(
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
         if before.st_blocks * 512 < before.st_size:  # holes: copy the data segments only
             digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
+            # A sparse source (rare for checkpoints) is validated by reading it once more.
+            verdict = _validate_again(src_fd, rel, options, copied)
         else:
-            digest, copied = _stream(src_fd, upload, options, control, src_path)
+            digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
         if copied != before.st_size:
             raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
         control.check(src_path)
+        if not verdict.passed:
+            _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
+            raise InvalidSourceError(src_path, f"not a whole checkpoint ({verdict}); not published", verdict.status,
+                                     (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns))
         stored_mtime_ns = upload.seal(before.st_mtime_ns)
-        try:
-            now = _stat_beneath(primary_root, rel)
-        except OSError as exc:
-            raise SourceChangedError(
-                src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
-            ) from exc
-        if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
-            raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
+        _check_unchanged(primary_root, rel, src_fd, before, src_path)
         control.check(src_path)
         upload.commit()
         upload = None
@@ -152,7 +156,24 @@ def copy_file(
             upload.abort()
         os.close(src_fd)
     return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started,
-                      stored_mtime_ns)
+                      stored_mtime_ns, verdict.status, verdict.detail)
+
+
+def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
+    try:
+        now = _stat_beneath(primary_root, rel)
+    except OSError as exc:
+        raise SourceChangedError(
+            src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
+        ) from exc
+    if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
+        raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
+
+
+def _validate_again(src_fd: int, rel: str, options: CopyOptions, copied: int) -> Verdict:
+    if not options.validate:
+        return Verdict("empty", "0 bytes") if copied == 0 else Verdict("unchecked", "validation is off")
+    return validate_fd(src_fd, rel)
 
 
 def _stream_sparse(
@@ -202,10 +223,35 @@ def _stream_sparse(
 
 
 def _stream(
-    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
-) -> tuple[str, int]:
-    """Read, hash and write the same buffer until EOF; returns (digest, bytes copied)."""
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path, rel: str
+) -> tuple[str, int, Verdict]:
+    """Read, hash, validate and write the same buffer until EOF; returns (digest, bytes copied, verdict)."""
     hasher = new_hasher(options.algo)
+    validator = new_validator(rel) if options.validate else None
+    # The validator's CRC-32 runs on a second core while this thread hashes and writes the same buffer
+    # (zlib, blake3 and write all release the GIL); both finish before the buffer is read into again.
+    helper = ThreadPoolExecutor(1, thread_name_prefix="mirrord-validate") if validator is not None else None
+    try:
+        digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator, helper)
+    finally:
+        if helper is not None:
+            helper.shutdown(wait=True)
+    if validator is not None:
+        verdict = validator.finish(src_fd)
+    elif copied == 0:
+        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
+    else:
+        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
+    if options.drop_cache:
+        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return digest, copied, verdict
+
+
+def _pump(
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path,
+    hasher: Hasher, validator: Validator | None, helper: ThreadPoolExecutor | None,
+) -> tuple[str, int]:
+    """The copy loop: one buffer, read once, hashed, validated and written; returns (digest, bytes)."""
     buf = bytearray(options.buffer_bytes)
     view = memoryview(buf)
     copied = dropped = 0
@@ -219,8 +265,13 @@ def _stream(
         if n == 0:
             break
         chunk = view[:n]
-        hasher.update(chunk)
-        upload.write(chunk)
+        validating = helper.submit(validator.feed, buf, n) if helper is not None and validator is not None else None
+        try:
+            hasher.update(chunk)
+            upload.write(chunk)
+        finally:
+            if validating is not None:
+                validating.result()  # before the buffer is read into again
         copied += n
         control.advance(n)
         if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
@@ -230,6 +281,4 @@ def _stream(
             ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
             if ahead > 0:
                 time.sleep(ahead)
-    if options.drop_cache:
-        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
     return hasher.hexdigest(), copied

@@ -17,16 +17,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mirrord import __version__
+from mirrord.branches import run_rollbacks
 from mirrord.config import Config, risky_changes
 from mirrord.engine import Engine
-from mirrord.errors import ConfigError, MirrordError
+from mirrord.errors import ConfigError, InvalidSourceError, MirrordError
 from mirrord.identity import MirrorGoneError
 from mirrord.log import get_logger
 from mirrord.metrics import Metrics
 from mirrord.model import CopyJob, CopyResult, FileState, ManifestEntry, Snapshot
+from mirrord.observe import Observations
 from mirrord.plan import SettleTracker, plan_copies, why_copy
 from mirrord.retention import describe_policy, mirror_unmounted
 from mirrord.signals import SignalFlags
@@ -49,6 +52,17 @@ IDENTITY, LISTING, MANIFEST = "identity", "listing", "manifest"
 
 class StartupError(Exception):
     """mirrord cannot start as configured (a busy port, a locked or unreadable mirror)."""
+
+
+@dataclass
+class _Invalid:
+    """A source that failed its validator: not retried until it changes; reported after the grace."""
+
+    identity: tuple[int, int, int, int] | None
+    since: float  # monotonic: first failure (kept while the file keeps failing)
+    status: str
+    cause: str
+    reported: bool = False
 
 
 class _Waker:
@@ -100,6 +114,10 @@ class Daemon:
         self.mirror = LocalMirror(config.mirror)
         self.queue = JobQueue()
         self.settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
+        self.observations = Observations(time.monotonic)  # outlives reloads: the min-age guard needs it
+        self._invalid: dict[str, _Invalid] = {}  # written by workers and the loop, under _invalid_lock
+        self._invalid_lock = threading.Lock()
+        self._rollbacks_logged: set[str] = set()
         self._hints: collections.deque[Hint] = collections.deque()
         self._waker = _Waker()
         self._prune_due = False
@@ -184,6 +202,17 @@ class Daemon:
             self._verify_failed.discard(job.rel)
             with self._unmirrored_lock:
                 self._unmirrored.pop(job.rel, None)
+            with self._invalid_lock:
+                self._invalid.pop(job.rel, None)
+        elif isinstance(outcome, InvalidSourceError):
+            # Usually a file still being written: wait until it changes and settles again.
+            with self._invalid_lock:
+                previous = self._invalid.get(job.rel)
+                self._invalid[job.rel] = _Invalid(
+                    outcome.identity, previous.since if previous else time.monotonic(), outcome.status,
+                    outcome.cause, previous.reported if previous else False)
+            # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
+            self._rescan_asked = True
         elif outcome.reason != "cancelled":
             self._failed += 1
             self._last_error = f"{job.rel}: {outcome.cause}"
@@ -257,7 +286,12 @@ class Daemon:
             return None
         from mirrord.prune import Pruner
 
-        return Pruner(cfg, self.primary, self.mirror, self.manifest, self.metrics, in_flight=self.queue.paths)
+        return Pruner(cfg, self.primary, self.mirror, self.manifest, self.metrics, in_flight=self.queue.paths,
+                      observations=self.observations, invalid=self._invalid_paths)
+
+    def _invalid_paths(self) -> frozenset[str]:
+        with self._invalid_lock:
+            return frozenset(self._invalid)
 
     def _start_endpoints(self) -> None:
         if not self.config.metrics.enabled:
@@ -300,7 +334,7 @@ class Daemon:
         while not self._stop_requests:
             cfg = self.config
             deadlines = [next_rescan, self._next_heartbeat]
-            if self._unsettled:
+            if self._unsettled or self._invalid:
                 deadlines.append(next_settle)
             self._waker.wait(min(deadlines) - time.monotonic() if not self._hints else 0)
             if self._stop_requests:
@@ -313,7 +347,7 @@ class Daemon:
                 self._rescan_asked = False
                 self._reconcile()
                 next_rescan = time.monotonic() + cfg.watch.rescan_interval_seconds
-            if self._unsettled and now >= next_settle:
+            if (self._unsettled or self._invalid) and now >= next_settle:
                 self._recheck_unsettled()
                 next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
             if self._prune_due:
@@ -346,6 +380,7 @@ class Daemon:
             self._track_unmirrored(psnap, self._as_recorded(entries), entries, replace=True)
             self.log.debug("reconcile.refused", cause=self._blocked)
             return
+        self._log_rollbacks(psnap)
         # Prune first: its plan tells the copy planner which old steps retention has retired.
         self._prune(psnap, msnap)
         queued = self._enqueue(psnap, msnap, entries=entries)
@@ -353,6 +388,16 @@ class Daemon:
         self.log.info("reconcile.finished", primary_files=len(psnap.files), mirror_files=len(msnap.files),
                       queued=queued, unsettled=len(self._unsettled),
                       seconds=round(time.monotonic() - started, 3))
+
+    def _log_rollbacks(self, psnap: Snapshot) -> None:
+        """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored)."""
+        lie = (time.time() + self.config.prune.future_skew_seconds) * 1e9
+        for run, rollbacks in run_rollbacks(psnap.files.values(), self.config.step_regex, lie).items():
+            if run not in self._rollbacks_logged:
+                self._rollbacks_logged.add(run)
+                old, new = rollbacks[-1]
+                self.log.warning("run.rollback_detected", run=run or ".", old_step=old, new_step=new,
+                                 rollbacks=len(rollbacks))
 
     def _mirror_looks_unmounted(self, msnap: Snapshot, entries: Mapping[str, ManifestEntry]) -> bool:
         is_mount = self.config.mirror.is_mount() if self.config.mirror_must_be_mountpoint else None
@@ -369,8 +414,8 @@ class Daemon:
                           replace: bool) -> None:
         """While the mirror is refused: which committed primary files lack their mirror copy."""
         plan = plan_copies(psnap, msnap, entries, self.config.step_regex)
-        retired = self.pruner.retired if self.pruner is not None else (lambda run, step: False)
-        self._behind([j for j in plan.jobs if not retired(j.run, j.step) and j.rel not in self._unsettled],
+        retired = self.pruner.retired if self.pruner is not None else (lambda run, step, mtime_ns=None: False)
+        self._behind([j for j in plan.jobs if not retired(j.run, j.step, j.mtime_ns) and j.rel not in self._unsettled],
                      replace)
 
     def _behind(self, jobs: list[CopyJob], replace: bool) -> None:
@@ -393,13 +438,19 @@ class Daemon:
         if self._blocked:
             return 0  # every enqueue path honours a refusal (the settle recheck, hints, reconciles)
         entries = self.manifest.entries if entries is None else entries
-        plan = plan_copies(psnap, msnap, entries, self.config.step_regex, self.settle)
+        plan = plan_copies(psnap, msnap, entries, self.config.step_regex,
+                           self.settle.at(time.monotonic()))
         # Steps retention already pruned would only be pruned again (prune.primary = false keeps them).
-        retired = self.pruner.retired if self.pruner is not None else (lambda run, step: False)
+        retired = self.pruner.retired if self.pruner is not None else (lambda run, step, mtime_ns: False)
         queued = 0
         behind, jobs = [], []
         for job in plan.jobs:
-            if retired(job.run, job.step):
+            with self._invalid_lock:
+                invalid = self._invalid.get(job.rel)
+            src = psnap.files.get(job.rel)
+            if invalid is not None and src is not None and src.identity == invalid.identity:
+                continue  # judged invalid as it is now; retried once it changes and settles again
+            if retired(job.run, job.step, job.mtime_ns):
                 continue
             if job.why in VERIFY_FAILURES and not self._still_damaged(job, psnap.files[job.rel]):
                 continue  # published and recorded while we listed: not damage, not a job
@@ -488,10 +539,17 @@ class Daemon:
 
     def _recheck_unsettled(self) -> None:
         files: dict[str, FileState] = {}
-        for rel in list(self._unsettled):
-            state = self.primary.stat(rel)
+        with self._invalid_lock:
+            invalid = set(self._invalid)
+        for rel in self._unsettled | invalid:
+            try:
+                state = self.primary.stat(rel)
+            except (OSError, ValueError):
+                state = None
             if state is None or not state.is_regular:
                 self._unsettled.discard(rel)
+                with self._invalid_lock:
+                    self._invalid.pop(rel, None)
                 self.settle.forget(rel)
             else:
                 files[rel] = state
@@ -533,6 +591,7 @@ class Daemon:
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last_heartbeat = time.monotonic()
         self._next_heartbeat = self._last_heartbeat + self._ping_every
+        self._report_invalid()
         self._update_gauges()
         status = self._status()
         if problems:
@@ -540,6 +599,19 @@ class Daemon:
             self.notifier.status("UNHEALTHY: " + "; ".join(problems))
         else:
             self.notifier.watchdog(status)
+
+    def _report_invalid(self) -> None:
+        """A source still invalid after copy.invalid_grace_seconds is not being written: say so once."""
+        grace, now = self.config.copy.invalid_grace_seconds, time.monotonic()
+        with self._invalid_lock:
+            items = list(self._invalid.items())
+        for rel, invalid in items:
+            if not invalid.reported and now - invalid.since >= grace:
+                invalid.reported = True
+                self.metrics.copy_result("invalid_source")
+                self.log.error("copy.invalid_source", path=rel, reason=invalid.status, cause=invalid.cause,
+                               seconds_invalid=round(now - invalid.since, 1), published=False)
+        self.metrics.invalid_sources.set(sum(i.reported for _, i in items))
 
     def _check_mirror(self) -> None:
         """Every heartbeat: is the mirror still the pinned volume, and is its manifest still ours?"""
@@ -608,7 +680,7 @@ class Daemon:
 
     def _status(self) -> str:
         status = (f"{self._copied} copied, {self._failed} failed, queue {self.queue.depth()}, "
-                  f"unsettled {len(self._unsettled)}")
+                  f"unsettled {len(self._unsettled)}, invalid {len(self._invalid)}")
         if self._blocked:
             status += f"; REFUSED: {self._blocked}"
         elif self._last_error:

@@ -12,7 +12,7 @@ from typing import Any
 
 from mirrord.config import Config
 from mirrord.copier import CopyControl, CopyOptions, copy_file
-from mirrord.errors import CancelledError, MirrordError, NoSpaceError, StalledError
+from mirrord.errors import CancelledError, InvalidSourceError, MirrordError, NoSpaceError, StalledError
 from mirrord.log import get_logger
 from mirrord.manifest import Manifest
 from mirrord.metrics import Metrics
@@ -85,12 +85,15 @@ class Engine:
             entry = ManifestEntry(
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
                 source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
-                mirror_mtime_ns=result.mirror_mtime_ns,
+                mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
+                **self._published_identity(result.rel),
             )
             self.manifest.record(entry)
         except MirrordError as exc:
-            # A stall is counted once, by the supervisor that detected it.
-            if not isinstance(exc, CancelledError | StalledError):
+            # A stall is counted once, by the supervisor that detected it; an invalid source by the
+            # daemon, once it stayed invalid for copy.invalid_grace_seconds (a torn file is usually
+            # still being written).
+            if not isinstance(exc, CancelledError | StalledError | InvalidSourceError):
                 self.metrics.copy_result(exc.reason)
             raise
         finally:
@@ -109,7 +112,8 @@ class Engine:
             self.metrics.last_step.labels(label).set(self._last_steps[label])
         self.log.info(
             "copy.committed", seconds=round(result.seconds, 3),
-            throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest, **fields,
+            throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
+            validation=result.validation, **fields,
         )
         return result
 
@@ -123,3 +127,14 @@ class Engine:
             self.make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0  # the second try starts from the first byte again
             return copy_file(self.primary_root, job.rel, self.mirror, options, control)
+
+    def _published_identity(self, rel: str) -> dict[str, int]:
+        """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
+        without re-reading the file while they stay the same. Unknown (0) if the stat fails."""
+        try:
+            state = self.mirror.stat(rel)
+        except (OSError, ValueError):
+            state = None
+        if state is None:
+            return {}
+        return {"mirror_ino": state.ino, "mirror_ctime_ns": state.ctime_ns}

@@ -73,6 +73,23 @@ class NotSettledError(TransientError):
     reason = "not_settled"
 
 
+class InvalidSourceError(PermanentError):
+    """The source is not a whole checkpoint (empty, truncated, a bad CRC): it was not published.
+
+    Not retried with backoff: a torn file is usually still being written, so the daemon waits for it
+    to change and settle again. `status` is the validator's (truncated, crc_mismatch, empty, ...).
+    """
+
+    reason = "invalid_source"
+
+    def __init__(
+        self, path: object, cause: str, status: str = "invalid", identity: tuple[int, int, int, int] | None = None
+    ) -> None:
+        super().__init__(path, cause)
+        self.status = status
+        self.identity = identity  # (inode, size, mtime_ns, ctime_ns) of the source that was judged
+
+
 class ManifestError(PermanentError):
     """The manifest cannot be read or parsed: nothing may be trusted or pruned from it."""
 

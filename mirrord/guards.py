@@ -24,7 +24,9 @@ FUTURE_MTIME = "future_mtime"
 IN_FLIGHT = "in_flight"
 NEWEST = "newest"
 NOT_REGULAR = "not_regular"
-REASONS = (RECENT_MTIME, ZERO_MTIME, FUTURE_MTIME, IN_FLIGHT, NEWEST, NOT_REGULAR)
+RECENTLY_SEEN = "recently_seen"  # not seen unchanged by this process for min_age_seconds (monotonic)
+UNMIRRORED = "unmirrored"  # a primary file without a verified mirror copy of exactly it (planner, executor)
+REASONS = (RECENT_MTIME, ZERO_MTIME, FUTURE_MTIME, IN_FLIGHT, NEWEST, NOT_REGULAR, RECENTLY_SEEN, UNMIRRORED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,8 @@ class GuardContext:
     in_flight: frozenset[str] = frozenset()
     newest: frozenset[str] = frozenset()
     roots: Mapping[str, PurePath] | None = None
+    # (volume, rel) -> seconds this process has seen the file unchanged (monotonic); None: not checked.
+    observed: Mapping[tuple[str, str], float] | None = None
 
 
 Guard = Callable[[str, FileState, GuardContext], str | None]
@@ -100,13 +104,21 @@ def recent_mtime(volume: str, state: FileState, ctx: GuardContext) -> str | None
     return RECENT_MTIME if state.mtime_ns > (ctx.now - ctx.min_age_seconds) * NS else None
 
 
+def recently_seen(volume: str, state: FileState, ctx: GuardContext) -> str | None:
+    """Not seen unchanged for min_age_seconds on the monotonic clock: a wall clock stepped forward
+    (NTP, a lagging NFS server) makes an mtime look old, never an observation."""
+    if ctx.observed is None or ctx.min_age_seconds <= 0:
+        return None
+    return RECENTLY_SEEN if ctx.observed.get((volume, state.rel), 0.0) < ctx.min_age_seconds else None
+
+
 def newest(volume: str, state: FileState, ctx: GuardContext) -> str | None:
     """Part of the newest verified checkpoint of its run: the one a resume needs."""
     return NEWEST if state.rel in ctx.newest else None
 
 
 # Order decides which reason is reported when several apply: the most specific first.
-GUARDS: tuple[Guard, ...] = (outside_roots, in_flight, zero_mtime, future_mtime, recent_mtime, newest)
+GUARDS: tuple[Guard, ...] = (outside_roots, in_flight, zero_mtime, future_mtime, recent_mtime, recently_seen, newest)
 
 
 def veto(volume: str, state: FileState, ctx: GuardContext, guards: tuple[Guard, ...] = GUARDS) -> str | None:

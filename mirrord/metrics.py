@@ -21,8 +21,9 @@ from mirrord import __version__
 # question nobody asks of mirrord; the setting is process-wide in prometheus_client.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
-COPY_RESULTS = ("ok", "failed", "source_changed", "size_mismatch", "no_space", "stalled")
-SKIP_REASONS = ("recent_mtime", "zero_mtime", "future_mtime", "in_flight", "newest", "not_regular")
+COPY_RESULTS = ("ok", "failed", "source_changed", "size_mismatch", "no_space", "stalled", "invalid_source")
+SKIP_REASONS = ("recent_mtime", "zero_mtime", "future_mtime", "in_flight", "newest", "not_regular",
+                "recently_seen", "unmirrored")
 # Whole cycles (partial_view, mirror_unmounted, manifest) and single files (changed, restat_failed,
 # failed: any other error) refused by retention.
 PRUNE_REFUSED_REASONS = ("partial_view", "mirror_unmounted", "manifest", "changed", "restat_failed", "failed")
@@ -80,6 +81,11 @@ class Metrics:
         )
         self.free_bytes = Gauge("mirrord_volume_free_bytes", "Free bytes per volume.", ["volume"], registry=r)
         self.total_bytes = Gauge("mirrord_volume_total_bytes", "Size of each volume.", ["volume"], registry=r)
+        self.invalid_sources = Gauge(
+            "mirrord_invalid_sources",
+            "Primary files that failed their format validator for longer than copy.invalid_grace_seconds "
+            "(not published).", registry=r,
+        )
         self.verify_failures = Counter(
             "mirrord_verify_failures", "Mirrored files that no longer match the manifest.", registry=r
         )

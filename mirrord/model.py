@@ -18,6 +18,12 @@ class FileState:
     ino: int = 0
     dev: int = 0
     mode: int = stat.S_IFREG | 0o644
+    ctime_ns: int = 0
+
+    @property
+    def identity(self) -> tuple[int, int, int, int]:
+        """What must stay the same for the file to count as unchanged: a rewrite moves ctime at least."""
+        return (self.ino, self.size, self.mtime_ns, self.ctime_ns)
 
     @property
     def is_regular(self) -> bool:
@@ -57,10 +63,23 @@ class ManifestEntry:
     # The mtime the mirror actually stored (a filesystem may clamp or round what it is given, e.g.
     # ext4 with 128-byte inodes stops at 2038); None in records made before it was kept.
     mirror_mtime_ns: int | None = None
+    # The format validator's verdict on the source ("ok" or "unchecked"); None in entries written
+    # before validation existed. An entry is only ever recorded for a source that passed.
+    validation: str | None = None
+    # The published copy's inode and ctime right after it was recorded (0 when unknown): while the file
+    # still has them, and the recorded size and stored mtime, its recorded hash holds without re-reading.
+    mirror_ino: int = 0
+    mirror_ctime_ns: int = 0
 
     @property
     def run(self) -> str:
         return dirname(self.path)
+
+    def unchanged(self, state: FileState) -> bool:
+        """The mirror file is, by stat, exactly the one recorded (needs the identity recorded)."""
+        stored = self.source_mtime_ns if self.mirror_mtime_ns is None else self.mirror_mtime_ns
+        return bool(self.mirror_ino) and (state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
+            self.mirror_ino, self.size, stored, self.mirror_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +106,8 @@ class CopyResult:
     source_mtime_ns: int
     seconds: float
     mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
+    validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
+    validation_detail: str = ""
 
 
 def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:

@@ -66,35 +66,40 @@ def plan_copies(
 class SettleTracker:
     """Decides when a file written in place has stopped changing.
 
-    A file is settled when its mtime is at least `settle_seconds` old by the wall clock, or - because an
-    mtime can be 0, coarse or from a skewed clock - when we have seen the same (size, mtime) for
-    `settle_seconds` ourselves. A rename into a final name commits a file at once (`mark_committed`).
+    A file is settled when we have seen the same (inode, size, mtime, ctime) ourselves for
+    `settle_seconds` on the monotonic clock. Its mtime may add delay (an mtime younger than
+    `settle_seconds` by the wall clock keeps it unsettled), never remove it: a wall clock ahead of the
+    file's clock (a forward step, an NFS server that lags) must not make a file still being written
+    look settled. A rename into a final name commits a file at once (`mark_committed`).
     """
 
     settle_seconds: float
     wall: Callable[[], float]
     monotonic: Callable[[], float]
-    _seen: dict[str, tuple[int, int, float]] = field(default_factory=dict)
-    _committed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _seen: dict[str, tuple[tuple[int, int, int, int], float]] = field(default_factory=dict)
+    _committed: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
     def mark_committed(self, state: FileState) -> None:
-        self._committed[state.rel] = (state.size, state.mtime_ns)
+        self._committed[state.rel] = state.identity
 
-    def __call__(self, state: FileState) -> bool:
-        key = (state.size, state.mtime_ns)
+    def __call__(self, state: FileState, now: float | None = None) -> bool:
+        key = state.identity
         if self.settle_seconds <= 0 or self._committed.get(state.rel) == key:
             return True
-        now = self.monotonic()
+        now = self.monotonic() if now is None else now
         seen = self._seen.get(state.rel)
-        if seen is None or seen[:2] != key:
-            self._seen[state.rel] = (*key, now)
-            seen_for = 0.0
-        else:
-            seen_for = now - seen[2]
+        if seen is None or seen[0] != key:
+            self._seen[state.rel] = (key, now)
+            return False
+        if now - seen[1] < self.settle_seconds:
+            return False
         age = self.wall() - state.mtime_ns / 1e9
-        # An mtime of 0 or in the future says nothing about age; only our own observation counts then.
-        mtime_says_settled = state.mtime_ns > 0 and age >= self.settle_seconds
-        return mtime_says_settled or seen_for >= self.settle_seconds
+        return not 0 <= age < self.settle_seconds
+
+    def at(self, now: float) -> Callable[[FileState], bool]:
+        """The predicate for one listing: every file of it judged at the same instant, so files first
+        seen together settle together (and are queued together, newest step first)."""
+        return lambda state: self(state, now)
 
     def forget(self, rel: str) -> None:
         self._seen.pop(rel, None)

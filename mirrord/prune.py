@@ -21,12 +21,13 @@ from typing import Any
 
 from mirrord.config import Config
 from mirrord.errors import MirrordError
-from mirrord.guards import NOT_REGULAR, REASONS, GuardContext, veto
+from mirrord.guards import NOT_REGULAR, REASONS, UNMIRRORED, GuardContext, veto
 from mirrord.log import get_logger
 from mirrord.manifest import Manifest
 from mirrord.metrics import Metrics
 from mirrord.model import FileState, ManifestEntry, Snapshot
-from mirrord.retention import MIRROR, PRIMARY, STEP, Deletion, PrunePlan, Skipped, plan_prune
+from mirrord.observe import Observations
+from mirrord.retention import MIRROR, PRIMARY, STEP, Deletion, PrunePlan, Skipped, exact_copy, plan_prune
 from mirrord.volume import ChangedError, LocalVolume, Mirror
 
 VANISHED = "vanished"  # gone before we got to it: nothing to do, not a guard's veto
@@ -81,6 +82,8 @@ class Pruner:
         metrics: Metrics | None = None,
         wall: Callable[[], float] = time.time,
         in_flight: Callable[[], frozenset[str]] = frozenset,
+        observations: Observations | None = None,
+        invalid: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self.config = config
         self.primary = primary
@@ -89,6 +92,11 @@ class Pruner:
         self.metrics = metrics or Metrics()
         self.wall = wall
         self.in_flight = in_flight
+        # The daemon's, shared across cycles and reloads: with it, the min-age guard also needs this
+        # process to have seen a file unchanged for min_age_seconds (monotonic). A one-shot command
+        # has seen nothing, so it passes none and relies on mtimes alone.
+        self.observations = observations
+        self.invalid = invalid  # primary files that failed their validator as they are now
         self.log = get_logger()
         self._lock = threading.Lock()
         self._last_plan: PrunePlan | None = None
@@ -101,27 +109,33 @@ class Pruner:
             MIRROR: PurePath(mirror.root.resolve()),
         }
 
-    def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None) -> PrunePlan:
+    def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None,
+             space_pressure: bool = False) -> PrunePlan:
         """List both sides (unless given the daemon's own snapshots) and plan; deletes nothing."""
         psnap = primary_snap if primary_snap is not None else self.primary.snapshot(self.config.patterns)
         msnap = mirror_snap if mirror_snap is not None else self.mirror.snapshot(self.config.patterns)
         is_mount = self.mirror.root.is_mount() if self.config.mirror_must_be_mountpoint else None
+        observed = None
+        if self.observations is not None:
+            observed = self.observations.update(PRIMARY, psnap.files.values())
+            observed.update(self.observations.update(MIRROR, [*msnap.files.values(), *msnap.partials.values()]))
         plan = plan_prune(
             psnap, msnap, self.manifest.entries, frozenset(self.in_flight()), self.wall(),
-            self.config.prune, self.config.step_regex, self._roots, is_mount,
+            self.config.prune, self.config.step_regex, self._roots, is_mount, observed, self.invalid(),
+            space_pressure,
         )
-        if not plan.refused:
+        if not plan.refused and not space_pressure:
             self._last_plan = plan
         return plan
 
-    def retired(self, run: str, step: int | None) -> bool:
-        """True if the last plan put this step of this run below the kept window (and no policy keeps it).
+    def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
+        """True if the last plan put this step of this run below the window (and no policy keeps it).
 
         The copy planner should skip such files: with prune.primary = false the primary still has
         them, and copying them again would only have them pruned again.
         """
         plan = self._last_plan
-        return plan is not None and plan.retired(run, step)
+        return plan is not None and plan.retired(run, step, mtime_ns)
 
     def run_cycle(
         self,
@@ -174,7 +188,7 @@ class Pruner:
             free, _ = self.mirror.space()
             if free >= bytes_needed:
                 return
-            plan = self.plan()
+            plan = self.plan(space_pressure=True)
             report = self._execute(plan, False, (MIRROR,), lambda: self.mirror.space()[0] >= bytes_needed)
             free, _ = self.mirror.space()
         self.log.info(
@@ -323,8 +337,12 @@ class Pruner:
             in_flight=frozenset(self.in_flight()),
             newest=plan.newest,
             roots=self._roots,
+            observed=None if self.observations is None else {
+                (d.volume, d.rel): self.observations.seen_for(d.volume, fresh)},
         )
         reason = veto(d.volume, fresh, ctx)
+        if reason is None and d.volume == PRIMARY and not self._mirror_vouches(fresh):
+            reason = UNMIRRORED
         if reason is not None:
             self._skip(report, Skipped(d.volume, d.rel, d.step, reason, fresh.size))
             return None
@@ -347,6 +365,17 @@ class Pruner:
         self.log.info("prune.deleted", kind=d.kind, manifest_entry=entry is not None,
                       **_fields(d.volume, d.state, d.step))
         return True
+
+    def _mirror_vouches(self, src: FileState) -> bool:
+        """Just before unlinking a primary file: the mirror still holds a verified copy of exactly it."""
+        entry = self.manifest.get(src.rel)
+        try:
+            dst = self.mirror.stat(src.rel)
+        except (OSError, ValueError):
+            return False
+        if entry is None or dst is None:
+            return False
+        return exact_copy(src, {src.rel: entry}, {src.rel: dst})
 
     def _refuse_file(
         self, report: PruneReport, d: Deletion, reason: str, cause: str, failed: bool = False

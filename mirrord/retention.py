@@ -2,16 +2,22 @@
 
     snapshots of both sides + manifest + in-flight set + now + policy  ->  PrunePlan
 
-Checkpoints are grouped by run (their folder relative to the root) and ordered by the step in their
-file name. A step is *verified* when the mirror holds all its files, each recorded in the manifest
-with a matching size, and every primary file of the step is the one that was mirrored. Per run:
+Checkpoints are grouped by run (their folder relative to the root) and ordered by (branch, step): a
+rollback (a lower step written after a higher one, see mirrord.branches) starts a newer branch. A step
+is *verified* when the mirror holds all its files, each recorded in the manifest with a matching size
+and a passing validator verdict, and every primary file of the step is the one that was mirrored. Per run:
 
 * the kept set is what any retention policy keeps ("keep if any keeps", so combining policies can
-  only keep more): the `keep_last` highest verified steps, and with `keep_every = N` every step that
+  only keep more): the `keep_last` newest verified steps, and with `keep_every = N` every step that
   is a multiple of N;
-* candidates are the steps below the lowest `keep_last` step, on the mirror, and on the primary
-  when `prune.primary = true`. Anything at or above it (not yet mirrored, in flight, unverified) is
-  never a candidate, on either side. A run with no verified step has no candidates at all;
+* the window is the `keep_last` newest steps *present* (on either side, verified or not); steps below
+  it are *retired*: not worth copying (first run on an existing tree, or an unverified newest step,
+  never causes copy-then-delete churn);
+* a retired step is a candidate only when every step of the window is verified: a torn or unfinished
+  newest step keeps every older one (a step retired itself, never copied, does not). Candidates are
+  on the mirror, and on the primary when
+  `prune.primary = true` - a primary file only if the mirror holds a verified copy of that exact
+  file (reason `unmirrored` otherwise), whatever its step;
 * files whose name carries no step are never pruned;
 * orphan NAME.part files on the mirror (left by a dead process) are candidates too.
 
@@ -30,10 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Protocol
 
+from mirrord.branches import Branches, branches
 from mirrord.config import PruneConfig
-from mirrord.guards import GuardContext, veto
+from mirrord.guards import UNMIRRORED, GuardContext, veto
 from mirrord.model import FileState, ManifestEntry, Snapshot, step_of
 from mirrord.plan import why_copy
+from mirrord.validators import PASSING
 
 PRIMARY, MIRROR = "primary", "mirror"
 
@@ -43,6 +51,7 @@ KEEP_EVERY = "keep_every"
 NEWER_THAN_KEPT = "newer_than_kept"
 NO_STEP = "no_step"
 UNVERIFIED = "unverified"
+NEWER_UNVERIFIED = "newer_unverified"  # retired, but a newer step is not verified yet: still the fallback
 
 # Why a whole plan is refused.
 PARTIAL_VIEW = "partial_view"
@@ -75,13 +84,13 @@ class Policy(Protocol):
 
 @dataclass(frozen=True)
 class KeepLast:
-    """The `n` highest verified steps."""
+    """The `n` newest verified steps (`steps` come oldest first: by branch, then step)."""
 
     n: int
     why: str = KEEP_LAST
 
     def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]:
-        return frozenset(sorted(verified)[-self.n:])
+        return frozenset([s for s in steps if s in verified][-self.n:])
 
 
 @dataclass(frozen=True)
@@ -129,7 +138,7 @@ class Kept:
     volume: str
     rel: str
     step: int | None
-    why: str  # keep_last | keep_every | newer_than_kept | no_step | unverified
+    why: str  # keep_last | keep_every | newer_than_kept | no_step | unverified | newer_unverified
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,22 +151,35 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class Window:
+    """Where one run's retention window starts, to tell the copy planner which steps are retired."""
+
+    floor: tuple[int, int]  # (branch, step) of the oldest step in the window
+    branches: Branches
+    newest_mtime_ns: int  # newest file of the run: anything newer is new, never retired
+
+
+@dataclass(frozen=True)
 class PrunePlan:
     deletions: tuple[Deletion, ...] = ()
     kept: tuple[Kept, ...] = ()
     skipped: tuple[Skipped, ...] = ()
     refused: tuple[tuple[str, str], ...] = ()  # (reason, detail); non-empty means delete nothing
     newest: frozenset[str] = frozenset()  # files of each run's newest verified step
-    floors: Mapping[str, int] = field(default_factory=dict)  # run -> lowest keep_last step
+    windows: Mapping[str, Window] = field(default_factory=dict)  # runs with more than keep_last steps
     preserved: Mapping[str, frozenset[int]] = field(default_factory=dict)  # run -> steps policies keep
+    rollbacks: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
-    def retired(self, run: str, step: int | None) -> bool:
-        """A step below its run's kept window that no policy keeps: pruned, so not worth copying again."""
-        floor = self.floors.get(run)
-        return (
-            step is not None and floor is not None and step < floor
-            and step not in self.preserved.get(run, frozenset())
-        )
+    def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
+        """A step below its run's window (the keep_last newest steps present) that no policy keeps:
+        not worth copying. A file newer than every file the plan saw in its run is never retired (a
+        rollback's first step is low but new)."""
+        window = self.windows.get(run)
+        if step is None or window is None or step in self.preserved.get(run, frozenset()):
+            return False
+        if mtime_ns is not None and mtime_ns > window.newest_mtime_ns:
+            return False
+        return window.branches.key(step) < window.floor
 
 
 def mirror_unmounted(
@@ -185,11 +207,20 @@ def plan_prune(
     step_regex: re.Pattern[str],
     roots: Mapping[str, PurePath] | None = None,
     mirror_is_mount: bool | None = None,
+    observed: Mapping[tuple[str, str], float] | None = None,
+    invalid: AbstractSet[str] = frozenset(),
+    space_pressure: bool = False,
 ) -> PrunePlan:
     """The prune plan for one cycle. Pure: the same inputs give the same plan.
 
     `roots` maps "primary"/"mirror" to their root paths (for the path guard); `mirror_is_mount` is
-    None unless `mirror_must_be_mountpoint` asks for the check.
+    None unless `mirror_must_be_mountpoint` asks for the check; `observed` maps (volume, rel) to how
+    long this process has seen the file unchanged (monotonic), None to skip that guard; `invalid` are
+    primary files that failed their format validator as they are now: they do not count as present for
+    the window (a torn newest step must not retire the good step before it), yet, being unverified,
+    they keep every older step. With `space_pressure` (the mirror cannot take the next copy) a retired
+    step may go once keep_last newer steps are verified, even if others are not: otherwise a full mirror
+    could never make room for the copies that would verify them.
     """
     refused: list[tuple[str, str]] = []
     for side, snap in ((PRIMARY, primary), (MIRROR, mirror)):
@@ -215,36 +246,63 @@ def plan_prune(
 
     policies = policies_for(policy)
     candidates: list[Deletion] = []
+    skipped: list[Skipped] = []
     newest: set[str] = set()
-    floors: dict[str, int] = {}
+    windows: dict[str, Window] = {}
     keeps: dict[str, frozenset[int]] = {}
+    rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
     for run, by_step in runs.items():
+        # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
+        mtimes = {step: max(s.mtime_ns for s in files[PRIMARY] or files[MIRROR]) for step, files in by_step.items()}
+        # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
+        lie = (now + policy.future_skew_seconds) * 1e9
+        mtimes = {step: 0 if mtime > lie else mtime for step, mtime in mtimes.items()}
+        run_branches = branches(mtimes)
+        if run_branches.rollbacks:
+            rollbacks[run] = run_branches.rollbacks
+        order = sorted(by_step, key=run_branches.key)  # oldest first
         verified = {
             step for step, files in by_step.items()
             if _step_verified(files[PRIMARY], files[MIRROR], manifest, mirror.files)
         }
-        steps = sorted(by_step)
-        keep = preserved(policies, steps, verified)
+        keep = preserved(policies, order, verified)
         keeps[run] = frozenset(keep)
-        window = KeepLast(policy.keep_last).preserve(steps, verified)
-        # Only a full window has a floor: with fewer than keep_last verified steps, every step is kept
-        # (an older step whose mirror copy is damaged is repaired, not retired).
-        floor = min(window) if len(window) >= policy.keep_last else None
+        kept_window = [s for s in order if s in verified][-policy.keep_last:]
+        # Retired: below the keep_last newest steps present. Deletable: retired, not kept by a policy,
+        # and the window verified (see below).
+        present = [s for s in order
+                   if by_step[s][MIRROR] or any(f.rel not in invalid for f in by_step[s][PRIMARY])]
+        floor = run_branches.key(present[-policy.keep_last]) if len(present) > policy.keep_last else None
         if floor is not None:
-            floors[run] = floor
-        if verified:
-            top = by_step[max(verified)]
+            windows[run] = Window(floor, run_branches, max(mtimes.values()))
+        if kept_window:
+            top = by_step[kept_window[-1]]
             newest.update(s.rel for s in top[PRIMARY] + top[MIRROR])
-        for step in steps:
+        # The steps that would replace a retired one are the window: all must be verified first (a
+        # torn or unfinished newest step keeps every older one). Under space pressure, keep_last
+        # verified newer steps are enough.
+        window_verified = all(s in verified for s in present[-policy.keep_last:])
+        verified_above = 0
+        deletable: set[int] = set()
+        for step in reversed(order):
+            enough = window_verified or (space_pressure and verified_above >= policy.keep_last)
+            if floor is not None and run_branches.key(step) < floor and enough and step not in keep:
+                deletable.add(step)
+            verified_above += step in verified
+        for step in order:
             for side in (PRIMARY, MIRROR):
                 for state in by_step[step][side]:
                     if step in keep:
                         kept.append(Kept(side, state.rel, step, keep[step]))
-                    elif floor is None or step >= floor:
-                        why = NEWER_THAN_KEPT if not window or step > max(window) else UNVERIFIED
-                        kept.append(Kept(side, state.rel, step, why))
+                    elif floor is None or run_branches.key(step) >= floor:
+                        newer = not kept_window or run_branches.key(step) > run_branches.key(kept_window[-1])
+                        kept.append(Kept(side, state.rel, step, NEWER_THAN_KEPT if newer else UNVERIFIED))
+                    elif step not in deletable:
+                        kept.append(Kept(side, state.rel, step, NEWER_UNVERIFIED))
                     elif side == PRIMARY and not policy.primary:
                         continue  # the primary is not ours to prune
+                    elif side == PRIMARY and not exact_copy(state, manifest, mirror.files):
+                        skipped.append(Skipped(side, state.rel, step, UNMIRRORED, state.size))
                     else:
                         entry = manifest.get(state.rel) if side == MIRROR else None
                         candidates.append(Deletion(side, state, step, STEP, entry))
@@ -258,9 +316,9 @@ def plan_prune(
         in_flight=in_flight,
         newest=frozenset(newest),
         roots=roots,
+        observed=observed,
     )
     deletions: list[Deletion] = []
-    skipped: list[Skipped] = []
     for cand in candidates:
         reason = veto(cand.volume, cand.state, ctx)
         if reason is None:
@@ -274,14 +332,31 @@ def plan_prune(
         skipped=tuple(sorted(skipped, key=lambda s: (s.rel, s.volume))),
         refused=tuple(refused),
         newest=frozenset(newest),
-        floors=floors,
+        windows=windows,
         preserved=keeps,
+        rollbacks=rollbacks,
     )
 
 
 def deletion_order(d: Deletion) -> tuple[bool, int, str, bool]:
-    """Orphan temp files first (pure waste), then the oldest steps; mirror before primary."""
-    return (d.kind != ORPHAN_PART, d.step if d.step is not None else -1, d.rel, d.volume != MIRROR)
+    """Orphan temp files first (pure waste), then the oldest steps; primary before mirror, because a
+    primary file may only go while its verified mirror copy is still there."""
+    return (d.kind != ORPHAN_PART, d.step if d.step is not None else -1, d.rel, d.volume != PRIMARY)
+
+
+def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]) -> bool:
+    """The mirror holds a verified copy of exactly this primary file: recorded from a source of this
+    size and mtime (so with this content hash), passed its validator, and present with that size."""
+    entry = manifest.get(src.rel)
+    return (
+        entry is not None and entry_passed(entry)
+        and why_copy(src, entry, mirror_files.get(src.rel)) is None
+    )
+
+
+def entry_passed(entry: ManifestEntry) -> bool:
+    """Recorded with a passing validator verdict (entries from before validation existed count)."""
+    return entry.validation is None or entry.validation in PASSING
 
 
 def _step_verified(
@@ -295,6 +370,6 @@ def _step_verified(
         return False
     for dst in mirror_files:
         entry = manifest.get(dst.rel)
-        if entry is None or entry.size != dst.size:
+        if entry is None or entry.size != dst.size or not entry_passed(entry):
             return False
     return all(why_copy(src, manifest.get(src.rel), mirror_all.get(src.rel)) is None for src in primary_files)

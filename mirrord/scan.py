@@ -26,7 +26,7 @@ def is_temp_name(name: str) -> bool:
 
 
 def state_from_stat(rel: str, st: os.stat_result) -> FileState:
-    return FileState(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode)
+    return FileState(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_ctime_ns)
 
 
 def snapshot_tree(

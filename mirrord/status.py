@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -29,8 +30,10 @@ from mirrord.errors import ManifestError
 from mirrord.manifest import Manifest
 from mirrord.metrics import COPY_RESULTS
 from mirrord.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.paths import open_file_beneath
 from mirrord.plan import why_copy
 from mirrord.scan import snapshot_tree
+from mirrord.validators import Verdict, validate_fd
 from mirrord.verify import check_entry
 from mirrord.volume import LocalVolume
 
@@ -75,6 +78,7 @@ class DaemonStatus:
     queue_depth: float | None = None
     in_flight: float | None = None
     lag_seconds: float | None = None
+    invalid_sources: float | None = None
     copies: dict[str, float] = field(default_factory=dict)
     last_copy_at: float | None = None
     copying: list[dict[str, Any]] = field(default_factory=list)  # copies under way, from /status
@@ -152,6 +156,7 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
     status.queue_depth = samples.get(("mirrord_queue_depth", ()))
     status.in_flight = samples.get(("mirrord_copies_in_flight", ()))
     status.lag_seconds = samples.get(("mirrord_mirror_lag_seconds", ()))
+    status.invalid_sources = samples.get(("mirrord_invalid_sources", ()))
     status.copy_loops = samples.get(("mirrord_copy_loop_files", ()))
     status.manifest_repairs = samples.get(("mirrord_manifest_repairs_total", ()))
     last = samples.get(("mirrord_last_mirrored_timestamp_seconds", ()))
@@ -196,16 +201,14 @@ def _snapshot(root: Path, config: Config) -> tuple[Snapshot | None, str | None]:
 
 
 def _retired(config: Config, psnap: Snapshot, msnap: Snapshot, manifest: dict[str, ManifestEntry],
-             now: float) -> Callable[[str, int | None], bool]:
+             now: float) -> Callable[[str, int | None, int | None], bool]:
     """Steps retention has let go of: not mirrored on purpose, so not lag."""
     if not config.prune.enabled:
-        return lambda run, step: False
-    try:
-        from mirrord.retention import plan_prune
-    except ImportError:
-        return lambda run, step: False
+        return lambda run, step, mtime_ns=None: False
+    from mirrord.retention import plan_prune
+
     plan = plan_prune(psnap, msnap, manifest, frozenset(), now, config.prune, config.step_regex)
-    return plan.retired
+    return lambda run, step, mtime_ns=None: plan.retired(run, step, mtime_ns)
 
 
 def _disagreement(entry: ManifestEntry, state: FileState | None) -> str | None:
@@ -263,8 +266,42 @@ def _check_newest(run: RunStatus, entries: list[ManifestEntry], mirror_root: Pat
             if finding is not None:
                 run.verified, run.verify_detail = False, f"{entry.path}: {finding.problem} ({finding.detail})"
                 return
+        # Intact means whole, not only the recorded size: check the structure (a torn zip lacks its end
+        # records; a few KB read) and, with --verify, every CRC too.
+        verdict = _validate(mirror_root, entry.path, quick=not deep)
+        if not verdict.passed:
+            run.verified, run.verify_detail = False, f"{entry.path}: {verdict}"
+            return
     run.verified = True
     run.verify_detail = ", ".join(e.path for e in newest)
+
+
+def _validate(root: Path, rel: str, quick: bool) -> Verdict:
+    try:
+        fd = open_file_beneath(root, rel)
+    except OSError as exc:
+        return Verdict("unreadable", exc.strerror or str(exc))
+    try:
+        return validate_fd(fd, rel, quick=quick)
+    finally:
+        os.close(fd)
+
+
+def _invalid_sources(config: Config, psnap: Snapshot, manifest: dict[str, ManifestEntry], msnap: Snapshot,
+                     now: float, retired: Callable[[str, int | None, int | None], bool]) -> list[str]:
+    """Primary files not mirrored, unchanged for copy.invalid_grace_seconds, that are not whole (a
+    structural check: reads a few KB of each). mirrord never publishes them: someone must look."""
+    problems = []
+    grace = config.copy.invalid_grace_seconds
+    for rel, src in sorted(psnap.files.items()):
+        if why_copy(src, manifest.get(rel), msnap.files.get(rel)) is None or src.mtime_ns / 1e9 > now - grace:
+            continue
+        if retired(src.run, step_of(rel, config.step_regex), src.mtime_ns):
+            continue
+        verdict = _validate(config.primary, rel, quick=True)
+        if not verdict.passed:
+            problems.append(f"primary: {rel} is not a whole checkpoint ({verdict}); it is not mirrored")
+    return problems
 
 
 def collect(
@@ -323,6 +360,8 @@ def collect(
                      "interrupted one (the next copy of that file replaces it)")
 
     runs = _runs(config, psnap, msnap, manifest, damaged, checked_at, deep)
+    problems.extend(_invalid_sources(config, psnap, manifest, msnap, checked_at,
+                                     _retired(config, psnap, msnap, manifest, checked_at)))
     for run in runs:
         if run.verified is False:
             problems.append(f"run {run.run}: newest mirrored step {run.mirror_step} is NOT intact: "
@@ -339,6 +378,13 @@ def collect(
         # first copies: that is lag, a problem only past max_lag.)
         problems.append(f"mirror: no manifest in {config.mirror} and no daemon answers: none of the {pending} "
                         "checkpoint(s) on the primary is mirrored (start `mirrord run`, or `mirrord sync` now)")
+    if not daemon.running and config.metrics.enabled:
+        problems.append(f"daemon: {daemon.error}")
+    elif not daemon.running:
+        notes.append(f"daemon: {daemon.error}")
+    if daemon.invalid_sources:
+        problems.append(f"daemon: {daemon.invalid_sources:.0f} source file(s) failed their format validator for "
+                        "longer than copy.invalid_grace_seconds and are not mirrored (its log: copy.invalid_source)")
     if daemon.running:
         if not daemon.healthy:
             problems.append(f"daemon: unhealthy: {daemon.health}")
@@ -381,7 +427,7 @@ def _runs(config: Config, psnap: Snapshot, msnap: Snapshot, manifest: dict[str, 
         pending = [
             f for f in primary_by_run[name]
             if why_copy(f, manifest.get(f.rel), msnap.files.get(f.rel)) is not None
-            and not retired(name, step_of(f.rel, regex))
+            and not retired(name, step_of(f.rel, regex), f.mtime_ns)
         ]
         run.pending_files = len(pending)
         if pending:

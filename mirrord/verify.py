@@ -12,13 +12,19 @@ from mirrord.manifest import Manifest
 from mirrord.model import ManifestEntry
 from mirrord.paths import open_file_beneath
 from mirrord.scan import snapshot_tree
+from mirrord.validators import OK, UNCHECKED, validate_fd
 
 
 @dataclass(frozen=True)
 class Finding:
     path: str
-    problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | <deep status>
+    problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | <validator status>
     detail: str = ""
+
+    @property
+    def is_problem(self) -> bool:
+        """"unchecked" (a format without a validator) is worth reporting, never a failure."""
+        return self.problem != UNCHECKED
 
 
 def check_entry(root: Path, entry: ManifestEntry) -> Finding | None:
@@ -44,23 +50,26 @@ def check_entry(root: Path, entry: ManifestEntry) -> Finding | None:
 
 
 def deep_check(root: Path, rel: str, load: bool = False) -> Finding | None:
-    """Structural check of a torch.save zip (every record's CRC-32, no torch needed); with `load`,
-    also torch.load it (weights_only, mmap) to prove it deserializes."""
-    from mirrord.zipcheck import check_torch_zip_fd, load_check
+    """The format validator on the whole file (a torch zip: structure and every record's CRC-32, no
+    torch needed; safetensors; JSON); with `load`, also torch.load a torch zip (weights_only, mmap) to
+    prove it deserializes. A format without a validator gives an "unchecked" finding."""
+    from mirrord.zipcheck import load_check
 
     try:
         fd = open_file_beneath(root, rel)  # no symlinks below the root, as everywhere else
     except OSError as exc:
         return Finding(rel, "unreadable", exc.strerror or str(exc))
     try:
-        result = check_torch_zip_fd(fd)
+        verdict = validate_fd(fd, rel)
     finally:
         os.close(fd)
-    if result.status == "ok" and load:
-        result = load_check(root / rel)
-    if result.status == "ok":
+    if verdict.status == OK and load and verdict.format == "torch_zip":
+        loaded = load_check(root / rel)
+        if not loaded.ok:
+            return Finding(rel, loaded.status, loaded.detail)
+    if verdict.status == OK:
         return None
-    return Finding(rel, result.status, result.detail)
+    return Finding(rel, verdict.status, verdict.detail)
 
 
 def verify_mirror(
@@ -71,7 +80,8 @@ def verify_mirror(
 ) -> tuple[int, list[Finding]]:
     """Check every manifest entry, then list mirror files the manifest does not know.
 
-    Returns (files checked, findings). `deep_check` adds a per-file structural check (torch zip CRCs).
+    Returns (files checked, findings). `deep_check` adds the format validator on every file, recorded
+    or not; its "unchecked" findings (formats without a validator) are not problems (Finding.is_problem).
     """
     manifest = Manifest.load(root)
     entries = sorted(manifest.entries.values(), key=lambda e: e.path)
@@ -91,7 +101,11 @@ def verify_mirror(
         progress(total, total, "")
     snap = snapshot_tree(root, patterns)
     for rel in sorted(set(snap.files) - set(manifest.entries)):
-        findings.append(Finding(rel, "unrecorded", "on the mirror but not in the manifest"))
+        deep = deep_check(root, rel) if deep_check is not None else None
+        if deep is not None and deep.is_problem:  # a torn or corrupt file, not only an unrecorded one
+            findings.append(Finding(rel, deep.problem, f"not in the manifest, and {deep.detail}"))
+        else:
+            findings.append(Finding(rel, "unrecorded", "on the mirror but not in the manifest"))
     for msg in snap.errors:
         findings.append(Finding(str(root), "unreadable", msg))
     return len(entries), findings

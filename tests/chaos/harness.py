@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import stat
 import subprocess
@@ -322,11 +323,38 @@ def converged_violations(world: World, expected: Iterable[str] | None = None) ->
 
 
 def expected_latest(mirror: Path) -> Path | None:
+    """What `latest` must name (issue 14): per run the newest by (branch, step) - a lower step written
+    later is a rollback's new branch (mirrord.branches) - and across runs the one with the newest mtime."""
+    from mirrord.branches import branches
+
     entries, _ = load_manifest(mirror)
     if not entries:
         return None
-    best = max(entries.values(), key=lambda e: (e.step if e.step is not None else -1, e.source_mtime_ns))
-    return mirror / best.path
+    by_run: dict[str, list[ManifestEntry]] = {}
+    for e in entries.values():
+        by_run.setdefault(e.run, []).append(e)
+    best = []
+    lie = (time.time() + 60) * 1e9  # an mtime beyond the skew allowance is a lying clock: no order
+    for run_entries in by_run.values():
+        order = branches({e.step: 0 if e.source_mtime_ns > lie else e.source_mtime_ns
+                          for e in run_entries if e.step is not None})
+        best.append(max(run_entries, key=lambda e: (e.step is not None, order.key(e.step) if e.step is not None
+                                                     else (0, 0), e.source_mtime_ns)))
+    return mirror / max(best, key=lambda e: e.source_mtime_ns).path
+
+
+def newest_steps(primary: Path, run: str, n: int) -> set[int]:
+    """The n newest steps of a run on the primary by (branch, step): what retention keeps."""
+    from mirrord.branches import branches
+    from mirrord.model import step_of
+
+    regex = re.compile(r"step_(\d+)")
+    mtimes = {}
+    for rel, path in finals(primary)[0].items():
+        step = step_of(rel, regex)
+        if step is not None and rel.rsplit("/", 1)[0] == run:
+            mtimes[step] = path.stat().st_mtime_ns
+    return set(sorted(mtimes, key=branches(mtimes).key)[-n:])
 
 
 # ----------------------------------------------------------------------------------------- processes

@@ -39,6 +39,7 @@ from tests.chaos.harness import (
     wait_until,
     write_config,
 )
+from tests.helpers import run_mirrord
 from tests.integration.daemon_harness import DaemonProcess
 
 NS = 10**9
@@ -395,6 +396,11 @@ def test_a_guard_veto_is_logged_once(tmp_path: Path, checkpoints: Checkpoints, r
     now = time.time_ns()
     for step in range(1, 9):
         world.install(f"run/{step_name(step)}", checkpoints.pick(rng, 200_000), mtime_ns=now)
+    # Every step mirrored first: a daemon started on an existing run copies only what the window keeps.
+    synced = run_mirrord("sync", "--primary", world.primary, "--mirror", world.mirror,
+                         env={"MIRRORD_PRUNE__ENABLED": "false", "MIRRORD_COPY__SETTLE_SECONDS": "0",
+                              "MIRRORD_METRICS__ENABLED": "false"})
+    assert synced.returncode == 0, synced.stderr
     daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
                            {"prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 3600},
                             "watch": {"rescan_interval_seconds": 0.2}, "log": {"level": "info"}})

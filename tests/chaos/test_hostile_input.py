@@ -169,7 +169,8 @@ def _prune_world(world: World, checkpoints: Checkpoints, side: str) -> tuple[Con
         if not (world.primary / "run" / step_name(step)).exists():
             world.install(f"run/{step_name(step)}", checkpoints.blobs[step])
     config = make_config(world, prune=_prune_settings(side))
-    assert mirrord.sync.run_sync(config).ok
+    # Every step mirrored first (with pruning on, a first sync copies only what the window keeps).
+    assert mirrord.sync.run_sync(make_config(world, prune={"enabled": False})).ok
     victim = world.base / "victim" / "run"
     if not victim.exists():
         victim.mkdir(parents=True)

@@ -12,6 +12,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from mirrord.hashing import hash_file
+from mirrord.latest import latest_checkpoint as latest_checkpoint_of
 from tests.chaos.harness import (
     BASE_MTIME_NS,
     SCALE,
@@ -30,10 +34,12 @@ from tests.chaos.harness import (
     Zygote,
     converged_violations,
     crash_violations,
+    digest_bytes,
     events,
     finals,
     latest_violations,
     load_manifest,
+    newest_steps,
     step_name,
     wait_until,
     write_config,
@@ -44,6 +50,30 @@ RUNS = ("run-a", "run-b", "run-c")
 SMALL_BLOB = 400_000
 MAX_STEP = 5
 KEEP_LAST = 2
+
+
+class TornWriter:
+    """A trainer process writing one checkpoint in place, slowly (64 KiB every 10 ms), to be killed."""
+
+    CHUNK, PAUSE = 65536, 0.01
+    SCRIPT = ("import sys, time\n"
+              "data = open(sys.argv[1], 'rb').read()\n"
+              "with open(sys.argv[2], 'wb') as f:\n"
+              "    for i in range(0, len(data), {chunk}):\n"
+              "        f.write(data[i:i + {chunk}]); f.flush(); time.sleep({pause})\n")
+
+    def __init__(self, path: Path, blob: bytes, scratch: Path) -> None:
+        scratch.write_bytes(blob)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        script = self.SCRIPT.format(chunk=self.CHUNK, pause=self.PAUSE)
+        self.proc = subprocess.Popen([sys.executable, "-c", script, str(scratch), str(path)],
+                                     start_new_session=True)
+        self.seconds = len(blob) / self.CHUNK * self.PAUSE
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
 
 
 class Trainer:
@@ -69,8 +99,9 @@ class Trainer:
             self.world.install(rel, self.checkpoints.pick(self.rng))
 
     def kept(self) -> set[str]:
-        """What a completed prune leaves on the mirror: each run's KEEP_LAST highest steps."""
-        return {f"{run}/{step_name(s)}" for run, n in self.steps.items() for s in range(n - KEEP_LAST + 1, n + 1)}
+        """What a completed prune leaves on the mirror: each run's KEEP_LAST newest steps - by (branch,
+        step): a checkpoint rewritten later than a higher step is a rollback's new branch (issue 14)."""
+        return {f"{run}/{step_name(s)}" for run in RUNS for s in newest_steps(self.world.primary, run, KEEP_LAST)}
 
 
 def _seconds(iso: str) -> float:
@@ -213,6 +244,57 @@ class Rounds:
             self.tally.check([f"a clean prune exited {code}"], f"round {self.n}")
         self.check_converged(f"round {self.n} (prune restarted)", trainer.kept())
 
+    def writer_round(self, trainer: Trainer) -> None:
+        """The trainer is killed mid-save (a checkpoint written in place, no rename) while the daemon
+        runs. Issue 14's invariants: the torn file is never published, no good step of its run is
+        deleted while it is torn, `latest` names a whole checkpoint; once the trainer saves it again
+        (whole), the daemon converges as usual."""
+        run = self.rng.choice(RUNS)
+        kept_before = trainer.kept()
+        step = trainer.steps[run] + 1
+        rel = f"{run}/{step_name(step)}"
+        blob = trainer.checkpoints.pick(self.rng)
+        # The whole blob is a version the primary may have (the writer may finish before the kill).
+        self.world.history.setdefault(rel, []).append(digest_bytes(blob))
+        pid = self.start_daemon()
+        try:
+            wait_until(lambda: self.daemon_converged(kept_before), 60, "the daemon to converge before the save")
+            writer = TornWriter(self.world.primary / rel, blob, self.workdir / f"blob-{self.n}")
+            time.sleep(self.rng.uniform(0.05, writer.seconds * 0.9))  # the fault instant, not a synchronization
+            writer.kill()
+            self.tally.fault("SIGKILL of the trainer mid-save")
+            written = self.world.primary / rel
+            size = written.stat().st_size if written.exists() else 0  # killed before it even opened it
+            if 0 < size < len(blob):
+                log = self.log("daemon")
+                wait_until(lambda: [e for e in events(log, "copy.failed") if e.get("path") == rel]
+                           or self.zygote.wait(pid, 0) is not None, 60, "the daemon to judge the torn file")
+                self.tally.check(self.torn_violations(rel, run, kept_before), f"round {self.n} (trainer killed)")
+            self.check_crash(f"round {self.n} (trainer killed)")
+            trainer.steps[run] = step
+            self.world.install(rel, blob)  # the restarted trainer saves it again, whole
+            kept = trainer.kept()
+            wait_until(lambda: self.daemon_converged(kept), 60, "the daemon to converge after the re-save")
+        finally:
+            self.stop_daemon(pid)
+        self.check_converged(f"round {self.n} (trainer re-saved)", kept)
+
+    def torn_violations(self, rel: str, run: str, kept_before: set[str]) -> list[str]:
+        found = []
+        if (self.world.mirror / rel).exists():
+            found.append(f"{rel}: a torn source was published on the mirror")
+        entries, _ = load_manifest(self.world.mirror)
+        if rel in entries:
+            found.append(f"{rel}: a torn source was recorded in the manifest")
+        files = set(finals(self.world.mirror)[0])
+        found += [f"{k}: a good step deleted while a newer one is torn" for k in kept_before
+                  if k.startswith(run + "/") and k not in files]
+        latest = latest_checkpoint_of(self.world.mirror)
+        if latest is not None and hash_file(latest, "blake3") not in self.world.history.get(
+                latest.relative_to(self.world.mirror).as_posix(), ()):
+            found.append(f"latest names {latest}, which is no whole checkpoint")
+        return found
+
     def daemon_round(self, trainer: Trainer) -> None:
         """The daemon copies and prunes (keep_last): it converges on each run's newest steps."""
         self.kill_at_random(["run", "--config", self.run_cfg], "daemon", self.log("killed-daemon"))
@@ -229,8 +311,9 @@ class Rounds:
 def test_sigkill_at_random_instants(
     world: World, checkpoints: Checkpoints, zygote: Zygote, tmp_path: Path, report: Report
 ) -> None:
-    """SIGKILL `mirrord sync`, `mirrord prune` and `mirrord run` at random instants, then restart."""
-    tally, rng = report.seeded_scenario("kill -9 at random instants (sync, prune, daemon)", "kill9")
+    """SIGKILL `mirrord sync`, `mirrord prune` and `mirrord run` at random instants, then restart; and
+    SIGKILL the trainer mid-save while the daemon runs."""
+    tally, rng = report.seeded_scenario("kill -9 at random instants (sync, prune, daemon, trainer)", "kill9")
     trainer = Trainer(world, checkpoints, rng)
     rounds = Rounds(zygote, world, tmp_path, tally, rng)
     rounds.sync()
@@ -238,11 +321,13 @@ def test_sigkill_at_random_instants(
     for n in range(SCALE.kill_rounds):
         rounds.n = n
         trainer.work()
-        kind = rng.choices(("sync", "prune", "daemon"), weights=(6, 2, 2))[0]
+        kind = rng.choices(("sync", "prune", "daemon", "writer"), weights=(6, 2, 2, 2))[0]
         if kind == "sync":
             rounds.sync_round()
         elif kind == "prune":
             rounds.prune_round(trainer)
+        elif kind == "writer":
+            rounds.writer_round(trainer)
         else:
             rounds.daemon_round(trainer)
         tally.rounds += 1

@@ -90,8 +90,10 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
     daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror, settings)
     daemon.start()
     try:
-        for step in range(1, 6):
+        for step in range(1, 6):  # one at a time, each mirrored before the next (issue 14: a step
+            # already below the window when first seen is never copied, so never pruned from the primary)
             world.install(f"run/{step_name(step)}", checkpoints.pick(rng))
+            wait_until(lambda step=step: _mirrored(world, {f"run/{step_name(step)}"}), 60, f"step {step} mirrored")
         kept = {f"run/{step_name(s)}" for s in (4, 5)}
         wait_until(lambda: _mirrored(world, kept) and set(world.primary_files()) == kept, 60,
                    "steps 4-5 mirrored and steps 1-3 pruned on both sides")
@@ -428,6 +430,9 @@ def test_sparse_checkpoints_stay_sparse(tmp_path: Path, checkpoints: Checkpoints
         path = world.primary / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as f:
+            # Zips around a hole are no whole torch.save zip, and such a source is never published
+            # (issue 14); a leading non-zip line makes them a format mirrord does not check.
+            head = b"not a zip: sparse test data\n" + head
             f.write(head)
             f.seek(len(head) + hole)
             f.write(tail)

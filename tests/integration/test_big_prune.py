@@ -16,7 +16,7 @@ import pytest
 from mirrord.hashing import hash_file
 from mirrord.manifest import Manifest
 from mirrord.model import ManifestEntry
-from tests.helpers import mirror_files, run_mirrord, save_checkpoint
+from tests.helpers import BASE_MTIME_NS, mirror_files, run_mirrord, save_checkpoint
 from tests.integration.daemon_harness import wait_for
 
 RUNS = 10
@@ -41,7 +41,9 @@ def _build(tmp_path: Path) -> tuple[Path, Path, set[str]]:
     result = run_mirrord("sync", "--primary", primary, "--mirror", mirror)
     assert result.returncode == 0, result.stderr
     blob = save_checkpoint(tmp_path / "old.pt", 1).read_bytes()
-    digest, old_ns = hash_file(tmp_path / "old.pt", "blake3"), time.time_ns() - 3600 * 10**9
+    # Older than the kept steps (save_checkpoint dates step N at BASE_MTIME_NS + N s): a lower step with
+    # a newer mtime would be a rollback's new branch, and retention would keep it instead (issue 14).
+    digest, old_ns = hash_file(tmp_path / "old.pt", "blake3"), BASE_MTIME_NS - 3600 * 10**9
     entries = []
     for r in range(RUNS):
         for step in range(OLD_STEPS):

@@ -1,4 +1,9 @@
-"""Retention inside the running daemon: both sides end with the same kept steps; guards hold."""
+"""Retention inside the running daemon: both sides end with the same kept steps; guards hold.
+
+A daemon pointed at an existing run copies only what the window keeps (issue 14), so the tests that
+prune old steps on both sides mirror them first with a one-shot `mirrord sync` (pruning off). The
+daemon also deletes only files it has itself seen unchanged for min_age_seconds (monotonic clock).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,15 @@ import os
 import time
 
 from mirrord.manifest import Manifest
+from tests.helpers import run_mirrord
 from tests.integration.daemon_harness import save_checkpoint, wait_for
+
+
+def mirror_everything(primary, mirror):
+    """What an earlier mirrord (or a first sync with pruning off) left: every step mirrored and recorded."""
+    env = {"MIRRORD_PRUNE__ENABLED": "false", "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+    result = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env)
+    assert result.returncode == 0, result.stderr
 
 
 def steps(root, run="r"):
@@ -19,7 +32,8 @@ def test_keep_last_3_of_10_on_both_sides_with_guards(tmp_path, daemon_factory):
     for step in range(1, 11):
         p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
         os.utime(p, (old + step, old + step))
-    d = daemon_factory({"prune": {"enabled": True, "keep_last": 3, "primary": True, "min_age_seconds": 60}}).start()
+    mirror_everything(primary, mirror)
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 3, "primary": True, "min_age_seconds": 1}}).start()
     wait_for(lambda: steps(mirror) == [8, 9, 10] and steps(primary) == [8, 9, 10], 60, "steps 8-10 on both sides")
     assert sorted(Manifest.load(mirror).entries) == [f"r/step_{s:04d}.pt" for s in (8, 9, 10)]
     # (the counter is raised just after each unlink: the last one may still be on its way)
@@ -29,15 +43,18 @@ def test_keep_last_3_of_10_on_both_sides_with_guards(tmp_path, daemon_factory):
 
 
 def test_zero_and_recent_mtimes_survive(tmp_path, daemon_factory):
-    primary = tmp_path / "primary"
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
     for step in range(1, 7):
         p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
         os.utime(p, (old + step, old + step))
     os.utime(primary / "r" / "step_0002.pt", (0, 0))  # a filesystem that does not know the mtime
-    os.utime(primary / "r" / "step_0003.pt")  # touched just now
-    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 60}}).start()
-    wait_for(lambda: steps(primary) == [2, 3, 5, 6], 60, "old steps pruned, guarded ones kept")
+    soon = time.time() + 40  # within future_skew_seconds: "recent" for min_age_seconds + 40 s
+    for step in (3, 4, 5, 6):  # recent, and in step order (a lower step written later is a rollback)
+        os.utime(primary / "r" / f"step_{step:04d}.pt", (soon + step, soon + step))
+    mirror_everything(primary, mirror)
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 1}}).start()
+    wait_for(lambda: steps(primary) == [2, 3, 4, 5, 6], 30, "old steps pruned, guarded ones kept")
     assert d.events("prune.skipped", reason="zero_mtime", path="r/step_0002.pt")
     assert d.events("prune.skipped", reason="recent_mtime", path="r/step_0003.pt")
     assert d.metric("mirrord_prune_skipped_total", 'reason="zero_mtime"') >= 1
@@ -45,20 +62,23 @@ def test_zero_and_recent_mtimes_survive(tmp_path, daemon_factory):
 
 
 def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
-    """Step 1 is old and below the kept window, but it is queued and then being copied (slowly) while
-    retention runs on every reconcile: the in-flight guard keeps it until its copy is done."""
+    """Step 1 is being copied (slowly) when steps 2 and 3 arrive and put it below the kept window, while
+    retention runs on every reconcile: the in-flight guard keeps its temp file until the copy is done,
+    and the source stays; step 1 goes once 2 and 3 are verified."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
     slow = save_checkpoint(primary / "r" / "step_0001.pt", 1, megabytes=60)
-    for step in (1, 2, 3):
-        p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step) if step > 1 else slow
-        os.utime(p, (old + step, old + step))
-    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 60},
+    os.utime(slow, (old + 1, old + 1))
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 1},
                         "copy": {"workers": 1}, "watch": {"rescan_interval_seconds": 0.3},
                         "io": {"bandwidth_limit": 15 * 1024 * 1024, "drop_cache": False}}).start()
     part = mirror / "r" / "step_0001.pt.part"
     wait_for(lambda: part.exists(), 90, "the slow copy to start")
-    wait_for(lambda: d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt"), 90, "in-flight veto")
+    for step in (2, 3):
+        p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        os.utime(p, (old + step, old + step))
+    wait_for(lambda: d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt.part"), 90,
+             "in-flight veto")
 
     def copy_done() -> bool:
         """For the whole copy, whatever retention does, the source stays: the source missing while

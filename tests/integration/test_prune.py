@@ -55,12 +55,18 @@ def cli(command: str, primary: Path, mirror: Path, *args: str, env: dict[str, st
 
 
 def sync(primary: Path, mirror: Path) -> None:
-    result = cli("sync", primary, mirror)
+    """Mirror every step (pruning off: with it on, a first sync copies only what the window keeps)."""
+    result = cli("sync", primary, mirror, env={"MIRRORD_PRUNE__ENABLED": "false"})
     assert result.returncode == 0, result.stderr
 
 
 def events(result: Any, name: str) -> list[dict[str, Any]]:
     return [e for e in log_events(result.stderr) if e["event"] == name]
+
+
+def mirror_all(config: Config) -> Any:
+    """sync with pruning off: every step mirrored (with it on, a first sync copies only the window)."""
+    return run_sync(config.model_copy(update={"prune": config.prune.model_copy(update={"enabled": False})}))
 
 
 def pruner_for(config: Config, **kwargs: Any) -> Pruner:
@@ -110,18 +116,18 @@ def test_a_checkpoint_with_mtime_zero_survives(primary: Path, mirror: Path) -> N
 
 
 def test_a_file_touched_a_second_ago_survives(primary: Path, mirror: Path) -> None:
-    """A recent mtime may be a copy or a write in flight, on either side."""
+    """A recent mtime may be a copy or a write in flight, on either side. (Touched, the mirror's step 3
+    is no longer what was recorded: the primary's step 3 has no verified copy, so it stays too.)"""
     make_run(primary)
     sync(primary, mirror)
     now = time.time()
-    os.utime(primary / RUN / "step_0002.pt", (now - 1, now - 1))
     os.utime(mirror / RUN / "step_0003.pt", (now - 1, now - 1))
     result = cli("prune", primary, mirror)
     assert result.returncode == 0, result.stderr
-    assert steps_on(primary) == [2, 8, 9, 10]
+    assert steps_on(primary) == [3, 8, 9, 10]
     assert steps_on(mirror) == [3, 8, 9, 10]
     assert {(e["volume"], e["step"], e["reason"]) for e in events(result, "prune.skipped")} == {
-        ("primary", 2, "recent_mtime"), ("mirror", 3, "recent_mtime"),
+        ("primary", 3, "unmirrored"), ("mirror", 3, "recent_mtime"),
     }
 
 
@@ -290,7 +296,7 @@ def synced(primary: Path, mirror: Path, make_config: Callable[..., Config]) -> C
     """Ten real checkpoints mirrored; keep_last = 3 with primary pruning."""
     make_run(primary)
     config = make_config(prune={"keep_last": 3, "primary": True})
-    assert run_sync(config).ok
+    assert mirror_all(config).ok
     return config
 
 
@@ -352,7 +358,9 @@ def test_a_file_replaced_after_planning_is_not_deleted(synced: Config) -> None:
     report = pruner.execute(plan)
     assert [(v, rel) for v, rel, _why in report.changed] == [("mirror", f"{RUN}/step_0002.pt")]
     assert path.read_bytes() == b"someone else's file"
-    assert len(report.deleted) == 13
+    # Its primary file goes first in plan order, but no longer has a verified mirror copy: kept.
+    assert ("primary", f"{RUN}/step_0002.pt", "unmirrored") in {(s.volume, s.rel, s.reason) for s in report.skipped}
+    assert len(report.deleted) == 12
 
 
 def test_orphan_temp_files_go_only_when_old_and_not_in_flight(synced: Config) -> None:
@@ -377,7 +385,7 @@ def test_metrics_and_logs_count_every_decision(
     os.utime(ckpts[1], (0, 0))
     size = sum(ckpts[s].stat().st_size for s in range(2, 8))
     config = make_config(prune={"keep_last": 3, "primary": True})
-    assert run_sync(config).ok
+    assert mirror_all(config).ok
     metrics = Metrics()
     mirror_vol = LocalMirror(mirror)
     report = Pruner(config, LocalVolume(primary), mirror_vol, mirror_vol.read_manifest(), metrics).run_cycle()
@@ -399,7 +407,7 @@ def test_mirror_must_be_a_mount_point_when_configured(primary: Path, mirror: Pat
     for root, must_refuse in ((mirror, True), (small_tmpfs, False)):
         data = {"primary": str(primary), "mirror": str(root), "mirror_must_be_mountpoint": False,
                 "copy": {"settle_seconds": 0, "free_space_reserve_bytes": 0}, "prune": {"keep_last": 3}}
-        assert run_sync(load_config(None, environ={}, overrides=data, check_roots=False)).ok
+        assert mirror_all(load_config(None, environ={}, overrides=data, check_roots=False)).ok
         data["mirror_must_be_mountpoint"] = True
         config = load_config(None, environ={}, overrides=data, check_roots=False)
         report = pruner_for(config).run_cycle()

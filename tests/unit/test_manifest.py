@@ -48,10 +48,21 @@ def test_json_layout_is_the_documented_schema() -> None:
                 "source_mtime_ns": 1_700_000_000_123_456_789,
                 "step": 10,
                 "mirrored_at": 1_700_000_100.5,
+                # issue 14: the validator's verdict (null: recorded before validation existed) and the
+                # published copy's inode and ctime (0: unknown), so `latest` need not re-hash it
+                "validation": None,
+                "mirror_ino": 0,
+                "mirror_ctime_ns": 0,
             }
         },
     }
     assert MANIFEST_NAME == ".mirrord-manifest.json"
+
+
+def test_a_manifest_without_the_validation_fields_still_loads() -> None:
+    """Entries written before issue 14 lack validation and the copy's stat: they load with defaults."""
+    [loaded] = Manifest.from_bytes(doc({"run/step_0001.pt": GOOD})).entries.values()
+    assert (loaded.validation, loaded.mirror_ino, loaded.mirror_ctime_ns) == (None, 0, 0)
 
 
 def test_round_trip_keeps_every_field_exactly() -> None:

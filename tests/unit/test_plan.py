@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -162,33 +163,63 @@ class Clocks:
         self.mono += seconds
 
 
-def test_old_mtime_is_settled_at_first_sight() -> None:
+def test_an_old_mtime_is_not_settled_at_first_sight() -> None:
+    """Settled means observed: an hour-old mtime may come from a clock that lags (or a file still being
+    appended to on a server whose clock is behind ours)."""
     clocks = Clocks()
-    old = src("a.pt", mtime_ns=T0 - 3 * S)
-    assert clocks.tracker()(old)
+    settled = clocks.tracker(2.0)
+    old = src("a.pt", mtime_ns=T0 - 3600 * S)
+    assert not settled(old)
+    clocks.mono += 1.9
+    assert not settled(old)
+    clocks.mono += 0.1
+    assert settled(old)
 
 
-def test_recent_mtime_settles_after_being_seen_unchanged_for_settle_seconds() -> None:
+def test_a_recent_mtime_adds_delay_never_removes_it() -> None:
     clocks = Clocks()
     settled = clocks.tracker(2.0)
     fresh = src("a.pt", mtime_ns=T0)
     assert not settled(fresh)
-    clocks.mono += 1.9  # wall clock frozen: only our own observation can settle it
+    clocks.mono += 2.0  # seen unchanged long enough, but the wall clock says it was modified just now
     assert not settled(fresh)
-    clocks.mono += 0.1
+    clocks.wall += 2.0
     assert settled(fresh)
+
+
+def test_a_wall_clock_ahead_of_the_files_settles_nothing_that_keeps_changing() -> None:
+    """The issue's faketime +30s case: a writer appending every 0.3 s is never settled."""
+    clocks = Clocks(wall=T0 / S + 30)
+    settled = clocks.tracker(2.0)
+    for i in range(20):
+        assert not settled(src("a.pt", size=100_000 * (i + 1), mtime_ns=T0 + int(i * 0.3 * S)))
+        clocks.advance(0.3)
 
 
 def test_a_change_restarts_the_observation() -> None:
     clocks = Clocks()
     settled = clocks.tracker(2.0)
     assert not settled(src("a.pt", size=100, mtime_ns=T0))
-    clocks.mono += 1.5
+    clocks.advance(1.5)
     assert not settled(src("a.pt", size=200, mtime_ns=T0))  # grew: still being written
-    clocks.mono += 1.5
+    clocks.advance(1.5)
     assert not settled(src("a.pt", size=200, mtime_ns=T0))
-    clocks.mono += 0.5
+    clocks.advance(0.5)
     assert settled(src("a.pt", size=200, mtime_ns=T0))
+
+
+def test_a_ctime_change_restarts_the_observation() -> None:
+    """Same size and mtime restored (a rewrite with utime): the ctime still moved."""
+    clocks = Clocks()
+    settled = clocks.tracker(2.0)
+    assert not settled(src("a.pt", mtime_ns=T0 - 10 * S))
+    clocks.advance(1.5)
+    rewritten = dataclasses.replace(src("a.pt", mtime_ns=T0 - 10 * S), ctime_ns=T0 + 2 * S)
+    assert not settled(rewritten)
+    clocks.advance(1.5)
+    assert not settled(rewritten)
+    clocks.advance(0.5)
+    assert settled(rewritten)
 
 
 def test_mtime_zero_says_nothing_about_age() -> None:
@@ -233,6 +264,6 @@ def test_files_are_tracked_independently() -> None:
     settled = clocks.tracker(2.0)
     a, b = src("a.pt", mtime_ns=T0), src("b.pt", mtime_ns=T0)
     assert not settled(a)
-    clocks.mono += 2.0
+    clocks.advance(2.0)
     assert not settled(b)
     assert settled(a)

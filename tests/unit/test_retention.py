@@ -15,6 +15,7 @@ from pathlib import PurePath
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mirrord.branches import branches
 from mirrord.config import PruneConfig
 from mirrord.model import FileState, ManifestEntry, Snapshot, step_of
 from mirrord.retention import (
@@ -155,21 +156,50 @@ def all_steps(h: History) -> dict[str, set[int]]:
     return out
 
 
+def order(h: History) -> dict[str, list[int]]:
+    """Per run, steps oldest first: by branch (mirrord.branches, from the primary's mtime, else the
+    mirror's; an mtime beyond the skew allowance counts as unknown), then step. Without a rollback
+    this is plain step order."""
+    prim, mirr = by_run_step(h.primary), by_run_step(h.mirror)
+    out = {}
+    for run, steps in all_steps(h).items():
+        mtimes = {s: max(f.mtime_ns for f in prim[run][s] or mirr[run][s]) for s in steps}
+        lie = (NOW + h.policy.future_skew_seconds) * NS  # a lying clock says nothing about order
+        out[run] = sorted(steps, key=branches({s: 0 if m > lie else m for s, m in mtimes.items()}).key)
+    return out
+
+
+def top_verified(h: History) -> dict[str, list[int]]:
+    """Per run, the keep_last newest verified steps, oldest first."""
+    verified = verified_steps(h)
+    return {run: [s for s in steps if s in verified[run]][-h.policy.keep_last:] for run, steps in order(h).items()}
+
+
 def kept_steps(h: History) -> dict[str, set[int]]:
-    verified, steps = verified_steps(h), all_steps(h)
+    steps = all_steps(h)
     kept: dict[str, set[int]] = {}
-    for run in steps:
-        top = set(sorted(verified[run])[-h.policy.keep_last:])
+    for run, top in top_verified(h).items():
         every = h.policy.keep_every
-        kept[run] = top | ({s for s in steps[run] if s % every == 0} if every else set())
+        kept[run] = set(top) | ({s for s in steps[run] if s % every == 0} if every else set())
     return kept
+
+
+def deletable_steps(h: History) -> dict[str, set[int]]:
+    """Below the keep_last newest steps present, kept by no policy, and those keep_last all verified."""
+    verified, kept = verified_steps(h), kept_steps(h)
+    out = {}
+    for run, steps in order(h).items():
+        window = steps[-h.policy.keep_last:]
+        retired = steps[: max(0, len(steps) - h.policy.keep_last)]
+        out[run] = {s for s in retired if s not in kept[run] and all(w in verified[run] for w in window)}
+    return out
 
 
 def newest_files(h: History) -> set[str]:
     out = set()
-    for run, steps in verified_steps(h).items():
+    for run, steps in top_verified(h).items():
         if steps:
-            top = max(steps)
+            top = steps[-1]
             out |= {s.rel for f in (h.primary, h.mirror) for s in f.values()
                     if s.run == run and step_of(s.rel, STEP_RE) == top}
     return out
@@ -197,9 +227,10 @@ def test_never_plans_deleting_a_recent_zero_future_in_flight_or_newest_file(h: H
 @PROPERTY
 @given(histories())
 def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> None:
-    """Deleted steps are below the lowest keep_last step of their run and kept by no policy."""
+    """Deleted steps are below the keep_last newest steps present, kept by no policy, and those newest
+    steps of their run are all verified (a torn or unfinished newest step keeps the older ones)."""
     plan = h.plan()
-    kept, verified = kept_steps(h), verified_steps(h)
+    kept, verified, deletable = kept_steps(h), verified_steps(h), deletable_steps(h)
     for d in plan.deletions:
         if d.kind == "orphan_part":
             continue
@@ -207,7 +238,19 @@ def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> Non
         assert d.step is not None
         assert d.step not in kept[run], d
         assert verified[run], "a run with no verified step has no candidates"
-        assert d.step < min(sorted(verified[run])[-h.policy.keep_last:]), d
+        assert d.step in deletable[run], d
+        assert all(s in verified[run] for s in order(h)[run][-h.policy.keep_last:]), d
+
+
+@PROPERTY
+@given(histories())
+def test_a_primary_file_is_deleted_only_with_a_verified_copy_of_exactly_it(h: History) -> None:
+    """Whatever its step: recorded from a source of this size and mtime, and present with that size."""
+    for d in h.plan().deletions:
+        if d.volume == "primary":
+            e, m = h.manifest.get(d.rel), h.mirror.get(d.rel)
+            assert e is not None and m is not None, d
+            assert e.size == d.state.size == m.size and e.source_mtime_ns == d.state.mtime_ns, d
 
 
 @PROPERTY
@@ -222,7 +265,7 @@ def test_kept_set_has_exactly_min_keep_last_verified_steps(h: History) -> None:
             assert k.step is not None
             by_run[k.rel.rpartition("/")[0]].add(k.step)
     for run in all_steps(h):
-        expected = set(sorted(verified[run])[-h.policy.keep_last:])
+        expected = set(top_verified(h)[run])
         assert len(by_run[run]) == min(h.policy.keep_last, len(verified[run]))
         assert by_run[run] == expected
 
@@ -262,15 +305,19 @@ def test_every_file_gets_exactly_one_decision(h: History) -> None:
 @PROPERTY
 @given(histories(guards_quiet=True))
 def test_both_sides_lose_the_same_steps(h: History) -> None:
-    """With primary pruning on and no guard objecting, a step present on both sides goes from both or neither."""
+    """With primary pruning on and no guard objecting, a verified step present on both sides goes from
+    both or neither; an unverified mirror copy may go alone, its primary file never without it."""
     h.policy = h.policy.model_copy(update={"primary": True})
     plan = h.plan()
     gone: dict[str, set[tuple[str, int | None]]] = defaultdict(set)
     for d in plan.deletions:
         if d.kind == "step":
             gone[d.volume].add((d.state.run, d.step))
-    common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror}
+    verified = {(run, s) for run, steps in verified_steps(h).items() for s in steps}
+    common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror} & verified
     assert gone["primary"] & common == gone["mirror"] & common
+    assert gone["primary"] <= gone["mirror"] | {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values()
+                                                if s.rel not in h.mirror} | verified
 
 
 @PROPERTY
@@ -331,26 +378,90 @@ def test_keep_last_three_of_ten_deletes_steps_one_to_seven_on_both_sides() -> No
     assert {(k.step, k.why) for k in plan.kept} == {(8, "keep_last"), (9, "keep_last"), (10, "keep_last")}
     assert all(d.entry is not None for d in plan.deletions if d.volume == "mirror")
     assert all(d.entry is None for d in plan.deletions if d.volume == "primary")
-    assert plan.floors == {"run": 8}
+    assert plan.retired("run", 7) and not plan.retired("run", 8)
 
 
-def test_deletions_are_ordered_oldest_first_mirror_before_primary() -> None:
+def test_deletions_are_ordered_oldest_first_primary_before_mirror() -> None:
+    """A primary file may only go while its verified mirror copy is still there."""
     plan = synced(range(1, 6)).plan()
-    assert [(d.step, d.volume) for d in plan.deletions] == [(1, "mirror"), (1, "primary"), (2, "mirror"),
-                                                             (2, "primary")]
+    assert [(d.step, d.volume) for d in plan.deletions] == [(1, "primary"), (1, "mirror"), (2, "primary"),
+                                                             (2, "mirror")]
 
 
 def test_steps_newer_than_the_kept_set_and_unverified_gaps_are_kept() -> None:
-    """Not yet mirrored (newer) and unverified (inside the window) are kept, with their reason."""
+    """Not yet mirrored (newer) and unverified (inside the window) are kept, with their reason; while
+    they are not verified, every older step is kept too (it is still the fallback)."""
     h = synced(range(1, 9))
     del h.manifest["run/step_0007.pt"]  # 7 is on the mirror but not recorded
-    h.primary["run/step_0009.pt"] = FileState("run/step_0009.pt", 100, MTIMES["old"], ino=9)  # not copied yet
+    h.primary["run/step_0009.pt"] = FileState("run/step_0009.pt", 100, MTIMES["old"] + 9, ino=9)  # not copied yet
     plan = h.plan()
     why = {(k.volume, k.step): k.why for k in plan.kept}
     assert why["primary", 9] == "newer_than_kept"
     assert why["mirror", 7] == why["primary", 7] == "unverified"
     assert {s for (_, s), w in why.items() if w == "keep_last"} == {5, 6, 8}
-    assert {d.step for d in plan.deletions} == {1, 2, 3, 4}
+    assert {s for (_, s), w in why.items() if w == "newer_unverified"} == {1, 2, 3, 4}
+    assert plan.deletions == ()
+    assert plan.retired("run", 4) and not plan.retired("run", 7)  # the window is the 3 newest present
+    assert not plan.retired("run", 6)  # kept by keep_last while 7 and 9 are not verified
+    h.manifest["run/step_0007.pt"] = ManifestEntry("run/step_0007.pt", 100, "blake3", "00", MTIMES["old"] + 7, 7, NOW)
+    h.mirror["run/step_0009.pt"] = FileState("run/step_0009.pt", 100, MTIMES["old"] + 9, ino=109)
+    h.manifest["run/step_0009.pt"] = ManifestEntry("run/step_0009.pt", 100, "blake3", "00", MTIMES["old"] + 9, 9, NOW)
+    assert {d.step for d in h.plan().deletions} == {1, 2, 3, 4, 5, 6}
+
+
+def test_a_torn_newest_step_keeps_every_older_one() -> None:
+    """The issue's small repro: a good step 1 and a torn step 2 (never recorded), keep_last = 1."""
+    h = synced(range(1, 2))
+    h.policy = PruneConfig(keep_last=1, primary=True)
+    h.primary["run/step_0002.pt"] = FileState("run/step_0002.pt", 50, MTIMES["old"] + 2, ino=2)
+    plan = h.plan()
+    assert plan.deletions == ()
+    assert {(k.volume, k.step, k.why) for k in plan.kept} >= {("mirror", 1, "keep_last"), ("primary", 1, "keep_last")}
+    assert not plan.retired("run", 2)
+
+
+def test_a_file_that_failed_its_validator_does_not_retire_the_step_before_it() -> None:
+    """Step 2 is known torn (its validator failed): it does not count as present, so step 1 is in the
+    window and worth copying, while step 2, unverified, still keeps it from being deleted."""
+    h = History(PruneConfig(keep_last=1, primary=True))
+    for step, size in ((1, 100), (2, 50)):
+        rel = f"run/step_{step:04d}.pt"
+        h.primary[rel] = FileState(rel, size, MTIMES["old"] + step, ino=step)
+    plan = plan_prune(Snapshot(dict(h.primary)), Snapshot(), {}, frozenset(), NOW, h.policy, STEP_RE, ROOTS,
+                      invalid=frozenset({"run/step_0002.pt"}))
+    assert not plan.retired("run", 1) and not plan.retired("run", 2)
+    assert plan.deletions == ()
+    assert h.plan().retired("run", 1)  # not known to be torn: the newest step present wins the window
+
+
+def test_a_primary_file_without_an_exact_mirror_copy_is_skipped_as_unmirrored() -> None:
+    h = synced(range(1, 6))
+    h.primary["run/step_0001.pt"] = FileState("run/step_0001.pt", 101, MTIMES["old"] + 1, ino=1)  # rewritten
+    plan = h.plan()
+    assert ("primary", 1, "unmirrored") in {(s.volume, s.step, s.reason) for s in plan.skipped}
+    assert {(d.volume, d.step) for d in plan.deletions} == {("mirror", 1), ("primary", 2), ("mirror", 2)}
+
+
+def test_a_rollback_is_a_newer_branch_than_the_abandoned_steps() -> None:
+    """Steps 1-6 written, then the trainer went back and wrote 3 and 4 again (newer mtimes): 3 and 4
+    are the newest, never retired; 5 and 6 are retired and go once 3 and 4 are verified."""
+    h = synced(range(1, 7))
+    h.policy = PruneConfig(keep_last=2, primary=False)
+    for step in (3, 4):
+        rel = f"run/step_{step:04d}.pt"
+        h.primary[rel] = FileState(rel, 100, MTIMES["old"] + 100 + step, ino=50 + step)  # not mirrored yet
+    plan = h.plan()
+    assert plan.rollbacks == {"run": ((6, 3),)}
+    assert not plan.retired("run", 3, MTIMES["old"] + 103) and not plan.retired("run", 4, MTIMES["old"] + 104)
+    assert plan.retired("run", 1) and plan.retired("run", 2)
+    assert not plan.retired("run", 5) and not plan.retired("run", 6)  # the fallback until 3 and 4 verify
+    assert plan.deletions == ()  # 3 and 4 (the new branch) are not verified yet
+    for step in (3, 4):
+        rel = f"run/step_{step:04d}.pt"
+        h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + 100 + step, ino=150 + step)
+        h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + 100 + step, step, NOW)
+    assert {d.step for d in h.plan().deletions} == {1, 2, 5, 6}
+    assert not plan.retired("run", 2, MTIMES["old"] + 500)  # newer than anything seen: a new file
 
 
 def test_files_without_a_step_are_never_pruned() -> None:
@@ -366,7 +477,7 @@ def test_a_run_with_nothing_verified_has_no_candidates() -> None:
     h.mirror["x.pt"] = FileState("x.pt", 1, 1)  # the mirror is not empty: this is not "unmounted"
     plan = h.plan()
     assert plan.deletions == () and plan.refused == ()
-    assert {k.why for k in plan.kept if k.step is not None} == {"newer_than_kept"}
+    assert {k.why for k in plan.kept if k.step is not None} == {"newer_than_kept", "newer_unverified"}
 
 
 def test_runs_are_pruned_independently() -> None:
@@ -376,7 +487,7 @@ def test_runs_are_pruned_independently() -> None:
         getattr(h, name).update(getattr(other, name))
     plan = h.plan()
     assert {(d.state.run, d.step) for d in plan.deletions} == {("a", 1), ("a", 2)}
-    assert plan.floors == {"a": 3}  # run b has fewer than keep_last verified steps: no floor
+    assert set(plan.windows) == {"a"}  # run b has no more than keep_last steps: nothing retired
 
 
 def test_guards_move_candidates_to_skipped_with_their_reason() -> None:
@@ -385,8 +496,10 @@ def test_guards_move_candidates_to_skipped_with_their_reason() -> None:
     h.mirror["run/step_0002.pt"] = FileState("run/step_0002.pt", 100, MTIMES["recent"], ino=102)
     h.in_flight.add("run/step_0003.pt")
     plan = h.plan()
+    # The primary's steps 1 (now mtime 0) and 2 (its mirror copy's mtime is no longer the recorded one)
+    # are not exactly what was mirrored: never deleted, whatever the guards say.
     assert {(s.volume, s.step, s.reason) for s in plan.skipped} == {
-        ("primary", 1, "zero_mtime"), ("mirror", 2, "recent_mtime"),
+        ("primary", 1, "unmirrored"), ("mirror", 2, "recent_mtime"), ("primary", 2, "unmirrored"),
         ("primary", 3, "in_flight"), ("mirror", 3, "in_flight"),
     }
 

@@ -1,0 +1,64 @@
+"""Our own observation, on the monotonic clock: a wall-clock step can delay a deletion, never hasten it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from mirrord.config import Config
+from mirrord.metrics import Metrics
+from mirrord.model import FileState
+from mirrord.observe import Observations
+from mirrord.prune import Pruner
+from mirrord.sync import run_sync
+from mirrord.volume import LocalMirror, LocalVolume
+from tests.helpers import save_checkpoint
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_file_is_seen_for_as_long_as_it_stays_the_same() -> None:
+    clock = Clock()
+    seen = Observations(clock)
+    state = FileState("r/step_1.pt", 10, 5, ino=1, ctime_ns=7)
+    assert seen.seen_for("primary", state) == 0.0
+    clock.now += 30
+    assert seen.seen_for("primary", state) == 30.0
+    assert seen.seen_for("mirror", state) == 0.0  # each volume on its own
+    assert seen.seen_for("primary", replace(state, ctime_ns=8)) == 0.0  # changed: the count starts again
+    clock.now += 5
+    assert seen.seen_for("primary", replace(state, ctime_ns=8)) == 5.0
+    seen.update("primary", [])  # gone from a complete listing: forgotten
+    assert seen.seen_for("primary", replace(state, ctime_ns=8)) == 0.0
+
+
+def test_the_daemons_pruner_deletes_only_after_min_age_of_its_own_observation(
+    make_config: Callable[..., Config],
+) -> None:
+    """The wall clock is a day ahead of every mtime (as after `faketime +1d`): mtimes look old, yet
+    nothing goes until the monotonic clock says min_age_seconds passed since mirrord first saw it."""
+    config = make_config(prune={"keep_last": 1, "primary": True, "min_age_seconds": 300},
+                         copy={"free_space_reserve_bytes": 0})
+    for step in (1, 2):
+        save_checkpoint(config.primary / "r" / f"step_{step}.pt", step)
+    unpruned = config.model_copy(update={"prune": config.prune.model_copy(update={"enabled": False})})
+    assert run_sync(unpruned).ok
+    clock = Clock()
+    mirror = LocalMirror(config.mirror)
+    manifest = mirror.read_manifest()
+    pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest, Metrics(),
+                    wall=lambda: 1_700_000_000 + 86_400.0, observations=Observations(clock))
+    first = pruner.run_cycle()
+    assert first.deleted == [] and {s.reason for s in first.skipped} == {"recently_seen"}
+    clock.now += 299
+    assert pruner.run_cycle().deleted == []
+    clock.now += 1
+    deleted = {(d.volume, d.rel) for d in pruner.run_cycle().deleted}
+    assert deleted == {("primary", "r/step_1.pt"), ("mirror", "r/step_1.pt")}
+    manifest.close()

@@ -1,0 +1,128 @@
+"""Format validators: fed the copy's own buffer, they tell a whole checkpoint from a torn or corrupt one."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from mirrord.branches import branches
+from mirrord.validators import new_validator, safetensors_verdict, validate_fd
+
+
+@pytest.fixture(scope="module")
+def torch_bytes() -> bytes:
+    torch.manual_seed(0)
+    out = io.BytesIO()
+    torch.save({"w": torch.randn(200_000), "b": torch.randn(7), "layers": [torch.randn(3000) for _ in range(4)]}, out)
+    return out.getvalue()
+
+
+def streamed(tmp_path: Path, name: str, data: bytes, chunk: int) -> str:
+    """Feed `data` in chunks of `chunk` bytes (from a buffer with junk past n), as the copier does."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    validator = new_validator(name)
+    for i in range(0, len(data), chunk):
+        piece = data[i:i + chunk]
+        validator.feed(bytearray(piece) + b"PK\x03\x04junk", len(piece))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return validator.finish(fd).status
+    finally:
+        os.close(fd)
+
+
+def whole_file(tmp_path: Path, name: str, data: bytes, quick: bool = False) -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return validate_fd(fd, name, quick=quick).status
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 4096, 1 << 20, 1 << 30])
+def test_a_whole_torch_save_passes_whatever_the_chunk_boundaries(tmp_path: Path, torch_bytes: bytes,
+                                                                chunk: int) -> None:
+    """Zip signatures cut by a chunk boundary are found all the same (every CRC is derived from them)."""
+    if chunk < 64:  # byte-sized chunks on a small checkpoint: the same boundaries, fewer calls
+        small = io.BytesIO()
+        torch.save({"w": torch.randn(300), "b": torch.randn(2)}, small)
+        data = small.getvalue()
+    else:
+        data = torch_bytes
+    assert streamed(tmp_path, "step_1.pt", data, chunk) == "ok"
+    corrupt = bytearray(data)
+    corrupt[-len(data) // 3] ^= 1
+    assert streamed(tmp_path, "step_1.pt", bytes(corrupt), chunk) in ("crc_mismatch", "unreadable")
+
+
+@pytest.mark.parametrize("cut", [0.1, 0.5, 0.9, 0.9999])
+def test_a_truncated_torch_save_is_truncated(tmp_path: Path, torch_bytes: bytes, cut: float) -> None:
+    data = torch_bytes[: int(len(torch_bytes) * cut)]
+    assert streamed(tmp_path, "step_1.pt", data, 65536) == "truncated"
+    assert whole_file(tmp_path, "step_1.pt", data) == "truncated"
+    assert whole_file(tmp_path, "step_1.pt", data, quick=True) == "truncated"
+
+
+def test_a_flipped_bit_in_tensor_data_is_a_crc_mismatch(tmp_path: Path, torch_bytes: bytes) -> None:
+    data = bytearray(torch_bytes)
+    data[len(data) // 2] ^= 0x10
+    assert streamed(tmp_path, "step_1.pt", bytes(data), 65536) == "crc_mismatch"
+    assert whole_file(tmp_path, "step_1.pt", bytes(data)) == "crc_mismatch"
+    assert whole_file(tmp_path, "step_1.pt", bytes(data), quick=True) == "ok"  # structure only
+
+
+def test_an_empty_file_fails_whatever_its_name(tmp_path: Path) -> None:
+    for name in ("step_1.pt", "x.safetensors", "x.json", "x.bin"):
+        assert streamed(tmp_path, name, b"", 4096) == "empty"
+        assert whole_file(tmp_path, name, b"") == "empty"
+
+
+def test_formats_without_a_validator_are_unchecked_never_broken(tmp_path: Path) -> None:
+    legacy = io.BytesIO()
+    torch.save({"w": torch.ones(3)}, legacy, _use_new_zipfile_serialization=False)
+    assert streamed(tmp_path, "old.pt", legacy.getvalue(), 4096) == "unchecked"
+    assert streamed(tmp_path, "weights.bin", os.urandom(10_000), 4096) == "unchecked"
+    assert whole_file(tmp_path, "old.pt", legacy.getvalue()) == "unchecked"
+
+
+def safetensors_bytes(tensors: dict[str, int], extra: int = 0) -> bytes:
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    at = 0
+    for name, n in tensors.items():
+        header[name] = {"dtype": "F32", "shape": [n // 4], "data_offsets": [at, at + n]}
+        at += n
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + os.urandom(at + extra)
+
+
+def test_safetensors_offsets_must_cover_the_file_exactly(tmp_path: Path) -> None:
+    good = safetensors_bytes({"a": 400, "b": 4000})
+    assert streamed(tmp_path, "m.safetensors", good, 7) == "ok"
+    assert whole_file(tmp_path, "m.safetensors", good) == "ok"
+    assert streamed(tmp_path, "m.safetensors", good[:-1], 4096) == "truncated"
+    assert streamed(tmp_path, "m.safetensors", safetensors_bytes({"a": 400}, extra=3), 4096) == "invalid"
+    assert streamed(tmp_path, "m.safetensors", good[:20], 4096) == "truncated"
+    assert safetensors_verdict(b"\x05\x00\x00\x00\x00\x00\x00\x00{not", 100).status == "invalid"
+
+
+def test_json_must_parse(tmp_path: Path) -> None:
+    assert streamed(tmp_path, "state.json", b'{"step": 3}', 2) == "ok"
+    assert streamed(tmp_path, "state.json", b'{"step": ', 2) == "invalid"
+
+
+def test_branches_order_steps_by_rollback_then_step() -> None:
+    """Written 2, 4, 6 then (after a rollback) 3, 5: the new branch comes after the old one."""
+    b = branches({2: 10, 4: 20, 6: 30, 3: 40, 5: 50})
+    assert b.rollbacks == ((6, 3),)
+    assert sorted([2, 3, 4, 5, 6], key=b.key) == [2, 4, 6, 3, 5]
+    assert branches({1: 5, 2: 5, 3: 5}).rollbacks == ()  # equal (coarse) mtimes invent no rollback
+    assert branches({1: 0, 2: 10, 3: 20}).rollbacks == ()  # an unknown mtime says nothing about order

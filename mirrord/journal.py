@@ -9,7 +9,8 @@ Compaction folds the journals into a new snapshot, in three steps, each safe to 
 
     1. create journal S+1 (atomically, holding only its header); appends go there from now on
     2. publish snapshot S+1 = everything recorded before step 1 (atomically)
-    3. unlink the journals older than S+1, fsync the directory
+    3. unlink the journals older than S+1, fsync the directory (a failure is raised: it leaves only
+       stale journals, which readers ignore, but an I/O error is never silent)
 
 Before step 2 a reader replays journals S and S+1 on snapshot S; after it, journal S is stale and
 ignored. Readers replay the journals >= S, which must be S, S+1, ... without a gap: anything else (a
@@ -386,9 +387,16 @@ class LocalManifestStore:
         return None
 
     def drop_before(self, generation: int) -> None:
-        """Step 3: the journals a published snapshot made stale go (best effort: stale ones are ignored)."""
+        """Step 3: unlink the journals a published snapshot made stale, then fsync the directory.
+
+        Every stale journal is tried even after one fails; then the first failure is raised, naming its
+        path. The snapshot is already durable, so a stale journal left behind (or brought back by a crash
+        because its unlink was not made durable) is ignored by readers and dropped by the next compaction:
+        harmless for the manifest, but an I/O error on the mirror is never silent.
+        """
         if self.guard is not None:
             self.guard()
+        failure: tuple[Path, OSError, str] | None = None
         dropped = False
         for gen, path in self._journal_names():
             if gen < generation:
@@ -397,13 +405,16 @@ class LocalManifestStore:
                     dropped = True
                 except FileNotFoundError:
                     pass
-                except OSError:
-                    return
+                except OSError as exc:
+                    failure = failure or (path, exc, "remove the stale manifest journal")
         if dropped:
             try:
                 atomic.fsync_dir(self.root)
-            except OSError:
-                return
+            except OSError as exc:
+                failure = failure or (self.root, exc, "make the removal of stale manifest journals durable "
+                                                      "(fsync of the directory)")
+        if failure is not None:
+            raise _error(*failure)
 
 
 def _error(path: Path, exc: OSError, action: str) -> ManifestError | NoSpaceError:

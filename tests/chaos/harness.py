@@ -47,7 +47,7 @@ class Scale:
     inject_every_n: bool  # strace KILL at every N of every syscall (else every third openat)
     power_cuts: int
     broken_power_cuts: int
-    kth_faults: int  # k ranges over 1..kth_faults+1 writes / fsyncs
+    kth_faults: int  # k ranges over 1..kth_faults+1 writes / fsyncs, and the last one of the pass
     fiu_rounds: int
     swap_rounds: int
     overflow_rounds: int

@@ -122,7 +122,9 @@ def _kth_fault_rounds(
 ) -> None:
     with monkeypatch.context() as m:
         total = _count_calls(world, reset, lambda inj: install(m, inj))
-    for k in range(1, min(total, limit) + 2):
+    # The first calls, one past them, and the pass's last call (the end-of-pass compaction's directory
+    # fsync, rename): a fault there must be reported too, whatever the scale.
+    for k in sorted({*range(1, min(total, limit) + 2), total}):
         for attempts in (1, 3):
             reset()
             inj = Kth(k, err)
@@ -179,7 +181,8 @@ def test_fault_at_every_kth_call(
     where: str, err: int, busy_world: tuple[World, Callable[[], None]], monkeypatch: pytest.MonkeyPatch,
     report: Report,
 ) -> None:
-    """EIO/ENOSPC on the k-th data write, fsync, rename or source read of one sync, for every k."""
+    """EIO/ENOSPC on the k-th data write, fsync, rename or source read of one sync, for every k (up to
+    the scale's limit, and the last one)."""
     world, reset = busy_world
     tally = report.scenario(f"I/O fault: {errno.errorcode[err]} at the k-th {where} (every k)")
     install = _on_upload_write if where == "write" else _on_os(where)

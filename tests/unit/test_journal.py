@@ -3,6 +3,7 @@ and readers that load while a writer appends and compacts."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -127,6 +128,69 @@ def test_compaction_crash_points_each_read_back_everything(tmp_path: Path) -> No
     reopened.close()  # 3. and the stale journal goes
     assert sorted(p.name for p in tmp_path.iterdir() if ".journal." in p.name) == [".mirrord-manifest.journal.2"]
     assert Manifest.load(tmp_path).entries == reopened.entries
+
+
+def _fail_directory_fsyncs(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
+    """os.fsync fails with EIO on the directory `root` once journal 0 is unlinked (the directory fsync of
+    compaction step 3, not those publishing journal 1 and the snapshot); returns what it failed."""
+    real, failed = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        if os.path.samestat(os.fstat(fd), root.stat()) and not (root / JOURNAL0).exists():
+            failed.append(str(root))
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
+
+
+def test_a_failed_directory_fsync_after_dropping_stale_journals_is_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unlink of a stale journal may not be durable: harmless (stale journals are ignored), but the
+    I/O error is raised naming the directory and the cause, never swallowed."""
+    manifest, entries = written(tmp_path, 3)
+    with monkeypatch.context() as m:
+        failed = _fail_directory_fsyncs(m, tmp_path)
+        with pytest.raises(ManifestError) as raised:
+            manifest.close()
+    assert failed == [str(tmp_path)]
+    assert raised.value.path == str(tmp_path) and os.strerror(errno.EIO) in raised.value.cause
+    assert Manifest.load(tmp_path).entries == entries  # the snapshot was published before step 3
+    reopened = Manifest.open(tmp_path)
+    reopened.record(entry(7))
+    reopened.close()
+    assert Manifest.load(tmp_path).entries == {**entries, entry(7).path: entry(7)}
+
+
+def test_a_stale_journal_that_cannot_be_unlinked_is_raised_and_the_others_still_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every stale journal is tried; the first failure names its journal; the next compaction retries."""
+    manifest, _ = written(tmp_path, 2)
+    store = manifest._store
+    store.rotate()
+    manifest.record(entry(2))
+    generation = store.rotate()
+    store.publish_snapshot(encode_snapshot(manifest.entries, generation))  # journals 0 and 1 now stale
+    real = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name == JOURNAL0:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(self, missing_ok)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "unlink", unlink)
+        with pytest.raises(ManifestError) as raised:
+            store.drop_before(generation)
+    assert raised.value.path == str(tmp_path / JOURNAL0) and os.strerror(errno.EIO) in raised.value.cause
+    journals = sorted(p.name for p in tmp_path.iterdir() if ".journal." in p.name)
+    assert journals == [JOURNAL0, f".mirrord-manifest.journal.{generation}"]
+    assert Manifest.load(tmp_path).entries == manifest.entries
+    store.drop_before(generation)
+    assert sorted(p.name for p in tmp_path.iterdir() if ".journal." in p.name) == [journals[1]]
 
 
 WRITER = textwrap.dedent("""

@@ -226,6 +226,10 @@ def main() -> None:
                 if pid == 0:
                     _child(req, reply_fd)
                 children.add(pid)
+                # The kernel reuses pids (pid_max is 32768 here, and a full suite on a shared machine wraps
+                # it): an exit status kept for an earlier child of this pid belongs to that child. Left in
+                # place, `wait` would answer at once for this one while it still runs.
+                reaped.pop(pid, None)
                 reply({"pid": pid})
             elif req["op"] == "wait":
                 pid = int(req["pid"])

@@ -25,6 +25,7 @@ from mirrord.branches import run_rollbacks
 from mirrord.config import Config, risky_changes
 from mirrord.engine import Engine
 from mirrord.errors import ConfigError, InvalidSourceError, MirrordError
+from mirrord.guards import RECENTLY_SEEN
 from mirrord.identity import MirrorGoneError
 from mirrord.log import get_logger
 from mirrord.metrics import Metrics
@@ -121,6 +122,9 @@ class Daemon:
         self._hints: collections.deque[Hint] = collections.deque()
         self._waker = _Waker()
         self._prune_due = False
+        # When deletions wait only for our own observation (the min-age guard's monotonic clock), the
+        # next pass is due when that observation matures, not at the next rescan.
+        self._prune_at: float | None = None
         self._unsettled: set[str] = set()
         self._verify_failed: set[str] = set()  # main loop adds, workers discard (single set ops)
         # Committed primary files not yet mirrored -> since when (wall clock): the lag, whatever the
@@ -336,6 +340,8 @@ class Daemon:
             deadlines = [next_rescan, self._next_heartbeat]
             if self._unsettled or self._invalid:
                 deadlines.append(next_settle)
+            if self._prune_at is not None:
+                deadlines.append(self._prune_at)
             self._waker.wait(min(deadlines) - time.monotonic() if not self._hints else 0)
             if self._stop_requests:
                 break
@@ -350,6 +356,8 @@ class Daemon:
             if (self._unsettled or self._invalid) and now >= next_settle:
                 self._recheck_unsettled()
                 next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
+            if self._prune_at is not None and now >= self._prune_at:
+                self._prune_at, self._prune_due = None, True
             if self._prune_due:
                 self._prune_due = False
                 self._prune()
@@ -561,9 +569,15 @@ class Daemon:
         if self.pruner is None or self._blocked:
             return
         try:
-            self.pruner.run_cycle(psnap, msnap, keep_going=self._between_deletions)
+            report = self.pruner.run_cycle(psnap, msnap, keep_going=self._between_deletions)
         except MirrordError as exc:
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
+            return
+        if RECENTLY_SEEN in report.skips_by_reason():
+            # Observations mature min_age_seconds after they start: look again then (the observation
+            # clock is monotonic, so this never hastens a deletion; a later rescan also covers it).
+            due = time.monotonic() + self.config.prune.min_age_seconds
+            self._prune_at = due if self._prune_at is None else min(self._prune_at, due)
 
     def _between_deletions(self) -> bool:
         """A long prune pass keeps the daemon alive: new checkpoints are queued (workers copy meanwhile),

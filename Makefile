@@ -38,7 +38,7 @@ chaos:
 chaos-ci:
 	$(PYTHON) -m tests.chaos
 
-# The benchmark suite against cp, rsync, rclone (about 15 minutes); results go to bench/results/.
+# Every goal of the performance issue in one table (about 40-60 minutes); bench/results/goals.md.
 bench:
 	$(PYTHON) -m bench
 

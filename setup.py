@@ -25,8 +25,8 @@ class BuildPyWithGeneratedDocs(build_py):  # type: ignore[misc]
         sys.path.insert(0, str(HERE))
         from mirrord import __version__
         from mirrord.cli import build_parser
-        from mirrord.completion import script
-        from mirrord.manpage import render
+        from mirrord.commands.completion import script
+        from mirrord.commands.manpage import render
 
         parser = build_parser()
         generated = {

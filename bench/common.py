@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirrord.errors import ManifestError
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
+
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
@@ -262,6 +265,42 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[k]
 
 
+# --- watching a mirror ------------------------------------------------------------------------
+
+MANIFEST_PREFIX = MANIFEST_NAME.removesuffix(".json")
+
+
+class ManifestWatcher:
+    """Reads the mirror's manifest (snapshot + journal) only when one of its files changed (cheap enough
+    to poll every ms)."""
+
+    def __init__(self, mirror: Path) -> None:
+        self.mirror = mirror
+        self._key: tuple[tuple[str, int, int, int], ...] | None = None
+        self.entries: dict[str, Any] = {}
+
+    def refresh(self) -> dict[str, Any]:
+        key = []
+        try:
+            names = sorted(p.name for p in self.mirror.iterdir())
+        except FileNotFoundError:
+            return self.entries
+        for name in names:
+            if name.startswith(MANIFEST_PREFIX) and not name.endswith(".part"):
+                try:
+                    st = (self.mirror / name).stat()
+                except FileNotFoundError:
+                    continue
+                key.append((name, st.st_ino, st.st_size, st.st_mtime_ns))
+        if tuple(key) != self._key:
+            try:
+                self.entries = Manifest.load(self.mirror).entries
+            except ManifestError:  # changed under us by a compaction: read again at the next poll
+                return self.entries
+            self._key = tuple(key)
+        return self.entries
+
+
 # --- results -----------------------------------------------------------------------------------
 
 
@@ -284,3 +323,49 @@ def _fmt(v: Any) -> str:
 def write_json(path: Path, doc: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+# --- the machine's load during a measurement ---------------------------------------------------
+
+
+def load_average() -> tuple[float, float, float]:
+    """The 1-, 5- and 15-minute load averages (/proc/loadavg)."""
+    one, five, fifteen = Path("/proc/loadavg").read_text().split()[:3]
+    return float(one), float(five), float(fifteen)
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every `interval` seconds while a measurement runs (a thread),
+    so each figure can be published next to how busy the machine was; on a shared machine the
+    absolute times follow the neighbours, the paired ratios much less."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        import threading
+
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(load_average()[0])
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(load_average()[0])
+
+    def summary(self) -> dict[str, float]:
+        s = self.samples or [load_average()[0]]
+        return {"load_min": min(s), "load_max": max(s), "load_mean": round(statistics.mean(s), 2)}
+
+    def text(self) -> str:
+        d = self.summary()
+        return f"{d['load_min']:.1f}-{d['load_max']:.1f}"

@@ -336,10 +336,10 @@ def make_pipeline(bufsize: int, algo: str, nbuf: int = 4, drop_behind: bool = Fa
 
 
 def make_mirrord(drop_cache: bool) -> Callable[[Path, Path], str] | None:
-    """mirrord's own copier (mirrord.copier.copy_file), in process: the copy path without start-up."""
+    """mirrord's own copier (mirrord.service.copier.copy_file), in process: the copy path without start-up."""
     try:
-        from mirrord.copier import CopyOptions, copy_file
-        from mirrord.volume import LocalMirror
+        from mirrord.service.copier import CopyOptions, copy_file
+        from mirrord.store.volume import LocalMirror
     except ImportError:
         return None
 

@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Log, log, percentile
-from bench.daemon import Daemon, ManifestWatcher, wait_for
+from bench.common import Log, ManifestWatcher, log, percentile
+from tests.support.config import BENCH
+from tests.support.daemon import DaemonProcess
+from tests.support.wait import wait_for
 
 
 def checkpoint_bytes(size: int, seed: int) -> bytes:
@@ -50,7 +52,7 @@ def measure(work: Path, mode: str, samples: int, size: int, settings: dict[str, 
         config.setdefault(key, {}).update(value)
     blobs = [checkpoint_bytes(size, i + 1) for i in range(samples)]
     latencies: list[float] = []
-    with Daemon(root, primary, mirror, config) as daemon:
+    with DaemonProcess(root, primary, mirror, config, base=BENCH) as daemon:
         manifest = ManifestWatcher(mirror)
         for i, blob in enumerate(blobs):
             name = f"step_{i:05d}.pt"

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import device_of, log, md_table, write_json
-from mirrord import atomic
-from mirrord.journal import frame
-from mirrord.manifest import COMPACT_MIN_RECORDS, MANIFEST_NAME, Change, Manifest, encode_snapshot
-from mirrord.model import ManifestEntry
+from mirrord.core.model import ManifestEntry
+from mirrord.store import atomic
+from mirrord.store.journal import frame
+from mirrord.store.manifest import COMPACT_MIN_RECORDS, MANIFEST_NAME, Change, Manifest, encode_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -68,14 +68,14 @@ def summary(seconds: list[float]) -> dict[str, float]:
 
 
 def old_manifest_module() -> types.ModuleType | None:
-    """mirrord/manifest.py as it was at BASELINE, imported under another name (its imports still resolve)."""
+    """mirrord/store/manifest.py as it was at BASELINE, imported under another name (its imports still resolve)."""
     try:
-        source = subprocess.run(["git", "-C", str(REPO), "show", f"{BASELINE}:mirrord/manifest.py"],
+        source = subprocess.run(["git", "-C", str(REPO), "show", f"{BASELINE}:mirrord/store/manifest.py"],
                                 check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     module = types.ModuleType("mirrord_manifest_baseline")
-    exec(compile(source, f"{BASELINE}:mirrord/manifest.py", "exec"), module.__dict__)  # noqa: S102
+    exec(compile(source, f"{BASELINE}:mirrord/store/manifest.py", "exec"), module.__dict__)  # noqa: S102
     return module
 
 
@@ -207,7 +207,7 @@ def measure_small_files(work: Path, count: int, size: int, reps: int) -> dict[st
     src, _ = ensure_dataset(ds, work / "data")
     dst = work / "small-mirror"
     files = ds.files(src)
-    env = mirrord_env(copy__settle_seconds="0", log__format="json")
+    env = mirrord_env(copy__settle_seconds="0", log__format="json", prune__enabled="false")  # copy all 200
 
     def reset() -> None:
         shutil.rmtree(dst, ignore_errors=True)

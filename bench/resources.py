@@ -13,8 +13,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import GB, Log, MiB, cached_bytes, log, proc_cpu_seconds, proc_status, resident_bytes, warm
-from bench.daemon import Daemon, ManifestWatcher, wait_for
+from bench.common import (
+    GB,
+    Log,
+    ManifestWatcher,
+    MiB,
+    cached_bytes,
+    log,
+    proc_cpu_seconds,
+    proc_status,
+    resident_bytes,
+    warm,
+)
+from tests.support.config import BENCH
+from tests.support.daemon import DaemonProcess
+from tests.support.wait import wait_for
 
 
 def measure(work: Path, sources: list[Path], copies: int, drop_cache: bool, idle_seconds: float,
@@ -27,7 +40,7 @@ def measure(work: Path, sources: list[Path], copies: int, drop_cache: bool, idle
     mirror.mkdir(parents=True)
     files = [(src, p) for src in sources for p in sorted(src.rglob("*.pt"))]
     total = copies * sum(p.stat().st_size for _, p in files)
-    with Daemon(root, primary, mirror, {"io": {"drop_cache": drop_cache}}) as daemon:
+    with DaemonProcess(root, primary, mirror, {"io": {"drop_cache": drop_cache}}, base=BENCH) as daemon:
         pid = daemon.pid
         idle_rss = proc_status(pid)["VmRSS"]
         warm(p for _, p in files)

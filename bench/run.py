@@ -1,9 +1,11 @@
-"""The benchmark suite: `python -m bench` (full, ~15-25 min) or `python -m bench --smoke` (< 30 s).
+"""The benchmark suite: `python -m bench` (every goal of issue 18 in one table, bench/goals.py, ~30 min)
+or `python -m bench --smoke` (the same at tiny sizes, < 1 min; .ci/run runs it).
 
-Sections (all by default; pick with --only): throughput (with copy.workers 1/2/4 and io.drop_cache),
-latency, resources, scale, manifest (bench/manifest.py). Full results go to bench/results/bench.{json,md};
-a smoke run writes to its work directory unless --out is given, so it never overwrites the committed
-results.
+`--goals` picks goals (sync, trainer, answers, scale, small, commit); results go to
+bench/results/goals.{md,json}. The earlier sections (throughput with rsync/rclone/shutil baselines and
+copy.workers 1/2/4, latency of 1 MiB commits, resources, scale, manifest) run with `--only SECTIONS`
+and write bench/results/bench.{json,md}. A smoke run writes to its work directory unless --out is
+given, so it never overwrites the committed results.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import goals as goals_bench
 from bench import latency, resources, scale, throughput
 from bench import manifest as manifest_bench
 from bench.common import GB, Dataset, GiB, KiB, MiB, device_of, log, md_table, write_json
@@ -138,14 +141,18 @@ def to_markdown(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0])
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition, < 30 s")
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections ({', '.join(SECTIONS)})")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition, < 1 min")
+    p.add_argument("--goals", default=",".join(goals_bench.GOALS),
+                   help=f"comma-separated goals of issue 18 ({', '.join(goals_bench.GOALS)}; default all)")
+    p.add_argument("--only", help=f"run the earlier sections instead ({', '.join(SECTIONS)}), comma-separated")
     p.add_argument("--reps", type=int, help="paired repetitions for throughput (default 3; smoke 1)")
     p.add_argument("--idle-seconds", type=float, help="idle CPU window (default 60; smoke 1)")
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mirrord-bench",
                    help="scratch space on the disk under test (default: <tmp>/mirrord-bench; datasets are kept)")
     p.add_argument("--out", type=Path, help="results directory (default bench/results; smoke: WORKDIR/smoke)")
     args = p.parse_args(argv)
+    if args.only is None:
+        return _goals(p, args, argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     if unknown := set(sections) - set(SECTIONS):
         p.error(f"unknown section(s): {', '.join(sorted(unknown))}")
@@ -216,4 +223,22 @@ def main(argv: list[str] | None = None) -> int:
         doc["manifest"] = manifest_bench.measure(work / "manifest", args.smoke)
     save()
     log(f"wrote {out / (name + '.json')} and .md ({time.perf_counter() - t_start:.1f} s)")
+    return 0
+
+
+def _goals(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
+    chosen = [g.strip() for g in args.goals.split(",") if g.strip()]
+    if unknown := set(chosen) - set(goals_bench.GOALS):
+        p.error(f"unknown goal(s): {', '.join(sorted(unknown))}")
+    work = args.workdir / ("smoke" if args.smoke else "full")
+    work.mkdir(parents=True, exist_ok=True)
+    out = args.out or (work / "results" if args.smoke else RESULTS)
+    meta = {
+        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "smoke": args.smoke, "cpus": os.cpu_count(), "kernel": platform.release(),
+        "python": platform.python_version(), "disk": device_of(work),
+        "tools": {t: shutil.which(t) is not None for t in ("fio", "strace", "dd")},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    goals_bench.run_goals(list(dict.fromkeys(chosen)), args.smoke, work, out, meta)  # in the order asked
     return 0

@@ -1,14 +1,14 @@
 """What does validating the source while copying cost? (issue 14: goal <= 5% wall on 2 GiB)
 
 Writes one torch.save checkpoint (~2 GiB of random float32 tensors), keeps it in the page cache (the
-trainer just wrote it), then times mirrord's own copy (mirrord.copier.copy_file: stream, blake3, write,
+trainer just wrote it), then times mirrord's own copy (mirrord.service.copier.copy_file: stream, blake3, write,
 fsync, publish) in paired repetitions, side by side in the same run, on the same file:
 
   copy, no validation     CopyOptions(validate=False): what mirrord did before issue 14
   copy + validation       CopyOptions(validate=True), the default: the torch-zip validator is fed the
                           same buffer (CRC-32 of the stream, signatures marked), then reads the
                           central directory and the local headers (a few KB) at the end
-  validate alone          mirrord.validators.validate_fd on the cached file (a second read: what the
+  validate alone          mirrord.formats.validators.validate_fd on the cached file (a second read: what the
                           in-copy validation avoids), for reference
 
 Every case starts from an empty mirror with nothing dirty in the page cache (`sync`) and ends with the
@@ -45,9 +45,9 @@ from bench.common import (
     warm,
     write_json,
 )
-from mirrord.copier import CopyOptions, copy_file
-from mirrord.validators import validate_fd
-from mirrord.volume import LocalMirror
+from mirrord.formats.validators import validate_fd
+from mirrord.service.copier import CopyOptions, copy_file
+from mirrord.store.volume import LocalMirror
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "step_00000001.pt"

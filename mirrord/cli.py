@@ -68,13 +68,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_sync(config: Config, args: argparse.Namespace) -> int:
-    from mirrord.sync import run_sync
+    """`mirrord sync`: one reconcile and copy pass, then exit (1 if anything failed)."""
+    from mirrord.commands.sync import run_sync
 
     report = _sync_with_progress(config, run_sync)
     if args.json:
-        from mirrord.report import dumps, sync_document
+        from mirrord.commands.report import dumps, sync_document
 
         print(dumps(sync_document(report)))
+    if report.refused is not None:
+        print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
     for rel, err in sorted(report.failed.items()):
         print(f"FAILED {rel}: {err}", file=sys.stderr)
     for rel, cause in sorted(report.invalid.items()):
@@ -88,9 +91,9 @@ def _sync_with_progress(config: Config, run_sync: Any) -> Any:
     """On a terminal, a live line per file being copied (bytes, rate, ETA); only this path imports the view."""
     if not sys.stderr.isatty():
         return run_sync(config)
-    from mirrord import log as logsetup
-    from mirrord.console import live_copies
-    from mirrord.progress import ProgressBoard
+    from mirrord.commands.console import live_copies
+    from mirrord.obs import log as logsetup
+    from mirrord.service.progress import ProgressBoard
 
     board = ProgressBoard()
     with live_copies(board, sys.stderr) as log_stream:
@@ -111,10 +114,13 @@ def _torch_import_error() -> str | None:
 
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
-    from mirrord.verify import verify_mirror
+    """`mirrord verify`: check every manifest entry against the mirror (--deep re-hashes)."""
+    from mirrord.commands.verify import verify_mirror
+    from mirrord.store.mirror import ReadableStore, mirror_for
 
-    if not config.mirror.is_dir():
-        print(f"mirrord: verify: the mirror {config.mirror} does not exist or is not a directory "
+    mirror = mirror_for(config.mirror_target, config.s3)
+    if not mirror.exists():
+        print(f"mirrord: verify: the mirror {mirror.describe()} does not exist or is not a directory "
               "(mirror / --mirror); nothing to verify", file=sys.stderr)
         return EXIT_USAGE
     if args.load and (why := _torch_import_error()) is not None:
@@ -123,24 +129,24 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     deep = None
     if args.deep or args.load:
-        from mirrord.verify import deep_check
+        from mirrord.commands.verify import deep_check
 
-        def deep(root: Path, rel: str) -> Any:
-            return deep_check(root, rel, load=args.load)
+        def deep(store: ReadableStore, rel: str) -> Any:
+            return deep_check(store, rel, load=args.load)
 
     progress = _progress_bar if sys.stderr.isatty() else None
-    checked, findings = verify_mirror(config.mirror, config.patterns, progress, deep)
+    checked, findings = verify_mirror(mirror, config.patterns, progress, deep)
     # Findings about recorded files; unrecorded files and listing errors are problems, not checked files;
     # "unchecked" (a format without a validator, with --deep) is reported, never a problem.
     damaged = {f.path for f in findings
-               if f.problem not in ("unrecorded", "unchecked") and f.path != str(config.mirror)}
+               if f.problem not in ("unrecorded", "unchecked") and f.path != mirror.describe()}
     intact = checked - len(damaged)
     problems = [f for f in findings if f.is_problem]
     unchecked = len(findings) - len(problems)
     if args.json:
-        from mirrord.report import dumps, verify_document
+        from mirrord.commands.report import dumps, verify_document
 
-        print(dumps(verify_document(config.mirror, checked, intact, findings, args.deep, args.load)))
+        print(dumps(verify_document(mirror.describe(), checked, intact, findings, args.deep, args.load)))
     else:
         for f in findings:
             print(f"{f.problem.upper():14} {f.path}  {f.detail}")
@@ -159,42 +165,48 @@ def _progress_bar(done: int, total: int, path: str) -> None:
 
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
-    from mirrord.latest import latest_checkpoint
-    from mirrord.model import step_of
+    """`mirrord latest`: print the newest trustworthy checkpoint (of a run, or overall)."""
+    from mirrord.commands.latest import latest_key, run_key
+    from mirrord.core.model import step_of
+    from mirrord.store.mirror import ReadableStore, mirror_for
+    from mirrord.store.volume import LocalVolume
 
-    root = config.primary if args.primary_side else config.mirror
     side = "primary" if args.primary_side else "mirror"
-    if not root.is_dir():
-        print(f"mirrord: latest: the {side} {root} does not exist or is not a directory ({side} / --{side})",
-              file=sys.stderr)
+    store: ReadableStore = (LocalVolume(config.primary) if args.primary_side
+                            else mirror_for(config.mirror_target, config.s3))
+    if not store.exists():
+        print(f"mirrord: latest: the {side} {store.describe()} does not exist or is not a directory "
+              f"({side} / --{side})", file=sys.stderr)
         return EXIT_USAGE
-    run = Path(args.run) if args.run else None
-    if run is not None and run.is_absolute() and not run.resolve().is_relative_to(root.resolve()):
-        print(f"mirrord: config error: --run: {run} is not a folder under {root}", file=sys.stderr)
+    try:
+        run = run_key(store, args.run)
+    except ValueError as exc:
+        print(f"mirrord: config error: --run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    found = latest_checkpoint(
-        root, run=args.run, require_manifest=not args.primary_side,
-        patterns=config.patterns, step_pattern=config.prune.step_pattern, verify=args.verify,
-    )
+    found = latest_key(store, run, require_manifest=not args.primary_side,
+                       patterns=config.rules.patterns + config.rules.aliases, step_pattern=config.rules.step_pattern,
+                       verify=args.verify, layout=config.rules)
     if args.json:
-        from mirrord.report import dumps, latest_document
+        from mirrord.commands.report import dumps, latest_document
 
-        step = step_of(found.name, config.step_regex) if found is not None else None
-        print(dumps(latest_document(root, side, args.run, found, step)))
+        step = step_of(found, config.step_regex) if found is not None else None
+        print(dumps(latest_document(store, side, args.run, found, step)))
     if found is None:
-        print(f"no intact checkpoint under {root}" + (f" for run {args.run}" if args.run else ""),
+        print(f"no intact checkpoint under {store.describe()}" + (f" for run {args.run}" if args.run else ""),
               file=sys.stderr)
         return EXIT_FAILED
     if not args.json:
-        print(found)
+        print(store.describe(found))
     return EXIT_OK
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
+    """`mirrord run`: the daemon, until SIGTERM/SIGINT; SIGHUP reloads the config."""
     import faulthandler
 
     from mirrord.config import reload_config as reread
-    from mirrord.daemon import StartupError, run_daemon
+    from mirrord.errors import StartupError
+    from mirrord.service.boot import run_daemon
 
     # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
     faulthandler.enable()
@@ -203,7 +215,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         return reread(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
 
     if sys.stderr.isatty():
-        from mirrord.banner import run_banner
+        from mirrord.commands.banner import run_banner
 
         print(run_banner(config, args.config), file=sys.stderr, flush=True)
     try:
@@ -214,7 +226,8 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
-    from mirrord.repair import repair_manifest
+    """`mirrord repair-manifest`: rebuild the manifest from the mirror's files (the old one is set aside)."""
+    from mirrord.store.repair import repair_manifest
 
     report = repair_manifest(config)
     for rel, why in report.rejected:
@@ -230,13 +243,21 @@ def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
+    """`mirrord check-config`: print the effective config (each value with its origin, or as JSON) and the
+    checkpoint rules it implies; warns about patterns that can never match."""
+    from mirrord.core.layouts import never_matching
+
+    for problem in never_matching(config.rules):
+        print(f"warning: {problem}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(config.to_toml_dict(), indent=2))
         return EXIT_OK
-    from mirrord.config_toml import render
+    from mirrord.commands.config_toml import render
 
     loaded = _explain(args)
     print(render(config.to_toml_dict(), lambda key: str(loaded.origin(key))), end="")
+    print("\n# effective checkpoint rules:")
+    print("\n".join(f"#   {line}" for line in config.rules.describe()))
     return EXIT_OK
 
 
@@ -254,7 +275,15 @@ def _load(args: argparse.Namespace) -> Config:
 
 # --- init, completion, man: no configuration read -----------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
-    from mirrord.init import UNIT_NAME, InitError, mirrord_executable, starter_config, starter_unit, write_files
+    """`mirrord init`: write a config file (and, with --systemd, a unit) for this machine."""
+    from mirrord.commands.init import (
+        UNIT_NAME,
+        InitError,
+        mirrord_executable,
+        starter_config,
+        starter_unit,
+        write_files,
+    )
 
     path: Path = args.path
     files = {path: starter_config(args.primary, args.mirror)}
@@ -280,53 +309,56 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from mirrord.completion import script
+    """`mirrord completion SHELL`: print the shell completion script."""
+    from mirrord.commands.completion import script
 
     print(script(args.shell, build_parser()), end="")
     return EXIT_OK
 
 
 def cmd_man(args: argparse.Namespace) -> int:
-    from mirrord.manpage import render
+    """`mirrord man`: print the man page (roff)."""
+    from mirrord.commands.manpage import render
 
     print(render(build_parser(), __version__), end="")
     return EXIT_OK
 
 
-# --- prune (retention; see mirrord/prune.py) ---------------------------------------------------------
+# --- prune (retention; see mirrord/commands/prune.py) ---------------------------------------------------------
 def cmd_prune(config: Config, args: argparse.Namespace) -> int:
-    from mirrord import log as logsetup
+    """`mirrord prune`: one retention pass (--dry-run shows what would go)."""
+    from mirrord.commands.prune import Pruner, describe
+    from mirrord.core.model import Snapshot
     from mirrord.errors import ManifestError
-    from mirrord.manifest import Manifest
-    from mirrord.model import Snapshot
-    from mirrord.prune import Pruner, describe
-    from mirrord.volume import LocalMirror, LocalVolume
+    from mirrord.obs import log as logsetup
+    from mirrord.store.mirror import mirror_for
+    from mirrord.store.volume import LocalVolume
 
     dry_run = args.dry_run or config.prune.dry_run
-    mirror = LocalMirror(config.mirror)
+    mirror = mirror_for(config.mirror_target, config.s3)
     # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
     guard = contextlib.nullcontext() if dry_run else mirror.lock()
     with guard:
         try:
-            manifest = Manifest.load(config.mirror) if dry_run else mirror.read_manifest()
+            manifest = mirror.load_manifest() if dry_run else mirror.read_manifest()
         except ManifestError as exc:
             # Without the manifest nothing is known to be verified: delete nothing.
             logsetup.get_logger().error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=0)
             print(f"REFUSED (manifest): {exc}; nothing deleted", file=sys.stderr)
             if args.json:
-                from mirrord.prune import PruneReport
-                from mirrord.report import dumps, prune_document
+                from mirrord.commands.prune import PruneReport
+                from mirrord.commands.report import dumps, prune_document
 
                 print(dumps(prune_document(PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]))))
             return EXIT_FAILED
         pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest)
         # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
-        absent = Snapshot() if dry_run and not config.mirror.exists() else None
+        absent = Snapshot() if dry_run and not mirror.exists() else None
         report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
         if not dry_run:
             manifest.close()
     if args.json:
-        from mirrord.report import dumps, prune_document
+        from mirrord.commands.report import dumps, prune_document
 
         print(dumps(prune_document(report)))
     else:
@@ -335,9 +367,10 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 # --- end prune -----------------------------------------------------------------------------------
 
 
-# --- status and demo (see mirrord/status.py, mirrord/demo.py) ----------------------------------------
+# --- status and demo (see mirrord/commands/status.py, mirrord/commands/demo.py) --------------------------------------
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
-    from mirrord.status import collect, render
+    """`mirrord status`: both volumes, the manifest, the lag and the daemon, in one report."""
+    from mirrord.commands.status import collect, render
 
     status = collect(config, deep=args.verify, timeout=args.timeout, max_lag=args.max_lag)
     if args.json:
@@ -348,7 +381,8 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from mirrord.demo import DemoError, DemoOptions, run_demo
+    """`mirrord demo`: a simulated trainer and a real daemon in DIR, to watch mirrord work."""
+    from mirrord.commands.demo import DemoError, DemoOptions, run_demo
 
     if args.primary is not None or args.mirror is not None:
         print("mirrord: the demo always uses DIR/primary and DIR/mirror; choose DIR with --dir", file=sys.stderr)
@@ -380,6 +414,7 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also the source of the man page and the shell completions)."""
     parser = argparse.ArgumentParser(
         prog="mirrord",
         description="Keep a second, always-trustworthy copy of ML training checkpoints. "
@@ -510,20 +545,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `mirrord` command: parse, load the config once, run the subcommand; its exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     if args.command == "run":
-        from mirrord.signals import SignalFlags
+        from mirrord.service.signals import SignalFlags
 
         # First thing: a SIGHUP or SIGTERM while the daemon is still starting is recorded, not fatal.
         args.signals = SignalFlags().install()
     plain: PlainCommand | None = getattr(args, "plain", None)
     if plain is not None:
         return _run_plain(plain, args)
-    from mirrord import log as logsetup
+    from mirrord.obs import log as logsetup
 
     try:
         loaded = _explain(args)
@@ -538,7 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    why="Kubernetes service variables, not mirrord settings")
     if args.command == "run":
         logsetup.get_logger().info("config.loaded", file=str(loaded.file) if loaded.file else None,
-                                   primary=str(config.primary), mirror=str(config.mirror))
+                                   primary=str(config.primary), mirror=str(config.mirror_target))
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
@@ -546,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     path=exc.path, cause=exc.cause)
         print(f"mirrord: {exc}", file=sys.stderr)
         if getattr(args, "json", False) and args.command != "status":
-            from mirrord.report import dumps, error_document
+            from mirrord.commands.report import dumps, error_document
 
             print(dumps(error_document(args.command, exc)))  # --json promised a document: say why there is none
         return EXIT_FAILED
@@ -555,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:
-    from mirrord import log as logsetup
+    from mirrord.obs import log as logsetup
 
     logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
                        sys.stderr)

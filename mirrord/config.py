@@ -17,14 +17,17 @@ import time
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
+
+P = ParamSpec("P")
 
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
@@ -44,11 +47,16 @@ KUBERNETES_SERVICE_VARIABLE = re.compile(
 )
 
 
+DEFAULT_PATTERNS = ("*.pt",)
+DEFAULT_STEP_PATTERN = r"step_(\d+)"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class CopyConfig(_Section):
+    """[copy]: how many workers, which hash, when a file is settled, when a copy is stalled, retries."""
     workers: int = Field(2, ge=1, le=64)
     hash: Literal["blake3", "sha256", "xxh3_128"] = "blake3"
     settle_seconds: float = Field(2.0, ge=0, le=DAY, **_FINITE)
@@ -61,6 +69,7 @@ class CopyConfig(_Section):
 
 
 class PruneConfig(_Section):
+    """[prune]: retention (keep_last, keep_every) and its guards (min age, primary side, dry run)."""
     enabled: bool = True
     keep_last: int = Field(12, ge=1)
     keep_every: int | None = Field(None, ge=1)
@@ -68,7 +77,7 @@ class PruneConfig(_Section):
     future_skew_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
     primary: bool = False
     dry_run: bool = False
-    step_pattern: str = r"step_(\d+)"
+    step_pattern: str = DEFAULT_STEP_PATTERN
 
     @field_validator("step_pattern")
     @classmethod
@@ -83,12 +92,14 @@ class PruneConfig(_Section):
 
 
 class WatchConfig(_Section):
+    """[watch]: native or polling events, and the periodic rescan that makes events hints."""
     mode: Literal["auto", "native", "polling"] = "auto"
     poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600, **_FINITE)
     rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY, **_FINITE)
 
 
 class MetricsConfig(_Section):
+    """[metrics]: the address of /metrics, /healthz, /readyz and /status."""
     enabled: bool = True
     address: str = "127.0.0.1:9108"
 
@@ -102,23 +113,28 @@ class MetricsConfig(_Section):
 
     @property
     def host(self) -> str:
+        """The host part of the address (IPv6 without brackets)."""
         return self.address.rpartition(":")[0].strip("[]")
 
     @property
     def port(self) -> int:
+        """The port part of the address."""
         return int(self.address.rpartition(":")[2])
 
 
 class LogConfig(_Section):
+    """[log]: JSON lines or console rendering, and the level."""
     format: Literal["auto", "json", "console"] = "auto"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
 class IoConfig(_Section):
+    """[io]: buffer size, bandwidth limit, page-cache dropping, I/O and CPU priority of copies."""
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
     bandwidth_limit: int = Field(0, ge=0)  # 0 or at least MIN_BANDWIDTH (checked below)
     drop_cache: bool = True
     ionice: Literal["none", "best-effort", "idle"] = "none"
+    cpu_nice: int = Field(0, ge=0, le=19)  # nice value of copy threads (0 = as the daemon)
 
     @field_validator("bandwidth_limit")
     @classmethod
@@ -128,15 +144,81 @@ class IoConfig(_Section):
         return value
 
 
+S3_SCHEME = "s3://"
+
+
+def is_s3_url(value: object) -> bool:
+    """`mirror = "s3://bucket/prefix"` selects the object-store mirror (mirrord.store.s3)."""
+    return isinstance(value, str) and value.startswith(S3_SCHEME)
+
+
+class S3Config(_Section):
+    """The object-store mirror. Credentials come from the standard chain (AWS_* variables, a profile,
+    an instance or pod role), never from this file unless allow_inline_credentials says so."""
+
+    endpoint_url: str | None = None  # None: AWS itself; e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO
+    region: str | None = None
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    part_size: int = Field(8 * MIB, ge=5 * MIB, le=5 * 1024 * MIB)  # S3's limits for a part
+    concurrency: int = Field(8, ge=1, le=64)  # parts in flight per file (memory: (concurrency+1) * part_size)
+    storage_class: str | None = None
+    lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
+    node: str = ""  # the lease's name; "" = this host's name
+    max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
+    allow_inline_credentials: bool = False  # (before the keys: their check reads it)
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"https?://[^/\s]+", value):
+            raise ValueError(f"{value!r} is not an http(s):// URL")
+        return value
+
+    @field_validator("node")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", value):
+            raise ValueError(f"{value!r}: letters, digits, '.', '_' and '-' only")
+        return value
+
+    @field_validator("secret_access_key")
+    @classmethod
+    def _no_inline_secret(cls, value: str | None, info: Any) -> str | None:
+        if value is not None and not info.data.get("allow_inline_credentials", False):
+            raise ValueError("a secret in the configuration is refused: use the standard credential chain "
+                             "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance or pod role), "
+                             "or set s3.allow_inline_credentials = true")
+        return value
+
+
 class DaemonConfig(_Section):
+    """[daemon]: the heartbeat period and the shutdown grace period."""
     heartbeat_seconds: float = Field(5.0, ge=0.1, le=60, **_FINITE)
     shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600, **_FINITE)
 
 
+class UnitConfig(_Section):
+    """What a checkpoint is with layout = "custom" (the named layouts fix it)."""
+
+    kind: Literal["file", "folder"] = "file"
+    complete_marker: str = ""
+
+    @field_validator("complete_marker")
+    @classmethod
+    def _file_name(cls, value: str) -> str:
+        if "/" in value or "\0" in value or value in (".", ".."):
+            raise ValueError(f"{value!r} is not a file name (no '/')")
+        return value
+
+
 class Config(_Section):
+    """mirrord's whole configuration: built once from the file, the environment and flags, then frozen."""
     primary: Path = Path("/data/checkpoints")
     mirror: Path  # no default: a missing mirror is an error, never a silently invented path
-    patterns: tuple[str, ...] = ("*.pt",)
+    layout: Literal["torch", "lightning", "hf", "dcp", "deepspeed", "custom"] = "torch"
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS
     mirror_must_be_mountpoint: bool = False
     copy_: CopyConfig = Field(default_factory=CopyConfig, alias="copy")
     prune: PruneConfig = Field(default_factory=PruneConfig)
@@ -145,8 +227,30 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     io: IoConfig = Field(default_factory=IoConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    unit: UnitConfig = Field(default_factory=UnitConfig)
+    s3: S3Config = Field(default_factory=S3Config)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _layout_owns_its_names(self) -> Config:
+        """A named layout fixes its patterns, step and unit: a different value set beside it would be
+        silently ignored, so it is an error that says which layout to use instead."""
+        problems = []
+        if self.layout not in ("torch", "custom"):
+            if self.patterns != DEFAULT_PATTERNS:
+                problems.append(f"patterns: layout = {self.layout!r} names its own checkpoints; "
+                                'use layout = "custom" to choose patterns')
+            if self.prune.step_pattern != DEFAULT_STEP_PATTERN:
+                problems.append(f"prune.step_pattern: layout = {self.layout!r} has its own; "
+                                'use layout = "custom" to choose one')
+        if self.layout != "custom" and self.unit != UnitConfig():
+            problems.append(f'unit: only used with layout = "custom" (layout is {self.layout!r})')
+        if self.unit.complete_marker and self.unit.kind != "folder":
+            problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
     @field_validator("primary", "mirror", mode="before")
     @classmethod
@@ -158,8 +262,30 @@ class Config(_Section):
     @field_validator("primary", "mirror")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
-        """Relative to the working directory (a file's relative paths were joined to its folder before)."""
-        return value.absolute()
+        """Relative to the working directory (a file's relative paths were joined to its folder before).
+        An s3:// mirror is kept as it is (see mirror_url)."""
+        return value if str(value).startswith("s3:/") else value.absolute()
+
+    @field_validator("mirror", mode="before")
+    @classmethod
+    def _s3_url(cls, value: Any) -> Any:
+        if is_s3_url(value):
+            from mirrord.store.s3 import S3Location
+
+            S3Location.parse(value)  # ValueError: one line naming what is wrong
+        return value
+
+    @property
+    def mirror_target(self) -> str | Path:
+        """What mirrord.store.mirror.mirror_for takes: the s3:// URL, or the directory."""
+        return self.mirror_url or self.mirror
+
+    @property
+    def mirror_url(self) -> str | None:
+        """The s3:// URL of an object-store mirror (None for a directory). `mirror` holds it as a Path,
+        which folds '//' to '/': this is the URL as written."""
+        text = str(self.mirror)
+        return S3_SCHEME + text.removeprefix("s3:/") if text.startswith("s3:/") else None
 
     @field_validator("patterns", mode="before")
     @classmethod
@@ -187,7 +313,14 @@ class Config(_Section):
 
     @property
     def step_regex(self) -> re.Pattern[str]:
-        return re.compile(self.prune.step_pattern)
+        """The step-number pattern of the configured layout."""
+        return self.rules.step_regex
+
+    @property
+    def rules(self) -> Layout:
+        """The chosen layout's naming and completeness rules (mirrord.core.layouts)."""
+        return layout_for(self.layout, self.patterns, self.prune.step_pattern, self.unit.kind,
+                          self.unit.complete_marker)
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, for `check-config`."""
@@ -325,7 +458,7 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
     folder = Path(path).absolute().parent
     for key in PATH_KEYS:  # relative to the file, not to wherever the command happens to run
         value = data.get(key)
-        if isinstance(value, str) and value.strip() and not Path(value).is_absolute():
+        if isinstance(value, str) and value.strip() and not Path(value).is_absolute() and not is_s3_url(value):
             data[key] = str(folder / value)
     origin = Origin("file", str(Path(path).absolute()))
     return _Layer(data, {k: origin for k in _dotted_keys(data)})
@@ -359,6 +492,10 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[
         elif err["type"] == "missing" and key == "mirror":
             problems.append('mirror: not set (there is no default); give --mirror DIR, MIRRORD_MIRROR=DIR '
                             'or mirror = "DIR" in the config file')
+        elif key == "(root)":  # whole-config rules: each problem already starts with its key
+            for problem in err["msg"].removeprefix("Value error, ").split("\n"):
+                named = problem.split(":", 1)[0]
+                problems.append(problem + origins.get(named, DEFAULT).suffix())
         else:
             msg = err["msg"].removeprefix("Value error, ")
             where = origin.suffix()
@@ -375,6 +512,12 @@ def check_paths(config: Config, need_primary: bool = True) -> list[str]:
     """
     problems = []
     primary, mirror = config.primary, config.mirror
+    if config.mirror_url is not None:
+        if need_primary and not primary.is_dir():
+            problems.append(f"primary: {primary} does not exist or is not a directory")
+        if config.mirror_must_be_mountpoint:
+            problems.append("mirror_must_be_mountpoint: means nothing for an s3:// mirror; remove it")
+        return problems
     if not need_primary:
         pass
     elif not primary.is_dir():
@@ -389,7 +532,7 @@ def check_paths(config: Config, need_primary: bool = True) -> list[str]:
     elif rp.is_relative_to(rm):
         problems.append(f"primary: {primary} is inside mirror {mirror}")
     elif need_primary:
-        from mirrord.identity import overlap
+        from mirrord.store.identity import overlap
 
         clash = overlap(primary, mirror)  # the same trees under other names (bind mounts)
         if clash:
@@ -413,19 +556,8 @@ class LoadedConfig:
     ignored_environment: tuple[str, ...]  # Kubernetes service variables, not settings
 
     def origin(self, dotted: str) -> Origin:
+        """Where the value of `dotted` came from (default, file, environment or flag)."""
         return self.origins.get(dotted, DEFAULT)
-
-
-def load_config(
-    path: Path | None = None,
-    environ: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    check_roots: bool = True,
-    need_primary: bool = True,
-    content: bytes | None = None,
-) -> Config:
-    """Build the one Config of this process; raise ConfigError listing every problem at once."""
-    return explain_config(path, environ, overrides, check_roots, need_primary, content).config
 
 
 def explain_config(
@@ -462,6 +594,18 @@ def explain_config(
         raise ConfigError(problems)
     file = Path(path).absolute() if path is not None else None
     return LoadedConfig(config, file, origins, tuple(env.ignored))
+
+
+def _config_only(explain: Callable[P, LoadedConfig]) -> Callable[P, Config]:
+    def load_config(*args: P.args, **kwargs: P.kwargs) -> Config:
+        """Build the one Config of this process; raise ConfigError listing every problem at once.
+        Takes explain_config's arguments (the file, the environment, the flags, ...)."""
+        return explain(*args, **kwargs).config
+
+    return load_config
+
+
+load_config = _config_only(explain_config)
 
 
 def _root_problems(data: Mapping[str, Any], need_primary: bool) -> list[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 
+from mirrord.core.vocabulary import CopyOutcome, PruneRefusal
+
 # errno values that describe a condition that can go away by itself (a flaky mount, a full disk
 # that pruning may free, a stale NFS handle). Anything else is permanent until a person acts.
 TRANSIENT_ERRNOS = frozenset(
@@ -18,7 +20,7 @@ class MirrordError(Exception):
     `reason` is a stable snake_case word used in logs and as a metric label.
     """
 
-    reason = "failed"
+    reason: str = CopyOutcome.FAILED
     transient = False
 
     def __init__(self, path: object, cause: str) -> None:
@@ -40,37 +42,38 @@ class PermanentError(MirrordError):
 class SourceChangedError(TransientError):
     """The source changed while it was being copied; the copy was discarded."""
 
-    reason = "source_changed"
+    reason = CopyOutcome.SOURCE_CHANGED
+
+
+class SourceGoneError(PermanentError):
+    """The source was deleted before or while it was copied: the trainer rotated it away. Nothing is
+    left to mirror, so it is not a failure (counted as source_gone, logged at info, never retried)."""
+
+    reason = CopyOutcome.SOURCE_GONE
 
 
 class SizeMismatchError(TransientError):
     """The bytes that reached the mirror are not the size the source had."""
 
-    reason = "size_mismatch"
+    reason = CopyOutcome.SIZE_MISMATCH
 
 
 class NoSpaceError(TransientError):
     """The mirror has not enough free space for the file plus the reserve."""
 
-    reason = "no_space"
+    reason = CopyOutcome.NO_SPACE
 
 
 class StalledError(TransientError):
     """A copy made no progress for too long (a hung mount); it was abandoned."""
 
-    reason = "stalled"
+    reason = CopyOutcome.STALLED
 
 
 class CancelledError(MirrordError):
     """A copy was aborted because the daemon is shutting down."""
 
     reason = "cancelled"
-
-
-class NotSettledError(TransientError):
-    """The file is still being written in place; it is not a committed checkpoint yet."""
-
-    reason = "not_settled"
 
 
 class InvalidSourceError(PermanentError):
@@ -80,7 +83,7 @@ class InvalidSourceError(PermanentError):
     to change and settle again. `status` is the validator's (truncated, crc_mismatch, empty, ...).
     """
 
-    reason = "invalid_source"
+    reason = CopyOutcome.INVALID_SOURCE
 
     def __init__(
         self, path: object, cause: str, status: str = "invalid", identity: tuple[int, int, int, int] | None = None
@@ -93,7 +96,26 @@ class InvalidSourceError(PermanentError):
 class ManifestError(PermanentError):
     """The manifest cannot be read or parsed: nothing may be trusted or pruned from it."""
 
-    reason = "manifest"
+    reason = PruneRefusal.MANIFEST
+
+
+class ChangedError(PermanentError):
+    """The file is no longer the one that was planned for deletion."""
+
+    reason = PruneRefusal.CHANGED
+
+
+class UnsafePathError(PermanentError, ValueError):
+    """A relative path that could leave its root ('..', absolute, empty parts, NUL): never opened.
+
+    Also a ValueError, as a malformed name is one (a manifest entry naming one is not an entry).
+    """
+
+    reason = "unsafe_path"
+
+
+class StartupError(Exception):
+    """mirrord cannot start as configured (a busy port, a locked or unreadable mirror)."""
 
 
 class ConfigError(Exception):

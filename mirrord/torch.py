@@ -18,9 +18,9 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
-from mirrord.atomic import atomic_output
-from mirrord.hashing import Hasher, new_hasher
-from mirrord.latest import latest_checkpoint
+from mirrord.commands.latest import latest_checkpoint
+from mirrord.store.atomic import atomic_output
+from mirrord.store.hashing import Hasher, new_hasher
 
 __all__ = ["SaveResult", "atomic_save", "latest_checkpoint"]
 
@@ -61,7 +61,7 @@ def atomic_save(
     Writes PATH.part in the same directory, fsyncs it, renames it onto PATH and fsyncs the directory.
     If torch.save raises (or the process is interrupted) the .part is removed and PATH is untouched;
     a process killed outright leaves only a .part, which discovery ignores. `algo` is one of
-    mirrord.hashing.ALGORITHMS; other keyword arguments go to torch.save.
+    mirrord.store.hashing.ALGORITHMS; other keyword arguments go to torch.save.
     """
     final = Path(path)
     hasher = new_hasher(algo)  # an unknown algorithm fails before anything is written

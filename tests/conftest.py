@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -17,8 +18,11 @@ from typing import Any
 import pytest
 import structlog
 
-from mirrord.config import Config, load_config
-from tests.helpers import save_checkpoint
+from mirrord.config import Config
+from tests.s3.fixtures import _session_bucket, bucket, prefix, s3_client, s3_env, seaweed  # noqa: F401 (fixtures)
+from tests.support import config
+from tests.support.checkpoints import save_checkpoint
+from tests.support.daemon import DaemonProcess
 
 THREAD_JOIN_SECONDS = 5.0
 # Every process the tests start inherits this variable (children copy os.environ, even when they drop
@@ -52,11 +56,38 @@ def pytest_configure(config: pytest.Config) -> None:
     /tmp/pytest-of-USER, a concurrent session's cleanup renames and deletes the numbered dirs it deems
     old, a running test's loop mount included (EBUSY, and a warning that fails this suite)."""
     if config.option.basetemp is None:
-        config.option.basetemp = tempfile.mkdtemp(prefix="mirrord-tests-")
-        config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)
+        _drop_old_failed_basetemps()
+        config.option.basetemp = tempfile.mkdtemp(prefix=BASETEMP_PREFIX)
+        own = Path(config.option.basetemp)
+        config.stash[_OWN_BASETEMP] = own
+        # Held for the whole session: another session's clean-up never touches a live base temp.
+        lock = (own / ".session.lock").open("w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        config.stash[_OWN_LOCK] = lock
 
 
+BASETEMP_PREFIX = "mirrord-tests-"
+# A failed session keeps its files to look at; only the newest few are kept (each holds up to ~2 GB of
+# checkpoints), as pytest itself keeps three numbered base temps.
+KEEP_FAILED_BASETEMPS = 3
 _OWN_BASETEMP = pytest.StashKey[Path]()
+_OWN_LOCK = pytest.StashKey[Any]()
+
+
+def _drop_old_failed_basetemps() -> None:
+    """Delete all but the newest KEEP_FAILED_BASETEMPS base temps left by earlier sessions: only those
+    whose session lock can be taken (the session is over) and with nothing mounted below them."""
+    leftovers = sorted((d for d in Path(tempfile.gettempdir()).glob(BASETEMP_PREFIX + "*")
+                        if (d / ".session.lock").exists()),
+                       key=lambda d: d.stat().st_mtime if d.exists() else 0.0, reverse=True)
+    for old in leftovers[KEEP_FAILED_BASETEMPS:]:
+        try:
+            with (old / ".session.lock").open("r") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if not _mounts_below(old):
+                    shutil.rmtree(old, ignore_errors=True)
+        except OSError:  # a live session holds it, or it is not a directory we made
+            continue
 
 
 @pytest.hookimpl(trylast=True)
@@ -70,9 +101,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def _mounts_below(root: Path) -> list[str]:
     """Mount points inside root, from the kernel's table: walking the tree and stat'ing each directory
     fails on the deeper-than-PATH_MAX tree a prune test builds on purpose (ENAMETOOLONG)."""
-    prefix = f"{root}/"
+    inside = f"{root}/"
     with Path("/proc/self/mounts").open() as mounts:
-        return [point for point in (line.split()[1] for line in mounts) if point.startswith(prefix)]
+        return [point for point in (line.split()[1] for line in mounts) if point.startswith(inside)]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -144,14 +175,7 @@ def make_config(primary: Path, mirror: Path) -> Callable[..., Config]:
     """A Config for the test's roots, with no file and no environment; sections as keyword dicts."""
 
     def make(**overrides: Any) -> Config:
-        data: dict[str, Any] = {"primary": str(primary), "mirror": str(mirror)}
-        data.setdefault("copy", {}).update({"settle_seconds": 0.0, "retry_backoff_seconds": 0.0})
-        for key, value in overrides.items():
-            if isinstance(value, dict):
-                data.setdefault(key, {}).update(value)
-            else:
-                data[key] = value
-        return load_config(None, environ={}, overrides=data)
+        return config.load(config.settings(primary, mirror, config.UNIT, overrides))
 
     return make
 
@@ -160,6 +184,22 @@ def make_config(primary: Path, mirror: Path) -> Callable[..., Config]:
 def checkpoint() -> Callable[..., Path]:
     """save_checkpoint(path, step, width=64, depth=2, mtime_ns=None): a real torch.save file."""
     return save_checkpoint
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Make daemons on tmp_path/primary -> tmp_path/mirror; every one is killed at teardown."""
+    made: list[DaemonProcess] = []
+    (tmp_path / "primary").mkdir(exist_ok=True)
+
+    def make(settings: dict[str, Any] | None = None, **kwargs: Any) -> DaemonProcess:
+        d = DaemonProcess(tmp_path, tmp_path / "primary", tmp_path / "mirror", settings, **kwargs)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.kill()
 
 
 @pytest.fixture

@@ -8,11 +8,13 @@ count them across all its rounds and report the figure before asserting that it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -22,15 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
-from mirrord.atomic import TEMP_SUFFIX
-from mirrord.config import Config, load_config
+from mirrord.config import Config
+from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError
-from mirrord.hashing import hash_file, new_hasher
-from mirrord.manifest import Manifest
-from mirrord.model import ManifestEntry
-from tests.integration.daemon_harness import wait_for
+from mirrord.store.atomic import TEMP_SUFFIX
+from mirrord.store.hashing import hash_file, new_hasher
+from mirrord.store.manifest import Manifest
+from tests.support import config
+from tests.support.wait import wait_for
 
 ALGO = "blake3"
 ZYGOTE = Path(__file__).with_name("zygote.py")
@@ -324,8 +325,8 @@ def converged_violations(world: World, expected: Iterable[str] | None = None) ->
 
 def expected_latest(mirror: Path) -> Path | None:
     """What `latest` must name (issue 14): per run the newest by (branch, step) - a lower step written
-    later is a rollback's new branch (mirrord.branches) - and across runs the one with the newest mtime."""
-    from mirrord.branches import branches
+    later is a rollback's new branch (mirrord.core.branches) - and across runs the one with the newest mtime."""
+    from mirrord.core.branches import branches
 
     entries, _ = load_manifest(mirror)
     if not entries:
@@ -345,8 +346,8 @@ def expected_latest(mirror: Path) -> Path | None:
 
 def newest_steps(primary: Path, run: str, n: int) -> set[int]:
     """The n newest steps of a run on the primary by (branch, step): what retention keeps."""
-    from mirrord.branches import branches
-    from mirrord.model import step_of
+    from mirrord.core.branches import branches
+    from mirrord.core.model import step_of
 
     regex = re.compile(r"step_(\d+)")
     mtimes = {}
@@ -359,36 +360,18 @@ def newest_steps(primary: Path, run: str, n: int) -> set[int]:
 
 # ----------------------------------------------------------------------------------------- processes
 def settings(world: World, **sections: Any) -> dict[str, Any]:
-    """mirrord settings for the world; sections as dicts, merged over the chaos defaults."""
-    data: dict[str, Any] = {
-        "primary": str(world.primary),
-        "mirror": str(world.mirror),
-        "copy": {"workers": 2, "settle_seconds": 0.0, "retry_backoff_seconds": 0.0, "max_attempts": 2,
-                 "free_space_reserve_bytes": 0},
-        "io": {"buffer_bytes": 64 * 1024},
-        "prune": {"enabled": False, "keep_last": 2, "min_age_seconds": 0},
-        "watch": {"rescan_interval_seconds": 60},
-        "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 10},
-        "metrics": {"enabled": False},
-        "log": {"format": "json", "level": "info"},
-    }
-    for key, value in sections.items():
-        if isinstance(value, dict):
-            data.setdefault(key, {}).update(value)
-        else:
-            data[key] = value
-    return data
+    """mirrord settings for the world: the chaos preset (tests.support.config.CHAOS), then `sections`."""
+    return config.settings(world.primary, world.mirror, config.CHAOS, sections)
 
 
 def write_config(path: Path, world: World, **sections: Any) -> Path:
     """A mirrord TOML config file for the world (see settings())."""
-    path.write_text(tomli_w.dumps(settings(world, **sections)))
-    return path
+    return config.write_config(path, settings(world, **sections))
 
 
 def make_config(world: World, **sections: Any) -> Config:
     """The same settings as a Config object, for running mirrord's code inside the test process."""
-    return load_config(None, environ={}, overrides=settings(world, **sections))
+    return config.load(settings(world, **sections))
 
 
 class Zygote:
@@ -449,27 +432,35 @@ class Zygote:
         self._log.close()
 
 
-def events(log: Path, name: str | None = None) -> list[dict[str, Any]]:
-    """JSON log events of a log file (lines that are not JSON are ignored)."""
-    out = []
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of `pid` is in group stop (or the process is gone: nothing of it runs either)."""
     try:
-        text = log.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if name is None or event.get("event") == name:
-                out.append(event)
-    return out
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return all(state in ("T", "t", "Z", "X") for state in states)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    """Poll until `predicate` is truthy; fail naming `what` when the deadline passes."""
-    return wait_for(predicate, timeout, what, interval)
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """Hold a running mirrord still (SIGSTOP, every thread stopped) while the mirror is checked.
+
+    A check reads many files one after the other; against a live daemon a file retention deletes
+    between the listing and the read looks like a lost file. Stopped, the mirror is what a SIGKILL at
+    that instant would leave, which is exactly what the crash invariants speak about; SIGCONT after.
+    """
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:  # already gone: nothing moves
+        yield
+        return
+    try:
+        wait_for(lambda: _all_threads_stopped(pid), 60, f"every thread of process {pid} to stop", interval=0.02)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def latest_violations(zygote: Zygote, config: Path, world: World, workdir: Path) -> list[str]:
@@ -492,8 +483,8 @@ def latest_violations(zygote: Zygote, config: Path, world: World, workdir: Path)
 
 
 def latest_inprocess_violations(world: World) -> list[str]:
-    """As latest_violations, calling mirrord.latest directly."""
-    from mirrord.latest import latest_checkpoint
+    """As latest_violations, calling mirrord.commands.latest directly."""
+    from mirrord.commands.latest import latest_checkpoint
 
     got, want = latest_checkpoint(world.mirror), expected_latest(world.mirror)
     if got != want:

@@ -1,6 +1,6 @@
 """strace for the chaos suite: trace a real mirrord process, parse the trace, check the durability order.
 
-The order every published name must follow (mirrord.atomic):
+The order every published name must follow (mirrord.store.atomic):
 
     openat(NAME.part, O_CREAT|O_EXCL) -> write* (NAME.part only) -> fsync(NAME.part)
     -> rename(NAME.part, NAME) -> fsync(directory of NAME)
@@ -25,7 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tests.chaos.harness import Zygote, wait_until
+from tests.chaos.harness import Zygote
+from tests.support.wait import wait_for
 
 TRACED = ("openat", "write", "pwrite64", "writev", "pwritev", "copy_file_range", "sendfile", "fsync",
           "fdatasync", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat")
@@ -377,12 +378,12 @@ def run_traced(zygote: Zygote, argv: list[str], log: Path, strace_args: list[str
     strace's per-thread invocation numbers (`when=N`) count only the work under test.
     """
     pid = zygote.spawn(argv, log, stop=True, patch=patch)
-    wait_until(lambda: _proc_field(pid, "State").startswith("T"), 90, "the child to stop itself")
+    wait_for(lambda: _proc_field(pid, "State").startswith("T"), 90, "the child to stop itself", interval=0.02)
     tracer = subprocess.Popen(["strace", "-f", "-qq", *strace_args, "-p", str(pid)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: _proc_field(pid, "TracerPid") not in ("", "0") or tracer.poll() is not None,
-                   10, "strace to attach")
+        wait_for(lambda: _proc_field(pid, "TracerPid") not in ("", "0") or tracer.poll() is not None,
+                   10, "strace to attach", interval=0.02)
         if tracer.poll() is not None:
             raise AssertionError(f"strace failed: {tracer.communicate()[1].decode(errors='replace')}")
         os.kill(pid, signal.SIGCONT)

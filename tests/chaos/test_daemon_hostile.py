@@ -25,22 +25,22 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from mirrord.manifest import Manifest
+from mirrord.store.manifest import Manifest
 from tests.chaos.harness import (
     Checkpoints,
     Report,
     World,
     Zygote,
     converged_violations,
-    events,
     run_root,
     settings,
     step_name,
-    wait_until,
     write_config,
 )
-from tests.helpers import run_mirrord
-from tests.integration.daemon_harness import DaemonProcess
+from tests.support.cli import run_mirrord
+from tests.support.daemon import DaemonProcess
+from tests.support.logs import read_events
+from tests.support.wait import wait_for
 
 NS = 10**9
 
@@ -92,7 +92,7 @@ def test_sighup_during_a_config_write_never_deletes_more(
     cuts = {"cut before [prune] (defaults: keep_last = 12)": whole.index("[prune]"),
             "cut inside keep_last = 20 (keep_last = 2)": whole.index("keep_last = 20") + len("keep_last = 2")}
     try:
-        wait_until(lambda: _mirror_count(world) == 15, 60, "15 steps mirrored")
+        wait_for(lambda: _mirror_count(world) == 15, 60, "15 steps mirrored", interval=0.02)
         for n, (label, cut) in enumerate(cuts.items(), start=1):
             with daemon.config_path.open("r+") as f:  # rewritten in place, as an editor or `>` does
                 f.truncate(0)
@@ -103,10 +103,11 @@ def test_sighup_during_a_config_write_never_deletes_more(
                 time.sleep(0.4)  # the fault itself: the writer pauses mid-write
                 f.write(whole[cut:])
             tally.rounds += 1
-            wait_until(lambda n=n: len(daemon.events("config.reloaded") + daemon.events("config.reload_refused"))
-                       >= n, 30, f"reload {n} handled")
+            wait_for(lambda n=n: len(daemon.events("config.reloaded") + daemon.events("config.reload_refused"))
+                       >= n, 30, f"reload {n} handled", interval=0.02)
             start = len(daemon.events("prune.finished"))
-            wait_until(lambda s=start: len(daemon.events("prune.finished")) >= s + 3, 30, "three prune passes")
+            wait_for(lambda s=start: len(daemon.events("prune.finished")) >= s + 3, 30, "three prune passes",
+                     interval=0.02)
             if _mirror_count(world) != 15:
                 tally.check([f"{label}: {15 - _mirror_count(world)} mirror checkpoint(s) deleted"])
     finally:
@@ -136,7 +137,7 @@ def test_idle_http_clients_do_not_blind_the_daemon(
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
     idle: list[socket.socket] = []
     try:
-        wait_until(lambda: _mirrored(world, {f"run/{step_name(1)}"}), 30, "step 1 mirrored")
+        wait_for(lambda: _mirrored(world, {f"run/{step_name(1)}"}), 30, "step 1 mirrored", interval=0.02)
         for _ in range(1100):
             s = socket.socket()
             s.setblocking(False)
@@ -146,12 +147,13 @@ def test_idle_http_clients_do_not_blind_the_daemon(
         tally.fault("idle connections", len(idle))
         for round_ in range(3):
             tally.rounds += 1
-            code = wait_until(lambda: daemon.http("/healthz")[0], 30, "/healthz to answer at all")
+            code = wait_for(lambda: daemon.http("/healthz")[0], 30, "/healthz to answer at all", interval=0.02)
             if code != 200:
                 tally.check([f"/healthz answered {code} with 1,100 idle clients"])
             rel = f"run/{step_name(2 + round_)}"
             world.install(rel, checkpoints.pick(rng))
-            wait_until(lambda rel=rel: _mirrored(world, {rel}), 30, f"{rel} mirrored with 1,100 idle clients")
+            wait_for(lambda rel=rel: _mirrored(world, {rel}), 30, f"{rel} mirrored with 1,100 idle clients",
+                     interval=0.02)
         threads = len(list(Path(f"/proc/{daemon.proc.pid}/task").iterdir()))  # type: ignore[union-attr]
         tally.notes.append(f"daemon threads with 1,100 idle clients: {threads}")
         if threads > 40:
@@ -205,7 +207,8 @@ def test_watcher_follows_a_recreated_or_mounted_over_primary(
             rel = f"run-{n}/{step_name(n)}"
             world.install(rel, checkpoints.pick(rng))
             try:
-                wait_until(lambda rel=rel: _mirrored(world, {rel}), 20, f"{rel} mirrored after the root was {label}")
+                wait_for(lambda rel=rel: _mirrored(world, {rel}), 20, f"{rel} mirrored after the root was {label}",
+                         interval=0.02)
             except AssertionError as exc:
                 tally.check([str(exc)])
             if daemon.http("/healthz")[0] != 200:
@@ -289,8 +292,8 @@ def test_sighup_during_startup_does_not_kill_the_daemon(
         tally.fault("SIGHUP during start-up")
         tally.rounds += 1
         try:
-            wait_until(lambda log=log, pid=pid: events(log, "daemon.ready") or zygote.wait(pid, 0) is not None,
-                       60, "the daemon ready (or dead)")
+            wait_for(lambda log=log, pid=pid: read_events(log, "daemon.ready") or zygote.wait(pid, 0) is not None,
+                       60, "the daemon ready (or dead)", interval=0.02)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -324,7 +327,7 @@ def test_lag_and_copy_failed_tell_the_truth_about_a_permanent_failure(
         daemon.wait_event("copy.failed", path=rel)
         samples = []
         for n in range(1, 9):
-            wait_until(lambda n=n: len(daemon.events("copy.failed", path=rel)) > n, 30, f"failure {n + 1}")
+            wait_for(lambda n=n: len(daemon.events("copy.failed", path=rel)) > n, 30, f"failure {n + 1}", interval=0.02)
             samples.append(daemon.metric("mirrord_mirror_lag_seconds") or 0.0)
             tally.rounds += 1
         tally.notes.append("lag samples (s): " + ", ".join(f"{s:.1f}" for s in samples))
@@ -370,7 +373,7 @@ def test_no_false_verify_failures_under_a_commit_burst(
         tally.fault("checkpoints committed in 15 s", n)
         tally.rounds += 1
         wanted = set(world.primary_files())
-        wait_until(lambda: _mirrored(world, wanted), 120, "the whole burst mirrored")
+        wait_for(lambda: _mirrored(world, wanted), 120, "the whole burst mirrored", interval=0.02)
         failures = daemon.metric("mirrord_verify_failures_total")
         tally.notes.append(f"{n} checkpoints, verify_failures_total = {failures}, "
                            f"reconciles = {len(daemon.events('reconcile.finished'))}")
@@ -406,9 +409,9 @@ def test_a_guard_veto_is_logged_once(tmp_path: Path, checkpoints: Checkpoints, r
                             "watch": {"rescan_interval_seconds": 0.2}, "log": {"level": "info"}})
     daemon.start()
     try:
-        wait_until(lambda: _mirror_count(world) == 8, 60, "8 steps mirrored")
+        wait_for(lambda: _mirror_count(world) == 8, 60, "8 steps mirrored", interval=0.02)
         start = len(daemon.events("prune.finished"))
-        wait_until(lambda: len(daemon.events("prune.finished")) >= start + 10, 60, "ten more prune passes")
+        wait_for(lambda: len(daemon.events("prune.finished")) >= start + 10, 60, "ten more prune passes", interval=0.02)
         tally.rounds += 10
         tally.fault("young files vetoed on every pass", 6)
         per_file = Counter((e["volume"], e["path"], e["reason"]) for e in daemon.events("prune.skipped"))

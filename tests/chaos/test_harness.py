@@ -5,12 +5,15 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.chaos import harness
 from tests.chaos.harness import World, converged_violations, crash_violations, split_unreadable
+from tests.support.wait import wait_for
 
 
 @pytest.fixture
@@ -80,3 +83,58 @@ def test_zygote_wait_never_answers_with_the_status_of_an_earlier_child_of_the_sa
         final = zygote.wait(second, 30)
     assert status is None, f"a child stopped at start-up was reported as exited with {status} (a stale status)"
     assert final == -signal.SIGKILL
+
+
+CHURN = """
+import os, sys, threading
+root = sys.argv[1]
+def churn(k):
+    n = 0
+    while True:  # like retention next to the copier: files appear and are deleted all the time
+        path = os.path.join(root, f"{k}-{n}")
+        with open(path, "wb") as f:
+            f.write(b"x" * 4096)
+        if n:
+            os.unlink(os.path.join(root, f"{k}-{n - 1}"))
+        n += 1
+for k in range(3):
+    threading.Thread(target=churn, args=(k,), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+def _churned(root: Path) -> int:
+    """How many files the churn process has written in `root` so far (its threads' newest numbers)."""
+    newest: dict[str, int] = {}
+    for path in root.iterdir():
+        thread, n = path.name.split("-")
+        newest[thread] = max(int(n), newest.get(thread, 0))
+    return sum(newest.values())
+
+
+def test_a_frozen_process_changes_nothing_between_a_listing_and_the_reads(tmp_path: Path) -> None:
+    """The kill -9 trainer rounds check a mirror a running daemon works on. Unfrozen, a file deleted
+    after the check listed it read as lost (ENOENT); frozen(), every thread of the process is stopped:
+    while a twin process (the clock, never frozen) writes and deletes 300 files, the frozen one changes
+    nothing; after the freeze it goes on."""
+    procs = {}
+    for name in ("frozen", "twin"):
+        (tmp_path / name).mkdir()
+        procs[name] = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path / name)], start_new_session=True)
+    root, twin = tmp_path / "frozen", tmp_path / "twin"
+    try:
+        wait_for(lambda: _churned(root) >= 3 and _churned(twin) >= 3, 60, "the churning threads to start",
+                 interval=0.02)
+        with harness.frozen(procs["frozen"].pid):
+            names = {p.name for p in root.iterdir()}
+            goal = _churned(twin) + 300
+            while _churned(twin) < goal:
+                for name in names:
+                    (root / name).read_bytes()  # FileNotFoundError if the frozen process still ran
+                assert {p.name for p in root.iterdir()} == names, "the files changed while the process was frozen"
+        wait_for(lambda: {p.name for p in root.iterdir()} != names, 60, "the process to go on after the freeze",
+                 interval=0.02)
+    finally:
+        for proc in procs.values():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

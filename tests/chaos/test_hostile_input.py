@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-import mirrord.sync  # imported before any fork that drops privileges
+import mirrord.commands.sync  # imported before any fork that drops privileges
+from mirrord.commands.prune import Pruner
 from mirrord.config import Config
-from mirrord.hashing import hash_file
-from mirrord.prune import Pruner
-from mirrord.volume import LocalMirror, LocalVolume
+from mirrord.store.hashing import hash_file
+from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.chaos.harness import (
     ALGO,
     SCALE,
@@ -36,17 +36,17 @@ from tests.chaos.harness import (
     converged_violations,
     crash_violations,
     digest_bytes,
-    events,
     finals,
     latest_violations,
     load_manifest,
     make_config,
     step_name,
-    wait_until,
     write_config,
 )
-from tests.helpers import NOBODY, run_as_nobody
-from tests.integration.daemon_harness import DaemonProcess
+from tests.support.daemon import DaemonProcess
+from tests.support.logs import read_events
+from tests.support.privileges import NOBODY, run_as_nobody
+from tests.support.wait import wait_for
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (device nodes, dropping privileges)")
 
@@ -94,7 +94,7 @@ def _daemon_round(
 
 
 def _three_reconciles(daemon: DaemonProcess) -> None:
-    wait_until(lambda: len(daemon.events("reconcile.finished")) >= 3, 90, "three reconciles")
+    wait_for(lambda: len(daemon.events("reconcile.finished")) >= 3, 90, "three reconciles", interval=0.02)
 
 
 def test_symlinks_in_the_primary_are_never_followed(
@@ -120,7 +120,7 @@ def test_symlinks_in_the_primary_are_never_followed(
     _config, log, code = _sync_round(world, zygote, tmp_path, tally)
     if code != 0:
         tally.check([f"sync exited {code}: symlinks must be skipped, not fail the pass"])
-    skipped = {e["path"] for e in events(log, "scan.skipped")}
+    skipped = {e["path"] for e in read_events(log, "scan.skipped")}
     tally.check([f"{rel}: symlink not reported as skipped" for rel in links if rel not in skipped])
     tally.check(_leaked(world, secrets))
     tally.check(converged_violations(world, {f"run/{step_name(1)}"}))
@@ -153,7 +153,7 @@ def test_symlinks_planted_on_the_mirror_are_not_written_through(
         tally.check([f"written through the planted folder symlink: {sorted(elsewhere.iterdir())}"])
     if victim.read_bytes() != b"do not overwrite":
         tally.check(["the symlink's target was overwritten"])
-    failed = [e for e in events(log, "copy.failed") if e["path"] == f"run/{step_name(1)}"]
+    failed = [e for e in read_events(log, "copy.failed") if e["path"] == f"run/{step_name(1)}"]
     if not failed or "run" not in str(failed[0].get("error_path")):
         tally.check(["the refused copy was not reported with its path"])
     final = world.mirror / step_name(2)
@@ -170,7 +170,7 @@ def _prune_world(world: World, checkpoints: Checkpoints, side: str) -> tuple[Con
             world.install(f"run/{step_name(step)}", checkpoints.blobs[step])
     config = make_config(world, prune=_prune_settings(side))
     # Every step mirrored first (with pruning on, a first sync copies only what the window keeps).
-    assert mirrord.sync.run_sync(make_config(world, prune={"enabled": False})).ok
+    assert mirrord.commands.sync.run_sync(make_config(world, prune={"enabled": False})).ok
     victim = world.base / "victim" / "run"
     if not victim.exists():
         victim.mkdir(parents=True)
@@ -327,7 +327,7 @@ def test_hostile_names_are_mirrored(
     config, log, code = _sync_round(world, zygote, tmp_path, tally)
     if code != 1:
         tally.check([f"sync exited {code}; expected 1 (the 255-byte name cannot be mirrored)"])
-    failed = {e["path"]: e for e in events(log, "copy.failed")}
+    failed = {e["path"]: e for e in read_events(log, "copy.failed")}
     if TOO_LONG not in failed or "too long" not in str(failed[TOO_LONG].get("cause")):
         tally.check([f"the 255-byte name was not reported as too long: {list(failed)}"])
     tally.check([f"{rel!r}: failed: {e.get('cause')}" for rel, e in failed.items() if rel != TOO_LONG])
@@ -341,8 +341,8 @@ def test_hostile_names_are_mirrored(
         entries, _ = load_manifest(world.mirror)
         return expected <= set(entries)
 
-    _daemon_round(world, tmp_path, tally, 1, lambda _daemon: wait_until(
-        mirrored, 60, "the daemon to mirror every hostile name"), "hostile names")
+    _daemon_round(world, tmp_path, tally, 1, lambda _daemon: wait_for(
+        mirrored, 60, "the daemon to mirror every hostile name", interval=0.02), "hostile names")
     tally.check(converged_violations(world, expected), "daemon")
     tally.assert_clean()
 
@@ -375,7 +375,7 @@ def test_fifos_and_device_nodes_are_never_opened_or_copied(
     _config, log, code = _sync_round(world, zygote, tmp_path, tally)
     if code != 0:
         tally.check([f"sync exited {code}"])
-    skipped = {e["path"] for e in events(log, "scan.skipped")}
+    skipped = {e["path"] for e in read_events(log, "scan.skipped")}
     tally.check([f"{rel}: not reported as skipped" for rel in _special_files(world.primary) if rel not in skipped])
     tally.check(converged_violations(world, {f"run/{step_name(1)}"}))
     _daemon_round(world, tmp_path, tally, 0.5, _three_reconciles, "special files in the primary")
@@ -406,7 +406,7 @@ def test_checkpoint_swapped_for_a_special_file_before_the_copy_opens_it(
     tally.rounds += 1
     if code is not None and code != 1:
         tally.check([f"sync exited {code}; the swapped file must be a failure"])
-    failed = [e for e in events(log, "copy.failed") if e["path"] == rel]
+    failed = [e for e in read_events(log, "copy.failed") if e["path"] == rel]
     if code is not None and not failed:
         tally.check(["the swapped file was not reported as a failed copy"])
     tally.check(_leaked(world, secrets))
@@ -450,7 +450,7 @@ def test_fifo_planted_on_the_mirror_does_not_hang_latest_or_verify(
 
 # ------------------------------------------------------------------------------- permission denied
 def _sync_summary(config: Config) -> dict[str, Any]:
-    outcome = mirrord.sync.run_sync(config)
+    outcome = mirrord.commands.sync.run_sync(config)
     return {"copied": sorted(outcome.copied), "failed": outcome.failed, "listing_errors": outcome.listing_errors}
 
 

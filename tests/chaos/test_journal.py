@@ -19,15 +19,16 @@ import time
 from pathlib import Path
 
 from mirrord.errors import ManifestError
-from mirrord.journal import parse_journal
-from mirrord.manifest import MANIFEST_NAME, Manifest
-from tests.chaos.harness import SCALE, Report, wait_until
+from mirrord.store.journal import parse_journal
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from tests.chaos.harness import SCALE, Report
+from tests.support.wait import wait_for
 
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    import mirrord.manifest as m
-    from mirrord.model import ManifestEntry
+    import mirrord.store.manifest as m
+    from mirrord.core.model import ManifestEntry
 
     m.COMPACT_MIN_RECORDS = 16
     manifest = m.Manifest.open(Path(sys.argv[1]))
@@ -80,8 +81,8 @@ def test_kill9_of_a_manifest_writer_loses_nothing_acknowledged(tmp_path: Path, r
             writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(next_change)], stdout=f,
                                       stderr=e, start_new_session=True)
         try:
-            wait_until(lambda out=out, w=writer: "open" in out.read_text() or w.poll() is not None, 60,
-                       "the writer to open")
+            wait_for(lambda out=out, w=writer: "open" in out.read_text() or w.poll() is not None, 60,
+                       "the writer to open", interval=0.02)
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
             with contextlib.suppress(ProcessLookupError):

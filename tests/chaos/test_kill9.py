@@ -8,6 +8,7 @@ newest checkpoint, whose bytes are its source's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -22,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.hashing import hash_file
-from mirrord.latest import latest_checkpoint as latest_checkpoint_of
+from mirrord.commands.latest import latest_checkpoint as latest_checkpoint_of
+from mirrord.store.hashing import hash_file
 from tests.chaos.harness import (
     BASE_MTIME_NS,
     SCALE,
@@ -35,16 +36,17 @@ from tests.chaos.harness import (
     converged_violations,
     crash_violations,
     digest_bytes,
-    events,
     finals,
+    frozen,
     latest_violations,
     load_manifest,
     newest_steps,
     step_name,
-    wait_until,
     write_config,
 )
 from tests.chaos.syscalls import parse, run_traced, syscall_counts, trace_args
+from tests.support.logs import read_events
+from tests.support.wait import wait_for
 
 RUNS = ("run-a", "run-b", "run-c")
 SMALL_BLOB = 400_000
@@ -118,9 +120,9 @@ def _phase(world: World, log: Path) -> str:
     entries, _ = load_manifest(world.mirror)
     if any(rel not in entries for rel in files):
         return "after-rename-before-record"
-    names = {e.get("event") for e in events(log)}
+    names = {e.get("event") for e in read_events(log)}
     if names & {"sync.finished", "prune.finished"} or ("copy.started" in names and "copy.committed" in names and (
-        len(events(log, "copy.started")) == len(events(log, "copy.committed"))
+        len(read_events(log, "copy.started")) == len(read_events(log, "copy.committed"))
     )):
         return "after-the-work"
     if not names & {"copy.started", "prune.deleted"}:
@@ -191,13 +193,13 @@ class Rounds:
             spawned = time.time()
             if kind == "daemon":
                 pid = self.zygote.spawn(["run", "--config", self.run_cfg], log)
-                wait_until(lambda: self.daemon_converged(trainer.kept()), 60, "the daemon to converge")
-                wait_until(lambda log=log: events(log, "daemon.ready"), 60, "daemon readiness")
+                wait_for(lambda: self.daemon_converged(trainer.kept()), 60, "the daemon to converge", interval=0.02)
+                wait_for(lambda log=log: read_events(log, "daemon.ready"), 60, "daemon readiness", interval=0.02)
                 self.stop_daemon(pid)
             else:
                 cfg = self.sync_cfg if kind == "sync" else self.prune_cfg
                 assert self.zygote.run([kind, "--config", cfg], log) == 0
-            stamps = [(e["event"], _seconds(e["timestamp"]) - spawned) for e in events(log)]
+            stamps = [(e["event"], _seconds(e["timestamp"]) - spawned) for e in read_events(log)]
             first = min((t for name, t in stamps if name == begin), default=0.0)
             last = max((t for name, t in stamps if name == end), default=first + 0.1)
             self.window[kind] = (max(first, 0.0), max(last, first + 0.01))
@@ -220,7 +222,7 @@ class Rounds:
         log = self.log("daemon")
         pid = self.zygote.spawn(["run", "--config", self.run_cfg], log)
         # SIGTERM before the handlers are installed would just kill it: wait until it is ready.
-        wait_until(lambda: events(log, "daemon.ready"), 60, f"daemon readiness ({log})")
+        wait_for(lambda: read_events(log, "daemon.ready"), 60, f"daemon readiness ({log})", interval=0.02)
         return pid
 
     def stop_daemon(self, pid: int) -> None:
@@ -258,23 +260,36 @@ class Rounds:
         self.world.history.setdefault(rel, []).append(digest_bytes(blob))
         pid = self.start_daemon()
         try:
-            wait_until(lambda: self.daemon_converged(kept_before), 60, "the daemon to converge before the save")
+            wait_for(lambda: self.daemon_converged(kept_before), 60, "the daemon to converge before the save",
+                     interval=0.02)
             writer = TornWriter(self.world.primary / rel, blob, self.workdir / f"blob-{self.n}")
-            time.sleep(self.rng.uniform(0.05, writer.seconds * 0.9))  # the fault instant, not a synchronization
+            # Aimed from the save's start: the writer's interpreter start-up alone outlasts most saves.
+            wait_for(lambda: (self.world.primary / rel).exists() or writer.proc.poll() is not None, 60,
+                     "the trainer to begin its save")
+            time.sleep(self.rng.uniform(0, writer.seconds * 0.9))  # the fault instant, not a synchronization
             writer.kill()
-            self.tally.fault("SIGKILL of the trainer mid-save")
             written = self.world.primary / rel
             size = written.stat().st_size if written.exists() else 0  # killed before it even opened it
             if 0 < size < len(blob):
+                self.tally.fault("SIGKILL of the trainer mid-save (a torn checkpoint)")
+            else:  # the save had not begun, or was complete: the daemon works on while the mirror is checked
+                self.tally.fault("SIGKILL of the trainer " + ("after its save" if size else "before its first byte"))
+            if 0 < size < len(blob):
                 log = self.log("daemon")
-                wait_until(lambda: [e for e in events(log, "copy.failed") if e.get("path") == rel]
-                           or self.zygote.wait(pid, 0) is not None, 60, "the daemon to judge the torn file")
-                self.tally.check(self.torn_violations(rel, run, kept_before), f"round {self.n} (trainer killed)")
-            self.check_crash(f"round {self.n} (trainer killed)")
+                wait_for(lambda: [e for e in read_events(log, "copy.failed") if e.get("path") == rel]
+                           or self.zygote.wait(pid, 0) is not None, 60, "the daemon to judge the torn file",
+                         interval=0.02)
+            # The daemon keeps working (a whole save is copied, retention deletes an older step): the
+            # checks read one instant of it, frozen, or a file deleted after the listing reads as lost.
+            # (Only while it runs: the zygote reaped a daemon that died, and its pid may be someone else's.)
+            with frozen(pid) if self.zygote.wait(pid, 0) is None else contextlib.nullcontext():
+                if 0 < size < len(blob):
+                    self.tally.check(self.torn_violations(rel, run, kept_before), f"round {self.n} (trainer killed)")
+                self.check_crash(f"round {self.n} (trainer killed)")
             trainer.steps[run] = step
             self.world.install(rel, blob)  # the restarted trainer saves it again, whole
             kept = trainer.kept()
-            wait_until(lambda: self.daemon_converged(kept), 60, "the daemon to converge after the re-save")
+            wait_for(lambda: self.daemon_converged(kept), 60, "the daemon to converge after the re-save", interval=0.02)
         finally:
             self.stop_daemon(pid)
         self.check_converged(f"round {self.n} (trainer re-saved)", kept)
@@ -302,7 +317,7 @@ class Rounds:
         kept = trainer.kept()
         pid = self.start_daemon()
         try:
-            wait_until(lambda: self.daemon_converged(kept), 60, "the restarted daemon to converge")
+            wait_for(lambda: self.daemon_converged(kept), 60, "the restarted daemon to converge", interval=0.02)
         finally:
             self.stop_daemon(pid)
         self.check_converged(f"round {self.n} (daemon restarted)", kept)
@@ -357,14 +372,14 @@ def test_restart_after_a_kill_keeps_keep_last_steps(
 
     def idle() -> bool:
         """Two reconciles done, the last one queued nothing, and no copy is in flight."""
-        seen = events(log)
+        seen = read_events(log)
         reconciles = [e for e in seen if e["event"] == "reconcile.finished"]
         started = sum(e["event"] == "copy.started" for e in seen)
         ended = sum(e["event"] in ("copy.committed", "copy.failed") for e in seen)
         return len(reconciles) >= 2 and reconciles[-1]["queued"] == 0 and started == ended
 
     try:
-        wait_until(idle, 90, "the daemon to go idle")
+        wait_for(idle, 90, "the daemon to go idle", interval=0.02)
         assert set(finals(world.mirror)[0]) == {f"run/{step_name(s)}" for s in (2, 3)}
     finally:
         os.kill(pid, signal.SIGTERM)

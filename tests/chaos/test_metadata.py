@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.manifest import Manifest
+from mirrord.store.manifest import Manifest
 from tests.chaos.harness import (
     BASE_MTIME_NS,
     Checkpoints,
@@ -28,14 +28,13 @@ from tests.chaos.harness import (
     Zygote,
     converged_violations,
     crash_violations,
-    events,
     latest_violations,
-    loop_devices_unavailable,
     step_name,
-    wait_until,
     write_config,
 )
-from tests.integration.daemon_harness import DaemonProcess
+from tests.support.daemon import DaemonProcess
+from tests.support.logs import read_events
+from tests.support.wait import wait_for
 
 NS = 10**9
 NOW_NS = time.time_ns()
@@ -75,7 +74,7 @@ def test_lying_mtimes_are_mirrored_once_and_never_pruned(
     for n in range(2):
         log = tmp_path / f"sync-{n}.log"
         assert zygote.run(["sync", "--config", sync_config], log) == 0, log.read_text()[-2000:]
-        copied = len(events(log, "copy.committed"))
+        copied = len(read_events(log, "copy.committed"))
         tally.rounds += 1
         if n == 1 and copied:
             tally.check([f"second sync copied {copied} file(s) again: the mtimes made them look changed"])
@@ -86,37 +85,24 @@ def test_lying_mtimes_are_mirrored_once_and_never_pruned(
     tally.check(latest_violations(zygote, config, world, tmp_path))
     log = tmp_path / "prune.log"
     zygote.run(["prune", "--config", config], log)
-    deleted = {e["path"] for e in events(log, "prune.deleted")}
+    deleted = {e["path"] for e in read_events(log, "prune.deleted")}
     tally.check([f"{rel}: pruned although its mtime cannot be trusted" for rel in sorted(deleted & lying)])
-    skipped = {e["path"]: e["reason"] for e in events(log, "prune.skipped")}
+    skipped = {e["path"]: e["reason"] for e in read_events(log, "prune.skipped")}
     tally.notes.append("prune skipped: " + ", ".join(f"{r}={skipped[r]}" for r in sorted(skipped)))
     tally.check(crash_violations(world))
     tally.assert_clean()
     assert lying <= set(skipped), f"not every lying mtime was kept by a guard: {skipped}"
 
 
-@pytest.fixture
-def coarse_fs(tmp_path: Path) -> Iterator[LoopFs]:
-    """ext4 with 128-byte inodes: no room for sub-second timestamps, so every mtime is whole seconds."""
-    reason = loop_devices_unavailable()
-    if reason:
-        pytest.skip(f"needs a loop-mounted filesystem: {reason}")
-    fs = LoopFs(tmp_path / "coarse.img", tmp_path / "coarse", size_mb=48, mkfs_args=("-I", "128"))
-    try:
-        yield fs
-    finally:
-        fs.close()
-
-
 def test_coarse_timestamps_on_a_real_filesystem(
-    coarse_fs: LoopFs, tmp_path: Path, checkpoints: Checkpoints, zygote: Zygote, report: Report
+    coarse_ext4: LoopFs, tmp_path: Path, checkpoints: Checkpoints, zygote: Zygote, report: Report
 ) -> None:
     """A mirror that keeps whole seconds must not look 'changed' forever; a primary that keeps whole
     seconds still gets every rewrite that changes the size or the second mirrored."""
     tally = report.scenario("metadata: coarse (1 s) timestamps on a real filesystem (ext4, 128-byte inodes)")
     rng = random.Random(23)
     # 1. Fine-grained primary, coarse mirror: the copy's mtime is rounded by the filesystem.
-    world = World(tmp_path / "a", mirror_at=coarse_fs.mount_point / "mirror")
+    world = World(tmp_path / "a", mirror_at=coarse_ext4.mount_point / "mirror")
     for step in (1, 2, 3):
         world.install(f"run/{step_name(step)}", checkpoints.pick(rng), mtime_ns=BASE_MTIME_NS + step * NS + 123_456_789)
     config = write_config(tmp_path / "a.toml", world)
@@ -124,12 +110,12 @@ def test_coarse_timestamps_on_a_real_filesystem(
         log = tmp_path / f"a-{n}.log"
         assert zygote.run(["sync", "--config", config], log) == 0
         tally.rounds += 1
-        if n and events(log, "copy.committed"):
+        if n and read_events(log, "copy.committed"):
             tally.check(["a mirror with coarse timestamps made unchanged files look changed"], f"sync {n}")
     tally.check(converged_violations(world, world.primary_files()), "coarse mirror")
     # 2. Coarse primary: a rewrite is seen when the size or the second differs.
     world = World(tmp_path / "b", mirror_at=tmp_path / "b-mirror")
-    world.primary = coarse_fs.mount_point / "primary"
+    world.primary = coarse_ext4.mount_point / "primary"
     world.primary.mkdir()
     config = write_config(tmp_path / "b.toml", world)
     rel = f"run/{step_name(7)}"
@@ -180,8 +166,8 @@ def test_inotify_queue_overflow_triggers_a_rescan(
                 wanted.add(rel)
             tally.fault("inotify queue overflow")
             daemon.wait_event("watch.rescan", timeout=60)
-            wait_until(lambda w=w, wanted=wanted: _mirrored(w, wanted), 120,
-                       "every checkpoint of the burst to be mirrored")
+            wait_for(lambda w=w, wanted=wanted: _mirrored(w, wanted), 120,
+                       "every checkpoint of the burst to be mirrored", interval=0.02)
         finally:
             code = daemon.stop()
         tally.rounds += 1
@@ -219,7 +205,8 @@ class FuseMount:
             [sys.executable, str(Path(__file__).with_name("passthrough.py")), str(backing), str(mount_point),
              str(self.stall_file)], stdout=self._log, stderr=self._log,
         )
-        wait_until(lambda: os.path.ismount(mount_point) or self.proc.poll() is not None, 90, "the FUSE mount")
+        wait_for(lambda: os.path.ismount(mount_point) or self.proc.poll() is not None, 90, "the FUSE mount",
+                 interval=0.02)
         assert self.proc.poll() is None, (workdir / "fuse.log").read_text()
 
     def stall(self, *names: str) -> None:
@@ -299,7 +286,7 @@ def test_fuse_primary_changed_behind_its_back(
                 entries = Manifest.load(world.mirror).entries
                 return all(rel in entries and entries[rel].digest == world.history[rel][-1] for rel in wanted)
 
-            wait_until(current, 60, "the changes behind the mount to be mirrored")
+            wait_for(current, 60, "the changes behind the mount to be mirrored", interval=0.02)
             tally.rounds += 1
     finally:
         code = daemon.stop()
@@ -327,7 +314,7 @@ def test_stalled_read_is_abandoned_and_retried(
         tally.fault("read blocked")
         tally.check(crash_violations(world), "while stalled")
         mount.unstall()
-        wait_until(lambda: _mirrored(world, {rel}), 60, "the copy to complete once reads flow")
+        wait_for(lambda: _mirrored(world, {rel}), 60, "the copy to complete once reads flow", interval=0.02)
         tally.rounds += 1
     finally:
         mount.unstall()

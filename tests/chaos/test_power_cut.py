@@ -2,8 +2,13 @@
 
 The ioctl with EXT4_GOING_FLAGS_NOLOGFLUSH stops the filesystem dead: whatever the journal had not
 committed is lost, exactly as if the power had gone. After unmount and remount (journal replay),
-everything `mirrord sync` logged as `copy.committed` must be there, whole, and in the manifest. The
-same harness runs copiers with one step of the protocol removed, to show that it notices.
+everything `mirrord sync` logged as `copy.committed` before the cut must be there, whole, and in the
+manifest. The same harness runs copiers with one step of the protocol removed, to show that it notices.
+
+Unlike a real power cut, the ioctl leaves the process running, and an fsync already under way when
+it strikes can still return success for a journal transaction the shutdown discarded (the kernel
+takes a transaction that is no longer running or committing as committed). A line logged after that
+was never "logged before the power went": only lines timestamped before the cut began count.
 """
 
 from __future__ import annotations
@@ -13,17 +18,18 @@ import fcntl
 import itertools
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from mirrord.hashing import hash_file
+from mirrord.store.hashing import hash_file
 from tests.chaos.harness import (
     ALGO,
     SCALE,
@@ -35,16 +41,16 @@ from tests.chaos.harness import (
     Zygote,
     converged_violations,
     crash_violations,
-    events,
     load_manifest,
     loop_devices_unavailable,
     seeded_rng,
     split_unreadable,
     step_name,
     unreadable,
-    wait_until,
     write_config,
 )
+from tests.support.logs import read_events
+from tests.support.wait import wait_for
 
 _REASON = loop_devices_unavailable()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"power-cut tests need loop devices: {_REASON}")
@@ -67,12 +73,8 @@ def power_cut(mount_point: Path) -> None:
 
 
 @pytest.fixture
-def ext4(tmp_path: Path) -> Iterator[LoopFs]:
-    fs = LoopFs(tmp_path / "mirror.img", tmp_path / "mnt", size_mb=96)
-    try:
-        yield fs
-    finally:
-        fs.close()
+def ext4(loop_fs: Callable[..., LoopFs]) -> LoopFs:
+    return loop_fs("mnt", size_mb=96)
 
 
 def test_remount_after_a_cut_is_fresh_even_if_another_namespace_holds_the_mount(ext4: LoopFs) -> None:
@@ -83,8 +85,8 @@ def test_remount_after_a_cut_is_fresh_even_if_another_namespace_holds_the_mount(
     holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"],
                               start_new_session=True)
     try:
-        wait_until(lambda: Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep", 60,
-                   "the namespace holder")
+        wait_for(lambda: Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep", 60,
+                   "the namespace holder", interval=0.02)
         power_cut(ext4.mount_point)
         ext4.umount()
         ext4.mount(after_shutdown=True)
@@ -96,13 +98,21 @@ def test_remount_after_a_cut_is_fresh_even_if_another_namespace_holds_the_mount(
         holder.wait()
 
 
-def _committed_violations(world: World, committed: dict[str, str]) -> list[str]:
-    """Every file logged as committed is on the mirror and in the manifest: that version or a later one."""
+def _version(world: World, rel: str, digest: str) -> str:
+    """A digest as the version number(s) of rel it was (v1 is the first written), for messages."""
+    numbers = [str(i + 1) for i, d in enumerate(world.history.get(rel, ())) if d == digest]
+    return f"v{'/v'.join(numbers)} ({digest[:12]})" if numbers else f"no version ({digest[:12]})"
+
+
+def _committed_violations(world: World, committed: dict[str, str], source: dict[str, str]) -> list[str]:
+    """Every file logged as committed is on the mirror and in the manifest: that version or a later one.
+    `source` names the log that said so (for the message)."""
     violations: list[str] = []
     entries, _ = load_manifest(world.mirror)
     for rel, digest in sorted(committed.items()):
         versions = world.history[rel]
         later = set(versions[versions.index(digest):]) if digest in versions else {digest}
+        said = f"committed {_version(world, rel, digest)} per {source.get(rel, '?')}"
         path = world.mirror / rel
         try:
             if not path.is_file():
@@ -118,8 +128,35 @@ def _committed_violations(world: World, committed: dict[str, str]) -> list[str]:
         if entry is None:
             violations.append(f"{rel}: logged as committed, not in the manifest after the power cut")
         elif entry.digest not in later:
-            violations.append(f"{rel}: logged as committed, the manifest after the power cut records an older version")
+            violations.append(f"{rel}: logged as committed, the manifest after the power cut records an older version "
+                              f"({said}; the manifest records {_version(world, rel, entry.digest)}, the mirror "
+                              f"holds {_version(world, rel, digest)})")
     return violations
+
+
+def keep_evidence(world: World, logs: list[Path], found: list[str], where: Path) -> Path:
+    """Copy what a failed round leaves behind (the manifest's snapshot and journals as the remount shows
+    them, a listing of the mirror, the logs, the violations) before the restart changes any of it."""
+    where.mkdir(parents=True, exist_ok=True)
+    listing = []
+    for path in sorted(world.mirror.rglob("*")):
+        try:
+            st = path.lstat()
+        except OSError as exc:
+            listing.append(f"{path.relative_to(world.mirror)}: {exc}")
+            continue
+        listing.append(f"{path.relative_to(world.mirror)} size={st.st_size} mtime_ns={st.st_mtime_ns} ino={st.st_ino}")
+        if path.parent == world.mirror and path.name.startswith(".mirrord-manifest") and path.is_file():
+            with contextlib.suppress(OSError):
+                shutil.copy2(path, where / path.name)
+    (where / "mirror.txt").write_text("\n".join(listing) + "\n")
+    for log in logs:
+        with contextlib.suppress(OSError):
+            shutil.copy2(log, where / log.name)
+    history = {rel: [d[:12] for d in digests] for rel, digests in sorted(world.history.items())}
+    (where / "violations.txt").write_text("\n".join(found) + "\n\nhistory (v1 first):\n"
+                                          + "\n".join(f"{r}: {' '.join(h)}" for r, h in history.items()) + "\n")
+    return where
 
 
 def run_power_cuts(
@@ -143,11 +180,13 @@ def run_power_cuts(
     # A bandwidth cap stretches the copies, so that cuts land inside them as well as between them.
     config = write_config(workdir / "sync.toml", world, copy={"workers": 2}, io={"bandwidth_limit": 40 * 2**20})
     committed: dict[str, str] = {}
+    source: dict[str, str] = {}  # rel -> the log whose copy.committed is in `committed`
     caught = 0
     duration = 0.3
     names = [f"run-{r}/{step_name(s)}" for r in "ab" for s in range(1, 7)]
     canary = fs.mount_point / ".canary"  # outside the mirror: no invariant looks at it
     revealing = 0
+    late = 0  # copy.committed lines logged after a cut began: not counted
     for n in itertools.count():
         if n >= rounds and (revealing >= until_revealing or n >= 3 * rounds):
             break
@@ -168,11 +207,12 @@ def run_power_cuts(
             time.sleep(rng.uniform(0, 0.3))  # the instant of the power cut, not a synchronization
         else:
             time.sleep(rng.uniform(0, duration))  # the instant of the power cut, not a synchronization
+        cut_at = time.time()
         power_cut(fs.mount_point)
         status = zygote.wait_or_kill(pid, 60)
         if status is None:
             tally.check([f"mirrord sync hung after the power cut (log {log})"], f"cut {n}")
-        finished = events(log, "sync.finished")
+        finished = read_events(log, "sync.finished")
         if status == 0 and finished:
             duration = datetime.fromisoformat(finished[0]["timestamp"]).timestamp() - spawned
         tally.fault("power cut after the sync finished" if status == 0 else "power cut during the sync")
@@ -184,20 +224,28 @@ def run_power_cuts(
             revealing += bool(canary_bytes)
         with contextlib.suppress(OSError):
             canary.unlink()
-        for event in events(log, "copy.committed"):
+        for event in read_events(log, "copy.committed"):
+            if datetime.fromisoformat(event["timestamp"]).timestamp() >= cut_at:
+                late += 1  # logged after the power was gone (see the module docstring): nothing vouches for it
+                continue
             committed[event["path"]] = event["digest"]
-        found = _committed_violations(world, committed) + crash_violations(world)
+            source[event["path"]] = f"{log.name} at {event['timestamp']}"
+        found = _committed_violations(world, committed, source) + crash_violations(world)
         io_errors, found_rest = split_unreadable(found)
         if patch is None and io_errors:
             tally.findings.extend(f"cut {n}: {v}" for v in io_errors)
             found = found_rest
+        if patch is None and found:  # mirrord failed: keep the evidence, the restart would change it
+            kept = keep_evidence(world, [log, *workdir.glob("restart-*.log")], found, workdir / f"evidence-cut-{n}")
+            tally.notes.append(f"cut {n}: evidence kept in {kept}")
         tally.check(found, f"cut {n} ({patch or 'mirrord'})")
         caught += bool(found)
         tally.rounds += 1
         restart_log = workdir / f"restart-{n}.log"
         code = zygote.run(["sync", "--config", config], restart_log)
-        for event in events(restart_log, "copy.committed"):
+        for event in read_events(restart_log, "copy.committed"):
             committed[event["path"]] = event["digest"]
+            source[event["path"]] = f"{restart_log.name} at {event['timestamp']}"
         recovered = converged_violations(world, world.primary_files())
         if code != 0:
             recovered.append(f"the sync after the power cut exited {code} (log {restart_log})")
@@ -207,6 +255,8 @@ def run_power_cuts(
                 tally.findings.extend(f"restart after cut {n}: {v}" for v in io_after + recovered)
                 recovered = []
             tally.check(recovered, f"restart after cut {n}")
+    tally.notes.append(f"{late} copy.committed line(s) logged after the cut had begun: not counted (a real power "
+                       "cut leaves no process to log them)")
     if fs.stale_devices:
         tally.notes.append(f"{len(fs.stale_devices)} remount(s) on a fresh loop device: another mount namespace "
                            "kept the cut filesystem alive")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.manifest import Manifest
+from mirrord.store.manifest import Manifest
 from tests.chaos.harness import Checkpoints, Report, World, Zygote, step_name, write_config
 from tests.chaos.syscalls import order_violations, parse, run_traced, trace_args
-from tests.helpers import mirrord_argv
+from tests.support.cli import mirrord_argv
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 

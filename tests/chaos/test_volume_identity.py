@@ -15,13 +15,13 @@ import random
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from mirrord.hashing import hash_file
-from mirrord.manifest import MANIFEST_NAME, Manifest
+from mirrord.store.hashing import hash_file
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from tests.chaos.harness import (
     ALGO,
     Checkpoints,
@@ -31,15 +31,15 @@ from tests.chaos.harness import (
     Zygote,
     converged_violations,
     crash_violations,
-    events,
     latest_violations,
     loop_devices_unavailable,
     run_root,
     step_name,
-    wait_until,
     write_config,
 )
-from tests.integration.daemon_harness import DaemonProcess
+from tests.support.daemon import DaemonProcess
+from tests.support.logs import read_events
+from tests.support.wait import wait_for
 
 NS = 10**9
 
@@ -51,14 +51,9 @@ def _needs_loop() -> None:
 
 
 @pytest.fixture
-def loop_mirror(tmp_path: Path) -> Iterator[LoopFs]:
+def loop_mirror(loop_fs: Callable[..., LoopFs]) -> LoopFs:
     """An ext4 image on a loop device, mounted at tmp/mnt: the mirror root is the mount point itself."""
-    _needs_loop()
-    fs = LoopFs(tmp_path / "mirror.img", tmp_path / "mnt", size_mb=64)
-    try:
-        yield fs
-    finally:
-        fs.close()
+    return loop_fs("mnt", size_mb=64)
 
 
 def _mirrored(world: World, rels: set[str]) -> bool:
@@ -93,10 +88,11 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
         for step in range(1, 6):  # one at a time, each mirrored before the next (issue 14: a step
             # already below the window when first seen is never copied, so never pruned from the primary)
             world.install(f"run/{step_name(step)}", checkpoints.pick(rng))
-            wait_until(lambda step=step: _mirrored(world, {f"run/{step_name(step)}"}), 60, f"step {step} mirrored")
+            wait_for(lambda step=step: _mirrored(world, {f"run/{step_name(step)}"}), 60, f"step {step} mirrored",
+                     interval=0.02)
         kept = {f"run/{step_name(s)}" for s in (4, 5)}
-        wait_until(lambda: _mirrored(world, kept) and set(world.primary_files()) == kept, 60,
-                   "steps 4-5 mirrored and steps 1-3 pruned on both sides")
+        wait_for(lambda: _mirrored(world, kept) and set(world.primary_files()) == kept, 60,
+                   "steps 4-5 mirrored and steps 1-3 pruned on both sides", interval=0.02)
         run_root("umount", "-l", str(loop_mirror.mount_point))
         loop_mirror.mounted = False
         tally.fault("umount -l of the mirror")
@@ -112,7 +108,7 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
 
         base = rescans()
         for n in range(1, 11):
-            wait_until(lambda n=n: rescans() >= base + n, 30, f"rescan {n} after the unmount")
+            wait_for(lambda n=n: rescans() >= base + n, 30, f"rescan {n} after the unmount", interval=0.02)
             tally.rounds += 1
             landed = _listing(loop_mirror.mount_point)
             if landed:
@@ -132,7 +128,7 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
         loop_mirror.mount()
         tally.fault("remount")
         want = {f"run/{step_name(s)}" for s in (6, 7)}
-        wait_until(lambda: _mirrored(world, want), 60, "steps 6-7 mirrored after the remount")
+        wait_for(lambda: _mirrored(world, want), 60, "steps 6-7 mirrored after the remount", interval=0.02)
     finally:
         code = daemon.stop()
     tally.check([] if code == 0 else [f"daemon exited {code}"])
@@ -203,7 +199,7 @@ def test_removed_lock_file_stops_the_daemon_and_lock_does_not_pin_the_mirror(
     daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror, {"log": {"level": "info"}})
     daemon.start()
     try:
-        wait_until(lambda: _mirrored(world, {f"run/{step_name(1)}"}), 30, "step 1 mirrored")
+        wait_for(lambda: _mirrored(world, {f"run/{step_name(1)}"}), 30, "step 1 mirrored", interval=0.02)
         # A copy or a journal append in flight holds a file open for writing for a moment: retry for a
         # while; only a descriptor held for good (the lock) keeps it busy throughout.
         def remount_ro() -> subprocess.CompletedProcess[str] | None:
@@ -213,7 +209,7 @@ def test_removed_lock_file_stops_the_daemon_and_lock_does_not_pin_the_mirror(
         tally.fault("mount -o remount,ro under the daemon")
         tally.rounds += 1
         try:
-            wait_until(remount_ro, 10, "mount -o remount,ro of the mirror", interval=0.2)
+            wait_for(remount_ro, 10, "mount -o remount,ro of the mirror", interval=0.2)
         except AssertionError as exc:
             tally.check([f"remount,ro refused while the daemon runs: {exc}"])
         else:
@@ -236,14 +232,14 @@ def test_removed_lock_file_stops_the_daemon_and_lock_does_not_pin_the_mirror(
     config = write_config(tmp_path / "slow.toml", world, io={"bandwidth_limit": 256 * 1024},
                           copy={"workers": 1})
     first = zygote.spawn(["sync", "--config", config], tmp_path / "sync-1.log")
-    wait_until(lambda: events(tmp_path / "sync-1.log", "copy.started"), 30, "the first sync copying")
+    wait_for(lambda: read_events(tmp_path / "sync-1.log", "copy.started"), 30, "the first sync copying", interval=0.02)
     (world.mirror / ".mirrord.lock").unlink()
     tally.fault("lock file removed under a running sync")
     tally.rounds += 1
     status = zygote.wait_or_kill(first, 30)
     if status is None:
         tally.check(["the first sync kept running after its lock file was removed"])
-    elif not events(tmp_path / "sync-1.log", "mirror.lock_lost"):
+    elif not read_events(tmp_path / "sync-1.log", "mirror.lock_lost"):
         tally.check([f"the first sync exited {status} without noticing the lock was lost"])
     fast = write_config(tmp_path / "fast.toml", world)
     assert zygote.run(["sync", "--config", fast], tmp_path / "sync-2.log") == 0
@@ -252,26 +248,15 @@ def test_removed_lock_file_stops_the_daemon_and_lock_does_not_pin_the_mirror(
 
 
 # ------------------------------------------------------------------ 6. timestamps it cannot store
-@pytest.fixture
-def small_inode_fs(tmp_path: Path) -> Iterator[LoopFs]:
-    """ext4 with 128-byte inodes: timestamps stop at 2038 (a later mtime is clamped)."""
-    _needs_loop()
-    fs = LoopFs(tmp_path / "small.img", tmp_path / "small", size_mb=48, mkfs_args=("-I", "128"))
-    try:
-        yield fs
-    finally:
-        fs.close()
-
-
 def test_timestamps_the_mirror_cannot_store_are_not_recopied(
-    small_inode_fs: LoopFs, tmp_path: Path, checkpoints: Checkpoints, report: Report
+    coarse_ext4: LoopFs, tmp_path: Path, checkpoints: Checkpoints, report: Report
 ) -> None:
     """Issue 15.6: a source mtime in 2040 on a mirror that clamps to 2038 was copied again at every
     rescan, forever. Each file must be copied once; and a mirror copy whose mtime keeps being changed
     behind mirrord's back (a sync tool, say) is re-copied at most a few times, then reported."""
     tally = report.scenario("hostile env: mtimes the mirror cannot store (2040 on 128-byte-inode ext4)")
     rng = random.Random(156)
-    world = World(tmp_path / "w", mirror_at=small_inode_fs.mount_point / "mirror")
+    world = World(tmp_path / "w", mirror_at=coarse_ext4.mount_point / "mirror")
     y2040 = 2_218_000_000 * NS
     for step in (1, 2):
         world.install(f"run/{step_name(step)}", checkpoints.pick(rng), mtime_ns=y2040 + step * NS)
@@ -280,9 +265,9 @@ def test_timestamps_the_mirror_cannot_store_are_not_recopied(
                            {"watch": {"rescan_interval_seconds": 0.3}, "log": {"level": "info"}})
     daemon.start()
     try:
-        wait_until(lambda: _mirrored(world, set(world.primary_files())), 30, "both files mirrored")
+        wait_for(lambda: _mirrored(world, set(world.primary_files())), 30, "both files mirrored", interval=0.02)
         start = len(daemon.events("reconcile.finished"))
-        wait_until(lambda: len(daemon.events("reconcile.finished")) >= start + 10, 60, "ten more rescans")
+        wait_for(lambda: len(daemon.events("reconcile.finished")) >= start + 10, 60, "ten more rescans", interval=0.02)
         tally.rounds += 10
         copies = len(daemon.events("copy.committed"))
         tally.notes.append(f"copies of 2 files over 10+ rescans: {copies}")
@@ -303,7 +288,8 @@ def test_timestamps_the_mirror_cannot_store_are_not_recopied(
         try:
             daemon.wait_event("copy.loop", timeout=60)
             start = len(daemon.events("reconcile.finished"))
-            wait_until(lambda: len(daemon.events("reconcile.finished")) >= start + 10, 60, "ten more rescans")
+            wait_for(lambda: len(daemon.events("reconcile.finished")) >= start + 10, 60, "ten more rescans",
+                     interval=0.02)
             tally.rounds += 10
         finally:
             stop.set()
@@ -342,7 +328,7 @@ def test_manifest_damaged_under_a_running_daemon_is_repaired(
     manifest = world.mirror / MANIFEST_NAME
     config = write_config(tmp_path / "c.toml", world)
     try:
-        wait_until(lambda: _mirrored(world, set(world.primary_files())), 30, "everything mirrored")
+        wait_for(lambda: _mirrored(world, set(world.primary_files())), 30, "everything mirrored", interval=0.02)
         good = Manifest.load(world.mirror).entries
         for n, (label, damage) in enumerate((
             ("overwritten with garbage", lambda: manifest.write_bytes(b"\x00garbage" * 10)),
@@ -355,8 +341,8 @@ def test_manifest_damaged_under_a_running_daemon_is_repaired(
             damage()
             tally.fault(f"manifest {label}")
             tally.rounds += 1
-            wait_until(lambda n=n: daemon.metric("mirrord_manifest_repairs_total") == n, 30,
-                       f"repair #{n} ({label})")
+            wait_for(lambda n=n: daemon.metric("mirrord_manifest_repairs_total") == n, 30,
+                       f"repair #{n} ({label})", interval=0.02)
             if Manifest.load(world.mirror).entries != good:
                 tally.check([f"after the repair ({label}) the manifest is not what the daemon holds"])
             tally.check(latest_violations(zygote, config, world, tmp_path), label)
@@ -364,12 +350,13 @@ def test_manifest_damaged_under_a_running_daemon_is_repaired(
         manifest.mkdir()
         tally.fault("manifest replaced by a directory")
         tally.rounds += 1
-        wait_until(lambda: daemon.http("/readyz")[0] == 503, 30, "/readyz to refuse an unwritable manifest")
+        wait_for(lambda: daemon.http("/readyz")[0] == 503, 30, "/readyz to refuse an unwritable manifest",
+                 interval=0.02)
         why = daemon.http("/readyz")[1]
         if MANIFEST_NAME not in why or "repair-manifest" not in why:
             tally.check([f"/readyz does not name the manifest and the way out: {why.strip()}"])
         manifest.rmdir()
-        wait_until(lambda: daemon.http("/readyz")[0] == 200 and manifest.is_file(), 30, "recovery")
+        wait_for(lambda: daemon.http("/readyz")[0] == 200 and manifest.is_file(), 30, "recovery", interval=0.02)
     finally:
         code = daemon.stop()
     tally.check([] if code == 0 else [f"daemon exited {code}"])

@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import mirrord.cli
-import mirrord.copier
-import mirrord.daemon
-import mirrord.journal
-import mirrord.latest
-import mirrord.manifest
-import mirrord.prune
-import mirrord.sync
-import mirrord.verify
-from mirrord import atomic, paths, volume
+import mirrord.commands.latest
+import mirrord.commands.prune
+import mirrord.commands.sync
+import mirrord.commands.verify
+import mirrord.service.copier
+import mirrord.service.daemon
+import mirrord.store.journal
+import mirrord.store.manifest
+from mirrord.store import atomic, paths, volume
 
 _real_fsync = os.fsync
 
@@ -102,12 +102,12 @@ def _broken_rename_before_fsync(arg: str) -> None:
 
 def _broken_journal_no_fsync(arg: str) -> None:
     """Journal records written but never fsynced: a change "counts" before it is durable."""
-    mirrord.journal.os = _SelectiveFsync(_is_file)  # type: ignore[attr-defined]
+    mirrord.store.journal.os = _SelectiveFsync(_is_file)  # type: ignore[attr-defined]
 
 
 def _broken_late_removal(arg: str) -> None:
     """A prune's manifest removals recorded one batch late: files are unlinked while still recorded."""
-    real_apply, real_close = mirrord.manifest.Manifest.apply, mirrord.manifest.Manifest.close
+    real_apply, real_close = mirrord.store.manifest.Manifest.apply, mirrord.store.manifest.Manifest.close
     deferred: list[str] = []
 
     def apply(self: Any, puts: Any = (), removes: Any = ()) -> None:
@@ -124,15 +124,15 @@ def _broken_late_removal(arg: str) -> None:
             real_apply(self, removes=list(deferred))
         real_close(self)
 
-    mirrord.manifest.Manifest.apply = apply  # type: ignore[method-assign]
-    mirrord.manifest.Manifest.close = close  # type: ignore[method-assign]
+    mirrord.store.manifest.Manifest.apply = apply  # type: ignore[method-assign]
+    mirrord.store.manifest.Manifest.close = close  # type: ignore[method-assign]
 
 
 def _swap_source(make: Callable[[Path], None]) -> Callable[[str], None]:
     """Replace the source file ARG just before the copier opens it (the scan saw a regular file)."""
 
     def install(arg: str) -> None:
-        real_open = mirrord.copier.open_file_beneath
+        real_open = mirrord.service.copier.open_file_beneath
         done: list[bool] = []
 
         def open_file_beneath(root: Path, rel: str, flags: int = os.O_RDONLY) -> int:
@@ -143,7 +143,7 @@ def _swap_source(make: Callable[[Path], None]) -> Callable[[str], None]:
                 make(path)
             return real_open(root, rel, flags)
 
-        mirrord.copier.open_file_beneath = open_file_beneath  # type: ignore[assignment]
+        mirrord.service.copier.open_file_beneath = open_file_beneath  # type: ignore[assignment]
 
     return install
 

@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from mirrord.manifest import MANIFEST_NAME
+from mirrord.store.manifest import MANIFEST_NAME
 from tests.deploy.conftest import FIGURES
 from tests.deploy.podman import Podman
-from tests.helpers import save_checkpoint
+from tests.support.checkpoints import save_checkpoint
+from tests.support.logs import parse_events
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 
@@ -41,13 +43,7 @@ class Container:
         return result.stdout + result.stderr
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.logs().splitlines():
-            if line.startswith("{"):
-                event = json.loads(line)
-                if event.get("event") == name:
-                    found.append(event)
-        return found
+        return parse_events(self.logs(), name)
 
 
 @pytest.fixture
@@ -71,14 +67,9 @@ def run_container(podman: Podman, image: str, tmp_path: Path) -> Iterator[Callab
         podman.run("rm", "--force", "--time", "0", name, check=False)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, container: Container) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f} s; log:\n{container.logs()[-3000:]}"
-        time.sleep(0.2)
+def wait_in(container: Container, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """wait_for, showing the container's log tail on failure."""
+    return wait_for(predicate, timeout, what, interval=0.2, context=lambda: container.logs()[-3000:])
 
 
 def test_runs_as_uid_10001_and_its_healthcheck_turns_healthy(run_container: Callable[[], Container]) -> None:
@@ -98,7 +89,7 @@ def test_runs_as_uid_10001_and_its_healthcheck_turns_healthy(run_container: Call
         container.podman.run("healthcheck", "run", container.name, check=False)
         return bool(container.inspect()["State"]["Health"]["Status"] == "healthy")
 
-    wait_for(healthy, 120, "HEALTHCHECK healthy", container)
+    wait_in(container, healthy, 120, "HEALTHCHECK healthy")
     health = container.inspect()["State"]["Health"]
     assert health["FailingStreak"] == 0
     assert container.events("daemon.ready")
@@ -108,12 +99,12 @@ def test_mirrors_a_dropped_checkpoint_byte_identical(run_container: Callable[[],
     """A real torch.save checkpoint renamed into the read-only /primary appears whole in /mirror,
     owned by uid 10001, with its manifest record."""
     container = run_container()
-    wait_for(lambda: container.events("daemon.ready"), 120, "daemon.ready", container)
+    wait_in(container, lambda: container.events("daemon.ready"), 120, "daemon.ready")
     source = save_checkpoint(container.primary / "run1" / ".step_0007.pt.tmp", 7, width=256, depth=3)
     final = source.with_name("step_0007.pt")
     source.rename(final)  # committed the way trainers do it: renamed into its final name
     mirrored = container.mirror / "run1" / "step_0007.pt"
-    wait_for(lambda: container.events("copy.committed"), 120, "copy.committed", container)
+    wait_in(container, lambda: container.events("copy.committed"), 120, "copy.committed")
     assert mirrored.read_bytes() == final.read_bytes()
     assert mirrored.stat().st_uid == UID
     assert mirrored.stat().st_mtime_ns == final.stat().st_mtime_ns
@@ -126,7 +117,7 @@ def test_podman_stop_ends_it_cleanly_within_the_grace(run_container: Callable[[]
     """`podman stop` sends SIGTERM; mirrord stops on its own (exit 0) long before --stop-timeout would
     have it killed (exit 137), and says so in its log."""
     container = run_container()
-    wait_for(lambda: container.events("daemon.ready"), 120, "daemon.ready", container)
+    wait_in(container, lambda: container.events("daemon.ready"), 120, "daemon.ready")
     assert container.inspect()["Config"]["StopTimeout"] == STOP_TIMEOUT
     started = time.monotonic()
     result = container.podman.run("stop", container.name, timeout=STOP_TIMEOUT + 60, check=False)

@@ -19,7 +19,9 @@ import pytest
 from tests.deploy.conftest import FIGURES, require
 from tests.deploy.debian import REPO, DebianRoots
 from tests.deploy.nspawn import Machine
-from tests.helpers import save_checkpoint
+from tests.support.checkpoints import save_checkpoint
+from tests.support.logs import parse_events
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 
@@ -111,25 +113,14 @@ class Service:
         return [m for m in (e.get("MESSAGE") for e in self.journal()) if isinstance(m, str)]
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        found = []
-        for message in self.messages():
-            if message.startswith("{"):
-                event = json.loads(message)
-                if event.get("event") == name:
-                    found.append(event)
-        return found
+        return parse_events("\n".join(self.messages()), name)
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                state = self.show("ActiveState", "SubState")
-                log = "\n".join(self.messages()[-40:])
-                raise AssertionError(f"{what} not within {timeout:.0f} s; {state}:\n{log}")
-            time.sleep(0.5)
+        """wait_for, showing the unit's state and the journal's tail on failure."""
+        def context() -> str:
+            return f"{self.show('ActiveState', 'SubState')}\n" + "\n".join(self.messages()[-40:])
+
+        return wait_for(predicate, timeout, what, interval=0.5, context=context)
 
     def main_pid(self) -> int:
         return int(self.prop("MainPID"))

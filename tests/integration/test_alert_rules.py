@@ -23,7 +23,7 @@ def _exported_metrics() -> set[str]:
 
     Families are collected rather than scraped: a labelled gauge has no sample before it is first set.
     """
-    from mirrord.metrics import Metrics
+    from mirrord.obs.metrics import Metrics
 
     names = set()
     for family in Metrics().registry.collect():

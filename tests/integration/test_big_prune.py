@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.hashing import hash_file
-from mirrord.manifest import Manifest
-from mirrord.model import ManifestEntry
-from tests.helpers import BASE_MTIME_NS, mirror_files, run_mirrord, save_checkpoint
-from tests.integration.daemon_harness import wait_for
+from mirrord.core.model import ManifestEntry
+from mirrord.store.hashing import hash_file
+from mirrord.store.manifest import Manifest
+from tests.support.checkpoints import BASE_MTIME_NS, save_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.mirror import mirror_files
+from tests.support.wait import wait_for
 
 RUNS = 10
 OLD_STEPS = 340  # per run: 3,400 deletions

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from mirrord import __version__
 from mirrord.cli import SUMMARIES
-from mirrord.metrics import PRUNE_REFUSED_REASONS
-from tests.helpers import mirrord_argv, run_mirrord
-from tests.integration.daemon_harness import DaemonProcess
+from mirrord.obs.metrics import PRUNE_REFUSED_REASONS
+from tests.support.cli import mirrord_argv, run_mirrord
+from tests.support.daemon import DaemonProcess
 
 HEAVY = ("pydantic", "structlog", "prometheus_client", "watchdog", "blake3", "torch")
 

@@ -12,17 +12,13 @@ from typing import Any
 
 import pytest
 
+from mirrord.commands.sync import run_sync
 from mirrord.config import Config
-from mirrord.manifest import MANIFEST_NAME, Manifest
-from mirrord.sync import run_sync
-from tests.helpers import (
-    assert_mirror_consistent,
-    log_events,
-    mirror_files,
-    run_mirrord,
-    save_checkpoint,
-    sha256,
-)
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from tests.support.checkpoints import save_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.logs import parse_events
+from tests.support.mirror import assert_mirror_consistent, mirror_files, sha256
 
 SMALL = {
     "runA/step_0010.pt": 10,
@@ -78,7 +74,7 @@ def test_sync_mirrors_a_tree_of_real_checkpoints_including_200_mb(
         assert (mirror / rel).stat().st_mtime_ns == (primary / rel).stat().st_mtime_ns, rel
     manifest = Manifest.load(mirror)
     assert {rel: e.step for rel, e in manifest.entries.items()} == {**SMALL, "final.pt": None, BIG: 100}
-    events = log_events(result.stderr)
+    events = parse_events(result.stderr)
     assert sorted(e["path"] for e in events if e["event"] == "copy.committed") == sorted([*SMALL, BIG])
     # Highest step first: BIG is the first job handed out, so among the first two starts (two workers log
     # copy.started in whatever order the scheduler runs them).
@@ -86,7 +82,7 @@ def test_sync_mirrors_a_tree_of_real_checkpoints_including_200_mb(
 
     again = run_mirrord("sync", "--primary", primary, "--mirror", mirror)
     assert again.returncode == 0, again.stderr
-    [finished] = [e for e in log_events(again.stderr) if e["event"] == "sync.finished"]
+    [finished] = [e for e in parse_events(again.stderr) if e["event"] == "sync.finished"]
     assert (finished["copied"], finished["failed"], finished["in_sync"]) == (0, 0, len(SMALL) + 1)
 
     verify = run_mirrord("verify", "--mirror", mirror)
@@ -110,7 +106,7 @@ def test_sync_exit_1_when_a_copy_fails_and_the_rest_is_mirrored(
     assert result.returncode == 1
     failed_lines = sorted(line for line in result.stderr.splitlines() if line.startswith("FAILED "))
     assert [line.split()[1].rstrip(":") for line in failed_lines] == ["runB/step_0005.pt", "runB/step_0015.pt"]
-    failures = [e for e in log_events(result.stderr) if e["event"] == "copy.failed"]
+    failures = [e for e in parse_events(result.stderr) if e["event"] == "copy.failed"]
     assert sorted(e["path"] for e in failures) == ["runB/step_0005.pt", "runB/step_0015.pt"]
     assert all(e["reason"] and e["cause"] for e in failures)
     expected = sorted(rel for rel in SMALL if not rel.startswith("runB/"))

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.manifest import Manifest
-from tests.integration.daemon_harness import save_checkpoint, wait_for
+from mirrord.store.manifest import Manifest
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.wait import wait_for
 
 
 def mirrored(mirror: Path, rel: str) -> bool:
@@ -31,7 +32,7 @@ def test_renamed_checkpoint_is_mirrored_and_recorded(tmp_path, daemon_factory):
     """A checkpoint committed by .part -> rename appears on the mirror, whole, and in the manifest."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory().start()
-    src = save_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)
+    src = publish_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)
     wait_for(lambda: mirrored(mirror, "run1/step_0010.pt"), 90, "step 10 mirrored")
     assert filecmp.cmp(src, mirror / "run1/step_0010.pt", shallow=False)
     entry = Manifest.load(mirror).entries["run1/step_0010.pt"]
@@ -103,7 +104,7 @@ def test_in_place_writer_is_copied_only_after_it_settles(tmp_path, daemon_factor
 def test_files_committed_while_stopped_are_mirrored_at_start(tmp_path, daemon_factory):
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     for step in (1, 2, 3):
-        save_checkpoint(primary / "runA" / f"step_{step:04d}.pt", step)
+        publish_checkpoint(primary / "runA" / f"step_{step:04d}.pt", step)
     # One worker: with two, the second job's copy.started may be logged first (threads race to the log).
     d = daemon_factory({"copy": {"workers": 1}}).start()
     wait_for(lambda: all(mirrored(mirror, f"runA/step_{s:04d}.pt") for s in (1, 2, 3)), 90, "start-up copies")
@@ -118,7 +119,7 @@ def test_lost_events_are_repaired_by_the_rescan(tmp_path, daemon_factory):
     d = daemon_factory({"watch": {"mode": "polling", "poll_interval_seconds": 3600,
                                   "rescan_interval_seconds": 1.0}}).start()
     d.wait_event("watch.mode", mode="polling")
-    save_checkpoint(primary / "step_0042.pt", 42)
+    publish_checkpoint(primary / "step_0042.pt", 42)
     wait_for(lambda: mirrored(mirror, "step_0042.pt"), 90, "rescan mirrors the file")
     # Found by a reconcile (first sight: unsettled, then queued by the settle recheck), not an event.
     assert any(e["queued"] >= 1 or e["unsettled"] >= 1 for e in d.events("reconcile.finished"))
@@ -127,7 +128,7 @@ def test_lost_events_are_repaired_by_the_rescan(tmp_path, daemon_factory):
 
 def test_kill_9_during_a_large_copy_then_restart_completes_it(tmp_path, daemon_factory):
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    src = save_checkpoint(primary / "big" / "step_0100.pt", 100, megabytes=120)
+    src = publish_checkpoint(primary / "big" / "step_0100.pt", 100, megabytes=120)
     slow = daemon_factory({"io": {"bandwidth_limit": 30 * 1024 * 1024, "drop_cache": False}}).start()
     part = mirror / "big" / "step_0100.pt.part"
     wait_for(lambda: part.exists() and part.stat().st_size > 10 * 1024 * 1024, 90, "copy in progress")
@@ -145,7 +146,7 @@ def test_sigterm_during_a_copy_exits_0_within_grace_leaving_no_trace(tmp_path, d
     """The copy would take 20 s at its bandwidth limit; SIGTERM with a 1 s grace cancels it (no final
     name, no temp file) instead of waiting for it, and the daemon exits 0."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "step_0007.pt", 7, megabytes=40)
+    publish_checkpoint(primary / "step_0007.pt", 7, megabytes=40)
     d = daemon_factory({"io": {"bandwidth_limit": 2 * 1024 * 1024, "drop_cache": False},
                         "daemon": {"shutdown_grace_seconds": 1.0}}).start()
     part = mirror / "step_0007.pt.part"
@@ -201,7 +202,7 @@ def test_second_daemon_on_the_same_mirror_is_refused(tmp_path, daemon_factory):
 
 
 def test_run_starts_without_importing_torch(tmp_path):
-    code = "import sys, mirrord.daemon, mirrord.cli; print('torch' in sys.modules)"
+    code = "import sys, mirrord.service.daemon, mirrord.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -227,6 +228,6 @@ def test_inotify_watch_limit_falls_back_to_polling(tmp_path, daemon_factory):
         INOTIFY_WATCHES.write_text(original)
     failed = d.events("watch.native_failed")
     assert failed and failed[0]["fallback"] == "polling"
-    save_checkpoint(primary / "run5" / "step_0001.pt", 1)
+    publish_checkpoint(primary / "run5" / "step_0001.pt", 1)
     wait_for(lambda: mirrored(mirror, "run5/step_0001.pt"), 90, "mirrored by the polling watcher")
     assert d.stop() == 0

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import shutil
 
-from mirrord.manifest import Manifest
-from tests.integration.daemon_harness import save_checkpoint, wait_for
+from mirrord.store.manifest import Manifest
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.wait import wait_for
 
 
 def test_a_damaged_mirror_copy_is_counted_once_and_repaired(tmp_path, daemon_factory):
     """A mirrored file truncated or deleted behind mirrord's back counts one verify failure, then is recopied."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "r" / "step_0001.pt", 1)
-    save_checkpoint(primary / "r" / "step_0002.pt", 2)
+    publish_checkpoint(primary / "r" / "step_0001.pt", 1)
+    publish_checkpoint(primary / "r" / "step_0002.pt", 2)
     d = daemon_factory({"watch": {"rescan_interval_seconds": 0.5}}).start()
     wait_for(lambda: len(Manifest.load(mirror).entries) == 2, 90, "both mirrored")
     assert d.metric("mirrord_verify_failures_total") == 0
@@ -31,13 +32,28 @@ def test_a_damaged_mirror_copy_is_counted_once_and_repaired(tmp_path, daemon_fac
 def test_lag_grows_while_the_mirror_is_refused(tmp_path, daemon_factory):
     """An emptied (unmounted-looking) mirror stops copies; lag must show it so MirrordMirrorLagging can fire."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "r" / "step_0001.pt", 1)
+    publish_checkpoint(primary / "r" / "step_0001.pt", 1)
     first = daemon_factory().start()
     wait_for(lambda: Manifest.load(mirror).entries, 90, "mirrored")
     assert first.stop() == 0
     shutil.rmtree(mirror / "r")
     again = daemon_factory({"watch": {"rescan_interval_seconds": 0.5}}).start(wait_ready=False)
     wait_for(lambda: again.http("/readyz")[0] == 503, 90, "refused")
-    save_checkpoint(primary / "r" / "step_0002.pt", 2)
+    publish_checkpoint(primary / "r" / "step_0002.pt", 2)
     wait_for(lambda: (again.metric("mirrord_mirror_lag_seconds") or 0) > 0, 90, "lag > 0 while refused")
     assert again.stop() == 0
+
+
+def test_queue_depth_is_read_when_scraped_not_when_the_heartbeat_pushes(tmp_path, daemon_factory):
+    """Three slow copies, one worker, a heartbeat of 60 s: /metrics shows the queue draining copy by
+    copy, and reads 0 as soon as the last copy is recorded (a gauge pushed on the heartbeat still said 2)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for step in (1, 2, 3):
+        publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step, megabytes=0.25)
+    d = daemon_factory({"copy": {"workers": 1}, "io": {"bandwidth_limit": 64 * 1024},
+                        "daemon": {"heartbeat_seconds": 60}}).start()
+    wait_for(lambda: d.metric("mirrord_queue_depth") == 1, 90, "one copy done, one waiting")
+    wait_for(lambda: len(Manifest.load(mirror).entries) == 3, 90, "all three mirrored")
+    assert d.metric("mirrord_queue_depth") == 0
+    wait_for(lambda: d.metric("mirrord_mirror_lag_seconds") == 0, 90, "caught up")
+    assert d.stop() == 0

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import time
 
-from mirrord.manifest import Manifest
-from tests.helpers import run_mirrord
-from tests.integration.daemon_harness import save_checkpoint, wait_for
+from mirrord.store.manifest import Manifest
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.wait import wait_for
 
 
 def mirror_everything(primary, mirror):
@@ -30,7 +31,7 @@ def test_keep_last_3_of_10_on_both_sides_with_guards(tmp_path, daemon_factory):
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
     for step in range(1, 11):
-        p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        p = publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
         os.utime(p, (old + step, old + step))
     mirror_everything(primary, mirror)
     d = daemon_factory({"prune": {"enabled": True, "keep_last": 3, "primary": True, "min_age_seconds": 1}}).start()
@@ -46,7 +47,7 @@ def test_zero_and_recent_mtimes_survive(tmp_path, daemon_factory):
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
     for step in range(1, 7):
-        p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        p = publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
         os.utime(p, (old + step, old + step))
     os.utime(primary / "r" / "step_0002.pt", (0, 0))  # a filesystem that does not know the mtime
     soon = time.time() + 40  # within future_skew_seconds: "recent" for min_age_seconds + 40 s
@@ -67,7 +68,7 @@ def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
     and the source stays; step 1 goes once 2 and 3 are verified."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
-    slow = save_checkpoint(primary / "r" / "step_0001.pt", 1, megabytes=60)
+    slow = publish_checkpoint(primary / "r" / "step_0001.pt", 1, megabytes=60)
     os.utime(slow, (old + 1, old + 1))
     d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 1},
                         "copy": {"workers": 1}, "watch": {"rescan_interval_seconds": 0.3},
@@ -75,7 +76,7 @@ def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
     part = mirror / "r" / "step_0001.pt.part"
     wait_for(lambda: part.exists(), 90, "the slow copy to start")
     for step in (2, 3):
-        p = save_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        p = publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
         os.utime(p, (old + step, old + step))
     wait_for(lambda: d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt.part"), 90,
              "in-flight veto")
@@ -95,3 +96,19 @@ def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
     names = [(e["event"], e.get("volume")) for e in d.events() if e.get("path") == "r/step_0001.pt"
              and e["event"] in ("copy.committed", "prune.deleted")]
     assert names.index(("prune.deleted", "primary")) > names.index(("copy.committed", None)), names
+
+
+def test_pruning_after_a_burst_of_copies_uses_the_snapshots_in_hand(tmp_path, daemon_factory):
+    """Copies finished: the prune pass plans from the daemon's last listing brought up to date with what
+    it published (a stat per copy), not from a second listing of both trees (prune.finished says so)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    publish_checkpoint(primary / "r" / "step_0001.pt", 1)
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0}}).start()
+    wait_for(lambda: steps(mirror) == [1], 60, "step 1 mirrored")
+    for step in (2, 3):
+        publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+    wait_for(lambda: steps(mirror) == [3], 60, "steps 1 and 2 pruned from the mirror once 3 is verified")
+    passes = d.events("prune.finished")
+    assert len(passes) >= 2 and not any(p["listed"] for p in passes), passes
+    assert steps(primary) == [1, 2, 3]  # prune.primary = false
+    assert d.stop() == 0

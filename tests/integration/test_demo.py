@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from mirrord.banner import mirrord_command
-from mirrord.manifest import Manifest
-from mirrord.zipcheck import check_torch_zip
-from tests.helpers import assert_mirror_consistent, log_events, mirrord_argv, run_mirrord
-from tests.integration.daemon_harness import wait_for
+from mirrord.commands.banner import mirrord_command
+from mirrord.formats.zipcheck import check_torch_zip
+from mirrord.store.manifest import Manifest
+from tests.support.cli import mirrord_argv, run_mirrord
+from tests.support.logs import parse_events
+from tests.support.mirror import assert_mirror_consistent
+from tests.support.wait import wait_for
 
 RUN = "demo-run"
 
@@ -27,7 +29,7 @@ def steps_on(root: Path) -> list[int]:
 
 
 def daemon_log(directory: Path) -> list[dict[str, Any]]:
-    return log_events((directory / "mirrord.log").read_text())
+    return parse_events((directory / "mirrord.log").read_text())
 
 
 def metrics_port(directory: Path) -> int:

@@ -23,13 +23,13 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.deploy.debian import copy_wheel_sources
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -72,12 +72,6 @@ def _healthcheck_argv() -> list[str]:
     argv = json.loads(line[line.index(" CMD ") + len(" CMD ") :])
     assert isinstance(argv, list)
     return [str(word) for word in argv]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _hadolint() -> str:
@@ -148,7 +142,7 @@ def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Pa
     assert (tmp_path / "etc" / "mirrord.toml").read_text() == (REPO / "config" / "mirrord.toml").read_text()
     assert "ExecStart=" + str(mirrord) in (tmp_path / "etc" / "mirrord.service").read_text()
 
-    port = _free_port()
+    port = free_port()
     for name in ("primary", "mirror"):
         (tmp_path / name).mkdir()
     config = tmp_path / "mirrord.toml"

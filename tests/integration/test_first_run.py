@@ -11,11 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomli_w
-
-from tests.helpers import mirrord_argv
-from tests.integration.daemon_harness import free_port
 from tests.integration.terminal import Terminal
+from tests.support.cli import mirrord_argv
+from tests.support.config import settings, write_config
+from tests.support.ports import free_port
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -61,8 +60,7 @@ def test_run_on_a_terminal_shows_retention_endpoints_and_a_status_command_that_w
     primary.mkdir()
     port = free_port()
     config = tmp_path / "mirrord.toml"
-    config.write_text(tomli_w.dumps({
-        "primary": str(primary), "mirror": str(mirror),
+    write_config(config, settings(primary, mirror, {
         "prune": {"keep_last": 4, "primary": True, "min_age_seconds": 30},
         "metrics": {"address": f"127.0.0.1:{port}"},
     }))

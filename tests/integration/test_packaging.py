@@ -11,8 +11,8 @@ from pathlib import Path
 
 from mirrord import __version__
 from mirrord.cli import build_parser
-from mirrord.completion import script
-from mirrord.manpage import render
+from mirrord.commands.completion import script
+from mirrord.commands.manpage import render
 
 REPO = Path(__file__).resolve().parents[2]
 

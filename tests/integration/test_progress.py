@@ -11,9 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import assert_mirror_consistent, log_events, mirrord_argv, run_mirrord, temp_files
-from tests.integration.daemon_harness import DaemonProcess, save_checkpoint, wait_for
 from tests.integration.terminal import Terminal
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.cli import mirrord_argv, run_mirrord
+from tests.support.daemon import DaemonProcess
+from tests.support.logs import parse_events
+from tests.support.mirror import assert_mirror_consistent, temp_files
+from tests.support.wait import wait_for
 
 MiB = 2**20
 
@@ -21,7 +25,7 @@ MiB = 2**20
 def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_file(tmp_path, daemon_factory) -> None:
     """A 200 MiB copy capped at 4 MiB/s takes 50 s: long enough to see it everywhere, then to abort it."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "r" / "step_0042.pt", 42, megabytes=200)
+    publish_checkpoint(primary / "r" / "step_0042.pt", 42, megabytes=200)
     d: DaemonProcess = daemon_factory({"io": {"bandwidth_limit": 4 * MiB, "drop_cache": False},
                                        "daemon": {"shutdown_grace_seconds": 60}}).start()
     d.wait_event("copy.started", path="r/step_0042.pt")
@@ -57,7 +61,7 @@ def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_fil
 
 def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "step_0009.pt", 9, megabytes=200)
+    publish_checkpoint(primary / "step_0009.pt", 9, megabytes=200)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
     env.update(MIRRORD_IO__BANDWIDTH_LIMIT=str(4 * MiB), MIRRORD_COPY__SETTLE_SECONDS="0",
                MIRRORD_LOG__FORMAT="json")
@@ -77,7 +81,7 @@ def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: P
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    [aborted] = [e for e in log_events(log.read_text()) if e["event"] == "copy.aborted"]
+    [aborted] = [e for e in parse_events(log.read_text()) if e["event"] == "copy.aborted"]
     assert (aborted["path"], aborted["step"], aborted["why"]) == ("step_0009.pt", 9, "interrupted")
     assert 0 < aborted["bytes_done"] < aborted["size"]
     assert temp_files(mirror) == [] and not (mirror / "step_0009.pt").exists()
@@ -86,7 +90,7 @@ def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: P
 def test_sync_on_a_terminal_shows_each_copy_with_bytes_rate_and_eta(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     for step in (1, 2):
-        save_checkpoint(primary / f"step_{step:04d}.pt", step, megabytes=24)
+        publish_checkpoint(primary / f"step_{step:04d}.pt", step, megabytes=24)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
     env.update(TERM="xterm", MIRRORD_IO__BANDWIDTH_LIMIT=str(8 * MiB), MIRRORD_COPY__SETTLE_SECONDS="0")
     terminal = Terminal([*mirrord_argv(), "sync", "--primary", str(primary), "--mirror", str(mirror)], env)
@@ -110,9 +114,13 @@ def test_sync_on_a_terminal_shows_each_copy_with_bytes_rate_and_eta(tmp_path: Pa
 
 
 def test_the_terminal_view_is_imported_only_for_a_terminal() -> None:
-    """The live view is for a person's terminal: the daemon and every command's module load without it."""
-    code = ("import sys, mirrord.cli, mirrord.daemon, mirrord.sync, mirrord.status, mirrord.report, "
-            "mirrord.progress, mirrord.banner; print(sorted(m for m in sys.modules if m in "
-            "('mirrord.console', 'rich')))")
+    """The live view is for a person's terminal: the daemon and every command's module load without it.
+    (structlog itself imports rich whenever it is installed, as it is beside transformers: only what
+    mirrord adds counts.)"""
+    code = ("import sys, structlog; before = set(sys.modules); "
+            "import mirrord.cli, mirrord.service.daemon, mirrord.commands.sync, mirrord.commands.status, "
+            "mirrord.commands.report, mirrord.service.progress, mirrord.commands.banner; "
+            "print(sorted(m for m in set(sys.modules) - before if m in "
+            "('mirrord.commands.console', 'rich')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

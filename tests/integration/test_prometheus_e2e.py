@@ -19,8 +19,11 @@ from typing import Any
 
 import pytest
 
-from mirrord.manifest import Manifest
-from tests.integration.daemon_harness import DaemonProcess, free_port, save_checkpoint, wait_for
+from mirrord.store.manifest import Manifest
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.daemon import DaemonProcess
+from tests.support.ports import free_port
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ALERT_RULES = REPO / "config" / "prometheus" / "alerts.yml"
@@ -129,7 +132,7 @@ def test_prometheus_scrapes_a_mirrored_copy(tmp_path, daemon_factory, prometheus
     assert d.http("/healthz") == (200, "ok\n")
     assert d.http("/readyz") == (200, "ready\n")
 
-    src = save_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)
+    src = publish_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)
     wait_for(lambda: mirrored(mirror, "run1/step_0010.pt"), 90, "step 10 mirrored")
 
     [(labels, ok)] = prom.wait_query('mirrord_copies_total{result="ok"} >= 1')
@@ -180,7 +183,7 @@ def test_lag_is_positive_while_a_copy_waits_and_zero_once_caught_up(tmp_path, da
     prom = prometheus(d)
     prom.wait_query('up{job="mirrord"} == 1 and on() mirrord_mirror_lag_seconds == 0')
     for step in (1, 2):  # about 4 s each at the cap: Prometheus scrapes the wait several times
-        save_checkpoint(primary / "slow" / f"step_{step:04d}.pt", step, megabytes=8)
+        publish_checkpoint(primary / "slow" / f"step_{step:04d}.pt", step, megabytes=8)
 
     def waiting_with_lag() -> bool:
         code, body = d.http("/metrics")  # one scrape, so depth and lag are from the same heartbeat
@@ -201,7 +204,7 @@ def test_lag_is_positive_while_a_copy_waits_and_zero_once_caught_up(tmp_path, da
 def test_readyz_refuses_an_emptied_mirror_with_the_reason(tmp_path, daemon_factory, prometheus) -> None:
     """Restarted on a mirror whose files vanished (manifest still listing them): alive, not ready, says why."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "run1" / "step_0001.pt", 1)
+    publish_checkpoint(primary / "run1" / "step_0001.pt", 1)
     first = daemon_factory().start()
     wait_for(lambda: mirrored(mirror, "run1/step_0001.pt"), 90, "step 1 mirrored")
     assert first.stop() == 0

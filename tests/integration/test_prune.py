@@ -1,6 +1,6 @@
 """Retention on real files: real torch.save checkpoints mirrored by `mirrord sync`, pruned by `mirrord prune`
 (a child process) or by the Pruner the daemon uses. Checkpoints carry mtimes from the past (see
-tests.helpers.save_checkpoint) so the min-age guard lets them go unless a test says otherwise."""
+tests.support.checkpoints.save_checkpoint) so the min-age guard lets them go unless a test says otherwise."""
 
 from __future__ import annotations
 
@@ -15,16 +15,20 @@ from typing import Any
 import pytest
 import torch
 
-from mirrord.config import Config, load_config
-from mirrord.engine import Engine
+from mirrord.commands.prune import Pruner
+from mirrord.commands.sync import run_sync
+from mirrord.config import Config
+from mirrord.core.model import CopyJob
 from mirrord.errors import NoSpaceError
-from mirrord.manifest import MANIFEST_NAME, Manifest
-from mirrord.metrics import Metrics
-from mirrord.model import CopyJob
-from mirrord.prune import Pruner
-from mirrord.sync import run_sync
-from mirrord.volume import LocalMirror, LocalVolume
-from tests.helpers import assert_mirror_consistent, log_events, run_mirrord, save_checkpoint
+from mirrord.obs.metrics import Metrics
+from mirrord.service.engine import Engine
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from mirrord.store.volume import LocalMirror, LocalVolume
+from tests.support.checkpoints import save_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.config import load, settings
+from tests.support.logs import parse_events
+from tests.support.mirror import assert_mirror_consistent
 
 RUN = "run1"
 KEEP3 = {"MIRRORD_PRUNE__KEEP_LAST": "3", "MIRRORD_PRUNE__PRIMARY": "true", "MIRRORD_COPY__SETTLE_SECONDS": "0"}
@@ -60,10 +64,6 @@ def sync(primary: Path, mirror: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def events(result: Any, name: str) -> list[dict[str, Any]]:
-    return [e for e in log_events(result.stderr) if e["event"] == name]
-
-
 def mirror_all(config: Config) -> Any:
     """sync with pruning off: every step mirrored (with it on, a first sync copies only the window)."""
     return run_sync(config.model_copy(update={"prune": config.prune.model_copy(update={"enabled": False})}))
@@ -86,7 +86,7 @@ def test_keep_last_three_of_ten_leaves_steps_8_to_10_on_both_sides(primary: Path
     assert steps_on(primary) == steps_on(mirror) == [8, 9, 10]
     assert sorted(Manifest.load(mirror).entries) == [f"{RUN}/step_{s:04d}.pt" for s in (8, 9, 10)]
     assert_mirror_consistent(primary, mirror)
-    deleted = events(result, "prune.deleted")
+    deleted = parse_events(result.stderr, "prune.deleted")
     assert len(deleted) == 14
     assert sum(e["size"] for e in deleted if e["volume"] == "mirror") == freed
     assert all(e["manifest_entry"] == (e["volume"] == "mirror") for e in deleted)
@@ -97,8 +97,8 @@ def test_keep_last_three_of_ten_leaves_steps_8_to_10_on_both_sides(primary: Path
     resumed = torch.load(mirror / RUN / "step_0010.pt", map_location="cpu", weights_only=True)
     assert resumed["step"] == 10
     again = cli("prune", primary, mirror)
-    assert again.returncode == 0 and events(again, "prune.deleted") == []
-    assert events(cli("sync", primary, mirror), "copy.committed") == []
+    assert again.returncode == 0 and parse_events(again.stderr, "prune.deleted") == []
+    assert parse_events(cli("sync", primary, mirror).stderr, "copy.committed") == []
 
 
 def test_a_checkpoint_with_mtime_zero_survives(primary: Path, mirror: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_checkpoint_with_mtime_zero_survives(primary: Path, mirror: Path) -> N
     result = cli("prune", primary, mirror)
     assert result.returncode == 0, result.stderr
     assert steps_on(primary) == steps_on(mirror) == [1, 8, 9, 10]
-    skipped = events(result, "prune.skipped")
+    skipped = parse_events(result.stderr, "prune.skipped")
     assert {(e["volume"], e["reason"]) for e in skipped} == {("primary", "zero_mtime"), ("mirror", "zero_mtime")}
     assert "zero_mtime=2" in result.stdout
 
@@ -126,7 +126,7 @@ def test_a_file_touched_a_second_ago_survives(primary: Path, mirror: Path) -> No
     assert result.returncode == 0, result.stderr
     assert steps_on(primary) == [3, 8, 9, 10]
     assert steps_on(mirror) == [3, 8, 9, 10]
-    assert {(e["volume"], e["step"], e["reason"]) for e in events(result, "prune.skipped")} == {
+    assert {(e["volume"], e["step"], e["reason"]) for e in parse_events(result.stderr, "prune.skipped")} == {
         ("primary", 3, "unmirrored"), ("mirror", 3, "recent_mtime"),
     }
 
@@ -151,9 +151,9 @@ def test_dry_run_deletes_nothing_and_prints_the_plan(primary: Path, mirror: Path
     assert sum(line.split()[-1] == "keep_last" for line in out.splitlines()) == 6
     assert sum(line.split()[-1] == "zero_mtime" for line in out.splitlines()) == 2
     assert "dry run: nothing was deleted" in out
-    assert len(events(result, "prune.would_delete")) == 12
-    assert events(result, "prune.deleted") == []
-    [finished] = events(result, "prune.finished")  # totals named for what a dry run does: nothing yet
+    assert len(parse_events(result.stderr, "prune.would_delete")) == 12
+    assert parse_events(result.stderr, "prune.deleted") == []
+    [finished] = parse_events(result.stderr, "prune.finished")  # totals named for what a dry run does: nothing yet
     assert (finished["dry_run"], finished["would_delete"]) == (True, 12)
     assert finished["would_free_bytes_mirror"] > 0 and finished["would_free_bytes_primary"] > 0
     assert not {"deleted", "freed_bytes_mirror", "freed_bytes_primary"} & finished.keys()
@@ -175,8 +175,8 @@ def test_a_listing_error_deletes_nothing(primary: Path, mirror: Path) -> None:
     assert result.returncode == 1
     assert (tree(primary), tree(mirror)) == before
     assert "REFUSED (partial_view)" in result.stdout
-    assert [e["reason"] for e in events(result, "prune.refused")] == ["partial_view"]
-    assert events(result, "prune.deleted") == []
+    assert [e["reason"] for e in parse_events(result.stderr, "prune.refused")] == ["partial_view"]
+    assert parse_events(result.stderr, "prune.deleted") == []
 
 
 def test_an_empty_mirror_with_a_manifest_is_refused(primary: Path, mirror: Path) -> None:
@@ -191,7 +191,7 @@ def test_an_empty_mirror_with_a_manifest_is_refused(primary: Path, mirror: Path)
     assert result.returncode == 1
     assert tree(primary) == before
     assert "REFUSED (mirror_unmounted)" in result.stdout
-    assert [e["reason"] for e in events(result, "prune.refused")] == ["mirror_unmounted"]
+    assert [e["reason"] for e in parse_events(result.stderr, "prune.refused")] == ["mirror_unmounted"]
 
 
 def test_an_unreadable_manifest_deletes_nothing(primary: Path, mirror: Path) -> None:
@@ -202,7 +202,7 @@ def test_an_unreadable_manifest_deletes_nothing(primary: Path, mirror: Path) -> 
     result = cli("prune", primary, mirror)
     assert result.returncode == 1
     assert (tree(primary), tree(mirror)) == before
-    assert [e["reason"] for e in events(result, "prune.refused")] == ["manifest"]
+    assert [e["reason"] for e in parse_events(result.stderr, "prune.refused")] == ["manifest"]
 
 
 def test_prune_takes_the_mirror_lock(primary: Path, mirror: Path) -> None:
@@ -231,7 +231,7 @@ def test_dry_run_beside_a_running_daemon_takes_no_lock_and_writes_nothing(
     assert result.returncode == 0, result.stderr
     assert "would delete 14 file(s)" in result.stdout
     assert (tree(primary), tree(mirror), lock.read_text()) == (*before, holder)
-    [finished] = events(result, "prune.finished")
+    [finished] = parse_events(result.stderr, "prune.finished")
     assert finished["would_delete"] == 14
     assert not daemon.exited()
     refused = cli("prune", primary, mirror)  # a real prune still needs the lock
@@ -405,11 +405,11 @@ def test_mirror_must_be_a_mount_point_when_configured(primary: Path, mirror: Pat
     """With mirror_must_be_mountpoint = true a plain directory is refused and a real mount is pruned."""
     make_run(primary, range(1, 6))
     for root, must_refuse in ((mirror, True), (small_tmpfs, False)):
-        data = {"primary": str(primary), "mirror": str(root), "mirror_must_be_mountpoint": False,
-                "copy": {"settle_seconds": 0, "free_space_reserve_bytes": 0}, "prune": {"keep_last": 3}}
-        assert mirror_all(load_config(None, environ={}, overrides=data, check_roots=False)).ok
+        data = settings(primary, root, {"mirror_must_be_mountpoint": False, "prune": {"keep_last": 3},
+                                        "copy": {"settle_seconds": 0, "free_space_reserve_bytes": 0}})
+        assert mirror_all(load(data, check_roots=False)).ok
         data["mirror_must_be_mountpoint"] = True
-        config = load_config(None, environ={}, overrides=data, check_roots=False)
+        config = load(data, check_roots=False)
         report = pruner_for(config).run_cycle()
         assert [r for r, _ in report.refused] == (["mirror_unmounted"] if must_refuse else [])
         assert steps_on(root) == ([1, 2, 3, 4, 5] if must_refuse else [3, 4, 5])
@@ -425,9 +425,8 @@ def _fill(primary: Path, engine: Engine, steps: range) -> None:
 
 
 def _tmpfs_config(primary: Path, mirror: Path, keep_last: int) -> Config:
-    data = {"primary": str(primary), "mirror": str(mirror), "copy": {"free_space_reserve_bytes": 0},
-            "prune": {"keep_last": keep_last}}
-    return load_config(None, environ={}, overrides=data, check_roots=False)
+    data = settings(primary, mirror, {"copy": {"free_space_reserve_bytes": 0}, "prune": {"keep_last": keep_last}})
+    return load(data, check_roots=False)
 
 
 def _fits(mirror: Path, size: int) -> int:

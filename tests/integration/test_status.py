@@ -11,11 +11,14 @@ from typing import Any
 
 import pytest
 
+from mirrord.commands.status import collect
 from mirrord.config import load_config
-from mirrord.manifest import MANIFEST_NAME, Manifest
-from mirrord.status import collect
-from tests.helpers import run_mirrord
-from tests.integration.daemon_harness import DaemonProcess, free_port, save_checkpoint, wait_for
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.daemon import DaemonProcess
+from tests.support.ports import free_port
+from tests.support.wait import wait_for
 
 
 @pytest.fixture
@@ -213,7 +216,7 @@ def test_a_running_daemon_is_asked_for_health_queue_and_copies(tmp_path, daemon_
     """With the daemon up, status shows its health, readiness, queue and copy counts from its endpoint."""
     primary = tmp_path / "primary"
     d: DaemonProcess = daemon_factory().start()
-    save_checkpoint(primary / "live" / "step_0003.pt", 3)
+    publish_checkpoint(primary / "live" / "step_0003.pt", 3)
     wait_for(lambda: d.metric("mirrord_copies_total", 'result="ok"') == 1, 90, "one copy counted")
     # The queue gauge is refreshed by the heartbeat: wait for the one after the copy.
     wait_for(lambda: d.metric("mirrord_queue_depth") == 0, 90, "queue gauge back to 0")
@@ -241,7 +244,7 @@ def test_a_running_daemon_is_asked_for_health_queue_and_copies(tmp_path, daemon_
 def test_a_daemon_refusing_the_mirror_makes_status_fail_with_its_reason(tmp_path, daemon_factory) -> None:
     """The daemon's own /readyz reason reaches the person running status, next to what the disk shows."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(primary / "run1" / "step_0001.pt", 1)
+    publish_checkpoint(primary / "run1" / "step_0001.pt", 1)
     first = daemon_factory().start()
     wait_for(lambda: (mirror / "run1" / "step_0001.pt").exists() and Manifest.load(mirror).entries, 20,
              "step 1 mirrored")
@@ -290,7 +293,7 @@ def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, daem
         # Each step mirrored before the next is written, so that older ones are copied and then pruned
         # (a step already below the window when first seen is never copied at all).
         rel = f"r/step_{step:04d}.pt"
-        save_checkpoint(primary / rel, step, megabytes=4)
+        publish_checkpoint(primary / rel, step, megabytes=4)
         wait_for(lambda rel=rel: mirrored(rel), 60, f"{rel} mirrored", interval=0)
     wait_for(finished, 90, "steps 9 and 10 kept, the rest pruned", interval=0)  # as many looks as possible
     assert len(reports) > 20

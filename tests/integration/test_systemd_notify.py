@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.daemon_harness import save_checkpoint, wait_for
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.wait import wait_for
 
 
 class FakeSystemd:
@@ -91,7 +92,7 @@ def test_no_warning_when_the_heartbeat_fits_the_watchdog(tmp_path, daemon_factor
 def test_watchdog_stops_while_a_worker_is_wedged(tmp_path, daemon_factory, fake_systemd):
     """strace delays every copy thread's 3rd read by 10 min: the copy stalls, the worker is wedged in
     the kernel, /healthz turns 503 and WATCHDOG=1 stops, so systemd would restart the service."""
-    save_checkpoint(tmp_path / "primary" / "step_0001.pt", 1, megabytes=8)
+    publish_checkpoint(tmp_path / "primary" / "step_0001.pt", 1, megabytes=8)
     d = daemon_factory(
         {"daemon": {"heartbeat_seconds": 0.2}, "copy": {"stall_seconds": 0.5, "workers": 1},
          "io": {"buffer_bytes": 1024 * 1024}},

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import train_state
 
-from mirrord.atomic import temp_path
-from mirrord.hashing import hash_file
+from mirrord.formats.zipcheck import check_torch_zip
+from mirrord.store.atomic import temp_path
+from mirrord.store.hashing import hash_file
 from mirrord.torch import SaveResult, atomic_save, latest_checkpoint
-from mirrord.zipcheck import check_torch_zip
+from tests.support.checkpoints import checkpoint_state
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -34,7 +34,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 def test_atomic_save_publishes_a_whole_checkpoint_with_its_digest(tmp_path: Path, algo: str) -> None:
     """The returned size and digest are those of the file on disk, in the manifest's algorithms."""
     path = tmp_path / "step_00000001.pt"
-    state = train_state()
+    state = checkpoint_state()
     result = atomic_save(state, path, algo=algo)
     assert result == SaveResult(path, path.stat().st_size, algo, hash_file(path, algo))
     assert not temp_path(path).exists()
@@ -78,7 +78,7 @@ def test_exception_during_save_removes_the_part_and_reraises(tmp_path: Path) -> 
 def test_unpicklable_builtin_object_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     """A failed overwrite leaves the previous checkpoint in place, byte for byte."""
     path = tmp_path / "latest.pt"
-    first = atomic_save(train_state(1), path)
+    first = atomic_save(checkpoint_state(1), path)
     with pytest.raises(TypeError):
         atomic_save({"lock": threading.Lock()}, path)
     assert sorted(tmp_path.iterdir()) == [path]
@@ -105,7 +105,7 @@ _KILLED_WRITER = textwrap.dedent(
 def test_kill_9_during_atomic_save_publishes_nothing(tmp_path: Path) -> None:
     """SIGKILL in the middle of writing a 512 MiB checkpoint: no final name; resume picks the previous one."""
     previous = tmp_path / "step_00000001.pt"
-    atomic_save(train_state(1), previous)
+    atomic_save(checkpoint_state(1), previous)
     final = tmp_path / "step_00000002.pt"
     part = temp_path(final)
     child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(final)])
@@ -151,9 +151,9 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path: Path, damage: Callab
     run = tmp_path / "run"
     run.mkdir()
     good = run / "step_00000010.pt"
-    atomic_save(train_state(10), good)
+    atomic_save(checkpoint_state(10), good)
     newest = run / "step_00000020.pt"
-    atomic_save(train_state(20), newest)
+    atomic_save(checkpoint_state(20), newest)
     assert latest_checkpoint(tmp_path, require_manifest=False) == newest
     damage(newest)
     assert not check_torch_zip(newest).ok
@@ -164,7 +164,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path: Path, damage: Callab
 def test_importing_mirrord_never_imports_torch() -> None:
     """The daemon and the CLI stay torch-free; only mirrord.torch pays for it."""
     code = (
-        "import sys, mirrord, mirrord.zipcheck, mirrord.latest, mirrord.cli\n"
+        "import sys, mirrord, mirrord.formats.zipcheck, mirrord.commands.latest, mirrord.cli\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "import mirrord.torch\n"
         "assert 'torch' in sys.modules\n"

@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,15 @@ from typing import Any
 import pytest
 import torch
 
-from mirrord.latest import latest_checkpoint
-from mirrord.manifest import Manifest
-from tests.helpers import run_mirrord, sha256
-from tests.integration.daemon_harness import DaemonProcess, save_checkpoint, wait_for
+from mirrord.commands.latest import latest_checkpoint
+from mirrord.store.manifest import Manifest
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.daemon import DaemonProcess
+from tests.support.mirror import sha256
+from tests.support.wait import wait_for
+from tests.support.writer import REPO, WRITER_ARGV
 
-WRITER = Path(__file__).with_name("writer.py")
 RUN = "run"
 
 
@@ -35,12 +37,13 @@ class Writer:
         self.marker = workdir / f"writer-{step}-{mode}-{os.getpid()}.marker"
         self.go = workdir / f"writer-{step}-{mode}.go"
         path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, str(WRITER), str(path), str(step), mode, "--marker", str(self.marker),
+        argv = [*WRITER_ARGV, str(path), str(step), mode, "--marker", str(self.marker),
                 "--go", str(self.go)]
         for key, value in options.items():
             argv += [f"--{key}", str(value)]
         self.log = (workdir / f"writer-{step}-{mode}.log").open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=REPO)
 
     def wait_marker(self, timeout: float = 60) -> None:
         wait_for(lambda: self.marker.exists() or self.proc.poll() is not None, timeout, "the writer's fault point")
@@ -123,7 +126,7 @@ def test_a_paused_writer_is_never_published_and_older_steps_stay(tmp_path: Path,
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=2)).start()
     for step in (1, 2, 3):
-        save_checkpoint(ckpt(primary, step), step, megabytes=1)
+        publish_checkpoint(ckpt(primary, step), step, megabytes=1)
     wait_for(lambda: steps_on(mirror) == [2, 3], 60, "steps 2 and 3 mirrored, 1 pruned")
     w = writers(ckpt(primary, 4), 4, "pause", mb=24, at=0.6, pause=300)
     w.wait_marker()
@@ -152,7 +155,7 @@ def test_a_killed_writer_leaves_a_torn_file_that_is_reported_never_trusted(
     step 12 stays, after copy.invalid_grace_seconds it is counted and logged, and `status` exits 1 naming it."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=1, primary=True)).start()
-    save_checkpoint(ckpt(primary, 12), 12, megabytes=1)
+    publish_checkpoint(ckpt(primary, 12), 12, megabytes=1)
     wait_for(lambda: steps_on(mirror) == [12], 60, "step 12 mirrored")
     w = writers(ckpt(primary, 16), 16, "hang", mb=16, at=0.5)
     w.wait_marker()
@@ -175,9 +178,9 @@ def test_the_small_repro_sync_prune_latest_never_trust_a_half_truncated_step(tmp
     the only good step, latest returned the torn file. After: sync refuses step 2 (exit 1), prune keeps
     step 1 on both sides, latest returns step 1."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(ckpt(primary, 1), 1, megabytes=1)
+    publish_checkpoint(ckpt(primary, 1), 1, megabytes=1)
     good = ckpt(primary, 1).read_bytes()
-    save_checkpoint(ckpt(primary, 2), 2, megabytes=1, rename=False)
+    publish_checkpoint(ckpt(primary, 2), 2, megabytes=1, rename=False)
     torn = ckpt(primary, 2).read_bytes()
     ckpt(primary, 2).write_bytes(torn[: len(torn) // 2])
     assert good
@@ -204,7 +207,7 @@ def test_sync_never_publishes_a_file_an_open_writer_has_not_written_yet(tmp_path
     """Before: a 0-byte step_2.pt was published and sync exited 0 ("unsettled 0"). After: nothing is
     published, sync exits 1 naming it; once the writer finishes, the next sync copies the whole file."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(ckpt(primary, 1), 1, megabytes=1)
+    publish_checkpoint(ckpt(primary, 1), 1, megabytes=1)
     w = writers(ckpt(primary, 2), 2, "silent", mb=4)
     w.wait_marker()
     env = {"MIRRORD_COPY__SETTLE_SECONDS": "0.5"}
@@ -234,7 +237,7 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=2, primary=prune_primary)).start()
     for step in (2, 4, 6, 8, 10, 12):  # each mirrored before the next (a step below the window when
-        save_checkpoint(ckpt(primary, step), step, megabytes=0.5)  # first seen is never copied)
+        publish_checkpoint(ckpt(primary, step), step, megabytes=0.5)  # first seen is never copied)
         wait_for(lambda step=step: step in steps_on(mirror), 60, f"step {step} mirrored")
     wait_for(lambda: steps_on(mirror) == [10, 12], 60, "steps 10 and 12 mirrored, older ones pruned")
     if prune_primary:
@@ -270,7 +273,7 @@ def test_a_wall_clock_ahead_publishes_no_prefix_of_a_slow_writer(tmp_path: Path,
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=1, primary=True), wrapper=FAKETIME,
                        env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"}).start()
-    save_checkpoint(ckpt(primary, 1), 1, megabytes=1)
+    publish_checkpoint(ckpt(primary, 1), 1, megabytes=1)
     wait_for(lambda: steps_on(mirror) == [1], 60, "step 1 mirrored")
     w = writers(ckpt(primary, 2), 2, "trickle", mb=2, chunk=100_000, interval=0.3)
     size_file = Path(str(w.marker) + ".size")
@@ -302,9 +305,9 @@ def test_a_wall_clock_a_day_ahead_does_not_age_a_file_past_min_age(tmp_path: Pat
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=1, primary=True, min_age_seconds=300),
                        wrapper=["faketime", "-f", "+1d"], env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"}).start()
-    save_checkpoint(ckpt(primary, 1), 1, megabytes=0.5)
+    publish_checkpoint(ckpt(primary, 1), 1, megabytes=0.5)
     wait_for(lambda: steps_on(mirror) == [1], 60, "step 1 mirrored")  # before step 2 retires it
-    save_checkpoint(ckpt(primary, 2), 2, megabytes=0.5)
+    publish_checkpoint(ckpt(primary, 2), 2, megabytes=0.5)
     wait_for(lambda: steps_on(mirror) == [1, 2], 60, "both steps mirrored")
     d.wait_event("prune.skipped", path=f"{RUN}/step_1.pt", volume="mirror", reason="recently_seen", timeout=60)
     d.wait_event("prune.skipped", path=f"{RUN}/step_1.pt", volume="primary", reason="recently_seen", timeout=60)
@@ -323,7 +326,7 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     base = 1_700_000_000 * 10**9
     for step in range(1, 21):
-        path = save_checkpoint(ckpt(primary, step), step, megabytes=0.2)
+        path = publish_checkpoint(ckpt(primary, step), step, megabytes=0.2)
         os.utime(path, ns=(base + step * 10**9, base + step * 10**9))
     d = daemon_factory(settings(keep_last=2, primary=prune_primary)).start()
     wait_for(lambda: steps_on(mirror) == [19, 20], 60, "steps 19 and 20 mirrored")
@@ -342,7 +345,7 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
 
 def test_verify_deep_validates_unrecorded_files_and_reports_unknown_formats_as_unchecked(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(ckpt(primary, 1), 1, megabytes=1)
+    publish_checkpoint(ckpt(primary, 1), 1, megabytes=1)
     sync = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env={"MIRRORD_COPY__SETTLE_SECONDS": "0"})
     assert sync.returncode == 0, sync.stderr
     (mirror / RUN / "notes.pt").write_bytes(b"\x80\x02 not a zip, no validator for it")
@@ -365,18 +368,18 @@ def test_a_torn_file_recorded_by_an_older_mirrord_is_neither_intact_nor_latest(t
     """A manifest entry written before validation existed, for a torn file of the recorded size and hash
     (what 0.1.0 recorded for a torn source): status says NOT intact (exit 1), latest skips it."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    save_checkpoint(ckpt(primary, 1), 1, megabytes=1)
+    publish_checkpoint(ckpt(primary, 1), 1, megabytes=1)
     env = {"MIRRORD_COPY__SETTLE_SECONDS": "0", "MIRRORD_METRICS__ENABLED": "false"}
     assert run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env).returncode == 0
-    save_checkpoint(ckpt(primary, 2), 2, megabytes=1, rename=False)
+    publish_checkpoint(ckpt(primary, 2), 2, megabytes=1, rename=False)
     torn = ckpt(primary, 2).read_bytes()[: 500_000]
     ckpt(primary, 2).write_bytes(torn)
     ckpt(mirror, 2).write_bytes(torn)
     st = ckpt(primary, 2).stat()
     os.utime(ckpt(mirror, 2), ns=(st.st_mtime_ns, st.st_mtime_ns))
     manifest = Manifest.open(mirror)
-    from mirrord.hashing import hash_file
-    from mirrord.model import ManifestEntry
+    from mirrord.core.model import ManifestEntry
+    from mirrord.store.hashing import hash_file
 
     manifest.record(ManifestEntry(f"{RUN}/step_2.pt", len(torn), "blake3", hash_file(ckpt(mirror, 2), "blake3"),
                                   st.st_mtime_ns, 2, 0.0))  # validation None: recorded before issue 14

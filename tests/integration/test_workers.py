@@ -6,15 +6,19 @@ import filecmp
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 from mirrord.config import load_config
-from mirrord.engine import Engine
+from mirrord.core.model import CopyJob, CopyResult
 from mirrord.errors import MirrordError
-from mirrord.metrics import Metrics
-from mirrord.model import CopyJob, CopyResult
-from mirrord.volume import LocalMirror
-from mirrord.workers import JobQueue, WorkerPool
-from tests.integration.daemon_harness import save_checkpoint, wait_for
+from mirrord.obs.metrics import Metrics
+from mirrord.service.engine import Engine
+from mirrord.service.jobqueue import JobQueue
+from mirrord.service.retry import RetryPolicy
+from mirrord.service.workers import WorkerPool
+from mirrord.store.volume import LocalMirror
+from tests.support.checkpoints import publish_checkpoint
+from tests.support.wait import wait_for
 
 
 def _setup(tmp_path: Path, **copy: object) -> tuple[Engine, JobQueue, Path, Path]:
@@ -30,6 +34,14 @@ def _setup(tmp_path: Path, **copy: object) -> tuple[Engine, JobQueue, Path, Path
     return Engine(config, lm, lm.read_manifest(), Metrics()), JobQueue(), primary, mirror
 
 
+def _pool(engine: Engine, queue: JobQueue, size: int, outcomes: list[CopyResult | MirrordError],
+          **options: Any) -> WorkerPool:
+    """A pool copying with `engine` as the daemon's does: its retry policy, stalls counted in its metrics."""
+    return WorkerPool(engine.copy_once, queue, size, retry=RetryPolicy.from_config(engine.config),
+                      on_done=lambda job, outcome: outcomes.append(outcome),
+                      on_stalled=lambda job: engine.metrics.copy_result("stalled"), **options)
+
+
 def _job(primary: Path, rel: str, step: int) -> CopyJob:
     st = (primary / rel).stat()
     return CopyJob(rel, st.st_size, st.st_mtime_ns, step, "new")
@@ -43,7 +55,7 @@ def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monke
     # the hung read counts as a stall.
     stall = 10.0
     engine, queue, primary, mirror = _setup(tmp_path, stall_seconds=stall)
-    src = save_checkpoint(primary / "step_0003.pt", 3, megabytes=8)
+    src = publish_checkpoint(primary / "step_0003.pt", 3, megabytes=8)
     release = threading.Event()
     calls = {"n": 0}
     real_readv = os.readv
@@ -54,9 +66,9 @@ def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monke
             release.wait(300)
         return real_readv(fd, buffers)
 
-    monkeypatch.setattr("mirrord.copier.os.readv", readv)
+    monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
     outcomes: list[CopyResult | MirrordError] = []
-    pool = WorkerPool(engine, queue, 1, on_done=lambda job, outcome: outcomes.append(outcome))
+    pool = _pool(engine, queue, 1, outcomes)
     queue.put(_job(primary, "step_0003.pt", 3))
     problems: list[str] = []
     wait_for(lambda: problems.extend(pool.check_stalls(stall)) or outcomes, 120, "retry to finish", 0.05)
@@ -73,16 +85,16 @@ def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monke
 
 def test_transient_errors_are_retried_then_given_up(tmp_path, monkeypatch):
     engine, queue, primary, mirror = _setup(tmp_path, max_attempts=3)
-    save_checkpoint(primary / "step_0001.pt", 1)
+    publish_checkpoint(primary / "step_0001.pt", 1)
     attempts = {"n": 0}
 
     def eio(self: object, data: memoryview) -> None:
         attempts["n"] += 1
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("mirrord.volume.LocalUpload.write", eio)
+    monkeypatch.setattr("mirrord.store.volume.LocalUpload.write", eio)
     outcomes: list[CopyResult | MirrordError] = []
-    pool = WorkerPool(engine, queue, 2, on_done=lambda job, outcome: outcomes.append(outcome))
+    pool = _pool(engine, queue, 2, outcomes)
     queue.put(_job(primary, "step_0001.pt", 1))
     wait_for(lambda: outcomes, 60, "the job to give up")
     assert attempts["n"] == 3
@@ -103,3 +115,29 @@ def test_queue_holds_a_path_once_and_serves_newest_step_first(tmp_path):
     assert not queue.put(jobs[1])  # still reserved while being copied
     queue.done(jobs[1].rel)
     assert queue.put(jobs[1])
+
+
+def test_copy_threads_run_at_io_cpu_nice(tmp_path, monkeypatch):
+    """io.cpu_nice is the nice value of the threads that copy and hash (so they yield the CPU to a
+    trainer), read back from the kernel while the copy runs; the calling thread is left as it was."""
+    engine, queue, primary, mirror = _setup(tmp_path)
+    publish_checkpoint(primary / "step_0001.pt", 1)
+    seen: list[int] = []
+    real_readv = os.readv
+
+    def readv(fd: int, buffers: list[bytearray]) -> int:
+        # /proc/thread-self/stat field 19 is the nice value the scheduler uses for this thread.
+        seen.append(int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[16]))
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    outcomes: list[CopyResult | MirrordError] = []
+    pool = _pool(engine, queue, 1, outcomes, cpu_nice=max(mine, 7))
+    queue.put(_job(primary, "step_0001.pt", 1))
+    wait_for(lambda: outcomes, 60, "the copy")
+    assert isinstance(outcomes[0], CopyResult)
+    assert (mirror / "step_0001.pt").exists()
+    assert seen and set(seen) == {max(mine, 7)}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert pool.stop(grace=5)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrord import atomic
-from tests.helpers import names
+from mirrord.store import atomic
+from tests.support.mirror import names
 
 
 class BoomError(Exception):

@@ -21,10 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mirrord import cli
+from mirrord.commands.config_toml import value_to_toml
 from mirrord.config import Config, explain_config, load_config, read_environment
-from mirrord.config_toml import value_to_toml
 from mirrord.errors import ConfigError
-from tests.helpers import run_as_nobody, run_mirrord
+from tests.support.cli import run_mirrord
+from tests.support.privileges import run_as_nobody
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "config" / "mirrord.toml"

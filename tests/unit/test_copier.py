@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from mirrord.commands.latest import latest_checkpoint
+from mirrord.commands.sync import run_sync
 from mirrord.config import Config
-from mirrord.copier import CopyControl, CopyOptions, copy_file
-from mirrord.engine import Engine
+from mirrord.core.model import CopyJob, CopyResult
 from mirrord.errors import (
     CancelledError,
     MirrordError,
@@ -28,26 +30,20 @@ from mirrord.errors import (
     PermanentError,
     SizeMismatchError,
     SourceChangedError,
+    SourceGoneError,
     StalledError,
     TransientError,
 )
-from mirrord.hashing import hash_file
-from mirrord.latest import latest_checkpoint
-from mirrord.manifest import Manifest
-from mirrord.metrics import Metrics
-from mirrord.model import CopyJob, CopyResult
-from mirrord.sync import run_sync
-from mirrord.volume import LocalMirror, LocalUpload
-from mirrord.workers import copy_all
-from tests.helpers import (
-    assert_mirror_consistent,
-    mirror_files,
-    names,
-    run_as_nobody,
-    save_checkpoint,
-    sha256,
-    temp_files,
-)
+from mirrord.obs.metrics import Metrics
+from mirrord.service.copier import CopyControl, CopyOptions, copy_file
+from mirrord.service.engine import Engine
+from mirrord.service.workers import copy_all
+from mirrord.store.hashing import hash_file
+from mirrord.store.manifest import Manifest
+from mirrord.store.volume import LocalMirror, LocalUpload
+from tests.support.checkpoints import save_checkpoint
+from tests.support.mirror import assert_mirror_consistent, mirror_files, names, sha256, temp_files
+from tests.support.privileges import run_as_nobody
 
 CHUNK = 64 * 1024
 OPTS = CopyOptions(algo="blake3", buffer_bytes=CHUNK, reserve_bytes=0)
@@ -367,13 +363,9 @@ def _replace_by_rename(path: Path) -> None:
     tmp.replace(path)
 
 
-def _delete(path: Path) -> None:
-    path.unlink()
-
-
 @pytest.mark.parametrize(
-    "change", [_truncate, _rewrite_same_size, _append, _replace_by_rename, _delete],
-    ids=["truncated", "rewritten-in-place", "appended", "replaced-by-rename", "deleted"],
+    "change", [_truncate, _rewrite_same_size, _append, _replace_by_rename],
+    ids=["truncated", "rewritten-in-place", "appended", "replaced-by-rename"],
 )
 def test_source_changed_during_the_copy(
     primary: Path, mirror: Path, source: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], None]
@@ -385,6 +377,34 @@ def test_source_changed_during_the_copy(
     assert fired, "the change was never made"
     assert info.value.reason == "source_changed" and info.value.transient
     assert info.value.path == str(source)
+    assert_names(info.value)
+    assert_no_trace(mirror)
+
+
+def test_source_deleted_during_the_copy_is_source_gone(
+    primary: Path, mirror: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer rotates the file away mid-copy: discarded, as source_gone (not a failure, not retried)."""
+    fired = hook_writes(monkeypatch, once(source.unlink))
+    with pytest.raises(SourceGoneError) as info:
+        copy(primary, mirror)
+    assert fired, "the file was never deleted"
+    assert info.value.reason == "source_gone" and not info.value.transient
+    assert "deleted while it was being copied" in info.value.cause
+    assert_names(info.value)
+    assert_no_trace(mirror)
+
+
+@pytest.mark.parametrize("gone", ["file", "folder"])
+def test_source_deleted_before_the_copy_is_source_gone(primary: Path, mirror: Path, source: Path, gone: str) -> None:
+    """Listed, then rotated away before a worker opened it (the file, or its whole folder)."""
+    if gone == "file":
+        source.unlink()
+    else:
+        shutil.rmtree(source.parent)
+    with pytest.raises(SourceGoneError) as info:
+        copy(primary, mirror)
+    assert "deleted before it was copied" in info.value.cause
     assert_names(info.value)
     assert_no_trace(mirror)
 

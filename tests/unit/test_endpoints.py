@@ -9,7 +9,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
-from mirrord.endpoints import HANDLERS, MAX_CONNECTIONS, Endpoints
+from mirrord.service.endpoints import HANDLERS, MAX_CONNECTIONS, Endpoints
 
 
 def test_idle_clients_cannot_starve_healthz() -> None:

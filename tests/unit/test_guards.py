@@ -8,10 +8,10 @@ from pathlib import PurePath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mirrord import guards
-from mirrord.guards import GuardContext, veto, vetoes
-from mirrord.model import FileState
-from mirrord.scan import state_from_stat
+from mirrord.core import guards
+from mirrord.core.guards import GUARDS, GuardContext, veto
+from mirrord.core.model import FileState
+from mirrord.store.scan import state_from_stat
 
 NOW = 1_700_000_000.0
 NS = 1_000_000_000
@@ -25,7 +25,7 @@ def state(rel: str = "run/step_0001.pt", age: float = 3600, mode: int = stat.S_I
 def test_old_regular_file_passes_every_guard() -> None:
     """A plain file older than min_age, not in flight and not the newest may be deleted."""
     assert veto("mirror", state(), CTX) is None
-    assert vetoes("mirror", state(), CTX) == []
+    assert [g("mirror", state(), CTX) for g in GUARDS] == [None] * len(GUARDS)
 
 
 def test_recent_mtime_is_vetoed_up_to_min_age() -> None:
@@ -95,16 +95,16 @@ def test_unknown_volume_is_vetoed_when_roots_are_given() -> None:
 
 
 def test_first_reason_is_reported_and_all_are_listed() -> None:
-    """veto() reports the most specific reason; vetoes() lists every one that applies."""
+    """veto() reports the most specific reason, the first of those that apply in guard order."""
     ctx = GuardContext(NOW, 300, 60, in_flight=frozenset({"run/step_0001.pt"}),
                        newest=frozenset({"run/step_0001.pt"}))
     s = state(age=10)
     assert veto("mirror", s, ctx) == "in_flight"
-    assert vetoes("mirror", s, ctx) == ["in_flight", "recent_mtime", "newest"]
+    assert [r for r in (g("mirror", s, ctx) for g in GUARDS) if r] == ["in_flight", "recent_mtime", "newest"]
 
 
 def test_every_reason_is_a_known_metric_label() -> None:
-    from mirrord.metrics import SKIP_REASONS
+    from mirrord.obs.metrics import SKIP_REASONS
 
     assert set(guards.REASONS) <= set(SKIP_REASONS)
 

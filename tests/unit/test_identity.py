@@ -1,4 +1,4 @@
-"""mirrord.identity: a pinned mirror notices it is no longer the same volume; roots compared by identity."""
+"""mirrord.store.identity: a pinned mirror notices it is no longer the same volume; roots compared by identity."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.identity import MARKER_NAME, MirrorGoneError, VolumeIdentity, overlap, read_marker
+from mirrord.store.identity import MARKER_NAME, MirrorGoneError, VolumeIdentity, overlap, read_marker
 
 
 def test_first_use_writes_a_marker_and_later_uses_keep_it(tmp_path: Path) -> None:

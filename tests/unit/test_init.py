@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mirrord import atomic, cli
+from mirrord import cli
+from mirrord.commands.init import ALERT_RULES, EXAMPLE_CONFIG, SYSTEMD_UNIT, packaged
 from mirrord.config import load_config
-from mirrord.init import ALERT_RULES, EXAMPLE_CONFIG, SYSTEMD_UNIT, packaged
+from mirrord.store import atomic
 
 REPO = Path(__file__).resolve().parents[2]
 

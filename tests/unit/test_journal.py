@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import mirrord.manifest as manifest_module
+import mirrord.store.manifest as manifest_module
+from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError
-from mirrord.journal import frame, parse_journal
-from mirrord.manifest import MANIFEST_NAME, Manifest, encode_snapshot
-from mirrord.model import ManifestEntry
-from tests.integration.daemon_harness import wait_for
+from mirrord.store.journal import frame, parse_journal
+from mirrord.store.manifest import MANIFEST_NAME, Manifest, encode_snapshot
+from tests.support.wait import wait_for
 
 JOURNAL0 = ".mirrord-manifest.journal.0"
 
@@ -196,8 +196,8 @@ def test_a_stale_journal_that_cannot_be_unlinked_is_raised_and_the_others_still_
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    import mirrord.manifest as m
-    from mirrord.model import ManifestEntry
+    import mirrord.store.manifest as m
+    from mirrord.core.model import ManifestEntry
 
     m.COMPACT_MIN_RECORDS = int(sys.argv[2])
     manifest = m.Manifest.open(Path(sys.argv[1]))

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-import mirrord.latest as latest_module
+import mirrord.commands.latest as latest_module
+from mirrord.commands.latest import latest_checkpoint
 from mirrord.config import Config
-from mirrord.engine import Engine
-from mirrord.latest import latest_checkpoint
-from mirrord.manifest import Manifest
-from mirrord.metrics import Metrics
-from mirrord.model import CopyJob
-from mirrord.volume import LocalMirror
-from tests.helpers import BASE_MTIME_NS, save_checkpoint
+from mirrord.core.model import CopyJob
+from mirrord.obs.metrics import Metrics
+from mirrord.service.engine import Engine
+from mirrord.store.manifest import Manifest
+from mirrord.store.volume import LocalMirror
+from tests.support.checkpoints import BASE_MTIME_NS, save_checkpoint
 
 
 def mirror_steps(config: Config, rels_and_steps: list[tuple[str, int, int]]) -> None:
@@ -44,7 +44,7 @@ def test_a_recorded_unchanged_file_is_trusted_without_reading_it(config: Config,
         raise AssertionError("latest re-read a file whose inode, size, mtime and ctime are as recorded")
 
     monkeypatch.setattr(latest_module, "check_entry", no_read)
-    monkeypatch.setattr(latest_module, "validate_fd", no_read)
+    monkeypatch.setattr(latest_module, "validate_key", no_read)
     assert latest_checkpoint(config.mirror) == config.mirror / "run/step_2.pt"
 
 

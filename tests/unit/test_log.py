@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from mirrord import log
-from mirrord.engine import Engine
+from mirrord.commands.prune import Pruner
+from mirrord.core.model import CopyJob, step_of
 from mirrord.errors import NoSpaceError
-from mirrord.metrics import Metrics
-from mirrord.model import CopyJob, step_of
-from mirrord.prune import Pruner
-from mirrord.volume import LocalMirror, LocalVolume
-from mirrord.workers import copy_all
+from mirrord.obs import log
+from mirrord.obs.metrics import Metrics
+from mirrord.service.engine import Engine
+from mirrord.service.workers import copy_all
+from mirrord.store.volume import LocalMirror, LocalVolume
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-import mirrord.manifest as manifest_module
+import mirrord.store.manifest as manifest_module
+from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
-from mirrord.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
-from mirrord.model import ManifestEntry
-from mirrord.volume import LocalMirror
-from tests.helpers import names
+from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
+from mirrord.store.volume import LocalMirror
+from tests.support.mirror import names
 
 
 def entry(path: str = "run/step_0010.pt", size: int = 2_470_000_000, step: int | None = 10) -> ManifestEntry:

@@ -13,16 +13,23 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from mirrord import metrics as metrics_module
+from mirrord.commands.prune import Pruner
 from mirrord.config import Config
-from mirrord.copier import CopyControl
-from mirrord.engine import Engine
-from mirrord.errors import CancelledError, NoSpaceError, SourceChangedError, StalledError
-from mirrord.metrics import COPY_RESULTS, MAX_RUN_LABELS, OTHER_RUN, PRUNE_REFUSED_REASONS, SKIP_REASONS, Metrics
-from mirrord.model import CopyJob, step_of
-from mirrord.prune import Pruner
-from mirrord.volume import LocalMirror, LocalVolume
-from tests.helpers import BASE_MTIME_NS
+from mirrord.core.model import CopyJob, step_of
+from mirrord.errors import (
+    CancelledError,
+    NoSpaceError,
+    PermanentError,
+    SourceChangedError,
+    SourceGoneError,
+    StalledError,
+)
+from mirrord.obs import metrics as metrics_module
+from mirrord.obs.metrics import COPY_RESULTS, MAX_RUN_LABELS, OTHER_RUN, PRUNE_REFUSED_REASONS, SKIP_REASONS, Metrics
+from mirrord.service.copier import CopyControl
+from mirrord.service.engine import Engine
+from mirrord.store.volume import LocalMirror, LocalVolume
+from tests.support.checkpoints import BASE_MTIME_NS
 
 ISSUE_5_NAMES = (
     "mirrord_copies_total", "mirrord_copied_bytes_total", "mirrord_copy_duration_seconds",
@@ -152,14 +159,28 @@ def test_source_changed_during_the_copy_is_counted(make_config, primary, mirror,
     assert not (mirror / "step_0002.pt").exists()
 
 
-def test_a_vanished_source_counts_as_failed(make_config, primary, checkpoint) -> None:
-    """An error without a more specific reason lands in result="failed"."""
+def test_a_vanished_source_counts_as_source_gone(make_config, primary, checkpoint) -> None:
+    """Rotated away by the trainer before it was copied: result="source_gone", not failed."""
     checkpoint(primary / "step_0003.pt", 3)
     config = make_config()
     job = job_for(primary, "step_0003.pt", config)
     (primary / "step_0003.pt").unlink()
     m = Metrics()
-    with pytest.raises(Exception, match="open source"):
+    with pytest.raises(SourceGoneError, match="deleted before it was copied"):
+        make_engine(config, m).copy_once(job)
+    assert value(m, "mirrord_copies_total", result="source_gone") == 1
+    assert value(m, "mirrord_copies_total", result="failed") == 0
+
+
+def test_an_error_without_a_reason_counts_as_failed(make_config, primary, checkpoint) -> None:
+    """An error without a more specific reason lands in result="failed" (a FIFO where a file was listed)."""
+    checkpoint(primary / "step_0003.pt", 3)
+    config = make_config()
+    job = job_for(primary, "step_0003.pt", config)
+    (primary / "step_0003.pt").unlink()
+    os.mkfifo(primary / "step_0003.pt")
+    m = Metrics()
+    with pytest.raises(PermanentError, match="not a regular file"):
         make_engine(config, m).copy_once(job)
     assert value(m, "mirrord_copies_total", result="failed") == 1
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from mirrord.commands.prune import Pruner
+from mirrord.commands.sync import run_sync
 from mirrord.config import Config
-from mirrord.metrics import Metrics
-from mirrord.model import FileState
-from mirrord.observe import Observations
-from mirrord.prune import Pruner
-from mirrord.sync import run_sync
-from mirrord.volume import LocalMirror, LocalVolume
-from tests.helpers import save_checkpoint
+from mirrord.core.model import FileState
+from mirrord.core.observe import Observations
+from mirrord.obs.metrics import Metrics
+from mirrord.store.volume import LocalMirror, LocalVolume
+from tests.support.checkpoints import save_checkpoint
 
 
 class Clock:

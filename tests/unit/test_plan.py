@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from mirrord.model import FileState, ManifestEntry, Snapshot
-from mirrord.plan import MTIME_TOLERANCE_NS, SettleTracker, plan_copies, why_copy
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.plan import MTIME_TOLERANCE_NS, SettleTracker, plan_copies, why_copy
 
 STEP = re.compile(r"step_(\d+)")
 S = 10**9

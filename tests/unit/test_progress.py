@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from mirrord.console import progress_line
-from mirrord.copier import CopyControl
-from mirrord.model import CopyJob
-from mirrord.progress import CopyProgress, ProgressBoard
+from mirrord.commands.console import progress_line
+from mirrord.core.model import CopyJob
+from mirrord.service.copier import CopyControl
+from mirrord.service.progress import CopyProgress, ProgressBoard
 
 MiB = 2**20
 

@@ -15,13 +15,14 @@ from pathlib import PurePath
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mirrord.branches import branches
 from mirrord.config import PruneConfig
-from mirrord.model import FileState, ManifestEntry, Snapshot, step_of
-from mirrord.retention import (
+from mirrord.core.branches import branches
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.retention import (
     KeepEvery,
     KeepLast,
     PrunePlan,
+    PruneRequest,
     mirror_unmounted,
     plan_prune,
     preserved,
@@ -57,7 +58,7 @@ class History:
         return plan_prune(
             Snapshot(dict(self.primary), errors=errors),
             Snapshot(dict(self.mirror), dict(self.partials)),
-            dict(self.manifest), frozenset(self.in_flight), NOW, self.policy, STEP_RE, ROOTS,
+            dict(self.manifest), PruneRequest(self.policy, STEP_RE, NOW, frozenset(self.in_flight), ROOTS),
         )
 
 
@@ -157,7 +158,7 @@ def all_steps(h: History) -> dict[str, set[int]]:
 
 
 def order(h: History) -> dict[str, list[int]]:
-    """Per run, steps oldest first: by branch (mirrord.branches, from the primary's mtime, else the
+    """Per run, steps oldest first: by branch (mirrord.core.branches, from the primary's mtime, else the
     mirror's; an mtime beyond the skew allowance counts as unknown), then step. Without a rollback
     this is plain step order."""
     prim, mirr = by_run_step(h.primary), by_run_step(h.mirror)
@@ -343,7 +344,7 @@ def test_a_partial_listing_deletes_nothing(h: History, side: str) -> None:
     plan = plan_prune(
         Snapshot(dict(h.primary), errors=primary_errors),
         Snapshot(dict(h.mirror), dict(h.partials), errors=() if primary_errors else ("/m: cannot list",)),
-        dict(h.manifest), frozenset(h.in_flight), NOW, h.policy, STEP_RE, ROOTS,
+        dict(h.manifest), PruneRequest(h.policy, STEP_RE, NOW, frozenset(h.in_flight), ROOTS),
     )
     assert plan.deletions == ()
     assert [r for r, _ in plan.refused] == ["partial_view"]
@@ -376,8 +377,7 @@ def test_keep_last_three_of_ten_deletes_steps_one_to_seven_on_both_sides() -> No
         (vol, s) for vol in ("primary", "mirror") for s in range(1, 8)
     )
     assert {(k.step, k.why) for k in plan.kept} == {(8, "keep_last"), (9, "keep_last"), (10, "keep_last")}
-    assert all(d.entry is not None for d in plan.deletions if d.volume == "mirror")
-    assert all(d.entry is None for d in plan.deletions if d.volume == "primary")
+    assert all(d.rel in synced(range(1, 11)).manifest for d in plan.deletions)  # the executor drops each record
     assert plan.retired("run", 7) and not plan.retired("run", 8)
 
 
@@ -427,8 +427,8 @@ def test_a_file_that_failed_its_validator_does_not_retire_the_step_before_it() -
     for step, size in ((1, 100), (2, 50)):
         rel = f"run/step_{step:04d}.pt"
         h.primary[rel] = FileState(rel, size, MTIMES["old"] + step, ino=step)
-    plan = plan_prune(Snapshot(dict(h.primary)), Snapshot(), {}, frozenset(), NOW, h.policy, STEP_RE, ROOTS,
-                      invalid=frozenset({"run/step_0002.pt"}))
+    plan = plan_prune(Snapshot(dict(h.primary)), Snapshot(), {},
+                      PruneRequest(h.policy, STEP_RE, NOW, roots=ROOTS, invalid=frozenset({"run/step_0002.pt"})))
     assert not plan.retired("run", 1) and not plan.retired("run", 2)
     assert plan.deletions == ()
     assert h.plan().retired("run", 1)  # not known to be torn: the newest step present wins the window

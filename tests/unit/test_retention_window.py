@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from mirrord.config import PruneConfig
-from mirrord.model import FileState, ManifestEntry, Snapshot
-from mirrord.retention import plan_prune
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.retention import PruneRequest, plan_prune
 
 NOW = 1_700_000_000.0
 OLD = int((NOW - 3600) * 1e9)
@@ -20,6 +20,6 @@ def test_a_damaged_older_copy_in_a_short_run_is_neither_pruned_nor_retired() -> 
     manifest = {f"r/step_{s}.pt": ManifestEntry(f"r/step_{s}.pt", 1000, "blake3", "d", OLD + s, s, 0.0)
                 for s in (1, 2)}
     policy = PruneConfig(keep_last=12, primary=True, min_age_seconds=0)
-    plan = plan_prune(primary, mirror, manifest, frozenset(), NOW, policy, re.compile(r"step_(\d+)"))
+    plan = plan_prune(primary, mirror, manifest, PruneRequest(policy, re.compile(r"step_(\d+)"), NOW))
     assert plan.deletions == ()
     assert not plan.retired("r", 1)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.scan import is_candidate_name, snapshot_tree
-from tests.helpers import run_as_nobody
+from mirrord.store.scan import is_candidate_name, snapshot_tree
+from tests.support.privileges import run_as_nobody
 
 PATTERNS = ("*.pt",)
 
@@ -141,3 +141,15 @@ def test_unreadable_directory_is_collected_as_an_error(world_tmp: Path) -> None:
     assert result["files"] == ["open/step_1.pt"]
     [error] = result["errors"]
     assert str(world_tmp / "locked") in error and "Permission denied" in error
+
+
+@pytest.mark.parametrize("name", ["step_1.pt", "a[1].pt", "model.safetensors", "x.PT", "ckpt-7", "a\nb.pt",
+                                  "step_1.pt.bak", "weird*name?.ckpt", "résumé.pt"])
+def test_patterns_match_as_fnmatchcase_would(name: str) -> None:
+    """The patterns are matched as one compiled regex; the verdict is fnmatchcase's, pattern by pattern."""
+    import fnmatch
+
+    patterns = ("*.pt", "ckpt-[0-9]", "*[?]*.ckpt", "model.safe*")
+    assert is_candidate_name(name, patterns) is any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    assert not is_candidate_name(name, ())
+

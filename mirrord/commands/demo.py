@@ -1,0 +1,421 @@
+"""`mirrord demo`: a simulated trainer, a real daemon and a local mirror, narrated, in about a minute.
+
+    trainer (this process) --step_N.pt.part -> rename--> DIR/primary/demo-run/
+    `mirrord run` (a child process, its own config)  --> DIR/mirror/demo-run/ + manifest, prunes both sides
+    this process follows the daemon's JSON log and tells a person what happened
+
+The daemon is the same `mirrord run` an operator starts, so what the demo shows is what production
+does. The trainer writes real torch.save checkpoints when torch is installed (the daemon itself never
+needs torch), otherwise zip archives laid out like them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from mirrord.commands.banner import mirrord_command
+from mirrord.commands.status import collect, http_get, render
+from mirrord.config import load_config
+from mirrord.errors import ManifestError
+from mirrord.obs.sizes import human_bytes
+from mirrord.store.atomic import TEMP_SUFFIX, atomic_output
+from mirrord.store.manifest import Manifest
+
+MARKER = ".mirrord-demo"
+RUN = "demo-run"
+READY_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 60.0  # after the last commit: copies finish and retention catches up
+STOP_TIMEOUT = 15.0
+
+
+class DemoError(Exception):
+    """The demo cannot start as asked (a directory it must not touch, a daemon that will not start)."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the demo runs: where, how many steps, how often, and how many to keep."""
+    directory: Path = Path("var/demo")
+    steps: int = 20
+    interval: float = 2.5
+    keep_last: int = 3
+    use_torch: bool | None = None  # None: torch if importable
+
+
+# --- the directory ---------------------------------------------------------------------------------------
+def prepare(directory: Path) -> tuple[Path, Path]:
+    """DIR/primary and DIR/mirror, empty. Only a directory a previous demo made (marker file) is wiped."""
+    if directory.exists() and not directory.is_dir():
+        raise DemoError(f"{directory} exists and is not a directory")
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / MARKER).is_file():
+        raise DemoError(f"{directory} is not empty and was not made by `mirrord demo`; "
+                        "choose another with --dir")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MARKER).write_text("made by `mirrord demo`; the demo may wipe this directory\n")
+    primary, mirror = directory / "primary", directory / "mirror"
+    for root in (primary, mirror):
+        if root.is_symlink() or root.is_file():
+            root.unlink()
+        elif root.exists():
+            shutil.rmtree(root)
+        root.mkdir()
+    return primary, mirror
+
+
+def free_port() -> int:
+    """A port nothing listens on right now, for the demo daemon's endpoints."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(directory: Path, port: int, keep_last: int, prune_enabled: bool) -> Path:
+    """A config a person can reuse: `mirrord run --config DIR/mirrord.toml` continues the demo."""
+    primary, mirror = (directory / "primary").resolve(), (directory / "mirror").resolve()
+    path = directory / "mirrord.toml"
+    path.write_text(f"""\
+# Written by `mirrord demo`. Short timings so that everything happens within a minute;
+# config/mirrord.toml documents every key and its production default.
+primary = {json.dumps(str(primary))}
+mirror = {json.dumps(str(mirror))}
+patterns = ["*.pt"]
+
+[copy]
+settle_seconds = 0.5
+retry_backoff_seconds = 0.2
+free_space_reserve_bytes = 0
+
+[prune]
+enabled = {json.dumps(prune_enabled)}
+keep_last = {keep_last}
+# Production default: 300 s. A file this young is never deleted (it may still be written or copied).
+min_age_seconds = 1.0
+# Delete old steps on the primary too, once the mirror holds newer verified ones.
+primary = true
+
+[watch]
+rescan_interval_seconds = 1.0
+
+[daemon]
+heartbeat_seconds = 1.0
+shutdown_grace_seconds = 5.0
+
+[metrics]
+address = "127.0.0.1:{port}"
+
+[log]
+format = "json"
+level = "info"
+""")
+    return path
+
+
+# --- the trainer ---------------------------------------------------------------------------------------
+class Trainer:
+    """Commits one checkpoint per step the way a careful trainer does: write NAME.part, fsync, rename."""
+
+    def __init__(self, run_dir: Path, use_torch: bool | None = None) -> None:
+        self.run_dir = run_dir
+        has_torch = importlib.util.find_spec("torch") is not None
+        self.use_torch = has_torch if use_torch is None else use_torch
+        self.kind = "torch.save" if self.use_torch else "zip, torch not installed" if not has_torch else "zip"
+        self._model: Any = None
+        self._optimizer: Any = None
+
+    def prepare(self) -> None:
+        """Import torch and build the model before the clock starts (importing torch takes seconds)."""
+        if self.use_torch and self._model is None:
+            import torch
+
+            self._model = torch.nn.Sequential(
+                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)
+            )
+            self._optimizer = torch.optim.Adam(self._model.parameters(), lr=1e-3)
+
+    def commit(self, step: int) -> Path:
+        """Save step `step` the trainer's way (NAME.part, then rename); its final path."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / f"step_{step:04d}.pt"
+        if self.use_torch:
+            self._commit_torch(path, step)
+        else:
+            write_zip_checkpoint(path, step)
+        return path
+
+    def _commit_torch(self, path: Path, step: int) -> None:
+        import torch
+
+        from mirrord.torch import atomic_save
+
+        self.prepare()
+        for param in self._model.parameters():  # one "training step": gives Adam its state
+            param.grad = torch.randn_like(param)
+        self._optimizer.step()
+        atomic_save({"step": step, "model": self._model.state_dict(),
+                     "optimizer": self._optimizer.state_dict()}, path)
+
+
+def write_zip_checkpoint(path: Path, step: int, tensors: int = 6, tensor_bytes: int = 256 * 1024) -> None:
+    """A zip laid out like torch.save's (one folder, data.pkl, data/<n> records), published atomically.
+
+    Not loadable by torch.load, but `mirrord verify --deep` checks its CRCs like a real one.
+    """
+    folder = path.stem
+    shapes = {f"layer{i}.weight": [tensor_bytes // 4] for i in range(tensors)}
+    with atomic_output(path) as out, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr(f"{folder}/data.pkl", pickle.dumps({"step": step, "shapes": shapes}))
+        zf.writestr(f"{folder}/byteorder", "little")
+        for i in range(tensors):
+            zf.writestr(f"{folder}/data/{i}", os.urandom(tensor_bytes))
+        zf.writestr(f"{folder}/version", "3\n")
+
+
+# --- following the daemon ------------------------------------------------------------------------------
+class LogFollower:
+    """The daemon's JSON log events, as they are appended (complete lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def new_events(self) -> Iterator[dict[str, Any]]:
+        """The daemon's log events written since the last call."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a traceback or other non-JSON output: it stays in the log file
+            if isinstance(event, dict):
+                yield event
+
+
+@dataclass
+class Narrator:
+    """Turns daemon events and trainer commits into one readable line each."""
+
+    out: TextIO
+    keep_last: int
+    started: float = field(default_factory=time.monotonic)
+    mirrored: int = 0
+    pruned: dict[str, int] = field(default_factory=lambda: {"primary": 0, "mirror": 0})
+    _told: set[tuple[str, str]] = field(default_factory=set)
+
+    def say(self, who: str, text: str) -> None:
+        """One narrated line, stamped with the seconds since the demo began."""
+        print(f"[{time.monotonic() - self.started:6.1f}s] {who:8} {text}", file=self.out, flush=True)
+
+    def committed(self, path: Path, root: Path, kind: str) -> None:
+        """Narrate a checkpoint the trainer committed."""
+        rel = path.relative_to(root).as_posix()
+        self.say("trainer", f"committed {rel}  {human_bytes(path.stat().st_size)} ({kind}, .part -> rename)")
+
+    def event(self, e: dict[str, Any]) -> None:
+        """Narrate one daemon log event (the ones a person watching cares about)."""
+        name, path = e.get("event", ""), e.get("path", "")
+        if name == "daemon.ready":
+            self.say("mirrord", "ready: first reconcile done, watching for checkpoints")
+        elif name == "watch.mode":
+            self.say("mirrord", f"watching with {e.get('mode')} events ({e.get('why', '')})")
+        elif name == "copy.committed":
+            self.mirrored += 1
+            self.say("mirrord", f"mirrored  {path}  {human_bytes(e.get('size', 0))} in {e.get('seconds', 0):.2f}s, "
+                                f"verified and recorded")
+        elif name == "prune.deleted":
+            volume = e.get("volume", "mirror")
+            self.pruned[volume] = self.pruned.get(volume, 0) + 1
+            self.say("mirrord", f"pruned    {path} on the {volume} (below the newest {self.keep_last} verified steps)")
+        elif name == "prune.skipped" and (path, e.get("reason", "")) not in self._told:
+            self._told.add((path, e.get("reason", "")))
+            why = {"recent_mtime": "younger than prune.min_age_seconds",
+                   "newest": "the newest verified step"}.get(e.get("reason", ""), e.get("reason", ""))
+            self.say("mirrord", f"kept      {path} on the {e.get('volume')} for now: {why}")
+        elif name == "copy.failed":
+            retry = "; will retry" if e.get("will_retry") else ""
+            self.say("mirrord", f"copy of {path} failed ({e.get('reason')}): {e.get('cause')}{retry}")
+        elif e.get("level") == "error":
+            detail = e.get("cause") or e.get("detail") or e.get("problems") or ""
+            self.say("mirrord", f"ERROR {name} {path} {detail}".rstrip())
+
+
+# --- the demo ------------------------------------------------------------------------------------------
+def _steps_on(root: Path) -> list[int]:
+    names = sorted(p.name for p in (root / RUN).glob("step_*.pt")) if (root / RUN).is_dir() else []
+    return [int(n[len("step_"):-len(".pt")]) for n in names]
+
+
+def settled(primary: Path, mirror: Path, expected: list[int]) -> bool:
+    """Both sides hold exactly the expected steps, the manifest vouches for them, no copy is half-done."""
+    try:
+        recorded = sorted(e.step for e in Manifest.load(mirror).entries.values() if e.step is not None)
+    except ManifestError:  # unreadable now: asked again on the next poll
+        return False
+    no_parts = not any(p.name.endswith(TEMP_SUFFIX) for p in (mirror / RUN).glob("*"))
+    return _steps_on(primary) == _steps_on(mirror) == recorded == expected and no_parts
+
+
+def _child_env() -> dict[str, str]:
+    """The demo's config only: the caller's MIRRORD_* variables must not redirect the demo daemon."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_") and k != "NOTIFY_SOCKET"}
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoError(f"the daemon exited ({proc.returncode}) before it was ready; see {log_path}")
+        if http_get(f"http://127.0.0.1:{port}/readyz", 0.5)[0] == 200:
+            return
+        time.sleep(0.1)
+    raise DemoError(f"the daemon was not ready after {READY_TIMEOUT:.0f} s; see {log_path}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _interrupt_on_stop_signals() -> dict[int, Any]:
+    """Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script
+    starts with SIGINT ignored, and Python then installs no handler): as `mirrord run` does."""
+    previous: dict[int, Any] = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.default_int_handler)
+    return previous
+
+
+def _force_on_stop_signals(proc: subprocess.Popen[bytes]) -> None:
+    """While the daemon stops, another Ctrl-C kills it rather than leaving it orphaned."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda _signum, _frame: proc.kill())
+
+
+def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
+    """Run the whole demo; 0 when both sides end with exactly the newest keep_last steps, verified.
+
+    1 when they do not (or the daemon died); 130 on Ctrl-C. The daemon is stopped in every case.
+    """
+    directory = options.directory
+    primary, mirror = prepare(directory)
+    prune_enabled = importlib.util.find_spec("mirrord.commands.prune") is not None
+    port = free_port()
+    config_path = write_config(directory, port, options.keep_last, prune_enabled)
+    config = load_config(config_path, environ={})
+    log_path = directory / "mirrord.log"
+    trainer = Trainer(primary / RUN, options.use_torch)
+    keep = options.keep_last if prune_enabled else options.steps
+    expected = list(range(max(1, options.steps - keep + 1), options.steps + 1))
+
+    print(f"mirrord demo: a simulated trainer commits {options.steps} checkpoint(s), one every "
+          f"{options.interval:g} s;\nmirrord mirrors each one as it is committed"
+          + (f" and keeps the newest {options.keep_last} on both sides." if prune_enabled else
+             " (pruning is not available in this build: nothing is deleted)."), file=out)
+    print(f"  primary  {primary}   (the trainer writes here)\n"
+          f"  mirror   {mirror}   (mirrord's trustworthy copy)\n"
+          f"  config   {config_path}\n"
+          f"  log      {log_path}   (the daemon's JSON events)\n"
+          f"  metrics  http://127.0.0.1:{port}/metrics  /healthz  /readyz\n", file=out, flush=True)
+
+    if trainer.use_torch:
+        print("preparing the trainer (importing torch) ...", file=out, flush=True)
+    trainer.prepare()
+    narrator = Narrator(out, options.keep_last)
+    follower = LogFollower(log_path)
+    previous_handlers = _interrupt_on_stop_signals()
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mirrord", "run", "--config", str(config_path)],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env(),
+        )
+    failure: str | None = "interrupted"
+    try:
+        _wait_ready(proc, port, log_path)
+        failure = _drive(options, trainer, narrator, follower, proc, primary, mirror, expected)
+        for event in follower.new_events():
+            narrator.event(event)
+        elapsed = time.monotonic() - narrator.started
+        if failure is None:
+            print(f"\nDone in {elapsed:.0f} s: {options.steps} checkpoint(s) committed, {narrator.mirrored} "
+                  f"mirrored, {narrator.pruned['mirror']} pruned on the mirror and "
+                  f"{narrator.pruned['primary']} on the primary.\nBoth sides hold steps "
+                  f"{', '.join(map(str, expected))} of {RUN}.\n", file=out)
+        else:
+            print(f"\nThe demo failed: {failure}; see {log_path}.\n", file=out)
+        print(f"$ {mirrord_command()} status --config {config_path}", file=out)
+        print(render(collect(config)), file=out, flush=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the demo daemon", file=out, flush=True)
+    finally:
+        _force_on_stop_signals(proc)
+        code = _stop(proc)
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
+    command = mirrord_command()
+    print(f"\nThe demo daemon stopped (exit {code}). Try next:\n"
+          f"  {command} status --config {config_path}\n"
+          f"  {command} verify --deep --config {config_path}\n"
+          f"  {command} latest --config {config_path}\n"
+          f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
+          file=out, flush=True)
+    if command != "mirrord":
+        print(f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",
+              file=out, flush=True)
+    if failure == "interrupted":
+        return 130
+    return 0 if failure is None and code == 0 else 1
+
+
+def _drive(options: DemoOptions, trainer: Trainer, narrator: Narrator, follower: LogFollower,
+           proc: subprocess.Popen[bytes], primary: Path, mirror: Path, expected: list[int]) -> str | None:
+    """Commit a step every interval while narrating, then wait for the mirror to settle; None or what failed."""
+    step = 0
+    next_commit = time.monotonic()
+    deadline = float("inf")
+    while True:
+        for event in follower.new_events():
+            narrator.event(event)
+        if proc.poll() is not None:
+            return f"the daemon exited unexpectedly (exit {proc.returncode})"
+        now = time.monotonic()
+        if step < options.steps and now >= next_commit:
+            step += 1
+            narrator.committed(trainer.commit(step), primary, trainer.kind)
+            next_commit += options.interval
+            if step == options.steps:
+                deadline = time.monotonic() + SETTLE_TIMEOUT
+        elif step == options.steps and settled(primary, mirror, expected):
+            return None
+        elif now > deadline:
+            return (f"the mirror did not reach the expected state (steps {expected} on both sides) "
+                    f"within {SETTLE_TIMEOUT:.0f} s of the last commit")
+        time.sleep(0.05)

@@ -1,0 +1,90 @@
+"""`mirrord init`: a commented config file (and a systemd unit) to start from, from the copies in the package.
+
+The example config, the unit and the alert rules ship inside the wheel (mirrord/data/), so an installed
+mirrord can write them without a source checkout. Files are published atomically and never replace an
+existing file unless asked to (`force`): the link that publishes them fails if the name exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from mirrord.store.atomic import write_bytes_atomic
+
+EXAMPLE_CONFIG, SYSTEMD_UNIT, ALERT_RULES = "mirrord.toml", "mirrord.service", "alerts.yml"
+UNIT_NAME = "mirrord.service"
+
+
+def packaged(name: str) -> str:
+    """The text of a file shipped in mirrord/data/ (example config, unit, alert rules)."""
+    return (resources.files("mirrord") / "data" / name).read_text(encoding="utf-8")
+
+
+class InitError(Exception):
+    """A file would be overwritten, or a template no longer has the line init fills in."""
+
+
+def _set_line(text: str, pattern: str, line: str, what: str) -> str:
+    """Replace the first line matching `pattern` (top-level keys come before any [section])."""
+    new, count = re.subn(pattern, line.replace("\\", "\\\\"), text, count=1, flags=re.MULTILINE)
+    if count != 1:
+        raise InitError(f"the packaged {what} has no line matching {pattern!r}")
+    return new
+
+
+def starter_config(primary: Path | None, mirror: Path | None) -> str:
+    """The example config, every key commented, with the roots filled in when given (as absolute paths)."""
+    text = packaged(EXAMPLE_CONFIG)
+    if primary is not None:
+        text = _set_line(text, r"^primary = .*$", f"primary = {json.dumps(str(primary.absolute()))}", "config")
+    if mirror is not None:
+        text = _set_line(text, r"^# mirror = .*$", f"mirror = {json.dumps(str(mirror.absolute()))}", "config")
+    return text
+
+
+def starter_unit(config_path: Path, primary: Path | None, mirror: Path | None, executable: str | None) -> str:
+    """The packaged unit pointed at this config, these roots and (if known) this mirrord executable."""
+    text = packaged(SYSTEMD_UNIT)
+    binary = executable or "/usr/local/bin/mirrord"
+    text = _set_line(text, r"^ExecStart=.*$", f"ExecStart={binary} run --config {config_path.absolute()}", "unit")
+    roots = [str(p.absolute()) for p in (primary, mirror) if p is not None]
+    if primary is not None and mirror is not None:
+        text = _set_line(text, r"^RequiresMountsFor=.*$", "RequiresMountsFor=" + " ".join(roots), "unit")
+    if mirror is not None:
+        text = _set_line(text, r"^ReadWritePaths=.*$", f"ReadWritePaths={mirror.absolute()}", "unit")
+    return text
+
+
+@dataclass(frozen=True)
+class Written:
+    """A file `init` wrote, and whether it replaced one."""
+    path: Path
+    replaced: bool
+
+
+def write_files(files: dict[Path, str], force: bool) -> list[Written]:
+    """Publish every file, or none if one exists and force is off (checked before writing anything)."""
+    existing = [p for p in files if p.exists() or p.is_symlink()]
+    if existing and not force:
+        raise InitError(f"{existing[0]} exists; not overwritten (--force replaces it)")
+    written = []
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replaced = path in existing
+        # Without force, a file created since the check above is still never replaced (link, not rename).
+        write_bytes_atomic(path, text.encode("utf-8"), overwrite=force)
+        written.append(Written(path, replaced))
+    return written
+
+
+def mirrord_executable(argv0: str) -> str | None:
+    """The absolute path of this `mirrord` console script (else the one on PATH), for ExecStart=."""
+    if Path(argv0).name == "mirrord" and Path(argv0).is_file():
+        return str(Path(argv0).absolute())
+    found = shutil.which("mirrord")
+    return str(Path(found).absolute()) if found else None

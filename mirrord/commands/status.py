@@ -1,0 +1,540 @@
+"""`mirrord status`: the answer to "is my mirror all right?" for a person at a terminal, or as JSON.
+
+Everything comes from what any process can read without disturbing the daemon: the manifest and a
+listing of both roots (no lock is taken), plus, if a daemon answers on `metrics.address`, its
+/metrics, /healthz and /readyz. Per run it shows the newest step on each side, whether the newest
+mirrored step is intact (size by default; content hash with `--verify`, which reads the files), and
+how far behind the mirror is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from posixpath import dirname
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from mirrord import __version__
+from mirrord.commands.verify import check_entry, validate_key
+from mirrord.config import Config
+from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.reconcile import Facts, View, reconcile
+from mirrord.core.units import locate
+from mirrord.core.vocabulary import CopyOutcome
+from mirrord.errors import ManifestError, UnsafePathError
+from mirrord.formats.validators import Verdict
+from mirrord.obs.sizes import human_bytes
+from mirrord.service.completeness import judge
+from mirrord.store.mirror import Mirror, ReadableStore, mirror_for
+from mirrord.store.volume import LocalVolume
+
+DEFAULT_TIMEOUT = 1.0
+# Behind by more than this is a problem, not just lag (the MirrordMirrorLagging alert uses the same 15 min).
+DEFAULT_MAX_LAG = 15 * 60.0
+
+
+@dataclass
+class VolumeStatus:
+    """One volume as status shows it: path, space, files, problems."""
+    path: str
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    files: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RunStatus:
+    """One run (a folder of checkpoints). Steps are None when that side holds no stepped checkpoint."""
+
+    run: str
+    primary_step: int | None = None
+    mirror_step: int | None = None
+    verified: bool | None = None  # the newest mirrored step; None when nothing is mirrored yet
+    verify_mode: str = "size"  # size | hash
+    verify_detail: str = ""
+    pending_files: int = 0  # committed on the primary, not (or no longer) intact on the mirror
+    lag_seconds: float = 0.0  # age of the oldest pending file; 0 when caught up
+
+
+@dataclass
+class DaemonStatus:
+    """What the running daemon says on its endpoints (or why it could not be asked)."""
+    address: str
+    running: bool = False
+    error: str | None = None  # why it could not be asked (not running, metrics disabled, ...)
+    healthy: bool | None = None
+    health: str = ""
+    ready: bool | None = None
+    readiness: str = ""
+    version: str | None = None
+    queue_depth: float | None = None
+    in_flight: float | None = None
+    lag_seconds: float | None = None
+    invalid_sources: float | None = None
+    copies: dict[str, float] = field(default_factory=dict)
+    last_copy_at: float | None = None
+    copying: list[dict[str, Any]] = field(default_factory=list)  # copies under way, from /status
+    copy_loops: float | None = None  # files the daemon stopped re-copying (copies never stick)
+    manifest_repairs: float | None = None  # on-disk manifest found damaged and rewritten
+
+
+@dataclass
+class Status:
+    """The whole status report; `problems` make `mirrord status` exit 1."""
+    checked_at: float
+    primary: VolumeStatus
+    mirror: VolumeStatus
+    manifest_entries: int
+    runs: list[RunStatus]
+    lag_seconds: float
+    daemon: DaemonStatus
+    problems: list[str]  # something is wrong: exit status 1
+    notes: list[str]  # worth knowing, not wrong
+
+    @property
+    def ok(self) -> bool:
+        """Whether no problem was found."""
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as the --json document."""
+        data = asdict(self)
+        data["ok"] = self.ok
+        data["version"] = __version__
+        data["command"] = "status"  # as every --json document says which command wrote it
+        return data
+
+
+# --- reading the daemon -------------------------------------------------------------------------------
+Fetch = Callable[[str, float], tuple[int, str]]
+
+
+def http_get(url: str, timeout: float) -> tuple[int, str]:
+    """(status, body); status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - http URL built from config
+            return int(r.status), r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def endpoint_url(address: str) -> str:
+    """Where to reach a daemon listening on `address` (a wildcard bind is reached on loopback)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104 - not a bind
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get) -> DaemonStatus:
+    """Ask the daemon's /healthz, /readyz, /metrics and /status (within `timeout`)."""
+    status = DaemonStatus(address=config.metrics.address)
+    if not config.metrics.enabled:
+        status.error = "metrics.enabled = false: the daemon cannot be asked"
+        return status
+    base = endpoint_url(config.metrics.address)
+    code, body = fetch(base + "/metrics", timeout)
+    if code == 0:
+        status.error = f"nothing answers on {config.metrics.address} (daemon not running?)"
+        return status
+    samples = _samples(body) if code == 200 else {}
+    if not any(name == "mirrord_build_info" for name, _ in samples):
+        status.error = f"{config.metrics.address} answers, but not with mirrord's metrics (HTTP {code})"
+        return status
+    status.running = True
+    for (name, labels), value in samples.items():
+        if name == "mirrord_build_info" and value == 1:
+            status.version = dict(labels).get("version")
+        elif name == "mirrord_copies_total":
+            status.copies[dict(labels).get("result", "")] = value
+    status.queue_depth = samples.get(("mirrord_queue_depth", ()))
+    status.in_flight = samples.get(("mirrord_copies_in_flight", ()))
+    status.lag_seconds = samples.get(("mirrord_mirror_lag_seconds", ()))
+    status.invalid_sources = samples.get(("mirrord_invalid_sources", ()))
+    status.copy_loops = samples.get(("mirrord_copy_loop_files", ()))
+    status.manifest_repairs = samples.get(("mirrord_manifest_repairs_total", ()))
+    last = samples.get(("mirrord_last_mirrored_timestamp_seconds", ()))
+    status.last_copy_at = last or None
+    code, body = fetch(base + "/healthz", timeout)
+    status.healthy, status.health = code == 200, body.strip() or f"HTTP {code}"
+    code, body = fetch(base + "/readyz", timeout)
+    status.ready, status.readiness = code == 200, body.strip() or f"HTTP {code}"
+    code, body = fetch(base + "/status", timeout) if status.in_flight else (0, "")
+    if code == 200:  # an older daemon has no /status: then there is just no per-file progress
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            status.copying = list(json.loads(body).get("copies", []))
+    return status
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    try:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+    except ValueError:
+        return {}
+
+
+# --- reading the disks --------------------------------------------------------------------------------
+def _volume(store: LocalVolume | Mirror, snap: Snapshot | None, error: str | None) -> VolumeStatus:
+    """Free and total bytes stay None where the store does not know them (an object store)."""
+    vol = VolumeStatus(store.describe(), files=len(snap.files) if snap else 0, error=error)
+    try:
+        space = store.space()
+    except OSError as exc:
+        vol.error = vol.error or f"cannot stat the filesystem: {exc.strerror or exc}"
+        return vol
+    if space is not None:
+        vol.free_bytes, vol.total_bytes = space
+    return vol
+
+
+def _snapshot(store: ReadableStore, config: Config) -> tuple[Snapshot | None, str | None]:
+    if not store.exists():
+        return None, f"{store.describe()} does not exist or is not a directory"
+    snap = store.snapshot(config.patterns, config.rules)
+    return snap, "; ".join(snap.errors) or None
+
+
+def _place(rel: str, config: Config) -> tuple[str, int | None]:
+    """(run, step) of a file: a folder unit's (its parent, the step in its name), else the file's own."""
+    if config.rules.folders:
+        place = locate(rel, config.rules)
+        if place is not None:
+            return place.run, place.step
+    return dirname(rel), step_of(rel, config.step_regex)
+
+
+def _disagreement(entry: ManifestEntry, state: FileState | None) -> str | None:
+    if state is None:
+        return "missing from the mirror"
+    if state.size != entry.size:
+        return f"{state.size} bytes, manifest says {entry.size}"
+    return None
+
+
+def _damaged(mirror: ReadableStore, manifest: dict[str, ManifestEntry], msnap: Snapshot) -> dict[str, str]:
+    """Manifest entries whose file is missing or of another size: rel -> what is wrong.
+
+    A running daemon publishes, records, prunes while we look; a disagreement is reported only if a
+    fresh manifest and a fresh stat still show it (one copy or deletion in between is not damage).
+    """
+    suspects = [rel for rel, e in manifest.items() if _disagreement(e, msnap.files.get(rel)) is not None]
+    if not suspects:
+        return {}
+    try:
+        fresh = mirror.load_manifest().entries
+    except ManifestError:
+        fresh = manifest
+    damaged = {}
+    for rel in suspects:
+        entry = fresh.get(rel)
+        if entry is None:
+            continue
+        try:
+            state = mirror.stat(rel)
+        except (OSError, UnsafePathError):
+            state = None
+        problem = _disagreement(entry, state)
+        if problem is not None:
+            damaged[rel] = problem
+    return damaged
+
+
+def _check_newest(run: RunStatus, entries: list[ManifestEntry], mirror: ReadableStore,
+                  damaged: dict[str, str], deep: bool) -> None:
+    """Is the newest mirrored step of a run what the manifest recorded? Size from the listing; hash on demand."""
+    stepped = [e for e in entries if e.step is not None]
+    if stepped:
+        newest = [e for e in stepped if e.step == run.mirror_step]
+    else:
+        newest = [max(entries, key=lambda e: e.mirrored_at)]
+    run.verify_mode = "hash" if deep else "size"
+    for entry in sorted(newest, key=lambda e: e.path):
+        if entry.path in damaged:
+            run.verified, run.verify_detail = False, f"{entry.path}: {damaged[entry.path]}"
+            return
+        if deep:
+            finding = check_entry(mirror, entry)
+            if finding is not None:
+                run.verified, run.verify_detail = False, f"{entry.path}: {finding.problem} ({finding.detail})"
+                return
+        # Intact means whole, not only the recorded size: check the structure (a torn zip lacks its end
+        # records; a few KB read) and, with --verify, every CRC too.
+        verdict = validate_key(mirror, entry.path, quick=not deep)
+        if not verdict.passed:
+            run.verified, run.verify_detail = False, f"{entry.path}: {verdict}"
+            return
+    run.verified = True
+    run.verify_detail = ", ".join(e.path for e in newest)
+
+
+def _invalid_sources(config: Config, primary: ReadableStore, view: View, now: float) -> list[str]:
+    """Primary files behind, unchanged for copy.invalid_grace_seconds, that are not whole (a structural
+    check: reads a few KB of each). mirrord never publishes them: someone must look."""
+    problems = []
+    grace = config.copy.invalid_grace_seconds
+    for job in sorted(view.behind, key=lambda j: j.rel):
+        if job.mtime_ns / 1e9 > now - grace:
+            continue
+        if job.members:
+            continue  # a folder unit: its files are validated as they are copied
+        verdict: Verdict = validate_key(primary, job.rel, quick=True)
+        if not verdict.passed:
+            problems.append(f"primary: {job.rel} is not a whole checkpoint ({verdict}); it is not mirrored")
+    return problems
+
+
+def collect(
+    config: Config,
+    deep: bool = False,
+    now: Callable[[], float] = time.time,
+    timeout: float = DEFAULT_TIMEOUT,
+    fetch: Fetch = http_get,
+    max_lag: float = DEFAULT_MAX_LAG,
+) -> Status:
+    """Build the status report; reads only (never takes the mirror lock, never writes).
+
+    Lag is a problem once a run is more than `max_lag` seconds behind, and so is a primary holding
+    checkpoints to copy while the mirror has no manifest and no daemon answers: nothing is vouched for,
+    and nothing is about to change that."""
+    checked_at = now()
+    problems: list[str] = []
+    notes: list[str] = []
+    manifest: dict[str, ManifestEntry] = {}
+    # The manifest first, then the listing: a file is published before it is recorded, so every entry
+    # read here names a file the listing can see.
+    primary, mirror = LocalVolume(config.primary), mirror_for(config.mirror_target, config.s3)
+    if mirror.exists():
+        try:
+            manifest = mirror.load_manifest().entries
+        except ManifestError as exc:
+            problems.append(f"manifest: {exc.cause} ({exc.path}): nothing on the mirror can be vouched for")
+    psnap, perr = _snapshot(primary, config)
+    msnap, merr = _snapshot(mirror, config)
+    if perr:
+        problems.append(f"primary: {perr}")
+    if merr and msnap is None:
+        notes.append(f"mirror: {mirror.describe()} does not exist yet (`mirrord run` or `mirrord sync` creates it)")
+    elif merr:
+        problems.append(f"mirror: {merr}")
+    # The daemon's own decision (copy, retire, refuse) on the same listings: status cannot disagree with it.
+    listed = msnap if msnap is not None and mirror.exists() else None
+    view = reconcile(psnap or Snapshot(), listed, manifest, config, checked_at,
+                     facts=Facts(mirror_is_mount=mirror.is_mountpoint()),
+                     is_complete=judge(primary, config.rules))
+    psnap, msnap = psnap or Snapshot(), msnap or Snapshot()
+
+    damaged: dict[str, str] = {}
+    if view.refused is not None:
+        problems.append(f"mirror: {mirror.describe()}: {view.refused}")
+    if view.refused is not None and not msnap.files:
+        damaged = {rel: "missing from the mirror" for rel in manifest}
+    else:
+        damaged = _damaged(mirror, manifest, msnap)
+        missing = sorted(rel for rel, why in damaged.items() if why.startswith("missing"))
+        wrong = sorted(rel for rel, why in damaged.items() if not why.startswith("missing"))
+        if missing:
+            problems.append(f"mirror: {len(missing)} file(s) in the manifest are missing, e.g. {missing[0]}")
+        if wrong:
+            problems.append(f"mirror: {len(wrong)} file(s) differ in size from the manifest, e.g. {wrong[0]}")
+    unrecorded = sorted(set(msnap.files) - set(manifest))
+    if unrecorded:
+        notes.append(f"mirror: {len(unrecorded)} file(s) not in the manifest (not vouched for), "
+                     f"e.g. {unrecorded[0]}")
+    if msnap.partials:
+        notes.append(f"mirror: {len(msnap.partials)} NAME.part file(s): copies in progress, or left by an "
+                     "interrupted one (the next copy of that file replaces it)")
+
+    runs = _runs(config, mirror, psnap, manifest, view, damaged, checked_at, deep)
+    problems.extend(_invalid_sources(config, primary, view, checked_at))
+    for run in runs:
+        if run.verified is False:
+            problems.append(f"run {run.run}: newest mirrored step {run.mirror_step} is NOT intact: "
+                            f"{run.verify_detail}")
+        if run.lag_seconds > max_lag:
+            problems.append(f"run {run.run}: the mirror is {human_duration(run.lag_seconds)} behind "
+                            f"({run.pending_files} file(s) not mirrored; more than "
+                            f"{human_duration(max_lag)}, see --max-lag)")
+
+    daemon = ask_daemon(config, timeout, fetch)
+    pending = sum(r.pending_files for r in runs)
+    if not manifest and pending and not daemon.running and not any(p.startswith("manifest:") for p in problems):
+        # Nothing is vouched for and no daemon is there to change that. (A running daemon is busy with its
+        # first copies: that is lag, a problem only past max_lag.)
+        problems.append(f"mirror: no manifest in {mirror.describe()} and no daemon answers: none of the {pending} "
+                        "checkpoint(s) on the primary is mirrored (start `mirrord run`, or `mirrord sync` now)")
+    found, noted = _daemon_findings(daemon, config.metrics.enabled)
+    problems.extend(found)
+    notes.extend(noted)
+    lag = max((r.lag_seconds for r in runs), default=0.0)
+    return Status(checked_at, _volume(primary, psnap, perr), _volume(mirror, msnap, merr),
+                  len(manifest), runs, lag, daemon, problems, notes)
+
+
+def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], list[str]]:
+    """(problems, notes) from what the daemon said, or from its silence (a problem when metrics are
+    enabled: then it should answer)."""
+    if not d.running:
+        return ([f"daemon: {d.error}"], []) if must_answer else ([], [f"daemon: {d.error}"])
+    failed = {r: n for r, n in d.copies.items() if r != CopyOutcome.OK and n}
+    attempts = ", ".join(f"{r} {n:.0f}" for r, n in sorted(failed.items()))
+    said = (  # (a problem, not a note; applies; what to say)
+        (True, not d.healthy, f"unhealthy: {d.health}"),
+        (True, not d.ready, f"not ready: {d.readiness}"),
+        (True, bool(d.invalid_sources), f"{d.invalid_sources or 0:.0f} source file(s) failed their format "
+         "validator for longer than copy.invalid_grace_seconds and are not mirrored (its log: copy.invalid_source)"),
+        (True, bool(d.copy_loops), f"{d.copy_loops or 0:.0f} file(s) copied again and again with the same "
+         "result, no longer copied (the mirror does not keep what is written; see copy.loop in its log)"),
+        (False, bool(d.manifest_repairs), f"the on-disk manifest was found damaged and rewritten "
+         f"{d.manifest_repairs or 0:.0f} time(s) (see manifest.repaired in its log)"),
+        (False, bool(failed), f"failed copy attempts since it started: {attempts} (see its log: copy.failed)"),
+    )
+    problems = [f"daemon: {text}" for problem, applies, text in said if applies and problem]
+    return problems, [f"daemon: {text}" for problem, applies, text in said if applies and not problem]
+
+
+def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: dict[str, ManifestEntry], view: View,
+          damaged: dict[str, str], now: float, deep: bool) -> list[RunStatus]:
+    primary_by_run: dict[str, list[FileState]] = defaultdict(list)
+    entries_by_run: dict[str, list[ManifestEntry]] = defaultdict(list)
+    behind_by_run: dict[str, list[CopyJob]] = defaultdict(list)
+    for state in psnap.files.values():
+        primary_by_run[_place(state.rel, config)[0]].append(state)
+    for entry in manifest.values():
+        entries_by_run[_place(entry.path, config)[0]].append(entry)
+    for job in view.behind:  # not (intactly) mirrored, and not retired by retention
+        behind_by_run[job.run].append(job)
+    runs = []
+    for name in sorted(set(primary_by_run) | set(entries_by_run)):
+        run = RunStatus(name or ".")
+        steps = [s for s in (_place(f.rel, config)[1] for f in primary_by_run[name]) if s is not None]
+        run.primary_step = max(steps, default=None)
+        entries = entries_by_run[name]
+        run.mirror_step = max((e.step for e in entries if e.step is not None), default=None)
+        if entries:
+            _check_newest(run, entries, mirror, damaged, deep)
+        pending = behind_by_run[name]
+        run.pending_files = len(pending)
+        if pending:
+            oldest = min(f.mtime_ns for f in pending) / 1e9
+            run.lag_seconds = max(0.0, now - oldest) if oldest > 0 else 0.0
+        runs.append(run)
+    return runs
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+def _bytes(n: float | None) -> str:
+    return "?" if n is None else human_bytes(n)
+
+
+def human_duration(seconds: float) -> str:
+    """`seconds` for a person (45s, 3m 12s, 2h 05m, 3d 4h)."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {s:02d}s"
+    hours, m = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {m:02d}m"
+    return f"{hours // 24}d {hours % 24}h"
+
+
+def _space(vol: VolumeStatus) -> str:
+    if vol.free_bytes is None:
+        return f"unavailable ({vol.error})"
+    text = f"{_bytes(vol.free_bytes)} free of {_bytes(vol.total_bytes)}"
+    return text + (f"  ({vol.error})" if vol.error else "")
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def render(status: Status) -> str:
+    """The report for a person."""
+    when = datetime.fromtimestamp(status.checked_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [f"mirrord {__version__} status at {when}", ""]
+    lines.append(f"primary  {status.primary.path}")
+    lines.append(f"         {status.primary.files} checkpoint file(s); {_space(status.primary)}")
+    lines.append(f"mirror   {status.mirror.path}")
+    lines.append(f"         {status.mirror.files} checkpoint file(s), {status.manifest_entries} in the manifest; "
+                 f"{_space(status.mirror)}")
+    lines.append("")
+    if status.runs:
+        rows = [["RUN", "NEWEST STEP (PRIMARY)", "NEWEST STEP (MIRROR)", "MIRROR'S NEWEST STEP", "BEHIND"]]
+        for run in status.runs:
+            if run.verified is None:
+                verified = "-"
+            elif run.verified:
+                verified = f"intact ({run.verify_mode} checked)"
+            else:
+                verified = f"NOT INTACT ({run.verify_mode})"
+            behind = "caught up" if not run.pending_files else (
+                f"{run.pending_files} file(s), oldest {human_duration(run.lag_seconds)}"
+            )
+            rows.append([run.run, _step(run.primary_step), _step(run.mirror_step), verified, behind])
+        lines.extend(_table(rows))
+        if any(r.verify_mode == "size" and r.verified for r in status.runs):
+            lines.append("  (sizes checked against the manifest; add --verify to check content hashes)")
+    else:
+        lines.append("  no checkpoints on either side yet")
+    lines.append("")
+    lines.extend(_render_daemon(status.daemon, status.checked_at))
+    lines.append("")
+    if status.problems:
+        lines.append("problems:")
+        lines.extend(f"  ! {p}" for p in status.problems)
+    else:
+        lines.append("problems: none")
+    if status.notes:
+        lines.append("notes:")
+        lines.extend(f"  - {n}" for n in status.notes)
+    return "\n".join(lines)
+
+
+def _step(step: int | None) -> str:
+    return "-" if step is None else str(step)
+
+
+def _render_daemon(d: DaemonStatus, now: float) -> list[str]:
+    if not d.running:
+        return [f"daemon   not reachable: {d.error}"]
+    health = "healthy" if d.healthy else f"UNHEALTHY ({d.health})"
+    ready = "ready" if d.ready else f"NOT READY ({d.readiness})"
+    lines = [f"daemon   mirrord {d.version or '?'} on {d.address}: {health}, {ready}"]
+    copies = ", ".join(f"{d.copies.get(r, 0):.0f} {r}" for r in CopyOutcome if d.copies.get(r) or r == CopyOutcome.OK)
+    queue = f"queue {d.queue_depth or 0:.0f}, copying {d.in_flight or 0:.0f}"
+    lag = f"lag {human_duration(d.lag_seconds or 0)}"
+    lines.append(f"         {queue}, {lag}; copies since start: {copies}")
+    if d.last_copy_at:
+        lines.append(f"         last copy published {human_duration(now - d.last_copy_at)} ago")
+    for c in d.copying:
+        lines.append(f"         copying {_progress_line(c)}")
+    return lines
+
+
+def _progress_line(c: dict[str, Any]) -> str:
+    """`run/step_9.pt  1.2 GiB of 4.0 GiB (30%), 85.0 MiB/s, ETA 34s` from one /status copy."""
+    size, done = c.get("size") or 0, c.get("bytes_done") or 0
+    percent = f"{100 * done / size:.0f}%" if size else "?"
+    rate, eta = c.get("rate_bytes_per_second") or 0, c.get("eta_seconds")
+    return (f"{c.get('path')}  {_bytes(done)} of {_bytes(size)} ({percent}), {_bytes(rate)}/s, "
+            f"ETA {'?' if eta is None else human_duration(eta)}")

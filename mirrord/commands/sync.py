@@ -1,0 +1,127 @@
+"""`mirrord sync`: one full pass - list both sides, copy what is missing or differs, report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from mirrord.config import Config
+from mirrord.core.model import CopyJob, Snapshot
+from mirrord.core.plan import SettleTracker
+from mirrord.core.reconcile import Facts, reconcile
+from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
+from mirrord.obs.log import get_logger
+from mirrord.obs.metrics import Metrics
+from mirrord.service.completeness import judge
+from mirrord.service.engine import Engine
+from mirrord.service.progress import ProgressBoard
+from mirrord.service.workers import copy_all
+from mirrord.store.aliases import alias_links, mirror_alias_links
+from mirrord.store.mirror import mirror_for
+from mirrord.store.volume import LocalMirror, LocalVolume
+
+
+@dataclass
+class SyncReport:
+    """What a sync did: copied, failed, unsettled and invalid files, and listing errors."""
+    copied: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unsettled: list[str] = field(default_factory=list)
+    invalid: dict[str, str] = field(default_factory=dict)  # failed the format validator: not published
+    gone: list[str] = field(default_factory=list)  # deleted by the trainer before they were copied: not failures
+    in_sync: int = 0
+    listing_errors: list[str] = field(default_factory=list)
+    refused: str | None = None  # why nothing was copied: the mirror looks unmounted (as `run` refuses it)
+
+    @property
+    def ok(self) -> bool:
+        """Whether everything was copied (nothing failed, invalid, unlisted or refused)."""
+        return not self.failed and not self.listing_errors and not self.invalid and self.refused is None
+
+
+def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoard | None = None) -> SyncReport:
+    """Copy every committed checkpoint the mirror lacks. Files still being written are waited for
+    (up to three settle periods) and then reported as unsettled, not copied; a source that fails its
+    format validator is tried again if it changes within that time, else reported as invalid. A mirror
+    that looks unmounted is refused, as `mirrord run` refuses it: nothing is copied. `board` shows the
+    copies under way to a watcher (the terminal display)."""
+    log = get_logger()
+    primary = LocalVolume(config.primary)
+    mirror = mirror_for(config.mirror_target, config.s3)
+    report = SyncReport()
+    with mirror.lock():
+        manifest = mirror.read_manifest()
+        engine = Engine(config, mirror, manifest, metrics, board=board)
+        settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
+        deadline = time.monotonic() + 3 * config.copy.settle_seconds
+        attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
+        rules = config.rules
+        while True:
+            psnap = primary.snapshot(config.patterns, rules)
+            msnap = mirror.snapshot(config.patterns, rules)
+            report.listing_errors = list(psnap.errors + msnap.errors)
+            links = alias_links(psnap.skipped, rules)
+            for rel, why in psnap.skipped:
+                if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link below
+                    log.warning("scan.skipped", path=rel, why=why, volume="primary")
+            settled = settle.at(time.monotonic())
+            facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
+            view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
+                             is_complete=judge(primary, rules, settled), facts=facts)
+            report.refused = view.refused
+            if view.refused is not None:
+                break
+            jobs = [j for j in view.jobs if attempted.get(j.rel) != _identity(psnap, j)]
+            _run_jobs(engine, jobs, config.copy.workers, report)
+            attempted.update((j.rel, _identity(psnap, j)) for j in jobs)
+            report.in_sync = view.in_sync
+            report.unsettled = list(view.unsettled)
+            if not (view.unsettled or report.invalid):
+                break
+            if jobs and view.unsettled:
+                continue  # what waited for these copies (a DeepSpeed tag file after its folders) may go now
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.5, config.copy.settle_seconds))
+        if isinstance(mirror, LocalMirror):  # an object store has no symlinks
+            for rel, target in mirror_alias_links(config.primary, config.mirror, links, manifest.entries):
+                log.info("alias.linked", path=rel, target=target)
+        manifest.close()
+    for msg in report.listing_errors:
+        log.error("scan.error", cause=msg)
+    if report.refused is not None:
+        log.error("mirror.refused", cause=report.refused, mirror=mirror.describe(), check="listing")
+    for rel in report.unsettled:
+        log.warning("sync.unsettled", path=rel, settle_seconds=config.copy.settle_seconds)
+    for rel, cause in report.invalid.items():
+        log.error("copy.invalid_source", path=rel, cause=cause, published=False)
+    log.info(
+        "sync.finished", copied=len(report.copied), failed=len(report.failed), gone=len(report.gone),
+        unsettled=len(report.unsettled), invalid=len(report.invalid), in_sync=report.in_sync,
+    )
+    return report
+
+
+def _identity(psnap: Snapshot, job: CopyJob) -> tuple[tuple[int, int, int, int], ...]:
+    """The source as it was planned: the file, or every file of a folder unit."""
+    return tuple(psnap.files[rel].identity for rel in job.paths)
+
+
+def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncReport) -> None:
+    outcomes = copy_all(engine, jobs, workers, still_ours=engine.mirror.lock_problem)
+    for job in jobs:
+        outcome = outcomes.get(job.rel)
+        report.invalid.pop(job.rel, None)
+        if isinstance(outcome, InvalidSourceError):
+            report.invalid[job.rel] = outcome.cause
+        elif isinstance(outcome, SourceGoneError):
+            report.gone.append(job.rel)
+        elif isinstance(outcome, MirrordError):
+            report.failed[job.rel] = str(outcome)
+            if isinstance(outcome, ManifestError):
+                raise outcome
+        elif outcome is not None:
+            report.copied.append(job.rel)
+        else:
+            report.failed[job.rel] = (f"{job.rel}: not copied: the mirror lock was lost or the copy worker "
+                                      "died (see the log)")

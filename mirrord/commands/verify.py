@@ -1,0 +1,145 @@
+"""`mirrord verify`: recheck every mirrored artifact against the manifest (size, then content hash).
+
+Everything is read through the storage seam (mirrord.store.mirror): the same checks run on a local
+mirror and on an object store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from mirrord.core.model import ManifestEntry
+from mirrord.formats import dcpmeta
+from mirrord.formats.validators import DCP, OK, PASSING, UNCHECKED, UNREADABLE, Verdict, validate_fd
+from mirrord.store.hashing import hash_stream
+from mirrord.store.mirror import ReadableStore, fd_path, random_access_fd
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem verify found with a mirrored file."""
+    path: str
+    problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | <validator status>
+    detail: str = ""
+
+    @property
+    def is_problem(self) -> bool:
+        """"unchecked" (a format without a validator) is worth reporting, never a failure."""
+        return self.problem != UNCHECKED
+
+
+def check_entry(store: ReadableStore, entry: ManifestEntry) -> Finding | None:
+    """None if the key entry.path holds exactly what the manifest recorded (size, then content hash)."""
+    try:
+        with store.open_read(entry.path) as stream:
+            size, digest = hash_stream(stream, entry.algo)
+    except FileNotFoundError:
+        return Finding(entry.path, "missing", "in the manifest but not on the mirror")
+    except OSError as exc:
+        return Finding(entry.path, "unreadable", exc.strerror or str(exc))
+    if size != entry.size:
+        return Finding(entry.path, "size_mismatch", f"{size} bytes on the mirror, manifest says {entry.size}")
+    if digest != entry.digest:
+        return Finding(entry.path, "hash_mismatch", f"{entry.algo} {digest}, manifest says {entry.digest}")
+    return None
+
+
+def validate_key(store: ReadableStore, key: str, quick: bool = False) -> Verdict:
+    """The format validator on the whole object at `key` (`quick`: structure only, a few KB read); a DCP
+    file is also judged with its folder: a `.metadata` by every file it references (present, with its
+    size), a `.distcp` by the byte ranges the `.metadata` beside it places in it."""
+    try:
+        with store.open_read(key) as stream, random_access_fd(stream) as fd:
+            verdict = validate_fd(fd, key, quick=quick)
+            size = os.fstat(fd).st_size
+    except OSError as exc:
+        return Verdict(UNREADABLE, exc.strerror or str(exc))
+    if verdict.format != DCP or verdict.status not in PASSING:
+        return verdict
+    folder, _, name = key.rpartition("/")
+
+    def read(meta: str) -> bytes:
+        try:
+            with store.open_read(meta) as stream:
+                return stream.read(dcpmeta.MAX_METADATA_BYTES + 1)  # storage_references refuses more
+        except FileNotFoundError as exc:
+            raise dcpmeta.MetadataError("missing: the save did not finish (dcp.save writes it last)",
+                                        "truncated") from exc
+        except OSError as exc:
+            raise dcpmeta.MetadataError(exc.strerror or str(exc), "unreadable") from exc
+
+    def size_of(rel: str) -> int | None:
+        try:
+            state = store.stat(rel)
+        except (OSError, ValueError):
+            return None
+        return state.size if state is not None and state.is_regular else None
+
+    if name == dcpmeta.METADATA_NAME:
+        status, detail = dcpmeta.check_folder_in(read, size_of, folder)
+    else:
+        status, detail = dcpmeta.check_data_file_in(read, key, size)
+    return Verdict(status, detail, DCP)
+
+
+def deep_check(store: ReadableStore, rel: str, load: bool = False) -> Finding | None:
+    """The format validator on the whole file, chosen by name then content (a torch zip: structure and
+    every record's CRC-32, no torch needed; safetensors; JSON; a DCP .metadata with every file it
+    references, a .distcp against its .metadata); with `load`, also torch.load a torch zip (weights_only,
+    mmap) to prove it deserializes. A format without a validator gives an "unchecked" finding."""
+    from mirrord.formats.zipcheck import load_check
+
+    verdict = validate_key(store, rel)
+    if verdict.status == OK and load and verdict.format == "torch_zip":
+        try:
+            with store.open_read(rel) as stream, random_access_fd(stream) as fd:
+                loaded = load_check(fd_path(fd))
+        except OSError as exc:
+            return Finding(rel, "unreadable", exc.strerror or str(exc))
+        if not loaded.ok:
+            return Finding(rel, loaded.status, loaded.detail)
+    if verdict.status == OK:
+        return None
+    return Finding(rel, verdict.status, verdict.detail)
+
+
+def verify_mirror(
+    store: ReadableStore,
+    patterns: Iterable[str],
+    progress: Callable[[int, int, str], None] | None = None,
+    deep_check: Callable[[ReadableStore, str], Finding | None] | None = None,
+) -> tuple[int, list[Finding]]:
+    """Check every manifest entry, then list mirror files the manifest does not know.
+
+    Returns (files checked, findings). `deep_check` adds the format validator on every file, recorded
+    or not; its "unchecked" findings (formats without a validator) are not problems (Finding.is_problem).
+    A listing error is a finding whose path is store.describe().
+    """
+    manifest = store.load_manifest()
+    entries = sorted(manifest.entries.values(), key=lambda e: e.path)
+    total = sum(e.size for e in entries)
+    done = 0
+    findings: list[Finding] = []
+    for entry in entries:
+        if progress:
+            progress(done, total, entry.path)
+        finding = check_entry(store, entry)
+        if finding is None and deep_check is not None:
+            finding = deep_check(store, entry.path)
+        if finding is not None:
+            findings.append(finding)
+        done += entry.size
+    if progress:
+        progress(total, total, "")
+    snap = store.snapshot(patterns)
+    for rel in sorted(set(snap.files) - set(manifest.entries)):
+        deep = deep_check(store, rel) if deep_check is not None else None
+        if deep is not None and deep.is_problem:  # a torn or corrupt file, not only an unrecorded one
+            findings.append(Finding(rel, deep.problem, f"not in the manifest, and {deep.detail}"))
+        else:
+            findings.append(Finding(rel, "unrecorded", "on the mirror but not in the manifest"))
+    for msg in snap.errors:
+        findings.append(Finding(store.describe(), "unreadable", msg))
+    return len(entries), findings

@@ -1,0 +1,1 @@
+"""The pure core: models, copy and prune planners, retention policies, guards, run branches; no I/O."""

@@ -1,0 +1,156 @@
+"""Trainer layouts: how a training stack names its checkpoints, and when one is whole.
+
+A checkpoint *unit* is what a resume needs: one file (`step_100.pt`, `epoch=4-step=20.ckpt`) or one
+folder (`checkpoint-50/` of the Hugging Face Trainer, `step_8/` of torch.distributed.checkpoint,
+`global_step100/` of DeepSpeed). A Layout says, for one top-level `layout` key, which names are units,
+where the step is, which other files ride along (Lightning's `last.ckpt` alias, DeepSpeed's `latest`
+tag file) and which rule tells that a unit is complete on the primary. Pure: names in, answers out.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mirrord.formats.dcpmeta import METADATA_NAME
+
+LAYOUTS = ("torch", "lightning", "hf", "dcp", "deepspeed", "custom")
+TEMP_SUFFIXES = (".part", ".tmp")  # never a finished name (ours, and the usual writer's convention)
+
+UnitKind = Literal["file", "folder"]
+# How completeness on the primary is judged (see mirrord.core.units.completeness):
+#   settle      every file of the unit unchanged for copy.settle_seconds
+#   marker      settle, and the marker file (unit.complete_marker) present in the folder
+#   dcp         settle, and .metadata present, every file it references present with its size
+#   hf          settle, and trainer_state.json present and parsing as JSON
+#   deepspeed   settle, and the run's `latest` tag file names this folder or a later step
+Rule = Literal["settle", "marker", "dcp", "hf", "deepspeed"]
+
+HF_STATE = "trainer_state.json"
+DEEPSPEED_TAG = "latest"
+LIGHTNING_LAST = "last.ckpt"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The naming rules of one training stack. Build with `layout_for`."""
+
+    name: str
+    kind: UnitKind
+    # file units: names of checkpoint files; folder units: names of unit folders (fnmatch patterns)
+    patterns: tuple[str, ...]
+    step_pattern: str  # one group: the step; searched in a unit's own name (file or folder)
+    rule: Rule = "settle"
+    complete_marker: str = ""
+    aliases: tuple[str, ...] = ()  # mirrored, never a unit: no step, never counted by retention
+    tag_file: str = ""  # a file beside the unit folders naming the newest one; mirrored after it
+    step_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "step_regex", re.compile(self.step_pattern))
+
+    @property
+    def folders(self) -> bool:
+        """Whether checkpoints are folders (hf, dcp, ...) rather than single files."""
+        return self.kind == "folder"
+
+    def is_unit_name(self, name: str) -> bool:
+        """`name` (one path component) names a unit: a checkpoint file, or a unit folder."""
+        if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
+            return False
+        return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+
+    def is_staging_name(self, name: str) -> bool:
+        """A folder unit being published on the mirror (`checkpoint-50.part/`)."""
+        return self.folders and name.endswith(".part") and self.is_unit_name(name[: -len(".part")])
+
+    def is_extra_name(self, name: str) -> bool:
+        """A file mirrored beside the units that is not one itself (alias, tag file)."""
+        return name in self.aliases or (bool(self.tag_file) and name == self.tag_file)
+
+    def is_member_name(self, name: str) -> bool:
+        """A file inside a unit folder that belongs to the unit: every file but a temp name (dot names
+        included: DCP's `.metadata` is what makes its folder loadable)."""
+        return not name.endswith(TEMP_SUFFIXES)
+
+    def step_of(self, name: str) -> int | None:
+        """The step number in `name` (the step pattern's first group), or None."""
+        match = self.step_regex.search(name)
+        if match is None:
+            return None
+        try:
+            return int(match.group(1))
+        except (ValueError, IndexError):
+            return None
+
+    def describe(self) -> list[str]:
+        """The effective rules, one line each (for `check-config`)."""
+        what = "files" if self.kind == "file" else "folders"
+        lines = [
+            f"layout = {self.name!r}: a checkpoint is one of the {what} named {list(self.patterns)}",
+            f"step: the first group of {self.step_pattern!r} in the {what[:-1]}'s name; "
+            "units with no step are mirrored, never pruned",
+        ]
+        if self.folders:
+            lines.append("a folder is mirrored whole: staged as NAME.part/ on the mirror, renamed when every "
+                         "file is copied and fsynced; every file in it is mirrored (dot names too)")
+        rules = {
+            "settle": "complete when every file is unchanged for copy.settle_seconds",
+            "marker": f"complete when {self.complete_marker!r} is present (and every file has settled)",
+            "dcp": f"complete when {METADATA_NAME} is present and every file it references holds its bytes",
+            "hf": f"complete when {HF_STATE} is present and parses, and every file has settled",
+            "deepspeed": f"complete when the {self.tag_file!r} tag file names it (or a later step) and "
+                         "every file has settled",
+        }
+        lines.append(rules[self.rule])
+        if self.aliases:
+            lines.append(f"aliases {list(self.aliases)}: mirrored, never counted by retention")
+        if self.tag_file:
+            lines.append(f"tag file {self.tag_file!r}: mirrored after the folder it names")
+        return lines
+
+
+@functools.lru_cache(maxsize=32)
+def layout_for(
+    name: str,
+    patterns: tuple[str, ...] = ("*.pt",),
+    step_pattern: str = r"step_(\d+)",
+    unit: UnitKind = "file",
+    complete_marker: str = "",
+) -> Layout:
+    """The Layout called `name`. `patterns`, `step_pattern`, `unit` and `complete_marker` are the
+    config's: used by "torch" (patterns, step_pattern) and "custom" (all four), fixed by the others."""
+    if name == "torch":
+        return Layout("torch", "file", patterns, step_pattern)
+    if name == "lightning":
+        return Layout("lightning", "file", ("*.ckpt",), r"step=(\d+)", aliases=(LIGHTNING_LAST,))
+    if name == "hf":
+        return Layout("hf", "folder", ("checkpoint-[0-9]*",), r"^checkpoint-(\d+)$", rule="hf")
+    if name == "dcp":
+        return Layout("dcp", "folder", ("step_[0-9]*", "step-[0-9]*"), r"^step[_-](\d+)$", rule="dcp")
+    if name == "deepspeed":
+        return Layout("deepspeed", "folder", ("global_step[0-9]*",), r"^global_step(\d+)$", rule="deepspeed",
+                      tag_file=DEEPSPEED_TAG)
+    if name == "custom":
+        rule: Rule = "marker" if complete_marker else "settle"
+        return Layout("custom", unit, patterns, step_pattern, rule=rule, complete_marker=complete_marker)
+    raise ValueError(f"unknown layout {name!r}; one of {', '.join(LAYOUTS)}")
+
+
+def never_matching(layout: Layout) -> list[str]:
+    """Patterns that can never select anything, each with why (for `check-config`)."""
+    problems = []
+    for pattern in layout.patterns:
+        if pattern.startswith("."):
+            what = "file" if layout.kind == "file" else "folder"
+            problems.append(f"pattern {pattern!r} can never match: a {what} whose name starts with '.' is never "
+                            f"a checkpoint in layout {layout.name!r} (hidden names are skipped)")
+        elif pattern.endswith(TEMP_SUFFIXES):
+            problems.append(f"pattern {pattern!r} can never match: names ending in {' or '.join(TEMP_SUFFIXES)} "
+                            "are files still being written")
+    if layout.folders and layout.rule == "marker" and layout.complete_marker.endswith(TEMP_SUFFIXES):
+        problems.append(f"unit.complete_marker {layout.complete_marker!r} can never count: it is a temp name")
+    return problems

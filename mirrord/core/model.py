@@ -1,0 +1,135 @@
+"""Plain, frozen records that flow between the scanner, the planners and the executors."""
+
+from __future__ import annotations
+
+import re
+import stat
+from dataclasses import dataclass, field
+from posixpath import dirname
+
+
+@dataclass(frozen=True, slots=True)
+class FileState:
+    """What lstat said about one file, relative to its root."""
+
+    rel: str
+    size: int
+    mtime_ns: int
+    ino: int = 0
+    dev: int = 0
+    mode: int = stat.S_IFREG | 0o644
+    ctime_ns: int = 0
+
+    @property
+    def identity(self) -> tuple[int, int, int, int]:
+        """What must stay the same for the file to count as unchanged: a rewrite moves ctime at least."""
+        return (self.ino, self.size, self.mtime_ns, self.ctime_ns)
+
+    @property
+    def is_regular(self) -> bool:
+        """A regular file (not a folder, link or device)."""
+        return stat.S_ISREG(self.mode)
+
+    @property
+    def run(self) -> str:
+        """The run a checkpoint belongs to: its folder relative to the root ('' for the root itself)."""
+        return dirname(self.rel)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One listing of a volume. `errors` non-empty means the view is partial: never prune from it."""
+
+    files: dict[str, FileState] = field(default_factory=dict)
+    partials: dict[str, FileState] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (rel, why) for symlinks, devices, FIFOs ...
+    # Folder units being published (NAME.part/ directories), by path: never entered, swept when dead.
+    staging: dict[str, FileState] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """The listing saw the whole tree (no errors): only then may absence mean deletion."""
+        return not self.errors
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """The resume record of one mirrored artifact: what it must be to count as intact."""
+
+    path: str
+    size: int
+    algo: str
+    digest: str
+    source_mtime_ns: int
+    step: int | None
+    mirrored_at: float
+    # The mtime the mirror actually stored (a filesystem may clamp or round what it is given, e.g.
+    # ext4 with 128-byte inodes stops at 2038); None in records made before it was kept.
+    mirror_mtime_ns: int | None = None
+    # The format validator's verdict on the source ("ok" or "unchecked"); None in entries written
+    # before validation existed. An entry is only ever recorded for a source that passed.
+    validation: str | None = None
+    # The published copy's inode and ctime right after it was recorded (0 when unknown): while the file
+    # still has them, and the recorded size and stored mtime, its recorded hash holds without re-reading.
+    mirror_ino: int = 0
+    mirror_ctime_ns: int = 0
+
+    @property
+    def run(self) -> str:
+        """The run folder of the recorded file."""
+        return dirname(self.path)
+
+    def unchanged(self, state: FileState) -> bool:
+        """The mirror file is, by stat, exactly the one recorded (needs the identity recorded)."""
+        stored = self.source_mtime_ns if self.mirror_mtime_ns is None else self.mirror_mtime_ns
+        return bool(self.mirror_ino) and (state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
+            self.mirror_ino, self.size, stored, self.mirror_ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyJob:
+    """A file to copy, and why the planner chose it."""
+
+    rel: str
+    size: int
+    mtime_ns: int
+    step: int | None
+    why: str  # new | changed | mirror_missing | mirror_mismatch | unrecorded
+    # A folder unit (mirrord.core.units): `rel` is the folder, these are its files, published together.
+    members: tuple[str, ...] = ()
+
+    @property
+    def run(self) -> str:
+        """The run folder of the job's file or unit."""
+        return dirname(self.rel)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every file this job publishes."""
+        return self.members or (self.rel,)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyResult:
+    """One verified copy: what was published, its digest and how long it took."""
+    rel: str
+    size: int
+    algo: str
+    digest: str
+    source_mtime_ns: int
+    seconds: float
+    mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
+    validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
+    validation_detail: str = ""
+
+
+def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:
+    """The training step in a checkpoint's file name, or None (files with no step are never pruned)."""
+    match = step_regex.search(rel.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    try:
+        return int(match.group(1))
+    except ValueError:
+        return None

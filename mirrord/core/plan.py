@@ -1,0 +1,110 @@
+"""Pure planning of what to copy: a function of two snapshots, the manifest and a settle predicate."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
+
+# Filesystems with coarse timestamps (FAT: 2 s, some SMB/NFS setups: 1 s) round the mtime we set.
+MTIME_TOLERANCE_NS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """What to copy now (newest step first), what is still being written, what is already in sync."""
+    jobs: tuple[CopyJob, ...]
+    unsettled: tuple[str, ...] = ()
+    in_sync: int = 0
+
+
+def why_copy(src: FileState, entry: ManifestEntry | None, dst: FileState | None) -> str | None:
+    """Why `src` must be (re)copied, or None when the mirror holds an intact, current copy."""
+    if entry is None:
+        return "unrecorded" if dst is not None else "new"
+    if entry.size != src.size or entry.source_mtime_ns != src.mtime_ns:
+        return "changed"
+    if dst is None:
+        return "mirror_missing"
+    # Compared with what the mirror stored, which is not always what it was given (clamped, rounded).
+    stored = entry.mirror_mtime_ns if entry.mirror_mtime_ns is not None else entry.source_mtime_ns
+    if dst.size != entry.size or abs(dst.mtime_ns - stored) > MTIME_TOLERANCE_NS:
+        return "mirror_mismatch"
+    return None
+
+
+def newest_first(job: CopyJob) -> tuple[bool, int, int]:
+    """Queue order: the highest step first (the one a resume needs), then the newest mtime."""
+    return (job.step is None, -(job.step or 0), -job.mtime_ns)
+
+
+def plan_copies(
+    primary: Snapshot,
+    mirror: Snapshot,
+    manifest: Mapping[str, ManifestEntry],
+    step_regex: re.Pattern[str],
+    is_settled: Callable[[FileState], bool] = lambda _state: True,
+) -> CopyPlan:
+    """Every committed primary file whose mirror copy is absent, stale or not recorded, newest first."""
+    jobs: list[CopyJob] = []
+    unsettled: list[str] = []
+    in_sync = 0
+    for rel, src in primary.files.items():
+        why = why_copy(src, manifest.get(rel), mirror.files.get(rel))
+        if why is None:
+            in_sync += 1
+        elif not is_settled(src):
+            unsettled.append(rel)
+        else:
+            jobs.append(CopyJob(rel, src.size, src.mtime_ns, step_of(rel, step_regex), why))
+    jobs.sort(key=newest_first)
+    return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
+
+
+@dataclass
+class SettleTracker:
+    """Decides when a file written in place has stopped changing.
+
+    A file is settled when we have seen the same (inode, size, mtime, ctime) ourselves for
+    `settle_seconds` on the monotonic clock. Its mtime may add delay (an mtime younger than
+    `settle_seconds` by the wall clock keeps it unsettled), never remove it: a wall clock ahead of the
+    file's clock (a forward step, an NFS server that lags) must not make a file still being written
+    look settled. A rename into a final name commits a file at once (`mark_committed`).
+    """
+
+    settle_seconds: float
+    wall: Callable[[], float]
+    monotonic: Callable[[], float]
+    _seen: dict[str, tuple[tuple[int, int, int, int], float]] = field(default_factory=dict)
+    _committed: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+
+    def mark_committed(self, state: FileState) -> None:
+        """The writer renamed the file into place: it is whole as it is now, no settling needed."""
+        self._committed[state.rel] = state.identity
+
+    def __call__(self, state: FileState, now: float | None = None) -> bool:
+        """Whether `state` has stayed unchanged for settle_seconds (or was committed by a rename)."""
+        key = state.identity
+        if self.settle_seconds <= 0 or self._committed.get(state.rel) == key:
+            return True
+        now = self.monotonic() if now is None else now
+        seen = self._seen.get(state.rel)
+        if seen is None or seen[0] != key:
+            self._seen[state.rel] = (key, now)
+            return False
+        if now - seen[1] < self.settle_seconds:
+            return False
+        age = self.wall() - state.mtime_ns / 1e9
+        return not 0 <= age < self.settle_seconds
+
+    def at(self, now: float) -> Callable[[FileState], bool]:
+        """The predicate for one listing: every file of it judged at the same instant, so files first
+        seen together settle together (and are queued together, newest step first)."""
+        return lambda state: self(state, now)
+
+    def forget(self, rel: str) -> None:
+        """`rel` is gone: forget what was seen of it."""
+        self._seen.pop(rel, None)
+        self._committed.pop(rel, None)

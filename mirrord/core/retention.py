@@ -1,0 +1,478 @@
+"""Pure retention planning: which checkpoints to delete on each side, which to keep and why.
+
+    snapshots of both sides + manifest + in-flight set + now + policy  ->  PrunePlan
+
+Checkpoints are grouped by run (their folder relative to the root) and ordered by (branch, step): a
+rollback (a lower step written after a higher one, see mirrord.core.branches) starts a newer branch. A step
+is *verified* when the mirror holds all its files, each recorded in the manifest with a matching size
+and a passing validator verdict, and every primary file of the step is the one that was mirrored. Per run:
+
+* the kept set is what any retention policy keeps ("keep if any keeps", so combining policies can
+  only keep more): the `keep_last` newest verified steps, and with `keep_every = N` every step that
+  is a multiple of N;
+* the window is the `keep_last` newest steps *present* (on either side, verified or not); steps below
+  it are *retired*: not worth copying (first run on an existing tree, or an unverified newest step,
+  never causes copy-then-delete churn);
+* a retired step is a candidate only when every step of the window is verified: a torn or unfinished
+  newest step keeps every older one (a step retired itself, never copied, does not). Candidates are
+  on the mirror, and on the primary when
+  `prune.primary = true` - a primary file only if the mirror holds a verified copy of that exact
+  file (reason `unmirrored` otherwise), whatever its step;
+* files whose name carries no step are never pruned;
+* orphan NAME.part files on the mirror (left by a dead process) are candidates too.
+
+Every candidate then passes the guards (mirrord.core.guards); a veto moves it to `skipped` with its
+reason. A view that may be partial (a listing error) or a mirror that looks unmounted refuses the
+whole plan: it deletes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Protocol
+
+from mirrord.config import PruneConfig
+from mirrord.core.branches import Branches, branches
+from mirrord.core.guards import GuardContext, veto
+from mirrord.core.layouts import Layout
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.plan import why_copy
+from mirrord.core.units import locate
+from mirrord.core.vocabulary import PruneRefusal, Veto, Volume
+from mirrord.formats.validators import PASSING
+
+PRIMARY, MIRROR = Volume.PRIMARY, Volume.MIRROR
+
+# Why a file is kept.
+KEEP_LAST = "keep_last"
+KEEP_EVERY = "keep_every"
+NEWER_THAN_KEPT = "newer_than_kept"
+NO_STEP = "no_step"
+UNVERIFIED = "unverified"
+NEWER_UNVERIFIED = "newer_unverified"  # retired, but a newer step is not verified yet: still the fallback
+
+# Why a whole plan is refused.
+PARTIAL_VIEW = PruneRefusal.PARTIAL_VIEW
+MIRROR_UNMOUNTED = PruneRefusal.MIRROR_UNMOUNTED
+
+STEP, ORPHAN_PART, ORPHAN_STAGING = "step", "orphan_part", "orphan_staging"
+
+
+def describe_policy(policy: PruneConfig) -> str:
+    """The retention in force, in one line for a person (start-up banner and log)."""
+    if not policy.enabled:
+        return "off (prune.enabled = false): nothing is ever deleted"
+    sides = "on the mirror and the primary" if policy.primary else "on the mirror only (prune.primary = false)"
+    text = f"keep_last={policy.keep_last} verified steps per run"
+    if policy.keep_every:
+        text += f", plus every step that is a multiple of keep_every={policy.keep_every}"
+    text += f"; older steps are deleted {sides}; nothing younger than min_age_seconds={policy.min_age_seconds:g}"
+    text += " is deleted"
+    return text + ("; prune.dry_run = true: deletions are only logged" if policy.dry_run else "")
+
+
+class Policy(Protocol):
+    """A retention rule: the steps of one run it wants to keep. Policies never delete."""
+
+    @property
+    def why(self) -> str:
+        """Why this policy keeps a step (a reason word for logs and metrics)."""
+
+    def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]:
+        """The steps this policy keeps, of `steps` (oldest first) of which `verified` are mirrored and verified."""
+
+
+@dataclass(frozen=True)
+class KeepLast:
+    """The `n` newest verified steps (`steps` come oldest first: by branch, then step)."""
+
+    n: int
+    why: str = KEEP_LAST
+
+    def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]:
+        """The last `n` verified steps."""
+        return frozenset([s for s in steps if s in verified][-self.n:])
+
+
+@dataclass(frozen=True)
+class KeepEvery:
+    """Milestones: every step that is a multiple of `every` (step 0 included), verified or not."""
+
+    every: int
+    why: str = KEEP_EVERY
+
+    def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]:
+        """Every step that is a multiple of `every`."""
+        return frozenset(s for s in steps if s % self.every == 0)
+
+
+def preserved(policies: Sequence[Policy], steps: Sequence[int], verified: AbstractSet[int]) -> dict[int, str]:
+    """Keep if any policy keeps: step -> the first policy's reason."""
+    kept: dict[int, str] = {}
+    for policy in policies:
+        for step in policy.preserve(steps, verified):
+            kept.setdefault(step, policy.why)
+    return kept
+
+
+def policies_for(config: PruneConfig) -> tuple[Policy, ...]:
+    """The retention policies the prune config asks for (keep_last, and keep_every when set)."""
+    policies: list[Policy] = [KeepLast(config.keep_last)]
+    if config.keep_every is not None:
+        policies.append(KeepEvery(config.keep_every))
+    return tuple(policies)
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """One file retention will delete, on one volume (re-checked by stat just before)."""
+    volume: str
+    state: FileState
+    step: int | None
+    kind: str = STEP  # step | orphan_part | orphan_staging (a dead NAME.part/ folder)
+    unit: str = ""  # the folder unit it belongs to: deleted with all the unit's files, or not at all
+    # (The executor drops a mirrored step's manifest record with it, read afresh from the manifest.)
+
+    @property
+    def rel(self) -> str:
+        """The file's path relative to its root."""
+        return self.state.rel
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A file retention keeps, and the policy or rule that keeps it."""
+    volume: str
+    rel: str
+    step: int | None
+    why: str  # keep_last | keep_every | newer_than_kept | no_step | unverified | newer_unverified
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A file retention would delete but a guard vetoed, with the guard's reason."""
+    volume: str
+    rel: str
+    step: int | None
+    reason: str  # a guard's reason (mirrord.core.guards.REASONS)
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where one run's retention window starts, to tell the copy planner which steps are retired."""
+
+    floor: tuple[int, int]  # (branch, step) of the oldest step in the window
+    branches: Branches
+    newest_mtime_ns: int  # newest file of the run: anything newer is new, never retired
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """A retention pass: deletions, what is kept and why, vetoes, or a refusal to delete anything."""
+    deletions: tuple[Deletion, ...] = ()
+    kept: tuple[Kept, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()  # (reason, detail); non-empty means delete nothing
+    newest: frozenset[str] = frozenset()  # files of each run's newest verified step
+    windows: Mapping[str, Window] = field(default_factory=dict)  # runs with more than keep_last steps
+    preserved: Mapping[str, frozenset[int]] = field(default_factory=dict)  # run -> steps policies keep
+    rollbacks: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    guards: GuardContext | None = None  # what the candidates were vetted with (the executor re-uses it)
+
+    def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
+        """A step below its run's window (the keep_last newest steps present) that no policy keeps:
+        not worth copying. A file newer than every file the plan saw in its run is never retired (a
+        rollback's first step is low but new)."""
+        window = self.windows.get(run)
+        if step is None or window is None or step in self.preserved.get(run, frozenset()):
+            return False
+        if mtime_ns is not None and mtime_ns > window.newest_mtime_ns:
+            return False
+        return window.branches.key(step) < window.floor
+
+
+def mirror_unmounted(
+    mirror: Snapshot, manifest: Mapping[str, ManifestEntry], is_mount: bool | None = None
+) -> str | None:
+    """Why the mirror root looks like an unmounted mount point, or None.
+
+    `is_mount` is None when `mirror_must_be_mountpoint` is off (nothing to check).
+    """
+    if is_mount is False:
+        return "the mirror is not a mount point (mirror_must_be_mountpoint = true)"
+    # A listing that failed (EMFILE, EIO ...) is a partial view, refused as such: never "unmounted".
+    if manifest and not mirror.files and not mirror.errors:
+        return f"the mirror is empty but its manifest lists {len(manifest)} file(s): is it mounted?"
+    return None
+
+
+@dataclass(frozen=True)
+class NewestPresent:
+    """The retention window: the `n` newest steps present (on either side, verified or not).
+
+    Steps below it are retired (not worth copying, deleted once the window is verified); the `n` newest
+    verified steps are what keep_last keeps. A policy object, so that a unit of checkpoints other than a
+    file step can bring its own window.
+    """
+
+    n: int
+
+    def window(self, steps: Sequence[int]) -> Sequence[int]:
+        """The newest `n` of `steps` (oldest first)."""
+        return steps[-self.n:]
+
+
+@dataclass(frozen=True)
+class PruneRequest:
+    """Everything one retention plan depends on besides the two listings and the manifest.
+
+    `roots` maps "primary"/"mirror" to their root paths (for the path guard); `mirror_is_mount` is None
+    unless `mirror_must_be_mountpoint` asks for the check; `observed` maps (volume, rel) to how long this
+    process has seen the file unchanged (monotonic), None to skip that guard; `invalid` are primary files
+    that failed their format validator as they are now: they do not count as present for the window (a
+    torn newest step must not retire the good step before it), yet, being unverified, they keep every
+    older step. With `space_pressure` (the mirror cannot take the next copy) a retired step may go once
+    the window's size of newer steps are verified, even if others are not: otherwise a full mirror could
+    never make room for the copies that would verify them.
+    """
+
+    policy: PruneConfig
+    step_regex: re.Pattern[str]
+    now: float
+    in_flight: frozenset[str] = frozenset()
+    roots: Mapping[str, PurePath] | None = None
+    mirror_is_mount: bool | None = None
+    observed: Mapping[tuple[str, str], float] | None = None
+    invalid: AbstractSet[str] = frozenset()
+    space_pressure: bool = False
+    window: NewestPresent | None = None  # None: the keep_last newest steps present
+    layout: Layout | None = None  # folder layouts: a folder unit's files are one step, deleted together
+
+    @property
+    def floor(self) -> NewestPresent:
+        """The least retention keeps of each run: the window, or the keep_last newest steps present."""
+        return self.window if self.window is not None else NewestPresent(self.policy.keep_last)
+
+    def guards(self, newest: frozenset[str] = frozenset()) -> GuardContext:
+        """The one GuardContext of this plan; the executor re-uses it with a fresh clock and in-flight set."""
+        return GuardContext(
+            now=self.now,
+            min_age_seconds=self.policy.min_age_seconds,
+            future_skew_seconds=self.policy.future_skew_seconds,
+            in_flight=self.in_flight,
+            newest=newest,
+            roots=self.roots,
+            observed=self.observed,
+        )
+
+
+def plan_prune(
+    primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], request: PruneRequest
+) -> PrunePlan:
+    """The prune plan for one cycle. Pure: the same inputs give the same plan."""
+    refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
+    runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
+    candidates: list[Deletion] = []
+    skipped: list[Skipped] = []
+    newest: set[str] = set()
+    windows: dict[str, Window] = {}
+    keeps: dict[str, frozenset[int]] = {}
+    rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
+    for run, by_step in runs.items():
+        decided = _plan_run(by_step, manifest, mirror.files, request, units)
+        if decided.window is not None:
+            windows[run] = decided.window
+        if decided.branches.rollbacks:
+            rollbacks[run] = decided.branches.rollbacks
+        keeps[run] = decided.keep_steps
+        newest.update(decided.newest)
+        kept.extend(decided.kept)
+        skipped.extend(decided.skipped)
+        candidates.extend(decided.candidates)
+    candidates.extend(Deletion(Volume.MIRROR, state, None, ORPHAN_PART) for state in mirror.partials.values())
+    candidates.extend(Deletion(Volume.MIRROR, state, None, ORPHAN_STAGING) for state in mirror.staging.values())
+
+    ctx = request.guards(frozenset(newest))
+    deletions: list[Deletion] = []
+    held: dict[tuple[str, str], str] = {}  # (volume, folder unit) -> why one of its files is kept
+    for cand in candidates:
+        reason = veto(cand.volume, cand.state, ctx)
+        if reason is None:
+            deletions.append(cand)
+        else:
+            skipped.append(Skipped(cand.volume, cand.rel, cand.step, reason, cand.state.size))
+            if cand.unit:
+                held.setdefault((cand.volume, cand.unit), reason)
+    if held:  # a folder unit goes whole or not at all: one kept file keeps all of it
+        for cand in [d for d in deletions if (d.volume, d.unit) in held]:
+            deletions.remove(cand)
+            skipped.append(Skipped(cand.volume, cand.rel, cand.step, held[(cand.volume, cand.unit)], cand.state.size))
+    deletions.sort(key=deletion_order)
+    return PrunePlan(
+        deletions=() if refused else tuple(deletions),
+        kept=tuple(sorted(kept, key=lambda k: (k.rel, k.volume))),
+        skipped=tuple(sorted(skipped, key=lambda s: (s.rel, s.volume))),
+        refused=tuple(refused),
+        newest=frozenset(newest),
+        windows=windows,
+        preserved=keeps,
+        rollbacks=rollbacks,
+        guards=ctx,
+    )
+
+
+# run -> step -> side -> files
+_Runs = dict[str, dict[int, dict[str, list[FileState]]]]
+
+
+def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
+              is_mount: bool | None) -> list[tuple[str, str]]:
+    """Why the whole plan must delete nothing: a partial listing, a mirror that looks unmounted."""
+    refused: list[tuple[str, str]] = [(PARTIAL_VIEW, f"{side} listing incomplete: {error}")
+               for side, snap in ((Volume.PRIMARY, primary), (Volume.MIRROR, mirror)) for error in snap.errors]
+    unmounted = mirror_unmounted(mirror, manifest, is_mount)
+    if unmounted is not None:
+        refused.append((MIRROR_UNMOUNTED, unmounted))
+    return refused
+
+
+def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
+            layout: Layout | None) -> tuple[_Runs, list[Kept], dict[str, str]]:
+    """Stepped files grouped by run and step, per side; files without a step are kept (never pruned).
+    Also file -> its folder unit (folder layouts)."""
+    runs: _Runs = defaultdict(lambda: defaultdict(lambda: {Volume.PRIMARY: [], Volume.MIRROR: []}))
+    kept: list[Kept] = []
+    units: dict[str, str] = {}
+    for side, files in ((Volume.PRIMARY, primary.files), (Volume.MIRROR, mirror.files)):
+        for state in files.values():
+            run, step, unit = _place(state, step_regex, layout)
+            if unit:
+                units[state.rel] = unit
+            if step is None:
+                kept.append(Kept(side, state.rel, None, NO_STEP))
+            else:
+                runs[run][step][side].append(state)
+    return runs, kept, units
+
+
+def _place(state: FileState, step_regex: re.Pattern[str], layout: Layout | None) -> tuple[str, int | None, str]:
+    """(run, step, folder unit or '') of one listed file: by its layout, else by its own name."""
+    if layout is None or not layout.folders:
+        return state.run, step_of(state.rel, step_regex), ""
+    place = locate(state.rel, layout)
+    if place is None or place.kind != "folder":
+        return state.run, None if place is None else place.step, ""
+    return place.run, place.step, place.unit
+
+
+@dataclass
+class _RunPlan:
+    branches: Branches
+    window: Window | None
+    keep_steps: frozenset[int]
+    newest: list[str] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    candidates: list[Deletion] = field(default_factory=list)
+
+
+def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[str, ManifestEntry],
+              mirror_files: Mapping[str, FileState], request: PruneRequest, units: Mapping[str, str]) -> _RunPlan:
+    """One run: its branches and window, what each policy keeps, and its deletion candidates."""
+    policy, floor_policy = request.policy, request.floor
+    # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
+    # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
+    lie = (request.now + policy.future_skew_seconds) * 1e9
+    mtimes = {step: max(s.mtime_ns for s in files[Volume.PRIMARY] or files[Volume.MIRROR])
+              for step, files in by_step.items()}
+    mtimes = {step: 0 if mtime > lie else mtime for step, mtime in mtimes.items()}
+    run_branches = branches(mtimes)
+    key = run_branches.key
+    order = sorted(by_step, key=key)  # oldest first
+    verified = {step for step, files in by_step.items()
+                if _step_verified(files[Volume.PRIMARY], files[Volume.MIRROR], manifest, mirror_files)}
+    keep = preserved(policies_for(policy), order, verified)
+    kept_window = floor_policy.window([s for s in order if s in verified])
+    # Retired: below the window of steps present. Deletable: retired, not kept by a policy, and the
+    # window verified (see below).
+    present = [s for s in order if by_step[s][Volume.MIRROR]
+               or any(f.rel not in request.invalid for f in by_step[s][Volume.PRIMARY])]
+    window = floor_policy.window(present)
+    floor = key(window[0]) if len(present) > len(window) else None
+    plan = _RunPlan(run_branches, None if floor is None else Window(floor, run_branches, max(mtimes.values())),
+                    frozenset(keep))
+    if kept_window:
+        top = by_step[kept_window[-1]]
+        plan.newest = [s.rel for s in top[Volume.PRIMARY] + top[Volume.MIRROR]]
+    # The steps that would replace a retired one are the window: all must be verified first (a torn or
+    # unfinished newest step keeps every older one). Under space pressure, a window's size of verified
+    # newer steps is enough.
+    window_verified = all(s in verified for s in window)
+    verified_above = 0
+    deletable: set[int] = set()
+    for step in reversed(order):
+        enough = window_verified or (request.space_pressure and verified_above >= floor_policy.n)
+        if floor is not None and key(step) < floor and enough and step not in keep:
+            deletable.add(step)
+        verified_above += step in verified
+    for step in order:
+        for side in (Volume.PRIMARY, Volume.MIRROR):
+            for state in by_step[step][side]:
+                if step in keep:
+                    plan.kept.append(Kept(side, state.rel, step, keep[step]))
+                elif floor is None or key(step) >= floor:
+                    newer = not kept_window or key(step) > key(kept_window[-1])
+                    plan.kept.append(Kept(side, state.rel, step, NEWER_THAN_KEPT if newer else UNVERIFIED))
+                elif step not in deletable:
+                    plan.kept.append(Kept(side, state.rel, step, NEWER_UNVERIFIED))
+                elif side == Volume.PRIMARY and not policy.primary:
+                    continue  # the primary is not ours to prune
+                elif side == Volume.PRIMARY and not exact_copy(state, manifest, mirror_files):
+                    plan.skipped.append(Skipped(side, state.rel, step, Veto.UNMIRRORED, state.size))
+                else:
+                    plan.candidates.append(Deletion(side, state, step, STEP, units.get(state.rel, "")))
+    return plan
+
+
+def deletion_order(d: Deletion) -> tuple[bool, int, str, str, bool]:
+    """Orphan temp files and folders first (pure waste), then the oldest steps; primary before mirror,
+    because a primary file may only go while its verified mirror copy is still there; a folder unit's
+    files together."""
+    return (d.kind == STEP, d.step if d.step is not None else -1, d.unit, d.rel, d.volume != PRIMARY)
+
+
+def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]) -> bool:
+    """The mirror holds a verified copy of exactly this primary file: recorded from a source of this
+    size and mtime (so with this content hash), passed its validator, and present with that size."""
+    entry = manifest.get(src.rel)
+    return (
+        entry is not None and entry_passed(entry)
+        and why_copy(src, entry, mirror_files.get(src.rel)) is None
+    )
+
+
+def entry_passed(entry: ManifestEntry) -> bool:
+    """Recorded with a passing validator verdict (entries from before validation existed count)."""
+    return entry.validation is None or entry.validation in PASSING
+
+
+def _step_verified(
+    primary_files: list[FileState],
+    mirror_files: list[FileState],
+    manifest: Mapping[str, ManifestEntry],
+    mirror_all: Mapping[str, FileState],
+) -> bool:
+    """All of a step's files are on the mirror, recorded with a matching size, and current."""
+    if not mirror_files:
+        return False
+    for dst in mirror_files:
+        entry = manifest.get(dst.rel)
+        if entry is None or entry.size != dst.size or not entry_passed(entry):
+            return False
+    return all(why_copy(src, manifest.get(src.rel), mirror_all.get(src.rel)) is None for src in primary_files)

@@ -1,0 +1,310 @@
+"""Checkpoint units: the files of a listing grouped into what a resume needs whole.
+
+    snapshot files + Layout  ->  {unit path: Unit}        (group_units)
+    Unit + Layout + settled + small reads  ->  Completeness   (completeness)
+
+A unit is one checkpoint file, or one folder with every file in it, with its run (the folder that
+holds it, relative to the root), its step (None: never pruned), and its role: a checkpoint, or a file
+that rides along without being one (Lightning's `last.ckpt` alias, DeepSpeed's `latest` tag file).
+Pure: the shell lists, stats and reads; these functions only decide.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from posixpath import dirname
+from typing import Literal
+
+from mirrord.core.layouts import HF_STATE, Layout, UnitKind
+from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
+from mirrord.core.plan import CopyPlan, newest_first, plan_copies, why_copy
+from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
+from mirrord.formats.validators import PASSING
+
+Role = Literal["checkpoint", "alias", "tag"]
+# The most a completeness rule reads of one file (a DCP .metadata, a trainer_state.json).
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one file belongs: its unit, the unit's run and step, and the unit's role."""
+
+    unit: str
+    run: str
+    step: int | None
+    role: Role = "checkpoint"
+    kind: UnitKind = "file"
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One checkpoint: a file, or a folder with all its files (sorted by path)."""
+
+    rel: str
+    run: str
+    step: int | None
+    kind: UnitKind
+    files: tuple[FileState, ...]
+    role: Role = "checkpoint"
+
+    @property
+    def size(self) -> int:
+        """Bytes in the unit's files."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def mtime_ns(self) -> int:
+        """When the unit was last written: its newest file."""
+        return max((f.mtime_ns for f in self.files), default=0)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every file of the unit, relative to the root."""
+        return tuple(f.rel for f in self.files)
+
+    def member(self, rel: str) -> str:
+        """`rel` relative to a folder unit (the file's own name for a file unit)."""
+        return rel[len(self.rel) + 1:] if self.kind == "folder" else rel.rsplit("/", 1)[-1]
+
+    def get(self, member: str) -> FileState | None:
+        """The file at `member` (relative to the folder), if the unit has it."""
+        rel = f"{self.rel}/{member}" if self.kind == "folder" else self.rel
+        return next((f for f in self.files if f.rel == rel), None)
+
+
+def locate(rel: str, layout: Layout) -> Placement | None:
+    """The unit `rel` belongs to under `layout`, or None when the layout does not select it.
+
+    Folder layouts: the outermost path component that names a unit folder makes the unit; a file below
+    a staging folder (NAME.part/) belongs to no unit. Beside the units, aliases and tag files are
+    units of their own with no step.
+    """
+    parts = rel.split("/")
+    name = parts[-1]
+    if layout.folders:
+        for i, part in enumerate(parts[:-1]):
+            if layout.is_staging_name(part):
+                return None
+            if layout.is_unit_name(part):
+                if not layout.is_member_name(name):
+                    return None
+                return Placement("/".join(parts[: i + 1]), "/".join(parts[:i]), layout.step_of(part),
+                                 "checkpoint", "folder")
+    if layout.is_extra_name(name):
+        return Placement(rel, dirname(rel), None, "alias" if name in layout.aliases else "tag")
+    if not layout.folders and layout.is_unit_name(name):
+        return Placement(rel, dirname(rel), layout.step_of(name))
+    return None
+
+
+def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
+    """Every unit of a listing, by unit path. Files the layout does not select are left out."""
+    members: dict[str, list[FileState]] = {}
+    placements: dict[str, Placement] = {}
+    for state in files:
+        place = locate(state.rel, layout)
+        if place is None:
+            continue
+        placements.setdefault(place.unit, place)
+        members.setdefault(place.unit, []).append(state)
+    return {
+        rel: Unit(rel, p.run, p.step, p.kind, tuple(sorted(members[rel], key=lambda f: f.rel)), p.role)
+        for rel, p in placements.items()
+    }
+
+
+def stepless(units: Iterable[Unit]) -> list[Unit]:
+    """Checkpoints with no step in their name: retention can never prune them (warned once)."""
+    return [u for u in units if u.role == "checkpoint" and u.step is None]
+
+
+@dataclass(frozen=True, slots=True)
+class Completeness:
+    """Whether a unit is whole, and what shows it (or what is missing)."""
+    complete: bool
+    why: str  # for a person: what is missing, or what proved it whole
+
+
+def reads_needed(unit: Unit, layout: Layout) -> tuple[str, ...]:
+    """The small files the shell must read (whole, up to MAX_READ_BYTES) for `completeness`."""
+    if unit.kind != "folder" or unit.role != "checkpoint":
+        return ()
+    if layout.rule == "dcp":
+        return (f"{unit.rel}/{METADATA_NAME}",) if unit.get(METADATA_NAME) is not None else ()
+    if layout.rule == "hf":
+        return (f"{unit.rel}/{HF_STATE}",) if unit.get(HF_STATE) is not None else ()
+    if layout.rule == "deepspeed" and layout.tag_file:
+        return (f"{unit.run}/{layout.tag_file}" if unit.run else layout.tag_file,)
+    return ()
+
+
+def completeness(
+    unit: Unit,
+    layout: Layout,
+    settled: Callable[[FileState], bool] = lambda _state: True,
+    reads: Mapping[str, bytes | None] | None = None,
+) -> Completeness:
+    """Whether `unit` is whole on the primary, by its layout's rule (see mirrord.core.layouts.Rule).
+
+    `reads` holds the bytes of the files `reads_needed` named (None: could not be read). A file unit is
+    complete once settled (its format validator then judges its bytes while it is copied).
+    """
+    reads = reads or {}
+    if not unit.files:
+        return Completeness(False, "empty folder")
+    if layout.rule != "dcp" or unit.kind == "file":
+        # DCP renames .metadata into place last: its presence, checked below, is the commit point.
+        unsettled = [f.rel for f in unit.files if not settled(f)]
+        if unsettled:
+            return Completeness(False, f"still being written: {unit.member(unsettled[0])}"
+                                       + (f" and {len(unsettled) - 1} more" if len(unsettled) > 1 else ""))
+    if unit.kind == "file" or unit.role != "checkpoint":
+        return Completeness(True, "settled")
+    if layout.rule == "marker":
+        if unit.get(layout.complete_marker) is None:
+            return Completeness(False, f"no {layout.complete_marker} marker yet")
+        return Completeness(True, f"{layout.complete_marker} present")
+    if layout.rule == "dcp":
+        return _dcp_complete(unit, reads.get(f"{unit.rel}/{METADATA_NAME}"))
+    if layout.rule == "hf":
+        return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
+    if layout.rule == "deepspeed":
+        tag_rel = reads_needed(unit, layout)[0]
+        return _deepspeed_complete(unit, layout, reads.get(tag_rel))
+    return Completeness(True, "settled")
+
+
+def _dcp_complete(unit: Unit, metadata: bytes | None) -> Completeness:
+    if unit.get(METADATA_NAME) is None:
+        return Completeness(False, f"no {METADATA_NAME} yet (dcp.save writes it last)")
+    if metadata is None:
+        return Completeness(False, f"{METADATA_NAME} could not be read")
+    try:
+        needed = storage_references(metadata)
+    except MetadataError as exc:
+        return Completeness(False, f"{METADATA_NAME}: {exc}")
+    for member, size in sorted(needed.items()):
+        state = unit.get(member)
+        if state is None:
+            return Completeness(False, f"{METADATA_NAME} references {member}, which is missing")
+        if state.size < size:
+            return Completeness(False, f"{member} has {state.size} bytes, {METADATA_NAME} needs {size}")
+    return Completeness(True, f"{METADATA_NAME} present, its {len(needed)} file(s) whole")
+
+
+def _hf_complete(unit: Unit, state: bytes | None) -> Completeness:
+    if unit.get(HF_STATE) is None:
+        return Completeness(False, f"no {HF_STATE} yet (the Trainer writes it last)")
+    if state is None:
+        return Completeness(False, f"{HF_STATE} could not be read")
+    try:
+        parsed = json.loads(state)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Completeness(False, f"{HF_STATE} does not parse: {exc}")
+    if not isinstance(parsed, dict):
+        return Completeness(False, f"{HF_STATE} is not a JSON object")
+    return Completeness(True, f"settled, {HF_STATE} parses")
+
+
+def _deepspeed_complete(unit: Unit, layout: Layout, tag: bytes | None) -> Completeness:
+    name = unit.rel.rsplit("/", 1)[-1]
+    if tag is None:
+        return Completeness(False, f"no {layout.tag_file} tag file yet")
+    text = tag.decode("utf-8", "replace").strip()
+    if text == name:
+        return Completeness(True, f"named by {layout.tag_file}")
+    tagged = layout.step_of(text)
+    if tagged is not None and unit.step is not None and unit.step < tagged:
+        return Completeness(True, f"older than {text}, which {layout.tag_file} names")
+    return Completeness(False, f"{layout.tag_file} names {text!r}, not this folder yet")
+
+
+def plan_unit_copies(
+    primary: Snapshot,
+    mirror: Snapshot,
+    manifest: Mapping[str, ManifestEntry],
+    layout: Layout,
+    is_complete: Callable[[Unit], Completeness],
+    is_settled: Callable[[FileState], bool] = lambda _state: True,
+) -> CopyPlan:
+    """What to copy, unit by unit, newest first. A file layout plans file by file, exactly as
+    plan_copies; a folder unit is one job (all its files, published together) once `is_complete`
+    says it is whole, and is re-published whole when any file of it is absent, stale or unrecorded
+    on the mirror, or the mirror's folder holds a file the primary's does not. Aliases and tag files
+    are planned only once the newest unit of their run is in sync (DeepSpeed's `latest` names a folder
+    that must be there first; older ones retention may never copy)."""
+    if not layout.folders:
+        base = plan_copies(primary, mirror, manifest, layout.step_regex, is_settled)
+        return base
+    ours = group_units(primary.files.values(), layout)
+    theirs = group_units(mirror.files.values(), layout)
+    jobs: list[CopyJob] = []
+    unsettled: list[str] = []
+    in_sync = 0
+    newest: dict[str, tuple[int, bool]] = {}  # run -> (its highest step, that unit needs a copy)
+    extras: list[Unit] = []
+    for rel, unit in ours.items():
+        if unit.role != "checkpoint":
+            extras.append(unit)
+            continue
+        why = unit_why_copy(unit, theirs.get(rel), manifest, mirror.files)
+        step = -1 if unit.step is None else unit.step
+        if step >= newest.get(unit.run, (-1, False))[0]:
+            newest[unit.run] = (step, why is not None)
+        if why is None:
+            in_sync += len(unit.files)
+            continue
+        if not is_complete(unit).complete:
+            unsettled.append(rel)
+            continue
+        jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths))
+    for unit in extras:
+        src = unit.files[0]
+        why = why_copy(src, manifest.get(src.rel), mirror.files.get(src.rel))
+        if why is None:
+            in_sync += 1
+        elif newest.get(unit.run, (-1, False))[1] or not is_settled(src):
+            unsettled.append(src.rel)
+        else:
+            jobs.append(CopyJob(src.rel, src.size, src.mtime_ns, None, why))
+    jobs.sort(key=newest_first)
+    return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
+
+
+def unit_why_copy(
+    unit: Unit, mirrored: Unit | None, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]
+) -> str | None:
+    """Why a folder unit must be (re)published, or None when the mirror holds it intact and current."""
+    if mirrored is None:
+        return "unrecorded" if any(f.rel in manifest for f in unit.files) else "new"
+    for src in unit.files:
+        why = why_copy(src, manifest.get(src.rel), mirror_files.get(src.rel))
+        if why is not None:
+            return why
+    if set(mirrored.paths) - set(unit.paths):
+        return "changed"  # the trainer rewrote the folder with fewer files
+    return None
+
+
+def entry_passed(entry: ManifestEntry) -> bool:
+    """Recorded with a passing validator verdict (entries from before validation existed count)."""
+    return entry.validation is None or entry.validation in PASSING
+
+
+def unit_verified(unit: Unit, manifest: Mapping[str, ManifestEntry]) -> bool:
+    """A unit on the mirror that the manifest vouches for whole: every file recorded with its size and a
+    passing verdict, and as many files as were recorded under the folder (none missing)."""
+    if not unit.files:
+        return False
+    for state in unit.files:
+        entry = manifest.get(state.rel)
+        if entry is None or entry.size != state.size or not entry_passed(entry):
+            return False
+    if unit.kind == "folder":
+        prefix = unit.rel + "/"
+        recorded = sum(1 for rel in manifest if rel.startswith(prefix))
+        return recorded == len(unit.files)
+    return True

@@ -1,0 +1,172 @@
+"""What a torch.distributed.checkpoint `.metadata` file promises, read without torch and without
+running the pickle.
+
+`dcp.save(state, checkpoint_id=DIR)` (FileSystemWriter) writes the data files (`__0_0.distcp`, one or
+more per rank) first and `.metadata` last: a pickle of torch dataclasses whose `storage_data` maps
+every saved item to a `_StorageInfo(relative_path, offset, length)`. A folder is whole when `.metadata`
+reads and every file it references is there, at least as long as the last byte range it holds.
+
+`pickle.load` would import torch and run whatever the file names (torch's own FileSystemReader does
+exactly that); here mirrord.formats.safepickle walks the opcodes and builds inert stand-ins, so a
+hostile file can name any callable and none runs.
+
+    storage_references(data)   each referenced file -> the size it must have at least (pure)
+    judge(needed, sizes)       (status, detail) given the sizes found (pure)
+    check_folder(root, rel)    the same on disk, for a folder below root (no symlink followed)
+    check_data_file(...)       one .distcp against the .metadata beside it
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from mirrord.formats import safepickle
+from mirrord.store.paths import lstat_beneath, open_file_beneath
+
+METADATA_NAME = ".metadata"
+DATA_SUFFIX = ".distcp"
+FORMAT = "dcp"
+# A .metadata lists one entry per tensor shard: a few MB for the largest models. Bigger is not one.
+MAX_METADATA_BYTES = 256 * 1024 * 1024
+_METADATA_CLASS = "torch.distributed.checkpoint.metadata.Metadata"
+
+
+class MetadataError(ValueError):
+    """The bytes are not a DCP .metadata this reader understands.
+
+    `status` is the validator status it amounts to: "invalid" (torn, not DCP, an unsafe reference) or
+    "unchecked" (a storage layer whose index this reader does not know).
+    """
+
+    def __init__(self, detail: str, status: str = "invalid") -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+def storage_references(data: bytes) -> dict[str, int]:
+    """Each file the checkpoint's data lives in -> the size it must have at least (end of its last range).
+
+    Raises MetadataError when the bytes are not such a pickle (torn, not DCP, or an unknown format).
+    """
+    if len(data) > MAX_METADATA_BYTES:
+        raise MetadataError(f"{len(data)} bytes: too large for a .metadata file", "unchecked")
+    try:
+        top = safepickle.load(data)
+    except safepickle.UnreadableError as exc:
+        raise MetadataError(str(exc)) from exc
+    if not isinstance(top, safepickle.Instance) or top.cls != _METADATA_CLASS:
+        raise MetadataError(f"holds a {_describe(top)}, not a torch.distributed.checkpoint Metadata")
+    storage = top.fields().get("storage_data")
+    if not isinstance(storage, Mapping) or not storage:
+        raise MetadataError("no storage_data: written by a storage layer this reader does not know", "unchecked")
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        if not (isinstance(info, safepickle.Instance) and info.cls.endswith("._StorageInfo")):
+            raise MetadataError(f"a storage_data entry is a {_describe(info)}, not a storage record", "unchecked")
+        fields = info.fields()
+        rel, offset, length = fields.get("relative_path"), fields.get("offset"), fields.get("length")
+        if not (isinstance(rel, str) and isinstance(offset, int) and isinstance(length, int)
+                and _count(offset) and _count(length)):
+            raise MetadataError("a storage record lacks relative_path, offset or length")
+        if not _safe_rel(rel):
+            raise MetadataError(f"a storage record names an unsafe path: {rel!r}")
+        needed[rel] = max(needed.get(rel, 0), offset + length)
+    return needed
+
+
+def judge(needed: Mapping[str, int], sizes: Mapping[str, int | None]) -> tuple[str, str]:
+    """(status, detail) for a checkpoint whose referenced files have `sizes` (None: missing)."""
+    for name in sorted(needed):
+        size = sizes.get(name)
+        if size is None:
+            return "truncated", f"{name} is referenced by {METADATA_NAME} but missing"
+        if size < needed[name]:
+            return "truncated", f"{name} holds {size} bytes; {METADATA_NAME} places data up to byte {needed[name]}"
+    return "ok", f"{len(needed)} file(s) referenced by {METADATA_NAME}, each present with its size"
+
+
+# Reading a store: the metadata bytes of a key (MetadataError when they cannot be had), and a key's size
+# (None when it is missing or not a regular file). Local roots and the mirror seam both provide them.
+ReadMetadata = Callable[[str], bytes]
+SizeOf = Callable[[str], int | None]
+
+
+def check_folder(root: Path, folder: str) -> tuple[str, str]:
+    """(status, detail) for the DCP checkpoint root/folder ("" for root itself): .metadata, then every
+    file it references, all reached without following a symlink below root."""
+    return check_folder_in(lambda rel: _metadata_beneath(root, rel), lambda rel: _size_beneath(root, rel), folder)
+
+
+def check_data_file(root: Path, rel: str, size: int) -> tuple[str, str]:
+    """(status, detail) for the data file root/rel of `size` bytes, against the .metadata beside it."""
+    return check_data_file_in(lambda key: _metadata_beneath(root, key), rel, size)
+
+
+def check_folder_in(read: ReadMetadata, size_of: SizeOf, folder: str) -> tuple[str, str]:
+    """check_folder over any store: `read` gives a key's bytes, `size_of` a key's size."""
+    try:
+        needed = storage_references(read(_join(folder, METADATA_NAME)))
+    except MetadataError as exc:
+        return exc.status, f"{METADATA_NAME}: {exc}"
+    return judge(needed, {name: size_of(_join(folder, name)) for name in needed})
+
+
+def check_data_file_in(read: ReadMetadata, rel: str, size: int) -> tuple[str, str]:
+    """check_data_file over any store (see check_folder_in)."""
+    folder, _, name = rel.rpartition("/")
+    try:
+        needed = storage_references(read(_join(folder, METADATA_NAME)))
+    except MetadataError as exc:
+        return exc.status, f"{METADATA_NAME} beside it: {exc}"
+    if name not in needed:
+        return "unchecked", f"not referenced by the {METADATA_NAME} beside it"
+    status, detail = judge({name: needed[name]}, {name: size})
+    return status, (f"{needed[name]} bytes, as {METADATA_NAME} says" if status == "ok" else detail)
+
+
+def _metadata_beneath(root: Path, rel: str) -> bytes:
+    try:
+        fd = open_file_beneath(root, rel)
+    except FileNotFoundError as exc:
+        raise MetadataError("missing: the save did not finish (dcp.save writes it last)", "truncated") from exc
+    except OSError as exc:
+        raise MetadataError(exc.strerror or str(exc), "unreadable") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise MetadataError("not a regular file", "unreadable")
+        if st.st_size > MAX_METADATA_BYTES:
+            raise MetadataError(f"{st.st_size} bytes: too large for a .metadata file", "unchecked")
+        return os.pread(fd, st.st_size, 0)
+    except OSError as exc:
+        raise MetadataError(exc.strerror or str(exc), "unreadable") from exc
+    finally:
+        os.close(fd)
+
+
+def _size_beneath(root: Path, rel: str) -> int | None:
+    try:
+        st = lstat_beneath(root, rel)
+    except OSError:
+        return None
+    return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
+
+
+def _safe_rel(rel: str) -> bool:
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and "\0" not in rel and all(p not in ("", ".", "..") for p in parts)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _describe(value: object) -> str:
+    return value.cls if isinstance(value, safepickle.Instance) else type(value).__name__

@@ -1,0 +1,299 @@
+"""Copy one committed checkpoint to the mirror: stream, hash, verify, publish. Readable in a minute.
+
+    open source (O_NOFOLLOW, beneath the root) -> fstat -> check free space -> NAME.part (exclusive)
+    -> stream + hash + validate the same buffer -> source whole? -> seal (mtime, fsync, size)
+    -> source unchanged? -> publish
+
+Any failure removes NAME.part and raises a typed error naming the path and the cause; the final name
+is only ever created by the rename of a complete, fsynced, verified file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mirrord.core.model import CopyResult
+from mirrord.errors import (
+    CancelledError,
+    InvalidSourceError,
+    MirrordError,
+    NoSpaceError,
+    PermanentError,
+    SourceChangedError,
+    SourceGoneError,
+    StalledError,
+    from_oserror,
+)
+from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
+from mirrord.obs.sizes import bytes_both
+from mirrord.store.hashing import Hasher, new_hasher
+from mirrord.store.mirror import Upload, UploadTarget
+from mirrord.store.paths import open_dir_beneath, open_file_beneath, split_rel
+
+_DROP_BEHIND_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class CopyControl:
+    """Shared between a copy and whoever supervises it (stall watchdog, shutdown).
+
+    The copy publishes its progress; the supervisor may ask it to stop at the next chunk boundary.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    bytes_done: int = 0
+    last_progress: float = field(default=0.0)
+    stop_reason: str | None = None  # "stalled" | "cancelled"
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.clock()
+
+    def advance(self, n: int) -> None:
+        """`n` more bytes copied: progress for the stall detector and the progress board."""
+        self.bytes_done += n
+        self.last_progress = self.clock()
+
+    def stop(self, reason: str) -> None:
+        """Ask the copy to stop at its next chunk (`stalled` or `cancelled`); the first reason wins."""
+        with self._lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+
+    def check(self, path: Path) -> None:
+        """Raise StalledError or CancelledError if the copy was asked to stop."""
+        if self.stop_reason == "stalled":
+            raise StalledError(path, "no progress for too long; copy abandoned")
+        if self.stop_reason is not None:
+            raise CancelledError(path, "copy aborted: mirrord is shutting down")
+
+
+@dataclass(frozen=True)
+class CopyOptions:
+    """How copies are made: hash, buffer size, reserve, bandwidth limit, page-cache dropping."""
+    algo: str = "blake3"
+    buffer_bytes: int = 8 * 1024 * 1024
+    reserve_bytes: int = 0
+    bandwidth_limit: int = 0  # bytes/s, 0 = unlimited
+    drop_cache: bool = False
+    validate: bool = True  # run the format validator on the streamed bytes (mirrord.formats.validators)
+    allow_empty: bool = False  # a 0-byte file is whole (a file of a folder unit: a marker, an empty list)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """Same inode, size, mtime and ctime: ctime also catches a same-size rewrite whose mtime was restored."""
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (
+        b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns)
+
+
+def _stat_beneath(root: Path, rel: str) -> os.stat_result:
+    parts = split_rel(rel)
+    dir_fd = open_dir_beneath(root, parts[:-1])
+    try:
+        return os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+    finally:
+        os.close(dir_fd)
+
+
+def copy_file(
+    primary_root: Path,
+    rel: str,
+    mirror: UploadTarget,
+    options: CopyOptions,
+    control: CopyControl | None = None,
+) -> CopyResult:
+    """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace."""
+    control = control or CopyControl()
+    src_path = primary_root / rel
+    started = time.monotonic()
+    try:
+        src_fd = open_file_beneath(primary_root, rel)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermanentError(src_path, "is a symlink or lies below one; not copied") from exc
+        if exc.errno == errno.ENOENT:  # the file, or the folder it was in
+            raise SourceGoneError(src_path, "deleted before it was copied (rotated away by the trainer)") from exc
+        raise from_oserror(src_path, exc, "open source") from exc
+    upload: Upload | None = None
+    where: object = src_path  # the side an OSError concerns: the source until the mirror is touched
+    try:
+        before = os.fstat(src_fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise PermanentError(src_path, "not a regular file; not copied")
+        where = mirror.describe(rel)
+        space = mirror.space()  # None: the store does not know (an object store), nothing to check
+        if space is not None and space[0] < before.st_size + options.reserve_bytes:
+            raise NoSpaceError(
+                where,
+                f"mirror has {bytes_both(space[0])} free; needs {bytes_both(before.st_size)} "
+                f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
+            )
+        upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
+        if before.st_blocks * 512 < before.st_size:  # holes: copy the data segments only
+            digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
+            # A sparse source (rare for checkpoints) is validated by reading it once more.
+            verdict = _validate_again(src_fd, rel, options, copied)
+        else:
+            digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
+        if copied != before.st_size:
+            raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
+        control.check(src_path)
+        if options.allow_empty and copied == 0:
+            verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
+        if not verdict.passed:
+            _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
+            raise InvalidSourceError(src_path, f"not a whole checkpoint ({verdict}); not published", verdict.status,
+                                     (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns))
+        stored_mtime_ns = upload.seal(before.st_mtime_ns)
+        _check_unchanged(primary_root, rel, src_fd, before, src_path)
+        control.check(src_path)
+        published_mtime_ns = upload.commit()  # an object store knows its LastModified only now
+        upload = None
+        if published_mtime_ns is not None:
+            stored_mtime_ns = published_mtime_ns
+    except MirrordError:
+        raise
+    except OSError as exc:
+        raise from_oserror(where, exc, "copy") from exc
+    finally:
+        if upload is not None:
+            upload.abort()
+        os.close(src_fd)
+    return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started,
+                      stored_mtime_ns, verdict.status, verdict.detail)
+
+
+def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
+    try:
+        now = _stat_beneath(primary_root, rel)
+    except FileNotFoundError as exc:
+        raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the trainer); "
+                                        "copy discarded") from exc
+    except OSError as exc:
+        raise SourceChangedError(
+            src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
+        ) from exc
+    if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
+        raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
+
+
+def _validate_again(src_fd: int, rel: str, options: CopyOptions, copied: int) -> Verdict:
+    if not options.validate:
+        return Verdict("empty", "0 bytes") if copied == 0 else Verdict("unchecked", "validation is off")
+    return validate_fd(src_fd, rel)
+
+
+def _stream_sparse(
+    src_fd: int, size: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
+) -> tuple[str, int]:
+    """As _stream, for a source with holes: data segments (SEEK_DATA/SEEK_HOLE) are copied, holes are
+    skipped on the mirror (and hashed as the zeros they read as), so the copy is as sparse as its source."""
+    hasher = new_hasher(options.algo)
+    buf = bytearray(options.buffer_bytes)
+    view = memoryview(buf)
+    zeros = memoryview(bytes(min(options.buffer_bytes, 1 << 20)))
+    offset = 0
+    while offset < size:
+        control.check(src_path)
+        try:
+            data = os.lseek(src_fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left up to the end
+                raise from_oserror(src_path, exc, "seek data in source") from exc
+            data = size
+        data = min(data, size)
+        hole = data - offset
+        upload.skip(hole)
+        while hole > 0:
+            n = min(hole, len(zeros))
+            hasher.update(zeros[:n])
+            hole -= n
+        control.advance(data - offset)
+        offset = data
+        if offset >= size:
+            break
+        end = min(os.lseek(src_fd, data, os.SEEK_HOLE), size)
+        while offset < end:
+            control.check(src_path)
+            try:
+                n = os.preadv(src_fd, [view[: min(len(buf), end - offset)]], offset)
+            except OSError as exc:
+                raise from_oserror(src_path, exc, "read source") from exc
+            if n == 0:
+                return hasher.hexdigest(), offset  # shrank under us: the caller reports source_changed
+            hasher.update(view[:n])
+            upload.write(view[:n])
+            offset += n
+            control.advance(n)
+        offset = end
+    return hasher.hexdigest(), offset
+
+
+def _stream(
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path, rel: str
+) -> tuple[str, int, Verdict]:
+    """Read, hash, validate and write the same buffer until EOF; returns (digest, bytes copied, verdict)."""
+    hasher = new_hasher(options.algo)
+    validator = new_validator(rel) if options.validate else None
+    # The validator's CRC-32 runs on a second core while this thread hashes and writes the same buffer
+    # (zlib, blake3 and write all release the GIL); both finish before the buffer is read into again.
+    helper = ThreadPoolExecutor(1, thread_name_prefix="mirrord-validate") if validator is not None else None
+    try:
+        digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator, helper)
+    finally:
+        if helper is not None:
+            helper.shutdown(wait=True)
+    if validator is not None:
+        verdict = validator.finish(src_fd)
+    elif copied == 0:
+        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
+    else:
+        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
+    if options.drop_cache:
+        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return digest, copied, verdict
+
+
+def _pump(
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path,
+    hasher: Hasher, validator: Validator | None, helper: ThreadPoolExecutor | None,
+) -> tuple[str, int]:
+    """The copy loop: one buffer, read once, hashed, validated and written; returns (digest, bytes)."""
+    buf = bytearray(options.buffer_bytes)
+    view = memoryview(buf)
+    copied = dropped = 0
+    started = time.monotonic()
+    while True:
+        control.check(src_path)
+        try:
+            n = os.readv(src_fd, [buf])
+        except OSError as exc:
+            raise from_oserror(src_path, exc, "read source") from exc
+        if n == 0:
+            break
+        chunk = view[:n]
+        validating = helper.submit(validator.feed, buf, n) if helper is not None and validator is not None else None
+        try:
+            hasher.update(chunk)
+            upload.write(chunk)
+        finally:
+            if validating is not None:
+                validating.result()  # before the buffer is read into again
+        copied += n
+        control.advance(n)
+        if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
+            os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
+            dropped = copied
+        if options.bandwidth_limit:
+            ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+    return hasher.hexdigest(), copied

@@ -1,0 +1,198 @@
+"""`mirrord run`: the long-running daemon, a lifecycle shell around its collaborators.
+
+    watcher (hints) ─┐
+    rescan timer ────┼─> Inbox -> main loop: Reconciler -> JobQueue -> WorkerPool -> Engine (copy, manifest)
+    signals (flags) ─┘              └─> Pruner after copies and reconciles; Supervisor heartbeat
+
+Signal handlers only set flags and wake the loop; the loop acts. Everything the daemon derives from its
+config is one Settings object that a reload swaps. Shutdown is ordered and bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mirrord.commands.prune import Pruner
+from mirrord.config import Config
+from mirrord.core.model import CopyJob, CopyResult
+from mirrord.core.observe import Observations
+from mirrord.core.plan import SettleTracker
+from mirrord.errors import ConfigError, MirrordError
+from mirrord.obs import log as logsetup
+from mirrord.obs.metrics import Metrics
+from mirrord.service.clock import SYSTEM_CLOCK, Clock
+from mirrord.service.endpoints import serve
+from mirrord.service.engine import Engine
+from mirrord.service.inbox import Inbox
+from mirrord.service.jobqueue import JobQueue
+from mirrord.service.ledger import Ledger
+from mirrord.service.reconciler import Reconciler
+from mirrord.service.refusals import Refusals
+from mirrord.service.reload import reload_refusal
+from mirrord.service.settings import Settings
+from mirrord.service.signals import SignalFlags
+from mirrord.service.supervisor import Supervisor
+from mirrord.service.systemd import Notifier
+from mirrord.service.watcher import PrimaryWatch, Watcher, WatcherFactory
+from mirrord.service.workers import WorkerPool
+from mirrord.store.manifest import Manifest
+from mirrord.store.mirror import Mirror
+from mirrord.store.volume import LocalVolume
+
+
+@dataclass(frozen=True)
+class Volumes:
+    """The primary, the mirror, and the mirror's manifest (read while holding the mirror's lock)."""
+
+    primary: LocalVolume
+    mirror: Mirror
+    manifest: Manifest
+
+
+class Daemon:
+    """Builds its collaborators from `config` and `volumes`, then runs them: start, loop, reload, shutdown."""
+
+    def __init__(self, config: Config, reload_config: Callable[[], tuple[Config, bool]], volumes: Volumes, *,
+                 queue: JobQueue | None = None, watcher_factory: WatcherFactory = Watcher, clock: Clock = SYSTEM_CLOCK,
+                 metrics: Metrics | None = None, notifier: Notifier | None = None,
+                 signals: SignalFlags | None = None) -> None:
+        self.reload_config, self.clock = reload_config, clock
+        self.signals, self.metrics = signals or SignalFlags(), metrics or Metrics()
+        self.notifier = notifier or Notifier()
+        self.primary, self.mirror, self.manifest = volumes.primary, volumes.mirror, volumes.manifest
+        self.queue = queue or JobQueue(clock.monotonic)
+        self.log = logsetup.get_logger()
+        self.inbox = Inbox()
+        self.refusals = Refusals(str(config.mirror_target))
+        self.ledger = Ledger(self.metrics, self.refusals, clock.monotonic, clock.wall)
+        self.metrics.live.read(queue_depth=self.queue.depth, lag_seconds=lambda: self.ledger.lag(self.queue.pending()))
+        self.observations = Observations(clock.monotonic)  # outlives reloads: the min-age guard needs it
+        self.settle = SettleTracker(config.copy.settle_seconds, clock.wall, clock.monotonic)
+        self.settings = Settings.derive(config, self.notifier.watchdog_seconds, self._pruner)
+        self.engine = Engine(config, self.mirror, self.manifest, self.metrics, wall=clock.wall)
+        self.endpoints = serve(config.metrics, self.metrics.registry, lambda: self.supervisor.health(),
+                               lambda: self.supervisor.readiness(), lambda: self.supervisor.report())
+        self.pool = WorkerPool(self.engine.copy_once, self.queue, config.copy.workers, retry=self.settings.retry,
+                               on_done=self._on_copy_done, on_stalled=lambda job: self.metrics.copy_result("stalled"),
+                               clock=clock.monotonic, ionice=config.io.ionice, cpu_nice=config.io.cpu_nice)
+        self._swap(self.settings)
+        self.watch = PrimaryWatch(lambda: self.settings.config, self.primary.key, self.inbox.post, self.metrics,
+                                  watcher_factory)
+        self.reconciler = Reconciler(
+            settings=lambda: self.settings, primary=self.primary, mirror=self.mirror, manifest=self.manifest,
+            queue=self.queue, ledger=self.ledger, refusals=self.refusals, inbox=self.inbox, settle=self.settle,
+            observations=self.observations, metrics=self.metrics, heartbeat=lambda: self.supervisor.beat_if_due(),
+            stopping=lambda: bool(self.signals.stop_requests), wall=clock.wall, monotonic=clock.monotonic)
+        self.supervisor = Supervisor(
+            settings=lambda: self.settings, pool=self.pool, board=self.engine.board, queue=self.queue,
+            primary=self.primary, mirror=self.mirror, manifest=self.manifest, refusals=self.refusals,
+            ledger=self.ledger, watch=self.watch, metrics=self.metrics, notifier=self.notifier,
+            status=self.status, stop=self._stop, monotonic=clock.monotonic)
+
+    def _pruner(self, config: Config) -> Pruner:
+        return Pruner(config, self.primary, self.mirror, self.manifest, self.metrics, in_flight=self.queue.paths,
+                      observations=self.observations, invalid=self.ledger.invalid_paths)
+
+    # -- status and callbacks from other threads --------------------------------------------------
+    def status(self) -> str:
+        """The one-line status for systemd and the log."""
+        return self.ledger.status(self.queue.depth(), len(self.reconciler.unsettled))
+
+    def _on_copy_done(self, job: CopyJob, outcome: CopyResult | MirrordError) -> None:
+        if self.ledger.record(job, outcome):
+            self.inbox.rescan_asked = True
+        self.inbox.ask_prune()
+
+    def _stop(self) -> None:
+        self.signals.stop_requests += 1
+        self.inbox.wake()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Start, loop until a stop signal (or a lost lock), shut down; the exit status."""
+        self.signals.install()
+        self.signals.wake_through(self.inbox.write_fd)
+        try:
+            self.start()
+            while not self.signals.stop_requests:
+                self.tick()
+        finally:
+            self.shutdown()
+        return self.supervisor.exit_code
+
+    def start(self) -> None:
+        """Serve the probes, watch (before the first listing, so nothing committed meanwhile is missed),
+        reconcile once, then report ready."""
+        if self.endpoints is not None:
+            self.endpoints.start()
+            self.log.info("metrics.listening", address=f"{self.settings.config.metrics.host}:{self.endpoints.port}",
+                          endpoints=["/metrics", "/healthz", "/readyz", "/status"])
+        self.watch.start()
+        if self.signals.stop_requests:
+            return
+        self.reconciler.start()
+        self.supervisor.ready = True
+        self.notifier.ready(self.status())
+        self.supervisor.heartbeat()
+        self.log.info("daemon.ready", status=self.status())
+
+    def tick(self, wait: bool = True) -> None:
+        """One turn of the loop: sleep until the next deadline or a wake-up (unless `wait` is False),
+        then do what is due: a reload, the reconciler's work, the heartbeat."""
+        deadline = min(self.reconciler.next_deadline(), self.supervisor.next_due)
+        self.inbox.wait(deadline - self.clock.monotonic() if wait else 0)
+        if self.signals.stop_requests:
+            return
+        if self.signals.reload_requested:
+            self.signals.reload_requested = False
+            self.reload()
+        self.reconciler.work()
+        self.supervisor.beat_if_due()
+
+    def reload(self) -> None:
+        """SIGHUP: read the config again; swap the settings unless reload_refusal() objects."""
+        self.notifier.reloading()
+        try:
+            new, stable = self.reload_config()
+        except ConfigError as exc:
+            self.log.error("config.reload_failed", problems=exc.problems)
+            return self.notifier.status(self.status())
+        refusal = reload_refusal(self.settings.config, new, stable)
+        if refusal is not None:
+            self.log.error("config.reload_refused", keys=refusal.keys, why=refusal.why)
+            return self.notifier.status(self.status())
+        self._swap(Settings.derive(new, self.notifier.watchdog_seconds, self._pruner))
+        logsetup.configure(new.log.format, new.log.level)
+        self.log = logsetup.get_logger()
+        self.log.info("config.reloaded", workers=new.copy.workers, keep_last=new.prune.keep_last,
+                      prune_enabled=new.prune.enabled)
+        self.notifier.ready(self.status())
+
+    def _swap(self, settings: Settings) -> None:
+        """Put `settings` in force everywhere at once (the parts that keep their own copy are told here)."""
+        self.settings = settings
+        self.engine.reconfigure(settings.config)
+        self.engine.make_room = settings.pruner.make_room if settings.pruner else None
+        self.pool.resize(settings.config.copy.workers)
+        self.pool.retry = settings.retry
+        self.settle.settle_seconds = settings.config.copy.settle_seconds
+
+    def shutdown(self) -> None:
+        """Stop watching, let copies finish within the grace period (a second signal cuts it short),
+        fold the manifest's journal, stop serving; bounded whatever the copies do."""
+        cfg = self.settings.config
+        self.notifier.stopping()
+        self.log.info("daemon.stopping", in_flight=len(self.pool.active_controls()),
+                      grace_seconds=cfg.daemon.shutdown_grace_seconds)
+        self.watch.stop()
+        if not self.pool.stop(cfg.daemon.shutdown_grace_seconds, force=lambda: self.signals.stop_requests > 1):
+            self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
+        try:  # folds the journal into the snapshot; if that fails the journal is replayed next start
+            self.manifest.close()
+        except MirrordError as exc:
+            self.log.error("manifest.compaction_failed", path=exc.path, cause=exc.cause)
+        if self.endpoints is not None:
+            self.endpoints.stop()
+        self.inbox.close()
+        self.notifier.close()

@@ -1,0 +1,182 @@
+"""Executes copy jobs: one attempt = copier + manifest record + log events + metrics; retries with backoff."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mirrord.config import Config
+from mirrord.core.model import CopyJob, CopyResult, ManifestEntry
+from mirrord.errors import (
+    CancelledError,
+    InvalidSourceError,
+    MirrordError,
+    NoSpaceError,
+    PermanentError,
+    StalledError,
+    UnsafePathError,
+)
+from mirrord.obs.log import get_logger
+from mirrord.obs.metrics import Metrics
+from mirrord.service.copier import CopyControl, CopyOptions, copy_file
+from mirrord.service.progress import ProgressBoard
+from mirrord.service.unitcopy import copy_unit
+from mirrord.store.manifest import Manifest
+from mirrord.store.mirror import Mirror
+
+
+def copy_options(config: Config) -> CopyOptions:
+    """The copier's options as the config sets them."""
+    return CopyOptions(
+        algo=config.copy.hash,
+        buffer_bytes=config.io.buffer_bytes,
+        reserve_bytes=config.copy.free_space_reserve_bytes,
+        bandwidth_limit=config.io.bandwidth_limit,
+        drop_cache=config.io.drop_cache,
+    )
+
+
+class Engine:
+    """The copy side of mirrord, shared by `sync` and the daemon's workers."""
+
+    def __init__(
+        self,
+        config: Config,
+        mirror: Mirror,
+        manifest: Manifest,
+        metrics: Metrics | None = None,
+        wall: Callable[[], float] = time.time,
+        make_room: Callable[[int], None] | None = None,
+        board: ProgressBoard | None = None,
+    ) -> None:
+        self.config = config
+        self.primary_root = Path(config.primary)
+        self.mirror = mirror
+        self.manifest = manifest
+        self.metrics = metrics or Metrics()
+        self.wall = wall
+        self.make_room = make_room
+        self.board = board or ProgressBoard()
+        self.metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
+        self.options = copy_options(config)
+        self.log = get_logger()
+        self._last_steps: dict[str, int] = {}
+        self._space_lock = threading.Lock()
+        self._reserved = 0  # bytes promised to copies in flight: they all passed the free-space check
+
+    def reconfigure(self, config: Config) -> None:
+        """Use a reloaded config for the next copies (copies in flight keep theirs)."""
+        self.config = config
+        self.options = copy_options(config)
+
+    def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
+        """One attempt: publish the file, then record it in the manifest. Raises MirrordError."""
+        fields: dict[str, Any] = {"path": job.rel, "run": job.run or ".", "step": job.step, "size": job.size}
+        self.log.info("copy.started", why=job.why, **fields)
+        self.metrics.in_flight.inc()
+        control = control or CopyControl()
+        with self._space_lock:
+            # Concurrent copies each need their full size: count the others' as reserved space.
+            options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
+            self._reserved += job.size
+        try:
+            with self.board.track(job, control):
+                results = self._copy_unit(job, options, control) if job.members else [
+                    self._copy(job, options, control)]
+            entries = [ManifestEntry(
+                path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
+                source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
+                mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
+                **self._published_identity(result.rel),
+            ) for result in results]
+            # A folder unit's files are recorded in one durable journal record: all or none.
+            self.manifest.apply(puts=entries) if job.members else self.manifest.record(entries[0])
+            entry = entries[0]
+            result = results[0] if not job.members else _unit_result(job, results)
+        except MirrordError as exc:
+            # A stall is counted once, by the supervisor that detected it; an invalid source by the
+            # daemon, once it stayed invalid for copy.invalid_grace_seconds (a torn file is usually
+            # still being written).
+            if not isinstance(exc, CancelledError | StalledError | InvalidSourceError):
+                self.metrics.copy_result(exc.reason)
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            with self._space_lock:
+                self._reserved -= job.size
+        throughput = result.size / result.seconds if result.seconds > 0 else 0.0
+        self.metrics.copy_result("ok")
+        self.metrics.copied_bytes.inc(result.size)
+        self.metrics.copy_duration.observe(result.seconds)
+        self.metrics.copy_throughput.set(throughput)
+        self.metrics.last_timestamp.set(entry.mirrored_at)
+        if job.step is not None:
+            label = self.metrics.run_label(job.run)
+            self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
+            self.metrics.last_step.labels(label).set(self._last_steps[label])
+        self.log.info(
+            "copy.committed", seconds=round(result.seconds, 3),
+            throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
+            validation=result.validation, **fields,
+        )
+        return result
+
+    def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
+        """copy_file, once more after making room when the mirror is full (and retention may free some)."""
+        try:
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control)
+        except NoSpaceError:
+            if self.make_room is None:
+                raise
+            self.make_room(job.size + options.reserve_bytes)
+            control.bytes_done = 0  # the second try starts from the first byte again
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control)
+
+    def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
+        """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full."""
+        try:
+            return copy_unit(self.primary_root, job, self.mirror, options, control, lambda: self._drop_old_unit(job))
+        except NoSpaceError:
+            if self.make_room is None:
+                raise
+            self.make_room(job.size + options.reserve_bytes)
+            control.bytes_done = 0
+            return copy_unit(self.primary_root, job, self.mirror, options, control, lambda: self._drop_old_unit(job))
+
+    def _drop_old_unit(self, job: CopyJob) -> None:
+        """Before a folder unit is published again (changed, or published but never recorded): its old
+        manifest entries go first, so the manifest never vouches for files that are gone, then the old
+        folder with what is in it."""
+        prefix = job.rel + "/"
+        old = [rel for rel in self.manifest.entries if rel.startswith(prefix)]
+        if old:
+            self.manifest.apply(removes=old)
+        state = self.mirror.stat(job.rel)
+        if state is not None and not self.mirror.delete_folder(job.rel, state):
+            raise PermanentError(self.mirror.describe(job.rel), "an older copy of this unit is in the way and "
+                                                               "changed while it was being removed")
+        if state is not None:
+            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
+
+    def _published_identity(self, rel: str) -> dict[str, int]:
+        """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
+        without re-reading the file while they stay the same. Unknown (0) if the stat fails."""
+        try:
+            state = self.mirror.stat(rel)
+        except (OSError, UnsafePathError):
+            state = None
+        if state is None:
+            return {}
+        return {"mirror_ino": state.ino, "mirror_ctime_ns": state.ctime_ns}
+
+
+def _unit_result(job: CopyJob, results: list[CopyResult]) -> CopyResult:
+    """One folder unit's copies, summed for the log line and the metrics."""
+    ok = all(r.validation == "ok" for r in results)
+    return CopyResult(job.rel, sum(r.size for r in results), results[0].algo if results else "",
+                      f"{len(results)} files", job.mtime_ns, sum(r.seconds for r in results), None,
+                      "ok" if ok else "unchecked", f"{len(results)} files")

@@ -1,0 +1,184 @@
+"""The daemon's account of its copies, shared by worker threads (outcomes) and the main loop (plans):
+what was copied or failed, which sources are invalid as they are now, what lags since when, which
+mirror copies were found damaged, and which files are re-copied in a loop."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from mirrord.core.model import CopyJob, CopyResult, ManifestEntry
+from mirrord.errors import InvalidSourceError, MirrordError, SourceGoneError
+from mirrord.obs.log import get_logger
+from mirrord.obs.metrics import Metrics
+from mirrord.service.jobqueue import QueuedJob
+from mirrord.service.refusals import IDENTITY, Refusals
+from mirrord.store.identity import MirrorGoneError
+
+# Copy reasons that mean a mirrored file no longer matches its manifest record (checked by stat on every
+# reconcile; `mirrord verify` checks content hashes, in its own process, and reports by exit status).
+VERIFY_FAILURES = ("mirror_missing", "mirror_mismatch")
+# A file re-copied this many times for the same source (size, mtime) with the same outcome is a
+# problem to report (status, metrics), not a job: copying it again would loop forever.
+RECOPY_LIMIT = 3
+
+
+@dataclass
+class Invalid:
+    """A source that failed its validator: not retried until it changes; reported after the grace."""
+
+    identity: tuple[int, int, int, int] | None
+    since: float  # monotonic: first failure (kept while the file keeps failing)
+    status: str
+    cause: str
+    reported: bool = False
+
+
+class Ledger:
+    """Counts and per-file records; every method is safe to call from any thread."""
+
+    def __init__(self, metrics: Metrics, refusals: Refusals, monotonic: Callable[[], float],
+                 wall: Callable[[], float]) -> None:
+        self.metrics, self.refusals = metrics, refusals
+        self.monotonic, self.wall = monotonic, wall
+        self.copied = self.failed = 0
+        self.last_error = ""
+        self.verify_failed: set[str] = set()  # the loop adds, workers discard (single set ops)
+        self.looping: set[str] = set()
+        self.published: collections.deque[CopyJob] = collections.deque()  # workers append, the loop folds
+        self._recopies: dict[str, tuple[tuple[int, int], int]] = {}  # rel -> (source key, re-copies)
+        self._invalid: dict[str, Invalid] = {}
+        # Committed primary files not yet mirrored -> since when (wall clock): the lag, whatever the
+        # queue holds (a job dropped after a permanent error is still behind). Workers remove.
+        self._unmirrored: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.log = get_logger()
+
+    # -- outcomes (worker threads) ---------------------------------------------------------------
+    def record(self, job: CopyJob, outcome: CopyResult | MirrordError) -> bool:
+        """Account for one finished job; True when the primary should be reconciled again soon."""
+        if isinstance(outcome, CopyResult):
+            self.copied += 1
+            self.published.append(job)
+            self.verify_failed.discard(job.rel)
+            with self._lock:
+                self._unmirrored.pop(job.rel, None)
+                self._invalid.pop(job.rel, None)
+        elif isinstance(outcome, SourceGoneError):
+            with self._lock:  # rotated away: no longer a checkpoint waiting for its copy (lag)
+                self._unmirrored.pop(job.rel, None)
+        elif isinstance(outcome, InvalidSourceError):
+            # Usually a file still being written: wait until it changes and settles again.
+            with self._lock:
+                previous = self._invalid.get(job.rel)
+                self._invalid[job.rel] = Invalid(
+                    outcome.identity, previous.since if previous else self.monotonic(), outcome.status,
+                    outcome.cause, previous.reported if previous else False)
+            # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
+            return True
+        elif outcome.reason != "cancelled":
+            self.failed += 1
+            self.last_error = f"{job.rel}: {outcome.cause}"
+            if isinstance(outcome, MirrorGoneError):
+                self.refusals.note(IDENTITY, outcome.cause)  # logged by the next heartbeat's check
+        return False
+
+    # -- invalid sources -------------------------------------------------------------------------
+    def invalid_paths(self) -> frozenset[str]:
+        """Primary files that failed their validator as they are now."""
+        with self._lock:
+            return frozenset(self._invalid)
+
+    def judged_invalid(self, rel: str, identity: tuple[int, int, int, int] | None) -> bool:
+        """Whether `rel` failed its validator as it is now (same identity): retried once it changes."""
+        with self._lock:
+            invalid = self._invalid.get(rel)
+        return invalid is not None and identity == invalid.identity
+
+    def forget_invalid(self, rel: str) -> None:
+        """`rel` is gone from the primary: forget its verdict."""
+        with self._lock:
+            self._invalid.pop(rel, None)
+
+    def report_invalid(self, grace: float) -> None:
+        """A source still invalid after copy.invalid_grace_seconds is not being written: say so once."""
+        now = self.monotonic()
+        with self._lock:
+            items = list(self._invalid.items())
+        for rel, invalid in items:
+            if not invalid.reported and now - invalid.since >= grace:
+                invalid.reported = True
+                self.metrics.copy_result("invalid_source")
+                self.log.error("copy.invalid_source", path=rel, reason=invalid.status, cause=invalid.cause,
+                               seconds_invalid=round(now - invalid.since, 1), published=False)
+        self.metrics.invalid_sources.set(sum(i.reported for _, i in items))
+
+    # -- lag -------------------------------------------------------------------------------------
+    def behind(self, jobs: Iterable[CopyJob], replace: bool, entries: Mapping[str, ManifestEntry]) -> None:
+        """Remember since when each of `jobs` lacks its mirror copy (the lag gauge reads this)."""
+        now = self.wall()
+        with self._lock:
+            behind = {} if replace else self._unmirrored
+            for job in jobs:
+                entry = entries.get(job.rel)
+                if entry is not None and (entry.size, entry.source_mtime_ns) == (job.size, job.mtime_ns) \
+                        and job.why not in VERIFY_FAILURES:
+                    continue  # copied and recorded since the plan was made
+                mtime = job.mtime_ns / 1e9
+                since = mtime if 0 < mtime <= now else now
+                behind[job.rel] = min(since, self._unmirrored.get(job.rel, since))
+            self._unmirrored = behind
+
+    def lag(self, pending: Iterable[QueuedJob]) -> float:
+        """Seconds the oldest unmirrored file (or the longest-queued job) has been waiting."""
+        now_wall, now_mono = self.wall(), self.monotonic()
+        queued = max((now_mono - entry.first_seen for entry in pending), default=0.0)
+        with self._lock:
+            oldest = min(self._unmirrored.values(), default=now_wall)
+        return max(queued, now_wall - oldest)
+
+    # -- damage and loops ------------------------------------------------------------------------
+    def damaged(self, job: CopyJob) -> None:
+        """The manifest vouches for a copy that is gone or no longer what was recorded: count it once per
+        damage (until a fresh copy is recorded); the job repairs it by copying again."""
+        if job.rel in self.verify_failed:
+            return
+        self.verify_failed.add(job.rel)
+        self.metrics.verify_failures.inc()
+        self.log.warning("mirror.verify_failed", path=job.rel, run=job.run or ".", step=job.step, why=job.why)
+
+    def copy_loops(self, job: CopyJob) -> bool:
+        """Count re-copies of the same source version; past RECOPY_LIMIT it is a problem, not a job."""
+        if job.rel in self.looping:
+            return True
+        if job.why not in VERIFY_FAILURES:
+            self._recopies.pop(job.rel, None)
+            return False
+        key = (job.size, job.mtime_ns)
+        previous, count = self._recopies.get(job.rel, (key, 0))
+        count = count + 1 if previous == key else 1
+        self._recopies[job.rel] = (key, count)
+        if count <= RECOPY_LIMIT:
+            return False
+        self.looping.add(job.rel)
+        self.metrics.copy_loops.set(len(self.looping))
+        self.log.error("copy.loop", path=job.rel, run=job.run or ".", step=job.step, copies=count - 1,
+                       why=job.why, action="not copied again until its source changes or mirrord restarts",
+                       hint="the mirror does not keep what was written (timestamps, a filter, a sync tool?)")
+        return True
+
+    def status(self, queue_depth: int, unsettled: int) -> str:
+        """The one-line status for systemd and the log."""
+        with self._lock:
+            invalid = len(self._invalid)
+        status = (f"{self.copied} copied, {self.failed} failed, queue {queue_depth}, "
+                  f"unsettled {unsettled}, invalid {invalid}")
+        if self.refusals.blocked:
+            status += f"; REFUSED: {self.refusals.blocked}"
+        elif self.last_error:
+            status += f"; last error: {self.last_error}"
+        if self.looping:
+            status += f"; {len(self.looping)} file(s) re-copied in a loop, not copied again"
+        return status

@@ -1,0 +1,353 @@
+"""The daemon's side of planning: list both volumes (or stat the files watch hints name), plan, and
+hand the plan to the queue, the ledger and retention. Snapshots are the truth; hints only make it sooner."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+
+from mirrord.config import Config
+from mirrord.core.branches import run_rollbacks
+from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
+from mirrord.core.observe import Observations
+from mirrord.core.plan import SettleTracker, why_copy
+from mirrord.core.reconcile import Facts, View, reconcile
+from mirrord.core.retention import MIRROR, PRIMARY, Deletion, PrunePlan
+from mirrord.core.units import group_units, stepless
+from mirrord.core.vocabulary import Veto
+from mirrord.errors import MirrordError, UnsafePathError
+from mirrord.obs.log import get_logger
+from mirrord.obs.metrics import Metrics
+from mirrord.service.completeness import judge
+from mirrord.service.inbox import Inbox
+from mirrord.service.jobqueue import JobQueue
+from mirrord.service.ledger import VERIFY_FAILURES, Ledger
+from mirrord.service.refusals import IDENTITY, LISTING, Refusals
+from mirrord.service.settings import Settings
+from mirrord.store.aliases import alias_links, mirror_alias_links
+from mirrord.store.atomic import TEMP_SUFFIX
+from mirrord.store.manifest import Manifest
+from mirrord.store.mirror import Mirror
+from mirrord.store.volume import LocalMirror, LocalVolume
+
+
+class Reconciler:
+    """Full reconciles, hint handling, settle rechecks and prune passes, all run by the main loop."""
+
+    def __init__(self, *, settings: Callable[[], Settings], primary: LocalVolume, mirror: Mirror,
+                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, inbox: Inbox,
+                 settle: SettleTracker, observations: Observations, metrics: Metrics, heartbeat: Callable[[], None],
+                 stopping: Callable[[], bool],
+                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
+        self.queue, self.ledger, self.refusals, self.inbox = queue, ledger, refusals, inbox
+        self.settle, self.observations, self.metrics = settle, observations, metrics
+        self.heartbeat, self.stopping = heartbeat, stopping
+        self.wall, self.monotonic = wall, monotonic
+        self.unsettled: set[str] = set()
+        self._next_rescan = self._next_settle = 0.0
+        self._rollbacks_logged: set[str] = set()
+        self._stepless_logged: set[str] = set()
+        # The last complete listings, kept current (published copies, hinted files, deletions): a prune
+        # pass after a burst of copies plans from them instead of listing both trees again.
+        self._in_hand: tuple[Snapshot, Snapshot] | None = None
+        self.log = get_logger()
+
+    @property
+    def config(self) -> Config:
+        """The config in force now."""
+        return self.settings().config
+
+    # -- scheduling -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """The first reconcile; the next one is due a rescan interval later."""
+        self.reconcile()
+        now, cfg = self.monotonic(), self.config
+        self._next_rescan = now + cfg.watch.rescan_interval_seconds
+        self._next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
+
+    def _settling(self) -> bool:
+        return bool(self.unsettled or self.ledger.invalid_paths())
+
+    def next_deadline(self) -> float:
+        """When there is work even if nothing wakes the loop: the rescan, a settle recheck, a prune pass."""
+        deadlines = [self._next_rescan]
+        if self._settling():
+            deadlines.append(self._next_settle)
+        if self.inbox.prune_at is not None:
+            deadlines.append(self.inbox.prune_at)
+        return min(deadlines)
+
+    def work(self) -> None:
+        """Do what is due: hints (or a full reconcile when asked, or at the rescan interval), settle
+        rechecks, a prune pass after copies or when an observation matures."""
+        cfg, now = self.config, self.monotonic()
+        if self.drain_hints() or self.inbox.rescan_asked or now >= self._next_rescan:
+            self.inbox.rescan_asked = False
+            self.reconcile()
+            self._next_rescan = self.monotonic() + cfg.watch.rescan_interval_seconds
+        if self._settling() and now >= self._next_settle:
+            self.recheck_unsettled()
+            self._next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
+        if self.inbox.prune_at is not None and now >= self.inbox.prune_at:
+            self.inbox.prune_at, self.inbox.prune_due = None, True
+        if self.inbox.prune_due:
+            self.inbox.prune_due = False
+            self.prune()
+
+    # -- reconcile and hints ------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """List both volumes, prune, and queue what the mirror lacks (nothing while the mirror is refused)."""
+        started = self.monotonic()
+        psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
+        for msg in psnap.errors:
+            self.log.error("scan.error", cause=msg)
+        links = alias_links(psnap.skipped, self.config.rules)
+        for rel, why in psnap.skipped:
+            if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link, not warned about
+                self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
+        problem = self.mirror.identity_problem()
+        self.refusals.refuse(IDENTITY, problem)
+        # The manifest is read before the mirror is listed: a copy recorded in it was published before
+        # it was recorded, so the listing cannot miss it (a copy published meanwhile is rechecked).
+        entries = self.manifest.entries
+        msnap = None if problem else self.mirror.snapshot(self.config.patterns, self.config.rules)
+        for msg in msnap.errors if msnap is not None else ():
+            self.log.error("scan.error", cause=msg)
+        view = self._view(psnap, msnap, entries, problem)
+        if msnap is not None:
+            self.refusals.refuse(LISTING, view.refused)
+        self._in_hand = (psnap, msnap) if msnap is not None and not self.refusals.blocked else None
+        if self.refusals.blocked:
+            # Nothing is queued while the mirror is refused, yet it falls behind: keep lag honest.
+            self.ledger.behind(view.behind, True, entries)
+            self.log.debug("reconcile.refused", cause=self.refusals.blocked)
+            return
+        self._log_rollbacks(psnap)
+        self._warn_stepless(psnap)
+        # Prune first, from the same view that tells the copy planner which old steps retention retired.
+        self.prune(view.prune)
+        queued = self._enqueue(view, psnap)
+        self._link_aliases(links)
+        self.metrics.reconcile_duration.set(self.monotonic() - started)
+        self.log.info("reconcile.finished", primary_files=len(psnap.files),
+                      mirror_files=len(msnap.files) if msnap else 0, queued=queued, unsettled=len(self.unsettled),
+                      seconds=round(self.monotonic() - started, 3))
+
+    def _view(self, psnap: Snapshot, msnap: Snapshot | None, entries: Mapping[str, ManifestEntry],
+              problem: str | None = None, partial: bool = False) -> View:
+        """reconcile() with what this daemon knows; `partial`: the files watch hints named, judged by the
+        retention of the last complete listing."""
+        cfg, pruner = self.config, self.settings().pruner
+        if partial:
+            facts, retired_by = Facts(invalid=self.ledger.invalid_paths()), (pruner and pruner.last_plan) or PrunePlan()
+        else:
+            observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
+            facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_paths(),
+                          mirror_is_mount=self.mirror.is_mountpoint(),
+                          roots=pruner.roots if pruner else None)
+            retired_by = None
+        settled = self.settle.at(self.monotonic())
+        return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
+                         facts=facts, retired_by=retired_by, is_complete=judge(self.primary, cfg.rules, settled))
+
+    def _link_aliases(self, links: list[str]) -> None:
+        """Alias symlinks (last.ckpt) recreated on the mirror once the step they name is recorded."""
+        if not links or not isinstance(self.mirror, LocalMirror):
+            return
+        try:
+            made = mirror_alias_links(self.config.primary, self.config.mirror, links, self.manifest.entries)
+        except OSError as exc:
+            self.log.error("alias.link_failed", cause=exc.strerror or str(exc))
+            return
+        for rel, target in made:
+            self.log.info("alias.linked", path=rel, target=target)
+
+    def _warn_stepless(self, psnap: Snapshot) -> None:
+        """Once per checkpoint: it has no step in its name, so retention can never prune it (and with a
+        wrong layout or step_pattern, nothing is ever pruned)."""
+        rules = self.config.rules
+        for unit in stepless(group_units(psnap.files.values(), rules).values()):
+            if unit.rel not in self._stepless_logged:
+                self._stepless_logged.add(unit.rel)
+                self.log.warning("checkpoint.no_step", path=unit.rel, layout=rules.name,
+                                 step_pattern=rules.step_pattern,
+                                 why="no step in its name: mirrored, but retention never prunes it",
+                                 hint="check `layout` (mirrord check-config prints its rules)")
+
+    def _log_rollbacks(self, psnap: Snapshot) -> None:
+        """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored)."""
+        lie = (self.wall() + self.config.prune.future_skew_seconds) * 1e9
+        for run, rollbacks in run_rollbacks(psnap.files.values(), self.config.step_regex, lie).items():
+            if run not in self._rollbacks_logged:
+                self._rollbacks_logged.add(run)
+                old, new = rollbacks[-1]
+                self.log.warning("run.rollback_detected", run=run or ".", old_step=old, new_step=new,
+                                 rollbacks=len(rollbacks))
+
+    def _enqueue(self, view: View, psnap: Snapshot, partial: bool = False) -> int:
+        if self.refusals.blocked:
+            return 0  # every enqueue path honours a refusal (the settle recheck, hints, reconciles)
+        queued = 0
+        behind, jobs = [], []
+        for job in view.jobs:  # without the steps retention retired (prune.primary = false keeps them)
+            src = psnap.files.get(job.rel)
+            if src is not None and self.ledger.judged_invalid(job.rel, src.identity):
+                continue  # judged invalid as it is now; retried once it changes and settles again
+            if job.why in VERIFY_FAILURES and not job.members and not self._still_damaged(job, psnap.files[job.rel]):
+                continue  # published and recorded while we listed: not damage, not a job
+            behind.append(job)
+            if self.ledger.copy_loops(job):
+                continue
+            jobs.append(job)
+        if partial:
+            self.unsettled.difference_update(set(psnap.files) - set(view.unsettled))
+            self.unsettled.update(view.unsettled)
+        else:
+            self.unsettled = set(view.unsettled)
+        self.ledger.behind(behind, not partial, self.manifest.entries)
+        for job in jobs:
+            if not self.queue.put(job):
+                continue
+            queued += 1
+            if job.why in VERIFY_FAILURES:
+                self.ledger.damaged(job)
+        return queued
+
+    def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
+        """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
+        copy published between the listing and the plan is not damage (no false verify failures)."""
+        try:
+            fresh = self.mirror.stat(job.rel)
+        except (OSError, UnsafePathError):
+            return True
+        return why_copy(src, self.manifest.get(job.rel), fresh) in VERIFY_FAILURES
+
+    def drain_hints(self) -> bool:
+        """Handle queued watcher hints; returns True when a full rescan was asked for."""
+        files: dict[str, FileState] = {}
+        rescan = False
+        while self.inbox.hints:
+            hint = self.inbox.hints.popleft()
+            if hint.rescan:
+                rescan = True
+                continue
+            try:
+                state = self.primary.stat(hint.rel)
+            except (OSError, UnsafePathError):
+                continue
+            if state is None or not state.is_regular:
+                continue
+            if hint.committed:
+                self.settle.mark_committed(state)
+            files[hint.rel] = state
+        if rescan:
+            self.log.warning("watch.rescan", why="event queue overflow or directory move")
+            return True
+        if files and self.config.rules.folders:
+            return True  # a file names no whole unit: its folder is judged from a full listing
+        if files and not self.refusals.blocked:
+            self._enqueue_paths(files)
+        return False
+
+    def _enqueue_paths(self, files: dict[str, FileState]) -> None:
+        mirror_files: dict[str, FileState] = {}
+        for rel in files:
+            state = self.mirror.stat(rel)
+            if state is not None:
+                mirror_files[rel] = state
+        psnap = Snapshot(files)
+        if self._in_hand is not None:
+            held, msnap = self._in_hand
+            self._in_hand = (dataclasses.replace(held, files={**held.files, **files}), msnap)
+        self._enqueue(self._view(psnap, Snapshot(mirror_files), self.manifest.entries, partial=True), psnap,
+                      partial=True)
+
+    def recheck_unsettled(self) -> None:
+        """Stat the files still settling or invalid again; queue those that are ready now."""
+        if self.config.rules.folders and self.unsettled:
+            self.inbox.rescan_asked = True  # a folder unit is judged whole from a listing of it
+            self.inbox.wake()
+        files: dict[str, FileState] = {}
+        for rel in self.unsettled | self.ledger.invalid_paths():
+            try:
+                state = self.primary.stat(rel)
+            except (OSError, UnsafePathError):
+                state = None
+            if state is None or not state.is_regular:
+                self.unsettled.discard(rel)
+                self.ledger.forget_invalid(rel)
+                self.settle.forget(rel)
+            else:
+                files[rel] = state
+        if files:
+            self._enqueue_paths(files)
+
+    def prune(self, plan: PrunePlan | None = None) -> None:
+        """One retention pass: from `plan` (a reconcile's), else from the snapshots in hand (else fresh
+        listings); a stop request ends it between deletions."""
+        pruner = self.settings().pruner
+        if pruner is None or self.refusals.blocked:
+            return
+        if plan is None and self._in_hand is not None:
+            view = self._view(*self._fold(), self.manifest.entries)
+            self.refusals.refuse(LISTING, view.refused)
+            if self.refusals.blocked:
+                return
+            plan = view.prune
+        try:
+            report = pruner.run_cycle(plan=plan, keep_going=self._between_deletions)
+        except MirrordError as exc:
+            self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
+            return
+        self._forget(report.deleted)
+        if Veto.RECENTLY_SEEN in report.skips_by_reason():
+            # Observations mature min_age_seconds after they start: look again then (the observation
+            # clock is monotonic, so this never hastens a deletion; a later rescan also covers it).
+            due = self.monotonic() + self.config.prune.min_age_seconds
+            self.inbox.prune_when(due)
+
+
+    def _fold(self) -> tuple[Snapshot, Snapshot]:
+        """The snapshots in hand with the copies published since folded in (one stat per file)."""
+        assert self._in_hand is not None
+        psnap, msnap = self._in_hand
+        files, partials = dict(msnap.files), dict(msnap.partials)
+        while self.ledger.published:
+            for rel in self.ledger.published.popleft().paths:
+                partials.pop(rel + TEMP_SUFFIX, None)
+                try:
+                    state = self.mirror.stat(rel)
+                except (OSError, UnsafePathError):
+                    state = None
+                if state is None:
+                    files.pop(rel, None)
+                else:
+                    files[rel] = state
+        self._in_hand = (psnap, dataclasses.replace(msnap, files=files, partials=partials))
+        return self._in_hand
+
+    def _forget(self, deleted: list[Deletion]) -> None:
+        """Drop what retention deleted from the snapshots in hand."""
+        if self._in_hand is None or not deleted:
+            return
+        gone = {(d.volume, d.rel) for d in deleted}
+
+        def kept(volume: str, states: dict[str, FileState]) -> dict[str, FileState]:
+            return {rel: s for rel, s in states.items() if (volume, rel) not in gone}
+
+        psnap, msnap = self._in_hand
+        self._in_hand = (
+            dataclasses.replace(psnap, files=kept(PRIMARY, psnap.files)),
+            dataclasses.replace(msnap, files=kept(MIRROR, msnap.files), partials=kept(MIRROR, msnap.partials),
+                                staging=kept(MIRROR, msnap.staging)),
+        )
+
+    def _between_deletions(self) -> bool:
+        """A long prune pass keeps the daemon alive: new checkpoints are queued (workers copy meanwhile),
+        the heartbeat (WATCHDOG=1, /healthz) goes on, and a stop request ends the pass."""
+        if self.inbox.hints and self.drain_hints():
+            self.inbox.rescan_asked = True
+        self.heartbeat()
+        return not self.stopping()

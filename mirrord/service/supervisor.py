@@ -1,0 +1,129 @@
+"""The daemon's heartbeat: every `ping_every` seconds it checks the workers (stalls), the mirror (still
+the pinned volume, manifest still ours, lock still held) and the watcher, reports what is invalid or
+lagging, and tells systemd (WATCHDOG=1, or the problems). It also answers the HTTP probes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mirrord import __version__
+from mirrord.errors import MirrordError
+from mirrord.obs.log import get_logger
+from mirrord.obs.metrics import Metrics
+from mirrord.service.jobqueue import JobQueue
+from mirrord.service.ledger import Ledger
+from mirrord.service.progress import ProgressBoard, log_progress
+from mirrord.service.refusals import IDENTITY, MANIFEST, Refusals
+from mirrord.service.settings import Settings
+from mirrord.service.systemd import Notifier
+from mirrord.service.watcher import PrimaryWatch
+from mirrord.service.workers import WorkerPool
+from mirrord.store.manifest import Manifest
+from mirrord.store.mirror import Mirror
+from mirrord.store.volume import LocalVolume
+
+
+class Supervisor:
+    """Health, readiness and the heartbeat; `stop()` is asked when the mirror lock is lost."""
+
+    def __init__(self, *, settings: Callable[[], Settings], pool: WorkerPool, board: ProgressBoard,
+                 queue: JobQueue, primary: LocalVolume, mirror: Mirror, manifest: Manifest, refusals: Refusals,
+                 ledger: Ledger, watch: PrimaryWatch, metrics: Metrics, notifier: Notifier,
+                 status: Callable[[], str], stop: Callable[[], None], monotonic: Callable[[], float]) -> None:
+        self.settings, self.pool, self.board, self.queue = settings, pool, board, queue
+        self.primary, self.mirror, self.manifest = primary, mirror, manifest
+        self.refusals, self.ledger, self.watch = refusals, ledger, watch
+        self.metrics, self.notifier, self.status, self.stop, self.monotonic = metrics, notifier, status, stop, monotonic
+        self.ready = False
+        self.exit_code = 0
+        self._health: tuple[bool, str] = (False, "starting")
+        self._last = 0.0
+        self.next_due = 0.0
+        self.log = get_logger()
+
+    # -- probes (called from the HTTP thread) ---------------------------------------------------
+    def health(self) -> tuple[bool, str]:
+        """/healthz: the last heartbeat's verdict, or unhealthy if heartbeats stopped."""
+        ok, reason = self._health
+        age = self.monotonic() - self._last
+        if self._last and age > 3 * self.settings().config.daemon.heartbeat_seconds:
+            return False, f"supervisor heartbeat is {age:.0f} s old"
+        return ok, reason
+
+    def readiness(self) -> tuple[bool, str]:
+        """/readyz: ready once the first reconcile finished, while nothing is refused."""
+        if self.refusals.blocked:
+            return False, self.refusals.blocked
+        return (True, "ready") if self.ready else (False, "first reconcile not finished")
+
+    def report(self) -> dict[str, Any]:
+        """The /status document: what the daemon is doing right now (copies with their progress)."""
+        return {"version": __version__, "ready": self.readiness()[0], "queue_depth": self.queue.depth(),
+                "copies": [p.to_dict() for p in self.board.snapshot()]}
+
+    # -- the heartbeat ------------------------------------------------------------------------------
+    def beat_if_due(self) -> None:
+        """The heartbeat, if it is due."""
+        if self.monotonic() >= self.next_due:
+            self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """Check everything once; tell systemd."""
+        settings = self.settings()
+        cfg = settings.config
+        problems = self.pool.check_stalls(cfg.copy.stall_seconds)
+        log_progress(self.board, self.log)
+        self._check_mirror()
+        # (An unmounted mirror takes its lock file along: that is a refusal, handled above.)
+        lost = None if self.refusals.get(IDENTITY) else self.mirror.lock_problem()
+        if lost:
+            self.log.error("mirror.lock_lost", cause=lost, action="stopping")
+            self.exit_code = 1
+            self.stop()
+        problems += self.watch.check()
+        self._health = (not problems, "; ".join(problems) or "ok")
+        self._last = self.monotonic()
+        self.next_due = self._last + settings.ping_every
+        self.ledger.report_invalid(cfg.copy.invalid_grace_seconds)
+        self._update_gauges()
+        status = self.status()
+        if problems:
+            self.log.error("daemon.unhealthy", problems=problems)
+            self.notifier.status("UNHEALTHY: " + "; ".join(problems))
+        else:
+            self.notifier.watchdog(status)
+
+    def _check_mirror(self) -> None:
+        """Is the mirror still the pinned volume, and is its manifest still ours (repaired if not)?"""
+        self.refusals.refuse(IDENTITY, self.mirror.identity_problem())
+        if self.refusals.get(IDENTITY):
+            return
+        damage = self.manifest.disk_problem()
+        if damage is None:
+            if self.refusals.get(MANIFEST):
+                self.refusals.refuse(MANIFEST, None)
+            return
+        try:
+            self.manifest.repair()
+        except MirrordError as exc:
+            self.refusals.refuse(MANIFEST, f"{damage}; cannot repair it: {exc.cause}; fix the path, or stop "
+                                           f"mirrord and run `mirrord repair-manifest`")
+            return
+        self.metrics.manifest_repairs.inc()
+        self.log.error("manifest.repaired", cause=damage, entries=len(self.manifest))
+        self.refusals.refuse(MANIFEST, None)
+
+    def _update_gauges(self) -> None:
+        """Free space is read on the heartbeat (statvfs may hang on a dead mount: never in a scrape);
+        queue depth and lag are read by each scrape (mirrord.obs.metrics.LiveState)."""
+        for name, volume in (("primary", self.primary), ("mirror", self.mirror)):
+            if name == "mirror" and self.refusals.get(IDENTITY):
+                continue  # that would be the free space of whatever is under the mount point
+            try:
+                space = volume.space()
+            except OSError:
+                continue
+            if space is not None:
+                self.metrics.free_bytes.labels(name).set(space[0])
+                self.metrics.total_bytes.labels(name).set(space[1])

@@ -1,0 +1,88 @@
+"""Copy one folder unit to the mirror as a whole: every file through the copier into the staging
+folder, then one rename. Readable in a minute.
+
+    begin_unit(NAME) -> NAME.part/ -> copy_file(member) for each file (stream, hash, validate, fsync)
+    -> the primary folder still holds exactly the planned files, unchanged? -> drop an old NAME/
+    (its manifest entries first) -> commit: fsync NAME.part/, rename to NAME/, fsync the parent
+
+Any failure aborts the staging (NAME.part/ removed) and raises the copier's typed error; NAME/ exists
+on the mirror only whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from mirrord.core.layouts import TEMP_SUFFIXES
+from mirrord.core.model import CopyJob, CopyResult
+from mirrord.errors import SourceChangedError, SourceGoneError
+from mirrord.service.copier import CopyControl, CopyOptions, copy_file
+from mirrord.store.mirror import Mirror, UnitStaging, Upload
+from mirrord.store.staging import list_folder
+
+
+class _Staged:
+    """The copier's view of a staging area: a file of the unit goes to NAME.part/<member> (local), or
+    under its final key (an object store: the manifest record is the unit's commit point)."""
+
+    def __init__(self, mirror: Mirror, staging: UnitStaging, unit: str) -> None:
+        self._mirror = mirror
+        self._staging = staging
+        self._prefix = unit + "/"
+
+    def describe(self, key: str = "") -> str:
+        return self._mirror.describe(key)
+
+    def space(self) -> tuple[int, int] | None:
+        return self._mirror.space()
+
+    def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> Upload:
+        self._mirror.check_identity()
+        return self._staging.upload(rel.removeprefix(self._prefix), size, drop_cache)
+
+
+def _member_name(name: str) -> bool:
+    return not name.endswith(TEMP_SUFFIXES)
+
+
+def copy_unit(
+    primary_root: Path,
+    job: CopyJob,
+    mirror: Mirror,
+    options: CopyOptions,
+    control: CopyControl | None = None,
+    before_commit: Callable[[], None] = lambda: None,
+) -> list[CopyResult]:
+    """Publish the folder unit job.rel with every file in job.members, or raise and leave no trace.
+
+    `before_commit` runs once every file is staged and the source is known unchanged: the engine drops
+    an older copy of the unit there (its manifest entries, then its files), since a unit is replaced
+    whole, never merged into.
+    """
+    control = control or CopyControl()
+    staging = mirror.begin_unit(job.rel)
+    view = _Staged(mirror, staging, job.rel)
+    member_options = dataclasses.replace(options, allow_empty=True)
+    try:
+        results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
+        try:
+            now = list_folder(primary_root, job.rel, _member_name)
+        except FileNotFoundError as exc:
+            raise SourceGoneError(primary_root / job.rel, "deleted while it was being copied (rotated away by "
+                                                          "the trainer); copy discarded") from exc
+        except OSError as exc:
+            raise SourceChangedError(primary_root / job.rel, f"gone while it was being copied "
+                                                             f"({exc.strerror or exc}); copy discarded") from exc
+        copied = {r.rel: (r.size, r.source_mtime_ns) for r in results}
+        if {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != copied:
+            raise SourceChangedError(primary_root / job.rel, "files were added, removed or rewritten while the "
+                                                             "folder was copied; copy discarded")
+        control.check(primary_root / job.rel)
+        before_commit()
+        staging.commit()
+    except BaseException:
+        staging.abort()
+        raise
+    return results

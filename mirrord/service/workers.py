@@ -1,0 +1,298 @@
+"""The copy worker pool: threads that take jobs from the JobQueue, run the copy function, retry as
+the RetryPolicy says, and are supervised (a copy without progress is abandoned and retried)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mirrord.core.model import CopyJob, CopyResult
+from mirrord.errors import CancelledError, MirrordError, SourceGoneError
+from mirrord.obs.log import get_logger
+from mirrord.service.copier import CopyControl
+from mirrord.service.engine import Engine
+from mirrord.service.jobqueue import JobQueue, QueuedJob
+from mirrord.service.progress import log_progress
+from mirrord.service.retry import RetryPolicy
+
+_IOPRIO_CLASSES = {"best-effort": 2, "idle": 3}
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
+
+
+def set_thread_ionice(klass: str) -> bool:
+    """ioprio_set for the calling thread (Linux); returns False where unsupported."""
+    if klass not in _IOPRIO_CLASSES or platform.machine() not in _IOPRIO_SET:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = (_IOPRIO_CLASSES[klass] << 13) | (7 if klass == "best-effort" else 0)
+    return bool(libc.syscall(_IOPRIO_SET[platform.machine()], 1, threading.get_native_id(), value) == 0)
+
+
+def set_thread_nice(nice: int) -> bool:
+    """Raise the calling thread's nice value to `nice` (Linux: a thread id is a PRIO_PROCESS target); never
+    lowers it. Returns False where that fails."""
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        return False
+    return True
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass
+class _Worker:
+    name: str
+    thread: threading.Thread | None = None
+    entry: QueuedJob | None = None
+    job: CopyJob | None = None
+    control: CopyControl | None = None
+    retiring: bool = False
+    abandoned: bool = False
+
+
+class WorkerPool:
+    """`size` threads running `copy_fn` on queued jobs; the supervisor calls check_stalls() every heartbeat.
+
+    `on_done(job, outcome)` is called once per job, from a worker thread, when it is finished (copied,
+    failed for good, or cancelled); `on_stalled(job)` when a copy is abandoned for lack of progress.
+    """
+
+    def __init__(
+        self,
+        copy_fn: Callable[[CopyJob, CopyControl], CopyResult],
+        queue: JobQueue,
+        size: int,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
+        on_stalled: Callable[[CopyJob], None] = lambda job: None,
+        clock: Callable[[], float] = time.monotonic,
+        ionice: str = "none",
+        cpu_nice: int = 0,
+    ) -> None:
+        self.copy_fn = copy_fn
+        self.queue = queue
+        self.retry = retry  # swapped whole by a reload
+        self.on_done = on_done
+        self.on_stalled = on_stalled
+        self.clock = clock
+        self.ionice = ionice
+        self.cpu_nice = cpu_nice
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self._names = itertools.count(1)
+        self._stopping = threading.Event()
+        self._cancel_why = ""
+        self.log = get_logger()
+        self.resize(size)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def resize(self, size: int) -> None:
+        """Run `size` workers: new ones start now; surplus ones retire after their current copy."""
+        with self._lock:
+            active = [w for w in self._workers if not (w.retiring or w.abandoned)]
+            for worker in active[size:]:
+                worker.retiring = True
+            for _ in range(size - len(active)):
+                self._spawn_locked()
+
+    def _spawn_locked(self) -> None:
+        worker = _Worker(f"mirrord-copy-{next(self._names)}")
+        # Daemon threads: a copy wedged in the kernel (hung mount) must not keep the process alive.
+        worker.thread = threading.Thread(target=self._run, args=(worker,), name=worker.name, daemon=True)
+        self._workers.append(worker)
+        worker.thread.start()
+
+    def stop(self, grace: float, force: Callable[[], bool] = lambda: False, why: str = "") -> bool:
+        """Stop taking work; let copies finish for `grace` seconds (or until `force()`), then cancel
+        them (their temp files are removed; each logs copy.aborted, with `why` if given). True if every
+        worker ended."""
+        self._stopping.set()
+        self.queue.drop_waiting()
+        self.queue.close()
+        deadline = self.clock() + grace
+        for thread in self.threads():
+            while thread.is_alive() and self.clock() < deadline and not force():
+                thread.join(timeout=0.2)
+        late = [t for t in self.threads() if t.is_alive()]
+        self._cancel_why = why or ("second stop signal" if force() else f"shutdown grace period ({grace:g} s) over")
+        for control in self.active_controls():
+            control.stop("cancelled")
+        for thread in late:
+            thread.join(timeout=5)
+        return not any(t.is_alive() for t in late)
+
+    def threads(self) -> list[threading.Thread]:
+        """Every worker thread, running or retiring."""
+        with self._lock:
+            return [w.thread for w in self._workers if w.thread is not None]
+
+    # -- supervision ------------------------------------------------------------------------------
+    def check_stalls(self, stall_seconds: float) -> list[str]:
+        """Abandon copies without progress for stall_seconds (their job is retried by a fresh worker).
+
+        Returns problems for the health check: a worker still stuck in a copy 2x stall_seconds after
+        being abandoned is wedged in the kernel (a hung mount); only a restart frees it.
+        """
+        problems: list[str] = []
+        now = self.clock()
+        with self._lock:
+            workers = list(self._workers)
+        for worker in workers:
+            control, entry = worker.control, worker.entry
+            if control is None or entry is None:
+                continue
+            idle = now - control.last_progress
+            if idle >= stall_seconds and not worker.abandoned:
+                job = entry.job
+                self.log.warning("copy.stalled", path=job.rel, run=job.run or ".", step=job.step,
+                                 seconds_without_progress=round(idle, 1), worker=worker.name)
+                self.on_stalled(job)
+                control.stop("stalled")
+                with self._lock:
+                    worker.abandoned = True
+                    self._spawn_locked()
+                # The path is handed to a fresh attempt now; the stuck thread, if it ever returns,
+                # discards its own temp file only (see atomic.discard_temp) and touches nothing else.
+                self.queue.release_for_retry(entry, 0.0)
+            elif worker.abandoned and idle >= 3 * stall_seconds:
+                problems.append(f"worker {worker.name} wedged in {entry.job.rel} for {idle:.0f} s")
+        with self._lock:
+            alive = [w for w in self._workers if w.thread is not None and w.thread.is_alive()]
+            dead = [w for w in self._workers if w not in alive and not (w.retiring or w.abandoned)]
+            self._workers = alive
+        if not self._stopping.is_set():
+            problems.extend(f"worker {w.name} died" for w in dead)
+        return problems
+
+    def active_controls(self) -> list[CopyControl]:
+        """The controls of the copies running now (to cancel them)."""
+        with self._lock:
+            return [w.control for w in self._workers if w.control is not None]
+
+    # -- the worker loop ---------------------------------------------------------------------------
+    def _run(self, worker: _Worker) -> None:
+        if self.ionice != "none" and not set_thread_ionice(self.ionice):
+            self.log.warning("worker.ionice_unsupported", ionice=self.ionice)
+        if self.cpu_nice and not set_thread_nice(self.cpu_nice):
+            self.log.warning("worker.cpu_nice_unsupported", cpu_nice=self.cpu_nice)
+        while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
+            entry = self.queue.get(timeout=1.0)
+            if entry is None:
+                continue
+            control = CopyControl(clock=self.clock)
+            with self._lock:
+                worker.entry, worker.job, worker.control = entry, entry.job, control
+            try:
+                outcome: CopyResult | MirrordError = self.copy_fn(entry.job, control)
+            except MirrordError as exc:
+                outcome = exc
+            except Exception as exc:  # a bug must not kill the pool silently: log it, count it, go on
+                self.log.exception("worker.crashed_job", path=entry.job.rel)
+                outcome = MirrordError(entry.job.rel, f"internal error: {exc!r}")
+            with self._lock:
+                worker.entry = worker.job = worker.control = None
+                abandoned = worker.abandoned
+            if abandoned:
+                self.log.info("copy.abandoned_returned", path=entry.job.rel, outcome=type(outcome).__name__)
+                return
+            try:
+                self._finish(entry, outcome, control)
+            except Exception:  # never leave a path reserved, nor a waiter without its outcome
+                self.queue.done(entry.job.rel)
+                self.on_done(entry.job, outcome)
+
+    def _finish(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
+        job = entry.job
+        if isinstance(outcome, CancelledError):
+            # Shutdown cut this copy short (grace period over, or a second signal): its NAME.part is gone,
+            # and the next start copies the file again. Say which file, and how far it had got.
+            self.log.warning("copy.aborted", path=job.rel, run=job.run or ".", step=job.step, size=job.size,
+                             bytes_done=control.bytes_done, why=self._cancel_why or outcome.cause)
+        if isinstance(outcome, SourceGoneError):
+            # The trainer rotated it away before it was mirrored: nothing left to copy, nothing failed.
+            self.log.info("copy.source_gone", path=job.rel, run=job.run or ".", step=job.step, cause=outcome.cause)
+        if isinstance(outcome, CopyResult | CancelledError | SourceGoneError):
+            self.queue.done(job.rel)
+            self.on_done(job, outcome)
+            return
+        policy = self.retry
+        stopping = self._stopping.is_set()
+        retry = outcome.transient and policy.retries(entry.attempt) and not stopping
+        delay = policy.delay(entry.attempt)
+        # Say what will really happen: a retry after a backoff, the next rescan (which plans every file
+        # the mirror still lacks, whatever the error was), or nothing.
+        if retry:
+            when: dict[str, Any] = {"will_retry": True, "retry": "backoff", "retry_in_seconds": round(delay, 2)}
+        elif policy.rescan_seconds is not None and not stopping:
+            when = {"will_retry": True, "retry": "next_rescan", "retry_in_seconds": policy.rescan_seconds}
+        else:
+            when = {"will_retry": False, "retry": "never"}
+        self.log.warning(
+            "copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
+            cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when,
+        )
+        if retry:
+            self.queue.release_for_retry(entry, delay)
+            return
+        if outcome.transient:
+            self.log.error("copy.gave_up", path=job.rel, reason=outcome.reason, attempts=entry.attempt)
+        self.queue.done(job.rel)
+        self.on_done(job, outcome)
+
+
+def copy_all(
+    engine: Engine,
+    jobs: list[CopyJob],
+    workers: int,
+    poll_seconds: float = 0.25,
+    still_ours: Callable[[], str | None] | None = None,
+) -> dict[str, CopyResult | MirrordError]:
+    """Copy `jobs` on a temporary pool (the daemon's retries, backoff and stall detection) and wait for
+    every outcome; the one-shot commands use this so that they behave exactly like the daemon.
+
+    `still_ours()` (the mirror lock check) is asked at every poll: once it names a problem, copies in
+    flight are cancelled and nothing more is started (their outcomes are missing)."""
+    queue = JobQueue()
+    wanted = {job.rel for job in jobs if queue.put(job)}
+    if not wanted:
+        return {}
+    outcomes: dict[str, CopyResult | MirrordError] = {}
+    lock = threading.Lock()
+    all_done = threading.Event()
+
+    def on_done(job: CopyJob, outcome: CopyResult | MirrordError) -> None:
+        with lock:
+            outcomes[job.rel] = outcome
+            if wanted <= outcomes.keys():
+                all_done.set()
+
+    io = engine.config.io
+    pool = WorkerPool(engine.copy_once, queue, min(workers, len(wanted)), retry=RetryPolicy.from_config(engine.config),
+                      on_done=on_done, on_stalled=lambda job: engine.metrics.copy_result("stalled"),
+                      ionice=io.ionice, cpu_nice=io.cpu_nice)
+    try:
+        while not all_done.wait(poll_seconds):
+            lost = still_ours() if still_ours is not None else None
+            if lost:
+                engine.log.error("mirror.lock_lost", cause=lost, action="stopping")
+                break
+            pool.check_stalls(engine.config.copy.stall_seconds)
+            log_progress(engine.board, engine.log)
+            if not any(t.is_alive() for t in pool.threads()):
+                break  # every worker died: report what is missing instead of waiting forever
+    finally:
+        pool.stop(grace=0, why="interrupted")  # copies still running here: Ctrl-C, or every worker died
+    return outcomes
+

@@ -1,0 +1,72 @@
+"""Alias symlinks (Lightning's `save_last="link"`: `last.ckpt -> epoch=4-step=20.ckpt`) on the mirror.
+
+A symlink is never copied as a file (it could point anywhere). An alias that names a checkpoint in its
+own folder is recreated on the mirror as the same relative symlink, and only once that checkpoint is
+mirrored and recorded: a resume from the mirror's `last.ckpt` then finds the very step it names.
+Published like any name: the link is made under a temp name, renamed into place, the folder fsynced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from posixpath import dirname
+
+from mirrord.core.layouts import Layout
+from mirrord.core.model import ManifestEntry
+from mirrord.store import atomic
+from mirrord.store.paths import open_dir_beneath, split_rel
+
+
+def _readlink(root: Path, rel: str) -> str | None:
+    """The target of the symlink root/rel (reached without following any other symlink), or None."""
+    parts = split_rel(rel)
+    try:
+        dir_fd = open_dir_beneath(root, parts[:-1])
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISLNK(os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            return None
+        return os.readlink(parts[-1], dir_fd=dir_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
+
+
+def alias_links(skipped: Iterable[tuple[str, str]], layout: Layout) -> list[str]:
+    """The listed symlinks that are the layout's aliases (not worth a warning: they are handled here)."""
+    return [rel for rel, why in skipped if why == "symlink" and rel.rsplit("/", 1)[-1] in layout.aliases]
+
+
+def mirror_alias_links(
+    primary_root: Path, mirror_root: Path, links: Iterable[str], manifest: Mapping[str, ManifestEntry]
+) -> list[tuple[str, str]]:
+    """Recreate each alias symlink whose target (a file in the same folder) is recorded in the manifest;
+    returns (alias, target) for each link made or changed."""
+    made = []
+    for rel in links:
+        target = _readlink(primary_root, rel)
+        if target is None or "/" in target or target.startswith(".") or not target:
+            continue  # only a name in the same folder: anything else could lead out of the mirror
+        folder = dirname(rel)
+        target_rel = f"{folder}/{target}" if folder else target
+        if target_rel not in manifest or _readlink(mirror_root, rel) == target:
+            continue
+        parts = split_rel(rel)
+        dir_fd = open_dir_beneath(mirror_root, parts[:-1])
+        try:
+            temp = atomic.temp_name(parts[-1])
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp, dir_fd=dir_fd)
+            os.symlink(target, temp, dir_fd=dir_fd)
+            os.replace(temp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        made.append((rel, target))
+    return made

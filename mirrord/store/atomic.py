@@ -1,0 +1,129 @@
+"""The durability protocol, and nothing else. Every name mirrord publishes goes through here.
+
+    temp name in the same directory -> write -> fsync file -> verify -> os.replace -> fsync directory
+
+A reader (or a resume after a power cut) sees either the old file or the whole new one, never a prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+TEMP_SUFFIX = ".part"
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def temp_name(final_name: str) -> str:
+    """The in-progress name of `final_name`: a fixed suffix that discovery ignores."""
+    return final_name + TEMP_SUFFIX
+
+
+def temp_path(final: Path) -> Path:
+    """The temporary name a file is written under before it is published as `final`."""
+    return final.with_name(temp_name(final.name))
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory's entries (a rename, a create, an unlink) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:
+    """Create the temp file for `final_name` exclusively, replacing a stale one.
+
+    A leftover temp of the same name can only come from a dead writer: callers hold the mirror lock
+    (or, for a trainer, own the path), so it is never a live copy.
+    """
+    name = temp_name(final_name)
+    try:
+        return os.open(name, _CREATE_FLAGS, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        os.unlink(name, dir_fd=dir_fd)
+        return os.open(name, _CREATE_FLAGS, mode, dir_fd=dir_fd)
+
+
+def discard_temp(dir_fd: int, final_name: str, temp_fd: int | None = None) -> None:
+    """Remove the temp file; never raises, so it cannot mask the error that caused the discard.
+
+    With `temp_fd`, the name is removed only if it still is that file: an abandoned (stalled) copy
+    waking up late must not delete the temp file of the retry that replaced it.
+    """
+    name = temp_name(final_name)
+    with contextlib.suppress(OSError):
+        if temp_fd is not None:
+            ours, there = os.fstat(temp_fd), os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
+                return
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def publish(dir_fd: int, final_name: str, temp_fd: int) -> None:
+    """Rename the (already fsynced and verified) temp file onto its final name, then fsync the directory.
+
+    Refuses if the temp name no longer refers to the file we wrote (someone replaced it meanwhile).
+    """
+    name = _still_ours(dir_fd, final_name, temp_fd)
+    os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
+    """publish, but never over an existing file: FileExistsError if the final name exists.
+
+    The final name is linked to the temp file, not renamed onto: a file that appeared a moment ago (a
+    check-then-rename could clobber it) makes the link fail. Then the temp name is removed.
+    """
+    name = _still_ours(dir_fd, final_name, temp_fd)
+    os.link(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    os.unlink(name, dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def _still_ours(dir_fd: int, final_name: str, temp_fd: int) -> str:
+    name = temp_name(final_name)
+    ours = os.fstat(temp_fd)
+    there = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
+        raise FileExistsError(f"{name} was replaced while it was being written")
+    return name
+
+
+def write_bytes_atomic(path: Path, data: bytes, overwrite: bool = True, mode: int = 0o644) -> None:
+    """Publish a small file (the manifest, a starter config) with the full protocol."""
+    with atomic_output(path, overwrite, mode) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str], overwrite: bool = True, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """Yield a file open on PATH.part; publish it as PATH only if the block completes.
+
+    On exit without error: flush, fsync, publish (publish_new with overwrite=False: never over an
+    existing file), fsync the directory. On any exception the temp file is removed and the exception
+    propagates; PATH is untouched.
+    """
+    final = Path(path)
+    dir_fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = create_temp(dir_fd, final.name, mode)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                yield f
+                f.flush()
+            os.fsync(fd)
+            (publish if overwrite else publish_new)(dir_fd, final.name, fd)
+        except BaseException:
+            discard_temp(dir_fd, final.name, fd)
+            raise
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)

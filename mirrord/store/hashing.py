@@ -1,0 +1,76 @@
+"""Content hashes for the manifest. The algorithm is recorded next to every digest.
+
+blake3 is the default: cryptographic strength at several GB/s, so hashing every byte costs the copy
+little. xxh3_128 is faster but not collision resistant; sha256 is for sites that require it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import blake3
+import xxhash
+
+ALGORITHMS = ("blake3", "sha256", "xxh3_128")
+HASH_BUFFER_BYTES = 8 * 1024 * 1024
+
+
+class Hasher(Protocol):
+    """An incremental hasher (hashlib's, blake3's or xxhash's)."""
+    def update(self, data: bytes | memoryview, /) -> object:
+        """Feed more bytes."""
+    def hexdigest(self) -> str:
+        """The digest of everything fed, in hex."""
+
+
+def new_hasher(algo: str) -> Hasher:
+    """A fresh incremental hasher for `algo` (one of ALGORITHMS)."""
+    if algo == "blake3":
+        return blake3.blake3()
+    if algo == "sha256":
+        return hashlib.sha256()
+    if algo == "xxh3_128":
+        return xxhash.xxh3_128()
+    raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
+
+
+def hash_fd(fd: int, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
+    """Hash an open file from its current offset to EOF; returns (bytes read, hex digest)."""
+    hasher = new_hasher(algo)
+    buf = bytearray(buffer_bytes)
+    view = memoryview(buf)
+    total = 0
+    with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            hasher.update(view[:n])
+            total += n
+    return total, hasher.hexdigest()
+
+
+def hash_stream(stream: BinaryIO, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
+    """Hash a stream (a mirror's open_read) from where it is to its end; returns (bytes read, hex digest)."""
+    hasher = new_hasher(algo)
+    total = 0
+    readinto = getattr(stream, "readinto", None)  # a file or io stream: no allocation per buffer
+    if readinto is None:
+        while data := stream.read(buffer_bytes):
+            hasher.update(data)
+            total += len(data)
+        return total, hasher.hexdigest()
+    view = memoryview(bytearray(buffer_bytes))
+    while n := readinto(view):
+        hasher.update(view[:n])
+        total += n
+    return total, hasher.hexdigest()
+
+
+def hash_file(path: str | os.PathLike[str], algo: str) -> str:
+    """Hex digest of a whole file, streamed with a bounded buffer (never follows a final symlink)."""
+    fd = os.open(Path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return hash_fd(fd, algo)[1]
+    finally:
+        os.close(fd)

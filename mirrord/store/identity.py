@@ -1,0 +1,153 @@
+"""Which filesystem objects the roots really are, whatever their paths say.
+
+Two questions that a resolved path cannot answer:
+
+* Is the mirror still the volume mirrord started on? An unmounted (even lazily, `umount -l`) mirror
+  leaves a bare mount-point directory on the root filesystem that accepts copies, a manifest and
+  deletions just as well. `VolumeIdentity` pins the mirror root's (device, inode) and a marker file
+  holding a volume id written at first use; every upload, manifest write and deletion checks both.
+* Are primary and mirror distinct, and is neither inside the other? A bind mount (`mount --bind p m`)
+  gives one directory two unrelated paths. `overlap` compares (device, inode) pairs up the parents
+  and across the mount points below each root.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirrord.errors import PermanentError
+from mirrord.store import atomic
+
+MARKER_NAME = ".mirrord-volume-id"
+_MARKER_PREFIX = "mirrord-volume "
+
+
+class MirrorGoneError(PermanentError):
+    """The mirror root is no longer the volume mirrord started on (unmounted, replaced, remounted)."""
+
+    reason = "mirror_unmounted"
+
+
+def read_marker(root: Path) -> str | None:
+    """The volume id in ROOT's marker file, None if there is none; OSError if it cannot be read."""
+    try:
+        text = (root / MARKER_NAME).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    text = text.strip()
+    return text.removeprefix(_MARKER_PREFIX) if text.startswith(_MARKER_PREFIX) else ""
+
+
+@dataclass(frozen=True)
+class VolumeIdentity:
+    """Which volume a mirror root is: its device and inode, and the id stored on it."""
+    root: Path
+    dev: int
+    ino: int
+    volume_id: str
+
+    @classmethod
+    def establish(cls, root: Path) -> VolumeIdentity:
+        """Pin ROOT as it is now; write the marker (a fresh volume id) if the mirror has none yet."""
+        marker = Path(root) / MARKER_NAME
+        try:
+            st = Path(root).stat()
+            volume_id = read_marker(root)
+            if not volume_id:
+                volume_id = uuid.uuid4().hex
+                atomic.write_bytes_atomic(marker, f"{_MARKER_PREFIX}{volume_id}\n".encode())
+        except OSError as exc:
+            raise PermanentError(marker, f"cannot read or write the volume marker: {exc.strerror or exc}") from exc
+        return cls(Path(root), st.st_dev, st.st_ino, volume_id)
+
+    def problem(self) -> str | None:
+        """None while ROOT is still the pinned volume; else why not (one line naming the path).
+
+        The volume id decides: the same volume mounted again (even on another device number, as a
+        loop device or a USB disk may get) is the same mirror; a bare mount point or another volume is not.
+        """
+        try:
+            st = self.root.stat()
+        except OSError as exc:
+            return f"{self.root}: cannot stat the mirror root: {exc.strerror or exc}"
+        try:
+            found = read_marker(self.root)
+        except OSError as exc:
+            return f"{self.root / MARKER_NAME}: cannot read the volume marker: {exc.strerror or exc}"
+        if found == self.volume_id:
+            return None
+        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+            return (f"{self.root} is no longer the directory mirrord started on (device {self.dev:#x} inode "
+                    f"{self.ino} -> device {st.st_dev:#x} inode {st.st_ino}, no volume id {self.volume_id} "
+                    "there): is the mirror unmounted?")
+        what = "is missing" if found is None else f"holds volume id {found or '(garbage)'!r}"
+        return f"{self.root / MARKER_NAME} {what}; expected volume id {self.volume_id}"
+
+    def check(self) -> None:
+        """Raise MirrorGoneError unless ROOT is still the pinned volume."""
+        problem = self.problem()
+        if problem is not None:
+            raise MirrorGoneError(self.root, problem)
+
+
+# ------------------------------------------------------------------------------- roots by identity
+def _key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
+    points = []
+    try:
+        with open(mountinfo, encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4:
+                    points.append(Path(fields[4].encode().decode("unicode_escape")))
+    except OSError:
+        pass
+    return points
+
+
+def _reachable_below(root: Path, target: tuple[int, int], mount_points: list[Path]) -> Path | None:
+    """A mount point strictly below ROOT whose directory is TARGET (a bind mount of it), or None."""
+    resolved = root.resolve()
+    for point in mount_points:
+        if point != resolved and point.is_relative_to(resolved) and _key(point) == target:
+            return point
+    return None
+
+
+def overlap(primary: Path, mirror: Path, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """Why PRIMARY and MIRROR are not two separate trees when compared by (device, inode), or None.
+
+    Catches what resolving paths cannot: the same directory under two names through a bind mount, a
+    mirror whose path runs through a bind mount of the primary (or the reverse), and a bind mount of
+    one root placed somewhere below the other.
+    """
+    pkey, mkey = _key(primary), _key(mirror)
+    if pkey is None:
+        return None  # a missing primary is reported by the path checks
+    for parent in Path(mirror).resolve().parents:  # also for a mirror not created yet
+        if _key(parent) == pkey:
+            return f"{mirror} is inside primary {primary} (reached through {parent}: a bind mount?)"
+    if mkey is None:
+        return None
+    if pkey == mkey:
+        return f"{mirror} is the same directory as primary {primary} (same device and inode: a bind mount?)"
+    for parent in Path(primary).resolve().parents:
+        if _key(parent) == mkey:
+            return f"primary {primary} is inside {mirror} (reached through {parent}: a bind mount?)"
+    points = _mount_points(mountinfo)
+    inside = _reachable_below(primary, mkey, points)
+    if inside is not None:
+        return f"{mirror} is mounted inside primary {primary} at {inside} (a bind mount)"
+    inside = _reachable_below(mirror, pkey, points)
+    if inside is not None:
+        return f"primary {primary} is mounted inside {mirror} at {inside} (a bind mount)"
+    return None

@@ -1,0 +1,427 @@
+"""The manifest's durable form on a local filesystem: a snapshot plus append-only journals.
+
+    .mirrord-manifest.json         the snapshot, published with mirrord.store.atomic; names its generation S
+    .mirrord-manifest.journal.S    changes made after snapshot S: one checksummed line per record
+    .mirrord-manifest.journal.S+1  (only while a compaction is under way, or after one failed)
+
+Recording a change costs one append and one fsync of the journal, whatever the manifest's size.
+Compaction folds the journals into a new snapshot, in three steps, each safe to crash after:
+
+    1. create journal S+1 (atomically, holding only its header); appends go there from now on
+    2. publish snapshot S+1 = everything recorded before step 1 (atomically)
+    3. unlink the journals older than S+1, fsync the directory (a failure is raised: it leaves only
+       stale journals, which readers ignore, but an I/O error is never silent)
+
+Before step 2 a reader replays journals S and S+1 on snapshot S; after it, journal S is stale and
+ignored. Readers replay the journals >= S, which must be S, S+1, ... without a gap: anything else (a
+snapshot deleted by hand, a journal lost) is an error naming the files, never a silent partial view.
+
+A record is a line `CRC32 JSON\\n`. A last line that is incomplete or fails its checksum is a record
+whose append never finished (nobody was told it was recorded): it is ignored, and cut off before the
+next append. A bad line followed by a good one is corruption: an error naming the journal.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import stat
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from mirrord.errors import ManifestError, NoSpaceError
+from mirrord.store import atomic
+
+JOURNAL_SCHEMA = "mirrord-manifest-journal"
+JOURNAL_VERSION = 1
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_ATTEMPTS = 50  # a compaction finishing while we read makes us read again; 50 in a row is a fault
+
+T = TypeVar("T")
+
+
+def frame(payload: bytes) -> bytes:
+    """One journal line: the payload's CRC-32 in hex, a space, the payload (no newline in it)."""
+    if b"\n" in payload:
+        raise ValueError("a journal record cannot contain a newline")
+    return b"%08x %s\n" % (zlib.crc32(payload), payload)
+
+
+def _unframe(line: bytes) -> bytes | None:
+    if len(line) < 10 or line[8:9] != b" ":
+        return None
+    payload = line[9:]
+    try:
+        crc = int(line[:8], 16)
+    except ValueError:
+        return None
+    return payload if zlib.crc32(payload) == crc else None
+
+
+def parse_journal(data: bytes, where: str) -> tuple[list[bytes], int]:
+    """(the payloads of every whole record, the byte length they span). The header is checked, not returned.
+
+    A torn tail (an incomplete or bad last line, or several bad lines at the end) is left out; a bad
+    line with a good one after it raises ManifestError naming `where`.
+    """
+    payloads: list[bytes] = []
+    valid = pos = 0
+    bad_at: int | None = None
+    for line in data.split(b"\n")[:-1]:  # the piece after the last newline is incomplete by definition
+        payload = _unframe(line)
+        if payload is None:
+            bad_at = pos if bad_at is None else bad_at
+        elif bad_at is not None:
+            raise ManifestError(where, f"corrupt journal record at byte {bad_at} (records follow it)")
+        else:
+            payloads.append(payload)
+            valid = pos + len(line) + 1
+        pos += len(line) + 1
+    if not payloads:
+        raise ManifestError(where, "journal has no valid header")
+    return payloads[1:], valid
+
+
+def _header(generation: int) -> bytes:
+    doc = {"schema": JOURNAL_SCHEMA, "version": JOURNAL_VERSION, "generation": generation}
+    return frame(json.dumps(doc, separators=(",", ":")).encode())
+
+
+def _check_header(data: bytes, generation: int, where: str) -> None:
+    first = _unframe(data.split(b"\n", 1)[0])
+    try:
+        doc = json.loads(first) if first is not None else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("schema") != JOURNAL_SCHEMA:
+        raise ManifestError(where, "not a mirrord manifest journal (bad header)")
+    if doc.get("version") != JOURNAL_VERSION:
+        raise ManifestError(where, f"unsupported journal version {doc.get('version')!r}")
+    if doc.get("generation") != generation:
+        raise ManifestError(where, f"journal header says generation {doc.get('generation')!r}, its name {generation}")
+
+
+@dataclass
+class JournalFile:
+    """One journal file as read: its generation and whole records (a torn last one is not counted)."""
+    generation: int
+    path: Path
+    records: list[bytes]
+    valid_size: int  # bytes up to the end of the last whole record
+    size: int
+
+
+@dataclass
+class Stored(Generic[T]):
+    """One consistent reading: the parsed snapshot (None if there is none) and the journals to replay."""
+
+    snapshot: T | None
+    generation: int
+    journals: list[JournalFile] = field(default_factory=list)
+    stale: list[Path] = field(default_factory=list)  # journals older than the snapshot
+
+    @property
+    def records(self) -> list[bytes]:
+        """Every whole record of every journal, in order."""
+        return [r for j in self.journals for r in j.records]
+
+
+def _identity(st: os.stat_result | None) -> tuple[int, ...] | None:
+    return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class LocalManifestStore:
+    """Snapshot and journals in one directory (the mirror root). Appends are serialised by the caller."""
+
+    def __init__(self, root: Path, snapshot_name: str) -> None:
+        self.root = Path(root)
+        self.snapshot_path = self.root / snapshot_name
+        self.prefix = snapshot_name.removesuffix(".json") + ".journal."
+        self._name = re.compile(re.escape(self.prefix) + r"(0|[1-9][0-9]{0,17})")
+        self._generation = 0  # of the journal appends go to
+        self._size = 0  # of that journal, up to its last whole record
+        self._torn = False  # bytes after _size to cut off before the next append
+        self._exists = False
+        self._must_rotate = False
+        self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
+        self.journal_records = 0  # since the last compaction began: the caller's compaction policy
+        # Called before every write (the mirror's identity check: never write to whatever lies under
+        # an unmounted mount point).
+        self.guard: Callable[[], None] | None = None
+        # What this process last read or wrote: snapshot (identity, sha256), journal identity. A
+        # difference means someone else changed the files (see damage()).
+        self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
+        self._journal_seen: tuple[int, ...] | None = None
+
+    def journal_path(self, generation: int) -> Path:
+        """The path of journal number `generation`."""
+        return self.root / f"{self.prefix}{generation}"
+
+    # -- reading (any process, read-only) ---------------------------------------------------------
+    def read(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T]:
+        """Snapshot and journals as of one instant, even while a writer appends and compacts.
+
+        The snapshot is read first, then the journals are opened; if the snapshot was replaced in the
+        meantime (a compaction published and may have unlinked what we were about to open), read again.
+        An open journal stays readable after a compaction unlinks it, and it only grows by appends.
+        """
+        for _ in range(_READ_ATTEMPTS):
+            stored = self._read_once(parse)
+            if stored is not None:
+                return stored
+        raise ManifestError(self.snapshot_path, "kept changing while being read (a compaction loop?)")
+
+    def _read_once(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T] | None:
+        where = str(self.snapshot_path)
+        try:
+            fd = os.open(self.snapshot_path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            fd, before, snapshot, generation = -1, None, None, 0
+        except OSError as exc:
+            raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
+        if fd >= 0:
+            try:
+                before = os.fstat(fd)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
+            finally:
+                os.close(fd)
+            snapshot, generation = parse(data, where)
+            self._snapshot_seen = (_identity(before), hashlib.sha256(data).hexdigest())
+        fds: dict[int, int] = {}
+        try:
+            for gen, path in self._journal_names():
+                if gen >= generation:
+                    try:
+                        fds[gen] = os.open(path, _OPEN_FLAGS)
+                    except FileNotFoundError:
+                        return None  # unlinked by a compaction since we listed: read again
+                    except OSError as exc:
+                        raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
+            try:
+                after: os.stat_result | None = self.snapshot_path.lstat()
+            except FileNotFoundError:
+                after = None
+            if _identity(after) != _identity(before):
+                return None
+            stored: Stored[T] = Stored(snapshot, generation)
+            stored.stale = [p for g, p in self._journal_names() if g < generation]
+            for gen in sorted(fds):
+                stored.journals.append(self._read_journal(gen, fds[gen]))
+        finally:
+            for jfd in fds.values():
+                os.close(jfd)
+        self._check_sequence(stored, snapshot is not None)
+        return stored
+
+    def _journal_names(self) -> list[tuple[int, Path]]:
+        try:
+            names = [p.name for p in self.root.iterdir()]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ManifestError(self.root, f"cannot list the manifest's directory: {exc.strerror or exc}") from exc
+        found = [(int(m[1]), self.root / n) for n in names if (m := self._name.fullmatch(n))]
+        return sorted(found)
+
+    def _read_journal(self, generation: int, fd: int) -> JournalFile:
+        path = self.journal_path(generation)
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
+        _check_header(data, generation, str(path))
+        records, valid = parse_journal(data, str(path))
+        return JournalFile(generation, path, records, valid, len(data))
+
+    def _check_sequence(self, stored: Stored[T], have_snapshot: bool) -> None:
+        gens = [j.generation for j in stored.journals]
+        if not gens:
+            return
+        if not have_snapshot:
+            raise ManifestError(self.snapshot_path, f"missing, but its journal {stored.journals[0].path.name} "
+                                "exists: run `mirrord repair-manifest` or restore the file")
+        expected = list(range(stored.generation, stored.generation + len(gens)))
+        if gens != expected:
+            raise ManifestError(self.snapshot_path, f"generation {stored.generation} does not match its "
+                                f"journals ({', '.join(j.path.name for j in stored.journals)}): a journal "
+                                "is missing or the snapshot is out of date")
+
+    # -- writing (the process holding the mirror lock) ------------------------------------------------
+    def open_for_append(self, stored: Stored[T], empty_snapshot: bytes) -> None:
+        """Continue after `stored`: appends go to its newest journal (created on first use). Without a
+        snapshot, `empty_snapshot` is published before the first journal, which never exists alone."""
+        self._initial = empty_snapshot if stored.snapshot is None else None
+        newest = stored.journals[-1] if stored.journals else None
+        self._generation = newest.generation if newest else stored.generation
+        self._size = newest.valid_size if newest else 0
+        self._torn = newest is not None and newest.size > newest.valid_size
+        self._exists = newest is not None
+        self.journal_records = len(stored.records)
+        self._journal_seen = self._stat_identity(self.journal_path(self._generation)) if self._exists else None
+
+    def append(self, payloads: Iterable[bytes]) -> None:
+        """Append the records in one write and make them durable with one fsync; raise on any failure.
+
+        After a failure the journal may hold part of the write: appends move to a new journal (the
+        old one is replayed, its tail ignored, until the next compaction makes it stale). The journal
+        is opened for each append, so no descriptor keeps the mirror busy (an unmount, a remount).
+        """
+        data = b"".join(frame(p) for p in payloads)
+        path = self.journal_path(self._generation)
+        if self.guard is not None:
+            self.guard()
+        try:
+            if self._must_rotate:
+                if self._exists:
+                    self.rotate()
+                self._must_rotate = False
+            path = self.journal_path(self._generation)
+            fd = self._open_for_append(path)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+                self._journal_seen = _identity(os.fstat(fd))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._must_rotate = True
+            raise _error(path, exc, "append to the manifest journal") from exc
+        except BaseException:
+            self._must_rotate = True
+            raise
+        self.journal_records += 1
+
+    def _open_for_append(self, path: Path) -> int:
+        if not self._exists:
+            self._create(self._generation)
+        fd = os.open(path, _APPEND_FLAGS)
+        if self._torn:  # never acknowledged: cut it off so that the next record is not read as corruption
+            try:
+                os.ftruncate(fd, self._size)
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._torn = False
+        return fd
+
+    def _create(self, generation: int) -> None:
+        if self._initial is not None:
+            self.publish_snapshot(self._initial)
+            self._initial = None
+        with atomic.atomic_output(self.journal_path(generation)) as f:
+            f.write(_header(generation))
+        self._exists = True
+        self._journal_seen = self._stat_identity(self.journal_path(generation))
+
+    def rotate(self) -> int:
+        """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
+        if self.guard is not None:
+            self.guard()
+        generation = self._generation + 1
+        path = self.journal_path(generation)
+        try:
+            if not self._exists:  # the sequence of journals after a snapshot never has a gap
+                self._create(self._generation)
+            self._create(generation)
+        except OSError as exc:
+            raise _error(path, exc, "create the manifest journal") from exc
+        self._generation, self._size, self._torn, self._must_rotate = generation, len(_header(generation)), False, False
+        self.journal_records = 0
+        return generation
+
+    def publish_snapshot(self, data: bytes) -> None:
+        """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
+        if self.guard is not None:
+            self.guard()
+        try:
+            atomic.write_bytes_atomic(self.snapshot_path, data)
+        except OSError as exc:
+            raise _error(self.snapshot_path, exc, "write manifest") from exc
+        self._snapshot_seen = (self._stat_identity(self.snapshot_path), hashlib.sha256(data).hexdigest())
+
+    @staticmethod
+    def _stat_identity(path: Path) -> tuple[int, ...] | None:
+        try:
+            return _identity(path.lstat())
+        except OSError:
+            return None
+
+    def damage(self) -> str | None:
+        """None while the snapshot and the current journal are what this process last read or wrote;
+        else what happened (changed, truncated, removed, replaced). The caller serialises it with the
+        appends. Reads the snapshot only when its stat changed: cheap enough for every heartbeat."""
+        seen = self._snapshot_seen
+        if seen is not None:
+            path = self.snapshot_path
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                return f"{path} was removed behind mirrord's back"
+            except OSError as exc:
+                return f"{path}: cannot stat: {exc.strerror or exc}"
+            if not stat.S_ISREG(st.st_mode):
+                return f"{path} is no longer a regular file"
+            if _identity(st) != seen[0]:
+                try:
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                except OSError as exc:
+                    return f"{path}: cannot read: {exc.strerror or exc}"
+                if digest != seen[1]:
+                    return f"{path} was changed on disk behind mirrord's back"
+                self._snapshot_seen = (_identity(st), digest)  # touched, not changed
+        if self._exists and self._journal_seen is not None:
+            path = self.journal_path(self._generation)
+            if self._stat_identity(path) != self._journal_seen:
+                return f"{path} was changed, truncated or removed behind mirrord's back"
+        return None
+
+    def drop_before(self, generation: int) -> None:
+        """Step 3: unlink the journals a published snapshot made stale, then fsync the directory.
+
+        Every stale journal is tried even after one fails; then the first failure is raised, naming its
+        path. The snapshot is already durable, so a stale journal left behind (or brought back by a crash
+        because its unlink was not made durable) is ignored by readers and dropped by the next compaction:
+        harmless for the manifest, but an I/O error on the mirror is never silent.
+        """
+        if self.guard is not None:
+            self.guard()
+        failure: tuple[Path, OSError, str] | None = None
+        dropped = False
+        for gen, path in self._journal_names():
+            if gen < generation:
+                try:
+                    path.unlink()
+                    dropped = True
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    failure = failure or (path, exc, "remove the stale manifest journal")
+        if dropped:
+            try:
+                atomic.fsync_dir(self.root)
+            except OSError as exc:
+                failure = failure or (self.root, exc, "make the removal of stale manifest journals durable "
+                                                      "(fsync of the directory)")
+        if failure is not None:
+            raise _error(*failure)
+
+
+def _error(path: Path, exc: OSError, action: str) -> ManifestError | NoSpaceError:
+    """ENOSPC is transient (pruning or a retry may free space); anything else makes the manifest unusable."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpaceError(path, f"cannot {action}: {exc.strerror}")
+    return ManifestError(path, f"cannot {action}: {exc.strerror or exc}")

@@ -1,0 +1,393 @@
+"""The resume record: what every mirrored artifact must be (size and content hash) to count as intact.
+
+On disk (mirrord.store.journal): a JSON snapshot at the mirror root plus an append-only journal of the
+changes made since, folded into a new snapshot now and then. Size alone is not integrity; the digest is.
+
+A change counts only once its journal record is durable: memory is updated after the fsync, so
+nothing (a prune, `latest`, a status) ever relies on a record a crash could take back. Changes from
+several threads that arrive while a record is being written go to disk together in the next write
+(group commit: one fsync for all of them).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+from mirrord.core.model import ManifestEntry
+from mirrord.errors import ManifestError
+from mirrord.obs.log import get_logger
+from mirrord.store.hashing import ALGORITHMS
+from mirrord.store.journal import LocalManifestStore, Stored
+from mirrord.store.paths import split_rel
+
+MANIFEST_NAME = ".mirrord-manifest.json"
+REPAIR_HINT = "stop mirrord and run `mirrord repair-manifest` to rebuild it from the mirror's files"
+SCHEMA = "mirrord-manifest"
+SCHEMA_VERSION = 1
+# A compaction rewrites every entry, so it waits for this many records, or a quarter of the entries if
+# that is more: its cost per record stays constant and replaying the journal stays cheaper than the snapshot.
+COMPACT_MIN_RECORDS = 1000
+
+
+# -- encoding -------------------------------------------------------------------------------------------
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str, "bool": bool}
+_CONVERT.update({f"{k} | None": _optional(v) for k, v in list(_CONVERT.items())})
+# Every field of ManifestEntry except the key (path) and the nested hash is stored under its own name,
+# so a field added to the dataclass (with a default, for older manifests) needs no change here.
+_PLAIN = tuple(f for f in fields(ManifestEntry) if f.name not in ("path", "algo", "digest"))
+_DECODE = tuple((f.name, _CONVERT.get(str(f.type), _same)) for f in _PLAIN)  # looked up once, not per entry
+
+
+def encode_entry(e: ManifestEntry) -> dict[str, Any]:
+    """One entry as the manifest's JSON stores it."""
+    raw: dict[str, Any] = {"size": e.size, "hash": {"algo": e.algo, "digest": e.digest}}
+    for f in _PLAIN:
+        raw[f.name] = getattr(e, f.name)
+    if raw.get("mirror_mtime_ns") in (None, e.source_mtime_ns):
+        raw.pop("mirror_mtime_ns", None)  # only where the mirror could not store the source's mtime
+    return raw
+
+
+def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
+    """Raises ValueError/KeyError/TypeError for anything that is not a valid entry."""
+    split_rel(path)  # ValueError unless a plain relative path: an entry never names a file outside the root
+    algo = str(raw["hash"]["algo"])
+    if algo not in ALGORITHMS:
+        raise ValueError(f"{path}: unknown hash algorithm {algo!r}")
+    values: dict[str, Any] = {"path": path, "algo": algo, "digest": str(raw["hash"]["digest"])}
+    for name, convert in _DECODE:
+        if name in raw:
+            values[name] = convert(raw[name])
+        # else: the dataclass default (a field newer than the manifest), or TypeError if it has none
+    return ManifestEntry(**values)
+
+
+def _dumps(doc: Any) -> bytes:
+    # Compact on purpose: with `indent`, json falls back to its pure-Python encoder (3.5x slower).
+    try:
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a file name that is not UTF-8: keep it as JSON \u escapes
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def encode_snapshot(entries: dict[str, ManifestEntry], generation: int = 0) -> bytes:
+    """The whole manifest as one snapshot document (sorted, so equal manifests are equal bytes)."""
+    doc: dict[str, Any] = {"schema": SCHEMA, "version": SCHEMA_VERSION}
+    if generation:
+        doc["journal"] = generation
+    doc["entries"] = {p: encode_entry(entries[p]) for p in sorted(entries)}
+    return _dumps(doc) + b"\n"
+
+
+def decode_snapshot(data: bytes, where: str) -> tuple[dict[str, ManifestEntry], int]:
+    """(entries, generation); a manifest written before the journal existed is generation 0."""
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise ValueError("not a mirrord manifest")
+        if doc.get("version") != SCHEMA_VERSION:
+            raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
+        generation = doc.get("journal", 0)
+        if type(generation) is not int or generation < 0:
+            raise ValueError(f"bad journal generation {generation!r}")
+        raw_entries = doc["entries"]
+        if not isinstance(raw_entries, dict):
+            raise ValueError("entries is not an object")
+        del doc
+        # Each decoded record is dropped as its entry is made, so that at 1,000,000 entries the
+        # parsed JSON and the entries do not both stay in memory at their full size.
+        entries: dict[str, ManifestEntry] = {}
+        for path in list(raw_entries):
+            entries[path] = decode_entry(path, raw_entries.pop(path))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
+    return entries, generation
+
+
+@dataclass(frozen=True)
+class Change:
+    """One journal record: entries written, then paths removed; recorded all together or not at all."""
+
+    puts: tuple[ManifestEntry, ...] = ()
+    removes: tuple[str, ...] = ()
+
+    def encode(self) -> bytes:
+        """The change as one journal record."""
+        doc: dict[str, Any] = {}
+        if self.puts:
+            doc["put"] = {e.path: encode_entry(e) for e in self.puts}
+        if self.removes:
+            doc["del"] = list(self.removes)
+        return _dumps(doc)
+
+    def apply_to(self, entries: dict[str, ManifestEntry]) -> None:
+        """Apply the change to an entries mapping."""
+        for e in self.puts:
+            entries[e.path] = e
+        for rel in self.removes:
+            entries.pop(rel, None)
+
+
+def decode_change(payload: bytes, where: str) -> Change:
+    """A journal record back as a Change (ManifestError naming `where` if it is not one)."""
+    try:
+        doc = json.loads(payload)
+        puts = tuple(decode_entry(p, raw) for p, raw in doc.get("put", {}).items())
+        removes = tuple(doc.get("del", ()))
+        for rel in removes:
+            split_rel(rel)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ManifestError(where, f"cannot parse journal record: {exc}") from exc
+    return Change(puts, removes)
+
+
+def _replay(stored: Stored[dict[str, ManifestEntry]]) -> dict[str, ManifestEntry]:
+    entries = stored.snapshot or {}
+    for journal in stored.journals:
+        for payload in journal.records:
+            decode_change(payload, str(journal.path)).apply_to(entries)
+    return entries
+
+
+# -- the manifest -------------------------------------------------------------------------------------
+class _Pending:
+    __slots__ = ("change", "done", "error", "payload")
+
+    def __init__(self, change: Change) -> None:
+        self.change = change
+        self.payload = change.encode()
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class ManifestStore(Protocol):
+    """Where a writable Manifest makes its changes durable; each implementation of the mirror has one.
+
+    Local (mirrord.store.journal.LocalManifestStore): a snapshot file and append-only journals. An
+    object store keeps the same shape with conditional PUTs (two writers never overwrite each other).
+    Manifest serialises the calls: one append or one compaction step at a time.
+    """
+
+    journal_records: int  # records appended since the last rotate(): the compaction policy reads it
+
+    def append(self, payloads: Iterable[bytes]) -> None:
+        """Make these change records durable together, or raise (then none of them counts)."""
+
+    def rotate(self) -> int:
+        """Compaction step 1: appends go to a new journal from now on; returns its generation."""
+
+    def publish_snapshot(self, data: bytes) -> None:
+        """Compaction step 2: the snapshot of everything recorded before that rotation."""
+
+    def drop_before(self, generation: int) -> None:
+        """Compaction step 3: remove the journals that snapshot made stale."""
+
+    def damage(self) -> str | None:
+        """What changed in the stored manifest behind this process's back, or None."""
+
+
+class Manifest:
+    """Entries keyed by root-relative POSIX path; thread-safe.
+
+    With a store, apply() returns once its change is durable (or raises, and nothing changed in
+    memory); concurrent changes are written in the order they were made.
+    """
+
+    def __init__(
+        self,
+        entries: dict[str, ManifestEntry] | None = None,
+        store: ManifestStore | None = None,
+        background_compaction: bool = True,
+    ) -> None:
+        self._entries: dict[str, ManifestEntry] = dict(entries or {})
+        self._lock = threading.Lock()  # the entries and the queue of pending changes
+        self._commit = threading.Lock()  # one writer of the journal at a time
+        self._queue: list[_Pending] = []
+        self._store = store
+        self._compacting = False
+        # Compaction rewrites every entry (a second at 100,000): off the thread whose change triggered it,
+        # so neither a copy worker nor the daemon's main loop waits for it.
+        self._background = background_compaction
+        self._compactor: threading.Thread | None = None
+
+    @property
+    def entries(self) -> dict[str, ManifestEntry]:
+        """A copy: callers plan from a consistent view while workers keep recording."""
+        with self._lock:
+            return dict(self._entries)
+
+    def get(self, rel: str) -> ManifestEntry | None:
+        """The entry for `rel`, if recorded."""
+        with self._lock:
+            return self._entries.get(rel)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[ManifestEntry]:
+        return iter(self.entries.values())
+
+    def record(self, entry: ManifestEntry) -> None:
+        """Add or replace an entry; durable when this returns."""
+        self.apply(puts=(entry,))
+
+    def remove(self, rel: str) -> None:
+        """Drop an entry; durable when this returns."""
+        self.apply(removes=(rel,))
+
+    def apply(self, puts: Iterable[ManifestEntry] = (), removes: Iterable[str] = ()) -> None:
+        """Record entries and drop paths as one record: after a crash, either all of it or none."""
+        change = Change(tuple(puts), tuple(removes))
+        if {e.path for e in change.puts} & set(change.removes):
+            raise ValueError("a path cannot be recorded and removed in the same change")
+        with self._lock:
+            if not change.puts and not any(r in self._entries for r in change.removes):
+                return  # nothing changes, nothing is written
+            if self._store is None:
+                change.apply_to(self._entries)
+                return
+        pending = _Pending(change)
+        with self._lock:
+            self._queue.append(pending)
+        with self._commit:
+            if not pending.done:  # else a writer that got the lock first took ours with its own
+                self._write_queued()
+        if pending.error is not None:
+            raise pending.error
+        if self._compaction_due():
+            self._start_compaction()
+
+    def _write_queued(self) -> None:
+        """With the commit lock: write every queued change in one append, then apply them in order."""
+        assert self._store is not None
+        with self._lock:
+            batch, self._queue = self._queue, []
+        try:
+            self._store.append(p.payload for p in batch)
+        except BaseException as exc:
+            for p in batch:
+                p.error, p.done = exc, True
+            return
+        with self._lock:
+            for p in batch:
+                p.change.apply_to(self._entries)
+                p.done = True
+
+    # -- compaction -----------------------------------------------------------------------------------
+    def _compaction_due(self) -> bool:
+        store = self._store
+        return (store is not None and not self._compacting
+                and store.journal_records >= max(COMPACT_MIN_RECORDS, len(self._entries) // 4))
+
+    def _start_compaction(self) -> None:
+        if not self._background:
+            self._compact_quietly()
+            return
+        with self._lock:
+            if self._compactor is not None and self._compactor.is_alive():
+                return
+            self._compactor = threading.Thread(target=self._compact_quietly, name="mirrord-manifest-compaction",
+                                               daemon=True)  # killed at exit mid-way: each step is crash-safe
+            self._compactor.start()
+
+    def _compact_quietly(self) -> None:
+        """After a durable change: a failed compaction is logged and tried again later, never raised."""
+        try:
+            self.compact()
+        except Exception as exc:
+            get_logger().error("manifest.compaction_failed", path=getattr(exc, "path", ""),
+                               cause=getattr(exc, "cause", str(exc)))
+
+    def compact(self) -> None:
+        """Fold the journal into a new snapshot (see mirrord.store.journal for the steps and their crash safety).
+
+        Only the rotation holds the commit lock; writing the snapshot does not stop appends.
+        """
+        store = self._store
+        if store is None:
+            return
+        with self._commit:
+            if self._compacting:
+                return
+            self._compacting = True
+            try:
+                with self._lock:
+                    entries = dict(self._entries)  # everything committed: the journal is written under this lock
+                generation = store.rotate()
+            except BaseException:
+                self._compacting = False
+                raise
+        try:
+            store.publish_snapshot(encode_snapshot(entries, generation))
+            store.drop_before(generation)
+        finally:
+            self._compacting = False
+
+    def disk_problem(self) -> str | None:
+        """What happened to the on-disk manifest behind our back (None: it is what we wrote)."""
+        store = self._store
+        if store is None or self._compacting:
+            return None  # (a compaction publishes its snapshot outside the commit lock)
+        with self._commit:
+            return None if self._compacting else store.damage()
+
+    def repair(self) -> None:
+        """Rewrite the on-disk manifest from memory: a new snapshot of every entry and a fresh journal."""
+        self.compact()
+
+    def close(self) -> None:
+        """Fold the journal into the snapshot, so that a stopped mirror is one complete JSON file."""
+        store = self._store
+        if store is None:
+            return
+        compactor = self._compactor
+        if compactor is not None:
+            compactor.join()
+        if store.journal_records:
+            self.compact()
+
+    # -- reading and writing bytes ------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The entries as one snapshot document (the pre-journal format: every tool can read it)."""
+        with self._lock:
+            return encode_snapshot(self._entries)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = MANIFEST_NAME) -> Manifest:
+        """A read-only manifest from snapshot bytes."""
+        return cls(decode_snapshot(data, where)[0])
+
+    @classmethod
+    def load(cls, root: Path) -> Manifest:
+        """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""
+        return cls(_replay(LocalManifestStore(root, MANIFEST_NAME).read(decode_snapshot)))
+
+    @classmethod
+    def open(
+        cls, root: Path, background_compaction: bool = True, guard: Callable[[], None] | None = None
+    ) -> Manifest:
+        """The manifest of a local mirror root, for the process holding its lock: changes are journaled.
+
+        Nothing is written until the first change; on a root without a snapshot, that change publishes an
+        empty one first, so that a journal never exists without it. `guard` is called before every write
+        (it raises to refuse it).
+        """
+        store = LocalManifestStore(root, MANIFEST_NAME)
+        store.guard = guard
+        stored = store.read(decode_snapshot)
+        entries = _replay(stored)
+        store.open_for_append(stored, encode_snapshot({}))
+        return cls(entries, store, background_compaction)

@@ -1,0 +1,125 @@
+"""Snapshot a volume: every committed candidate below a root, by lstat, never through a symlink."""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from mirrord.core.layouts import Layout
+from mirrord.core.model import FileState, Snapshot
+from mirrord.store.atomic import TEMP_SUFFIX
+
+IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
+
+
+def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
+    """A name that may be a committed checkpoint: matches a pattern, not hidden, not a temp name."""
+    if name.startswith(".") or name.endswith(IGNORED_SUFFIXES):
+        return False
+    return _matcher(tuple(patterns))(name) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]:
+    """All patterns as one compiled regex (fnmatchcase semantics): one match per name instead of one
+    fnmatch call per pattern, which a scan of 1,000,000 files feels."""
+    if not patterns:
+        return lambda name: None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
+
+
+def is_temp_name(name: str) -> bool:
+    """A NAME.part of ours (hidden names are not: a trainer's own temp files may start with a dot)."""
+    return name.endswith(TEMP_SUFFIX) and not name.startswith(".")
+
+
+def state_from_stat(rel: str, st: os.stat_result) -> FileState:
+    """The FileState of `rel` from its lstat."""
+    return FileState(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_ctime_ns)
+
+
+def snapshot_tree(
+    root: Path,
+    patterns: Iterable[str],
+    collect_partials: bool = False,
+    exclude: frozenset[tuple[int, int]] = frozenset(),
+    layout: Layout | None = None,
+) -> Snapshot:
+    """List `root` recursively.
+
+    Without `layout` (or with a file layout) a candidate is a file named by `patterns` (or the
+    layout's). With a folder layout, every file below a unit folder is listed (dot names too: DCP's
+    `.metadata`), beside it only the layout's alias and tag files; a staging folder (`NAME.part/`)
+    is not entered but listed in `staging`.
+
+    Symlinks (to files or directories) are never followed or listed as files; devices, FIFOs and
+    sockets are skipped; both are reported in `skipped`. Hidden directories are not entered, nor a
+    directory whose (device, inode) is in `exclude` (the other root, reached through a bind mount):
+    that is an error. Listing errors are collected, not raised: a caller must treat a snapshot with
+    errors as partial.
+    """
+    patterns = tuple(patterns)
+    files: dict[str, FileState] = {}
+    partials: dict[str, FileState] = {}
+    errors: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    staging: dict[str, FileState] = {}
+    folders = layout is not None and layout.folders
+    inside: set[str] = set()  # directories at or below a unit folder
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        in_unit = rel_dir in inside
+        path = root / rel_dir if rel_dir else root
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError as exc:
+            errors.append(f"{path}: cannot list: {exc.strerror or exc}")
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # vanished between listing and stat: not an error, the next scan sees it
+            except OSError as exc:
+                errors.append(f"{root / rel}: cannot stat: {exc.strerror or exc}")
+                continue
+            mode = st.st_mode
+            if stat.S_ISLNK(mode):
+                skipped.append((rel, "symlink"))
+            elif stat.S_ISDIR(mode):
+                if (st.st_dev, st.st_ino) in exclude:
+                    errors.append(f"{root / rel}: is the other root (a bind mount?); not entered")
+                elif folders and not in_unit and layout is not None and layout.is_staging_name(entry.name):
+                    staging[rel] = state_from_stat(rel, st)
+                elif not entry.name.startswith("."):
+                    if in_unit or (folders and layout is not None and layout.is_unit_name(entry.name)):
+                        inside.add(rel)
+                    stack.append(rel)
+            elif collect_partials and is_temp_name(entry.name):
+                if stat.S_ISREG(mode):
+                    partials[rel] = state_from_stat(rel, st)
+            elif is_selected_name(entry.name, patterns, layout, in_unit):
+                if stat.S_ISREG(mode):
+                    files[rel] = state_from_stat(rel, st)
+                else:
+                    skipped.append((rel, "not a regular file"))
+    return Snapshot(files, partials, tuple(errors), tuple(skipped), staging)
+
+
+def is_selected_name(name: str, patterns: tuple[str, ...], layout: Layout | None, in_unit: bool) -> bool:
+    """Whether a file named `name` (inside a unit folder or not) is listed: the one rule, shared with the S3 store."""
+    if layout is None:
+        return is_candidate_name(name, patterns)
+    if in_unit:
+        return layout.is_member_name(name)
+    if layout.is_extra_name(name):
+        return True
+    return not layout.folders and layout.is_unit_name(name)

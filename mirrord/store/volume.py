@@ -1,0 +1,448 @@
+"""The imperative shell around one directory tree: list, stat, read, delete, and (for the mirror) publish.
+
+`LocalVolume` is a tree read beneath its root (the primary, or any side for read-only commands);
+`LocalMirror` is the filesystem implementation of the storage seam, mirrord.store.mirror.Mirror
+(local disk, NFS, SMB, FUSE bridges). Keys are root-relative POSIX paths; `Path` stays in here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, BinaryIO
+
+from mirrord.core.layouts import Layout
+from mirrord.core.model import FileState, Snapshot
+from mirrord.errors import (
+    ChangedError,
+    LockedError,
+    ManifestError,
+    SizeMismatchError,
+    from_oserror,
+)
+from mirrord.store import atomic
+from mirrord.store.identity import VolumeIdentity
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from mirrord.store.mirror import Mirror as Mirror  # re-exported: the seam used to live here
+from mirrord.store.mirror import ReadableStore
+from mirrord.store.mirror import Upload as Upload  # re-exported: the seam used to live here
+from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
+from mirrord.store.scan import snapshot_tree, state_from_stat
+from mirrord.store.staging import FolderStaging, remove_folder, remove_tree
+
+LOCK_NAME = ".mirrord.lock"
+# Dirty data of a copy is written back in windows of this size while the copy runs, so the final fsync
+# is short and the copy never builds a multi-GB dirty backlog that stalls the trainer's own writes.
+WRITEBACK_WINDOW = 64 * 1024 * 1024
+_SFR_WAIT_BEFORE, _SFR_WRITE, _SFR_WAIT_AFTER = 1, 2, 4
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], None] | None:
+    """sync_file_range(2) through libc, or None where the platform lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    func.restype = ctypes.c_int
+
+    def sync_file_range(fd: int, offset: int, nbytes: int, flags: int) -> None:
+        if func(fd, offset, nbytes, flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    return sync_file_range
+
+
+_sync_file_range = _load_sync_file_range()
+
+
+
+
+class LocalVolume:
+    """A directory tree reached only beneath its root, never through a symlink."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.exclude: frozenset[tuple[int, int]] = frozenset()  # (dev, ino) of the other root: never entered
+
+    def describe(self, key: str = "") -> str:
+        """The path of the root, or of `key` below it, for messages."""
+        return str(self.root / key) if key else str(self.root)
+
+    def exists(self) -> bool:
+        """Whether the root is a directory."""
+        return self.root.is_dir()
+
+    def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
+        """List the candidate files beneath the root (never following a link, never entering an excluded root)."""
+        return snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout)
+
+    def key(self) -> tuple[int, int]:
+        """(device, inode) of the root directory."""
+        st = self.root.stat()
+        return st.st_dev, st.st_ino
+
+    def stat(self, rel: str) -> FileState | None:
+        """lstat of `rel` beneath the root (None if it is not there), never through a symlink."""
+        st = lstat_beneath(self.root, rel)
+        return None if st is None else state_from_stat(rel, st)
+
+    def open_read(self, rel: str) -> BinaryIO:
+        """The regular file at rel, opened beneath the root without following a symlink and without
+        blocking on a FIFO; OSError (EINVAL) for anything that is not a regular file."""
+        fd = open_file_beneath(self.root, rel)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+        except BaseException:
+            os.close(fd)
+            raise
+        return os.fdopen(fd, "rb")
+
+    def load_manifest(self) -> Manifest:
+        """The manifest in this tree, read-only (empty where there is none: a primary)."""
+        return Manifest.load(self.root)
+
+    def delete(self, rel: str, expected: FileState) -> None:
+        """Unlink rel only if it is still the regular file that was planned (same inode, size, mtime).
+
+        The check and the unlink use the same directory fd, so a directory swapped for a symlink
+        between planning and deleting cannot redirect the unlink outside the root.
+        """
+        parts = split_rel(rel)
+        try:
+            dir_fd = open_dir_beneath(self.root, parts[:-1])
+        except OSError as exc:
+            raise from_oserror(self.describe(rel), exc, "open parent directory") from exc
+        try:
+            st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise ChangedError(self.describe(rel), "no longer a regular file")
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != (expected.ino, expected.size, expected.mtime_ns):
+                raise ChangedError(self.describe(rel), "changed since it was planned for deletion")
+            os.unlink(parts[-1], dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise from_oserror(self.describe(rel), exc, "delete") from exc
+        finally:
+            os.close(dir_fd)
+
+    def space(self) -> tuple[int, int]:
+        """(free bytes available to us, total bytes) of the filesystem holding the root."""
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+class LocalUpload:
+    """NAME.part in the destination directory, created exclusively; see mirrord.store.atomic."""
+
+    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False) -> None:
+        parts = split_rel(rel)
+        self.path = root / rel
+        self.name = parts[-1]
+        self.expected_size = size
+        self.drop_cache = drop_cache
+        self.written = 0
+        self._flushed = 0  # bytes below this offset are written back (and dropped when drop_cache)
+        self._writeback = _sync_file_range
+        self._sealed = False
+        self._hole_at_end = False
+        self._dir_fd = open_dir_beneath(root, parts[:-1], create=True)
+        try:
+            self._fd = atomic.create_temp(self._dir_fd, self.name)
+        except BaseException:
+            os.close(self._dir_fd)
+            raise
+
+    def write(self, data: memoryview) -> None:
+        """Write `data` at the end of the temp file."""
+        self._hole_at_end = False
+        start = self.written
+        while data:
+            n = os.write(self._fd, data)
+            self.written += n
+            data = data[n:]
+        self._write_behind(start)
+
+    def skip(self, nbytes: int) -> None:
+        """Leave a hole of `nbytes` (zeros that take no space): a sparse source stays sparse."""
+        os.lseek(self._fd, nbytes, os.SEEK_CUR)
+        self.written += nbytes
+        self._hole_at_end = nbytes > 0
+
+    def _write_behind(self, start: int) -> None:
+        """With drop_cache: start writeback of what was just written; while two windows are pending,
+        wait for the older one and drop it from the page cache. Not a durability step: seal() fsyncs.
+
+        Without drop_cache the pages stay cached anyway, and waiting window by window only slowed the
+        copy (bench/results/copy_strategies.md), so the final fsync does all the writing then."""
+        if self._writeback is None or not self.drop_cache:
+            return
+        try:
+            self._writeback(self._fd, start, self.written - start, _SFR_WRITE)
+            while self.written - self._flushed >= 2 * WRITEBACK_WINDOW:  # one write may span several windows
+                flags = _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER
+                self._writeback(self._fd, self._flushed, WRITEBACK_WINDOW, flags)
+                os.posix_fadvise(self._fd, self._flushed, WRITEBACK_WINDOW, os.POSIX_FADV_DONTNEED)
+                self._flushed += WRITEBACK_WINDOW
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
+                self._writeback = None  # this filesystem does not support it; the final fsync suffices
+            else:
+                raise
+
+    def seal(self, mtime_ns: int) -> int:
+        """Give the copy the source's mtime, make it durable, and check its size; returns the mtime the
+        filesystem actually stored (it may clamp or round it).
+
+        If fsync fails the kernel may already have dropped the dirty pages, so retrying fsync could
+        report success for lost data: the caller must abort and rebuild from the source.
+        """
+        if self._hole_at_end:
+            os.ftruncate(self._fd, self.written)  # a trailing hole: skip() moved the offset only
+        os.utime(self._fd, ns=(mtime_ns, mtime_ns))
+        os.fsync(self._fd)
+        st = os.fstat(self._fd)
+        size = st.st_size
+        if size != self.expected_size or self.written != self.expected_size:
+            raise SizeMismatchError(
+                self.path, f"wrote {self.written} bytes, file has {size}, source had {self.expected_size}"
+            )
+        if self.drop_cache:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self._sealed = True
+        return st.st_mtime_ns
+
+    def commit(self) -> None:
+        """Publish the sealed temp file under its final name (rename, then fsync of the folder)."""
+        if not self._sealed:
+            raise RuntimeError("commit() before seal()")
+        try:
+            atomic.publish(self._dir_fd, self.name, self._fd)
+        except BaseException:
+            atomic.discard_temp(self._dir_fd, self.name, self._fd)
+            raise
+        finally:
+            self._close()
+
+    def abort(self) -> None:
+        """Remove the temp file (only ours: checked by inode); the final name is untouched."""
+        if self._fd >= 0:
+            atomic.discard_temp(self._dir_fd, self.name, self._fd)
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            os.close(self._dir_fd)
+            self._fd = self._dir_fd = -1
+
+
+def guard_roots(primary: LocalVolume, mirror: Mirror) -> dict[str, PurePath] | None:
+    """The roots for the prune guard that keeps deletions inside their own tree and out of the other
+    (a mirror nested in the primary); None when the mirror is not a directory tree (nothing to nest)."""
+    if not isinstance(mirror, LocalVolume):
+        return None
+    return {"primary": PurePath(primary.root.resolve()), "mirror": PurePath(mirror.root.resolve())}
+
+
+def exclude_each_other(primary: LocalVolume, mirror: ReadableStore) -> None:
+    """Neither listing enters the other root (reached through a bind mount); only trees can meet."""
+    if isinstance(mirror, LocalVolume):
+        primary.exclude = frozenset({mirror.key()})
+        mirror.exclude = frozenset({primary.key()})
+
+
+class LocalMirror(LocalVolume):
+    """The filesystem implementation of Mirror.
+
+    While the lock is held the mirror is pinned (mirrord.store.identity): every upload, manifest write and
+    deletion first checks that the root is still the volume the lock was taken on.
+    """
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.identity: VolumeIdentity | None = None
+        self._lock_fd = -1
+
+    def check_identity(self) -> None:
+        """Raise MirrorGoneError if the mirror is no longer the pinned volume (no-op when not pinned)."""
+        if self.identity is not None:
+            self.identity.check()
+
+    def identity_problem(self) -> str | None:
+        """check_identity as a sentence, or None while all is well."""
+        return None if self.identity is None else self.identity.problem()
+
+    def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> LocalUpload:
+        """Begin writing `rel` under its temp name (the mirror must still be the pinned volume)."""
+        self.check_identity()
+        return LocalUpload(self.root, rel, size, drop_cache)
+
+    def set_manifest_aside(self, suffix: str) -> list[str]:
+        """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""
+        journals = sorted(self.root.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
+        moved = []
+        for path in [self.root / MANIFEST_NAME, *journals]:
+            if path.name.endswith(suffix) or not (path.exists() or path.is_symlink()):
+                continue
+            aside = path.with_name(path.name + suffix)
+            try:
+                path.replace(aside)
+            except OSError as exc:
+                raise ManifestError(path, f"cannot move the old manifest aside: {exc.strerror or exc}") from exc
+            moved.append(aside.name)
+        if moved:
+            atomic.fsync_dir(self.root)
+        return moved
+
+    def space(self) -> tuple[int, int]:
+        """(free bytes available to us, total bytes): a local mirror always knows."""
+        return super().space()
+
+    def is_mountpoint(self) -> bool:
+        """Whether the mirror root is a mount point."""
+        return self.root.is_mount()
+
+    def delete(self, rel: str, expected: FileState) -> None:
+        """Delete `rel` if it is still `expected` (the mirror must still be the pinned volume)."""
+        self.check_identity()
+        super().delete(rel, expected)
+
+    def begin_unit(self, key: str) -> FolderStaging:
+        """Start publishing the folder unit `key` as a whole (mirrord.store.staging)."""
+        self.check_identity()
+        return FolderStaging(self.root, key)
+
+    def delete_unit(self, key: str) -> None:
+        """Retire a folder unit whole: rename NAME/ to NAME.part/ (one step: a reader sees the whole unit
+        or none), fsync the parent, then remove NAME.part/ and what is in it. The caller re-checked
+        every file and dropped the manifest entries first."""
+        self.check_identity()
+        parts = split_rel(key)
+        aside = atomic.temp_name(parts[-1])
+        try:
+            dir_fd = open_dir_beneath(self.root, parts[:-1])
+        except OSError as exc:
+            raise from_oserror(self.root / key, exc, "open parent directory") from exc
+        try:
+            remove_tree(dir_fd, aside)  # a dead staging of the same unit (the in-flight guard kept live ones)
+            os.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+            remove_tree(dir_fd, aside)
+            os.fsync(dir_fd)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise from_oserror(self.root / key, exc, "delete folder unit") from exc
+        finally:
+            os.close(dir_fd)
+
+    def delete_folder(self, key: str, expected: FileState | None = None) -> bool:
+        """Remove a dead staging folder (still `expected`) with what is in it, or (expected None) an
+        emptied unit folder; False when it was left (not empty, or not the planned folder)."""
+        self.check_identity()
+        return remove_folder(self.root, key, expected)
+
+    def read_manifest(self) -> Manifest:
+        """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.store.journal);
+        every write first checks that the mirror is still the pinned volume."""
+        return Manifest.open(self.root, guard=self.check_identity)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One mirrord per mirror: the lock is what makes a leftover NAME.part safe to replace.
+
+        The lock file is held open read-only (flock needs no write access), so holding it does not
+        keep the mirror busy for `mount -o remount,ro`. While it is held the mirror is pinned
+        (see check_identity) and `lock_problem()` tells whether the file is still the one locked.
+        """
+        created = [p for p in (self.root, *self.root.parents) if not p.exists()]
+        self.root.mkdir(parents=True, exist_ok=True)
+        for path in reversed(created):  # a root that a power cut can unlink loses every file below it
+            atomic.fsync_dir(path.parent)
+        self._lock_fd = self._acquire_lock()
+        try:
+            self.identity = VolumeIdentity.establish(self.root)
+            yield
+        finally:
+            self.identity = None
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _acquire_lock(self) -> int:
+        path = self.root / LOCK_NAME
+        for _ in range(20):
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise LockedError(self.root, "another mirrord process is using this mirror") from exc
+                raise
+            if _same_inode(fd, path):
+                break
+            # Unlinked or replaced between our open and our flock: lock the file at the path now.
+            os.close(fd)
+        else:
+            raise LockedError(path, "the lock file keeps being replaced; another process is fighting over it")
+        with contextlib.suppress(OSError):  # the pid is for people; the flock is the lock
+            pid_fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(pid_fd)
+        return fd
+
+    def lock_problem(self) -> str | None:
+        """None while the file at .mirrord.lock is the one we locked; else why the lock is lost.
+
+        The same volume mounted again (on another device number) holds the same lock file on a new
+        mount: that lock is taken over (flock again) rather than reported, unless someone holds it.
+        """
+        if self._lock_fd < 0:
+            return None
+        path = self.root / LOCK_NAME
+        try:
+            if _same_inode(self._lock_fd, path):
+                return None
+            there = path.lstat()
+        except FileNotFoundError:
+            return f"{path} was removed: another mirrord may now work on this mirror"
+        except OSError as exc:
+            return f"{path}: cannot stat the lock file: {exc.strerror or exc}"
+        ours = os.fstat(self._lock_fd)
+        if there.st_dev != ours.st_dev and self.identity_problem() is None:
+            try:
+                fd = self._acquire_lock()
+            except (LockedError, OSError) as exc:
+                return f"{path}: the mirror was mounted again and its lock cannot be taken: {exc}"
+            os.close(self._lock_fd)
+            self._lock_fd = fd
+            return None
+        return f"{path} was replaced: another mirrord may now work on this mirror"
+
+
+def _same_inode(fd: int, path: Path) -> bool:
+    try:
+        there = path.lstat()
+    except FileNotFoundError:
+        return False
+    ours = os.fstat(fd)
+    return (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino)
+
+
+if TYPE_CHECKING:  # mypy proves here that the local implementation is a whole Mirror
+    _LOCAL_IS_A_MIRROR: type[Mirror] = LocalMirror
+    _LOCAL_IS_READABLE: type[ReadableStore] = LocalVolume

@@ -1,0 +1,297 @@
+"""Issue 16 with the real libraries: transformers' Trainer, torch.distributed.checkpoint and Lightning
+train tiny models on CPU (tests/support/train_*.py) while a real daemon mirrors their checkpoints.
+
+For each: a poller lists the mirror every 20 ms during training and never sees a checkpoint folder under
+its final name that is not whole; once training is over the mirror holds exactly the units the trainer
+kept, with no staging or empty folder left; then the primary is deleted and training resumes **from the
+mirror** with the library's own resume call, and the loss of every resumed step is exactly the loss of
+the uninterrupted run (fixed seeds, one CPU thread).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.support.cli import run_mirrord
+from tests.support.daemon import DaemonProcess
+from tests.support.wait import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_TIMEOUT = 300
+
+
+def train(module: str, out: Path, *args: str | Path, log: Path) -> dict[int, float]:
+    """Run `python -m tests.support.<module> OUT ARGS` to the end; its losses by step."""
+    cmd = [sys.executable, "-m", f"tests.support.{module}", str(out), *map(str, args)]
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=TRAIN_TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = log.read_text(errors="replace")
+    assert code == 0, f"{module} exited {code}:\n{text[-4000:]}"
+    losses = {}
+    for line in text.splitlines():
+        if line.startswith('{"step"'):
+            event = json.loads(line)
+            losses[event["step"]] = event["loss"]
+    return losses
+
+
+class MirrorPoller:
+    """Lists the mirror every 20 ms: every folder under a final unit name, with its files and their sizes
+    (or a file unit's size).
+
+    A folder unit is published by one rename of a whole staging folder, so every listing of a final name
+    must show the same files with the same sizes, and those of a whole checkpoint.
+    """
+
+    def __init__(self, root: Path, unit: re.Pattern[str]) -> None:
+        self.root = root
+        self.unit = unit
+        self.seen: dict[str, set[frozenset[tuple[str, int]]]] = {}
+        self.listings = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mirror-poller", daemon=True)
+
+    def __enter__(self) -> MirrorPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._poll()
+            except Exception as exc:  # a failed listing must fail the test, not vanish in a thread
+                self.errors.append(repr(exc))
+            self._stop.wait(0.02)
+
+    def _poll(self) -> None:
+        if not self.root.is_dir():
+            return
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            for name in dirnames + filenames:
+                if not self.unit.fullmatch(name):
+                    continue
+                path = Path(dirpath) / name
+                files = set()
+                try:
+                    if name in filenames:  # a file unit: its one name and size
+                        files.add((name, path.stat(follow_symlinks=False).st_size))
+                    else:
+                        with os.scandir(path) as it:
+                            for entry in it:
+                                files.add((entry.name, entry.stat(follow_symlinks=False).st_size))
+                except FileNotFoundError:
+                    continue  # gone between the two listings (retention): a disappearance, not a partial view
+                self.seen.setdefault(path.relative_to(self.root).as_posix(), set()).add(frozenset(files))
+        self.listings += 1
+
+    def partial(self, whole: Callable[[str, dict[str, int]], bool]) -> dict[str, list[dict[str, int]]]:
+        """Every unit seen in more than one state, or in a state `whole` rejects."""
+        bad = {}
+        for rel, states in self.seen.items():
+            views = [dict(s) for s in states]
+            if len(views) != 1 or not whole(rel, views[0]):
+                bad[rel] = views
+        return bad
+
+
+def leftovers(mirror: Path) -> list[str]:
+    """Staging folders, temp files and empty folders anywhere on the mirror."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(mirror):
+        for name in dirnames + filenames:
+            if name.endswith((".part", ".tmp")):
+                found.append(f"{dirpath}/{name}")
+        if Path(dirpath) != mirror and not dirnames and not filenames:
+            found.append(f"{dirpath} (empty)")
+    return found
+
+
+def unit_names(folder: Path, pattern: re.Pattern[str]) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if pattern.fullmatch(p.name)) if folder.is_dir() else []
+
+
+def latest_on_mirror(mirror: Path, layout: str) -> str | None:
+    out = run_mirrord("latest", "--json", "--mirror", mirror,
+                      env={"MIRRORD_METRICS__ENABLED": "false", "MIRRORD_LAYOUT": layout})
+    return json.loads(out.stdout).get("relative_path") if out.stdout.strip() else None
+
+
+def settings(layout: str, **extra: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "layout": layout,
+        "copy": {"settle_seconds": 0.5, "workers": 2},
+        "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0},
+        "watch": {"rescan_interval_seconds": 2},
+    }
+    for key, value in extra.items():
+        base.setdefault(key, {}).update(value)
+    return base
+
+
+def wait_converged(d: DaemonProcess, primary: Path, mirror: Path, pattern: re.Pattern[str], newest: str,
+                   layout: str) -> None:
+    """Until the mirror holds the units the trainer kept, and `latest` names the newest."""
+    def converged() -> bool:
+        if d.exited():
+            raise AssertionError(f"daemon exited:\n{d.log_text()[-4000:]}")
+        return unit_names(mirror / "run", pattern) == unit_names(primary / "run", pattern) and \
+            latest_on_mirror(mirror, layout) == newest
+
+    try:
+        wait_for(converged, 120, f"the mirror to hold the trainer's units, latest {newest}", interval=0.5)
+    except AssertionError as exc:
+        listing = sorted(str(p.relative_to(mirror)) for p in mirror.rglob("*")) if mirror.exists() else []
+        raise AssertionError(f"{exc}\nprimary: {unit_names(primary / 'run', pattern)}\nmirror: {listing}\n"
+                             f"latest: {latest_on_mirror(mirror, layout)}\nlog:\n{d.log_text()[-6000:]}") from None
+
+
+# --- transformers Trainer: checkpoint-N/ folders ------------------------------------------------------------
+
+HF_UNIT = re.compile(r"checkpoint-\d+")
+
+
+def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(tmp_path: Path, daemon_factory) -> None:
+    """save_steps=2, save_total_limit=2 on 12 steps, with a mirror slower than the trainer's rotation (a
+    folder of 0.75 MB copied at 128 KiB/s, about 6 s, lives about 2 s on the primary): folders are rotated
+    away while they are copied, and none is left partial or empty on the mirror."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory(settings("hf", io={"bandwidth_limit": 128 * 1024})).start()
+    with MirrorPoller(mirror, HF_UNIT) as poller:
+        uninterrupted = train("train_hf", primary / "run", "--steps", 12, "--save-steps", 2,
+                              "--save-total-limit", 2, "--step-seconds", 0.5, log=tmp_path / "a.log")
+        assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-10", "checkpoint-12"]
+        wait_converged(d, primary, mirror, HF_UNIT, "run/checkpoint-12", "hf")
+    files = {p.name for p in (primary / "run" / "checkpoint-12").iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= files
+    assert not poller.errors and poller.listings > 50
+    assert poller.partial(lambda rel, view: set(view) == files) == {}
+    assert leftovers(mirror) == []
+    assert d.metric("mirrord_copies_total", 'result="failed"') == 0
+    assert not d.events("copy.failed")
+    deep = run_mirrord("verify", "--deep", "--mirror", mirror, env={"MIRRORD_LAYOUT": "hf"})
+    assert deep.returncode == 0, deep.stdout + deep.stderr  # safetensors, JSON and torch zips, each by its format
+    cut_short = [e["path"] for e in d.events("copy.source_gone")]
+    assert cut_short, "no copy was overtaken by the trainer's rotation: the test did not test it"
+    print(f"hf: {poller.listings} listings, units seen {sorted(poller.seen)}, source_gone {cut_short}")
+    assert d.stop() == 0
+    shutil.rmtree(primary)  # the primary is lost: everything below comes from the mirror
+    resumed = train("train_hf", tmp_path / "resumed", "--steps", 12, "--save-steps", 2, "--resume",
+                    mirror / "run" / "checkpoint-10", log=tmp_path / "b.log")
+    assert resumed == {step: uninterrupted[step] for step in (11, 12)}
+
+
+# --- torch.distributed.checkpoint: step_N/ folders with .metadata -----------------------------------------
+
+DCP_UNIT = re.compile(r"step_\d+")
+
+
+def test_dcp_save_mirrored_whole_and_resumed_with_dcp_load_from_the_mirror(tmp_path: Path, daemon_factory) -> None:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory(settings("dcp")).start()
+    with MirrorPoller(mirror, DCP_UNIT) as poller:
+        uninterrupted = train("train_dcp", primary / "run", "--steps", 12, "--save-steps", 2, "--keep", 2,
+                              "--step-seconds", 0.3, log=tmp_path / "a.log")
+        wait_converged(d, primary, mirror, DCP_UNIT, "run/step_12", "dcp")
+    assert unit_names(mirror / "run", DCP_UNIT) == ["step_10", "step_12"]
+    files = {p.name for p in (primary / "run" / "step_12").iterdir()}
+    assert ".metadata" in files and any(f.endswith(".distcp") for f in files)
+    assert not poller.errors and poller.listings > 50
+    assert poller.partial(lambda rel, view: set(view) == files) == {}
+    assert leftovers(mirror) == []
+    print(f"dcp: {poller.listings} listings, units seen {sorted(poller.seen)}")
+    deep = run_mirrord("verify", "--deep", "--mirror", mirror, env={"MIRRORD_LAYOUT": "dcp"})
+    assert deep.returncode == 0, deep.stdout + deep.stderr
+    assert d.stop() == 0
+    shutil.rmtree(primary)
+    resumed = train("train_dcp", tmp_path / "resumed", "--steps", 12, "--save-steps", 2, "--resume",
+                    mirror / "run" / "step_10", log=tmp_path / "b.log")
+    assert resumed == {step: uninterrupted[step] for step in (11, 12)}
+
+
+# --- Lightning: epoch=E-step=N.ckpt files and last.ckpt ----------------------------------------------------
+
+LIGHTNING_STEP = re.compile(r"epoch=\d+-step=\d+\.ckpt")
+
+
+def mirrored_lightning_run(base: Path, last: str, epochs: int) -> dict[str, Any]:
+    """One Lightning run on base/primary, mirrored by a daemon to base/mirror until retention settled."""
+    primary, mirror = base / "primary", base / "mirror"
+    primary.mkdir(parents=True)
+    d = DaemonProcess(base, primary, mirror, settings("lightning"))
+    try:
+        d.start()
+        with MirrorPoller(mirror, LIGHTNING_STEP) as poller:
+            losses = train("train_lightning", primary / "run", "--epochs", epochs, "--keep", 2, "--last", last,
+                           "--step-seconds", 0.1, log=base / "train.log")
+            wait_converged(d, primary, mirror, LIGHTNING_STEP, f"run/epoch={epochs - 1}-step={2 * epochs}.ckpt",
+                           "lightning")
+            wait_for(lambda: os.path.lexists(mirror / "run" / "last.ckpt"), 120, "last.ckpt mirrored")
+        run = {"losses": losses, "primary": primary, "mirror": mirror, "poller": poller,
+               "failed": d.metric("mirrord_copies_total", 'result="failed"'),
+               "last_copies": len(d.events("copy.committed", path="run/last.ckpt"))}
+        print(f"lightning ({last}): {poller.listings} listings, units seen {sorted(poller.seen)}")
+        assert d.stop() == 0
+        return run
+    finally:
+        d.kill()
+
+
+def test_lightning_steps_and_last_ckpt_copy_mirrored_and_resumed_from_the_mirror(tmp_path: Path) -> None:
+    """ModelCheckpoint(save_top_k=2, save_last=True) for 6 epochs of 2 steps: the mirror keeps the two
+    steps the trainer kept and last.ckpt (the same bytes); Trainer.fit(ckpt_path=<mirror step 10>) gives
+    steps 11 and 12 exactly."""
+    run = mirrored_lightning_run(tmp_path / "copy", "copy", 6)
+    assert not run["poller"].errors and run["poller"].listings > 50
+    assert len(run["poller"].seen) >= 2
+    assert run["poller"].partial(lambda rel, view: True) == {}  # a step file is never seen with two sizes
+    assert run["failed"] == 0
+    mirrored = run["mirror"] / "run"
+    assert unit_names(mirrored, LIGHTNING_STEP) == ["epoch=4-step=10.ckpt", "epoch=5-step=12.ckpt"]
+    assert (mirrored / "last.ckpt").read_bytes() == (run["primary"] / "run" / "last.ckpt").read_bytes()
+    assert leftovers(run["mirror"]) == []
+    shutil.rmtree(run["primary"])
+    resumed = train("train_lightning", tmp_path / "resumed", "--epochs", 6, "--resume",
+                    mirrored / "epoch=4-step=10.ckpt", log=tmp_path / "resumed.log")
+    assert resumed == {s: run["losses"][s] for s in (11, 12)}
+
+
+def test_lightning_last_ckpt_link_is_recreated_on_the_mirror(tmp_path: Path) -> None:
+    """save_last="link" for 7 epochs: last.ckpt is a symlink to the newest step; on the mirror it is a
+    relative symlink to the mirrored step (never to the primary), and loads as step 14; resuming from
+    the mirror's step 12 gives steps 13 and 14 exactly."""
+    import torch
+
+    run = mirrored_lightning_run(tmp_path / "link", "link", 7)
+    assert run["failed"] == 0
+    mirrored = run["mirror"] / "run"
+    assert unit_names(mirrored, LIGHTNING_STEP) == ["epoch=5-step=12.ckpt", "epoch=6-step=14.ckpt"]
+    assert (mirrored / "last.ckpt").readlink() == Path("epoch=6-step=14.ckpt")
+    assert leftovers(run["mirror"]) == []
+    shutil.rmtree(run["primary"])
+    assert torch.load(mirrored / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 14
+    resumed = train("train_lightning", tmp_path / "resumed", "--epochs", 7, "--resume",
+                    mirrored / "epoch=5-step=12.ckpt", log=tmp_path / "resumed.log")
+    assert resumed == {s: run["losses"][s] for s in (13, 14)}

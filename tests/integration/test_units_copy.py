@@ -1,0 +1,193 @@
+"""Folder units mirrored for real: HF-like and DCP-like folders written with torch, published whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mirrord.config import Config, load_config
+from mirrord.core.units import group_units, unit_verified
+from mirrord.store.hashing import hash_file
+from mirrord.store.manifest import Manifest
+from mirrord.store.volume import LocalMirror, LocalVolume
+from tests.support.checkpoints import save_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.folders import write_dcp, write_hf
+from tests.support.unitsync import sync_units
+
+
+def _config(primary: Path, mirror: Path, layout: str) -> Config:
+    return load_config(environ={}, overrides={"primary": str(primary), "mirror": str(mirror), "layout": layout,
+                                              "copy": {"settle_seconds": 0}}, check_roots=False)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _sync(config: Config) -> tuple[int, LocalMirror]:
+    """One planning pass and its copies, in process; returns how many jobs ran."""
+    mirror = LocalMirror(config.mirror)
+    return sync_units(config, mirror), mirror
+
+
+WRITERS: dict[str, tuple[str, Callable[[Path, int], list[Path]]]] = {
+    "hf": ("checkpoint-{}", write_hf),
+    "dcp": ("step_{}", write_dcp),
+}
+
+
+@pytest.mark.parametrize("layout", ["hf", "dcp"])
+def test_folder_unit_is_mirrored_whole_and_recorded_file_by_file(tmp_path: Path, layout: str) -> None:
+    """Every file of the folder (DCP's .metadata too) is on the mirror byte for byte under the final
+    name, recorded in the manifest with its size and hash; no staging folder is left; a second pass
+    has nothing to do."""
+    name, write = WRITERS[layout]
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    for step in (10, 20):
+        write(primary / "run" / name.format(step), step)
+    config = _config(primary, mirror_root, layout)
+    jobs, _mirror = _sync(config)
+    assert jobs == 2
+    assert _tree(mirror_root / "run") == _tree(primary / "run")
+    if layout == "dcp":
+        assert (mirror_root / "run" / "step_10" / ".metadata").is_file()
+    assert not [p for p in mirror_root.rglob("*.part")]
+    entries = Manifest.load(mirror_root).entries
+    for rel, data in _tree(primary).items():
+        entry = entries[rel]
+        assert entry.size == len(data)
+        assert entry.digest == hash_file(primary / rel, entry.algo)
+        assert entry.step == int(rel.split("/")[1].rsplit("-", 1)[-1].rsplit("_", 1)[-1])
+    units = group_units(LocalVolume(mirror_root).snapshot((), config.rules).files.values(), config.rules)
+    assert all(unit_verified(u, entries) for u in units.values())
+    assert _sync(config)[0] == 0
+
+
+def test_an_unfinished_folder_is_not_mirrored(tmp_path: Path) -> None:
+    """HF: no trainer_state.json yet (the Trainer writes it last) -> nothing on the mirror, not even
+    an empty folder. DCP: no .metadata yet -> the same."""
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    write_hf(primary / "checkpoint-5", 5)
+    (primary / "checkpoint-5" / "trainer_state.json").unlink()
+    assert _sync(_config(primary, mirror_root, "hf"))[0] == 0
+    write_dcp(primary / "step_5", 5)
+    (primary / "step_5" / ".metadata").unlink()
+    assert _sync(_config(primary, mirror_root, "dcp"))[0] == 0
+    assert not [p for p in mirror_root.iterdir() if p.is_dir()]
+
+
+def test_a_changed_folder_is_published_again_whole(tmp_path: Path) -> None:
+    """The trainer rewrote checkpoint-5 (another optimizer.pt, one file fewer): the old copy goes
+    (entries first), the new one is published whole, and the manifest lists exactly its files."""
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "checkpoint-5"
+    write_hf(folder, 5)
+    config = _config(primary, mirror_root, "hf")
+    _sync(config)
+    write_hf(folder, 6)
+    (folder / "rng_state.pth").unlink()
+    os.utime(folder / "trainer_state.json")
+    assert _sync(config)[0] == 1
+    assert _tree(mirror_root / "checkpoint-5") == _tree(folder)
+    assert sorted(Manifest.load(mirror_root).entries) == sorted(f"checkpoint-5/{n}" for n in _tree(folder))
+
+
+def _cli(command: str, primary: Path, mirror: Path, env: dict[str, str], *args: str) -> str:
+    result = run_mirrord(command, "--primary", primary, "--mirror", mirror, *args, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _old(paths: list[Path]) -> None:
+    """Written an hour ago: settled, and past prune.min_age_seconds."""
+    for path in paths:
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+
+
+def test_lightning_last_ckpt_is_mirrored_and_never_counted(tmp_path: Path) -> None:
+    """sync + prune with keep_last = 1: the newest step and last.ckpt stay on the mirror; last.ckpt
+    (no step) neither counts as a step nor is pruned; `latest` names the newest step."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    ckpts = primary / "lightning_logs" / "version_0" / "checkpoints"
+    made = [save_checkpoint(ckpts / f"epoch={i}-step={10 * (i + 1)}.ckpt", 10 * (i + 1)) for i in range(3)]
+    made.append(save_checkpoint(ckpts / "last.ckpt", 30))
+    _old(made)
+    env = {"MIRRORD_LAYOUT": "lightning", "MIRRORD_PRUNE__KEEP_LAST": "1", "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+    _cli("sync", primary, mirror, env)
+    _cli("prune", primary, mirror, env)
+    assert sorted(p.name for p in (mirror / ckpts.relative_to(primary)).iterdir()) == [
+        "epoch=2-step=30.ckpt", "last.ckpt"]
+    assert _cli("latest", primary, mirror, env).strip().endswith("epoch=2-step=30.ckpt")
+
+
+def test_deepspeed_folders_and_their_tag_file(tmp_path: Path) -> None:
+    """global_stepN/ folders are units named by the `latest` tag file; the tag file is mirrored with
+    them; keep_last = 1 keeps the newest folder whole; `latest` names it."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    made = []
+    for step in (100, 200):
+        folder = primary / "out" / f"global_step{step}"
+        made += [save_checkpoint(folder / "mp_rank_00_model_states.pt", step),
+                 save_checkpoint(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", step + 1)]
+    (primary / "out" / "latest").write_text("global_step200")
+    made.append(primary / "out" / "latest")
+    _old(made)
+    env = {"MIRRORD_LAYOUT": "deepspeed", "MIRRORD_PRUNE__KEEP_LAST": "1", "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+    _cli("sync", primary, mirror, env)
+    assert (mirror / "out" / "latest").read_text() == "global_step200"
+    _cli("prune", primary, mirror, env)
+    assert sorted(p.name for p in (mirror / "out").iterdir()) == ["global_step200", "latest"]
+    assert _tree(mirror / "out" / "global_step200") == _tree(primary / "out" / "global_step200")
+    assert _cli("latest", primary, mirror, env).strip() == str(mirror / "out" / "global_step200")
+
+
+def test_custom_folder_units_wait_for_their_marker(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "ckpt_7"
+    made = [save_checkpoint(folder / "weights.pt", 7), save_checkpoint(folder / "optim.pt", 8)]
+    _old(made)
+    env = {"MIRRORD_LAYOUT": "custom", "MIRRORD_PATTERNS": "ckpt_*", "MIRRORD_PRUNE__STEP_PATTERN": r"ckpt_(\d+)",
+           "MIRRORD_UNIT__KIND": "folder", "MIRRORD_UNIT__COMPLETE_MARKER": "DONE",
+           "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+    _cli("sync", primary, mirror, env)
+    assert not (mirror / "ckpt_7").exists()
+    (folder / "DONE").touch()  # an empty marker is a file of the unit like any other
+    _old([folder / "DONE"])
+    _cli("sync", primary, mirror, env)
+    assert _tree(mirror / "ckpt_7") == _tree(folder)
+
+
+def test_lightning_link_last_ckpt_becomes_the_same_link_on_the_mirror(tmp_path: Path) -> None:
+    """save_last="link": last.ckpt is a symlink to the newest step; sync makes the same relative link on
+    the mirror once that step is mirrored, and says nothing about a skipped symlink."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    ckpts = primary / "checkpoints"
+    made = [save_checkpoint(ckpts / "epoch=0-step=10.ckpt", 10)]
+    (ckpts / "last.ckpt").symlink_to("epoch=0-step=10.ckpt")
+    _old(made)
+    env = {"MIRRORD_LAYOUT": "lightning", "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+    result = run_mirrord("sync", "--primary", primary, "--mirror", mirror, "--log-format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert (mirror / "checkpoints" / "last.ckpt").readlink() == Path("epoch=0-step=10.ckpt")
+    assert (mirror / "checkpoints" / "last.ckpt").read_bytes() == (ckpts / "epoch=0-step=10.ckpt").read_bytes()
+    assert "scan.skipped" not in result.stdout + result.stderr
+    assert "alias.linked" in result.stdout + result.stderr
+
+
+def test_status_reports_folder_units_per_run(tmp_path: Path) -> None:
+    """status groups an HF mirror by run (the folder above checkpoint-N/), with the unit's step."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for step in (10, 20):
+        write_hf(primary / "run" / f"checkpoint-{step}", step)
+    _sync(_config(primary, mirror, "hf"))
+    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, "--json",
+                         env={"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false"})
+    runs = json.loads(result.stdout)["runs"]
+    assert [(r["run"], r["primary_step"], r["mirror_step"], r["verified"], r["pending_files"]) for r in runs] == [
+        ("run", 20, 20, True, 0)]

@@ -1,0 +1,169 @@
+"""`mirror = "s3://bucket/prefix"` end to end: the real CLI and daemon against a real S3 server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from mirrord.store.hashing import hash_file
+from mirrord.store.s3 import S3Mirror, S3Settings
+from tests.s3.seaweed import SeaweedServer
+from tests.support.checkpoints import save_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.daemon import DaemonProcess
+from tests.support.logs import parse_events
+from tests.support.wait import wait_for
+
+MIB = 1 << 20
+
+
+def _settings(seaweed: SeaweedServer, **extra: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {"endpoint_url": seaweed.endpoint, "addressing_style": "path",
+                                "part_size": 5 * MIB, "concurrency": 4, "lease_seconds": 30}
+    settings.update(extra)
+    return settings
+
+
+def _config(path: Path, primary: Path, url: str, seaweed: SeaweedServer, **sections: Any) -> Path:
+    data: dict[str, Any] = {"primary": str(primary), "mirror": url, "s3": _settings(seaweed),
+                            "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1},
+                            "log": {"format": "json"}}
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def _tree(primary: Path) -> dict[str, Path]:
+    files = {}
+    for run in ("runA", "runB"):
+        for step in (1, 2, 3):
+            rel = f"{run}/step_{step}.pt"
+            files[rel] = save_checkpoint(primary / rel, step)
+    files["runA/step_4.pt"] = save_checkpoint(primary / "runA/step_4.pt", 4, width=800)  # ~15 MB: multipart
+    return files
+
+
+def test_sync_mirrors_a_tree_then_prune_keeps_the_newest(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    primary = tmp_path / "primary"
+    files = _tree(primary)
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed,
+                     prune={"enabled": True, "keep_last": 2, "min_age_seconds": 0})
+    done = run_mirrord("sync", "--config", config, env=s3_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+    manifest = mirror.load_manifest().entries
+    listed = mirror.snapshot(["*.pt"]).files
+    # keep_last = 2 per run: sync copies only what retention keeps
+    kept = {"runA/step_3.pt", "runA/step_4.pt", "runB/step_2.pt", "runB/step_3.pt"}
+    assert set(listed) == kept == set(manifest)
+    for rel in kept:
+        assert manifest[rel].digest == hash_file(files[rel], manifest[rel].algo)
+        with mirror.open_read(rel) as fh:
+            assert fh.read() == files[rel].read_bytes()
+    assert listed["runA/step_4.pt"].size > 2 * 5 * MIB
+    assert mirror.stale_uploads(older_than=0) == []
+
+    # A new step: sync copies it, prune (guards from LastModified, min_age 0) retires the oldest kept.
+    files["runB/step_5.pt"] = save_checkpoint(primary / "runB/step_5.pt", 5)
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    pruned = run_mirrord("prune", "--config", config, env=s3_env, timeout=300)
+    assert pruned.returncode == 0, pruned.stderr
+    assert set(mirror.snapshot(["*.pt"]).files) == kept - {"runB/step_2.pt"} | {"runB/step_5.pt"}
+    assert set(mirror.load_manifest().entries) == kept - {"runB/step_2.pt"} | {"runB/step_5.pt"}
+
+
+def test_prune_guards_keep_recent_objects(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    primary = tmp_path / "primary"
+    for step in (1, 2, 3):
+        save_checkpoint(primary / f"run/step_{step}.pt", step)
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    # Retention on, keep 1, but every object was written seconds ago (LastModified): the age guard keeps all.
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed,
+                     prune={"enabled": True, "keep_last": 1, "min_age_seconds": 3600})
+    done = run_mirrord("prune", "--config", config, env=s3_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+    assert set(mirror.snapshot(["*.pt"]).files) == {f"run/step_{s}.pt" for s in (1, 2, 3)}
+    skipped = [e for e in parse_events(done.stderr) if e.get("event") == "prune.finished"]
+    assert skipped and skipped[0]["deleted"] == 0
+
+
+def test_daemon_mirrors_into_s3_and_two_nodes_share_a_prefix(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    url = f"s3://{bucket}/{prefix}"
+    daemons = []
+    try:
+        for node in ("node-1", "node-2"):
+            primary = tmp_path / node / "primary"
+            primary.mkdir(parents=True)
+            daemon = DaemonProcess(tmp_path / node, primary, Path("/unused"), env=s3_env, settings={
+                "mirror": url, "s3": _settings(seaweed, node=node)})
+            daemon.settings["mirror"] = url
+            daemon.write_config()
+            daemons.append((node, primary, daemon.start()))
+        for node, primary, _daemon in daemons:
+            for step in (1, 2):
+                save_checkpoint(primary / f"{node}/step_{step}.pt", step)
+        mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+        wanted = {f"{node}/step_{s}.pt" for node, _, _ in daemons for s in (1, 2)}
+        wait_for(lambda: set(mirror.load_manifest().entries) == wanted, 180, "both nodes' checkpoints recorded")
+        assert set(mirror.snapshot(["*.pt"]).files) == wanted
+        for _node, _primary, daemon in daemons:
+            assert daemon.metric("mirrord_volume_free_bytes", 'volume="primary"') is not None
+            assert daemon.metric("mirrord_volume_free_bytes", 'volume="mirror"') is None  # absent, not 0
+        # a second daemon under an existing node name is refused (the lease)
+        node, primary, _ = daemons[0]
+        (tmp_path / "twin").mkdir()
+        twin = DaemonProcess(tmp_path / "twin", primary, Path("/unused"), env=s3_env,
+                             settings={"mirror": url, "s3": _settings(seaweed, node=node)})
+        twin.settings["mirror"] = url
+        twin.write_config()
+        twin.start(wait_ready=False)
+        assert twin.proc is not None and twin.proc.wait(120) != 0
+        twin.stop()
+        assert "lease" in twin.log_text()
+    finally:
+        for _node, _primary, daemon in daemons:
+            daemon.stop()
+    assert os.environ["AWS_ACCESS_KEY_ID"]
+
+
+def test_verify_latest_and_status_read_the_bucket(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    primary = tmp_path / "primary"
+    files = _tree(primary)
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    verified = run_mirrord("verify", "--config", config, env=s3_env, timeout=300)
+    assert verified.returncode == 0, verified.stderr
+    assert f"verified {len(files)} file(s): {len(files)} intact" in verified.stderr
+    deep = run_mirrord("verify", "--deep", "--config", config, env=s3_env, timeout=300)
+    assert deep.returncode == 0, deep.stderr
+    latest = run_mirrord("latest", "--run", "runA", "--verify", "--config", config, env=s3_env)
+    assert latest.returncode == 0, latest.stderr
+    assert latest.stdout.strip() == f"{url}/runA/step_4.pt"
+
+    # The newest object damaged behind mirrord's back: verify names it, latest falls back to the step before.
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+    damaged = bytearray(files["runA/step_4.pt"].read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/runA/step_4.pt", Body=bytes(damaged))
+    verified = run_mirrord("verify", "--config", config, env=s3_env, timeout=300)
+    assert verified.returncode == 1
+    assert "runA/step_4.pt" in verified.stdout
+    latest = run_mirrord("latest", "--run", "runA", "--verify", "--config", config, env=s3_env)
+    assert latest.stdout.strip() == f"{url}/runA/step_3.pt", latest.stderr
+
+    status = run_mirrord("status", "--json", "--config", config, env=s3_env, timeout=300)
+    assert status.returncode in (0, 1), status.stderr
+    assert url in status.stdout

@@ -1,0 +1,260 @@
+"""The daemon in-process: a fake clock, a fake watcher, real volumes, real copies on worker threads.
+
+Each test drives the loop by hand (start, tick without waiting, shutdown), so time passes only when
+the test moves the clock and hints arrive only when the test emits them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrord.config import Config
+from mirrord.service.clock import Clock
+from mirrord.service.daemon import Daemon, Volumes
+from mirrord.service.systemd import Notifier
+from mirrord.service.watcher import Hint
+from mirrord.store.volume import LocalMirror, LocalVolume
+from tests.support.checkpoints import save_checkpoint
+from tests.support.wait import wait_for
+
+REL = "run/step_0007.pt"
+
+
+@dataclass
+class FakeClock:
+    """Wall and monotonic time that move only when the test says so."""
+
+    wall: float = 1_800_000_000.0
+    mono: float = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+    def clock(self) -> Clock:
+        return Clock(wall=lambda: self.wall, monotonic=lambda: self.mono)
+
+
+@dataclass
+class FakeWatcher:
+    """Stands for watchdog's observer: the test emits hints through `emit`."""
+
+    emit: Callable[[Hint], None]
+    mode: str
+    journal: list[str]
+    alive: bool = False
+
+    def start(self) -> None:
+        self.alive = True
+        self.journal.append(f"watch.start {self.mode}")
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def stop(self) -> None:
+        self.alive = False
+        self.journal.append("watch.stop")
+
+
+class RecordingNotifier(Notifier):
+    """systemd's side of sd_notify, in a list."""
+
+    def __init__(self, journal: list[str]) -> None:
+        super().__init__(environ={})
+        self.journal = journal
+
+    def notify(self, *lines: str) -> None:
+        self.journal.append(" ".join(line for line in lines if not line.startswith("STATUS=")) or lines[0])
+
+    def close(self) -> None:
+        self.journal.append("notifier.close")
+
+
+@dataclass
+class Harness:
+    daemon: Daemon
+    clock: FakeClock
+    watchers: list[FakeWatcher]
+    journal: list[str]
+    reloads: list[tuple[Config, bool]] = field(default_factory=list)
+
+    def hint(self, rel: str) -> None:
+        """What the watcher reports when the trainer renames a finished checkpoint onto `rel`."""
+        self.watchers[-1].emit(Hint(rel, committed=True))
+
+
+@pytest.fixture
+def harness(make_config: Callable[..., Config], primary: Path, mirror: Path) -> Iterator[Callable[..., Harness]]:
+    """Build a daemon on the test's roots (metrics off, retention off unless asked); shut down at teardown."""
+    made: list[Harness] = []
+    stack = contextlib.ExitStack()
+
+    def make(**sections: Any) -> Harness:
+        sections = {"metrics": {"enabled": False}, "prune": {"enabled": False},
+                    "watch": {"rescan_interval_seconds": 600}, "daemon": {"heartbeat_seconds": 5}, **sections}
+        config = make_config(**sections)
+        clock, journal, watchers = FakeClock(), [], []
+        lm = LocalMirror(config.mirror)
+        stack.enter_context(lm.lock())
+
+        def factory(root: Path, patterns: tuple[str, ...], mode: str, poll: float,
+                    emit: Callable[[Hint], None]) -> FakeWatcher:
+            watchers.append(FakeWatcher(emit, mode, journal))
+            return watchers[-1]
+
+        h = Harness(None, clock, watchers, journal)  # type: ignore[arg-type]
+        volumes = Volumes(LocalVolume(config.primary), lm, lm.read_manifest())
+        h.daemon = Daemon(config, lambda: h.reloads.pop(0), volumes, watcher_factory=factory, clock=clock.clock(),
+                          notifier=RecordingNotifier(journal))
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        if "notifier.close" not in h.journal:
+            h.daemon.shutdown()
+    stack.close()
+
+
+def hang_first_read(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """The copier's first read of all blocks like one on a dead NFS server, until `release` is set (at
+    most 120 s); `stuck` is set once it blocks. Later reads go through."""
+    stuck, release, first = threading.Event(), threading.Event(), threading.Lock()
+    real_readv = os.readv
+
+    def readv(fd: int, buffers: list[bytearray]) -> int:
+        if first.acquire(blocking=False):
+            stuck.set()
+            release.wait(120)
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
+    return stuck, release
+
+
+def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def test_a_hint_queues_a_copy_that_a_worker_makes_without_a_rescan(harness, primary, mirror, logs) -> None:
+    """After the first reconcile, a checkpoint renamed into place is copied on its watch hint alone: the
+    clock never reaches the next rescan, and no second reconcile runs."""
+    h = harness()
+    h.daemon.start()
+    assert h.daemon.supervisor.readiness() == (True, "ready") and "READY=1" in h.journal
+    assert len(events(logs, "reconcile.finished")) == 1
+    src = save_checkpoint(primary / REL, 7)
+    h.hint(REL)
+    h.daemon.tick(wait=False)
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the hinted copy")
+    assert (mirror / REL).read_bytes() == src.read_bytes()
+    assert REL in h.daemon.manifest.entries
+    assert len(events(logs, "reconcile.finished")) == 1
+    assert [e["why"] for e in events(logs, "copy.started")] == ["new"]
+
+
+def test_the_rescan_interval_on_the_fake_clock_finds_what_no_hint_announced(harness, primary, mirror,
+                                                                           logs) -> None:
+    """Events are hints, snapshots the truth: a file without a hint is found by the rescan when its
+    interval has passed on the daemon's clock, and not before."""
+    h = harness()
+    h.daemon.start()
+    save_checkpoint(primary / REL, 7)
+    h.daemon.tick(wait=False)
+    assert len(events(logs, "reconcile.finished")) == 1 and h.daemon.queue.depth() == 0
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    assert len(events(logs, "reconcile.finished")) == 2
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the rescanned copy")
+    assert (mirror / REL).exists()
+
+
+def test_a_reload_swaps_the_settings_whole_and_a_refused_one_changes_nothing(harness, make_config,
+                                                                             tmp_path) -> None:
+    """SIGHUP with more workers and a new retry policy: one new Settings object, in force everywhere
+    (pool size, retries, engine, settle); a reload that moves the mirror is refused and swaps nothing."""
+    h = harness(copy={"workers": 1, "max_attempts": 2})
+    h.daemon.start()
+    before = h.daemon.settings
+    bigger = make_config(metrics={"enabled": False}, prune={"enabled": False},
+                         watch={"rescan_interval_seconds": 600}, daemon={"heartbeat_seconds": 5},
+                         copy={"workers": 3, "max_attempts": 7, "settle_seconds": 2.5})
+    h.reloads.append((bigger, True))
+    h.daemon.signals.reload_requested = True
+    h.daemon.tick(wait=False)
+    after = h.daemon.settings
+    assert after is not before and after.config is bigger
+    assert after.retry.max_attempts == 7 and h.daemon.pool.retry is after.retry
+    assert h.daemon.engine.config is bigger and h.daemon.settle.settle_seconds == 2.5
+    assert sum(t.is_alive() for t in h.daemon.pool.threads()) == 3
+    assert "RELOADING=1" in h.journal
+
+    moved = bigger.model_copy(update={"mirror": tmp_path / "elsewhere"})
+    h.reloads.append((moved, True))
+    h.daemon.signals.reload_requested = True
+    h.daemon.tick(wait=False)
+    assert h.daemon.settings is after
+
+
+def test_shutdown_is_ordered_and_bounded_even_with_a_copy_stuck_in_the_kernel(harness, primary, mirror,
+                                                                            monkeypatch, logs) -> None:
+    """A copy blocked in read() (a hung mount) and a second stop signal: shutdown tells systemd, stops
+    the watcher, cancels the copy, reports the worker it could not stop, closes the manifest and the
+    notifier, and returns while the read is still blocked. The copy leaves no temp file behind."""
+    h = harness()
+    h.daemon.start()
+    save_checkpoint(primary / REL, 7, width=256)
+    stuck, release = hang_first_read(monkeypatch)
+    h.hint(REL)
+    h.daemon.tick(wait=False)
+    assert stuck.wait(60), "the copy never started reading"
+    h.daemon.signals.stop_requests = 2  # the second Ctrl-C: do not wait out the grace period
+    try:
+        h.daemon.shutdown()
+        assert not release.is_set()  # shutdown returned while the copy was still stuck
+        assert h.journal[h.journal.index("STOPPING=1"):] == ["STOPPING=1", "watch.stop", "notifier.close"]
+        assert [e["event"] for e in logs if e["event"].startswith("daemon.")][-2:] == [
+            "daemon.stopping", "daemon.copies_not_stopped"]
+    finally:
+        release.set()
+    wait_for(lambda: not any(t.is_alive() for t in h.daemon.pool.threads()), 60, "the copy thread to end")
+    assert [e["why"] for e in events(logs, "copy.aborted")] == ["second stop signal"]
+    assert not (mirror / REL).exists() and not list(mirror.rglob("*.part"))
+
+
+def test_a_stalled_copy_is_reported_retried_and_a_wedged_worker_makes_the_daemon_unhealthy(
+        harness, primary, mirror, monkeypatch, logs) -> None:
+    """No progress for stall_seconds on the daemon's clock: the heartbeat logs copy.stalled, counts it,
+    hands the file to a fresh worker (which copies it), and after 3x stall_seconds reports the stuck
+    worker as wedged in /healthz until its read returns."""
+    h = harness(copy={"stall_seconds": 30, "workers": 1})
+    h.daemon.start()
+    src = save_checkpoint(primary / REL, 7)
+    stuck, release = hang_first_read(monkeypatch)
+    h.hint(REL)
+    h.daemon.tick(wait=False)
+    assert stuck.wait(60), "the copy never started reading"
+    try:
+        h.clock.advance(31)
+        h.daemon.tick(wait=False)  # the heartbeat is due: it finds the stall
+        [stalled] = events(logs, "copy.stalled")
+        assert stalled["path"] == REL and stalled["seconds_without_progress"] >= 30
+        assert h.daemon.metrics.copies.labels("stalled")._value.get() == 1
+        wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the fresh worker's copy")
+        assert (mirror / REL).read_bytes() == src.read_bytes()
+        h.clock.advance(60)
+        h.daemon.tick(wait=False)
+        healthy, why = h.daemon.supervisor.health()
+        assert not healthy and "wedged in run/step_0007.pt" in why
+    finally:
+        release.set()
+    wait_for(lambda: events(logs, "copy.abandoned_returned"), 60, "the abandoned copy to return")
+    assert not list(mirror.rglob("*.part"))

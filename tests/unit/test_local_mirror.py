@@ -1,0 +1,109 @@
+"""What the filesystem implementation of the seam promises beyond the contract: no symlink is followed,
+no FIFO blocks a reader, a folder unit exists under its final name only whole, leftovers of a dead
+writer are replaced. (The contract itself: tests/unit/test_mirror_contract.py.)"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from mirrord.core.layouts import layout_for
+from mirrord.store.mirror import Upload
+from mirrord.store.volume import LocalMirror, LocalVolume
+
+PATTERNS = ("*.pt", "*.safetensors", "*.json")
+
+
+def _put(upload: Upload, data: bytes) -> None:
+    upload.write(memoryview(data))
+    upload.seal(time.time_ns())
+    upload.commit()
+
+
+def test_describe_is_the_path(tmp_path: Path) -> None:
+    mirror = LocalMirror(tmp_path)
+    assert mirror.describe() == str(tmp_path)
+    assert mirror.describe("run/step_1.pt") == str(tmp_path / "run" / "step_1.pt")
+
+
+def test_open_read_never_follows_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "step_1.pt").write_bytes(b"secret")
+    root = tmp_path / "mirror"
+    root.mkdir()
+    (root / "link_step_1.pt").symlink_to(tmp_path / "outside" / "step_1.pt")
+    (root / "run").symlink_to(tmp_path / "outside")
+    volume = LocalVolume(root)
+    with pytest.raises(OSError) as caught:
+        volume.open_read("link_step_1.pt")
+    assert caught.value.errno == errno.ELOOP
+    with pytest.raises(OSError) as caught:
+        volume.open_read("run/step_1.pt")
+    assert caught.value.errno in (errno.ELOOP, errno.ENOTDIR)
+
+
+def test_open_read_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "step_1.pt")
+    with pytest.raises(OSError) as caught:
+        LocalVolume(tmp_path).open_read("step_1.pt")  # a blocking open would wait here forever
+    assert caught.value.errno == errno.EINVAL
+
+
+def test_a_staged_unit_has_no_final_name_until_commit(tmp_path: Path) -> None:
+    mirror = LocalMirror(tmp_path / "mirror")
+    with mirror.lock():
+        staging = mirror.begin_unit("run/checkpoint-50")
+        _put(staging.upload("model.safetensors", 7), b"weights")
+        _put(staging.upload("trainer_state.json", 2), b"{}")
+        assert not (tmp_path / "mirror" / "run" / "checkpoint-50").exists()
+        assert (tmp_path / "mirror" / "run" / "checkpoint-50.part" / "model.safetensors").is_file()
+        assert mirror.stat("run/checkpoint-50/model.safetensors") is None
+        snap = mirror.snapshot(PATTERNS, layout_for("hf"))
+        assert not snap.files and set(snap.staging) == {"run/checkpoint-50.part"}  # not entered
+        staging.commit()
+        assert sorted(p.name for p in (tmp_path / "mirror" / "run" / "checkpoint-50").iterdir()) == [
+            "model.safetensors", "trainer_state.json"]
+        assert not (tmp_path / "mirror" / "run" / "checkpoint-50.part").exists()
+
+
+def test_a_dead_staging_folder_is_replaced(tmp_path: Path) -> None:
+    dead = tmp_path / "mirror" / "checkpoint-60.part"
+    dead.mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"torn")
+    (dead / "sub").mkdir()
+    (dead / "sub" / "x.json").write_bytes(b"{")
+    (dead / "escape").symlink_to(tmp_path)  # removed as a link, never followed
+    mirror = LocalMirror(tmp_path / "mirror")
+    with mirror.lock():
+        staging = mirror.begin_unit("checkpoint-60")
+        _put(staging.upload("model.safetensors", 5), b"whole")
+        staging.commit()
+    assert [p.name for p in (tmp_path / "mirror" / "checkpoint-60").iterdir()] == ["model.safetensors"]
+    assert (tmp_path / "mirror" / "checkpoint-60" / "model.safetensors").read_bytes() == b"whole"
+    assert tmp_path.is_dir() and (tmp_path / "mirror").is_dir()
+
+
+def test_abort_spares_a_newer_staging_of_the_same_unit(tmp_path: Path) -> None:
+    mirror = LocalMirror(tmp_path / "mirror")
+    with mirror.lock():
+        old = mirror.begin_unit("checkpoint-70")
+        new = mirror.begin_unit("checkpoint-70")  # the retry replaced the stalled one's folder
+        old.abort()  # the stalled copy waking up late
+        _put(new.upload("model.safetensors", 3), b"new")
+        new.commit()
+    assert (tmp_path / "mirror" / "checkpoint-70" / "model.safetensors").read_bytes() == b"new"
+
+
+def test_writes_are_refused_once_the_mirror_is_not_the_pinned_volume(tmp_path: Path) -> None:
+    mirror = LocalMirror(tmp_path / "mirror")
+    with mirror.lock():
+        (tmp_path / "mirror" / ".mirrord-volume-id").write_text("mirrord-volume someone-else\n")
+        assert mirror.identity_problem() is not None
+        with pytest.raises(Exception, match="volume id"):
+            mirror.begin_upload("step_1.pt", 1)
+        with pytest.raises(Exception, match="volume id"):
+            mirror.begin_unit("checkpoint-1")

@@ -1,0 +1,346 @@
+"""Checkpoint units: grouping a listing per layout, and the completeness rules on the primary."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+from pathlib import Path
+
+import pytest
+
+from mirrord.core.layouts import LAYOUTS, layout_for, never_matching
+from mirrord.core.model import FileState
+from mirrord.core.units import Unit, completeness, group_units, locate, reads_needed, stepless
+from mirrord.formats.dcpmeta import MetadataError, storage_references
+from mirrord.store.scan import snapshot_tree
+
+
+def files(*spec: str | tuple[str, int]) -> list[FileState]:
+    out = []
+    for item in spec:
+        rel, size = (item, 10) if isinstance(item, str) else item
+        out.append(FileState(rel, size, 1_700_000_000 * 10**9))
+    return out
+
+
+def test_torch_layout_is_todays_rule() -> None:
+    """One file per unit; run = folder; step from step_(\\d+); dot and temp names are never units."""
+    layout = layout_for("torch")
+    units = group_units(files("a/step_10.pt", "a/step_20.pt", "b/final.pt", "a/.step_30.pt",
+                              "a/step_40.pt.part", "a/notes.txt"), layout)
+    assert sorted(units) == ["a/step_10.pt", "a/step_20.pt", "b/final.pt"]
+    assert (units["a/step_20.pt"].run, units["a/step_20.pt"].step, units["a/step_20.pt"].kind) == ("a", 20, "file")
+    assert units["b/final.pt"].step is None
+    assert [u.rel for u in stepless(units.values())] == ["b/final.pt"]
+
+
+def test_hf_folders_are_units_with_every_file() -> None:
+    """checkpoint-N/ is one unit with all its files (subfolders too); the run is the folder above it."""
+    layout = layout_for("hf")
+    units = group_units(files(
+        "exp/checkpoint-50/model.safetensors", "exp/checkpoint-50/optimizer.pt",
+        "exp/checkpoint-50/trainer_state.json", "exp/checkpoint-50/fsdp/__0_0.distcp",
+        "exp/checkpoint-100/model.safetensors", "exp/checkpoint-100.part/model.safetensors",
+        "exp/tmp-checkpoint-150/model.safetensors", "exp/config.json"), layout)
+    assert sorted(units) == ["exp/checkpoint-100", "exp/checkpoint-50"]
+    unit = units["exp/checkpoint-50"]
+    assert (unit.run, unit.step, unit.kind, unit.role) == ("exp", 50, "folder", "checkpoint")
+    assert unit.paths == ("exp/checkpoint-50/fsdp/__0_0.distcp", "exp/checkpoint-50/model.safetensors",
+                          "exp/checkpoint-50/optimizer.pt", "exp/checkpoint-50/trainer_state.json")
+    assert unit.member("exp/checkpoint-50/fsdp/__0_0.distcp") == "fsdp/__0_0.distcp"
+    assert unit.size == 40
+
+
+def test_dcp_folders_keep_their_dot_metadata() -> None:
+    """`.metadata` belongs to the unit (dcp.load needs it); step_N and step-N both name a step."""
+    layout = layout_for("dcp")
+    units = group_units(files("step_8/__0_0.distcp", "step_8/.metadata", "run/step-12/.metadata",
+                              "step_8/.metadata.tmp"), layout)
+    assert units["step_8"].paths == ("step_8/.metadata", "step_8/__0_0.distcp")
+    assert (units["step_8"].run, units["step_8"].step) == ("", 8)
+    assert (units["run/step-12"].run, units["run/step-12"].step) == ("run", 12)
+
+
+def test_lightning_last_ckpt_is_an_alias_without_a_step() -> None:
+    layout = layout_for("lightning")
+    units = group_units(files("lightning_logs/version_0/checkpoints/epoch=4-step=20.ckpt",
+                              "lightning_logs/version_0/checkpoints/last.ckpt"), layout)
+    step = units["lightning_logs/version_0/checkpoints/epoch=4-step=20.ckpt"]
+    last = units["lightning_logs/version_0/checkpoints/last.ckpt"]
+    assert (step.step, step.role) == (20, "checkpoint")
+    assert (last.step, last.role) == (None, "alias")
+    assert stepless(units.values()) == []  # an alias is not a checkpoint retention would miss
+
+
+def test_deepspeed_tag_file_rides_beside_its_folders() -> None:
+    layout = layout_for("deepspeed")
+    units = group_units(files("out/global_step100/mp_rank_00_model_states.pt", "out/latest",
+                              "out/global_step100/zero_pp_rank_0_mp_rank_00_optim_states.pt"), layout)
+    assert units["out/global_step100"].step == 100
+    assert (units["out/latest"].role, units["out/latest"].step) == ("tag", None)
+
+
+def test_custom_folder_units_use_patterns_and_step_pattern() -> None:
+    layout = layout_for("custom", ("ckpt_*",), r"ckpt_(\d+)", "folder", "DONE")
+    units = group_units(files("r/ckpt_3/a.bin", "r/ckpt_3/DONE", "r/other/b.bin"), layout)
+    assert sorted(units) == ["r/ckpt_3"]
+    assert locate("r/ckpt_3/a.bin", layout) is not None
+    assert locate("r/other/b.bin", layout) is None
+
+
+def test_every_layout_builds_and_describes_itself() -> None:
+    for name in LAYOUTS:
+        layout = layout_for(name)
+        assert layout.describe()[0].startswith(f"layout = {name!r}")
+    with pytest.raises(ValueError, match="unknown layout"):
+        layout_for("keras")
+
+
+def test_dot_patterns_can_never_match() -> None:
+    """check-config's warning: hidden names are never checkpoints, so such a pattern is dead."""
+    problems = never_matching(layout_for("custom", (".metadata", "*.pt", "*.part")))
+    assert len(problems) == 2
+    assert "'.metadata' can never match" in problems[0]
+    assert never_matching(layout_for("dcp")) == []
+
+
+def unit_of(layout_name: str, *spec: str | tuple[str, int]) -> Unit:
+    units = group_units(files(*spec), layout_for(layout_name))
+    assert len(units) == 1
+    return next(iter(units.values()))
+
+
+def test_settle_rule_waits_for_every_file() -> None:
+    unit = unit_of("custom", "step_1.pt")
+    assert completeness(unit, layout_for("torch"), settled=lambda f: False).complete is False
+    assert completeness(unit, layout_for("torch")).complete is True
+
+
+def test_marker_rule() -> None:
+    layout = layout_for("custom", ("ckpt_*",), r"ckpt_(\d+)", "folder", "COMPLETE")
+    unit = group_units(files("ckpt_1/a.bin"), layout)["ckpt_1"]
+    verdict = completeness(unit, layout)
+    assert (verdict.complete, verdict.why) == (False, "no COMPLETE marker yet")
+    unit = group_units(files("ckpt_1/a.bin", "ckpt_1/COMPLETE"), layout)["ckpt_1"]
+    assert completeness(unit, layout).complete is True
+    assert completeness(unit, layout, settled=lambda f: f.rel != "ckpt_1/a.bin").why == "still being written: a.bin"
+
+
+def test_hf_rule_needs_a_parsing_trainer_state() -> None:
+    layout = layout_for("hf")
+    without = unit_of("hf", "checkpoint-5/model.safetensors")
+    assert "no trainer_state.json" in completeness(without, layout).why
+    assert reads_needed(without, layout) == ()
+    unit = unit_of("hf", "checkpoint-5/model.safetensors", "checkpoint-5/trainer_state.json")
+    assert reads_needed(unit, layout) == ("checkpoint-5/trainer_state.json",)
+    rel = "checkpoint-5/trainer_state.json"
+    assert completeness(unit, layout, reads={rel: b'{"global_step": 5'}).complete is False
+    assert completeness(unit, layout, reads={rel: b"[1]"}).complete is False
+    assert completeness(unit, layout, reads={rel: None}).why == "trainer_state.json could not be read"
+    assert completeness(unit, layout, reads={rel: json.dumps({"global_step": 5}).encode()}).complete
+    assert not completeness(unit, layout, settled=lambda f: False, reads={rel: b"{}"}).complete
+
+
+@pytest.fixture(scope="module")
+def dcp_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real dcp.save of a small state dict (single process)."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path_factory.mktemp("dcp") / "step_8"
+    state = {"model": {"w": torch.randn(16, 8), "b": torch.zeros(8)}, "step": 8}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=str(folder))
+    return folder
+
+
+def test_dcp_metadata_is_read_without_torch_objects(dcp_folder: Path) -> None:
+    """The references match the files dcp.save wrote, to the byte."""
+    needed = storage_references((dcp_folder / ".metadata").read_bytes())
+    assert needed == {"__0_0.distcp": (dcp_folder / "__0_0.distcp").stat().st_size}
+
+
+def test_dcp_metadata_reader_runs_nothing_a_file_names(tmp_path: Path) -> None:
+    """A pickle that calls os.system is read as inert data: nothing runs, and it is not a Metadata."""
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, ...]:
+            import os
+            return (os.system, (f"touch {marker}",))
+
+    with pytest.raises(MetadataError):
+        storage_references(pickle.dumps(Evil()))
+    assert not marker.exists()
+    with pytest.raises(MetadataError):
+        storage_references(b"\x80\x04\x95garbage")
+
+
+def test_dcp_rule_checks_every_referenced_file(dcp_folder: Path) -> None:
+    layout = layout_for("dcp")
+    meta = (dcp_folder / ".metadata").read_bytes()
+    size = (dcp_folder / "__0_0.distcp").stat().st_size
+    whole = unit_of("dcp", ("step_8/__0_0.distcp", size), ("step_8/.metadata", len(meta)))
+    assert reads_needed(whole, layout) == ("step_8/.metadata",)
+    assert completeness(whole, layout, reads={"step_8/.metadata": meta}).complete
+    short = unit_of("dcp", ("step_8/__0_0.distcp", size - 1), ("step_8/.metadata", len(meta)))
+    assert "needs" in completeness(short, layout, reads={"step_8/.metadata": meta}).why
+    missing = unit_of("dcp", ("step_8/.metadata", len(meta)))
+    assert "missing" in completeness(missing, layout, reads={"step_8/.metadata": meta}).why
+    early = unit_of("dcp", ("step_8/__0_0.distcp", size))
+    assert "no .metadata yet" in completeness(early, layout).why
+
+
+def test_deepspeed_rule_follows_the_tag_file() -> None:
+    layout = layout_for("deepspeed")
+    unit = group_units(files("o/global_step20/a.pt", "o/global_step10/a.pt"), layout)
+    new, old = unit["o/global_step20"], unit["o/global_step10"]
+    assert reads_needed(new, layout) == ("o/latest",)
+    assert completeness(new, layout, reads={"o/latest": b"global_step20\n"}).complete
+    assert completeness(old, layout, reads={"o/latest": b"global_step20"}).complete
+    assert not completeness(new, layout, reads={"o/latest": b"global_step10"}).complete
+    assert not completeness(new, layout, reads={}).complete
+
+
+def test_scan_lists_units_per_layout(tmp_path: Path) -> None:
+    """Folder layouts: every member (dot names too), staging folders set aside, nothing else."""
+    for rel in ("run/step_8/__0_0.distcp", "run/step_8/.metadata", "run/step_9.part/__0_0.distcp",
+                "run/notes.txt", "run/step_8/.hidden/x", "run/step_8/x.tmp", "step_3.pt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    snap = snapshot_tree(tmp_path, (), collect_partials=True, layout=layout_for("dcp"))
+    assert sorted(snap.files) == ["run/step_8/.metadata", "run/step_8/__0_0.distcp"]
+    assert sorted(snap.staging) == ["run/step_9.part"]
+    torch_snap = snapshot_tree(tmp_path, ("*.pt",), layout=layout_for("torch"))
+    assert sorted(torch_snap.files) == sorted(snapshot_tree(tmp_path, ("*.pt",)).files) == ["step_3.pt"]
+
+
+def test_config_layout_key_and_its_conflicts() -> None:
+    """`layout` picks the rules; a named layout beside explicit patterns is an error naming both."""
+    from mirrord.config import load_config
+    from mirrord.errors import ConfigError
+
+    base = {"MIRRORD_MIRROR": "/m"}
+    assert load_config(environ=base, check_roots=False).rules == layout_for("torch")
+    hf = load_config(environ=base | {"MIRRORD_LAYOUT": "hf"}, check_roots=False)
+    assert hf.rules.kind == "folder" and hf.step_regex.pattern == r"^checkpoint-(\d+)$"
+    custom = load_config(environ=base | {"MIRRORD_LAYOUT": "custom", "MIRRORD_UNIT__KIND": "folder",
+                                         "MIRRORD_UNIT__COMPLETE_MARKER": "DONE"}, check_roots=False)
+    assert (custom.rules.kind, custom.rules.rule, custom.rules.complete_marker) == ("folder", "marker", "DONE")
+    with pytest.raises(ConfigError) as err:
+        load_config(environ=base | {"MIRRORD_LAYOUT": "dcp", "MIRRORD_PATTERNS": "*.distcp",
+                                    "MIRRORD_UNIT__KIND": "folder"}, check_roots=False)
+    assert err.value.problems == [
+        "patterns: layout = 'dcp' names its own checkpoints; use layout = \"custom\" to choose patterns "
+        "(from MIRRORD_PATTERNS)",
+        "unit: only used with layout = \"custom\" (layout is 'dcp')",
+    ]
+
+
+def test_check_config_prints_the_rules_and_warns_about_dead_patterns(tmp_path: Path) -> None:
+    from tests.support.cli import run_mirrord
+
+    (tmp_path / "p").mkdir()
+    result = run_mirrord("check-config", "--primary", tmp_path / "p", "--mirror", tmp_path / "m",
+                         env={"MIRRORD_LAYOUT": "custom", "MIRRORD_PATTERNS": ".metadata,*.pt"})
+    assert result.returncode == 0, result.stderr
+    assert "#   layout = 'custom': a checkpoint is one of the files named ['.metadata', '*.pt']" in result.stdout
+    assert "warning: pattern '.metadata' can never match" in result.stderr
+
+
+def test_folder_plan_is_one_job_per_unit_newest_first_tag_last() -> None:
+    """A folder unit is one job listing all its files; an unfinished one waits; DeepSpeed's tag file
+    waits until the newest folder of its run is mirrored."""
+    from mirrord.core.model import ManifestEntry, Snapshot
+    from mirrord.core.units import Completeness, plan_unit_copies, unit_verified
+
+    layout = layout_for("deepspeed")
+    primary = Snapshot({f.rel: f for f in files("o/global_step10/a.pt", "o/global_step10/b.pt",
+                                                "o/global_step20/a.pt", "o/latest")})
+    def complete(unit: Unit) -> Completeness:
+        return Completeness(unit.step != 20, "")
+
+    plan = plan_unit_copies(primary, Snapshot(), {}, layout, complete)
+    assert [(j.rel, j.members) for j in plan.jobs] == [
+        ("o/global_step10", ("o/global_step10/a.pt", "o/global_step10/b.pt"))]
+    assert plan.unsettled == ("o/global_step20", "o/latest")
+    # Once both folders are mirrored and recorded, only the tag file is left.
+    entries = {rel: ManifestEntry(rel, 10, "blake3", "x", f.mtime_ns, None, 0.0)
+               for rel, f in primary.files.items() if rel != "o/latest"}
+    mirror = Snapshot({rel: primary.files[rel] for rel in entries})
+    plan = plan_unit_copies(primary, mirror, entries, layout, lambda u: Completeness(True, ""))
+    assert [(j.rel, j.members, j.step) for j in plan.jobs] == [("o/latest", (), None)]
+    unit = group_units(mirror.files.values(), layout)["o/global_step10"]
+    assert unit_verified(unit, entries)
+    assert not unit_verified(unit, {k: v for k, v in entries.items() if not k.endswith("b.pt")})
+    # A file of the mirrored folder the primary no longer has: the folder is published again whole.
+    extra = Snapshot({**mirror.files, "o/global_step10/c.pt": FileState("o/global_step10/c.pt", 1, 1)})
+    plan = plan_unit_copies(primary, extra, entries, layout, lambda u: Completeness(True, ""))
+    assert [(j.rel, j.why) for j in plan.jobs] == [("o/global_step10", "changed"), ("o/latest", "new")]
+
+
+def test_file_layouts_plan_exactly_as_before() -> None:
+    from mirrord.core.model import Snapshot
+    from mirrord.core.plan import plan_copies
+    from mirrord.core.units import Completeness, plan_unit_copies
+
+    primary = Snapshot({f.rel: f for f in files("a/step_1.pt", "a/step_2.pt", "b.pt")})
+    layout = layout_for("torch")
+    assert plan_unit_copies(primary, Snapshot(), {}, layout, lambda u: Completeness(True, "")) == plan_copies(
+        primary, Snapshot(), {}, layout.step_regex)
+
+
+def test_staged_folder_appears_whole_or_not_at_all(tmp_path: Path) -> None:
+    """NAME.part/ while staging; NAME/ after commit; abort leaves nothing; commit refuses to merge."""
+    from mirrord.store.scan import state_from_stat
+    from mirrord.store.staging import FolderStaging, remove_folder
+
+    staging = FolderStaging(tmp_path, "run/checkpoint-1")
+    up = staging.upload("sub/a.bin", 3)
+    up.write(memoryview(b"abc"))
+    up.seal(1_700_000_000 * 10**9)
+    up.commit()
+    assert (tmp_path / "run/checkpoint-1.part/sub/a.bin").read_bytes() == b"abc"
+    assert not (tmp_path / "run/checkpoint-1").exists()
+    staging.commit()
+    assert (tmp_path / "run/checkpoint-1/sub/a.bin").read_bytes() == b"abc"
+    assert not (tmp_path / "run/checkpoint-1.part").exists()
+    again = FolderStaging(tmp_path, "run/checkpoint-1")
+    with pytest.raises(FileExistsError):
+        again.commit()
+    again.abort()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-1"]
+    dead = FolderStaging(tmp_path, "run/checkpoint-2")
+    state = state_from_stat("run/checkpoint-2.part", (tmp_path / "run/checkpoint-2.part").stat())
+    (tmp_path / "run/checkpoint-2.part/x").write_bytes(b"x")
+    (tmp_path / "outside").write_bytes(b"keep")
+    (tmp_path / "run/checkpoint-2.part/link").symlink_to(tmp_path / "outside")
+    assert remove_folder(tmp_path, "run/checkpoint-2.part", state)
+    assert (tmp_path / "outside").read_bytes() == b"keep"  # a symlink inside is removed, never followed
+    assert not remove_folder(tmp_path, "run/checkpoint-1")  # not empty: left
+    dead.abort()
+
+
+def test_alias_symlink_recreated_only_once_its_target_is_recorded(tmp_path: Path) -> None:
+    """Lightning's save_last="link": last.ckpt -> a step in the same folder is made on the mirror as the
+    same relative link, only once that step is in the manifest; a link leading elsewhere never is."""
+    from mirrord.core.model import ManifestEntry
+    from mirrord.store.aliases import alias_links, mirror_alias_links
+
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    (primary / "ck").mkdir(parents=True)
+    (mirror / "ck").mkdir(parents=True)
+    (primary / "ck" / "epoch=0-step=5.ckpt").write_bytes(b"x")
+    (primary / "ck" / "last.ckpt").symlink_to("epoch=0-step=5.ckpt")
+    (primary / "ck" / "escape.ckpt").symlink_to("/etc/passwd")
+    snap = snapshot_tree(primary, ("*.ckpt",), layout=layout_for("lightning"))
+    links = alias_links(snap.skipped, layout_for("lightning"))
+    assert links == ["ck/last.ckpt"]
+    assert mirror_alias_links(primary, mirror, links, {}) == []
+    assert not (mirror / "ck" / "last.ckpt").is_symlink()
+    entry = ManifestEntry("ck/epoch=0-step=5.ckpt", 1, "blake3", "x", 0, 5, 0.0)
+    assert mirror_alias_links(primary, mirror, links, {entry.path: entry}) == [("ck/last.ckpt", "epoch=0-step=5.ckpt")]
+    assert (mirror / "ck" / "last.ckpt").readlink() == Path("epoch=0-step=5.ckpt")
+    assert mirror_alias_links(primary, mirror, links, {entry.path: entry}) == []  # already there

@@ -245,8 +245,11 @@ class Reconciler:
         if rescan:
             self.log.warning("watch.rescan", why="event queue overflow or directory move")
             return True
-        if files and self.config.rules.folders:
-            return True  # a file names no whole unit: its folder is judged from a full listing
+        rules = self.config.rules
+        if files and (rules.folders or any(rules.is_alias(rel) for rel in files)):
+            # A file names no whole unit: its folder is judged from a full listing. An alias (last.ckpt)
+            # waits for the newest step of its run, which only a full listing shows.
+            return True
         if files and not self.refusals.blocked:
             self._enqueue_paths(files)
         return False
@@ -266,11 +269,14 @@ class Reconciler:
 
     def recheck_unsettled(self) -> None:
         """Stat the files still settling or invalid again; queue those that are ready now."""
-        if self.config.rules.folders and self.unsettled:
-            self.inbox.rescan_asked = True  # a folder unit is judged whole from a listing of it
+        rules = self.config.rules
+        if self.unsettled and (rules.folders or any(rules.is_alias(rel) for rel in self.unsettled)):
+            self.inbox.rescan_asked = True  # a folder unit (or an alias) is judged from a full listing
             self.inbox.wake()
         files: dict[str, FileState] = {}
         for rel in self.unsettled | self.ledger.invalid_paths():
+            if rules.folders or rules.is_alias(rel):
+                continue  # judged by that listing
             try:
                 state = self.primary.stat(rel)
             except (OSError, UnsafePathError):

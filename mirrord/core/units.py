@@ -117,6 +117,15 @@ def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
     }
 
 
+UnitIdentity = tuple[tuple[str, int, int, int, int], ...]
+
+
+def unit_identity(files: Iterable[FileState]) -> UnitIdentity:
+    """What must stay the same for a folder unit to count as unchanged: every file's path and identity
+    (a file added, removed or rewritten changes it)."""
+    return tuple(sorted((f.rel, *f.identity) for f in files))
+
+
 def stepless(units: Iterable[Unit]) -> list[Unit]:
     """Checkpoints with no step in their name: retention can never prune them (warned once)."""
     return [u for u in units if u.role == "checkpoint" and u.step is None]

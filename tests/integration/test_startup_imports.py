@@ -83,6 +83,10 @@ def test_latest_loads_no_logging_stack_and_no_re_read_code(tmp_path: Path, mirro
     assert code == 0
     assert heavy(after) == []
     assert "mirrord.commands.verify" not in after
+    code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--json")  # what scripts run
+    assert code == 0
+    assert heavy(after) == []
+    assert not [m for m in after if m.startswith(("mirrord.service.", "mirrord.commands.sync"))]
     code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--verify")
     assert code == 0 and "mirrord.commands.verify" in after  # --verify re-reads: it needs them
 

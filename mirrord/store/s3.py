@@ -644,6 +644,8 @@ class S3UnitStaging:
     copies them into place (server-side) once no older object is left under KEY. abort() deletes the
     files this staging completed (If-Match on their ETags: a newer upload of the same key stays)."""
 
+    replaces = False  # no prefix can be swapped: the caller deletes an older copy before commit()
+
     def __init__(self, mirror: S3Mirror, key: str, staged: bool = False) -> None:
         self.mirror, self.key = mirror, key
         self.area = f"{key}{STAGING_SUFFIX}" if staged else key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
 
@@ -40,6 +41,20 @@ def newest_first(job: CopyJob) -> tuple[bool, int, int]:
     return (job.step is None, -(job.step or 0), -job.mtime_ns)
 
 
+_NO_STEP = float("-inf")  # below every step: files without one go last
+
+
+def _step_or_last(job: CopyJob) -> int | float:
+    return _NO_STEP if job.step is None else job.step
+
+
+def sort_newest_first(jobs: list[CopyJob]) -> None:
+    """`jobs.sort(key=newest_first)` without a key tuple per job (at 1,000,000 new files those are 140 MB
+    at once): two stable sorts, the minor key first, whose keys are the jobs' own numbers."""
+    jobs.sort(key=attrgetter("mtime_ns"), reverse=True)  # reverse=True keeps equal keys in their order
+    jobs.sort(key=_step_or_last, reverse=True)
+
+
 def plan_copies(
     primary: Snapshot,
     mirror: Snapshot,
@@ -59,7 +74,7 @@ def plan_copies(
             unsettled.append(rel)
         else:
             jobs.append(CopyJob(rel, src.size, src.mtime_ns, step_of(rel, step_regex), why))
-    jobs.sort(key=newest_first)
+    sort_newest_first(jobs)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 from mirrord.core.layouts import HF_STATE, Layout, UnitKind
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
-from mirrord.core.plan import CopyPlan, newest_first, plan_copies, why_copy
+from mirrord.core.plan import CopyPlan, plan_copies, sort_newest_first, why_copy
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 from mirrord.formats.validators import PASSING
 
@@ -280,7 +280,7 @@ def plan_unit_copies(
             unsettled.append(src.rel)
         else:
             jobs.append(CopyJob(src.rel, src.size, src.mtime_ns, None, why))
-    jobs.sort(key=newest_first)
+    sort_newest_first(jobs)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
 
 

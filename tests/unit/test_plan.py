@@ -267,3 +267,19 @@ def test_files_are_tracked_independently() -> None:
     clocks.advance(2.0)
     assert not settled(b)
     assert settled(a)
+
+
+def test_sort_newest_first_orders_as_the_queue_key_does() -> None:
+    """The two-sort version gives the order of sorting by newest_first, ties kept in their order."""
+    import random
+
+    from mirrord.core.model import CopyJob
+    from mirrord.core.plan import newest_first, sort_newest_first
+
+    rng = random.Random(7)
+    for _ in range(200):
+        jobs = [CopyJob(f"r/{i}.pt", 1, rng.choice([5, 6, 7, -1]), rng.choice([None, 0, 1, 2, -3, 10**30]), "new")
+                for i in range(rng.randrange(0, 30))]
+        got = list(jobs)
+        sort_newest_first(got)
+        assert got == sorted(jobs, key=newest_first)

@@ -34,6 +34,7 @@ from mirrord.errors import (
 )
 from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
 from mirrord.obs.sizes import bytes_both
+from mirrord.store.atomic import DirSyncs
 from mirrord.store.hashing import Hasher, new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
 from mirrord.store.paths import open_dir_beneath, open_file_beneath, split_rel
@@ -109,8 +110,12 @@ def copy_file(
     mirror: UploadTarget,
     options: CopyOptions,
     control: CopyControl | None = None,
+    dirs: DirSyncs | None = None,
 ) -> CopyResult:
-    """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace."""
+    """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace.
+
+    With `dirs`, the directory fsync that makes the new name durable is left to dirs.flush() (group
+    commit: mirrord.service.commits); the copy must not be recorded before that flush returned."""
     control = control or CopyControl()
     src_path = primary_root / rel
     started = time.monotonic()
@@ -155,7 +160,7 @@ def copy_file(
         stored_mtime_ns = upload.seal(before.st_mtime_ns)
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
         control.check(src_path)
-        published_mtime_ns = upload.commit()  # an object store knows its LastModified only now
+        published_mtime_ns = upload.commit(dirs)  # an object store knows its LastModified only now
         upload = None
         if published_mtime_ns is not None:
             stored_mtime_ns = published_mtime_ns

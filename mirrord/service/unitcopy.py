@@ -19,6 +19,7 @@ from mirrord.core.layouts import TEMP_SUFFIXES
 from mirrord.core.model import CopyJob, CopyResult
 from mirrord.errors import SourceChangedError, SourceGoneError
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file
+from mirrord.store.atomic import DirSyncs
 from mirrord.store.mirror import Mirror, UnitStaging, Upload
 from mirrord.store.staging import list_folder
 
@@ -54,12 +55,14 @@ def copy_unit(
     options: CopyOptions,
     control: CopyControl | None = None,
     before_commit: Callable[[], None] = lambda: None,
+    dirs: DirSyncs | None = None,
 ) -> list[CopyResult]:
     """Publish the folder unit job.rel with every file in job.members, or raise and leave no trace.
 
     `before_commit` runs once every file is staged and the source is known unchanged: the engine drops
     an older copy of the unit there (its manifest entries, then its files), since a unit is replaced
-    whole, never merged into.
+    whole, never merged into. With `dirs`, the fsync of the parent after the unit's rename is left to
+    dirs.flush() (group commit), as copy_file does.
     """
     control = control or CopyControl()
     staging = mirror.begin_unit(job.rel)
@@ -81,7 +84,7 @@ def copy_unit(
                                                              "folder was copied; copy discarded")
         control.check(primary_root / job.rel)
         before_commit()
-        staging.commit()
+        staging.commit(dirs)
     except BaseException:
         staging.abort()
         raise

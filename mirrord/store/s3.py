@@ -51,6 +51,7 @@ from mirrord.errors import (
     TransientError,
 )
 from mirrord.obs.log import get_logger
+from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import MANIFEST_NAME, Manifest, decode_change, decode_snapshot, encode_snapshot
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import split_rel
@@ -574,8 +575,9 @@ class S3Upload:
         self._sealed = True
         return None
 
-    def commit(self) -> int:
-        """Complete the upload (or PUT the small file); returns the object's LastModified."""
+    def commit(self, dirs: DirSyncs | None = None) -> int:
+        """Complete the upload (or PUT the small file); returns the object's LastModified. Durable when
+        this returns: an object store has no directory to fsync (`dirs` is not needed)."""
         if not self._sealed:
             raise RuntimeError("commit() before seal()")
         client = self.mirror.client
@@ -642,9 +644,9 @@ class S3UnitStaging:
         """Keys of the files this staging has completed (the new copy of the unit)."""
         return {u.key for u in self._uploads if u.etag is not None}
 
-    def commit(self) -> None:
+    def commit(self, dirs: DirSyncs | None = None) -> None:
         """Check that every file completed and move a staged unit into place (the manifest record that
-        follows commits the unit)."""
+        follows commits the unit; `dirs` is not needed: there is no directory to fsync)."""
         for upload in self._uploads:
             if upload.etag is None:
                 raise PermanentError(upload.where, "the unit was committed before this file was")

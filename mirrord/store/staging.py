@@ -66,10 +66,10 @@ class FolderStaging:
             raise RuntimeError("upload() after commit() or abort()")
         return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache)
 
-    def commit(self) -> None:
-        """fsync the staging folder, rename it onto NAME, fsync the parent. FileExistsError if NAME is
-        there (an old copy of the unit is deleted first, never merged into) or the staging folder was
-        replaced meanwhile."""
+    def commit(self, dirs: atomic.DirSyncs | None = None) -> None:
+        """fsync the staging folder, rename it onto NAME, fsync the parent (with `dirs`: left to
+        dirs.flush()). FileExistsError if NAME is there (an old copy of the unit is deleted first, never
+        merged into) or the staging folder was replaced meanwhile."""
         if self._done:
             raise RuntimeError("commit() after commit() or abort()")
         dir_fd = open_dir_beneath(self.root, self._parent)
@@ -89,7 +89,10 @@ class FolderStaging:
             else:
                 raise FileExistsError(errno.EEXIST, f"{self.root / self.key} already exists")
             os.rename(self._staging, self._name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            os.fsync(dir_fd)
+            if dirs is None:
+                os.fsync(dir_fd)
+            else:
+                dirs.add(dir_fd)
             self._done = True
             self._close()
         finally:

@@ -223,12 +223,13 @@ class LocalUpload:
         self._sealed = True
         return st.st_mtime_ns
 
-    def commit(self) -> None:
-        """Publish the sealed temp file under its final name (rename, then fsync of the folder)."""
+    def commit(self, dirs: atomic.DirSyncs | None = None) -> None:
+        """Publish the sealed temp file under its final name (rename, then fsync of the folder, or with
+        `dirs` the folder's fsync left to dirs.flush())."""
         if not self._sealed:
             raise RuntimeError("commit() before seal()")
         try:
-            atomic.publish(self._dir_fd, self.name, self._fd)
+            atomic.publish(self._dir_fd, self.name, self._fd, dirs)
         except BaseException:
             atomic.discard_temp(self._dir_fd, self.name, self._fd)
             raise

@@ -71,6 +71,10 @@ class Layout:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""
         return name in self.aliases or (bool(self.tag_file) and name == self.tag_file)
 
+    def is_alias(self, rel: str) -> bool:
+        """`rel` is an alias file (`last.ckpt`): mirrored beside the units, never one itself."""
+        return rel.rsplit("/", 1)[-1] in self.aliases
+
     def is_member_name(self, name: str) -> bool:
         """A file inside a unit folder that belongs to the unit: every file but a temp name (dot names
         included: DCP's `.metadata` is what makes its folder loadable)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.config import Config
-from mirrord.core.model import CopyJob, CopyResult, ManifestEntry
+from mirrord.core.model import CopyJob, CopyResult, FileState, ManifestEntry
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,
@@ -23,7 +23,7 @@ from mirrord.errors import (
 )
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.service.copier import CopyControl, CopyOptions, copy_file
+from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_unit
 from mirrord.store.atomic import DirSyncs
@@ -77,14 +77,18 @@ class Engine:
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
         """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""
-        outcome = self.commit([self.stage(job, control)])[0]
+        staged = self.stage(job, control)
+        if isinstance(staged, CopyResult):
+            return staged
+        outcome = self.commit([staged])[0]
         if isinstance(outcome, MirrordError):
             raise outcome
         return outcome
 
-    def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy:
+    def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy | CopyResult:
         """Copy the job and publish it under its final name, leaving its directory fsync and its manifest
-        record to commit() (which may take several staged copies at once). Raises MirrordError."""
+        record to commit() (which may take several staged copies at once). An alias published from its
+        mirrored twin is recorded at once: its CopyResult is returned, done. Raises MirrordError."""
         fields = _fields(job)
         self.log.info("copy.started", why=job.why, **fields)
         self.metrics.in_flight.inc()
@@ -95,6 +99,10 @@ class Engine:
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
             self._reserved += job.size
         try:
+            aliased = self._publish_twin(job, control) if job.twins else None
+            if aliased is not None:
+                dirs.close()
+                return aliased
             with self.board.track(job, control):
                 results = self._copy_unit(job, options, control, dirs) if job.members else [
                     self._copy(job, options, control, dirs)]
@@ -167,6 +175,40 @@ class Engine:
             validation=result.validation, **_fields(job),
         )
         return result
+
+    def _publish_twin(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
+        """An alias (last.ckpt) whose bytes are those of a mirrored step: read once and hashed, then
+        published on the mirror from that step's copy (mirror.clone: no byte written again) and recorded
+        with its digest. None when no twin has its digest (or the mirror cannot clone): copy it."""
+        entries = self.manifest.entries
+        twins = [entries[rel] for rel in job.twins if rel in entries and entries[rel].algo == self.options.algo]
+        if not twins:
+            return None
+        started = time.monotonic()
+        before, digest = hash_source(self.primary_root, job.rel, self.options.algo, self.options.buffer_bytes,
+                                     control)
+        for twin in twins:
+            if (twin.size, twin.digest) != (before.st_size, digest):
+                continue
+            stored = twin.mirror_mtime_ns if twin.mirror_mtime_ns is not None else twin.source_mtime_ns
+            state = self.mirror.clone(twin.path, job.rel, FileState(twin.path, twin.size, stored, twin.mirror_ino))
+            if state is None:
+                continue
+            entry = ManifestEntry(
+                path=job.rel, size=before.st_size, algo=twin.algo, digest=digest, source_mtime_ns=before.st_mtime_ns,
+                step=None, mirrored_at=self.wall(), mirror_mtime_ns=state.mtime_ns, validation=twin.validation,
+                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns)
+            puts = [entry]
+            if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
+                puts.append(replace(twin, mirror_ctime_ns=state.ctime_ns))
+            self.manifest.apply(puts=puts)
+            seconds = time.monotonic() - started
+            self.metrics.copy_result("aliased")
+            self.log.info("copy.aliased", path=job.rel, run=job.run or ".", twin=twin.path, size=before.st_size,
+                          digest=digest, seconds=round(seconds, 3), bytes_written=0)
+            return CopyResult(job.rel, before.st_size, twin.algo, digest, before.st_mtime_ns, seconds,
+                              state.mtime_ns, twin.validation or "unchecked", f"same bytes as {twin.path}")
+        return None
 
     def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mirrord.core.layouts import TEMP_SUFFIXES
-from mirrord.core.model import CopyJob, CopyResult
-from mirrord.errors import SourceChangedError, SourceGoneError
+from mirrord.core.model import CopyJob, CopyResult, FileState
+from mirrord.core.units import unit_identity
+from mirrord.errors import InvalidSourceError, SourceChangedError, SourceGoneError
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.mirror import Mirror, UnitStaging, Upload
@@ -48,6 +49,20 @@ def _member_name(name: str) -> bool:
     return not name.endswith(TEMP_SUFFIXES)
 
 
+def _invalid_unit(primary_root: Path, job: CopyJob, exc: InvalidSourceError) -> InvalidSourceError:
+    """A file of the unit failed its validator: the unit is invalid as it is now, every file's identity
+    recorded (not judged again until one changes); unknown if the file changed since it was judged."""
+    member = Path(str(exc.path)).relative_to(primary_root / job.rel).as_posix()
+    try:
+        now = list_folder(primary_root, job.rel, _member_name)
+    except OSError:
+        now = {}
+    files = [FileState(rel, size, mtime, ino, 0, ctime_ns=ctime) for rel, (ino, size, mtime, ctime) in now.items()]
+    judged = next((f.identity for f in files if f.rel == f"{job.rel}/{member}"), None)
+    identity = unit_identity(files) if judged is not None and judged == exc.identity else None
+    return InvalidSourceError(primary_root / job.rel, f"{member}: {exc.cause}", exc.status, identity)
+
+
 def copy_unit(
     primary_root: Path,
     job: CopyJob,
@@ -69,7 +84,10 @@ def copy_unit(
     view = _Staged(mirror, staging, job.rel)
     member_options = dataclasses.replace(options, allow_empty=True)
     try:
-        results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
+        try:
+            results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
+        except InvalidSourceError as exc:
+            raise _invalid_unit(primary_root, job, exc) from exc
         try:
             now = list_folder(primary_root, job.rel, _member_name)
         except FileNotFoundError as exc:

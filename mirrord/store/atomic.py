@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,6 +152,36 @@ def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
     os.link(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     os.unlink(name, dir_fd=dir_fd)
     os.fsync(dir_fd)
+
+
+def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple[int, int, int]) -> os.stat_result:
+    """Publish `final_name` as a second name of the file `source_name` (same directory), which must
+    still be `expected` = (inode, size, mtime_ns): hard-linked under the temp name, checked, fsynced,
+    renamed into place, the directory fsynced. No byte is written again. Returns the published file's
+    stat. FileExistsError if the source is not the expected file; OSError (EPERM, EXDEV, EMLINK) where
+    the filesystem has no hard links: the caller copies instead."""
+    name = temp_name(final_name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)  # a dead writer's: we hold the mirror lock
+    os.link(source_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            st = os.fstat(fd)
+            ino, size, mtime_ns = expected  # an inode of 0: not recorded, size and mtime decide
+            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns) or ino not in (0, st.st_ino) \
+                    or not stat.S_ISREG(st.st_mode):
+                raise FileExistsError(f"{source_name} is no longer the copy that was recorded")
+            os.fsync(fd)  # its inode (link count) is durable before the name is published
+        finally:
+            os.close(fd)
+        os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+    return os.stat(final_name, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _still_ours(dir_fd: int, final_name: str, temp_fd: int) -> str:

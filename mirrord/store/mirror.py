@@ -148,6 +148,12 @@ class Mirror(ReadableStore, Protocol):
     def begin_unit(self, key: str) -> UnitStaging:
         """Start publishing a folder unit under `key`; see UnitStaging."""
 
+    def clone(self, source_key: str, key: str, expected: FileState) -> FileState | None:
+        """Publish `key` with exactly the bytes of the stored `source_key`, which must still be `expected`,
+        without sending them again (local: a hard link; object store: a server-side copy), published
+        as atomically as an upload. Returns the new key's state, or None where the store cannot (the
+        caller uploads instead)."""
+
     def delete(self, key: str, expected: FileState) -> None:
         """Delete `key` only if it is still exactly `expected` (local: inode, size, mtime, regular file),
         checked just before deleting. ChangedError (mirrord.errors) if it is not; nothing if it

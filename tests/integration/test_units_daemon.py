@@ -119,3 +119,46 @@ def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
     deleted = daemon.events("prune.deleted", kind="unit")
     assert {e["volume"] for e in deleted} == {"primary", "mirror"}
     assert daemon.stop() == 0
+
+
+def test_a_folder_unit_with_an_invalid_file_is_judged_once_until_it_changes(
+    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]
+) -> None:
+    """checkpoint-20/ is complete by the hf rule (trainer_state.json parses, every file settled) but its
+    model.safetensors has a header that points past the end of the file. It is read once, fails its
+    validator, and is not read again on the rescans that follow while it stays the same (before: a full
+    re-read of the folder on every rescan, and the verdict forgotten at once, so never reported); after
+    copy.invalid_grace_seconds it is logged and counted once, naming the file; rewritten whole, it is
+    mirrored and the verdict is gone."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    run = primary / "run"
+    run.mkdir(parents=True)
+    daemon = daemon_factory({
+        "layout": "hf", "copy": {"settle_seconds": 0.3, "invalid_grace_seconds": 2.0},
+        "watch": {"rescan_interval_seconds": 0.5},
+    }).start()
+    write_hf(run / "checkpoint-10", 10)
+    wait_for(lambda: (mirror / "run" / "checkpoint-10").is_dir(), 120, "checkpoint-10 mirrored")
+    write_hf(run / "checkpoint-20", 20)
+    weights = run / "checkpoint-20" / "model.safetensors"
+    torn = weights.read_bytes()
+    weights.write_bytes(torn[: len(torn) // 2])  # the header names offsets beyond the end
+    failed = daemon.wait_event("copy.failed", path="run/checkpoint-20", reason="invalid_source", timeout=120)
+    assert "model.safetensors" in failed["cause"]
+    reported = daemon.wait_event("copy.invalid_source", path="run/checkpoint-20", timeout=120)
+    assert "model.safetensors" in reported["cause"] and reported["published"] is False
+    rescans = len(daemon.events("reconcile.finished"))
+    wait_for(lambda: len(daemon.events("reconcile.finished")) >= rescans + 6, 120, "six more rescans")
+    assert len(daemon.events("copy.started", path="run/checkpoint-20")) == 1
+    assert len(daemon.events("copy.failed", path="run/checkpoint-20")) == 1
+    assert len(daemon.events("copy.invalid_source")) == 1
+    assert daemon.metric("mirrord_copies_total", 'result="invalid_source"') == 1
+    assert daemon.metric("mirrord_invalid_sources") == 1
+    assert not (mirror / "run" / "checkpoint-20").exists()
+    assert [p.name for p in (mirror / "run").iterdir()] == ["checkpoint-10"]  # nothing staged is left
+    weights.write_bytes(torn)  # the trainer saves it again, whole
+    daemon.wait_event("copy.committed", path="run/checkpoint-20", timeout=120)
+    wait_for(lambda: daemon.metric("mirrord_invalid_sources") == 0, 60, "the verdict forgotten")
+    assert (mirror / "run" / "checkpoint-20" / "model.safetensors").read_bytes() == torn
+    assert len(daemon.events("copy.started", path="run/checkpoint-20")) == 2
+    assert daemon.stop() == 0

@@ -64,8 +64,12 @@ class Layout:
         return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
 
     def is_staging_name(self, name: str) -> bool:
-        """A folder unit being published on the mirror (`checkpoint-50.part/`)."""
-        return self.folders and name.endswith(".part") and self.is_unit_name(name[: -len(".part")])
+        """A folder unit being published on the mirror (`checkpoint-50.part/`), or an old copy set aside
+        while a new one took its name (`checkpoint-50.old.part/`)."""
+        if not self.folders or not name.endswith(".part"):
+            return False
+        base = name.removesuffix(".old.part") if name.endswith(".old.part") else name.removesuffix(".part")
+        return self.is_unit_name(base) or self.is_unit_name(name.removesuffix(".part"))
 
     def is_extra_name(self, name: str) -> bool:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -104,7 +105,7 @@ class Engine:
                 dirs.close()
                 return aliased
             with self.board.track(job, control):
-                results = self._copy_unit(job, options, control, dirs) if job.members else [
+                results = self._copy_unit(job, options, control) if job.members else [
                     self._copy(job, options, control, dirs)]
             entries = [ManifestEntry(
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
@@ -221,29 +222,32 @@ class Engine:
             control.bytes_done = 0  # the second try starts from the first byte again
             return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs)
 
-    def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl,
-                   dirs: DirSyncs) -> list[CopyResult]:
-        """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full."""
+    def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
+        """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full. A unit
+        is published durably (its parent fsynced) before it returns: units are not grouped."""
+        drop_old = functools.partial(self._drop_old_unit, job)
         try:
-            return copy_unit(self.primary_root, job, self.mirror, options, control, lambda: self._drop_old_unit(job),
-                             dirs)
+            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
         except NoSpaceError:
             if self.make_room is None:
                 raise
             self.make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0
-            return copy_unit(self.primary_root, job, self.mirror, options, control, lambda: self._drop_old_unit(job),
-                             dirs)
+            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
 
-    def _drop_old_unit(self, job: CopyJob) -> None:
+    def _drop_old_unit(self, job: CopyJob, replaces: bool) -> None:
         """Before a folder unit is published again (changed, or published but never recorded): its old
-        manifest entries go first, so the manifest never vouches for files that are gone, then the old
-        folder with what is in it."""
+        manifest entries go first, so the manifest never vouches for files that are gone; then, unless
+        the commit swaps the new copy in itself (`replaces`), the old folder with what is in it."""
         prefix = job.rel + "/"
         old = [rel for rel in self.manifest.entries if rel.startswith(prefix)]
         if old:
             self.manifest.apply(removes=old)
         state = self.mirror.stat(job.rel)
+        if state is not None and replaces:
+            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old),
+                          how="swapped")
+            return
         if state is not None and not self.mirror.delete_folder(job.rel, state):
             raise PermanentError(self.mirror.describe(job.rel), "an older copy of this unit is in the way and "
                                                                "changed while it was being removed")

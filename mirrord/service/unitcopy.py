@@ -2,8 +2,9 @@
 folder, then one rename. Readable in a minute.
 
     begin_unit(NAME) -> NAME.part/ -> copy_file(member) for each file (stream, hash, validate, fsync)
-    -> the primary folder still holds exactly the planned files, unchanged? -> drop an old NAME/
-    (its manifest entries first) -> commit: fsync NAME.part/, rename to NAME/, fsync the parent
+    -> the primary folder still holds exactly the planned files, unchanged? -> drop an old NAME/'s
+    manifest entries -> commit: fsync NAME.part/, rename to NAME/ (or exchange with the old NAME/,
+    then remove it), fsync the parent
 
 Any failure aborts the staging (NAME.part/ removed) and raises the copier's typed error; NAME/ exists
 on the mirror only whole.
@@ -20,7 +21,6 @@ from mirrord.core.model import CopyJob, CopyResult, FileState
 from mirrord.core.units import unit_identity
 from mirrord.errors import InvalidSourceError, SourceChangedError, SourceGoneError
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file
-from mirrord.store.atomic import DirSyncs
 from mirrord.store.mirror import Mirror, UnitStaging, Upload
 from mirrord.store.staging import list_folder
 
@@ -69,15 +69,14 @@ def copy_unit(
     mirror: Mirror,
     options: CopyOptions,
     control: CopyControl | None = None,
-    before_commit: Callable[[], None] = lambda: None,
-    dirs: DirSyncs | None = None,
+    before_commit: Callable[[bool], None] = lambda _replaces: None,
 ) -> list[CopyResult]:
     """Publish the folder unit job.rel with every file in job.members, or raise and leave no trace.
 
-    `before_commit` runs once every file is staged and the source is known unchanged: the engine drops
-    an older copy of the unit there (its manifest entries, then its files), since a unit is replaced
-    whole, never merged into. With `dirs`, the fsync of the parent after the unit's rename is left to
-    dirs.flush() (group commit), as copy_file does.
+    `before_commit(replaces)` runs once every file is staged and the source is known unchanged: the
+    engine drops an older copy's manifest entries there, and its files too unless the commit replaces
+    them itself (`replaces`: a local mirror swaps the whole new folder in, so a whole copy is always
+    under the final name); a unit is replaced whole, never merged into.
     """
     control = control or CopyControl()
     staging = mirror.begin_unit(job.rel)
@@ -101,8 +100,8 @@ def copy_unit(
             raise SourceChangedError(primary_root / job.rel, "files were added, removed or rewritten while the "
                                                              "folder was copied; copy discarded")
         control.check(primary_root / job.rel)
-        before_commit()
-        staging.commit(dirs)
+        before_commit(staging.replaces)
+        staging.commit()
     except BaseException:
         staging.abort()
         raise

@@ -12,7 +12,10 @@ that flush returns, the new names are not durable and nothing may record or anno
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
+import platform
 import stat
 import threading
 from collections.abc import Iterator
@@ -20,6 +23,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 TEMP_SUFFIX = ".part"
+ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
+_RENAME_EXCHANGE = 2
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -152,6 +158,26 @@ def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
     os.link(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     os.unlink(name, dir_fd=dir_fd)
     os.fsync(dir_fd)
+
+
+def exchange(dir_fd: int, a: str, b: str) -> bool:
+    """Swap the names `a` and `b` in one step (renameat2 RENAME_EXCHANGE): each now names what the other
+    did, and at no instant is either name missing. False, with nothing changed, where the kernel or the
+    filesystem cannot (older kernels, some network and FUSE filesystems); other errors are raised."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    args = (dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), _RENAME_EXCHANGE)
+    if hasattr(libc, "renameat2"):
+        result = libc.renameat2(*args)
+    elif platform.machine() in _SYS_RENAMEAT2:
+        result = libc.syscall(_SYS_RENAMEAT2[platform.machine()], *args)
+    else:
+        return False
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple[int, int, int]) -> os.stat_result:

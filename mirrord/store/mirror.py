@@ -83,15 +83,17 @@ class UnitStaging(Protocol):
     """
 
     key: str  # the unit's final key, e.g. "run/checkpoint-50"
+    # True: commit() replaces an older copy under the key itself, which stays whole until then (local:
+    # the names are exchanged in one step). False: the caller deletes the older copy before commit().
+    replaces: bool
 
     def upload(self, relkey: str, size: int, drop_cache: bool = False) -> Upload:
         """Begin one file of the unit; `relkey` is relative to the unit (`model.safetensors`, `sub/x`)."""
 
-    def commit(self, dirs: DirSyncs | None = None) -> None:
-        """Make the whole unit visible under its key at once (local: fsync, rename, fsync parent; with
-        `dirs`, the parent's fsync is left to dirs.flush(), as for Upload.commit).
-        Raises FileExistsError if a non-empty folder already holds the key: delete the old unit
-        first (through the guards), never merge into it."""
+    def commit(self) -> None:
+        """Make the whole unit visible under its key at once (local: fsync, rename or exchange with an
+        older copy, fsync parent, remove the older copy). Never merges into an older copy: where
+        `replaces` is False, FileExistsError while one is there (delete it first, through the guards)."""
 
     def abort(self) -> None:
         """Remove everything staged so far; never raises."""

@@ -646,6 +646,8 @@ class S3UnitStaging:
     copies them into place (server-side) once no older object is left under KEY. abort() deletes the
     files this staging completed (If-Match on their ETags: a newer upload of the same key stays)."""
 
+    replaces = False  # no prefix can be swapped: the caller deletes an older copy before commit()
+
     def __init__(self, mirror: S3Mirror, key: str, staged: bool = False) -> None:
         self.mirror, self.key = mirror, key
         self.area = f"{key}{STAGING_SUFFIX}" if staged else key
@@ -662,9 +664,9 @@ class S3UnitStaging:
         """Keys of the files this staging has completed (the new copy of the unit)."""
         return {u.key for u in self._uploads if u.etag is not None}
 
-    def commit(self, dirs: DirSyncs | None = None) -> None:
+    def commit(self) -> None:
         """Check that every file completed and move a staged unit into place (the manifest record that
-        follows commits the unit; `dirs` is not needed: there is no directory to fsync)."""
+        follows commits the unit)."""
         for upload in self._uploads:
             if upload.etag is None:
                 raise PermanentError(upload.where, "the unit was committed before this file was")

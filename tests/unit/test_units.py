@@ -294,7 +294,7 @@ def test_file_layouts_plan_exactly_as_before() -> None:
 
 
 def test_staged_folder_appears_whole_or_not_at_all(tmp_path: Path) -> None:
-    """NAME.part/ while staging; NAME/ after commit; abort leaves nothing; commit refuses to merge."""
+    """NAME.part/ while staging; NAME/ after commit; abort leaves nothing; commit replaces, never merges."""
     from mirrord.store.scan import state_from_stat
     from mirrord.store.staging import FolderStaging, remove_folder
 
@@ -308,11 +308,20 @@ def test_staged_folder_appears_whole_or_not_at_all(tmp_path: Path) -> None:
     staging.commit()
     assert (tmp_path / "run/checkpoint-1/sub/a.bin").read_bytes() == b"abc"
     assert not (tmp_path / "run/checkpoint-1.part").exists()
-    again = FolderStaging(tmp_path, "run/checkpoint-1")
-    with pytest.raises(FileExistsError):
-        again.commit()
-    again.abort()
+    again = FolderStaging(tmp_path, "run/checkpoint-1")  # published again: replaces the old one whole
+    up = again.upload("b.bin", 1)
+    up.write(memoryview(b"b"))
+    up.seal(1_700_000_000 * 10**9)
+    up.commit()
+    again.commit()
+    assert [p.name for p in (tmp_path / "run/checkpoint-1").iterdir()] == ["b.bin"]  # nothing merged
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-1"]
+    (tmp_path / "run/checkpoint-3").write_bytes(b"a file where the unit goes")
+    blocked = FolderStaging(tmp_path, "run/checkpoint-3")
+    with pytest.raises(FileExistsError):
+        blocked.commit()
+    blocked.abort()
+    (tmp_path / "run/checkpoint-3").unlink()
     dead = FolderStaging(tmp_path, "run/checkpoint-2")
     state = state_from_stat("run/checkpoint-2.part", (tmp_path / "run/checkpoint-2.part").stat())
     (tmp_path / "run/checkpoint-2.part/x").write_bytes(b"x")

@@ -111,6 +111,13 @@ class Reconciler:
         self.refusals.refuse(IDENTITY, problem)
         # The manifest is read before the mirror is listed: a copy recorded in it was published before
         # it was recorded, so the listing cannot miss it (a copy published meanwhile is rechecked).
+        # A prefix several nodes share: what the others recorded is taken in first (retention plans
+        # from the merged manifest).
+        if not problem:
+            try:
+                self.manifest.refresh()
+            except MirrordError as exc:  # planned from what we know: a stale view only keeps more
+                self.log.warning("manifest.refresh_failed", path=exc.path, cause=exc.cause)
         entries = self.manifest.entries
         msnap = None if problem else self.mirror.snapshot(self.config.patterns, self.config.rules)
         for msg in msnap.errors if msnap is not None else ():

@@ -64,12 +64,20 @@ class Layout:
         return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
 
     def is_staging_name(self, name: str) -> bool:
-        """A folder unit being published on the mirror (`checkpoint-50.part/`)."""
-        return self.folders and name.endswith(".part") and self.is_unit_name(name[: -len(".part")])
+        """A folder unit being published on the mirror (`checkpoint-50.part/`), or an old copy set aside
+        while a new one took its name (`checkpoint-50.old.part/`)."""
+        if not self.folders or not name.endswith(".part"):
+            return False
+        base = name.removesuffix(".old.part") if name.endswith(".old.part") else name.removesuffix(".part")
+        return self.is_unit_name(base) or self.is_unit_name(name.removesuffix(".part"))
 
     def is_extra_name(self, name: str) -> bool:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""
         return name in self.aliases or (bool(self.tag_file) and name == self.tag_file)
+
+    def is_alias(self, rel: str) -> bool:
+        """`rel` is an alias file (`last.ckpt`): mirrored beside the units, never one itself."""
+        return rel.rsplit("/", 1)[-1] in self.aliases
 
     def is_member_name(self, name: str) -> bool:
         """A file inside a unit folder that belongs to the unit: every file but a temp name (dot names

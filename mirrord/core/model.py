@@ -98,6 +98,9 @@ class CopyJob:
     why: str  # new | changed | mirror_missing | mirror_mismatch | unrecorded
     # A folder unit (mirrord.core.units): `rel` is the folder, these are its files, published together.
     members: tuple[str, ...] = ()
+    # An alias (Lightning's last.ckpt): mirrored checkpoints of its run recorded with its size, newest
+    # first. If its bytes hash to one of theirs, it is published from that copy, never written again.
+    twins: tuple[str, ...] = ()
 
     @property
     def run(self) -> str:

@@ -11,6 +11,7 @@ Pure: the shell lists, stats and reads; these functions only decide.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -114,6 +115,15 @@ def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
         rel: Unit(rel, p.run, p.step, p.kind, tuple(sorted(members[rel], key=lambda f: f.rel)), p.role)
         for rel, p in placements.items()
     }
+
+
+UnitIdentity = tuple[tuple[str, int, int, int, int], ...]
+
+
+def unit_identity(files: Iterable[FileState]) -> UnitIdentity:
+    """What must stay the same for a folder unit to count as unchanged: every file's path and identity
+    (a file added, removed or rewritten changes it)."""
+    return tuple(sorted((f.rel, *f.identity) for f in files))
 
 
 def stepless(units: Iterable[Unit]) -> list[Unit]:
@@ -238,7 +248,7 @@ def plan_unit_copies(
     that must be there first; older ones retention may never copy)."""
     if not layout.folders:
         base = plan_copies(primary, mirror, manifest, layout.step_regex, is_settled)
-        return base
+        return plan_file_aliases(base, primary, manifest, layout) if layout.aliases else base
     ours = group_units(primary.files.values(), layout)
     theirs = group_units(mirror.files.values(), layout)
     jobs: list[CopyJob] = []
@@ -272,6 +282,41 @@ def plan_unit_copies(
             jobs.append(CopyJob(src.rel, src.size, src.mtime_ns, None, why))
     jobs.sort(key=newest_first)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
+
+
+def plan_file_aliases(
+    base: CopyPlan, primary: Snapshot, manifest: Mapping[str, ManifestEntry], layout: Layout
+) -> CopyPlan:
+    """A file layout's aliases (Lightning's `last.ckpt`, a copy of the newest step): held until the newest
+    step of their run is mirrored, then planned with their twins, so that an alias whose bytes are a
+    mirrored step's is published from that copy instead of being copied again."""
+    checkpoints = [u for u in group_units(primary.files.values(), layout).values() if u.role == "checkpoint"]
+    newest: dict[str, int] = {}
+    for unit in checkpoints:
+        if unit.step is not None:
+            newest[unit.run] = max(unit.step, newest.get(unit.run, unit.step))
+    waiting = {job.rel for job in base.jobs} | set(base.unsettled)
+    pending_runs = {u.run for u in checkpoints if u.rel in waiting and u.step == newest.get(u.run)}
+    jobs: list[CopyJob] = []
+    held: list[str] = []
+    for job in base.jobs:
+        if not layout.is_alias(job.rel):
+            jobs.append(job)
+        elif job.run in pending_runs:
+            held.append(job.rel)  # the step it most likely copies is not mirrored yet
+        else:
+            jobs.append(dataclasses.replace(job, twins=twins_of(job, manifest)))
+    return CopyPlan(tuple(jobs), tuple(sorted((*base.unsettled, *held))), base.in_sync)
+
+
+def twins_of(job: CopyJob, manifest: Mapping[str, ManifestEntry]) -> tuple[str, ...]:
+    """Mirrored checkpoints of the alias's run that may hold its very bytes: recorded with its size and a
+    passing verdict; newest step first. The digest decides, and the mirror copy is re-checked against
+    its record just before it is used (the shell)."""
+    found = sorted(((entry.step, rel) for rel, entry in manifest.items()
+                    if entry.run == job.run and entry.step is not None and entry.size == job.size
+                    and entry_passed(entry)), reverse=True)
+    return tuple(rel for _step, rel in found)
 
 
 def unit_why_copy(

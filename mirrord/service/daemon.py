@@ -93,7 +93,7 @@ class Daemon:
 
     def _pruner(self, config: Config) -> Pruner:
         return Pruner(config, self.primary, self.mirror, self.manifest, self.metrics, in_flight=self.queue.paths,
-                      observations=self.observations, invalid=self.ledger.invalid_paths)
+                      observations=self.observations, invalid=self.ledger.invalid_files)
 
     # -- status and callbacks from other threads --------------------------------------------------
     def status(self) -> str:

@@ -14,7 +14,7 @@ from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import MIRROR, PRIMARY, Deletion, PrunePlan
-from mirrord.core.units import group_units, stepless
+from mirrord.core.units import group_units, stepless, unit_identity
 from mirrord.core.vocabulary import Veto
 from mirrord.errors import MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
@@ -148,10 +148,10 @@ class Reconciler:
         retention of the last complete listing."""
         cfg, pruner = self.config, self.settings().pruner
         if partial:
-            facts, retired_by = Facts(invalid=self.ledger.invalid_paths()), (pruner and pruner.last_plan) or PrunePlan()
+            facts, retired_by = Facts(invalid=self.ledger.invalid_files()), (pruner and pruner.last_plan) or PrunePlan()
         else:
             observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
-            facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_paths(),
+            facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_files(),
                           mirror_is_mount=self.mirror.is_mountpoint(),
                           roots=pruner.roots if pruner else None)
             retired_by = None
@@ -199,9 +199,8 @@ class Reconciler:
         queued = 0
         behind, jobs = [], []
         for job in view.jobs:  # without the steps retention retired (prune.primary = false keeps them)
-            src = psnap.files.get(job.rel)
-            if src is not None and self.ledger.judged_invalid(job.rel, src.identity):
-                continue  # judged invalid as it is now; retried once it changes and settles again
+            if self._judged_invalid(job, psnap):
+                continue  # judged invalid as it is now; read again once it changes and settles again
             if job.why in VERIFY_FAILURES and not job.members and not self._still_damaged(job, psnap.files[job.rel]):
                 continue  # published and recorded while we listed: not damage, not a job
             behind.append(job)
@@ -213,6 +212,9 @@ class Reconciler:
             self.unsettled.update(view.unsettled)
         else:
             self.unsettled = set(view.unsettled)
+            if psnap.complete:
+                rules = self.config.rules
+                self.ledger.keep_invalid(group_units(psnap.files.values(), rules) if rules.folders else psnap.files)
         self.ledger.behind(behind, not partial, self.manifest.entries)
         for job in jobs:
             if not self.queue.put(job):
@@ -221,6 +223,14 @@ class Reconciler:
             if job.why in VERIFY_FAILURES:
                 self.ledger.damaged(job)
         return queued
+
+    def _judged_invalid(self, job: CopyJob, psnap: Snapshot) -> bool:
+        """The job's source (a file, or every file of a folder unit) is exactly what failed its validator."""
+        if job.members:
+            states = [psnap.files[rel] for rel in job.members if rel in psnap.files]
+            return len(states) == len(job.members) and self.ledger.judged_invalid(job.rel, unit_identity(states))
+        src = psnap.files.get(job.rel)
+        return src is not None and self.ledger.judged_invalid(job.rel, src.identity)
 
     def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
         """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
@@ -252,8 +262,11 @@ class Reconciler:
         if rescan:
             self.log.warning("watch.rescan", why="event queue overflow or directory move")
             return True
-        if files and self.config.rules.folders:
-            return True  # a file names no whole unit: its folder is judged from a full listing
+        rules = self.config.rules
+        if files and (rules.folders or any(rules.is_alias(rel) for rel in files)):
+            # A file names no whole unit: its folder is judged from a full listing. An alias (last.ckpt)
+            # waits for the newest step of its run, which only a full listing shows.
+            return True
         if files and not self.refusals.blocked:
             self._enqueue_paths(files)
         return False
@@ -273,11 +286,14 @@ class Reconciler:
 
     def recheck_unsettled(self) -> None:
         """Stat the files still settling or invalid again; queue those that are ready now."""
-        if self.config.rules.folders and self.unsettled:
-            self.inbox.rescan_asked = True  # a folder unit is judged whole from a listing of it
+        rules = self.config.rules
+        if self.unsettled and (rules.folders or any(rules.is_alias(rel) for rel in self.unsettled)):
+            self.inbox.rescan_asked = True  # a folder unit (or an alias) is judged from a full listing
             self.inbox.wake()
         files: dict[str, FileState] = {}
         for rel in self.unsettled | self.ledger.invalid_paths():
+            if rules.folders or rules.is_alias(rel):
+                continue  # judged by that listing
             try:
                 state = self.primary.stat(rel)
             except (OSError, UnsafePathError):

@@ -296,6 +296,24 @@ class S3Mirror:
                 return
             raise wrap(self.describe(rel), exc, "delete") from exc
 
+    def clone(self, source_key: str, key: str, expected: FileState) -> FileState | None:
+        """A server-side copy of the object `source_key` (still `expected`: size and LastModified, then
+        held by If-Match on its ETag) to `key`: no byte is uploaded again. None if it changed."""
+        head = self._head(source_key)
+        if head is None:
+            return None
+        if (int(head["ContentLength"]), _ns(head["LastModified"])) != (expected.size, expected.mtime_ns):
+            return None
+        bucket = self.location.bucket
+        try:  # a managed copy: multipart (UploadPartCopy) above 5 GB; the object appears only when whole
+            self.client.copy({"Bucket": bucket, "Key": self._key(source_key)}, bucket, self._key(key),
+                             ExtraArgs={"CopySourceIfMatch": head["ETag"]})
+        except Exception as exc:
+            if error_code(exc) in ("PreconditionFailed", "404", "NoSuchKey"):
+                return None
+            raise wrap(self.describe(key), exc, "copy") from exc
+        return self.stat(key)
+
     def begin_unit(self, key: str) -> S3UnitStaging:
         """A folder unit. Under an empty prefix its files go straight under their final keys (S3 cannot
         rename a prefix; the caller's manifest record of the unit is what makes it trusted). If an older
@@ -665,6 +683,8 @@ class S3UnitStaging:
     KEY.part/ when an older copy is in the way. commit() checks every file completed and, when staged,
     copies them into place (server-side) once no older object is left under KEY. abort() deletes the
     files this staging completed (If-Match on their ETags: a newer upload of the same key stays)."""
+
+    replaces = False  # no prefix can be swapped: the caller deletes an older copy before commit()
 
     def __init__(self, mirror: S3Mirror, key: str, staged: bool = False) -> None:
         self.mirror, self.key = mirror, key

@@ -304,6 +304,7 @@ class S3Mirror:
             return None
         if (int(head["ContentLength"]), _ns(head["LastModified"])) != (expected.size, expected.mtime_ns):
             return None
+        self.require_lease()  # the copy appears under `key`: only under a lease safe to publish under
         bucket = self.location.bucket
         try:  # a managed copy: multipart (UploadPartCopy) above 5 GB; the object appears only when whole
             self.client.copy({"Bucket": bucket, "Key": self._key(source_key)}, bucket, self._key(key),

@@ -75,6 +75,10 @@ class Layout:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""
         return name in self.aliases or (bool(self.tag_file) and name == self.tag_file)
 
+    def pattern_of(self, name: str) -> str:
+        """The first of the layout's patterns that selects `name` (a unit's name); the name itself if none."""
+        return next((p for p in self.patterns if fnmatch.fnmatchcase(name, p)), name)
+
     def is_alias(self, rel: str) -> bool:
         """`rel` is an alias file (`last.ckpt`): mirrored beside the units, never one itself."""
         return rel.rsplit("/", 1)[-1] in self.aliases
@@ -146,6 +150,37 @@ def layout_for(
         rule: Rule = "marker" if complete_marker else "settle"
         return Layout("custom", unit, patterns, step_pattern, rule=rule, complete_marker=complete_marker)
     raise ValueError(f"unknown layout {name!r}; one of {', '.join(LAYOUTS)}")
+
+
+# Names that look like another training stack's checkpoints, and the setting that would select them:
+# files a layout does not select but whose names say "checkpoint" are warned about (once per pattern).
+LOOKALIKES: dict[str, str] = {
+    "checkpoint-N/": 'layout = "hf"',
+    "global_stepN/": 'layout = "deepspeed"',
+    "*.distcp": 'layout = "dcp"',
+    "*.ckpt": 'layout = "lightning"',
+    "*.safetensors": 'layout = "hf" (checkpoint-N/ folders), or layout = "custom" with patterns = ["*.safetensors"]',
+    "*.pt": 'layout = "torch" (or "custom") with "*.pt" in patterns',
+    "*.pth": 'layout = "torch" (or "custom") with "*.pth" in patterns',
+}
+_LOOKALIKE_FOLDERS = ((re.compile(r"checkpoint-\d+"), "checkpoint-N/"),
+                      (re.compile(r"global_step\d+"), "global_stepN/"))
+_LOOKALIKE_SUFFIXES = (".distcp", ".ckpt", ".safetensors", ".pt", ".pth")
+
+
+def lookalike(rel: str) -> str | None:
+    """The LOOKALIKES pattern a file that the layout does not select matches (it looks like a checkpoint
+    of some stack), or None. Hidden and temp names never look like one."""
+    parts = rel.split("/")
+    name = parts[-1]
+    if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
+        return None
+    for folder in parts[:-1]:
+        for regex, pattern in _LOOKALIKE_FOLDERS:
+            if regex.fullmatch(folder):
+                return pattern
+    suffix = next((s for s in _LOOKALIKE_SUFFIXES if name.endswith(s)), None)
+    return None if suffix is None else "*" + suffix
 
 
 def never_matching(layout: Layout) -> list[str]:

@@ -10,7 +10,7 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from mirrord.core.layouts import Layout
+from mirrord.core.layouts import Layout, lookalike
 from mirrord.core.model import FileState, Snapshot
 from mirrord.store.atomic import TEMP_SUFFIX
 
@@ -69,6 +69,7 @@ def snapshot_tree(
     errors: list[str] = []
     skipped: list[tuple[str, str]] = []
     staging: dict[str, FileState] = {}
+    lookalikes: dict[str, str] = {}
     folders = layout is not None and layout.folders
     inside: set[str] = set()  # directories at or below a unit folder
     stack = [""]
@@ -111,7 +112,9 @@ def snapshot_tree(
                     files[rel] = state_from_stat(rel, st)
                 else:
                     skipped.append((rel, "not a regular file"))
-    return Snapshot(files, partials, tuple(errors), tuple(skipped), staging)
+            elif layout is not None and stat.S_ISREG(mode) and (pattern := lookalike(rel)) is not None:
+                lookalikes.setdefault(pattern, rel)
+    return Snapshot(files, partials, tuple(errors), tuple(skipped), staging, lookalikes)
 
 
 def is_selected_name(name: str, patterns: tuple[str, ...], layout: Layout | None, in_unit: bool) -> bool:

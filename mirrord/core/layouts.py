@@ -168,19 +168,30 @@ _LOOKALIKE_FOLDERS = ((re.compile(r"checkpoint-\d+"), "checkpoint-N/"),
 _LOOKALIKE_SUFFIXES = (".distcp", ".ckpt", ".safetensors", ".pt", ".pth")
 
 
-def lookalike(rel: str) -> str | None:
-    """The LOOKALIKES pattern a file that the layout does not select matches (it looks like a checkpoint
-    of some stack), or None. Hidden and temp names never look like one."""
-    parts = rel.split("/")
-    name = parts[-1]
-    if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
-        return None
-    for folder in parts[:-1]:
+def lookalike_folder(rel_dir: str) -> str | None:
+    """The LOOKALIKES pattern every file below `rel_dir` matches by its folders (`checkpoint-N/`), or None."""
+    for folder in rel_dir.split("/") if rel_dir else ():
         for regex, pattern in _LOOKALIKE_FOLDERS:
             if regex.fullmatch(folder):
                 return pattern
-    suffix = next((s for s in _LOOKALIKE_SUFFIXES if name.endswith(s)), None)
-    return None if suffix is None else "*" + suffix
+    return None
+
+
+def lookalike_name(name: str, folder_pattern: str | None = None) -> str | None:
+    """The LOOKALIKES pattern of a file named `name` in a folder whose lookalike_folder is
+    `folder_pattern`, or None. Hidden and temp names never look like a checkpoint."""
+    if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
+        return None
+    if folder_pattern is not None:
+        return folder_pattern
+    return next(("*" + s for s in _LOOKALIKE_SUFFIXES if name.endswith(s)), None)
+
+
+def lookalike(rel: str) -> str | None:
+    """The LOOKALIKES pattern a file that the layout does not select matches (it looks like a checkpoint
+    of some stack), or None."""
+    folder, _, name = rel.rpartition("/")
+    return lookalike_name(name, lookalike_folder(folder))
 
 
 def never_matching(layout: Layout) -> list[str]:

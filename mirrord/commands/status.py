@@ -14,7 +14,7 @@ import json
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from posixpath import dirname
@@ -251,7 +251,7 @@ def _disagreement(entry: ManifestEntry, state: FileState | None) -> str | None:
     return None
 
 
-def _damaged(mirror: ReadableStore, manifest: dict[str, ManifestEntry], msnap: Snapshot) -> dict[str, str]:
+def _damaged(mirror: ReadableStore, manifest: Mapping[str, ManifestEntry], msnap: Snapshot) -> dict[str, str]:
     """Manifest entries whose file is missing or of another size: rel -> what is wrong.
 
     A running daemon publishes, records, prunes while we look; a disagreement is reported only if a
@@ -375,7 +375,7 @@ def collect(
     checked_at = now()
     problems: list[str] = []
     notes: list[str] = []
-    manifest: dict[str, ManifestEntry] = {}
+    manifest: Mapping[str, ManifestEntry] = {}
     # The manifest first, then the listing: a file is published before it is recorded, so every entry
     # read here names a file the listing can see.
     primary, mirror = LocalVolume(config.primary), mirror_for(config.mirror_target, config.s3)
@@ -470,7 +470,7 @@ def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], lis
     return problems, [f"daemon: {text}" for problem, applies, text in said if applies and not problem]
 
 
-def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: dict[str, ManifestEntry], view: View,
+def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: Mapping[str, ManifestEntry], view: View,
           damaged: dict[str, str], now: float, deep: bool) -> list[RunStatus]:
     primary_by_run: dict[str, list[FileState]] = defaultdict(list)
     entries_by_run: dict[str, list[ManifestEntry]] = defaultdict(list)

@@ -189,6 +189,11 @@ class Mirror(ReadableStore, Protocol):
     def lock_problem(self) -> str | None:
         """None while our lock still holds; else why it was lost (another mirrord may be working)."""
 
+    def write_problem(self) -> str | None:
+        """None while publishing is safe; else why not right now. Local: always None (the flock holds
+        while the process lives). Object store: the lease was not renewed in time (it may come back:
+        copies and prunes wait) or is lost. Never waits on the store: the probes call it."""
+
     def is_mountpoint(self) -> bool | None:
         """For `mirror_must_be_mountpoint`: is the root a mount point? None where that means nothing."""
 

@@ -504,6 +504,10 @@ class LocalMirror(LocalVolume):
                 os.close(pid_fd)
         return fd
 
+    def write_problem(self) -> str | None:
+        """Always None: a flock holds as long as this process lives (lock_problem tells if it was lost)."""
+        return None
+
     def lock_problem(self) -> str | None:
         """None while the file at .mirrord.lock is the one we locked; else why the lock is lost.
 

@@ -389,7 +389,7 @@ class Manifest:
             shared = store.shared_entries()
             if shared is not None:
                 with self._lock:
-                    self._entries = shared
+                    self._entries = dict(shared)
 
     def disk_problem(self) -> str | None:
         """What happened to the on-disk manifest behind our back (None: it is what we wrote)."""

@@ -284,8 +284,11 @@ def unit_why_copy(
         why = why_copy(src, manifest.get(src.rel), mirror_files.get(src.rel))
         if why is not None:
             return why
-    if set(mirrored.paths) - set(unit.paths):
-        return "changed"  # the trainer rewrote the folder with fewer files
+    # A mirrored file the primary's folder no longer has: if we recorded it, the trainer is deleting the
+    # folder (rotation removes its files one by one) and the whole copy on the mirror must stay; an
+    # unrecorded one is not the trainer's, and the folder is published again as the primary has it.
+    if any(rel not in manifest for rel in set(mirrored.paths) - set(unit.paths)):
+        return "changed"
     return None
 
 

@@ -281,6 +281,21 @@ def test_folder_plan_is_one_job_per_unit_newest_first_tag_last() -> None:
     assert [(j.rel, j.why) for j in plan.jobs] == [("o/global_step10", "changed"), ("o/latest", "new")]
 
 
+
+def test_a_folder_being_rotated_away_never_replaces_its_whole_mirrored_copy() -> None:
+    """The trainer deletes an old folder file by file: a listing in between shows it with fewer files,
+    all unchanged. The mirror's copy (every file recorded) stays as it is: not planned again."""
+    from mirrord.core.model import ManifestEntry, Snapshot
+    from mirrord.core.units import Completeness, plan_unit_copies
+
+    layout = layout_for("deepspeed")
+    whole = {f.rel: f for f in files("o/global_step10/a.pt", "o/global_step10/b.pt")}
+    entries = {rel: ManifestEntry(rel, 10, "blake3", "x", f.mtime_ns, None, 0.0) for rel, f in whole.items()}
+    halfway = Snapshot({"o/global_step10/a.pt": whole["o/global_step10/a.pt"]})
+    plan = plan_unit_copies(halfway, Snapshot(whole), entries, layout, lambda u: Completeness(True, ""))
+    assert plan.jobs == () and plan.in_sync == 1
+
+
 def test_file_layouts_plan_exactly_as_before() -> None:
     from mirrord.core.model import Snapshot
     from mirrord.core.plan import plan_copies

@@ -100,6 +100,21 @@ def locate(rel: str, layout: Layout) -> Placement | None:
     return None
 
 
+def unit_of(rel: str, layout: Layout) -> str | None:
+    """The unit a path touches, for routing a watch event (or a unit path) to what must be judged again:
+    with folder units, the outermost unit folder at or above `rel` (none below a staging folder), else a
+    tag or alias file; with file units, the file itself when the layout selects it."""
+    if layout.folders:
+        parts = rel.split("/")
+        for i, part in enumerate(parts):
+            if layout.is_staging_name(part):
+                return None
+            if layout.is_unit_name(part):
+                return "/".join(parts[: i + 1])
+    place = locate(rel, layout)
+    return place.unit if place is not None else None
+
+
 def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
     """Every unit of a listing, by unit path. Files the layout does not select are left out."""
     members: dict[str, list[FileState]] = {}

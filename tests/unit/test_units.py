@@ -359,3 +359,44 @@ def test_alias_symlink_recreated_only_once_its_target_is_recorded(tmp_path: Path
     assert mirror_alias_links(primary, mirror, links, {entry.path: entry}) == [("ck/last.ckpt", "epoch=0-step=5.ckpt")]
     assert (mirror / "ck" / "last.ckpt").readlink() == Path("epoch=0-step=5.ckpt")
     assert mirror_alias_links(primary, mirror, links, {entry.path: entry}) == []  # already there
+
+
+def test_a_watch_event_is_routed_to_the_unit_it_lies_in() -> None:
+    from mirrord.core.units import unit_of
+
+    hf, ds, torch_layout = layout_for("hf"), layout_for("deepspeed"), layout_for("torch")
+    assert unit_of("run/checkpoint-5/optimizer.pt", hf) == "run/checkpoint-5"
+    assert unit_of("run/checkpoint-5/sub/shard.bin", hf) == "run/checkpoint-5"
+    assert unit_of("run/checkpoint-5", hf) == "run/checkpoint-5"  # the folder itself (renamed into place)
+    assert unit_of("run/checkpoint-5.part/optimizer.pt", hf) is None  # our staging, on a mirror
+    assert unit_of("run/notes.txt", hf) is None
+    assert unit_of("run", hf) is None  # a run folder: no unit of its own (a rescan, then)
+    assert unit_of("out/latest", ds) == "out/latest"
+    assert unit_of("out/zero_to_fp32.py", ds) is None
+    assert unit_of("a/step_3.pt", torch_layout) == "a/step_3.pt"
+    assert unit_of("a/notes.txt", torch_layout) is None
+
+
+def test_one_unit_folder_is_listed_as_the_whole_tree_lists_it(tmp_path: Path) -> None:
+    """Every member (dot names too, temp names not), below sub-folders, never through a symlink; a unit
+    that is gone, or a symlink, lists empty."""
+    from mirrord.store.scan import snapshot_unit, unit_folders
+
+    layout = layout_for("dcp")
+    unit = tmp_path / "run" / "step_4"
+    (unit / "sub").mkdir(parents=True)
+    for rel in ("__0_0.distcp", ".metadata", "sub/extra.bin", "x.tmp"):
+        (unit / rel).write_bytes(b"x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret").write_bytes(b"s")
+    (unit / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "run" / "step_9").symlink_to(tmp_path / "elsewhere")
+    whole = snapshot_tree(tmp_path, layout.patterns, layout=layout)
+    listed = snapshot_unit(tmp_path, "run/step_4", layout)
+    assert sorted(listed.files) == sorted(whole.files) == [
+        "run/step_4/.metadata", "run/step_4/__0_0.distcp", "run/step_4/sub/extra.bin"]
+    assert listed.files == whole.files
+    assert snapshot_unit(tmp_path, "run/step_9", layout).files == {}
+    assert snapshot_unit(tmp_path, "run/step_77", layout).files == {}
+    assert unit_folders(tmp_path, "run", layout) == ["run/step_4"]
+    assert unit_folders(tmp_path, "gone", layout) == []

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (work / "results" if args.smoke else RESULTS)
     name = "bench"
     doc: dict[str, Any] = {"meta": {
-        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": _shown(argv),
         "smoke": args.smoke, "cpus": os.cpu_count(), "kernel": platform.release(),
         "python": platform.python_version(), "disk": device_of(work), "reps": reps,
         "tools": {t: shutil.which(t) is not None for t in ("rsync", "rclone", "fincore")},
@@ -226,6 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _shown(argv: list[str] | None) -> str:
+    """The command as run, with the scratch and results folders named, not spelled (results hold no
+    machine paths)."""
+    words = list(argv if argv is not None else sys.argv[1:])
+    for i, word in enumerate(words):
+        for flag in ("--workdir", "--out"):
+            if word == flag and i + 1 < len(words):
+                words[i + 1] = flag.removeprefix("--").upper()
+            elif word.startswith(flag + "="):
+                words[i] = f"{flag}={flag.removeprefix('--').upper()}"
+    return "python -m bench " + " ".join(words)
+
+
 def _goals(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
     chosen = [g.strip() for g in args.goals.split(",") if g.strip()]
     if unknown := set(chosen) - set(goals_bench.GOALS):
@@ -234,7 +247,7 @@ def _goals(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
     work.mkdir(parents=True, exist_ok=True)
     out = args.out or (work / "results" if args.smoke else RESULTS)
     meta = {
-        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": _shown(argv),
         "smoke": args.smoke, "cpus": os.cpu_count(), "kernel": platform.release(),
         "python": platform.python_version(), "disk": device_of(work),
         "tools": {t: shutil.which(t) is not None for t in ("fio", "strace", "dd")},

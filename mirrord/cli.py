@@ -5,29 +5,30 @@ Exit codes: 0 success; 1 the operation failed (a copy, a mismatch, no intact che
 
 This module imports only the standard library at load time: `mirrord -V`, shell completion and the
 build step that writes the man page must not pay for pydantic and structlog (or need them installed).
+`mirrord -V` does not even build the parser (argparse, pathlib and json are imported where used);
+tests/integration/test_startup_imports.py holds each command to what it needs.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mirrord import __version__
 from mirrord.errors import ConfigError, MirrordError
 
 if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+
     from mirrord.config import Config, LoadedConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 JSON_HELP = "print one JSON document on stdout instead of text (schema: README, JSON output)"
 
-Command = Callable[["Config", argparse.Namespace], int]
-PlainCommand = Callable[[argparse.Namespace], int]  # commands that read no configuration
+Command = Callable[["Config", "argparse.Namespace"], int]
+PlainCommand = Callable[["argparse.Namespace"], int]  # commands that read no configuration
 
 # One line per command: the list `mirrord` prints without arguments (and with --help).
 SUMMARIES = {
@@ -47,6 +48,8 @@ SUMMARIES = {
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    from pathlib import Path
+
     g = parser.add_argument_group("configuration (flags override MIRRORD_* variables, which override the file)")
     g.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (default: $MIRRORD_CONFIG)")
     g.add_argument("--primary", type=Path, metavar="DIR", help="directory the trainer writes checkpoints to")
@@ -242,14 +245,33 @@ def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def _naming_warnings(config: Config) -> list[str]:
+    """What a running daemon would warn about the primary's names (mirrord.core.units.naming_warnings)."""
+    from pathlib import Path
+
+    from mirrord.core.units import naming_warnings
+    from mirrord.store.scan import snapshot_tree
+
+    primary = Path(config.primary)
+    if not primary.is_dir():
+        return []
+    snapshot = snapshot_tree(primary, config.patterns, layout=config.rules)
+    return [w.message for w in naming_warnings(snapshot, config.rules)]
+
+
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     """`mirrord check-config`: print the effective config (each value with its origin, or as JSON) and the
-    checkpoint rules it implies; warns about patterns that can never match."""
+    checkpoint rules it implies; warns about patterns that can never match and, from a listing of the
+    primary, about checkpoints with no step and checkpoint-like files the layout does not select."""
     from mirrord.core.layouts import never_matching
 
     for problem in never_matching(config.rules):
         print(f"warning: {problem}", file=sys.stderr)
+    for warning in _naming_warnings(config):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.format == "json":
+        import json
+
         print(json.dumps(config.to_toml_dict(), indent=2))
         return EXIT_OK
     from mirrord.commands.config_toml import render
@@ -327,6 +349,8 @@ def cmd_man(args: argparse.Namespace) -> int:
 # --- prune (retention; see mirrord/commands/prune.py) ---------------------------------------------------------
 def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     """`mirrord prune`: one retention pass (--dry-run shows what would go)."""
+    import contextlib
+
     from mirrord.commands.prune import Pruner, describe
     from mirrord.core.model import Snapshot
     from mirrord.errors import ManifestError
@@ -374,6 +398,8 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 
     status = collect(config, deep=args.verify, timeout=args.timeout, max_lag=args.max_lag)
     if args.json:
+        import json
+
         print(json.dumps(status.to_dict(), indent=2))
     else:
         print(render(status))
@@ -399,6 +425,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _positive_int(text: str) -> int:
+    import argparse
+
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -406,6 +434,8 @@ def _positive_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
+    import argparse
+
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
@@ -415,6 +445,9 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also the source of the man page and the shell completions)."""
+    import argparse
+    from pathlib import Path
+
     parser = argparse.ArgumentParser(
         prog="mirrord",
         description="Keep a second, always-trustworthy copy of ML training checkpoints. "
@@ -488,8 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     # --- status and demo ---
     p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "
             "whether the newest mirrored step is intact, how far the mirror is behind, free space on both "
-            "volumes, and problems; plus, if a daemon answers on metrics.address, its health, readiness, "
-            "queue and copy counts. Reads only: safe while the daemon runs. Exit 0 if nothing is wrong, "
+            "volumes, and problems (with a folder layout, also each unit the mirror lacks: incomplete, "
+            "pending or retired, as the daemon judges it); plus, if a daemon answers on metrics.address, "
+            "its health, readiness, queue and copy counts. Reads only: safe while the daemon runs. "
+            "Exit 0 if nothing is wrong, "
             "1 if a problem is listed (newest mirrored step not intact, files missing from the mirror, "
             "unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
             "behind, daemon unhealthy or refusing the mirror). With a daemon, each copy under way is shown "
@@ -546,6 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The `mirrord` command: parse, load the config once, run the subcommand; its exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv in (["-V"], ["--version"]):  # what argparse prints, without building every subcommand's parser
+        print(f"mirrord {__version__}")
+        return EXIT_OK
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

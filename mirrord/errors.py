@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Hashable
 
 from mirrord.core.vocabulary import CopyOutcome, PruneRefusal
 
@@ -86,11 +87,13 @@ class InvalidSourceError(PermanentError):
     reason = CopyOutcome.INVALID_SOURCE
 
     def __init__(
-        self, path: object, cause: str, status: str = "invalid", identity: tuple[int, int, int, int] | None = None
+        self, path: object, cause: str, status: str = "invalid", identity: Hashable | None = None
     ) -> None:
         super().__init__(path, cause)
         self.status = status
-        self.identity = identity  # (inode, size, mtime_ns, ctime_ns) of the source that was judged
+        # What was judged: a file's (inode, size, mtime_ns, ctime_ns); a folder unit's, every file's
+        # (mirrord.core.units.unit_identity). None: unknown, judge it again next time.
+        self.identity = identity
 
 
 class ManifestError(PermanentError):

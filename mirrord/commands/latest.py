@@ -19,18 +19,24 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mirrord.commands.verify import check_entry, validate_key
 from mirrord.core.branches import branches
 from mirrord.core.layouts import TEMP_SUFFIXES, Layout
 from mirrord.core.model import FileState, ManifestEntry, step_of
-from mirrord.core.retention import entry_passed
-from mirrord.core.units import Unit, group_units, locate
+from mirrord.core.units import Unit, entry_passed, group_units, locate
 from mirrord.errors import UnsafePathError
-from mirrord.service.completeness import judge
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import ReadableStore
 from mirrord.store.volume import LocalVolume
+
+if TYPE_CHECKING:
+    from mirrord.commands.verify import Finding
+    from mirrord.formats.validators import Verdict
+
+# Re-reading (mirrord.commands.verify: hashing, the format validators) and judging a primary's folder
+# units (mirrord.service.completeness) are imported where they are needed: the usual answer is a
+# manifest read and a few stats, and a training script waits on it.
 
 FUTURE_SKEW_SECONDS = 60.0  # as prune.future_skew_seconds' default
 
@@ -65,6 +71,20 @@ def _by_recency(items: list[tuple[int | None, int, object]]) -> list[object]:
         branch, _ = order.key(step)
         return (1, branch, step, mtime)
     return [item for _, _, item in sorted(items, key=key, reverse=True)]
+
+
+def check_entry(store: ReadableStore, entry: ManifestEntry) -> Finding | None:
+    """mirrord.commands.verify.check_entry (size and content hash), imported on first use."""
+    from mirrord.commands import verify
+
+    return verify.check_entry(store, entry)
+
+
+def validate_key(store: ReadableStore, key: str) -> Verdict:
+    """mirrord.commands.verify.validate_key (the format validator), imported on first use."""
+    from mirrord.commands import verify
+
+    return verify.validate_key(store, key)
 
 
 def entry_intact(store: ReadableStore, entry: ManifestEntry, verify: bool = False) -> bool:
@@ -192,6 +212,8 @@ def _latest_unit(
         return max(found)[1] if found else None
     if not isinstance(store, LocalVolume):
         return None  # a primary is a local tree; judging completeness needs one
+    from mirrord.service.completeness import judge
+
     units = group_units(store.snapshot((), layout).files.values(), layout)
     complete = judge(store, layout)
     by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mirrord import __version__
-from mirrord.commands.prune import PruneReport
-from mirrord.commands.sync import SyncReport
-from mirrord.commands.verify import Finding
-from mirrord.errors import MirrordError
-from mirrord.store.mirror import ReadableStore
+
+if TYPE_CHECKING:  # types only: `latest --json` must not load the copy engine, the metrics and the log stack
+    from mirrord.commands.prune import PruneReport
+    from mirrord.commands.sync import SyncReport
+    from mirrord.commands.verify import Finding
+    from mirrord.errors import MirrordError
+    from mirrord.store.mirror import ReadableStore
 
 
 def dumps(document: dict[str, Any]) -> str:

@@ -11,24 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from posixpath import dirname
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
+from urllib.parse import urlsplit
 
 from mirrord import __version__
 from mirrord.commands.verify import check_entry, validate_key
 from mirrord.config import Config
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
 from mirrord.core.reconcile import Facts, View, reconcile
-from mirrord.core.units import locate
+from mirrord.core.units import Completeness, Unit, locate
 from mirrord.core.vocabulary import CopyOutcome
 from mirrord.errors import ManifestError, UnsafePathError
 from mirrord.formats.validators import Verdict
@@ -53,6 +51,18 @@ class VolumeStatus:
 
 
 @dataclass
+class UnitStatus:
+    """A folder unit on the primary that the mirror does not hold (yet), as the daemon judges it now:
+    `incomplete` (not copied until whole: `why` says what is missing), `pending` (whole, to be copied)
+    or `retired` (whole, but retention let go of its step: never copied)."""
+
+    unit: str
+    step: int | None
+    state: str  # incomplete | pending | retired
+    why: str
+
+
+@dataclass
 class RunStatus:
     """One run (a folder of checkpoints). Steps are None when that side holds no stepped checkpoint."""
 
@@ -64,6 +74,7 @@ class RunStatus:
     verify_detail: str = ""
     pending_files: int = 0  # committed on the primary, not (or no longer) intact on the mirror
     lag_seconds: float = 0.0  # age of the oldest pending file; 0 when caught up
+    units: list[UnitStatus] = field(default_factory=list)  # folder layouts: units not mirrored, newest first
 
 
 @dataclass
@@ -120,7 +131,18 @@ Fetch = Callable[[str, float], tuple[int, str]]
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
-    """(status, body); status 0 when nothing answered."""
+    """(status, body); status 0 when nothing answered. Whether anything listens is asked with a bare
+    connect first: with no daemon (the usual case for a person at a terminal) status does not import
+    urllib.request and the HTTP and TLS modules it pulls in."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or 80), timeout=timeout):
+            pass
+    except (OSError, ValueError):
+        return 0, ""
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - http URL built from config
             return int(r.status), r.read().decode(errors="replace")
@@ -179,6 +201,8 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families  # only when a daemon answered
+
     try:
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -227,7 +251,7 @@ def _disagreement(entry: ManifestEntry, state: FileState | None) -> str | None:
     return None
 
 
-def _damaged(mirror: ReadableStore, manifest: dict[str, ManifestEntry], msnap: Snapshot) -> dict[str, str]:
+def _damaged(mirror: ReadableStore, manifest: Mapping[str, ManifestEntry], msnap: Snapshot) -> dict[str, str]:
     """Manifest entries whose file is missing or of another size: rel -> what is wrong.
 
     A running daemon publishes, records, prunes while we look; a disagreement is reported only if a
@@ -299,6 +323,42 @@ def _invalid_sources(config: Config, primary: ReadableStore, view: View, now: fl
     return problems
 
 
+def _judged(primary: LocalVolume, config: Config, now: float,
+            verdicts: dict[str, tuple[Unit, Completeness]]) -> Callable[[Unit], Completeness]:
+    """The daemon's completeness rule (mirrord.service.completeness), each unit judged once and kept in
+    `verdicts`. A file is settled once its mtime is copy.settle_seconds old: the daemon also waits that
+    long after first seeing it unchanged, which one look cannot; a file layout is never judged."""
+    settle = config.copy.settle_seconds
+
+    def settled(state: FileState) -> bool:
+        return not 0 <= now - state.mtime_ns / 1e9 < settle
+
+    rule = judge(primary, config.rules, settled)
+
+    def complete(unit: Unit) -> Completeness:
+        if unit.rel not in verdicts:
+            verdicts[unit.rel] = (unit, rule(unit))
+        return verdicts[unit.rel][1]
+
+    return complete
+
+
+def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit, Completeness]]) -> None:
+    """Each judged folder unit under its run: the ones the mirror lacks, with the daemon's verdict."""
+    by_run = {r.run: r for r in runs}
+    for unit, verdict in sorted(verdicts.values(), key=lambda v: (v[0].step is None, -(v[0].step or 0), v[0].rel)):
+        run = by_run.get(unit.run or ".")
+        if run is None or unit.kind != "folder":
+            continue
+        if not verdict.complete:
+            state = "incomplete"
+        elif view.retired(unit.run, unit.step, unit.mtime_ns):
+            state = "retired"
+        else:
+            state = "pending"
+        run.units.append(UnitStatus(unit.rel, unit.step, state, verdict.why))
+
+
 def collect(
     config: Config,
     deep: bool = False,
@@ -315,7 +375,7 @@ def collect(
     checked_at = now()
     problems: list[str] = []
     notes: list[str] = []
-    manifest: dict[str, ManifestEntry] = {}
+    manifest: Mapping[str, ManifestEntry] = {}
     # The manifest first, then the listing: a file is published before it is recorded, so every entry
     # read here names a file the listing can see.
     primary, mirror = LocalVolume(config.primary), mirror_for(config.mirror_target, config.s3)
@@ -334,9 +394,10 @@ def collect(
         problems.append(f"mirror: {merr}")
     # The daemon's own decision (copy, retire, refuse) on the same listings: status cannot disagree with it.
     listed = msnap if msnap is not None and mirror.exists() else None
+    verdicts: dict[str, tuple[Unit, Completeness]] = {}
     view = reconcile(psnap or Snapshot(), listed, manifest, config, checked_at,
                      facts=Facts(mirror_is_mount=mirror.is_mountpoint()),
-                     is_complete=judge(primary, config.rules))
+                     is_complete=_judged(primary, config, checked_at, verdicts))
     psnap, msnap = psnap or Snapshot(), msnap or Snapshot()
 
     damaged: dict[str, str] = {}
@@ -361,6 +422,7 @@ def collect(
                      "interrupted one (the next copy of that file replaces it)")
 
     runs = _runs(config, mirror, psnap, manifest, view, damaged, checked_at, deep)
+    _add_units(runs, view, verdicts)
     problems.extend(_invalid_sources(config, primary, view, checked_at))
     for run in runs:
         if run.verified is False:
@@ -408,7 +470,7 @@ def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], lis
     return problems, [f"daemon: {text}" for problem, applies, text in said if applies and not problem]
 
 
-def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: dict[str, ManifestEntry], view: View,
+def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: Mapping[str, ManifestEntry], view: View,
           damaged: dict[str, str], now: float, deep: bool) -> list[RunStatus]:
     primary_by_run: dict[str, list[FileState]] = defaultdict(list)
     entries_by_run: dict[str, list[ManifestEntry]] = defaultdict(list)
@@ -494,6 +556,12 @@ def render(status: Status) -> str:
         lines.extend(_table(rows))
         if any(r.verify_mode == "size" and r.verified for r in status.runs):
             lines.append("  (sizes checked against the manifest; add --verify to check content hashes)")
+        units = [u for r in status.runs for u in r.units]
+        if units:
+            lines.append("")
+            lines.append("units on the primary not on the mirror:")
+            lines.extend(_table([[u.unit, u.state.upper() if u.state == "incomplete" else u.state, u.why]
+                                 for u in units]))
     else:
         lines.append("  no checkpoints on either side yet")
     lines.append("")

@@ -11,13 +11,14 @@ Pure: the shell lists, stats and reads; these functions only decide.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from posixpath import dirname
 from typing import Literal
 
-from mirrord.core.layouts import HF_STATE, Layout, UnitKind
+from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import CopyPlan, newest_first, plan_copies, why_copy
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
@@ -131,9 +132,48 @@ def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
     }
 
 
+UnitIdentity = tuple[tuple[str, int, int, int, int], ...]
+
+
+def unit_identity(files: Iterable[FileState]) -> UnitIdentity:
+    """What must stay the same for a folder unit to count as unchanged: every file's path and identity
+    (a file added, removed or rewritten changes it)."""
+    return tuple(sorted((f.rel, *f.identity) for f in files))
+
+
 def stepless(units: Iterable[Unit]) -> list[Unit]:
     """Checkpoints with no step in their name: retention can never prune them (warned once)."""
     return [u for u in units if u.role == "checkpoint" and u.step is None]
+
+
+@dataclass(frozen=True, slots=True)
+class NamingWarning:
+    """Checkpoint-like files the layout will not handle as the user likely expects; one per pattern."""
+
+    kind: Literal["no_step", "not_selected"]
+    pattern: str  # the file name pattern it is about (a layout's pattern, or a LOOKALIKES one)
+    path: str  # the first such file seen
+    message: str  # what it means, and which layout or key would change it
+
+
+def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
+    """Checkpoints from whose names no step can be extracted (retention would silently never prune
+    them), and files the layout does not select that look like checkpoints (never mirrored): one
+    warning per file name pattern, naming the first path."""
+    found: dict[tuple[str, str], NamingWarning] = {}
+    for unit in sorted(stepless(group_units(snapshot.files.values(), layout).values()), key=lambda u: u.rel):
+        pattern = layout.pattern_of(unit.rel.rsplit("/", 1)[-1])
+        found.setdefault(("no_step", pattern), NamingWarning(
+            "no_step", pattern, unit.rel,
+            f"{unit.rel}: no step in its name by {layout.step_pattern!r} (layout {layout.name!r}): mirrored, but "
+            f"retention never prunes it or anything named {pattern!r} without a step; check `layout`"
+            + (" or prune.step_pattern" if layout.name in ("torch", "custom") else "")))
+    for pattern, rel in sorted(snapshot.lookalikes.items()):
+        found.setdefault(("not_selected", pattern), NamingWarning(
+            "not_selected", pattern, rel,
+            f"{rel}: looks like a checkpoint ({pattern}) but layout {layout.name!r} does not select it, so it is "
+            f"never mirrored; {LOOKALIKES[pattern]} would select it"))
+    return list(found.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +293,7 @@ def plan_unit_copies(
     that must be there first; older ones retention may never copy)."""
     if not layout.folders:
         base = plan_copies(primary, mirror, manifest, layout.step_regex, is_settled)
-        return base
+        return plan_file_aliases(base, primary, manifest, layout) if layout.aliases else base
     ours = group_units(primary.files.values(), layout)
     theirs = group_units(mirror.files.values(), layout)
     jobs: list[CopyJob] = []
@@ -287,6 +327,41 @@ def plan_unit_copies(
             jobs.append(CopyJob(src.rel, src.size, src.mtime_ns, None, why))
     jobs.sort(key=newest_first)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
+
+
+def plan_file_aliases(
+    base: CopyPlan, primary: Snapshot, manifest: Mapping[str, ManifestEntry], layout: Layout
+) -> CopyPlan:
+    """A file layout's aliases (Lightning's `last.ckpt`, a copy of the newest step): held until the newest
+    step of their run is mirrored, then planned with their twins, so that an alias whose bytes are a
+    mirrored step's is published from that copy instead of being copied again."""
+    checkpoints = [u for u in group_units(primary.files.values(), layout).values() if u.role == "checkpoint"]
+    newest: dict[str, int] = {}
+    for unit in checkpoints:
+        if unit.step is not None:
+            newest[unit.run] = max(unit.step, newest.get(unit.run, unit.step))
+    waiting = {job.rel for job in base.jobs} | set(base.unsettled)
+    pending_runs = {u.run for u in checkpoints if u.rel in waiting and u.step == newest.get(u.run)}
+    jobs: list[CopyJob] = []
+    held: list[str] = []
+    for job in base.jobs:
+        if not layout.is_alias(job.rel):
+            jobs.append(job)
+        elif job.run in pending_runs:
+            held.append(job.rel)  # the step it most likely copies is not mirrored yet
+        else:
+            jobs.append(dataclasses.replace(job, twins=twins_of(job, manifest)))
+    return CopyPlan(tuple(jobs), tuple(sorted((*base.unsettled, *held))), base.in_sync)
+
+
+def twins_of(job: CopyJob, manifest: Mapping[str, ManifestEntry]) -> tuple[str, ...]:
+    """Mirrored checkpoints of the alias's run that may hold its very bytes: recorded with its size and a
+    passing verdict; newest step first. The digest decides, and the mirror copy is re-checked against
+    its record just before it is used (the shell)."""
+    found = sorted(((entry.step, rel) for rel, entry in manifest.items()
+                    if entry.run == job.run and entry.step is not None and entry.size == job.size
+                    and entry_passed(entry)), reverse=True)
+    return tuple(rel for _step, rel in found)
 
 
 def unit_why_copy(

@@ -40,6 +40,7 @@ class CopyOutcome(StrEnum):
     STALLED = "stalled"
     INVALID_SOURCE = "invalid_source"
     SOURCE_GONE = "source_gone"  # the trainer deleted it before it was copied: rotation, not failure
+    ALIASED = "aliased"  # an alias (last.ckpt) published from the mirrored step with its bytes: none written
 
 
 class PruneRefusal(StrEnum):

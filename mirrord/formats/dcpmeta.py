@@ -23,7 +23,6 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from mirrord.formats import safepickle
 from mirrord.store.paths import lstat_beneath, open_file_beneath
 
 METADATA_NAME = ".metadata"
@@ -53,6 +52,8 @@ def storage_references(data: bytes) -> dict[str, int]:
     """
     if len(data) > MAX_METADATA_BYTES:
         raise MetadataError(f"{len(data)} bytes: too large for a .metadata file", "unchecked")
+    from mirrord.formats import safepickle  # here: pickletools is heavy, and only a .metadata read needs it
+
     try:
         top = safepickle.load(data)
     except safepickle.UnreadableError as exc:
@@ -169,4 +170,6 @@ def _count(value: object) -> bool:
 
 
 def _describe(value: object) -> str:
+    from mirrord.formats import safepickle
+
     return value.cls if isinstance(value, safepickle.Instance) else type(value).__name__

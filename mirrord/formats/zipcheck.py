@@ -28,7 +28,6 @@ import threading
 import typing
 import zlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -369,6 +368,8 @@ def _crc_pieces(fd: int, pieces: Sequence[tuple[int, int, int]], workers: int) -
 
     if workers == 1 or len(pieces) < 2:
         return [crc_of(p) for p in pieces]
+    from concurrent.futures import ThreadPoolExecutor  # here: it imports logging, which a quick check never needs
+
     with ThreadPoolExecutor(max_workers=min(workers, len(pieces)), thread_name_prefix="zipcheck") as pool:
         futures = [pool.submit(crc_of, piece) for piece in pieces]
         try:

@@ -1,15 +1,21 @@
-"""structlog configuration: JSON lines when not on a TTY (journald, Docker), console rendering on one."""
+"""structlog configuration: JSON lines when not on a TTY (journald, Docker), console rendering on one.
+
+structlog is imported when the first logger is asked for, not before: importing it pulls in rich and
+asyncio (a third of `mirrord latest`'s start-up), and a read-only command that logs nothing (latest,
+status) must not pay for that. configure() records its choice and applies it then (at once, when
+structlog is already loaded), so every logger ever handed out renders as the last configure() said.
+"""
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-import structlog
-from structlog.typing import FilteringBoundLogger, Processor
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+# The values of logging.DEBUG ... logging.ERROR (this module does not import logging for them).
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 class _LossyStream:
@@ -43,15 +49,32 @@ class _LossyStream:
             return False
 
 
+# What the last configure() chose, not yet given to structlog: (console?, colors?, level, stream).
+_pending: tuple[bool, bool, int, _LossyStream] | None = None
+
+
 def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
-    """Configure once at start-up; `fmt` is json | console | auto."""
+    """Configure once at start-up; `fmt` is json | console | auto. The stream's terminal test is made
+    now; structlog is set up now if it is loaded, else when get_logger() first loads it."""
+    global _pending
     stream = stream or sys.stdout
-    use_console = fmt == "console" or (fmt == "auto" and stream.isatty())
-    renderer: Processor = (
-        structlog.dev.ConsoleRenderer(colors=stream.isatty())
-        if use_console
-        else structlog.processors.JSONRenderer(sort_keys=False)
-    )
+    tty = stream.isatty()
+    _pending = (fmt == "console" or (fmt == "auto" and tty), tty, LEVELS[level], _LossyStream(stream))
+    if "structlog" in sys.modules:
+        _apply()
+
+
+def _apply() -> None:
+    """Hand the pending configuration to structlog (importing it)."""
+    global _pending
+    import structlog
+
+    if _pending is None:
+        return
+    use_console, colors, level, stream = _pending
+    _pending = None
+    renderer = (structlog.dev.ConsoleRenderer(colors=colors) if use_console
+                else structlog.processors.JSONRenderer(sort_keys=False))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -60,13 +83,16 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(file=_LossyStream(stream)),  # type: ignore[arg-type]
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 
 
 def get_logger() -> FilteringBoundLogger:
     """mirrord's logger (a filtering bound logger once configure() ran; events are snake_case names)."""
+    _apply()
+    import structlog
+
     logger: FilteringBoundLogger = structlog.get_logger("mirrord")
     return logger

@@ -176,6 +176,45 @@ def copy_file(
                       stored_mtime_ns, verdict.status, verdict.detail)
 
 
+def hash_source(primary_root: Path, rel: str, algo: str, buffer_bytes: int,
+                control: CopyControl | None = None) -> tuple[os.stat_result, str]:
+    """Read primary_root/rel once and hash it (no copy): its stat and digest, the file unchanged while read.
+    Raises the copier's typed errors (SourceGoneError, SourceChangedError, ...)."""
+    control = control or CopyControl()
+    src_path = primary_root / rel
+    try:
+        src_fd = open_file_beneath(primary_root, rel)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise SourceGoneError(src_path, "deleted before it was read (rotated away by the trainer)") from exc
+        raise from_oserror(src_path, exc, "open source") from exc
+    try:
+        before = os.fstat(src_fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise PermanentError(src_path, "not a regular file; not copied")
+        hasher = new_hasher(algo)
+        buf = bytearray(buffer_bytes)
+        view = memoryview(buf)
+        total = 0
+        while True:
+            control.check(src_path)
+            try:
+                n = os.readv(src_fd, [buf])
+            except OSError as exc:
+                raise from_oserror(src_path, exc, "read source") from exc
+            if n == 0:
+                break
+            hasher.update(view[:n])
+            total += n
+            control.advance(n)
+        if total != before.st_size:
+            raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
+        _check_unchanged(primary_root, rel, src_fd, before, src_path)
+    finally:
+        os.close(src_fd)
+    return before, hasher.hexdigest()
+
+
 def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
     try:
         now = _stat_beneath(primary_root, rel)

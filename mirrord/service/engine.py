@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.config import Config
-from mirrord.core.model import CopyJob, CopyResult, ManifestEntry
+from mirrord.core.model import CopyJob, CopyResult, FileState, ManifestEntry
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,
@@ -25,7 +26,7 @@ from mirrord.errors import (
 )
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.service.copier import CopyControl, CopyOptions, copy_file
+from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_unit
 from mirrord.store.manifest import Manifest
@@ -90,6 +91,9 @@ class Engine:
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
             self._reserved += job.size
         try:
+            aliased = self._publish_twin(job, control) if job.twins else None
+            if aliased is not None:
+                return aliased
             with self.board.track(job, control):
                 results = self._copy_unit(job, options, control) if job.members else [
                     self._copy(job, options, control)]
@@ -131,6 +135,40 @@ class Engine:
         )
         return result
 
+    def _publish_twin(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
+        """An alias (last.ckpt) whose bytes are those of a mirrored step: read once and hashed, then
+        published on the mirror from that step's copy (mirror.clone: no byte written again) and recorded
+        with its digest. None when no twin has its digest (or the mirror cannot clone): copy it."""
+        entries = self.manifest.entries
+        twins = [entries[rel] for rel in job.twins if rel in entries and entries[rel].algo == self.options.algo]
+        if not twins:
+            return None
+        started = time.monotonic()
+        before, digest = hash_source(self.primary_root, job.rel, self.options.algo, self.options.buffer_bytes,
+                                     control)
+        for twin in twins:
+            if (twin.size, twin.digest) != (before.st_size, digest):
+                continue
+            stored = twin.mirror_mtime_ns if twin.mirror_mtime_ns is not None else twin.source_mtime_ns
+            state = self.mirror.clone(twin.path, job.rel, FileState(twin.path, twin.size, stored, twin.mirror_ino))
+            if state is None:
+                continue
+            entry = ManifestEntry(
+                path=job.rel, size=before.st_size, algo=twin.algo, digest=digest, source_mtime_ns=before.st_mtime_ns,
+                step=None, mirrored_at=self.wall(), mirror_mtime_ns=state.mtime_ns, validation=twin.validation,
+                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns)
+            puts = [entry]
+            if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
+                puts.append(replace(twin, mirror_ctime_ns=state.ctime_ns))
+            self.manifest.apply(puts=puts)
+            seconds = time.monotonic() - started
+            self.metrics.copy_result("aliased")
+            self.log.info("copy.aliased", path=job.rel, run=job.run or ".", twin=twin.path, size=before.st_size,
+                          digest=digest, seconds=round(seconds, 3), bytes_written=0)
+            return CopyResult(job.rel, before.st_size, twin.algo, digest, before.st_mtime_ns, seconds,
+                              state.mtime_ns, twin.validation or "unchecked", f"same bytes as {twin.path}")
+        return None
+
     def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""
         expect = self._tag_checked(job)
@@ -171,24 +209,29 @@ class Engine:
 
     def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
         """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full."""
+        drop_old = functools.partial(self._drop_old_unit, job)
         try:
-            return copy_unit(self.primary_root, job, self.mirror, options, control, lambda: self._drop_old_unit(job))
+            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
         except NoSpaceError:
             if self.make_room is None:
                 raise
             self.make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0
-            return copy_unit(self.primary_root, job, self.mirror, options, control, lambda: self._drop_old_unit(job))
+            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
 
-    def _drop_old_unit(self, job: CopyJob) -> None:
+    def _drop_old_unit(self, job: CopyJob, replaces: bool) -> None:
         """Before a folder unit is published again (changed, or published but never recorded): its old
-        manifest entries go first, so the manifest never vouches for files that are gone, then the old
-        folder with what is in it."""
+        manifest entries go first, so the manifest never vouches for files that are gone; then, unless
+        the commit swaps the new copy in itself (`replaces`), the old folder with what is in it."""
         prefix = job.rel + "/"
         old = [rel for rel in self.manifest.entries if rel.startswith(prefix)]
         if old:
             self.manifest.apply(removes=old)
         state = self.mirror.stat(job.rel)
+        if state is not None and replaces:
+            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old),
+                          how="swapped")
+            return
         if state is not None and not self.mirror.delete_folder(job.rel, state):
             raise PermanentError(self.mirror.describe(job.rel), "an older copy of this unit is in the way and "
                                                                "changed while it was being removed")

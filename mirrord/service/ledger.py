@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from mirrord.core.model import CopyJob, CopyResult, ManifestEntry
@@ -29,11 +29,12 @@ RECOPY_LIMIT = 3
 class Invalid:
     """A source that failed its validator: not retried until it changes; reported after the grace."""
 
-    identity: tuple[int, int, int, int] | None
+    identity: Hashable | None  # of the file, or of every file of a folder unit
     since: float  # monotonic: first failure (kept while the file keeps failing)
     status: str
     cause: str
     reported: bool = False
+    files: frozenset[str] = frozenset()  # the primary files it concerns (a folder unit's, every one)
 
 
 class Ledger:
@@ -75,7 +76,7 @@ class Ledger:
                 previous = self._invalid.get(job.rel)
                 self._invalid[job.rel] = Invalid(
                     outcome.identity, previous.since if previous else self.monotonic(), outcome.status,
-                    outcome.cause, previous.reported if previous else False)
+                    outcome.cause, previous.reported if previous else False, frozenset(job.paths))
             # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
             return True
         elif outcome.reason != "cancelled":
@@ -91,16 +92,28 @@ class Ledger:
         with self._lock:
             return frozenset(self._invalid)
 
-    def judged_invalid(self, rel: str, identity: tuple[int, int, int, int] | None) -> bool:
-        """Whether `rel` failed its validator as it is now (same identity): retried once it changes."""
+    def invalid_files(self) -> frozenset[str]:
+        """The primary files of every invalid source (a folder unit's, each of them): retention's input."""
+        with self._lock:
+            return frozenset(rel for invalid in self._invalid.values() for rel in invalid.files)
+
+    def judged_invalid(self, rel: str, identity: Hashable | None) -> bool:
+        """Whether `rel` (a file or a folder unit) failed its validator as it is now (same identity):
+        not read again until it changes."""
         with self._lock:
             invalid = self._invalid.get(rel)
-        return invalid is not None and identity == invalid.identity
+        return invalid is not None and invalid.identity is not None and identity == invalid.identity
 
     def forget_invalid(self, rel: str) -> None:
         """`rel` is gone from the primary: forget its verdict."""
         with self._lock:
             self._invalid.pop(rel, None)
+
+    def keep_invalid(self, present: Collection[str]) -> None:
+        """A complete listing: forget the verdicts of sources no longer on the primary."""
+        with self._lock:
+            for rel in [rel for rel in self._invalid if rel not in present]:
+                del self._invalid[rel]
 
     def report_invalid(self, grace: float) -> None:
         """A source still invalid after copy.invalid_grace_seconds is not being written: say so once."""

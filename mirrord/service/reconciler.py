@@ -15,7 +15,7 @@ from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import MIRROR, PRIMARY, Deletion, PrunePlan
-from mirrord.core.units import group_units, stepless, unit_of
+from mirrord.core.units import group_units, naming_warnings, unit_identity, unit_of
 from mirrord.core.vocabulary import Veto
 from mirrord.errors import MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
@@ -49,7 +49,7 @@ class Reconciler:
         self.unsettled: set[str] = set()
         self._next_rescan = self._next_settle = 0.0
         self._rollbacks_logged: set[str] = set()
-        self._stepless_logged: set[str] = set()
+        self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
         # The last complete listings, kept current (published copies, hinted files, deletions): a prune
         # pass after a burst of copies plans from them instead of listing both trees again.
         self._in_hand: tuple[Snapshot, Snapshot] | None = None
@@ -112,6 +112,13 @@ class Reconciler:
         self.refusals.refuse(IDENTITY, problem)
         # The manifest is read before the mirror is listed: a copy recorded in it was published before
         # it was recorded, so the listing cannot miss it (a copy published meanwhile is rechecked).
+        # A prefix several nodes share: what the others recorded is taken in first (retention plans
+        # from the merged manifest).
+        if not problem:
+            try:
+                self.manifest.refresh()
+            except MirrordError as exc:  # planned from what we know: a stale view only keeps more
+                self.log.warning("manifest.refresh_failed", path=exc.path, cause=exc.cause)
         entries = self.manifest.entries
         msnap = None if problem else self.mirror.snapshot(self.config.patterns, self.config.rules)
         for msg in msnap.errors if msnap is not None else ():
@@ -126,7 +133,7 @@ class Reconciler:
             self.log.debug("reconcile.refused", cause=self.refusals.blocked)
             return
         self._log_rollbacks(psnap)
-        self._warn_stepless(psnap)
+        self._warn_naming(psnap)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
         queued = self._enqueue(view, psnap)
@@ -142,10 +149,10 @@ class Reconciler:
         retention of the last complete listing."""
         cfg, pruner = self.config, self.settings().pruner
         if partial:
-            facts, retired_by = Facts(invalid=self.ledger.invalid_paths()), (pruner and pruner.last_plan) or PrunePlan()
+            facts, retired_by = Facts(invalid=self.ledger.invalid_files()), (pruner and pruner.last_plan) or PrunePlan()
         else:
             observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
-            facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_paths(),
+            facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_files(),
                           mirror_is_mount=self.mirror.is_mountpoint(),
                           roots=pruner.roots if pruner else None)
             retired_by = None
@@ -165,17 +172,19 @@ class Reconciler:
         for rel, target in made:
             self.log.info("alias.linked", path=rel, target=target)
 
-    def _warn_stepless(self, psnap: Snapshot) -> None:
-        """Once per checkpoint: it has no step in its name, so retention can never prune it (and with a
-        wrong layout or step_pattern, nothing is ever pruned)."""
+    def _warn_naming(self, psnap: Snapshot) -> None:
+        """Once per file name pattern per run (not per rescan): checkpoints with no step in their name
+        (retention never prunes them: usually the wrong `layout` or step_pattern), and files that look
+        like checkpoints but the layout does not select (never mirrored)."""
         rules = self.config.rules
-        for unit in stepless(group_units(psnap.files.values(), rules).values()):
-            if unit.rel not in self._stepless_logged:
-                self._stepless_logged.add(unit.rel)
-                self.log.warning("checkpoint.no_step", path=unit.rel, layout=rules.name,
-                                 step_pattern=rules.step_pattern,
-                                 why="no step in its name: mirrored, but retention never prunes it",
-                                 hint="check `layout` (mirrord check-config prints its rules)")
+        for warning in naming_warnings(psnap, rules):
+            if (warning.kind, warning.pattern) in self._naming_logged:
+                continue
+            self._naming_logged.add((warning.kind, warning.pattern))
+            event = "checkpoint.no_step" if warning.kind == "no_step" else "checkpoint.not_selected"
+            self.log.warning(event, path=warning.path, pattern=warning.pattern, layout=rules.name,
+                             step_pattern=rules.step_pattern, why=warning.message,
+                             hint="mirrord check-config prints the layout's rules and these warnings")
 
     def _log_rollbacks(self, psnap: Snapshot) -> None:
         """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored)."""
@@ -193,9 +202,8 @@ class Reconciler:
         queued = 0
         behind, jobs = [], []
         for job in view.jobs:  # without the steps retention retired (prune.primary = false keeps them)
-            src = psnap.files.get(job.rel)
-            if src is not None and self.ledger.judged_invalid(job.rel, src.identity):
-                continue  # judged invalid as it is now; retried once it changes and settles again
+            if self._judged_invalid(job, psnap):
+                continue  # judged invalid as it is now; read again once it changes and settles again
             if job.why in VERIFY_FAILURES and not job.members and not self._still_damaged(job, psnap.files[job.rel]):
                 continue  # published and recorded while we listed: not damage, not a job
             behind.append(job)
@@ -208,6 +216,9 @@ class Reconciler:
             self.unsettled.update(view.unsettled)
         else:
             self.unsettled = set(view.unsettled)
+            if psnap.complete:
+                rules = self.config.rules
+                self.ledger.keep_invalid(group_units(psnap.files.values(), rules) if rules.folders else psnap.files)
         self.ledger.behind(behind, not partial, self.manifest.entries)
         for job in jobs:
             if not self.queue.put(job):
@@ -216,6 +227,14 @@ class Reconciler:
             if job.why in VERIFY_FAILURES:
                 self.ledger.damaged(job)
         return queued
+
+    def _judged_invalid(self, job: CopyJob, psnap: Snapshot) -> bool:
+        """The job's source (a file, or every file of a folder unit) is exactly what failed its validator."""
+        if job.members:
+            states = [psnap.files[rel] for rel in job.members if rel in psnap.files]
+            return len(states) == len(job.members) and self.ledger.judged_invalid(job.rel, unit_identity(states))
+        src = psnap.files.get(job.rel)
+        return src is not None and self.ledger.judged_invalid(job.rel, src.identity)
 
     def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
         """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
@@ -258,13 +277,15 @@ class Reconciler:
             return True
         if self.refusals.blocked:
             return False
+        if files and any(rules.is_alias(rel) for rel in files):
+            return True  # an alias (last.ckpt) waits for the newest step of its run: a full listing shows it
         if units:
             self._refresh_units(units)
         if files and not rules.folders:
             self._enqueue_paths(files)
         return False
 
-    def _refresh_units(self, units: set[str]) -> set[str]:
+    def _refresh_units(self, units: set[str]) -> None:
         """List the folder units `units` (and the tag or alias files among them) on both sides, judge them,
         and queue what is whole and not mirrored: a watch event's or a settle recheck's cost is the size
         of its unit, not of the tree. A tag file is planned against the newest folder of its run, so that
@@ -311,7 +332,6 @@ class Reconciler:
             self._in_hand = (dataclasses.replace(held, files={**kept, **files}), msnap)
         self._enqueue(self._view(psnap, Snapshot(mirror_files), entries, partial=True), psnap, partial=True,
                       scope=scope)
-        return {unit for rel in files if (unit := unit_of(rel, rules)) is not None}
 
     def _enqueue_paths(self, files: dict[str, FileState]) -> None:
         mirror_files: dict[str, FileState] = {}
@@ -329,17 +349,19 @@ class Reconciler:
     def recheck_unsettled(self) -> None:
         """Stat the files still settling or invalid again; queue those that are ready now."""
         rules = self.config.rules
-        if rules.folders:  # each unit judged again from a listing of it alone
-            invalid = self.ledger.invalid_paths()
-            units = {u for rel in self.unsettled | invalid if (u := unit_of(rel, rules))}
+        if rules.folders:  # each unit still settling judged again from a listing of it alone (a unit
+            # judged invalid is remembered by its files' identities: judged again when an event names it)
+            units = {u for rel in self.unsettled if (u := unit_of(rel, rules))}
             if units and not self.refusals.blocked:
-                present = self._refresh_units(units)
-                for rel in invalid:
-                    if unit_of(rel, rules) not in present:
-                        self.ledger.forget_invalid(rel)  # the trainer removed it: nothing left to judge
+                self._refresh_units(units)
             return
+        if self.unsettled and any(rules.is_alias(rel) for rel in self.unsettled):
+            self.inbox.rescan_asked = True  # an alias is judged from a full listing
+            self.inbox.wake()
         files: dict[str, FileState] = {}
         for rel in self.unsettled | self.ledger.invalid_paths():
+            if rules.folders or rules.is_alias(rel):
+                continue  # judged by that listing
             try:
                 state = self.primary.stat(rel)
             except (OSError, UnsafePathError):

@@ -2,8 +2,9 @@
 folder, then one rename. Readable in a minute.
 
     begin_unit(NAME) -> NAME.part/ -> copy_file(member) for each file (stream, hash, validate, fsync)
-    -> the primary folder still holds exactly the planned files, unchanged? -> drop an old NAME/
-    (its manifest entries first) -> commit: fsync NAME.part/, rename to NAME/, fsync the parent
+    -> the primary folder still holds exactly the planned files, unchanged? -> drop an old NAME/'s
+    manifest entries -> commit: fsync NAME.part/, rename to NAME/ (or exchange with the old NAME/,
+    then remove it), fsync the parent
 
 Any failure aborts the staging (NAME.part/ removed) and raises the copier's typed error; NAME/ exists
 on the mirror only whole.
@@ -16,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mirrord.core.layouts import TEMP_SUFFIXES
-from mirrord.core.model import CopyJob, CopyResult
-from mirrord.errors import SourceChangedError, SourceGoneError
+from mirrord.core.model import CopyJob, CopyResult, FileState
+from mirrord.core.units import unit_identity
+from mirrord.errors import InvalidSourceError, SourceChangedError, SourceGoneError
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file
 from mirrord.store.mirror import Mirror, UnitStaging, Upload
 from mirrord.store.staging import list_folder
@@ -47,26 +49,44 @@ def _member_name(name: str) -> bool:
     return not name.endswith(TEMP_SUFFIXES)
 
 
+def _invalid_unit(primary_root: Path, job: CopyJob, exc: InvalidSourceError) -> InvalidSourceError:
+    """A file of the unit failed its validator: the unit is invalid as it is now, every file's identity
+    recorded (not judged again until one changes); unknown if the file changed since it was judged."""
+    member = Path(str(exc.path)).relative_to(primary_root / job.rel).as_posix()
+    try:
+        now = list_folder(primary_root, job.rel, _member_name)
+    except OSError:
+        now = {}
+    files = [FileState(rel, size, mtime, ino, 0, ctime_ns=ctime) for rel, (ino, size, mtime, ctime) in now.items()]
+    judged = next((f.identity for f in files if f.rel == f"{job.rel}/{member}"), None)
+    identity = unit_identity(files) if judged is not None and judged == exc.identity else None
+    return InvalidSourceError(primary_root / job.rel, f"{member}: {exc.cause}", exc.status, identity)
+
+
 def copy_unit(
     primary_root: Path,
     job: CopyJob,
     mirror: Mirror,
     options: CopyOptions,
     control: CopyControl | None = None,
-    before_commit: Callable[[], None] = lambda: None,
+    before_commit: Callable[[bool], None] = lambda _replaces: None,
 ) -> list[CopyResult]:
     """Publish the folder unit job.rel with every file in job.members, or raise and leave no trace.
 
-    `before_commit` runs once every file is staged and the source is known unchanged: the engine drops
-    an older copy of the unit there (its manifest entries, then its files), since a unit is replaced
-    whole, never merged into.
+    `before_commit(replaces)` runs once every file is staged and the source is known unchanged: the
+    engine drops an older copy's manifest entries there, and its files too unless the commit replaces
+    them itself (`replaces`: a local mirror swaps the whole new folder in, so a whole copy is always
+    under the final name); a unit is replaced whole, never merged into.
     """
     control = control or CopyControl()
     staging = mirror.begin_unit(job.rel)
     view = _Staged(mirror, staging, job.rel)
     member_options = dataclasses.replace(options, allow_empty=True)
     try:
-        results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
+        try:
+            results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
+        except InvalidSourceError as exc:
+            raise _invalid_unit(primary_root, job, exc) from exc
         try:
             now = list_folder(primary_root, job.rel, _member_name)
         except FileNotFoundError as exc:
@@ -80,7 +100,7 @@ def copy_unit(
             raise SourceChangedError(primary_root / job.rel, "files were added, removed or rewritten while the "
                                                              "folder was copied; copy discarded")
         control.check(primary_root / job.rel)
-        before_commit()
+        before_commit(staging.replaces)
         staging.commit()
     except BaseException:
         staging.abort()

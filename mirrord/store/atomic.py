@@ -8,12 +8,19 @@ A reader (or a resume after a power cut) sees either the old file or the whole n
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
+import platform
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 TEMP_SUFFIX = ".part"
+ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
+_RENAME_EXCHANGE = 2
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -85,6 +92,56 @@ def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
     os.link(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     os.unlink(name, dir_fd=dir_fd)
     os.fsync(dir_fd)
+
+
+def exchange(dir_fd: int, a: str, b: str) -> bool:
+    """Swap the names `a` and `b` in one step (renameat2 RENAME_EXCHANGE): each now names what the other
+    did, and at no instant is either name missing. False, with nothing changed, where the kernel or the
+    filesystem cannot (older kernels, some network and FUSE filesystems); other errors are raised."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    args = (dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), _RENAME_EXCHANGE)
+    if hasattr(libc, "renameat2"):
+        result = libc.renameat2(*args)
+    elif platform.machine() in _SYS_RENAMEAT2:
+        result = libc.syscall(_SYS_RENAMEAT2[platform.machine()], *args)
+    else:
+        return False
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple[int, int, int]) -> os.stat_result:
+    """Publish `final_name` as a second name of the file `source_name` (same directory), which must
+    still be `expected` = (inode, size, mtime_ns): hard-linked under the temp name, checked, fsynced,
+    renamed into place, the directory fsynced. No byte is written again. Returns the published file's
+    stat. FileExistsError if the source is not the expected file; OSError (EPERM, EXDEV, EMLINK) where
+    the filesystem has no hard links: the caller copies instead."""
+    name = temp_name(final_name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)  # a dead writer's: we hold the mirror lock
+    os.link(source_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            st = os.fstat(fd)
+            ino, size, mtime_ns = expected  # an inode of 0: not recorded, size and mtime decide
+            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns) or ino not in (0, st.st_ino) \
+                    or not stat.S_ISREG(st.st_mode):
+                raise FileExistsError(f"{source_name} is no longer the copy that was recorded")
+            os.fsync(fd)  # its inode (link count) is durable before the name is published
+        finally:
+            os.close(fd)
+        os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+    return os.stat(final_name, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _still_ours(dir_fd: int, final_name: str, temp_fd: int) -> str:

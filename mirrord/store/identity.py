@@ -13,7 +13,6 @@ Two questions that a resolved path cannot answer:
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +55,8 @@ class VolumeIdentity:
             st = Path(root).stat()
             volume_id = read_marker(root)
             if not volume_id:
+                import uuid  # here: it imports platform, which runs uname; only a new mirror needs an id
+
                 volume_id = uuid.uuid4().hex
                 atomic.write_bytes_atomic(marker, f"{_MARKER_PREFIX}{volume_id}\n".encode())
         except OSError as exc:

@@ -30,13 +30,14 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.store import atomic
+from mirrord.store.jsonstream import CHUNK_BYTES
 
 JOURNAL_SCHEMA = "mirrord-manifest-journal"
 JOURNAL_VERSION = 1
@@ -133,6 +134,16 @@ class Stored(Generic[T]):
         return [r for j in self.journals for r in j.records]
 
 
+def _chunks(fd: int, digest: hashlib._Hash, where: str) -> Iterator[bytes]:
+    """The file's bytes a chunk at a time, each added to `digest`, to its end (whatever the parser reads)."""
+    try:
+        while chunk := os.read(fd, CHUNK_BYTES):
+            digest.update(chunk)
+            yield chunk
+    except OSError as exc:
+        raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
+
+
 def _identity(st: os.stat_result | None) -> tuple[int, ...] | None:
     return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -160,12 +171,16 @@ class LocalManifestStore:
         self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
         self._journal_seen: tuple[int, ...] | None = None
 
+    def shared_entries(self) -> None:
+        """None: a local manifest has one writer, this process (the mirror's flock holder)."""
+        return None
+
     def journal_path(self, generation: int) -> Path:
         """The path of journal number `generation`."""
         return self.root / f"{self.prefix}{generation}"
 
     # -- reading (any process, read-only) ---------------------------------------------------------
-    def read(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T]:
+    def read(self, parse: Callable[[Iterable[bytes], str], tuple[T, int]]) -> Stored[T]:
         """Snapshot and journals as of one instant, even while a writer appends and compacts.
 
         The snapshot is read first, then the journals are opened; if the snapshot was replaced in the
@@ -178,7 +193,7 @@ class LocalManifestStore:
                 return stored
         raise ManifestError(self.snapshot_path, "kept changing while being read (a compaction loop?)")
 
-    def _read_once(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T] | None:
+    def _read_once(self, parse: Callable[[Iterable[bytes], str], tuple[T, int]]) -> Stored[T] | None:
         where = str(self.snapshot_path)
         try:
             fd = os.open(self.snapshot_path, _OPEN_FLAGS)
@@ -189,14 +204,15 @@ class LocalManifestStore:
         if fd >= 0:
             try:
                 before = os.fstat(fd)
-                with os.fdopen(os.dup(fd), "rb") as f:
-                    data = f.read()
-            except OSError as exc:
-                raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
+                digest = hashlib.sha256()
+                # Parsed as it is read: at 1,000,000 entries the file is 260 MB, never all in memory.
+                chunks = _chunks(fd, digest, where)
+                snapshot, generation = parse(chunks, where)
+                for _rest in chunks:  # the digest is of the whole file, whatever the parser read
+                    pass
             finally:
                 os.close(fd)
-            snapshot, generation = parse(data, where)
-            self._snapshot_seen = (_identity(before), hashlib.sha256(data).hexdigest())
+            self._snapshot_seen = (_identity(before), digest.hexdigest())
         fds: dict[int, int] = {}
         try:
             for gen, path in self._journal_names():

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from sys import intern
 from typing import Any, Protocol
 
-from mirrord.core.model import ManifestEntry
+from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
+from mirrord.store.bulk import collection_paused
 from mirrord.store.hashing import ALGORITHMS
 from mirrord.store.journal import LocalManifestStore, Stored
+from mirrord.store.jsonstream import CHUNK_BYTES, NotAnObjectError, read_object
+from mirrord.store.packed import Entries, Held, pack_fields, unpack
 from mirrord.store.paths import split_rel
 
 MANIFEST_NAME = ".mirrord-manifest.json"
@@ -35,20 +39,11 @@ COMPACT_MIN_RECORDS = 1000
 
 
 # -- encoding -------------------------------------------------------------------------------------------
-def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else convert(value)
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-_CONVERT: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str, "bool": bool}
-_CONVERT.update({f"{k} | None": _optional(v) for k, v in list(_CONVERT.items())})
-# Every field of ManifestEntry except the key (path) and the nested hash is stored under its own name,
-# so a field added to the dataclass (with a default, for older manifests) needs no change here.
+# Every field of ManifestEntry except the key (path) and the nested hash is stored under its own name
+# (decode_entry reads them by name; tests/unit/test_manifest.py checks that every field survives both ways).
 _PLAIN = tuple(f for f in fields(ManifestEntry) if f.name not in ("path", "algo", "digest"))
-_DECODE = tuple((f.name, _CONVERT.get(str(f.type), _same)) for f in _PLAIN)  # looked up once, not per entry
+# The few strings most entries repeat, one object each instead of one per entry.
+_SHARED = {s: s for s in (*ALGORITHMS, "ok", "unchecked")}
 
 
 def encode_entry(e: ManifestEntry) -> dict[str, Any]:
@@ -63,16 +58,33 @@ def encode_entry(e: ManifestEntry) -> dict[str, Any]:
 
 def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
     """Raises ValueError/KeyError/TypeError for anything that is not a valid entry."""
+    return make_manifest_entry(path, *_decode_fields(path, raw))
+
+
+def _decode_packed(path: str, raw: dict[str, Any]) -> Held:
+    """decode_entry, packed (mirrord.store.packed) without making the ManifestEntry first."""
+    values = _decode_fields(path, raw)
+    packed = pack_fields(*values)
+    return make_manifest_entry(path, *values) if packed is None else packed
+
+
+def _decode_fields(path: str, raw: dict[str, Any]) -> tuple[Any, ...]:
+    """The fields of the entry after its path, checked and converted."""
     split_rel(path)  # ValueError unless a plain relative path: an entry never names a file outside the root
-    algo = str(raw["hash"]["algo"])
+    hashed = raw["hash"]
+    algo = str(hashed["algo"])
     if algo not in ALGORITHMS:
         raise ValueError(f"{path}: unknown hash algorithm {algo!r}")
-    values: dict[str, Any] = {"path": path, "algo": algo, "digest": str(raw["hash"]["digest"])}
-    for name, convert in _DECODE:
-        if name in raw:
-            values[name] = convert(raw[name])
-        # else: the dataclass default (a field newer than the manifest), or TypeError if it has none
-    return ManifestEntry(**values)
+    get = raw.get
+    step = raw["step"]
+    mirror_mtime_ns = get("mirror_mtime_ns")
+    validation = get("validation")
+    # Fields newer than the manifest take their defaults; the older ones are required (KeyError).
+    return (int(raw["size"]), _SHARED[algo], str(hashed["digest"]), int(raw["source_mtime_ns"]),
+            None if step is None else int(step), float(raw["mirrored_at"]),
+            None if mirror_mtime_ns is None else int(mirror_mtime_ns),
+            None if validation is None else _SHARED.get(validation) or str(validation),
+            int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)))
 
 
 def _dumps(doc: Any) -> bytes:
@@ -83,7 +95,7 @@ def _dumps(doc: Any) -> bytes:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def encode_snapshot(entries: dict[str, ManifestEntry], generation: int = 0) -> bytes:
+def encode_snapshot(entries: Mapping[str, ManifestEntry], generation: int = 0) -> bytes:
     """The whole manifest as one snapshot document (sorted, so equal manifests are equal bytes)."""
     doc: dict[str, Any] = {"schema": SCHEMA, "version": SCHEMA_VERSION}
     if generation:
@@ -93,28 +105,52 @@ def encode_snapshot(entries: dict[str, ManifestEntry], generation: int = 0) -> b
 
 
 def decode_snapshot(data: bytes, where: str) -> tuple[dict[str, ManifestEntry], int]:
-    """(entries, generation); a manifest written before the journal existed is generation 0."""
+    """(entries, generation) of snapshot bytes; a manifest written before the journal existed is generation 0."""
+    chunks = (data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES))
+    entries: dict[str, ManifestEntry] = {}
+    return entries, _read_snapshot(chunks, where, entries, decode_entry)
+
+
+def read_snapshot(chunks: Iterable[bytes], where: str) -> tuple[dict[str, Held], int]:
+    """decode_snapshot of the snapshot's bytes as a stream, each entry packed (mirrord.store.packed) as soon
+    as it is parsed: at 1,000,000 entries neither the file's text nor its parsed JSON is ever whole in memory."""
+    entries: dict[str, Held] = {}
+    return entries, _read_snapshot(chunks, where, entries, _decode_packed)
+
+
+def _check_header(doc: dict[str, Any]) -> None:
+    if doc.get("schema") != SCHEMA:
+        raise ValueError("not a mirrord manifest")
+    if doc.get("version") != SCHEMA_VERSION:
+        raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
+
+
+def _read_snapshot(chunks: Iterable[bytes], where: str, entries: dict[str, Any],
+                   decode: Callable[[str, dict[str, Any]], Any]) -> int:
+    """Fill `entries` with decode(path, raw) of each entry; the generation."""
+
+    def first(doc: dict[str, Any]) -> None:
+        if "schema" in doc:  # our own order: the header first, so that a stranger's file is refused at once
+            _check_header(doc)
+
+    def put(path: str, raw: Any) -> None:
+        path = intern(path)  # the scans' names of the same files are interned too: one string for all three
+        entries[path] = decode(path, raw)
+
     try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError("not a mirrord manifest")
-        if doc.get("version") != SCHEMA_VERSION:
-            raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
+        try:
+            doc, found = read_object(chunks, "entries", put, first)
+        except NotAnObjectError:
+            raise ValueError("entries is not an object") from None
+        _check_header(doc)
         generation = doc.get("journal", 0)
         if type(generation) is not int or generation < 0:
             raise ValueError(f"bad journal generation {generation!r}")
-        raw_entries = doc["entries"]
-        if not isinstance(raw_entries, dict):
-            raise ValueError("entries is not an object")
-        del doc
-        # Each decoded record is dropped as its entry is made, so that at 1,000,000 entries the
-        # parsed JSON and the entries do not both stay in memory at their full size.
-        entries: dict[str, ManifestEntry] = {}
-        for path in list(raw_entries):
-            entries[path] = decode_entry(path, raw_entries.pop(path))
+        if not found:
+            raise KeyError("entries")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
-    return entries, generation
+    return generation
 
 
 @dataclass(frozen=True)
@@ -133,7 +169,7 @@ class Change:
             doc["del"] = list(self.removes)
         return _dumps(doc)
 
-    def apply_to(self, entries: dict[str, ManifestEntry]) -> None:
+    def apply_to(self, entries: dict[str, ManifestEntry] | dict[str, Held]) -> None:
         """Apply the change to an entries mapping."""
         for e in self.puts:
             entries[e.path] = e
@@ -154,7 +190,7 @@ def decode_change(payload: bytes, where: str) -> Change:
     return Change(puts, removes)
 
 
-def _replay(stored: Stored[dict[str, ManifestEntry]]) -> dict[str, ManifestEntry]:
+def _replay(stored: Stored[dict[str, Held]]) -> dict[str, Held]:
     entries = stored.snapshot or {}
     for journal in stored.journals:
         for payload in journal.records:
@@ -198,6 +234,10 @@ class ManifestStore(Protocol):
     def damage(self) -> str | None:
         """What changed in the stored manifest behind this process's back, or None."""
 
+    def shared_entries(self) -> dict[str, ManifestEntry] | None:
+        """Every entry as stored now, other writers' included, for a store several writers share (an
+        object store with several nodes); None for a store only this process writes (local)."""
+
 
 class Manifest:
     """Entries keyed by root-relative POSIX path; thread-safe.
@@ -212,7 +252,8 @@ class Manifest:
         store: ManifestStore | None = None,
         background_compaction: bool = True,
     ) -> None:
-        self._entries: dict[str, ManifestEntry] = dict(entries or {})
+        # Packed (mirrord.store.packed) when loaded; what is recorded afterwards is kept as it is.
+        self._entries: dict[str, Held] = dict(entries or {})
         self._lock = threading.Lock()  # the entries and the queue of pending changes
         self._commit = threading.Lock()  # one writer of the journal at a time
         self._queue: list[_Pending] = []
@@ -224,15 +265,16 @@ class Manifest:
         self._compactor: threading.Thread | None = None
 
     @property
-    def entries(self) -> dict[str, ManifestEntry]:
+    def entries(self) -> Mapping[str, ManifestEntry]:
         """A copy: callers plan from a consistent view while workers keep recording."""
         with self._lock:
-            return dict(self._entries)
+            return Entries(dict(self._entries))
 
     def get(self, rel: str) -> ManifestEntry | None:
         """The entry for `rel`, if recorded."""
         with self._lock:
-            return self._entries.get(rel)
+            held = self._entries.get(rel)
+        return None if held is None else unpack(rel, held)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -325,7 +367,7 @@ class Manifest:
             self._compacting = True
             try:
                 with self._lock:
-                    entries = dict(self._entries)  # everything committed: the journal is written under this lock
+                    entries = Entries(dict(self._entries))  # all committed: the journal is written under this lock
                 generation = store.rotate()
             except BaseException:
                 self._compacting = False
@@ -335,6 +377,19 @@ class Manifest:
             store.drop_before(generation)
         finally:
             self._compacting = False
+
+    def refresh(self) -> None:
+        """Take in what other writers recorded since (a shared store: several nodes, one prefix), so that
+        retention plans from the merged manifest. Our own changes are already in the store, so nothing
+        is lost; a store only we write has nothing to take in."""
+        store = self._store
+        if store is None:
+            return
+        with self._commit:  # no change of ours is half-applied meanwhile
+            shared = store.shared_entries()
+            if shared is not None:
+                with self._lock:
+                    self._entries = dict(shared)
 
     def disk_problem(self) -> str | None:
         """What happened to the on-disk manifest behind our back (None: it is what we wrote)."""
@@ -363,7 +418,7 @@ class Manifest:
     def to_bytes(self) -> bytes:
         """The entries as one snapshot document (the pre-journal format: every tool can read it)."""
         with self._lock:
-            return encode_snapshot(self._entries)
+            return encode_snapshot(Entries(self._entries))
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = MANIFEST_NAME) -> Manifest:
@@ -373,7 +428,8 @@ class Manifest:
     @classmethod
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""
-        return cls(_replay(LocalManifestStore(root, MANIFEST_NAME).read(decode_snapshot)))
+        with collection_paused():
+            return cls._adopting(_replay(LocalManifestStore(root, MANIFEST_NAME).read(read_snapshot)))
 
     @classmethod
     def open(
@@ -387,7 +443,16 @@ class Manifest:
         """
         store = LocalManifestStore(root, MANIFEST_NAME)
         store.guard = guard
-        stored = store.read(decode_snapshot)
-        entries = _replay(stored)
+        with collection_paused():
+            stored = store.read(read_snapshot)
+            entries = _replay(stored)
         store.open_for_append(stored, encode_snapshot({}))
-        return cls(entries, store, background_compaction)
+        return cls._adopting(entries, store, background_compaction)
+
+    @classmethod
+    def _adopting(cls, entries: dict[str, Held], store: ManifestStore | None = None,
+                  background_compaction: bool = True) -> Manifest:
+        """A manifest that keeps `entries` itself, not a copy (at 1,000,000 entries the copy is 40 MB)."""
+        manifest = cls(None, store, background_compaction)
+        manifest._entries = entries
+        return manifest

@@ -81,14 +81,17 @@ class UnitStaging(Protocol):
     """
 
     key: str  # the unit's final key, e.g. "run/checkpoint-50"
+    # True: commit() replaces an older copy under the key itself, which stays whole until then (local:
+    # the names are exchanged in one step). False: the caller deletes the older copy before commit().
+    replaces: bool
 
     def upload(self, relkey: str, size: int, drop_cache: bool = False) -> Upload:
         """Begin one file of the unit; `relkey` is relative to the unit (`model.safetensors`, `sub/x`)."""
 
     def commit(self) -> None:
-        """Make the whole unit visible under its key at once (local: fsync, rename, fsync parent).
-        Raises FileExistsError if a non-empty folder already holds the key: delete the old unit
-        first (through the guards), never merge into it."""
+        """Make the whole unit visible under its key at once (local: fsync, rename or exchange with an
+        older copy, fsync parent, remove the older copy). Never merges into an older copy: where
+        `replaces` is False, FileExistsError while one is there (delete it first, through the guards)."""
 
     def abort(self) -> None:
         """Remove everything staged so far; never raises."""
@@ -145,6 +148,12 @@ class Mirror(ReadableStore, Protocol):
     def begin_unit(self, key: str) -> UnitStaging:
         """Start publishing a folder unit under `key`; see UnitStaging."""
 
+    def clone(self, source_key: str, key: str, expected: FileState) -> FileState | None:
+        """Publish `key` with exactly the bytes of the stored `source_key`, which must still be `expected`,
+        without sending them again (local: a hard link; object store: a server-side copy), published
+        as atomically as an upload. Returns the new key's state, or None where the store cannot (the
+        caller uploads instead)."""
+
     def delete(self, key: str, expected: FileState) -> None:
         """Delete `key` only if it is still exactly `expected` (local: inode, size, mtime, regular file),
         checked just before deleting. ChangedError (mirrord.errors) if it is not; nothing if it
@@ -177,6 +186,11 @@ class Mirror(ReadableStore, Protocol):
 
     def lock_problem(self) -> str | None:
         """None while our lock still holds; else why it was lost (another mirrord may be working)."""
+
+    def write_problem(self) -> str | None:
+        """None while publishing is safe; else why not right now. Local: always None (the flock holds
+        while the process lives). Object store: the lease was not renewed in time (it may come back:
+        copies and prunes wait) or is lost. Never waits on the store: the probes call it."""
 
     def is_mountpoint(self) -> bool | None:
         """For `mirror_must_be_mountpoint`: is the root a mount point? None where that means nothing."""

@@ -3,8 +3,13 @@
     NAME.part/ (created empty, parent fsynced) -> each file through LocalUpload (its own temp name,
     fsync, replace, fsync of the staging folder) -> fsync NAME.part/ -> rename onto NAME -> fsync parent
 
-A reader sees no NAME/ or the whole unit, never a part of it. A NAME.part/ left by a dead writer is
-removed when the same unit is staged again, or swept by retention once old enough. Removal walks by
+A unit published again (the trainer re-saved it with other bytes) is staged -> swapped -> deleted: the
+whole new NAME.part/ and the old NAME/ exchange names in one step (renameat2 RENAME_EXCHANGE), the
+parent is fsynced, then the old copy, now NAME.part/, is removed if it is still the folder that was
+swapped out. Where names cannot be exchanged, the old copy is renamed aside to NAME.old.part/ and the
+new one renamed onto NAME (the only instant without NAME/). A reader sees no NAME/ or a whole unit,
+never a part of one, and never a mix. A NAME.part/ or NAME.old.part/ left by a dead writer is removed
+when the same unit is staged again, or swept by retention once old enough. Removal walks by
 descriptor and never follows a symlink.
 """
 
@@ -66,10 +71,13 @@ class FolderStaging:
             raise RuntimeError("upload() after commit() or abort()")
         return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache)
 
+    # commit() replaces an older copy under the key itself, whole, in one step (see the module docstring).
+    replaces = True
+
     def commit(self) -> None:
-        """fsync the staging folder, rename it onto NAME, fsync the parent. FileExistsError if NAME is
-        there (an old copy of the unit is deleted first, never merged into) or the staging folder was
-        replaced meanwhile."""
+        """fsync the staging folder, then publish it as NAME: renamed there, or exchanged with an older
+        copy of the unit (which is then removed); fsync the parent. FileExistsError if NAME is not a
+        folder or the staging folder was replaced meanwhile."""
         if self._done:
             raise RuntimeError("commit() after commit() or abort()")
         dir_fd = open_dir_beneath(self.root, self._parent)
@@ -83,17 +91,41 @@ class FolderStaging:
             finally:
                 os.close(staged)
             try:
-                os.stat(self._name, dir_fd=dir_fd, follow_symlinks=False)
+                old = os.stat(self._name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
-                pass
+                old = None
+            if old is not None and not stat.S_ISDIR(old.st_mode):
+                raise FileExistsError(errno.EEXIST, f"{self.root / self.key} exists and is not a folder")
+            if old is None:
+                os.rename(self._staging, self._name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                os.fsync(dir_fd)
+                aside = None
             else:
-                raise FileExistsError(errno.EEXIST, f"{self.root / self.key} already exists")
-            os.rename(self._staging, self._name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            os.fsync(dir_fd)
+                aside = self._swap(dir_fd)
             self._done = True
             self._close()
+            if aside is not None:
+                # The old copy, whole until now, under a temp name: removed if it is still the folder that
+                # was swapped out (else a later staging took the name); left to the sweep on failure.
+                with contextlib.suppress(OSError):
+                    there = os.stat(aside, dir_fd=dir_fd, follow_symlinks=False)
+                    if old is not None and (there.st_dev, there.st_ino) == (old.st_dev, old.st_ino):
+                        remove_tree(dir_fd, aside)
+                        os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def _swap(self, dir_fd: int) -> str:
+        """Put the staged folder under NAME in place of the old copy; returns where the old copy is now."""
+        if atomic.exchange(dir_fd, self._staging, self._name):
+            os.fsync(dir_fd)
+            return self._staging
+        aside = self._name + atomic.ASIDE_SUFFIX
+        remove_tree(dir_fd, aside)  # a dead process's (the mirror lock is ours)
+        os.rename(self._name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.rename(self._staging, self._name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
+        return aside
 
     def abort(self) -> None:
         """Remove what was staged; never raises (it must not mask the error that caused it)."""

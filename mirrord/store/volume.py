@@ -327,6 +327,30 @@ class LocalMirror(LocalVolume):
         self.check_identity()
         super().delete(rel, expected)
 
+    def clone(self, source_key: str, key: str, expected: FileState) -> FileState | None:
+        """Publish `key` with the bytes of `source_key` (still `expected`: inode, size, mtime) without
+        writing them again: a hard link in the same folder, through atomic.publish_link. None where that
+        cannot be (another folder, no hard links on this filesystem, the source changed): copy instead."""
+        self.check_identity()
+        src, dst = split_rel(source_key), split_rel(key)
+        if src[:-1] != dst[:-1]:
+            return None
+        try:
+            dir_fd = open_dir_beneath(self.root, dst[:-1])
+        except OSError as exc:
+            raise from_oserror(self.describe(key), exc, "open parent directory") from exc
+        try:
+            st = atomic.publish_link(dir_fd, src[-1], dst[-1], (expected.ino, expected.size, expected.mtime_ns))
+        except (FileExistsError, FileNotFoundError):
+            return None  # the recorded copy is not there as recorded: not a twin any more
+        except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS):
+                return None
+            raise from_oserror(self.describe(key), exc, "link") from exc
+        finally:
+            os.close(dir_fd)
+        return state_from_stat(key, st)
+
     def begin_unit(self, key: str) -> FolderStaging:
         """Start publishing the folder unit `key` as a whole (mirrord.store.staging)."""
         self.check_identity()
@@ -412,6 +436,10 @@ class LocalMirror(LocalVolume):
             finally:
                 os.close(pid_fd)
         return fd
+
+    def write_problem(self) -> str | None:
+        """Always None: a flock holds as long as this process lives (lock_problem tells if it was lost)."""
+        return None
 
     def lock_problem(self) -> str | None:
         """None while the file at .mirrord.lock is the one we locked; else why the lock is lost.

@@ -451,3 +451,74 @@ def test_sigkill_at_every_syscall_of_a_copy_and_a_prune(
     tally.assert_clean()
     kills = sum(tally.faults.values())
     assert kills >= tally.rounds * 0.9, f"only {kills} of {tally.rounds} injections killed mirrord"
+
+
+SWAP_POINTS = ("renameat2", "renameat", "unlinkat", "fsync")
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_sigkill_at_every_step_of_replacing_a_changed_folder_unit(
+    zygote: Zygote, tmp_path: Path, report: Report
+) -> None:
+    """A `sync` replaces checkpoint-10/ (the trainer saved it again with other bytes) by staging the new
+    folder, exchanging it with the old one, then deleting the old one; strace kills it at every rename,
+    renameat2, unlink/rmdir and fsync. After each kill the mirror's checkpoint-10/ is there and is one
+    whole version, the old or the new, never a mix or nothing; a restarted sync publishes the new one
+    and leaves no staging folder behind."""
+    from tests.support.folders import write_hf
+
+    tally = report.scenario("kill -9 at every step of a folder unit swap (strace inject, sync)")
+    world = World(tmp_path / "world")
+    folder = world.primary / "run" / "checkpoint-10"
+    cfg = write_config(tmp_path / "sync.toml", world, layout="hf", copy={"workers": 1})
+
+    def version(root: Path) -> dict[str, bytes] | None:
+        unit = root / "run" / "checkpoint-10"
+        if not unit.is_dir():
+            return None
+        return {p.relative_to(unit).as_posix(): p.read_bytes() for p in sorted(unit.rglob("*")) if p.is_file()}
+
+    write_hf(folder, 10, width=16)
+    assert zygote.run(["sync", "--config", cfg], tmp_path / "first.log") == 0
+    old = version(world.mirror)
+    write_hf(folder, 10, width=24)
+    new = version(world.primary)
+    assert old is not None and new is not None and old != new and set(old) == set(new)
+    reset = world.mirror_reset(tmp_path / "baseline-mirror")
+    prefix = tmp_path / "count" / "t"
+    prefix.parent.mkdir()
+    argv = ["sync", "--config", str(cfg)]
+    assert run_traced(zygote, argv, tmp_path / "count.log", trace_args(prefix, SWAP_POINTS)) == 0
+    counts = syscall_counts(parse(prefix))
+    assert counts.get("renameat2", 0) >= 1, f"the replacement exchanged no names: {counts}"
+    assert version(world.mirror) == new
+    for name in SWAP_POINTS:
+        for n in range(1, counts.get(name, 0) + 1):
+            reset()
+            context = f"sync killed at {name} #{n}"
+            status = run_traced(zygote, ["sync", "--config", str(cfg)], tmp_path / f"inject-{name}-{n}.log",
+                                ["-o", os.devnull, "-e", f"trace={name}", "-e", f"inject={name}:signal=KILL:when={n}"])
+            if status == -signal.SIGKILL:
+                tally.fault(f"sync: KILL at {name}")
+            tally.rounds += 1
+            seen = version(world.mirror)
+            if seen not in (old, new):
+                tally.check([f"checkpoint-10/ after the kill is {'missing' if seen is None else 'neither version'}"
+                             + ("" if seen is None else f": {sorted(seen)}")], context)
+            code = zygote.run(["sync", "--config", cfg], tmp_path / "restart.log")
+            if code != 0:
+                tally.check([f"restart exited {code}"], context)
+            if version(world.mirror) != new:
+                tally.check(["the restarted sync did not publish the new version"], context)
+            left = sorted(p.name for p in (world.mirror / "run").iterdir() if p.name != "checkpoint-10")
+            if left:
+                tally.check([f"left on the mirror after the restart: {left}"], context)
+            entries, problems = load_manifest(world.mirror)
+            tally.check(problems, context)
+            if sorted(entries) != sorted(f"run/checkpoint-10/{m}" for m in new):
+                tally.check([f"manifest after the restart: {sorted(entries)}"], context)
+    reset()
+    tally.assert_clean()
+    kills = sum(tally.faults.values())
+    print(f"swap chaos: {tally.rounds} kills over {counts}")
+    assert kills >= tally.rounds * 0.9, f"only {kills} of {tally.rounds} injections killed mirrord"

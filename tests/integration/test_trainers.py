@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mirrord.store.manifest import Manifest
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
@@ -302,7 +303,7 @@ def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_l
 LIGHTNING_STEP = re.compile(r"epoch=\d+-step=\d+\.ckpt")
 
 
-def mirrored_lightning_run(base: Path, last: str, epochs: int) -> dict[str, Any]:
+def mirrored_lightning_run(base: Path, last: str, epochs: int, step_seconds: float = 0.1) -> dict[str, Any]:
     """One Lightning run on base/primary, mirrored by a daemon to base/mirror until retention settled."""
     primary, mirror = base / "primary", base / "mirror"
     primary.mkdir(parents=True)
@@ -311,13 +312,15 @@ def mirrored_lightning_run(base: Path, last: str, epochs: int) -> dict[str, Any]
         d.start()
         with MirrorPoller(mirror, LIGHTNING_STEP) as poller:
             losses = train("train_lightning", primary / "run", "--epochs", epochs, "--keep", 2, "--last", last,
-                           "--step-seconds", 0.1, log=base / "train.log")
+                           "--step-seconds", step_seconds, log=base / "train.log")
             wait_converged(d, primary, mirror, LIGHTNING_STEP, f"run/epoch={epochs - 1}-step={2 * epochs}.ckpt",
                            "lightning")
             wait_for(lambda: os.path.lexists(mirror / "run" / "last.ckpt"), 120, "last.ckpt mirrored")
         run = {"losses": losses, "primary": primary, "mirror": mirror, "poller": poller,
                "failed": d.metric("mirrord_copies_total", 'result="failed"'),
-               "last_copies": len(d.events("copy.committed", path="run/last.ckpt"))}
+               "last_copies": len(d.events("copy.committed", path="run/last.ckpt")),
+               "last_aliased": d.events("copy.aliased", path="run/last.ckpt"),
+               "aliased_metric": d.metric("mirrord_copies_total", 'result="aliased"')}
         print(f"lightning ({last}): {poller.listings} listings, units seen {sorted(poller.seen)}")
         assert d.stop() == 0
         return run
@@ -328,8 +331,12 @@ def mirrored_lightning_run(base: Path, last: str, epochs: int) -> dict[str, Any]
 def test_lightning_steps_and_last_ckpt_copy_mirrored_and_resumed_from_the_mirror(tmp_path: Path) -> None:
     """ModelCheckpoint(save_top_k=2, save_last=True) for 6 epochs of 2 steps: the mirror keeps the two
     steps the trainer kept and last.ckpt (the same bytes); Trainer.fit(ckpt_path=<mirror step 10>) gives
-    steps 11 and 12 exactly."""
-    run = mirrored_lightning_run(tmp_path / "copy", "copy", 6)
+    steps 11 and 12 exactly.
+
+    last.ckpt is a second torch.save of the step just saved (the same bytes from the second epoch on): it
+    is published on the mirror as a hard link of that step's mirrored copy (copy.aliased, no byte
+    written), never copied again in full; Trainer.fit(ckpt_path=<mirror last.ckpt>) continues exactly."""
+    run = mirrored_lightning_run(tmp_path / "copy", "copy", 6, step_seconds=1.0)  # 2 s an epoch: each save seen
     assert not run["poller"].errors and run["poller"].listings > 50
     assert len(run["poller"].seen) >= 2
     assert run["poller"].partial(lambda rel, view: True) == {}  # a step file is never seen with two sizes
@@ -337,11 +344,30 @@ def test_lightning_steps_and_last_ckpt_copy_mirrored_and_resumed_from_the_mirror
     mirrored = run["mirror"] / "run"
     assert unit_names(mirrored, LIGHTNING_STEP) == ["epoch=4-step=10.ckpt", "epoch=5-step=12.ckpt"]
     assert (mirrored / "last.ckpt").read_bytes() == (run["primary"] / "run" / "last.ckpt").read_bytes()
+    # An alias of the newest mirrored step: one inode, two names; at most the first epoch's last.ckpt
+    # (which records no last_model_path yet, so differs from its step) was ever copied in full.
+    last, newest = (mirrored / "last.ckpt").stat(), (mirrored / "epoch=5-step=12.ckpt").stat()
+    assert (last.st_ino, last.st_nlink) == (newest.st_ino, 2)
+    assert len(run["last_aliased"]) >= 2, run["last_aliased"]  # re-published on later saves, as a link each time
+    assert run["last_aliased"][-1]["twin"] == "run/epoch=5-step=12.ckpt"
+    assert all(e["bytes_written"] == 0 for e in run["last_aliased"])
+    assert run["last_copies"] <= 1, run["last_copies"]
+    assert run["aliased_metric"] == len(run["last_aliased"])
+    entries = Manifest.load(run["mirror"]).entries
+    assert entries["run/last.ckpt"].digest == entries["run/epoch=5-step=12.ckpt"].digest
+    assert entries["run/last.ckpt"].step is None
+    print(f"lightning (copy): last.ckpt copied {run['last_copies']} time(s), aliased "
+          f"{len(run['last_aliased'])} time(s)")
     assert leftovers(run["mirror"]) == []
     shutil.rmtree(run["primary"])
     resumed = train("train_lightning", tmp_path / "resumed", "--epochs", 6, "--resume",
                     mirrored / "epoch=4-step=10.ckpt", log=tmp_path / "resumed.log")
     assert resumed == {s: run["losses"][s] for s in (11, 12)}
+    # Resuming from the mirror's last.ckpt (step 12) continues as a 7-epoch run without a stop does.
+    longer = train("train_lightning", tmp_path / "longer", "--epochs", 7, log=tmp_path / "longer.log")
+    from_last = train("train_lightning", tmp_path / "from-last", "--epochs", 7, "--resume", mirrored / "last.ckpt",
+                      log=tmp_path / "from-last.log")
+    assert from_last == {s: longer[s] for s in (13, 14)}
 
 
 def test_lightning_last_ckpt_link_is_recreated_on_the_mirror(tmp_path: Path) -> None:

@@ -210,6 +210,55 @@ def test_lightning_link_last_ckpt_becomes_the_same_link_on_the_mirror(tmp_path: 
     assert "alias.linked" in result.stdout + result.stderr
 
 
+def _age(folder: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    for path in folder.rglob("*"):
+        os.utime(path, (then, then))
+
+
+def test_status_lists_the_units_the_mirror_lacks_with_the_daemons_verdict(tmp_path: Path) -> None:
+    """Per run, each folder unit the mirror does not hold, judged by the layout's completeness rule as
+    the daemon judges it (reading trainer_state.json): whole units are pending (lag), a unit without
+    its last file or still being written is incomplete (not lag: the daemon waits for it)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    run = primary / "run"
+    for step in (10, 20):
+        write_hf(run / f"checkpoint-{step}", step)
+        _age(run / f"checkpoint-{step}", 3 * 86400)
+    _sync(_config(primary, mirror, "hf"))
+    write_hf(run / "checkpoint-30", 30)
+    write_hf(run / "checkpoint-40", 40)
+    (run / "checkpoint-40" / "trainer_state.json").unlink()
+    for step in (30, 40):
+        _age(run / f"checkpoint-{step}", 2 * 86400)
+    write_hf(run / "checkpoint-50", 50)  # just written: not settled for settle_seconds yet
+    env = {"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false", "MIRRORD_COPY__SETTLE_SECONDS": "3600",
+           "MIRRORD_PRUNE__ENABLED": "false"}
+    lag = ("--max-lag", str(7 * 86400))  # checkpoint-30 is two days behind: lag, not yet a problem here
+    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, "--json", *lag, env=env)
+    assert result.returncode == 0, result.stdout
+    [report] = json.loads(result.stdout)["runs"]
+    units = [(u["unit"], u["step"], u["state"]) for u in report["units"]]
+    assert units == [("run/checkpoint-50", 50, "incomplete"), ("run/checkpoint-40", 40, "incomplete"),
+                     ("run/checkpoint-30", 30, "pending")]
+    why = {u["unit"]: u["why"] for u in report["units"]}
+    assert why["run/checkpoint-40"].startswith("no trainer_state.json yet")
+    assert why["run/checkpoint-50"].startswith("still being written")
+    assert (report["mirror_step"], report["pending_files"]) == (20, 1)  # only the whole unit is lag
+    text = run_mirrord("status", "--primary", primary, "--mirror", mirror, *lag, env=env).stdout
+    assert "run/checkpoint-40  INCOMPLETE  no trainer_state.json yet" in text
+
+
+def test_status_of_a_file_layout_lists_no_units(tmp_path: Path) -> None:
+    """torch: file by file as before; nothing is judged as a folder."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    save_checkpoint(primary / "run" / "step_1.pt", 1)
+    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, "--json",
+                         env={"MIRRORD_METRICS__ENABLED": "false"})
+    [report] = json.loads(result.stdout)["runs"]
+    assert (report["units"], report["pending_files"]) == ([], 1)
+
+
 def test_status_reports_folder_units_per_run(tmp_path: Path) -> None:
     """status groups an HF mirror by run (the folder above checkpoint-N/), with the unit's step."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"

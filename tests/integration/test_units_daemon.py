@@ -121,6 +121,147 @@ def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
     assert daemon.stop() == 0
 
 
+def test_a_folder_unit_with_an_invalid_file_is_judged_once_until_it_changes(
+    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]
+) -> None:
+    """checkpoint-20/ is complete by the hf rule (trainer_state.json parses, every file settled) but its
+    model.safetensors has a header that points past the end of the file. It is read once, fails its
+    validator, and is not read again on the rescans that follow while it stays the same (before: a full
+    re-read of the folder on every rescan, and the verdict forgotten at once, so never reported); after
+    copy.invalid_grace_seconds it is logged and counted once, naming the file; rewritten whole, it is
+    mirrored and the verdict is gone."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    run = primary / "run"
+    run.mkdir(parents=True)
+    daemon = daemon_factory({
+        "layout": "hf", "copy": {"settle_seconds": 0.3, "invalid_grace_seconds": 2.0},
+        "watch": {"rescan_interval_seconds": 0.5},
+    }).start()
+    write_hf(run / "checkpoint-10", 10)
+    wait_for(lambda: (mirror / "run" / "checkpoint-10").is_dir(), 120, "checkpoint-10 mirrored")
+    write_hf(run / "checkpoint-20", 20)
+    weights = run / "checkpoint-20" / "model.safetensors"
+    torn = weights.read_bytes()
+    weights.write_bytes(torn[: len(torn) // 2])  # the header names offsets beyond the end
+    failed = daemon.wait_event("copy.failed", path="run/checkpoint-20", reason="invalid_source", timeout=120)
+    assert "model.safetensors" in failed["cause"]
+    reported = daemon.wait_event("copy.invalid_source", path="run/checkpoint-20", timeout=120)
+    assert "model.safetensors" in reported["cause"] and reported["published"] is False
+    rescans = len(daemon.events("reconcile.finished"))
+    wait_for(lambda: len(daemon.events("reconcile.finished")) >= rescans + 6, 120, "six more rescans")
+    assert len(daemon.events("copy.started", path="run/checkpoint-20")) == 1
+    assert len(daemon.events("copy.failed", path="run/checkpoint-20")) == 1
+    assert len(daemon.events("copy.invalid_source")) == 1
+    assert daemon.metric("mirrord_copies_total", 'result="invalid_source"') == 1
+    assert daemon.metric("mirrord_invalid_sources") == 1
+    assert not (mirror / "run" / "checkpoint-20").exists()
+    assert [p.name for p in (mirror / "run").iterdir()] == ["checkpoint-10"]  # nothing staged is left
+    weights.write_bytes(torn)  # the trainer saves it again, whole
+    daemon.wait_event("copy.committed", path="run/checkpoint-20", timeout=120)
+    wait_for(lambda: daemon.metric("mirrord_invalid_sources") == 0, 60, "the verdict forgotten")
+    assert (mirror / "run" / "checkpoint-20" / "model.safetensors").read_bytes() == torn
+    assert len(daemon.events("copy.started", path="run/checkpoint-20")) == 2
+    assert daemon.stop() == 0
+
+
+def test_a_changed_folder_unit_is_swapped_in_whole_never_missing_or_mixed(
+    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]
+) -> None:
+    """The trainer saves checkpoint-10/ again and again with other bytes (another width each time). A
+    poller listing the mirror every few ms sees, from the first time checkpoint-10/ appears, always a
+    checkpoint-10/, and always exactly one whole version of it (before: the old copy was deleted file by
+    file under its final name before the new one was renamed there, so a listing could see a part of
+    the old one, or none). No staging or aside folder is left; `latest` names it."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    run = primary / "run"
+    run.mkdir(parents=True)
+    daemon = daemon_factory({"layout": "hf", "copy": {"settle_seconds": 0.3},
+                             "watch": {"rescan_interval_seconds": 1}}).start()
+    unit = mirror / "run" / "checkpoint-10"
+    seen: list[frozenset[tuple[str, int]] | None] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.003):
+            try:
+                view = frozenset((p.name, p.stat().st_size) for p in unit.iterdir())
+            except FileNotFoundError:
+                view = None  # no checkpoint-10/ (or it went between two calls)
+            if view is not None or seen:
+                seen.append(view)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    versions = set()
+    try:
+        for width in (16, 24, 32, 40, 48):
+            write_hf(run / "checkpoint-10", 10, width=width, pause=0.05)
+            versions.add(frozenset((p.name, p.stat().st_size) for p in (run / "checkpoint-10").iterdir()))
+            source = (run / "checkpoint-10" / "optimizer.pt").read_bytes()
+
+            def recorded(source: bytes = source) -> bool:
+                entry = Manifest.load(mirror).entries.get("run/checkpoint-10/optimizer.pt")
+                return entry is not None and entry.size == len(source) and \
+                    (unit / "optimizer.pt").read_bytes() == source
+
+            wait_for(recorded, 120, f"width {width} mirrored and recorded")
+    finally:
+        stop.set()
+        poller.join(10)
+    assert len(versions) == 5 and len(seen) > 100, (len(versions), len(seen))
+    missing = sum(view is None for view in seen)
+    mixed = {view for view in seen if view is not None and view not in versions}
+    print(f"swap: {len(seen)} listings of checkpoint-10/, {missing} without it, {len(mixed)} partial or mixed, "
+          f"{len(daemon.events('copy.replaced_unit', path='run/checkpoint-10'))} replacements")
+    assert missing == 0 and mixed == set(), (missing, mixed)
+    assert len(daemon.events("copy.replaced_unit", path="run/checkpoint-10", how="swapped")) >= 4
+    assert sorted(p.name for p in (mirror / "run").iterdir()) == ["checkpoint-10"]
+    entries = Manifest.load(mirror).entries
+    assert sorted(entries) == sorted(f"run/checkpoint-10/{name}" for name in HF_FILES)
+    found = run_mirrord("latest", "--config", daemon.config_path)
+    assert found.stdout.strip() == str(unit), found.stdout + found.stderr
+    assert daemon.stop() == 0
+
+
+def test_checkpoint_like_names_the_layout_cannot_handle_are_warned_once_per_pattern(
+    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]
+) -> None:
+    """Under the default layout ("torch"): `final.pt` and `best.pt` carry no step (retention would never
+    prune them), Lightning's `*.ckpt` and a Trainer's `checkpoint-N/` are not selected (never
+    mirrored). The daemon says so once per file name pattern for the whole run (not once per file, not
+    on every rescan), naming a path and the layout that would select it; `check-config` prints the same."""
+    primary = tmp_path / "primary"
+    for rel in ("a/final.pt", "a/best.pt", "b/epoch=0-step=2.ckpt", "b/epoch=1-step=4.ckpt", "b/last.ckpt"):
+        (primary / rel).parent.mkdir(parents=True, exist_ok=True)
+        (primary / rel).write_bytes(b"not read")
+    write_hf(primary / "c" / "checkpoint-5", 5)
+    daemon = daemon_factory({"watch": {"rescan_interval_seconds": 0.5}, "copy": {"settle_seconds": 0}}).start()
+    rescans = len(daemon.events("reconcile.finished"))
+    wait_for(lambda: len(daemon.events("reconcile.finished")) >= rescans + 6, 120, "six rescans")
+    (primary / "b" / "epoch=2-step=6.ckpt").write_bytes(b"another one")  # same pattern: no new warning
+    (primary / "a" / "model.pth").write_bytes(b"a new pattern")
+    rescans = len(daemon.events("reconcile.finished"))
+    wait_for(lambda: len(daemon.events("reconcile.finished")) >= rescans + 4, 120, "four more rescans")
+    no_step = daemon.events("checkpoint.no_step")
+    not_selected = daemon.events("checkpoint.not_selected")
+    assert sorted(e["pattern"] for e in no_step) == ["*.pt"], no_step  # final.pt, best.pt, optimizer.pt...
+    assert no_step[0]["path"] in ("a/best.pt", "a/final.pt", "c/checkpoint-5/optimizer.pt")
+    assert "never prunes" in no_step[0]["why"]
+    by_pattern = {e["pattern"]: e for e in not_selected}
+    assert sorted(by_pattern) == ["*.ckpt", "*.pth", "checkpoint-N/"], not_selected
+    assert by_pattern["*.ckpt"]["path"].startswith("b/") and 'layout = "lightning"' in by_pattern["*.ckpt"]["why"]
+    assert by_pattern["checkpoint-N/"]["path"].startswith("c/checkpoint-5/")
+    assert 'layout = "hf"' in by_pattern["checkpoint-N/"]["why"]
+    assert by_pattern["*.pth"]["path"] == "a/model.pth"
+    assert daemon.stop() == 0
+    checked = run_mirrord("check-config", "--config", daemon.config_path)
+    assert checked.returncode == 0, checked.stderr
+    warnings = [line for line in checked.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 4, warnings
+    assert any("b/epoch=" in w and 'layout = "lightning" would select it' in w for w in warnings)
+    assert any("no step in its name" in w and "'*.pt'" in w for w in warnings)
+
+
 def _write_deepspeed(run: Path, step: int) -> None:
     """DeepSpeed's save_checkpoint file for file (ZeRO stage 1, one rank), then the `latest` tag file."""
     from tests.support.checkpoints import save_checkpoint

@@ -107,3 +107,54 @@ def test_writes_are_refused_once_the_mirror_is_not_the_pinned_volume(tmp_path: P
             mirror.begin_upload("step_1.pt", 1)
         with pytest.raises(Exception, match="volume id"):
             mirror.begin_unit("checkpoint-1")
+
+
+def _unit(mirror: LocalMirror, key: str, files: dict[str, bytes]) -> None:
+    staging = mirror.begin_unit(key)
+    for rel, data in files.items():
+        _put(staging.upload(rel, len(data)), data)
+    staging.commit()
+
+
+def _whole(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "rename-aside"])
+def test_a_changed_unit_is_staged_then_swapped_then_the_old_copy_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """Re-publishing checkpoint-50/ with other files: the new folder takes the name whole (exchanged in
+    one step, or, where the filesystem cannot exchange names, after the old one is renamed aside), the
+    old copy (now under a temp name) is removed, and nothing of it is merged into the new one."""
+    from mirrord.store import atomic
+
+    calls: list[bool] = []
+    real = atomic.exchange
+
+    def exchanging(dir_fd: int, a: str, b: str) -> bool:
+        calls.append(exchange)
+        return real(dir_fd, a, b) if exchange else False  # False: as a filesystem that refuses RENAME_EXCHANGE
+
+    monkeypatch.setattr(atomic, "exchange", exchanging)
+    root = tmp_path / "mirror"
+    mirror = LocalMirror(root)
+    with mirror.lock():
+        _unit(mirror, "run/checkpoint-50", {"model.safetensors": b"old weights", "sub/optimizer.pt": b"old optim"})
+        old_ino = (root / "run" / "checkpoint-50").stat().st_ino
+        _unit(mirror, "run/checkpoint-50", {"model.safetensors": b"new", "trainer_state.json": b"{}"})
+    assert calls == [exchange]
+    assert _whole(root / "run" / "checkpoint-50") == {"model.safetensors": b"new", "trainer_state.json": b"{}"}
+    assert (root / "run" / "checkpoint-50").stat().st_ino != old_ino
+    assert sorted(p.name for p in (root / "run").iterdir()) == ["checkpoint-50"]  # no NAME.part/, NAME.old.part/
+
+
+def test_an_old_copy_set_aside_is_a_staging_name_the_sweep_knows() -> None:
+    """A NAME.old.part/ left by a process killed between the two renames is swept like NAME.part/."""
+    for name in ("hf", "dcp", "deepspeed"):
+        layout = layout_for(name)
+        unit = {"hf": "checkpoint-50", "dcp": "step_8", "deepspeed": "global_step100"}[name]
+        assert layout.is_staging_name(unit + ".part") and layout.is_staging_name(unit + ".old.part")
+        assert not layout.is_staging_name(unit) and not layout.is_unit_name(unit + ".old.part")
+    custom = layout_for("custom", patterns=("*_final",), unit="folder")
+    assert custom.is_staging_name("run_final.old.part") and custom.is_staging_name("run_final.part")

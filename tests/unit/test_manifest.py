@@ -356,3 +356,16 @@ def test_entries_is_a_snapshot() -> None:
     view = manifest.entries
     manifest.record(entry("a.pt"))
     assert view == {} and list(manifest.entries) == ["a.pt"]
+
+
+def test_every_field_survives_a_save_and_a_load_packed_or_not(tmp_path: Path) -> None:
+    """Each field is read back by name: a field added to ManifestEntry but not to decoding would come back
+    as its default. Entries that pack and entries that cannot (an upper-case digest) alike."""
+    values = {"size": 11, "algo": "sha256", "digest": "0a" * 32, "source_mtime_ns": 12, "step": 13,
+              "mirrored_at": 14.5, "mirror_mtime_ns": 15, "validation": "ok", "mirror_ino": 16, "mirror_ctime_ns": 17}
+    assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
+    full = ManifestEntry("r/a.pt", **values)  # type: ignore[arg-type]
+    odd = dataclasses.replace(full, path="r/b.pt", digest="0A" * 32, validation="from-the-future")
+    (tmp_path / MANIFEST_NAME).write_bytes(Manifest({"r/a.pt": full, "r/b.pt": odd}).to_bytes())
+    assert Manifest.load(tmp_path).entries == {"r/a.pt": full, "r/b.pt": odd}
+    assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == {"r/a.pt": full, "r/b.pt": odd}

@@ -300,6 +300,11 @@ def test_a_unit_is_never_merged_into_an_existing_one(mirror: Mirror) -> None:
     up.write(memoryview(b"new"))
     up.seal(time.time_ns())
     up.commit()
+    if second.replaces:  # the store replaces the older copy whole, itself: exactly the new files after
+        second.commit()
+        assert read_fully(mirror, "checkpoint-70/model.safetensors") == b"new"
+        assert set(mirror.snapshot(PATTERNS).files) == {"checkpoint-70/model.safetensors"}
+        return
     with pytest.raises(FileExistsError):
         second.commit()
     second.abort()
@@ -424,3 +429,28 @@ def test_latest_answers_from_the_store_and_skips_a_damaged_newest(mirror: Mirror
 def _checkpoint_bytes(tmp_path: Path, step: int) -> bytes:
     """A real torch.save file's bytes."""
     return checkpoint_bytes(step)
+
+
+def test_clone_publishes_the_same_bytes_under_a_second_key(mirror: Mirror) -> None:
+    """An alias (last.ckpt) published from a stored twin: the new key holds exactly its bytes; the twin
+    stays as it was; an existing key is replaced whole."""
+    data = checkpoint_bytes(4, seed=7)
+    stored = publish(mirror, "run/epoch=1-step=4.ckpt", data)
+    publish(mirror, "run/last.ckpt", b"an older last.ckpt")
+    twin = mirror.stat("run/epoch=1-step=4.ckpt")
+    assert twin is not None and stored is not None
+    state = mirror.clone("run/epoch=1-step=4.ckpt", "run/last.ckpt", twin)
+    assert state is not None and state.size == len(data)
+    assert read_fully(mirror, "run/last.ckpt") == data == read_fully(mirror, "run/epoch=1-step=4.ckpt")
+    assert mirror.stat("run/last.ckpt") == state
+
+
+def test_clone_of_a_source_that_changed_is_refused(mirror: Mirror) -> None:
+    """The twin is no longer what was recorded (replaced since): nothing is published, the caller copies."""
+    publish(mirror, "run/epoch=1-step=4.ckpt", checkpoint_bytes(4, seed=7))
+    twin = mirror.stat("run/epoch=1-step=4.ckpt")
+    assert twin is not None
+    publish(mirror, "run/epoch=1-step=4.ckpt", checkpoint_bytes(4, seed=8) + b"longer")
+    assert mirror.clone("run/epoch=1-step=4.ckpt", "run/last.ckpt", twin) is None
+    assert mirror.stat("run/last.ckpt") is None
+    assert mirror.clone("run/gone.ckpt", "run/last.ckpt", twin) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import warnings
@@ -308,7 +309,7 @@ def test_file_layouts_plan_exactly_as_before() -> None:
 
 
 def test_staged_folder_appears_whole_or_not_at_all(tmp_path: Path) -> None:
-    """NAME.part/ while staging; NAME/ after commit; abort leaves nothing; commit refuses to merge."""
+    """NAME.part/ while staging; NAME/ after commit; abort leaves nothing; commit replaces, never merges."""
     from mirrord.store.scan import state_from_stat
     from mirrord.store.staging import FolderStaging, remove_folder
 
@@ -322,11 +323,20 @@ def test_staged_folder_appears_whole_or_not_at_all(tmp_path: Path) -> None:
     staging.commit()
     assert (tmp_path / "run/checkpoint-1/sub/a.bin").read_bytes() == b"abc"
     assert not (tmp_path / "run/checkpoint-1.part").exists()
-    again = FolderStaging(tmp_path, "run/checkpoint-1")
-    with pytest.raises(FileExistsError):
-        again.commit()
-    again.abort()
+    again = FolderStaging(tmp_path, "run/checkpoint-1")  # published again: replaces the old one whole
+    up = again.upload("b.bin", 1)
+    up.write(memoryview(b"b"))
+    up.seal(1_700_000_000 * 10**9)
+    up.commit()
+    again.commit()
+    assert [p.name for p in (tmp_path / "run/checkpoint-1").iterdir()] == ["b.bin"]  # nothing merged
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-1"]
+    (tmp_path / "run/checkpoint-3").write_bytes(b"a file where the unit goes")
+    blocked = FolderStaging(tmp_path, "run/checkpoint-3")
+    with pytest.raises(FileExistsError):
+        blocked.commit()
+    blocked.abort()
+    (tmp_path / "run/checkpoint-3").unlink()
     dead = FolderStaging(tmp_path, "run/checkpoint-2")
     state = state_from_stat("run/checkpoint-2.part", (tmp_path / "run/checkpoint-2.part").stat())
     (tmp_path / "run/checkpoint-2.part/x").write_bytes(b"x")
@@ -400,3 +410,71 @@ def test_one_unit_folder_is_listed_as_the_whole_tree_lists_it(tmp_path: Path) ->
     assert snapshot_unit(tmp_path, "run/step_77", layout).files == {}
     assert unit_folders(tmp_path, "run", layout) == ["run/step_4"]
     assert unit_folders(tmp_path, "gone", layout) == []
+
+
+def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> None:
+    """last.ckpt is planned only once the newest step of its run is mirrored (it is most likely that
+    step's bytes), with the mirrored steps of its size as twins, newest first; other runs' never."""
+    from mirrord.core.model import ManifestEntry, Snapshot
+    from mirrord.core.units import plan_unit_copies
+
+    layout = layout_for("lightning")
+    t = 1_700_000_000 * 10**9
+    listed = [FileState("r/epoch=0-step=2.ckpt", 100, t), FileState("r/epoch=1-step=4.ckpt", 100, t + 1),
+              FileState("r/last.ckpt", 100, t + 2), FileState("o/epoch=0-step=2.ckpt", 100, t)]
+    primary = Snapshot({s.rel: s for s in listed})
+
+    def recorded(*rels: str) -> dict[str, ManifestEntry]:
+        return {rel: ManifestEntry(rel, 100, "blake3", rel, primary.files[rel].mtime_ns, layout.step_of(rel),
+                                   1.0, validation="ok") for rel in rels}
+
+    def plan(manifest: dict[str, ManifestEntry]):  # type: ignore[no-untyped-def]
+        mirror = Snapshot({rel: primary.files[rel] for rel in manifest})
+        return plan_unit_copies(primary, mirror, manifest, layout, lambda u: completeness(u, layout))
+
+    waiting = plan(recorded("r/epoch=0-step=2.ckpt", "o/epoch=0-step=2.ckpt"))
+    assert "r/last.ckpt" in waiting.unsettled and [j.rel for j in waiting.jobs] == ["r/epoch=1-step=4.ckpt"]
+    ready = plan(recorded("r/epoch=0-step=2.ckpt", "r/epoch=1-step=4.ckpt", "o/epoch=0-step=2.ckpt"))
+    [job] = ready.jobs
+    assert (job.rel, job.step, job.twins) == ("r/last.ckpt", None, ("r/epoch=1-step=4.ckpt", "r/epoch=0-step=2.ckpt"))
+    other = dict(recorded("r/epoch=0-step=2.ckpt", "r/epoch=1-step=4.ckpt"))
+    other["r/epoch=0-step=2.ckpt"] = dataclasses.replace(other["r/epoch=0-step=2.ckpt"], size=99)  # not its size
+    assert [j.twins for j in plan(other).jobs if j.rel == "r/last.ckpt"] == [("r/epoch=1-step=4.ckpt",)]
+
+
+def test_checkpoint_like_names_are_warned_once_per_pattern_with_the_layout_that_selects_them() -> None:
+    """naming_warnings: checkpoints with no step (one per layout pattern), and files the layout did not
+    select that look like another stack's checkpoints (one per lookalike pattern), each naming a path."""
+    from mirrord.core.layouts import lookalike
+    from mirrord.core.model import Snapshot
+    from mirrord.core.units import naming_warnings
+
+    assert lookalike("r/checkpoint-5/model.safetensors") == "checkpoint-N/"
+    assert lookalike("r/global_step9/mp_rank_00_model_states.pt") == "global_stepN/"
+    assert [lookalike(n) for n in ("x.distcp", "e=1-step=2.ckpt", "m.safetensors", "m.pth", "notes.txt")] == [
+        "*.distcp", "*.ckpt", "*.safetensors", "*.pth", None]
+    assert lookalike("r/.hidden.ckpt") is None and lookalike("r/x.ckpt.part") is None
+    torch = layout_for("torch")
+    listed = Snapshot({f.rel: f for f in files("a/final.pt", "a/best.pt", "a/step_10.pt")},
+                      lookalikes={"*.ckpt": "b/epoch=0-step=2.ckpt",
+                                  "checkpoint-N/": "c/checkpoint-5/model.safetensors"})
+    warnings = naming_warnings(listed, torch)
+    assert [(w.kind, w.pattern, w.path) for w in warnings] == [
+        ("no_step", "*.pt", "a/best.pt"), ("not_selected", "*.ckpt", "b/epoch=0-step=2.ckpt"),
+        ("not_selected", "checkpoint-N/", "c/checkpoint-5/model.safetensors")]
+    assert 'layout = "lightning" would select it' in warnings[1].message
+    assert "prune.step_pattern" in warnings[0].message
+    lightning = layout_for("lightning")  # last.ckpt is an alias, not a checkpoint without a step
+    assert naming_warnings(Snapshot({f.rel: f for f in files("r/last.ckpt", "r/epoch=0-step=2.ckpt")}), lightning) == []
+
+
+def test_the_scan_records_the_first_lookalike_per_pattern(tmp_path: Path) -> None:
+    """Files the layout does not select are never listed as checkpoints; one that looks like one is
+    remembered, the first per pattern."""
+    for rel in ("run/step_1.pt", "run/epoch=0-step=2.ckpt", "run/notes.txt", "run/checkpoint-5/model.safetensors"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    snap = snapshot_tree(tmp_path, ("*.pt",), layout=layout_for("torch"))
+    assert sorted(snap.files) == ["run/step_1.pt"]
+    assert snap.lookalikes == {"*.ckpt": "run/epoch=0-step=2.ckpt",
+                               "checkpoint-N/": "run/checkpoint-5/model.safetensors"}

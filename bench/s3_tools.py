@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = {name: {ds: {"median_s": statistics.median(w for w, _ in runs), "runs_s": [round(w, 2) for w, _ in runs],
                            "peak_rss_mib": max(r for _, r in runs) / MiB}
                       for ds, runs in per.items()} for name, per in results.items()}
-    report = {"settings": vars(args) | {"workdir": str(work), "out": str(args.out), "tools": str(args.tools)},
+    # Folders by role, never by path: results are committed and say nothing of the machine they ran on.
+    report = {"settings": vars(args) | {"workdir": "<scratch>", "out": "<results>",
+                                        "tools": None if args.tools is None else "<tools>"},
               "load_at_end": os.getloadavg(), "load_before_cases": [round(x, 1) for x in loads],
               "cpus": os.cpu_count(), "results": summary}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -74,9 +74,10 @@ class Daemon:
         self.engine = Engine(config, self.mirror, self.manifest, self.metrics, wall=clock.wall)
         self.endpoints = serve(config.metrics, self.metrics.registry, lambda: self.supervisor.health(),
                                lambda: self.supervisor.readiness(), lambda: self.supervisor.report())
-        self.pool = WorkerPool(self.engine.copy_once, self.queue, config.copy_workers, retry=self.settings.retry,
-                               on_done=self._on_copy_done, on_stalled=lambda job: self.metrics.copy_result("stalled"),
-                               clock=clock.monotonic, ionice=config.io.ionice, cpu_nice=config.io.cpu_nice)
+        self.pool = WorkerPool(self.engine.stage, self.queue, config.copy_workers, commit=self.engine.commit,
+                               retry=self.settings.retry, on_done=self._on_copy_done,
+                               on_stalled=lambda job: self.metrics.copy_result("stalled"), clock=clock.monotonic,
+                               ionice=config.io.ionice, cpu_nice=config.io.cpu_nice)
         self._swap(self.settings)
         self.watch = PrimaryWatch(lambda: self.settings.config, self.primary.key, self.inbox.post, self.metrics,
                                   watcher_factory)

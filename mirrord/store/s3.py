@@ -48,6 +48,7 @@ from mirrord.errors import (
     TransientError,
 )
 from mirrord.obs.log import get_logger
+from mirrord.store.atomic import DirSyncs
 from mirrord.store.lease import Lease, call_timeout
 from mirrord.store.manifest import MANIFEST_NAME, Manifest, decode_change, decode_snapshot, encode_snapshot
 from mirrord.store.mirror import Mirror
@@ -632,8 +633,9 @@ class S3Upload:
         self._sealed = True
         return None
 
-    def commit(self) -> int:
-        """Complete the upload (or PUT the small file); returns the object's LastModified."""
+    def commit(self, dirs: DirSyncs | None = None) -> int:
+        """Complete the upload (or PUT the small file); returns the object's LastModified. Durable when
+        this returns: an object store has no directory to fsync (`dirs` is not needed)."""
         if not self._sealed:
             raise RuntimeError("commit() before seal()")
         client = self.mirror.client

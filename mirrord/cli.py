@@ -245,13 +245,30 @@ def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def _naming_warnings(config: Config) -> list[str]:
+    """What a running daemon would warn about the primary's names (mirrord.core.units.naming_warnings)."""
+    from pathlib import Path
+
+    from mirrord.core.units import naming_warnings
+    from mirrord.store.scan import snapshot_tree
+
+    primary = Path(config.primary)
+    if not primary.is_dir():
+        return []
+    snapshot = snapshot_tree(primary, config.patterns, layout=config.rules)
+    return [w.message for w in naming_warnings(snapshot, config.rules)]
+
+
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     """`mirrord check-config`: print the effective config (each value with its origin, or as JSON) and the
-    checkpoint rules it implies; warns about patterns that can never match."""
+    checkpoint rules it implies; warns about patterns that can never match and, from a listing of the
+    primary, about checkpoints with no step and checkpoint-like files the layout does not select."""
     from mirrord.core.layouts import never_matching
 
     for problem in never_matching(config.rules):
         print(f"warning: {problem}", file=sys.stderr)
+    for warning in _naming_warnings(config):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.format == "json":
         import json
 

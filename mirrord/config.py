@@ -158,8 +158,13 @@ class S3Config(_Section):
     region: str | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     part_size: int = Field(8 * MIB, ge=5 * MIB, le=5 * 1024 * MIB)  # S3's limits for a part
-    concurrency: int = Field(8, ge=1, le=64)  # parts in flight per file (memory: (concurrency+1) * part_size)
+    concurrency: int = Field(8, ge=1, le=64)  # parts in flight, all files together (memory: concurrency * part_size)
+    # Files uploaded at once: replaces copy.workers for an object store (an upload mostly waits on the network).
+    files_in_flight: int = Field(8, ge=1, le=64)
     storage_class: str | None = None
+    # Over plain http, also sign a SHA-256 of every payload byte (over https the payload is never signed:
+    # TLS and the CRC32 the server checks). Costs a SHA-256 pass; SeaweedFS does not check it.
+    sign_payload: bool = False
     lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
     node: str = ""  # the lease's name; "" = this host's name
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
@@ -272,6 +277,12 @@ class Config(_Section):
         which folds '//' to '/': this is the URL as written."""
         text = str(self.mirror)
         return S3_SCHEME + text.removeprefix("s3:/") if text.startswith("s3:/") else None
+
+    @property
+    def copy_workers(self) -> int:
+        """Copies made at once: copy.workers, or s3.files_in_flight into an object store (a disk wants few
+        writers; an upload mostly waits on the network, so several files go at once)."""
+        return self.s3.files_in_flight if self.mirror_url else self.copy.workers
 
     @field_validator("patterns", mode="before")
     @classmethod

@@ -114,6 +114,7 @@ class Pruner:
         self._skips_logged: set[tuple[str, str, str]] = set()
         self._skips_seen: set[tuple[str, str, str]] = set()
         self._roots = guard_roots(primary, mirror)
+        self._elsewhere: str | None = None  # why another node prunes the mirror, as last logged
 
     def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None,
              space_pressure: bool = False) -> PrunePlan:
@@ -161,12 +162,13 @@ class Pruner:
             return PruneReport(disabled=True)
         listed = plan is None and (primary_snap is None or mirror_snap is None)
         with self._lock:
+            sides = self._sides()
             if plan is None:
                 plan = self.plan(primary_snap, mirror_snap)
             elif not plan.refused:
                 self._last_plan = plan
-            report = self._execute(plan, dry, (PRIMARY, MIRROR), keep_going=keep_going)
-            if not dry:
+            report = self._execute(plan, dry, sides, keep_going=keep_going)
+            if not dry and MIRROR in sides:
                 self._sweep_uploads()
         # A dry run deletes nothing: its totals are what it would delete, and are named so.
         count, mirror_bytes = len(report.deleted), report.freed_bytes(MIRROR)
@@ -181,6 +183,26 @@ class Pruner:
             refused=[r for r, _ in report.refused], failed=len(report.failed),
         )
         return report
+
+    def _sides(self) -> tuple[str, ...]:
+        """The volumes this pass prunes. Several nodes sharing an object-store prefix: only the holder of
+        its retention lease prunes the mirror (and sweeps its uploads), from the merged manifest; every
+        node prunes its own primary (a file only while the mirror holds its verified copy)."""
+        claim = getattr(self.mirror, "claim_retention", None)  # only mirrord.store.s3.S3Mirror has one
+        if claim is None:
+            return (PRIMARY, MIRROR)
+        try:
+            elsewhere: str | None = claim()
+        except MirrordError as exc:
+            elsewhere = exc.cause
+        if elsewhere != self._elsewhere:
+            if elsewhere is None:
+                self.log.info("prune.mirror_here", mirror=self.mirror.describe())
+            else:
+                self.log.info("prune.mirror_elsewhere", mirror=self.mirror.describe(), cause=elsewhere,
+                              action="pruning the primary only")
+            self._elsewhere = elsewhere
+        return (PRIMARY, MIRROR) if elsewhere is None else (PRIMARY,)
 
     def _sweep_uploads(self) -> None:
         """An object store: abort the multipart uploads a killed or failed copy left, once older than the
@@ -279,7 +301,7 @@ class Pruner:
             report.interrupted = True
             return False
         fresh = self._recheck(d, plan, report)
-        if fresh is None or not self._mirror_still_there(report):
+        if fresh is None or not self._mirror_still_there(report, d.volume):
             return fresh is None
         try:
             gone = self.mirror.delete_folder(d.rel, fresh)
@@ -310,7 +332,7 @@ class Pruner:
                 self.log.info("prune.unit_kept", volume=volume, path=unit, because=d.rel)
                 return True
             fresh.append(state)
-        if not self._mirror_still_there(report):
+        if not self._mirror_still_there(report, volume):
             return False
         if volume == PRIMARY:
             for d, state in zip(group, fresh, strict=True):
@@ -356,11 +378,15 @@ class Pruner:
                       run=unit.rsplit("/", 1)[0] if "/" in unit else ".", files=len(group),
                       size=sum(state.size for state in fresh), manifest_entries=entries)
 
-    def _mirror_still_there(self, report: PruneReport) -> bool:
+    def _mirror_still_there(self, report: PruneReport, volume: str) -> bool:
         """Before every deletion, on either side: the mirror is still the volume that was pinned. A
-        primary deletion is only safe while the copy it relies on is really there."""
+        primary deletion is only safe while the copy it relies on is really there. A deletion on a shared
+        object store: this node still holds its retention lease."""
         try:
             self.mirror.check_identity()
+            require_retention = getattr(self.mirror, "require_retention", None)
+            if volume == MIRROR and require_retention is not None:
+                require_retention()
         except MirrordError as exc:
             self.log.error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=len(report.deleted))
             self.metrics.prune_refused.labels(exc.reason).inc()
@@ -420,7 +446,7 @@ class Pruner:
                 restore += [e for _, _, e in ready[i:] if e is not None]
                 go_on = False
                 break
-            if not self._mirror_still_there(report):
+            if not self._mirror_still_there(report, d.volume):
                 restore += [e for _, _, e in ready[i:] if e is not None]
                 go_on = False
                 break

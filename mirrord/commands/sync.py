@@ -72,7 +72,7 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             if view.refused is not None:
                 break
             jobs = [j for j in view.jobs if attempted.get(j.rel) != _identity(psnap, j)]
-            _run_jobs(engine, jobs, config.copy.workers, report)
+            _run_jobs(engine, jobs, config.copy_workers, report)
             attempted.update((j.rel, _identity(psnap, j)) for j in jobs)
             report.in_sync = view.in_sync
             report.unsettled = list(view.unsettled)

@@ -75,6 +75,10 @@ class Layout:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""
         return name in self.aliases or (bool(self.tag_file) and name == self.tag_file)
 
+    def pattern_of(self, name: str) -> str:
+        """The first of the layout's patterns that selects `name` (a unit's name); the name itself if none."""
+        return next((p for p in self.patterns if fnmatch.fnmatchcase(name, p)), name)
+
     def is_alias(self, rel: str) -> bool:
         """`rel` is an alias file (`last.ckpt`): mirrored beside the units, never one itself."""
         return rel.rsplit("/", 1)[-1] in self.aliases
@@ -146,6 +150,48 @@ def layout_for(
         rule: Rule = "marker" if complete_marker else "settle"
         return Layout("custom", unit, patterns, step_pattern, rule=rule, complete_marker=complete_marker)
     raise ValueError(f"unknown layout {name!r}; one of {', '.join(LAYOUTS)}")
+
+
+# Names that look like another training stack's checkpoints, and the setting that would select them:
+# files a layout does not select but whose names say "checkpoint" are warned about (once per pattern).
+LOOKALIKES: dict[str, str] = {
+    "checkpoint-N/": 'layout = "hf"',
+    "global_stepN/": 'layout = "deepspeed"',
+    "*.distcp": 'layout = "dcp"',
+    "*.ckpt": 'layout = "lightning"',
+    "*.safetensors": 'layout = "hf" (checkpoint-N/ folders), or layout = "custom" with patterns = ["*.safetensors"]',
+    "*.pt": 'layout = "torch" (or "custom") with "*.pt" in patterns',
+    "*.pth": 'layout = "torch" (or "custom") with "*.pth" in patterns',
+}
+_LOOKALIKE_FOLDERS = ((re.compile(r"checkpoint-\d+"), "checkpoint-N/"),
+                      (re.compile(r"global_step\d+"), "global_stepN/"))
+_LOOKALIKE_SUFFIXES = (".distcp", ".ckpt", ".safetensors", ".pt", ".pth")
+
+
+def lookalike_folder(rel_dir: str) -> str | None:
+    """The LOOKALIKES pattern every file below `rel_dir` matches by its folders (`checkpoint-N/`), or None."""
+    for folder in rel_dir.split("/") if rel_dir else ():
+        for regex, pattern in _LOOKALIKE_FOLDERS:
+            if regex.fullmatch(folder):
+                return pattern
+    return None
+
+
+def lookalike_name(name: str, folder_pattern: str | None = None) -> str | None:
+    """The LOOKALIKES pattern of a file named `name` in a folder whose lookalike_folder is
+    `folder_pattern`, or None. Hidden and temp names never look like a checkpoint."""
+    if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
+        return None
+    if folder_pattern is not None:
+        return folder_pattern
+    return next(("*" + s for s in _LOOKALIKE_SUFFIXES if name.endswith(s)), None)
+
+
+def lookalike(rel: str) -> str | None:
+    """The LOOKALIKES pattern a file that the layout does not select matches (it looks like a checkpoint
+    of some stack), or None."""
+    folder, _, name = rel.rpartition("/")
+    return lookalike_name(name, lookalike_folder(folder))
 
 
 def never_matching(layout: Layout) -> list[str]:

@@ -47,6 +47,9 @@ class Snapshot:
     skipped: tuple[tuple[str, str], ...] = ()  # (rel, why) for symlinks, devices, FIFOs ...
     # Folder units being published (NAME.part/ directories), by path: never entered, swept when dead.
     staging: dict[str, FileState] = field(default_factory=dict)
+    # Files the layout did not select that look like checkpoints: the first one seen per
+    # mirrord.core.layouts.LOOKALIKES pattern (pattern -> rel), for a warning.
+    lookalikes: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:

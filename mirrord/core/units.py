@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from posixpath import dirname
 from typing import Literal
 
-from mirrord.core.layouts import HF_STATE, Layout, UnitKind
+from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import CopyPlan, newest_first, plan_copies, why_copy
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
@@ -129,6 +129,36 @@ def unit_identity(files: Iterable[FileState]) -> UnitIdentity:
 def stepless(units: Iterable[Unit]) -> list[Unit]:
     """Checkpoints with no step in their name: retention can never prune them (warned once)."""
     return [u for u in units if u.role == "checkpoint" and u.step is None]
+
+
+@dataclass(frozen=True, slots=True)
+class NamingWarning:
+    """Checkpoint-like files the layout will not handle as the user likely expects; one per pattern."""
+
+    kind: Literal["no_step", "not_selected"]
+    pattern: str  # the file name pattern it is about (a layout's pattern, or a LOOKALIKES one)
+    path: str  # the first such file seen
+    message: str  # what it means, and which layout or key would change it
+
+
+def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
+    """Checkpoints from whose names no step can be extracted (retention would silently never prune
+    them), and files the layout does not select that look like checkpoints (never mirrored): one
+    warning per file name pattern, naming the first path."""
+    found: dict[tuple[str, str], NamingWarning] = {}
+    for unit in sorted(stepless(group_units(snapshot.files.values(), layout).values()), key=lambda u: u.rel):
+        pattern = layout.pattern_of(unit.rel.rsplit("/", 1)[-1])
+        found.setdefault(("no_step", pattern), NamingWarning(
+            "no_step", pattern, unit.rel,
+            f"{unit.rel}: no step in its name by {layout.step_pattern!r} (layout {layout.name!r}): mirrored, but "
+            f"retention never prunes it or anything named {pattern!r} without a step; check `layout`"
+            + (" or prune.step_pattern" if layout.name in ("torch", "custom") else "")))
+    for pattern, rel in sorted(snapshot.lookalikes.items()):
+        found.setdefault(("not_selected", pattern), NamingWarning(
+            "not_selected", pattern, rel,
+            f"{rel}: looks like a checkpoint ({pattern}) but layout {layout.name!r} does not select it, so it is "
+            f"never mirrored; {LOOKALIKES[pattern]} would select it"))
+    return list(found.values())
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,12 @@ class Metrics:
         self.reconcile_duration = Gauge(
             "mirrord_reconcile_duration_seconds", "Duration of the last full reconcile.", registry=r
         )
+        # Set to a function by the daemon (read at scrape time: it must answer while the store hangs).
+        self.mirror_writable = Gauge(
+            "mirrord_mirror_writable",
+            "1 while publishing to the mirror is safe; 0 while it is paused (an object store's lease not "
+            "renewed in time, or lost).", registry=r,
+        )
         self.watch_mode = Gauge("mirrord_watch_mode", "1 for the watch mode in use.", ["mode"], registry=r)
         self.build_info = Gauge("mirrord_build_info", "Version of mirrord.", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)

@@ -10,13 +10,16 @@ is only ever created by the rename of a complete, fsynced, verified file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import mmap
 import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +37,11 @@ from mirrord.errors import (
 )
 from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
 from mirrord.obs.sizes import bytes_both
+from mirrord.store.atomic import DirSyncs
 from mirrord.store.hashing import Hasher, new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
 from mirrord.store.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.store.volume import DIRECT_ALIGN as _ALIGN
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
 
@@ -109,8 +114,12 @@ def copy_file(
     mirror: UploadTarget,
     options: CopyOptions,
     control: CopyControl | None = None,
+    dirs: DirSyncs | None = None,
 ) -> CopyResult:
-    """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace."""
+    """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace.
+
+    With `dirs`, the directory fsync that makes the new name durable is left to dirs.flush() (group
+    commit: mirrord.service.commits); the copy must not be recorded before that flush returned."""
     control = control or CopyControl()
     src_path = primary_root / rel
     started = time.monotonic()
@@ -155,7 +164,7 @@ def copy_file(
         stored_mtime_ns = upload.seal(before.st_mtime_ns)
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
         control.check(src_path)
-        published_mtime_ns = upload.commit()  # an object store knows its LastModified only now
+        published_mtime_ns = upload.commit(dirs)  # an object store knows its LastModified only now
         upload = None
         if published_mtime_ns is not None:
             stored_mtime_ns = published_mtime_ns
@@ -279,17 +288,10 @@ def _stream_sparse(
 def _stream(
     src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path, rel: str
 ) -> tuple[str, int, Verdict]:
-    """Read, hash, validate and write the same buffer until EOF; returns (digest, bytes copied, verdict)."""
+    """Read, hash, validate and write the same bytes until EOF; returns (digest, bytes copied, verdict)."""
     hasher = new_hasher(options.algo)
-    validator = new_validator(rel) if options.validate else None
-    # The validator's CRC-32 runs on a second core while this thread hashes and writes the same buffer
-    # (zlib, blake3 and write all release the GIL); both finish before the buffer is read into again.
-    helper = ThreadPoolExecutor(1, thread_name_prefix="mirrord-validate") if validator is not None else None
-    try:
-        digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator, helper)
-    finally:
-        if helper is not None:
-            helper.shutdown(wait=True)
+    validator = new_validator(rel, src_fd) if options.validate else None
+    digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator)
     if validator is not None:
         verdict = validator.finish(src_fd)
     elif copied == 0:
@@ -303,36 +305,87 @@ def _stream(
 
 def _pump(
     src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path,
-    hasher: Hasher, validator: Validator | None, helper: ThreadPoolExecutor | None,
+    hasher: Hasher, validator: Validator | None,
 ) -> tuple[str, int]:
-    """The copy loop: one buffer, read once, hashed, validated and written; returns (digest, bytes)."""
-    buf = bytearray(options.buffer_bytes)
-    view = memoryview(buf)
-    copied = dropped = 0
+    """The copy loop: each buffer is read once, then hashed on this thread while a helper thread feeds
+    the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL). Two
+    buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is read
+    into again only once its write returned. Returns (digest, bytes)."""
+    buffers = thread_buffers(options.buffer_bytes)
+    helper = ThreadPoolExecutor(1, thread_name_prefix="mirrord-write")
+    in_flight: deque[Future[None]] = deque()
+    failed: list[BaseException] = []  # set by the helper: the buffers queued after a failed one are dropped
+    copied = dropped = turn = 0
     started = time.monotonic()
-    while True:
-        control.check(src_path)
-        try:
-            n = os.readv(src_fd, [buf])
-        except OSError as exc:
-            raise from_oserror(src_path, exc, "read source") from exc
-        if n == 0:
-            break
-        chunk = view[:n]
-        validating = helper.submit(validator.feed, buf, n) if helper is not None and validator is not None else None
-        try:
+    try:
+        while True:
+            control.check(src_path)
+            if len(in_flight) == len(buffers):
+                in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
+            buf = buffers[turn % len(buffers)]
+            turn += 1
+            try:
+                n = os.readv(src_fd, [buf])
+            except OSError as exc:
+                raise from_oserror(src_path, exc, "read source") from exc
+            if n == 0:
+                break
+            chunk = memoryview(buf)[:n]
+            in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
             hasher.update(chunk)
-            upload.write(chunk)
-        finally:
-            if validating is not None:
-                validating.result()  # before the buffer is read into again
-        copied += n
-        control.advance(n)
-        if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
-            os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
-            dropped = copied
-        if options.bandwidth_limit:
-            ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
-            if ahead > 0:
-                time.sleep(ahead)
+            copied += n
+            control.advance(n)
+            if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
+                os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
+                dropped = copied
+            if options.bandwidth_limit:
+                ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+        while in_flight:
+            in_flight.popleft().result()
+    finally:
+        helper.shutdown(wait=True, cancel_futures=True)  # no write may still use a buffer after this
     return hasher.hexdigest(), copied
+
+
+def _validate_and_write(validator: Validator | None, upload: Upload, chunk: memoryview,
+                        failed: list[BaseException]) -> None:
+    if failed:
+        return  # an earlier buffer failed: the copy is being abandoned, nothing more is written
+    try:
+        if validator is not None:
+            validator.feed(chunk, len(chunk))
+        upload.write(chunk)
+    except BaseException as exc:
+        failed.append(exc)
+        raise
+
+
+class _ThreadBuffers(threading.local):
+    def __init__(self) -> None:
+        self.size = 0
+        self.buffers: list[mmap.mmap] = []
+
+
+_BUFFERS = _ThreadBuffers()
+
+
+def thread_buffers(total_bytes: int) -> list[mmap.mmap]:
+    """The calling thread's two copy buffers, `total_bytes` together (io.buffer_bytes), page aligned (so
+    that direct I/O can write from them) and kept for the thread's next copy: a fresh buffer costs a
+    page fault and a zeroed page per 4 KiB, more than copying a small checkpoint through it."""
+    half = max(_ALIGN, -(-total_bytes // 2 // _ALIGN) * _ALIGN)
+    if _BUFFERS.size != half:
+        release_thread_buffers()
+        _BUFFERS.buffers = [mmap.mmap(-1, half) for _ in range(2)]
+        _BUFFERS.size = half
+    return _BUFFERS.buffers
+
+
+def release_thread_buffers() -> None:
+    """Give the calling thread's copy buffers back to the system (a worker with nothing to do)."""
+    buffers, _BUFFERS.buffers, _BUFFERS.size = _BUFFERS.buffers, [], 0
+    for buf in buffers:
+        with contextlib.suppress(BufferError):  # a view of it is still alive: it is freed with the view
+            buf.close()

@@ -67,15 +67,17 @@ class Daemon:
         self.refusals = Refusals(str(config.mirror_target))
         self.ledger = Ledger(self.metrics, self.refusals, clock.monotonic, clock.wall)
         self.metrics.live.read(queue_depth=self.queue.depth, lag_seconds=lambda: self.ledger.lag(self.queue.pending()))
+        self.metrics.mirror_writable.set_function(lambda: 0.0 if self.mirror.write_problem() else 1.0)
         self.observations = Observations(clock.monotonic)  # outlives reloads: the min-age guard needs it
         self.settle = SettleTracker(config.copy.settle_seconds, clock.wall, clock.monotonic)
         self.settings = Settings.derive(config, self.notifier.watchdog_seconds, self._pruner)
         self.engine = Engine(config, self.mirror, self.manifest, self.metrics, wall=clock.wall)
         self.endpoints = serve(config.metrics, self.metrics.registry, lambda: self.supervisor.health(),
                                lambda: self.supervisor.readiness(), lambda: self.supervisor.report())
-        self.pool = WorkerPool(self.engine.copy_once, self.queue, config.copy.workers, retry=self.settings.retry,
-                               on_done=self._on_copy_done, on_stalled=lambda job: self.metrics.copy_result("stalled"),
-                               clock=clock.monotonic, ionice=config.io.ionice, cpu_nice=config.io.cpu_nice)
+        self.pool = WorkerPool(self.engine.stage, self.queue, config.copy_workers, commit=self.engine.commit,
+                               retry=self.settings.retry, on_done=self._on_copy_done,
+                               on_stalled=lambda job: self.metrics.copy_result("stalled"), clock=clock.monotonic,
+                               ionice=config.io.ionice, cpu_nice=config.io.cpu_nice)
         self._swap(self.settings)
         self.watch = PrimaryWatch(lambda: self.settings.config, self.primary.key, self.inbox.post, self.metrics,
                                   watcher_factory)
@@ -165,7 +167,7 @@ class Daemon:
         self._swap(Settings.derive(new, self.notifier.watchdog_seconds, self._pruner))
         logsetup.configure(new.log.format, new.log.level)
         self.log = logsetup.get_logger()
-        self.log.info("config.reloaded", workers=new.copy.workers, keep_last=new.prune.keep_last,
+        self.log.info("config.reloaded", workers=new.copy_workers, keep_last=new.prune.keep_last,
                       prune_enabled=new.prune.enabled)
         self.notifier.ready(self.status())
 
@@ -174,7 +176,7 @@ class Daemon:
         self.settings = settings
         self.engine.reconfigure(settings.config)
         self.engine.make_room = settings.pruner.make_room if settings.pruner else None
-        self.pool.resize(settings.config.copy.workers)
+        self.pool.resize(settings.config.copy_workers)
         self.pool.retry = settings.retry
         self.settle.settle_seconds = settings.config.copy.settle_seconds
 

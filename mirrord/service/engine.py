@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,14 @@ from mirrord.errors import (
     PermanentError,
     StalledError,
     UnsafePathError,
+    from_oserror,
 )
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_unit
+from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 
@@ -75,11 +77,24 @@ class Engine:
         self.options = copy_options(config)
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
-        """One attempt: publish the file, then record it in the manifest. Raises MirrordError."""
-        fields: dict[str, Any] = {"path": job.rel, "run": job.run or ".", "step": job.step, "size": job.size}
+        """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""
+        staged = self.stage(job, control)
+        if isinstance(staged, CopyResult):
+            return staged
+        outcome = self.commit([staged])[0]
+        if isinstance(outcome, MirrordError):
+            raise outcome
+        return outcome
+
+    def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy | CopyResult:
+        """Copy the job and publish it under its final name, leaving its directory fsync and its manifest
+        record to commit() (which may take several staged copies at once). An alias published from its
+        mirrored twin is recorded at once: its CopyResult is returned, done. Raises MirrordError."""
+        fields = _fields(job)
         self.log.info("copy.started", why=job.why, **fields)
         self.metrics.in_flight.inc()
         control = control or CopyControl()
+        dirs = DirSyncs()
         with self._space_lock:
             # Concurrent copies each need their full size: count the others' as reserved space.
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
@@ -87,37 +102,70 @@ class Engine:
         try:
             aliased = self._publish_twin(job, control) if job.twins else None
             if aliased is not None:
+                dirs.close()
                 return aliased
             with self.board.track(job, control):
                 results = self._copy_unit(job, options, control) if job.members else [
-                    self._copy(job, options, control)]
+                    self._copy(job, options, control, dirs)]
             entries = [ManifestEntry(
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
                 source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
                 mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
                 **self._published_identity(result.rel),
             ) for result in results]
-            # A folder unit's files are recorded in one durable journal record: all or none.
-            self.manifest.apply(puts=entries) if job.members else self.manifest.record(entries[0])
-            entry = entries[0]
             result = results[0] if not job.members else _unit_result(job, results)
         except MirrordError as exc:
+            dirs.close()
             # A stall is counted once, by the supervisor that detected it; an invalid source by the
             # daemon, once it stayed invalid for copy.invalid_grace_seconds (a torn file is usually
             # still being written).
             if not isinstance(exc, CancelledError | StalledError | InvalidSourceError):
                 self.metrics.copy_result(exc.reason)
             raise
+        except BaseException:
+            dirs.close()
+            raise
         finally:
             self.metrics.in_flight.dec()
             with self._space_lock:
                 self._reserved -= job.size
+        return StagedCopy(job, result, entries, dirs)
+
+    def commit(self, batch: Sequence[StagedCopy]) -> list[CopyResult | MirrordError]:
+        """Make a batch of staged copies durable and recorded: one fsync per directory for all their
+        renames, then one journal record (one append, one fsync) for all their entries; only then is
+        each counted and logged as copy.committed. The outcome of each copy, in order: all fail together
+        (nothing recorded) if a directory fsync or the record fails."""
+        if not batch:
+            return []
+        dirs = DirSyncs()
+        for staged in batch:
+            dirs.absorb(staged.dirs)
+        try:
+            try:
+                dirs.flush()
+            except OSError as exc:
+                where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
+                raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
+            # A folder unit's files are in the same record as the rest of the batch: all or none.
+            self.manifest.apply(puts=[e for staged in batch for e in staged.entries])
+        except MirrordError as exc:
+            for _ in batch:
+                self.metrics.copy_result(exc.reason)
+            return [exc] * len(batch)
+        finally:
+            dirs.close()
+        return [self._committed(staged) for staged in batch]
+
+    def _committed(self, staged: StagedCopy) -> CopyResult:
+        """Count and log one copy that is durable and recorded."""
+        job, result = staged.job, staged.result
         throughput = result.size / result.seconds if result.seconds > 0 else 0.0
         self.metrics.copy_result("ok")
         self.metrics.copied_bytes.inc(result.size)
         self.metrics.copy_duration.observe(result.seconds)
         self.metrics.copy_throughput.set(throughput)
-        self.metrics.last_timestamp.set(entry.mirrored_at)
+        self.metrics.last_timestamp.set(staged.entries[0].mirrored_at)
         if job.step is not None:
             label = self.metrics.run_label(job.run)
             self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
@@ -125,7 +173,7 @@ class Engine:
         self.log.info(
             "copy.committed", seconds=round(result.seconds, 3),
             throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
-            validation=result.validation, **fields,
+            validation=result.validation, **_fields(job),
         )
         return result
 
@@ -163,19 +211,20 @@ class Engine:
                               state.mtime_ns, twin.validation or "unchecked", f"same bytes as {twin.path}")
         return None
 
-    def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
+    def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""
         try:
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control)
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs)
         except NoSpaceError:
             if self.make_room is None:
                 raise
             self.make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0  # the second try starts from the first byte again
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control)
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs)
 
     def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
-        """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full."""
+        """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full. A unit
+        is published durably (its parent fsynced) before it returns: units are not grouped."""
         drop_old = functools.partial(self._drop_old_unit, job)
         try:
             return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
@@ -215,6 +264,21 @@ class Engine:
         if state is None:
             return {}
         return {"mirror_ino": state.ino, "mirror_ctime_ns": state.ctime_ns}
+
+
+@dataclass
+class StagedCopy:
+    """A copy published under its final name whose directory fsync (in `dirs`) and manifest record are
+    still to come (Engine.commit): until then it is neither durable nor counted."""
+
+    job: CopyJob
+    result: CopyResult  # the file's, or a folder unit's summed (_unit_result)
+    entries: list[ManifestEntry]
+    dirs: DirSyncs
+
+
+def _fields(job: CopyJob) -> dict[str, Any]:
+    return {"path": job.rel, "run": job.run or ".", "step": job.step, "size": job.size}
 
 
 def _unit_result(job: CopyJob, results: list[CopyResult]) -> CopyResult:

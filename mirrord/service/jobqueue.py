@@ -94,6 +94,11 @@ class JobQueue:
         with self._cond:
             return list(self._paths.values())
 
+    def has_ready(self) -> bool:
+        """Whether a job is ready to be handed out now (a retry still waiting for its time is not)."""
+        with self._cond:
+            return bool(self._ready) or bool(self._delayed and self._delayed[0][0] <= self._clock())
+
     def depth(self) -> int:
         """Jobs waiting (ready or for a retry), not those being copied."""
         with self._cond:

@@ -14,7 +14,7 @@ from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import MIRROR, PRIMARY, Deletion, PrunePlan
-from mirrord.core.units import group_units, stepless, unit_identity
+from mirrord.core.units import group_units, naming_warnings, unit_identity
 from mirrord.core.vocabulary import Veto
 from mirrord.errors import MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
@@ -48,7 +48,7 @@ class Reconciler:
         self.unsettled: set[str] = set()
         self._next_rescan = self._next_settle = 0.0
         self._rollbacks_logged: set[str] = set()
-        self._stepless_logged: set[str] = set()
+        self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
         # The last complete listings, kept current (published copies, hinted files, deletions): a prune
         # pass after a burst of copies plans from them instead of listing both trees again.
         self._in_hand: tuple[Snapshot, Snapshot] | None = None
@@ -111,6 +111,13 @@ class Reconciler:
         self.refusals.refuse(IDENTITY, problem)
         # The manifest is read before the mirror is listed: a copy recorded in it was published before
         # it was recorded, so the listing cannot miss it (a copy published meanwhile is rechecked).
+        # A prefix several nodes share: what the others recorded is taken in first (retention plans
+        # from the merged manifest).
+        if not problem:
+            try:
+                self.manifest.refresh()
+            except MirrordError as exc:  # planned from what we know: a stale view only keeps more
+                self.log.warning("manifest.refresh_failed", path=exc.path, cause=exc.cause)
         entries = self.manifest.entries
         msnap = None if problem else self.mirror.snapshot(self.config.patterns, self.config.rules)
         for msg in msnap.errors if msnap is not None else ():
@@ -125,7 +132,7 @@ class Reconciler:
             self.log.debug("reconcile.refused", cause=self.refusals.blocked)
             return
         self._log_rollbacks(psnap)
-        self._warn_stepless(psnap)
+        self._warn_naming(psnap)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
         queued = self._enqueue(view, psnap)
@@ -164,17 +171,19 @@ class Reconciler:
         for rel, target in made:
             self.log.info("alias.linked", path=rel, target=target)
 
-    def _warn_stepless(self, psnap: Snapshot) -> None:
-        """Once per checkpoint: it has no step in its name, so retention can never prune it (and with a
-        wrong layout or step_pattern, nothing is ever pruned)."""
+    def _warn_naming(self, psnap: Snapshot) -> None:
+        """Once per file name pattern per run (not per rescan): checkpoints with no step in their name
+        (retention never prunes them: usually the wrong `layout` or step_pattern), and files that look
+        like checkpoints but the layout does not select (never mirrored)."""
         rules = self.config.rules
-        for unit in stepless(group_units(psnap.files.values(), rules).values()):
-            if unit.rel not in self._stepless_logged:
-                self._stepless_logged.add(unit.rel)
-                self.log.warning("checkpoint.no_step", path=unit.rel, layout=rules.name,
-                                 step_pattern=rules.step_pattern,
-                                 why="no step in its name: mirrored, but retention never prunes it",
-                                 hint="check `layout` (mirrord check-config prints its rules)")
+        for warning in naming_warnings(psnap, rules):
+            if (warning.kind, warning.pattern) in self._naming_logged:
+                continue
+            self._naming_logged.add((warning.kind, warning.pattern))
+            event = "checkpoint.no_step" if warning.kind == "no_step" else "checkpoint.not_selected"
+            self.log.warning(event, path=warning.path, pattern=warning.pattern, layout=rules.name,
+                             step_pattern=rules.step_pattern, why=warning.message,
+                             hint="mirrord check-config prints the layout's rules and these warnings")
 
     def _log_rollbacks(self, psnap: Snapshot) -> None:
         """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored)."""

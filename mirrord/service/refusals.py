@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from mirrord.obs.log import get_logger
 
-# Refusal sources: the mirror is not the pinned volume; it looks unmounted; its manifest is unwritable.
-IDENTITY, LISTING, MANIFEST = "identity", "listing", "manifest"
+# Refusal sources: the mirror is not the pinned volume; it looks unmounted; its manifest is unwritable;
+# publishing is not safe (an object store's lease was not renewed in time).
+IDENTITY, LISTING, MANIFEST, LEASE = "identity", "listing", "manifest", "lease"
 
 
 class Refusals:

@@ -14,7 +14,7 @@ from mirrord.obs.metrics import Metrics
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import Ledger
 from mirrord.service.progress import ProgressBoard, log_progress
-from mirrord.service.refusals import IDENTITY, MANIFEST, Refusals
+from mirrord.service.refusals import IDENTITY, LEASE, MANIFEST, Refusals
 from mirrord.service.settings import Settings
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import PrimaryWatch
@@ -44,7 +44,11 @@ class Supervisor:
 
     # -- probes (called from the HTTP thread) ---------------------------------------------------
     def health(self) -> tuple[bool, str]:
-        """/healthz: the last heartbeat's verdict, or unhealthy if heartbeats stopped."""
+        """/healthz: the last heartbeat's verdict, or unhealthy if heartbeats stopped. A lease that is not
+        safe to publish under is read here too, at once: the heartbeat may be held up by the same store."""
+        paused = self.mirror.write_problem()
+        if paused:
+            return False, paused
         ok, reason = self._health
         age = self.monotonic() - self._last
         if self._last and age > 3 * self.settings().config.daemon.heartbeat_seconds:
@@ -81,6 +85,10 @@ class Supervisor:
             self.log.error("mirror.lock_lost", cause=lost, action="stopping")
             self.exit_code = 1
             self.stop()
+        paused = self.mirror.write_problem()
+        self.refusals.refuse(LEASE, paused)  # no new copies or prunes; in-flight commits refuse on their own
+        if paused:
+            problems.append(paused)
         problems += self.watch.check()
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last = self.monotonic()

@@ -1,5 +1,7 @@
 """The copy worker pool: threads that take jobs from the JobQueue, run the copy function, retry as
-the RetryPolicy says, and are supervised (a copy without progress is abandoned and retried)."""
+the RetryPolicy says, and are supervised (a copy without progress is abandoned and retried). Copies
+that the copy function only staged (published, not yet durable in their directory nor recorded) go to
+the pool's commit stage (mirrord.service.commits), which commits those that finish together at once."""
 
 from __future__ import annotations
 
@@ -9,15 +11,16 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mirrord.core.model import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
-from mirrord.service.copier import CopyControl
-from mirrord.service.engine import Engine
+from mirrord.service.commits import CommitStage
+from mirrord.service.copier import CopyControl, release_thread_buffers
+from mirrord.service.engine import Engine, StagedCopy
 from mirrord.service.jobqueue import JobQueue, QueuedJob
 from mirrord.service.progress import log_progress
 from mirrord.service.retry import RetryPolicy
@@ -64,16 +67,19 @@ class _Worker:
 class WorkerPool:
     """`size` threads running `copy_fn` on queued jobs; the supervisor calls check_stalls() every heartbeat.
 
-    `on_done(job, outcome)` is called once per job, from a worker thread, when it is finished (copied,
-    failed for good, or cancelled); `on_stalled(job)` when a copy is abandoned for lack of progress.
+    `copy_fn` returns a CopyResult (the copy is done), or a StagedCopy that `commit` (required then)
+    makes durable and records, in batches, on the pool's commit thread. `on_done(job, outcome)` is
+    called once per job, from a worker or the commit thread, when it is finished (committed, failed
+    for good, or cancelled); `on_stalled(job)` when a copy is abandoned for lack of progress.
     """
 
     def __init__(
         self,
-        copy_fn: Callable[[CopyJob, CopyControl], CopyResult],
+        copy_fn: Callable[[CopyJob, CopyControl], CopyResult | StagedCopy],
         queue: JobQueue,
         size: int,
         *,
+        commit: Callable[[Sequence[StagedCopy]], list[CopyResult | MirrordError]] | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
         on_stalled: Callable[[CopyJob], None] = lambda job: None,
@@ -95,6 +101,7 @@ class WorkerPool:
         self._stopping = threading.Event()
         self._cancel_why = ""
         self.log = get_logger()
+        self.commits = None if commit is None else CommitStage(commit, self._finish_safely, self._busy)
         self.resize(size)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -131,10 +138,13 @@ class WorkerPool:
             control.stop("cancelled")
         for thread in late:
             thread.join(timeout=5)
-        return not any(t.is_alive() for t in late)
+        # Copies staged before the end are published: commit them (a few fsyncs), rather than leave
+        # them for the next start to copy again.
+        committed = self.commits is None or self.commits.stop(timeout=max(5.0, deadline - self.clock()))
+        return committed and not any(t.is_alive() for t in late)
 
     def threads(self) -> list[threading.Thread]:
-        """Every worker thread, running or retiring."""
+        """Every worker thread, running or retiring (not the commit thread)."""
         with self._lock:
             return [w.thread for w in self._workers if w.thread is not None]
 
@@ -174,7 +184,19 @@ class WorkerPool:
             self._workers = alive
         if not self._stopping.is_set():
             problems.extend(f"worker {w.name} died" for w in dead)
+        if self.commits is not None:
+            wedged = self.commits.problem(stall_seconds)
+            if wedged is not None:
+                problems.append(wedged)
+            elif not self.commits.thread.is_alive() and not self._stopping.is_set():
+                problems.append("the commit thread died")
         return problems
+
+    def _busy(self) -> bool:
+        """Whether more copies are coming soon: a job being copied, or one ready to be."""
+        with self._lock:
+            copying = any(w.entry is not None for w in self._workers if not w.abandoned)
+        return copying or self.queue.has_ready()
 
     def active_controls(self) -> list[CopyControl]:
         """The controls of the copies running now (to cancel them)."""
@@ -190,12 +212,15 @@ class WorkerPool:
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:
+                release_thread_buffers()  # idle for a second: its copy buffers go back to the system
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:
                 worker.entry, worker.job, worker.control = entry, entry.job, control
             try:
-                outcome: CopyResult | MirrordError = self.copy_fn(entry.job, control)
+                outcome: CopyResult | StagedCopy | MirrordError = self.copy_fn(entry.job, control)
+                if isinstance(outcome, StagedCopy) and self.commits is None:
+                    raise TypeError("a staged copy, but the pool has no commit stage")
             except MirrordError as exc:
                 outcome = exc
             except Exception as exc:  # a bug must not kill the pool silently: log it, count it, go on
@@ -205,13 +230,24 @@ class WorkerPool:
                 worker.entry = worker.job = worker.control = None
                 abandoned = worker.abandoned
             if abandoned:
+                if isinstance(outcome, StagedCopy):  # its retry publishes it again: never recorded from here
+                    outcome.dirs.close()
                 self.log.info("copy.abandoned_returned", path=entry.job.rel, outcome=type(outcome).__name__)
                 return
-            try:
-                self._finish(entry, outcome, control)
-            except Exception:  # never leave a path reserved, nor a waiter without its outcome
-                self.queue.done(entry.job.rel)
-                self.on_done(entry.job, outcome)
+            if isinstance(outcome, StagedCopy):
+                assert self.commits is not None
+                self.commits.submit(entry, outcome, control)  # the path stays reserved until committed
+            else:
+                self._finish_safely(entry, outcome, control)
+            if self.commits is not None:
+                self.commits.wake()  # this worker may now be idle: a waiting batch need not wait for it
+
+    def _finish_safely(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
+        try:
+            self._finish(entry, outcome, control)
+        except Exception:  # never leave a path reserved, nor a waiter without its outcome
+            self.queue.done(entry.job.rel)
+            self.on_done(entry.job, outcome)
 
     def _finish(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
         job = entry.job
@@ -279,9 +315,10 @@ def copy_all(
                 all_done.set()
 
     io = engine.config.io
-    pool = WorkerPool(engine.copy_once, queue, min(workers, len(wanted)), retry=RetryPolicy.from_config(engine.config),
-                      on_done=on_done, on_stalled=lambda job: engine.metrics.copy_result("stalled"),
-                      ionice=io.ionice, cpu_nice=io.cpu_nice)
+    pool = WorkerPool(engine.stage, queue, min(workers, len(wanted)), commit=engine.commit,
+                      retry=RetryPolicy.from_config(engine.config), on_done=on_done,
+                      on_stalled=lambda job: engine.metrics.copy_result("stalled"), ionice=io.ionice,
+                      cpu_nice=io.cpu_nice)
     try:
         while not all_done.wait(poll_seconds):
             lost = still_ours() if still_ours is not None else None

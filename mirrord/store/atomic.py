@@ -3,6 +3,10 @@
     temp name in the same directory -> write -> fsync file -> verify -> os.replace -> fsync directory
 
 A reader (or a resume after a power cut) sees either the old file or the whole new one, never a prefix.
+
+Group commit: copies that finish together may share their directory fsyncs. publish() then leaves the
+directory to a DirSyncs, whose flush() fsyncs each directory once for all the renames made in it; until
+that flush returns, the new names are not durable and nothing may record or announce them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import errno
 import os
 import platform
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -41,6 +46,63 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class DirSyncs:
+    """Directories with renames not yet made durable: flush() fsyncs each one once, however many
+    renames it holds. A directory is held open (by a duplicate descriptor) until flushed or closed,
+    so the fsync reaches the very directory the rename was made in, wherever it has moved since."""
+
+    def __init__(self) -> None:
+        self._fds: dict[tuple[int, int], int] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def add(self, dir_fd: int) -> None:
+        """A rename was made in the directory `dir_fd`: it must be fsynced before the rename counts."""
+        st = os.fstat(dir_fd)
+        with self._lock:
+            if (st.st_dev, st.st_ino) not in self._fds:
+                self._fds[(st.st_dev, st.st_ino)] = os.dup(dir_fd)
+
+    def absorb(self, other: DirSyncs) -> None:
+        """Take over every directory of `other` (which is left empty)."""
+        with other._lock:
+            taken, other._fds = other._fds, {}
+        with self._lock:
+            for key, fd in taken.items():
+                if key in self._fds:
+                    os.close(fd)
+                else:
+                    self._fds[key] = fd
+
+    def flush(self) -> None:
+        """fsync every directory once, then forget them; raises the first failure (after trying every
+        directory: a failed fsync is never retried, the renames it covered are not known durable)."""
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        error: OSError | None = None
+        try:
+            for fd in fds:
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    error = error or exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Forget the directories without fsyncing them (the renames they hold will not be recorded)."""
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:
@@ -72,14 +134,18 @@ def discard_temp(dir_fd: int, final_name: str, temp_fd: int | None = None) -> No
         os.unlink(name, dir_fd=dir_fd)
 
 
-def publish(dir_fd: int, final_name: str, temp_fd: int) -> None:
-    """Rename the (already fsynced and verified) temp file onto its final name, then fsync the directory.
+def publish(dir_fd: int, final_name: str, temp_fd: int, dirs: DirSyncs | None = None) -> None:
+    """Rename the (already fsynced and verified) temp file onto its final name, then fsync the directory
+    (with `dirs`, the directory is added to it instead: durable only once dirs.flush() returns).
 
     Refuses if the temp name no longer refers to the file we wrote (someone replaced it meanwhile).
     """
     name = _still_ours(dir_fd, final_name, temp_fd)
     os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    os.fsync(dir_fd)
+    if dirs is None:
+        os.fsync(dir_fd)
+    else:
+        dirs.add(dir_fd)
 
 
 def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:

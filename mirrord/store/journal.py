@@ -171,6 +171,10 @@ class LocalManifestStore:
         self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
         self._journal_seen: tuple[int, ...] | None = None
 
+    def shared_entries(self) -> None:
+        """None: a local manifest has one writer, this process (the mirror's flock holder)."""
+        return None
+
     def journal_path(self, generation: int) -> Path:
         """The path of journal number `generation`."""
         return self.root / f"{self.prefix}{generation}"

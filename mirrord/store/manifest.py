@@ -234,6 +234,10 @@ class ManifestStore(Protocol):
     def damage(self) -> str | None:
         """What changed in the stored manifest behind this process's back, or None."""
 
+    def shared_entries(self) -> dict[str, ManifestEntry] | None:
+        """Every entry as stored now, other writers' included, for a store several writers share (an
+        object store with several nodes); None for a store only this process writes (local)."""
+
 
 class Manifest:
     """Entries keyed by root-relative POSIX path; thread-safe.
@@ -373,6 +377,19 @@ class Manifest:
             store.drop_before(generation)
         finally:
             self._compacting = False
+
+    def refresh(self) -> None:
+        """Take in what other writers recorded since (a shared store: several nodes, one prefix), so that
+        retention plans from the merged manifest. Our own changes are already in the store, so nothing
+        is lost; a store only we write has nothing to take in."""
+        store = self._store
+        if store is None:
+            return
+        with self._commit:  # no change of ours is half-applied meanwhile
+            shared = store.shared_entries()
+            if shared is not None:
+                with self._lock:
+                    self._entries = dict(shared)
 
     def disk_problem(self) -> str | None:
         """What happened to the on-disk manifest behind our back (None: it is what we wrote)."""

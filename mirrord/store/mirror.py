@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, Protocol
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
+from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 
 # What a spool of a non-file stream (an object being read back) is copied in.
@@ -57,11 +58,12 @@ class Upload(Protocol):
         keeps (a filesystem may clamp or round it), or None when it keeps none. After a failed seal
         only abort() is allowed: the data may be lost even if a retry would report success."""
 
-    def commit(self) -> int | None:
+    def commit(self, dirs: DirSyncs | None = None) -> int | None:
         """Publish: the key now names exactly the sealed bytes, durably (local: os.replace + fsync of
-        the directory). Raises if the staging object is no longer ours (replaced meanwhile). Returns the
-        mtime the store keeps when it is known only once published (an object's LastModified, which
-        snapshot() then reports), else None (seal() said it)."""
+        the directory; with `dirs`, that fsync is added to dirs and the key is durable only once
+        dirs.flush() returned: group commit). Raises if the staging object is no longer ours (replaced
+        meanwhile). Returns the mtime the store keeps when it is known only once published (an
+        object's LastModified, which snapshot() then reports), else None (seal() said it)."""
 
     def abort(self) -> None:
         """Drop the staging object; never raises (it must not mask the error that caused it)."""
@@ -186,6 +188,11 @@ class Mirror(ReadableStore, Protocol):
 
     def lock_problem(self) -> str | None:
         """None while our lock still holds; else why it was lost (another mirrord may be working)."""
+
+    def write_problem(self) -> str | None:
+        """None while publishing is safe; else why not right now. Local: always None (the flock holds
+        while the process lives). Object store: the lease was not renewed in time (it may come back:
+        copies and prunes wait) or is lost. Never waits on the store: the probes call it."""
 
     def is_mountpoint(self) -> bool | None:
         """For `mirror_must_be_mountpoint`: is the root a mount point? None where that means nothing."""

@@ -4,7 +4,8 @@ The same promises as the filesystem mirror, with S3's own commit points:
 
 - **A file is visible only whole.** Up to `part_size` it is one PutObject; above, a multipart upload
   whose parts are sent while the copier streams (the same single read that hashes and validates), at
-  most `concurrency` parts in flight, so memory is bounded by `(concurrency + 1) * part_size`. The key
+  most `concurrency` parts in flight across every upload, so memory is bounded by `concurrency *
+  part_size` plus the part each file in flight is filling (`files_in_flight` files at once). The key
   appears only at CompleteMultipartUpload; every failure aborts the upload explicitly, and
   `sweep_stale_uploads` aborts what a killed process left behind (older than the age guard). Every part
   carries a CRC32 the server checks (`x-amz-checksum-crc32`); the manifest keeps the content hash.
@@ -26,13 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import os
 import socket
 import stat
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +41,6 @@ from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.errors import (
     ChangedError,
-    LockedError,
     ManifestError,
     MirrordError,
     PermanentError,
@@ -51,20 +48,22 @@ from mirrord.errors import (
     TransientError,
 )
 from mirrord.obs.log import get_logger
+from mirrord.store.atomic import DirSyncs
+from mirrord.store.lease import Lease, call_timeout
 from mirrord.store.manifest import MANIFEST_NAME, Manifest, decode_change, decode_snapshot, encode_snapshot
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import split_rel
+from mirrord.store.s3_errors import CONFLICT_CODES, error_code, wrap
 from mirrord.store.scan import is_selected_name
 
 MIB = 1024 * 1024
 LEASE_DIR = ".mirrord-leases"
+# One node of a shared prefix prunes it (the holder of this lease); its own folder, so that no node
+# name can collide with it.
+RETENTION_LEASE = ".mirrord-retention/lease"
 STAGING_SUFFIX = ".part"  # a unit staged beside an older copy of itself: KEY.part/
 CHECKSUM = "CRC32"  # zlib's: no extra dependency (CRC32C needs botocore[crt]); every S3 server checks it
 MANIFEST_ATTEMPTS = 10
-# Client-side errors that mean "try again" rather than "fix something": throttling, server trouble.
-_TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
-                              "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "500", "502",
-                              "503", "504"})
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,9 @@ class S3Settings:
     addressing_style: str = "auto"
     part_size: int = 8 * MIB
     concurrency: int = 8
+    files_in_flight: int = 8
     storage_class: str | None = None
+    sign_payload: bool = False
     access_key_id: str | None = None
     secret_access_key: str | None = None
     lease_seconds: float = 120.0
@@ -112,8 +113,9 @@ class S3Settings:
     max_attempts: int = 10
 
 
-def make_client(settings: S3Settings) -> Any:
-    """A botocore S3 client: standard retries (throttling, 5xx, a connection refused while a server restarts)."""
+def make_client(settings: S3Settings, timeout: float | None = None, attempts: int | None = None) -> Any:
+    """A botocore S3 client: standard retries (throttling, 5xx, a connection refused while a server restarts).
+    `timeout` and `attempts` bound each call of a client that must never hang for long (the lease's)."""
     import boto3
     from botocore.config import Config as BotoConfig
 
@@ -121,39 +123,16 @@ def make_client(settings: S3Settings) -> Any:
                                     aws_secret_access_key=settings.secret_access_key)
     config = BotoConfig(
         region_name=settings.region,
-        s3={"addressing_style": settings.addressing_style},
-        retries={"mode": "standard", "max_attempts": settings.max_attempts},
-        max_pool_connections=max(10, 2 * settings.concurrency + 4),
-        connect_timeout=10,
-        read_timeout=120,
+        # Unsigned payload (what botocore does over https anyway): every body still carries the CRC32 the
+        # server checks. Signing adds a SHA-256 pass over every byte sent over plain http (s3.sign_payload).
+        s3={"addressing_style": settings.addressing_style,
+            **({} if settings.sign_payload else {"payload_signing_enabled": False})},
+        retries={"mode": "standard", "max_attempts": attempts or settings.max_attempts},
+        max_pool_connections=max(10, settings.concurrency + settings.files_in_flight + 4),  # parts + files
+        connect_timeout=timeout or 10,
+        read_timeout=timeout or 120,
     )
     return session.client("s3", endpoint_url=settings.endpoint_url, config=config)
-
-
-def error_code(exc: BaseException) -> str:
-    """The S3 error code of a botocore exception ('' if it has none)."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = response.get("Error", {}).get("Code")
-        if code:
-            return str(code)
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return str(status or "")
-    return ""
-
-
-def wrap(where: str, exc: Exception, action: str) -> MirrordError:
-    """A botocore error as one line in the typed tree: transient if a later try may succeed."""
-    from botocore.exceptions import ClientError
-
-    if isinstance(exc, MirrordError):
-        return exc
-    code = error_code(exc)
-    message = exc.response.get("Error", {}).get("Message", "") if isinstance(exc, ClientError) else str(exc)
-    cause = f"{action}: {code + ' ' if code else ''}{message or type(exc).__name__}".strip()
-    if isinstance(exc, ClientError) and code not in _TRANSIENT_CODES:
-        return PermanentError(where, cause)
-    return TransientError(where, cause)  # connection errors, timeouts, throttling, 5xx
 
 
 def _ns(when: datetime) -> int:
@@ -201,7 +180,12 @@ class S3Mirror:
         self.client = client if client is not None else make_client(self.settings)
         self.url = self.location.url()
         self.lease: Lease | None = None
+        self.retention: Lease | None = None  # held while this node prunes the prefix (see claim_retention)
+        self._lease_client: Any = None
         self._open_units: dict[str, S3UnitStaging] = {}  # unit key -> its staging, until commit or abort
+        # Parts in flight, every upload together: memory stays concurrency * part_size (plus the part each
+        # file in flight is filling) however many files go at once.
+        self.part_slots = threading.BoundedSemaphore(self.settings.concurrency)
 
     def describe(self, rel: str = "") -> str:
         """Where rel lives, for messages: s3://bucket/prefix/rel."""
@@ -303,6 +287,7 @@ class S3Mirror:
         now = _state(rel, head["ContentLength"], head["LastModified"])
         if (now.size, now.mtime_ns) != (expected.size, expected.mtime_ns):
             raise ChangedError(self.describe(rel), "changed since it was planned for deletion")
+        self.require_lease()
         try:
             self.client.delete_object(Bucket=self.location.bucket, Key=self._key(rel), IfMatch=head["ETag"])
         except Exception as exc:
@@ -320,6 +305,7 @@ class S3Mirror:
             return None
         if (int(head["ContentLength"]), _ns(head["LastModified"])) != (expected.size, expected.mtime_ns):
             return None
+        self.require_lease()  # the copy appears under `key`: only under a lease safe to publish under
         bucket = self.location.bucket
         try:  # a managed copy: multipart (UploadPartCopy) above 5 GB; the object appears only when whole
             self.client.copy({"Bucket": bucket, "Key": self._key(source_key)}, bucket, self._key(key),
@@ -351,6 +337,7 @@ class S3Mirror:
             return not below
         if max(_ns(obj["LastModified"]) for obj in below) > expected.mtime_ns:
             return False  # written since it was planned: not the folder that was meant
+        self.require_lease()
         for obj in below:
             try:
                 self.client.delete_object(Bucket=self.location.bucket, Key=obj["Key"], IfMatch=obj["ETag"])
@@ -437,6 +424,7 @@ class S3Mirror:
     def read_manifest(self) -> Manifest:
         """The manifest, open for changes: each one is a conditional PUT of the whole object."""
         store = self.manifest_store()
+        store.guard = self.require_lease  # the manifest entry is the commit point: only under a safe lease
         return Manifest(store.load(), store)
 
     # -- lock -----------------------------------------------------------------------------------------
@@ -444,20 +432,73 @@ class S3Mirror:
     def lock(self) -> Iterator[None]:
         """One mirrord per node and prefix: a lease object with an expiry, renewed by lock_problem()."""
         node = self.settings.node or socket.gethostname()
-        lease = Lease(self.client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{node}"),
-                      self.settings.lease_seconds)
+        seconds = self.settings.lease_seconds
+        client = make_client(self.settings, timeout=call_timeout(seconds), attempts=1)  # never a long hang
+        lease = Lease(client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{node}"), seconds, name=node)
         lease.acquire()
-        self.lease = lease
+        lease.start_keeping()
+        self.lease, self._lease_client = lease, client
         try:
             yield
         finally:
-            self.lease = None
+            retention, self.retention, self.lease = self.retention, None, None
+            if retention is not None:
+                retention.release()
             lease.release()
 
+    def claim_retention(self) -> str | None:
+        """None if this node may prune the prefix now: it holds the retention lease (taken here when free
+        or expired; renewed on its own thread from then on, until the lock is released). Else who does
+        (another node's live lease) or why not. Several nodes share a prefix: exactly one prunes it, from
+        the merged manifest. Without a lock (nothing coordinates) None."""
+        if self.lease is None:
+            return None
+        held = self.retention
+        if held is not None:
+            if held.lost() is None:
+                return held.problem()
+            held.release()
+            self.retention = None
+            get_logger().warning("s3.retention_lost", path=held.where, cause=held.lost())
+        node = self.settings.node or socket.gethostname()
+        lease = Lease(self._lease_client, self.location.bucket, self.location.key(RETENTION_LEASE),
+                      self.settings.lease_seconds, name=node, what="this prefix's retention lease")
+        try:
+            lease.acquire(ours=True)  # a dead process of this node (we hold its lease) held it: take it over
+        except MirrordError as exc:
+            return exc.cause
+        lease.start_keeping()
+        self.retention = lease
+        get_logger().info("s3.retention_claimed", path=lease.where, node=node)
+        return None
+
+    def require_retention(self) -> None:
+        """Before each deletion retention makes on the mirror: raise unless this node still holds the
+        retention lease safely (it may have gone stale while the pass ran)."""
+        held = self.retention
+        if self.lease is None:
+            return
+        if held is None:
+            raise TransientError(self.url, "this node does not hold the prefix's retention lease")
+        held.require()
+
     def lock_problem(self) -> str | None:
-        """Renew the lease when due (called on the daemon's heartbeat); why it is lost, or None."""
+        """Why the lease is lost for good (another mirrord took it), or None. Never waits for the server:
+        the lease renews itself on its own thread (mirrord.store.lease)."""
         lease = self.lease
-        return None if lease is None else lease.renew_if_due()
+        return None if lease is None else lease.lost()
+
+    def write_problem(self) -> str | None:
+        """Why nothing may be published right now (the lease was not renewed in time, or is lost), or None."""
+        lease = self.lease
+        return None if lease is None else lease.problem()
+
+    def require_lease(self) -> None:
+        """Before every commit point (a manifest write, an upload's completion, a deletion): raise unless
+        the lease is safe to publish under. Without a lock (a read-only command, a test) nothing to check."""
+        lease = self.lease
+        if lease is not None:
+            lease.require()
 
 
 def _state(rel: str, size: int, last_modified: datetime) -> FileState:
@@ -490,8 +531,9 @@ class S3Upload:
     """One object being written; visible under its key only after commit().
 
     write() fills a part buffer; a full part goes to a small thread pool (at most `concurrency` in
-    flight: write() blocks for a free slot, which bounds memory). seal() sends the last part and waits
-    for all of them; commit() completes the multipart upload (or makes the one PUT of a small file).
+    flight for the whole mirror, S3Mirror.part_slots: write() blocks for a free slot, which bounds
+    memory). seal() sends the last part and waits for all of them; commit() completes the multipart
+    upload (or makes the one PUT of a small file).
     """
 
     def __init__(self, mirror: S3Mirror, rel: str, size: int) -> None:
@@ -511,7 +553,7 @@ class S3Upload:
         self._buf = bytearray()
         self._upload_id: str | None = None
         self._parts: list[Future[dict[str, Any]]] = []
-        self._slots = threading.Semaphore(self.concurrency)
+        self._slots = mirror.part_slots
         self._pool: ThreadPoolExecutor | None = None
         self._sealed = False
         self._done = False
@@ -563,6 +605,7 @@ class S3Upload:
         except BaseException:
             self._slots.release()
             raise
+        future.add_done_callback(lambda _done: self._slots.release())  # also when abort() cancels it
         self._parts.append(future)
 
     def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
@@ -572,8 +615,6 @@ class S3Upload:
             return {"PartNumber": number, "ETag": answer["ETag"], f"Checksum{CHECKSUM}": answer[f"Checksum{CHECKSUM}"]}
         except Exception as exc:
             raise wrap(self.where, exc, f"upload part {number}") from exc
-        finally:
-            self._slots.release()
 
     def _raise_failed(self) -> None:
         for future in self._parts:
@@ -592,17 +633,19 @@ class S3Upload:
         self._sealed = True
         return None
 
-    def commit(self) -> int:
-        """Complete the upload (or PUT the small file); returns the object's LastModified."""
+    def commit(self, dirs: DirSyncs | None = None) -> int:
+        """Complete the upload (or PUT the small file); returns the object's LastModified. Durable when
+        this returns: an object store has no directory to fsync (`dirs` is not needed)."""
         if not self._sealed:
             raise RuntimeError("commit() before seal()")
         client = self.mirror.client
+        self.mirror.require_lease()  # the object appears here: only under a lease safe to publish under
         try:
             if self.multipart:
                 client.complete_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
                                                  MultipartUpload={"Parts": self._part_list})
             else:
-                client.put_object(Bucket=self.bucket, Key=self.key, Body=bytes(self._buf),
+                client.put_object(Bucket=self.bucket, Key=self.key, Body=self._buf,  # as is: no copy
                                   ChecksumAlgorithm=CHECKSUM, **self._extra())
             self._done = True
             head = client.head_object(Bucket=self.bucket, Key=self.key)
@@ -674,6 +717,7 @@ class S3UnitStaging:
 
     def _move_into_place(self) -> None:
         mirror = self.mirror
+        mirror.require_lease()
         if mirror._below(self.key):
             raise FileExistsError(17, "an older copy of the unit is still there; delete it first",
                                   mirror.describe(self.key))
@@ -743,11 +787,13 @@ class S3ManifestStore:
             for change in changes:
                 change.apply_to(entries)
             condition = {"IfMatch": self._etag} if self._etag is not None else {"IfNoneMatch": "*"}
+            if self.guard is not None:
+                self.guard()  # before every attempt: a retry after a conflict is a new commit
             try:
                 answer = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=encode_snapshot(entries),
                                                 ContentType="application/json", **condition)
             except Exception as exc:
-                if error_code(exc) not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                if error_code(exc) not in CONFLICT_CODES:
                     raise wrap(self.where, exc, "write manifest") from exc
                 get_logger().info("s3.manifest_conflict", path=self.where, attempt=attempt + 1)
                 self.load()  # another writer's version: ours goes on top of it
@@ -771,83 +817,9 @@ class S3ManifestStore:
         """Always None: a conditional PUT cannot leave a torn manifest."""
         return None
 
-
-class Lease:
-    """A lock on an object store: an object naming its holder and expiry, created with If-None-Match: *,
-    renewed and released with If-Match on our ETag. An expired lease is taken over (If-Match on its ETag,
-    so two contenders cannot both win)."""
-
-    def __init__(self, client: Any, bucket: str, key: str, seconds: float, clock: Callable[[], float] = time.time):
-        self.client, self.bucket, self.key, self.seconds, self.clock = client, bucket, key, seconds, clock
-        self.where = f"s3://{bucket}/{key}"
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._etag: str | None = None
-        self._renewed = 0.0
-        self._lost: str | None = None
-
-    def _body(self) -> bytes:
-        now = self.clock()
-        return json.dumps({"holder": self.holder, "renewed_at": now, "expires_at": now + self.seconds}).encode()
-
-    def acquire(self) -> None:
-        """Take the lease (create the lease object, or take over an expired one); LockedError if another
-        mirrord holds it."""
-        try:
-            self._put(IfNoneMatch="*")
-            return
-        except Exception as exc:
-            if error_code(exc) not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
-                raise wrap(self.where, exc, "take lease") from exc
-        try:
-            current = self.client.get_object(Bucket=self.bucket, Key=self.key)
-            doc = json.loads(current["Body"].read())
-            expires = float(doc["expires_at"])
-        except Exception as exc:
-            if error_code(exc) in ("404", "NoSuchKey"):
-                return self.acquire()  # released meanwhile
-            if isinstance(exc, ValueError | KeyError | TypeError):
-                raise LockedError(self.where, "a lease object that is not mirrord's is in the way") from exc
-            raise wrap(self.where, exc, "read lease") from exc
-        if expires > self.clock():
-            raise LockedError(self.where, f"another mirrord ({doc.get('holder')}) holds this mirror's lease "
-                                          f"for {expires - self.clock():.0f} s more")
-        try:
-            self._put(IfMatch=current["ETag"])
-        except Exception as exc:
-            if error_code(exc) in ("PreconditionFailed", "412", "409"):
-                raise LockedError(self.where, "another mirrord took over the expired lease first") from exc
-            raise wrap(self.where, exc, "take over lease") from exc
-        get_logger().warning("s3.lease_taken_over", path=self.where, previous=doc.get("holder"))
-
-    def _put(self, **condition: str) -> None:
-        answer = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=self._body(),
-                                        ContentType="application/json", **condition)
-        self._etag = answer["ETag"]
-        self._renewed = self.clock()
-
-    def renew_if_due(self) -> str | None:
-        """Renew once a third of the lease has passed; why it is lost, or None."""
-        if self._lost is not None:
-            return self._lost
-        if self.clock() - self._renewed < self.seconds / 3:
-            return None
-        try:
-            self._put(IfMatch=self._etag or "")
-        except Exception as exc:
-            if error_code(exc) in ("PreconditionFailed", "412", "404", "NoSuchKey", "409"):
-                self._lost = f"{self.where}: the lease was taken by another mirrord or removed"
-                return self._lost
-            get_logger().warning("s3.lease_renew_failed", path=self.where, cause=str(wrap(self.where, exc, "renew")))
-            if self.clock() - self._renewed > self.seconds:
-                return f"{self.where}: the lease expired (could not renew it for {self.seconds:.0f} s)"
-        return None
-
-    def release(self) -> None:
-        """Give the lease back (delete the lock object if it is still ours)."""
-        if self._lost is not None or self._etag is None:
-            return
-        with contextlib.suppress(Exception):
-            self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=self._etag)
+    def shared_entries(self) -> dict[str, ManifestEntry]:
+        """The object as it is now: every node's entries (several nodes share one prefix)."""
+        return self.load()
 
 
 def settings_from(section: Any) -> S3Settings:
@@ -858,7 +830,8 @@ def settings_from(section: Any) -> S3Settings:
                              "(s3.allow_inline_credentials = true); prefer the standard credential chain")
     return S3Settings(endpoint_url=section.endpoint_url, region=section.region,
                       addressing_style=section.addressing_style, part_size=section.part_size,
-                      concurrency=section.concurrency, storage_class=section.storage_class,
+                      concurrency=section.concurrency, files_in_flight=section.files_in_flight,
+                      storage_class=section.storage_class, sign_payload=section.sign_payload,
                       access_key_id=section.access_key_id, secret_access_key=section.secret_access_key,
                       lease_seconds=section.lease_seconds, node=section.node, max_attempts=section.max_attempts)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from sys import intern
 
-from mirrord.core.layouts import Layout
+from mirrord.core.layouts import Layout, lookalike_folder, lookalike_name
 from mirrord.core.model import FileState, Snapshot, make_file_state
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
@@ -80,6 +80,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     errors: list[str] = []
     skipped: list[tuple[str, str]] = []
     staging: dict[str, FileState] = {}
+    lookalikes: dict[str, str] = {}
     folders = layout is not None and layout.folders
     inside: set[str] = set()  # directories at or below a unit folder
     match = _matcher(patterns)
@@ -98,6 +99,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
             errors.append(f"{path}: cannot list: {exc.strerror or exc}")
             continue
         prefix = f"{rel_dir}/" if rel_dir else ""
+        folder_lookalike = lookalike_folder(rel_dir) if layout is not None else None
         for entry in entries:
             name = entry.name
             partial = collect_partials and name.endswith(TEMP_SUFFIX) and not name.startswith(".")  # is_temp_name
@@ -112,6 +114,11 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                 # directory entry's type says which without an lstat.
                 try:
                     if not (entry.is_dir(follow_symlinks=False) or entry.is_symlink()):
+                        # A file the layout does not select that looks like a checkpoint: the first per
+                        # pattern is remembered for a warning (by name and the entry's type: no lstat).
+                        if layout is not None and (look := lookalike_name(name, folder_lookalike)) is not None \
+                                and look not in lookalikes and entry.is_file(follow_symlinks=False):
+                            lookalikes[look] = prefix + name
                         continue
                 except OSError:
                     pass  # the lstat below reports it
@@ -154,7 +161,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                     stack.append(rel)
             elif selected:
                 skipped.append((rel, "not a regular file"))
-    return Snapshot(files, partials, tuple(errors), tuple(skipped), staging)
+    return Snapshot(files, partials, tuple(errors), tuple(skipped), staging, lookalikes)
 
 
 def is_selected_name(name: str, patterns: tuple[str, ...], layout: Layout | None, in_unit: bool) -> bool:

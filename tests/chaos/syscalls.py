@@ -9,6 +9,13 @@ The one file written under its final name is the manifest journal, opened only w
 change counts once the write holding its record and an fsync of the journal completed (strace -T
 gives each call's duration, so "completed before" is checked across threads, as group commit needs).
 
+Copies are committed in groups (mirrord.service.commits): a worker renames its copy, and one fsync
+of each directory, by the commit thread, covers every rename of the group made in it. So for a
+published checkpoint the directory fsync may come from another thread, after other work: what must
+hold is that it started once the rename had returned, and that the journal record of the copy was
+written only once that fsync had returned. The manifest's own files (snapshot, journal) still fsync
+their directory at once, in the same thread, before anything else.
+
 `strace -y` prints every file descriptor with the path it refers to at that moment, so "the fd of
 the temp file" and "the directory fd" are checked by path, whichever fd number (or dup) was used.
 """
@@ -244,13 +251,14 @@ def order_violations(calls: list[Call], mirror: Path, recorded: Iterable[str] = 
         if is_journal(write_target(call)):
             ever_recorded |= journal_changes(call)[0]
 
+    syncs = _dir_fsyncs(calls)
     for thread in by_thread.values():
         for i, call in enumerate(thread):
             if call.ret is None or call.ret < 0:
                 continue
             renamed = rename_paths(call)
             if renamed and _under(renamed[1], root):
-                violations += _check_publish(thread, i, renamed, calls)
+                violations += _check_publish(thread, i, renamed, calls, syncs)
                 manifest = renamed[1].endswith(MANIFEST_NAME) or is_journal(renamed[1])
                 counts["manifest_writes" if manifest else "published"] += 1
             made = mkdir_path(call)
@@ -263,11 +271,67 @@ def order_violations(calls: list[Call], mirror: Path, recorded: Iterable[str] = 
                 violations += _check_unlink(thread, i, gone, root, records, ever_recorded)
             if call.name == "write" and "copy.committed" in call.text:
                 counts["committed_logged"] += 1
-                violations += _check_committed_log(thread, i, root, records)
+                violations += _check_committed_log(thread[i], root, records, calls, syncs)
+    violations += recorded_before_dir_fsync(calls, records, root, syncs)
     return violations, counts
 
 
-def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: list[Call]) -> list[str]:
+def _dir_fsyncs(calls: list[Call]) -> dict[str, list[Call]]:
+    """Every successful fsync of a directory (any thread), by the directory's path, in time order. A
+    directory is what a rename, mkdir or unlink was made in (the fsync of a .part or a journal is not)."""
+    parents: set[str] = set()
+    for call in calls:
+        for path in (*(rename_paths(call) or ()), mkdir_path(call), unlink_path(call)):
+            if path is not None:
+                parents.add(str(PurePosixPath(path).parent))
+    out: dict[str, list[Call]] = {}
+    for call in calls:
+        if call.name in ("fsync", "fdatasync") and call.ret == 0:
+            path = call.fd_path(0)
+            if path in parents:
+                out.setdefault(path, []).append(call)
+    return out
+
+
+def _dir_fsync_after(syncs: dict[str, list[Call]], directory: str, rename: Call) -> Call | None:
+    """The first successful fsync of `directory`, by any thread, that started after `rename` returned."""
+    return next((s for s in syncs.get(directory, ()) if s.ts >= rename.end), None)
+
+
+def _last_rename_onto(calls: list[Call], final: str, before: float) -> Call | None:
+    """The last successful rename onto `final` that returned before `before` (any thread)."""
+    found = None
+    for call in calls:
+        if call.ts > before:
+            break
+        renamed = rename_paths(call) if call.ret == 0 else None
+        if renamed and renamed[1] == final and call.end <= before:
+            found = call
+    return found
+
+
+def recorded_before_dir_fsync(calls: list[Call], records: list[Record], root: str,
+                              syncs: dict[str, list[Call]] | None = None) -> list[str]:
+    """A copy recorded in the journal before the fsync of its directory (after its rename) returned:
+    after a power cut the manifest could vouch for a name the directory never kept. Every file a durable
+    record puts, and that was renamed into place in this trace, is checked."""
+    syncs = _dir_fsyncs(calls) if syncs is None else syncs
+    out = []
+    for start, _durable, puts, _removes in records:
+        for rel in sorted(puts):
+            final = str(PurePosixPath(root) / rel)
+            rename = _last_rename_onto(calls, final, start)
+            if rename is None:
+                continue
+            sync = _dir_fsync_after(syncs, str(PurePosixPath(final).parent), rename)
+            if sync is None or sync.end > start:
+                out.append(f"{final}: recorded in the journal before the fsync of its directory after the rename "
+                           f"returned: {rename.text}")
+    return out
+
+
+def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: list[Call],
+                   dir_syncs: dict[str, list[Call]]) -> list[str]:
     src, dst = renamed
     rename = thread[i]
     out: list[str] = []
@@ -291,9 +355,14 @@ def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: 
         late = [w for w in writes if (w.ts, w.seq) > (sync.ts, sync.seq)]
         if late:
             out.append(f"{dst}: data written after the fsync: {late[0].text}")
-    if not writes and not (dst.endswith(MANIFEST_NAME) or is_journal(dst)):
+    manifest = dst.endswith(MANIFEST_NAME) or is_journal(dst)
+    if not writes and not manifest:
         out.append(f"{dst}: published with no data written to its temp file")
-    out += _check_next_fsync(thread, i, str(PurePosixPath(dst).parent), "rename", rename)
+    directory = str(PurePosixPath(dst).parent)
+    if manifest:  # the manifest's own files: the directory fsync at once, in this thread
+        out += _check_next_fsync(thread, i, directory, "rename", rename)
+    elif _dir_fsync_after(dir_syncs, directory, rename) is None:  # a copy: by its group's commit, any thread
+        out.append(f"rename never followed by an fsync of {directory}: {rename.text}")
     return out
 
 
@@ -327,23 +396,22 @@ def _check_unlink(thread: list[Call], i: int, path: str, root: str, records: lis
     return out
 
 
-def _check_committed_log(thread: list[Call], i: int, root: str, records: list[Record]) -> list[str]:
-    """copy.committed is logged only after the file is durable (renamed, directory fsynced), and after
-    that, a journal record of it was written and fsynced."""
-    text = thread[i].text
-    match = re.search(r'\\"path\\": \\"(.*?)\\"', text)
+def _check_committed_log(log: Call, root: str, records: list[Record], calls: list[Call],
+                         syncs: dict[str, list[Call]]) -> list[str]:
+    """copy.committed is logged only after the file is durable (renamed, then its directory fsynced,
+    by any thread: group commit), and after that, a journal record of it was written and fsynced."""
+    match = re.search(r'\\"path\\": \\"(.*?)\\"', log.text)
     if not match:
         return []
     final = str(PurePosixPath(root) / _unescape(match[1]))
     rel = _rel(final, root)
-    published = None
-    for j in range(i):
-        renamed = rename_paths(thread[j])
-        if renamed and renamed[1] == final:
-            published = next((c for c in thread[j + 1:i] if c.name in ("fsync", "fdatasync")), None)
-    if published is None:
-        return [f"copy.committed logged for {final} by a thread that did not publish it"]
-    if not any(published.end <= start and durable <= thread[i].ts and rel in puts
+    rename = _last_rename_onto(calls, final, log.ts)
+    if rename is None:
+        return [f"copy.committed logged for {final}, which was never renamed into place"]
+    published = _dir_fsync_after(syncs, str(PurePosixPath(final).parent), rename)
+    if published is None or published.end > log.ts:
+        return [f"copy.committed logged for {final} before the fsync of its directory"]
+    if not any(published.end <= start and durable <= log.ts and rel in puts
                for start, durable, puts, _ in records):
         return [f"copy.committed logged for {final} before a durable journal record of it"]
     return []

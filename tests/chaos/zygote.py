@@ -77,10 +77,12 @@ def _broken_no_dir_fsync(arg: str) -> None:
 
 
 def _no_file_flush() -> None:
-    """No fsync of files, and no write-behind either (it would put the data on disk early anyway)."""
+    """No fsync of files, and no write-behind or direct I/O either (they would put the data on disk
+    early anyway)."""
     _use_fsync(_is_file)
     if hasattr(volume, "_sync_file_range"):
         volume._sync_file_range = None
+    volume.direct_io_suits = lambda fd: False
 
 
 def _broken_no_file_fsync(arg: str) -> None:
@@ -92,7 +94,7 @@ def _broken_rename_before_fsync(arg: str) -> None:
     """Rename first, fsync afterwards: for a moment the final name points at data not yet on disk."""
     _no_file_flush()
 
-    def publish(dir_fd: int, final_name: str, temp_fd: int) -> None:
+    def publish(dir_fd: int, final_name: str, temp_fd: int, dirs: atomic.DirSyncs | None = None) -> None:
         os.replace(atomic.temp_name(final_name), final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         _real_fsync(temp_fd)
         _real_fsync(dir_fd)
@@ -103,6 +105,28 @@ def _broken_rename_before_fsync(arg: str) -> None:
 def _broken_journal_no_fsync(arg: str) -> None:
     """Journal records written but never fsynced: a change "counts" before it is durable."""
     mirrord.store.journal.os = _SelectiveFsync(_is_file)  # type: ignore[attr-defined]
+
+
+def _broken_record_before_dir_fsync(arg: str) -> None:
+    """Group commit with its last two steps swapped: the journal record of a group of copies is written
+    and fsynced before the fsync of the directories their renames were made in."""
+    real_flush, real_apply = atomic.DirSyncs.flush, mirrord.store.manifest.Manifest.apply
+    held: list[atomic.DirSyncs] = []
+
+    def flush(self: atomic.DirSyncs) -> None:
+        taken = atomic.DirSyncs()
+        taken.absorb(self)
+        held.append(taken)
+
+    def apply(self: Any, puts: Any = (), removes: Any = ()) -> None:
+        try:
+            real_apply(self, puts, removes)
+        finally:
+            while held:
+                real_flush(held.pop())
+
+    atomic.DirSyncs.flush = flush  # type: ignore[method-assign]
+    mirrord.store.manifest.Manifest.apply = apply  # type: ignore[method-assign]
 
 
 def _broken_late_removal(arg: str) -> None:
@@ -154,6 +178,7 @@ PATCHES: dict[str, Callable[[str], None]] = {
     "rename_before_fsync": _broken_rename_before_fsync,
     "journal_no_fsync": _broken_journal_no_fsync,
     "late_removal": _broken_late_removal,
+    "record_before_dir_fsync": _broken_record_before_dir_fsync,
     "fifo_at_open": _swap_source(lambda p: os.mkfifo(p, 0o644)),
     "zero_device_at_open": _swap_source(lambda p: os.mknod(p, stat.S_IFCHR | 0o644, os.makedev(1, 5))),
     "symlink_at_open": _swap_source(lambda p: p.symlink_to(os.environ["CHAOS_SYMLINK_TARGET"])),

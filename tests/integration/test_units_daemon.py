@@ -221,3 +221,42 @@ def test_a_changed_folder_unit_is_swapped_in_whole_never_missing_or_mixed(
     found = run_mirrord("latest", "--config", daemon.config_path)
     assert found.stdout.strip() == str(unit), found.stdout + found.stderr
     assert daemon.stop() == 0
+
+
+def test_checkpoint_like_names_the_layout_cannot_handle_are_warned_once_per_pattern(
+    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]
+) -> None:
+    """Under the default layout ("torch"): `final.pt` and `best.pt` carry no step (retention would never
+    prune them), Lightning's `*.ckpt` and a Trainer's `checkpoint-N/` are not selected (never
+    mirrored). The daemon says so once per file name pattern for the whole run (not once per file, not
+    on every rescan), naming a path and the layout that would select it; `check-config` prints the same."""
+    primary = tmp_path / "primary"
+    for rel in ("a/final.pt", "a/best.pt", "b/epoch=0-step=2.ckpt", "b/epoch=1-step=4.ckpt", "b/last.ckpt"):
+        (primary / rel).parent.mkdir(parents=True, exist_ok=True)
+        (primary / rel).write_bytes(b"not read")
+    write_hf(primary / "c" / "checkpoint-5", 5)
+    daemon = daemon_factory({"watch": {"rescan_interval_seconds": 0.5}, "copy": {"settle_seconds": 0}}).start()
+    rescans = len(daemon.events("reconcile.finished"))
+    wait_for(lambda: len(daemon.events("reconcile.finished")) >= rescans + 6, 120, "six rescans")
+    (primary / "b" / "epoch=2-step=6.ckpt").write_bytes(b"another one")  # same pattern: no new warning
+    (primary / "a" / "model.pth").write_bytes(b"a new pattern")
+    rescans = len(daemon.events("reconcile.finished"))
+    wait_for(lambda: len(daemon.events("reconcile.finished")) >= rescans + 4, 120, "four more rescans")
+    no_step = daemon.events("checkpoint.no_step")
+    not_selected = daemon.events("checkpoint.not_selected")
+    assert sorted(e["pattern"] for e in no_step) == ["*.pt"], no_step  # final.pt, best.pt, optimizer.pt...
+    assert no_step[0]["path"] in ("a/best.pt", "a/final.pt", "c/checkpoint-5/optimizer.pt")
+    assert "never prunes" in no_step[0]["why"]
+    by_pattern = {e["pattern"]: e for e in not_selected}
+    assert sorted(by_pattern) == ["*.ckpt", "*.pth", "checkpoint-N/"], not_selected
+    assert by_pattern["*.ckpt"]["path"].startswith("b/") and 'layout = "lightning"' in by_pattern["*.ckpt"]["why"]
+    assert by_pattern["checkpoint-N/"]["path"].startswith("c/checkpoint-5/")
+    assert 'layout = "hf"' in by_pattern["checkpoint-N/"]["why"]
+    assert by_pattern["*.pth"]["path"] == "a/model.pth"
+    assert daemon.stop() == 0
+    checked = run_mirrord("check-config", "--config", daemon.config_path)
+    assert checked.returncode == 0, checked.stderr
+    warnings = [line for line in checked.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 4, warnings
+    assert any("b/epoch=" in w and 'layout = "lightning" would select it' in w for w in warnings)
+    assert any("no step in its name" in w and "'*.pt'" in w for w in warnings)

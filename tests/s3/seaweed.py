@@ -150,6 +150,17 @@ class SeaweedServer:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.stop()
 
+    def pause(self) -> None:
+        """SIGSTOP the whole server: connections are still accepted by the kernel, nothing answers (a
+        hung server, not a dead one). Always resume() it (in a finally)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: the server answers again, queued requests first."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def restart(self) -> None:
         self.stop()
         self.start()

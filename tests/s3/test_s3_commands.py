@@ -167,3 +167,63 @@ def test_verify_latest_and_status_read_the_bucket(
     status = run_mirrord("status", "--json", "--config", config, env=s3_env, timeout=300)
     assert status.returncode in (0, 1), status.stderr
     assert url in status.stdout
+
+
+def test_two_nodes_one_prefix_only_the_retention_holder_prunes_from_the_merged_manifest(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Two daemons on two primaries write the ranks of the same steps into one run. Each step on the
+    mirror is made of both nodes' files: only the node holding the prefix's retention lease prunes the
+    mirror, and only once the merged manifest (both nodes' entries) shows the newer step whole. When it
+    stops, the other node takes retention over."""
+    url = f"s3://{bucket}/{prefix}"
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+    nodes: dict[str, tuple[Path, DaemonProcess]] = {}
+    for node in ("node-1", "node-2"):
+        primary = tmp_path / node / "primary"
+        primary.mkdir(parents=True)
+        daemon = DaemonProcess(tmp_path / node, primary, Path("/unused"), env=s3_env, settings={
+            "mirror": url, "s3": _settings(seaweed, node=node, lease_seconds=10),
+            "prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0},
+            "watch": {"rescan_interval_seconds": 2}})
+        daemon.settings["mirror"] = url
+        daemon.write_config()
+        nodes[node] = (primary, daemon)
+
+    def files(step: int, ranks: tuple[int, ...] = (0, 1)) -> set[str]:
+        return {f"run/step_{step}_rank{r}.pt" for r in ranks}
+
+    def write(step: int, only: tuple[str, ...] = ("node-1", "node-2")) -> None:
+        for rank, (node, (primary, _daemon)) in enumerate(nodes.items()):
+            if node in only:
+                save_checkpoint(primary / f"run/step_{step}_rank{rank}.pt", step)
+
+    def mirrored() -> set[str]:
+        return set(mirror.snapshot(["*.pt"]).files)
+
+    try:
+        for _primary, daemon in nodes.values():
+            daemon.start()
+        write(1)
+        wait_for(lambda: set(mirror.load_manifest().entries) == files(1), 180, "step 1 of both ranks recorded")
+        write(2)
+        wait_for(lambda: mirrored() == files(2) and set(mirror.load_manifest().entries) == files(2), 240,
+                 "step 1 pruned once step 2 is whole", context=lambda: str(sorted(mirrored())))
+        holders = [n for n, (_p, d) in nodes.items() if d.events("s3.retention_claimed")]
+        assert len(holders) == 1, holders
+        holder = holders[0]
+        other = "node-2" if holder == "node-1" else "node-1"
+        assert nodes[other][1].events("prune.mirror_elsewhere")
+        assert not nodes[other][1].events("prune.deleted", volume="mirror")  # it never deleted a mirror file
+        deleted = {e["path"] for e in nodes[holder][1].events("prune.deleted", volume="mirror")}
+        assert deleted == files(1)  # both nodes' files of step 1, the other node's too
+
+        # The holder stops (gives its leases back): the other node takes retention over.
+        nodes[holder][1].stop()
+        write(3, only=(other,))
+        wait_for(lambda: mirrored() == files(3, (0 if other == "node-1" else 1,)), 240,
+                 "step 2 pruned by the node left", context=lambda: str(sorted(mirrored())))
+        assert nodes[other][1].events("s3.retention_claimed")
+        assert set(mirror.load_manifest().entries) == mirrored()
+    finally:
+        for _primary, daemon in nodes.values():
+            daemon.stop()

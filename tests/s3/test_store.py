@@ -17,8 +17,9 @@ import pytest
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import LockedError
 from mirrord.store.hashing import hash_file
+from mirrord.store.lease import Lease
 from mirrord.store.manifest import MANIFEST_NAME, Change, encode_snapshot
-from mirrord.store.s3 import Lease, S3Mirror, S3Settings
+from mirrord.store.s3 import S3Mirror, S3Settings
 from mirrord.store.volume import ChangedError
 from tests.s3.seaweed import SeaweedServer
 
@@ -164,14 +165,18 @@ def test_lease_refuses_a_second_holder_and_expires(seaweed: SeaweedServer, bucke
 
     now = [1000.0]
     client = mirror.client
-    old = Lease(client, bucket, f"{prefix}/.mirrord-leases/n", 30, clock=lambda: now[0])
+    old = Lease(client, bucket, f"{prefix}/.mirrord-leases/n", 30, wall=lambda: now[0])
     old.acquire()
     now[0] += 31  # expired: the holder died without releasing
-    new = Lease(client, bucket, f"{prefix}/.mirrord-leases/n", 30, clock=lambda: now[0])
+    new = Lease(client, bucket, f"{prefix}/.mirrord-leases/n", 30, wall=lambda: now[0])
     new.acquire()
-    problem = old.renew_if_due()
-    assert problem is not None and "taken by another mirrord" in problem
-    assert new.renew_if_due() is None
+    old.renew()
+    lost = old.lost()
+    assert lost is not None and "took the lease" in lost and old.problem() == lost
+    with pytest.raises(LockedError):
+        old.require()
+    new.renew()
+    assert new.lost() is None and new.problem() is None
 
 
 def test_delete_rechecks_the_object(seaweed: SeaweedServer, bucket: str, prefix: str) -> None:

@@ -384,3 +384,41 @@ def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> N
     other = dict(recorded("r/epoch=0-step=2.ckpt", "r/epoch=1-step=4.ckpt"))
     other["r/epoch=0-step=2.ckpt"] = dataclasses.replace(other["r/epoch=0-step=2.ckpt"], size=99)  # not its size
     assert [j.twins for j in plan(other).jobs if j.rel == "r/last.ckpt"] == [("r/epoch=1-step=4.ckpt",)]
+
+
+def test_checkpoint_like_names_are_warned_once_per_pattern_with_the_layout_that_selects_them() -> None:
+    """naming_warnings: checkpoints with no step (one per layout pattern), and files the layout did not
+    select that look like another stack's checkpoints (one per lookalike pattern), each naming a path."""
+    from mirrord.core.layouts import lookalike
+    from mirrord.core.model import Snapshot
+    from mirrord.core.units import naming_warnings
+
+    assert lookalike("r/checkpoint-5/model.safetensors") == "checkpoint-N/"
+    assert lookalike("r/global_step9/mp_rank_00_model_states.pt") == "global_stepN/"
+    assert [lookalike(n) for n in ("x.distcp", "e=1-step=2.ckpt", "m.safetensors", "m.pth", "notes.txt")] == [
+        "*.distcp", "*.ckpt", "*.safetensors", "*.pth", None]
+    assert lookalike("r/.hidden.ckpt") is None and lookalike("r/x.ckpt.part") is None
+    torch = layout_for("torch")
+    listed = Snapshot({f.rel: f for f in files("a/final.pt", "a/best.pt", "a/step_10.pt")},
+                      lookalikes={"*.ckpt": "b/epoch=0-step=2.ckpt",
+                                  "checkpoint-N/": "c/checkpoint-5/model.safetensors"})
+    warnings = naming_warnings(listed, torch)
+    assert [(w.kind, w.pattern, w.path) for w in warnings] == [
+        ("no_step", "*.pt", "a/best.pt"), ("not_selected", "*.ckpt", "b/epoch=0-step=2.ckpt"),
+        ("not_selected", "checkpoint-N/", "c/checkpoint-5/model.safetensors")]
+    assert 'layout = "lightning" would select it' in warnings[1].message
+    assert "prune.step_pattern" in warnings[0].message
+    lightning = layout_for("lightning")  # last.ckpt is an alias, not a checkpoint without a step
+    assert naming_warnings(Snapshot({f.rel: f for f in files("r/last.ckpt", "r/epoch=0-step=2.ckpt")}), lightning) == []
+
+
+def test_the_scan_records_the_first_lookalike_per_pattern(tmp_path: Path) -> None:
+    """Files the layout does not select are never listed as checkpoints; one that looks like one is
+    remembered, the first per pattern."""
+    for rel in ("run/step_1.pt", "run/epoch=0-step=2.ckpt", "run/notes.txt", "run/checkpoint-5/model.safetensors"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    snap = snapshot_tree(tmp_path, ("*.pt",), layout=layout_for("torch"))
+    assert sorted(snap.files) == ["run/step_1.pt"]
+    assert snap.lookalikes == {"*.ckpt": "run/epoch=0-step=2.ckpt",
+                               "checkpoint-N/": "run/checkpoint-5/model.safetensors"}

@@ -23,17 +23,19 @@ def torch_bytes() -> bytes:
     return out.getvalue()
 
 
-def streamed(tmp_path: Path, name: str, data: bytes, chunk: int) -> str:
-    """Feed `data` in chunks of `chunk` bytes (from a buffer with junk past n), as the copier does."""
+def streamed(tmp_path: Path, name: str, data: bytes, chunk: int, planned: bool = False) -> str:
+    """Feed `data` in chunks of `chunk` bytes (from a buffer with junk past n), as the copier does; with
+    `planned`, the validator is given the file's descriptor up front, as the copier gives it (a torch
+    zip's directory is then read before the first byte)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / name
     path.write_bytes(data)
-    validator = new_validator(name)
-    for i in range(0, len(data), chunk):
-        piece = data[i:i + chunk]
-        validator.feed(bytearray(piece) + b"PK\x03\x04junk", len(piece))
     fd = os.open(path, os.O_RDONLY)
     try:
+        validator = new_validator(name, fd if planned else None)
+        for i in range(0, len(data), chunk):
+            piece = data[i:i + chunk]
+            validator.feed(bytearray(piece) + b"PK\x03\x04junk", len(piece))
         return validator.finish(fd).status
     finally:
         os.close(fd)
@@ -50,36 +52,67 @@ def whole_file(tmp_path: Path, name: str, data: bytes, quick: bool = False) -> s
         os.close(fd)
 
 
+@pytest.mark.parametrize("planned", [False, True], ids=["grid", "directory_first"])
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 4096, 1 << 20, 1 << 30])
 def test_a_whole_torch_save_passes_whatever_the_chunk_boundaries(tmp_path: Path, torch_bytes: bytes,
-                                                                chunk: int) -> None:
-    """Zip signatures cut by a chunk boundary are found all the same (every CRC is derived from them)."""
+                                                                chunk: int, planned: bool) -> None:
+    """Records cut by a chunk boundary are checksummed all the same, whether their CRCs are derived from
+    the stream's (grid) or computed on each record's range read from the directory first."""
     if chunk < 64:  # byte-sized chunks on a small checkpoint: the same boundaries, fewer calls
         small = io.BytesIO()
         torch.save({"w": torch.randn(300), "b": torch.randn(2)}, small)
         data = small.getvalue()
     else:
         data = torch_bytes
-    assert streamed(tmp_path, "step_1.pt", data, chunk) == "ok"
+    assert streamed(tmp_path, "step_1.pt", data, chunk, planned) == "ok"
     corrupt = bytearray(data)
     corrupt[-len(data) // 3] ^= 1
-    assert streamed(tmp_path, "step_1.pt", bytes(corrupt), chunk) in ("crc_mismatch", "unreadable")
+    assert streamed(tmp_path, "step_1.pt", bytes(corrupt), chunk, planned) in ("crc_mismatch", "unreadable")
 
 
+@pytest.mark.parametrize("planned", [False, True], ids=["grid", "directory_first"])
 @pytest.mark.parametrize("cut", [0.1, 0.5, 0.9, 0.9999])
-def test_a_truncated_torch_save_is_truncated(tmp_path: Path, torch_bytes: bytes, cut: float) -> None:
+def test_a_truncated_torch_save_is_truncated(tmp_path: Path, torch_bytes: bytes, cut: float, planned: bool) -> None:
     data = torch_bytes[: int(len(torch_bytes) * cut)]
-    assert streamed(tmp_path, "step_1.pt", data, 65536) == "truncated"
+    assert streamed(tmp_path, "step_1.pt", data, 65536, planned) == "truncated"
     assert whole_file(tmp_path, "step_1.pt", data) == "truncated"
     assert whole_file(tmp_path, "step_1.pt", data, quick=True) == "truncated"
 
 
-def test_a_flipped_bit_in_tensor_data_is_a_crc_mismatch(tmp_path: Path, torch_bytes: bytes) -> None:
+@pytest.mark.parametrize("planned", [False, True], ids=["grid", "directory_first"])
+def test_a_flipped_bit_in_tensor_data_is_a_crc_mismatch(tmp_path: Path, torch_bytes: bytes, planned: bool) -> None:
     data = bytearray(torch_bytes)
     data[len(data) // 2] ^= 0x10
-    assert streamed(tmp_path, "step_1.pt", bytes(data), 65536) == "crc_mismatch"
+    assert streamed(tmp_path, "step_1.pt", bytes(data), 65536, planned) == "crc_mismatch"
     assert whole_file(tmp_path, "step_1.pt", bytes(data)) == "crc_mismatch"
     assert whole_file(tmp_path, "step_1.pt", bytes(data), quick=True) == "ok"  # structure only
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_a_directory_that_moved_while_streaming_is_judged_by_reading_the_records_back(
+    tmp_path: Path, torch_bytes: bytes, corrupt: bool
+) -> None:
+    """The directory read before streaming no longer matches the one at the end (the file was rewritten
+    in place meanwhile): the CRCs computed on the planned ranges prove nothing, so the records of the
+    file as it now is are read back and checksummed; the verdict is that file's."""
+    torch.manual_seed(1)
+    other = io.BytesIO()
+    torch.save({"x": torch.randn(50_000)}, other)
+    now = bytearray(torch_bytes)
+    if corrupt:
+        now[len(now) // 2] ^= 0x10
+    path = tmp_path / "step_1.pt"
+    path.write_bytes(other.getvalue())
+    fd = os.open(path, os.O_RDWR)
+    try:
+        validator = new_validator("step_1.pt", fd)
+        validator.feed(bytearray(other.getvalue()[:4096]), 4096)  # the directory of `other` is read here
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, bytes(now), 0)
+        validator.feed(bytearray(now[4096:]), len(now) - 4096)
+        assert validator.finish(fd).status == ("crc_mismatch" if corrupt else "ok")
+    finally:
+        os.close(fd)
 
 
 def test_an_empty_file_fails_whatever_its_name(tmp_path: Path) -> None:

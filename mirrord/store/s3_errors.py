@@ -1,0 +1,42 @@
+"""S3 errors in mirrord's typed tree: which botocore errors are worth retrying, and their codes."""
+
+from __future__ import annotations
+
+from mirrord.errors import MirrordError, PermanentError, TransientError
+
+# Client-side errors that mean "try again" rather than "fix something": throttling, server trouble.
+TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
+                              "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "500", "502",
+                              "503", "504"})
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore exception ('' if it has none)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return str(status or "")
+    return ""
+
+
+def wrap(where: str, exc: Exception, action: str) -> MirrordError:
+    """A botocore error as one line in the typed tree: transient if a later try may succeed."""
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, MirrordError):
+        return exc
+    code = error_code(exc)
+    message = exc.response.get("Error", {}).get("Message", "") if isinstance(exc, ClientError) else str(exc)
+    cause = f"{action}: {code + ' ' if code else ''}{message or type(exc).__name__}".strip()
+    if isinstance(exc, ClientError) and code not in TRANSIENT_CODES:
+        return PermanentError(where, cause)
+    return TransientError(where, cause)  # connection errors, timeouts, throttling, 5xx
+
+
+
+# A conditional write that lost: another writer changed the object since we read its ETag.
+CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})

@@ -220,7 +220,9 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "s3.addressing_style": ("refuse", "auto", None),
     "s3.part_size": ("refuse", 8 * MIB, None),
     "s3.concurrency": ("refuse", 8, None),
+    "s3.files_in_flight": ("refuse", 8, None),
     "s3.storage_class": ("refuse", None, None),
+    "s3.sign_payload": ("refuse", False, None),
     "s3.lease_seconds": ("refuse", 120.0, None),
     "s3.node": ("refuse", "", None),
     "s3.max_attempts": ("refuse", 10, None),
@@ -351,6 +353,12 @@ class FastConfig(FrozenSection):
         """The [copy] section (stored as copy_, as the models do)."""
         section: FrozenSection = self.copy_
         return section
+
+    @property
+    def copy_workers(self) -> int:
+        """Copies made at once: copy.workers (an s3:// mirror, with its s3.files_in_flight, is the models')."""
+        workers: int = self.copy_.workers
+        return workers
 
     @property
     def rules(self) -> Layout:

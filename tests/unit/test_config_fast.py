@@ -48,6 +48,7 @@ def values(config: Config | FastConfig) -> dict[str, Any]:
     out["step_regex"] = config.step_regex.pattern
     out["mirror_target"] = config.mirror_target
     out["mirror_url"] = config.mirror_url
+    out["copy_workers"] = config.copy_workers
     return out
 
 

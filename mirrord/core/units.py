@@ -101,6 +101,21 @@ def locate(rel: str, layout: Layout) -> Placement | None:
     return None
 
 
+def unit_of(rel: str, layout: Layout) -> str | None:
+    """The unit a path touches, for routing a watch event (or a unit path) to what must be judged again:
+    with folder units, the outermost unit folder at or above `rel` (none below a staging folder), else a
+    tag or alias file; with file units, the file itself when the layout selects it."""
+    if layout.folders:
+        parts = rel.split("/")
+        for i, part in enumerate(parts):
+            if layout.is_staging_name(part):
+                return None
+            if layout.is_unit_name(part):
+                return "/".join(parts[: i + 1])
+    place = locate(rel, layout)
+    return place.unit if place is not None else None
+
+
 def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
     """Every unit of a listing, by unit path. Files the layout does not select are left out."""
     members: dict[str, list[FileState]] = {}
@@ -359,8 +374,11 @@ def unit_why_copy(
         why = why_copy(src, manifest.get(src.rel), mirror_files.get(src.rel))
         if why is not None:
             return why
-    if set(mirrored.paths) - set(unit.paths):
-        return "changed"  # the trainer rewrote the folder with fewer files
+    # A mirrored file the primary's folder no longer has: if we recorded it, the trainer is deleting the
+    # folder (rotation removes its files one by one) and the whole copy on the mirror must stay; an
+    # unrecorded one is not the trainer's, and the folder is published again as the primary has it.
+    if any(rel not in manifest for rel in set(mirrored.paths) - set(unit.paths)):
+        return "changed"
     return None
 
 

@@ -115,11 +115,13 @@ def copy_file(
     options: CopyOptions,
     control: CopyControl | None = None,
     dirs: DirSyncs | None = None,
+    expect: os.stat_result | None = None,
 ) -> CopyResult:
     """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace.
 
     With `dirs`, the directory fsync that makes the new name durable is left to dirs.flush() (group
-    commit: mirrord.service.commits); the copy must not be recorded before that flush returned."""
+    commit: mirrord.service.commits); the copy must not be recorded before that flush returned.
+    `expect`: the file as the caller judged it (read and checked its bytes): anything else is not copied."""
     control = control or CopyControl()
     src_path = primary_root / rel
     started = time.monotonic()
@@ -137,6 +139,8 @@ def copy_file(
         before = os.fstat(src_fd)
         if not stat.S_ISREG(before.st_mode):
             raise PermanentError(src_path, "not a regular file; not copied")
+        if expect is not None and not _same_file(expect, before):
+            raise SourceChangedError(src_path, "rewritten since it was checked; not copied")
         where = mirror.describe(rel)
         space = mirror.space()  # None: the store does not know (an object store), nothing to check
         if space is not None and space[0] < before.st_size + options.reserve_bytes:

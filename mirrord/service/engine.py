@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from mirrord.errors import (
     MirrordError,
     NoSpaceError,
     PermanentError,
+    SourceGoneError,
     StalledError,
     UnsafePathError,
     from_oserror,
@@ -30,6 +32,9 @@ from mirrord.service.unitcopy import copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
+from mirrord.store.paths import open_file_beneath
+
+TAG_READ_BYTES = 4096  # a tag file holds one folder name
 
 
 def copy_options(config: Config) -> CopyOptions:
@@ -213,14 +218,41 @@ class Engine:
 
     def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""
+        expect = self._tag_checked(job)
         try:
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs)
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
         except NoSpaceError:
             if self.make_room is None:
                 raise
             self.make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0  # the second try starts from the first byte again
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs)
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
+
+    def _tag_checked(self, job: CopyJob) -> os.stat_result | None:
+        """A tag file (DeepSpeed's `latest`) is published only naming a folder the manifest records: the
+        planner saw that folder mirrored, but the trainer may have saved a newer one and rewritten the tag
+        since. Returns the tag as checked, for copy_file to publish exactly that; None for other files."""
+        rules = self.config.rules
+        if job.members or not rules.tag_file or job.rel.rsplit("/", 1)[-1] != rules.tag_file:
+            return None
+        path = self.primary_root / job.rel
+        try:
+            fd = open_file_beneath(self.primary_root, job.rel)
+        except FileNotFoundError as exc:
+            raise SourceGoneError(path, "deleted before it was copied") from exc
+        except OSError as exc:
+            raise from_oserror(path, exc, "open source") from exc
+        try:
+            checked = os.fstat(fd)
+            named = os.read(fd, TAG_READ_BYTES).decode("utf-8", "replace").strip()
+        finally:
+            os.close(fd)
+        folder = f"{job.run}/{named}/" if job.run else f"{named}/"
+        if not named or "/" in named or not any(rel.startswith(folder) for rel in self.manifest.entries):
+            # Not a failure: the version the planner chose is gone; the new one is planned once its folder is in.
+            raise SourceGoneError(path, f"rewritten since it was planned: names {named!r}, which is not "
+                                        "mirrored yet (the tag is published after the folder it names)")
+        return checked
 
     def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
         """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full. A unit

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
+from posixpath import dirname
 
 from mirrord.config import Config
 from mirrord.core.branches import run_rollbacks
@@ -14,7 +15,7 @@ from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import MIRROR, PRIMARY, Deletion, PrunePlan
-from mirrord.core.units import group_units, naming_warnings, unit_identity
+from mirrord.core.units import group_units, naming_warnings, unit_identity, unit_of
 from mirrord.core.vocabulary import Veto
 from mirrord.errors import MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
@@ -195,7 +196,7 @@ class Reconciler:
                 self.log.warning("run.rollback_detected", run=run or ".", old_step=old, new_step=new,
                                  rollbacks=len(rollbacks))
 
-    def _enqueue(self, view: View, psnap: Snapshot, partial: bool = False) -> int:
+    def _enqueue(self, view: View, psnap: Snapshot, partial: bool = False, scope: set[str] | None = None) -> int:
         if self.refusals.blocked:
             return 0  # every enqueue path honours a refusal (the settle recheck, hints, reconciles)
         queued = 0
@@ -209,8 +210,9 @@ class Reconciler:
             if self.ledger.copy_loops(job):
                 continue
             jobs.append(job)
-        if partial:
-            self.unsettled.difference_update(set(psnap.files) - set(view.unsettled))
+        if partial:  # what this view covered: the files listed, or the units judged again
+            covered = set(psnap.files) if scope is None else scope
+            self.unsettled.difference_update(covered - set(view.unsettled))
             self.unsettled.update(view.unsettled)
         else:
             self.unsettled = set(view.unsettled)
@@ -244,14 +246,22 @@ class Reconciler:
         return why_copy(src, self.manifest.get(job.rel), fresh) in VERIFY_FAILURES
 
     def drain_hints(self) -> bool:
-        """Handle queued watcher hints; returns True when a full rescan was asked for."""
+        """Handle queued watcher hints; returns True when a full rescan was asked for. With folder units a
+        hint names the unit it lies in, and only the units named are listed and judged again."""
+        rules = self.config.rules
         files: dict[str, FileState] = {}
+        units: set[str] = set()
         rescan = False
         while self.inbox.hints:
             hint = self.inbox.hints.popleft()
-            if hint.rescan:
-                rescan = True
+            unit = unit_of(hint.rel, rules) if hint.rel and rules.folders else None
+            if hint.rescan and unit is None:
+                rescan = True  # an overflow, or a folder moved in that is no unit (a whole run folder)
                 continue
+            if unit is not None:
+                units.add(unit)
+                if not hint.committed:
+                    continue  # a folder unit is judged from a listing of it: no stat of the file needed
             try:
                 state = self.primary.stat(hint.rel)
             except (OSError, UnsafePathError):
@@ -260,18 +270,68 @@ class Reconciler:
                 continue
             if hint.committed:
                 self.settle.mark_committed(state)
-            files[hint.rel] = state
+            if unit is None:
+                files[hint.rel] = state
         if rescan:
             self.log.warning("watch.rescan", why="event queue overflow or directory move")
             return True
-        rules = self.config.rules
-        if files and (rules.folders or any(rules.is_alias(rel) for rel in files)):
-            # A file names no whole unit: its folder is judged from a full listing. An alias (last.ckpt)
-            # waits for the newest step of its run, which only a full listing shows.
-            return True
-        if files and not self.refusals.blocked:
+        if self.refusals.blocked:
+            return False
+        if files and any(rules.is_alias(rel) for rel in files):
+            return True  # an alias (last.ckpt) waits for the newest step of its run: a full listing shows it
+        if units:
+            self._refresh_units(units)
+        if files and not rules.folders:
             self._enqueue_paths(files)
         return False
+
+    def _refresh_units(self, units: set[str]) -> None:
+        """List the folder units `units` (and the tag or alias files among them) on both sides, judge them,
+        and queue what is whole and not mirrored: a watch event's or a settle recheck's cost is the size
+        of its unit, not of the tree. A tag file is planned against the newest folder of its run, so that
+        folder is listed with it."""
+        rules = self.config.rules
+        scope = set(units)
+        for rel in units:
+            if rules.is_extra_name(rel.rsplit("/", 1)[-1]):
+                run = dirname(rel)
+                newest = max(self.primary.unit_folders(run, rules), default=None,
+                             key=lambda u: -1 if (step := rules.step_of(u.rsplit("/", 1)[-1])) is None else step)
+                if newest is not None:
+                    scope.add(newest)
+        folders = tuple(rel + "/" for rel in scope if not rules.is_extra_name(rel.rsplit("/", 1)[-1]))
+        files: dict[str, FileState] = {}
+        errors: list[str] = []
+        for rel in scope:
+            if rel + "/" in folders:
+                listed = self.primary.snapshot_unit(rel, rules)
+                files.update(listed.files)
+                errors.extend(listed.errors)
+                continue
+            try:
+                state = self.primary.stat(rel)
+            except (OSError, UnsafePathError):
+                state = None
+            if state is not None and state.is_regular:
+                files[rel] = state
+        for msg in errors:
+            self.log.error("scan.error", cause=msg)
+        entries = self.manifest.entries
+        mirror_files: dict[str, FileState] = {}
+        for rel in set(files) | {e for e in entries if e in scope or e.startswith(folders)}:
+            try:
+                state = self.mirror.stat(rel)
+            except (OSError, UnsafePathError):
+                state = None
+            if state is not None:
+                mirror_files[rel] = state
+        psnap = Snapshot(files, errors=tuple(errors))
+        if self._in_hand is not None:
+            held, msnap = self._in_hand
+            kept = {rel: s for rel, s in held.files.items() if not (rel in scope or rel.startswith(folders))}
+            self._in_hand = (dataclasses.replace(held, files={**kept, **files}), msnap)
+        self._enqueue(self._view(psnap, Snapshot(mirror_files), entries, partial=True), psnap, partial=True,
+                      scope=scope)
 
     def _enqueue_paths(self, files: dict[str, FileState]) -> None:
         mirror_files: dict[str, FileState] = {}
@@ -289,8 +349,14 @@ class Reconciler:
     def recheck_unsettled(self) -> None:
         """Stat the files still settling or invalid again; queue those that are ready now."""
         rules = self.config.rules
-        if self.unsettled and (rules.folders or any(rules.is_alias(rel) for rel in self.unsettled)):
-            self.inbox.rescan_asked = True  # a folder unit (or an alias) is judged from a full listing
+        if rules.folders:  # each unit still settling judged again from a listing of it alone (a unit
+            # judged invalid is remembered by its files' identities: judged again when an event names it)
+            units = {u for rel in self.unsettled if (u := unit_of(rel, rules))}
+            if units and not self.refusals.blocked:
+                self._refresh_units(units)
+            return
+        if self.unsettled and any(rules.is_alias(rel) for rel in self.unsettled):
+            self.inbox.rescan_asked = True  # an alias is judged from a full listing
             self.inbox.wake()
         files: dict[str, FileState] = {}
         for rel in self.unsettled | self.ledger.invalid_paths():

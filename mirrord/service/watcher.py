@@ -47,7 +47,7 @@ class Hint:
 
     rel: str
     committed: bool  # True for a rename into the final name: the writer says the file is whole
-    rescan: bool = False
+    rescan: bool = False  # a rescan unless `rel` lies in a folder unit (then that unit is judged again)
 
 
 def filesystem_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str:
@@ -95,7 +95,9 @@ class _Handler(FileSystemEventHandler):
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if isinstance(event, DirMovedEvent):
-            self.emit(Hint("", committed=False, rescan=True))  # a whole run folder moved in
+            # A folder moved in: a unit folder (renamed into place when written) is judged again alone;
+            # anything else (a whole run folder) asks for a rescan.
+            self.emit(Hint(self._rel(event.dest_path) or "", committed=False, rescan=True))
         elif isinstance(event, FileMovedEvent):
             rel = self._rel(event.dest_path)
             if rel is not None:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import functools
 import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISDIR, S_ISREG
 from sys import intern
 
 from mirrord.core.layouts import Layout, lookalike_folder, lookalike_name
 from mirrord.core.model import FileState, Snapshot, make_file_state
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
+from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, split_rel
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
 _FORMAT = S_IFMT(0xFFFFFFFF)  # the file-type bits of st_mode
@@ -173,3 +175,66 @@ def is_selected_name(name: str, patterns: tuple[str, ...], layout: Layout | None
     if layout.is_extra_name(name):
         return True
     return not layout.folders and layout.is_unit_name(name)
+
+
+def snapshot_unit(root: Path, key: str, layout: Layout) -> Snapshot:
+    """List one unit folder, root/key, as snapshot_tree lists it inside a unit (every member, dot names
+    too; hidden folders not entered), reached beneath the root without following a symlink. What a watch
+    event re-evaluates instead of the whole tree; a folder that is gone (or is not a folder) lists empty."""
+    files: dict[str, FileState] = {}
+    errors: list[str] = []
+    try:
+        top = open_dir_beneath(root, split_rel(key))
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):  # gone, or a symlink: never a unit
+            return Snapshot(files)
+        return Snapshot(files, errors=(f"{root / key}: cannot open: {exc.strerror or exc}",))
+    stack = [(top, key)]
+    try:
+        while stack:
+            fd, rel_dir = stack.pop()
+            try:
+                names = os.listdir(fd)  # noqa: PTH208 - by descriptor
+                for name in names:
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # vanished between listing and stat: the next look sees it
+                    rel = f"{rel_dir}/{name}"
+                    if S_ISDIR(st.st_mode) and not name.startswith("."):
+                        stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), rel))
+                    elif S_ISREG(st.st_mode) and layout.is_member_name(name):
+                        files[rel] = state_from_stat(rel, st)
+            except OSError as exc:
+                errors.append(f"{root / rel_dir}: cannot list: {exc.strerror or exc}")
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+    return Snapshot(files, errors=tuple(errors))
+
+
+def unit_folders(root: Path, key: str, layout: Layout) -> list[str]:
+    """The unit folders directly in root/key (a run folder), as rel paths, symlinks left out; [] when
+    it is gone."""
+    try:
+        fd = open_dir_beneath(root, split_rel(key) if key else ())
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return []
+        raise
+    found = []
+    try:
+        for name in os.listdir(fd):  # noqa: PTH208 - by descriptor
+            if not layout.is_unit_name(name):
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if S_ISDIR(st.st_mode):  # a symlink is never a unit
+                found.append(f"{key}/{name}" if key else name)
+    finally:
+        os.close(fd)
+    return found

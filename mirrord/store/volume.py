@@ -33,7 +33,7 @@ from mirrord.store.mirror import Mirror as Mirror  # re-exported: the seam used 
 from mirrord.store.mirror import ReadableStore
 from mirrord.store.mirror import Upload as Upload  # re-exported: the seam used to live here
 from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
-from mirrord.store.scan import snapshot_tree, state_from_stat
+from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
 from mirrord.store.staging import FolderStaging, remove_folder, remove_tree
 
 LOCK_NAME = ".mirrord.lock"
@@ -129,6 +129,14 @@ class LocalVolume:
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """List the candidate files beneath the root (never following a link, never entering an excluded root)."""
         return snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout)
+
+    def snapshot_unit(self, rel: str, layout: Layout) -> Snapshot:
+        """List one unit folder beneath the root (mirrord.store.scan.snapshot_unit)."""
+        return snapshot_unit(self.root, rel, layout)
+
+    def unit_folders(self, run: str, layout: Layout) -> list[str]:
+        """The unit folders directly in the run folder `run` (mirrord.store.scan.unit_folders)."""
+        return unit_folders(self.root, run, layout)
 
     def key(self) -> tuple[int, int]:
         """(device, inode) of the root directory."""

@@ -232,6 +232,72 @@ def test_dcp_save_mirrored_whole_and_resumed_with_dcp_load_from_the_mirror(tmp_p
     assert resumed == {step: uninterrupted[step] for step in (11, 12)}
 
 
+# --- DeepSpeed: global_stepN/ folders named by the `latest` tag file --------------------------------------
+
+DS_UNIT = re.compile(r"global_step\d+")
+
+
+class TagPoller(MirrorPoller):
+    """Also reads the mirror's run/latest at every listing: the folder it names must be on the mirror then
+    (the tag file is published after the folder, so `load_checkpoint(mirror)` never follows it into
+    nothing)."""
+
+    def __init__(self, root: Path, unit: re.Pattern[str]) -> None:
+        super().__init__(root, unit)
+        self.tags: set[str] = set()
+        self.dangling: list[str] = []
+
+    def _poll(self) -> None:
+        tag_file = self.root / "run" / "latest"
+        try:
+            tag = tag_file.read_text().strip()
+        except FileNotFoundError:
+            tag = None
+        super()._poll()
+        if tag is not None:
+            self.tags.add(tag)
+            # Listed after the tag was read: a folder retention removed meanwhile is an older one.
+            if not (self.root / "run" / tag).is_dir() and (self.root / "run" / "latest").read_text().strip() == tag:
+                self.dangling.append(tag)
+
+
+def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_latest(
+        tmp_path: Path, daemon_factory) -> None:
+    """engine.save_checkpoint every 2 steps of 12 (ZeRO stage 1: model states and the optimizer's
+    partition in each global_stepN/, then `latest`), the oldest removed beyond 2: the mirror keeps the
+    two folders whole and `latest` naming the newest; `engine.load_checkpoint(<mirror>)` (which follows
+    the mirror's `latest`) continues with steps 13-16 exactly as an uninterrupted 16-step run."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory(settings("deepspeed")).start()
+    with TagPoller(mirror, DS_UNIT) as poller:
+        mirrored = train("train_deepspeed", primary / "run", "--steps", 12, "--save-steps", 2, "--keep", 2,
+                         "--step-seconds", 0.3, log=tmp_path / "a.log")
+        assert unit_names(primary / "run", DS_UNIT) == ["global_step10", "global_step12"]
+        wait_converged(d, primary, mirror, DS_UNIT, "run/global_step12", "deepspeed")
+        wait_for(lambda: (mirror / "run" / "latest").is_file()
+                 and (mirror / "run" / "latest").read_text() == "global_step12", 120, "latest mirrored")
+    assert unit_names(mirror / "run", DS_UNIT) == ["global_step10", "global_step12"]
+    files = {p.name for p in (primary / "run" / "global_step12").iterdir()}
+    assert files == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}
+    assert not poller.errors and poller.listings > 50
+    assert poller.partial(lambda rel, view: set(view) == files) == {}
+    assert poller.dangling == [] and "global_step12" in poller.tags, (poller.dangling, d.log_text()[-6000:])
+    assert leftovers(mirror) == []
+    assert d.metric("mirrord_copies_total", 'result="failed"') == 0
+    print(f"deepspeed: {poller.listings} listings, units seen {sorted(poller.seen)}, tags seen {sorted(poller.tags)}")
+    deep = run_mirrord("verify", "--deep", "--mirror", mirror, env={"MIRRORD_LAYOUT": "deepspeed"})
+    assert deep.returncode == 0, deep.stdout + deep.stderr
+    assert d.stop() == 0
+    shutil.rmtree(primary)
+    resumed = train("train_deepspeed", tmp_path / "resumed", "--steps", 16, "--save-steps", 0, "--resume",
+                    mirror / "run", log=tmp_path / "b.log")
+    assert str(mirror / "run" / "global_step12") in (tmp_path / "b.log").read_text()
+    uninterrupted = train("train_deepspeed", tmp_path / "reference", "--steps", 16, "--save-steps", 0,
+                          log=tmp_path / "c.log")
+    assert mirrored == {step: uninterrupted[step] for step in range(1, 13)}
+    assert resumed == {step: uninterrupted[step] for step in range(13, 17)}
+
+
 # --- Lightning: epoch=E-step=N.ckpt files and last.ckpt ----------------------------------------------------
 
 LIGHTNING_STEP = re.compile(r"epoch=\d+-step=\d+\.ckpt")

@@ -147,6 +147,36 @@ def test_deepspeed_folders_and_their_tag_file(tmp_path: Path) -> None:
     assert _cli("latest", primary, mirror, env).strip() == str(mirror / "out" / "global_step200")
 
 
+def test_deepspeed_tag_naming_a_folder_not_yet_mirrored_is_not_published(tmp_path: Path) -> None:
+    """The planner chose `latest` when it named a mirrored folder; the trainer then saved global_step200
+    and rewrote it. The copy reads it again: it names a folder the manifest does not record, so nothing
+    is published (not a failure: that version of the tag is gone). Once the folder is in, it is."""
+    from mirrord.core.model import CopyJob
+    from mirrord.errors import SourceGoneError
+    from mirrord.service.engine import Engine
+
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "out" / "global_step200"
+    save_checkpoint(folder / "mp_rank_00_model_states.pt", 200)
+    save_checkpoint(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", 201)
+    tag = primary / "out" / "latest"
+    tag.write_text("global_step200")
+    config = _config(primary, mirror_root, "deepspeed")
+    mirror = LocalMirror(config.mirror)
+    job = CopyJob("out/latest", tag.stat().st_size, tag.stat().st_mtime_ns, None, "new")
+    with mirror.lock():
+        manifest = mirror.read_manifest()
+        with pytest.raises(SourceGoneError, match="global_step200"):
+            Engine(config, mirror, manifest).copy_once(job)
+        manifest.close()
+    assert not (mirror_root / "out" / "latest").exists()
+    assert not list(mirror_root.rglob("*.part"))
+    assert _sync(config)[0] == 1  # the folder: the plan holds the tag back until the folder is in
+    assert not (mirror_root / "out" / "latest").exists()
+    assert _sync(config)[0] == 1
+    assert (mirror_root / "out" / "latest").read_text() == "global_step200"
+
+
 def test_custom_folder_units_wait_for_their_marker(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     folder = primary / "ckpt_7"

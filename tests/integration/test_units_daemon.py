@@ -260,3 +260,46 @@ def test_checkpoint_like_names_the_layout_cannot_handle_are_warned_once_per_patt
     assert len(warnings) == 4, warnings
     assert any("b/epoch=" in w and 'layout = "lightning" would select it' in w for w in warnings)
     assert any("no step in its name" in w and "'*.pt'" in w for w in warnings)
+
+
+def _write_deepspeed(run: Path, step: int) -> None:
+    """DeepSpeed's save_checkpoint file for file (ZeRO stage 1, one rank), then the `latest` tag file."""
+    from tests.support.checkpoints import save_checkpoint
+
+    folder = run / f"global_step{step}"
+    save_checkpoint(folder / "mp_rank_00_model_states.pt", step)
+    save_checkpoint(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", step + 1)
+    (run / "latest").write_text(f"global_step{step}")
+
+
+@pytest.mark.parametrize("layout", ["hf", "deepspeed"])
+def test_a_unit_is_mirrored_from_its_watch_events_alone(
+    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess], layout: str
+) -> None:
+    """With the periodic rescan an hour away, the only full listing is the one at start: each new folder
+    (and DeepSpeed's tag file) is listed, judged and mirrored from the events of its own files, and a
+    folder still settling is judged again alone when its settle time is up."""
+    run = tmp_path / "primary" / "run"
+    run.mkdir(parents=True)
+    mirror = tmp_path / "mirror"
+    daemon = daemon_factory({"layout": layout, "copy": {"settle_seconds": 0.3},
+                             "watch": {"rescan_interval_seconds": 3600}}).start()
+    daemon.wait_event("daemon.ready")
+    for step in (10, 20):
+        if layout == "hf":
+            write_hf(run / f"checkpoint-{step}", step, pause=0.05)
+            name = f"checkpoint-{step}"
+        else:
+            _write_deepspeed(run, step)
+            name = f"global_step{step}"
+        # Manifest.load: recorded whole, so published (the record follows the folder's rename).
+        wait_for(lambda name=name: any(rel.startswith(f"run/{name}/")  # type: ignore[misc]
+                                       for rel in Manifest.load(mirror).entries), 120, f"{name} mirrored")
+        for member in (run / name).iterdir():
+            assert (mirror / "run" / name / member.name).read_bytes() == member.read_bytes()
+    if layout == "deepspeed":
+        wait_for(lambda: (mirror / "run" / "latest").is_file()
+                 and (mirror / "run" / "latest").read_text() == "global_step20", 120, "latest mirrored")
+    assert len(daemon.events("reconcile.finished")) == 1, "a full listing after start: not the events alone"
+    assert not daemon.events("watch.rescan")
+    assert daemon.stop() == 0

@@ -282,6 +282,21 @@ def test_folder_plan_is_one_job_per_unit_newest_first_tag_last() -> None:
     assert [(j.rel, j.why) for j in plan.jobs] == [("o/global_step10", "changed"), ("o/latest", "new")]
 
 
+
+def test_a_folder_being_rotated_away_never_replaces_its_whole_mirrored_copy() -> None:
+    """The trainer deletes an old folder file by file: a listing in between shows it with fewer files,
+    all unchanged. The mirror's copy (every file recorded) stays as it is: not planned again."""
+    from mirrord.core.model import ManifestEntry, Snapshot
+    from mirrord.core.units import Completeness, plan_unit_copies
+
+    layout = layout_for("deepspeed")
+    whole = {f.rel: f for f in files("o/global_step10/a.pt", "o/global_step10/b.pt")}
+    entries = {rel: ManifestEntry(rel, 10, "blake3", "x", f.mtime_ns, None, 0.0) for rel, f in whole.items()}
+    halfway = Snapshot({"o/global_step10/a.pt": whole["o/global_step10/a.pt"]})
+    plan = plan_unit_copies(halfway, Snapshot(whole), entries, layout, lambda u: Completeness(True, ""))
+    assert plan.jobs == () and plan.in_sync == 1
+
+
 def test_file_layouts_plan_exactly_as_before() -> None:
     from mirrord.core.model import Snapshot
     from mirrord.core.plan import plan_copies
@@ -354,6 +369,47 @@ def test_alias_symlink_recreated_only_once_its_target_is_recorded(tmp_path: Path
     assert mirror_alias_links(primary, mirror, links, {entry.path: entry}) == [("ck/last.ckpt", "epoch=0-step=5.ckpt")]
     assert (mirror / "ck" / "last.ckpt").readlink() == Path("epoch=0-step=5.ckpt")
     assert mirror_alias_links(primary, mirror, links, {entry.path: entry}) == []  # already there
+
+
+def test_a_watch_event_is_routed_to_the_unit_it_lies_in() -> None:
+    from mirrord.core.units import unit_of
+
+    hf, ds, torch_layout = layout_for("hf"), layout_for("deepspeed"), layout_for("torch")
+    assert unit_of("run/checkpoint-5/optimizer.pt", hf) == "run/checkpoint-5"
+    assert unit_of("run/checkpoint-5/sub/shard.bin", hf) == "run/checkpoint-5"
+    assert unit_of("run/checkpoint-5", hf) == "run/checkpoint-5"  # the folder itself (renamed into place)
+    assert unit_of("run/checkpoint-5.part/optimizer.pt", hf) is None  # our staging, on a mirror
+    assert unit_of("run/notes.txt", hf) is None
+    assert unit_of("run", hf) is None  # a run folder: no unit of its own (a rescan, then)
+    assert unit_of("out/latest", ds) == "out/latest"
+    assert unit_of("out/zero_to_fp32.py", ds) is None
+    assert unit_of("a/step_3.pt", torch_layout) == "a/step_3.pt"
+    assert unit_of("a/notes.txt", torch_layout) is None
+
+
+def test_one_unit_folder_is_listed_as_the_whole_tree_lists_it(tmp_path: Path) -> None:
+    """Every member (dot names too, temp names not), below sub-folders, never through a symlink; a unit
+    that is gone, or a symlink, lists empty."""
+    from mirrord.store.scan import snapshot_unit, unit_folders
+
+    layout = layout_for("dcp")
+    unit = tmp_path / "run" / "step_4"
+    (unit / "sub").mkdir(parents=True)
+    for rel in ("__0_0.distcp", ".metadata", "sub/extra.bin", "x.tmp"):
+        (unit / rel).write_bytes(b"x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret").write_bytes(b"s")
+    (unit / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "run" / "step_9").symlink_to(tmp_path / "elsewhere")
+    whole = snapshot_tree(tmp_path, layout.patterns, layout=layout)
+    listed = snapshot_unit(tmp_path, "run/step_4", layout)
+    assert sorted(listed.files) == sorted(whole.files) == [
+        "run/step_4/.metadata", "run/step_4/__0_0.distcp", "run/step_4/sub/extra.bin"]
+    assert listed.files == whole.files
+    assert snapshot_unit(tmp_path, "run/step_9", layout).files == {}
+    assert snapshot_unit(tmp_path, "run/step_77", layout).files == {}
+    assert unit_folders(tmp_path, "run", layout) == ["run/step_4"]
+    assert unit_folders(tmp_path, "gone", layout) == []
 
 
 def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mirrord import __version__
 from mirrord.errors import ConfigError, MirrordError
@@ -288,6 +288,19 @@ def _explain(args: argparse.Namespace) -> LoadedConfig:
     from mirrord.config import explain_config
 
     return explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
+
+
+# Read-only commands that answer a person or a script at once: a configuration that is surely valid is
+# read without pydantic (mirrord.config_fast); anything else goes through the models, which word every error.
+FAST_COMMANDS = ("latest", "status")
+
+
+def _fast(args: argparse.Namespace) -> Config | None:
+    """The configuration read by mirrord.config_fast, or None when the pydantic models must decide."""
+    from mirrord.config_fast import fast_config
+
+    # A FastConfig holds every key and property these commands read, with the values Config would hold.
+    return cast("Config | None", fast_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary))
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -600,16 +613,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_plain(plain, args)
     from mirrord.obs import log as logsetup
 
-    try:
-        loaded = _explain(args)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"mirrord: config error: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    config = loaded.config
+    fast = _fast(args) if args.command in FAST_COMMANDS else None
+    if fast is not None:
+        config = fast
+        ignored: tuple[str, ...] = ()
+    else:
+        try:
+            loaded = _explain(args)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(f"mirrord: config error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        config, ignored = loaded.config, loaded.ignored_environment
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
-    if loaded.ignored_environment:  # once per process: a SIGHUP reload does not repeat it
-        logsetup.get_logger().info("config.environment_ignored", variables=list(loaded.ignored_environment),
+    if ignored:  # once per process: a SIGHUP reload does not repeat it
+        logsetup.get_logger().info("config.environment_ignored", variables=list(ignored),
                                    why="Kubernetes service variables, not mirrord settings")
     if args.command == "run":
         logsetup.get_logger().info("config.loaded", file=str(loaded.file) if loaded.file else None,

@@ -24,6 +24,22 @@ from typing import Any, Literal, ParamSpec
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mirrord.config_fast import (
+    DAY,
+    DEFAULT_PATTERNS,
+    DEFAULT_STEP_PATTERN,
+    MIB,
+    MIN_BANDWIDTH,
+    S3_SCHEME,
+    check_bandwidth,
+    check_file_name,
+    check_host_port,
+    check_paths,
+    check_patterns,
+    check_step_pattern,
+    layout_problems,
+    split_patterns,
+)
 from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
 
@@ -31,13 +47,10 @@ P = ParamSpec("P")
 
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
-MIB = 1024 * 1024
-DAY = 86_400.0
 # Every interval and rate is finite and within bounds a real deployment can use: an infinite
 # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
 # log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
 _FINITE: dict[str, Any] = {"allow_inf_nan": False}
-MIN_BANDWIDTH = 64 * 1024  # bytes/s: a 1 GB checkpoint still copies in under 5 hours
 PATH_KEYS = ("primary", "mirror")
 # Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
 # (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
@@ -47,8 +60,7 @@ KUBERNETES_SERVICE_VARIABLE = re.compile(
 )
 
 
-DEFAULT_PATTERNS = ("*.pt",)
-DEFAULT_STEP_PATTERN = r"step_(\d+)"
+__all__ = ["DEFAULT_PATTERNS", "DEFAULT_STEP_PATTERN", "MIB", "MIN_BANDWIDTH", "check_paths"]
 
 
 class _Section(BaseModel):
@@ -82,13 +94,7 @@ class PruneConfig(_Section):
     @field_validator("step_pattern")
     @classmethod
     def _one_group(cls, value: str) -> str:
-        try:
-            compiled = re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-        if compiled.groups != 1:
-            raise ValueError("must contain exactly one capturing group (the step number)")
-        return value
+        return check_step_pattern(value)
 
 
 class WatchConfig(_Section):
@@ -106,10 +112,7 @@ class MetricsConfig(_Section):
     @field_validator("address")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9108)")
-        return value
+        return check_host_port(value)
 
     @property
     def host(self) -> str:
@@ -139,12 +142,7 @@ class IoConfig(_Section):
     @field_validator("bandwidth_limit")
     @classmethod
     def _usable_rate(cls, value: int) -> int:
-        if 0 < value < MIN_BANDWIDTH:
-            raise ValueError(f"must be 0 (unlimited) or at least {MIN_BANDWIDTH} bytes/s, got {value}")
-        return value
-
-
-S3_SCHEME = "s3://"
+        return check_bandwidth(value)
 
 
 def is_s3_url(value: object) -> bool:
@@ -213,9 +211,7 @@ class UnitConfig(_Section):
     @field_validator("complete_marker")
     @classmethod
     def _file_name(cls, value: str) -> str:
-        if "/" in value or "\0" in value or value in (".", ".."):
-            raise ValueError(f"{value!r} is not a file name (no '/')")
-        return value
+        return check_file_name(value)
 
 
 class Config(_Section):
@@ -241,18 +237,8 @@ class Config(_Section):
     def _layout_owns_its_names(self) -> Config:
         """A named layout fixes its patterns, step and unit: a different value set beside it would be
         silently ignored, so it is an error that says which layout to use instead."""
-        problems = []
-        if self.layout not in ("torch", "custom"):
-            if self.patterns != DEFAULT_PATTERNS:
-                problems.append(f"patterns: layout = {self.layout!r} names its own checkpoints; "
-                                'use layout = "custom" to choose patterns')
-            if self.prune.step_pattern != DEFAULT_STEP_PATTERN:
-                problems.append(f"prune.step_pattern: layout = {self.layout!r} has its own; "
-                                'use layout = "custom" to choose one')
-        if self.layout != "custom" and self.unit != UnitConfig():
-            problems.append(f'unit: only used with layout = "custom" (layout is {self.layout!r})')
-        if self.unit.complete_marker and self.unit.kind != "folder":
-            problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
+        problems = layout_problems(self.layout, self.patterns, self.prune.step_pattern, self.unit.kind,
+                                   self.unit.complete_marker)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -301,21 +287,12 @@ class Config(_Section):
     @field_validator("patterns", mode="before")
     @classmethod
     def _split_patterns(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(p.strip() for p in value.split(",") if p.strip())
-        return value
+        return split_patterns(value)
 
     @field_validator("patterns")
     @classmethod
     def _valid_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise ValueError("at least one pattern is required (e.g. ['*.pt'])")
-        for pattern in value:
-            if not pattern.strip() or "/" in pattern or "\0" in pattern:
-                raise ValueError(f"{pattern!r} is not a file-name pattern (no '/', not empty)")
-            if pattern.count("[") != pattern.count("]"):
-                raise ValueError(f"{pattern!r} has unbalanced brackets")
-        return value
+        return check_patterns(value)
 
     @property
     def copy(self) -> CopyConfig:  # type: ignore[override]
@@ -513,47 +490,6 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[
             if origin.kind == "environment":
                 where = f" (from {origin.detail}={err['input']!r})" if isinstance(err["input"], str) else where
             problems.append(f"{key}: {msg}{where}")
-    return problems
-
-
-def check_paths(config: Config, need_primary: bool = True) -> list[str]:
-    """Problems with the two roots that make mirroring unsafe or impossible.
-
-    Commands that only read the mirror (verify, latest) pass need_primary=False.
-    """
-    problems = []
-    primary, mirror = config.primary, config.mirror
-    if config.mirror_url is not None:
-        if need_primary and not primary.is_dir():
-            problems.append(f"primary: {primary} does not exist or is not a directory")
-        if config.mirror_must_be_mountpoint:
-            problems.append("mirror_must_be_mountpoint: means nothing for an s3:// mirror; remove it")
-        return problems
-    if not need_primary:
-        pass
-    elif not primary.is_dir():
-        problems.append(f"primary: {primary} does not exist or is not a directory")
-    elif not os.access(primary, os.R_OK | os.X_OK):
-        problems.append(f"primary: {primary} is not readable")
-    rp, rm = primary.resolve(), mirror.resolve()
-    if rp == rm:
-        problems.append(f"mirror: {mirror} is the same directory as primary")
-    elif rm.is_relative_to(rp):
-        problems.append(f"mirror: {mirror} is inside primary {primary}")
-    elif rp.is_relative_to(rm):
-        problems.append(f"primary: {primary} is inside mirror {mirror}")
-    elif need_primary:
-        from mirrord.store.identity import overlap
-
-        clash = overlap(primary, mirror)  # the same trees under other names (bind mounts)
-        if clash:
-            problems.append(f"mirror: {clash}")
-    if mirror.exists() and not mirror.is_dir():
-        problems.append(f"mirror: {mirror} exists and is not a directory")
-    elif mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
-        problems.append(f"mirror: {mirror} is not writable")
-    if config.mirror_must_be_mountpoint and not mirror.is_mount():
-        problems.append(f"mirror: {mirror} is not a mount point (mirror_must_be_mountpoint = true)")
     return problems
 
 

@@ -18,12 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from posixpath import dirname
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from mirrord import __version__
 from mirrord.commands.verify import check_entry, validate_key
-from mirrord.config import Config
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, locate
@@ -34,6 +33,9 @@ from mirrord.obs.sizes import human_bytes
 from mirrord.service.completeness import judge
 from mirrord.store.mirror import Mirror, ReadableStore, mirror_for
 from mirrord.store.volume import LocalVolume
+
+if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
+    from mirrord.config import Config
 
 DEFAULT_TIMEOUT = 1.0
 # Behind by more than this is a problem, not just lag (the MirrordMirrorLagging alert uses the same 15 min).

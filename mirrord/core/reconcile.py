@@ -15,13 +15,16 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import PurePath
+from typing import TYPE_CHECKING
 
-from mirrord.config import Config
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import plan_copies
 from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror_unmounted, plan_prune
 from mirrord.core.units import Completeness, Unit, plan_unit_copies
 from mirrord.core.vocabulary import PruneRefusal
+
+if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
+    from mirrord.config import Config
 
 
 def settled(_state: FileState) -> bool:

@@ -34,9 +34,8 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from mirrord.config import PruneConfig
 from mirrord.core.branches import Branches, branches
 from mirrord.core.guards import GuardContext, veto
 from mirrord.core.layouts import Layout
@@ -45,6 +44,9 @@ from mirrord.core.plan import why_copy
 from mirrord.core.units import locate
 from mirrord.core.vocabulary import PruneRefusal, Veto, Volume
 from mirrord.formats.validators import PASSING
+
+if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
+    from mirrord.config import PruneConfig
 
 PRIMARY, MIRROR = Volume.PRIMARY, Volume.MIRROR
 

@@ -31,9 +31,10 @@ with open(sys.argv[1], "w") as out:
 """
 
 # Never needed to print an answer: the logging stack (structlog pulls in rich and asyncio), the metrics
-# client, the HTTP client, torch and the S3 client.
+# client, the HTTP client, torch, the S3 client, and pydantic (a surely valid configuration is read by
+# mirrord.config_fast; only a doubtful one is handed to the models).
 HEAVY = ("structlog", "rich", "asyncio", "prometheus_client", "torch", "numpy", "boto3", "botocore",
-         "urllib.request", "http.client", "ssl")
+         "urllib.request", "http.client", "ssl", "pydantic", "pydantic_core", "mirrord.config")
 
 
 def modules_after(
@@ -110,3 +111,14 @@ def test_a_command_that_fails_still_logs_its_reason(tmp_path: Path, mirrored: tu
     events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     assert [e["event"] for e in events] == ["command.failed"]
     assert events[0]["command"] == "latest" and events[0]["level"] == "error"
+
+
+def test_a_doubtful_config_is_left_to_the_models(tmp_path: Path, mirrored: tuple[Path, Path]) -> None:
+    """A value the fast path is not sure of (here a bound crossed) goes to pydantic, whose message is shown."""
+    _, mirror = mirrored
+    code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, env={"MIRRORD_COPY__WORKERS": "65"})
+    assert code == 2 and "pydantic" in after
+    result = run_mirrord("latest", "--mirror", mirror, env={"MIRRORD_COPY__WORKERS": "65"})
+    assert result.returncode == 2
+    assert "mirrord: config error: copy.workers: Input should be less than or equal to 64 " \
+           "(from MIRRORD_COPY__WORKERS='65')" in result.stderr

@@ -33,6 +33,7 @@ from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import open_file_beneath
+from mirrord.store.volume import LocalMirror
 
 TAG_READ_BYTES = 4096  # a tag file holds one folder name
 
@@ -46,6 +47,12 @@ def copy_options(config: Config) -> CopyOptions:
         bandwidth_limit=config.io.bandwidth_limit,
         drop_cache=config.io.drop_cache,
     )
+
+
+def _apply_direct_write(mirror: Mirror, config: Config) -> None:
+    """io.direct_write reaches the local mirror's uploads (an object store has no page cache to bypass)."""
+    if isinstance(mirror, LocalMirror):
+        mirror.direct_write = config.io.direct_write
 
 
 class Engine:
@@ -71,6 +78,7 @@ class Engine:
         self.board = board or ProgressBoard()
         self.metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
         self.options = copy_options(config)
+        _apply_direct_write(mirror, config)
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
         self._space_lock = threading.Lock()
@@ -80,6 +88,7 @@ class Engine:
         """Use a reloaded config for the next copies (copies in flight keep theirs)."""
         self.config = config
         self.options = copy_options(config)
+        _apply_direct_write(self.mirror, config)
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
         """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""

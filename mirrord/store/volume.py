@@ -199,7 +199,7 @@ class LocalVolume:
 class LocalUpload:
     """NAME.part in the destination directory, created exclusively; see mirrord.store.atomic."""
 
-    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False) -> None:
+    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False, direct: bool = False) -> None:
         parts = split_rel(rel)
         self.path = root / rel
         self.name = parts[-1]
@@ -216,7 +216,7 @@ class LocalUpload:
         except BaseException:
             os.close(self._dir_fd)
             raise
-        self._direct = drop_cache and direct_io_suits(self._fd) and self._set_direct(True)
+        self._direct = direct and drop_cache and direct_io_suits(self._fd) and self._set_direct(True)
 
     def _set_direct(self, on: bool) -> bool:
         """Turn O_DIRECT on or off for the temp file; False if the filesystem refuses it."""
@@ -355,6 +355,9 @@ class LocalMirror(LocalVolume):
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
+        # io.direct_write: copies bypass the page cache with O_DIRECT (off by default: with one write in
+        # flight it measured slower than writeback, bench/results/goals.md).
+        self.direct_write = False
         self.identity: VolumeIdentity | None = None
         self._lock_fd = -1
 
@@ -370,7 +373,7 @@ class LocalMirror(LocalVolume):
     def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin writing `rel` under its temp name (the mirror must still be the pinned volume)."""
         self.check_identity()
-        return LocalUpload(self.root, rel, size, drop_cache)
+        return LocalUpload(self.root, rel, size, drop_cache, self.direct_write)
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""
@@ -429,7 +432,7 @@ class LocalMirror(LocalVolume):
     def begin_unit(self, key: str) -> FolderStaging:
         """Start publishing the folder unit `key` as a whole (mirrord.store.staging)."""
         self.check_identity()
-        return FolderStaging(self.root, key)
+        return FolderStaging(self.root, key, self.direct_write)
 
     def delete_unit(self, key: str) -> None:
         """Retire a folder unit whole: rename NAME/ to NAME.part/ (one step: a reader sees the whole unit

@@ -276,6 +276,9 @@ def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_l
         wait_converged(d, primary, mirror, DS_UNIT, "run/global_step12", "deepspeed")
         wait_for(lambda: (mirror / "run" / "latest").is_file()
                  and (mirror / "run" / "latest").read_text() == "global_step12", 120, "latest mirrored")
+        # The poller lists every 20 ms on its own thread: on a loaded machine its next listing can come
+        # after the wait above returned; stop it only once it has read the final tag too.
+        wait_for(lambda: "global_step12" in poller.tags, 60, "the poller read the final tag")
     assert unit_names(mirror / "run", DS_UNIT) == ["global_step10", "global_step12"]
     files = {p.name for p in (primary / "run" / "global_step12").iterdir()}
     assert files == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}

@@ -114,12 +114,14 @@ def test_copy_is_identical_keeps_the_mtime_and_reports_the_digest(
     assert temp_files(mirror) == []
 
 
+@pytest.mark.parametrize("direct_write", [True, False])
 @pytest.mark.parametrize("tail", [0, 123])
 def test_drop_cache_writes_directly_to_the_device_and_the_tail_through_the_cache(
-    primary: Path, mirror: Path, tail: int, monkeypatch: pytest.MonkeyPatch
+    primary: Path, mirror: Path, tail: int, direct_write: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With io.drop_cache on a local block filesystem, whole aligned buffers go out with O_DIRECT (never
-    into the page cache); the last, unaligned piece through the page cache; the copy is identical."""
+    """With io.drop_cache and io.direct_write on a local block filesystem, whole aligned buffers go out
+    with O_DIRECT (never into the page cache); the last, unaligned piece through the page cache; without
+    io.direct_write (the default) everything goes through the page cache; the copy is identical."""
     import mirrord.store.volume as volume
 
     fd = os.open(primary, os.O_RDONLY | os.O_DIRECTORY)
@@ -140,10 +142,13 @@ def test_drop_cache_writes_directly_to_the_device_and_the_tail_through_the_cache
         modes.append((len(data), bool(flags & os.O_DIRECT)))
 
     monkeypatch.setattr(LocalUpload, "write", write)
-    copy(primary, mirror, options=CopyOptions(algo="blake3", buffer_bytes=2 * CHUNK, reserve_bytes=0, drop_cache=True))
+    local = LocalMirror(mirror)
+    local.direct_write = direct_write
+    options = CopyOptions(algo="blake3", buffer_bytes=2 * CHUNK, reserve_bytes=0, drop_cache=True)
+    copy_file(primary, REL, local, options)
     assert sha256(mirror / REL) == sha256(src)
     half = CHUNK  # two buffers of half io.buffer_bytes each
-    expected = [(half, True)] * 5 + ([(tail, False)] if tail else [])
+    expected = [(half, direct_write)] * 5 + ([(tail, False)] if tail else [])
     assert modes == expected
     assert temp_files(mirror) == []
 

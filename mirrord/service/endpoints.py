@@ -154,9 +154,7 @@ class Endpoints:
                 return
             except OSError:  # EMFILE and friends: shed the oldest idle connection and try later
                 if idle:
-                    old, _ = idle.popitem(last=False)
-                    sel.unregister(old)
-                    old.close()
+                    self._evict_oldest(sel, idle)
                 return
             conn.setblocking(True)
             if _has_request(conn):
@@ -165,11 +163,20 @@ class Endpoints:
                 self._dispatch(conn)
                 continue
             if len(idle) >= MAX_CONNECTIONS:
-                old, _ = idle.popitem(last=False)
-                sel.unregister(old)
-                old.close()
+                self._evict_oldest(sel, idle)
             idle[conn] = time.monotonic()
             sel.register(conn, selectors.EVENT_READ, "conn")
+
+    def _evict_oldest(self, sel: selectors.BaseSelector, idle: collections.OrderedDict[socket.socket, float]) -> None:
+        """Make room: the oldest connection leaves the idle set; closed if it is still silent, handed to
+        the handlers if its request arrived meanwhile (a probe accepted just before its bytes, then
+        followed by a flood of silent connections in the same accept round, must still be answered)."""
+        old, _ = idle.popitem(last=False)
+        sel.unregister(old)
+        if _has_request(old):
+            self._dispatch(old)
+        else:
+            old.close()
 
     def _dispatch(self, conn: socket.socket) -> None:
         """Hand a connection that has sent something to the handlers, or drop it when they are saturated."""

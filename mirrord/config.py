@@ -169,6 +169,9 @@ class S3Config(_Section):
     lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
     node: str = ""  # the lease's name; "" = this host's name
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
+    # DCP folders whose ranks' files are saved on several nodes: each node uploads its share; the unit is
+    # complete once the nodes' shares hold every file its .metadata lists (mirrord.core.contributions).
+    units_span_nodes: bool = False
     allow_inline_credentials: bool = False  # (before the keys: their check reads it)
     access_key_id: str | None = None
     secret_access_key: str | None = None
@@ -242,6 +245,9 @@ class Config(_Section):
                                    self.unit.complete_marker)
         if problems:
             raise ValueError("\n".join(problems))
+        if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
+            raise ValueError('s3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
+                             "whose ranks are saved on several nodes, mirrored into one prefix)")
         return self
 
     @field_validator("primary", "mirror", mode="before")

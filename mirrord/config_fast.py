@@ -227,6 +227,7 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "s3.lease_seconds": ("refuse", 120.0, None),
     "s3.node": ("refuse", "", None),
     "s3.max_attempts": ("refuse", 10, None),
+    "s3.units_span_nodes": ("refuse", False, None),
     "s3.allow_inline_credentials": ("refuse", False, None),
     "s3.access_key_id": ("refuse", None, None),
     "s3.secret_access_key": ("refuse", None, None),

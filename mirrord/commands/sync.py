@@ -12,7 +12,7 @@ from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.service.completeness import judge
+from mirrord.service.completeness import judge, sharing_for
 from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
@@ -67,7 +67,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             settled = settle.at(time.monotonic())
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
             view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
-                             is_complete=judge(primary, rules, settled), facts=facts)
+                             is_complete=judge(primary, rules, settled), facts=facts,
+                             sharing=sharing_for(config, manifest, primary, settled))
             report.refused = view.refused
             if view.refused is not None:
                 break

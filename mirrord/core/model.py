@@ -105,6 +105,9 @@ class CopyJob:
     # An alias (Lightning's last.ckpt): mirrored checkpoints of its run recorded with its size, newest
     # first. If its bytes hash to one of theirs, it is published from that copy, never written again.
     twins: tuple[str, ...] = ()
+    # This node's part of a folder unit whose other files are on other nodes (s3.units_span_nodes):
+    # uploaded and recorded as a contribution (mirrord.core.contributions), never as the whole unit.
+    part: bool = False
 
     @property
     def run(self) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import TYPE_CHECKING
 
+from mirrord.core.contributions import Sharing
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import plan_copies
 from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror_unmounted, plan_prune
@@ -101,6 +102,7 @@ def reconcile(
     retired_by: PrunePlan | None = None,
     plan_retention: bool | None = None,
     is_complete: Callable[[Unit], Completeness] | None = None,
+    sharing: Sharing | None = None,
 ) -> View:
     """The View of one listing. Pure: the same inputs give the same View (the settle predicate aside).
 
@@ -109,12 +111,14 @@ def reconcile(
     is judged by that plan of the last complete listing, and no refusal or prune plan is made from a
     partial one. `plan_retention` plans retention even when prune.enabled is false (`prune --dry-run`);
     by default it is planned only when enabled. `is_complete` judges a folder unit whole (it reads the
-    primary: mirrord.service.completeness.judge); without it copies are planned file by file.
+    primary: mirrord.service.completeness.judge); without it copies are planned file by file. `sharing`:
+    folder units written by several nodes (mirrord.core.contributions), this node's parts planned too.
     """
     retires = config.prune.enabled
     if retired_by is not None:
         plan = dataclasses.replace(retired_by, deletions=(), refused=((PARTIAL_VIEW, "a partial listing"),))
-        return _copies(primary, mirror or Snapshot(), manifest, config, is_settled, is_complete, plan, retires, None)
+        return _copies(primary, mirror or Snapshot(), manifest, config, is_settled, is_complete, plan, retires, None,
+                       sharing)
     is_mount = facts.mirror_is_mount if config.mirror_must_be_mountpoint else None
     refused = facts.mirror_problem
     if refused is None and mirror is not None:
@@ -132,18 +136,18 @@ def reconcile(
     else:
         plan = PrunePlan()
     judged = as_recorded(manifest) if refused is not None else listed  # lag while refused: the manifest's word
-    return _copies(primary, judged, manifest, config, is_settled, is_complete, plan, retires, refused)
+    return _copies(primary, judged, manifest, config, is_settled, is_complete, plan, retires, refused, sharing)
 
 
 def _copies(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], config: Config,
             is_settled: Callable[[FileState], bool], is_complete: Callable[[Unit], Completeness] | None,
-            plan: PrunePlan, retires: bool, refused: str | None) -> View:
+            plan: PrunePlan, retires: bool, refused: str | None, sharing: Sharing | None = None) -> View:
     """The copy half of a View: jobs without retired steps, the unsettled, and the lag inputs. While
     refused, `mirror` is what the manifest records, and nothing is a job."""
     if is_complete is None:
         copies = plan_copies(primary, mirror, manifest, config.step_regex, is_settled)
     else:
-        copies = plan_unit_copies(primary, mirror, manifest, config.rules, is_complete, is_settled)
+        copies = plan_unit_copies(primary, mirror, manifest, config.rules, is_complete, is_settled, sharing)
     view = View(prune=plan, refused=refused, retires=retires)
     behind = tuple(j for j in copies.jobs if not view.retired(j.run, j.step, j.mtime_ns))
     return dataclasses.replace(view, jobs=() if refused else behind, behind=behind, unsettled=copies.unsettled,

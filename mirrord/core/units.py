@@ -16,13 +16,16 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from posixpath import dirname
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import CopyPlan, plan_copies, sort_newest_first, why_copy
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 from mirrord.formats.validators import PASSING
+
+if TYPE_CHECKING:  # (it builds on this module)
+    from mirrord.core.contributions import Sharing
 
 Role = Literal["checkpoint", "alias", "tag"]
 # The most a completeness rule reads of one file (a DCP .metadata, a trainer_state.json).
@@ -284,13 +287,16 @@ def plan_unit_copies(
     layout: Layout,
     is_complete: Callable[[Unit], Completeness],
     is_settled: Callable[[FileState], bool] = lambda _state: True,
+    sharing: Sharing | None = None,
 ) -> CopyPlan:
     """What to copy, unit by unit, newest first. A file layout plans file by file, exactly as
     plan_copies; a folder unit is one job (all its files, published together) once `is_complete`
     says it is whole, and is re-published whole when any file of it is absent, stale or unrecorded
     on the mirror, or the mirror's folder holds a file the primary's does not. Aliases and tag files
     are planned only once the newest unit of their run is in sync (DeepSpeed's `latest` names a folder
-    that must be there first; older ones retention may never copy)."""
+    that must be there first; older ones retention may never copy). With `sharing` (folders written by
+    several nodes), a unit that is not whole here but whose local share is done is this node's part:
+    a job marked `part`, unless that part is recorded and on the mirror already."""
     if not layout.folders:
         base = plan_copies(primary, mirror, manifest, layout.step_regex, is_settled)
         return plan_file_aliases(base, primary, manifest, layout) if layout.aliases else base
@@ -313,7 +319,13 @@ def plan_unit_copies(
             in_sync += len(unit.files)
             continue
         if not is_complete(unit).complete:
-            unsettled.append(rel)
+            share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
+            if share == "in_sync":
+                in_sync += len(unit.files)
+            elif share == "wait":
+                unsettled.append(rel)
+            else:
+                jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, "part", unit.paths, part=True))
             continue
         jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths))
     for unit in extras:

@@ -12,27 +12,32 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.config import Config
+from mirrord.core.contributions import Contribution
 from mirrord.core.model import CopyJob, CopyResult, FileState, ManifestEntry
+from mirrord.core.units import MAX_READ_BYTES
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,
     MirrordError,
     NoSpaceError,
     PermanentError,
+    SourceChangedError,
     SourceGoneError,
     StalledError,
     UnsafePathError,
     from_oserror,
 )
+from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
-from mirrord.service.unitcopy import copy_unit
+from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import open_file_beneath
+from mirrord.store.s3 import node_name
 from mirrord.store.volume import LocalMirror
 
 TAG_READ_BYTES = 4096  # a tag file holds one folder name
@@ -118,15 +123,14 @@ class Engine:
             if aliased is not None:
                 dirs.close()
                 return aliased
+            if job.part:
+                dirs.close()
+                with self.board.track(job, control):
+                    return self._contribute(job, options, control)
             with self.board.track(job, control):
                 results = self._copy_unit(job, options, control) if job.members else [
                     self._copy(job, options, control, dirs)]
-            entries = [ManifestEntry(
-                path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
-                source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
-                mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
-                **self._published_identity(result.rel),
-            ) for result in results]
+            entries = [self._entry(job, result) for result in results]
             result = results[0] if not job.members else _unit_result(job, results)
         except MirrordError as exc:
             dirs.close()
@@ -144,6 +148,56 @@ class Engine:
             with self._space_lock:
                 self._reserved -= job.size
         return StagedCopy(job, result, entries, dirs)
+
+    def _entry(self, job: CopyJob, result: CopyResult) -> ManifestEntry:
+        """The manifest entry of one published copy."""
+        return ManifestEntry(
+            path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
+            source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
+            mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
+            **self._published_identity(result.rel),
+        )
+
+    def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
+        """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
+        uploaded, then recorded as its contribution; the write that makes the unit whole records every
+        file of it (`copy.committed`), else the unit waits for the other nodes (`copy.part_recorded`)."""
+        results = copy_part(self.primary_root, job, self.mirror, options, control)
+        entries = {result.rel: self._entry(job, result) for result in results}
+        node = node_name(self.config.s3.node)
+        part = Contribution(node, entries, self._listed_by_metadata(job), self.wall())
+        verdict = self.manifest.contribute(job.rel, part)
+        result = _unit_result(job, results)
+        staged = StagedCopy(job, result, list(entries.values()), DirSyncs())
+        if verdict.complete:
+            self.log.info("unit.completed", path=job.rel, run=job.run or ".", step=job.step, node=node,
+                          why=verdict.why)
+            return self._committed(staged)
+        self.metrics.copy_result("ok")
+        self.metrics.copied_bytes.inc(result.size)
+        self.log.info("copy.part_recorded", node=node, files=len(results), waiting_for=verdict.why, **_fields(job))
+        return result
+
+    def _listed_by_metadata(self, job: CopyJob) -> dict[str, int] | None:
+        """What the part's `.metadata` lists (member -> bytes it needs), read again from the primary; None
+        when this node's part has no `.metadata` (another node's has)."""
+        rel = f"{job.rel}/{METADATA_NAME}"
+        if rel not in job.members:
+            return None
+        path = self.primary_root / rel
+        try:
+            fd = open_file_beneath(self.primary_root, rel)
+        except OSError as exc:
+            raise from_oserror(path, exc, "open source") from exc
+        try:
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(MAX_READ_BYTES + 1)
+        except OSError as exc:
+            raise from_oserror(path, exc, "read source") from exc
+        try:
+            return storage_references(data)
+        except MetadataError as exc:
+            raise SourceChangedError(path, f"no longer a readable {METADATA_NAME} ({exc}); part discarded") from exc
 
     def commit(self, batch: Sequence[StagedCopy]) -> list[CopyResult | MirrordError]:
         """Make a batch of staged copies durable and recorded: one fsync per directory for all their

@@ -20,7 +20,7 @@ from mirrord.core.vocabulary import Veto
 from mirrord.errors import MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.service.completeness import judge
+from mirrord.service.completeness import judge, sharing_for
 from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import VERIFY_FAILURES, Ledger
@@ -157,8 +157,10 @@ class Reconciler:
                           roots=pruner.roots if pruner else None)
             retired_by = None
         settled = self.settle.at(self.monotonic())
+        sharing = sharing_for(cfg, self.manifest, self.primary, settled)
         return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
-                         facts=facts, retired_by=retired_by, is_complete=judge(self.primary, cfg.rules, settled))
+                         facts=facts, retired_by=retired_by, is_complete=judge(self.primary, cfg.rules, settled),
+                         sharing=sharing)
 
     def _link_aliases(self, links: list[str]) -> None:
         """Alias symlinks (last.ckpt) recreated on the mirror once the step they name is recorded."""

@@ -12,6 +12,7 @@ on the mirror only whole.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,47 @@ def _invalid_unit(primary_root: Path, job: CopyJob, exc: InvalidSourceError) -> 
     return InvalidSourceError(primary_root / job.rel, f"{member}: {exc.cause}", exc.status, identity)
 
 
+def _check_unchanged(primary_root: Path, job: CopyJob, results: list[CopyResult]) -> None:
+    """The primary's folder still holds exactly the files copied, each unchanged; else the copy is discarded."""
+    try:
+        now = list_folder(primary_root, job.rel, _member_name)
+    except FileNotFoundError as exc:
+        raise SourceGoneError(primary_root / job.rel, "deleted while it was being copied (rotated away by "
+                                                      "the trainer); copy discarded") from exc
+    except OSError as exc:
+        raise SourceChangedError(primary_root / job.rel, f"gone while it was being copied "
+                                                         f"({exc.strerror or exc}); copy discarded") from exc
+    copied = {r.rel: (r.size, r.source_mtime_ns) for r in results}
+    if {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != copied:
+        raise SourceChangedError(primary_root / job.rel, "files were added, removed or rewritten while the "
+                                                         "folder was copied; copy discarded")
+
+
+def copy_part(
+    primary_root: Path, job: CopyJob, mirror: Mirror, options: CopyOptions, control: CopyControl | None = None
+) -> list[CopyResult]:
+    """Upload this node's part of a folder unit whose other files are on other nodes (job.part): each
+    file under its final key, through the copier (hashed, validated); the folder must still hold exactly
+    those files, unchanged. Nothing here makes them trusted: the caller records them as this node's
+    contribution (mirrord.core.contributions), and the unit counts only once the parts make it whole.
+    A failure deletes the files this attempt published (only while still the objects it wrote)."""
+    control = control or CopyControl()
+    member_options = dataclasses.replace(options, allow_empty=True)
+    results: list[CopyResult] = []
+    try:
+        for rel in job.members:
+            results.append(copy_file(primary_root, rel, mirror, member_options, control))
+        _check_unchanged(primary_root, job, results)
+        control.check(primary_root / job.rel)
+    except BaseException:
+        for done in results:
+            stored = done.mirror_mtime_ns if done.mirror_mtime_ns is not None else done.source_mtime_ns
+            with contextlib.suppress(Exception):  # a leftover is a stale part: retention's guards decide
+                mirror.delete(done.rel, FileState(done.rel, done.size, stored))
+        raise
+    return results
+
+
 def copy_unit(
     primary_root: Path,
     job: CopyJob,
@@ -87,18 +129,7 @@ def copy_unit(
             results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
         except InvalidSourceError as exc:
             raise _invalid_unit(primary_root, job, exc) from exc
-        try:
-            now = list_folder(primary_root, job.rel, _member_name)
-        except FileNotFoundError as exc:
-            raise SourceGoneError(primary_root / job.rel, "deleted while it was being copied (rotated away by "
-                                                          "the trainer); copy discarded") from exc
-        except OSError as exc:
-            raise SourceChangedError(primary_root / job.rel, f"gone while it was being copied "
-                                                             f"({exc.strerror or exc}); copy discarded") from exc
-        copied = {r.rel: (r.size, r.source_mtime_ns) for r in results}
-        if {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != copied:
-            raise SourceChangedError(primary_root / job.rel, "files were added, removed or rewritten while the "
-                                                             "folder was copied; copy discarded")
+        _check_unchanged(primary_root, job, results)
         control.check(primary_root / job.rel)
         before_commit(staging.replaces)
         staging.commit()

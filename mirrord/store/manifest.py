@@ -17,9 +17,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from sys import intern
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
+from mirrord.core.contributions import Contribution, Contributions, Merged
 from mirrord.core.model import ManifestEntry, make_manifest_entry
+from mirrord.core.units import Completeness
 from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
 from mirrord.store.bulk import collection_paused
@@ -99,20 +101,59 @@ def _dumps(doc: Any) -> bytes:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def encode_snapshot(entries: Mapping[str, ManifestEntry], generation: int = 0) -> bytes:
-    """The whole manifest as one snapshot document (sorted, so equal manifests are equal bytes)."""
+def encode_snapshot(entries: Mapping[str, ManifestEntry], generation: int = 0,
+                    contributions: Contributions | None = None) -> bytes:
+    """The whole manifest as one snapshot document (sorted, so equal manifests are equal bytes). An
+    object store shared by several nodes also keeps their `contributions` to units not complete yet."""
     doc: dict[str, Any] = {"schema": SCHEMA, "version": SCHEMA_VERSION}
     if generation:
         doc["journal"] = generation
     doc["entries"] = {p: encode_entry(entries[p]) for p in sorted(entries)}
+    if contributions:
+        doc["contributions"] = {unit: {node: _encode_part(part) for node, part in sorted(parts.items())}
+                                for unit, parts in sorted(contributions.items()) if parts}
     return _dumps(doc) + b"\n"
+
+
+def _encode_part(part: Contribution) -> dict[str, Any]:
+    return {"at": part.at, "needs": None if part.needs is None else dict(sorted(part.needs.items())),
+            "files": {p: encode_entry(part.files[p]) for p in sorted(part.files)}}
+
+
+def _decode_contributions(raw: Any) -> dict[str, dict[str, Contribution]]:
+    """The `contributions` member (absent: none). ValueError/KeyError/TypeError for anything else."""
+    found: dict[str, dict[str, Contribution]] = {}
+    for unit, parts in (raw or {}).items():
+        split_rel(unit)
+        for node, part in parts.items():
+            files = {p: decode_entry(p, e) for p, e in part["files"].items()}
+            if any(not p.startswith(unit + "/") for p in files):
+                raise ValueError(f"a contribution to {unit} names a file outside it")
+            needs = part["needs"]
+            found.setdefault(unit, {})[str(node)] = Contribution(
+                str(node), files, None if needs is None else {str(m): int(n) for m, n in needs.items()},
+                float(part["at"]))
+    return found
 
 
 def decode_snapshot(data: bytes, where: str) -> tuple[dict[str, ManifestEntry], int]:
     """(entries, generation) of snapshot bytes; a manifest written before the journal existed is generation 0."""
+    entries, generation, _contributions = decode_shared_snapshot(data, where)
+    return entries, generation
+
+
+def decode_shared_snapshot(
+    data: bytes, where: str
+) -> tuple[dict[str, ManifestEntry], int, dict[str, dict[str, Contribution]]]:
+    """decode_snapshot, and the nodes' contributions to units not complete yet (an object store's)."""
     chunks = (data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES))
     entries: dict[str, ManifestEntry] = {}
-    return entries, _read_snapshot(chunks, where, entries, decode_entry)
+    generation, doc = _read_snapshot(chunks, where, entries, decode_entry)
+    try:
+        contributions = _decode_contributions(doc.get("contributions"))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ManifestError(where, f"cannot parse manifest contributions: {exc}; {REPAIR_HINT}") from exc
+    return entries, generation, contributions
 
 
 def read_snapshot(chunks: Iterable[bytes], where: str) -> tuple[dict[str, Held], int]:
@@ -129,7 +170,7 @@ def read_snapshot(chunks: Iterable[bytes], where: str) -> tuple[dict[str, Held],
                 entries[rel] = pack(unpack(rel, entries[rel]))
         return _decode_packed(path, raw) if packing else decode_entry(path, raw)
 
-    return entries, _read_snapshot(chunks, where, entries, decode)
+    return entries, _read_snapshot(chunks, where, entries, decode)[0]
 
 
 def _check_header(doc: dict[str, Any]) -> None:
@@ -140,8 +181,8 @@ def _check_header(doc: dict[str, Any]) -> None:
 
 
 def _read_snapshot(chunks: Iterable[bytes], where: str, entries: dict[str, Any],
-                   decode: Callable[[str, dict[str, Any]], Any]) -> int:
-    """Fill `entries` with decode(path, raw) of each entry; the generation."""
+                   decode: Callable[[str, dict[str, Any]], Any]) -> tuple[int, dict[str, Any]]:
+    """Fill `entries` with decode(path, raw) of each entry; the generation, and the document's other members."""
 
     def first(doc: dict[str, Any]) -> None:
         if "schema" in doc:  # our own order: the header first, so that a stranger's file is refused at once
@@ -164,7 +205,7 @@ def _read_snapshot(chunks: Iterable[bytes], where: str, entries: dict[str, Any],
             raise KeyError("entries")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
-    return generation
+    return generation, doc
 
 
 @dataclass(frozen=True)
@@ -251,6 +292,18 @@ class ManifestStore(Protocol):
     def shared_entries(self) -> dict[str, ManifestEntry] | None:
         """Every entry as stored now, other writers' included, for a store several writers share (an
         object store with several nodes); None for a store only this process writes (local)."""
+
+
+@runtime_checkable
+class SharedUnitsStore(Protocol):
+    """A manifest store several nodes share that also keeps their contributions to folder units not
+    complete yet (mirrord.core.contributions): the object store's."""
+
+    def contributions(self) -> dict[str, dict[str, Contribution]]:
+        """The contributions as last read or written."""
+
+    def contribute(self, unit: str, part: Contribution) -> Merged:
+        """Record `part` into the stored manifest (read, merge, conditional write; again on a conflict)."""
 
 
 class Manifest:
@@ -344,6 +397,25 @@ class Manifest:
             for p in batch:
                 p.change.apply_to(self._entries)
                 p.done = True
+
+    @property
+    def contributions(self) -> Contributions:
+        """Nodes' contributions to folder units that are not complete yet (a shared object store's; else none)."""
+        store = self._store
+        return store.contributions() if isinstance(store, SharedUnitsStore) else {}
+
+    def contribute(self, unit: str, part: Contribution) -> Completeness:
+        """Record this node's part of a folder unit written by several nodes. When the parts now make the
+        whole unit, all of its files are recorded as entries by the same write (the unit's commit point).
+        Durable when this returns; says whether the unit is complete and why (or what is missing)."""
+        store = self._store
+        if not isinstance(store, SharedUnitsStore):
+            raise ManifestError(MANIFEST_NAME, "only an object-store mirror records parts of a unit from several nodes")
+        with self._commit:  # no queued change of ours is half-applied meanwhile
+            merged = store.contribute(unit, part)
+            with self._lock:
+                Change(merged.puts, merged.removes).apply_to(self._entries)
+        return merged.verdict
 
     # -- compaction -----------------------------------------------------------------------------------
     def _compaction_due(self) -> bool:

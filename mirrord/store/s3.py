@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO
 
+from mirrord.core.contributions import Contribution, Merged, contribute
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.errors import (
@@ -50,7 +51,14 @@ from mirrord.errors import (
 from mirrord.obs.log import get_logger
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.lease import Lease, call_timeout
-from mirrord.store.manifest import MANIFEST_NAME, Manifest, decode_change, decode_snapshot, encode_snapshot
+from mirrord.store.manifest import (
+    MANIFEST_NAME,
+    Change,
+    Manifest,
+    decode_change,
+    decode_shared_snapshot,
+    encode_snapshot,
+)
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import split_rel
 from mirrord.store.s3_errors import CONFLICT_CODES, error_code, wrap
@@ -111,6 +119,11 @@ class S3Settings:
     lease_seconds: float = 120.0
     node: str = ""
     max_attempts: int = 10
+
+
+def node_name(configured: str) -> str:
+    """This node's name in a shared prefix: s3.node, or the host's name."""
+    return configured or socket.gethostname()
 
 
 def make_client(settings: S3Settings, timeout: float | None = None, attempts: int | None = None) -> Any:
@@ -431,7 +444,7 @@ class S3Mirror:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """One mirrord per node and prefix: a lease object with an expiry, renewed by lock_problem()."""
-        node = self.settings.node or socket.gethostname()
+        node = node_name(self.settings.node)
         seconds = self.settings.lease_seconds
         client = make_client(self.settings, timeout=call_timeout(seconds), attempts=1)  # never a long hang
         lease = Lease(client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{node}"), seconds, name=node)
@@ -460,7 +473,7 @@ class S3Mirror:
             held.release()
             self.retention = None
             get_logger().warning("s3.retention_lost", path=held.where, cause=held.lost())
-        node = self.settings.node or socket.gethostname()
+        node = node_name(self.settings.node)
         lease = Lease(self._lease_client, self.location.bucket, self.location.key(RETENTION_LEASE),
                       self.settings.lease_seconds, name=node, what="this prefix's retention lease")
         try:
@@ -762,6 +775,7 @@ class S3ManifestStore:
         self.client, self.bucket, self.key = client, bucket, key
         self.where = f"s3://{bucket}/{key}"
         self._entries: dict[str, ManifestEntry] = {}
+        self._contributions: dict[str, dict[str, Contribution]] = {}  # nodes' parts of units not whole yet
         self._etag: str | None = None
 
     def load(self) -> dict[str, ManifestEntry]:
@@ -771,12 +785,50 @@ class S3ManifestStore:
             data = answer["Body"].read()
         except Exception as exc:
             if error_code(exc) in ("404", "NoSuchKey"):
-                self._entries, self._etag = {}, None
+                self._entries, self._contributions, self._etag = {}, {}, None
                 return {}
             raise wrap(self.where, exc, "read manifest") from exc
-        self._entries = decode_snapshot(data, self.where)[0]
+        self._entries, _generation, self._contributions = decode_shared_snapshot(data, self.where)
         self._etag = answer["ETag"]
         return dict(self._entries)
+
+    def contributions(self) -> dict[str, dict[str, Contribution]]:
+        """Nodes' contributions to folder units not complete yet, as last read or written."""
+        return {unit: dict(parts) for unit, parts in self._contributions.items()}
+
+    def contribute(self, unit: str, part: Contribution) -> Merged:
+        """Record one node's part of a folder unit (mirrord.core.contributions.contribute) in the object:
+        read, merge, PUT If-Match; on a conflict, again on top of the other writer's version. The write
+        that makes the unit whole records all of its files as entries and drops its contributions."""
+        self.load()
+        for attempt in range(MANIFEST_ATTEMPTS):
+            merged = contribute(self._entries, self._contributions, unit, part)
+            entries = dict(self._entries)
+            Change(merged.puts, merged.removes).apply_to(entries)
+            if self._put(entries, merged.contributions, attempt):
+                return merged
+        raise ManifestError(self.where, f"another writer changed the manifest {MANIFEST_ATTEMPTS} times in a row "
+                                        "while this one tried to record; try again")
+
+    def _put(self, entries: dict[str, ManifestEntry], contributions: dict[str, dict[str, Contribution]],
+             attempt: int) -> bool:
+        """One conditional PUT of the whole object; False (and the object read again) if another writer
+        changed it since we read it."""
+        condition = {"IfMatch": self._etag} if self._etag is not None else {"IfNoneMatch": "*"}
+        if self.guard is not None:
+            self.guard()  # before every attempt: a retry after a conflict is a new commit
+        try:
+            answer = self.client.put_object(Bucket=self.bucket, Key=self.key,
+                                            Body=encode_snapshot(entries, 0, contributions),
+                                            ContentType="application/json", **condition)
+        except Exception as exc:
+            if error_code(exc) not in CONFLICT_CODES:
+                raise wrap(self.where, exc, "write manifest") from exc
+            get_logger().info("s3.manifest_conflict", path=self.where, attempt=attempt + 1)
+            self.load()  # another writer's version: ours goes on top of it
+            return False
+        self._entries, self._contributions, self._etag = entries, contributions, answer["ETag"]
+        return True
 
     def append(self, payloads: Iterable[bytes]) -> None:
         """Apply the changes to the object: PUT If-Match (or If-None-Match: * for the first). When another
@@ -786,20 +838,8 @@ class S3ManifestStore:
             entries = dict(self._entries)
             for change in changes:
                 change.apply_to(entries)
-            condition = {"IfMatch": self._etag} if self._etag is not None else {"IfNoneMatch": "*"}
-            if self.guard is not None:
-                self.guard()  # before every attempt: a retry after a conflict is a new commit
-            try:
-                answer = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=encode_snapshot(entries),
-                                                ContentType="application/json", **condition)
-            except Exception as exc:
-                if error_code(exc) not in CONFLICT_CODES:
-                    raise wrap(self.where, exc, "write manifest") from exc
-                get_logger().info("s3.manifest_conflict", path=self.where, attempt=attempt + 1)
-                self.load()  # another writer's version: ours goes on top of it
-                continue
-            self._entries, self._etag = entries, answer["ETag"]
-            return
+            if self._put(entries, self._contributions, attempt):  # other nodes' contributions kept
+                return
         raise ManifestError(self.where, f"another writer changed the manifest {MANIFEST_ATTEMPTS} times in a row "
                                         "while this one tried to record; try again")
 

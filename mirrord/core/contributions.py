@@ -1,0 +1,168 @@
+"""Folder units written by several nodes: each node's part, and when the parts make the whole unit.
+
+A torch.distributed.checkpoint folder saved by N ranks on N nodes is spread over N primaries: each node
+holds its ranks' `*.distcp` files, and one node (rank 0's) the `.metadata` that lists them all. With
+`s3.units_span_nodes`, each node's mirrord uploads the files it has under their final keys and records
+them as a *contribution* to the unit (per node, beside the manifest's entries, never as entries); the
+unit becomes complete when the contributions together hold every file the `.metadata` lists, each
+with the bytes it needs: then, in the same conditional write of the manifest, every file of every
+contribution becomes an entry (the unit's commit point) and the contributions are dropped.
+
+    local_part(unit, settled, metadata)          is this node's share of the unit done?     (pure)
+    covered(parts)                               do the parts make the whole unit?            (pure)
+    contribute(entries, contributions, unit, p)  the manifest after adding a part              (pure)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from mirrord.core.model import FileState, ManifestEntry
+from mirrord.core.units import Completeness, Unit
+from mirrord.formats.dcpmeta import DATA_SUFFIX, METADATA_NAME, MetadataError, storage_references
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What one node uploaded of a folder unit: its files' entries (size, hash, verdict, as any entry),
+    and what the `.metadata` it uploaded lists (member -> bytes it needs; None: it had no `.metadata`)."""
+
+    node: str
+    files: Mapping[str, ManifestEntry]  # by root-relative path
+    needs: Mapping[str, int] | None
+    at: float  # wall clock when it was recorded
+
+
+# unit path -> node -> its contribution
+Contributions = Mapping[str, Mapping[str, Contribution]]
+
+
+def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes | None) -> Completeness:
+    """Whether this node holds all it will ever hold of a DCP folder whose other files are on other
+    nodes: every file has settled, and each is one the `.metadata` lists (with the bytes it needs),
+    or, on a node without the `.metadata`, each is a `*.distcp` data file. `metadata`: the bytes of
+    the folder's `.metadata` (None: absent or unreadable)."""
+    if not unit.files:
+        return Completeness(False, "empty folder")
+    unsettled = [f for f in unit.files if not settled(f)]
+    if unsettled:
+        return Completeness(False, f"still being written: {unit.member(unsettled[0].rel)}")
+    if unit.get(METADATA_NAME) is None:
+        strays = [unit.member(f.rel) for f in unit.files if not f.rel.endswith(DATA_SUFFIX)]
+        if strays:
+            return Completeness(False, f"{strays[0]} is no {DATA_SUFFIX} data file, and no {METADATA_NAME} "
+                                       "says what it is")
+        return Completeness(True, f"{len(unit.files)} data file(s) settled; {METADATA_NAME} is on another node")
+    if metadata is None:
+        return Completeness(False, f"{METADATA_NAME} could not be read")
+    try:
+        needs = storage_references(metadata)
+    except MetadataError as exc:
+        return Completeness(False, f"{METADATA_NAME}: {exc}")
+    for state in unit.files:
+        member = unit.member(state.rel)
+        if member == METADATA_NAME:
+            continue
+        if member not in needs:
+            return Completeness(False, f"{member} is not listed by {METADATA_NAME}")
+        if state.size < needs[member]:
+            return Completeness(False, f"{member} has {state.size} bytes, {METADATA_NAME} needs {needs[member]}")
+    return Completeness(True, f"{len(unit.files)} file(s) settled, each listed by {METADATA_NAME}")
+
+
+def _union(parts: Mapping[str, Contribution]) -> tuple[dict[str, ManifestEntry], str | None]:
+    """Every file of the parts, and a conflict (two nodes uploaded the same path with other bytes) if any."""
+    files: dict[str, ManifestEntry] = {}
+    for node in sorted(parts):
+        for rel, entry in parts[node].files.items():
+            seen = files.get(rel)
+            if seen is not None and (seen.size, seen.algo, seen.digest) != (entry.size, entry.algo, entry.digest):
+                return files, f"{rel} was uploaded by two nodes with other bytes"
+            files[rel] = entry
+    return files, None
+
+
+def covered(unit: str, parts: Mapping[str, Contribution]) -> Completeness:
+    """Whether the parts make the whole unit: a part holds the `.metadata`, and the parts together hold
+    every file it lists with at least the bytes it needs (as DCP's own rule on one primary)."""
+    files, conflict = _union(parts)
+    if conflict is not None:
+        return Completeness(False, conflict)
+    metadata = f"{unit}/{METADATA_NAME}"
+    needs = next((p.needs for p in parts.values() if p.needs is not None and metadata in p.files), None)
+    if needs is None:
+        return Completeness(False, f"no node has uploaded {METADATA_NAME} yet")
+    for member, size in sorted(needs.items()):
+        entry = files.get(f"{unit}/{member}")
+        if entry is None:
+            return Completeness(False, f"{METADATA_NAME} lists {member}, which no node has uploaded yet")
+        if entry.size < size:
+            return Completeness(False, f"{member} has {entry.size} bytes, {METADATA_NAME} needs {size}")
+    nodes = ", ".join(sorted(parts))
+    return Completeness(True, f"{METADATA_NAME} and its {len(needs)} file(s) uploaded by {nodes}")
+
+
+@dataclass(frozen=True)
+class Merged:
+    """The manifest after one contribution: entries to put and remove, the contributions now, and
+    whether the unit is complete (then `puts` is every file of it and its contributions are gone)."""
+
+    puts: tuple[ManifestEntry, ...]
+    removes: tuple[str, ...]
+    contributions: dict[str, dict[str, Contribution]]
+    verdict: Completeness
+
+
+def contribute(
+    entries: Mapping[str, ManifestEntry], contributions: Contributions, unit: str, part: Contribution
+) -> Merged:
+    """Add (or replace) `part.node`'s contribution to `unit`. When the parts now cover the unit, every
+    file of theirs becomes an entry and any older entry under the unit that none of them has is
+    removed, in the same change: the unit is recorded whole or not at all."""
+    merged = {u: dict(nodes) for u, nodes in contributions.items()}
+    parts = merged.setdefault(unit, {})
+    parts[part.node] = part
+    verdict = covered(unit, parts)
+    if not verdict.complete:
+        return Merged((), (), merged, verdict)
+    files, _conflict = _union(parts)
+    prefix = unit + "/"
+    removes = tuple(sorted(rel for rel in entries if rel.startswith(prefix) and rel not in files))
+    del merged[unit]
+    return Merged(tuple(files[rel] for rel in sorted(files)), removes, merged, verdict)
+
+
+def part_in_sync(unit: Unit, part: Contribution | None, mirror_files: Mapping[str, FileState]) -> bool:
+    """This node's recorded contribution is exactly its files as they are now (same paths, sizes and
+    mtimes), and each is still on the mirror: nothing of its share left to upload."""
+    if part is None or set(part.files) != set(unit.paths):
+        return False
+    for state in unit.files:
+        entry = part.files[state.rel]
+        if (entry.size, entry.source_mtime_ns) != (state.size, state.mtime_ns):
+            return False
+        stored = mirror_files.get(state.rel)
+        if stored is None or stored.size != entry.size:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """What the copy planner needs for folder units several nodes write: this node's name, the recorded
+    contributions, and the judge of this node's local share (local_part, with the shell's reads)."""
+
+    node: str
+    contributions: Contributions
+    part_done: Callable[[Unit], Completeness]
+
+    def plan(self, unit: Unit, mirror_files: Mapping[str, FileState]) -> Literal["in_sync", "part", "wait"]:
+        """For a unit not whole on this primary: its share recorded and on the mirror (in_sync), to be
+        uploaded as this node's part (part), or not done here yet (wait)."""
+        if unit.kind != "folder" or unit.role != "checkpoint":
+            return "wait"
+        if part_in_sync(unit, self.contributions.get(unit.rel, {}).get(self.node), mirror_files):
+            return "in_sync"
+        return "part" if self.part_done(unit).complete else "wait"

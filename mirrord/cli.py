@@ -138,14 +138,16 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
             return deep_check(store, rel, load=args.load)
 
     progress = _progress_bar if sys.stderr.isatty() else None
-    checked, findings = verify_mirror(mirror, config.patterns, progress, deep)
+    checked, findings = verify_mirror(mirror, config.patterns, progress, deep, config.rules)
     # Findings about recorded files; unrecorded files and listing errors are problems, not checked files;
-    # "unchecked" (a format without a validator, with --deep) is reported, never a problem.
+    # "unchecked" (a format without a validator, with --deep) and "part" (an intact file of a unit waiting
+    # for other nodes' shares) are reported, never a problem.
     damaged = {f.path for f in findings
-               if f.problem not in ("unrecorded", "unchecked") and f.path != mirror.describe()}
+               if f.problem not in ("unrecorded", "unchecked", "part") and f.path != mirror.describe()}
     intact = checked - len(damaged)
     problems = [f for f in findings if f.is_problem]
-    unchecked = len(findings) - len(problems)
+    parts = sum(1 for f in findings if f.problem == "part")
+    unchecked = len(findings) - len(problems) - parts
     if args.json:
         from mirrord.commands.report import dumps, verify_document
 
@@ -154,7 +156,8 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         for f in findings:
             print(f"{f.problem.upper():14} {f.path}  {f.detail}")
     print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
-          + (f", {unchecked} unchecked (no validator for their format)" if unchecked else ""), file=sys.stderr)
+          + (f", {unchecked} unchecked (no validator for their format)" if unchecked else "")
+          + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""), file=sys.stderr)
     return EXIT_FAILED if problems else EXIT_OK
 
 

@@ -40,8 +40,10 @@ def error_document(command: str, exc: MirrordError) -> dict[str, Any]:
 def verify_document(mirror: str, checked: int, intact: int, findings: Iterable[Finding],
                     deep: bool, load: bool) -> dict[str, Any]:
     """`verify --json`: what was checked and every problem found (`mirror`: the store's describe())."""
+    findings = list(findings)
     problems = [{"path": f.path, "problem": f.problem, "detail": f.detail} for f in findings]
-    return {**_head("verify", not problems), "mirror": mirror, "deep": deep or load, "load": load,
+    ok = all(f.problem == "part" for f in findings)  # a part is listed, never a failure (verify.PART)
+    return {**_head("verify", ok), "mirror": mirror, "deep": deep or load, "load": load,
             "checked": checked, "intact": intact, "problems": problems}
 
 

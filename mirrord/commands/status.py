@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from mirrord import __version__
 from mirrord.commands.verify import check_entry, validate_key
+from mirrord.core.contributions import Contributions
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, locate
@@ -378,12 +379,14 @@ def collect(
     problems: list[str] = []
     notes: list[str] = []
     manifest: Mapping[str, ManifestEntry] = {}
+    contributions: Contributions = {}  # nodes' shares of units not complete yet (s3.units_span_nodes)
     # The manifest first, then the listing: a file is published before it is recorded, so every entry
     # read here names a file the listing can see.
     primary, mirror = LocalVolume(config.primary), mirror_for(config.mirror_target, config.s3)
     if mirror.exists():
         try:
-            manifest = mirror.load_manifest().entries
+            loaded = mirror.load_manifest()
+            manifest, contributions = loaded.entries, loaded.contributions
         except ManifestError as exc:
             problems.append(f"manifest: {exc.cause} ({exc.path}): nothing on the mirror can be vouched for")
     psnap, perr = _snapshot(primary, config)
@@ -415,7 +418,11 @@ def collect(
             problems.append(f"mirror: {len(missing)} file(s) in the manifest are missing, e.g. {missing[0]}")
         if wrong:
             problems.append(f"mirror: {len(wrong)} file(s) differ in size from the manifest, e.g. {wrong[0]}")
-    unrecorded = sorted(set(msnap.files) - set(manifest))
+    parts = {rel for unit in contributions.values() for part in unit.values() for rel in part.files}
+    unrecorded = sorted(set(msnap.files) - set(manifest) - parts)
+    if contributions:
+        notes.append(f"mirror: {len(contributions)} unit(s) waiting for other nodes' shares, e.g. "
+                     f"{min(contributions)} (has {', '.join(sorted(contributions[min(contributions)]))}'s)")
     if unrecorded:
         notes.append(f"mirror: {len(unrecorded)} file(s) not in the manifest (not vouched for), "
                      f"e.g. {unrecorded[0]}")

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.formats import dcpmeta
 from mirrord.formats.validators import DCP, OK, PASSING, UNCHECKED, UNREADABLE, Verdict, validate_fd
@@ -21,13 +22,19 @@ from mirrord.store.mirror import ReadableStore, fd_path, random_access_fd
 class Finding:
     """One problem verify found with a mirrored file."""
     path: str
-    problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | <validator status>
+    problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | part | <validator status>
     detail: str = ""
 
     @property
     def is_problem(self) -> bool:
-        """"unchecked" (a format without a validator) is worth reporting, never a failure."""
-        return self.problem != UNCHECKED
+        """"unchecked" (a format without a validator) and "part" (an intact file of a unit still waiting
+        for other nodes' shares) are worth reporting, never a failure."""
+        return self.problem not in (UNCHECKED, PART)
+
+
+# An unrecorded file that is part of a node's contribution to a unit not complete yet, and holds exactly
+# what that node recorded (mirrord.core.contributions): not vouched for, not a problem either.
+PART = "part"
 
 
 def check_entry(store: ReadableStore, entry: ManifestEntry) -> Finding | None:
@@ -110,12 +117,14 @@ def verify_mirror(
     patterns: Iterable[str],
     progress: Callable[[int, int, str], None] | None = None,
     deep_check: Callable[[ReadableStore, str], Finding | None] | None = None,
+    layout: Layout | None = None,
 ) -> tuple[int, list[Finding]]:
     """Check every manifest entry, then list mirror files the manifest does not know.
 
     Returns (files checked, findings). `deep_check` adds the format validator on every file, recorded
     or not; its "unchecked" findings (formats without a validator) are not problems (Finding.is_problem).
-    A listing error is a finding whose path is store.describe().
+    A listing error is a finding whose path is store.describe(). With a folder `layout`, the mirror is
+    listed as the daemon lists it (every file of a unit folder, `.metadata` too).
     """
     manifest = store.load_manifest()
     entries = sorted(manifest.entries.values(), key=lambda e: e.path)
@@ -133,8 +142,18 @@ def verify_mirror(
         done += entry.size
     if progress:
         progress(total, total, "")
-    snap = store.snapshot(patterns)
+    snap = store.snapshot(patterns, layout)
+    parts = {rel: (node, entry) for unit in manifest.contributions.values()
+             for node, part in unit.items() for rel, entry in part.files.items()}
     for rel in sorted(set(snap.files) - set(manifest.entries)):
+        if rel in parts:
+            node, entry = parts[rel]
+            bad = check_entry(store, entry)
+            findings.append(Finding(rel, "unrecorded", f"part uploaded by node {node}, and {bad.problem}: "
+                                                       f"{bad.detail}") if bad is not None else
+                            Finding(rel, PART, f"uploaded by node {node}: part of a unit that is not complete "
+                                               "yet (waiting for other nodes' shares)"))
+            continue
         deep = deep_check(store, rel) if deep_check is not None else None
         if deep is not None and deep.is_problem:  # a torn or corrupt file, not only an unrecorded one
             findings.append(Finding(rel, deep.problem, f"not in the manifest, and {deep.detail}"))

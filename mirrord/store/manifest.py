@@ -318,6 +318,7 @@ class Manifest:
         entries: dict[str, ManifestEntry] | None = None,
         store: ManifestStore | None = None,
         background_compaction: bool = True,
+        contributions: Contributions | None = None,
     ) -> None:
         # Packed (mirrord.store.packed) when loaded from a large snapshot; what is recorded afterwards is not.
         self._entries: dict[str, Held] = dict(entries or {})
@@ -331,6 +332,7 @@ class Manifest:
         # so neither a copy worker nor the daemon's main loop waits for it.
         self._background = background_compaction
         self._compactor: threading.Thread | None = None
+        self._contributions = contributions or {}  # a read-only view's (a shared store's are the store's)
 
     @property
     def entries(self) -> Mapping[str, ManifestEntry]:
@@ -402,7 +404,7 @@ class Manifest:
     def contributions(self) -> Contributions:
         """Nodes' contributions to folder units that are not complete yet (a shared object store's; else none)."""
         store = self._store
-        return store.contributions() if isinstance(store, SharedUnitsStore) else {}
+        return store.contributions() if isinstance(store, SharedUnitsStore) else self._contributions
 
     def contribute(self, unit: str, part: Contribution) -> Completeness:
         """Record this node's part of a folder unit written by several nodes. When the parts now make the

@@ -431,8 +431,10 @@ class S3Mirror:
         return S3ManifestStore(self.client, self.location.bucket, self.location.key(MANIFEST_NAME))
 
     def load_manifest(self) -> Manifest:
-        """The manifest as it is now, read-only (verify, latest, status)."""
-        return Manifest(self.manifest_store().load())
+        """The manifest as it is now, read-only (verify, latest, status), with the nodes' contributions to
+        units not complete yet."""
+        store = self.manifest_store()
+        return Manifest(store.load(), contributions=store.contributions())
 
     def read_manifest(self) -> Manifest:
         """The manifest, open for changes: each one is a conditional PUT of the whole object."""

@@ -169,6 +169,18 @@ def test_sync_on_each_node_uploads_its_share_and_the_second_completes_the_unit(
     assert "copy.part_recorded" in first.stderr
     assert mirror.load_manifest().entries == {}
     assert run_mirrord("latest", "--config", configs["node-2"], env=s3_env).stdout.strip() == ""
+    # verify checks the part against what node 2 recorded, and calls it neither intact nor a problem
+    verified = run_mirrord("verify", "--config", configs["node-1"], env=s3_env, timeout=300)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "PART" in verified.stdout and "run/step_5/__1_0.distcp" in verified.stdout
+    assert "1 file(s) of units waiting for other nodes' shares" in verified.stderr
+    status = run_mirrord("status", "--config", configs["node-1"], env=s3_env, timeout=300)
+    assert "1 unit(s) waiting for other nodes' shares, e.g. run/step_5 (has node-2's)" in status.stdout, status.stdout
+    mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/run/step_5/__1_0.distcp", Body=b"torn")
+    damaged = run_mirrord("verify", "--config", configs["node-1"], env=s3_env, timeout=300)
+    assert damaged.returncode == 1 and "part uploaded by node node-2, and size_mismatch" in damaged.stdout
+    again = run_mirrord("sync", "--config", configs["node-2"], env=s3_env, timeout=300)  # the share goes up again
+    assert again.returncode == 0 and "copy.part_recorded" in again.stderr, again.stderr
 
     second = run_mirrord("sync", "--config", configs["node-1"], env=s3_env, timeout=300)
     assert second.returncode == 0, second.stderr

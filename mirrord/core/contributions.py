@@ -116,13 +116,32 @@ class Merged:
 
 
 def contribute(
-    entries: Mapping[str, ManifestEntry], contributions: Contributions, unit: str, part: Contribution
+    entries: Mapping[str, ManifestEntry],
+    contributions: Contributions,
+    unit: str,
+    part: Contribution,
+    stored: Mapping[str, int] | None = None,
 ) -> Merged:
     """Add (or replace) `part.node`'s contribution to `unit`. When the parts now cover the unit, every
     file of theirs becomes an entry and any older entry under the unit that none of them has is
-    removed, in the same change: the unit is recorded whole or not at all."""
+    removed, in the same change: the unit is recorded whole or not at all.
+
+    `stored` (path -> size of the objects under the unit now): another node's part whose files are no
+    longer all there with their sizes (retention deleted a stale part, the folder was saved again) is
+    dropped, never counted: that node uploads its share again. A part whose files the entries already
+    record with the same bytes changes nothing (the unit was completed by another node meanwhile)."""
     merged = {u: dict(nodes) for u, nodes in contributions.items()}
+    if part.files and all(_same(entries.get(rel), entry) for rel, entry in part.files.items()):
+        others = merged.get(unit, {})
+        others.pop(part.node, None)
+        if not others:
+            merged.pop(unit, None)
+        return Merged((), (), merged, Completeness(True, "already recorded whole"))
     parts = merged.setdefault(unit, {})
+    if stored is not None:
+        for node in [n for n, p in parts.items() if n != part.node
+                     and any(stored.get(rel) != e.size for rel, e in p.files.items())]:
+            del parts[node]
     parts[part.node] = part
     verdict = covered(unit, parts)
     if not verdict.complete:
@@ -132,6 +151,11 @@ def contribute(
     removes = tuple(sorted(rel for rel in entries if rel.startswith(prefix) and rel not in files))
     del merged[unit]
     return Merged(tuple(files[rel] for rel in sorted(files)), removes, merged, verdict)
+
+
+def _same(recorded: ManifestEntry | None, entry: ManifestEntry) -> bool:
+    return recorded is not None and (recorded.size, recorded.algo, recorded.digest) == (entry.size, entry.algo,
+                                                                                         entry.digest)
 
 
 def part_in_sync(unit: Unit, part: Contribution | None, mirror_files: Mapping[str, FileState]) -> bool:

@@ -99,7 +99,7 @@ class CopyJob:
     size: int
     mtime_ns: int
     step: int | None
-    why: str  # new | changed | mirror_missing | mirror_mismatch | unrecorded
+    why: str  # new | changed | mirror_missing | mirror_mismatch | unrecorded | part (this node's share)
     # A folder unit (mirrord.core.units): `rel` is the folder, these are its files, published together.
     members: tuple[str, ...] = ()
     # An alias (Lightning's last.ckpt): mirrored checkpoints of its run recorded with its size, newest

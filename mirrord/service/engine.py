@@ -166,12 +166,14 @@ class Engine:
         entries = {result.rel: self._entry(job, result) for result in results}
         node = node_name(self.config.s3.node)
         part = Contribution(node, entries, self._listed_by_metadata(job), self.wall())
-        verdict = self.manifest.contribute(job.rel, part)
+        merged = self.manifest.contribute(job.rel, part)
+        verdict = merged.verdict
         result = _unit_result(job, results)
         staged = StagedCopy(job, result, list(entries.values()), DirSyncs())
         if verdict.complete:
-            self.log.info("unit.completed", path=job.rel, run=job.run or ".", step=job.step, node=node,
-                          why=verdict.why)
+            if merged.puts:  # this write made it whole (else another node's had, with these very bytes)
+                self.log.info("unit.completed", path=job.rel, run=job.run or ".", step=job.step, node=node,
+                              files=len(merged.puts), why=verdict.why)
             return self._committed(staged)
         self.metrics.copy_result("ok")
         self.metrics.copied_bytes.inc(result.size)

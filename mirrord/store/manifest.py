@@ -21,7 +21,6 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from mirrord.core.contributions import Contribution, Contributions, Merged
 from mirrord.core.model import ManifestEntry, make_manifest_entry
-from mirrord.core.units import Completeness
 from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
 from mirrord.store.bulk import collection_paused
@@ -406,10 +405,11 @@ class Manifest:
         store = self._store
         return store.contributions() if isinstance(store, SharedUnitsStore) else self._contributions
 
-    def contribute(self, unit: str, part: Contribution) -> Completeness:
+    def contribute(self, unit: str, part: Contribution) -> Merged:
         """Record this node's part of a folder unit written by several nodes. When the parts now make the
-        whole unit, all of its files are recorded as entries by the same write (the unit's commit point).
-        Durable when this returns; says whether the unit is complete and why (or what is missing)."""
+        whole unit, all of its files are recorded as entries by the same write (the unit's commit point:
+        `puts`). Durable when this returns; `verdict` says whether the unit is complete and why (or what
+        is missing)."""
         store = self._store
         if not isinstance(store, SharedUnitsStore):
             raise ManifestError(MANIFEST_NAME, "only an object-store mirror records parts of a unit from several nodes")
@@ -417,7 +417,7 @@ class Manifest:
             merged = store.contribute(unit, part)
             with self._lock:
                 Change(merged.puts, merged.removes).apply_to(self._entries)
-        return merged.verdict
+        return merged
 
     # -- compaction -----------------------------------------------------------------------------------
     def _compaction_due(self) -> bool:

@@ -804,13 +804,27 @@ class S3ManifestStore:
         that makes the unit whole records all of its files as entries and drops its contributions."""
         self.load()
         for attempt in range(MANIFEST_ATTEMPTS):
-            merged = contribute(self._entries, self._contributions, unit, part)
+            stored = self._stored_below(unit)  # listed after the read: a part counted is one still there
+            merged = contribute(self._entries, self._contributions, unit, part, stored)
             entries = dict(self._entries)
             Change(merged.puts, merged.removes).apply_to(entries)
             if self._put(entries, merged.contributions, attempt):
                 return merged
         raise ManifestError(self.where, f"another writer changed the manifest {MANIFEST_ATTEMPTS} times in a row "
                                         "while this one tried to record; try again")
+
+    def _stored_below(self, unit: str) -> dict[str, int]:
+        """path -> size of every object under the unit's folder now."""
+        root = self.key[: -len(MANIFEST_NAME)]  # the mirror's prefix ("" or ending in "/")
+        stored: dict[str, int] = {}
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=f"{root}{unit}/")
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    stored[obj["Key"][len(root):]] = int(obj["Size"])
+        except Exception as exc:
+            raise wrap(f"s3://{self.bucket}/{root}{unit}/", exc, "list") from exc
+        return stored
 
     def _put(self, entries: dict[str, ManifestEntry], contributions: dict[str, dict[str, Contribution]],
              attempt: int) -> bool:

@@ -124,3 +124,21 @@ def test_contributions_survive_the_manifest_object_and_old_manifests_have_none(s
     back, generation, contributions = decode_shared_snapshot(data, "manifest")
     assert back == entries and generation == 0 and contributions == parts
     assert decode_shared_snapshot(encode_snapshot(entries), "manifest")[2] == {}
+
+
+def test_a_part_whose_objects_are_gone_is_dropped_and_a_part_already_recorded_changes_nothing(
+        saved: dict[str, bytes]) -> None:
+    """Another node's part whose files are no longer stored with their sizes (retention deleted a stale
+    part, the folder was saved again) never completes a unit: it is dropped, and that node uploads again.
+    A part whose bytes the entries already record (another node completed the unit) records nothing."""
+    stale = {"run/step_3": {"b": part(saved, "b", "__0_1.distcp")}}
+    first = part(saved, "a", ".metadata", "__0_0.distcp")
+    gone = {f"run/step_3/{n}": len(saved[n]) for n in (".metadata", "__0_0.distcp")}
+    merged = contribute({}, stale, "run/step_3", first, gone)
+    assert not merged.verdict.complete and set(merged.contributions["run/step_3"]) == {"a"}
+    there = {**gone, "run/step_3/__0_1.distcp": len(saved["__0_1.distcp"])}
+    assert contribute({}, stale, "run/step_3", first, there).verdict.complete
+    whole = {e.path: e for e in contribute({}, stale, "run/step_3", first, there).puts}
+    again = contribute(whole, {"run/step_3": {"b": part(saved, "b", "__0_1.distcp")}}, "run/step_3",
+                       part(saved, "b", "__0_1.distcp"), there)
+    assert again.verdict.complete and again.puts == () and again.removes == () and again.contributions == {}

@@ -19,7 +19,7 @@ import pytest
 
 from mirrord.commands.latest import latest_key
 from mirrord.commands.verify import Finding, check_entry, deep_check, verify_mirror
-from mirrord.core.model import ManifestEntry
+from mirrord.core.model import FileState, ManifestEntry
 from mirrord.errors import LockedError, MirrordError, SizeMismatchError
 from mirrord.store.hashing import hash_stream
 from mirrord.store.mirror import Mirror, UnitStaging, mirror_for, read_fully
@@ -254,6 +254,15 @@ def test_exists_once_locked(mirror: Mirror) -> None:
 
 
 # -- delete-if-unchanged -------------------------------------------------------------------------------------
+def planned_then_republished(mirror: Mirror, key: str, data: bytes) -> FileState:
+    """The state a deletion of `key` was planned on; `data` was published under the key since."""
+    publish(mirror, key, b"planned")
+    planned = mirror.stat(key)
+    assert planned is not None
+    publish(mirror, key, data)
+    return planned
+
+
 def test_delete_removes_the_planned_object(mirror: Mirror) -> None:
     publish(mirror, "run/step_13.pt", b"to delete")
     state = mirror.stat("run/step_13.pt")
@@ -264,10 +273,7 @@ def test_delete_removes_the_planned_object(mirror: Mirror) -> None:
 
 
 def test_delete_refuses_an_object_republished_since_it_was_planned(mirror: Mirror) -> None:
-    publish(mirror, "step_14.pt", b"planned")
-    planned = mirror.stat("step_14.pt")
-    assert planned is not None
-    publish(mirror, "step_14.pt", b"republished, longer")
+    planned = planned_then_republished(mirror, "step_14.pt", b"republished, longer")
     with pytest.raises(ChangedError) as caught:
         mirror.delete("step_14.pt", planned)
     assert "step_14.pt" in caught.value.path
@@ -379,10 +385,7 @@ def test_space_is_known_or_none(mirror: Mirror) -> None:
 
 def test_errors_name_the_key(mirror: Mirror) -> None:
     """Failures are MirrordErrors whose path is describe(key), not an internal name."""
-    publish(mirror, "step_15.pt", b"abc")
-    planned = mirror.stat("step_15.pt")
-    assert planned is not None
-    publish(mirror, "step_15.pt", b"abcd")
+    planned = planned_then_republished(mirror, "step_15.pt", b"republished, longer")
     with pytest.raises(MirrordError) as caught:
         mirror.delete("step_15.pt", planned)
     assert caught.value.path == mirror.describe("step_15.pt")

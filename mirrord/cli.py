@@ -304,11 +304,6 @@ def _fast(args: argparse.Namespace) -> Config | None:
     return cast("Config | None", fast_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary))
 
 
-def _load(args: argparse.Namespace) -> Config:
-    """The one Config of this command (SIGHUP calls this again)."""
-    return _explain(args).config
-
-
 # --- init, completion, man: no configuration read -----------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     """`mirrord init`: write a config file (and, with --systemd, a unit) for this machine."""

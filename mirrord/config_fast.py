@@ -212,6 +212,7 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "io.direct_write": ("bool", False, None),
     "io.ionice": ("choice", "none", ("none", "best-effort", "idle")),
     "io.cpu_nice": ("int", 0, (0, 19)),
+    "io.cpu_policy": ("choice", "normal", ("normal", "idle")),
     "daemon.heartbeat_seconds": ("float", 5.0, (0.1, 60)),
     "daemon.shutdown_grace_seconds": ("float", 30.0, (0, 3600)),
     "unit.kind": ("choice", "file", ("file", "folder")),

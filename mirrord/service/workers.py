@@ -332,7 +332,7 @@ def copy_all(
     io = engine.config.io
     pool = WorkerPool(engine.stage, queue, min(workers, len(wanted)), commit=engine.commit,
                       retry=RetryPolicy.from_config(engine.config), on_done=on_done,
-                      on_stalled=lambda job: engine.metrics.copy_result("stalled"), ionice=io.ionice,
+                      on_stalled=lambda job: engine.count("stalled"), ionice=io.ionice,
                       cpu_nice=io.cpu_nice, cpu_policy=io.cpu_policy)
     try:
         while not all_done.wait(poll_seconds):

@@ -32,6 +32,7 @@ def _start(daemon: DaemonProcess) -> None:
     """Start it, again while the lease of its own killed process has not expired yet (it is refused then)."""
     def ready() -> bool:
         if daemon.proc is None or daemon.exited():
+            daemon.kill()  # reaps the refused process and closes its log before the next try
             daemon.start(wait_ready=False)
         return daemon.http("/readyz")[0] == 200
 

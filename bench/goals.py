@@ -694,7 +694,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         out += ["## 5. many small files", "", md_table(
             ["case", "median s", "ratio to cp+sync", "runs s"],
             [[c["case"], c["median_s"], c["ratio"], " ".join(f"{x:.2f}" for x in c["runs_s"])]
-             for c in raw["small"]["cases"]]), "", f"fsync calls of one `mirrord sync` (strace -f -c): "
+             for c in raw["small"]["cases"]]), "", f"fsync (and syncfs) calls of one `mirrord sync` (strace -f -c): "
             f"{raw['small']['fsyncs']} ({raw['small']['fsyncs_per_file']} per file).", ""]
     if "commit" in raw:
         c = raw["commit"]

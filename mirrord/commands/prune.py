@@ -262,8 +262,10 @@ class Pruner:
                 self.metrics.prune_refusal(reason)
             report.refused.extend(plan.refused)
             return report
+        # Bound once: every attribute of the lazy proxy binds anew, and a daemon keeps every file at each pass.
+        debug = self.log.bind().debug
         for kept in plan.kept:
-            self.log.debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
+            debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
         self._skips_seen = set()
         for skip in plan.skipped:
             if skip.volume in volumes:

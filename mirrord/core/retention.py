@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Protocol
 
@@ -318,8 +319,8 @@ def plan_prune(
     deletions.sort(key=deletion_order)
     return PrunePlan(
         deletions=() if refused else tuple(deletions),
-        kept=tuple(sorted(kept, key=lambda k: (k.rel, k.volume))),
-        skipped=tuple(sorted(skipped, key=lambda s: (s.rel, s.volume))),
+        kept=tuple(sorted(kept, key=_BY_PATH)),
+        skipped=tuple(sorted(skipped, key=_BY_PATH)),
         refused=tuple(refused),
         newest=frozenset(newest),
         windows=windows,
@@ -329,6 +330,8 @@ def plan_prune(
     )
 
 
+_MTIME = attrgetter("mtime_ns")
+_BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call per item
 # run -> step -> side -> files
 _Runs = dict[str, dict[int, dict[str, list[FileState]]]]
 
@@ -391,8 +394,7 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
     # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
     # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
     lie = (request.now + policy.future_skew_seconds) * 1e9
-    mtimes = {step: max(s.mtime_ns for s in files[Volume.PRIMARY] or files[Volume.MIRROR])
-              for step, files in by_step.items()}
+    mtimes = {step: max(map(_MTIME, files[Volume.PRIMARY] or files[Volume.MIRROR])) for step, files in by_step.items()}
     mtimes = {step: 0 if mtime > lie else mtime for step, mtime in mtimes.items()}
     run_branches = branches(mtimes)
     key = run_branches.key

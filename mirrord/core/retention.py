@@ -425,16 +425,20 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
         if floor is not None and key(step) < floor and enough and step not in keep:
             deletable.add(step)
         verified_above += step in verified
+    top_key = key(kept_window[-1]) if kept_window else None
     for step in order:
+        # Why the step is kept, decided once for all of its files (None: it may go).
+        why: str | None = None
+        if step in keep:
+            why = keep[step]
+        elif floor is None or key(step) >= floor:
+            why = NEWER_THAN_KEPT if top_key is None or key(step) > top_key else UNVERIFIED
+        elif step not in deletable:
+            why = NEWER_UNVERIFIED
         for side in (Volume.PRIMARY, Volume.MIRROR):
             for state in by_step[step][side]:
-                if step in keep:
-                    plan.kept.append(Kept(side, state.rel, step, keep[step]))
-                elif floor is None or key(step) >= floor:
-                    newer = not kept_window or key(step) > key(kept_window[-1])
-                    plan.kept.append(Kept(side, state.rel, step, NEWER_THAN_KEPT if newer else UNVERIFIED))
-                elif step not in deletable:
-                    plan.kept.append(Kept(side, state.rel, step, NEWER_UNVERIFIED))
+                if why is not None:
+                    plan.kept.append(Kept(side, state.rel, step, why))
                 elif side == Volume.PRIMARY and not policy.primary:
                     continue  # the primary is not ours to prune
                 elif side == Volume.PRIMARY and not exact_copy(state, manifest, mirror_files):

@@ -70,7 +70,7 @@ from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
 GOALS = ("sync", "trainer", "answers", "scale", "small", "commit")
-RECOMMENDED = {"io": {"bandwidth_limit": 200 * MiB, "ionice": "idle", "cpu_nice": 19}}
+RECOMMENDED = {"io": {"bandwidth_limit": 200 * MiB, "ionice": "idle", "cpu_policy": "idle"}}
 
 
 @dataclass(frozen=True)

@@ -290,9 +290,10 @@ def _explain(args: argparse.Namespace) -> LoadedConfig:
     return explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
 
 
-# Read-only commands that answer a person or a script at once: a configuration that is surely valid is
-# read without pydantic (mirrord.config_fast); anything else goes through the models, which word every error.
-FAST_COMMANDS = ("latest", "status")
+# Commands that answer a person or a script at once, and `sync`, whose start-up a script pays on every pass
+# (a third of a sync of a few small checkpoints): a configuration that is surely valid is read without
+# pydantic (mirrord.config_fast); anything else goes through the models, which word every error.
+FAST_COMMANDS = ("latest", "status", "sync")
 
 
 def _fast(args: argparse.Namespace) -> Config | None:
@@ -301,11 +302,6 @@ def _fast(args: argparse.Namespace) -> Config | None:
 
     # A FastConfig holds every key and property these commands read, with the values Config would hold.
     return cast("Config | None", fast_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary))
-
-
-def _load(args: argparse.Namespace) -> Config:
-    """The one Config of this command (SIGHUP calls this again)."""
-    return _explain(args).config
 
 
 # --- init, completion, man: no configuration read -----------------------------------------------------

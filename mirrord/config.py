@@ -139,6 +139,7 @@ class IoConfig(_Section):
     direct_write: bool = False  # O_DIRECT writes to a local ext4/xfs/btrfs/f2fs mirror (with drop_cache)
     ionice: Literal["none", "best-effort", "idle"] = "none"
     cpu_nice: int = Field(0, ge=0, le=19)  # nice value of copy threads (0 = as the daemon)
+    cpu_policy: Literal["normal", "idle"] = "normal"  # "idle": SCHED_IDLE copy threads (Linux)
 
     @field_validator("bandwidth_limit")
     @classmethod

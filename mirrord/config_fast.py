@@ -1,5 +1,6 @@
-"""The configuration of a read-only command without pydantic: `latest` and `status` must answer in a
-blink, and importing pydantic and building mirrord.config's models costs more than the answer itself.
+"""The configuration of a quick command without pydantic: `latest` and `status` must answer in a blink,
+and `sync` is timed whole by the scripts that run it; importing pydantic and building mirrord.config's
+models costs more than answering (or than a sync of a few small checkpoints).
 
 `fast_config` reads the same file, MIRRORD_* variables and flags as mirrord.config.explain_config, but
 accepts only what it is sure is valid (known keys, the right types, within the models' bounds, checked
@@ -211,6 +212,7 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "io.direct_write": ("bool", False, None),
     "io.ionice": ("choice", "none", ("none", "best-effort", "idle")),
     "io.cpu_nice": ("int", 0, (0, 19)),
+    "io.cpu_policy": ("choice", "normal", ("normal", "idle")),
     "daemon.heartbeat_seconds": ("float", 5.0, (0.1, 60)),
     "daemon.shutdown_grace_seconds": ("float", 30.0, (0, 3600)),
     "unit.kind": ("choice", "file", ("file", "folder")),
@@ -336,7 +338,7 @@ class FrozenSection:
 
 
 class FastConfig(FrozenSection):
-    """The effective configuration of a read-only command, as mirrord.config.Config would hold it."""
+    """The effective configuration of a quick command, as mirrord.config.Config would hold it."""
 
     @property
     def mirror_url(self) -> str | None:

@@ -215,11 +215,6 @@ class Pruner:
         except MirrordError as exc:
             self.log.warning("prune.upload_sweep_failed", path=exc.path, cause=exc.cause)
 
-    def execute(self, plan: PrunePlan, dry_run: bool = False) -> PruneReport:
-        """Carry out a plan made earlier (the daemon may plan from its own snapshots)."""
-        with self._lock:
-            return self._execute(plan, dry_run, (PRIMARY, MIRROR))
-
     def make_room(self, bytes_needed: int) -> None:
         """Called before a copy that does not fit: prune the mirror, oldest first, until it fits.
 

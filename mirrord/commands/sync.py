@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from mirrord.config import Config
 from mirrord.core.model import CopyJob, Snapshot
 from mirrord.core.plan import SettleTracker
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
-from mirrord.obs.metrics import Metrics
 from mirrord.service.completeness import judge
 from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
@@ -19,6 +18,10 @@ from mirrord.service.workers import copy_all
 from mirrord.store.aliases import alias_links, mirror_alias_links
 from mirrord.store.mirror import mirror_for
 from mirrord.store.volume import LocalMirror, LocalVolume
+
+if TYPE_CHECKING:
+    from mirrord.config import Config
+    from mirrord.obs.metrics import Metrics
 
 
 @dataclass

@@ -77,10 +77,6 @@ class View:
         """Retention let go of this step: not worth copying, and its absence is not lag."""
         return self.retires and self.prune.retired(run, step, mtime_ns)
 
-    def oldest_behind_ns(self, run: str | None = None) -> int | None:
-        """The mtime of the oldest file behind (in `run`, or anywhere); None when caught up."""
-        return min((j.mtime_ns for j in self.behind if run is None or j.run == run), default=None)
-
 
 def as_recorded(manifest: Mapping[str, ManifestEntry]) -> Snapshot:
     """The mirror as its manifest describes it: what lag is judged against while the mirror is refused."""

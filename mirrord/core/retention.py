@@ -42,9 +42,8 @@ from mirrord.core.guards import GuardContext, veto
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
 from mirrord.core.plan import why_copy
-from mirrord.core.units import locate
+from mirrord.core.units import entry_passed, locate
 from mirrord.core.vocabulary import PruneRefusal, Veto, Volume
-from mirrord.formats.validators import PASSING
 
 if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
     from mirrord.config import PruneConfig
@@ -463,11 +462,6 @@ def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_fil
         entry is not None and entry_passed(entry)
         and why_copy(src, entry, mirror_files.get(src.rel)) is None
     )
-
-
-def entry_passed(entry: ManifestEntry) -> bool:
-    """Recorded with a passing validator verdict (entries from before validation existed count)."""
-    return entry.validation is None or entry.validation in PASSING
 
 
 def _step_verified(

@@ -279,20 +279,27 @@ def safetensors_verdict(head: bytes, size: int) -> Verdict:
     return Verdict(OK, f"{len(spans)} tensors cover the file exactly", SAFETENSORS)
 
 
-class _Json:
-    format = JSON
+class _Buffered:
+    """Keeps a whole file of at most `limit` bytes to parse at the end; of a larger one, only its size."""
+
+    limit: int
 
     def __init__(self) -> None:
         self.size = 0
         self._data = bytearray()
 
     def feed(self, buf: bytes | bytearray | memoryview, n: int) -> None:
-        if self.size + n <= _MAX_BUFFERED:
+        if self.size + n <= self.limit:
             self._data += buf[:n]
         self.size += n
 
+
+class _Json(_Buffered):
+    format = JSON
+    limit = _MAX_BUFFERED
+
     def finish(self, fd: int) -> Verdict:
-        if self.size > _MAX_BUFFERED:
+        if self.size > self.limit:
             return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord parses", JSON)
         try:
             json.loads(self._data)
@@ -301,22 +308,14 @@ class _Json:
         return Verdict(OK, "parses", JSON)
 
 
-class _DcpMetadata:
+class _DcpMetadata(_Buffered):
     """A DCP `.metadata`: the pickle's structure is read (never run); its data files are not seen here."""
 
     format = DCP
-
-    def __init__(self) -> None:
-        self.size = 0
-        self._data = bytearray()
-
-    def feed(self, buf: bytes | bytearray | memoryview, n: int) -> None:
-        if self.size + n <= dcpmeta.MAX_METADATA_BYTES:
-            self._data += buf[:n]
-        self.size += n
+    limit = dcpmeta.MAX_METADATA_BYTES
 
     def finish(self, fd: int) -> Verdict:
-        if self.size > dcpmeta.MAX_METADATA_BYTES:
+        if self.size > self.limit:
             return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord reads", DCP)
         try:
             needed = dcpmeta.storage_references(bytes(self._data))

@@ -9,9 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mirrord.config import Config
 from mirrord.core.model import CopyJob, CopyResult, FileState, ManifestEntry
 from mirrord.errors import (
     CancelledError,
@@ -25,7 +24,6 @@ from mirrord.errors import (
     from_oserror,
 )
 from mirrord.obs.log import get_logger
-from mirrord.obs.metrics import Metrics
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_unit
@@ -34,6 +32,10 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import open_file_beneath
 from mirrord.store.volume import LocalMirror
+
+if TYPE_CHECKING:
+    from mirrord.config import Config
+    from mirrord.obs.metrics import Metrics
 
 TAG_READ_BYTES = 4096  # a tag file holds one folder name
 
@@ -72,11 +74,13 @@ class Engine:
         self.primary_root = Path(config.primary)
         self.mirror = mirror
         self.manifest = manifest
-        self.metrics = metrics or Metrics()
+        # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
+        self.metrics = metrics
         self.wall = wall
         self.make_room = make_room
         self.board = board or ProgressBoard()
-        self.metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
+        if metrics is not None:
+            metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
         self.options = copy_options(config)
         _apply_direct_write(mirror, config)
         self.log = get_logger()
@@ -106,7 +110,8 @@ class Engine:
         mirrored twin is recorded at once: its CopyResult is returned, done. Raises MirrordError."""
         fields = _fields(job)
         self.log.info("copy.started", why=job.why, **fields)
-        self.metrics.in_flight.inc()
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
         control = control or CopyControl()
         dirs = DirSyncs()
         with self._space_lock:
@@ -134,13 +139,14 @@ class Engine:
             # daemon, once it stayed invalid for copy.invalid_grace_seconds (a torn file is usually
             # still being written).
             if not isinstance(exc, CancelledError | StalledError | InvalidSourceError):
-                self.metrics.copy_result(exc.reason)
+                self.count(exc.reason)
             raise
         except BaseException:
             dirs.close()
             raise
         finally:
-            self.metrics.in_flight.dec()
+            if self.metrics is not None:
+                self.metrics.in_flight.dec()
             with self._space_lock:
                 self._reserved -= job.size
         return StagedCopy(job, result, entries, dirs)
@@ -165,25 +171,32 @@ class Engine:
             self.manifest.apply(puts=[e for staged in batch for e in staged.entries])
         except MirrordError as exc:
             for _ in batch:
-                self.metrics.copy_result(exc.reason)
+                self.count(exc.reason)
             return [exc] * len(batch)
         finally:
             dirs.close()
         return [self._committed(staged) for staged in batch]
 
+    def count(self, result: str) -> None:
+        """Count one copy outcome (mirrord_copies_total), when metrics are kept."""
+        if self.metrics is not None:
+            self.metrics.copy_result(result)
+
     def _committed(self, staged: StagedCopy) -> CopyResult:
         """Count and log one copy that is durable and recorded."""
         job, result = staged.job, staged.result
         throughput = result.size / result.seconds if result.seconds > 0 else 0.0
-        self.metrics.copy_result("ok")
-        self.metrics.copied_bytes.inc(result.size)
-        self.metrics.copy_duration.observe(result.seconds)
-        self.metrics.copy_throughput.set(throughput)
-        self.metrics.last_timestamp.set(staged.entries[0].mirrored_at)
-        if job.step is not None:
-            label = self.metrics.run_label(job.run)
-            self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
-            self.metrics.last_step.labels(label).set(self._last_steps[label])
+        m = self.metrics
+        if m is not None:
+            m.copy_result("ok")
+            m.copied_bytes.inc(result.size)
+            m.copy_duration.observe(result.seconds)
+            m.copy_throughput.set(throughput)
+            m.last_timestamp.set(staged.entries[0].mirrored_at)
+            if job.step is not None:
+                label = m.run_label(job.run)
+                self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
+                m.last_step.labels(label).set(self._last_steps[label])
         self.log.info(
             "copy.committed", seconds=round(result.seconds, 3),
             throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
@@ -218,7 +231,7 @@ class Engine:
                 puts.append(replace(twin, mirror_ctime_ns=state.ctime_ns))
             self.manifest.apply(puts=puts)
             seconds = time.monotonic() - started
-            self.metrics.copy_result("aliased")
+            self.count("aliased")
             self.log.info("copy.aliased", path=job.rel, run=job.run or ".", twin=twin.path, size=before.st_size,
                           digest=digest, seconds=round(seconds, 3), bytes_written=0)
             return CopyResult(job.rel, before.st_size, twin.algo, digest, before.st_mtime_ns, seconds,

@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mirrord.config import Config
+if TYPE_CHECKING:
+    from mirrord.config import Config
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,17 @@ def set_thread_nice(nice: int) -> bool:
     return True
 
 
+def set_thread_idle_policy() -> bool:
+    """SCHED_IDLE for the calling thread (Linux): it runs only on a CPU that nothing else wants, and a
+    waking trainer thread preempts it at once (nice 19 still takes a slice of a busy CPU). Threads it
+    starts inherit the policy. Returns False where that fails."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 DEFAULT_RETRY = RetryPolicy()
 
 
@@ -86,6 +97,7 @@ class WorkerPool:
         clock: Callable[[], float] = time.monotonic,
         ionice: str = "none",
         cpu_nice: int = 0,
+        cpu_policy: str = "normal",
     ) -> None:
         self.copy_fn = copy_fn
         self.queue = queue
@@ -95,6 +107,7 @@ class WorkerPool:
         self.clock = clock
         self.ionice = ionice
         self.cpu_nice = cpu_nice
+        self.cpu_policy = cpu_policy
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
         self._names = itertools.count(1)
@@ -209,6 +222,8 @@ class WorkerPool:
             self.log.warning("worker.ionice_unsupported", ionice=self.ionice)
         if self.cpu_nice and not set_thread_nice(self.cpu_nice):
             self.log.warning("worker.cpu_nice_unsupported", cpu_nice=self.cpu_nice)
+        if self.cpu_policy == "idle" and not set_thread_idle_policy():
+            self.log.warning("worker.cpu_policy_unsupported", cpu_policy=self.cpu_policy)
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:
@@ -317,8 +332,8 @@ def copy_all(
     io = engine.config.io
     pool = WorkerPool(engine.stage, queue, min(workers, len(wanted)), commit=engine.commit,
                       retry=RetryPolicy.from_config(engine.config), on_done=on_done,
-                      on_stalled=lambda job: engine.metrics.copy_result("stalled"), ionice=io.ionice,
-                      cpu_nice=io.cpu_nice)
+                      on_stalled=lambda job: engine.count("stalled"), ionice=io.ionice,
+                      cpu_nice=io.cpu_nice, cpu_policy=io.cpu_policy)
     try:
         while not all_done.wait(poll_seconds):
             lost = still_ours() if still_ours is not None else None

@@ -15,7 +15,6 @@ import os
 import random
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from tests.chaos.harness import (
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
 from tests.support.logs import read_events
+from tests.support.ports import idle_connections
 from tests.support.wait import wait_for
 
 NS = 10**9
@@ -135,34 +135,26 @@ def test_idle_http_clients_do_not_blind_the_daemon(
     daemon.start()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
-    idle: list[socket.socket] = []
     try:
         wait_for(lambda: _mirrored(world, {f"run/{step_name(1)}"}), 30, "step 1 mirrored", interval=0.02)
-        for _ in range(1100):
-            s = socket.socket()
-            s.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                s.connect(("127.0.0.1", daemon.port))
-            idle.append(s)
-        tally.fault("idle connections", len(idle))
-        for round_ in range(3):
-            tally.rounds += 1
-            code = wait_for(lambda: daemon.http("/healthz")[0], 30, "/healthz to answer at all", interval=0.02)
-            if code != 200:
-                tally.check([f"/healthz answered {code} with 1,100 idle clients"])
-            rel = f"run/{step_name(2 + round_)}"
-            world.install(rel, checkpoints.pick(rng))
-            wait_for(lambda rel=rel: _mirrored(world, {rel}), 30, f"{rel} mirrored with 1,100 idle clients",
-                     interval=0.02)
-        threads = len(list(Path(f"/proc/{daemon.proc.pid}/task").iterdir()))  # type: ignore[union-attr]
-        tally.notes.append(f"daemon threads with 1,100 idle clients: {threads}")
-        if threads > 40:
-            tally.check([f"{threads} threads: one per connection"])
-        unmounted = [e for e in daemon.events("mirror.refused") if "mounted" in str(e.get("cause"))]
-        tally.check([f"reported as unmounted: {e['cause']}" for e in unmounted])
+        with idle_connections(daemon.port, 1100) as idle:
+            tally.fault("idle connections", len(idle))
+            for round_ in range(3):
+                tally.rounds += 1
+                code = wait_for(lambda: daemon.http("/healthz")[0], 30, "/healthz to answer at all", interval=0.02)
+                if code != 200:
+                    tally.check([f"/healthz answered {code} with 1,100 idle clients"])
+                rel = f"run/{step_name(2 + round_)}"
+                world.install(rel, checkpoints.pick(rng))
+                wait_for(lambda rel=rel: _mirrored(world, {rel}), 30, f"{rel} mirrored with 1,100 idle clients",
+                         interval=0.02)
+            threads = len(list(Path(f"/proc/{daemon.proc.pid}/task").iterdir()))  # type: ignore[union-attr]
+            tally.notes.append(f"daemon threads with 1,100 idle clients: {threads}")
+            if threads > 40:
+                tally.check([f"{threads} threads: one per connection"])
+            unmounted = [e for e in daemon.events("mirror.refused") if "mounted" in str(e.get("cause"))]
+            tally.check([f"reported as unmounted: {e['cause']}" for e in unmounted])
     finally:
-        for s in idle:
-            s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         code = daemon.stop()
     tally.check([] if code == 0 else [f"daemon exited {code}"])

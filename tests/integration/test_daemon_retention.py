@@ -27,12 +27,17 @@ def steps(root, run="r"):
     return sorted(int(p.stem.split("_")[1]) for p in (root / run).glob("step_*.pt"))
 
 
+def publish_old(primary, numbers, old):
+    """Steps r/step_NNNN.pt written long ago, in step order (mtime old + step)."""
+    for step in numbers:
+        p = publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        os.utime(p, (old + step, old + step))
+
+
 def test_keep_last_3_of_10_on_both_sides_with_guards(tmp_path, daemon_factory):
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
-    for step in range(1, 11):
-        p = publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
-        os.utime(p, (old + step, old + step))
+    publish_old(primary, range(1, 11), old)
     mirror_everything(primary, mirror)
     d = daemon_factory({"prune": {"enabled": True, "keep_last": 3, "primary": True, "min_age_seconds": 1}}).start()
     wait_for(lambda: steps(mirror) == [8, 9, 10] and steps(primary) == [8, 9, 10], 60, "steps 8-10 on both sides")
@@ -46,9 +51,7 @@ def test_keep_last_3_of_10_on_both_sides_with_guards(tmp_path, daemon_factory):
 def test_zero_and_recent_mtimes_survive(tmp_path, daemon_factory):
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
-    for step in range(1, 7):
-        p = publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
-        os.utime(p, (old + step, old + step))
+    publish_old(primary, range(1, 7), old)
     os.utime(primary / "r" / "step_0002.pt", (0, 0))  # a filesystem that does not know the mtime
     soon = time.time() + 40  # within future_skew_seconds: "recent" for min_age_seconds + 40 s
     for step in (3, 4, 5, 6):  # recent, and in step order (a lower step written later is a rollback)
@@ -75,9 +78,7 @@ def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
                         "io": {"bandwidth_limit": 15 * 1024 * 1024, "drop_cache": False}}).start()
     part = mirror / "r" / "step_0001.pt.part"
     wait_for(lambda: part.exists(), 90, "the slow copy to start")
-    for step in (2, 3):
-        p = publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
-        os.utime(p, (old + step, old + step))
+    publish_old(primary, (2, 3), old)
     wait_for(lambda: d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt.part"), 90,
              "in-flight veto")
 

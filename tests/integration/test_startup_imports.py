@@ -122,3 +122,24 @@ def test_a_doubtful_config_is_left_to_the_models(tmp_path: Path, mirrored: tuple
     assert result.returncode == 2
     assert "mirrord: config error: copy.workers: Input should be less than or equal to 64 " \
            "(from MIRRORD_COPY__WORKERS='65')" in result.stderr
+
+
+def test_sync_loads_no_config_models_nor_metrics_client(tmp_path: Path, mirrored: tuple[Path, Path]) -> None:
+    """A one-shot `sync` is timed whole by the scripts that run it: a surely valid configuration is read
+    without pydantic, and nothing scrapes metrics, so prometheus_client (and its HTTP server) stays out."""
+    primary, mirror = mirrored
+    save_checkpoint(primary / "run" / "step_3.pt", 3)
+    env = {"MIRRORD_PRUNE__ENABLED": "false", "MIRRORD_LOG__FORMAT": "json"}
+    code, _, after = modules_after(tmp_path, "sync", "--primary", primary, "--mirror", mirror, env=env)
+    assert code == 0
+    assert (mirror / "run" / "step_3.pt").read_bytes() == (primary / "run" / "step_3.pt").read_bytes()
+    logging_stack = ("structlog", "rich", "asyncio", "ssl")  # it logs (asyncio, pulled in by structlog, loads ssl)
+    assert [m for m in heavy(after) if m.split(".")[0] not in logging_stack] == []
+    assert "mirrord.obs.metrics" not in after and "http.server" not in after
+    save_checkpoint(primary / "run" / "step_4.pt", 4)
+    result = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    committed = [e for e in events if e["event"] == "copy.committed"]
+    assert [e["path"] for e in committed] == ["run/step_4.pt"] and committed[0]["level"] == "info"
+    assert events[-1]["event"] == "sync.finished" and events[-1]["copied"] == 1

@@ -169,6 +169,20 @@ def wait_converged(d: DaemonProcess, primary: Path, mirror: Path, pattern: re.Pa
                              f"latest: {latest_on_mirror(mirror, layout)}\nlog:\n{d.log_text()[-6000:]}") from None
 
 
+def assert_mirrored_whole(poller: MirrorPoller, mirror: Path, files: set[str]) -> None:
+    """The poller listed the mirror all along and saw every unit only whole (exactly `files`), and nothing
+    (staging, temp file, empty folder) is left on the mirror."""
+    assert not poller.errors and poller.listings > 50
+    assert poller.partial(lambda rel, view: set(view) == files) == {}
+    assert leftovers(mirror) == []
+
+
+def assert_deep_verified(mirror: Path, layout: str) -> None:
+    """`mirrord verify --deep` finds nothing: every mirrored file checked by its own format's validator."""
+    deep = run_mirrord("verify", "--deep", "--mirror", mirror, env={"MIRRORD_LAYOUT": layout})
+    assert deep.returncode == 0, deep.stdout + deep.stderr
+
+
 # --- transformers Trainer: checkpoint-N/ folders ------------------------------------------------------------
 
 HF_UNIT = re.compile(r"checkpoint-\d+")
@@ -187,13 +201,10 @@ def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(tmp_pa
         wait_converged(d, primary, mirror, HF_UNIT, "run/checkpoint-12", "hf")
     files = {p.name for p in (primary / "run" / "checkpoint-12").iterdir()}
     assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= files
-    assert not poller.errors and poller.listings > 50
-    assert poller.partial(lambda rel, view: set(view) == files) == {}
-    assert leftovers(mirror) == []
+    assert_mirrored_whole(poller, mirror, files)
     assert d.metric("mirrord_copies_total", 'result="failed"') == 0
     assert not d.events("copy.failed")
-    deep = run_mirrord("verify", "--deep", "--mirror", mirror, env={"MIRRORD_LAYOUT": "hf"})
-    assert deep.returncode == 0, deep.stdout + deep.stderr  # safetensors, JSON and torch zips, each by its format
+    assert_deep_verified(mirror, "hf")  # safetensors, JSON and torch zips, each by its format
     cut_short = [e["path"] for e in d.events("copy.source_gone")]
     assert cut_short, "no copy was overtaken by the trainer's rotation: the test did not test it"
     print(f"hf: {poller.listings} listings, units seen {sorted(poller.seen)}, source_gone {cut_short}")
@@ -219,12 +230,9 @@ def test_dcp_save_mirrored_whole_and_resumed_with_dcp_load_from_the_mirror(tmp_p
     assert unit_names(mirror / "run", DCP_UNIT) == ["step_10", "step_12"]
     files = {p.name for p in (primary / "run" / "step_12").iterdir()}
     assert ".metadata" in files and any(f.endswith(".distcp") for f in files)
-    assert not poller.errors and poller.listings > 50
-    assert poller.partial(lambda rel, view: set(view) == files) == {}
-    assert leftovers(mirror) == []
+    assert_mirrored_whole(poller, mirror, files)
     print(f"dcp: {poller.listings} listings, units seen {sorted(poller.seen)}")
-    deep = run_mirrord("verify", "--deep", "--mirror", mirror, env={"MIRRORD_LAYOUT": "dcp"})
-    assert deep.returncode == 0, deep.stdout + deep.stderr
+    assert_deep_verified(mirror, "dcp")
     assert d.stop() == 0
     shutil.rmtree(primary)
     resumed = train("train_dcp", tmp_path / "resumed", "--steps", 12, "--save-steps", 2, "--resume",
@@ -282,14 +290,11 @@ def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_l
     assert unit_names(mirror / "run", DS_UNIT) == ["global_step10", "global_step12"]
     files = {p.name for p in (primary / "run" / "global_step12").iterdir()}
     assert files == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}
-    assert not poller.errors and poller.listings > 50
-    assert poller.partial(lambda rel, view: set(view) == files) == {}
+    assert_mirrored_whole(poller, mirror, files)
     assert poller.dangling == [] and "global_step12" in poller.tags, (poller.dangling, d.log_text()[-6000:])
-    assert leftovers(mirror) == []
     assert d.metric("mirrord_copies_total", 'result="failed"') == 0
     print(f"deepspeed: {poller.listings} listings, units seen {sorted(poller.seen)}, tags seen {sorted(poller.tags)}")
-    deep = run_mirrord("verify", "--deep", "--mirror", mirror, env={"MIRRORD_LAYOUT": "deepspeed"})
-    assert deep.returncode == 0, deep.stdout + deep.stderr
+    assert_deep_verified(mirror, "deepspeed")
     assert d.stop() == 0
     shutil.rmtree(primary)
     resumed = train("train_deepspeed", tmp_path / "resumed", "--steps", 16, "--save-steps", 0, "--resume",

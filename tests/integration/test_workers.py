@@ -141,3 +141,39 @@ def test_copy_threads_run_at_io_cpu_nice(tmp_path, monkeypatch):
     assert seen and set(seen) == {max(mine, 7)}
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
     assert pool.stop(grace=5)
+
+
+def test_copy_threads_run_at_io_cpu_policy_idle(tmp_path, monkeypatch):
+    """io.cpu_policy = "idle" puts the threads that read, hash and write under SCHED_IDLE, read back
+    from the kernel by each of them while the copy runs (the write helper inherits it); the calling
+    thread keeps its own policy."""
+    engine, queue, primary, mirror = _setup(tmp_path)
+    publish_checkpoint(primary / "step_0001.pt", 1)
+    readers: set[int] = set()
+    writers: set[int] = set()
+    real_readv, real_write = os.readv, os.write
+
+    def policy() -> int:  # /proc/thread-self/stat field 41: the scheduling policy
+        return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[38])
+
+    def readv(fd: int, buffers: list[bytearray]) -> int:
+        readers.add(policy())
+        return real_readv(fd, buffers)
+
+    def write(fd: int, data: bytes) -> int:
+        if threading.current_thread().name.startswith("mirrord-write"):
+            writers.add(policy())
+        return real_write(fd, data)
+
+    monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
+    monkeypatch.setattr("mirrord.store.volume.os.write", write)
+    mine = os.sched_getscheduler(0)
+    outcomes: list[CopyResult | MirrordError] = []
+    pool = _pool(engine, queue, 1, outcomes, cpu_policy="idle")
+    queue.put(_job(primary, "step_0001.pt", 1))
+    wait_for(lambda: outcomes, 60, "the copy")
+    assert isinstance(outcomes[0], CopyResult)
+    assert (mirror / "step_0001.pt").exists()
+    assert readers == {os.SCHED_IDLE} and writers == {os.SCHED_IDLE}
+    assert os.sched_getscheduler(0) == mine != os.SCHED_IDLE
+    assert pool.stop(grace=5)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 
 
 def free_ports(n: int) -> list[int]:
@@ -22,3 +24,20 @@ def free_ports(n: int) -> list[int]:
 def free_port() -> int:
     """A port nothing listens on right now (the kernel's pick for an ephemeral bind)."""
     return free_ports(1)[0]
+
+
+@contextlib.contextmanager
+def idle_connections(port: int, n: int) -> Iterator[list[socket.socket]]:
+    """n connections to 127.0.0.1:port that never send a byte (connected without waiting), closed on exit."""
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            idle.append(s)
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+        yield idle
+    finally:
+        for s in idle:
+            s.close()

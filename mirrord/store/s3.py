@@ -8,7 +8,8 @@ The same promises as the filesystem mirror, with S3's own commit points:
   part_size` plus the part each file in flight is filling (`files_in_flight` files at once). The key
   appears only at CompleteMultipartUpload; every failure aborts the upload explicitly, and
   `sweep_stale_uploads` aborts what a killed process left behind (older than the age guard). Every part
-  carries a CRC32 the server checks (`x-amz-checksum-crc32`); the manifest keeps the content hash.
+  carries a CRC32 the server checks (`x-amz-checksum-crc32`, computed here with ISA-L, and compared
+  with the one the server answers back); the manifest keeps the content hash.
 - **The manifest is one object** written with a conditional PUT (`If-None-Match: *` for the first,
   `If-Match` on the ETag after). A writer that lost a race re-reads it, re-applies its own change and
   tries again, so two writers never silently overwrite each other. S3 has no atomic rename of a
@@ -25,6 +26,7 @@ the configuration file is refused unless `allow_inline_credentials = true` (see 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import socket
@@ -55,6 +57,11 @@ from mirrord.store.mirror import Mirror
 from mirrord.store.paths import split_rel
 from mirrord.store.s3_errors import CONFLICT_CODES, error_code, wrap
 from mirrord.store.scan import is_selected_name
+
+try:  # ISA-L's CRC-32 (python-isal): the same function as zlib's (what botocore would use), several times faster
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - a platform without its wheel
+    from zlib import crc32
 
 MIB = 1024 * 1024
 LEASE_DIR = ".mirrord-leases"
@@ -113,14 +120,23 @@ class S3Settings:
     max_attempts: int = 10
 
 
-def make_client(settings: S3Settings, timeout: float | None = None, attempts: int | None = None) -> Any:
-    """A botocore S3 client: standard retries (throttling, 5xx, a connection refused while a server restarts).
-    `timeout` and `attempts` bound each call of a client that must never hang for long (the lease's)."""
+def make_session(settings: S3Settings) -> Any:
+    """A boto3 session: the credential chain (or the inline key pair), and botocore's loaded S3 model,
+    shared by every client made from it (loading that model is most of a client's start-up cost)."""
     import boto3
+
+    return boto3.session.Session(aws_access_key_id=settings.access_key_id,
+                                 aws_secret_access_key=settings.secret_access_key)
+
+
+def make_client(settings: S3Settings, timeout: float | None = None, attempts: int | None = None,
+                session: Any = None) -> Any:
+    """A botocore S3 client: standard retries (throttling, 5xx, a connection refused while a server restarts).
+    `timeout` and `attempts` bound each call of a client that must never hang for long (the lease's).
+    Made from `session` when given (the mirror's: its clients share one loaded model)."""
     from botocore.config import Config as BotoConfig
 
-    session = boto3.session.Session(aws_access_key_id=settings.access_key_id,
-                                    aws_secret_access_key=settings.secret_access_key)
+    session = session if session is not None else make_session(settings)
     config = BotoConfig(
         region_name=settings.region,
         # Unsigned payload (what botocore does over https anyway): every body still carries the CRC32 the
@@ -177,7 +193,8 @@ class S3Mirror:
     def __init__(self, url: str, settings: S3Settings | None = None, client: Any = None) -> None:
         self.location = S3Location.parse(url)
         self.settings = settings or S3Settings()
-        self.client = client if client is not None else make_client(self.settings)
+        self._session: Any = None if client is not None else make_session(self.settings)
+        self.client = client if client is not None else make_client(self.settings, session=self._session)
         self.url = self.location.url()
         self.lease: Lease | None = None
         self.retention: Lease | None = None  # held while this node prunes the prefix (see claim_retention)
@@ -433,7 +450,8 @@ class S3Mirror:
         """One mirrord per node and prefix: a lease object with an expiry, renewed by lock_problem()."""
         node = self.settings.node or socket.gethostname()
         seconds = self.settings.lease_seconds
-        client = make_client(self.settings, timeout=call_timeout(seconds), attempts=1)  # never a long hang
+        client = make_client(self.settings, timeout=call_timeout(seconds), attempts=1,  # never a long hang
+                             session=self._session)
         lease = Lease(client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{node}"), seconds, name=node)
         lease.acquire()
         lease.start_keeping()
@@ -504,6 +522,20 @@ class S3Mirror:
 def _state(rel: str, size: int, last_modified: datetime) -> FileState:
     """An object as a FileState: mtime is LastModified (what the retention guards judge), no inode."""
     return FileState(rel, int(size), _ns(last_modified), mode=stat.S_IFREG | 0o644)
+
+
+def _checksum(body: bytes | bytearray) -> str:
+    """The x-amz-checksum-crc32 of a body, computed here (ISA-L) so that botocore does not (zlib): the
+    server checks it against the bytes it received and refuses the request on a mismatch."""
+    return base64.b64encode(crc32(body).to_bytes(4, "big")).decode("ascii")
+
+
+def _check_echo(where: str, what: str, sent: str, answer: dict[str, Any]) -> None:
+    """A server that checks the checksum answers it back; one that answers another checksum stored other
+    bytes than ours (a server that answers none does not check it: the size and the hash still stand)."""
+    echoed = answer.get(f"Checksum{CHECKSUM}")
+    if echoed is not None and echoed != sent:
+        raise TransientError(where, f"the server stored {what} with CRC-32 {echoed}, the bytes sent had {sent}")
 
 
 class _BodyReader(io.RawIOBase):
@@ -609,12 +641,15 @@ class S3Upload:
         self._parts.append(future)
 
     def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
+        checksum = _checksum(body)
         try:
             answer = self.mirror.client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
-                                                    PartNumber=number, Body=body, ChecksumAlgorithm=CHECKSUM)
-            return {"PartNumber": number, "ETag": answer["ETag"], f"Checksum{CHECKSUM}": answer[f"Checksum{CHECKSUM}"]}
+                                                    PartNumber=number, Body=body, ChecksumAlgorithm=CHECKSUM,
+                                                    **{f"Checksum{CHECKSUM}": checksum})
         except Exception as exc:
             raise wrap(self.where, exc, f"upload part {number}") from exc
+        _check_echo(self.where, f"part {number}", checksum, answer)
+        return {"PartNumber": number, "ETag": answer["ETag"], f"Checksum{CHECKSUM}": checksum}
 
     def _raise_failed(self) -> None:
         for future in self._parts:
@@ -645,8 +680,11 @@ class S3Upload:
                 client.complete_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
                                                  MultipartUpload={"Parts": self._part_list})
             else:
-                client.put_object(Bucket=self.bucket, Key=self.key, Body=self._buf,  # as is: no copy
-                                  ChecksumAlgorithm=CHECKSUM, **self._extra())
+                checksum = _checksum(self._buf)
+                answer = client.put_object(Bucket=self.bucket, Key=self.key, Body=self._buf,  # as is: no copy
+                                           ChecksumAlgorithm=CHECKSUM, **{f"Checksum{CHECKSUM}": checksum},
+                                           **self._extra())
+                _check_echo(self.where, "object", checksum, answer)
             self._done = True
             head = client.head_object(Bucket=self.bucket, Key=self.key)
         except Exception as exc:

@@ -7,7 +7,10 @@ from mirrord.errors import MirrordError, PermanentError, TransientError
 # Client-side errors that mean "try again" rather than "fix something": throttling, server trouble.
 TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
                               "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "500", "502",
-                              "503", "504"})
+                              "503", "504",
+                              # The bytes arrived other than the checksum we computed from them says: a new
+                              # try sends them again.
+                              "BadDigest"})
 
 
 def error_code(exc: BaseException) -> str:

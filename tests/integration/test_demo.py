@@ -43,6 +43,13 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def assert_demo_daemon_stopped(out: str, directory: Path) -> None:
+    """The demo said its daemon stopped cleanly, the daemon logged it, and nothing listens any more."""
+    assert "The demo daemon stopped (exit 0)" in out
+    assert any(e["event"] == "daemon.stopped" for e in daemon_log(directory))
+    assert not listening(metrics_port(directory))
+
+
 def demo(directory: Path, *args: str) -> Any:
     return run_mirrord("demo", "--dir", directory, *args, timeout=300)
 
@@ -81,9 +88,7 @@ def test_short_demo_mirrors_prunes_and_leaves_keep_last_on_both_sides(tmp_path) 
     assert "healthy, ready" in status and "copies since start: 5 ok" in status
     assert "problems: none" in status
     # The daemon was stopped cleanly and nothing listens any more.
-    assert "The demo daemon stopped (exit 0)" in out
-    assert any(e["event"] == "daemon.stopped" for e in daemon_log(directory))
-    assert not listening(metrics_port(directory))
+    assert_demo_daemon_stopped(out, directory)
 
 
 def test_demo_without_torch_writes_torch_like_zips_and_can_run_again(tmp_path) -> None:
@@ -129,9 +134,7 @@ def test_ctrl_c_stops_the_demo_and_its_daemon(tmp_path, signum: int, inherited: 
             proc.wait()
     text = out_path.read_text()
     assert "interrupted: stopping the demo daemon" in text
-    assert "The demo daemon stopped (exit 0)" in text
-    assert any(e["event"] == "daemon.stopped" for e in daemon_log(directory))
-    assert not listening(metrics_port(directory))
+    assert_demo_daemon_stopped(text, directory)
 
 
 def test_demo_refuses_a_directory_it_did_not_make(tmp_path) -> None:

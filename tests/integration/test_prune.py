@@ -312,7 +312,7 @@ def test_a_directory_swapped_for_a_symlink_cannot_redirect_deletions(synced: Con
     for root in (synced.primary, synced.mirror):
         (root / RUN).rename(outside / root.name)
         (root / RUN).symlink_to(outside / root.name, target_is_directory=True)
-    report = pruner.execute(plan)
+    report = pruner.run_cycle(plan=plan)
     assert report.deleted == []
     for root in (synced.primary, synced.mirror):
         assert sorted(p.name for p in (outside / root.name).iterdir()) == [f"step_{s:04d}.pt" for s in range(1, 11)]
@@ -338,7 +338,7 @@ def test_in_flight_is_checked_again_just_before_each_unlink(synced: Config) -> N
     pruner = pruner_for(synced, in_flight=lambda: frozenset(busy))
     plan = pruner.plan()
     busy.add(f"{RUN}/step_0001.pt")
-    report = pruner.execute(plan)
+    report = pruner.run_cycle(plan=plan)
     assert {(s.volume, s.step, s.reason) for s in report.skipped} == {
         ("primary", 1, "in_flight"), ("mirror", 1, "in_flight"),
     }
@@ -355,7 +355,7 @@ def test_a_file_replaced_after_planning_is_not_deleted(synced: Config) -> None:
     replacement.write_bytes(b"someone else's file")
     os.utime(replacement, (1_600_000_000, 1_600_000_000))
     replacement.replace(path)
-    report = pruner.execute(plan)
+    report = pruner.run_cycle(plan=plan)
     assert [(v, rel) for v, rel, _why in report.changed] == [("mirror", f"{RUN}/step_0002.pt")]
     assert path.read_bytes() == b"someone else's file"
     # Its primary file goes first in plan order, but no longer has a verified mirror copy: kept.

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from mirrord.core.model import ManifestEntry
-from mirrord.errors import LockedError
+from mirrord.errors import LockedError, TransientError
+from mirrord.store import s3
 from mirrord.store.hashing import hash_file
 from mirrord.store.lease import Lease
 from mirrord.store.manifest import MANIFEST_NAME, Change, encode_snapshot
@@ -81,6 +82,65 @@ def test_small_file_is_one_put_and_abort_leaves_nothing(seaweed: SeaweedServer, 
     assert _uploads(s3_client, bucket, prefix) == []
     assert mirror.stat("step_2.pt") is None
     assert set(mirror.snapshot(["*.pt"]).files) == {"step_1.pt"}
+
+
+def test_bytes_that_arrive_other_than_sent_are_refused_and_nothing_becomes_visible(
+        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each part (and a small file's PUT) carries the CRC-32 mirrord computed from its bytes; the server
+    checks it. Bytes that arrive other than they were read (here: the second part's checksum describes
+    other bytes) are refused, the upload is aborted, and no object appears."""
+    real = s3._checksum
+    calls: list[int] = []
+
+    def garbled_second(body: bytes | bytearray) -> str:
+        calls.append(len(body))
+        return real(bytes(body) + b"!") if len(calls) == 2 else real(body)
+
+    monkeypatch.setattr(s3, "_checksum", garbled_second)
+    mirror = _mirror(seaweed, bucket, prefix, max_attempts=1)
+    data = os.urandom(3 * PART)
+    big = mirror.begin_upload("step_3.pt", len(data))
+    with pytest.raises(TransientError, match="BadDigest"):
+        _write(big, data)
+        big.seal(0)
+    big.abort()
+    assert _uploads(s3_client, bucket, prefix) == []
+    assert mirror.stat("step_3.pt") is None
+
+    calls.clear()
+    calls.append(0)  # the next call is the second: the small file's one PUT
+    small = mirror.begin_upload("step_1.pt", 3)
+    small.write(memoryview(b"abc"))
+    small.seal(0)
+    with pytest.raises(TransientError, match="BadDigest"):
+        small.commit()
+    assert mirror.stat("step_1.pt") is None
+    assert mirror.snapshot(["*.pt"]).files == {}
+
+
+def test_a_checksum_answered_back_other_than_sent_fails_the_upload(
+        seaweed: SeaweedServer, bucket: str, prefix: str) -> None:
+    """A server that answers a part's or an object's checksum echoes the one it computed over what it
+    stored: an answer other than ours means it stored other bytes, and the copy is not counted."""
+    mirror = _mirror(seaweed, bucket, prefix, max_attempts=1)
+
+    def other_answer(parsed: dict[str, Any], **_: Any) -> None:
+        parsed["ChecksumCRC32"] = "AAAAAA=="
+
+    mirror.client.meta.events.register("after-call.s3.UploadPart", other_answer)
+    big = mirror.begin_upload("step_2.pt", 2 * PART)
+    with pytest.raises(TransientError, match="CRC-32 AAAAAA=="):
+        _write(big, os.urandom(2 * PART))
+        big.seal(0)
+    big.abort()
+    assert mirror.stat("step_2.pt") is None
+
+    mirror.client.meta.events.register("after-call.s3.PutObject", other_answer)
+    small = mirror.begin_upload("step_1.pt", 3)
+    small.write(memoryview(b"abc"))
+    small.seal(0)
+    with pytest.raises(TransientError, match="CRC-32 AAAAAA=="):
+        small.commit()
 
 
 def test_kill9_mid_upload_leaves_no_object_and_the_sweep_aborts_it(

@@ -16,16 +16,10 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for the one-rank process group's store)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import free_port  # for the one-rank process group's store
 
 
 def main() -> None:

@@ -189,13 +189,14 @@ def sync_cmd(src: Path, dst: Path, code: Path) -> list[str]:
 
 
 def fsyncs_of(cmd: list[str], env: dict[str, str]) -> int | None:
-    """fsync + fdatasync calls of one run (strace -f -c), or None without strace."""
+    """fsync + fdatasync + syncfs calls of one run (strace -f -c), or None without strace. (A group of
+    small copies is made durable by one syncfs: it counts as one, like an fsync.)"""
     if shutil.which("strace") is None:
         return None
-    out = subprocess.run(["strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "--", *cmd], env=env,
+    out = subprocess.run(["strace", "-f", "-c", "-e", "trace=fsync,fdatasync,syncfs", "--", *cmd], env=env,
                          capture_output=True, text=True, check=True).stderr
     return sum(int(line.split()[3]) for line in out.splitlines()
-               if line.split()[-1:] in (["fsync"], ["fdatasync"]) and line.split()[3].isdigit())
+               if line.split()[-1:] in (["fsync"], ["fdatasync"], ["syncfs"]) and line.split()[3].isdigit())
 
 
 def measure_small_files(work: Path, count: int, size: int, reps: int) -> dict[str, Any] | None:

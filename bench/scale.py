@@ -6,6 +6,12 @@ per file, not per byte) with a mirror and manifest that are fully in sync, so th
 the steady state. Each size is measured in a fresh process so its peak RSS is its own. Also timed:
 planning against an empty manifest (everything new), persisting one manifest entry at that size,
 and the whole `mirrord sync` command on the in-sync tree.
+
+`daemon_passes` times what a running daemon does at each rescan, which is more than those four steps:
+it holds the manifest (never read again), and plans retention over every file, observes both listings
+for the min-age guard, runs the prune pass, and checks naming and rollbacks. It runs `mirrord run` on
+the same tree, retention on but keeping every step (nothing is deleted), rescanning every second, and
+reads the duration of each full reconcile from the daemon's own `reconcile.finished` events.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Log, MiB, log, proc_status
+from bench.common import Log, MiB, log, proc_cpu_seconds, proc_status
 from bench.throughput import REPO, mirrord_env
 
 
@@ -129,6 +135,39 @@ def measure(root: Path, n_files: int, n_runs: int, say: Log = log, sync_command:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result["sync_command_s"] = round(time.perf_counter() - t0, 3)
     say(f"  scale {n_files}: {result}")
+    return result
+
+
+def daemon_passes(where: Path, passes: int = 4, say: Log = log) -> dict[str, Any]:
+    """`mirrord run` on the in-sync tree `where` (build_tree): its first full reconcile, then `passes`
+    rescans; seconds of each as the daemon logs it, its CPU seconds per rescan (its CPU time from the end
+    of the first pass to the end of the last, over the rescans: it idles between them), its peak RSS."""
+    from tests.support.config import BENCH
+    from tests.support.daemon import DaemonProcess
+    from tests.support.wait import wait_for
+
+    work = where.parent / f"{where.name}-daemon"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    # keep_last above the steps of any run: retention plans over every file and deletes nothing.
+    settings = {"prune": {"enabled": True, "keep_last": 1_000_000}, "watch": {"rescan_interval_seconds": 1}}
+    try:
+        with DaemonProcess(work, where / "primary", where / "mirror", settings, base=BENCH) as daemon:
+            wait_for(lambda: len(daemon.events("reconcile.finished")) >= 1, 1800, "the first reconcile", 0.05)
+            cpu0 = proc_cpu_seconds(daemon.pid)
+            wait_for(lambda: len(daemon.events("reconcile.finished")) >= passes + 1, 600 * passes,
+                     f"{passes} rescans", 0.05)
+            cpu = proc_cpu_seconds(daemon.pid) - cpu0
+            hwm = proc_status(daemon.pid)["VmHWM"]
+            seconds = [e["seconds"] for e in daemon.events("reconcile.finished")][:passes + 1]
+            if any(e["queued"] for e in daemon.events("reconcile.finished")):
+                raise RuntimeError("expected an in-sync tree, the daemon queued copies")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    steady = sorted(seconds[1:])
+    result = {"first_s": seconds[0], "rescans_s": seconds[1:], "median_s": steady[len(steady) // 2],
+              "cpu_s_per_rescan": round(cpu / passes, 3), "peak_rss_mib": round(hwm / MiB, 1)}
+    say(f"  daemon rescans of {where.name}: {result}")
     return result
 
 

@@ -12,6 +12,7 @@ prune.would_delete in dry-run mode.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import Counter
@@ -257,8 +258,12 @@ class Pruner:
                 self.metrics.prune_refusal(reason)
             report.refused.extend(plan.refused)
             return report
-        for kept in plan.kept:
-            self.log.debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
+        # Bound once (every attribute of the lazy proxy binds anew), and skipped unless debug logging is on:
+        # a daemon keeps every file of both sides at each pass.
+        log = self.log.bind()
+        if log.is_enabled_for(logging.DEBUG):
+            for kept in plan.kept:
+                log.debug("prune.kept", volume=kept.volume, path=kept.rel, step=kept.step, why=kept.why)
         self._skips_seen = set()
         for skip in plan.skipped:
             if skip.volume in volumes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -19,6 +20,20 @@ from mirrord.formats.dcpmeta import METADATA_NAME
 
 LAYOUTS = ("torch", "lightning", "hf", "dcp", "deepspeed", "custom")
 TEMP_SUFFIXES = (".part", ".tmp")  # never a finished name (ours, and the usual writer's convention)
+
+
+
+@functools.lru_cache(maxsize=64)
+def name_matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
+    """All patterns as one test, true for a match (fnmatchcase semantics), which a scan of 1,000,000 files
+    feels: `*.pt`-style patterns as one suffix test, others as one compiled regex."""
+    if not patterns:
+        return lambda name: False
+    if all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
+        suffixes = tuple(p[1:] for p in patterns)
+        return lambda name: name.endswith(suffixes)
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
+
 
 UnitKind = Literal["file", "folder"]
 # How completeness on the primary is judged (see mirrord.core.units.completeness):
@@ -48,9 +63,11 @@ class Layout:
     aliases: tuple[str, ...] = ()  # mirrored, never a unit: no step, never counted by retention
     tag_file: str = ""  # a file beside the unit folders naming the newest one; mirrored after it
     step_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _matches: Callable[[str], object] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "step_regex", re.compile(self.step_pattern))
+        object.__setattr__(self, "_matches", name_matcher(self.patterns))
 
     @property
     def folders(self) -> bool:
@@ -61,7 +78,7 @@ class Layout:
         """`name` (one path component) names a unit: a checkpoint file, or a unit folder."""
         if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
             return False
-        return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+        return bool(self._matches(name))
 
     def is_staging_name(self, name: str) -> bool:
         """A folder unit being published on the mirror (`checkpoint-50.part/`), or an old copy set aside

@@ -34,7 +34,7 @@ class FileState:
     @property
     def run(self) -> str:
         """The run a checkpoint belongs to: its folder relative to the root ('' for the root itself)."""
-        return dirname(self.rel)
+        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path, a third of its cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ class CopyJob:
     @property
     def run(self) -> str:
         """The run folder of the job's file or unit."""
-        return dirname(self.rel)
+        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path, a third of its cost
 
     @property
     def paths(self) -> tuple[str, ...]:

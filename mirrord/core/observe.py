@@ -21,28 +21,38 @@ class Observations:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._seen: dict[tuple[str, str], tuple[tuple[int, int, int, int], float]] = {}
+        # volume -> rel -> (identity, first seen unchanged): per volume, so that a complete listing of one
+        # replaces its map whole (forgetting what is gone) instead of sweeping every key of both.
+        self._seen: dict[str, dict[str, tuple[tuple[int, int, int, int], float]]] = {}
         self._lock = threading.Lock()
 
     def seen_for(self, volume: str, state: FileState, now: float | None = None) -> float:
         """Seconds this file has been seen exactly as `state` (0 the first time, or after a change)."""
         now = self.clock() if now is None else now
-        key = (volume, state.rel)
         with self._lock:
-            seen = self._seen.get(key)
+            seen_in = self._seen.setdefault(volume, {})
+            seen = seen_in.get(state.rel)
             if seen is None or seen[0] != state.identity:
-                self._seen[key] = (state.identity, now)
+                seen_in[state.rel] = (state.identity, now)
                 return 0.0
             return max(0.0, now - seen[1])
 
     def update(self, volume: str, states: Iterable[FileState]) -> dict[tuple[str, str], float]:
         """Observe a complete listing of `volume` (forgetting files no longer in it)."""
         now = self.clock()
-        states = list(states)
-        result = {(volume, s.rel): self.seen_for(volume, s, now) for s in states}
+        result: dict[tuple[str, str], float] = {}
+        listed: dict[str, tuple[tuple[int, int, int, int], float]] = {}
+        # seen_for inlined under one lock: a daemon's every rescan observes every file of both sides.
         with self._lock:
-            for key in [k for k in self._seen if k[0] == volume and k not in result]:
-                del self._seen[key]
+            before = self._seen.get(volume, {})
+            for state in states:
+                rel, identity = state.rel, state.identity
+                seen = before.get(rel)
+                if seen is None or seen[0] != identity:
+                    seen = (identity, now)
+                listed[rel] = seen
+                result[(volume, rel)] = max(0.0, now - seen[1])
+            self._seen[volume] = listed
         return result
 
     def observe(self, primary: Snapshot, mirror: Snapshot) -> dict[tuple[str, str], float]:

@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Protocol
 
@@ -317,8 +318,8 @@ def plan_prune(
     deletions.sort(key=deletion_order)
     return PrunePlan(
         deletions=() if refused else tuple(deletions),
-        kept=tuple(sorted(kept, key=lambda k: (k.rel, k.volume))),
-        skipped=tuple(sorted(skipped, key=lambda s: (s.rel, s.volume))),
+        kept=tuple(sorted(kept, key=_BY_PATH)),
+        skipped=tuple(sorted(skipped, key=_BY_PATH)),
         refused=tuple(refused),
         newest=frozenset(newest),
         windows=windows,
@@ -328,6 +329,8 @@ def plan_prune(
     )
 
 
+_MTIME = attrgetter("mtime_ns")
+_BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call per item
 # run -> step -> side -> files
 _Runs = dict[str, dict[int, dict[str, list[FileState]]]]
 
@@ -390,8 +393,7 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
     # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
     # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
     lie = (request.now + policy.future_skew_seconds) * 1e9
-    mtimes = {step: max(s.mtime_ns for s in files[Volume.PRIMARY] or files[Volume.MIRROR])
-              for step, files in by_step.items()}
+    mtimes = {step: max(map(_MTIME, files[Volume.PRIMARY] or files[Volume.MIRROR])) for step, files in by_step.items()}
     mtimes = {step: 0 if mtime > lie else mtime for step, mtime in mtimes.items()}
     run_branches = branches(mtimes)
     key = run_branches.key
@@ -422,16 +424,20 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
         if floor is not None and key(step) < floor and enough and step not in keep:
             deletable.add(step)
         verified_above += step in verified
+    top_key = key(kept_window[-1]) if kept_window else None
     for step in order:
+        # Why the step is kept, decided once for all of its files (None: it may go).
+        why: str | None = None
+        if step in keep:
+            why = keep[step]
+        elif floor is None or key(step) >= floor:
+            why = NEWER_THAN_KEPT if top_key is None or key(step) > top_key else UNVERIFIED
+        elif step not in deletable:
+            why = NEWER_UNVERIFIED
         for side in (Volume.PRIMARY, Volume.MIRROR):
             for state in by_step[step][side]:
-                if step in keep:
-                    plan.kept.append(Kept(side, state.rel, step, keep[step]))
-                elif floor is None or key(step) >= floor:
-                    newer = not kept_window or key(step) > key(kept_window[-1])
-                    plan.kept.append(Kept(side, state.rel, step, NEWER_THAN_KEPT if newer else UNVERIFIED))
-                elif step not in deletable:
-                    plan.kept.append(Kept(side, state.rel, step, NEWER_UNVERIFIED))
+                if why is not None:
+                    plan.kept.append(Kept(side, state.rel, step, why))
                 elif side == Volume.PRIMARY and not policy.primary:
                     continue  # the primary is not ours to prune
                 elif side == Volume.PRIMARY and not exact_copy(state, manifest, mirror_files):

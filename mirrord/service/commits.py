@@ -1,14 +1,18 @@
 """Group commit of finished copies: the stage between the copy workers and the manifest.
 
     worker: NAME.part -> write -> fsync file -> rename onto NAME        (each copy, in its own worker)
+            (a small file: write -> write its data out and wait; fsync and rename left to the stage)
     commit stage: gather copies that finish together (a short window, or until nothing else is being
-    copied) -> fsync each of their directories once -> one journal record (one append, one fsync)
+    copied) -> make the small files durable (one syncfs for several) and rename them -> fsync each of
+    their directories once (one syncfs for several) -> one journal record (one append, one fsync)
     -> each copy counts: logged copy.committed, handed to on_done
 
 A copy is never recorded before its data and its name are durable, and a crash anywhere leaves what a
 crash between the same steps of a single copy leaves: a published name not yet recorded, which the next
-reconcile copies again. Batching only spares fsyncs: one per directory and one of the journal per
-batch, instead of one of each per copy.
+reconcile copies again; a small file is renamed only once it is durable, so a crash before that leaves
+no final name for it. Batching only spares fsyncs: one per directory (or one syncfs) and one of the
+journal per batch, instead of one of each per copy, and for small files one syncfs instead of an fsync
+each (mirrord.store.atomic.DirSyncs).
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ class Engine:
                 path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
                 source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
                 mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
-                **self._published_identity(result.rel),
+                # A file whose rename is left to commit() is not published yet: its identity is taken there.
+                **({} if dirs.renames_pending() else self._published_identity(result.rel)),
             ) for result in results]
             result = results[0] if not job.members else _unit_result(job, results)
         except MirrordError as exc:
@@ -152,13 +153,16 @@ class Engine:
         return StagedCopy(job, result, entries, dirs)
 
     def commit(self, batch: Sequence[StagedCopy]) -> list[CopyResult | MirrordError]:
-        """Make a batch of staged copies durable and recorded: one fsync per directory for all their
-        renames, then one journal record (one append, one fsync) for all their entries; only then is
+        """Make a batch of staged copies durable and recorded: the fsync and rename of each small file
+        whose copier left them to the group (mirrord.store.atomic.DirSyncs.publish_later), one fsync per
+        directory for all their renames, then one journal record (one append, one fsync) for all their
+        entries; only then is
         each counted and logged as copy.committed. The outcome of each copy, in order: all fail together
         (nothing recorded) if a directory fsync or the record fails."""
         if not batch:
             return []
         dirs = DirSyncs()
+        renamed_here = {e.path for staged in batch if staged.dirs.renames_pending() for e in staged.entries}
         for staged in batch:
             dirs.absorb(staged.dirs)
         try:
@@ -168,7 +172,8 @@ class Engine:
                 where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
                 raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
             # A folder unit's files are in the same record as the rest of the batch: all or none.
-            self.manifest.apply(puts=[e for staged in batch for e in staged.entries])
+            self.manifest.apply(puts=[self._identified(e) if e.path in renamed_here else e
+                                      for staged in batch for e in staged.entries])
         except MirrordError as exc:
             for _ in batch:
                 self.count(exc.reason)
@@ -307,6 +312,12 @@ class Engine:
                                                                "changed while it was being removed")
         if state is not None:
             self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
+
+    def _identified(self, entry: ManifestEntry) -> ManifestEntry:
+        """The entry with the identity of its copy as published (see _published_identity)."""
+        identity = self._published_identity(entry.path)
+        return replace(entry, mirror_ino=identity.get("mirror_ino", 0),
+                       mirror_ctime_ns=identity.get("mirror_ctime_ns", 0))
 
     def _published_identity(self, rel: str) -> dict[str, int]:
         """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry

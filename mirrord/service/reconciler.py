@@ -10,6 +10,7 @@ from posixpath import dirname
 
 from mirrord.config import Config
 from mirrord.core.branches import run_rollbacks
+from mirrord.core.layouts import Layout
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
@@ -53,6 +54,10 @@ class Reconciler:
         # The last complete listings, kept current (published copies, hinted files, deletions): a prune
         # pass after a burst of copies plans from them instead of listing both trees again.
         self._in_hand: tuple[Snapshot, Snapshot] | None = None
+        # The last full primary listing judged for naming warnings, and by which rules: a file already in
+        # it was judged then, so a rescan judges only the files new since (each rescan would otherwise
+        # group every file of the tree into units again, to warn about nothing).
+        self._named: tuple[Layout, Snapshot] | None = None
         self.log = get_logger()
 
     @property
@@ -177,7 +182,12 @@ class Reconciler:
         (retention never prunes them: usually the wrong `layout` or step_pattern), and files that look
         like checkpoints but the layout does not select (never mirrored)."""
         rules = self.config.rules
-        for warning in naming_warnings(psnap, rules):
+        judged = psnap
+        if self._named is not None and self._named[0] == rules:
+            before = self._named[1].files
+            judged = dataclasses.replace(psnap, files={rel: s for rel, s in psnap.files.items() if rel not in before})
+        self._named = (rules, psnap)
+        for warning in naming_warnings(judged, rules):
             if (warning.kind, warning.pattern) in self._naming_logged:
                 continue
             self._naming_logged.add((warning.kind, warning.pattern))

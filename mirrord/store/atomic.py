@@ -6,7 +6,13 @@ A reader (or a resume after a power cut) sees either the old file or the whole n
 
 Group commit: copies that finish together may share their directory fsyncs. publish() then leaves the
 directory to a DirSyncs, whose flush() fsyncs each directory once for all the renames made in it; until
-that flush returns, the new names are not durable and nothing may record or announce them.
+that flush returns, the new names are not durable and nothing may record or announce them. A small file
+may leave its own fsync and rename to the group too (publish_later): flush() then makes every such file
+durable first, renames them only once that returned, then makes the directories durable. Several files
+(or directories) on one filesystem are made durable by one syncfs instead of an fsync each: each fsync
+waits for a flush of the device's cache of its own, and on a virtual disk that flush costs more than
+writing a 4 MiB checkpoint. A failure before the renames discards the temp files: no final name ever
+names data that is not durable.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import os
 import platform
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,6 +34,30 @@ ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names 
 _RENAME_EXCHANGE = 2
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _load_syncfs() -> Callable[[int], None] | None:
+    """syncfs(2) through libc where it reports every writeback error since the descriptor was opened
+    (Linux 5.8 on); None elsewhere, where a group's files are fsynced one by one."""
+    try:
+        major, minor = (int(x) for x in platform.release().split(".")[:2])
+        func = ctypes.CDLL(None, use_errno=True).syncfs if platform.system() == "Linux" else None
+    except (ValueError, OSError, AttributeError):
+        return None
+    if func is None or (major, minor) < (5, 8):
+        return None
+    func.argtypes = [ctypes.c_int]
+    func.restype = ctypes.c_int
+
+    def syncfs(fd: int) -> None:
+        if func(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    return syncfs
+
+
+_syncfs = _load_syncfs()
 
 
 def temp_name(final_name: str) -> str:
@@ -48,17 +79,46 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class _Unpublished:
+    """A written, verified temp file whose fsync and rename are left to DirSyncs.flush(); the group owns
+    both descriptors."""
+
+    dir_fd: int
+    final_name: str
+    temp_fd: int
+
+    def close(self) -> None:
+        for fd in (self.temp_fd, self.dir_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class DirSyncs:
     """Directories with renames not yet made durable: flush() fsyncs each one once, however many
     renames it holds. A directory is held open (by a duplicate descriptor) until flushed or closed,
-    so the fsync reaches the very directory the rename was made in, wherever it has moved since."""
+    so the fsync reaches the very directory the rename was made in, wherever it has moved since.
+    Files handed over by publish_later() are fsynced and renamed by flush() first (module docstring)."""
 
     def __init__(self) -> None:
         self._fds: dict[tuple[int, int], int] = {}
+        self._files: list[_Unpublished] = []
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._fds)
+        return len(self._fds) + len(self._files)
+
+    def renames_pending(self) -> bool:
+        """Whether files handed over by publish_later() wait for flush() (their final names do not exist yet)."""
+        with self._lock:
+            return bool(self._files)
+
+    def publish_later(self, dir_fd: int, final_name: str, temp_fd: int) -> None:
+        """Leave the fsync of the written (its data written out, see LocalUpload.seal), verified temp file
+        and its rename onto `final_name` to flush(); the group takes both descriptors (closed by flush()
+        or close()). close() without flush() discards the temp file."""
+        with self._lock:
+            self._files.append(_Unpublished(dir_fd, final_name, temp_fd))
 
     def add(self, dir_fd: int) -> None:
         """A rename was made in the directory `dir_fd`: it must be fsynced before the rename counts."""
@@ -71,7 +131,9 @@ class DirSyncs:
         """Take over every directory of `other` (which is left empty)."""
         with other._lock:
             taken, other._fds = other._fds, {}
+            files, other._files = other._files, []
         with self._lock:
+            self._files.extend(files)
             for key, fd in taken.items():
                 if key in self._fds:
                     os.close(fd)
@@ -79,30 +141,69 @@ class DirSyncs:
                     self._fds[key] = fd
 
     def flush(self) -> None:
-        """fsync every directory once, then forget them; raises the first failure (after trying every
-        directory: a failed fsync is never retried, the renames it covered are not known durable)."""
+        """fsync the files handed over by publish_later() and rename each onto its final name (none is
+        renamed unless every fsync returned: a failure discards them all and is raised), then fsync
+        every directory once and forget them (several files, or directories, on one filesystem: one
+        syncfs for them all instead, see _make_durable). A failure is raised; a failed fsync is never
+        retried: the renames it covered are not known durable."""
+        self._publish_files()
         with self._lock:
             fds, self._fds = list(self._fds.values()), {}
-        error: OSError | None = None
         try:
-            for fd in fds:
-                try:
-                    os.fsync(fd)
-                except OSError as exc:
-                    error = error or exc
+            _make_durable(fds)
         finally:
             for fd in fds:
                 os.close(fd)
-        if error is not None:
-            raise error
 
     def close(self) -> None:
-        """Forget the directories without fsyncing them (the renames they hold will not be recorded)."""
+        """Forget the directories without fsyncing them (the renames they hold will not be recorded);
+        discard the temp files of publish_later() not yet renamed."""
         with self._lock:
             fds, self._fds = list(self._fds.values()), {}
+            files, self._files = self._files, []
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        for f in files:
+            discard_temp(f.dir_fd, f.final_name, f.temp_fd)
+            f.close()
+
+    def _publish_files(self) -> None:
+        """The files of publish_later(): every fsync first, then the renames (their directories join the
+        group); a failure discards every temp file not yet renamed."""
+        with self._lock:
+            files, self._files = self._files, []
+        renamed = 0
+        try:
+            _make_durable([f.temp_fd for f in files])
+            for f in files:
+                publish(f.dir_fd, f.final_name, f.temp_fd, self)
+                renamed += 1
+        except BaseException:
+            for f in files[renamed:]:
+                discard_temp(f.dir_fd, f.final_name, f.temp_fd)
+            raise
+        finally:
+            for f in files:
+                f.close()
+
+
+def _make_durable(fds: list[int]) -> None:
+    """Make every file or directory durable (data, metadata, entries): fsync each, or for several, one
+    syncfs per filesystem they are on. Each fsync waits for a device cache flush of its own; one syncfs
+    flushes once for all, and reports any writeback error on that filesystem since the descriptor it
+    is given was opened (a copy's own data errors were reported to it already, by the wait of
+    sync_file_range in LocalUpload.seal). It also writes out whatever else is dirty on that filesystem:
+    the price of sparing the flushes."""
+    if len(fds) < 2 or _syncfs is None:
+        for fd in fds:
+            os.fsync(fd)
+        return
+    first: dict[int, int] = {}  # per filesystem, the descriptor opened first: it reports the most errors
+    for fd in fds:
+        first.setdefault(os.fstat(fd).st_dev, fd)
+    for fd in first.values():
+        _syncfs(fd)
 
 
 def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:

@@ -54,16 +54,20 @@ class Upload(Protocol):
 
     def seal(self, mtime_ns: int) -> int | None:
         """Make the written bytes durable, give them the source's mtime, and check the size that was
-        announced at begin_upload (SizeMismatchError otherwise). Returns the mtime the store really
-        keeps (a filesystem may clamp or round it), or None when it keeps none. After a failed seal
-        only abort() is allowed: the data may be lost even if a retry would report success."""
+        announced at begin_upload (SizeMismatchError otherwise). A small local file may leave its fsync
+        to commit(), which makes it before the rename (or leaves both to dirs.flush()). Returns the
+        mtime the store really keeps (a filesystem may clamp or round it), or None when it keeps none.
+        After a failed seal only abort() is allowed: the data may be lost even if a retry would report
+        success."""
 
     def commit(self, dirs: DirSyncs | None = None) -> int | None:
         """Publish: the key now names exactly the sealed bytes, durably (local: os.replace + fsync of
         the directory; with `dirs`, that fsync is added to dirs and the key is durable only once
-        dirs.flush() returned: group commit). Raises if the staging object is no longer ours (replaced
-        meanwhile). Returns the mtime the store keeps when it is known only once published (an
-        object's LastModified, which snapshot() then reports), else None (seal() said it)."""
+        dirs.flush() returned: group commit; a local file whose fsync seal() left is then fsynced and
+        renamed by dirs.flush() too, and its key exists only once that flush ran). Raises if the staging
+        object is no longer ours (replaced meanwhile). Returns the mtime the store keeps when it is
+        known only once published (an object's LastModified, which snapshot() then reports), else None
+        (seal() said it)."""
 
     def abort(self) -> None:
         """Drop the staging object; never raises (it must not mask the error that caused it)."""

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import errno
-import fnmatch
-import functools
 import os
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISDIR, S_ISREG
 from sys import intern
 
-from mirrord.core.layouts import Layout, lookalike_folder, lookalike_name
+from mirrord.core.layouts import TEMP_SUFFIXES, Layout, lookalike_folder, lookalike_name, name_matcher
 from mirrord.core.model import FileState, Snapshot, make_file_state
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
@@ -26,19 +23,7 @@ def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
     """A name that may be a committed checkpoint: matches a pattern, not hidden, not a temp name."""
     if name.startswith(".") or name.endswith(IGNORED_SUFFIXES):
         return False
-    return bool(_matcher(tuple(patterns))(name))
-
-
-@functools.lru_cache(maxsize=64)
-def _matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
-    """All patterns as one test, true for a match (fnmatchcase semantics), which a scan of 1,000,000 files
-    feels: `*.pt`-style patterns as one suffix test, others as one compiled regex."""
-    if not patterns:
-        return lambda name: False
-    if all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
-        suffixes = tuple(p[1:] for p in patterns)
-        return lambda name: name.endswith(suffixes)
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
+    return bool(name_matcher(tuple(patterns))(name))
 
 
 def is_temp_name(name: str) -> bool:
@@ -84,8 +69,13 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     staging: dict[str, FileState] = {}
     lookalikes: dict[str, str] = {}
     folders = layout is not None and layout.folders
+    # A file layout selects its unit names and its extra names (alias, tag file): is_selected_name,
+    # inlined below with the layout's matcher looked up once.
+    by_name = layout is not None and not folders
+    extras = frozenset((*layout.aliases, layout.tag_file)) - {""} if layout is not None else frozenset()
     inside: set[str] = set()  # directories at or below a unit folder
-    match = _matcher(patterns)
+    match = name_matcher(patterns)
+    unit_match = name_matcher(layout.patterns) if layout is not None else match
     # One object per distinct st_dev / st_mode value instead of one per file: 56 bytes a file at 1,000,000.
     shared: dict[int, int] = {}
     make = make_file_state
@@ -109,6 +99,9 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                 selected = False
             elif layout is None:  # is_candidate_name, with the matcher looked up once per scan
                 selected = not name.startswith(".") and not name.endswith(IGNORED_SUFFIXES) and bool(match(name))
+            elif by_name:  # is_extra_name or is_unit_name
+                selected = name in extras or (not name.startswith(".") and not name.endswith(TEMP_SUFFIXES)
+                                              and bool(unit_match(name)))
             else:
                 selected = is_selected_name(name, patterns, layout, in_unit)
             if not (partial or selected):

@@ -41,6 +41,13 @@ LOCK_NAME = ".mirrord.lock"
 # is short and the copy never builds a multi-GB dirty backlog that stalls the trainer's own writes.
 WRITEBACK_WINDOW = 64 * 1024 * 1024
 _SFR_WAIT_BEFORE, _SFR_WRITE, _SFR_WAIT_AFTER = 1, 2, 4
+# A file up to this size leaves its fsync to commit(): seal() writes its data out and waits for it (so
+# drop_cache frees its pages for the next copy at once, and a data error is reported to this copy), but
+# not for the filesystem's journal nor the device's cache flush; copies committed together
+# (mirrord.service.commits) are then made durable together, one syncfs for the group instead of an fsync
+# (a journal commit and a cache flush) per file (atomic.DirSyncs; bench/results/goals.md, goal 5).
+# Larger files fsync in seal(), as they always did.
+DEFER_FSYNC_MAX_BYTES = WRITEBACK_WINDOW
 
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], None] | None:
@@ -209,6 +216,7 @@ class LocalUpload:
         self._flushed = 0  # bytes below this offset are written back (and dropped when drop_cache)
         self._writeback = _sync_file_range
         self._sealed = False
+        self._unsynced = False  # sealed with its data written out, the fsync left to commit()
         self._hole_at_end = False
         self._dir_fd = open_dir_beneath(root, parts[:-1], create=True)
         try:
@@ -285,7 +293,8 @@ class LocalUpload:
 
     def seal(self, mtime_ns: int) -> int:
         """Give the copy the source's mtime, make it durable, and check its size; returns the mtime the
-        filesystem actually stored (it may clamp or round it).
+        filesystem actually stored (it may clamp or round it). A file of at most DEFER_FSYNC_MAX_BYTES
+        only has its data written out here: its fsync is made by commit(), before the rename.
 
         If fsync fails the kernel may already have dropped the dirty pages, so retrying fsync could
         report success for lost data: the caller must abort and rebuild from the source.
@@ -293,7 +302,10 @@ class LocalUpload:
         if self._hole_at_end:
             os.ftruncate(self._fd, self.written)  # a trailing hole: skip() moved the offset only
         os.utime(self._fd, ns=(mtime_ns, mtime_ns))
-        os.fsync(self._fd)
+        # Written out (its data errors reported here) and clean, or fsynced now.
+        self._unsynced = self.written <= DEFER_FSYNC_MAX_BYTES and self._write_out()
+        if not self._unsynced:
+            os.fsync(self._fd)
         st = os.fstat(self._fd)
         size = st.st_size
         if size != self.expected_size or self.written != self.expected_size:
@@ -305,12 +317,34 @@ class LocalUpload:
         self._sealed = True
         return st.st_mtime_ns
 
+    def _write_out(self) -> bool:
+        """Write the file's data to the device and wait for it, but not for the filesystem's journal (not
+        a durability step: the fsync made later commits the metadata, for a whole group at once). Its
+        pages are then clean, so drop_cache can free them now, for the next copy to reuse: True. False
+        where the filesystem cannot (seal() then fsyncs at once)."""
+        if self._writeback is None:
+            return False
+        try:
+            self._writeback(self._fd, 0, 0, _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
+                raise
+            return False
+        return True
+
     def commit(self, dirs: atomic.DirSyncs | None = None) -> None:
-        """Publish the sealed temp file under its final name (rename, then fsync of the folder, or with
-        `dirs` the folder's fsync left to dirs.flush())."""
+        """Publish the sealed temp file under its final name (fsync if seal() left it, rename, then fsync
+        of the folder), or with `dirs` leave that to dirs.flush(): the folder's fsync, and a file's own
+        fsync and rename if seal() left its fsync (atomic.DirSyncs.publish_later)."""
         if not self._sealed:
             raise RuntimeError("commit() before seal()")
+        if self._unsynced and dirs is not None:
+            dirs.publish_later(self._dir_fd, self.name, self._fd)
+            self._fd = self._dir_fd = -1  # the group's now
+            return
         try:
+            if self._unsynced:
+                os.fsync(self._fd)
             atomic.publish(self._dir_fd, self.name, self._fd, dirs)
         except BaseException:
             atomic.discard_temp(self._dir_fd, self.name, self._fd)

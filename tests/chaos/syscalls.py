@@ -9,8 +9,9 @@ The one file written under its final name is the manifest journal, opened only w
 change counts once the write holding its record and an fsync of the journal completed (strace -T
 gives each call's duration, so "completed before" is checked across threads, as group commit needs).
 
-Copies are committed in groups (mirrord.service.commits): a worker renames its copy, and one fsync
-of each directory, by the commit thread, covers every rename of the group made in it. So for a
+Copies are committed in groups (mirrord.service.commits): a worker renames its copy (a small one's
+fsync and rename are left to the commit thread, which fsyncs every file of the group before renaming
+any), and one fsync of each directory, by the commit thread, covers every rename of the group made in it. So for a
 published checkpoint the directory fsync may come from another thread, after other work: what must
 hold is that it started once the rename had returned, and that the journal record of the copy was
 written only once that fsync had returned. The manifest's own files (snapshot, journal) still fsync
@@ -36,7 +37,7 @@ from tests.chaos.harness import Zygote
 from tests.support.wait import wait_for
 
 TRACED = ("openat", "write", "pwrite64", "writev", "pwritev", "copy_file_range", "sendfile", "fsync",
-          "fdatasync", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat")
+          "fdatasync", "syncfs", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat")
 WRITES = {"write": 0, "pwrite64": 0, "writev": 0, "pwritev": 0, "copy_file_range": 2, "sendfile": 0}
 LOCK_NAME = ".mirrord.lock"
 MANIFEST_NAME = ".mirrord-manifest.json"
@@ -278,7 +279,9 @@ def order_violations(calls: list[Call], mirror: Path, recorded: Iterable[str] = 
 
 def _dir_fsyncs(calls: list[Call]) -> dict[str, list[Call]]:
     """Every successful fsync of a directory (any thread), by the directory's path, in time order. A
-    directory is what a rename, mkdir or unlink was made in (the fsync of a .part or a journal is not)."""
+    directory is what a rename, mkdir or unlink was made in (the fsync of a .part or a journal is not).
+    A successful syncfs (a group's, mirrord.store.atomic._make_durable) counts for every directory: the
+    traced process only publishes on the mirror, one filesystem in these tests."""
     parents: set[str] = set()
     for call in calls:
         for path in (*(rename_paths(call) or ()), mkdir_path(call), unlink_path(call)):
@@ -290,6 +293,9 @@ def _dir_fsyncs(calls: list[Call]) -> dict[str, list[Call]]:
             path = call.fd_path(0)
             if path in parents:
                 out.setdefault(path, []).append(call)
+        elif call.name == "syncfs" and call.ret == 0:
+            for parent in parents:
+                out.setdefault(parent, []).append(call)
     return out
 
 
@@ -337,25 +343,31 @@ def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: 
     out: list[str] = []
     if src != dst + ".part":
         return [f"{dst} published from {src}, not from its temp name: {rename.text}"]
-    created = [j for j in range(i) if thread[j].name == "openat" and thread[j].ret_path == src
-               and "O_CREAT" in thread[j].text and "O_EXCL" in thread[j].text and (thread[j].ret or 0) >= 0]
+    manifest = dst.endswith(MANIFEST_NAME) or is_journal(dst)
+    # The manifest's files are written, fsynced and renamed by one thread. A copy's temp file is created
+    # and written by its worker, but a small one's fsync and rename may be left to its group's commit
+    # thread (atomic.DirSyncs.publish_later): for a copy the order is checked across threads, by time.
+    before = thread[:i] if manifest else [c for c in calls if (c.ts, c.seq) < (rename.ts, rename.seq)]
+    created = [c for c in before if c.name == "openat" and c.ret_path == src
+               and "O_CREAT" in c.text and "O_EXCL" in c.text and (c.ret or 0) >= 0]
     if not created:
-        return [f"{dst}: the temp file was not created exclusively by the publishing thread"]
-    start = thread[created[-1]]
+        return [f"{dst}: the temp file was not created exclusively before its rename"]
+    start = created[-1]
     writes = [c for c in calls if start.ts <= c.ts <= rename.ts and c.seq != rename.seq
               and write_target(c) == src and (c.ret or 0) > 0]
-    syncs = [j for j in range(created[-1], i) if thread[j].name in ("fsync", "fdatasync")
-             and thread[j].fd_path(0) == src]
+    syncs = [c for c in before if (c.ts, c.seq) > (start.ts, start.seq)
+             and ((c.name in ("fsync", "fdatasync") and c.fd_path(0) == src) or c.name == "syncfs")]
     if not syncs:
         out.append(f"{dst}: renamed without an fsync of its temp file")
     else:
-        sync = thread[syncs[-1]]
+        sync = syncs[-1]
         if sync.ret != 0:
             out.append(f"{dst}: renamed although the fsync of its temp file failed")
+        if sync.end > rename.ts:
+            out.append(f"{dst}: renamed before the fsync of its temp file returned: {rename.text}")
         late = [w for w in writes if (w.ts, w.seq) > (sync.ts, sync.seq)]
         if late:
             out.append(f"{dst}: data written after the fsync: {late[0].text}")
-    manifest = dst.endswith(MANIFEST_NAME) or is_journal(dst)
     if not writes and not manifest:
         out.append(f"{dst}: published with no data written to its temp file")
     directory = str(PurePosixPath(dst).parent)

@@ -74,12 +74,14 @@ def _use_fsync(skip: Callable[[int], bool]) -> None:
 def _broken_no_dir_fsync(arg: str) -> None:
     """Publish without fsyncing the directory: the rename may not survive a power cut."""
     _use_fsync(_is_dir)
+    atomic._syncfs = None  # a group's syncfs would cover its directories
 
 
 def _no_file_flush() -> None:
-    """No fsync of files, and no write-behind or direct I/O either (they would put the data on disk
-    early anyway)."""
+    """No fsync of files, and no write-behind, syncfs or direct I/O either (they would put the data on
+    disk early anyway)."""
     _use_fsync(_is_file)
+    atomic._syncfs = None
     if hasattr(volume, "_sync_file_range"):
         volume._sync_file_range = None
     volume.direct_io_suits = lambda fd: False
@@ -114,6 +116,7 @@ def _broken_record_before_dir_fsync(arg: str) -> None:
     held: list[atomic.DirSyncs] = []
 
     def flush(self: atomic.DirSyncs) -> None:
+        self._publish_files()  # the files' fsyncs and renames, as the real flush() makes them first
         taken = atomic.DirSyncs()
         taken.absorb(self)
         held.append(taken)

@@ -191,3 +191,125 @@ def test_fsync_dir_accepts_only_a_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"")
     with pytest.raises(NotADirectoryError):
         atomic.fsync_dir(tmp_path / "f")
+
+
+# --- a group of small files: fsyncs and renames left to DirSyncs.flush() ------------------------------
+def _upload_group(root: Path, sizes: dict[str, int]) -> atomic.DirSyncs:
+    """Copies written, sealed and committed into one group, as the copier does: nothing flushed yet."""
+    from mirrord.store.volume import LocalMirror
+
+    mirror, dirs = LocalMirror(root), atomic.DirSyncs()
+    for rel, size in sizes.items():
+        upload = mirror.begin_upload(rel, size, drop_cache=True)
+        upload.write(memoryview(bytes([len(rel)]) * size))
+        upload.seal(1_700_000_000_000_000_000)
+        upload.commit(dirs)
+    return dirs
+
+
+def _record_syscalls(monkeypatch: pytest.MonkeyPatch, fail_fsync_of: str | None = None,
+                     syncfs: bool = False) -> list[tuple[str, str]]:
+    """fsync, syncfs and os.replace as they are called, by path; with `syncfs` false the platform has none
+    (a group's files and directories are fsynced one by one)."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        path = _fd_path(fd)
+        if fail_fsync_of is not None and path.endswith(fail_fsync_of):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        events.append(("fsync", path))
+        real_fsync(fd)
+
+    def syncfs_(fd: int) -> None:
+        if fail_fsync_of is not None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        events.append(("syncfs", _fd_path(fd)))
+        os.sync()  # what syncfs does, for every filesystem
+
+    def replace(src: str, dst: str, **kwargs: object) -> None:
+        events.append(("replace", dst))
+        real_replace(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(atomic, "_syncfs", syncfs_ if syncfs else None)
+    return events
+
+
+@pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "no-syncfs"])
+def test_a_group_of_small_files_is_renamed_only_after_every_fsync_returned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool
+) -> None:
+    """Sealing and committing a small copy into a group neither fsyncs nor renames it; flush() makes
+    every file of the group durable (one syncfs for them all, else an fsync each), then renames them,
+    then makes each directory durable (one syncfs, else an fsync of each)."""
+    events = _record_syscalls(monkeypatch, syncfs=syncfs)
+    dirs = _upload_group(tmp_path, {"a/s1.pt": 1000, "a/s2.pt": 5000, "b/s3.pt": 0})
+    assert [e for e in events if e[0] == "replace" or e[1].endswith(".part")] == []  # created folders were fsynced
+    assert dirs.renames_pending()
+    assert names(tmp_path / "a") == ["s1.pt.part", "s2.pt.part"] and names(tmp_path / "b") == ["s3.pt.part"]
+    events.clear()
+    dirs.flush()
+    parts = [str(tmp_path / f"{rel}.part") for rel in ("a/s1.pt", "a/s2.pt", "b/s3.pt")]
+    renames = [("replace", "s1.pt"), ("replace", "s2.pt"), ("replace", "s3.pt")]
+    if syncfs:  # one for the files (through one of them), one for the two directories
+        assert events[0][0] == "syncfs" and events[0][1] in parts
+        assert events[1:4] == renames
+        assert events[4][0] == "syncfs" and events[4][1] in (str(tmp_path / "a"), str(tmp_path / "b"))
+        assert len(events) == 5
+    else:
+        assert events[:3] == [("fsync", part) for part in parts]
+        assert events[3:6] == renames
+        assert sorted(events[6:]) == [("fsync", str(tmp_path / "a")), ("fsync", str(tmp_path / "b"))]
+    assert not dirs.renames_pending()
+    assert (tmp_path / "a" / "s2.pt").read_bytes() == bytes([7]) * 5000
+    assert names(tmp_path / "a") == ["s1.pt", "s2.pt"] and names(tmp_path / "b") == ["s3.pt"]
+
+
+@pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "no-syncfs"])
+def test_a_failed_fsync_in_a_group_publishes_none_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool
+) -> None:
+    """EIO from the group's syncfs, or from one file's fsync: data may be lost, and no file of the group
+    gets its final name (the previous copy under that name stays); every temp file is removed."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "s1.pt").write_bytes(b"previous copy")
+    events = _record_syscalls(monkeypatch, fail_fsync_of="s2.pt.part", syncfs=syncfs)
+    dirs = _upload_group(tmp_path, {"a/s1.pt": 1000, "a/s2.pt": 1000, "a/s3.pt": 1000})
+    events.clear()
+    with pytest.raises(OSError, match="Input/output error"):
+        dirs.flush()
+    dirs.close()
+    assert events == ([] if syncfs else [("fsync", str(tmp_path / "a" / "s1.pt.part"))])  # nothing renamed
+    assert names(tmp_path / "a") == ["s1.pt"] and (tmp_path / "a" / "s1.pt").read_bytes() == b"previous copy"
+
+
+def test_a_group_closed_without_flush_leaves_no_final_name(tmp_path: Path) -> None:
+    """A batch that is not committed (a cancelled copy, a commit that failed before the files) leaves
+    neither a final name nor a temp file."""
+    dirs = _upload_group(tmp_path, {"a/s1.pt": 1000, "s2.pt": 10})
+    dirs.close()
+    assert names(tmp_path) == ["a"] and names(tmp_path / "a") == []
+
+
+def test_a_small_file_committed_alone_is_fsynced_before_its_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a group, commit() makes the fsync seal() left: file, rename, directory. A file larger than
+    DEFER_FSYNC_MAX_BYTES is fsynced by seal() itself."""
+    from mirrord.store import volume
+
+    monkeypatch.setattr(volume, "DEFER_FSYNC_MAX_BYTES", 4096)
+    events = _record_syscalls(monkeypatch)
+    mirror = volume.LocalMirror(tmp_path)
+    for name, size in (("small.pt", 4096), ("big.pt", 4097)):
+        upload = mirror.begin_upload(name, size)
+        upload.write(memoryview(b"x" * size))
+        upload.seal(1_700_000_000_000_000_000)
+        sealed = list(events)
+        upload.commit()
+        assert sealed == ([] if name == "small.pt" else [("fsync", str(tmp_path / "big.pt.part"))])
+        assert events[-3:] == [("fsync", str(tmp_path / f"{name}.part")), ("replace", name), ("fsync", str(tmp_path))]
+        events.clear()
+    assert names(tmp_path) == ["big.pt", "small.pt"]

@@ -258,3 +258,19 @@ def test_a_stalled_copy_is_reported_retried_and_a_wedged_worker_makes_the_daemon
         release.set()
     wait_for(lambda: events(logs, "copy.abandoned_returned"), 60, "the abandoned copy to return")
     assert not list(mirror.rglob("*.part"))
+
+
+def test_a_checkpoint_without_a_step_is_warned_about_once_even_when_it_appears_at_a_later_rescan(
+        harness, primary, logs) -> None:
+    """A rescan judges naming only for files new since the last full listing: one that arrives later is
+    still warned about (once per pattern), one already judged is not judged again."""
+    h = harness()
+    save_checkpoint(primary / REL, 7)
+    h.daemon.start()
+    assert events(logs, "checkpoint.no_step") == []
+    save_checkpoint(primary / "run" / "final.pt", 8)
+    for _ in range(2):
+        h.clock.advance(600)
+        h.daemon.tick(wait=False)
+    assert len(events(logs, "reconcile.finished")) == 3
+    assert [(e["path"], e["pattern"]) for e in events(logs, "checkpoint.no_step")] == [("run/final.pt", "*.pt")]

@@ -217,6 +217,24 @@ def test_prune_events_carry_volume_path_run_step_size(make_config, primary, mirr
     assert any(e["event"] == "prune.finished" for e in events)
 
 
+@pytest.mark.parametrize("level", ["debug", "info"])
+def test_each_file_retention_keeps_is_logged_at_debug_level_only(make_config, primary, mirror, checkpoint,
+                                                                  level) -> None:
+    """prune.kept names every kept file with the policy that keeps it, at debug level; at info the pass does not
+    even build those events (a daemon keeps every file of both sides at each rescan)."""
+    for step in (1, 2):
+        checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        copy(primary, mirror, make_config, f"r/step_{step:04d}.pt")
+    cfg = make_config(prune={"keep_last": 5, "min_age_seconds": 0})
+    volume = LocalMirror(mirror)
+    out = io.StringIO()
+    log.configure("json", level, out)
+    Pruner(cfg, LocalVolume(primary), volume, volume.read_manifest(), Metrics()).run_cycle()
+    kept = sorted((e["volume"], e["path"], e["why"]) for e in json_lines(out) if e["event"] == "prune.kept")
+    assert kept == ([(side, f"r/step_{step:04d}.pt", "keep_last") for side in ("mirror", "primary") for step in (1, 2)]
+                    if level == "debug" else [])
+
+
 def test_a_failing_log_stream_never_reaches_the_caller() -> None:
     """A full disk or a closed pipe under the log must not stop a copy or kill a worker thread."""
 

@@ -62,3 +62,20 @@ def test_the_daemons_pruner_deletes_only_after_min_age_of_its_own_observation(
     deleted = {(d.volume, d.rel) for d in pruner.run_cycle().deleted}
     assert deleted == {("primary", "r/step_1.pt"), ("mirror", "r/step_1.pt")}
     manifest.close()
+
+
+def test_a_complete_listing_keeps_the_age_of_what_it_lists_and_forgets_only_its_own_volume() -> None:
+    """update() is seen_for over a whole listing: unchanged files keep counting, a changed one starts
+    again, a file missing from the listing is forgotten, and the other volume is untouched."""
+    clock = Clock()
+    seen = Observations(clock)
+    a, b = FileState("r/step_1.pt", 10, 5, ino=1, ctime_ns=7), FileState("r/step_2.pt", 10, 5, ino=2, ctime_ns=7)
+    assert seen.update("primary", [a, b]) == {("primary", a.rel): 0.0, ("primary", b.rel): 0.0}
+    assert seen.update("mirror", [a]) == {("mirror", a.rel): 0.0}
+    clock.now += 10
+    assert seen.update("primary", [a, replace(b, size=11)]) == {("primary", a.rel): 10.0, ("primary", b.rel): 0.0}
+    clock.now += 5
+    assert seen.update("primary", [b]) == {("primary", b.rel): 0.0}  # b as first listed: changed since
+    assert seen.seen_for("mirror", a) == 15.0
+    clock.now += 1
+    assert seen.update("primary", [a]) == {("primary", a.rel): 0.0}  # a was forgotten: seen anew

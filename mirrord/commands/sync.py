@@ -17,7 +17,7 @@ from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
 from mirrord.store.aliases import alias_links, mirror_alias_links
 from mirrord.store.mirror import mirror_for
-from mirrord.store.volume import LocalMirror, LocalVolume
+from mirrord.store.volume import LocalMirror, LocalVolume, exclude_each_other
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -53,6 +53,7 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
     mirror = mirror_for(config.mirror_target, config.s3)
     report = SyncReport()
     with mirror.lock():
+        exclude_each_other(primary, mirror)  # as the daemon: neither listing enters the other root
         manifest = mirror.read_manifest()
         engine = Engine(config, mirror, manifest, metrics, board=board)
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)

@@ -3,7 +3,6 @@ the Daemon built on them and run."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 
@@ -14,7 +13,7 @@ from mirrord.obs import log as logsetup
 from mirrord.service.daemon import Daemon, Volumes
 from mirrord.service.signals import SignalFlags
 from mirrord.store.mirror import mirror_for
-from mirrord.store.volume import LocalMirror, LocalVolume
+from mirrord.store.volume import LocalVolume, exclude_each_other
 
 
 def run_daemon(config: Config, reload_config: Callable[[], tuple[Config, bool]],
@@ -30,12 +29,7 @@ def run_daemon(config: Config, reload_config: Callable[[], tuple[Config, bool]],
                  mirror=str(config.mirror_target), retention=describe_policy(config.prune))
         primary, mirror = LocalVolume(config.primary), mirror_for(config.mirror_target, config.s3)
         with mirror.lock():
-            # Neither scan ever enters the other root, whatever path leads there (bind mounts); an object
-            # store is no directory: no path leads from one root into the other.
-            if isinstance(mirror, LocalMirror):
-                with contextlib.suppress(OSError):
-                    primary.exclude = frozenset({mirror.key()})
-                    mirror.exclude = frozenset({primary.key()})
+            exclude_each_other(primary, mirror)  # whatever path leads there (bind mounts)
             daemon = Daemon(config, reload_config, Volumes(primary, mirror, mirror.read_manifest()), signals=signals)
             code = daemon.run()
     finally:

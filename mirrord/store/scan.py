@@ -26,11 +26,6 @@ def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
     return bool(name_matcher(tuple(patterns))(name))
 
 
-def is_temp_name(name: str) -> bool:
-    """A NAME.part of ours (hidden names are not: a trainer's own temp files may start with a dot)."""
-    return name.endswith(TEMP_SUFFIX) and not name.startswith(".")
-
-
 def state_from_stat(rel: str, st: os.stat_result) -> FileState:
     """The FileState of `rel` from its lstat."""
     return make_file_state(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_ctime_ns)
@@ -94,7 +89,8 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
         folder_lookalike = lookalike_folder(rel_dir) if layout is not None else None
         for entry in entries:
             name = entry.name
-            partial = collect_partials and name.endswith(TEMP_SUFFIX) and not name.startswith(".")  # is_temp_name
+            # A NAME.part of ours; a dotted one is a trainer's own temp file.
+            partial = collect_partials and name.endswith(TEMP_SUFFIX) and not name.startswith(".")
             if partial:
                 selected = False
             elif layout is None:  # is_candidate_name, with the matcher looked up once per scan

@@ -29,9 +29,7 @@ from mirrord.errors import (
 from mirrord.store import atomic
 from mirrord.store.identity import VolumeIdentity
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
-from mirrord.store.mirror import Mirror as Mirror  # re-exported: the seam used to live here
-from mirrord.store.mirror import ReadableStore
-from mirrord.store.mirror import Upload as Upload  # re-exported: the seam used to live here
+from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
 from mirrord.store.staging import FolderStaging, remove_folder, remove_tree
@@ -374,10 +372,12 @@ def guard_roots(primary: LocalVolume, mirror: Mirror) -> dict[str, PurePath] | N
 
 
 def exclude_each_other(primary: LocalVolume, mirror: ReadableStore) -> None:
-    """Neither listing enters the other root (reached through a bind mount); only trees can meet."""
+    """Neither listing enters the other root (reached through a bind mount); only trees can meet, and a
+    root that cannot be stat'ed now is left to the listing to report."""
     if isinstance(mirror, LocalVolume):
-        primary.exclude = frozenset({mirror.key()})
-        mirror.exclude = frozenset({primary.key()})
+        with contextlib.suppress(OSError):
+            primary.exclude = frozenset({mirror.key()})
+            mirror.exclude = frozenset({primary.key()})
 
 
 class LocalMirror(LocalVolume):

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -316,7 +316,8 @@ def _pump(
     buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is read
     into again only once its write returned. Returns (digest, bytes)."""
     buffers = thread_buffers(options.buffer_bytes)
-    helper = ThreadPoolExecutor(1, thread_name_prefix="mirrord-write")
+    kept = _BUFFERS.keep_writer
+    helper = thread_writer() if kept else ThreadPoolExecutor(1, thread_name_prefix="mirrord-write")
     in_flight: deque[Future[None]] = deque()
     failed: list[BaseException] = []  # set by the helper: the buffers queued after a failed one are dropped
     copied = dropped = turn = 0
@@ -349,7 +350,11 @@ def _pump(
         while in_flight:
             in_flight.popleft().result()
     finally:
-        helper.shutdown(wait=True, cancel_futures=True)  # no write may still use a buffer after this
+        for queued in in_flight:
+            queued.cancel()
+        wait(in_flight)  # no write may still use a buffer after this
+        if not kept:
+            helper.shutdown(wait=True)
     return hasher.hexdigest(), copied
 
 
@@ -370,6 +375,8 @@ class _ThreadBuffers(threading.local):
     def __init__(self) -> None:
         self.size = 0
         self.buffers: list[mmap.mmap] = []
+        self.writer: ThreadPoolExecutor | None = None
+        self.keep_writer = False
 
 
 _BUFFERS = _ThreadBuffers()
@@ -387,8 +394,26 @@ def thread_buffers(total_bytes: int) -> list[mmap.mmap]:
     return _BUFFERS.buffers
 
 
+def keep_thread_writer() -> None:
+    """The calling thread (a copy worker) keeps its write helper from one copy to the next, as it keeps
+    its buffers (a sync of 200 small files started 200 threads); release_thread_buffers() ends it."""
+    _BUFFERS.keep_writer = True
+
+
+def thread_writer() -> ThreadPoolExecutor:
+    """The calling thread's kept write helper; made by this thread, so it inherits its CPU and I/O
+    priority."""
+    if _BUFFERS.writer is None:
+        _BUFFERS.writer = ThreadPoolExecutor(1, thread_name_prefix="mirrord-write")
+    return _BUFFERS.writer
+
+
 def release_thread_buffers() -> None:
-    """Give the calling thread's copy buffers back to the system (a worker with nothing to do)."""
+    """Give the calling thread's copy buffers and write helper back to the system (a worker with nothing
+    to do)."""
+    writer, _BUFFERS.writer = _BUFFERS.writer, None
+    if writer is not None:
+        writer.shutdown(wait=True)  # idle: no copy of this thread is under way
     buffers, _BUFFERS.buffers, _BUFFERS.size = _BUFFERS.buffers, [], 0
     for buf in buffers:
         with contextlib.suppress(BufferError):  # a view of it is still alive: it is freed with the view

@@ -23,14 +23,22 @@ TEMP_SUFFIXES = (".part", ".tmp")  # never a finished name (ours, and the usual 
 
 
 
+def name_suffixes(patterns: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The suffixes `*.pt`-style patterns select (`name.endswith(suffixes)` is their whole test), or None
+    when a pattern is anything else."""
+    if patterns and all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
+        return tuple(p[1:] for p in patterns)
+    return None
+
+
 @functools.lru_cache(maxsize=64)
 def name_matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
     """All patterns as one test, true for a match (fnmatchcase semantics), which a scan of 1,000,000 files
     feels: `*.pt`-style patterns as one suffix test, others as one compiled regex."""
     if not patterns:
         return lambda name: False
-    if all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
-        suffixes = tuple(p[1:] for p in patterns)
+    suffixes = name_suffixes(patterns)
+    if suffixes is not None:
         return lambda name: name.endswith(suffixes)
     return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
 

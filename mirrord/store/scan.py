@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISDIR, S_ISREG
 from sys import intern
 
-from mirrord.core.layouts import TEMP_SUFFIXES, Layout, lookalike_folder, lookalike_name, name_matcher
+from mirrord.core.layouts import (
+    TEMP_SUFFIXES,
+    Layout,
+    lookalike_folder,
+    lookalike_name,
+    name_matcher,
+    name_suffixes,
+)
 from mirrord.core.model import FileState, Snapshot, make_file_state
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
@@ -37,6 +44,7 @@ def snapshot_tree(
     collect_partials: bool = False,
     exclude: frozenset[tuple[int, int]] = frozenset(),
     layout: Layout | None = None,
+    previous: Mapping[str, FileState] | None = None,
 ) -> Snapshot:
     """List `root` recursively.
 
@@ -50,13 +58,17 @@ def snapshot_tree(
     directory whose (device, inode) is in `exclude` (the other root, reached through a bind mount):
     that is an error. Listing errors are collected, not raised: a caller must treat a snapshot with
     errors as partial.
+
+    `previous`, the files of an earlier listing of the same root: a file whose lstat gives exactly what its
+    record there holds keeps that record (a rescan makes records only for what changed).
     """
     with collection_paused():
-        return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout)
+        return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout, previous or {})
 
 
 def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool,
-                   exclude: frozenset[tuple[int, int]], layout: Layout | None) -> Snapshot:
+                   exclude: frozenset[tuple[int, int]], layout: Layout | None,
+                   previous: Mapping[str, FileState]) -> Snapshot:
     files: dict[str, FileState] = {}
     partials: dict[str, FileState] = {}
     errors: list[str] = []
@@ -71,6 +83,9 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     inside: set[str] = set()  # directories at or below a unit folder
     match = name_matcher(patterns)
     unit_match = name_matcher(layout.patterns) if layout is not None else match
+    # `*.pt`-style patterns are one suffix test, inlined below (a call less per file)
+    suffixes = name_suffixes(layout.patterns if layout is not None else patterns)
+    recorded = previous.get
     # One object per distinct st_dev / st_mode value instead of one per file: 56 bytes a file at 1,000,000.
     shared: dict[int, int] = {}
     make = make_file_state
@@ -94,10 +109,11 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
             if partial:
                 selected = False
             elif layout is None:  # is_candidate_name, with the matcher looked up once per scan
-                selected = not name.startswith(".") and not name.endswith(IGNORED_SUFFIXES) and bool(match(name))
+                selected = not name.startswith(".") and not name.endswith(IGNORED_SUFFIXES) and (
+                    name.endswith(suffixes) if suffixes is not None else bool(match(name)))
             elif by_name:  # is_extra_name or is_unit_name
-                selected = name in extras or (not name.startswith(".") and not name.endswith(TEMP_SUFFIXES)
-                                              and bool(unit_match(name)))
+                selected = name in extras or (not name.startswith(".") and not name.endswith(TEMP_SUFFIXES) and (
+                    name.endswith(suffixes) if suffixes is not None else bool(unit_match(name))))
             else:
                 selected = is_selected_name(name, patterns, layout, in_unit)
             if not (partial or selected):
@@ -126,19 +142,24 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
             if kind == S_IFREG:
                 if not (partial or selected):
                     continue  # (the entry's type said folder or link, lstat says it was replaced meanwhile)
-                # Interned: the other root's scan and the manifest name the same files, one string for all three.
-                rel = intern(rel)
                 mtime = st.st_mtime_ns
                 ctime = st.st_ctime_ns
-                if ctime == mtime:
-                    ctime = mtime  # one int object for both (a file written and closed, never touched)
+                size = st.st_size
+                ino = st.st_ino
                 dev = st.st_dev
-                state = make(rel, st.st_size, mtime, st.st_ino, shared.setdefault(dev, dev),
-                             shared.setdefault(mode, mode), ctime)
+                state = recorded(rel)
+                if state is None or not (state.mtime_ns == mtime and state.ctime_ns == ctime and state.ino == ino
+                                         and state.size == size and state.dev == dev and state.mode == mode):
+                    # Interned: the other root's scan and the manifest name the same files, one string for all three.
+                    rel = intern(rel)
+                    if ctime == mtime:
+                        ctime = mtime  # one int object for both (a file written and closed, never touched)
+                    state = make(rel, size, mtime, ino, shared.setdefault(dev, dev), shared.setdefault(mode, mode),
+                                 ctime)
                 if partial:
-                    partials[rel] = state
+                    partials[state.rel] = state
                 else:
-                    files[rel] = state
+                    files[state.rel] = state
             elif kind == S_IFLNK:
                 skipped.append((rel, "symlink"))
             elif kind == S_IFDIR:

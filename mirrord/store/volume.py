@@ -122,6 +122,9 @@ class LocalVolume:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.exclude: frozenset[tuple[int, int]] = frozenset()  # (dev, ino) of the other root: never entered
+        # The files of the last listing: the next one keeps the records of files unchanged since (a daemon's
+        # rescan holds the last listings anyway). Never mutated, only replaced whole.
+        self._listed: dict[str, FileState] = {}
 
     def describe(self, key: str = "") -> str:
         """The path of the root, or of `key` below it, for messages."""
@@ -133,7 +136,10 @@ class LocalVolume:
 
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """List the candidate files beneath the root (never following a link, never entering an excluded root)."""
-        return snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout)
+        snap = snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout,
+                             previous=self._listed)
+        self._listed = snap.files
+        return snap
 
     def snapshot_unit(self, rel: str, layout: Layout) -> Snapshot:
         """List one unit folder beneath the root (mirrord.store.scan.snapshot_unit)."""

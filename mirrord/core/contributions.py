@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mirrord.core.model import FileState, ManifestEntry
-from mirrord.core.units import Completeness, Unit
-from mirrord.formats.dcpmeta import DATA_SUFFIX, METADATA_NAME, MetadataError, storage_references
+from mirrord.core.units import Completeness, Unit, dcp_needs
+from mirrord.formats.dcpmeta import DATA_SUFFIX, METADATA_NAME
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,9 @@ def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes
             return Completeness(False, f"{strays[0]} is no {DATA_SUFFIX} data file, and no {METADATA_NAME} "
                                        "says what it is")
         return Completeness(True, f"{len(unit.files)} data file(s) settled; {METADATA_NAME} is on another node")
-    if metadata is None:
-        return Completeness(False, f"{METADATA_NAME} could not be read")
-    try:
-        needs = storage_references(metadata)
-    except MetadataError as exc:
-        return Completeness(False, f"{METADATA_NAME}: {exc}")
+    needs = dcp_needs(metadata)
+    if isinstance(needs, Completeness):
+        return needs
     for state in unit.files:
         member = unit.member(state.rel)
         if member == METADATA_NAME:

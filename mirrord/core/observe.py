@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.vocabulary import Volume
@@ -37,27 +37,65 @@ class Observations:
                 return 0.0
             return max(0.0, now - seen[1])
 
-    def update(self, volume: str, states: Iterable[FileState]) -> dict[tuple[str, str], float]:
-        """Observe a complete listing of `volume` (forgetting files no longer in it)."""
+    def update(self, volume: str, states: Iterable[FileState]) -> Ages:
+        """Observe a complete listing of `volume` (forgetting files no longer in it); how long each has been
+        seen unchanged, as of now."""
         now = self.clock()
-        result: dict[tuple[str, str], float] = {}
         listed: dict[str, tuple[tuple[int, int, int, int], float]] = {}
         # seen_for inlined under one lock: a daemon's every rescan observes every file of both sides.
         with self._lock:
             before = self._seen.get(volume, {})
+            get = before.get
             for state in states:
-                rel, identity = state.rel, state.identity
-                seen = before.get(rel)
-                if seen is None or seen[0] != identity:
-                    seen = (identity, now)
-                listed[rel] = seen
-                result[(volume, rel)] = max(0.0, now - seen[1])
+                rel = state.rel
+                identity = (state.ino, state.size, state.mtime_ns, state.ctime_ns)  # FileState.identity, inlined
+                seen = get(rel)
+                listed[rel] = seen if seen is not None and seen[0] == identity else (identity, now)
             self._seen[volume] = listed
-        return result
+        return Ages(volume, listed, now)
 
-    def observe(self, primary: Snapshot, mirror: Snapshot) -> dict[tuple[str, str], float]:
+    def observe(self, primary: Snapshot, mirror: Snapshot) -> Mapping[tuple[str, str], float]:
         """Observe complete listings of both sides (mirror temp files included): what the min-age guard reads."""
-        observed = self.update(Volume.PRIMARY, primary.files.values())
-        observed.update(self.update(Volume.MIRROR, [*mirror.files.values(), *mirror.partials.values(),
-                                                    *mirror.staging.values()]))
-        return observed
+        ages = self.update(Volume.PRIMARY, primary.files.values())
+        listed = [*mirror.files.values(), *mirror.partials.values(), *mirror.staging.values()]
+        return ages | self.update(Volume.MIRROR, listed)
+
+
+class Ages(Mapping[tuple[str, str], float]):
+    """(volume, rel) -> seconds seen unchanged as of one observation, for the files it listed; computed when
+    asked (the guards ask about deletion candidates only, a rescan lists every file of both sides).
+
+    It reads the observation's own map, which only a later seen_for of a changed file touches: that makes
+    the file younger, so it can delay a deletion, never hasten it."""
+
+    __slots__ = ("_volumes",)
+
+    def __init__(self, volume: str, listed: dict[str, tuple[tuple[int, int, int, int], float]], now: float) -> None:
+        self._volumes = {volume: (listed, now)}
+
+    def __or__(self, other: object) -> Ages:
+        """Both observations (of different volumes) as one mapping."""
+        if not isinstance(other, Ages):
+            return NotImplemented
+        both = Ages("", {}, 0.0)
+        both._volumes = {**self._volumes, **other._volumes}
+        return both
+
+    def get(self, key: tuple[str, str], default: float | None = None) -> float | None:  # type: ignore[override]
+        """The age of (volume, rel), or `default` when that observation did not list it."""
+        volume, rel = key
+        listed, now = self._volumes.get(volume, (None, 0.0))
+        seen = None if listed is None else listed.get(rel)
+        return default if seen is None else max(0.0, now - seen[1])
+
+    def __getitem__(self, key: tuple[str, str]) -> float:
+        age = self.get(key)
+        if age is None:
+            raise KeyError(key)
+        return age
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return ((volume, rel) for volume, (listed, _now) in self._volumes.items() for rel in listed)
+
+    def __len__(self) -> int:
+        return sum(len(listed) for listed, _now in self._volumes.values())

@@ -29,18 +29,17 @@ whole plan: it deletes nothing.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, overload
 
 from mirrord.core.branches import Branches, branches
 from mirrord.core.guards import GuardContext, veto
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of, step_reader
 from mirrord.core.plan import why_copy
 from mirrord.core.units import entry_passed, locate
 from mirrord.core.vocabulary import PruneRefusal, Veto, Volume
@@ -178,7 +177,7 @@ class Window:
 class PrunePlan:
     """A retention pass: deletions, what is kept and why, vetoes, or a refusal to delete anything."""
     deletions: tuple[Deletion, ...] = ()
-    kept: tuple[Kept, ...] = ()
+    kept: Sequence[Kept] = ()  # by (path, volume)
     skipped: tuple[Skipped, ...] = ()
     refused: tuple[tuple[str, str], ...] = ()  # (reason, detail); non-empty means delete nothing
     newest: frozenset[str] = frozenset()  # files of each run's newest verified step
@@ -318,7 +317,7 @@ def plan_prune(
     deletions.sort(key=deletion_order)
     return PrunePlan(
         deletions=() if refused else tuple(deletions),
-        kept=tuple(sorted(kept, key=_BY_PATH)),
+        kept=KeptFiles(kept),
         skipped=tuple(sorted(skipped, key=_BY_PATH)),
         refused=tuple(refused),
         newest=frozenset(newest),
@@ -347,21 +346,34 @@ def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, Manife
 
 
 def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
-            layout: Layout | None) -> tuple[_Runs, list[Kept], dict[str, str]]:
+            layout: Layout | None) -> tuple[_Runs, list[_KeptGroup], dict[str, str]]:
     """Stepped files grouped by run and step, per side; files without a step are kept (never pruned).
     Also file -> its folder unit (folder layouts)."""
-    runs: _Runs = defaultdict(lambda: defaultdict(lambda: {Volume.PRIMARY: [], Volume.MIRROR: []}))
-    kept: list[Kept] = []
+    runs: _Runs = {}
+    kept: list[_KeptGroup] = []
     units: dict[str, str] = {}
-    for side, files in ((Volume.PRIMARY, primary.files), (Volume.MIRROR, mirror.files)):
+    folders = layout is not None and layout.folders
+    step_of_file = step_reader(step_regex)
+    for side, files in ((PRIMARY, primary.files), (MIRROR, mirror.files)):
         for state in files.values():
-            run, step, unit = _place(state, step_regex, layout)
-            if unit:
-                units[state.rel] = unit
-            if step is None:
-                kept.append(Kept(side, state.rel, None, NO_STEP))
+            # _place inlined for file layouts (every file of both sides goes through here at each rescan)
+            if folders:
+                run, step, unit = _place(state, step_regex, layout)
+                if unit:
+                    units[state.rel] = unit
             else:
-                runs[run][step][side].append(state)
+                rel = state.rel
+                run, step = rel.rpartition("/")[0], step_of_file(rel)
+            if step is None:
+                kept.append((side, (state,), None, NO_STEP))
+                continue
+            by_step = runs.get(run)
+            if by_step is None:
+                by_step = runs[run] = {}
+            sides = by_step.get(step)
+            if sides is None:
+                sides = by_step[step] = {PRIMARY: [], MIRROR: []}
+            sides[side].append(state)
     return runs, kept, units
 
 
@@ -375,13 +387,60 @@ def _place(state: FileState, step_regex: re.Pattern[str], layout: Layout | None)
     return place.run, place.step, place.unit
 
 
+# Files a plan keeps, a group at a time: (volume, files, step, why).
+_KeptGroup = tuple[str, Sequence[FileState], int | None, str]
+
+
+class KeptFiles(Sequence[Kept]):
+    """What a plan keeps, one Kept per file in (path, volume) order, made only when first read: a daemon
+    plans over every file of both sides at each rescan and reads these only to log them at debug level."""
+
+    __slots__ = ("_groups", "_made")
+
+    def __init__(self, groups: Sequence[_KeptGroup] = ()) -> None:
+        self._groups = groups
+        self._made: tuple[Kept, ...] | None = None
+
+    def _all(self) -> tuple[Kept, ...]:
+        if self._made is None:
+            made = [Kept(side, state.rel, step, why) for side, states, step, why in self._groups for state in states]
+            self._made = tuple(sorted(made, key=_BY_PATH))
+            self._groups = ()
+        return self._made
+
+    @overload
+    def __getitem__(self, index: int) -> Kept: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Kept]: ...
+
+    def __getitem__(self, index: int | slice) -> Kept | Sequence[Kept]:
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._made) if self._made is not None else sum(len(g[1]) for g in self._groups)
+
+    def __iter__(self) -> Iterator[Kept]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KeptFiles | tuple):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # compared by content, like the tuple it stands for
+
+    def __repr__(self) -> str:
+        return f"KeptFiles({self._all()!r})"
+
+
 @dataclass
 class _RunPlan:
     branches: Branches
     window: Window | None
     keep_steps: frozenset[int]
     newest: list[str] = field(default_factory=list)
-    kept: list[Kept] = field(default_factory=list)
+    kept: list[_KeptGroup] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     candidates: list[Deletion] = field(default_factory=list)
 
@@ -393,38 +452,46 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
     # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
     # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
     lie = (request.now + policy.future_skew_seconds) * 1e9
-    mtimes = {step: max(map(_MTIME, files[Volume.PRIMARY] or files[Volume.MIRROR])) for step, files in by_step.items()}
-    mtimes = {step: 0 if mtime > lie else mtime for step, mtime in mtimes.items()}
+    mtimes: dict[int, int] = {}
+    for step, files in by_step.items():
+        listed = files[PRIMARY] or files[MIRROR]
+        mtime = listed[0].mtime_ns if len(listed) == 1 else max(map(_MTIME, listed))
+        mtimes[step] = 0 if mtime > lie else mtime
     run_branches = branches(mtimes)
-    key = run_branches.key
+    of, top_branch = run_branches.of, run_branches.top
+    keys = {step: (of.get(step, top_branch), step) for step in by_step}  # run_branches.key of each step
+    key = keys.__getitem__
     order = sorted(by_step, key=key)  # oldest first
     verified = {step for step, files in by_step.items()
-                if _step_verified(files[Volume.PRIMARY], files[Volume.MIRROR], manifest, mirror_files)}
+                if _step_verified(files[PRIMARY], files[MIRROR], manifest, mirror_files)}
     keep = preserved(policies_for(policy), order, verified)
     kept_window = floor_policy.window([s for s in order if s in verified])
     # Retired: below the window of steps present. Deletable: retired, not kept by a policy, and the
-    # window verified (see below).
-    present = [s for s in order if by_step[s][Volume.MIRROR]
-               or any(f.rel not in request.invalid for f in by_step[s][Volume.PRIMARY])]
+    # window verified (see below). Every step listed has a file on one side at least.
+    invalid = request.invalid
+    present = order if not invalid else [s for s in order if by_step[s][MIRROR]
+                                         or any(f.rel not in invalid for f in by_step[s][PRIMARY])]
     window = floor_policy.window(present)
     floor = key(window[0]) if len(present) > len(window) else None
     plan = _RunPlan(run_branches, None if floor is None else Window(floor, run_branches, max(mtimes.values())),
                     frozenset(keep))
     if kept_window:
         top = by_step[kept_window[-1]]
-        plan.newest = [s.rel for s in top[Volume.PRIMARY] + top[Volume.MIRROR]]
+        plan.newest = [s.rel for s in top[PRIMARY] + top[MIRROR]]
     # The steps that would replace a retired one are the window: all must be verified first (a torn or
     # unfinished newest step keeps every older one). Under space pressure, a window's size of verified
     # newer steps is enough.
     window_verified = all(s in verified for s in window)
     verified_above = 0
     deletable: set[int] = set()
-    for step in reversed(order):
-        enough = window_verified or (request.space_pressure and verified_above >= floor_policy.n)
-        if floor is not None and key(step) < floor and enough and step not in keep:
-            deletable.add(step)
-        verified_above += step in verified
+    if floor is not None:
+        for step in reversed(order):
+            enough = window_verified or (request.space_pressure and verified_above >= floor_policy.n)
+            if key(step) < floor and enough and step not in keep:
+                deletable.add(step)
+            verified_above += step in verified
     top_key = key(kept_window[-1]) if kept_window else None
+    kept = plan.kept
     for step in order:
         # Why the step is kept, decided once for all of its files (None: it may go).
         why: str | None = None
@@ -434,13 +501,17 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
             why = NEWER_THAN_KEPT if top_key is None or key(step) > top_key else UNVERIFIED
         elif step not in deletable:
             why = NEWER_UNVERIFIED
-        for side in (Volume.PRIMARY, Volume.MIRROR):
-            for state in by_step[step][side]:
-                if why is not None:
-                    plan.kept.append(Kept(side, state.rel, step, why))
-                elif side == Volume.PRIMARY and not policy.primary:
+        sides = by_step[step]
+        if why is not None:
+            for side in (PRIMARY, MIRROR):
+                if sides[side]:
+                    kept.append((side, sides[side], step, why))
+            continue
+        for side in (PRIMARY, MIRROR):
+            for state in sides[side]:
+                if side == PRIMARY and not policy.primary:
                     continue  # the primary is not ours to prune
-                elif side == Volume.PRIMARY and not exact_copy(state, manifest, mirror_files):
+                if side == PRIMARY and not exact_copy(state, manifest, mirror_files):
                     plan.skipped.append(Skipped(side, state.rel, step, Veto.UNMIRRORED, state.size))
                 else:
                     plan.candidates.append(Deletion(side, state, step, STEP, units.get(state.rel, "")))

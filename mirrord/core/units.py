@@ -235,15 +235,23 @@ def completeness(
     return Completeness(True, "settled")
 
 
-def _dcp_complete(unit: Unit, metadata: bytes | None) -> Completeness:
-    if unit.get(METADATA_NAME) is None:
-        return Completeness(False, f"no {METADATA_NAME} yet (dcp.save writes it last)")
+def dcp_needs(metadata: bytes | None) -> dict[str, int] | Completeness:
+    """What a DCP `.metadata` lists (member -> bytes it needs), or why the folder cannot be judged
+    complete from it (unreadable or not a DCP metadata file): one reading for every rule that trusts it."""
     if metadata is None:
         return Completeness(False, f"{METADATA_NAME} could not be read")
     try:
-        needed = storage_references(metadata)
+        return storage_references(metadata)
     except MetadataError as exc:
         return Completeness(False, f"{METADATA_NAME}: {exc}")
+
+
+def _dcp_complete(unit: Unit, metadata: bytes | None) -> Completeness:
+    if unit.get(METADATA_NAME) is None:
+        return Completeness(False, f"no {METADATA_NAME} yet (dcp.save writes it last)")
+    needed = dcp_needs(metadata)
+    if isinstance(needed, Completeness):
+        return needed
     for member, size in sorted(needed.items()):
         state = unit.get(member)
         if state is None:

@@ -264,6 +264,9 @@ class Engine:
             "copy.committed", seconds=round(result.seconds, 3),
             throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
             validation=result.validation, **_fields(job),
+            # why a copy is unchecked (e.g. a legacy torch.save format without checksums): the user's fix
+            **({"validation_detail": result.validation_detail}
+               if result.validation != "ok" and result.validation_detail else {}),
         )
         return result
 

@@ -29,6 +29,7 @@ from mirrord.service.refusals import IDENTITY, LISTING, Refusals
 from mirrord.service.settings import Settings
 from mirrord.store.aliases import alias_links, mirror_alias_links
 from mirrord.store.atomic import TEMP_SUFFIX
+from mirrord.store.bulk import collection_paused
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -105,6 +106,13 @@ class Reconciler:
     # -- reconcile and hints ------------------------------------------------------------------------
     def reconcile(self) -> None:
         """List both volumes, prune, and queue what the mirror lacks (nothing while the mirror is refused)."""
+        # A rescan builds records for every file of both sides (listings, plans, observations), none in a
+        # cycle: without the pause the cycle collector walks the whole heap twice per rescan, more than
+        # half of a rescan's CPU time at 100,000 files.
+        with collection_paused():
+            self._reconcile()
+
+    def _reconcile(self) -> None:
         started = self.monotonic()
         psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
         for msg in psnap.errors:
@@ -394,7 +402,8 @@ class Reconciler:
         if pruner is None or self.refusals.blocked:
             return
         if plan is None and self._in_hand is not None:
-            view = self._view(*self._fold(), self.manifest.entries)
+            with collection_paused():  # (see reconcile)
+                view = self._view(*self._fold(), self.manifest.entries)
             self.refusals.refuse(LISTING, view.refused)
             if self.refusals.blocked:
                 return

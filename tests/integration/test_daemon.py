@@ -43,6 +43,25 @@ def test_renamed_checkpoint_is_mirrored_and_recorded(tmp_path, daemon_factory):
     assert no_parts(mirror)
 
 
+def test_an_unverifiable_format_is_mirrored_unchecked_and_the_log_says_why(tmp_path, daemon_factory):
+    """A legacy torch.save file has no checksums: it is mirrored, recorded unchecked, and copy.committed
+    tells the user what it is and how to make it verifiable."""
+    import torch
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory().start()
+    part = primary / "run1" / "step_0005.pt.part"
+    part.parent.mkdir(parents=True)
+    torch.save({"w": torch.ones(64)}, part, _use_new_zipfile_serialization=False)
+    part.rename(primary / "run1" / "step_0005.pt")
+    wait_for(lambda: mirrored(mirror, "run1/step_0005.pt"), 90, "step 5 mirrored")
+    assert Manifest.load(mirror).entries["run1/step_0005.pt"].validation == "unchecked"
+    event = d.wait_event("copy.committed", 30)
+    assert event["validation"] == "unchecked"
+    assert "legacy torch.save format" in event["validation_detail"]
+    assert d.stop() == 0
+
+
 def iso_seconds(timestamp: str) -> float:
     """A log event's ISO-8601 UTC timestamp as seconds since the epoch (no local time zone involved)."""
     return datetime.fromisoformat(timestamp).timestamp()

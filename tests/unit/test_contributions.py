@@ -62,6 +62,7 @@ def test_a_share_is_done_once_settled_and_each_file_is_one_the_metadata_lists(sa
                                  lambda _f: True, meta).why
     assert "still being written" in local_part(first, lambda _f: False, meta).why
     assert "could not be read" in local_part(first, lambda _f: True, None).why
+    assert local_part(first, lambda _f: True, b"\x80\x04\x95garbage").why.startswith(".metadata: ")
     second = unit(saved, "__0_1.distcp")
     assert local_part(second, lambda _f: True, None).complete
     stray = group_units([FileState("run/step_3/__0_1.distcp", 5, MTIME), FileState("run/step_3/notes.txt", 5, MTIME)],

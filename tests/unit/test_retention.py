@@ -371,6 +371,16 @@ def synced(steps: range, run: str = "run", mtime_ns: int = MTIMES["old"]) -> His
     return h
 
 
+def test_kept_files_read_in_path_then_volume_order() -> None:
+    """plan.kept (made into records only when read) lists each kept file once, by path then volume."""
+    h = synced(range(1, 6), run="b")
+    h.primary.update(synced(range(1, 3), run="a").primary)
+    kept = h.plan().kept
+    listed = [(k.rel, k.volume) for k in kept]
+    assert len(kept) == len(listed) == 3 * 2 + 2 and listed == sorted(listed)
+    assert kept[0].rel == "a/step_0001.pt" and tuple(kept) == tuple(h.plan().kept)
+
+
 def test_keep_last_three_of_ten_deletes_steps_one_to_seven_on_both_sides() -> None:
     plan = synced(range(1, 11)).plan()
     assert sorted((d.volume, d.step) for d in plan.deletions) == sorted(

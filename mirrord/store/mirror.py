@@ -148,6 +148,10 @@ class Mirror(ReadableStore, Protocol):
     and each first checks that the mirror is still the volume the lock was taken on (check_identity).
     """
 
+    # Whether a published copy has an inode and a ctime worth recording in its manifest entry (a file
+    # system: `latest` then trusts the entry by stat alone). An object store has neither: no stat is made.
+    has_inodes: bool
+
     def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
         """Start publishing one object of `size` bytes under `key`; see Upload."""
 

@@ -203,6 +203,8 @@ def _listed(rel: str, patterns: tuple[str, ...], layout: Layout | None) -> bool:
 class S3Mirror:
     """The mirror interface over one bucket and prefix (keys are root-relative POSIX paths)."""
 
+    has_inodes = False  # an object has no inode or ctime: nothing to record beside its LastModified
+
     def __init__(self, url: str, settings: S3Settings | None = None, client: Any = None) -> None:
         self.location = S3Location.parse(url)
         self.settings = settings or S3Settings()

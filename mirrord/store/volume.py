@@ -393,6 +393,8 @@ class LocalMirror(LocalVolume):
     deletion first checks that the root is still the volume the lock was taken on.
     """
 
+    has_inodes = True
+
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         # io.direct_write: copies bypass the page cache with O_DIRECT (off by default: with one write in

@@ -25,7 +25,9 @@ KEYS = list(SCHEMA)
 
 def test_every_key_of_the_models_is_known_to_the_fast_path() -> None:
     assert set(_settings()) == set(SCHEMA)
-    assert {k for k, spec in SCHEMA.items() if spec[0] == "refuse"} == {k for k in SCHEMA if k.startswith("s3.")}
+    # Inline credentials only: the models warn of them (every other [s3] key is read like the rest).
+    assert {k for k, spec in SCHEMA.items() if spec[0] == "refuse"} == {
+        "s3.allow_inline_credentials", "s3.access_key_id", "s3.secret_access_key"}
 
 
 def test_defaults_are_the_models_defaults(tmp_path: Path) -> None:
@@ -64,7 +66,9 @@ TEXTS = st.one_of(
                      "debug", "INFO", "idle", "best-effort", "native", "folder", "file", "done", "a/b", ".",
                      "*.pt", "*.pt,*.ckpt", '["*.pt", "*.ckpt"]', '["x/y"]', "[", "*[.pt", "step_(\\d+)",
                      "(\\d+)", "(a)(b)", "(", "127.0.0.1:9108", "[::1]:80", "host:99999", "nohost",
-                     "s3://bucket/x", "relative/dir", "/abs/dir"]),
+                     "s3://bucket/x", "relative/dir", "/abs/dir", "s3://bucket", "s3://b", "s3://bucket//run/",
+                     "s3:/bucket/x", "s3://bucket/../x", "s3://bu/cket", "http://127.0.0.1:8333", "https://s3.example",
+                     "ftp://host", "http://", "path", "virtual", "node-1", "bad name", "STANDARD", "dcp", "5242880"]),
     st.text(max_size=8),
 )
 SCALARS = st.one_of(NUMBERS, TEXTS, st.booleans())
@@ -131,13 +135,14 @@ def toml_text(data: dict[str, Any]) -> str | None:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layers(), st.booleans(), st.booleans())
+@given(layers(), st.sampled_from([None, "mirror", "s3://bucket/run"]), st.booleans())
 def test_the_fast_path_is_unsure_or_agrees_with_the_models(
-    folder: Path, sources: tuple[dict[str, Any], dict[str, str], dict[str, Any]], with_mirror: bool, need_primary: bool
+    folder: Path, sources: tuple[dict[str, Any], dict[str, str], dict[str, Any]], with_mirror: str | None,
+    need_primary: bool
 ) -> None:
     file, env, flags = sources
-    if with_mirror:  # most documents then pass the roots check too: both answers are compared in full
-        file.setdefault("mirror", "mirror")
+    if with_mirror is not None:  # most documents then pass the roots check too: both answers are compared in full
+        file.setdefault("mirror", with_mirror)
         file.setdefault("primary", "primary")
     text = toml_text(file)
     if text is None:
@@ -175,3 +180,20 @@ def test_a_plain_valid_config_is_taken_by_the_fast_path(folder: Path) -> None:
     assert fast.metrics.address == "127.0.0.1:9999" and fast.copy.workers == 4 and fast.log.level == "debug"
     with pytest.raises(AttributeError):
         fast.copy_.workers = 3
+
+
+def test_a_plain_s3_config_is_taken_by_the_fast_path(folder: Path) -> None:
+    """`sync` into an object store starts without pydantic too (its start-up is paid on every pass)."""
+    path = folder / "s3.toml"
+    path.write_text('primary = "primary"\nmirror = "s3://bucket/runs"\n[copy]\nsettle_seconds = 0\n'
+                    '[s3]\nendpoint_url = "http://127.0.0.1:8333"\naddressing_style = "path"\n'
+                    'part_size = 16777216\nfiles_in_flight = 4\nlease_seconds = 60\nnode = "node-1"\n')
+    env = {"MIRRORD_S3__REGION": "eu-west-1", "MIRRORD_S3__CONCURRENCY": "6"}
+    fast = fast_config(path, env)
+    assert fast is not None
+    assert values(fast) == values(explain_config(path, env).config)
+    assert fast.mirror_target == "s3://bucket/runs" and fast.copy_workers == 4 and fast.s3.region == "eu-west-1"
+    # Inline credentials are the models' (they warn of them), so is a units_span_nodes outside a dcp layout.
+    for extra in ('access_key_id = "AK"\n', "units_span_nodes = true\n"):
+        (folder / "s3-other.toml").write_text(path.read_text() + extra)
+        assert fast_config(folder / "s3-other.toml", env) is None

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mirrord.core.model import FileState, step_of
+from mirrord.core.model import FileState, step_reader
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,12 @@ def run_rollbacks(
     """Every run of a listing that went back to a lower step: run -> its rollbacks (old, new step).
     An mtime past `lie_after_ns` (beyond the allowed clock skew) is a lying clock: treated as unknown."""
     mtimes: dict[str, dict[int, int]] = defaultdict(dict)
+    step_of_file = step_reader(step_regex)
     for state in files:
-        step = step_of(state.rel, step_regex)
+        rel = state.rel
+        step = step_of_file(rel)
         if step is not None:
-            steps = mtimes[state.run]
+            steps = mtimes[rel.rpartition("/")[0]]  # state.run
             mtime = 0 if state.mtime_ns > lie_after_ns else state.mtime_ns
             steps[step] = max(steps.get(step, 0), mtime)
     found = {run: branches(steps).rollbacks for run, steps in mtimes.items()}

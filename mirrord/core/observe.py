@@ -15,15 +15,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.vocabulary import Volume
 
+_Seen = tuple[FileState, float]  # a file as first seen with its identity, and when (monotonic)
+
 
 class Observations:
     """(volume, rel) -> (identity, first seen unchanged). Thread-safe; `clock` is injected."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        # volume -> rel -> (identity, first seen unchanged): per volume, so that a complete listing of one
-        # replaces its map whole (forgetting what is gone) instead of sweeping every key of both.
-        self._seen: dict[str, dict[str, tuple[tuple[int, int, int, int], float]]] = {}
+        # volume -> rel -> (state, first seen with its identity): per volume, so that a complete listing of
+        # one replaces its map whole (forgetting what is gone) instead of sweeping every key of both. The
+        # state, not a tuple of its identity: a rescan lists an unchanged file with the same record
+        # (mirrord.store.scan), which `is` tells at once.
+        self._seen: dict[str, dict[str, _Seen]] = {}
         self._lock = threading.Lock()
 
     def seen_for(self, volume: str, state: FileState, now: float | None = None) -> float:
@@ -32,8 +36,8 @@ class Observations:
         with self._lock:
             seen_in = self._seen.setdefault(volume, {})
             seen = seen_in.get(state.rel)
-            if seen is None or seen[0] != state.identity:
-                seen_in[state.rel] = (state.identity, now)
+            if seen is None or seen[0].identity != state.identity:
+                seen_in[state.rel] = (state, now)
                 return 0.0
             return max(0.0, now - seen[1])
 
@@ -41,16 +45,17 @@ class Observations:
         """Observe a complete listing of `volume` (forgetting files no longer in it); how long each has been
         seen unchanged, as of now."""
         now = self.clock()
-        listed: dict[str, tuple[tuple[int, int, int, int], float]] = {}
+        listed: dict[str, _Seen] = {}
         # seen_for inlined under one lock: a daemon's every rescan observes every file of both sides.
         with self._lock:
             before = self._seen.get(volume, {})
             get = before.get
             for state in states:
                 rel = state.rel
-                identity = (state.ino, state.size, state.mtime_ns, state.ctime_ns)  # FileState.identity, inlined
                 seen = get(rel)
-                listed[rel] = seen if seen is not None and seen[0] == identity else (identity, now)
+                if seen is None or (seen[0] is not state and seen[0].identity != state.identity):
+                    seen = (state, now)
+                listed[rel] = seen
             self._seen[volume] = listed
         return Ages(volume, listed, now)
 
@@ -70,7 +75,7 @@ class Ages(Mapping[tuple[str, str], float]):
 
     __slots__ = ("_volumes",)
 
-    def __init__(self, volume: str, listed: dict[str, tuple[tuple[int, int, int, int], float]], now: float) -> None:
+    def __init__(self, volume: str, listed: dict[str, _Seen], now: float) -> None:
         self._volumes = {volume: (listed, now)}
 
     def __or__(self, other: object) -> Ages:

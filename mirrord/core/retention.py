@@ -544,8 +544,12 @@ def _step_verified(
     """All of a step's files are on the mirror, recorded with a matching size, and current."""
     if not mirror_files:
         return False
+    recorded = manifest.get
     for dst in mirror_files:
-        entry = manifest.get(dst.rel)
+        entry = recorded(dst.rel)
         if entry is None or entry.size != dst.size or not entry_passed(entry):
             return False
-    return all(why_copy(src, manifest.get(src.rel), mirror_all.get(src.rel)) is None for src in primary_files)
+    for src in primary_files:  # noqa: SIM110 - no generator: this runs for every step at each rescan
+        if why_copy(src, recorded(src.rel), mirror_all.get(src.rel)) is not None:
+            return False
+    return True

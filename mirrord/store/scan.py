@@ -148,8 +148,10 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                 ino = st.st_ino
                 dev = st.st_dev
                 state = recorded(rel)
-                if state is None or not (state.mtime_ns == mtime and state.ctime_ns == ctime and state.ino == ino
-                                         and state.size == size and state.dev == dev and state.mode == mode):
+                if state is not None and state.mtime_ns == mtime and state.ctime_ns == ctime and state.ino == ino \
+                        and state.size == size and state.dev == dev and state.mode == mode:
+                    rel = state.rel  # (the interned one)
+                else:
                     # Interned: the other root's scan and the manifest name the same files, one string for all three.
                     rel = intern(rel)
                     if ctime == mtime:
@@ -157,9 +159,9 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                     state = make(rel, size, mtime, ino, shared.setdefault(dev, dev), shared.setdefault(mode, mode),
                                  ctime)
                 if partial:
-                    partials[state.rel] = state
+                    partials[rel] = state
                 else:
-                    files[state.rel] = state
+                    files[rel] = state
             elif kind == S_IFLNK:
                 skipped.append((rel, "symlink"))
             elif kind == S_IFDIR:

@@ -86,6 +86,7 @@ class Profile:
     trainer_steps: int
     trainer_save_every: int
     trainer_mib: float
+    trainer_threads: int
     scale: tuple[tuple[int, int], ...]
     record_entries: int
     burst: int
@@ -93,9 +94,9 @@ class Profile:
 
 
 FULL = Profile(False, 3, Dataset("1x2GiB", 1, 2 * GiB), Dataset("200x4MiB", 200, 4 * MiB, runs=10),
-               3, 150, 50, 500.0, ((100_000, 1000), (1_000_000, 1000)), 100_000, 5000, 7)
+               3, 3000, 1000, 500.0, 2, ((100_000, 1000), (1_000_000, 1000)), 100_000, 5000, 7)
 SMOKE = Profile(True, 1, Dataset("1x8MiB", 1, 8 * MiB), Dataset("20x256KiB", 20, 256 * KiB, runs=4),
-                1, 20, 10, 4.0, ((1000, 100),), 1000, 50, 1)
+                1, 20, 10, 4.0, 2, ((1000, 100),), 1000, 50, 1)
 
 
 # --- one row of the table ----------------------------------------------------------------------
@@ -242,14 +243,15 @@ def trainer_row(goal: str, slowdown: float, ms: float, base_ms: float, target: f
     return r
 
 
-def goal_trainer(p: Profile, work: Path) -> dict[str, Any]:
+def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
+    cases = cases or TRAINER_CASES
     root = work / "trainer"
-    steps: dict[str, list[float]] = {k: [] for k in TRAINER_CASES}
-    saves: dict[str, list[float]] = {k: [] for k in TRAINER_CASES}
-    p50_ratio: dict[str, list[float]] = {k: [] for k in TRAINER_CASES}
-    cpu: dict[str, list[float]] = {k: [] for k in TRAINER_CASES}
-    lag: dict[str, list[float]] = {k: [] for k in TRAINER_CASES}
-    names = ["no daemon", "daemon, recommended"] if p.smoke else list(TRAINER_CASES)
+    steps: dict[str, list[float]] = {k: [] for k in cases}
+    saves: dict[str, list[float]] = {k: [] for k in cases}
+    p50_ratio: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    lag: dict[str, list[float]] = {k: [] for k in cases}
+    names = ["no daemon", "daemon, recommended"] if p.smoke else list(cases)
     first = 0
     with LoadSampler() as load:
         for rep in range(p.trainer_reps):
@@ -262,10 +264,10 @@ def goal_trainer(p: Profile, work: Path) -> dict[str, Any]:
                 run.mkdir(parents=True)
                 mirror.mkdir(parents=True)
                 os.sync()
-                settings = TRAINER_CASES[name]
+                settings = cases[name]
                 cmd = [sys.executable, "-m", "bench.trainer", "--dir", str(run), "--steps", str(p.trainer_steps),
                        "--save-every", str(p.trainer_save_every), "--frozen-mib", str(p.trainer_mib),
-                       "--first-step", str(first)]
+                       "--first-step", str(first), "--threads", str(p.trainer_threads)]
                 first += p.trainer_steps
                 if settings is None:
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
@@ -296,7 +298,7 @@ def goal_trainer(p: Profile, work: Path) -> dict[str, Any]:
     table = []
     for name in names:
         s = steps[name]
-        table.append({"case": name, "settings": TRAINER_CASES[name], "steps": len(s),
+        table.append({"case": name, "settings": cases[name], "steps": len(s),
                       "p50_ms": round(statistics.median(s) * 1000, 2), "p99_ms": round(percentile(s, 99) * 1000, 2),
                       "cpu_p50_ms": round(statistics.median(cpu[name]) * 1000, 2),
                       "p50_slowdown": round(statistics.median(p50_ratio[name]) - 1, 4),

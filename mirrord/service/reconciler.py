@@ -136,6 +136,9 @@ class Reconciler:
         for rel, why in psnap.skipped:
             if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link, not warned about
                 self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
+        # The heartbeat between the parts of a pass that takes seconds on a big tree or a busy host: each
+        # part is planned after it from what the beat found (a refusal is honoured below).
+        self.heartbeat()
         problem = self.mirror.identity_problem()
         self.refusals.refuse(IDENTITY, problem)
         # The manifest is read before the mirror is listed: a copy recorded in it was published before
@@ -151,7 +154,11 @@ class Reconciler:
         msnap = None if problem else self.mirror.snapshot(self.config.patterns, self.config.rules)
         for msg in msnap.errors if msnap is not None else ():
             self.log.error("scan.error", cause=msg)
+        self.heartbeat()
         view = self._view(psnap, msnap, entries, problem)
+        self.heartbeat()
+        if self.stopping():  # asked meanwhile (or the beat found the mirror's lock lost): no prune, no queue
+            return
         if msnap is not None:
             self.refusals.refuse(LISTING, view.refused)
         self._in_hand = (psnap, msnap) if msnap is not None and not self.refusals.blocked else None

@@ -99,8 +99,10 @@ class Supervisor:
         if problems:
             self.log.error("daemon.unhealthy", problems=problems)
             self.notifier.status("UNHEALTHY: " + "; ".join(problems))
-        else:
+        elif self.ready:
             self.notifier.watchdog(status)
+        else:  # a beat inside the first pass (/healthz stays fresh): systemd hears READY=1 first
+            self.notifier.status(status)
 
     def _check_mirror(self) -> None:
         """Is the mirror still the pinned volume, and is its manifest still ours (repaired if not)?"""

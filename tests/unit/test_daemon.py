@@ -338,3 +338,51 @@ def test_a_settle_recheck_of_many_files_is_one_round_in_turns(harness, primary, 
     wait_for(lambda: h.daemon.ledger.copied == len(rels), 60, "every settled copy")
     assert all((mirror / rel).exists() for rel in rels)
     assert len(events(logs, "reconcile.finished")) == 1
+
+
+
+def slow_listings(h: Harness, seconds: float, during_mirror: list[Callable[[], None]]) -> None:
+    """Each full listing of either volume takes `seconds` on the daemon's clock; what is in `during_mirror`
+    runs while the mirror is listed."""
+    real_primary, real_mirror = h.daemon.primary.snapshot, h.daemon.mirror.snapshot
+
+    def primary_snapshot(*args: Any, **kwargs: Any) -> Any:
+        h.clock.advance(seconds)
+        return real_primary(*args, **kwargs)
+
+    def mirror_snapshot(*args: Any, **kwargs: Any) -> Any:
+        h.clock.advance(seconds)
+        for call in during_mirror:
+            call()
+        return real_mirror(*args, **kwargs)
+
+    h.daemon.primary.snapshot = primary_snapshot  # type: ignore[method-assign]
+    h.daemon.mirror.snapshot = mirror_snapshot  # type: ignore[method-assign]
+
+
+def test_a_long_reconcile_beats_between_its_parts_and_a_stop_asked_meanwhile_queues_nothing(
+        harness, primary, mirror, logs) -> None:
+    """A rescan whose listings each take longer than the heartbeat period (a big tree, a busy host) pings
+    when it starts and after each listing; a stop asked while the mirror is listed ends the pass before
+    it prunes or queues anything."""
+    h = harness(daemon={"heartbeat_seconds": 0.1})
+    h.daemon.start()
+    save_checkpoint(primary / REL, 7)
+    during_mirror: list[Callable[[], None]] = []
+    slow_listings(h, 0.5, during_mirror)
+    h.clock.advance(600)
+    before = h.journal.count("WATCHDOG=1")
+    h.daemon.tick(wait=False)
+    assert h.journal.count("WATCHDOG=1") - before == 3  # due at the rescan, then after each listing
+    assert len(events(logs, "reconcile.finished")) == 2
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the rescanned copy")
+
+    later = "run/step_0008.pt"
+    save_checkpoint(primary / later, 8)
+    during_mirror.append(h.daemon._stop)  # SIGTERM, or the heartbeat finding the mirror's lock lost
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    assert h.daemon.signals.stop_requests == 1
+    assert h.daemon.queue.depth() == 0 and [e["path"] for e in events(logs, "copy.started")] == [REL]
+    assert len(events(logs, "reconcile.finished")) == 2  # the stopped pass ends unfinished
+    assert not (mirror / later).exists()

@@ -670,7 +670,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
            "", f"`{m['command']}` on {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}; disk {m['disk']} "
            "(source and mirror on it). Paired repetitions, order rotated, medians; a ratio is taken inside one "
            "repetition. **The machine is shared**: the last column is the 1-minute load average sampled during "
-           "that measurement (min-max); absolute times follow it, ratios much less.", "",
+           "that measurement (min-max); absolute times follow it, ratios much less. \"CPU shielded\": run with "
+           "`--shield`, in a cgroup weighted far above the rest of the machine, so the neighbours' CPU load did not "
+           "reach it (their disk and memory traffic did).", "",
            md_table(HEADERS, table_rows(doc)), ""]
     raw = {g: doc[g]["raw"] for g in GOALS if doc.get(g)}
     if "sync" in raw:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import mirrord.store.companion as companion_module
 import mirrord.store.manifest as manifest_module
 from mirrord.core.model import ManifestEntry
 from mirrord.obs import log
@@ -75,6 +76,22 @@ def test_round_trip_keeps_every_field_objects_and_packed(tmp_path: Path) -> None
         assert (found.generation, found.snapshot_sha256) == (7, digest)
         assert {type(h) for h in found.entries.values()} == {held_type}
         assert dict(Manifest._adopting(found.entries).entries) == entries
+
+
+def test_paths_and_records_read_in_small_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths cut anywhere by the chunks they are read in (one longer than a chunk), records in batches."""
+    monkeypatch.setattr(companion_module, "_READ_BYTES", 7)
+    monkeypatch.setattr(companion_module, "_BATCH", 3)
+    entries = {e.path: e for e in map(entry, range(N))}
+    long = ManifestEntry("run_long/" + "x" * 30 + ".pt", 1, "blake3", "ab" * 32, 1, 1, 1.0)
+    entries[long.path] = long
+    path = tmp_path / COMPANION
+    path.write_bytes(encode_companion(entries, 3, bytes(32)) or b"")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_companion(fd, N + 2).entries == entries
+    finally:
+        os.close(fd)
 
 
 def test_compaction_writes_a_companion_the_next_load_uses(tmp_path: Path, events: io.StringIO) -> None:
@@ -154,8 +171,10 @@ def test_a_companion_of_another_snapshot_is_stale(tmp_path: Path, events: io.Str
     assert "stale" in ignored["cause"]
 
 
-def test_a_companion_with_a_valid_checksum_but_unsafe_paths_is_refused(tmp_path: Path) -> None:
+def test_a_companion_with_a_valid_checksum_but_unsafe_paths_is_refused(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Its checksum proves it intact, not made by us: its paths are held to split_rel's rule anyway."""
+    monkeypatch.setattr(companion_module, "_READ_BYTES", 5)  # (and where chunks meet)
     for bad in ("../outside.pt", "/abs.pt", "run//step.pt", "run/./step.pt", "run/../step.pt", "run/", "",
                 ".", "..", "zzz/..", "zzz/.", "zzz/"):  # (sorted first, between the two good ones, last)
         entries = {"a/ok.pt": pack(entry(1)), bad: pack(entry(2)), "zz/ok.pt": pack(entry(3))}
@@ -165,7 +184,7 @@ def test_a_companion_with_a_valid_checksum_but_unsafe_paths_is_refused(tmp_path:
         path.write_bytes(data)
         fd = os.open(path, os.O_RDONLY)
         try:
-            with pytest.raises(CompanionError, match="safe relative paths"):
+            with pytest.raises(CompanionError, match="not all safe relative paths"):
                 read_companion(fd, 10)
         finally:
             os.close(fd)

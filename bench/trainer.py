@@ -1,11 +1,12 @@
 """A real CPU training loop that checkpoints with `mirrord.torch.atomic_save`: what the trainer feels.
 
-    python -m bench.trainer --dir RUN --steps 150 --save-every 50 --frozen-mib 500
+    python -m bench.trainer --dir RUN --steps 3000 --save-every 1000 --frozen-mib 500
 
-A small MLP (fixed seed, SGD on a fixed synthetic regression task, `torch.set_num_threads(2)`) behind
-a frozen embedding table of about `--frozen-mib` MiB, so that each checkpoint (model state + optimizer
-state + step) is about that size while a step stays cheap (a lookup and a small MLP). Every
-`--save-every` steps the state is saved with `atomic_save` (temp name, fsync, rename, fsync dir).
+A small MLP (fixed seed, SGD on a fixed synthetic regression task, `--threads` torch threads, 2 by
+default: every core of the build machine) behind a frozen embedding table of about `--frozen-mib` MiB,
+so that each checkpoint (model state + optimizer state + step) is about that size while a step stays
+cheap (a lookup and a small MLP). Every `--save-every` steps the state is saved with `atomic_save`
+(temp name, fsync, rename, fsync dir).
 
 Prints one JSON document: the wall time of every training step (forward, backward, optimizer; the
 save is not part of a step), its CPU time (all of this process's threads), and the wall time of
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frozen-mib", type=float, default=500.0, help="size of the frozen embedding (MiB)")
     p.add_argument("--first-step", type=int, default=0, help="step number of the first step (names)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (2 = every core of this machine)")
     args = p.parse_args(argv)
 
     import torch
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from mirrord.torch import atomic_save
 
     torch.manual_seed(args.seed)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     rows = max(1, int(args.frozen_mib * 2**20 / 4 / WIDTH))
     embedding = nn.Embedding(rows, WIDTH)
     embedding.weight.requires_grad_(False)

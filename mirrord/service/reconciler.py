@@ -34,6 +34,12 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalMirror, LocalVolume
 
+# One turn of the main loop does at most this much of a pass whose size is the burst's (the watch hints
+# of thousands of checkpoints committed at once, a settle recheck of as many files) and leaves the rest
+# to the next turns: the heartbeat (WATCHDOG=1, /healthz), a stop or a reload never wait longer than
+# this for such a pass, however big the burst and however slowly each file is stat'ed on a busy host.
+TURN_SECONDS = 0.1
+
 
 class Reconciler:
     """Full reconciles, hint handling, settle rechecks and prune passes, all run by the main loop."""
@@ -50,6 +56,9 @@ class Reconciler:
         self.wall, self.monotonic = wall, monotonic
         self.unsettled: set[str] = set()
         self._next_rescan = self._next_settle = 0.0
+        # A settle recheck round in progress: the rules it was taken under, and what it has still to look
+        # at (file paths, or folder units with rules.folders); None between rounds.
+        self._recheck: tuple[Layout, list[str]] | None = None
         self._rollbacks_logged: set[str] = set()
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
         # The last complete listings, kept current (published copies, hinted files, deletions): a prune
@@ -78,7 +87,8 @@ class Reconciler:
         return bool(self.unsettled or self.ledger.invalid_paths())
 
     def next_deadline(self) -> float:
-        """When there is work even if nothing wakes the loop: the rescan, a settle recheck, a prune pass."""
+        """When there is work even if nothing wakes the loop: the rescan, a settle recheck (at once while a
+        round is in progress: its next turn), a prune pass."""
         deadlines = [self._next_rescan]
         if self._settling():
             deadlines.append(self._next_settle)
@@ -88,18 +98,23 @@ class Reconciler:
 
     def work(self) -> None:
         """Do what is due: hints (or a full reconcile when asked, or at the rescan interval), settle
-        rechecks, a prune pass after copies or when an observation matures."""
+        rechecks, a prune pass after copies or when an observation matures. Hints and rechecks take one
+        turn each at most (TURN_SECONDS; the loop comes back at once for the rest), and the heartbeat
+        is given its chance between the parts."""
         cfg, now = self.config, self.monotonic()
         if self.drain_hints() or self.inbox.rescan_asked or now >= self._next_rescan:
+            self.heartbeat()
             self.inbox.rescan_asked = False
             self.reconcile()
             self._next_rescan = self.monotonic() + cfg.watch.rescan_interval_seconds
         if self._settling() and now >= self._next_settle:
-            self.recheck_unsettled()
-            self._next_settle = now + min(0.5, cfg.copy.settle_seconds or 0.5)
+            self.heartbeat()
+            if self.recheck_unsettled():  # else the round goes on next turn (_next_settle stays due)
+                self._next_settle = self.monotonic() + min(0.5, cfg.copy.settle_seconds or 0.5)
         if self.inbox.prune_at is not None and now >= self.inbox.prune_at:
             self.inbox.prune_at, self.inbox.prune_due = None, True
         if self.inbox.prune_due:
+            self.heartbeat()
             self.inbox.prune_due = False
             self.prune()
 
@@ -266,14 +281,17 @@ class Reconciler:
         return why_copy(src, self.manifest.get(job.rel), fresh) in VERIFY_FAILURES
 
     def drain_hints(self) -> bool:
-        """Handle queued watcher hints; returns True when a full rescan was asked for. With folder units a
-        hint names the unit it lies in, and only the units named are listed and judged again."""
+        """Handle queued watcher hints for one turn (TURN_SECONDS, at least one hint; the rest stay queued
+        for the next turns); returns True when a full rescan was asked for. With folder units a hint names
+        the unit it lies in, and only the units named are listed and judged again."""
         rules = self.config.rules
         files: dict[str, FileState] = {}
         units: set[str] = set()
         rescan = False
-        while self.inbox.hints:
+        turn_ends, handled = self.monotonic() + TURN_SECONDS, 0
+        while self.inbox.hints and (not handled or self.monotonic() < turn_ends):
             hint = self.inbox.hints.popleft()
+            handled += 1
             unit = unit_of(hint.rel, rules) if hint.rel and rules.folders else None
             if hint.rescan and unit is None:
                 rescan = True  # an overflow, or a folder moved in that is no unit (a whole run folder)
@@ -366,22 +384,33 @@ class Reconciler:
         self._enqueue(self._view(psnap, Snapshot(mirror_files), self.manifest.entries, partial=True), psnap,
                       partial=True)
 
-    def recheck_unsettled(self) -> None:
-        """Stat the files still settling or invalid again; queue those that are ready now."""
+    def recheck_unsettled(self) -> bool:
+        """Stat the files still settling or invalid again; queue those that are ready now. One round looks
+        at each of them once, one turn (TURN_SECONDS, at least one file or unit) per call: True when the
+        round is done, False when the next call goes on with it."""
         rules = self.config.rules
+        if self._recheck is None or self._recheck[0] != rules:  # a new round (or new rules: start over)
+            self._recheck = (rules, self._recheck_round(rules))
+        pending = self._recheck[1]
+        turn_ends = self.monotonic() + TURN_SECONDS
         if rules.folders:  # each unit still settling judged again from a listing of it alone (a unit
             # judged invalid is remembered by its files' identities: judged again when an event names it)
-            units = {u for rel in self.unsettled if (u := unit_of(rel, rules))}
-            if units and not self.refusals.blocked:
-                self._refresh_units(units)
-            return
-        if self.unsettled and any(rules.is_alias(rel) for rel in self.unsettled):
-            self.inbox.rescan_asked = True  # an alias is judged from a full listing
-            self.inbox.wake()
+            settling = {u for rel in self.unsettled if (u := unit_of(rel, rules))}
+            refreshed = 0
+            while pending and not self.refusals.blocked and (not refreshed or self.monotonic() < turn_ends):
+                unit = pending.pop()
+                if unit in settling:  # (else it settled, or was judged on a hint, since the round began)
+                    self._refresh_units({unit})
+                    refreshed += 1
+            return self._recheck_done()
+        invalid = self.ledger.invalid_paths()
         files: dict[str, FileState] = {}
-        for rel in self.unsettled | self.ledger.invalid_paths():
-            if rules.folders or rules.is_alias(rel):
-                continue  # judged by that listing
+        looked = 0
+        while pending and (not looked or self.monotonic() < turn_ends):
+            rel = pending.pop()
+            if rel not in self.unsettled and rel not in invalid:
+                continue  # queued or gone since the round began (a hint, a rescan)
+            looked += 1
             try:
                 state = self.primary.stat(rel)
             except (OSError, UnsafePathError):
@@ -394,6 +423,25 @@ class Reconciler:
                 files[rel] = state
         if files:
             self._enqueue_paths(files)
+        return self._recheck_done()
+
+    def _recheck_round(self, rules: Layout) -> list[str]:
+        """What a new settle recheck round looks at: the folder units still settling, or the files still
+        settling or invalid (an alias among them asks for a full listing instead: it is judged from one)."""
+        if rules.folders:
+            return sorted({u for rel in self.unsettled if (u := unit_of(rel, rules))}, reverse=True)
+        if self.unsettled and any(rules.is_alias(rel) for rel in self.unsettled):
+            self.inbox.rescan_asked = True
+            self.inbox.wake()
+        return sorted((rel for rel in self.unsettled | self.ledger.invalid_paths() if not rules.is_alias(rel)),
+                      reverse=True)
+
+    def _recheck_done(self) -> bool:
+        """Whether the round in progress has looked at everything (and is over)."""
+        if self._recheck is not None and self._recheck[1] and not self.refusals.blocked:
+            return False
+        self._recheck = None
+        return True
 
     def prune(self, plan: PrunePlan | None = None) -> None:
         """One retention pass: from `plan` (a reconcile's), else from the snapshots in hand (else fresh

@@ -19,6 +19,7 @@ import pytest
 from mirrord.config import Config
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
+from mirrord.service.reconciler import TURN_SECONDS
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -274,3 +275,66 @@ def test_a_checkpoint_without_a_step_is_warned_about_once_even_when_it_appears_a
         h.daemon.tick(wait=False)
     assert len(events(logs, "reconcile.finished")) == 3
     assert [(e["path"], e["pattern"]) for e in events(logs, "checkpoint.no_step")] == [("run/final.pt", "*.pt")]
+
+
+def slow_primary_stats(h: Harness, seconds: float) -> None:
+    """Each stat of a primary file takes `seconds` on the daemon's clock (a busy host, a slow disk)."""
+    real = h.daemon.primary.stat
+
+    def stat(rel: str) -> Any:
+        h.clock.advance(seconds)
+        return real(rel)
+
+    h.daemon.primary.stat = stat  # type: ignore[method-assign]
+
+
+def test_a_burst_of_hints_is_handled_a_turn_at_a_time_with_the_heartbeat_between_turns(
+        harness, primary, mirror, logs) -> None:
+    """Thousands of checkpoints committed at once are not one pass of the loop: each turn handles the
+    hints of TURN_SECONDS on the daemon's clock (at least one), leaves the rest queued, and the heartbeat
+    (WATCHDOG=1) runs before the next turn. Every hinted file is still copied, without a rescan."""
+    h = harness(daemon={"heartbeat_seconds": 0.1})
+    h.daemon.start()
+    rels = [f"run/step_{i:04d}.pt" for i in range(12)]
+    for step, rel in enumerate(rels):
+        save_checkpoint(primary / rel, step)
+    slow_primary_stats(h, TURN_SECONDS * 0.6)  # two hints per turn, then the heartbeat is due again
+    for rel in rels:
+        h.hint(rel)
+    left, pings = [], []
+    while h.daemon.inbox.hints:
+        h.daemon.tick(wait=False)
+        left.append(len(h.daemon.inbox.hints))
+        pings.append(h.journal.count("WATCHDOG=1"))
+    assert left == sorted(left, reverse=True) and left[0] == len(rels) - 2 and left[-1] == 0
+    assert len(left) == len(rels) // 2
+    assert pings == sorted(pings) and len(set(pings)) == len(pings), "a heartbeat after every turn"
+    wait_for(lambda: h.daemon.ledger.copied == len(rels), 60, "every hinted copy")
+    assert all((mirror / rel).exists() for rel in rels)
+    assert len(events(logs, "reconcile.finished")) == 1
+
+
+def test_a_settle_recheck_of_many_files_is_one_round_in_turns(harness, primary, mirror, logs) -> None:
+    """Files written in place (no rename, no hint) wait to settle; the recheck of many of them looks at
+    the files of one turn per tick and goes on at the next tick (no wait in between) until the round has
+    looked at every file: each is queued once it has settled, and the heartbeat runs between turns."""
+    h = harness(copy={"settle_seconds": 1.0}, daemon={"heartbeat_seconds": 0.1})
+    rels = [f"run/step_{i:04d}.pt" for i in range(9)]
+    for step, rel in enumerate(rels):
+        save_checkpoint(primary / rel, step)
+    h.daemon.start()
+    assert h.daemon.reconciler.unsettled == set(rels) and h.daemon.queue.depth() == 0
+    h.clock.advance(1.5)  # settled by now: the recheck finds them so
+    slow_primary_stats(h, TURN_SECONDS * 0.4)  # three files per turn
+    unsettled, pings = [], []
+    while h.daemon.reconciler.unsettled:
+        assert h.daemon.reconciler.next_deadline() <= h.clock.mono  # the round goes on at once
+        h.daemon.tick(wait=False)
+        unsettled.append(len(h.daemon.reconciler.unsettled))
+        pings.append(h.journal.count("WATCHDOG=1"))
+    assert unsettled == [6, 3, 0]
+    assert len(set(pings)) == len(pings), "a heartbeat after every turn"
+    assert h.daemon.reconciler.next_deadline() > h.clock.mono  # the round is over: the loop may sleep
+    wait_for(lambda: h.daemon.ledger.copied == len(rels), 60, "every settled copy")
+    assert all((mirror / rel).exists() for rel in rels)
+    assert len(events(logs, "reconcile.finished")) == 1

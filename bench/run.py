@@ -24,7 +24,7 @@ from typing import Any
 from bench import goals as goals_bench
 from bench import latency, resources, scale, throughput
 from bench import manifest as manifest_bench
-from bench.common import GB, Dataset, GiB, KiB, MiB, device_of, log, md_table, write_json
+from bench.common import GB, Dataset, GiB, KiB, MiB, device_of, log, md_table, shield_cpu, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SECTIONS = ("throughput", "latency", "resources", "scale", "manifest")
@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-seconds", type=float, help="idle CPU window (default 60; smoke 1)")
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mirrord-bench",
                    help="scratch space on the disk under test (default: <tmp>/mirrord-bench; datasets are kept)")
+    p.add_argument("--shield", action="store_true",
+                   help="root: run in a cgroup weighted far above the rest of the machine, so that other work's "
+                        "CPU load does not reach the measurements (recorded next to each load figure)")
     p.add_argument("--out", type=Path, help="results directory (default bench/results; smoke: WORKDIR/smoke)")
     args = p.parse_args(argv)
     if args.only is None:
@@ -246,8 +249,14 @@ def _goals(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
     work = args.workdir / ("smoke" if args.smoke else "full")
     work.mkdir(parents=True, exist_ok=True)
     out = args.out or (work / "results" if args.smoke else RESULTS)
+    if args.shield:
+        try:
+            log(f"CPU shield: {shield_cpu()}")
+        except OSError as exc:
+            p.error(f"--shield: {exc}")
     meta = {
         "command": _shown(argv),
+        "shield": args.shield,
         "smoke": args.smoke, "cpus": os.cpu_count(), "kernel": platform.release(),
         "python": platform.python_version(), "disk": device_of(work),
         "tools": {t: shutil.which(t) is not None for t in ("fio", "strace", "dd")},

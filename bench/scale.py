@@ -57,6 +57,7 @@ def build_tree(root: Path, n_files: int, n_runs: int, say: Log = log) -> Path:
             os.utime(p, ns=(mtime, mtime))
         entries[rel] = ManifestEntry(rel, 0, "blake3", empty, mtime, i // n_runs, time.time())
     (where / "mirror" / MANIFEST_NAME).write_bytes(Manifest(entries).to_bytes())
+    Manifest.open(where / "mirror").close()  # adds the snapshot's companion, as a compaction would have
     (where / ".complete").write_text("")
     say(f"  made in {time.perf_counter() - t0:.1f} s")
     return where

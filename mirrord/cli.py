@@ -279,7 +279,7 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
         return EXIT_OK
     from mirrord.commands.config_toml import render
 
-    loaded = _explain(args)
+    loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
     print(render(config.to_toml_dict(), lambda key: str(loaded.origin(key))), end="")
     print("\n# effective checkpoint rules:")
     print("\n".join(f"#   {line}" for line in config.rules.describe()))
@@ -624,6 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"mirrord: config error: {problem}", file=sys.stderr)
             return EXIT_USAGE
         config, ignored = loaded.config, loaded.ignored_environment
+        args.loaded = loaded  # check-config prints each value's origin from it
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
     if ignored:  # once per process: a SIGHUP reload does not repeat it
         logsetup.get_logger().info("config.environment_ignored", variables=list(ignored),

@@ -21,11 +21,12 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from mirrord.core.contributions import Contribution, Contributions, Merged
 from mirrord.core.model import ManifestEntry, make_manifest_entry
-from mirrord.errors import ManifestError
+from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.obs.log import get_logger
 from mirrord.store.bulk import collection_paused
+from mirrord.store.companion import COMPANION_FROM_ENTRIES, encode_companion, read_companion
 from mirrord.store.hashing import ALGORITHMS
-from mirrord.store.journal import LocalManifestStore, Stored
+from mirrord.store.journal import LocalManifestStore, MakeCompanion, Stored
 from mirrord.store.jsonstream import CHUNK_BYTES, NotAnObjectError, read_object
 from mirrord.store.packed import Entries, Held, pack, pack_fields, unpack
 from mirrord.store.paths import split_rel
@@ -172,6 +173,19 @@ def read_snapshot(chunks: Iterable[bytes], where: str) -> tuple[dict[str, Held],
     return entries, _read_snapshot(chunks, where, entries, decode)[0]
 
 
+def read_snapshot_companion(fd: int) -> tuple[dict[str, Held], int, bytes]:
+    """The snapshot as its companion (mirrord.store.companion) holds it, held as read_snapshot holds it."""
+    found = read_companion(fd, PACKED_FROM_ENTRIES)
+    return found.entries, found.generation, found.snapshot_sha256
+
+
+def companion_of(entries: Mapping[str, Held] | dict[str, Held], generation: int) -> MakeCompanion | None:
+    """What makes the companion of the snapshot of `entries`; None for a manifest too small to need one."""
+    if len(entries) < COMPANION_FROM_ENTRIES:
+        return None
+    return lambda snapshot_sha256: encode_companion(entries, generation, snapshot_sha256)
+
+
 def _check_header(doc: dict[str, Any]) -> None:
     if doc.get("schema") != SCHEMA:
         raise ValueError("not a mirrord manifest")
@@ -279,8 +293,9 @@ class ManifestStore(Protocol):
     def rotate(self) -> int:
         """Compaction step 1: appends go to a new journal from now on; returns its generation."""
 
-    def publish_snapshot(self, data: bytes) -> None:
-        """Compaction step 2: the snapshot of everything recorded before that rotation."""
+    def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
+        """Compaction step 2: the snapshot of everything recorded before that rotation (and, where the
+        store keeps one, its companion as `companion` makes it from the snapshot's SHA-256)."""
 
     def drop_before(self, generation: int) -> None:
         """Compaction step 3: remove the journals that snapshot made stale."""
@@ -458,13 +473,13 @@ class Manifest:
             self._compacting = True
             try:
                 with self._lock:
-                    entries = Entries(dict(self._entries))  # all committed: the journal is written under this lock
+                    held = dict(self._entries)  # all committed: the journal is written under this lock
                 generation = store.rotate()
             except BaseException:
                 self._compacting = False
                 raise
         try:
-            store.publish_snapshot(encode_snapshot(entries, generation))
+            store.publish_snapshot(encode_snapshot(Entries(held), generation), companion_of(held, generation))
             store.drop_before(generation)
         finally:
             self._compacting = False
@@ -520,7 +535,8 @@ class Manifest:
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""
         with collection_paused():
-            return cls._adopting(_replay(LocalManifestStore(root, MANIFEST_NAME).read(read_snapshot)))
+            stored = LocalManifestStore(root, MANIFEST_NAME).read(read_snapshot, read_snapshot_companion)
+            return cls._adopting(_replay(stored))
 
     @classmethod
     def open(
@@ -535,7 +551,9 @@ class Manifest:
         store = LocalManifestStore(root, MANIFEST_NAME)
         store.guard = guard
         with collection_paused():
-            stored = store.read(read_snapshot)
+            stored = store.read(read_snapshot, read_snapshot_companion)
+            if not stored.from_companion and stored.snapshot is not None:
+                _add_companion(store, stored.snapshot, stored.generation)  # (before the replay changes it)
             entries = _replay(stored)
         store.open_for_append(stored, encode_snapshot({}))
         return cls._adopting(entries, store, background_compaction)
@@ -548,3 +566,17 @@ class Manifest:
         manifest._entries = entries
         manifest._packed = any(type(held) is bytes for held in entries.values())
         return manifest
+
+
+def _add_companion(store: LocalManifestStore, snapshot: dict[str, Held], generation: int) -> None:
+    """Publish the companion a large snapshot lacks (written by an older mirrord, or its companion was
+    stale or damaged), so that the next load is fast. A failure is logged: the JSON is all a load needs."""
+    make = companion_of(snapshot, generation)
+    digest = store.snapshot_sha256
+    if make is None or digest is None:
+        return
+    try:
+        store.publish_companion(make(digest))
+    except (ManifestError, NoSpaceError, OSError) as exc:
+        get_logger().warning("manifest.companion_not_written", path=str(store.companion_path),
+                             cause=getattr(exc, "cause", str(exc)))

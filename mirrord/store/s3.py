@@ -52,6 +52,7 @@ from mirrord.errors import (
 )
 from mirrord.obs.log import get_logger
 from mirrord.store.atomic import DirSyncs
+from mirrord.store.journal import MakeCompanion
 from mirrord.store.lease import Lease, call_timeout
 from mirrord.store.manifest import (
     MANIFEST_NAME,
@@ -903,8 +904,8 @@ class S3ManifestStore:
         """Nothing to rotate: every manifest write is the whole object."""
         return 0
 
-    def publish_snapshot(self, data: bytes) -> None:
-        """Compaction: nothing to fold, every write is already the whole object."""
+    def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
+        """Compaction: nothing to fold, every write is already the whole object (no companion kept)."""
 
     def drop_before(self, generation: int) -> None:
         """No journals to drop."""

@@ -15,6 +15,7 @@ import pytest
 import mirrord.store.manifest as manifest_module
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
+from mirrord.store.journal import MakeCompanion
 from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
 from mirrord.store.volume import LocalMirror
 from tests.support.mirror import names
@@ -311,10 +312,10 @@ def test_changes_go_on_while_a_compaction_writes_the_snapshot(
     real_publish = store.publish_snapshot
     writing, release = threading.Event(), threading.Event()
 
-    def slow_publish(data: bytes) -> None:
+    def slow_publish(data: bytes, companion: MakeCompanion | None = None) -> None:
         writing.set()
         assert release.wait(30)
-        real_publish(data)
+        real_publish(data, companion)
 
     monkeypatch.setattr(store, "publish_snapshot", slow_publish)
     for i in range(1, 3):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.formats import dcpmeta
-from mirrord.formats.validators import DCP, OK, PASSING, UNCHECKED, UNREADABLE, Verdict, validate_fd
+from mirrord.formats.validators import DCP, Verdict, validate_fd
+from mirrord.formats.verdicts import OK, PASSING, UNCHECKED, UNREADABLE
 from mirrord.store.hashing import hash_stream
 from mirrord.store.mirror import ReadableStore, fd_path, random_access_fd
 

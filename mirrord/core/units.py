@@ -22,7 +22,7 @@ from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
 from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import CopyPlan, plan_copies, sort_newest_first, why_copy
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
-from mirrord.formats.validators import PASSING
+from mirrord.formats.verdicts import PASSING
 
 if TYPE_CHECKING:  # (it builds on this module)
     from mirrord.core.contributions import Sharing

@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Protocol
 
 from mirrord.formats import dcpmeta, zipcheck
 
@@ -38,14 +38,8 @@ try:  # ISA-L's CRC-32 (python-isal): the same function as zlib's, several times
     from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover - a platform without its wheel
     from zlib import crc32
+from mirrord.formats.verdicts import CRC_MISMATCH, EMPTY, INVALID, OK, PASSING, TRUNCATED, UNCHECKED, UNREADABLE
 from mirrord.store.paths import open_file_beneath
-
-OK, UNCHECKED, EMPTY = "ok", "unchecked", "empty"
-TRUNCATED: Final = "truncated"
-CRC_MISMATCH: Final = "crc_mismatch"
-INVALID: Final = "invalid"
-UNREADABLE: Final = "unreadable"
-PASSING = (OK, UNCHECKED)  # statuses a checkpoint may be published with
 
 TORCH_ZIP, SAFETENSORS, JSON, DCP = "torch_zip", "safetensors", "json", dcpmeta.FORMAT
 

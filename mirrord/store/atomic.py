@@ -18,10 +18,8 @@ names data that is not durable.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
-import platform
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -39,6 +37,9 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 def _load_syncfs() -> Callable[[int], None] | None:
     """syncfs(2) through libc where it reports every writeback error since the descriptor was opened
     (Linux 5.8 on); None elsewhere, where a group's files are fsynced one by one."""
+    import ctypes
+    import platform
+
     try:
         major, minor = (int(x) for x in platform.release().split(".")[:2])
         func = ctypes.CDLL(None, use_errno=True).syncfs if platform.system() == "Linux" else None
@@ -57,7 +58,20 @@ def _load_syncfs() -> Callable[[int], None] | None:
     return syncfs
 
 
-_syncfs = _load_syncfs()
+class _NotLoaded:
+    """syncfs is looked up on the first group made durable, not at import: most commands never commit a
+    group, and `latest` should not pay for platform and a libc lookup on every call."""
+
+
+_syncfs: Callable[[int], None] | _NotLoaded | None = _NotLoaded()  # None: fsync one by one (tests set it)
+
+
+def _group_syncfs() -> Callable[[int], None] | None:
+    global _syncfs
+    found = _syncfs
+    if isinstance(found, _NotLoaded):
+        found = _syncfs = _load_syncfs()
+    return found
 
 
 def temp_name(final_name: str) -> str:
@@ -195,7 +209,8 @@ def _make_durable(fds: list[int]) -> None:
     is given was opened (a copy's own data errors were reported to it already, by the wait of
     sync_file_range in LocalUpload.seal). It also writes out whatever else is dirty on that filesystem:
     the price of sparing the flushes."""
-    if len(fds) < 2 or _syncfs is None:
+    syncfs = _group_syncfs() if len(fds) >= 2 else None
+    if syncfs is None:
         for fd in fds:
             os.fsync(fd)
         return
@@ -203,7 +218,7 @@ def _make_durable(fds: list[int]) -> None:
     for fd in fds:
         first.setdefault(os.fstat(fd).st_dev, fd)
     for fd in first.values():
-        _syncfs(fd)
+        syncfs(fd)
 
 
 def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:
@@ -265,6 +280,9 @@ def exchange(dir_fd: int, a: str, b: str) -> bool:
     """Swap the names `a` and `b` in one step (renameat2 RENAME_EXCHANGE): each now names what the other
     did, and at no instant is either name missing. False, with nothing changed, where the kernel or the
     filesystem cannot (older kernels, some network and FUSE filesystems); other errors are raised."""
+    import ctypes
+    import platform
+
     libc = ctypes.CDLL(None, use_errno=True)
     args = (dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), _RENAME_EXCHANGE)
     if hasattr(libc, "renameat2"):

@@ -11,9 +11,6 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-import blake3
-import xxhash
-
 ALGORITHMS = ("blake3", "sha256", "xxh3_128")
 HASH_BUFFER_BYTES = 8 * 1024 * 1024
 
@@ -28,11 +25,15 @@ class Hasher(Protocol):
 
 def new_hasher(algo: str) -> Hasher:
     """A fresh incremental hasher for `algo` (one of ALGORITHMS)."""
-    if algo == "blake3":
+    if algo == "blake3":  # blake3 and xxhash are imported when used: `latest` and `status` never hash
+        import blake3
+
         return blake3.blake3()
     if algo == "sha256":
         return hashlib.sha256()
     if algo == "xxh3_128":
+        import xxhash
+
         return xxhash.xxh3_128()
     raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
 

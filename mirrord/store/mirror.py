@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -236,6 +235,8 @@ def random_access_fd(stream: BinaryIO) -> Iterator[int]:
     if fd >= 0:
         yield fd
         return
+    import tempfile  # (only for objects of a store: a local command's start-up does not pay for it)
+
     with tempfile.TemporaryFile(prefix="mirrord-spool-") as spool:
         while chunk := stream.read(_SPOOL_CHUNK):
             spool.write(chunk)

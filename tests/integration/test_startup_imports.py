@@ -84,6 +84,8 @@ def test_latest_loads_no_logging_stack_and_no_re_read_code(tmp_path: Path, mirro
     assert code == 0
     assert heavy(after) == []
     assert "mirrord.commands.verify" not in after
+    re_read = ("mirrord.formats.validators", "mirrord.formats.zipcheck", "isal", "blake3", "xxhash", "tempfile")
+    assert sorted(m for m in after if m.split(".")[0] in re_read or m in re_read) == []  # (hashing, CRC, spooling)
     code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--json")  # what scripts run
     assert code == 0
     assert heavy(after) == []

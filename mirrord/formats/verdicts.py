@@ -1,0 +1,13 @@
+"""The statuses a validator gives a checkpoint, apart from the validators: a reader of verdicts (the
+manifest's, `mirrord latest`) needs the words, not the parsers, CRC-32 and ISA-L behind them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+OK, UNCHECKED, EMPTY = "ok", "unchecked", "empty"
+TRUNCATED: Final = "truncated"
+CRC_MISMATCH: Final = "crc_mismatch"
+INVALID: Final = "invalid"
+UNREADABLE: Final = "unreadable"
+PASSING = (OK, UNCHECKED)  # statuses a checkpoint may be published with

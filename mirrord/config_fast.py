@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -432,6 +431,8 @@ def fast_config(path: Path | None, environ: Mapping[str, str] | None = None,
     values: dict[str, Any] = {}
     try:
         if path is not None:
+            import tomllib  # (a command given its roots by flags or variables reads no file)
+
             try:
                 data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
             except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not TOML: the models word it

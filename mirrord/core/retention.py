@@ -184,6 +184,10 @@ class PrunePlan:
     windows: Mapping[str, Window] = field(default_factory=dict)  # runs with more than keep_last steps
     preserved: Mapping[str, frozenset[int]] = field(default_factory=dict)  # run -> steps policies keep
     rollbacks: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # The rollbacks the primary's own files show, as run_rollbacks (mirrord.core.branches) reads the primary
+    # listing with this plan's `now`: what the daemon warns about, without grouping the tree again. None
+    # when not worked out here (folder layouts group by unit, run_rollbacks by file).
+    primary_rollbacks: Mapping[str, tuple[tuple[int, int], ...]] | None = None
     guards: GuardContext | None = None  # what the candidates were vetted with (the executor re-uses it)
 
     def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
@@ -285,12 +289,16 @@ def plan_prune(
     windows: dict[str, Window] = {}
     keeps: dict[str, frozenset[int]] = {}
     rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
+    by_file = request.layout is None or not request.layout.folders
+    primary_rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
     for run, by_step in runs.items():
         decided = _plan_run(by_step, manifest, mirror.files, request, units)
         if decided.window is not None:
             windows[run] = decided.window
         if decided.branches.rollbacks:
             rollbacks[run] = decided.branches.rollbacks
+        if decided.primary_rollbacks:
+            primary_rollbacks[run] = decided.primary_rollbacks
         keeps[run] = decided.keep_steps
         newest.update(decided.newest)
         kept.extend(decided.kept)
@@ -324,6 +332,7 @@ def plan_prune(
         windows=windows,
         preserved=keeps,
         rollbacks=rollbacks,
+        primary_rollbacks=primary_rollbacks if by_file else None,
         guards=ctx,
     )
 
@@ -444,6 +453,7 @@ class _RunPlan:
     branches: Branches
     window: Window | None
     keep_steps: frozenset[int]
+    primary_rollbacks: tuple[tuple[int, int], ...] = ()
     newest: list[str] = field(default_factory=list)
     kept: list[_KeptGroup] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
@@ -458,10 +468,15 @@ def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
     # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
     lie = (request.now + policy.future_skew_seconds) * 1e9
     mtimes: dict[int, int] = {}
+    primary_alone = True  # every step has primary files, none past the lie: the primary's own order is this
     for step, (on_primary, on_mirror) in by_step.items():
         listed = on_primary or on_mirror
         mtime = listed[0].mtime_ns if len(listed) == 1 else max(map(_MTIME, listed))
-        mtimes[step] = 0 if mtime > lie else mtime
+        if mtime > lie:
+            mtime, primary_alone = 0, False
+        elif not on_primary:
+            primary_alone = False
+        mtimes[step] = mtime
     run_branches = branches(mtimes)
     # Oldest first, by (branch, step): run_branches.key. Without a rollback every step is on branch 0,
     # which is plain step order. A step's place in `order` then stands for its key: each step is there
@@ -485,7 +500,7 @@ def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
     floor = order.index(window[0]) if len(present) > len(window) else None  # the window's first place
     plan = _RunPlan(run_branches, None if floor is None else Window(run_branches.key(order[floor]), run_branches,
                                                                     max(mtimes.values())),
-                    frozenset(keep))
+                    frozenset(keep), run_branches.rollbacks if primary_alone else _primary_rollbacks(by_step, lie))
     if kept_window:
         top_primary, top_mirror = by_step[kept_window[-1]]
         plan.newest = [s.rel for s in top_primary + top_mirror]
@@ -529,6 +544,14 @@ def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
         for state in on_mirror:
             plan.candidates.append(Deletion(MIRROR, state, step, STEP, units.get(state.rel, "")))
     return plan
+
+
+def _primary_rollbacks(by_step: dict[int, _Sides], lie: float) -> tuple[tuple[int, int], ...]:
+    """The rollbacks of a run as its primary files alone show them: each file past the lie counts as
+    unknown (0), then its step's newest file (run_rollbacks, for one run)."""
+    mtimes = {step: max(0, *(0 if f.mtime_ns > lie else f.mtime_ns for f in on_primary))
+              for step, (on_primary, _on_mirror) in by_step.items() if on_primary}
+    return branches(mtimes).rollbacks
 
 
 def deletion_order(d: Deletion) -> tuple[bool, int, str, str, bool]:

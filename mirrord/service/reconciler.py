@@ -184,7 +184,7 @@ class Reconciler:
             self.ledger.behind(view.behind, True, entries)
             self.log.debug("reconcile.refused", cause=self.refusals.blocked)
             return
-        self._log_rollbacks(psnap)
+        self._log_rollbacks(psnap, view.prune)
         self._warn_naming(psnap)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
@@ -245,10 +245,14 @@ class Reconciler:
                              step_pattern=rules.step_pattern, why=warning.message,
                              hint="mirrord check-config prints the layout's rules and these warnings")
 
-    def _log_rollbacks(self, psnap: Snapshot) -> None:
-        """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored)."""
-        lie = (self.wall() + self.config.prune.future_skew_seconds) * 1e9
-        for run, rollbacks in run_rollbacks(psnap.files.values(), self.config.step_regex, lie).items():
+    def _log_rollbacks(self, psnap: Snapshot, plan: PrunePlan) -> None:
+        """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored). Read from
+        the retention plan when it worked them out (it has grouped every file by run and step already)."""
+        found = plan.primary_rollbacks
+        if found is None:
+            lie = (self.wall() + self.config.prune.future_skew_seconds) * 1e9
+            found = run_rollbacks(psnap.files.values(), self.config.step_regex, lie)
+        for run, rollbacks in found.items():
             if run not in self._rollbacks_logged:
                 self._rollbacks_logged.add(run)
                 old, new = rollbacks[-1]

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mirrord.config import PruneConfig
-from mirrord.core.branches import branches
+from mirrord.core.branches import branches, run_rollbacks
+from mirrord.core.layouts import layout_for
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
 from mirrord.core.retention import (
     KeepEvery,
@@ -565,3 +566,63 @@ def test_policies_keep_if_any_keeps() -> None:
         7: "keep_last", 8: "keep_last", 0: "keep_every", 4: "keep_every",
     }
     assert KeepLast(3).preserve(steps, set()) == frozenset()
+
+
+# -- the primary's own rollbacks: the plan says what run_rollbacks says ---------------------------------
+
+@st.composite
+def written_runs(draw: st.DrawFn) -> tuple[Snapshot, Snapshot]:
+    """Runs whose steps were written in any order (rollbacks), some files with an unknown (0), lying (past
+    the skew) or nearly lying mtime, some steps on one side only, some with a second file."""
+    primary: dict[str, FileState] = {}
+    mirror: dict[str, FileState] = {}
+    for run in draw(st.lists(st.sampled_from(["", "a", "b/c"]), min_size=1, max_size=3, unique=True)):
+        steps = draw(st.permutations(draw(st.lists(st.integers(0, 20), max_size=10, unique=True))))
+        for written, step in enumerate(steps):
+            for name in ("step", "optim_step")[: draw(st.integers(1, 2))]:
+                rel = rel_of(run, f"{name}_{step:04d}.pt")
+                kind = draw(_often("written", *MTIMES))
+                mtime = MTIMES["old"] + written * NS if kind == "written" else MTIMES[kind]
+                where = draw(_often("both", "primary", "mirror"))
+                if where != "mirror":
+                    primary[rel] = FileState(rel, 100, mtime, ino=step)
+                if where != "primary":
+                    mirror[rel] = FileState(rel, 100, draw(_often(mtime, MTIMES["old"], 0)), ino=100 + step)
+    return Snapshot(primary), Snapshot(mirror)
+
+
+@PROPERTY
+@given(written_runs())
+def test_the_primary_rollbacks_of_a_plan_are_run_rollbacks_of_the_primary_listing(
+        sides: tuple[Snapshot, Snapshot]) -> None:
+    """The daemon warns about rollbacks from the plan instead of grouping the tree again: the same runs and
+    rollbacks as run_rollbacks reads from the primary alone (mirror-only steps and lying clocks included)."""
+    primary, mirror = sides
+    policy = PruneConfig(keep_last=2, future_skew_seconds=60)
+    plan = plan_prune(primary, mirror, {}, PruneRequest(policy, STEP_RE, NOW))
+    lie = (NOW + policy.future_skew_seconds) * 1e9
+    assert plan.primary_rollbacks == run_rollbacks(primary.files.values(), STEP_RE, lie)
+
+
+def test_a_rollback_on_the_primary_alone_is_in_the_plan() -> None:
+    """Steps 1-4 written, then 2 again; the mirror still holds the abandoned 3 and 4 only (a step the primary
+    lost is no part of the primary's order), and a file of step 4 stamped an hour ahead counts as unknown."""
+    old = MTIMES["old"]
+    primary = {rel_of("run", f"step_{s:04d}.pt"): FileState(rel_of("run", f"step_{s:04d}.pt"), 1, old + t * NS)
+               for s, t in ((1, 1), (2, 5), (3, 3))}
+    primary["run/optim_step_0003.pt"] = FileState("run/optim_step_0003.pt", 1, MTIMES["future"])
+    mirror = {rel_of("run", f"step_{s:04d}.pt"): FileState(rel_of("run", f"step_{s:04d}.pt"), 1, old + s * NS)
+              for s in (3, 4)}
+    plan = plan_prune(Snapshot(primary), Snapshot(mirror), {},
+                      PruneRequest(PruneConfig(keep_last=2), STEP_RE, NOW))
+    assert plan.primary_rollbacks == {"run": ((3, 2),)}
+    assert plan.rollbacks == {"run": ((4, 2),)}  # retention's order: the mirror's word for step 4
+
+
+def test_a_folder_layout_leaves_the_primary_rollbacks_to_run_rollbacks() -> None:
+    """Folder units group by unit, run_rollbacks by file: the plan does not pretend they agree."""
+    layout = layout_for("hf")
+    primary = Snapshot({"r/checkpoint-1/model.bin": FileState("r/checkpoint-1/model.bin", 1, MTIMES["old"])})
+    plan = plan_prune(primary, Snapshot(), {},
+                      PruneRequest(PruneConfig(), re.compile(layout.step_pattern), NOW, layout=layout))
+    assert plan.primary_rollbacks is None

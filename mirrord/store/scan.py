@@ -24,6 +24,9 @@ from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, open_root, split_re
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
 _FORMAT = S_IFMT(0xFFFFFFFF)  # the file-type bits of st_mode
+# A folder whose path is this long cannot be named by a path (ENAMETOOLONG): nor could a trainer or cp reach
+# its files, so the walk (by descriptor, which could) reports it as unlistable, as a listing by path did.
+_PATH_MAX = 4096
 
 
 def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
@@ -177,7 +180,8 @@ def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.Dir
     Every directory is opened beneath its parent's descriptor with O_NOFOLLOW, so a folder swapped for
     a symlink during the walk is an error, never followed; files are lstat'ed relative to the descriptor
     (cheaper than a path from the root, and the same file the listing named). At most one descriptor
-    per level is open. A directory that cannot be opened or listed is an error in `errors`.
+    per level is open. A directory that cannot be opened or listed, or whose path is longer than a path
+    may be, is an error in `errors`.
     """
     try:
         top = open_root(root)
@@ -206,6 +210,9 @@ def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.Dir
                     continue
                 name = left.pop()
                 rel_dir = f"{parent_rel}/{name}" if parent_rel else name
+                if len(os.fsencode(root / rel_dir)) >= _PATH_MAX:
+                    errors.append(f"{root / rel_dir}: cannot list: {os.strerror(errno.ENAMETOOLONG)}")
+                    continue
                 try:
                     fd = os.open(name, DIR_FLAGS, dir_fd=parent)
                     break

@@ -177,7 +177,7 @@ def test_a_rescan_keeps_the_records_of_unchanged_files_only(tmp_path: Path) -> N
 
 
 def _open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return len(list(Path("/proc/self/fd").iterdir()))
 
 
 def test_a_folder_swapped_for_a_symlink_during_the_walk_is_an_error_never_followed(tmp_path: Path) -> None:
@@ -193,7 +193,7 @@ def test_a_folder_swapped_for_a_symlink_during_the_walk_is_an_error_never_follow
     (outside / "step_9.pt").write_bytes(b"x")
     errors: list[str] = []
     walk = scan._walk(root, errors)
-    fd, rel, entries, subdirs = next(walk)
+    _fd, rel, _entries, subdirs = next(walk)
     assert rel == ""
     subdirs.append("run_a")
     (root / "run_a").rename(tmp_path / "moved")
@@ -240,3 +240,21 @@ def test_the_walk_visits_folders_in_the_order_a_stack_would(tmp_path: Path) -> N
         visited.append(rel)
         subdirs.extend(sorted(e.name for e in entries if e.is_dir()))
     assert visited == ["", "c", "c/z", "c/z/deep", "b", "a", "a/y", "a/x"]
+
+
+def test_a_folder_deeper_than_a_path_can_name_is_a_listing_error(tmp_path: Path) -> None:
+    """The walk by descriptor could go on below PATH_MAX, but no path (a trainer's, cp's, the copy's
+    messages) could name what it found: such a folder is unlistable, the view partial, as it was by path."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(18):  # 18 x 251 bytes > PATH_MAX (4096)
+        os.mkdir("d" * 250, dir_fd=fd)
+        child = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(os.open("step_1.pt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.close(fd)
+    (tmp_path / "step_0.pt").write_bytes(b"0")
+    snap = snapshot_tree(tmp_path, PATTERNS)
+    assert list(snap.files) == ["step_0.pt"]
+    [error] = snap.errors
+    assert error.endswith(f": cannot list: {os.strerror(36)}") and not snap.complete

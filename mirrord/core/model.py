@@ -204,12 +204,12 @@ _STEP_NAMES_CACHED = 1 << 16
 
 
 def step_reader(step_regex: re.Pattern[str]) -> Callable[[str], int | None]:
-    """step_of(rel, step_regex) for the many files of one listing, each distinct file name read once."""
+    """step_of for the many files of one listing, given their bare names (the caller splits the path:
+    it needs the folder too); each distinct name read once."""
     known: dict[str, int | None] = {}
     search = step_regex.search
 
-    def step(rel: str) -> int | None:
-        name = rel.rpartition("/")[2]
+    def step(name: str) -> int | None:
         try:
             return known[name]
         except KeyError:
@@ -226,4 +226,3 @@ def step_reader(step_regex: re.Pattern[str]) -> Callable[[str], int | None]:
         return found
 
     return step
-

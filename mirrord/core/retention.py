@@ -330,8 +330,11 @@ def plan_prune(
 
 _MTIME = attrgetter("mtime_ns")
 _BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call per item
-# run -> step -> side -> files
-_Runs = dict[str, dict[int, dict[str, list[FileState]]]]
+# A step's files on each side: (primary, mirror). A pair, not a dict keyed by volume: a rescan makes
+# one for every step of the tree.
+_Sides = tuple[list[FileState], list[FileState]]
+# run -> step -> its files on each side
+_Runs = dict[str, dict[int, _Sides]]
 
 
 def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
@@ -353,8 +356,11 @@ def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
     kept: list[_KeptGroup] = []
     units: dict[str, str] = {}
     folders = layout is not None and layout.folders
-    step_of_file = step_reader(step_regex)
-    for side, files in ((PRIMARY, primary.files), (MIRROR, mirror.files)):
+    step_of_name = step_reader(step_regex)
+    for side, index, files in ((PRIMARY, 0, primary.files), (MIRROR, 1, mirror.files)):
+        # A listing holds each folder's files together: the run's steps are looked up once per folder.
+        last_run: str | None = None
+        by_step: dict[int, _Sides] = {}
         for state in files.values():
             # _place inlined for file layouts (every file of both sides goes through here at each rescan)
             if folders:
@@ -362,18 +368,17 @@ def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
                 if unit:
                     units[state.rel] = unit
             else:
-                rel = state.rel
-                run, step = rel.rpartition("/")[0], step_of_file(rel)
+                run, _, name = state.rel.rpartition("/")
+                step = step_of_name(name)
             if step is None:
                 kept.append((side, (state,), None, NO_STEP))
                 continue
-            by_step = runs.get(run)
-            if by_step is None:
-                by_step = runs[run] = {}
+            if run != last_run:
+                last_run, by_step = run, runs.setdefault(run, {})
             sides = by_step.get(step)
             if sides is None:
-                sides = by_step[step] = {PRIMARY: [], MIRROR: []}
-            sides[side].append(state)
+                sides = by_step[step] = ([], [])
+            sides[index].append(state)
     return runs, kept, units
 
 
@@ -445,7 +450,7 @@ class _RunPlan:
     candidates: list[Deletion] = field(default_factory=list)
 
 
-def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[str, ManifestEntry],
+def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
               mirror_files: Mapping[str, FileState], request: PruneRequest, units: Mapping[str, str]) -> _RunPlan:
     """One run: its branches and window, what each policy keeps, and its deletion candidates."""
     policy, floor_policy = request.policy, request.floor
@@ -453,31 +458,37 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
     # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
     lie = (request.now + policy.future_skew_seconds) * 1e9
     mtimes: dict[int, int] = {}
-    for step, files in by_step.items():
-        listed = files[PRIMARY] or files[MIRROR]
+    for step, (on_primary, on_mirror) in by_step.items():
+        listed = on_primary or on_mirror
         mtime = listed[0].mtime_ns if len(listed) == 1 else max(map(_MTIME, listed))
         mtimes[step] = 0 if mtime > lie else mtime
     run_branches = branches(mtimes)
-    of, top_branch = run_branches.of, run_branches.top
-    keys = {step: (of.get(step, top_branch), step) for step in by_step}  # run_branches.key of each step
-    key = keys.__getitem__
-    order = sorted(by_step, key=key)  # oldest first
-    verified = {step for step, files in by_step.items()
-                if _step_verified(files[PRIMARY], files[MIRROR], manifest, mirror_files)}
+    # Oldest first, by (branch, step): run_branches.key. Without a rollback every step is on branch 0,
+    # which is plain step order. A step's place in `order` then stands for its key: each step is there
+    # once, so comparing places compares keys (no key tuple per step).
+    if run_branches.rollbacks:
+        of = run_branches.of
+        keys = {step: (of[step], step) for step in by_step}
+        order = sorted(by_step, key=keys.__getitem__)
+    else:
+        order = sorted(by_step)
+    verified = {step for step, (on_primary, on_mirror) in by_step.items()
+                if _step_verified(on_primary, on_mirror, manifest, mirror_files)}
     keep = preserved(policies_for(policy), order, verified)
     kept_window = floor_policy.window([s for s in order if s in verified])
     # Retired: below the window of steps present. Deletable: retired, not kept by a policy, and the
     # window verified (see below). Every step listed has a file on one side at least.
     invalid = request.invalid
-    present = order if not invalid else [s for s in order if by_step[s][MIRROR]
-                                         or any(f.rel not in invalid for f in by_step[s][PRIMARY])]
+    present = order if not invalid else [s for s in order if by_step[s][1]
+                                         or any(f.rel not in invalid for f in by_step[s][0])]
     window = floor_policy.window(present)
-    floor = key(window[0]) if len(present) > len(window) else None
-    plan = _RunPlan(run_branches, None if floor is None else Window(floor, run_branches, max(mtimes.values())),
+    floor = order.index(window[0]) if len(present) > len(window) else None  # the window's first place
+    plan = _RunPlan(run_branches, None if floor is None else Window(run_branches.key(order[floor]), run_branches,
+                                                                    max(mtimes.values())),
                     frozenset(keep))
     if kept_window:
-        top = by_step[kept_window[-1]]
-        plan.newest = [s.rel for s in top[PRIMARY] + top[MIRROR]]
+        top_primary, top_mirror = by_step[kept_window[-1]]
+        plan.newest = [s.rel for s in top_primary + top_mirror]
     # The steps that would replace a retired one are the window: all must be verified first (a torn or
     # unfinished newest step keeps every older one). Under space pressure, a window's size of verified
     # newer steps is enough.
@@ -485,36 +496,38 @@ def _plan_run(by_step: dict[int, dict[str, list[FileState]]], manifest: Mapping[
     verified_above = 0
     deletable: set[int] = set()
     if floor is not None:
-        for step in reversed(order):
+        for place in range(len(order) - 1, -1, -1):
+            step = order[place]
             enough = window_verified or (request.space_pressure and verified_above >= floor_policy.n)
-            if key(step) < floor and enough and step not in keep:
+            if place < floor and enough and step not in keep:
                 deletable.add(step)
             verified_above += step in verified
-    top_key = key(kept_window[-1]) if kept_window else None
+    top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
     kept = plan.kept
-    for step in order:
+    for place, step in enumerate(order):
         # Why the step is kept, decided once for all of its files (None: it may go).
         why: str | None = None
         if step in keep:
             why = keep[step]
-        elif floor is None or key(step) >= floor:
-            why = NEWER_THAN_KEPT if top_key is None or key(step) > top_key else UNVERIFIED
+        elif floor is None or place >= floor:
+            why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
             why = NEWER_UNVERIFIED
-        sides = by_step[step]
+        on_primary, on_mirror = by_step[step]
         if why is not None:
-            for side in (PRIMARY, MIRROR):
-                if sides[side]:
-                    kept.append((side, sides[side], step, why))
+            if on_primary:
+                kept.append((PRIMARY, on_primary, step, why))
+            if on_mirror:
+                kept.append((MIRROR, on_mirror, step, why))
             continue
-        for side in (PRIMARY, MIRROR):
-            for state in sides[side]:
-                if side == PRIMARY and not policy.primary:
-                    continue  # the primary is not ours to prune
-                if side == PRIMARY and not exact_copy(state, manifest, mirror_files):
-                    plan.skipped.append(Skipped(side, state.rel, step, Veto.UNMIRRORED, state.size))
+        if policy.primary:  # else the primary is not ours to prune
+            for state in on_primary:
+                if not exact_copy(state, manifest, mirror_files):
+                    plan.skipped.append(Skipped(PRIMARY, state.rel, step, Veto.UNMIRRORED, state.size))
                 else:
-                    plan.candidates.append(Deletion(side, state, step, STEP, units.get(state.rel, "")))
+                    plan.candidates.append(Deletion(PRIMARY, state, step, STEP, units.get(state.rel, "")))
+        for state in on_mirror:
+            plan.candidates.append(Deletion(MIRROR, state, step, STEP, units.get(state.rel, "")))
     return plan
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sized
 from posixpath import dirname
+from typing import TypeVar
 
 from mirrord.config import Config
 from mirrord.core.branches import run_rollbacks
@@ -39,6 +40,22 @@ from mirrord.store.volume import LocalMirror, LocalVolume
 # to the next turns: the heartbeat (WATCHDOG=1, /healthz), a stop or a reload never wait longer than
 # this for such a pass, however big the burst and however slowly each file is stat'ed on a busy host.
 TURN_SECONDS = 0.1
+
+T = TypeVar("T")
+
+
+def one_turn(clock: Callable[[], float], pending: Sized, pop: Callable[[], T], *,
+             counts: Callable[[T], bool] = lambda _: True, go_on: Callable[[], bool] = lambda: True) -> Iterator[T]:
+    """Take items from `pending` (with `pop`) for one turn: at least one item that `counts`, then more only
+    while TURN_SECONDS on `clock` have not passed. An item that does not count (nothing left to do for it)
+    is dropped without spending the turn's guaranteed first place, and `go_on` turning false ends the turn
+    before the next item is taken. What is left stays in `pending` for the next turns."""
+    ends, worked = clock() + TURN_SECONDS, False
+    while pending and go_on() and (not worked or clock() < ends):
+        item = pop()
+        if counts(item):
+            worked = True
+            yield item
 
 
 class Reconciler:
@@ -295,10 +312,8 @@ class Reconciler:
         files: dict[str, FileState] = {}
         units: set[str] = set()
         rescan = False
-        turn_ends, handled = self.monotonic() + TURN_SECONDS, 0
-        while self.inbox.hints and (not handled or self.monotonic() < turn_ends):
-            hint = self.inbox.hints.popleft()
-            handled += 1
+        hints = self.inbox.hints
+        for hint in one_turn(self.monotonic, hints, hints.popleft):
             unit = unit_of(hint.rel, rules) if hint.rel and rules.folders else None
             if hint.rescan and unit is None:
                 rescan = True  # an overflow, or a folder moved in that is no unit (a whole run folder)
@@ -399,25 +414,19 @@ class Reconciler:
         if self._recheck is None or self._recheck[0] != rules:  # a new round (or new rules: start over)
             self._recheck = (rules, self._recheck_round(rules))
         pending = self._recheck[1]
-        turn_ends = self.monotonic() + TURN_SECONDS
         if rules.folders:  # each unit still settling judged again from a listing of it alone (a unit
             # judged invalid is remembered by its files' identities: judged again when an event names it)
             settling = {u for rel in self.unsettled if (u := unit_of(rel, rules))}
-            refreshed = 0
-            while pending and not self.refusals.blocked and (not refreshed or self.monotonic() < turn_ends):
-                unit = pending.pop()
-                if unit in settling:  # (else it settled, or was judged on a hint, since the round began)
-                    self._refresh_units({unit})
-                    refreshed += 1
+            # (a unit no longer settling settled, or was judged on a hint, since the round began)
+            for unit in one_turn(self.monotonic, pending, pending.pop, counts=settling.__contains__,
+                                 go_on=lambda: not self.refusals.blocked):
+                self._refresh_units({unit})
             return self._recheck_done()
         invalid = self.ledger.invalid_paths()
         files: dict[str, FileState] = {}
-        looked = 0
-        while pending and (not looked or self.monotonic() < turn_ends):
-            rel = pending.pop()
-            if rel not in self.unsettled and rel not in invalid:
-                continue  # queued or gone since the round began (a hint, a rescan)
-            looked += 1
+        # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
+        for rel in one_turn(self.monotonic, pending, pending.pop,
+                            counts=lambda rel: rel in self.unsettled or rel in invalid):
             try:
                 state = self.primary.stat(rel)
             except (OSError, UnsafePathError):

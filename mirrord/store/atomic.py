@@ -58,18 +58,20 @@ def _load_syncfs() -> Callable[[int], None] | None:
     return syncfs
 
 
-class _NotLoaded:
-    """syncfs is looked up on the first group made durable, not at import: most commands never commit a
-    group, and `latest` should not pay for platform and a libc lookup on every call."""
+class NotLoaded:
+    """A libc function not looked up yet. syncfs here (and sync_file_range and fstatfs in
+    mirrord.store.volume) are looked up on first use, not at import: most commands never commit a
+    group nor write a copy, and `latest` should not pay for ctypes, platform and a libc lookup on every
+    call."""
 
 
-_syncfs: Callable[[int], None] | _NotLoaded | None = _NotLoaded()  # None: fsync one by one (tests set it)
+_syncfs: Callable[[int], None] | NotLoaded | None = NotLoaded()  # None: fsync one by one (tests set it)
 
 
 def _group_syncfs() -> Callable[[int], None] | None:
     global _syncfs
     found = _syncfs
-    if isinstance(found, _NotLoaded):
+    if isinstance(found, NotLoaded):
         found = _syncfs = _load_syncfs()
     return found
 

@@ -31,7 +31,7 @@ from sys import intern
 
 from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.store.hashing import ALGORITHMS
-from mirrord.store.packed import _LAYOUT, _NO_MIRROR_MTIME, _NO_STEP, _VERDICTS, Held, pack, unpack
+from mirrord.store.packed import NO_MIRROR_MTIME, NO_STEP, RECORD_LAYOUT, VERDICTS, Held, pack, unpack
 
 MAGIC = b"mirrord-manifest-packed\n"
 VERSION = 1
@@ -40,7 +40,7 @@ _HEADER = struct.Struct("<I32s32sQQQ")
 COMPANION_FROM_ENTRIES = 4096
 _READ_BYTES = 1 << 20  # of paths
 _BATCH = 1 << 13  # records read, sliced and unpacked together
-_RECORD_MIN = _LAYOUT.size + 1  # the fixed fields and a digest
+_RECORD_MIN = RECORD_LAYOUT.size + 1  # the fixed fields and a digest
 # Sequences no path list of split_rel-valid paths contains once NUL-joined and NUL-framed: an empty part,
 # an absolute path, a trailing slash, '.' or '..' as a part.
 _UNSAFE = ("\0\0", "\0/", "/\0", "//", "/./", "/../", "\0./", "\0../", "/.\0", "/..\0", "\0.\0", "\0..\0")
@@ -185,12 +185,12 @@ def _safe(text: str) -> bool:
 
 def _unpacked(paths: Iterable[str], records: list[bytes]) -> Iterator[tuple[str, ManifestEntry]]:
     """(path, entry) of each packed record: mirrord.store.packed.unpack, its calls inlined."""
-    unpack_from, digest_at, algos, verdicts, make = _LAYOUT.unpack_from, _LAYOUT.size, ALGORITHMS, _VERDICTS, \
-        make_manifest_entry
+    unpack_from, digest_at = RECORD_LAYOUT.unpack_from, RECORD_LAYOUT.size
+    algos, verdicts, make = ALGORITHMS, VERDICTS, make_manifest_entry
     for path, held in zip(paths, records, strict=True):
         size, mtime, step, at, mirror_mtime, ino, ctime, algo, verdict, flags = unpack_from(held)
-        yield path, make(path, size, algos[algo], held[digest_at:].hex(), mtime, None if flags & _NO_STEP else step,
-                         at, None if flags & _NO_MIRROR_MTIME else mirror_mtime, verdicts[verdict], ino, ctime)
+        yield path, make(path, size, algos[algo], held[digest_at:].hex(), mtime, None if flags & NO_STEP else step,
+                         at, None if flags & NO_MIRROR_MTIME else mirror_mtime, verdicts[verdict], ino, ctime)
 
 
 def _read_exactly(fd: int, n: int) -> bytes:

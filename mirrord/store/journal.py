@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from mirrord.errors import ManifestError, NoSpaceError
+from mirrord.errors import ManifestError, MirrordError, NoSpaceError
 from mirrord.obs.log import get_logger
 from mirrord.store import atomic
 from mirrord.store.companion import CompanionError, companion_name
@@ -46,6 +46,7 @@ JOURNAL_SCHEMA = "mirrord-manifest-journal"
 JOURNAL_VERSION = 1
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_WRITE_COMPANION = "write the manifest's companion"  # what failed, in an error's cause
 _READ_ATTEMPTS = 50  # a compaction finishing while we read makes us read again; 50 in a row is a fault
 
 T = TypeVar("T")
@@ -417,7 +418,9 @@ class LocalManifestStore:
     def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
         """Step 2: the snapshot of everything recorded before the rotation that gave it its generation,
         then its companion as `companion` makes it from the snapshot's SHA-256 (without one, an old
-        companion is removed: it would only be found stale)."""
+        companion is removed: it would only be found stale). Once the snapshot is durable the compaction
+        has done its part: a companion that cannot be written (a full disk) is logged, not raised, so
+        that step 3 still drops the stale journals; the next load parses the JSON, the truth."""
         if self.guard is not None:
             self.guard()
         try:
@@ -426,19 +429,32 @@ class LocalManifestStore:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
         digest = hashlib.sha256(data)
         self._snapshot_seen = (self._stat_identity(self.snapshot_path), digest.hexdigest())
-        self.publish_companion(None if companion is None else companion(digest.digest()))
+        if self.guard is not None:
+            self.guard()
+        try:
+            self._write_companion(None if companion is None else companion(digest.digest()))
+        except OSError as exc:
+            self.log_companion_not_written(exc)
 
     def publish_companion(self, data: bytes | None) -> None:
         """Publish the snapshot's companion (None: remove the one there is, if any)."""
         if self.guard is not None:
             self.guard()
         try:
-            if data is None:
-                self.companion_path.unlink(missing_ok=True)
-            else:
-                atomic.write_bytes_atomic(self.companion_path, data)
+            self._write_companion(data)
         except OSError as exc:
-            raise _error(self.companion_path, exc, "write the manifest's companion") from exc
+            raise _error(self.companion_path, exc, _WRITE_COMPANION) from exc
+
+    def log_companion_not_written(self, exc: OSError | MirrordError) -> None:
+        """The one line for a companion that could not be written (the JSON alone serves every load)."""
+        error = exc if isinstance(exc, MirrordError) else _error(self.companion_path, exc, _WRITE_COMPANION)
+        get_logger().warning("manifest.companion_not_written", path=str(self.companion_path), cause=error.cause)
+
+    def _write_companion(self, data: bytes | None) -> None:
+        if data is None:
+            self.companion_path.unlink(missing_ok=True)
+        else:
+            atomic.write_bytes_atomic(self.companion_path, data)
 
     @staticmethod
     def _stat_identity(path: Path) -> tuple[int, ...] | None:

@@ -295,7 +295,8 @@ class ManifestStore(Protocol):
 
     def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
         """Compaction step 2: the snapshot of everything recorded before that rotation (and, where the
-        store keeps one, its companion as `companion` makes it from the snapshot's SHA-256)."""
+        store keeps one, its companion as `companion` makes it from the snapshot's SHA-256: optional, so
+        a companion that cannot be written is logged and the compaction goes on)."""
 
     def drop_before(self, generation: int) -> None:
         """Compaction step 3: remove the journals that snapshot made stale."""
@@ -578,5 +579,4 @@ def _add_companion(store: LocalManifestStore, snapshot: dict[str, Held], generat
     try:
         store.publish_companion(make(digest))
     except (ManifestError, NoSpaceError, OSError) as exc:
-        get_logger().warning("manifest.companion_not_written", path=str(store.companion_path),
-                             cause=getattr(exc, "cause", str(exc)))
+        store.log_companion_not_written(exc)

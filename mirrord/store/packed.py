@@ -15,11 +15,13 @@ from typing import Any
 from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.store.hashing import ALGORITHMS
 
+# The fixed fields of a packed entry, before its raw digest; mirrord.store.companion writes and reads its
+# records in this same layout, so the two encodings are one and these names are shared:
 # size, source_mtime_ns, step, mirrored_at, mirror_mtime_ns, mirror_ino, mirror_ctime_ns, algo, verdict, flags
-_LAYOUT = struct.Struct("<qqqdqqqBBB")
-_NO_STEP, _NO_MIRROR_MTIME = 1, 2
-_VERDICTS: tuple[str | None, ...] = (None, "ok", "unchecked")
-_VERDICT_CODE = {v: i for i, v in enumerate(_VERDICTS)}
+RECORD_LAYOUT = struct.Struct("<qqqdqqqBBB")
+NO_STEP, NO_MIRROR_MTIME = 1, 2  # flag bits: step, mirror_mtime_ns is None (its field holds 0)
+VERDICTS: tuple[str | None, ...] = (None, "ok", "unchecked")  # by their code in the verdict field
+_VERDICT_CODE = {v: i for i, v in enumerate(VERDICTS)}
 _ALGO_CODE = {a: i for i, a in enumerate(ALGORITHMS)}
 
 Held = bytes | ManifestEntry  # what a Manifest keeps per path
@@ -40,11 +42,11 @@ def pack_fields(size: int, algo: str, digest: str, source_mtime_ns: int, step: i
         raw = bytes.fromhex(digest)
         if raw.hex() != digest:  # upper case or spaces: it would come back as another string
             return None
-        return _LAYOUT.pack(
+        return RECORD_LAYOUT.pack(
             size, source_mtime_ns, 0 if step is None else step, mirrored_at,
             0 if mirror_mtime_ns is None else mirror_mtime_ns, mirror_ino, mirror_ctime_ns,
             _ALGO_CODE[algo], _VERDICT_CODE[validation],
-            (_NO_STEP if step is None else 0) | (_NO_MIRROR_MTIME if mirror_mtime_ns is None else 0),
+            (NO_STEP if step is None else 0) | (NO_MIRROR_MTIME if mirror_mtime_ns is None else 0),
         ) + raw
     except (struct.error, KeyError, ValueError, TypeError):  # beyond 64 bits, an unknown verdict ...
         return None
@@ -54,10 +56,10 @@ def unpack(path: str, held: Held) -> ManifestEntry:
     """The entry of `path` as it was packed."""
     if type(held) is not bytes:
         return held  # type: ignore[return-value]
-    size, mtime, step, at, mirror_mtime, ino, ctime, algo, verdict, flags = _LAYOUT.unpack_from(held)
+    size, mtime, step, at, mirror_mtime, ino, ctime, algo, verdict, flags = RECORD_LAYOUT.unpack_from(held)
     return make_manifest_entry(
-        path, size, ALGORITHMS[algo], held[_LAYOUT.size:].hex(), mtime, None if flags & _NO_STEP else step, at,
-        None if flags & _NO_MIRROR_MTIME else mirror_mtime, _VERDICTS[verdict], ino, ctime)
+        path, size, ALGORITHMS[algo], held[RECORD_LAYOUT.size:].hex(), mtime, None if flags & NO_STEP else step, at,
+        None if flags & NO_MIRROR_MTIME else mirror_mtime, VERDICTS[verdict], ino, ctime)
 
 
 class Entries(Mapping[str, ManifestEntry]):

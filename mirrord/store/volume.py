@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import os
@@ -50,6 +49,8 @@ DEFER_FSYNC_MAX_BYTES = WRITEBACK_WINDOW
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], None] | None:
     """sync_file_range(2) through libc, or None where the platform lacks it."""
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         func = libc.sync_file_range
@@ -66,7 +67,18 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], None] | None:
     return sync_file_range
 
 
-_sync_file_range = _load_sync_file_range()
+# Looked up by the first copy, not at import (atomic.NotLoaded): a command that writes nothing never loads
+# ctypes. None: no write-behind, the final fsync alone (tests set it).
+_sync_file_range: Callable[[int, int, int, int], None] | atomic.NotLoaded | None = atomic.NotLoaded()
+
+
+def _loaded_sync_file_range() -> Callable[[int, int, int, int], None] | None:
+    """sync_file_range, looked up on the first call."""
+    global _sync_file_range
+    found = _sync_file_range
+    if isinstance(found, atomic.NotLoaded):
+        found = _sync_file_range = _load_sync_file_range()
+    return found
 
 # Direct I/O (O_DIRECT): the copy goes from mirrord's buffer to the device, with no copy into the page
 # cache, no writeback and no eviction afterwards. Used when the copy is not meant to stay cached
@@ -79,6 +91,8 @@ _DIRECT_FILESYSTEMS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs
 
 def _load_fstatfs() -> Callable[[int], int | None]:
     """fstatfs(2)'s f_type through libc (the first field of struct statfs), or None where unavailable."""
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         func = libc.fstatfs
@@ -96,16 +110,23 @@ def _load_fstatfs() -> Callable[[int], int | None]:
     return fs_type
 
 
-_fs_type = _load_fstatfs()
+_fs_type: Callable[[int], int | None] | atomic.NotLoaded = atomic.NotLoaded()  # looked up by the first copy
 
 
 def direct_io_suits(fd: int) -> bool:
     """Whether writes to `fd` may use O_DIRECT: a local block filesystem that supports it well (not NFS,
     FUSE or tmpfs, where it is slower, unsupported or meaningless)."""
-    return hasattr(os, "O_DIRECT") and _fs_type(fd) in _DIRECT_FILESYSTEMS
+    global _fs_type
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    if isinstance(_fs_type, atomic.NotLoaded):
+        _fs_type = _load_fstatfs()
+    return _fs_type(fd) in _DIRECT_FILESYSTEMS
 
 
 def _is_aligned(data: memoryview) -> bool:
+    import ctypes  # (loaded by now: only a copy with direct I/O, after direct_io_suits, asks)
+
     if len(data) % DIRECT_ALIGN:
         return False
     try:
@@ -218,7 +239,7 @@ class LocalUpload:
         self.drop_cache = drop_cache
         self.written = 0
         self._flushed = 0  # bytes below this offset are written back (and dropped when drop_cache)
-        self._writeback = _sync_file_range
+        self._writeback = _loaded_sync_file_range()
         self._sealed = False
         self._unsynced = False  # sealed with its data written out, the fsync left to commit()
         self._hole_at_end = False

@@ -4,15 +4,19 @@ a log line."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import json
 import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import mirrord.store.atomic as atomic_module
 import mirrord.store.companion as companion_module
 import mirrord.store.manifest as manifest_module
 from mirrord.core.model import ManifestEntry
@@ -130,6 +134,39 @@ def test_a_small_manifest_has_no_companion_and_loses_a_stale_one(tmp_path: Path,
     assert not (tmp_path / COMPANION).exists()
     assert read_from(tmp_path) == ({e.path: e for e in map(entry, range(N - 3, N))}, False)
     assert parse_events(events.getvalue(), "manifest.companion_ignored") == []
+
+
+def test_a_companion_that_cannot_be_written_is_logged_and_the_compaction_goes_on(
+        tmp_path: Path, events: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The companion is optional: once the snapshot is durable, a full disk for its companion is one log
+    line naming the cause and the path, the stale journals are still dropped, and the next load reads the
+    JSON (the previous compaction's companion, now stale, is ignored)."""
+    compacted(tmp_path)
+    companion_path = tmp_path / COMPANION
+    real_write = atomic_module.write_bytes_atomic
+
+    def no_space_for_the_companion(path: Path, data: bytes, **options: Any) -> None:
+        if Path(path) == companion_path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, data, **options)
+
+    monkeypatch.setattr(atomic_module, "write_bytes_atomic", no_space_for_the_companion)
+    manifest = Manifest.open(tmp_path, background_compaction=False)
+    manifest.apply(puts=[entry(i) for i in range(N, N + 3)], removes=[entry(0).path])
+    expected = dict(manifest.entries)
+    manifest.compact()  # does not raise
+    snapshot = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
+    assert len(snapshot["entries"]) == N + 2  # published, with the journal's changes folded in
+    assert sorted(p.name for p in tmp_path.glob(".mirrord-manifest.journal.*")) == [
+        f".mirrord-manifest.journal.{snapshot['journal']}"]  # the older journals dropped
+    (line,) = parse_events(events.getvalue(), "manifest.companion_not_written")
+    assert line["path"] == str(companion_path) and "No space left on device" in line["cause"]
+    manifest.close()
+    monkeypatch.undo()
+    assert read_from(tmp_path) == (expected, False)  # the JSON is the truth
+    assert dict(Manifest.load(tmp_path).entries) == expected
+    (ignored, *_rest) = parse_events(events.getvalue(), "manifest.companion_ignored")
+    assert "stale" in ignored["cause"]
 
 
 def _damaged(data: bytes) -> dict[str, bytes]:

@@ -19,7 +19,7 @@ import pytest
 from mirrord.config import Config
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
-from mirrord.service.reconciler import TURN_SECONDS
+from mirrord.service.reconciler import TURN_SECONDS, one_turn
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -339,6 +339,32 @@ def test_a_settle_recheck_of_many_files_is_one_round_in_turns(harness, primary, 
     assert all((mirror / rel).exists() for rel in rels)
     assert len(events(logs, "reconcile.finished")) == 1
 
+
+def test_a_turn_takes_one_item_that_counts_then_more_only_while_its_time_lasts() -> None:
+    """The turn helper the loops share: items with nothing to do are dropped without using up the turn's
+    guaranteed first item, the clock decides after that, a false `go_on` stops before the next item is
+    taken, and what is left stays pending."""
+    now = [0.0]
+    pending = list(range(10))
+    taken = []
+    for item in one_turn(lambda: now[0], pending, pending.pop, counts=lambda i: i < 7):
+        taken.append(item)
+        now[0] += TURN_SECONDS * 0.6
+    assert taken == [6, 5] and pending == [0, 1, 2, 3, 4]  # 9, 8, 7 dropped: they did not count
+    taken = []
+    for item in one_turn(lambda: now[0], pending, pending.pop):
+        taken.append(item)
+        now[0] += 10 * TURN_SECONDS  # an item slower than a whole turn: the turn still did one
+    assert taken == [4] and pending == [0, 1, 2, 3]
+    stop = [False]
+    taken = []
+    for item in one_turn(lambda: now[0], pending, pending.pop, go_on=lambda: not stop[0]):
+        taken.append(item)
+        stop[0] = True
+    assert taken == [3] and pending == [0, 1, 2]
+    stop[0] = True
+    assert list(one_turn(lambda: now[0], pending, pending.pop, go_on=lambda: not stop[0])) == []
+    assert pending == [0, 1, 2]
 
 
 def slow_listings(h: Harness, seconds: float, during_mirror: list[Callable[[], None]]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISDIR, S_ISREG
 from sys import intern
@@ -20,10 +20,13 @@ from mirrord.core.layouts import (
 from mirrord.core.model import FileState, Snapshot, make_file_state
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
-from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, split_rel
+from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
 _FORMAT = S_IFMT(0xFFFFFFFF)  # the file-type bits of st_mode
+# A folder whose path is this long cannot be named by a path (ENAMETOOLONG): nor could a trainer or cp reach
+# its files, so the walk (by descriptor, which could) reports it as unlistable, as a listing by path did.
+_PATH_MAX = 4096
 
 
 def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
@@ -89,17 +92,9 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     # One object per distinct st_dev / st_mode value instead of one per file: 56 bytes a file at 1,000,000.
     shared: dict[int, int] = {}
     make = make_file_state
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
+    lstat = os.stat
+    for fd, rel_dir, entries, subdirs in _walk(root, errors):
         in_unit = rel_dir in inside
-        path = root / rel_dir if rel_dir else root
-        try:
-            with os.scandir(path) as it:
-                entries = list(it)
-        except OSError as exc:
-            errors.append(f"{path}: cannot list: {exc.strerror or exc}")
-            continue
         prefix = f"{rel_dir}/" if rel_dir else ""
         folder_lookalike = lookalike_folder(rel_dir) if layout is not None else None
         for entry in entries:
@@ -131,7 +126,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                     pass  # the lstat below reports it
             rel = prefix + name
             try:
-                st = entry.stat(follow_symlinks=False)
+                st = lstat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue  # vanished between listing and stat: not an error, the next scan sees it
             except OSError as exc:
@@ -172,10 +167,62 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                 elif not name.startswith("."):
                     if in_unit or (folders and layout is not None and layout.is_unit_name(name)):
                         inside.add(rel)
-                    stack.append(rel)
+                    subdirs.append(name)
             elif selected:
                 skipped.append((rel, "not a regular file"))
     return Snapshot(files, partials, tuple(errors), tuple(skipped), staging, lookalikes)
+
+
+def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.DirEntry[str]], list[str]]]:
+    """Depth first below `root`: for each directory its open descriptor, rel path, entries and a list the
+    caller fills with the names of the subdirectories to enter (entered after the caller is done with it).
+
+    Every directory is opened beneath its parent's descriptor with O_NOFOLLOW, so a folder swapped for
+    a symlink during the walk is an error, never followed; files are lstat'ed relative to the descriptor
+    (cheaper than a path from the root, and the same file the listing named). At most one descriptor
+    per level is open. A directory that cannot be opened or listed, or whose path is longer than a path
+    may be, is an error in `errors`.
+    """
+    try:
+        top = open_root(root)
+    except OSError as exc:
+        errors.append(f"{root}: cannot list: {exc.strerror or exc}")
+        return
+    frames: list[tuple[int, str, list[str]]] = []  # (descriptor, rel path, subdirectories left to enter)
+    fd, rel_dir = top, ""
+    try:
+        while True:
+            subdirs: list[str] = []
+            frames.append((fd, rel_dir, subdirs))  # owns the descriptor from here
+            try:
+                with os.scandir(fd) as it:
+                    entries = list(it)
+            except OSError as exc:
+                errors.append(f"{root / rel_dir if rel_dir else root}: cannot list: {exc.strerror or exc}")
+            else:
+                yield fd, rel_dir, entries, subdirs
+            fd = -1
+            while frames:  # the next directory: the last one named on the deepest level that has any left
+                parent, parent_rel, left = frames[-1]
+                if not left:
+                    frames.pop()
+                    os.close(parent)
+                    continue
+                name = left.pop()
+                rel_dir = f"{parent_rel}/{name}" if parent_rel else name
+                if len(os.fsencode(root / rel_dir)) >= _PATH_MAX:
+                    errors.append(f"{root / rel_dir}: cannot list: {os.strerror(errno.ENAMETOOLONG)}")
+                    continue
+                try:
+                    fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+                    break
+                except OSError as exc:
+                    errors.append(f"{root / rel_dir}: cannot list: {exc.strerror or exc}")
+            if fd < 0:
+                return
+    finally:
+        for f, _, _ in frames:
+            os.close(f)
 
 
 def is_selected_name(name: str, patterns: tuple[str, ...], layout: Layout | None, in_unit: bool) -> bool:

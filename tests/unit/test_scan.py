@@ -174,3 +174,87 @@ def test_a_rescan_keeps_the_records_of_unchanged_files_only(tmp_path: Path) -> N
     assert after["same.pt"] is before["same.pt"]
     assert after["grown.pt"].size == 2 and after["touched.pt"].mtime_ns == st.st_mtime_ns + 1
     assert after["replaced.pt"].ino != before["replaced.pt"].ino
+
+
+def _open_descriptors() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
+
+
+def test_a_folder_swapped_for_a_symlink_during_the_walk_is_an_error_never_followed(tmp_path: Path) -> None:
+    """Folders are opened beneath their parent with O_NOFOLLOW: a run folder replaced by a symlink to
+    another tree after it was listed (a race with an operator or a hostile job) is reported, and
+    nothing outside the root is listed."""
+    from mirrord.store import scan
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "run_a").mkdir(parents=True)
+    (root / "run_a" / "step_1.pt").write_bytes(b"a")
+    outside.mkdir()
+    (outside / "step_9.pt").write_bytes(b"x")
+    errors: list[str] = []
+    walk = scan._walk(root, errors)
+    _fd, rel, _entries, subdirs = next(walk)
+    assert rel == ""
+    subdirs.append("run_a")
+    (root / "run_a").rename(tmp_path / "moved")
+    (root / "run_a").symlink_to(outside)
+    assert list(walk) == []
+    assert len(errors) == 1
+    assert f"{root / 'run_a'}: cannot list:" in errors[0]
+
+
+def test_the_walk_holds_one_descriptor_per_level_and_closes_them_all(tmp_path: Path) -> None:
+    """Many sibling folders do not hold a descriptor each (1,000 runs would near a default ulimit), and
+    a walk stopped midway (an exception in the caller) leaves none open."""
+    from mirrord.store import scan
+
+    for i in range(50):
+        (tmp_path / f"run_{i:02d}" / "sub").mkdir(parents=True)
+        (tmp_path / f"run_{i:02d}" / "sub" / "step_1.pt").write_bytes(b"1")
+    before = _open_descriptors()
+    most = 0
+    for _fd, _rel, entries, subdirs in scan._walk(tmp_path, []):
+        most = max(most, _open_descriptors() - before)
+        subdirs.extend(e.name for e in entries if e.is_dir())
+    assert most <= 3  # the root, a run folder, its sub folder
+    assert _open_descriptors() == before
+    walk = scan._walk(tmp_path, [])
+    _fd, _rel, entries, subdirs = next(walk)
+    subdirs.extend(e.name for e in entries if e.is_dir())
+    next(walk)
+    walk.close()
+    assert _open_descriptors() == before
+    assert len(snapshot_tree(tmp_path, PATTERNS).files) == 50
+    assert _open_descriptors() == before
+
+
+def test_the_walk_visits_folders_in_the_order_a_stack_would(tmp_path: Path) -> None:
+    """Depth first, last-listed folder first: the order the listing had before it walked by descriptor
+    (Snapshot.files keeps insertion order, and a rescan's records come in the same order)."""
+    from mirrord.store import scan
+
+    for rel in ("a/x", "a/y", "b", "c/z/deep"):
+        (tmp_path / rel).mkdir(parents=True)
+    visited = []
+    for _fd, rel, entries, subdirs in scan._walk(tmp_path, []):
+        visited.append(rel)
+        subdirs.extend(sorted(e.name for e in entries if e.is_dir()))
+    assert visited == ["", "c", "c/z", "c/z/deep", "b", "a", "a/y", "a/x"]
+
+
+def test_a_folder_deeper_than_a_path_can_name_is_a_listing_error(tmp_path: Path) -> None:
+    """The walk by descriptor could go on below PATH_MAX, but no path (a trainer's, cp's, the copy's
+    messages) could name what it found: such a folder is unlistable, the view partial, as it was by path."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(18):  # 18 x 251 bytes > PATH_MAX (4096)
+        os.mkdir("d" * 250, dir_fd=fd)
+        child = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(os.open("step_1.pt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.close(fd)
+    (tmp_path / "step_0.pt").write_bytes(b"0")
+    snap = snapshot_tree(tmp_path, PATTERNS)
+    assert list(snap.files) == ["step_0.pt"]
+    [error] = snap.errors
+    assert error.endswith(f": cannot list: {os.strerror(36)}") and not snap.complete

@@ -233,8 +233,10 @@ class Reconciler:
         rules = self.config.rules
         judged = psnap
         if self._named is not None and self._named[0] == rules:
-            before = self._named[1].files
-            judged = dataclasses.replace(psnap, files={rel: s for rel, s in psnap.files.items() if rel not in before})
+            # The files new since: a set difference of the keys, no Python loop per file (naming_warnings
+            # sorts what it judges, so the order they come in is no matter).
+            files, new = psnap.files, psnap.files.keys() - self._named[1].files.keys()
+            judged = dataclasses.replace(psnap, files={rel: files[rel] for rel in new})
         self._named = (rules, psnap)
         for warning in naming_warnings(judged, rules):
             if (warning.kind, warning.pattern) in self._naming_logged:

@@ -43,7 +43,8 @@ class Facts:
     `observed`: (volume, rel) -> seconds this process has seen the file unchanged (monotonic), for the
     min-age guard. `invalid`: primary files that failed their format validator as they are now.
     `roots`: "primary"/"mirror" -> root path, for the path guard. `space_pressure`: the mirror cannot
-    take the next copy (see mirrord.core.retention.PruneRequest).
+    take the next copy (see mirrord.core.retention.PruneRequest). `previous_plan`: the caller's last
+    retention plan, whose decisions for runs unchanged since are reused (the same plan, less work).
     """
 
     mirror_problem: str | None = None
@@ -52,6 +53,7 @@ class Facts:
     invalid: AbstractSet[str] = frozenset()
     roots: Mapping[str, PurePath] | None = None
     space_pressure: bool = False
+    previous_plan: PrunePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def reconcile(
         request = PruneRequest(
             policy=config.prune, step_regex=config.step_regex, now=now, in_flight=in_flight, roots=facts.roots,
             mirror_is_mount=is_mount, observed=facts.observed, invalid=facts.invalid,
-            space_pressure=facts.space_pressure, layout=config.rules,
+            space_pressure=facts.space_pressure, layout=config.rules, previous=facts.previous_plan,
         )
         plan = plan_prune(primary, listed, manifest, request)
         if refused is not None and not plan.refused:

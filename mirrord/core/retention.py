@@ -28,11 +28,13 @@ whole plan: it deletes nothing.
 
 from __future__ import annotations
 
+import math
 import re
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, is_
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Protocol, overload
 
@@ -188,6 +190,9 @@ class PrunePlan:
     # listing with this plan's `now`: what the daemon warns about, without grouping the tree again. None
     # when not worked out here (folder layouts group by unit, run_rollbacks by file).
     primary_rollbacks: Mapping[str, tuple[tuple[int, int], ...]] | None = None
+    # Each run's decisions with what they were made from: a later plan given this one as `previous`
+    # (PruneRequest) reuses those of the runs it finds unchanged.
+    reuse: _Reuse | None = field(default=None, compare=False, repr=False)
     guards: GuardContext | None = None  # what the candidates were vetted with (the executor re-uses it)
 
     def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
@@ -258,6 +263,10 @@ class PruneRequest:
     space_pressure: bool = False
     window: NewestPresent | None = None  # None: the keep_last newest steps present
     layout: Layout | None = None  # folder layouts: a folder unit's files are one step, deleted together
+    # The caller's last plan (a daemon's previous rescan): a run whose files, manifest entries and everything
+    # else its decisions read are unchanged since keeps those decisions instead of being planned again.
+    # The plan is the same with or without it; only the work differs.
+    previous: PrunePlan | None = None
 
     @property
     def floor(self) -> NewestPresent:
@@ -282,7 +291,10 @@ def plan_prune(
 ) -> PrunePlan:
     """The prune plan for one cycle. Pure: the same inputs give the same plan."""
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
-    runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
+    runs, kept, units, members = _by_run(primary, mirror, request.step_regex, request.layout)
+    reuse = _Reuse.of(request, manifest)
+    earlier = reuse.earlier(request.previous) if reuse is not None else {}
+    lie = (request.now + request.policy.future_skew_seconds) * 1e9
     candidates: list[Deletion] = []
     skipped: list[Skipped] = []
     newest: set[str] = set()
@@ -292,7 +304,16 @@ def plan_prune(
     by_file = request.layout is None or not request.layout.folders
     primary_rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
     for run, by_step in runs.items():
-        decided = _plan_run(by_step, manifest, mirror.files, request, units)
+        if reuse is None:
+            decided = _plan_run(by_step, manifest, mirror.files, request, units)
+        else:
+            files, n_primary = members[run]
+            memo = earlier.get(run)
+            if memo is None or not memo.holds(files, n_primary, manifest, lie):
+                memo = _RunMemo.of(files, n_primary, manifest, lie,
+                                   _plan_run(by_step, manifest, mirror.files, request, units))
+            reuse.runs[run] = memo
+            decided = memo.decided
         if decided.window is not None:
             windows[run] = decided.window
         if decided.branches.rollbacks:
@@ -333,17 +354,21 @@ def plan_prune(
         preserved=keeps,
         rollbacks=rollbacks,
         primary_rollbacks=primary_rollbacks if by_file else None,
+        reuse=reuse,
         guards=ctx,
     )
 
 
 _MTIME = attrgetter("mtime_ns")
+_REL = attrgetter("rel")
 _BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call per item
 # A step's files on each side: (primary, mirror). A pair, not a dict keyed by volume: a rescan makes
 # one for every step of the tree.
 _Sides = tuple[list[FileState], list[FileState]]
 # run -> step -> its files on each side
 _Runs = dict[str, dict[int, _Sides]]
+# run -> its stepped files as listed (the primary's first), and how many are the primary's
+_Members = dict[str, tuple[list[FileState], int]]
 
 
 def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
@@ -358,18 +383,22 @@ def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, Manife
 
 
 def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
-            layout: Layout | None) -> tuple[_Runs, list[_KeptGroup], dict[str, str]]:
+            layout: Layout | None) -> tuple[_Runs, list[_KeptGroup], dict[str, str], _Members]:
     """Stepped files grouped by run and step, per side; files without a step are kept (never pruned).
-    Also file -> its folder unit (folder layouts)."""
+    Also file -> its folder unit (folder layouts), and run -> its stepped files as listed, the primary's
+    first, and how many are the primary's (what a reused decision is checked against)."""
     runs: _Runs = {}
     kept: list[_KeptGroup] = []
     units: dict[str, str] = {}
+    members: dict[str, list[FileState]] = {}
+    n_primary: dict[str, int] = {}
     folders = layout is not None and layout.folders
     step_of_name = step_reader(step_regex)
     for side, index, files in ((PRIMARY, 0, primary.files), (MIRROR, 1, mirror.files)):
         # A listing holds each folder's files together: the run's steps are looked up once per folder.
         last_run: str | None = None
         by_step: dict[int, _Sides] = {}
+        listed: list[FileState] = []
         for state in files.values():
             # _place inlined for file layouts (every file of both sides goes through here at each rescan)
             if folders:
@@ -383,12 +412,15 @@ def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
                 kept.append((side, (state,), None, NO_STEP))
                 continue
             if run != last_run:
-                last_run, by_step = run, runs.setdefault(run, {})
+                last_run, by_step, listed = run, runs.setdefault(run, {}), members.setdefault(run, [])
             sides = by_step.get(step)
             if sides is None:
                 sides = by_step[step] = ([], [])
             sides[index].append(state)
-    return runs, kept, units
+            listed.append(state)
+        if not index:
+            n_primary = {run: len(on_primary) for run, on_primary in members.items()}
+    return runs, kept, units, {run: (stepped, n_primary.get(run, 0)) for run, stepped in members.items()}
 
 
 def _place(state: FileState, step_regex: re.Pattern[str], layout: Layout | None) -> tuple[str, int | None, str]:
@@ -458,6 +490,68 @@ class _RunPlan:
     kept: list[_KeptGroup] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     candidates: list[Deletion] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _RunMemo:
+    """One run's decisions and exactly what they read, so that a later plan can tell they still hold."""
+
+    files: list[FileState]  # the run's stepped files as listed, the primary's first (records kept by the scan)
+    n_primary: int
+    entries: list[ManifestEntry | None]  # their manifest entries, in the same order
+    # Every mtime of the run is either at most `honest_up_to` or at least `lying_from`: any lie threshold
+    # between them (now + future_skew) splits the run's files as the one they were planned with did.
+    honest_up_to: float
+    lying_from: float
+    decided: _RunPlan
+
+    @classmethod
+    def of(cls, files: list[FileState], n_primary: int, manifest: Mapping[str, ManifestEntry], lie: float,
+           decided: _RunPlan) -> _RunMemo:
+        """What `decided` was planned from, `lie` the threshold it was planned with."""
+        mtimes = sorted(map(_MTIME, files))
+        honest = bisect_right(mtimes, lie)
+        return cls(files, n_primary, list(map(manifest.get, map(_REL, files))),
+                   mtimes[honest - 1] if honest else -math.inf,
+                   mtimes[honest] if honest < len(mtimes) else math.inf, decided)
+
+    def holds(self, files: list[FileState], n_primary: int, manifest: Mapping[str, ManifestEntry],
+              lie: float) -> bool:
+        """The run is listed as it was (the same or equal records on the same sides), each file has the
+        very manifest entry it had, and the lie threshold splits its mtimes as before."""
+        return (self.honest_up_to <= lie < self.lying_from and n_primary == self.n_primary
+                and files == self.files and all(map(is_, map(manifest.get, map(_REL, files)), self.entries)))
+
+
+@dataclass(frozen=True)
+class _Reuse:
+    """What every run's decisions read besides its own files and their entries; a later plan reuses a
+    run's decisions only when all of it is the same (and each run's memo holds)."""
+
+    policy: PruneConfig
+    floor: NewestPresent
+    space_pressure: bool
+    invalid: AbstractSet[str]
+    layout: Layout | None
+    step_regex: re.Pattern[str]
+    runs: dict[str, _RunMemo] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, request: PruneRequest, manifest: Mapping[str, ManifestEntry]) -> _Reuse | None:
+        """None when the manifest makes its entries when asked (mirrord.store.packed): then no entry is
+        ever the one recorded before, and nothing could be reused."""
+        if not isinstance(manifest, dict):
+            return None
+        return cls(request.policy, request.floor, request.space_pressure, request.invalid, request.layout,
+                   request.step_regex)
+
+    def earlier(self, previous: PrunePlan | None) -> Mapping[str, _RunMemo]:
+        """The runs of `previous` planned under the same conditions as this plan."""
+        last = previous.reuse if previous is not None else None
+        if last is None or (last.policy, last.floor, last.space_pressure, last.layout, last.step_regex) != (
+                self.policy, self.floor, self.space_pressure, self.layout, self.step_regex):
+            return {}
+        return last.runs if last.invalid == self.invalid else {}
 
 
 def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],

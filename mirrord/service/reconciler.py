@@ -85,6 +85,9 @@ class Reconciler:
         # it was judged then, so a rescan judges only the files new since (each rescan would otherwise
         # group every file of the tree into units again, to warn about nothing).
         self._named: tuple[Layout, Snapshot] | None = None
+        # The last retention plan of a complete listing: the next one reuses its decisions for the runs
+        # unchanged since (a rescan of a tree at rest plans again only what moved).
+        self._planned: PrunePlan | None = None
         self.log = get_logger()
 
     @property
@@ -206,13 +209,16 @@ class Reconciler:
             observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
             facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_files(),
                           mirror_is_mount=self.mirror.is_mountpoint(),
-                          roots=pruner.roots if pruner else None)
+                          roots=pruner.roots if pruner else None, previous_plan=self._planned)
             retired_by = None
         settled = self.settle.at(self.monotonic())
         sharing = sharing_for(cfg, self.manifest, self.primary, settled)
-        return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
+        view = reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
                          facts=facts, retired_by=retired_by, is_complete=judge(self.primary, cfg.rules, settled),
                          sharing=sharing)
+        if not partial:
+            self._planned = view.prune if view.prune.reuse is not None else None
+        return view
 
     def _link_aliases(self, links: list[str]) -> None:
         """Alias symlinks (last.ckpt) recreated on the mirror once the step they name is recorded."""

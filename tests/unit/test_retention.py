@@ -626,3 +626,93 @@ def test_a_folder_layout_leaves_the_primary_rollbacks_to_run_rollbacks() -> None
     plan = plan_prune(primary, Snapshot(), {},
                       PruneRequest(PruneConfig(), re.compile(layout.step_pattern), NOW, layout=layout))
     assert plan.primary_rollbacks is None
+
+
+# -- a plan given the previous one: the same plan, the unchanged runs' decisions reused ------------------
+
+def plan_content(plan: PrunePlan) -> tuple[object, ...]:
+    """Everything a plan decides (its reuse record aside)."""
+    return (plan.deletions, tuple(plan.kept), plan.skipped, plan.refused, plan.newest, plan.windows,
+            plan.preserved, plan.rollbacks, plan.primary_rollbacks, plan.guards)
+
+
+def plan_at(h: History, now: float, previous: PrunePlan | None = None,
+            invalid: frozenset[str] = frozenset()) -> PrunePlan:
+    request = PruneRequest(h.policy, STEP_RE, now, frozenset(h.in_flight), ROOTS, invalid=invalid,
+                           observed={("mirror", rel): 1e6 for rel in h.mirror}, previous=previous)
+    return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror), dict(h.partials)), dict(h.manifest),
+                      request)
+
+
+CHANGES = ("touch", "drop", "add", "rerecord", "same_record", "later", "earlier", "invalid", "keep_last", "none")
+
+
+@PROPERTY
+@given(histories(), st.data())
+def test_a_plan_given_the_previous_one_is_the_plan_made_afresh(h: History, data: st.DataObject) -> None:
+    """After any change (a file rewritten, gone or new, a manifest entry recorded again, the clock moved
+    either way across the future-skew line, a file judged invalid, another keep_last), planning with the
+    previous plan gives exactly the plan made without it."""
+    now, invalid = NOW, frozenset[str]()
+    previous = plan_at(h, now)
+    for _ in range(3):
+        for change in data.draw(st.lists(st.sampled_from(CHANGES), max_size=3)):
+            rels = sorted(h.primary) + sorted(h.mirror)
+            if change == "touch" and h.primary:
+                rel = data.draw(st.sampled_from(sorted(h.primary)))
+                h.primary[rel] = FileState(rel, h.primary[rel].size, h.primary[rel].mtime_ns + NS, ino=7)
+            elif change == "drop" and rels:
+                rel = data.draw(st.sampled_from(rels))
+                (h.primary if rel in h.primary else h.mirror).pop(rel)
+            elif change == "add":
+                run, step = data.draw(st.sampled_from(["", "a", "b/c"])), data.draw(st.integers(0, 40))
+                rel = rel_of(run, f"step_{step:04d}.pt")
+                h.primary[rel] = FileState(rel, 9, MTIMES[data.draw(st.sampled_from(list(MTIMES)))], ino=8)
+            elif change in ("rerecord", "same_record") and h.manifest:
+                rel = data.draw(st.sampled_from(sorted(h.manifest)))
+                e = h.manifest[rel]  # an equal record made again, or one of another size
+                h.manifest[rel] = ManifestEntry(rel, e.size + (change == "rerecord"), e.algo, e.digest,
+                                                e.source_mtime_ns, e.step, e.mirrored_at)
+            elif change in ("later", "earlier"):
+                now += data.draw(st.sampled_from([1, 20, 30, 31, 3_600, 7_200])) * (1 if change == "later" else -1)
+            elif change == "invalid" and h.primary:
+                invalid = invalid ^ {data.draw(st.sampled_from(sorted(h.primary)))}
+            elif change == "keep_last":
+                h.policy = h.policy.model_copy(update={"keep_last": data.draw(st.integers(1, 5))})
+        planned = plan_at(h, now, previous, invalid)
+        assert plan_content(planned) == plan_content(plan_at(h, now, None, invalid))
+        previous = planned
+
+
+def test_an_unchanged_run_keeps_its_decisions_and_a_changed_one_is_planned_again() -> None:
+    """The reuse is real: run a is listed as before and keeps the very decisions of the previous plan; run
+    b has a new step and is planned again; a manifest entry recorded again (an equal record, not the same)
+    has run a planned again too."""
+    h = synced(range(1, 6), run="a")
+    other = synced(range(1, 6), run="b")
+    for side in ("primary", "mirror", "manifest"):
+        getattr(h, side).update(getattr(other, side))
+    first = plan_at(h, NOW)
+    h.primary["b/step_0006.pt"] = FileState("b/step_0006.pt", 100, MTIMES["old"] + 6, ino=6)
+    second = plan_at(h, NOW + 1, first)
+    assert first.reuse is not None and second.reuse is not None
+    assert second.reuse.runs["a"] is first.reuse.runs["a"]
+    assert second.reuse.runs["b"] is not first.reuse.runs["b"]
+    assert plan_content(second) == plan_content(plan_at(h, NOW + 1))
+    e = h.manifest["a/step_0001.pt"]
+    h.manifest["a/step_0001.pt"] = ManifestEntry(e.path, e.size, e.algo, e.digest, e.source_mtime_ns, e.step,
+                                                 e.mirrored_at)
+    third = plan_at(h, NOW + 2, second)
+    assert third.reuse is not None and third.reuse.runs["a"] is not second.reuse.runs["a"]
+
+
+def test_a_future_file_that_comes_of_age_is_planned_again() -> None:
+    """A step stamped ahead of the clock is unknown in order until the clock passes the skew allowance:
+    the plan made just after that moment reads it again (here: the rollback it shows appears)."""
+    h = synced(range(1, 5))
+    ahead = NOW + 600
+    h.primary["run/step_0002.pt"] = FileState("run/step_0002.pt", 100, int(ahead * NS), ino=2)
+    before = plan_at(h, NOW)
+    assert before.rollbacks == {}
+    after = plan_at(h, ahead - h.policy.future_skew_seconds, before)
+    assert after.rollbacks == {"run": ((4, 2),)} == plan_at(h, ahead - h.policy.future_skew_seconds).rollbacks

@@ -265,8 +265,10 @@ class PruneRequest:
     layout: Layout | None = None  # folder layouts: a folder unit's files are one step, deleted together
     # The caller's last plan (a daemon's previous rescan): a run whose files, manifest entries and everything
     # else its decisions read are unchanged since keeps those decisions instead of being planned again.
-    # The plan is the same with or without it; only the work differs.
+    # The plan is the same with or without it; only the work differs. `replans`: the caller will plan
+    # again (a daemon): the plan keeps what the next one needs for that (a one-shot command does not).
     previous: PrunePlan | None = None
+    replans: bool = False
 
     @property
     def floor(self) -> NewestPresent:
@@ -292,7 +294,7 @@ def plan_prune(
     """The prune plan for one cycle. Pure: the same inputs give the same plan."""
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
     runs, kept, units, members = _by_run(primary, mirror, request.step_regex, request.layout)
-    reuse = _Reuse.of(request, manifest)
+    reuse = _Reuse.of(request, manifest) if request.replans else None
     earlier = reuse.earlier(request.previous) if reuse is not None else {}
     lie = (request.now + request.policy.future_skew_seconds) * 1e9
     candidates: list[Deletion] = []

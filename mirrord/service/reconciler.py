@@ -209,7 +209,8 @@ class Reconciler:
             observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
             facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_files(),
                           mirror_is_mount=self.mirror.is_mountpoint(),
-                          roots=pruner.roots if pruner else None, previous_plan=self._planned)
+                          roots=pruner.roots if pruner else None, replans=True,
+                          previous_plan=self._planned)
             retired_by = None
         settled = self.settle.at(self.monotonic())
         sharing = sharing_for(cfg, self.manifest, self.primary, settled)

@@ -639,7 +639,7 @@ def plan_content(plan: PrunePlan) -> tuple[object, ...]:
 def plan_at(h: History, now: float, previous: PrunePlan | None = None,
             invalid: frozenset[str] = frozenset()) -> PrunePlan:
     request = PruneRequest(h.policy, STEP_RE, now, frozenset(h.in_flight), ROOTS, invalid=invalid,
-                           observed={("mirror", rel): 1e6 for rel in h.mirror}, previous=previous)
+                           observed={("mirror", rel): 1e6 for rel in h.mirror}, previous=previous, replans=True)
     return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror), dict(h.partials)), dict(h.manifest),
                       request)
 
@@ -704,6 +704,7 @@ def test_an_unchanged_run_keeps_its_decisions_and_a_changed_one_is_planned_again
                                                  e.mirrored_at)
     third = plan_at(h, NOW + 2, second)
     assert third.reuse is not None and third.reuse.runs["a"] is not second.reuse.runs["a"]
+    assert h.plan().reuse is None  # a caller that plans once (a command) keeps no record to reuse
 
 
 def test_a_future_file_that_comes_of_age_is_planned_again() -> None:

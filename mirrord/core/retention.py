@@ -34,7 +34,7 @@ from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from operator import attrgetter, is_
+from operator import attrgetter
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Protocol, overload
 
@@ -271,6 +271,11 @@ class PruneRequest:
     replans: bool = False
 
     @property
+    def lie_after_ns(self) -> float:
+        """An mtime beyond this (now + the allowed clock skew) is a lying clock: no evidence of order."""
+        return (self.now + self.policy.future_skew_seconds) * 1e9
+
+    @property
     def floor(self) -> NewestPresent:
         """The least retention keeps of each run: the window, or the keep_last newest steps present."""
         return self.window if self.window is not None else NewestPresent(self.policy.keep_last)
@@ -293,10 +298,10 @@ def plan_prune(
 ) -> PrunePlan:
     """The prune plan for one cycle. Pure: the same inputs give the same plan."""
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
-    runs, kept, units, members = _by_run(primary, mirror, request.step_regex, request.layout)
+    runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
     reuse = _Reuse.of(request, manifest) if request.replans else None
     earlier = reuse.earlier(request.previous) if reuse is not None else {}
-    lie = (request.now + request.policy.future_skew_seconds) * 1e9
+    lie = request.lie_after_ns
     candidates: list[Deletion] = []
     skipped: list[Skipped] = []
     newest: set[str] = set()
@@ -309,11 +314,9 @@ def plan_prune(
         if reuse is None:
             decided = _plan_run(by_step, manifest, mirror.files, request, units)
         else:
-            files, n_primary = members[run]
             memo = earlier.get(run)
-            if memo is None or not memo.holds(files, n_primary, manifest, lie):
-                memo = _RunMemo.of(files, n_primary, manifest, lie,
-                                   _plan_run(by_step, manifest, mirror.files, request, units))
+            if memo is None or not memo.holds(by_step, manifest, lie):
+                memo = _RunMemo.of(by_step, manifest, lie, _plan_run(by_step, manifest, mirror.files, request, units))
             reuse.runs[run] = memo
             decided = memo.decided
         if decided.window is not None:
@@ -362,15 +365,12 @@ def plan_prune(
 
 
 _MTIME = attrgetter("mtime_ns")
-_REL = attrgetter("rel")
 _BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call per item
 # A step's files on each side: (primary, mirror). A pair, not a dict keyed by volume: a rescan makes
 # one for every step of the tree.
 _Sides = tuple[list[FileState], list[FileState]]
 # run -> step -> its files on each side
 _Runs = dict[str, dict[int, _Sides]]
-# run -> its stepped files as listed (the primary's first), and how many are the primary's
-_Members = dict[str, tuple[list[FileState], int]]
 
 
 def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
@@ -385,22 +385,18 @@ def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, Manife
 
 
 def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
-            layout: Layout | None) -> tuple[_Runs, list[_KeptGroup], dict[str, str], _Members]:
+            layout: Layout | None) -> tuple[_Runs, list[_KeptGroup], dict[str, str]]:
     """Stepped files grouped by run and step, per side; files without a step are kept (never pruned).
-    Also file -> its folder unit (folder layouts), and run -> its stepped files as listed, the primary's
-    first, and how many are the primary's (what a reused decision is checked against)."""
+    Also file -> its folder unit (folder layouts)."""
     runs: _Runs = {}
     kept: list[_KeptGroup] = []
     units: dict[str, str] = {}
-    members: dict[str, list[FileState]] = {}
-    n_primary: dict[str, int] = {}
     folders = layout is not None and layout.folders
     step_of_name = step_reader(step_regex)
     for side, index, files in ((PRIMARY, 0, primary.files), (MIRROR, 1, mirror.files)):
         # A listing holds each folder's files together: the run's steps are looked up once per folder.
         last_run: str | None = None
         by_step: dict[int, _Sides] = {}
-        listed: list[FileState] = []
         for state in files.values():
             # _place inlined for file layouts (every file of both sides goes through here at each rescan)
             if folders:
@@ -414,15 +410,12 @@ def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
                 kept.append((side, (state,), None, NO_STEP))
                 continue
             if run != last_run:
-                last_run, by_step, listed = run, runs.setdefault(run, {}), members.setdefault(run, [])
+                last_run, by_step = run, runs.setdefault(run, {})
             sides = by_step.get(step)
             if sides is None:
                 sides = by_step[step] = ([], [])
             sides[index].append(state)
-            listed.append(state)
-        if not index:
-            n_primary = {run: len(on_primary) for run, on_primary in members.items()}
-    return runs, kept, units, {run: (stepped, n_primary.get(run, 0)) for run, stepped in members.items()}
+    return runs, kept, units
 
 
 def _place(state: FileState, step_regex: re.Pattern[str], layout: Layout | None) -> tuple[str, int | None, str]:
@@ -498,9 +491,8 @@ class _RunPlan:
 class _RunMemo:
     """One run's decisions and exactly what they read, so that a later plan can tell they still hold."""
 
-    files: list[FileState]  # the run's stepped files as listed, the primary's first (records kept by the scan)
-    n_primary: int
-    entries: list[ManifestEntry | None]  # their manifest entries, in the same order
+    by_step: dict[int, _Sides]  # the run's files by step and side (records kept by the scan)
+    entries: dict[str, ManifestEntry | None]  # their manifest entries, by path
     # Every mtime of the run is either at most `honest_up_to` or at least `lying_from`: any lie threshold
     # between them (now + future_skew) splits the run's files as the one they were planned with did.
     honest_up_to: float
@@ -508,21 +500,21 @@ class _RunMemo:
     decided: _RunPlan
 
     @classmethod
-    def of(cls, files: list[FileState], n_primary: int, manifest: Mapping[str, ManifestEntry], lie: float,
+    def of(cls, by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry], lie: float,
            decided: _RunPlan) -> _RunMemo:
         """What `decided` was planned from, `lie` the threshold it was planned with."""
+        files = [state for sides in by_step.values() for side in sides for state in side]
         mtimes = sorted(map(_MTIME, files))
         honest = bisect_right(mtimes, lie)
-        return cls(files, n_primary, list(map(manifest.get, map(_REL, files))),
+        return cls(by_step, {state.rel: manifest.get(state.rel) for state in files},
                    mtimes[honest - 1] if honest else -math.inf,
                    mtimes[honest] if honest < len(mtimes) else math.inf, decided)
 
-    def holds(self, files: list[FileState], n_primary: int, manifest: Mapping[str, ManifestEntry],
-              lie: float) -> bool:
-        """The run is listed as it was (the same or equal records on the same sides), each file has the
-        very manifest entry it had, and the lie threshold splits its mtimes as before."""
-        return (self.honest_up_to <= lie < self.lying_from and n_primary == self.n_primary
-                and files == self.files and all(map(is_, map(manifest.get, map(_REL, files)), self.entries)))
+    def holds(self, by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry], lie: float) -> bool:
+        """The run is listed as it was (the same or equal records on the same sides of the same steps),
+        each file has the very manifest entry it had, and the lie threshold splits its mtimes as before."""
+        return (self.honest_up_to <= lie < self.lying_from and by_step == self.by_step
+                and all(manifest.get(rel) is entry for rel, entry in self.entries.items()))
 
 
 @dataclass(frozen=True)
@@ -562,7 +554,7 @@ def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
     policy, floor_policy = request.policy, request.floor
     # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
     # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
-    lie = (request.now + policy.future_skew_seconds) * 1e9
+    lie = request.lie_after_ns
     mtimes: dict[int, int] = {}
     primary_alone = True  # every step has primary files, none past the lie: the primary's own order is this
     for step, (on_primary, on_mirror) in by_step.items():

@@ -27,6 +27,7 @@ from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.config import load, settings
+from tests.support.deep import deeper_than_path_max
 from tests.support.logs import parse_events
 from tests.support.mirror import assert_mirror_consistent
 
@@ -163,13 +164,7 @@ def test_a_listing_error_deletes_nothing(primary: Path, mirror: Path) -> None:
     """A directory deeper than PATH_MAX cannot be listed (ENAMETOOLONG, even for root): the view is partial."""
     make_run(primary)
     sync(primary, mirror)
-    fd = os.open(primary, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(18):  # 18 x 251 bytes > PATH_MAX (4096)
-        os.mkdir("d" * 250, dir_fd=fd)
-        child = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    os.close(fd)
+    os.close(deeper_than_path_max(primary))
     before = (tree(primary), tree(mirror))
     result = cli("prune", primary, mirror)
     assert result.returncode == 1

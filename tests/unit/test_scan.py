@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mirrord.store.scan import is_candidate_name, snapshot_tree
+from tests.support.deep import deeper_than_path_max
 from tests.support.privileges import run_as_nobody
 
 PATTERNS = ("*.pt",)
@@ -245,12 +246,7 @@ def test_the_walk_visits_folders_in_the_order_a_stack_would(tmp_path: Path) -> N
 def test_a_folder_deeper_than_a_path_can_name_is_a_listing_error(tmp_path: Path) -> None:
     """The walk by descriptor could go on below PATH_MAX, but no path (a trainer's, cp's, the copy's
     messages) could name what it found: such a folder is unlistable, the view partial, as it was by path."""
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(18):  # 18 x 251 bytes > PATH_MAX (4096)
-        os.mkdir("d" * 250, dir_fd=fd)
-        child = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
+    fd = deeper_than_path_max(tmp_path)
     os.close(os.open("step_1.pt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
     os.close(fd)
     (tmp_path / "step_0.pt").write_bytes(b"0")

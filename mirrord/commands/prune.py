@@ -129,7 +129,7 @@ class Pruner:
         plan = reconcile(psnap, msnap, self.manifest.entries, self.config, self.wall(), frozenset(self.in_flight()),
                          facts=facts, plan_retention=True).prune
         if not plan.refused and not space_pressure:
-            self._last_plan = plan
+            self._last_plan = plan.retirement()
         return plan
 
     @property
@@ -139,8 +139,8 @@ class Pruner:
 
     @property
     def last_plan(self) -> PrunePlan | None:
-        """The last plan made from a complete listing and not refused: which steps are retired for a
-        partial listing (the daemon's watch hints)."""
+        """The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
+        refused: which steps are retired for a partial listing (the daemon's watch hints)."""
         return self._last_plan
 
     def run_cycle(
@@ -167,7 +167,7 @@ class Pruner:
             if plan is None:
                 plan = self.plan(primary_snap, mirror_snap)
             elif not plan.refused:
-                self._last_plan = plan
+                self._last_plan = plan.retirement()
             report = self._execute(plan, dry, sides, keep_going=keep_going)
             if not dry and MIRROR in sides:
                 self._sweep_uploads()

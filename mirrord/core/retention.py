@@ -206,6 +206,14 @@ class PrunePlan:
             return False
         return window.branches.key(step) < window.floor
 
+    def retirement(self) -> PrunePlan:
+        """This plan as `retired` reads it, and nothing else: what a caller keeps between rescans to judge
+        partial listings by. Without the per-file decisions (kept, skipped, deletions) and the guards'
+        observations, which are as large as the tree and would otherwise live until the next plan."""
+        windows = self.windows  # (a run without a window retires nothing: its preserved steps are never read)
+        return PrunePlan(refused=self.refused, windows=windows,
+                         preserved={run: steps for run, steps in self.preserved.items() if run in windows})
+
 
 def mirror_unmounted(
     mirror: Snapshot, manifest: Mapping[str, ManifestEntry], is_mount: bool | None = None
@@ -303,6 +311,7 @@ def plan_prune(
     earlier = reuse.earlier(request.previous) if reuse is not None else {}
     lie = request.lie_after_ns
     candidates: list[Deletion] = []
+    kept_runs: list[_KeptSteps] = []
     skipped: list[Skipped] = []
     newest: set[str] = set()
     windows: dict[str, Window] = {}
@@ -327,7 +336,8 @@ def plan_prune(
             primary_rollbacks[run] = decided.primary_rollbacks
         keeps[run] = decided.keep_steps
         newest.update(decided.newest)
-        kept.extend(decided.kept)
+        if decided.kept:
+            kept_runs.append((by_step, decided.kept))
         skipped.extend(decided.skipped)
         candidates.extend(decided.candidates)
     candidates.extend(Deletion(Volume.MIRROR, state, None, ORPHAN_PART) for state in mirror.partials.values())
@@ -351,7 +361,7 @@ def plan_prune(
     deletions.sort(key=deletion_order)
     return PrunePlan(
         deletions=() if refused else tuple(deletions),
-        kept=KeptFiles(kept),
+        kept=KeptFiles(kept, kept_runs),
         skipped=tuple(sorted(skipped, key=_BY_PATH)),
         refused=tuple(refused),
         newest=frozenset(newest),
@@ -366,6 +376,7 @@ def plan_prune(
 
 _MTIME = attrgetter("mtime_ns")
 _BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call per item
+_SIDES = (PRIMARY, MIRROR)  # the volumes of a step's _Sides, in order
 # A step's files on each side: (primary, mirror). A pair, not a dict keyed by volume: a rescan makes
 # one for every step of the tree.
 _Sides = tuple[list[FileState], list[FileState]]
@@ -430,23 +441,29 @@ def _place(state: FileState, step_regex: re.Pattern[str], layout: Layout | None)
 
 # Files a plan keeps, a group at a time: (volume, files, step, why).
 _KeptGroup = tuple[str, Sequence[FileState], int | None, str]
+# A run's kept steps: its files by step and side, and for each reason the steps kept for it. A few bytes a
+# step, where a group per step and side was ~200 (at 1,000,000 steps, 190 MB of a daemon's peak).
+_KeptSteps = tuple[dict[int, "_Sides"], dict[str, list[int]]]
 
 
 class KeptFiles(Sequence[Kept]):
     """What a plan keeps, one Kept per file in (path, volume) order, made only when first read: a daemon
     plans over every file of both sides at each rescan and reads these only to log them at debug level."""
 
-    __slots__ = ("_groups", "_made")
+    __slots__ = ("_groups", "_made", "_runs")
 
-    def __init__(self, groups: Sequence[_KeptGroup] = ()) -> None:
+    def __init__(self, groups: Sequence[_KeptGroup] = (), runs: Sequence[_KeptSteps] = ()) -> None:
         self._groups = groups
+        self._runs = runs
         self._made: tuple[Kept, ...] | None = None
 
     def _all(self) -> tuple[Kept, ...]:
         if self._made is None:
             made = [Kept(side, state.rel, step, why) for side, states, step, why in self._groups for state in states]
+            made += [Kept(side, state.rel, step, why) for by_step, whys in self._runs for why, steps in whys.items()
+                     for step in steps for side, states in zip(_SIDES, by_step[step], strict=True) for state in states]
             self._made = tuple(sorted(made, key=_BY_PATH))
-            self._groups = ()
+            self._groups = self._runs = ()
         return self._made
 
     @overload
@@ -459,7 +476,11 @@ class KeptFiles(Sequence[Kept]):
         return self._all()[index]
 
     def __len__(self) -> int:
-        return len(self._made) if self._made is not None else sum(len(g[1]) for g in self._groups)
+        if self._made is not None:
+            return len(self._made)
+        return sum(len(g[1]) for g in self._groups) + sum(
+            len(on_primary) + len(on_mirror) for by_step, whys in self._runs for steps in whys.values()
+            for on_primary, on_mirror in map(by_step.__getitem__, steps))
 
     def __iter__(self) -> Iterator[Kept]:
         return iter(self._all())
@@ -482,7 +503,7 @@ class _RunPlan:
     keep_steps: frozenset[int]
     primary_rollbacks: tuple[tuple[int, int], ...] = ()
     newest: list[str] = field(default_factory=list)
-    kept: list[_KeptGroup] = field(default_factory=list)
+    kept: dict[str, list[int]] = field(default_factory=dict)  # reason -> the steps kept for it
     skipped: list[Skipped] = field(default_factory=list)
     candidates: list[Deletion] = field(default_factory=list)
 
@@ -606,7 +627,7 @@ def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
                 deletable.add(step)
             verified_above += step in verified
     top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
-    kept = plan.kept
+    kept = plan.kept.setdefault
     for place, step in enumerate(order):
         # Why the step is kept, decided once for all of its files (None: it may go).
         why: str | None = None
@@ -616,13 +637,10 @@ def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
             why = NEWER_UNVERIFIED
-        on_primary, on_mirror = by_step[step]
         if why is not None:
-            if on_primary:
-                kept.append((PRIMARY, on_primary, step, why))
-            if on_mirror:
-                kept.append((MIRROR, on_mirror, step, why))
+            kept(why, []).append(step)
             continue
+        on_primary, on_mirror = by_step[step]
         if policy.primary:  # else the primary is not ours to prune
             for state in on_primary:
                 if not exact_copy(state, manifest, mirror_files):

@@ -717,3 +717,20 @@ def test_a_future_file_that_comes_of_age_is_planned_again() -> None:
     assert before.rollbacks == {}
     after = plan_at(h, ahead - h.policy.future_skew_seconds, before)
     assert after.rollbacks == {"run": ((4, 2),)} == plan_at(h, ahead - h.policy.future_skew_seconds).rollbacks
+
+
+@PROPERTY
+@given(histories())
+def test_a_plans_retirement_retires_what_the_plan_retires_and_holds_no_file(h: History) -> None:
+    """What the daemon keeps of its last plan between rescans (to judge the files a watch event names) says
+    retired for exactly the steps the whole plan does, with any mtime, and holds none of its per-file
+    decisions or the guards' observations."""
+    plan = plan_at(h, NOW)
+    kept = plan.retirement()
+    runs = {rel.rpartition("/")[0] for rel in (*h.primary, *h.mirror)} | {"elsewhere"}
+    for run in runs:
+        for step in (None, *range(-1, 42)):
+            for mtime in (None, 0, MTIMES["old"], MTIMES["future"]):
+                assert kept.retired(run, step, mtime) == plan.retired(run, step, mtime)
+    assert (kept.deletions, tuple(kept.kept), kept.skipped, kept.guards, kept.reuse) == ((), (), (), None, None)
+    assert set(kept.preserved) <= set(kept.windows)

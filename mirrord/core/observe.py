@@ -15,7 +15,20 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.vocabulary import Volume
 
-_Seen = tuple[FileState, float]  # a file as first seen with its identity, and when (monotonic)
+
+class _Seen:
+    """One volume's observation: each file as last seen (the listing's own record: no memory of its own), and
+    since when it is unchanged, held compactly: `first` has the time for the files first seen after
+    `origin`; every other file has been seen unchanged since `origin` (at rest, nearly all of them)."""
+
+    __slots__ = ("first", "origin", "states")
+
+    def __init__(self, states: dict[str, FileState], first: dict[str, float], origin: float) -> None:
+        self.states, self.first, self.origin = states, first, origin
+
+    def since(self, rel: str) -> float:
+        """Since when `rel` (listed) has been seen unchanged."""
+        return self.first.get(rel, self.origin)
 
 
 class Observations:
@@ -23,41 +36,54 @@ class Observations:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        # volume -> rel -> (state, first seen with its identity): per volume, so that a complete listing of
-        # one replaces its map whole (forgetting what is gone) instead of sweeping every key of both. The
-        # state, not a tuple of its identity: a rescan lists an unchanged file with the same record
-        # (mirrord.store.scan), which `is` tells at once.
-        self._seen: dict[str, dict[str, _Seen]] = {}
+        # volume -> what it was seen as: per volume, so that a complete listing of one replaces its record
+        # whole (forgetting what is gone) instead of sweeping every key of both. The states, not their
+        # identities: a rescan lists an unchanged file with the same record (mirrord.store.scan), which `is`
+        # tells at once, and the listing holds them anyway.
+        self._seen: dict[str, _Seen] = {}
         self._lock = threading.Lock()
 
     def seen_for(self, volume: str, state: FileState, now: float | None = None) -> float:
         """Seconds this file has been seen exactly as `state` (0 the first time, or after a change)."""
         now = self.clock() if now is None else now
         with self._lock:
-            seen_in = self._seen.setdefault(volume, {})
-            seen = seen_in.get(state.rel)
-            if seen is None or seen[0].identity != state.identity:
-                seen_in[state.rel] = (state, now)
+            seen = self._seen.get(volume)
+            if seen is None:
+                seen = self._seen[volume] = _Seen({}, {}, now)
+            before = seen.states.get(state.rel)
+            if before is None or before.identity != state.identity:
+                # (the time first: a reader of the Ages of an update sees this file younger, never older)
+                seen.first[state.rel] = now
+                seen.states[state.rel] = state
                 return 0.0
-            return max(0.0, now - seen[1])
+            return max(0.0, now - seen.since(state.rel))
 
     def update(self, volume: str, states: Iterable[FileState]) -> Ages:
         """Observe a complete listing of `volume` (forgetting files no longer in it); how long each has been
         seen unchanged, as of now."""
         now = self.clock()
-        listed: dict[str, _Seen] = {}
+        listed: dict[str, FileState] = {}
+        first: dict[str, float] = {}
         # seen_for inlined under one lock: a daemon's every rescan observes every file of both sides.
         with self._lock:
-            before = self._seen.get(volume, {})
-            get = before.get
-            for state in states:
-                rel = state.rel
-                seen = get(rel)
-                if seen is None or (seen[0] is not state and seen[0].identity != state.identity):
-                    seen = (state, now)
-                listed[rel] = seen
-            self._seen[volume] = listed
-        return Ages(volume, listed, now)
+            before = self._seen.get(volume)
+            if before is None:
+                listed = {state.rel: state for state in states}
+                seen = _Seen(listed, first, now)
+            else:
+                get = before.states.get
+                for state in states:
+                    rel = state.rel
+                    was = get(rel)
+                    if was is None or (was is not state and was.identity != state.identity):
+                        first[rel] = now  # new or changed: seen since now
+                    listed[rel] = state
+                for rel, since in before.first.items():  # the others keep their time, as the file stays
+                    if rel not in first and rel in listed:
+                        first[rel] = since
+                seen = _Seen(listed, first, before.origin)
+            self._seen[volume] = seen
+        return Ages(volume, seen, now)
 
     def observe(self, primary: Snapshot, mirror: Snapshot) -> Mapping[tuple[str, str], float]:
         """Observe complete listings of both sides (mirror temp files included): what the min-age guard reads."""
@@ -70,28 +96,29 @@ class Ages(Mapping[tuple[str, str], float]):
     """(volume, rel) -> seconds seen unchanged as of one observation, for the files it listed; computed when
     asked (the guards ask about deletion candidates only, a rescan lists every file of both sides).
 
-    It reads the observation's own map, which only a later seen_for of a changed file touches: that makes
+    It reads the observation's own record, which only a later seen_for of a changed file touches: that makes
     the file younger, so it can delay a deletion, never hasten it."""
 
     __slots__ = ("_volumes",)
 
-    def __init__(self, volume: str, listed: dict[str, _Seen], now: float) -> None:
-        self._volumes = {volume: (listed, now)}
+    def __init__(self, volume: str, seen: _Seen | None, now: float) -> None:
+        self._volumes = {} if seen is None else {volume: (seen, now)}
 
     def __or__(self, other: object) -> Ages:
         """Both observations (of different volumes) as one mapping."""
         if not isinstance(other, Ages):
             return NotImplemented
-        both = Ages("", {}, 0.0)
+        both = Ages("", None, 0.0)
         both._volumes = {**self._volumes, **other._volumes}
         return both
 
     def get(self, key: tuple[str, str], default: float | None = None) -> float | None:  # type: ignore[override]
         """The age of (volume, rel), or `default` when that observation did not list it."""
         volume, rel = key
-        listed, now = self._volumes.get(volume, (None, 0.0))
-        seen = None if listed is None else listed.get(rel)
-        return default if seen is None else max(0.0, now - seen[1])
+        seen, now = self._volumes.get(volume, (None, 0.0))
+        if seen is None or rel not in seen.states:
+            return default
+        return max(0.0, now - seen.since(rel))
 
     def __getitem__(self, key: tuple[str, str]) -> float:
         age = self.get(key)
@@ -100,7 +127,7 @@ class Ages(Mapping[tuple[str, str], float]):
         return age
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
-        return ((volume, rel) for volume, (listed, _now) in self._volumes.items() for rel in listed)
+        return ((volume, rel) for volume, (seen, _now) in self._volumes.items() for rel in seen.states)
 
     def __len__(self) -> int:
-        return sum(len(listed) for listed, _now in self._volumes.values())
+        return sum(len(seen.states) for seen, _now in self._volumes.values())

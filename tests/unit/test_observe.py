@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mirrord.commands.prune import Pruner
 from mirrord.commands.sync import run_sync
@@ -79,3 +82,65 @@ def test_a_complete_listing_keeps_the_age_of_what_it_lists_and_forgets_only_its_
     assert seen.seen_for("mirror", a) == 15.0
     clock.now += 1
     assert seen.update("primary", [a]) == {("primary", a.rel): 0.0}  # a was forgotten: seen anew
+
+
+def test_a_file_first_seen_after_the_others_keeps_its_own_age_across_listings() -> None:
+    """The files seen since the first listing are the old ones; one that came later (or changed) counts from
+    its own first sight, however many listings follow: never from the first listing's (that would let the
+    min-age guard pass a young file)."""
+    clock = Clock()
+    seen = Observations(clock)
+    a, b = FileState("r/step_1.pt", 10, 5, ino=1, ctime_ns=7), FileState("r/step_2.pt", 10, 5, ino=2, ctime_ns=7)
+    seen.update("primary", [a])
+    clock.now += 10
+    assert seen.update("primary", [a, b]) == {("primary", a.rel): 10.0, ("primary", b.rel): 0.0}
+    clock.now += 5
+    assert seen.update("primary", [a, b]) == {("primary", a.rel): 15.0, ("primary", b.rel): 5.0}
+    clock.now += 5
+    assert seen.update("primary", [a, b]) == {("primary", a.rel): 20.0, ("primary", b.rel): 10.0}
+    changed = replace(a, ctime_ns=8)
+    assert seen.update("primary", [changed, b]) == {("primary", a.rel): 0.0, ("primary", b.rel): 10.0}
+    clock.now += 2
+    assert seen.update("primary", [changed, b]) == {("primary", a.rel): 2.0, ("primary", b.rel): 12.0}
+    assert seen.seen_for("primary", b) == 12.0 and seen.seen_for("primary", changed) == 2.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["update", "seen_for"]), st.sampled_from(["primary", "mirror"]),
+                          st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 2), max_size=6),
+                          st.integers(0, 7)), max_size=25))
+def test_observations_agree_with_a_plain_record_of_every_file(steps: list[tuple[str, str, dict[str, int], int]]
+                                                              ) -> None:
+    """Whatever the sequence of listings and single looks: the age of every file is what a plain record of
+    (identity, first seen unchanged) per file gives, both from each listing's Ages (also read later, after
+    other looks) and from seen_for."""
+    clock = Clock()
+    seen = Observations(clock)
+    plain: dict[str, dict[str, tuple[tuple[int, int, int, int], float]]] = {}
+    given_ages: list[tuple[Mapping[tuple[str, str], float], dict[tuple[str, str], float], float]] = []
+    for kind, volume, files, tick in steps:
+        clock.now += tick
+        states = [FileState(f"r/{name}.pt", 10, 5, ino=ord(name), ctime_ns=version) for name, version in files.items()]
+        record = plain.setdefault(volume, {})
+        if kind == "update":
+            ages = seen.update(volume, states)
+            kept = {}
+            for s in states:
+                before = record.get(s.rel)
+                kept[s.rel] = before if before is not None and before[0] == s.identity else (s.identity, clock.now)
+            plain[volume] = kept
+            expected = {(volume, rel): clock.now - since for rel, (_identity, since) in kept.items()}
+            assert dict(ages) == expected
+            given_ages.append((ages, {k: clock.now - v for k, v in expected.items()}, clock.now))
+        else:
+            for s in states:
+                before = record.get(s.rel)
+                if before is None or before[0] != s.identity:
+                    record[s.rel] = (s.identity, clock.now)
+                assert seen.seen_for(volume, s) == clock.now - record[s.rel][1]
+    # An earlier listing's ages read now: never older than what that listing said (a later look at a changed
+    # file can only make it younger).
+    for ages, since_then, then in given_ages:
+        for key, first_seen in since_then.items():
+            age = ages.get(key)
+            assert age is not None and age <= then - first_seen

@@ -123,7 +123,7 @@ def test_observations_agree_with_a_plain_record_of_every_file(steps: list[tuple[
         states = [FileState(f"r/{name}.pt", 10, 5, ino=ord(name), ctime_ns=version) for name, version in files.items()]
         record = plain.setdefault(volume, {})
         if kind == "update":
-            ages = seen.update(volume, states)
+            ages = seen.update(volume, {s.rel: s for s in states} if tick % 2 else states)
             kept = {}
             for s in states:
                 before = record.get(s.rel)
@@ -144,3 +144,24 @@ def test_observations_agree_with_a_plain_record_of_every_file(steps: list[tuple[
         for key, first_seen in since_then.items():
             age = ages.get(key)
             assert age is not None and age <= then - first_seen
+
+
+def test_a_listing_observed_as_a_map_is_kept_as_it_is_and_never_changed() -> None:
+    """A listing's own map of files is observed without a copy; a later look at a changed file is recorded
+    in a copy of it, never in the listing's map (a snapshot is never changed), and makes the file younger
+    in the ages that update gave."""
+    clock = Clock()
+    seen = Observations(clock)
+    a, b = FileState("r/step_1.pt", 10, 5, ino=1, ctime_ns=7), FileState("r/step_2.pt", 10, 5, ino=2, ctime_ns=7)
+    files = {a.rel: a, b.rel: b}
+    seen.update("primary", dict(files))
+    clock.now += 10
+    listed = dict(files)
+    ages = seen.update("primary", listed)
+    assert dict(ages) == {("primary", a.rel): 10.0, ("primary", b.rel): 10.0}
+    changed = replace(a, ctime_ns=8)
+    assert seen.seen_for("primary", changed) == 0.0
+    assert listed == files and listed[a.rel] is a
+    assert dict(ages) == {("primary", a.rel): 0.0, ("primary", b.rel): 10.0}
+    clock.now += 3
+    assert seen.seen_for("primary", changed) == 3.0 and seen.seen_for("primary", b) == 13.0

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrord.core.branches import branches
+from mirrord.core.branches import branches, lying_after_ns
 from mirrord.core.layouts import TEMP_SUFFIXES, Layout
 from mirrord.core.model import FileState, ManifestEntry, entry_passed, step_of
 from mirrord.errors import UnsafePathError
@@ -60,7 +60,7 @@ def run_key(store: ReadableStore, run: str | Path | None) -> str | None:
 def _by_recency(items: list[tuple[int | None, int, object]]) -> list[object]:
     """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them."""
     mtimes: dict[int, int] = {}
-    lie = (time.time() + FUTURE_SKEW_SECONDS) * 1e9  # beyond: a lying clock, no evidence of order
+    lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)  # beyond: a lying clock, no evidence of order
     for step, mtime, _ in items:
         if step is not None:
             mtimes[step] = max(mtimes.get(step, 0), 0 if mtime > lie else mtime)
@@ -141,7 +141,7 @@ def latest_key(
                     break
         if not found:
             return None
-        lie = (time.time() + FUTURE_SKEW_SECONDS) * 1e9
+        lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)
         return max(found, key=lambda e: 0 if e.source_mtime_ns > lie else e.source_mtime_ns).path
     snap = store.snapshot(patterns)
     step_regex = re.compile(step_pattern)

@@ -56,6 +56,13 @@ def branches(mtimes: Mapping[int, int]) -> Branches:
     return Branches(of, tuple(rollbacks))
 
 
+def lying_after_ns(now: float, future_skew_seconds: float) -> float:
+    """The mtime (ns) beyond which a file's clock is lying: later than `now` (wall clock, seconds) plus the
+    allowed clock skew. Such an mtime is no evidence of order or age. The one derivation of that line:
+    retention, its guards, the daemon's rollback warnings and `latest` must split files alike."""
+    return (now + future_skew_seconds) * 1e9
+
+
 def run_rollbacks(
     files: Iterable[FileState], step_regex: re.Pattern[str], lie_after_ns: float = float("inf")
 ) -> dict[str, tuple[tuple[int, int], ...]]:

@@ -49,10 +49,10 @@ def modules_after(
     return doc["code"], set(doc["before"]), set(doc["after"])
 
 
-# Never needed by a file layout's `latest`: planning copies, folder units, several nodes' contributions,
-# pinning a locked mirror, staging a folder unit (each is imported by the code that plans or writes).
-NOT_FOR_AN_ANSWER = ("mirrord.core.plan", "mirrord.core.units", "mirrord.core.contributions", "mirrord.core.retention",
-                     "mirrord.store.identity", "mirrord.store.staging")
+# Never needed by a file layout's `latest`: planning copies and their records, folder units, several nodes'
+# contributions, pinning a locked mirror, staging a folder unit (each is imported by the code that plans or writes).
+NOT_FOR_AN_ANSWER = ("mirrord.core.plan", "mirrord.core.jobs", "mirrord.core.units", "mirrord.core.contributions",
+                     "mirrord.core.retention", "mirrord.store.identity", "mirrord.store.staging")
 
 
 def heavy(modules: set[str]) -> list[str]:

@@ -21,7 +21,7 @@ import contextlib
 import errno
 import os
 import stat
-import threading
+from _thread import allocate_lock  # threading.Lock itself (a command that starts no thread loads no threading)
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +119,7 @@ class DirSyncs:
     def __init__(self) -> None:
         self._fds: dict[tuple[int, int], int] = {}
         self._files: list[_Unpublished] = []
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
 
     def __len__(self) -> int:
         return len(self._fds) + len(self._files)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from posixpath import dirname
 
+from mirrord.formats.verdicts import PASSING
+
 
 @dataclass(frozen=True, slots=True)
 class FileState:
@@ -132,6 +134,11 @@ class CopyResult:
     mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
     validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
     validation_detail: str = ""
+
+
+def entry_passed(entry: ManifestEntry) -> bool:
+    """Recorded with a passing validator verdict (entries from before validation existed count)."""
+    return entry.validation is None or entry.validation in PASSING
 
 
 # -- fast construction ------------------------------------------------------------------------------------

@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from sys import intern
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-from mirrord.core.contributions import Contribution, Contributions, Merged
 from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.obs.log import get_logger
@@ -30,6 +29,11 @@ from mirrord.store.journal import LocalManifestStore, MakeCompanion, Stored
 from mirrord.store.jsonstream import CHUNK_BYTES, NotAnObjectError, read_object
 from mirrord.store.packed import Entries, Held, pack, pack_fields, unpack
 from mirrord.store.paths import split_rel
+
+if TYPE_CHECKING:
+    # Contributions (several nodes writing one folder unit) live in object stores only: a local manifest's
+    # reader never builds them, nor loads their module.
+    from mirrord.core.contributions import Contribution, Contributions, Merged
 
 MANIFEST_NAME = ".mirrord-manifest.json"
 REPAIR_HINT = "stop mirrord and run `mirrord repair-manifest` to rebuild it from the mirror's files"
@@ -123,7 +127,11 @@ def _encode_part(part: Contribution) -> dict[str, Any]:
 def _decode_contributions(raw: Any) -> dict[str, dict[str, Contribution]]:
     """The `contributions` member (absent: none). ValueError/KeyError/TypeError for anything else."""
     found: dict[str, dict[str, Contribution]] = {}
-    for unit, parts in (raw or {}).items():
+    if not raw:
+        return found
+    from mirrord.core.contributions import Contribution
+
+    for unit, parts in raw.items():
         split_rel(unit)
         for node, part in parts.items():
             files = {p: decode_entry(p, e) for p, e in part["files"].items()}

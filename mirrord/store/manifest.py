@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from _thread import allocate_lock  # threading.Lock itself (see mirrord.store.atomic)
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from sys import intern
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, runtime_checkable
 
 from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.errors import ManifestError, NoSpaceError
@@ -231,8 +231,8 @@ def _read_snapshot(chunks: Iterable[bytes], where: str, entries: dict[str, Any],
     return generation, doc
 
 
-@dataclass(frozen=True)
-class Change:
+# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
+class Change(NamedTuple):
     """One journal record: entries written, then paths removed; recorded all together or not at all."""
 
     puts: tuple[ManifestEntry, ...] = ()

@@ -548,7 +548,8 @@ class Manifest:
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""
         with collection_paused():
-            stored = LocalManifestStore(root, MANIFEST_NAME).read(read_snapshot, read_snapshot_companion)
+            store = LocalManifestStore(root, MANIFEST_NAME, read_only=True)
+            stored = store.read(read_snapshot, read_snapshot_companion)
             return cls._adopting(_replay(stored))
 
     @classmethod

@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mirrord.core.model import FileState, step_reader
 
 
-@dataclass(frozen=True)
-class Branches:
+# A NamedTuple, not a dataclass: every command that reads a manifest defines it, and a NamedTuple takes a
+# fifth of the time to define (`mirrord latest` answers in well under 150 ms; bench goal 3).
+class Branches(NamedTuple):
     """The branch of every step of one run, and the rollbacks that started each new branch."""
 
     of: Mapping[int, int]  # step -> branch (0 for the first)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from posixpath import dirname
 from typing import TYPE_CHECKING, Literal
 
+from mirrord.core.jobs import CopyJob
 from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
-from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, entry_passed
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 
 if TYPE_CHECKING:

@@ -11,8 +11,9 @@ from typing import TypeVar
 
 from mirrord.config import Config
 from mirrord.core.branches import lying_after_ns, run_rollbacks
+from mirrord.core.jobs import CopyJob
 from mirrord.core.layouts import Layout
-from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile

@@ -26,8 +26,8 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from sys import intern
+from typing import NamedTuple
 
 from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.store.hashing import ALGORITHMS
@@ -50,8 +50,8 @@ class CompanionError(ValueError):
     """The companion cannot be used; the message says why (the caller parses the JSON instead)."""
 
 
-@dataclass(frozen=True)
-class Companion:
+# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
+class Companion(NamedTuple):
     """A companion as read: its snapshot's entries and generation, and the SHA-256 of that snapshot."""
 
     entries: dict[str, Held]

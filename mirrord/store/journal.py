@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from mirrord.errors import ManifestError, MirrordError, NoSpaceError
 from mirrord.obs.log import get_logger
@@ -117,8 +117,8 @@ def _check_header(data: bytes, generation: int, where: str) -> None:
         raise ManifestError(where, f"journal header says generation {doc.get('generation')!r}, its name {generation}")
 
 
-@dataclass
-class JournalFile:
+# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
+class JournalFile(NamedTuple):
     """One journal file as read: its generation and whole records (a torn last one is not counted)."""
     generation: int
     path: Path

@@ -344,7 +344,8 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
                                 pooled=t["p99_slowdown_pooled"]))
         if "unresolved" in rows[-2]["measured"] and rows[-1]["met"] is not None:  # same segments, same noise
             rows[-1]["met"] = None
-            rows[-1]["measured"] += "; unresolved: the p50 of the same segments was"
+            rows[-1]["measured"] += ("; unresolved: in the same segments the p50 came out faster with the daemon "
+                                     "by more than its goal's margin")
     rows.append(row("2. trainer's own atomic_save time, mirroring vs not",
                     "; ".join(f"{t['case'].removeprefix('daemon, ')} {t['save_median_s']} s ({t['save_slowdown']:+.0%})"
                               for t in table[1:]) + f"; alone {round(base_save, 3)} s", None, None, "", lt))

@@ -469,6 +469,31 @@ class _NotBuilt:
         pass
 
 
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns, which argparse's HelpFormatter asks for, without importing shutil
+    (and bz2 and lzma with it): argparse makes a formatter for every argument it adds, to check it, so
+    every command paid for that import, and a `mirrord latest` prints no help."""
+    import os
+
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):  # no stdout, not a terminal
+        return 80
+
+
+def _help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's own formatter, as wide as the terminal (as argparse sizes it: see _terminal_columns)."""
+    import argparse
+
+    return argparse.HelpFormatter(prog, width=_terminal_columns() - 2)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser (also the source of the man page and the shell completions); with `only`, a
     parser that knows that one subcommand (for a command line that names it)."""
@@ -481,6 +506,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "A checkpoint exists on the mirror only when it is whole: copied as NAME.part, fsynced, "
         "verified, renamed into place, and recorded with its size and hash in a manifest.",
         epilog="Exit codes: 0 ok, 1 operation failed, 2 bad usage or configuration.",
+        formatter_class=_help_formatter,
     )
     parser.add_argument("-V", "--version", action="version", version=f"mirrord {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -490,7 +516,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         if only is not None and name != only:
             return cast("argparse.ArgumentParser", _NotBuilt())
-        p = sub.add_parser(name, help=SUMMARIES[name], description=help_)
+        p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
         if config:
             _common(p)
             p.set_defaults(func=func, needs_primary=needs_primary)

@@ -578,19 +578,22 @@ def config_path(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     return path
 
 
-def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1) -> tuple[bytes, bool]:
+def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1, *,
+                sleep: Callable[[float], object] = time.sleep,
+                monotonic: Callable[[], float] = time.monotonic) -> tuple[bytes, bool]:
     """The file's bytes, and whether they were stable: unchanged (inode, size, mtime, content) across
     reads for `quiet` seconds of our own (monotonic) observation; gives up after `timeout` seconds.
+    Reads are `pause` apart; `sleep` and `monotonic` are the clock (a test's clock moves when it says).
 
     An editor or a script writing the file in place can be caught half-way by a SIGHUP. A file that
     was written to a temp name and renamed into place (what config-management tools do) is whole.
     The file's mtime is not trusted to say how old it is: a clock step would make a fresh file look old.
     """
-    started = time.monotonic()
+    started = monotonic()
     previous, unchanged_since = _read_with_stat(path), started
     while True:
-        time.sleep(pause)
-        current, now = _read_with_stat(path), time.monotonic()
+        sleep(pause)
+        current, now = _read_with_stat(path), monotonic()
         if current != previous:
             previous, unchanged_since = current, now
         else:

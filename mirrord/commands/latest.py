@@ -21,10 +21,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrord.core.branches import branches
+from mirrord.core.branches import branches, lying_after_ns
 from mirrord.core.layouts import TEMP_SUFFIXES, Layout
-from mirrord.core.model import FileState, ManifestEntry, step_of
-from mirrord.core.units import Unit, entry_passed, group_units, locate
+from mirrord.core.model import FileState, ManifestEntry, entry_passed, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import ReadableStore
@@ -32,11 +31,13 @@ from mirrord.store.volume import LocalVolume
 
 if TYPE_CHECKING:
     from mirrord.commands.verify import Finding
+    from mirrord.core.units import Unit
     from mirrord.formats.validators import Verdict
 
 # Re-reading (mirrord.commands.verify: hashing, the format validators) and judging a primary's folder
 # units (mirrord.service.completeness) are imported where they are needed: the usual answer is a
-# manifest read and a few stats, and a training script waits on it.
+# manifest read and a few stats, and a training script waits on it. So are folder units
+# (mirrord.core.units): a file layout's answer has none.
 
 FUTURE_SKEW_SECONDS = 60.0  # as prune.future_skew_seconds' default
 
@@ -59,7 +60,7 @@ def run_key(store: ReadableStore, run: str | Path | None) -> str | None:
 def _by_recency(items: list[tuple[int | None, int, object]]) -> list[object]:
     """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them."""
     mtimes: dict[int, int] = {}
-    lie = (time.time() + FUTURE_SKEW_SECONDS) * 1e9  # beyond: a lying clock, no evidence of order
+    lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)  # beyond: a lying clock, no evidence of order
     for step, mtime, _ in items:
         if step is not None:
             mtimes[step] = max(mtimes.get(step, 0), 0 if mtime > lie else mtime)
@@ -140,7 +141,7 @@ def latest_key(
                     break
         if not found:
             return None
-        lie = (time.time() + FUTURE_SKEW_SECONDS) * 1e9
+        lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)
         return max(found, key=lambda e: 0 if e.source_mtime_ns > lie else e.source_mtime_ns).path
     snap = store.snapshot(patterns)
     step_regex = re.compile(step_pattern)
@@ -188,6 +189,8 @@ def _latest_unit(
     """The newest whole folder unit: on a mirror, one whose every file is recorded and intact and whose
     folder holds exactly the recorded files; on a primary without a manifest, the newest folder that
     its layout's completeness rule calls whole."""
+    from mirrord.core.units import Unit, group_units, locate
+
     if len(manifest) or require_manifest:
         members: dict[str, list[ManifestEntry]] = defaultdict(list)
         places = {}

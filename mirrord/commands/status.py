@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 from mirrord import __version__
 from mirrord.commands.verify import check_entry, validate_key
 from mirrord.core.contributions import Contributions
-from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.jobs import CopyJob
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, locate
 from mirrord.core.vocabulary import CopyOutcome

@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mirrord.core.model import CopyJob, Snapshot
+from mirrord.core.jobs import CopyJob
+from mirrord.core.model import Snapshot
 from mirrord.core.plan import SettleTracker
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError

@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mirrord.core.model import FileState, step_reader
 
 
-@dataclass(frozen=True)
-class Branches:
+# A NamedTuple, not a dataclass: every command that reads a manifest defines it, and a NamedTuple takes a
+# fifth of the time to define (`mirrord latest` answers in well under 150 ms; bench goal 3).
+class Branches(NamedTuple):
     """The branch of every step of one run, and the rollbacks that started each new branch."""
 
     of: Mapping[int, int]  # step -> branch (0 for the first)
@@ -54,6 +55,13 @@ def branches(mtimes: Mapping[int, int]) -> Branches:
             high = step
         of[step] = branch
     return Branches(of, tuple(rollbacks))
+
+
+def lying_after_ns(now: float, future_skew_seconds: float) -> float:
+    """The mtime (ns) beyond which a file's clock is lying: later than `now` (wall clock, seconds) plus the
+    allowed clock skew. Such an mtime is no evidence of order or age. The one derivation of that line:
+    retention, its guards, the daemon's rollback warnings and `latest` must split files alike."""
+    return (now + future_skew_seconds) * 1e9
 
 
 def run_rollbacks(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
 
+from mirrord.core.branches import lying_after_ns
 from mirrord.core.model import FileState
 from mirrord.core.vocabulary import Veto
 from mirrord.errors import UnsafePathError
@@ -97,7 +98,7 @@ def zero_mtime(volume: str, state: FileState, ctx: GuardContext) -> Veto | None:
 
 def future_mtime(volume: str, state: FileState, ctx: GuardContext) -> Veto | None:
     """An mtime beyond the allowed clock skew is a lying clock or filesystem, not a sign of age."""
-    return Veto.FUTURE_MTIME if state.mtime_ns > (ctx.now + ctx.future_skew_seconds) * NS else None
+    return Veto.FUTURE_MTIME if state.mtime_ns > lying_after_ns(ctx.now, ctx.future_skew_seconds) else None
 
 
 def recent_mtime(volume: str, state: FileState, ctx: GuardContext) -> Veto | None:

@@ -1,4 +1,5 @@
-"""Plain, frozen records that flow between the scanner, the planners and the executors."""
+"""Plain, frozen records of what is on disk and in the manifest, as the scanner, the planners and the
+executors pass them (the records of copying itself are mirrord.core.jobs)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from posixpath import dirname
+
+from mirrord.formats.verdicts import PASSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,47 +94,9 @@ class ManifestEntry:
             self.mirror_ino, self.size, stored, self.mirror_ctime_ns)
 
 
-@dataclass(frozen=True, slots=True)
-class CopyJob:
-    """A file to copy, and why the planner chose it."""
-
-    rel: str
-    size: int
-    mtime_ns: int
-    step: int | None
-    why: str  # new | changed | mirror_missing | mirror_mismatch | unrecorded | part (this node's share)
-    # A folder unit (mirrord.core.units): `rel` is the folder, these are its files, published together.
-    members: tuple[str, ...] = ()
-    # An alias (Lightning's last.ckpt): mirrored checkpoints of its run recorded with its size, newest
-    # first. If its bytes hash to one of theirs, it is published from that copy, never written again.
-    twins: tuple[str, ...] = ()
-    # This node's part of a folder unit whose other files are on other nodes (s3.units_span_nodes):
-    # uploaded and recorded as a contribution (mirrord.core.contributions), never as the whole unit.
-    part: bool = False
-
-    @property
-    def run(self) -> str:
-        """The run folder of the job's file or unit."""
-        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path, a third of its cost
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        """Every file this job publishes."""
-        return self.members or (self.rel,)
-
-
-@dataclass(frozen=True, slots=True)
-class CopyResult:
-    """One verified copy: what was published, its digest and how long it took."""
-    rel: str
-    size: int
-    algo: str
-    digest: str
-    source_mtime_ns: int
-    seconds: float
-    mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
-    validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
-    validation_detail: str = ""
+def entry_passed(entry: ManifestEntry) -> bool:
+    """Recorded with a passing validator verdict (entries from before validation existed count)."""
+    return entry.validation is None or entry.validation in PASSING
 
 
 # -- fast construction ------------------------------------------------------------------------------------

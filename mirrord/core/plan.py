@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.jobs import CopyJob
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
 
 # Filesystems with coarse timestamps (FAT: 2 s, some SMB/NFS setups: 1 s) round the mtime we set.
 MTIME_TOLERANCE_NS = 2_000_000_000

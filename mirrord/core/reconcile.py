@@ -18,7 +18,8 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing
-from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
+from mirrord.core.jobs import CopyJob
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import plan_copies
 from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror_unmounted, plan_prune
 from mirrord.core.units import Completeness, Unit, plan_unit_copies

@@ -38,12 +38,12 @@ from operator import attrgetter
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Protocol, overload
 
-from mirrord.core.branches import Branches, branches
+from mirrord.core.branches import Branches, branches, lying_after_ns
 from mirrord.core.guards import GuardContext, veto
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of, step_reader
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of, step_reader
 from mirrord.core.plan import why_copy
-from mirrord.core.units import entry_passed, locate
+from mirrord.core.units import locate
 from mirrord.core.vocabulary import PruneRefusal, Veto, Volume
 
 if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
@@ -281,7 +281,7 @@ class PruneRequest:
     @property
     def lie_after_ns(self) -> float:
         """An mtime beyond this (now + the allowed clock skew) is a lying clock: no evidence of order."""
-        return (self.now + self.policy.future_skew_seconds) * 1e9
+        return lying_after_ns(self.now, self.policy.future_skew_seconds)
 
     @property
     def floor(self) -> NewestPresent:

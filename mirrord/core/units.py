@@ -18,14 +18,17 @@ from dataclasses import dataclass
 from posixpath import dirname
 from typing import TYPE_CHECKING, Literal
 
+from mirrord.core.jobs import CopyJob
 from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
-from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
-from mirrord.core.plan import CopyPlan, plan_copies, sort_newest_first, why_copy
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
-from mirrord.formats.verdicts import PASSING
 
-if TYPE_CHECKING:  # (it builds on this module)
-    from mirrord.core.contributions import Sharing
+if TYPE_CHECKING:
+    from mirrord.core.contributions import Sharing  # (it builds on this module)
+    from mirrord.core.plan import CopyPlan
+
+# Planning (mirrord.core.plan) is imported by the functions that plan: a reader of units (`mirrord latest`
+# with a folder layout, status) does not pay for its records.
 
 Role = Literal["checkpoint", "alias", "tag"]
 # The most a completeness rule reads of one file (a DCP .metadata, a trainer_state.json).
@@ -310,6 +313,8 @@ def plan_unit_copies(
     that must be there first; older ones retention may never copy). With `sharing` (folders written by
     several nodes), a unit that is not whole here but whose local share is done is this node's part:
     a job marked `part`, unless that part is recorded and on the mirror already."""
+    from mirrord.core.plan import CopyPlan, plan_copies, sort_newest_first, why_copy
+
     if not layout.folders:
         base = plan_copies(primary, mirror, manifest, layout.step_regex, is_settled)
         return plan_file_aliases(base, primary, manifest, layout) if layout.aliases else base
@@ -364,6 +369,8 @@ def plan_file_aliases(
         # Nothing to hold or pair (a tree at rest): the plan as it is (its unsettled come sorted), without
         # grouping every file of the primary into units (at 1,000,000 files, 400 MB of a daemon's peak).
         return base
+    from mirrord.core.plan import CopyPlan
+
     checkpoints = [u for u in group_units(primary.files.values(), layout).values() if u.role == "checkpoint"]
     newest: dict[str, int] = {}
     for unit in checkpoints:
@@ -397,6 +404,8 @@ def unit_why_copy(
     unit: Unit, mirrored: Unit | None, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]
 ) -> str | None:
     """Why a folder unit must be (re)published, or None when the mirror holds it intact and current."""
+    from mirrord.core.plan import why_copy
+
     if mirrored is None:
         return "unrecorded" if any(f.rel in manifest for f in unit.files) else "new"
     for src in unit.files:
@@ -409,11 +418,6 @@ def unit_why_copy(
     if any(rel not in manifest for rel in set(mirrored.paths) - set(unit.paths)):
         return "changed"
     return None
-
-
-def entry_passed(entry: ManifestEntry) -> bool:
-    """Recorded with a passing validator verdict (entries from before validation existed count)."""
-    return entry.validation is None or entry.validation in PASSING
 
 
 def unit_verified(unit: Unit, manifest: Mapping[str, ManifestEntry]) -> bool:

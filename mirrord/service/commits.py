@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mirrord.core.model import CopyResult
+from mirrord.core.jobs import CopyResult
 from mirrord.errors import MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.service.copier import CopyControl

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mirrord.core.model import CopyResult
+from mirrord.core.jobs import CopyResult
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,

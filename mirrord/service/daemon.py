@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mirrord.commands.prune import Pruner
 from mirrord.config import Config
-from mirrord.core.model import CopyJob, CopyResult
+from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker
 from mirrord.errors import ConfigError, MirrordError

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mirrord.core.contributions import Contribution
-from mirrord.core.model import CopyJob, CopyResult, FileState, ManifestEntry
+from mirrord.core.jobs import CopyJob, CopyResult
+from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.units import MAX_READ_BYTES
 from mirrord.errors import (
     CancelledError,

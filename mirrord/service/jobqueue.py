@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mirrord.core.model import CopyJob
+from mirrord.core.jobs import CopyJob
 from mirrord.core.plan import newest_first
 
 

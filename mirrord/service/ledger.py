@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-from mirrord.core.model import CopyJob, CopyResult, ManifestEntry
+from mirrord.core.jobs import CopyJob, CopyResult
+from mirrord.core.model import ManifestEntry
 from mirrord.errors import InvalidSourceError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics

@@ -19,7 +19,7 @@ from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
-from mirrord.core.model import CopyJob
+from mirrord.core.jobs import CopyJob
 from mirrord.service.copier import CopyControl
 
 PROGRESS_LOG_SECONDS = 10.0

@@ -10,9 +10,10 @@ from posixpath import dirname
 from typing import TypeVar
 
 from mirrord.config import Config
-from mirrord.core.branches import run_rollbacks
+from mirrord.core.branches import lying_after_ns, run_rollbacks
+from mirrord.core.jobs import CopyJob
 from mirrord.core.layouts import Layout
-from mirrord.core.model import CopyJob, FileState, ManifestEntry, Snapshot
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
@@ -259,7 +260,7 @@ class Reconciler:
         the retention plan when it worked them out (it has grouped every file by run and step already)."""
         found = plan.primary_rollbacks
         if found is None:
-            lie = (self.wall() + self.config.prune.future_skew_seconds) * 1e9
+            lie = lying_after_ns(self.wall(), self.config.prune.future_skew_seconds)  # as PruneRequest's
             found = run_rollbacks(psnap.files.values(), self.config.step_regex, lie)
         for run, rollbacks in found.items():
             if run not in self._rollbacks_logged:

@@ -17,8 +17,9 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.layouts import TEMP_SUFFIXES
-from mirrord.core.model import CopyJob, CopyResult, FileState
+from mirrord.core.model import FileState
 from mirrord.core.units import unit_identity
 from mirrord.errors import InvalidSourceError, SourceChangedError, SourceGoneError
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file

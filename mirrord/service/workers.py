@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mirrord.core.model import CopyJob, CopyResult
+from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.service.commits import CommitStage

@@ -8,11 +8,11 @@ scan or a manifest load of 1,000,000 files makes several full collections over m
 from __future__ import annotations
 
 import gc
-import threading
+from _thread import allocate_lock  # threading.Lock itself, without loading threading (see mirrord.store.atomic)
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 _holders = 0  # threads inside collection_paused(); the collector is back on when the last one leaves
 _we_paused = False
 

@@ -20,18 +20,20 @@ Layout (integers little-endian):
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from sys import intern
+from typing import TYPE_CHECKING, NamedTuple
 
 from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.store.hashing import ALGORITHMS
 from mirrord.store.packed import NO_MIRROR_MTIME, NO_STEP, RECORD_LAYOUT, VERDICTS, Held, pack, unpack
+
+if TYPE_CHECKING:
+    import hashlib  # (imported where a companion is written or read: most manifests have none)
 
 MAGIC = b"mirrord-manifest-packed\n"
 VERSION = 1
@@ -50,8 +52,8 @@ class CompanionError(ValueError):
     """The companion cannot be used; the message says why (the caller parses the JSON instead)."""
 
 
-@dataclass(frozen=True)
-class Companion:
+# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
+class Companion(NamedTuple):
     """A companion as read: its snapshot's entries and generation, and the SHA-256 of that snapshot."""
 
     entries: dict[str, Held]
@@ -67,6 +69,8 @@ def companion_name(snapshot_name: str) -> str:
 def encode_companion(entries: Mapping[str, Held], generation: int, snapshot_sha256: bytes) -> bytes | None:
     """The companion of the snapshot with this digest, holding `entries` (path -> packed bytes or entry);
     None when an entry does not pack back to itself (then only the JSON holds it)."""
+    import hashlib
+
     paths = sorted(entries)
     records = []
     for path in paths:
@@ -106,6 +110,8 @@ def read_companion(fd: int, packed_from: int) -> Companion:
     version, snapshot_sha256, body_sha256, generation, count, text_bytes = _HEADER.unpack_from(head, len(MAGIC))
     if version != VERSION:
         raise CompanionError(f"unsupported companion version {version}")
+    import hashlib
+
     body = hashlib.sha256()
     paths = _read_paths(fd, text_bytes, body) if count else []
     if len(paths) != count:

@@ -6,7 +6,6 @@ little. xxh3_128 is faster but not collision resistant; sha256 is for sites that
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -25,11 +24,13 @@ class Hasher(Protocol):
 
 def new_hasher(algo: str) -> Hasher:
     """A fresh incremental hasher for `algo` (one of ALGORITHMS)."""
-    if algo == "blake3":  # blake3 and xxhash are imported when used: `latest` and `status` never hash
+    if algo == "blake3":  # each hash is imported when used: `latest` and `status` never hash
         import blake3
 
         return blake3.blake3()
     if algo == "sha256":
+        import hashlib
+
         return hashlib.sha256()
     if algo == "xxh3_128":
         import xxhash

@@ -25,7 +25,6 @@ next append. A bad line followed by a good one is corruption: an error naming th
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -34,13 +33,16 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from mirrord.errors import ManifestError, MirrordError, NoSpaceError
 from mirrord.obs.log import get_logger
 from mirrord.store import atomic
 from mirrord.store.companion import CompanionError, companion_name
 from mirrord.store.jsonstream import CHUNK_BYTES
+
+if TYPE_CHECKING:
+    import hashlib
 
 JOURNAL_SCHEMA = "mirrord-manifest-journal"
 JOURNAL_VERSION = 1
@@ -117,8 +119,8 @@ def _check_header(data: bytes, generation: int, where: str) -> None:
         raise ManifestError(where, f"journal header says generation {doc.get('generation')!r}, its name {generation}")
 
 
-@dataclass
-class JournalFile:
+# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
+class JournalFile(NamedTuple):
     """One journal file as read: its generation and whole records (a torn last one is not counted)."""
     generation: int
     path: Path
@@ -143,14 +145,22 @@ class Stored(Generic[T]):
         return [r for j in self.journals for r in j.records]
 
 
-def _chunks(fd: int, digest: hashlib._Hash, where: str) -> Iterator[bytes]:
-    """The file's bytes a chunk at a time, each added to `digest`, to its end (whatever the parser reads)."""
+def _chunks(fd: int, digest: hashlib._Hash | None, where: str) -> Iterator[bytes]:
+    """The file's bytes a chunk at a time, each added to `digest` (if any), to its end (whatever the parser reads)."""
     try:
         while chunk := os.read(fd, CHUNK_BYTES):
-            digest.update(chunk)
+            if digest is not None:
+                digest.update(chunk)
             yield chunk
     except OSError as exc:
         raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
+
+
+def _sha256(data: bytes = b"") -> hashlib._Hash:
+    """hashlib.sha256, imported on first use (a read-only load of a manifest without a companion hashes nothing)."""
+    import hashlib
+
+    return hashlib.sha256(data)
 
 
 def _identity(st: os.stat_result | None) -> tuple[int, ...] | None:
@@ -160,8 +170,12 @@ def _identity(st: os.stat_result | None) -> tuple[int, ...] | None:
 class LocalManifestStore:
     """Snapshot and journals in one directory (the mirror root). Appends are serialised by the caller."""
 
-    def __init__(self, root: Path, snapshot_name: str) -> None:
+    def __init__(self, root: Path, snapshot_name: str, read_only: bool = False) -> None:
         self.root = Path(root)
+        # Only read, never written through (Manifest.load): it keeps no record of what it read for
+        # damage(), so the snapshot is hashed only to check a companion against it (and a small
+        # manifest's reader, `mirrord latest`, loads no hashlib).
+        self.read_only = read_only
         self.snapshot_path = self.root / snapshot_name
         self.companion_path = self.root / companion_name(snapshot_name)
         self.prefix = snapshot_name.removesuffix(".json") + ".journal."
@@ -226,9 +240,10 @@ class LocalManifestStore:
         if fd >= 0:
             try:
                 before = os.fstat(fd)
-                digest = hashlib.sha256()
                 found = self._read_companion(companion) if companion is not None else None
+                digest: hashlib._Hash | None = None
                 if found is not None:
+                    digest = _sha256()
                     for _chunk in _chunks(fd, digest, where):
                         pass
                     fast = digest.digest() == found[2]
@@ -238,8 +253,8 @@ class LocalManifestStore:
                         get_logger().warning("manifest.companion_ignored", path=str(self.companion_path),
                                              cause="made from another snapshot (stale); the JSON is read")
                         os.lseek(fd, 0, os.SEEK_SET)
-                        digest = hashlib.sha256()
                 if not fast:
+                    digest = None if self.read_only else _sha256()
                     # Parsed as it is read: at 1,000,000 entries the file is 260 MB, never all in memory.
                     chunks = _chunks(fd, digest, where)
                     snapshot, generation = parse(chunks, where)
@@ -247,7 +262,8 @@ class LocalManifestStore:
                         pass
             finally:
                 os.close(fd)
-            self._snapshot_seen = (_identity(before), digest.hexdigest())
+            if digest is not None:
+                self._snapshot_seen = (_identity(before), digest.hexdigest())
         fds: dict[int, int] = {}
         try:
             for gen, path in self._journal_names():
@@ -427,7 +443,7 @@ class LocalManifestStore:
             atomic.write_bytes_atomic(self.snapshot_path, data)
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
-        digest = hashlib.sha256(data)
+        digest = _sha256(data)
         self._snapshot_seen = (self._stat_identity(self.snapshot_path), digest.hexdigest())
         if self.guard is not None:
             self.guard()
@@ -480,7 +496,7 @@ class LocalManifestStore:
                 return f"{path} is no longer a regular file"
             if _identity(st) != seen[0]:
                 try:
-                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    digest = _sha256(path.read_bytes()).hexdigest()
                 except OSError as exc:
                     return f"{path}: cannot read: {exc.strerror or exc}"
                 if digest != seen[1]:

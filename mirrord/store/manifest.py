@@ -12,14 +12,13 @@ several threads that arrive while a record is being written go to disk together 
 from __future__ import annotations
 
 import json
-import threading
+from _thread import allocate_lock  # threading.Lock itself (see mirrord.store.atomic)
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from sys import intern
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, runtime_checkable
 
-from mirrord.core.contributions import Contribution, Contributions, Merged
 from mirrord.core.model import ManifestEntry, make_manifest_entry
 from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.obs.log import get_logger
@@ -30,6 +29,13 @@ from mirrord.store.journal import LocalManifestStore, MakeCompanion, Stored
 from mirrord.store.jsonstream import CHUNK_BYTES, NotAnObjectError, read_object
 from mirrord.store.packed import Entries, Held, pack, pack_fields, unpack
 from mirrord.store.paths import split_rel
+
+if TYPE_CHECKING:
+    import threading
+
+    # Contributions (several nodes writing one folder unit) live in object stores only: a local manifest's
+    # reader never builds them, nor loads their module.
+    from mirrord.core.contributions import Contribution, Contributions, Merged
 
 MANIFEST_NAME = ".mirrord-manifest.json"
 REPAIR_HINT = "stop mirrord and run `mirrord repair-manifest` to rebuild it from the mirror's files"
@@ -123,7 +129,11 @@ def _encode_part(part: Contribution) -> dict[str, Any]:
 def _decode_contributions(raw: Any) -> dict[str, dict[str, Contribution]]:
     """The `contributions` member (absent: none). ValueError/KeyError/TypeError for anything else."""
     found: dict[str, dict[str, Contribution]] = {}
-    for unit, parts in (raw or {}).items():
+    if not raw:
+        return found
+    from mirrord.core.contributions import Contribution
+
+    for unit, parts in raw.items():
         split_rel(unit)
         for node, part in parts.items():
             files = {p: decode_entry(p, e) for p, e in part["files"].items()}
@@ -221,8 +231,8 @@ def _read_snapshot(chunks: Iterable[bytes], where: str, entries: dict[str, Any],
     return generation, doc
 
 
-@dataclass(frozen=True)
-class Change:
+# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
+class Change(NamedTuple):
     """One journal record: entries written, then paths removed; recorded all together or not at all."""
 
     puts: tuple[ManifestEntry, ...] = ()
@@ -338,8 +348,8 @@ class Manifest:
         # Packed (mirrord.store.packed) when loaded from a large snapshot; what is recorded afterwards is not.
         self._entries: dict[str, Held] = dict(entries or {})
         self._packed = False  # some entries are held packed (never true of entries given here)
-        self._lock = threading.Lock()  # the entries and the queue of pending changes
-        self._commit = threading.Lock()  # one writer of the journal at a time
+        self._lock = allocate_lock()  # the entries and the queue of pending changes
+        self._commit = allocate_lock()  # one writer of the journal at a time
         self._queue: list[_Pending] = []
         self._store = store
         self._compacting = False
@@ -448,6 +458,8 @@ class Manifest:
         with self._lock:
             if self._compactor is not None and self._compactor.is_alive():
                 return
+            import threading
+
             self._compactor = threading.Thread(target=self._compact_quietly, name="mirrord-manifest-compaction",
                                                daemon=True)  # killed at exit mid-way: each step is crash-safe
             self._compactor.start()
@@ -536,7 +548,8 @@ class Manifest:
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""
         with collection_paused():
-            stored = LocalManifestStore(root, MANIFEST_NAME).read(read_snapshot, read_snapshot_companion)
+            store = LocalManifestStore(root, MANIFEST_NAME, read_only=True)
+            stored = store.read(read_snapshot, read_snapshot_companion)
             return cls._adopting(_replay(stored))
 
     @classmethod

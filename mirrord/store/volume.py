@@ -26,12 +26,17 @@ from mirrord.errors import (
     from_oserror,
 )
 from mirrord.store import atomic
-from mirrord.store.identity import VolumeIdentity
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
-from mirrord.store.staging import FolderStaging, remove_folder, remove_tree
+
+if TYPE_CHECKING:
+    from mirrord.store.identity import VolumeIdentity
+    from mirrord.store.staging import FolderStaging
+
+# Pinning a locked mirror (mirrord.store.identity) and staging folder units (mirrord.store.staging) are
+# imported where they are used: a read-only command (`mirrord latest`) does neither.
 
 LOCK_NAME = ".mirrord.lock"
 # Dirty data of a copy is written back in windows of this size while the copy runs, so the final fsync
@@ -494,6 +499,8 @@ class LocalMirror(LocalVolume):
 
     def begin_unit(self, key: str) -> FolderStaging:
         """Start publishing the folder unit `key` as a whole (mirrord.store.staging)."""
+        from mirrord.store.staging import FolderStaging
+
         self.check_identity()
         return FolderStaging(self.root, key, self.direct_write)
 
@@ -501,6 +508,8 @@ class LocalMirror(LocalVolume):
         """Retire a folder unit whole: rename NAME/ to NAME.part/ (one step: a reader sees the whole unit
         or none), fsync the parent, then remove NAME.part/ and what is in it. The caller re-checked
         every file and dropped the manifest entries first."""
+        from mirrord.store.staging import remove_tree
+
         self.check_identity()
         parts = split_rel(key)
         aside = atomic.temp_name(parts[-1])
@@ -524,6 +533,8 @@ class LocalMirror(LocalVolume):
     def delete_folder(self, key: str, expected: FileState | None = None) -> bool:
         """Remove a dead staging folder (still `expected`) with what is in it, or (expected None) an
         emptied unit folder; False when it was left (not empty, or not the planned folder)."""
+        from mirrord.store.staging import remove_folder
+
         self.check_identity()
         return remove_folder(self.root, key, expected)
 
@@ -545,6 +556,8 @@ class LocalMirror(LocalVolume):
         for path in reversed(created):  # a root that a power cut can unlink loses every file below it
             atomic.fsync_dir(path.parent)
         self._lock_fd = self._acquire_lock()
+        from mirrord.store.identity import VolumeIdentity
+
         try:
             self.identity = VolumeIdentity.establish(self.root)
             yield

@@ -18,7 +18,7 @@ import torch
 from mirrord.commands.prune import Pruner
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
-from mirrord.core.model import CopyJob
+from mirrord.core.jobs import CopyJob
 from mirrord.errors import NoSpaceError
 from mirrord.obs.metrics import Metrics
 from mirrord.service.engine import Engine

@@ -49,6 +49,12 @@ def modules_after(
     return doc["code"], set(doc["before"]), set(doc["after"])
 
 
+# Never needed by a file layout's `latest`: planning copies and their records, folder units, several nodes'
+# contributions, pinning a locked mirror, staging a folder unit (each is imported by the code that plans or writes).
+NOT_FOR_AN_ANSWER = ("mirrord.core.plan", "mirrord.core.jobs", "mirrord.core.units", "mirrord.core.contributions",
+                     "mirrord.core.retention", "mirrord.store.identity", "mirrord.store.staging")
+
+
 def heavy(modules: set[str]) -> list[str]:
     return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
 
@@ -87,10 +93,15 @@ def test_latest_loads_no_logging_stack_and_no_re_read_code(tmp_path: Path, mirro
     re_read = ("mirrord.formats.validators", "mirrord.formats.zipcheck", "isal", "blake3", "xxhash", "tempfile")
     assert sorted(m for m in after if m.split(".")[0] in re_read or m in re_read) == []  # (hashing, CRC, spooling)
     assert "ctypes" not in after  # libc's syncfs, sync_file_range, fstatfs: looked up by the first copy
+    assert sorted(set(NOT_FOR_AN_ANSWER) & after) == []
+    assert sorted({"shutil", "bz2", "lzma"} & after) == []  # (argparse's formatters are sized without shutil)
+    assert "threading" not in after  # it starts no thread; its locks are threading's own (_thread)
+    assert sorted({"hashlib", "_hashlib"} & after) == []  # a manifest without a companion is read unhashed
     code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--json")  # what scripts run
     assert code == 0
     assert heavy(after) == [] and "ctypes" not in after
     assert not [m for m in after if m.startswith(("mirrord.service.", "mirrord.commands.sync"))]
+    assert sorted(set(NOT_FOR_AN_ANSWER) & after) == []
     code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--verify")
     assert code == 0 and "mirrord.commands.verify" in after  # --verify re-reads: it needs them
 

@@ -151,7 +151,7 @@ def test_deepspeed_tag_naming_a_folder_not_yet_mirrored_is_not_published(tmp_pat
     """The planner chose `latest` when it named a mirrored folder; the trainer then saved global_step200
     and rewrote it. The copy reads it again: it names a folder the manifest does not record, so nothing
     is published (not a failure: that version of the tag is gone). Once the folder is in, it is."""
-    from mirrord.core.model import CopyJob
+    from mirrord.core.jobs import CopyJob
     from mirrord.errors import SourceGoneError
     from mirrord.service.engine import Engine
 

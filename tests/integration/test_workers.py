@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.config import load_config
-from mirrord.core.model import CopyJob, CopyResult
+from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import MirrordError
 from mirrord.obs.metrics import Metrics
 from mirrord.service.engine import Engine

@@ -206,6 +206,9 @@ def test_a_companion_of_another_snapshot_is_stale(tmp_path: Path, events: io.Str
     assert read_from(tmp_path) == (other, False)
     (ignored,) = parse_events(events.getvalue(), "manifest.companion_ignored")
     assert "stale" in ignored["cause"]
+    # A read-only load (`mirrord latest`), which hashes the snapshot only when there is a companion to check:
+    assert dict(Manifest.load(tmp_path).entries) == other
+    assert [e["cause"] for e in parse_events(events.getvalue(), "manifest.companion_ignored")][1:] == [ignored["cause"]]
 
 
 def test_a_companion_with_a_valid_checksum_but_unsafe_paths_is_refused(tmp_path: Path,

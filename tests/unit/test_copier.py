@@ -23,7 +23,7 @@ import pytest
 from mirrord.commands.latest import latest_checkpoint
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
-from mirrord.core.model import CopyJob, CopyResult
+from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import (
     CancelledError,
     MirrordError,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from mirrord.config import Config
+from mirrord.core.retention import PruneRequest
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
 from mirrord.service.reconciler import TURN_SECONDS, one_turn
@@ -412,3 +413,24 @@ def test_a_long_reconcile_beats_between_its_parts_and_a_stop_asked_meanwhile_que
     assert h.daemon.queue.depth() == 0 and [e["path"] for e in events(logs, "copy.started")] == [REL]
     assert len(events(logs, "reconcile.finished")) == 2  # the stopped pass ends unfinished
     assert not (mirror / later).exists()
+
+
+@pytest.mark.parametrize("prune", [False, True], ids=["rollbacks_read_again", "rollbacks_from_the_plan"])
+def test_a_rollback_warning_splits_lying_clocks_exactly_where_retention_does(harness, primary, logs,
+                                                                              prune: bool) -> None:
+    """Steps 1 and 3 written, then 2 again, stamped exactly at the future-skew line in run `at` and one
+    nanosecond past it in run `past`. Whether the rollbacks are read from the retention plan (prune on) or
+    read again from the primary listing (prune off), the line is PruneRequest.lie_after_ns at the daemon's
+    clock: run `at` rolled back, run `past` has a lying clock that says nothing about order."""
+    h = harness(prune={"enabled": prune})
+    config = h.daemon.reconciler.config
+    line = PruneRequest(config.prune, config.step_regex, h.clock.wall).lie_after_ns
+    assert line == int(line)  # the two stamps below straddle it exactly
+    for run, step_2 in (("at", int(line)), ("past", int(line) + 1)):
+        for step in (1, 3):
+            save_checkpoint(primary / run / f"step_{step:04d}.pt", step)
+        save_checkpoint(primary / run / "step_0002.pt", 2, mtime_ns=step_2)
+        assert (primary / run / "step_0002.pt").stat().st_mtime_ns == step_2
+    h.daemon.start()
+    assert [(e["run"], e["old_step"], e["new_step"]) for e in events(logs, "run.rollback_detected")] == [
+        ("at", 3, 2)]

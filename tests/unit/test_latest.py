@@ -11,7 +11,7 @@ import pytest
 import mirrord.commands.latest as latest_module
 from mirrord.commands.latest import latest_checkpoint
 from mirrord.config import Config
-from mirrord.core.model import CopyJob
+from mirrord.core.jobs import CopyJob
 from mirrord.obs.metrics import Metrics
 from mirrord.service.engine import Engine
 from mirrord.store.manifest import Manifest

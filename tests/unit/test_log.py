@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from mirrord.commands.prune import Pruner
-from mirrord.core.model import CopyJob, step_of
+from mirrord.core.jobs import CopyJob
+from mirrord.core.model import step_of
 from mirrord.errors import NoSpaceError
 from mirrord.obs import log
 from mirrord.obs.metrics import Metrics

@@ -15,7 +15,8 @@ from prometheus_client import generate_latest
 
 from mirrord.commands.prune import Pruner
 from mirrord.config import Config
-from mirrord.core.model import CopyJob, step_of
+from mirrord.core.jobs import CopyJob
+from mirrord.core.model import step_of
 from mirrord.errors import (
     CancelledError,
     NoSpaceError,

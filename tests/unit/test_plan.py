@@ -273,7 +273,7 @@ def test_sort_newest_first_orders_as_the_queue_key_does() -> None:
     """The two-sort version gives the order of sorting by newest_first, ties kept in their order."""
     import random
 
-    from mirrord.core.model import CopyJob
+    from mirrord.core.jobs import CopyJob
     from mirrord.core.plan import newest_first, sort_newest_first
 
     rng = random.Random(7)

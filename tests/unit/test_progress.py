@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mirrord.commands.console import progress_line
-from mirrord.core.model import CopyJob
+from mirrord.core.jobs import CopyJob
 from mirrord.service.copier import CopyControl
 from mirrord.service.progress import CopyProgress, ProgressBoard
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mirrord.config import Config
-from mirrord.core.model import CopyJob
+from mirrord.core.jobs import CopyJob
 from mirrord.service.jobqueue import JobQueue, QueuedJob
 from mirrord.service.retry import RetryPolicy
 

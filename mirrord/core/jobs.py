@@ -1,0 +1,49 @@
+"""What the planners ask the copier for and what a copy reports: the records of copying, apart from the
+model of what is on disk (mirrord.core.model), which a read-only command (`mirrord latest`) loads alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CopyJob:
+    """A file to copy, and why the planner chose it."""
+
+    rel: str
+    size: int
+    mtime_ns: int
+    step: int | None
+    why: str  # new | changed | mirror_missing | mirror_mismatch | unrecorded | part (this node's share)
+    # A folder unit (mirrord.core.units): `rel` is the folder, these are its files, published together.
+    members: tuple[str, ...] = ()
+    # An alias (Lightning's last.ckpt): mirrored checkpoints of its run recorded with its size, newest
+    # first. If its bytes hash to one of theirs, it is published from that copy, never written again.
+    twins: tuple[str, ...] = ()
+    # This node's part of a folder unit whose other files are on other nodes (s3.units_span_nodes):
+    # uploaded and recorded as a contribution (mirrord.core.contributions), never as the whole unit.
+    part: bool = False
+
+    @property
+    def run(self) -> str:
+        """The run folder of the job's file or unit."""
+        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path, a third of its cost
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every file this job publishes."""
+        return self.members or (self.rel,)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyResult:
+    """One verified copy: what was published, its digest and how long it took."""
+    rel: str
+    size: int
+    algo: str
+    digest: str
+    source_mtime_ns: int
+    seconds: float
+    mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
+    validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
+    validation_detail: str = ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sized
+from itertools import filterfalse
 from posixpath import dirname
 from typing import TypeVar
 
@@ -173,6 +174,9 @@ class Reconciler:
                 self.log.warning("manifest.refresh_failed", path=exc.path, cause=exc.cause)
         entries = self.manifest.entries
         msnap = None if problem else self.mirror.snapshot(self.config.patterns, self.config.rules)
+        # The listings in hand are superseded (the volumes kept what their next listings reuse): not kept
+        # alive through the planning of the new ones.
+        self._in_hand = None
         for msg in msnap.errors if msnap is not None else ():
             self.log.error("scan.error", cause=msg)
         self.heartbeat()
@@ -192,6 +196,9 @@ class Reconciler:
         self._warn_naming(psnap)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
+        # The plan is done with (the pruner keeps its retirement, a reuse record keeps itself): its per-file
+        # grouping of the tree is not kept through the queueing, nor is this copy of the manifest's entries.
+        view, entries = dataclasses.replace(view, prune=PrunePlan()), {}
         queued = self._enqueue(view, psnap)
         self._link_aliases(links)
         self.metrics.reconcile_duration.set(self.monotonic() - started)
@@ -241,9 +248,9 @@ class Reconciler:
         rules = self.config.rules
         judged = psnap
         if self._named is not None and self._named[0] == rules:
-            # The files new since: a set difference of the keys, no Python loop per file (naming_warnings
-            # sorts what it judges, so the order they come in is no matter).
-            files, new = psnap.files, psnap.files.keys() - self._named[1].files.keys()
+            # The files new since, filtered in C: no Python loop per file and no set of every path at once
+            # (naming_warnings sorts what it judges, so the order they come in is no matter).
+            files, new = psnap.files, filterfalse(self._named[1].files.__contains__, psnap.files)
             judged = dataclasses.replace(psnap, files={rel: files[rel] for rel in new})
         self._named = (rules, psnap)
         for warning in naming_warnings(judged, rules):

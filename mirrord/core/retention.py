@@ -379,7 +379,10 @@ _BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call p
 _SIDES = (PRIMARY, MIRROR)  # the volumes of a step's _Sides, in order
 # A step's files on each side: (primary, mirror). A pair, not a dict keyed by volume: a rescan makes
 # one for every step of the tree.
-_Sides = tuple[list[FileState], list[FileState]]
+_Sides = tuple[list[FileState] | tuple[()], list[FileState] | tuple[()]]
+# A side without files: the one empty tuple, not an empty list per step (at 1,000,000 steps with one file a
+# side, a step's grouping is 184 bytes instead of 232).
+_NONE: tuple[()] = ()
 # run -> step -> its files on each side
 _Runs = dict[str, dict[int, _Sides]]
 
@@ -423,9 +426,12 @@ def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
             if run != last_run:
                 last_run, by_step = run, runs.setdefault(run, {})
             sides = by_step.get(step)
-            if sides is None:
-                sides = by_step[step] = ([], [])
-            sides[index].append(state)
+            if sides is None:  # each side's list made with its first file (exactly sized), the other empty
+                by_step[step] = ([state], _NONE) if index == 0 else (_NONE, [state])
+            elif sides[index]:
+                sides[index].append(state)  # type: ignore[union-attr]  # (a side with files is a list)
+            else:
+                by_step[step] = ([state], sides[1]) if index == 0 else (sides[0], [state])
     return runs, kept, units
 
 
@@ -612,7 +618,7 @@ def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
                     frozenset(keep), run_branches.rollbacks if primary_alone else _primary_rollbacks(by_step, lie))
     if kept_window:
         top_primary, top_mirror = by_step[kept_window[-1]]
-        plan.newest = [s.rel for s in top_primary + top_mirror]
+        plan.newest = [s.rel for s in (*top_primary, *top_mirror)]
     # The steps that would replace a retired one are the window: all must be verified first (a torn or
     # unfinished newest step keeps every older one). Under space pressure, a window's size of verified
     # newer steps is enough.
@@ -678,8 +684,8 @@ def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_fil
 
 
 def _step_verified(
-    primary_files: list[FileState],
-    mirror_files: list[FileState],
+    primary_files: Sequence[FileState],
+    mirror_files: Sequence[FileState],
     manifest: Mapping[str, ManifestEntry],
     mirror_all: Mapping[str, FileState],
 ) -> bool:

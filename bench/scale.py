@@ -153,7 +153,9 @@ def daemon_passes(where: Path, passes: int = 4, say: Log = log) -> dict[str, Any
     # keep_last above the steps of any run: retention plans over every file and deletes nothing.
     settings = {"prune": {"enabled": True, "keep_last": 1_000_000}, "watch": {"rescan_interval_seconds": 1}}
     try:
-        with DaemonProcess(work, where / "primary", where / "mirror", settings, base=BENCH) as daemon:
+        # Ready after its first reconcile: most of a minute at 1,000,000 files, more on a loaded machine.
+        with DaemonProcess(work, where / "primary", where / "mirror", settings, base=BENCH,
+                           ready_seconds=1800) as daemon:
             wait_for(lambda: len(daemon.events("reconcile.finished")) >= 1, 1800, "the first reconcile", 0.05)
             cpu0 = proc_cpu_seconds(daemon.pid)
             wait_for(lambda: len(daemon.events("reconcile.finished")) >= passes + 1, 600 * passes,

@@ -32,9 +32,13 @@ class DaemonProcess:
 
     def __init__(self, workdir: Path, primary: Path, mirror: Path, settings: Mapping[str, Any] | None = None,
                  wrapper: Sequence[str] = (), env: dict[str, str] | None = None,
-                 base: Mapping[str, Any] = config.DAEMON, keep_notify: bool = False) -> None:
-        """`keep_notify`: pass NOTIFY_SOCKET / WATCHDOG_* through (a benchmark listening to the pings)."""
+                 base: Mapping[str, Any] = config.DAEMON, keep_notify: bool = False,
+                 ready_seconds: float = READY_SECONDS) -> None:
+        """`keep_notify`: pass NOTIFY_SOCKET / WATCHDOG_* through (a benchmark listening to the pings);
+        `ready_seconds`: how long start() waits for /readyz (ready after the first reconcile, which takes
+        longer than READY_SECONDS on a tree of 1,000,000 files)."""
         self.workdir = workdir
+        self.ready_seconds = ready_seconds
         self.port = free_port()
         self.config_path = workdir / "mirrord.toml"
         self.log_path = workdir / f"daemon-{self.port}.log"
@@ -63,7 +67,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         if wait_ready:
-            wait_for(lambda: self.http("/readyz")[0] == 200 or self.exited(), READY_SECONDS, "daemon readiness")
+            wait_for(lambda: self.http("/readyz")[0] == 200 or self.exited(), self.ready_seconds, "daemon readiness")
             assert not self.exited(), self.log_text()
         return self
 

@@ -692,7 +692,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
     title = "# mirrord: the goals of issue 18" + (" (smoke run: tiny sizes, numbers mean nothing)" if m["smoke"]
                                                   else "")
     out = [title,
-           "", f"`{m['command']}` on {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}; disk {m['disk']} "
+           "", f"Last run: `{m['command']}` on {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}; "
+           f"disk {m['disk']} "
            "(source and mirror on it). Paired repetitions, order rotated, medians; a ratio is taken inside one "
            "repetition. **The machine is shared**: the last column is the 1-minute load average sampled during "
            "that measurement (min-max); absolute times follow it, ratios much less. \"CPU shielded\": run with "
@@ -758,10 +759,18 @@ def to_markdown(doc: dict[str, Any]) -> str:
         c = raw["commit"]
         out += ["## 6. commit-to-mirror", "", f"commit-to-mirror s: {c['latency_s']}; pure copy s: {c['pure_copy_s']}.",
                 ""]
-    if m.get("kept_from_previous_run"):
-        out += [f"Goals {', '.join(m['kept_from_previous_run'])} are from the previous run.", ""]
-    out += [f"Started {m['started']}, finished {m.get('finished', '?')}.", ""]
+    out += ["## Which run measured each goal", "", *(f"- {goal}: {_measured_in(doc[goal])}" for goal in GOALS
+                                                      if doc.get(goal)), ""]
+    out += [f"This run started {m['started']}, finished {m.get('finished', '?')}.", ""]
     return "\n".join(out)
+
+
+def _measured_in(result: dict[str, Any]) -> str:
+    """The run a goal's figures come from: a `--goals` run keeps the other goals' figures from earlier runs."""
+    run = result.get("measured_in")
+    if run is None:
+        return "an earlier run, before each goal recorded its own (see the README for which session)"
+    return f"`{run['command']}`, {run['started']} to {run['finished']}"
 
 
 def run_goals(goals: list[str], smoke: bool, work: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -785,7 +794,10 @@ def run_goals(goals: list[str], smoke: bool, work: Path, out: Path, meta: dict[s
 
     for goal in goals:
         log(f"goal: {goal}")
+        started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         doc[goal] = RUNNERS[goal](p, work)
+        doc[goal]["measured_in"] = {"command": meta["command"], "started": started,
+                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         save()
     save()
     print()

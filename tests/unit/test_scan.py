@@ -254,3 +254,29 @@ def test_a_folder_deeper_than_a_path_can_name_is_a_listing_error(tmp_path: Path)
     assert list(snap.files) == ["step_0.pt"]
     [error] = snap.errors
     assert error.endswith(f": cannot list: {os.strerror(36)}") and not snap.complete
+
+
+NAMES = ("step_1.pt", "a.pt", "pt", ".pt", "t", ".a.pt", "a.pt.part", "a.part", ".a.part", "part", ".part",
+         "a.pt.tmp", "a.tmp", "a.PT", "a.pth", "a.ckpt", "a.safetensors", "a.pa", "latest", "last.ckpt",
+         "step_2.bin", "x", "résumé.pt", "a\nb.pt")
+
+
+@pytest.mark.parametrize("patterns", [("*.pt",), ("*.pt", "*.pa"), ("*.pt", "*.ckpt"), ("*t",), ("*",),
+                                      ("*.tmp",), ("*art",), ("step_*",), ("*.pt", "step_?.bin")])
+@pytest.mark.parametrize("layout", ["none", "torch", "lightning", "deepspeed"])
+def test_a_listing_selects_each_name_as_the_one_name_rules_do(tmp_path: Path, patterns: tuple[str, ...],
+                                                              layout: str) -> None:
+    """The scan's inlined name tests (a slice and a set lookup where the patterns allow) select exactly what
+    is_selected_name selects, with or without a file layout, and collect exactly the NAME.part files."""
+    from mirrord.core.layouts import layout_for
+    from mirrord.store.scan import is_selected_name
+
+    rules = None if layout == "none" else layout_for(layout, patterns)
+    for name in NAMES:
+        (tmp_path / name).write_bytes(b"x")
+    for collect in (False, True):
+        snap = snapshot_tree(tmp_path, patterns, collect_partials=collect, layout=rules)
+        partial = {n for n in NAMES if collect and n.endswith(".part") and not n.startswith(".")}
+        assert set(snap.partials) == partial
+        assert set(snap.files) == {n for n in NAMES if n not in partial
+                                   and is_selected_name(n, patterns, rules, in_unit=False)}

@@ -24,11 +24,12 @@ import os
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from sys import intern
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mirrord.core.model import ManifestEntry, make_manifest_entry
+from mirrord.core.model import make_manifest_entry
 from mirrord.store.hashing import ALGORITHMS
 from mirrord.store.packed import NO_MIRROR_MTIME, NO_STEP, RECORD_LAYOUT, VERDICTS, Held, pack, unpack
 
@@ -43,6 +44,7 @@ COMPANION_FROM_ENTRIES = 4096
 _READ_BYTES = 1 << 20  # of paths
 _BATCH = 1 << 13  # records read, sliced and unpacked together
 _RECORD_MIN = RECORD_LAYOUT.size + 1  # the fixed fields and a digest
+_first = itemgetter(0)
 # Sequences no path list of split_rel-valid paths contains once NUL-joined and NUL-framed: an empty part,
 # an absolute path, a trailing slash, '.' or '..' as a part.
 _UNSAFE = ("\0\0", "\0/", "/\0", "//", "/./", "/../", "\0./", "\0../", "/.\0", "/..\0", "\0.\0", "\0..\0")
@@ -128,23 +130,34 @@ def read_companion(fd: int, packed_from: int) -> Companion:
     start = 0  # of the batch's first record, in the records
     for first in range(0, count, _BATCH):  # a batch at a time: the records are never whole in memory
         batch_ends = ends[first:first + _BATCH]
-        starts = [start, *batch_ends[:-1]]
         end = batch_ends[-1]
-        if end < start or any(map(int.__gt__, starts, batch_ends)):
-            raise CompanionError("its record offsets go backwards")
+        # Records of one length (digests of one length: one algorithm), the usual case, are unpacked by one
+        # call for the whole batch; their offsets are checked as exactly that (one comparison, in C).
+        size = (end - start) // len(batch_ends) if end > start else 0
+        uniform = size >= _RECORD_MIN and batch_ends == array("I", range(start + size, end + 1, size))
+        if not uniform:
+            starts = [start, *batch_ends[:-1]]
+            if end < start or any(map(int.__gt__, starts, batch_ends)):
+                raise CompanionError("its record offsets go backwards")
         raw = _read_exactly(fd, end - start)
         body.update(raw)
-        records = [raw[a - start:b - start] for a, b in zip(starts, batch_ends, strict=True)]
-        if min(map(len, records)) < _RECORD_MIN:
-            raise CompanionError("a record is too short")
         names = map(intern, paths[first:first + _BATCH])
-        if count >= packed_from:
-            put(zip(names, records, strict=True))
-        else:
-            try:
-                put(_unpacked(names, records))
-            except (struct.error, IndexError) as exc:
-                raise CompanionError(f"a record does not unpack: {exc}") from None
+        try:
+            if uniform and count >= packed_from:
+                put(zip(names, map(_first, struct.iter_unpack(f"<{size}s", raw)), strict=True))
+            elif uniform:  # the fixed fields and the digest of every record
+                _unpack_into(entries, names, struct.iter_unpack(f"{RECORD_LAYOUT.format}{size - RECORD_LAYOUT.size}s",
+                                                                raw))
+            else:
+                records = [raw[a - start:b - start] for a, b in zip(starts, batch_ends, strict=True)]
+                if min(map(len, records)) < _RECORD_MIN:
+                    raise CompanionError("a record is too short")
+                if count >= packed_from:
+                    put(zip(names, records, strict=True))
+                else:
+                    _unpack_into(entries, names, map(_split, records))
+        except (struct.error, IndexError) as exc:
+            raise CompanionError(f"a record does not unpack: {exc}") from None
         start = end
     if len(entries) != count:
         raise CompanionError("it names a path twice")
@@ -189,14 +202,18 @@ def _safe(text: str) -> bool:
     return not any(bad in text or bad in head or bad in tail for bad in _UNSAFE)
 
 
-def _unpacked(paths: Iterable[str], records: list[bytes]) -> Iterator[tuple[str, ManifestEntry]]:
-    """(path, entry) of each packed record: mirrord.store.packed.unpack, its calls inlined."""
-    unpack_from, digest_at = RECORD_LAYOUT.unpack_from, RECORD_LAYOUT.size
+def _split(record: bytes) -> tuple[Any, ...]:
+    """A record's fixed fields and its digest, as the batch unpack of records of one length gives them."""
+    return (*RECORD_LAYOUT.unpack_from(record), record[RECORD_LAYOUT.size:])
+
+
+def _unpack_into(entries: dict[str, Held], paths: Iterable[str], records: Iterable[tuple[Any, ...]]) -> None:
+    """entries[path] = the ManifestEntry of each record's fields (mirrord.store.packed.unpack, inlined)."""
     algos, verdicts, make = ALGORITHMS, VERDICTS, make_manifest_entry
-    for path, held in zip(paths, records, strict=True):
-        size, mtime, step, at, mirror_mtime, ino, ctime, algo, verdict, flags = unpack_from(held)
-        yield path, make(path, size, algos[algo], held[digest_at:].hex(), mtime, None if flags & NO_STEP else step,
-                         at, None if flags & NO_MIRROR_MTIME else mirror_mtime, verdicts[verdict], ino, ctime)
+    for path, (size, mtime, step, at, mirror_mtime, ino, ctime, algo, verdict, flags, digest) in zip(
+            paths, records, strict=True):
+        entries[path] = make(path, size, algos[algo], digest.hex(), mtime, None if flags & NO_STEP else step, at,
+                             None if flags & NO_MIRROR_MTIME else mirror_mtime, verdicts[verdict], ino, ctime)
 
 
 def _read_exactly(fd: int, n: int) -> bytes:

@@ -4,6 +4,7 @@ a log line."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import io
@@ -24,7 +25,7 @@ from mirrord.obs import log
 from mirrord.store.companion import MAGIC, CompanionError, encode_companion, read_companion
 from mirrord.store.journal import LocalManifestStore
 from mirrord.store.manifest import MANIFEST_NAME, Manifest, encode_snapshot, read_snapshot, read_snapshot_companion
-from mirrord.store.packed import pack
+from mirrord.store.packed import RECORD_LAYOUT, pack
 from tests.support.logs import parse_events
 
 COMPANION = ".mirrord-manifest.packed"
@@ -255,3 +256,70 @@ def test_non_utf8_names_survive(tmp_path: Path) -> None:
         assert read_companion(fd, 10).entries == {name: e}
     finally:
         os.close(fd)
+
+
+def _fields(e: ManifestEntry) -> list[tuple[type, Any]]:
+    """Every field with its type: 1 == 1.0 would hide an int read back where a float was written."""
+    return [(type(v), v) for v in (getattr(e, f.name) for f in dataclasses.fields(ManifestEntry))]
+
+
+def test_batches_of_one_record_length_and_mixed_ones_read_back_identical(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records of one length are unpacked a batch at a time, a batch of mixed lengths one by one: each
+    entry, objects or packed, comes back field for field what was written, and what the JSON gives."""
+    monkeypatch.setattr(companion_module, "_BATCH", 4)
+    made: list[ManifestEntry] = []
+    for batch, algos in enumerate((["blake3"] * 4, ["sha256", "blake3"] * 2, ["xxh3_128"] * 4,
+                                   ["blake3", "xxh3_128", "blake3", "blake3"], ["sha256"] * 3)):
+        for i, algo in enumerate(algos):
+            n = batch * 4 + i
+            digest = f"{n:032x}" if algo == "xxh3_128" else f"{n:064x}"
+            made.append(ManifestEntry(
+                f"run_{batch}/step_{i}.pt", n * 7, algo, digest, 1_700_000_000 * 10**9 + n,
+                None if n % 3 == 0 else n, 0.25 + n, None if n % 2 else 1_700_000_001 * 10**9 + n,
+                (None, "ok", "unchecked")[n % 3], n % 4 and 1000 + n, 1_700_000_002 * 10**9 + n))
+    entries = {e.path: e for e in made}
+    assert sorted(entries) == [e.path for e in made]  # (the records are in this order: the batches above)
+    from_json, _generation = manifest_module.decode_snapshot(encode_snapshot(entries), "json")
+    data = encode_companion(entries, 0, bytes(32))
+    assert data is not None
+    (tmp_path / COMPANION).write_bytes(data)
+    for packed_from in (len(made) + 1, len(made)):
+        fd = os.open(tmp_path / COMPANION, os.O_RDONLY)
+        try:
+            held = read_companion(fd, packed_from).entries
+        finally:
+            os.close(fd)
+        assert list(held) == list(entries)
+        for e in made:
+            if packed_from > len(made):
+                assert type(held[e.path]) is ManifestEntry
+                assert _fields(held[e.path]) == _fields(e) == _fields(from_json[e.path])  # type: ignore[arg-type]
+            else:
+                assert held[e.path] == pack(e)
+                assert _fields(Manifest._adopting(held).entries[e.path]) == _fields(e)
+
+
+def test_a_record_that_does_not_unpack_is_refused_in_either_kind_of_batch(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An algorithm or verdict code beyond the known ones (a checksum made over it, so only the unpack can
+    tell): CompanionError, whether its batch is read at once or record by record."""
+    monkeypatch.setattr(companion_module, "_BATCH", 2)
+    for mixed in (False, True):
+        for field in ("algo", "verdict"):
+            entries = {e.path: e for e in (entry(3), entry(6) if not mixed else entry(5))}
+            records = {p: pack(e) for p, e in entries.items()}
+            bad = sorted(records)[1]
+            at = RECORD_LAYOUT.size - (3 if field == "algo" else 2)
+            record = records[bad]
+            assert isinstance(record, bytes)
+            records[bad] = record[:at] + b"\xff" + record[at + 1:]
+            data = encode_companion(records, 0, bytes(32))
+            assert data is not None
+            (tmp_path / COMPANION).write_bytes(data)
+            fd = os.open(tmp_path / COMPANION, os.O_RDONLY)
+            try:
+                with pytest.raises(CompanionError, match="does not unpack"):
+                    read_companion(fd, 10)
+            finally:
+                os.close(fd)

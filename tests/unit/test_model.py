@@ -12,6 +12,7 @@ def test_make_file_state_sets_every_field_like_the_dataclass() -> None:
     values = [f"v{i}" for i, _ in enumerate(dataclasses.fields(FileState))]
     made = make_file_state(*values)  # type: ignore[arg-type]
     assert made == FileState(*values)  # type: ignore[arg-type]
+    assert type(made) is FileState
     assert [getattr(made, f.name) for f in dataclasses.fields(FileState)] == values
 
 
@@ -19,6 +20,7 @@ def test_make_manifest_entry_sets_every_field_like_the_dataclass() -> None:
     values = [f"v{i}" for i, _ in enumerate(dataclasses.fields(ManifestEntry))]
     made = make_manifest_entry(*values)  # type: ignore[arg-type]
     assert made == ManifestEntry(*values)  # type: ignore[arg-type]
+    assert type(made) is ManifestEntry
     assert [getattr(made, f.name) for f in dataclasses.fields(ManifestEntry)] == values
 
 

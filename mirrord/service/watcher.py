@@ -78,6 +78,13 @@ def choose_mode(configured: str, fstype: str) -> tuple[str, str]:
     return "native", f"primary is on {fstype}; inotify events are reliable there"
 
 
+# The events _Handler acts on. Given to watchdog as its event filter, they are also the inotify mask: without
+# it every open and close-without-write below the primary is an event too, and each rescan opens and closes
+# every folder of the primary (a trainer reading its data or checkpoints there adds its own), each event
+# parsed by the watch thread in Python while the rescan waits for the interpreter lock.
+HANDLED_EVENTS = (DirMovedEvent, FileMovedEvent, FileClosedEvent, FileCreatedEvent, FileModifiedEvent)
+
+
 class _Handler(FileSystemEventHandler):
     """Turns watchdog events into hints: a rename onto a final name commits it; a moved folder asks for a rescan."""
 
@@ -131,7 +138,8 @@ class Watcher:
             PollingObserver(timeout=poll_interval) if mode == "polling" else Observer()
         )
         self.observer.name = f"mirrord-watch-{mode}"
-        self.observer.schedule(_Handler(root, tuple(patterns), emit), os.fsdecode(root), recursive=True)
+        self.observer.schedule(_Handler(root, tuple(patterns), emit), os.fsdecode(root), recursive=True,
+                               event_filter=list(HANDLED_EVENTS))
         self._overflow = _OverflowDetector(emit)
 
     def start(self) -> None:

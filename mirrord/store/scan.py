@@ -205,6 +205,9 @@ def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.Dir
         errors.append(f"{root}: cannot list: {exc.strerror or exc}")
         return
     frames: list[tuple[int, str, list[str]]] = []  # (descriptor, rel path, subdirectories left to enter)
+    # The length of root / rel_dir as bytes is this plus rel_dir's (no path object made per folder).
+    top_bytes = os.fsencode(root)
+    base = len(top_bytes) + (not top_bytes.endswith(b"/"))
     fd, rel_dir = top, ""
     try:
         while True:
@@ -226,7 +229,7 @@ def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.Dir
                     continue
                 name = left.pop()
                 rel_dir = f"{parent_rel}/{name}" if parent_rel else name
-                if len(os.fsencode(root / rel_dir)) >= _PATH_MAX:
+                if base + len(os.fsencode(rel_dir)) >= _PATH_MAX:
                     errors.append(f"{root / rel_dir}: cannot list: {os.strerror(errno.ENAMETOOLONG)}")
                     continue
                 try:

@@ -256,6 +256,33 @@ def test_a_folder_deeper_than_a_path_can_name_is_a_listing_error(tmp_path: Path)
     assert error.endswith(f": cannot list: {os.strerror(36)}") and not snap.complete
 
 
+@pytest.mark.parametrize("short", [False, True])
+def test_the_longest_nameable_folder_is_listed_and_one_byte_more_is_an_error(tmp_path: Path, short: bool) -> None:
+    """The limit is on the folder's whole path as bytes (a multi-byte name counts its bytes): 4095 bytes are
+    listed, 4096 are not."""
+    room = 4095 - len(os.fsencode(tmp_path)) - 1  # bytes of the relative path at the limit
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    rel: list[str] = []
+    while room - sum(len(os.fsencode(p)) + 1 for p in rel) > 250:
+        part = "é" * 100 if len(rel) % 2 else "d" * 200  # (é: two bytes)
+        os.mkdir(part, dir_fd=fd)
+        child = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd, rel = child, [*rel, part]
+    last = "x" * (room - sum(len(os.fsencode(p)) + 1 for p in rel) + (0 if short else 1))
+    os.mkdir(last, dir_fd=fd)
+    os.close(os.open(f"{last}/step_1.pt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.close(fd)
+    snap = snapshot_tree(tmp_path, PATTERNS)
+    if short:
+        assert len(os.fsencode(tmp_path / "/".join([*rel, last]))) == 4095
+        assert list(snap.files) == ["/".join([*rel, last, "step_1.pt"])] and snap.complete
+    else:
+        assert not snap.files and not snap.complete
+        [error] = snap.errors
+        assert error.endswith(f": cannot list: {os.strerror(36)}")
+
+
 NAMES = ("step_1.pt", "a.pt", "pt", ".pt", "t", ".a.pt", "a.pt.part", "a.part", ".a.part", "part", ".part",
          "a.pt.tmp", "a.tmp", "a.PT", "a.pth", "a.ckpt", "a.safetensors", "a.pa", "latest", "last.ckpt",
          "step_2.bin", "x", "résumé.pt", "a\nb.pt")

@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from tests.conftest import SESSION_MARKER
@@ -35,7 +36,7 @@ STORAGE_CONF = """\
 [storage]
 driver = "overlay"
 graphroot = "{home}/storage"
-runroot = "{home}/run"
+runroot = "{run_root}"
 """
 
 
@@ -45,8 +46,11 @@ class Podman:
     def __init__(self, home: Path) -> None:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
+        # podman refuses a run root longer than 50 characters, which one under `home` is as soon as the
+        # base temp is a level deeper (a pytest-xdist worker's): the run root is a short folder of its own.
+        self.run_root = Path(tempfile.mkdtemp(prefix="mirrord-podman-"))
         (home / "containers.conf").write_text(CONTAINERS_CONF.format(home=home))
-        (home / "storage.conf").write_text(STORAGE_CONF.format(home=home))
+        (home / "storage.conf").write_text(STORAGE_CONF.format(home=home, run_root=self.run_root))
         (home / "registries.conf").write_text("unqualified-search-registries = []\n")
         self.env = {
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -58,7 +62,7 @@ class Podman:
         if SESSION_MARKER in os.environ:  # so that the session's leftover check sees conmon too
             self.env[SESSION_MARKER] = os.environ[SESSION_MARKER]
         # The flags repeat storage.conf: even a podman that ignored the variable stays in `home`.
-        self.argv = ["podman", "--root", str(home / "storage"), "--runroot", str(home / "run")]
+        self.argv = ["podman", "--root", str(home / "storage"), "--runroot", str(self.run_root)]
 
     def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [*self.argv, *args]
@@ -78,9 +82,10 @@ class Podman:
         for args in (("rm", "--all", "--force", "--time", "0"), ("system", "reset", "--force")):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.run(*args, timeout=120, check=False)
-        for mount_point in mounts_under(self.home):
-            subprocess.run(["umount", "--lazy", mount_point], capture_output=True, check=False)
-        shutil.rmtree(self.home, ignore_errors=True)
+        for root in (self.home, self.run_root):
+            for mount_point in mounts_under(root):
+                subprocess.run(["umount", "--lazy", mount_point], capture_output=True, check=False)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def mounts_under(path: Path) -> list[str]:

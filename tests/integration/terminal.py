@@ -24,6 +24,9 @@ class Terminal:
     def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: Path | None = None) -> None:
         self._master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        # The size is the pty's: COLUMNS and LINES inherited from the test process would override it
+        # (a shell that exports them; a pytest-xdist worker has 80x24 in its environment).
+        env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
         self.proc = subprocess.Popen(list(argv), stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
                                      start_new_session=True)
         os.close(slave)

@@ -72,9 +72,8 @@ from tests.support.wait import wait_for
 
 GOALS = ("sync", "trainer", "answers", "scale", "small", "commit")
 # For a trainer on the same machine: copy threads under SCHED_IDLE and idle I/O priority, and a bandwidth cap
-# about twice the trainer's checkpoint rate (the trainer goal saves ~540 MB every ~9-10 s: ~55 MB/s), so a
-# copy ends well before the next save while taking as little of each step as that allows.
-RECOMMENDED = {"io": {"bandwidth_limit": 100 * MiB, "ionice": "idle", "cpu_policy": "idle"}}
+# well above the trainer's checkpoint rate (the trainer goal saves ~540 MB every ~9-10 s: ~55 MB/s).
+RECOMMENDED = {"io": {"bandwidth_limit": 200 * MiB, "ionice": "idle", "cpu_policy": "idle"}}
 
 
 @dataclass(frozen=True)
@@ -242,8 +241,9 @@ TRAINER_CASES: dict[str, dict[str, Any] | None] = {
     "daemon, defaults": {},
     "daemon, drop_cache off": {"io": {"drop_cache": False}},
     "daemon, recommended": RECOMMENDED,
-    # The cap recommended before (about four times the checkpoint rate), beside it.
-    "daemon, 200 MiB/s": {"io": {**RECOMMENDED["io"], "bandwidth_limit": 200 * MiB}},
+    # A cap at about twice the checkpoint rate: less of each step while copying, for longer (three loaded
+    # runs did not tell it from 200 MiB/s: step p99 +4.2/+6.0/+22.1% against +11.1/+7.9/+10.5%).
+    "daemon, 100 MiB/s": {"io": {**RECOMMENDED["io"], "bandwidth_limit": 100 * MiB}},
 }
 
 
@@ -341,14 +341,14 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
     lt = load.text()
     rows = []
     for name, tag in (("daemon, recommended", "recommended settings"), ("daemon, defaults", "defaults"),
-                      ("daemon, 200 MiB/s", "a 200 MiB/s cap (recommended before)")):
+                      ("daemon, 100 MiB/s", "a 100 MiB/s cap, else as recommended")):
         if name not in by:
             continue
         t = by[name]
         rows.append(trainer_row(f"2. trainer step p50 slowdown, {tag}", t["p50_slowdown"], t["p50_ms"],
-                                round(base50 * 1000, 2), 0.03 if tag.startswith("rec") else None, lt))
+                                round(base50 * 1000, 2), 0.03 if name == "daemon, recommended" else None, lt))
         rows.append(trainer_row(f"2. trainer step p99 slowdown, {tag}", t["p99_slowdown"], t["p99_ms"],
-                                round(base99 * 1000, 2), 0.10 if tag.startswith("rec") else None, lt,
+                                round(base99 * 1000, 2), 0.10 if name == "daemon, recommended" else None, lt,
                                 pooled=t["p99_slowdown_pooled"]))
         if "unresolved" in rows[-2]["measured"] and rows[-1]["met"] is not None:  # same segments, same noise
             rows[-1]["met"] = None

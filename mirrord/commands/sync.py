@@ -61,9 +61,20 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
         deadline = time.monotonic() + 3 * config.copy.settle_seconds
         attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
         rules = config.rules
+        child_problem: str | None = None
         while True:
-            psnap = primary.snapshot(config.patterns, rules)
-            msnap = mirror.snapshot(config.patterns, rules)
+            # A big mirror is listed by a child process while this one lists the primary (two CPUs).
+            pending = mirror.start_snapshot(config.patterns, rules, len(manifest.entries))
+            try:
+                psnap = primary.snapshot(config.patterns, rules)
+            except BaseException:
+                pending.abandon()
+                raise
+            msnap = pending.result()
+            if pending.problem is not None and pending.problem != child_problem:
+                child_problem = pending.problem
+                log.warning("scan.child_failed", cause=child_problem, volume="mirror", path=mirror.describe(),
+                            listed="in this process instead")
             report.listing_errors = list(psnap.errors + msnap.errors)
             links = alias_links(psnap.skipped, rules)
             for rel, why in psnap.skipped:

@@ -90,6 +90,7 @@ class Reconciler:
         # The last retention plan of a complete listing: the next one reuses its decisions for the runs
         # unchanged since (a rescan of a tree at rest plans again only what moved).
         self._planned: PrunePlan | None = None
+        self._child_problem: str | None = None  # why the mirror's last listing was not made by a child
         self.log = get_logger()
 
     @property
@@ -151,16 +152,6 @@ class Reconciler:
 
     def _reconcile(self) -> None:
         started = self.monotonic()
-        psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
-        for msg in psnap.errors:
-            self.log.error("scan.error", cause=msg)
-        links = alias_links(psnap.skipped, self.config.rules)
-        for rel, why in psnap.skipped:
-            if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link, not warned about
-                self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
-        # The heartbeat between the parts of a pass that takes seconds on a big tree or a busy host: each
-        # part is planned after it from what the beat found (a refusal is honoured below).
-        self.heartbeat()
         problem = self.mirror.identity_problem()
         self.refusals.refuse(IDENTITY, problem)
         # The manifest is read before the mirror is listed: a copy recorded in it was published before
@@ -173,7 +164,30 @@ class Reconciler:
             except MirrordError as exc:  # planned from what we know: a stale view only keeps more
                 self.log.warning("manifest.refresh_failed", path=exc.path, cause=exc.cause)
         entries = self.manifest.entries
-        msnap = None if problem else self.mirror.snapshot(self.config.patterns, self.config.rules)
+        # A big mirror is listed by a child process while this one lists the primary (two CPUs).
+        pending = None if problem else self.mirror.start_snapshot(self.config.patterns, self.config.rules,
+                                                                  len(entries))
+        try:
+            psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
+        except BaseException:
+            if pending is not None:
+                pending.abandon()
+            raise
+        for msg in psnap.errors:
+            self.log.error("scan.error", cause=msg)
+        links = alias_links(psnap.skipped, self.config.rules)
+        for rel, why in psnap.skipped:
+            if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link, not warned about
+                self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
+        # The heartbeat between the parts of a pass that takes seconds on a big tree or a busy host: each
+        # part is planned after it from what the beat found (a refusal is honoured below).
+        self.heartbeat()
+        msnap = None if pending is None else pending.result()
+        if pending is not None and pending.problem != self._child_problem:  # said once, not every rescan
+            self._child_problem = pending.problem
+            if pending.problem is not None:
+                self.log.warning("scan.child_failed", cause=pending.problem, volume="mirror",
+                                 path=self.mirror.describe(), listed="in the daemon's process instead")
         # The listings in hand are superseded (the volumes kept what their next listings reuse): not kept
         # alive through the planning of the new ones.
         self._in_hand = None
@@ -203,7 +217,9 @@ class Reconciler:
         self._link_aliases(links)
         self.metrics.reconcile_duration.set(self.monotonic() - started)
         self.log.info("reconcile.finished", primary_files=len(psnap.files),
-                      mirror_files=len(msnap.files) if msnap else 0, queued=queued, unsettled=len(self.unsettled),
+                      mirror_files=len(msnap.files) if msnap else 0,
+                      mirror_listed_by="a child process" if pending is not None and pending.in_child else "the daemon",
+                      queued=queued, unsettled=len(self.unsettled),
                       seconds=round(self.monotonic() - started, 3))
 
     def _view(self, psnap: Snapshot, msnap: Snapshot | None, entries: Mapping[str, ManifestEntry],

@@ -54,6 +54,7 @@ from mirrord.obs.log import get_logger
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.journal import MakeCompanion
 from mirrord.store.lease import Lease, call_timeout
+from mirrord.store.listing_child import PendingListing
 from mirrord.store.manifest import (
     MANIFEST_NAME,
     Change,
@@ -236,6 +237,12 @@ class S3Mirror:
         except Exception:
             return False
         return True
+
+    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None,
+                       expected_files: int = 0) -> PendingListing:
+        """snapshot(), made when the result is taken (Mirror.start_snapshot)."""
+        patterns = tuple(patterns)
+        return PendingListing(lambda: self.snapshot(patterns, layout))
 
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """Every committed candidate object under the prefix, chosen as the local scanner chooses files

@@ -26,6 +26,7 @@ from mirrord.errors import (
     from_oserror,
 )
 from mirrord.store import atomic
+from mirrord.store.listing_child import CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
@@ -166,6 +167,25 @@ class LocalVolume:
                              previous=self._listed)
         self._listed = snap.files
         return snap
+
+    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None,
+                       expected_files: int = 0) -> PendingListing:
+        """snapshot(), begun now and taken by the result's `result()`: made by a child process (on another
+        CPU, while this one lists the other volume) when the root is expected to hold CHILD_MIN_FILES or
+        more files (as many as its last listing, or `expected_files`), else when taken
+        (mirrord.store.listing_child)."""
+        patterns = tuple(patterns)
+
+        def here() -> Snapshot:
+            return self.snapshot(patterns, layout)
+
+        if max(len(self._listed), expected_files) < CHILD_MIN_FILES:
+            return PendingListing(here)
+        return start_listing(self.root, patterns, here, collect_partials=True, exclude=self.exclude, layout=layout,
+                             previous=self._listed, taken=self._keep)
+
+    def _keep(self, snap: Snapshot) -> None:
+        self._listed = snap.files
 
     def snapshot_unit(self, rel: str, layout: Layout) -> Snapshot:
         """List one unit folder beneath the root (mirrord.store.scan.snapshot_unit)."""

@@ -434,3 +434,44 @@ def test_a_rollback_warning_splits_lying_clocks_exactly_where_retention_does(har
     h.daemon.start()
     assert [(e["run"], e["old_step"], e["new_step"]) for e in events(logs, "run.rollback_detected")] == [
         ("at", 3, 2)]
+
+
+def test_a_big_mirror_is_listed_by_a_child_process_while_the_daemon_lists_the_primary(
+        harness, primary, mirror, logs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above CHILD_MIN_FILES expected files (here: any) the mirror's listing is a real child interpreter's:
+    the rescan finds what is new on the primary and what is already on the mirror alike, and the mirror's
+    records are those of the files there."""
+    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
+    first = save_checkpoint(primary / REL, 7)
+    h = harness()
+    h.daemon.start()
+    assert [e["mirror_listed_by"] for e in events(logs, "reconcile.finished")] == ["a child process"]
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the first copy")
+    later = "run/step_0008.pt"
+    save_checkpoint(primary / later, 8)
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    finished = events(logs, "reconcile.finished")
+    assert [e["mirror_listed_by"] for e in finished] == ["a child process"] * 2
+    assert (finished[-1]["primary_files"], finished[-1]["mirror_files"], finished[-1]["queued"]) == (2, 1, 1)
+    wait_for(lambda: h.daemon.ledger.copied == 2, 60, "the rescanned copy")
+    assert (mirror / REL).read_bytes() == first.read_bytes() and (mirror / later).exists()
+    assert not events(logs, "scan.child_failed")
+
+
+def test_a_listing_child_that_cannot_start_is_warned_about_once_and_the_daemon_lists_the_mirror_itself(
+        harness, primary, mirror, logs, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
+    monkeypatch.setattr("mirrord.store.listing_child.sys.executable", str(primary / "no-such-python"))
+    save_checkpoint(primary / REL, 7)
+    h = harness()
+    h.daemon.start()
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    finished = events(logs, "reconcile.finished")
+    assert [e["mirror_listed_by"] for e in finished] == ["the daemon"] * 2
+    assert finished[-1]["mirror_files"] == 1 and finished[-1]["queued"] == 0  # the copy was listed: not again
+    failed = events(logs, "scan.child_failed")
+    assert len(failed) == 1 and failed[0]["path"] == str(mirror)
+    assert "could not start" in failed[0]["cause"] and "no-such-python" in failed[0]["cause"]

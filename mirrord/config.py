@@ -104,6 +104,7 @@ class WatchConfig(_Section):
     mode: Literal["auto", "native", "polling"] = "auto"
     poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600, **_FINITE)
     rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY, **_FINITE)
+    parallel_listing: bool = True  # a big mirror listed by a second process beside the primary's listing
 
 
 class MetricsConfig(_Section):

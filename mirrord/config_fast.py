@@ -216,6 +216,7 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "watch.mode": ("choice", "auto", ("auto", "native", "polling")),
     "watch.poll_interval_seconds": ("float", 2.0, (0.1, 3600)),
     "watch.rescan_interval_seconds": ("float", 60.0, (0.1, DAY)),
+    "watch.parallel_listing": ("bool", True, None),
     "metrics.enabled": ("bool", True, None),
     "metrics.address": ("str", "127.0.0.1:9108", check_host_port),
     "log.format": ("choice", "auto", ("auto", "json", "console")),

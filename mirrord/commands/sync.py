@@ -64,7 +64,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
         child_problem: str | None = None
         while True:
             # A big mirror is listed by a child process while this one lists the primary (two CPUs).
-            pending = mirror.start_snapshot(config.patterns, rules, len(manifest.entries))
+            pending = mirror.start_snapshot(config.patterns, rules, len(manifest.entries),
+                                            config.watch.parallel_listing)
             try:
                 psnap = primary.snapshot(config.patterns, rules)
             except BaseException:

@@ -166,7 +166,7 @@ class Reconciler:
         entries = self.manifest.entries
         # A big mirror is listed by a child process while this one lists the primary (two CPUs).
         pending = None if problem else self.mirror.start_snapshot(self.config.patterns, self.config.rules,
-                                                                  len(entries))
+                                                                  len(entries), self.config.watch.parallel_listing)
         try:
             psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
         except BaseException:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot, make_file_state
+from mirrord.store.bulk import collection_paused
 from mirrord.store.scan import snapshot_tree
 
 if TYPE_CHECKING:
@@ -68,7 +69,8 @@ class PendingListing:
                     self.problem = f"exited with status {child.returncode}: {last[0]}"
                 else:
                     try:
-                        snap = _from_values(marshal.loads(out), self._previous)  # noqa: S302 - our child, a pipe of ours
+                        with collection_paused():  # (a heap of new records, none in a cycle)
+                            snap = _from_values(marshal.loads(out), self._previous)  # noqa: S302 - our child, a pipe of ours
                     except (EOFError, ValueError, TypeError) as exc:
                         self.problem = f"sent an unreadable listing ({exc})"
                     else:
@@ -122,7 +124,8 @@ def _layout_fields(layout: Layout | None) -> dict[str, Any] | None:
 
 
 def _to_values(snap: Snapshot) -> tuple[Any, ...]:
-    """The snapshot as values marshal can send: each record as a tuple of its fields."""
+    """The snapshot as values marshal can send: each record as a tuple of its fields. (marshal keeps what
+    the records share: an interned name arrives interned, one int object for many records stays one.)"""
     def rows(states: Mapping[str, FileState]) -> list[tuple[Any, ...]]:
         return [(s.rel, s.size, s.mtime_ns, s.ino, s.dev, s.mode, s.ctime_ns) for s in states.values()]
     return (rows(snap.files), rows(snap.partials), snap.errors, snap.skipped, rows(snap.staging),
@@ -132,18 +135,19 @@ def _to_values(snap: Snapshot) -> tuple[Any, ...]:
 def _from_values(values: tuple[Any, ...], previous: Mapping[str, FileState]) -> Snapshot:
     """The snapshot _to_values sent; a file whose values equal its record in `previous` keeps that record."""
     files_rows, partial_rows, errors, skipped, staging_rows, lookalikes = values
-    shared: dict[int, int] = {}
     recorded = previous.get
     make = make_file_state
 
     def states(rows: list[tuple[Any, ...]]) -> dict[str, FileState]:
+        if not previous:
+            return {row[0]: make(*row) for row in rows}
         out: dict[str, FileState] = {}
-        for rel, size, mtime, ino, dev, mode, ctime in rows:
+        for row in rows:
+            rel, size, mtime, ino, dev, mode, ctime = row
             state = recorded(rel)
             if state is None or state.mtime_ns != mtime or state.ctime_ns != ctime or state.ino != ino \
                     or state.size != size or state.dev != dev or state.mode != mode:
-                state = make(sys.intern(rel), size, mtime, ino, shared.setdefault(dev, dev),
-                             shared.setdefault(mode, mode), mtime if ctime == mtime else ctime)
+                state = make(*row)
             out[state.rel] = state
         return out
 
@@ -155,6 +159,7 @@ def main() -> None:
     """The child: read the request from stdin, list, write the snapshot's values to stdout."""
     root, patterns, collect_partials, exclude, layout_fields = marshal.loads(sys.stdin.buffer.read())  # noqa: S302
     layout = Layout(**layout_fields) if layout_fields is not None else None
-    snap = snapshot_tree(Path(root), patterns, collect_partials=collect_partials,
-                         exclude=frozenset(tuple(e) for e in exclude), layout=layout)
-    sys.stdout.buffer.write(marshal.dumps(_to_values(snap)))
+    with collection_paused():
+        snap = snapshot_tree(Path(root), patterns, collect_partials=collect_partials,
+                             exclude=frozenset(tuple(e) for e in exclude), layout=layout)
+        sys.stdout.buffer.write(marshal.dumps(_to_values(snap)))

@@ -154,11 +154,11 @@ class Mirror(ReadableStore, Protocol):
     # system: `latest` then trusts the entry by stat alone). An object store has neither: no stat is made.
     has_inodes: bool
 
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None,
-                       expected_files: int = 0) -> PendingListing:
+    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
+                       parallel: bool = True) -> PendingListing:
         """snapshot(), begun now and taken by the result's `result()`, so that this process can list the
-        primary meanwhile; `expected_files`, how many files the mirror is thought to hold (its manifest's
-        entries), tells whether listing elsewhere pays."""
+        primary meanwhile (`parallel`: watch.parallel_listing); `expected_files`, how many files the mirror
+        is thought to hold (its manifest's entries), tells whether listing elsewhere pays."""
 
     def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
         """Start publishing one object of `size` bytes under `key`; see Upload."""

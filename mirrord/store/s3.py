@@ -238,8 +238,8 @@ class S3Mirror:
             return False
         return True
 
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None,
-                       expected_files: int = 0) -> PendingListing:
+    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
+                       parallel: bool = True) -> PendingListing:
         """snapshot(), made when the result is taken (Mirror.start_snapshot)."""
         patterns = tuple(patterns)
         return PendingListing(lambda: self.snapshot(patterns, layout))

@@ -168,18 +168,18 @@ class LocalVolume:
         self._listed = snap.files
         return snap
 
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None,
-                       expected_files: int = 0) -> PendingListing:
-        """snapshot(), begun now and taken by the result's `result()`: made by a child process (on another
-        CPU, while this one lists the other volume) when the root is expected to hold CHILD_MIN_FILES or
-        more files (as many as its last listing, or `expected_files`), else when taken
+    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
+                       parallel: bool = True) -> PendingListing:
+        """snapshot(), begun now and taken by the result's `result()`: with `parallel`, made by a child
+        process (on another CPU, while this one lists the other volume) when the root is expected to hold
+        CHILD_MIN_FILES or more files (as many as its last listing, or `expected_files`), else when taken
         (mirrord.store.listing_child)."""
         patterns = tuple(patterns)
 
         def here() -> Snapshot:
             return self.snapshot(patterns, layout)
 
-        if max(len(self._listed), expected_files) < CHILD_MIN_FILES:
+        if not parallel or max(len(self._listed), expected_files) < CHILD_MIN_FILES:
             return PendingListing(here)
         return start_listing(self.root, patterns, here, collect_partials=True, exclude=self.exclude, layout=layout,
                              previous=self._listed, taken=self._keep)

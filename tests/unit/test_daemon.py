@@ -475,3 +475,17 @@ def test_a_listing_child_that_cannot_start_is_warned_about_once_and_the_daemon_l
     failed = events(logs, "scan.child_failed")
     assert len(failed) == 1 and failed[0]["path"] == str(mirror)
     assert "could not start" in failed[0]["cause"] and "no-such-python" in failed[0]["cause"]
+
+
+def test_with_parallel_listing_off_the_daemon_lists_a_big_mirror_itself(harness, primary, mirror, logs,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
+    save_checkpoint(primary / REL, 7)
+    h = harness(watch={"rescan_interval_seconds": 600, "parallel_listing": False})
+    h.daemon.start()
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    finished = events(logs, "reconcile.finished")
+    assert [e["mirror_listed_by"] for e in finished] == ["the daemon"] * 2 and finished[-1]["mirror_files"] == 1
+    assert not events(logs, "scan.child_failed")

@@ -146,6 +146,8 @@ def test_a_volume_lists_in_a_child_only_when_it_is_expected_to_be_big(tmp_path: 
     small = volume.start_snapshot(("*.pt",), None, expected_files=CHILD_MIN_FILES - 1)
     first = small.result()
     assert not small.in_child and small.problem is None
+    off = volume.start_snapshot(("*.pt",), None, expected_files=CHILD_MIN_FILES, parallel=False)
+    assert off.result() == first and not off.in_child and off.problem is None
     big = volume.start_snapshot(("*.pt",), None, expected_files=CHILD_MIN_FILES)
     second = big.result()
     assert big.in_child and big.problem is None

@@ -531,8 +531,9 @@ def _reconcile_text(r: dict[str, Any]) -> str:
     passes = " ".join(str(x) for x in r.get("passes_s", ()))
     child = "by a child" if r.get("mirror_listed_in_child") else "here"
     return (f"{r['reconcile_s']} s, median of passes {passes}; CPU {r['reconcile_cpu_s']} s + child "
-            f"{round(r['child_cpu_s'], 2)} s (manifest {r['manifest_load_s']}, then primary {r['scan_primary_s']} "
-            f"alongside mirror {r['scan_mirror_s']} ({child}, waited {round(r['scan_mirror_wait_s'], 3)}), "
+            f"{round(r['child_cpu_s'], 2)} s (manifest {r['manifest_load_s']} then primary {r['scan_primary_s']}, "
+            f"alongside them the mirror {r['scan_mirror_s']} ({child}; waited for "
+            f"{round(r['scan_mirror_wait_s'], 3)}), "
             f"plan {r['plan_s']}; first pass {first} s)")
 
 

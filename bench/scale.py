@@ -1,8 +1,8 @@
 """Scale: reconcile cost for 10,000 and 100,000 checkpoints across 1,000 run folders.
 
 A reconcile is what `mirrord sync` and the daemon's rescans do before copying anything: load the
-manifest, list the primary and the mirror (a big mirror by a child process, alongside: both listings at
-once, mirrord.store.listing_child), plan; its CPU time counts the child's. The trees hold empty `*.pt`
+manifest, list the primary and the mirror (a big mirror by a child process, alongside: both at once,
+mirrord.store.listing_child), plan; its CPU time counts the child's. The trees hold empty `*.pt`
 files (the cost is per file, not per byte) with a mirror and manifest that are fully in sync, so the plan
 is empty, as in the steady state. Each size is measured in fresh processes (one cold pass, then the
 median of five) so its peak RSS is its own (the listing child's is reported beside it). Also timed:
@@ -69,13 +69,13 @@ def build_tree(root: Path, n_files: int, n_runs: int, say: Log = log) -> Path:
 
 
 def _measure_here(where: Path) -> dict[str, Any]:
-    """Runs inside the child process: the reconcile as `mirrord sync` and the daemon make it (manifest first,
-    then the mirror listed by a child process of its own while this one lists the primary)."""
+    """Runs inside the child process: the reconcile as `mirrord sync` makes it (the mirror listed by a child
+    process of its own, started before the manifest is read, while this one reads it and lists the primary)."""
     from mirrord.core.model import ManifestEntry
     from mirrord.core.plan import plan_copies
     from mirrord.store.manifest import MANIFEST_NAME, Manifest
     from mirrord.store.scan import snapshot_tree
-    from mirrord.store.volume import LocalVolume
+    from mirrord.store.volume import LocalMirror
 
     patterns = ("*.pt",)
     step = re.compile(r"step_(\d+)")
@@ -84,16 +84,19 @@ def _measure_here(where: Path) -> dict[str, Any]:
     t: dict[str, float] = {}
     c0 = time.process_time()
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = t0 = time.perf_counter()
+    start = time.perf_counter()
+    mirror = LocalMirror(where / "mirror")
+    pending = mirror.start_snapshot(patterns, None, mirror.size_hint())
+    t0 = time.perf_counter()
     manifest = Manifest.load(where / "mirror")
     t["manifest_load_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pending = LocalVolume(where / "mirror").start_snapshot(patterns, None, len(manifest.entries))
     psnap = snapshot_tree(where / "primary", patterns)
     t["scan_primary_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     msnap = pending.result()
-    t["scan_mirror_s"] = time.perf_counter() - t0  # from its start, alongside the primary's
-    t["scan_mirror_wait_s"] = t["scan_mirror_s"] - t["scan_primary_s"]
+    t["scan_mirror_wait_s"] = time.perf_counter() - t0
+    t["scan_mirror_s"] = time.perf_counter() - start  # from its start, alongside the manifest and the primary
     if pending.problem is not None:
         raise RuntimeError(f"the mirror's listing child failed: {pending.problem}")
     t0 = time.perf_counter()

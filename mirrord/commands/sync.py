@@ -23,6 +23,7 @@ from mirrord.store.volume import LocalMirror, LocalVolume, exclude_each_other
 if TYPE_CHECKING:
     from mirrord.config import Config
     from mirrord.obs.metrics import Metrics
+    from mirrord.store.listing_child import PendingListing
 
 
 @dataclass
@@ -55,8 +56,17 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
     report = SyncReport()
     with mirror.lock():
         exclude_each_other(primary, mirror)  # as the daemon: neither listing enters the other root
-        manifest = mirror.read_manifest()
-        engine = Engine(config, mirror, manifest, metrics, board=board)
+        # Nothing else publishes on a mirror while its lock is held (an object store lists only when the
+        # listing is taken): the first listing of a big mirror starts before its manifest is read.
+        started = mirror.start_snapshot(config.patterns, config.rules, mirror.size_hint(),
+                                        config.watch.parallel_listing)
+        try:
+            manifest = mirror.read_manifest()
+            engine = Engine(config, mirror, manifest, metrics, board=board)
+        except BaseException:
+            started.abandon()
+            raise
+        first: PendingListing | None = started
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
         deadline = time.monotonic() + 3 * config.copy.settle_seconds
         attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
@@ -64,8 +74,9 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
         child_problem: str | None = None
         while True:
             # A big mirror is listed by a child process while this one lists the primary (two CPUs).
-            pending = mirror.start_snapshot(config.patterns, rules, len(manifest.entries),
-                                            config.watch.parallel_listing)
+            pending = first or mirror.start_snapshot(config.patterns, rules, len(manifest.entries),
+                                                     config.watch.parallel_listing)
+            first = None
             try:
                 psnap = primary.snapshot(config.patterns, rules)
             except BaseException:

@@ -102,6 +102,25 @@ def encode_companion(entries: Mapping[str, Held], generation: int, snapshot_sha2
     return b"".join((MAGIC, header, text, ends.tobytes(), *records))  # (one copy of the records, not two)
 
 
+def counted_entries(path: str | os.PathLike[str]) -> int:
+    """How many entries the companion at `path` says it holds, from its header alone: a hint (nothing is
+    checked against its snapshot), 0 when there is no companion there or it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:
+        head = os.read(fd, len(MAGIC) + _HEADER.size)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    if len(head) < len(MAGIC) + _HEADER.size or not head.startswith(MAGIC):
+        return 0
+    count: int = _HEADER.unpack_from(head, len(MAGIC))[4]
+    return count
+
+
 def read_companion(fd: int, packed_from: int) -> Companion:
     """The companion open at `fd`, its entries unpacked into ManifestEntry objects below `packed_from`
     entries and kept packed from there on (as mirrord.store.manifest.read_snapshot holds them).

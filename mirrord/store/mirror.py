@@ -158,7 +158,12 @@ class Mirror(ReadableStore, Protocol):
                        parallel: bool = True) -> PendingListing:
         """snapshot(), begun now and taken by the result's `result()`, so that this process can list the
         primary meanwhile (`parallel`: watch.parallel_listing); `expected_files`, how many files the mirror
-        is thought to hold (its manifest's entries), tells whether listing elsewhere pays."""
+        is thought to hold (its manifest's entries), tells whether listing elsewhere pays. A store that
+        others may publish into while this process holds its lock (an object store shared by several
+        nodes) lists only when the result is taken."""
+
+    def size_hint(self) -> int:
+        """How many files the mirror is thought to hold, known without reading its manifest (0: not known)."""
 
     def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
         """Start publishing one object of `size` bytes under `key`; see Upload."""

@@ -238,9 +238,14 @@ class S3Mirror:
             return False
         return True
 
+    def size_hint(self) -> int:
+        """Not known before the manifest is read (Mirror.size_hint)."""
+        return 0
+
     def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
                        parallel: bool = True) -> PendingListing:
-        """snapshot(), made when the result is taken (Mirror.start_snapshot)."""
+        """snapshot(), made when the result is taken (Mirror.start_snapshot): other nodes may publish under
+        a shared prefix, so the listing never starts before the caller has read the manifest."""
         patterns = tuple(patterns)
         return PendingListing(lambda: self.snapshot(patterns, layout))
 

@@ -26,7 +26,7 @@ from mirrord.errors import (
     from_oserror,
 )
 from mirrord.store import atomic
-from mirrord.store.listing_child import CHILD_MIN_FILES, PendingListing, start_listing
+from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
@@ -172,14 +172,14 @@ class LocalVolume:
                        parallel: bool = True) -> PendingListing:
         """snapshot(), begun now and taken by the result's `result()`: with `parallel`, made by a child
         process (on another CPU, while this one lists the other volume) when the root is expected to hold
-        CHILD_MIN_FILES or more files (as many as its last listing, or `expected_files`), else when taken
-        (mirrord.store.listing_child)."""
+        from CHILD_MIN_FILES to CHILD_MAX_FILES files (as many as its last listing, or `expected_files`),
+        else when taken (mirrord.store.listing_child)."""
         patterns = tuple(patterns)
 
         def here() -> Snapshot:
             return self.snapshot(patterns, layout)
 
-        if not parallel or max(len(self._listed), expected_files) < CHILD_MIN_FILES:
+        if not parallel or not CHILD_MIN_FILES <= max(len(self._listed), expected_files) < CHILD_MAX_FILES:
             return PendingListing(here)
         return start_listing(self.root, patterns, here, collect_partials=True, exclude=self.exclude, layout=layout,
                              previous=self._listed, taken=self._keep)
@@ -557,6 +557,13 @@ class LocalMirror(LocalVolume):
 
         self.check_identity()
         return remove_folder(self.root, key, expected)
+
+    def size_hint(self) -> int:
+        """How many files the mirror is thought to hold, known without reading its manifest: what the
+        manifest's companion counts (mirrord.store.companion; 0 for a small manifest, which has none)."""
+        from mirrord.store.companion import companion_name, counted_entries
+
+        return counted_entries(self.root / companion_name(MANIFEST_NAME))
 
     def read_manifest(self) -> Manifest:
         """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.store.journal);

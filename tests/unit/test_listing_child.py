@@ -16,7 +16,7 @@ import pytest
 import mirrord
 from mirrord.core.layouts import Layout, layout_for
 from mirrord.core.model import Snapshot
-from mirrord.store.listing_child import CHILD_MIN_FILES, PendingListing, start_listing
+from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.scan import snapshot_tree
 from mirrord.store.volume import LocalVolume
 
@@ -140,12 +140,14 @@ def test_the_child_runs_this_package_not_a_mirrord_folder_in_the_working_directo
     assert pending.in_child, pending.problem
 
 
-def test_a_volume_lists_in_a_child_only_when_it_is_expected_to_be_big(tmp_path: Path) -> None:
+def test_a_volume_lists_in_a_child_only_when_it_is_expected_to_be_big_but_not_huge(tmp_path: Path) -> None:
     root = _tree(tmp_path / "root")
     volume = LocalVolume(root)
     small = volume.start_snapshot(("*.pt",), None, expected_files=CHILD_MIN_FILES - 1)
     first = small.result()
     assert not small.in_child and small.problem is None
+    huge = volume.start_snapshot(("*.pt",), None, expected_files=CHILD_MAX_FILES)
+    assert huge.result() == first and not huge.in_child and huge.problem is None
     off = volume.start_snapshot(("*.pt",), None, expected_files=CHILD_MIN_FILES, parallel=False)
     assert off.result() == first and not off.in_child and off.problem is None
     big = volume.start_snapshot(("*.pt",), None, expected_files=CHILD_MIN_FILES)

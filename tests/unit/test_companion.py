@@ -323,3 +323,24 @@ def test_a_record_that_does_not_unpack_is_refused_in_either_kind_of_batch(tmp_pa
                     read_companion(fd, 10)
             finally:
                 os.close(fd)
+
+
+def test_a_mirrors_size_hint_is_its_companions_count_and_zero_for_anything_else(
+        tmp_path: Path, events: io.StringIO) -> None:
+    """LocalMirror.size_hint (what `mirrord sync` decides a listing child by, before reading the manifest)
+    reads the companion's header alone; no companion, a stranger's file or a torn header is 0, never an error."""
+    from mirrord.store.companion import counted_entries
+    from mirrord.store.volume import LocalMirror
+
+    mirror = LocalMirror(tmp_path)
+    assert mirror.size_hint() == 0  # no manifest at all
+    compacted(tmp_path)
+    assert mirror.size_hint() == N == counted_entries(tmp_path / COMPANION)
+    whole = (tmp_path / COMPANION).read_bytes()
+    (tmp_path / COMPANION).write_bytes(whole[: len(MAGIC) + 10])
+    assert mirror.size_hint() == 0
+    (tmp_path / COMPANION).write_bytes(b"x" * len(whole))
+    assert mirror.size_hint() == 0
+    (tmp_path / COMPANION).unlink()
+    (tmp_path / COMPANION).mkdir()  # not a file: read fails
+    assert mirror.size_hint() == 0

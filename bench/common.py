@@ -96,10 +96,11 @@ def cpu_seconds_self_and_children() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/PID/stat."""
+def proc_cpu_seconds(pid: int, children: bool = False) -> float:
+    """utime + stime of a process, from /proc/PID/stat (`children`: of its children it waited for instead)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    first = 13 if children else 11
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_status(pid: int) -> dict[str, int]:

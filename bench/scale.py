@@ -179,10 +179,12 @@ def daemon_passes(where: Path, passes: int = 4, say: Log = log) -> dict[str, Any
         with DaemonProcess(work, where / "primary", where / "mirror", settings, base=BENCH,
                            ready_seconds=1800) as daemon:
             wait_for(lambda: len(daemon.events("reconcile.finished")) >= 1, 1800, "the first reconcile", 0.05)
-            cpu0 = proc_cpu_seconds(daemon.pid)
+            cpu0, child0 = proc_cpu_seconds(daemon.pid), proc_cpu_seconds(daemon.pid, children=True)
             wait_for(lambda: len(daemon.events("reconcile.finished")) >= passes + 1, 600 * passes,
                      f"{passes} rescans", 0.05)
             cpu = proc_cpu_seconds(daemon.pid) - cpu0
+            child_cpu = proc_cpu_seconds(daemon.pid, children=True) - child0  # the mirror's listing children
+            listed_by = sorted({e.get("mirror_listed_by", "?") for e in daemon.events("reconcile.finished")})
             hwm = proc_status(daemon.pid)["VmHWM"]
             seconds = [e["seconds"] for e in daemon.events("reconcile.finished")][:passes + 1]
             if any(e["queued"] for e in daemon.events("reconcile.finished")):
@@ -191,7 +193,8 @@ def daemon_passes(where: Path, passes: int = 4, say: Log = log) -> dict[str, Any
         shutil.rmtree(work, ignore_errors=True)
     steady = sorted(seconds[1:])
     result = {"first_s": seconds[0], "rescans_s": seconds[1:], "median_s": steady[len(steady) // 2],
-              "cpu_s_per_rescan": round(cpu / passes, 3), "peak_rss_mib": round(hwm / MiB, 1)}
+              "cpu_s_per_rescan": round(cpu / passes, 3), "child_cpu_s_per_rescan": round(child_cpu / passes, 3),
+              "mirror_listed_by": listed_by, "peak_rss_mib": round(hwm / MiB, 1)}
     say(f"  daemon rescans of {where.name}: {result}")
     return result
 

@@ -33,6 +33,7 @@ from mirrord.service.settings import Settings
 from mirrord.store.aliases import alias_links, mirror_alias_links
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
+from mirrord.store.listing_child import PendingListing
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -169,20 +170,21 @@ class Reconciler:
                                                                   len(entries), self.config.watch.parallel_listing)
         try:
             psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
-        except BaseException:
+            for msg in psnap.errors:
+                self.log.error("scan.error", cause=msg)
+            links = alias_links(psnap.skipped, self.config.rules)
+            for rel, why in psnap.skipped:
+                if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link, not warned about
+                    self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
+            # The heartbeat between the parts of a pass that takes seconds on a big tree or a busy host: each
+            # part is planned after it from what the beat found (a refusal is honoured below).
+            self.heartbeat()
+            if self.stopping():  # asked meanwhile (or the lock is lost): the mirror's listing is not wanted
+                return
+            msnap = None if pending is None else pending.result()
+        finally:
             if pending is not None:
-                pending.abandon()
-            raise
-        for msg in psnap.errors:
-            self.log.error("scan.error", cause=msg)
-        links = alias_links(psnap.skipped, self.config.rules)
-        for rel, why in psnap.skipped:
-            if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link, not warned about
-                self.log.warning("scan.skipped", path=rel, why=why, volume="primary")
-        # The heartbeat between the parts of a pass that takes seconds on a big tree or a busy host: each
-        # part is planned after it from what the beat found (a refusal is honoured below).
-        self.heartbeat()
-        msnap = None if pending is None else pending.result()
+                pending.abandon()  # (a no-op once its result was taken)
         if pending is not None and pending.problem != self._child_problem:  # said once, not every rescan
             self._child_problem = pending.problem
             if pending.problem is not None:
@@ -218,7 +220,7 @@ class Reconciler:
         self.metrics.reconcile_duration.set(self.monotonic() - started)
         self.log.info("reconcile.finished", primary_files=len(psnap.files),
                       mirror_files=len(msnap.files) if msnap else 0,
-                      mirror_listed_by="a child process" if pending is not None and pending.in_child else "the daemon",
+                      mirror_listed_by=_listed_by(pending),
                       queued=queued, unsettled=len(self.unsettled),
                       seconds=round(self.monotonic() - started, 3))
 
@@ -564,3 +566,10 @@ class Reconciler:
             self.inbox.rescan_asked = True
         self.heartbeat()
         return not self.stopping()
+
+
+def _listed_by(pending: PendingListing | None) -> str:
+    """Who listed the mirror in a reconcile, for its `reconcile.finished` event."""
+    if pending is None:
+        return "nobody (the mirror was refused)"
+    return "a child process" if pending.in_child else "the daemon"

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import marshal
+import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,7 +40,8 @@ CHILD_MIN_FILES = 20_000
 # against 904 MiB for the listing here: past the 1 GB a reconcile may take).
 CHILD_MAX_FILES = 250_000
 # The child imports this very package: its folder is put first on the child's path unless already on it, and
-# the working directory is not put there at all (-P: a `mirrord` folder in it must not be what runs).
+# the working directory is not put there at all (-P: a `mirrord` folder in it must not be what runs). The
+# request names the folder, and the child refuses to list if the package it imported is another one.
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _BOOT = (f"import sys; p = {_PACKAGE_PARENT!r}; p in sys.path or sys.path.insert(0, p); "
          "from mirrord.store.listing_child import main; main()")
@@ -68,6 +71,9 @@ class PendingListing:
                 out, err = child.communicate()
             except OSError as exc:
                 self.problem = f"reading its listing failed: {exc.strerror or exc}"
+            except BaseException:  # (a KeyboardInterrupt while waiting): the child goes too
+                _stop(child)
+                raise
             else:
                 if child.returncode != 0:
                     last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
@@ -76,8 +82,8 @@ class PendingListing:
                     try:
                         with collection_paused():  # (a heap of new records, none in a cycle)
                             snap = _from_values(marshal.loads(out), self._previous)  # noqa: S302 - our child, a pipe of ours
-                    except (EOFError, ValueError, TypeError) as exc:
-                        self.problem = f"sent an unreadable listing ({exc})"
+                    except Exception as exc:  # anything but a whole listing of the expected shape
+                        self.problem = f"sent an unreadable listing ({type(exc).__name__}: {exc})"
                     else:
                         self.in_child = True
                         if self._taken is not None:
@@ -89,8 +95,13 @@ class PendingListing:
         """Stop a child whose listing is no longer wanted (the caller failed before taking it)."""
         child, self._child = self._child, None
         if child is not None:
-            child.kill()
-            child.communicate()
+            _stop(child)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """Kill the child and reap it (no zombie, nothing left listing)."""
+    child.kill()
+    child.communicate()
 
 
 def start_listing(root: Path, patterns: Sequence[str], list_here: Listing, *, collect_partials: bool,
@@ -103,12 +114,16 @@ def start_listing(root: Path, patterns: Sequence[str], list_here: Listing, *, co
     called with the child's snapshot when it is taken."""
     import subprocess
 
-    request = marshal.dumps((str(root), tuple(patterns), collect_partials, tuple(exclude),
-                             _layout_fields(layout)))
+    # What the child must share with this process to list as it would: the package, and how names on disk
+    # decode (the interpreter's flags are passed on, -X utf8 among them; the child checks the result).
+    request = marshal.dumps((_PACKAGE_PARENT, sys.getfilesystemencoding(), sys.getfilesystemencodeerrors(),
+                             str(root), tuple(patterns), collect_partials, tuple(exclude), _layout_fields(layout)))
     if command is None:
         if not sys.executable:
             return PendingListing(list_here, problem="no interpreter to start (sys.executable is empty)")
-        command = (sys.executable, "-P", "-c", _BOOT)
+        # (the flags as multiprocessing passes them to its children)
+        flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+        command = (sys.executable, *flags, "-P", "-c", _BOOT)
     try:
         child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
@@ -161,10 +176,21 @@ def _from_values(values: tuple[Any, ...], previous: Mapping[str, FileState]) -> 
 
 
 def main() -> None:
-    """The child: read the request from stdin, list, write the snapshot's values to stdout."""
-    root, patterns, collect_partials, exclude, layout_fields = marshal.loads(sys.stdin.buffer.read())  # noqa: S302
+    """The child: read the request from stdin, list, write the snapshot's values to stdout. Interrupts are
+    the parent's to act on (it kills the child when it no longer wants the listing): a Ctrl-C or a
+    service stop that reaches the whole group must not make the parent list the volume again itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    request = sys.stdin.buffer.read()
+    package, encoding, errors, root, patterns, collect_partials, exclude, layout_fields = marshal.loads(request)  # noqa: S302
+    if (_PACKAGE_PARENT, sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()) != (package, encoding, errors):
+        raise SystemExit(f"not the parent's package or file name encoding: {_PACKAGE_PARENT} "
+                         f"{sys.getfilesystemencoding()}/{sys.getfilesystemencodeerrors()}, asked for {package} "
+                         f"{encoding}/{errors}")
     layout = Layout(**layout_fields) if layout_fields is not None else None
     with collection_paused():
         snap = snapshot_tree(Path(root), patterns, collect_partials=collect_partials,
                              exclude=frozenset(tuple(e) for e in exclude), layout=layout)
-        sys.stdout.buffer.write(marshal.dumps(_to_values(snap)))
+        out = memoryview(marshal.dumps(_to_values(snap)))
+    while out:  # os.write may write less than asked (a pipe, a signal)
+        out = out[os.write(1, out):]

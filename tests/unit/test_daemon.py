@@ -489,3 +489,41 @@ def test_with_parallel_listing_off_the_daemon_lists_a_big_mirror_itself(harness,
     finished = events(logs, "reconcile.finished")
     assert [e["mirror_listed_by"] for e in finished] == ["the daemon"] * 2 and finished[-1]["mirror_files"] == 1
     assert not events(logs, "scan.child_failed")
+
+
+def test_a_stop_asked_while_the_primary_is_listed_kills_the_mirrors_listing_child(
+        harness, primary, mirror, logs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mirror's listing is not waited for, nor made again in-process, by a pass that is stopping: its
+    child is killed and reaped, and nothing is warned about."""
+    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
+    save_checkpoint(primary / REL, 7)
+    h = harness()
+    h.daemon.start()
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
+    started: list[Any] = []
+    real_start, real_primary = h.daemon.mirror.start_snapshot, h.daemon.primary.snapshot
+    in_process: list[str] = []
+    real_mirror = h.daemon.mirror.snapshot
+
+    def start_snapshot(*args: Any, **kwargs: Any) -> Any:
+        started.append(real_start(*args, **kwargs))
+        started.append(started[-1]._child)  # the child process itself
+        return started[0]
+
+    def primary_snapshot(*args: Any, **kwargs: Any) -> Any:
+        h.daemon._stop()  # SIGTERM while the primary is listed
+        return real_primary(*args, **kwargs)
+
+    def mirror_snapshot(*args: Any, **kwargs: Any) -> Any:
+        in_process.append("listed")
+        return real_mirror(*args, **kwargs)
+
+    h.daemon.mirror.start_snapshot = start_snapshot  # type: ignore[method-assign]
+    h.daemon.primary.snapshot = primary_snapshot  # type: ignore[method-assign]
+    h.daemon.mirror.snapshot = mirror_snapshot  # type: ignore[method-assign]
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    pending, child = started
+    assert child is not None and child.returncode is not None  # killed and reaped
+    assert not pending.in_child and in_process == []
+    assert len(events(logs, "reconcile.finished")) == 1 and not events(logs, "scan.child_failed")

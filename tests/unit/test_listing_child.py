@@ -6,7 +6,9 @@ optimisation, so a child that cannot start, dies or answers nonsense must give t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -16,9 +18,11 @@ import pytest
 import mirrord
 from mirrord.core.layouts import Layout, layout_for
 from mirrord.core.model import Snapshot
+from mirrord.store import listing_child
 from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.scan import snapshot_tree
 from mirrord.store.volume import LocalVolume
+from tests.support.wait import wait_for
 
 
 def _tree(root: Path) -> Path:
@@ -105,6 +109,12 @@ def test_unchanged_files_keep_their_records_and_changed_ones_get_new(tmp_path: P
      "sent an unreadable listing"),
     ([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], "exited with status -9"),
     ([sys.executable, "-c", "raise SystemExit('cannot list: out of memory')"], "cannot list: out of memory"),
+    # exit 0, but a listing cut short, or of the wrong shape: never taken for a listing
+    ([sys.executable, "-c", "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(([('run/step_1.pt', 1, 2, "
+                            "3, 4, 32768, 2)] * 50, [], (), (), [], {}))[:-7])"],
+     "sent an unreadable listing (EOFError"),
+    ([sys.executable, "-c", "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(([()], [], (), (), [], {})))"],
+     "sent an unreadable listing (IndexError"),
     (["/nonexistent/python3"], "could not start /nonexistent/python3"),
 ])
 def test_a_child_that_fails_gives_the_listing_made_here(tmp_path: Path, command: list[str], cause: str) -> None:
@@ -157,3 +167,37 @@ def test_a_volume_lists_in_a_child_only_when_it_is_expected_to_be_big_but_not_hu
     # The volume keeps the child's listing as its last one: the next listing here reuses its records.
     third = volume.snapshot(("*.pt",))
     assert all(third.files[rel] is second.files[rel] for rel in third.files)
+
+
+def test_a_child_of_another_package_refuses_to_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child compares the package it imported (and how it decodes file names) with the request's: a
+    listing made by other code could name files differently, so it is refused, and made here."""
+    monkeypatch.setattr(listing_child, "_PACKAGE_PARENT", str(tmp_path / "elsewhere"))
+    root = _tree(tmp_path / "root")
+    pending = _start(root)
+    assert pending.result() == _here(root, None)
+    assert not pending.in_child
+    assert pending.problem is not None and "not the parent's package or file name encoding" in pending.problem
+
+
+def test_the_child_lists_through_the_interrupts_that_reach_the_whole_group(tmp_path: Path) -> None:
+    """A Ctrl-C or a service stop signals every process of the group: the child keeps listing (its parent
+    decides, and kills it when the listing is no longer wanted) instead of dying into a re-listing here."""
+    root = _tree(tmp_path / "root")
+    pending = _start(root)
+    child = pending._child
+    assert child is not None
+
+    def ignoring() -> bool:  # SigIgn holds SIGINT (bit 2) and SIGTERM (bit 15) once main() has set them
+        for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                mask = int(line.split()[1], 16)
+                return bool(mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1)))
+        return False
+
+    wait_for(lambda: child.poll() is not None or ignoring(), 60, "the child to ignore interrupts")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ProcessLookupError):  # (already done listing this small tree)
+            os.kill(child.pid, sig)
+    assert pending.result() == _here(root, None)
+    assert pending.in_child, pending.problem

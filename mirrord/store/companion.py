@@ -110,25 +110,28 @@ def counted_entries(path: str | os.PathLike[str]) -> int:
     except OSError:
         return 0
     try:
-        head = os.read(fd, len(MAGIC) + _HEADER.size)
-    except OSError:
+        count: int = _header(_read_exactly(fd, len(MAGIC) + _HEADER.size))[4]
+    except (OSError, CompanionError):
         return 0
     finally:
         os.close(fd)
-    if len(head) < len(MAGIC) + _HEADER.size or not head.startswith(MAGIC):
-        return 0
-    count: int = _HEADER.unpack_from(head, len(MAGIC))[4]
     return count
+
+
+def _header(head: bytes) -> tuple[Any, ...]:
+    """(version, snapshot SHA-256, body SHA-256, generation, entries, paths bytes) from a companion's first
+    bytes; CompanionError if they are not a companion's."""
+    if not head.startswith(MAGIC):
+        raise CompanionError("not a mirrord manifest companion")
+    return _HEADER.unpack_from(head, len(MAGIC))
 
 
 def read_companion(fd: int, packed_from: int) -> Companion:
     """The companion open at `fd`, its entries unpacked into ManifestEntry objects below `packed_from`
     entries and kept packed from there on (as mirrord.store.manifest.read_snapshot holds them).
     CompanionError for anything that is not a whole, intact companion of this version."""
-    head = _read_exactly(fd, len(MAGIC) + _HEADER.size)
-    if not head.startswith(MAGIC):
-        raise CompanionError("not a mirrord manifest companion")
-    version, snapshot_sha256, body_sha256, generation, count, text_bytes = _HEADER.unpack_from(head, len(MAGIC))
+    version, snapshot_sha256, body_sha256, generation, count, text_bytes = _header(
+        _read_exactly(fd, len(MAGIC) + _HEADER.size))
     if version != VERSION:
         raise CompanionError(f"unsupported companion version {version}")
     import hashlib

@@ -6,7 +6,6 @@ optimisation, so a child that cannot start, dies or answers nonsense must give t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -182,22 +181,24 @@ def test_a_child_of_another_package_refuses_to_list(tmp_path: Path, monkeypatch:
 
 def test_the_child_lists_through_the_interrupts_that_reach_the_whole_group(tmp_path: Path) -> None:
     """A Ctrl-C or a service stop signals every process of the group: the child keeps listing (its parent
-    decides, and kills it when the listing is no longer wanted) instead of dying into a re-listing here."""
+    decides, and kills it when the listing is no longer wanted) instead of dying into a re-listing here.
+    The child runs the real main(), its listing held at a gate so that the signals surely find it listing."""
     root = _tree(tmp_path / "root")
-    pending = _start(root)
+    listing, gate = tmp_path / "listing", tmp_path / "gate"
+    boot = (f"import sys, time; sys.path.insert(0, {str(Path(mirrord.__file__).parents[1])!r}); "
+            "import mirrord.store.listing_child as m; real = m.snapshot_tree\n"
+            "def held(*args, **kwargs):\n"
+            f"    open({str(listing)!r}, 'w').close(); deadline = time.monotonic() + 300\n"
+            f"    while not __import__('os').path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+            "        time.sleep(0.01)\n"
+            "    return real(*args, **kwargs)\n"
+            "m.snapshot_tree = held; m.main()")
+    pending = _start(root, command=[sys.executable, "-P", "-c", boot])
     child = pending._child
     assert child is not None
-
-    def ignoring() -> bool:  # SigIgn holds SIGINT (bit 2) and SIGTERM (bit 15) once main() has set them
-        for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
-            if line.startswith("SigIgn:"):
-                mask = int(line.split()[1], 16)
-                return bool(mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1)))
-        return False
-
-    wait_for(lambda: child.poll() is not None or ignoring(), 60, "the child to ignore interrupts")
+    wait_for(lambda: listing.exists() or child.poll() is not None, 120, "the child to start listing")
     for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ProcessLookupError):  # (already done listing this small tree)
-            os.kill(child.pid, sig)
+        os.kill(child.pid, sig)
+    gate.touch()
     assert pending.result() == _here(root, None)
     assert pending.in_child, pending.problem

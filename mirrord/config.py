@@ -44,11 +44,13 @@ from mirrord.config_fast import (
 )
 from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
+from mirrord.store.trusted import UntrustedFileError, read_trusted
 
 P = ParamSpec("P")
 
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
+CONFIG_LIMIT = 1024 * 1024  # a config file is a few KiB; anything past this bound is not one
 # Every interval and rate is finite and within bounds a real deployment can use: an infinite
 # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
 # log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
@@ -65,8 +67,21 @@ KUBERNETES_SERVICE_VARIABLE = re.compile(
 __all__ = ["DEFAULT_PATTERNS", "DEFAULT_STEP_PATTERN", "MIB", "MIN_BANDWIDTH", "check_paths"]
 
 
+SECRET_KEYS = frozenset({"s3.secret_access_key"})
+MASK = "********"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: Any) -> Any:
+        """TOML's `true` is not 1: a boolean for a number is refused, as the same word from MIRRORD_* is."""
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and annotation is not bool and bool not in typing.get_args(annotation):
+            raise ValueError(f"{str(value).lower()} is a boolean, not a number: write the number")
+        return value
 
 
 class CopyConfig(_Section):
@@ -320,6 +335,10 @@ class Config(_Section):
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, for `check-config`."""
         data = self.model_dump(mode="json", by_alias=True)
+        for dotted in SECRET_KEYS:  # never printed, not even when allowed inline
+            section, _, key = dotted.partition(".")
+            if data[section].get(key) is not None:
+                data[section][key] = MASK
         return data
 
 
@@ -444,8 +463,11 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
 def _read_file(path: Path, content: bytes | None = None) -> _Layer:
     """The file's layer; `content`, when given, is its bytes as already read (see read_stable)."""
     try:
-        raw = Path(path).read_bytes() if content is None else content
+        raw = read_trusted(path, CONFIG_LIMIT, follow=True)[1] if content is None else content
         data = tomllib.loads(raw.decode("utf-8"))
+    except UntrustedFileError as exc:
+        raise ConfigError([f"config: {exc}: another user could change what this daemon does (chown root "
+                           "and chmod go-w it)"]) from exc
     except OSError as exc:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -494,8 +516,9 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[
         else:
             msg = err["msg"].removeprefix("Value error, ")
             where = origin.suffix()
-            if origin.kind == "environment":
-                where = f" (from {origin.detail}={err['input']!r})" if isinstance(err["input"], str) else where
+            if origin.kind == "environment" and isinstance(err["input"], str):
+                shown = MASK if key in SECRET_KEYS else repr(err["input"])
+                where = f" (from {origin.detail}={shown})"
             problems.append(f"{key}: {msg}{where}")
     return problems
 
@@ -605,9 +628,8 @@ def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: flo
 
 
 def _read_with_stat(path: Path) -> tuple[int, int, int, bytes]:
-    with Path(path).open("rb") as f:
-        st = os.fstat(f.fileno())
-        return st.st_ino, st.st_size, st.st_mtime_ns, f.read()
+    st, data = read_trusted(path, CONFIG_LIMIT, follow=True)
+    return st.st_ino, st.st_size, st.st_mtime_ns, data
 
 
 def reload_config(
@@ -619,6 +641,8 @@ def reload_config(
         return load_config(None, overrides=overrides, need_primary=need_primary), True
     try:
         content, stable = read_stable(path)
+    except UntrustedFileError:
+        content, stable = None, True  # _read_file says why
     except OSError as exc:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     return load_config(path, overrides=overrides, need_primary=need_primary, content=content), stable

@@ -18,9 +18,11 @@ from pathlib import Path
 
 from mirrord.errors import PermanentError
 from mirrord.store import atomic
+from mirrord.store.trusted import read_trusted
 
 MARKER_NAME = ".mirrord-volume-id"
 _MARKER_PREFIX = "mirrord-volume "
+MARKER_LIMIT = 4096
 
 
 class MirrorGoneError(PermanentError):
@@ -30,12 +32,12 @@ class MirrorGoneError(PermanentError):
 
 
 def read_marker(root: Path) -> str | None:
-    """The volume id in ROOT's marker file, None if there is none; OSError if it cannot be read."""
+    """The volume id in ROOT's marker file, None if there is none; OSError if it cannot be read or is not
+    trusted (others may write the mirror folder: a FIFO, a symlink or another user's file is refused)."""
     try:
-        text = (root / MARKER_NAME).read_text(encoding="utf-8", errors="replace")
+        text = read_trusted(Path(root) / MARKER_NAME, MARKER_LIMIT)[1].decode("utf-8", errors="replace").strip()
     except FileNotFoundError:
         return None
-    text = text.strip()
     return text.removeprefix(_MARKER_PREFIX) if text.startswith(_MARKER_PREFIX) else ""
 
 

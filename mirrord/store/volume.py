@@ -596,7 +596,7 @@ class LocalMirror(LocalVolume):
     def _acquire_lock(self) -> int:
         path = self.root / LOCK_NAME
         for _ in range(20):
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -611,7 +611,7 @@ class LocalMirror(LocalVolume):
         else:
             raise LockedError(path, "the lock file keeps being replaced; another process is fighting over it")
         with contextlib.suppress(OSError):  # the pid is for people; the flock is the lock
-            pid_fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+            pid_fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
                 os.write(pid_fd, f"{os.getpid()}\n".encode())
             finally:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from mirrord.store.identity import MARKER_NAME, MirrorGoneError, VolumeIdentity, overlap, read_marker
+from tests.support.privileges import run_as_nobody
 
 
 def test_first_use_writes_a_marker_and_later_uses_keep_it(tmp_path: Path) -> None:
@@ -44,3 +48,43 @@ def test_overlap_by_identity_through_a_symlinked_parent(tmp_path: Path) -> None:
     other = tmp_path / "mirror"
     other.mkdir()
     assert overlap(primary, other) is None
+
+
+def _swap_marker(root: str, kind: str, target: str) -> str:
+    """As another user (nobody) in a mirror folder anyone can write: replace the marker."""
+    marker = Path(root) / MARKER_NAME
+    marker.unlink()
+    if kind == "fifo":
+        os.mkfifo(marker, 0o666)
+    elif kind == "symlink":
+        marker.symlink_to(target)
+    else:  # a copy of the right marker, but nobody's file
+        marker.write_text(Path(target).read_text())
+    return kind
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user needs root to act as")
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "nobody's copy"])
+def test_a_marker_replaced_by_another_user_is_refused_at_once(world_tmp: Path, kind: str) -> None:
+    """Another user who can write the mirror folder swaps the volume marker: a FIFO must not block the
+    heartbeat's check (and a start), and a symlink or a file of theirs is not trusted even when it holds
+    the right id (a symlink to /dev/zero would otherwise be read without bound)."""
+    root = world_tmp / "mirror"
+    root.mkdir()
+    root.chmod(0o777)
+    pinned = VolumeIdentity.establish(root)
+    genuine = world_tmp / "genuine-marker"
+    genuine.write_text((root / MARKER_NAME).read_text())
+    genuine.chmod(0o644)
+    assert run_as_nobody(_swap_marker, str(root), kind, str(genuine)) == {"value": kind}
+    answer: list[str | None] = []
+    checker = threading.Thread(target=lambda: answer.append(pinned.problem()), daemon=True)
+    checker.start()
+    checker.join(timeout=60)  # a deadline, not a timing: the check either answers or blocks for good
+    assert answer, "the heartbeat's marker check blocked"
+    assert answer[0] is not None and "cannot read the volume marker" in answer[0]
+    with pytest.raises(MirrorGoneError):
+        pinned.check()
+    if kind == "fifo":  # unblock a reader that the code before the fix left waiting
+        with contextlib.suppress(OSError):
+            os.close(os.open(root / MARKER_NAME, os.O_WRONLY | os.O_NONBLOCK))

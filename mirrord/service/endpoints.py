@@ -2,15 +2,18 @@
 /status (JSON: the copies under way with their progress, for `mirrord status`).
 
 Bounded whatever the clients do: a fixed number of handler threads, at most MAX_CONNECTIONS open
-connections (a new one evicts the oldest idle one), a per-connection timeout, a listen backlog of
-BACKLOG. A connection reaches a handler only once it has sent something, so idle or slow clients
-(a thousand of them) cannot hold the handlers, the descriptors, or /healthz hostage.
+connections (a new one evicts the oldest), a listen backlog of BACKLOG. The acceptor itself reads each
+request's head, without blocking, for all connections at once; a connection reaches a handler only
+with its whole head read, and one whose head is not in within TIMEOUT_SECONDS of its accept (a
+slowloris trickling a byte every few seconds) is closed. So idle or slow clients cannot hold the
+handlers, the descriptors, or /healthz hostage.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
 import queue
 import selectors
@@ -32,12 +35,18 @@ Report = Callable[[], dict[str, Any]]
 HANDLERS = 2
 MAX_CONNECTIONS = 64
 BACKLOG = 128
-TIMEOUT_SECONDS = 5.0
+TIMEOUT_SECONDS = 5.0  # per request: its head read from the accept on, and each write of the answer
+MAX_HEAD = 16 * 1024  # a GET's request line and headers; a longer head is not one of ours
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: Endpoints  # type: ignore[assignment]
-    timeout = TIMEOUT_SECONDS  # per-connection: a client that stops sending is dropped
+
+    def setup(self) -> None:
+        """The request is (connection, its head as the acceptor read it)."""
+        self.connection, head = self.request
+        self.rfile = io.BytesIO(head)
+        self.wfile = self.connection.makefile("wb")
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -82,7 +91,7 @@ class Endpoints:
             raise
         self._stop = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
-        self._ready: queue.Queue[socket.socket | None] = queue.Queue(maxsize=MAX_CONNECTIONS + HANDLERS)
+        self._ready: queue.Queue[tuple[socket.socket, bytes] | None] = queue.Queue(maxsize=MAX_CONNECTIONS + HANDLERS)
         self._threads = [threading.Thread(target=self._accept_loop, name="mirrord-http", daemon=True)]
         self._threads += [threading.Thread(target=self._handle_loop, name=f"mirrord-http-{i}", daemon=True)
                           for i in range(HANDLERS)]
@@ -110,108 +119,107 @@ class Endpoints:
             thread.join(timeout=5)
         while True:  # whatever a handler did not take
             try:
-                conn = self._ready.get_nowait()
+                item = self._ready.get_nowait()
             except queue.Empty:
                 break
-            if conn is not None:
-                conn.close()
+            if item is not None:
+                item[0].close()
         self._sock.close()
         self._wake_r.close()
         self._wake_w.close()
 
-    # -- the acceptor: holds idle connections, hands readable ones to the handlers ----------------
+    # -- the acceptor: reads every request's head, hands whole ones to the handlers ----------------
     def _accept_loop(self) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self._sock, selectors.EVENT_READ, "listen")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        idle: collections.OrderedDict[socket.socket, float] = collections.OrderedDict()
+        pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]] = collections.OrderedDict()
         try:
             while not self._stop.is_set():
                 for key, _ in sel.select(timeout=1.0):
                     if key.data == "listen":
-                        self._accept(sel, idle)
+                        self._accept(sel, pending)
                     elif key.data == "conn":
                         conn = key.fileobj
                         assert isinstance(conn, socket.socket)
-                        sel.unregister(conn)
-                        idle.pop(conn, None)
-                        self._dispatch(conn)
+                        self._read_head(sel, pending, conn)
                 deadline = time.monotonic() - TIMEOUT_SECONDS
-                while idle and next(iter(idle.values())) < deadline:
-                    conn, _ = idle.popitem(last=False)
-                    sel.unregister(conn)
-                    conn.close()
+                while pending and next(iter(pending.values()))[0] < deadline:
+                    self._drop(sel, pending, next(iter(pending)))
         finally:
-            for conn in idle:
+            for conn in pending:
                 conn.close()
             sel.close()
 
-    def _accept(self, sel: selectors.BaseSelector, idle: collections.OrderedDict[socket.socket, float]) -> None:
+    def _accept(self, sel: selectors.BaseSelector,
+                pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]]) -> None:
         for _ in range(BACKLOG):
             try:
                 conn, _addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # EMFILE and friends: shed the oldest idle connection and try later
-                if idle:
-                    self._evict_oldest(sel, idle)
+            except OSError:  # EMFILE and friends: shed the oldest connection and try later
+                if pending:
+                    self._drop(sel, pending, next(iter(pending)))
                 return
-            conn.setblocking(True)
-            if _has_request(conn):
-                # A client that already spoke (a probe, a scrape) goes straight to a handler: held as
-                # idle, it could be evicted by a flood of silent connections accepted after it.
-                self._dispatch(conn)
-                continue
-            if len(idle) >= MAX_CONNECTIONS:
-                self._evict_oldest(sel, idle)
-            idle[conn] = time.monotonic()
+            conn.setblocking(False)
+            if len(pending) >= MAX_CONNECTIONS:
+                self._drop(sel, pending, next(iter(pending)))
+            pending[conn] = (time.monotonic(), bytearray())
             sel.register(conn, selectors.EVENT_READ, "conn")
+            self._read_head(sel, pending, conn)  # a probe that already spoke is answered at once
 
-    def _evict_oldest(self, sel: selectors.BaseSelector, idle: collections.OrderedDict[socket.socket, float]) -> None:
-        """Make room: the oldest connection leaves the idle set; closed if it is still silent, handed to
-        the handlers if its request arrived meanwhile (a probe accepted just before its bytes, then
-        followed by a flood of silent connections in the same accept round, must still be answered)."""
-        old, _ = idle.popitem(last=False)
-        sel.unregister(old)
-        if _has_request(old):
-            self._dispatch(old)
-        else:
-            old.close()
-
-    def _dispatch(self, conn: socket.socket) -> None:
-        """Hand a connection that has sent something to the handlers, or drop it when they are saturated."""
+    def _read_head(self, sel: selectors.BaseSelector,
+                   pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]],
+                   conn: socket.socket) -> None:
+        """Read what the client sent; hand the connection over once its head is whole."""
+        head = pending[conn][1]
+        try:
+            while chunk := conn.recv(MAX_HEAD + 1 - len(head)):
+                head += chunk
+                if b"\r\n\r\n" in head or b"\n\n" in head or len(head) > MAX_HEAD:
+                    break
+            else:  # the client closed: nothing to answer
+                return self._drop(sel, pending, conn)
+        except (BlockingIOError, InterruptedError):
+            return None  # more later
+        except OSError:
+            return self._drop(sel, pending, conn)
+        if len(head) > MAX_HEAD:
+            return self._drop(sel, pending, conn)
+        sel.unregister(conn)
+        del pending[conn]
         if self._ready.qsize() >= MAX_CONNECTIONS:  # handlers saturated: shed load
             conn.close()
         else:
-            self._ready.put_nowait(conn)
+            conn.setblocking(True)
+            self._ready.put_nowait((conn, bytes(head)))
+        return None
+
+    @staticmethod
+    def _drop(sel: selectors.BaseSelector,
+              pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]], conn: socket.socket) -> None:
+        sel.unregister(conn)
+        del pending[conn]
+        conn.close()
 
     def _handle_loop(self) -> None:
         while True:
-            conn = self._ready.get()
-            if conn is None or self._stop.is_set():
-                if conn is not None:
-                    conn.close()
+            item = self._ready.get()
+            if item is None or self._stop.is_set():
+                if item is not None:
+                    item[0].close()
                 return
+            conn = item[0]
             try:
                 conn.settimeout(TIMEOUT_SECONDS)
-                _Handler(conn, conn.getpeername(), self)  # type: ignore[arg-type]
+                _Handler(item, conn.getpeername(), self)  # type: ignore[arg-type]
             except Exception:  # noqa: S110 - a client that misbehaves must never kill a handler
                 pass
             finally:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
                 conn.close()
-
-
-def _has_request(conn: socket.socket) -> bool:
-    """Whether the client has already sent bytes (or closed): a peek, so the handler still reads them all."""
-    try:
-        conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:  # reset already: let the handler meet the error and close it
-        return True
-    return True
 
 
 def serve(metrics: MetricsConfig, registry: CollectorRegistry, health: Probe, ready: Probe,

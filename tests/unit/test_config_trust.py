@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.config import load_config, reload_config
+from mirrord.config import MASK, load_config, reload_config
 from mirrord.errors import ConfigError
 from tests.support.cli import run_mirrord
 from tests.support.privileges import NOBODY
 
-SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"  # noqa: S105 - a made-up key to look for
 
 
 @pytest.fixture(autouse=True)
@@ -102,4 +102,4 @@ def test_check_config_masks_an_allowed_inline_secret(tmp_path: Path, as_json: bo
     assert SECRET not in done.stdout + done.stderr
     assert "AKIDEXAMPLE" in done.stdout  # only the secret is masked
     if as_json:
-        assert json.loads(done.stdout)["s3"]["secret_access_key"] == "********"
+        assert json.loads(done.stdout)["s3"]["secret_access_key"] == MASK

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import socket
 import threading
 import urllib.request
 
@@ -23,4 +25,42 @@ def test_idle_clients_cannot_starve_healthz() -> None:
             assert threading.active_count() == before  # fixed threads: 1 acceptor + HANDLERS
         assert HANDLERS <= 4 and MAX_CONNECTIONS >= 16
     finally:
+        ep.stop()
+
+
+def _trickle(port: int, started: threading.Event, stop: threading.Event) -> None:
+    """A slowloris: a request head sent a byte at a time, never finished, until told to stop."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        for i, byte in enumerate(itertools.cycle(b"GET /healthz HTTP/1.1\r\nX-Slow: ")):
+            if stop.wait(0.3):
+                return
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:  # the server gave up on us: what it should do
+                started.set()
+                return
+            if i == 3:
+                started.set()
+
+
+def test_slow_clients_cannot_hold_the_handlers() -> None:
+    """More slowloris connections than handlers, each trickling a byte well within any per-read timeout:
+    /healthz still answers while they trickle (a request's head is read by the acceptor, with a deadline
+    for the whole head; the handlers only see whole requests)."""
+    ep = Endpoints("127.0.0.1", 0, CollectorRegistry(), lambda: (True, "ok"), lambda: (True, "ready"))
+    ep.start()
+    stop = threading.Event()
+    started = [threading.Event() for _ in range(HANDLERS + 1)]
+    slow = [threading.Thread(target=_trickle, args=(ep.port, s, stop), daemon=True) for s in started]
+    try:
+        for thread in slow:
+            thread.start()
+        for s in started:
+            assert s.wait(30), "a slow client never got going"
+        with urllib.request.urlopen(f"http://127.0.0.1:{ep.port}/healthz", timeout=20) as r:
+            assert r.status == 200 and r.read() == b"ok\n"
+    finally:
+        stop.set()
+        for thread in slow:
+            thread.join(timeout=30)
         ep.stop()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from mirrord import __version__
+from mirrord.commands.printable import printable
 from mirrord.errors import ConfigError, MirrordError
 
 if TYPE_CHECKING:
@@ -82,11 +83,11 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     if report.refused is not None:
         print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
     for rel, err in sorted(report.failed.items()):
-        print(f"FAILED {rel}: {err}", file=sys.stderr)
+        print(printable(f"FAILED {rel}: {err}"), file=sys.stderr)
     for rel, cause in sorted(report.invalid.items()):
-        print(f"NOT PUBLISHED {rel}: {cause}", file=sys.stderr)
+        print(printable(f"NOT PUBLISHED {rel}: {cause}"), file=sys.stderr)
     for rel in report.unsettled:
-        print(f"UNSETTLED {rel}: still changing; not copied", file=sys.stderr)
+        print(printable(f"UNSETTLED {rel}: still changing; not copied"), file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -154,7 +155,7 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         print(dumps(verify_document(mirror.describe(), checked, intact, findings, args.deep, args.load)))
     else:
         for f in findings:
-            print(f"{f.problem.upper():14} {f.path}  {f.detail}")
+            print(printable(f"{f.problem.upper():14} {f.path}  {f.detail}"))
     print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
           + (f", {unchecked} unchecked (no validator for their format)" if unchecked else "")
           + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""), file=sys.stderr)
@@ -398,7 +399,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(prune_document(report)))
     else:
-        print(describe(report))
+        print("\n".join(map(printable, describe(report).split("\n"))))
     return EXIT_OK if report.ok else EXIT_FAILED
 # --- end prune -----------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from mirrord import __version__
+from mirrord.commands.printable import printable
 from mirrord.commands.verify import check_entry, validate_key
 from mirrord.core.contributions import Contributions
 from mirrord.core.jobs import CopyJob
@@ -164,8 +165,11 @@ def endpoint_url(address: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get) -> DaemonStatus:
-    """Ask the daemon's /healthz, /readyz, /metrics and /status (within `timeout`)."""
+def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get,
+               roots: tuple[str, str] | None = None) -> DaemonStatus:
+    """Ask the daemon's /healthz, /readyz, /metrics and /status (within `timeout`). `roots` (primary,
+    mirror): the daemon that answers must say it mirrors these, else it is another config's daemon on
+    the same address, and this config's daemon is not running."""
     status = DaemonStatus(address=config.metrics.address)
     if not config.metrics.enabled:
         status.error = "metrics.enabled = false: the daemon cannot be asked"
@@ -179,7 +183,20 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
     if not any(name == "mirrord_build_info" for name, _ in samples):
         status.error = f"{config.metrics.address} answers, but not with mirrord's metrics (HTTP {code})"
         return status
+    code, body = fetch(base + "/status", timeout)
+    document: dict[str, Any] = {}
+    if code == 200:  # an older daemon has no /status: then there is just no per-file progress
+        with contextlib.suppress(ValueError):
+            document = json.loads(body) if body.lstrip().startswith("{") else {}
+    theirs = (document.get("primary"), document.get("mirror"))
+    if roots is not None and theirs[1] is not None and theirs != roots:
+        status.error = (f"{config.metrics.address} is the daemon of another mirror ({theirs[0]} -> {theirs[1]}), "
+                        f"not of {roots[1]}: this config's daemon is not running (do two configs share "
+                        "metrics.address?)")
+        return status
     status.running = True
+    with contextlib.suppress(AttributeError, TypeError):
+        status.copying = list(document.get("copies", []))
     for (name, labels), value in samples.items():
         if name == "mirrord_build_info" and value == 1:
             status.version = dict(labels).get("version")
@@ -197,10 +214,6 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
     status.healthy, status.health = code == 200, body.strip() or f"HTTP {code}"
     code, body = fetch(base + "/readyz", timeout)
     status.ready, status.readiness = code == 200, body.strip() or f"HTTP {code}"
-    code, body = fetch(base + "/status", timeout) if status.in_flight else (0, "")
-    if code == 200:  # an older daemon has no /status: then there is just no per-file progress
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            status.copying = list(json.loads(body).get("copies", []))
     return status
 
 
@@ -443,7 +456,7 @@ def collect(
                             f"({run.pending_files} file(s) not mirrored; more than "
                             f"{human_duration(max_lag)}, see --max-lag)")
 
-    daemon = ask_daemon(config, timeout, fetch)
+    daemon = ask_daemon(config, timeout, fetch, (primary.describe(), mirror.describe()))
     pending = sum(r.pending_files for r in runs)
     if not manifest and pending and not daemon.running and not any(p.startswith("manifest:") for p in problems):
         # Nothing is vouched for and no daemon is there to change that. (A running daemon is busy with its
@@ -562,7 +575,7 @@ def render(status: Status) -> str:
             behind = "caught up" if not run.pending_files else (
                 f"{run.pending_files} file(s), oldest {human_duration(run.lag_seconds)}"
             )
-            rows.append([run.run, _step(run.primary_step), _step(run.mirror_step), verified, behind])
+            rows.append([printable(run.run), _step(run.primary_step), _step(run.mirror_step), verified, behind])
         lines.extend(_table(rows))
         if any(r.verify_mode == "size" and r.verified for r in status.runs):
             lines.append("  (sizes checked against the manifest; add --verify to check content hashes)")
@@ -570,7 +583,7 @@ def render(status: Status) -> str:
         if units:
             lines.append("")
             lines.append("units on the primary not on the mirror:")
-            lines.extend(_table([[u.unit, u.state.upper() if u.state == "incomplete" else u.state, u.why]
+            lines.extend(_table([[printable(u.unit), u.state.upper() if u.state == "incomplete" else u.state, u.why]
                                  for u in units]))
     else:
         lines.append("  no checkpoints on either side yet")
@@ -585,7 +598,7 @@ def render(status: Status) -> str:
     if status.notes:
         lines.append("notes:")
         lines.extend(f"  - {n}" for n in status.notes)
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))  # run and file names are anyone's: never raw on a terminal
 
 
 def _step(step: int | None) -> str:

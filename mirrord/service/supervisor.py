@@ -62,8 +62,10 @@ class Supervisor:
         return (True, "ready") if self.ready else (False, "first reconcile not finished")
 
     def report(self) -> dict[str, Any]:
-        """The /status document: what the daemon is doing right now (copies with their progress)."""
-        return {"version": __version__, "ready": self.readiness()[0], "queue_depth": self.queue.depth(),
+        """The /status document: which roots this daemon mirrors (`status` checks it asks the right one),
+        and what it is doing right now (copies with their progress)."""
+        return {"version": __version__, "primary": self.primary.describe(), "mirror": self.mirror.describe(),
+                "ready": self.readiness()[0], "queue_depth": self.queue.depth(),
                 "copies": [p.to_dict() for p in self.board.snapshot()]}
 
     # -- the heartbeat ------------------------------------------------------------------------------

@@ -301,3 +301,41 @@ def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, daem
     assert [p for r in reports for p in r.problems if not p.startswith("daemon:")] == []
     assert d.metric("mirrord_pruned_files_total", 'volume="mirror"') >= 1
     assert d.stop() == 0
+
+
+def test_status_does_not_take_another_mirrors_daemon_for_its_own(tmp_path, daemon_factory) -> None:
+    """Two configs share one metrics address: the second daemon cannot start, and `status` for the second
+    mirror must not report the first daemon as its own (healthy, ready): the daemon says which roots it
+    mirrors, status compares, and says this config's daemon is not running."""
+    first: DaemonProcess = daemon_factory().start()
+    other = tmp_path / "other"
+    (other / "primary").mkdir(parents=True)
+    (other / "mirror").mkdir()
+    second = DaemonProcess(other, other / "primary", other / "mirror",
+                           {"metrics": {"address": f"127.0.0.1:{first.port}"}})
+    try:
+        second.start(wait_ready=False)
+        wait_for(second.exited, 60, "the second daemon's refusal (its address is taken)")
+        assert second.proc is not None and second.proc.returncode == 2
+    finally:
+        second.kill()
+    code, report = status("--config", second.config_path)
+    assert code == 1 and not report["daemon"]["running"]
+    [problem] = [p for p in report["problems"] if p.startswith("daemon:")]
+    assert "another mirror" in problem and str(tmp_path / "mirror") in problem
+    code, report = status("--config", first.config_path)  # the first config still finds its own daemon
+    assert code == 0 and report["daemon"]["running"] and report["daemon"]["healthy"]
+    assert first.stop() == 0
+
+
+def test_run_names_are_escaped_on_the_terminal(primary, mirror, no_daemon_env) -> None:
+    """A user who can create a run folder must not reach the admin's terminal through `status`: a name
+    setting the window title, writing the clipboard (OSC 52) or clearing the screen is printed escaped."""
+    hostile = "run\x1b]0;owned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\u202egnp"
+    publish_checkpoint(primary / hostile / "step_0001.pt", 1)
+    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert result.returncode in (0, 1), result.stderr
+    assert not any(c in result.stdout for c in "\x1b\x07\u202e")
+    assert "run\\x1b]0;owned\\x07\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J\\u202egnp" in result.stdout
+    _code, report = status("--primary", primary, "--mirror", mirror, env=no_daemon_env)
+    assert hostile in [r["run"] for r in report["runs"]]  # --json keeps the name exact (JSON escapes it)

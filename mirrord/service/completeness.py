@@ -3,16 +3,18 @@ pure rule (mirrord.core.units.completeness) decide."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.contributions import Sharing, local_part
-from mirrord.core.layouts import Layout
+from mirrord.core.layouts import TEMP_SUFFIXES, Layout
 from mirrord.core.model import FileState
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
 from mirrord.formats.dcpmeta import METADATA_NAME
 from mirrord.store.manifest import Manifest
+from mirrord.store.staging import list_folder
 from mirrord.store.volume import LocalVolume
 
 if TYPE_CHECKING:  # `latest` and `status` answer without loading the config models (mirrord.config_fast)
@@ -30,11 +32,30 @@ def read_small(volume: LocalVolume, rel: str, limit: int = MAX_READ_BYTES) -> by
     return data if len(data) <= limit else None
 
 
+def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
+    """A folder unit holding a member that cannot be copied as a file (a symlink: deduplicated storage, a
+    hub snapshot; a FIFO) is not whole: the mirror could only leave it out and still call the folder whole."""
+    odd: list[str] = []
+    with contextlib.suppress(OSError):
+        list_folder(volume.root, unit.rel, lambda name: not name.endswith(TEMP_SUFFIXES), odd)
+    if not odd:
+        return None
+    return Completeness(False, f"{min(odd)} is a symlink or not a regular file: it cannot be copied as a file, "
+                               "so the folder is never whole on the mirror (store the file itself there)")
+
+
 def judge(
-    volume: LocalVolume, layout: Layout, settled: Callable[[FileState], bool] = lambda _state: True
+    volume: LocalVolume, layout: Layout, settled: Callable[[FileState], bool] = lambda _state: True,
+    log: Any = None,
 ) -> Callable[[Unit], Completeness]:
-    """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule."""
+    """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule.
+    `log`: where a unit refused for a member that is not a file is said (the daemon's log)."""
     def complete(unit: Unit) -> Completeness:
+        refused = not_files(volume, unit) if unit.kind == "folder" else None
+        if refused is not None:
+            if log is not None:
+                log.warning("unit.not_whole", path=unit.rel, why=refused.why)
+            return refused
         reads = {rel: read_small(volume, rel) for rel in reads_needed(unit, layout)}
         return completeness(unit, layout, settled, reads)
 

@@ -241,7 +241,7 @@ class Reconciler:
         settled = self.settle.at(self.monotonic())
         sharing = sharing_for(cfg, self.manifest, self.primary, settled)
         view = reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
-                         facts=facts, retired_by=retired_by, is_complete=judge(self.primary, cfg.rules, settled),
+                         facts=facts, retired_by=retired_by, is_complete=judge(self.primary, cfg.rules, settled, self.log),
                          sharing=sharing)
         if not partial:
             self._planned = view.prune if view.prune.reuse is not None else None

@@ -65,19 +65,32 @@ def _invalid_unit(primary_root: Path, job: CopyJob, exc: InvalidSourceError) -> 
     return InvalidSourceError(primary_root / job.rel, f"{member}: {exc.cause}", exc.status, identity)
 
 
-def _check_unchanged(primary_root: Path, job: CopyJob, results: list[CopyResult]) -> None:
-    """The primary's folder still holds exactly the files copied, each unchanged; else the copy is discarded."""
+def _listing(primary_root: Path, job: CopyJob) -> dict[str, tuple[int, int, int, int]]:
+    """The folder's files as rel -> (ino, size, mtime_ns, ctime_ns): a member's content identity."""
+    odd: list[str] = []
     try:
-        now = list_folder(primary_root, job.rel, _member_name)
+        found = list_folder(primary_root, job.rel, _member_name, odd)
     except FileNotFoundError as exc:
         raise SourceGoneError(primary_root / job.rel, "deleted while it was being copied (rotated away by "
                                                       "the trainer); copy discarded") from exc
     except OSError as exc:
         raise SourceChangedError(primary_root / job.rel, f"gone while it was being copied "
                                                          f"({exc.strerror or exc}); copy discarded") from exc
+    if odd:
+        raise SourceChangedError(primary_root / job.rel, f"{min(odd)} is a symlink or not a regular file: the "
+                                                         "folder cannot be copied whole; copy discarded")
+    return found
+
+
+def _check_unchanged(primary_root: Path, job: CopyJob, results: list[CopyResult],
+                     before: dict[str, tuple[int, int, int, int]]) -> None:
+    """The primary's folder still holds exactly the files copied, each the same inode with the same ctime
+    as before the copy began (a member replaced by one of the same size whose mtime was restored, as
+    `rsync -a` or `cp -p` do, is another file); else the copy is discarded."""
+    now = _listing(primary_root, job)
     copied = {r.rel: (r.size, r.source_mtime_ns) for r in results}
-    if {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != copied:
-        raise SourceChangedError(primary_root / job.rel, "files were added, removed or rewritten while the "
+    if now != before or {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != copied:
+        raise SourceChangedError(primary_root / job.rel, "files were added, removed or replaced while the "
                                                          "folder was copied; copy discarded")
 
 
@@ -93,9 +106,10 @@ def copy_part(
     member_options = dataclasses.replace(options, allow_empty=True)
     results: list[CopyResult] = []
     try:
+        before = _listing(primary_root, job)
         for rel in job.members:
             results.append(copy_file(primary_root, rel, mirror, member_options, control))
-        _check_unchanged(primary_root, job, results)
+        _check_unchanged(primary_root, job, results, before)
         control.check(primary_root / job.rel)
     except BaseException:
         for done in results:
@@ -126,11 +140,12 @@ def copy_unit(
     view = _Staged(mirror, staging, job.rel)
     member_options = dataclasses.replace(options, allow_empty=True)
     try:
+        before = _listing(primary_root, job)
         try:
             results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
         except InvalidSourceError as exc:
             raise _invalid_unit(primary_root, job, exc) from exc
-        _check_unchanged(primary_root, job, results)
+        _check_unchanged(primary_root, job, results, before)
         control.check(primary_root / job.rel)
         before_commit(staging.replaces)
         staging.commit()

@@ -212,9 +212,12 @@ def remove_folder(root: Path, key: str, expected: FileState | None = None) -> bo
     return True
 
 
-def list_folder(root: Path, key: str, wanted: Callable[[str], bool]) -> dict[str, tuple[int, int, int, int]]:
+def list_folder(root: Path, key: str, wanted: Callable[[str], bool],
+                not_files: list[str] | None = None) -> dict[str, tuple[int, int, int, int]]:
     """Every regular file below root/key whose name `wanted` accepts (hidden folders not entered, no
-    symlink followed), as rel -> (ino, size, mtime_ns, ctime_ns). FileNotFoundError if it is gone."""
+    symlink followed), as rel -> (ino, size, mtime_ns, ctime_ns). FileNotFoundError if it is gone.
+    `not_files` receives the wanted names that are neither a folder nor a regular file (a symlink, a
+    FIFO, a socket): members that cannot be copied as files."""
     found: dict[str, tuple[int, int, int, int]] = {}
     top = open_dir_beneath(root, split_rel(key))
     stack = [(top, key)]
@@ -229,6 +232,8 @@ def list_folder(root: Path, key: str, wanted: Callable[[str], bool]) -> dict[str
                         stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), rel))
                     elif stat.S_ISREG(st.st_mode) and wanted(name):
                         found[rel] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                    elif not stat.S_ISDIR(st.st_mode) and wanted(name) and not_files is not None:
+                        not_files.append(rel)
             finally:
                 os.close(fd)
     finally:

@@ -12,9 +12,11 @@ import pytest
 
 from mirrord.config import Config, load_config
 from mirrord.core.units import group_units, unit_verified
+from mirrord.errors import SourceChangedError
 from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
-from mirrord.store.volume import LocalMirror, LocalVolume
+from mirrord.store.staging import FolderStaging
+from mirrord.store.volume import LocalMirror, LocalUpload, LocalVolume
 from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.folders import write_dcp, write_hf
@@ -270,3 +272,77 @@ def test_status_reports_folder_units_per_run(tmp_path: Path) -> None:
     runs = json.loads(result.stdout)["runs"]
     assert [(r["run"], r["primary_step"], r["mirror_step"], r["verified"], r["pending_files"]) for r in runs] == [
         ("run", 20, 20, True, 0)]
+
+
+class _ReplacingMirror(LocalMirror):
+    """A local mirror whose unit staging, at its second file, runs `during` once: the point where the
+    first member has been copied and the unit's copy is still in flight (a gate, not a race)."""
+
+    def __init__(self, root: Path, during: Callable[[str], None]) -> None:
+        super().__init__(root)
+        self.during = during
+
+    def begin_unit(self, key: str) -> FolderStaging:
+        staging = super().begin_unit(key)
+        uploaded: list[str] = []
+        upload = staging.upload
+
+        def gated(relkey: str, size: int, drop_cache: bool = False) -> LocalUpload:
+            if len(uploaded) == 1:
+                self.during(uploaded[0])
+            uploaded.append(relkey)
+            return upload(relkey, size, drop_cache)
+
+        staging.upload = gated  # type: ignore[method-assign]
+        return staging
+
+
+def test_a_member_replaced_during_the_units_copy_is_never_published_mixed(tmp_path: Path) -> None:
+    """A member replaced while the unit is copied (new inode, other bytes, same size, mtime restored: what
+    `rsync -a`, `cp -p` or `tar x` do) after its own copy: the recheck compares inode and ctime, so that
+    copy is discarded, and the next pass publishes the folder as it is now, never the old bytes beside
+    the new files."""
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "checkpoint-5"
+    write_hf(folder, 5)
+    config = _config(primary, mirror_root, "hf")
+
+    def replace(member: str) -> None:
+        path = folder / member
+        old = path.stat()
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF  # other bytes, same size
+        fresh = path.with_name(path.name + ".new")
+        fresh.write_bytes(bytes(data))
+        os.utime(fresh, ns=(old.st_atime_ns, old.st_mtime_ns))
+        fresh.replace(path)
+
+    with pytest.raises(SourceChangedError, match="replaced while the folder was copied"):
+        sync_units(config, _ReplacingMirror(config.mirror, replace))
+    assert not (mirror_root / "checkpoint-5").exists()
+    _sync(config)
+    assert _tree(mirror_root / "checkpoint-5") == _tree(folder)
+
+
+def test_a_folder_with_a_symlinked_member_is_not_whole(tmp_path: Path) -> None:
+    """A member that is a symlink (deduplicated storage, a hub snapshot) cannot be copied as a file: the
+    folder is not published (never mirrored without it and counted whole), and status says why."""
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "checkpoint-5"
+    write_hf(folder, 5)
+    blobs = primary / ".blobs"
+    blobs.mkdir()
+    (folder / "optimizer.pt").rename(blobs / "optimizer.pt")
+    (folder / "optimizer.pt").symlink_to(blobs / "optimizer.pt")
+    config = _config(primary, mirror_root, "hf")
+    _sync(config)
+    assert not (mirror_root / "checkpoint-5").exists()
+    assert "checkpoint-5/optimizer.pt" not in Manifest.load(mirror_root).entries
+    env = {"MIRRORD_LAYOUT": "hf", "MIRRORD_COPY__SETTLE_SECONDS": "0", "MIRRORD_METRICS__ENABLED": "false"}
+    done = run_mirrord("status", "--json", "--primary", primary, "--mirror", mirror_root, env=env)
+    report = json.loads(done.stdout)
+    [unit] = [u for r in report["runs"] for u in r["units"]]
+    assert unit["unit"] == "checkpoint-5" and unit["state"] == "incomplete"
+    assert "optimizer.pt is a symlink" in unit["why"]
+    done = run_mirrord("latest", "--primary", primary, "--mirror", mirror_root, env=env)
+    assert "checkpoint-5" not in done.stdout

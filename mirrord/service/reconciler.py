@@ -241,8 +241,8 @@ class Reconciler:
         settled = self.settle.at(self.monotonic())
         sharing = sharing_for(cfg, self.manifest, self.primary, settled)
         view = reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
-                         facts=facts, retired_by=retired_by, is_complete=judge(self.primary, cfg.rules, settled, self.log),
-                         sharing=sharing)
+                         facts=facts, retired_by=retired_by, sharing=sharing,
+                         is_complete=judge(self.primary, cfg.rules, settled, self.log))
         if not partial:
             self._planned = view.prune if view.prune.reuse is not None else None
         return view

@@ -57,9 +57,11 @@ def copy_options(config: Config) -> CopyOptions:
 
 
 def _apply_direct_write(mirror: Mirror, config: Config) -> None:
-    """io.direct_write reaches the local mirror's uploads (an object store has no page cache to bypass)."""
+    """io.direct_write reaches the local mirror's uploads (an object store has no page cache to bypass); the
+    folders and files it creates keep the primary's modes."""
     if isinstance(mirror, LocalMirror):
         mirror.direct_write = config.io.direct_write
+        mirror.modes_from = config.primary
 
 
 class Engine:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 from mirrord.errors import UnsafePathError
@@ -33,22 +34,23 @@ def open_root(root: Path) -> int:
     return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def open_dir_beneath(root: Path, rel_dir: tuple[str, ...], create: bool = False) -> int:
-    """Open root/rel_dir without following any symlink below root; optionally create missing parts.
+def open_dir_beneath(root: Path, rel_dir: tuple[str, ...], create: bool = False, modes: tuple[int, ...] = ()) -> int:
+    """Open root/rel_dir without following any symlink below root; optionally create missing parts,
+    each with its mode in `modes` (the source's: see source_modes), else 0o755.
 
     Newly created directories are made durable by fsyncing their parent, so a published file is never
     reachable only through a directory entry that a power cut can lose.
     """
     fd = open_root(root)
     try:
-        for part in rel_dir:
+        for i, part in enumerate(rel_dir):
             try:
                 child = os.open(part, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     raise
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(part, modes[i] if i < len(modes) else 0o755, dir_fd=fd)
                 os.fsync(fd)
                 child = os.open(part, DIR_FLAGS, dir_fd=fd)
             os.close(fd)
@@ -57,6 +59,25 @@ def open_dir_beneath(root: Path, rel_dir: tuple[str, ...], create: bool = False)
         os.close(fd)
         raise
     return fd
+
+
+def source_modes(source_root: Path | None, rel: str) -> tuple[int, ...]:
+    """The permission bits of each component of source_root/rel, as far as they exist: what the mirror
+    gives the folders and the file it creates for rel, so a private checkpoint (0700 folder, 0600 file)
+    stays private there whatever the umask (which can only narrow them further)."""
+    modes: list[int] = []
+    if source_root is None:
+        return ()
+    with contextlib.suppress(OSError, UnsafePathError):
+        parts = split_rel(rel)
+        for i in range(len(parts)):
+            st = lstat_beneath(source_root, "/".join(parts[: i + 1]))
+            if st is None:
+                break
+            # The permission bits only (never setuid: a root daemon's copy would be root's), and the owner
+            # (this daemon) can always write what it creates.
+            modes.append(st.st_mode & 0o777 | (0o700 if stat.S_ISDIR(st.st_mode) else 0o600))
+    return tuple(modes)
 
 
 def lstat_beneath(root: Path, rel: str) -> os.stat_result | None:

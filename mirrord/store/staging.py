@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from mirrord.core.model import FileState
 from mirrord.errors import from_oserror
 from mirrord.store import atomic
-from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, split_rel
+from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, source_modes, split_rel
 
 if TYPE_CHECKING:
     from mirrord.store.volume import LocalUpload
@@ -35,19 +35,21 @@ if TYPE_CHECKING:
 class FolderStaging:
     """One folder unit being staged beneath `root` (see the module docstring)."""
 
-    def __init__(self, root: Path, key: str, direct_write: bool = False) -> None:
+    def __init__(self, root: Path, key: str, direct_write: bool = False, modes_from: Path | None = None) -> None:
         parts = split_rel(key)
         self.root = Path(root)
         self.direct_write = direct_write
+        self.modes_from = modes_from
+        modes = source_modes(modes_from, key)
         self.key = key
         self._parent = parts[:-1]
         self._name = parts[-1]
         self._staging = atomic.temp_name(self._name)
         self._done = False
-        dir_fd = open_dir_beneath(self.root, self._parent, create=True)
+        dir_fd = open_dir_beneath(self.root, self._parent, create=True, modes=modes)
         try:
             remove_tree(dir_fd, self._staging)
-            os.mkdir(self._staging, 0o755, dir_fd=dir_fd)
+            os.mkdir(self._staging, modes[-1] if len(modes) == len(parts) else 0o755, dir_fd=dir_fd)
             # Held open until commit or abort: the inode cannot be reused by a later staging folder of
             # the same unit (ext4 reuses a freed inode at once), which the identity checks would take
             # for ours.
@@ -70,7 +72,8 @@ class FolderStaging:
         split_rel(relkey)
         if self._done:
             raise RuntimeError("upload() after commit() or abort()")
-        return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache, self.direct_write)
+        return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache, self.direct_write,
+                           source_modes(self.modes_from, f"{self.key}/{relkey}"))
 
     # commit() replaces an older copy under the key itself, whole, in one step (see the module docstring).
     replaces = True

@@ -29,7 +29,7 @@ from mirrord.store import atomic
 from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
-from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
+from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, source_modes, split_rel
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
 
 if TYPE_CHECKING:
@@ -256,7 +256,8 @@ class LocalVolume:
 class LocalUpload:
     """NAME.part in the destination directory, created exclusively; see mirrord.store.atomic."""
 
-    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False, direct: bool = False) -> None:
+    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False, direct: bool = False,
+                 modes: tuple[int, ...] = ()) -> None:
         parts = split_rel(rel)
         self.path = root / rel
         self.name = parts[-1]
@@ -268,9 +269,9 @@ class LocalUpload:
         self._sealed = False
         self._unsynced = False  # sealed with its data written out, the fsync left to commit()
         self._hole_at_end = False
-        self._dir_fd = open_dir_beneath(root, parts[:-1], create=True)
+        self._dir_fd = open_dir_beneath(root, parts[:-1], create=True, modes=modes)
         try:
-            self._fd = atomic.create_temp(self._dir_fd, self.name)
+            self._fd = atomic.create_temp(self._dir_fd, self.name, modes[-1] if len(modes) == len(parts) else 0o644)
         except BaseException:
             os.close(self._dir_fd)
             raise
@@ -446,6 +447,7 @@ class LocalMirror(LocalVolume):
         # io.direct_write: copies bypass the page cache with O_DIRECT (off by default: with one write in
         # flight it measured slower than writeback, bench/results/goals.md).
         self.direct_write = False
+        self.modes_from: Path | None = None  # the primary root: new folders and files keep its modes
         self.identity: VolumeIdentity | None = None
         self._lock_fd = -1
 
@@ -461,7 +463,7 @@ class LocalMirror(LocalVolume):
     def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin writing `rel` under its temp name (the mirror must still be the pinned volume)."""
         self.check_identity()
-        return LocalUpload(self.root, rel, size, drop_cache, self.direct_write)
+        return LocalUpload(self.root, rel, size, drop_cache, self.direct_write, source_modes(self.modes_from, rel))
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""
@@ -522,7 +524,7 @@ class LocalMirror(LocalVolume):
         from mirrord.store.staging import FolderStaging
 
         self.check_identity()
-        return FolderStaging(self.root, key, self.direct_write)
+        return FolderStaging(self.root, key, self.direct_write, self.modes_from)
 
     def delete_unit(self, key: str) -> None:
         """Retire a folder unit whole: rename NAME/ to NAME.part/ (one step: a reader sees the whole unit

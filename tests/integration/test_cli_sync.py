@@ -352,3 +352,25 @@ def test_sync_of_a_big_mirror_lists_it_in_a_child_interpreter_beside_the_primary
     assert started[0] < manifest_read  # the first listing overlaps the manifest's read
     for pid in {lines[i].split()[0] for i in started}:  # each ended by itself, with its answer
         assert any(f"si_pid={pid}," in line and "CLD_EXITED" in line and "si_status=0," in line for line in lines)
+
+
+def test_private_checkpoints_stay_private_on_the_mirror(tmp_path: Path) -> None:
+    """A 0700 run folder with a 0600 checkpoint (and a 0700 folder unit's 0600 files) keep those modes on
+    the mirror under the usual umask 022, never widened to 0755/0644; a setuid bit is never copied."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    run = primary / "private"
+    save_checkpoint(run / "step_1.pt", 1)
+    save_checkpoint(primary / "shared" / "step_1.pt", 1)
+    run.chmod(0o700)
+    (run / "step_1.pt").chmod(0o600)
+    (primary / "shared" / "step_1.pt").chmod(0o4755)
+    old = os.umask(0o022)
+    try:
+        done = run_mirrord("sync", "--primary", primary, "--mirror", mirror)
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    assert (mirror / "private" / "step_1.pt").read_bytes() == (run / "step_1.pt").read_bytes()
+    assert (mirror / "private").stat().st_mode & 0o7777 == 0o700
+    assert (mirror / "private" / "step_1.pt").stat().st_mode & 0o7777 == 0o600
+    assert (mirror / "shared" / "step_1.pt").stat().st_mode & 0o7777 == 0o755

@@ -346,3 +346,22 @@ def test_a_folder_with_a_symlinked_member_is_not_whole(tmp_path: Path) -> None:
     assert "optimizer.pt is a symlink" in unit["why"]
     done = run_mirrord("latest", "--primary", primary, "--mirror", mirror_root, env=env)
     assert "checkpoint-5" not in done.stdout
+
+
+def test_a_private_folder_unit_stays_private_on_the_mirror(tmp_path: Path) -> None:
+    """A 0700 checkpoint folder of 0600 files is 0700/0600 on the mirror under umask 022 (staged and
+    renamed into place whole, with the source's modes from the start)."""
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "checkpoint-5"
+    write_hf(folder, 5)
+    for path in folder.iterdir():
+        path.chmod(0o600)
+    folder.chmod(0o700)
+    old = os.umask(0o022)
+    try:
+        _sync(_config(primary, mirror_root, "hf"))
+    finally:
+        os.umask(old)
+    assert _tree(mirror_root / "checkpoint-5") == _tree(folder)
+    assert (mirror_root / "checkpoint-5").stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in (mirror_root / "checkpoint-5").iterdir()} == {0o600}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -124,3 +124,10 @@ class SettleTracker:
         """`rel` is gone: forget what was seen of it."""
         self._seen.pop(rel, None)
         self._committed.pop(rel, None)
+
+    def retain(self, present: Container[str]) -> None:
+        """A complete listing: forget every file not in it (a trainer cycling through new names must not
+        grow the daemon without bound)."""
+        for seen in (self._seen, self._committed):
+            for rel in [rel for rel in seen if rel not in present]:
+                del seen[rel]

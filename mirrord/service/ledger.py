@@ -111,10 +111,11 @@ class Ledger:
             self._invalid.pop(rel, None)
 
     def keep_invalid(self, present: Collection[str]) -> None:
-        """A complete listing: forget the verdicts of sources no longer on the primary."""
+        """A complete listing: forget the verdicts and re-copy counts of sources no longer on the primary."""
         with self._lock:
-            for rel in [rel for rel in self._invalid if rel not in present]:
-                del self._invalid[rel]
+            for memo in (self._invalid, self._recopies):
+                for rel in [rel for rel in memo if rel not in present]:
+                    del memo[rel]
 
     def report_invalid(self, grace: float) -> None:
         """A source still invalid after copy.invalid_grace_seconds is not being written: say so once."""

@@ -317,6 +317,7 @@ class Reconciler:
             if psnap.complete:
                 rules = self.config.rules
                 self.ledger.keep_invalid(group_units(psnap.files.values(), rules) if rules.folders else psnap.files)
+                self.settle.retain(psnap.files)
         self.ledger.behind(behind, not partial, self.manifest.entries)
         for job in jobs:
             if not self.queue.put(job):

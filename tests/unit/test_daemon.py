@@ -527,3 +527,24 @@ def test_a_stop_asked_while_the_primary_is_listed_kills_the_mirrors_listing_chil
     assert child is not None and child.returncode is not None  # killed and reaped
     assert not pending.in_child and in_process == []
     assert len(events(logs, "reconcile.finished")) == 1 and not events(logs, "scan.child_failed")
+
+
+def test_per_path_memory_is_dropped_when_the_path_is_gone(harness, primary, mirror) -> None:
+    """A trainer cycling through new names (each written in place, settled, copied, then rotated away):
+    the settle tracker and the ledger keep no record of a name no longer on the primary, so the
+    daemon's per-path state stays bounded however many names it has seen."""
+    h = harness(copy={"settle_seconds": 5})
+    h.daemon.start()
+    sizes = []
+    for i in range(12):
+        src = save_checkpoint(primary / "run" / f"step_{i}.pt", i)
+        h.clock.advance(600)
+        h.daemon.tick(wait=False)  # first seen: settling
+        h.clock.advance(600)
+        h.daemon.tick(wait=False)  # settled: copied
+        wait_for(lambda i=i: h.daemon.ledger.copied == i + 1, 60, f"the copy of step {i}")
+        src.unlink()  # rotated away
+        tracker = h.daemon.settle
+        sizes.append(len(tracker._seen) + len(tracker._committed) + len(h.daemon.ledger._recopies))
+    assert (mirror / "run" / "step_11.pt").exists()
+    assert max(sizes) <= 2, sizes  # the newest name (and the one rotated away since the last listing)

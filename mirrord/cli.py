@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from mirrord import __version__
-from mirrord.commands.printable import printable
 from mirrord.errors import ConfigError, MirrordError
 
 if TYPE_CHECKING:
@@ -80,6 +79,8 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
         from mirrord.commands.report import dumps, sync_document
 
         print(dumps(sync_document(report)))
+    from mirrord.commands.printable import printable
+
     if report.refused is not None:
         print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
     for rel, err in sorted(report.failed.items()):
@@ -154,6 +155,8 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(verify_document(mirror.describe(), checked, intact, findings, args.deep, args.load)))
     else:
+        from mirrord.commands.printable import printable
+
         for f in findings:
             print(printable(f"{f.problem.upper():14} {f.path}  {f.detail}"))
     print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
@@ -399,6 +402,8 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(prune_document(report)))
     else:
+        from mirrord.commands.printable import printable
+
         print("\n".join(map(printable, describe(report).split("\n"))))
     return EXIT_OK if report.ok else EXIT_FAILED
 # --- end prune -----------------------------------------------------------------------------------

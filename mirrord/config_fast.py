@@ -435,8 +435,10 @@ def fast_config(path: Path | None, environ: Mapping[str, str] | None = None,
             import tomllib  # (a command given its roots by flags or variables reads no file)
 
             try:
-                data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
-            except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not TOML: the models word it
+                from mirrord.store.trusted import read_trusted  # one another user can write: refused
+
+                data = tomllib.loads(read_trusted(path, 1024 * 1024, follow=True)[1].decode("utf-8"))
+            except (OSError, ValueError) as exc:  # unreadable, untrusted, not TOML: the models word it
                 raise UnsureError("config") from exc
             folder = Path(path).absolute().parent
             for key in ("primary", "mirror"):  # relative to the file, as mirrord.config._read_file does

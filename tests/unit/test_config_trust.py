@@ -103,3 +103,12 @@ def test_check_config_masks_an_allowed_inline_secret(tmp_path: Path, as_json: bo
     assert "AKIDEXAMPLE" in done.stdout  # only the secret is masked
     if as_json:
         assert json.loads(done.stdout)["s3"]["secret_access_key"] == MASK
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's file needs root to make")
+def test_sync_refuses_a_config_others_can_write(tmp_path: Path) -> None:
+    """`sync` (read by the fast path, without the models) refuses the same file the daemon does."""
+    path = _config(tmp_path, "")
+    path.chmod(0o666)
+    done = run_mirrord("sync", "--config", path)
+    assert done.returncode == 2 and "not trusted" in done.stderr

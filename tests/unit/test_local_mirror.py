@@ -176,7 +176,7 @@ def test_a_changed_unit_is_staged_then_swapped_then_the_old_copy_deleted(
 
     def exchanging(dir_fd: int, a: str, b: str, b_dir_fd: int | None = None) -> bool:
         calls.append(exchange)
-        return real(dir_fd, a, b, b_dir_fd) if exchange else False  # False: as a filesystem that refuses RENAME_EXCHANGE
+        return real(dir_fd, a, b, b_dir_fd) if exchange else False  # False: a filesystem refusing the exchange
 
     monkeypatch.setattr(atomic, "exchange", exchanging)
     root = tmp_path / "mirror"

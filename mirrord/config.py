@@ -94,6 +94,7 @@ class CopyConfig(_Section):
     retry_backoff_seconds: float = Field(1.0, ge=0, le=3600, **_FINITE)
     retry_backoff_max_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
     free_space_reserve_bytes: int = Field(256 * MIB, ge=0)
+    small_file_bytes: int = Field(64 * MIB, ge=0)
     invalid_grace_seconds: float = Field(600.0, ge=0, le=7 * DAY, **_FINITE)
 
 

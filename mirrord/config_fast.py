@@ -204,6 +204,7 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "copy.retry_backoff_seconds": ("float", 1.0, (0, 3600)),
     "copy.retry_backoff_max_seconds": ("float", 60.0, (0, DAY)),
     "copy.free_space_reserve_bytes": ("int", 256 * MIB, (0, None)),
+    "copy.small_file_bytes": ("int", 64 * MIB, (0, None)),
     "copy.invalid_grace_seconds": ("float", 600.0, (0, 7 * DAY)),
     "prune.enabled": ("bool", True, None),
     "prune.keep_last": ("int", 12, (1, None)),

@@ -178,6 +178,7 @@ class Daemon:
         self.engine.reconfigure(settings.config)
         self.engine.make_room = settings.pruner.make_room if settings.pruner else None
         self.pool.resize(settings.config.copy_workers)
+        self.queue.keep_lane_for_small(settings.config.copy.small_file_bytes, settings.config.copy_workers)
         self.pool.retry = settings.retry
         self.settle.settle_seconds = settings.config.copy.settle_seconds
 

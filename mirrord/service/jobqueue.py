@@ -1,5 +1,7 @@
-"""The copy queue: never holds a path twice, hands out the newest step first, and keeps retries
-scheduled in the queue (a failing file never blocks a worker while it waits)."""
+"""The copy queue: never holds a path twice, hands out the newest step first, keeps retries
+scheduled in the queue (a failing file never blocks a worker while it waits), and keeps one worker
+for small files: big copies may hold at most `big_slots` workers at once, so a small step never waits
+behind them."""
 
 from __future__ import annotations
 
@@ -37,6 +39,33 @@ class JobQueue:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
+        self._small_bytes = 0  # 0: no lane for small files
+        self._big_slots = 1
+        self._big_active: set[str] = set()
+
+    def keep_lane_for_small(self, small_bytes: int, workers: int) -> None:
+        """With `workers` workers, let copies of `small_bytes` or more hold all but one of them (all of
+        a single worker: there is no second one to keep)."""
+        with self._cond:
+            self._small_bytes, self._big_slots = small_bytes, max(1, workers - 1)
+            self._cond.notify_all()
+
+    def _is_big(self, job: CopyJob) -> bool:
+        return bool(self._small_bytes) and job.size >= self._small_bytes
+
+    def _take_ready(self) -> QueuedJob | None:
+        """The most urgent ready job a worker may take now: a big one only while a big slot is free."""
+        if len(self._big_active) < self._big_slots or not self._small_bytes:
+            entry = heapq.heappop(self._ready) if self._ready else None
+        else:
+            small = [e for e in self._ready if not self._is_big(e.job)]
+            entry = min(small) if small else None
+            if entry is not None:
+                self._ready.remove(entry)
+                heapq.heapify(self._ready)
+        if entry is not None and self._is_big(entry.job):
+            self._big_active.add(entry.job.rel)
+        return entry
 
     def put(self, job: CopyJob, attempt: int = 1, delay: float = 0.0, first_seen: float | None = None) -> bool:
         """Queue a job unless its path is already queued; returns whether it was added."""
@@ -64,8 +93,9 @@ class JobQueue:
                 now = self._clock()
                 while self._delayed and self._delayed[0][0] <= now:
                     heapq.heappush(self._ready, heapq.heappop(self._delayed)[2])
-                if self._ready:
-                    return heapq.heappop(self._ready)
+                entry = self._take_ready()
+                if entry is not None:
+                    return entry
                 waits = [t - now for t in (deadline,) if t is not None]
                 if self._delayed:
                     waits.append(self._delayed[0][0] - now)
@@ -77,11 +107,15 @@ class JobQueue:
         """The job for `rel` is finished: its path may be queued again."""
         with self._cond:
             self._paths.pop(rel, None)
+            if rel in self._big_active:
+                self._big_active.discard(rel)
+                self._cond.notify_all()  # a big slot is free again
 
     def release_for_retry(self, entry: QueuedJob, delay: float) -> None:
         """Queue `entry` again as its next attempt, due in `delay` seconds."""
         with self._cond:
             self._paths.pop(entry.job.rel, None)
+            self._big_active.discard(entry.job.rel)
         self.put(entry.job, entry.attempt + 1, delay, entry.first_seen)
 
     def paths(self) -> frozenset[str]:

@@ -326,6 +326,7 @@ def copy_all(
     wanted = {job.rel for job in jobs if queue.put(job)}
     if not wanted:
         return {}
+    queue.keep_lane_for_small(engine.config.copy.small_file_bytes, min(workers, len(wanted)))
     outcomes: dict[str, CopyResult | MirrordError] = {}
     lock = threading.Lock()
     all_done = threading.Event()

@@ -28,6 +28,9 @@ from typing import BinaryIO, NamedTuple
 
 TEMP_SUFFIX = ".part"
 ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
+# Folder units are staged (and retired) here, at the mirror root, never beside their final name: a
+# trainer's own checkpoint picker lists the run folder and would take `checkpoint_12.part/` for a step.
+STAGING_AREA = ".mirrord-staging"
 _RENAME_EXCHANGE = 2
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -277,15 +280,17 @@ def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
     os.fsync(dir_fd)
 
 
-def exchange(dir_fd: int, a: str, b: str) -> bool:
-    """Swap the names `a` and `b` in one step (renameat2 RENAME_EXCHANGE): each now names what the other
-    did, and at no instant is either name missing. False, with nothing changed, where the kernel or the
-    filesystem cannot (older kernels, some network and FUSE filesystems); other errors are raised."""
+def exchange(dir_fd: int, a: str, b: str, b_dir_fd: int | None = None) -> bool:
+    """Swap the names `a` (in dir_fd) and `b` (in b_dir_fd, default the same folder) in one step
+    (renameat2 RENAME_EXCHANGE): each now names what the other did, and at no instant is either name
+    missing. False, with nothing changed, where the kernel or the filesystem cannot (older kernels, some
+    network and FUSE filesystems); other errors are raised."""
     import ctypes
     import platform
 
     libc = ctypes.CDLL(None, use_errno=True)
-    args = (dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), _RENAME_EXCHANGE)
+    other = dir_fd if b_dir_fd is None else b_dir_fd
+    args = (dir_fd, os.fsencode(a), other, os.fsencode(b), _RENAME_EXCHANGE)
     if hasattr(libc, "renameat2"):
         result = libc.renameat2(*args)
     elif platform.machine() in _SYS_RENAMEAT2:

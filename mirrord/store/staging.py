@@ -1,22 +1,27 @@
 """Publishing a folder unit on a local mirror as a whole, and removing one.
 
-    NAME.part/ (created empty, parent fsynced) -> each file through LocalUpload (its own temp name,
-    fsync, replace, fsync of the staging folder) -> fsync NAME.part/ -> rename onto NAME -> fsync parent
+    .mirrord-staging/TOKEN.part/ (created empty, fsynced) -> each file through LocalUpload (its own temp
+    name, fsync, replace, fsync of the staging folder) -> fsync the staged tree -> rename onto NAME ->
+    fsync NAME's parent and the staging area
 
-A unit published again (the trainer re-saved it with other bytes) is staged -> swapped -> deleted: the
-whole new NAME.part/ and the old NAME/ exchange names in one step (renameat2 RENAME_EXCHANGE), the
-parent is fsynced, then the old copy, now NAME.part/, is removed if it is still the folder that was
-swapped out. Where names cannot be exchanged, the old copy is renamed aside to NAME.old.part/ and the
-new one renamed onto NAME (the only instant without NAME/). A reader sees no NAME/ or a whole unit,
-never a part of one, and never a mix. A NAME.part/ or NAME.old.part/ left by a dead writer is removed
-when the same unit is staged again, or swept by retention once old enough. Removal walks by
-descriptor and never follows a symlink.
+The staging area is a hidden folder at the mirror root, on the same volume (so the rename is one step):
+nothing half-made ever sits in a run folder, where a trainer's own checkpoint picker (accelerate's
+highest number, HF's `checkpoint-N`) would take it for a step. A unit published again (the trainer
+re-saved it with other bytes) is staged -> swapped -> deleted: the new folder and the old NAME/ exchange
+names in one step (renameat2 RENAME_EXCHANGE across the two folders), both folders are fsynced, then the
+old copy, now in the staging area, is removed if it is still the folder that was swapped out. Where
+names cannot be exchanged, the old copy is first renamed into the staging area (the only instant without
+NAME/). A reader sees no NAME/ or a whole unit, never a part of one, and never a mix. What a dead writer
+left in the staging area is removed when the same unit is staged again, or when the mirror is locked
+(sweep_staging_area: under the lock nothing else stages). Removal walks by descriptor and never follows
+a symlink.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
 from collections.abc import Callable
@@ -32,8 +37,14 @@ if TYPE_CHECKING:
     from mirrord.store.volume import LocalUpload
 
 
+def staging_token(key: str) -> str:
+    """The name a unit is staged under in the staging area: unique per unit key, short, readable."""
+    name = split_rel(key)[-1]
+    return f"{hashlib.sha256(key.encode()).hexdigest()[:16]}-{name[:100]}{atomic.TEMP_SUFFIX}"
+
+
 class FolderStaging:
-    """One folder unit being staged beneath `root` (see the module docstring)."""
+    """One folder unit being staged in `root`'s staging area (see the module docstring)."""
 
     def __init__(self, root: Path, key: str, direct_write: bool = False, modes_from: Path | None = None) -> None:
         parts = split_rel(key)
@@ -44,49 +55,58 @@ class FolderStaging:
         self.key = key
         self._parent = parts[:-1]
         self._name = parts[-1]
-        self._staging = atomic.temp_name(self._name)
+        self._staging = staging_token(key)
         self._done = False
-        dir_fd = open_dir_beneath(self.root, self._parent, create=True, modes=modes)
+        os.close(open_dir_beneath(self.root, self._parent, create=True, modes=modes))  # commit() renames into it
+        area_fd = open_dir_beneath(self.root, (atomic.STAGING_AREA,), create=True)
         try:
-            remove_tree(dir_fd, self._staging)
-            os.mkdir(self._staging, modes[-1] if len(modes) == len(parts) else 0o755, dir_fd=dir_fd)
+            remove_tree(area_fd, self._staging)  # a dead writer's staging of the same unit
+            os.mkdir(self._staging, modes[-1] if len(modes) == len(parts) else 0o755, dir_fd=area_fd)
             # Held open until commit or abort: the inode cannot be reused by a later staging folder of
             # the same unit (ext4 reuses a freed inode at once), which the identity checks would take
             # for ours.
-            self._fd = os.open(self._staging, DIR_FLAGS, dir_fd=dir_fd)
+            self._fd = os.open(self._staging, DIR_FLAGS, dir_fd=area_fd)
             st = os.fstat(self._fd)
             self._identity = (st.st_dev, st.st_ino)
-            os.fsync(dir_fd)
+            os.fsync(area_fd)
         finally:
-            os.close(dir_fd)
+            os.close(area_fd)
 
     @property
     def staging_key(self) -> str:
         """The staging folder's key relative to the mirror root."""
-        return "/".join((*self._parent, self._staging))
+        return f"{atomic.STAGING_AREA}/{self._staging}"
 
     def upload(self, relkey: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin one file of the unit (`relkey` relative to the unit): written into the staging folder."""
         from mirrord.store.volume import LocalUpload  # the file protocol lives with the volume
 
-        split_rel(relkey)
+        member = split_rel(relkey)
         if self._done:
             raise RuntimeError("upload() after commit() or abort()")
+        # The source's modes from the unit folder down, shifted onto the staging path (area, token, member).
+        modes = source_modes(self.modes_from, f"{self.key}/{relkey}")
+        whole = len(modes) == len(self._parent) + 1 + len(member)
         return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache, self.direct_write,
-                           source_modes(self.modes_from, f"{self.key}/{relkey}"))
+                           (0o700, *modes[len(self._parent):]) if whole else ())
 
     # commit() replaces an older copy under the key itself, whole, in one step (see the module docstring).
     replaces = True
 
     def commit(self) -> None:
-        """fsync the staging folder, then publish it as NAME: renamed there, or exchanged with an older
-        copy of the unit (which is then removed); fsync the parent. FileExistsError if NAME is not a
+        """fsync the staged tree, then publish it as NAME: renamed there, or exchanged with an older
+        copy of the unit (which is then removed); fsync both folders. FileExistsError if NAME is not a
         folder or the staging folder was replaced meanwhile."""
         if self._done:
             raise RuntimeError("commit() after commit() or abort()")
-        dir_fd = open_dir_beneath(self.root, self._parent)
+        area_fd = open_dir_beneath(self.root, (atomic.STAGING_AREA,))
         try:
-            staged = os.open(self._staging, DIR_FLAGS, dir_fd=dir_fd)
+            dir_fd = open_dir_beneath(self.root, self._parent)
+        except BaseException:
+            os.close(area_fd)
+            raise
+        try:
+            staged = os.open(self._staging, DIR_FLAGS, dir_fd=area_fd)
             try:
                 st = os.fstat(staged)
                 if (st.st_dev, st.st_ino) != self._identity:
@@ -100,35 +120,34 @@ class FolderStaging:
                 old = None
             if old is not None and not stat.S_ISDIR(old.st_mode):
                 raise FileExistsError(errno.EEXIST, f"{self.root / self.key} exists and is not a folder")
+            aside = None if old is None else self._swap(area_fd, dir_fd)
             if old is None:
-                os.rename(self._staging, self._name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                os.fsync(dir_fd)
-                aside = None
-            else:
-                aside = self._swap(dir_fd)
+                os.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+            os.fsync(area_fd)
             self._done = True
             self._close()
             if aside is not None:
-                # The old copy, whole until now, under a temp name: removed if it is still the folder that
-                # was swapped out (else a later staging took the name); left to the sweep on failure.
+                # The old copy, whole until now, in the staging area: removed if it is still the folder
+                # that was swapped out (else a later staging took the name); left to the sweep on failure.
                 with contextlib.suppress(OSError):
-                    there = os.stat(aside, dir_fd=dir_fd, follow_symlinks=False)
+                    there = os.stat(aside, dir_fd=area_fd, follow_symlinks=False)
                     if old is not None and (there.st_dev, there.st_ino) == (old.st_dev, old.st_ino):
-                        remove_tree(dir_fd, aside)
-                        os.fsync(dir_fd)
+                        remove_tree(area_fd, aside)
+                        os.fsync(area_fd)
         finally:
             os.close(dir_fd)
+            os.close(area_fd)
 
-    def _swap(self, dir_fd: int) -> str:
-        """Put the staged folder under NAME in place of the old copy; returns where the old copy is now."""
-        if atomic.exchange(dir_fd, self._staging, self._name):
-            os.fsync(dir_fd)
+    def _swap(self, area_fd: int, dir_fd: int) -> str:
+        """Put the staged folder under NAME in place of the old copy; returns the old copy's name in the
+        staging area."""
+        if atomic.exchange(area_fd, self._staging, self._name, dir_fd):
             return self._staging
-        aside = self._name + atomic.ASIDE_SUFFIX
-        remove_tree(dir_fd, aside)  # a dead process's (the mirror lock is ours)
-        os.rename(self._name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        os.rename(self._staging, self._name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        os.fsync(dir_fd)
+        aside = self._staging.removesuffix(atomic.TEMP_SUFFIX) + atomic.ASIDE_SUFFIX
+        remove_tree(area_fd, aside)  # a dead process's (the mirror lock is ours)
+        os.rename(self._name, aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
+        os.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
         return aside
 
     def abort(self) -> None:
@@ -137,20 +156,64 @@ class FolderStaging:
             return
         self._done = True
         with contextlib.suppress(OSError):
-            dir_fd = open_dir_beneath(self.root, self._parent)
+            area_fd = open_dir_beneath(self.root, (atomic.STAGING_AREA,))
             try:
-                st = os.stat(self._staging, dir_fd=dir_fd, follow_symlinks=False)
+                st = os.stat(self._staging, dir_fd=area_fd, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == self._identity:  # a later staging of the same unit is not ours
-                    remove_tree(dir_fd, self._staging)
-                    os.fsync(dir_fd)
+                    remove_tree(area_fd, self._staging)
+                    os.fsync(area_fd)
             finally:
-                os.close(dir_fd)
+                os.close(area_fd)
         self._close()
 
     def _close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def retire_folder(root: Path, key: str) -> None:
+    """Retire the published folder `key` whole: renamed into the staging area in one step (a reader
+    sees the whole unit or none), both folders fsynced, then removed there. Nothing if it is gone."""
+    parts = split_rel(key)
+    area_fd = open_dir_beneath(root, (atomic.STAGING_AREA,), create=True)
+    try:
+        dir_fd = open_dir_beneath(root, parts[:-1])
+    except BaseException:
+        os.close(area_fd)
+        raise
+    aside = staging_token(key).removesuffix(atomic.TEMP_SUFFIX) + ".retired"
+    try:
+        remove_tree(area_fd, aside)  # a dead retirement of the same unit
+        try:
+            os.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
+        except FileNotFoundError:
+            return
+        os.fsync(dir_fd)
+        os.fsync(area_fd)
+        remove_tree(area_fd, aside)
+        os.fsync(area_fd)
+    finally:
+        os.close(dir_fd)
+        os.close(area_fd)
+
+
+def sweep_staging_area(root: Path) -> int:
+    """Remove what dead writers left in the staging area (call with the mirror's lock held: then no
+    one else is staging); returns how many entries were removed. Never raises for a missing area."""
+    try:
+        area_fd = open_dir_beneath(root, (atomic.STAGING_AREA,))
+    except FileNotFoundError:
+        return 0
+    try:
+        names = os.listdir(area_fd)  # noqa: PTH208 - by descriptor
+        for name in names:
+            remove_tree(area_fd, name)
+        if names:
+            os.fsync(area_fd)
+        return len(names)
+    finally:
+        os.close(area_fd)
 
 
 def _fsync_tree(fd: int) -> None:

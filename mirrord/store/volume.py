@@ -527,30 +527,15 @@ class LocalMirror(LocalVolume):
         return FolderStaging(self.root, key, self.direct_write, self.modes_from)
 
     def delete_unit(self, key: str) -> None:
-        """Retire a folder unit whole: rename NAME/ to NAME.part/ (one step: a reader sees the whole unit
-        or none), fsync the parent, then remove NAME.part/ and what is in it. The caller re-checked
-        every file and dropped the manifest entries first."""
-        from mirrord.store.staging import remove_tree
+        """Retire a folder unit whole (mirrord.store.staging.retire_folder). The caller re-checked every
+        file and dropped the manifest entries first."""
+        from mirrord.store.staging import retire_folder
 
         self.check_identity()
-        parts = split_rel(key)
-        aside = atomic.temp_name(parts[-1])
         try:
-            dir_fd = open_dir_beneath(self.root, parts[:-1])
-        except OSError as exc:
-            raise from_oserror(self.root / key, exc, "open parent directory") from exc
-        try:
-            remove_tree(dir_fd, aside)  # a dead staging of the same unit (the in-flight guard kept live ones)
-            os.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            os.fsync(dir_fd)
-            remove_tree(dir_fd, aside)
-            os.fsync(dir_fd)
-        except FileNotFoundError:
-            return
+            retire_folder(self.root, key)
         except OSError as exc:
             raise from_oserror(self.root / key, exc, "delete folder unit") from exc
-        finally:
-            os.close(dir_fd)
 
     def delete_folder(self, key: str, expected: FileState | None = None) -> bool:
         """Remove a dead staging folder (still `expected`) with what is in it, or (expected None) an
@@ -589,6 +574,10 @@ class LocalMirror(LocalVolume):
 
         try:
             self.identity = VolumeIdentity.establish(self.root)
+            from mirrord.store.staging import sweep_staging_area
+
+            with contextlib.suppress(OSError):  # leftovers only cost space; the next lock tries again
+                sweep_staging_area(self.root)
             yield
         finally:
             self.identity = None

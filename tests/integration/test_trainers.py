@@ -119,13 +119,13 @@ class MirrorPoller:
 
 
 def leftovers(mirror: Path) -> list[str]:
-    """Staging folders, temp files and empty folders anywhere on the mirror."""
+    """Staging folders, temp files and empty folders anywhere on the mirror (the staging area itself stays)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(mirror):
         for name in dirnames + filenames:
             if name.endswith((".part", ".tmp")):
                 found.append(f"{dirpath}/{name}")
-        if Path(dirpath) != mirror and not dirnames and not filenames:
+        if Path(dirpath) not in (mirror, mirror / ".mirrord-staging") and not dirnames and not filenames:
             found.append(f"{dirpath} (empty)")
     return found
 

@@ -177,3 +177,50 @@ def test_copy_threads_run_at_io_cpu_policy_idle(tmp_path, monkeypatch):
     assert readers == {os.SCHED_IDLE} and writers == {os.SCHED_IDLE}
     assert os.sched_getscheduler(0) == mine != os.SCHED_IDLE
     assert pool.stop(grace=5)
+
+
+def test_one_worker_is_kept_for_small_files_while_big_copies_are_held(tmp_path):
+    """Two workers, two big checkpoints held in flight by a gate: only one of them takes a worker, and a
+    small step queued behind them is copied at once by the other; the second big one waits its turn."""
+    gate, started, copied = threading.Event(), [], []
+    queue = JobQueue()
+    queue.keep_lane_for_small(small_bytes=1024, workers=2)
+
+    def copy(job: CopyJob, control: object) -> CopyResult:
+        started.append(job.rel)
+        if job.size >= 1024:
+            assert gate.wait(60), "the test never opened the gate"
+        copied.append(job.rel)
+        return CopyResult(job.rel, job.size, "blake3", "00", job.mtime_ns, 0.0)
+
+    outcomes: list[CopyResult | MirrordError] = []
+    pool = WorkerPool(copy, queue, 2, on_done=lambda job, outcome: outcomes.append(outcome))
+    try:
+        for step in (10, 11):
+            queue.put(CopyJob(f"r/step_{step}.pt", 2 << 30, 1, step, "new"))
+        wait_for(lambda: len(started) == 1, 30, "a big copy to start")
+        queue.put(CopyJob("r/step_9.pt", 100, 1, 9, "new"))  # older and small: still not starved
+        wait_for(lambda: "r/step_9.pt" in copied, 30, "the small file to be copied beside the big one")
+        assert started == ["r/step_11.pt", "r/step_9.pt"]  # newest big first; the second big waits
+        gate.set()
+        wait_for(lambda: len(outcomes) == 3, 30, "every copy to finish")
+        assert sorted(copied) == ["r/step_10.pt", "r/step_11.pt", "r/step_9.pt"]
+    finally:
+        gate.set()
+        assert pool.stop(grace=5)
+
+
+def test_a_single_worker_takes_big_files_and_the_lane_can_be_turned_off():
+    queue = JobQueue()
+    queue.keep_lane_for_small(small_bytes=1024, workers=1)
+    for step in (1, 2):
+        queue.put(CopyJob(f"r/step_{step}.pt", 4096, 1, step, "new"))
+    first = queue.get(timeout=1)
+    assert first is not None and first.job.step == 2
+    assert queue.get(timeout=0.05) is None  # the one big slot is taken
+    queue.done(first.job.rel)
+    second = queue.get(timeout=1)
+    assert second is not None and second.job.step == 1
+    queue.keep_lane_for_small(small_bytes=0, workers=1)
+    queue.put(CopyJob("r/step_3.pt", 4096, 1, 3, "new"))
+    assert queue.get(timeout=1) is not None  # no lane: any job takes any worker

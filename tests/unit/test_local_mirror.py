@@ -59,15 +59,57 @@ def test_a_staged_unit_has_no_final_name_until_commit(tmp_path: Path) -> None:
         staging = mirror.begin_unit("run/checkpoint-50")
         _put(staging.upload("model.safetensors", 7), b"weights")
         _put(staging.upload("trainer_state.json", 2), b"{}")
-        assert not (tmp_path / "mirror" / "run" / "checkpoint-50").exists()
-        assert (tmp_path / "mirror" / "run" / "checkpoint-50.part" / "model.safetensors").is_file()
+        assert [p.name for p in (tmp_path / "mirror" / "run").iterdir()] == []  # nothing a picker could take
+        staged = tmp_path / "mirror" / staging.staging_key
+        assert staged.parent.name == ".mirrord-staging" and (staged / "model.safetensors").is_file()
         assert mirror.stat("run/checkpoint-50/model.safetensors") is None
         snap = mirror.snapshot(PATTERNS, layout_for("hf"))
-        assert not snap.files and set(snap.staging) == {"run/checkpoint-50.part"}  # not entered
+        assert not snap.files and not snap.staging  # the hidden area is not listed
         staging.commit()
         assert sorted(p.name for p in (tmp_path / "mirror" / "run" / "checkpoint-50").iterdir()) == [
             "model.safetensors", "trainer_state.json"]
-        assert not (tmp_path / "mirror" / "run" / "checkpoint-50.part").exists()
+        assert list((tmp_path / "mirror" / ".mirrord-staging").iterdir()) == []
+
+
+def test_trainer_pickers_never_see_a_unit_in_flight(tmp_path: Path) -> None:
+    """HF's get_last_checkpoint and accelerate's "highest number in checkpoints/" pick among what a
+    listing of the run folder shows: mid-copy, that is only whole units."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    mirror = LocalMirror(tmp_path / "mirror")
+    with mirror.lock():
+        for step, commit in ((10, True), (20, False)):
+            staging = mirror.begin_unit(f"run/checkpoint-{step}")
+            _put(staging.upload("model.safetensors", 7), b"weights")
+            if commit:
+                staging.commit()
+        run = tmp_path / "mirror" / "run"
+        assert get_last_checkpoint(str(run)) == str(run / "checkpoint-10")
+        assert [p.name for p in run.iterdir()] == ["checkpoint-10"]  # accelerate sorts this listing by number
+        staging.commit()
+        assert get_last_checkpoint(str(run)) == str(run / "checkpoint-20")
+
+
+def test_the_staging_area_is_swept_when_the_mirror_is_locked_again(tmp_path: Path) -> None:
+    mirror = LocalMirror(tmp_path / "mirror")
+    with mirror.lock():
+        staging = mirror.begin_unit("run/checkpoint-30")
+        _put(staging.upload("model.safetensors", 4), b"torn")
+        left = tmp_path / "mirror" / staging.staging_key  # the writer dies here: no commit, no abort
+    assert left.is_dir()
+    with mirror.lock():
+        assert not left.exists()
+
+
+def test_a_retired_unit_leaves_the_run_folder_in_one_step(tmp_path: Path) -> None:
+    mirror = LocalMirror(tmp_path / "mirror")
+    with mirror.lock():
+        staging = mirror.begin_unit("run/checkpoint-40")
+        _put(staging.upload("model.safetensors", 5), b"whole")
+        staging.commit()
+        mirror.delete_unit("run/checkpoint-40")
+        assert list((tmp_path / "mirror" / "run").iterdir()) == []
+        assert list((tmp_path / "mirror" / ".mirrord-staging").iterdir()) == []
 
 
 def test_a_dead_staging_folder_is_replaced(tmp_path: Path) -> None:
@@ -132,9 +174,9 @@ def test_a_changed_unit_is_staged_then_swapped_then_the_old_copy_deleted(
     calls: list[bool] = []
     real = atomic.exchange
 
-    def exchanging(dir_fd: int, a: str, b: str) -> bool:
+    def exchanging(dir_fd: int, a: str, b: str, b_dir_fd: int | None = None) -> bool:
         calls.append(exchange)
-        return real(dir_fd, a, b) if exchange else False  # False: as a filesystem that refuses RENAME_EXCHANGE
+        return real(dir_fd, a, b, b_dir_fd) if exchange else False  # False: a filesystem refusing the exchange
 
     monkeypatch.setattr(atomic, "exchange", exchanging)
     root = tmp_path / "mirror"
@@ -147,6 +189,7 @@ def test_a_changed_unit_is_staged_then_swapped_then_the_old_copy_deleted(
     assert _whole(root / "run" / "checkpoint-50") == {"model.safetensors": b"new", "trainer_state.json": b"{}"}
     assert (root / "run" / "checkpoint-50").stat().st_ino != old_ino
     assert sorted(p.name for p in (root / "run").iterdir()) == ["checkpoint-50"]  # no NAME.part/, NAME.old.part/
+    assert list((root / ".mirrord-staging").iterdir()) == []  # the old copy was removed there
 
 
 def test_an_old_copy_set_aside_is_a_staging_name_the_sweep_knows() -> None:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mirrord.config import Config, LoadedConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-JSON_HELP = "print one JSON document on stdout instead of text (schema: README, JSON output)"
+JSON_HELP = "print one JSON document on stdout instead of text (schema: docs/commands.md, JSON output)"
 
 Command = Callable[["Config", "argparse.Namespace"], int]
 PlainCommand = Callable[["argparse.Namespace"], int]  # commands that read no configuration

@@ -1,7 +1,7 @@
 """`--json` output of the one-shot commands: one JSON document per run, on stdout.
 
 Every document carries `command`, `version` and `ok` (true exactly when the command exits 0); the
-other fields are the command's own (README, "JSON output"). Paths on a volume are POSIX paths relative
+other fields are the command's own (docs/commands.md, "JSON output"). Paths on a volume are POSIX paths relative
 to its root, as in the manifest; roots are absolute. Nothing is printed on stdout for exit status 2;
 a command stopped by an error before it had a result prints `error_document` instead.
 """

@@ -101,3 +101,17 @@ def test_s3_quick_start_runs_as_written(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + _logs(tmp_path)
         assert "bucket ckpts is ready" in result.stdout
         assert "resumed from restored/run_a/step_0002.pt at step 3" in result.stdout, result.stdout
+
+
+def test_every_docs_page_cited_exists() -> None:
+    """README links and every `docs/NAME.md` cited by the example config, the code or the deployment
+    files name a page that exists (the config once cited a README section that did not)."""
+    cited: set[str] = set()
+    for path in [README, *REPO.glob("config/**/*"), *REPO.glob("mirrord/**/*.py"), REPO / "systemd" / "mirrord.service",
+                 REPO / "Dockerfile"]:
+        if path.is_file():
+            cited.update(re.findall(r"\bdocs/[\w-]+\.md", path.read_text(errors="replace")))
+    cited.update(f"docs/{m}" for m in re.findall(r"\]\(docs/([\w-]+\.md)", README.read_text()))
+    assert "docs/layouts.md" in cited
+    missing = sorted(c for c in cited if not (REPO / c).is_file())
+    assert not missing, f"cited but absent: {missing}"

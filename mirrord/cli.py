@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mirrord.config import Config, LoadedConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program its pipe reader left
 JSON_HELP = "print one JSON document on stdout instead of text (schema: docs/commands.md, JSON output)"
 
 Command = Callable[["Config", "argparse.Namespace"], int]
@@ -635,7 +636,36 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `mirrord` command: parse, load the config once, run the subcommand; its exit status."""
+    """The `mirrord` command: parse, load the config once, run the subcommand; its exit status.
+
+    A reader that went away (`mirrord check-config | head`) ends the command quietly with 141, as a
+    program killed by SIGPIPE, instead of a traceback; stdout is flushed here so that is found here."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more (the BrokenPipeError was about it)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv in (["-V"], ["--version"]):  # what argparse prints, without building every subcommand's parser
         print(f"mirrord {__version__}")

@@ -158,7 +158,8 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
             print(f"{f.problem.upper():14} {f.path}  {f.detail}")
     print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
           + (f", {unchecked} unchecked (no validator for their format)" if unchecked else "")
-          + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""), file=sys.stderr)
+          + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""),
+          file=sys.stderr if args.json else sys.stdout)  # the result is stdout's; with --json, the document is
     return EXIT_FAILED if problems else EXIT_OK
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -33,3 +34,37 @@ def test_a_reader_that_left_ends_the_command_quietly(tmp_path: Path, command: li
         os.close(write_end)
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
     assert result.returncode in (141, 1), result.stderr  # latest on an empty mirror has nothing to print: 1
+
+
+def test_verify_prints_its_summary_on_stdout(tmp_path: Path) -> None:
+    """The summary is verify's result: on stdout (where `| tee` or a script reads it), not stderr."""
+    primary, mirror = _roots(tmp_path)
+    save_checkpoint(primary / "run_a" / "step_1.pt", step=1)
+    assert run_mirrord("sync", "--primary", primary, "--mirror", mirror).returncode == 0
+    result = run_mirrord("verify", "--primary", primary, "--mirror", mirror)
+    assert result.returncode == 0, result.stderr
+    assert "verified 1 file(s): 1 intact, 0 problem(s)" in result.stdout
+    assert "verified" not in result.stderr
+
+
+def test_a_locked_local_mirror_names_the_holders_pid(tmp_path: Path) -> None:
+    """A second mirrord on a locked mirror is told which process holds it, as the S3 lease says its holder."""
+    primary, mirror = _roots(tmp_path)
+    holder = subprocess.Popen(
+        [*mirrord_argv(), "run", "--primary", str(primary), "--mirror", str(mirror), "--log-format", "json"],
+        env=child_env({"MIRRORD_METRICS__ENABLED": "false"}), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+    try:
+        assert holder.stdout is not None
+        for line in holder.stdout:  # until the daemon holds the lock (it logs readiness after taking it)
+            if '"daemon.ready"' in line:
+                break
+        else:
+            pytest.fail(f"the first daemon exited ({holder.wait()}) before it was ready")
+        result = run_mirrord("sync", "--primary", primary, "--mirror", mirror)
+        assert result.returncode == 1
+        assert f"another mirrord process (pid {holder.pid}) is using this mirror" in result.stderr, result.stderr
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()

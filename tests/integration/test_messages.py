@@ -68,3 +68,45 @@ def test_a_locked_local_mirror_names_the_holders_pid(tmp_path: Path) -> None:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
         holder.stdout.close()
+
+
+def test_config_errors_come_at_once_with_suggestions_and_the_section_hint(tmp_path: Path) -> None:
+    """A mistyped section gets a suggestion; a top-level key written below the last section is told to move
+    up; every problem of the file is listed in the same run."""
+    primary, _ = _roots(tmp_path)
+    config = tmp_path / "mirrord.toml"
+    config.write_text(f'primary = "{primary}"\n[prun]\nkeep_last = 2\n[copy]\nworkers = "x"\n'
+                      f'[s3]\nnode = "a"\nmirror = "{tmp_path / "mirror"}"\n')
+    result = run_mirrord("check-config", "--config", config)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert f"mirrord: config error: prun: unknown key (in {config}); did you mean prune?" in lines, lines
+    assert (f"mirrord: config error: s3.mirror: unknown key (in {config}); mirror is a top-level key: put it above "
+            "the file's first [section] (below [s3] it is read as part of it)") in lines, lines
+    assert any(line.startswith("mirrord: config error: copy.workers: ") for line in lines), lines
+
+
+def test_a_mirror_whose_parent_does_not_exist_is_refused(tmp_path: Path) -> None:
+    """A mistyped --mirror deep in a tree that does not exist is refused by sync and check-config (exit 2,
+    nothing created), instead of the whole tree being made on whatever disk holds it."""
+    primary, _ = _roots(tmp_path)
+    save_checkpoint(primary / "run_a" / "step_1.pt", step=1)
+    mirror = tmp_path / "nonexist" / "deep" / "m"
+    for command in ("sync", "check-config"):
+        result = run_mirrord(command, "--primary", primary, "--mirror", mirror)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert f"mirror: neither {mirror} nor its parent {mirror.parent} exists" in result.stderr, result.stderr
+    assert not (tmp_path / "nonexist").exists()
+    assert run_mirrord("sync", "--primary", primary, "--mirror", tmp_path / "m").returncode == 0  # parent exists
+
+
+def test_relative_roots_in_a_config_file_are_printed_without_dot_dot(tmp_path: Path) -> None:
+    """`primary = "../var/primary"` in config/mirrord.toml is shown as .../var/primary (as `make run` has it)."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "var" / "primary").mkdir(parents=True)
+    config = tmp_path / "config" / "local.toml"
+    config.write_text('primary = "../var/primary"\nmirror = "../var/mirror"\n')
+    result = run_mirrord("check-config", "--config", config)
+    assert result.returncode == 0, result.stderr
+    assert f'primary = "{tmp_path.resolve()}/var/primary"' in result.stdout, result.stdout
+    assert "/../" not in result.stdout

@@ -76,10 +76,11 @@ def prune_document(report: PruneReport) -> dict[str, Any]:
 
 
 def sync_document(report: SyncReport) -> dict[str, Any]:
-    """`sync --json`: what was copied, failed, unsettled or invalid."""
+    """`sync --json`: what was copied, failed, unsettled, or not published (a source not whole: `invalid`)."""
     return {
         **_head("sync", report.ok), "copied": sorted(report.copied),
         "failed": [{"path": rel, "error": err} for rel, err in sorted(report.failed.items())],
         "unsettled": sorted(report.unsettled), "gone": sorted(report.gone), "in_sync": report.in_sync,
         "listing_errors": list(report.listing_errors), "refused": report.refused,
+        "invalid": [{"path": rel, "cause": cause} for rel, cause in sorted(report.invalid.items())],
     }

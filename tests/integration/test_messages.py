@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -110,3 +111,19 @@ def test_relative_roots_in_a_config_file_are_printed_without_dot_dot(tmp_path: P
     assert result.returncode == 0, result.stderr
     assert f'primary = "{tmp_path.resolve()}/var/primary"' in result.stdout, result.stdout
     assert "/../" not in result.stdout
+
+
+def test_sync_json_names_the_source_that_is_not_a_whole_checkpoint(tmp_path: Path) -> None:
+    """`sync --json` with a truncated source: "ok": false and the document names the file and the cause, as
+    the text mode's NOT PUBLISHED line does."""
+    primary, mirror = _roots(tmp_path)
+    torn = primary / "run_a" / "step_2.pt"
+    save_checkpoint(torn, step=2)
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
+    result = run_mirrord("sync", "--json", "--primary", primary, "--mirror", mirror,
+                         env={"MIRRORD_COPY__SETTLE_SECONDS": "0.2"})
+    assert result.returncode == 1, result.stderr
+    document = json.loads(result.stdout)
+    assert document["ok"] is False
+    [invalid] = document["invalid"]
+    assert invalid["path"] == "run_a/step_2.pt" and invalid["cause"], document

@@ -127,3 +127,22 @@ def test_sync_json_names_the_source_that_is_not_a_whole_checkpoint(tmp_path: Pat
     assert document["ok"] is False
     [invalid] = document["invalid"]
     assert invalid["path"] == "run_a/step_2.pt" and invalid["cause"], document
+
+
+def test_output_shows_values_not_internal_reprs(tmp_path: Path) -> None:
+    """Console logs show a guard's reason as `recent_mtime` (not `<Veto.RECENT_MTIME: ...>`), and the step
+    pattern is printed as TOML takes it back (`'step_(\\d+)'`, not `'step_(\\\\d+)'`)."""
+    primary, mirror = _roots(tmp_path)
+    for step in (1, 2):
+        save_checkpoint(primary / "run_a" / f"step_{step}.pt", step=step)
+        os.utime(primary / "run_a" / f"step_{step}.pt")  # just written: the min-age guard keeps step 1
+    assert run_mirrord("sync", "--primary", primary, "--mirror", mirror,
+                       env={"MIRRORD_COPY__SETTLE_SECONDS": "0.2"}).returncode == 0
+    prune = run_mirrord("prune", "--log-format", "console", "--primary", primary, "--mirror", mirror,
+                        env={"MIRRORD_PRUNE__KEEP_LAST": "1"})
+    assert prune.returncode == 0, prune.stderr
+    assert "recent_mtime" in prune.stderr, prune.stderr
+    assert "<Veto." not in prune.stderr and "Veto." not in prune.stdout
+    check = run_mirrord("check-config", "--primary", primary, "--mirror", mirror)
+    assert check.returncode == 0, check.stderr
+    assert "'step_(\\d+)'" in check.stdout and "\\\\d" not in check.stdout, check.stdout

@@ -53,3 +53,12 @@ def test_a_closed_port_is_named(s3_env: dict[str, str], tmp_path: Path, command:
     result = run_mirrord(*command, "--config", config, env=s3_env)
     assert result.returncode == 1, result.stderr
     assert "no answer from the S3 endpoint" in result.stderr, result.stderr
+
+
+def test_status_of_a_bucket_says_free_space_is_not_reported(seaweed: SeaweedServer, bucket: str, prefix: str,
+                                                            s3_env: dict[str, str], tmp_path: Path) -> None:
+    """An object store has no free space: status says so, not `unavailable (None)`."""
+    config = _config(tmp_path, f"s3://{bucket}/{prefix}", seaweed.endpoint)
+    result = run_mirrord("status", "--config", config, env=s3_env)
+    assert "free space not reported (object store)" in result.stdout, result.stdout + result.stderr
+    assert "None" not in result.stdout

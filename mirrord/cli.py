@@ -318,6 +318,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         mirrord_executable,
         starter_config,
         starter_unit,
+        systemd_next_steps,
+        systemd_warnings,
         write_files,
     )
 
@@ -334,12 +336,13 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"{'replaced' if w.replaced else 'wrote'} {w.path}")
     config = path.absolute()
     steps = [] if args.mirror is not None else [f"set mirror (required) in {config}"]
-    steps.append(f"mirrord check-config --config {config}")
     if args.systemd:
-        steps.append(f"install -m 0644 {(path.parent / UNIT_NAME).absolute()} /etc/systemd/system/{UNIT_NAME} "
-                     "&& systemctl daemon-reload && systemctl enable --now mirrord")
+        executable = mirrord_executable(sys.argv[0])
+        steps += systemd_next_steps(config, (path.parent / UNIT_NAME).absolute(), args.mirror, executable)
+        for warning in systemd_warnings(args.primary, args.mirror, executable):
+            print(f"warning: {warning}", file=sys.stderr)
     else:
-        steps.append(f"mirrord run --config {config}")
+        steps += [f"mirrord check-config --config {config}", f"mirrord run --config {config}"]
     print("next:\n" + "\n".join(f"  {step}" for step in steps))
     return EXIT_OK
 

@@ -146,3 +146,17 @@ def test_output_shows_values_not_internal_reprs(tmp_path: Path) -> None:
     check = run_mirrord("check-config", "--primary", primary, "--mirror", mirror)
     assert check.returncode == 0, check.stderr
     assert "'step_(\\d+)'" in check.stdout and "\\\\d" not in check.stdout, check.stdout
+
+
+def test_init_systemd_prints_every_step_and_warns_about_hidden_paths(tmp_path: Path) -> None:
+    """`init --systemd` names the user to create and the rights to give, and warns that a root under /tmp
+    is hidden from the service by PrivateTmp= (the unit's sandbox)."""
+    primary, mirror = _roots(tmp_path)
+    config = tmp_path / "etc" / "mirrord.toml"
+    config.parent.mkdir()
+    result = run_mirrord("init", "--systemd", "--primary", primary, "--mirror", mirror, config)
+    assert result.returncode == 0, result.stderr
+    assert "useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord" in result.stdout
+    assert f"chown mirrord:mirrord {mirror}" in result.stdout
+    if str(tmp_path).startswith(("/tmp/", "/var/tmp/")):
+        assert f"primary {primary} is under /" in result.stderr and "PrivateTmp=" in result.stderr, result.stderr

@@ -709,6 +709,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "run":
         logsetup.get_logger().info("config.loaded", file=str(loaded.file) if loaded.file else None,
                                    primary=str(config.primary), mirror=str(config.mirror_target))
+    if args.command == "sync":
+        _stop_on_hangup_and_term()
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
@@ -720,8 +722,32 @@ def _main(argv: Sequence[str] | None) -> int:
 
             print(dumps(error_document(args.command, exc)))  # --json promised a document: say why there is none
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 2  # Ctrl-C: SIGINT
+        logsetup.get_logger().warning("command.interrupted", command=args.command, signal=_signal_name(signum),
+                                      action="copies under way aborted, their temp files removed")
+        return 128 + signum
+
+
+def _stop_on_hangup_and_term() -> None:
+    """SIGHUP (a closed terminal) and SIGTERM stop a one-shot copy as Ctrl-C does: the copies under way
+    are aborted and their temp files removed, instead of the process dying with a `.part` left behind."""
+    import signal
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signum)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:

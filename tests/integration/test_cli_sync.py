@@ -57,8 +57,9 @@ def synced(small_tree: Path, mirror: Path, make_config: Callable[..., Config]) -
 
 
 def _lines(stdout: str) -> list[tuple[str, str]]:
-    """verify's findings as (PROBLEM, path)."""
-    return [(p[0], p[1]) for p in (line.split() for line in stdout.splitlines()) if len(p) >= 2]
+    """verify's findings as (PROBLEM, path): its stdout without the summary line that ends it."""
+    return [(p[0], p[1]) for p in (line.split() for line in stdout.splitlines())
+            if len(p) >= 2 and p[0] != "verified"]
 
 
 def test_sync_mirrors_a_tree_of_real_checkpoints_including_200_mb(
@@ -302,7 +303,7 @@ def test_verify_json_counts_intact_files_and_lists_problems(synced: Path) -> Non
                                                                           str(synced))
     assert sorted((p["problem"], p["path"]) for p in doc["problems"]) == [
         ("hash_mismatch", "runA/step_0020.pt"), ("unrecorded", "runC/step_0001.pt")]
-    assert "verified 6 file(s): 5 intact, 2 problem(s)" in result.stdout
+    assert "verified 6 file(s): 5 intact, 2 problem(s)" in result.stderr
 
 
 def test_latest_json_names_path_step_and_size(synced: Path) -> None:

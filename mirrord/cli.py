@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from mirrord.config import Config, LoadedConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-JSON_HELP = "print one JSON document on stdout instead of text (schema: README, JSON output)"
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program its pipe reader left
+JSON_HELP = "print one JSON document on stdout instead of text (schema: docs/commands.md, JSON output)"
 
 Command = Callable[["Config", "argparse.Namespace"], int]
 PlainCommand = Callable[["argparse.Namespace"], int]  # commands that read no configuration
@@ -161,7 +162,8 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
             print(printable(f"{f.problem.upper():14} {f.path}  {f.detail}"))
     print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
           + (f", {unchecked} unchecked (no validator for their format)" if unchecked else "")
-          + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""), file=sys.stderr)
+          + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""),
+          file=sys.stderr if args.json else sys.stdout)  # the result is stdout's; with --json, the document is
     return EXIT_FAILED if problems else EXIT_OK
 
 
@@ -320,6 +322,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         mirrord_executable,
         starter_config,
         starter_unit,
+        systemd_next_steps,
+        systemd_warnings,
         write_files,
     )
 
@@ -336,12 +340,13 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"{'replaced' if w.replaced else 'wrote'} {w.path}")
     config = path.absolute()
     steps = [] if args.mirror is not None else [f"set mirror (required) in {config}"]
-    steps.append(f"mirrord check-config --config {config}")
     if args.systemd:
-        steps.append(f"install -m 0644 {(path.parent / UNIT_NAME).absolute()} /etc/systemd/system/{UNIT_NAME} "
-                     "&& systemctl daemon-reload && systemctl enable --now mirrord")
+        executable = mirrord_executable(sys.argv[0])
+        steps += systemd_next_steps(config, (path.parent / UNIT_NAME).absolute(), args.mirror, executable)
+        for warning in systemd_warnings(args.primary, args.mirror, executable):
+            print(f"warning: {warning}", file=sys.stderr)
     else:
-        steps.append(f"mirrord run --config {config}")
+        steps += [f"mirrord check-config --config {config}", f"mirrord run --config {config}"]
     print("next:\n" + "\n".join(f"  {step}" for step in steps))
     return EXIT_OK
 
@@ -641,7 +646,36 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `mirrord` command: parse, load the config once, run the subcommand; its exit status."""
+    """The `mirrord` command: parse, load the config once, run the subcommand; its exit status.
+
+    A reader that went away (`mirrord check-config | head`) ends the command quietly with 141, as a
+    program killed by SIGPIPE, instead of a traceback; stdout is flushed here so that is found here."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more (the BrokenPipeError was about it)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv in (["-V"], ["--version"]):  # what argparse prints, without building every subcommand's parser
         print(f"mirrord {__version__}")
@@ -681,6 +715,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         logsetup.get_logger().info("config.loaded", file=str(loaded.file) if loaded.file else None,
                                    primary=str(config.primary), mirror=str(config.mirror_target))
+    if args.command == "sync":
+        _stop_on_hangup_and_term()
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
@@ -692,8 +728,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(dumps(error_document(args.command, exc)))  # --json promised a document: say why there is none
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 2  # Ctrl-C: SIGINT
+        logsetup.get_logger().warning("command.interrupted", command=args.command, signal=_signal_name(signum),
+                                      action="copies under way aborted, their temp files removed")
+        return 128 + signum
+
+
+def _stop_on_hangup_and_term() -> None:
+    """SIGHUP (a closed terminal) and SIGTERM stop a one-shot copy as Ctrl-C does: the copies under way
+    are aborted and their temp files removed, instead of the process dying with a `.part` left behind."""
+    import signal
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signum)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:

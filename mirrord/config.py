@@ -31,6 +31,7 @@ from mirrord.config_fast import (
     MIB,
     MIN_BANDWIDTH,
     S3_SCHEME,
+    beside_file,
     check_bandwidth,
     check_endpoint_url,
     check_file_name,
@@ -473,11 +474,10 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError([f"config: {path} is not valid TOML: {exc}"]) from exc
-    folder = Path(path).absolute().parent
     for key in PATH_KEYS:  # relative to the file, not to wherever the command happens to run
         value = data.get(key)
         if isinstance(value, str) and value.strip() and not Path(value).is_absolute() and not is_s3_url(value):
-            data[key] = str(folder / value)
+            data[key] = beside_file(path, value)
     origin = Origin("file", str(Path(path).absolute()))
     return _Layer(data, {k: origin for k in _dotted_keys(data)})
 
@@ -505,7 +505,14 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
         origin = origins.get(key, DEFAULT)
         if err["type"] == "extra_forbidden":
-            hint = _closest(key, [k for k in settings if k.count(".") == key.count(".")])
+            depth = key.count(".")  # names at that depth, sections included (`[prun]` -> prune)
+            names = {".".join(k.split(".")[:depth + 1]) for k in settings if k.count(".") >= depth}
+            hint = _closest(key, sorted(names))
+            section, _, name = key.rpartition(".")
+            if section and name in settings and origin.kind == "file":
+                problems.append(f"{key}: unknown key{origin.suffix()}; {name} is a top-level key: put it above "
+                                f"the file's first [section] (below [{section}] it is read as part of it)")
+                continue
             problems.append(f"{key}: unknown key{origin.suffix()}" + (f"; did you mean {hint}?" if hint else ""))
         elif err["type"] == "missing" and key == "mirror":
             problems.append('mirror: not set (there is no default); give --mirror DIR, MIRRORD_MIRROR=DIR '

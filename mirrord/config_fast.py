@@ -141,6 +141,15 @@ class Roots(Protocol):
         """The s3:// URL, or None for a directory."""
 
 
+def beside_file(config_file: str | Path, relative: str) -> str:
+    """A relative path in a config file, taken from the file's folder; printed as ./var, not ./config/../var
+    (the folder is resolved first, so its `..` is the parent the kernel would take)."""
+    base, parts = Path(config_file).resolve().parent, Path(relative).parts
+    while parts and parts[0] == "..":
+        base, parts = base.parent, parts[1:]
+    return str(base.joinpath(*parts))
+
+
 def check_paths(config: Roots, need_primary: bool = True) -> list[str]:
     """Problems with the two roots that make mirroring unsafe or impossible.
 
@@ -175,6 +184,9 @@ def check_paths(config: Roots, need_primary: bool = True) -> list[str]:
             problems.append(f"mirror: {clash}")
     if mirror.exists() and not mirror.is_dir():
         problems.append(f"mirror: {mirror} exists and is not a directory")
+    elif not mirror.exists() and not mirror.parent.is_dir():  # a mistyped path would fill the wrong disk
+        problems.append(f"mirror: neither {mirror} nor its parent {mirror.parent} exists; mirrord creates only "
+                        "the mirror folder itself: create the path, or correct it")
     elif mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
         problems.append(f"mirror: {mirror} is not writable")
     if config.mirror_must_be_mountpoint and not mirror.is_mount():
@@ -441,12 +453,11 @@ def fast_config(path: Path | None, environ: Mapping[str, str] | None = None,
                 data = tomllib.loads(read_trusted(path, 1024 * 1024, follow=True)[1].decode("utf-8"))
             except (OSError, ValueError) as exc:  # unreadable, untrusted, not TOML: the models word it
                 raise UnsureError("config") from exc
-            folder = Path(path).absolute().parent
             for key in ("primary", "mirror"):  # relative to the file, as mirrord.config._read_file does
                 value = data.get(key)
                 if isinstance(value, str) and value.strip() and not Path(value).is_absolute() \
                         and not value.startswith(S3_SCHEME):
-                    data[key] = str(folder / value)
+                    data[key] = beside_file(path, value)
             _merge(data, False, values)
         env: dict[str, Any] = {}
         for name in environ:

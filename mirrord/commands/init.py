@@ -60,6 +60,37 @@ def starter_unit(config_path: Path, primary: Path | None, mirror: Path | None, e
     return text
 
 
+def systemd_next_steps(config: Path, unit: Path, mirror: Path | None, executable: str | None) -> list[str]:
+    """What to run after `init --systemd`: the user the unit runs as, its rights, the unit's install."""
+    steps = ["useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord",
+             f"chgrp mirrord {config} && chmod 0640 {config}"]
+    if mirror is not None:
+        steps.append(f"mkdir -p {mirror.absolute()} && chown mirrord:mirrord {mirror.absolute()}")
+    steps += [f"mirrord check-config --config {config}",
+              f"install -m 0644 {unit} /etc/systemd/system/{UNIT_NAME} && systemctl daemon-reload "
+              "&& systemctl enable --now mirrord"]
+    return steps
+
+
+def systemd_warnings(primary: Path | None, mirror: Path | None, executable: str | None) -> list[str]:
+    """Paths the unit's sandbox hides from the service: PrivateTmp gives it its own /tmp and /var/tmp,
+    ProtectHome hides /root, /home and /run/user."""
+    hidden = {"/tmp": "PrivateTmp", "/var/tmp": "PrivateTmp", "/root": "ProtectHome", "/home": "ProtectHome",
+              "/run/user": "ProtectHome"}
+    named = [("primary", primary), ("mirror", mirror), ("mirrord", Path(executable) if executable else None)]
+    warnings = []
+    for what, path in named:
+        if path is None:
+            continue
+        full = path.absolute()
+        for top, setting in hidden.items():
+            if full.is_relative_to(top):
+                warnings.append(f"{what} {full} is under {top}, which the unit's {setting}= hides from the service: "
+                                + ("install mirrord elsewhere (python3 -m venv /opt/mirrord)" if what == "mirrord"
+                                   else "choose another folder"))
+    return warnings
+
+
 @dataclass(frozen=True)
 class Written:
     """A file `init` wrote, and whether it replaced one."""

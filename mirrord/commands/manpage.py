@@ -83,8 +83,8 @@ def render(parser: argparse.ArgumentParser, version: str) -> str:
         "\\fI.mirrord.lock\\fR",
         "at the mirror root: one mirrord per mirror",
         ".SH SEE ALSO",
-        "\\fBmirrord init\\fR writes a commented configuration file; the README documents every command, key "
-        "and metric.",
+        "\\fBmirrord init\\fR writes a commented configuration file; docs/ in the source tree documents every "
+        "command, key and metric.",
     ]
     return "\n".join(lines) + "\n"
 

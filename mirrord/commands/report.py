@@ -1,7 +1,7 @@
 """`--json` output of the one-shot commands: one JSON document per run, on stdout.
 
 Every document carries `command`, `version` and `ok` (true exactly when the command exits 0); the
-other fields are the command's own (README, "JSON output"). Paths on a volume are POSIX paths relative
+other fields are the command's own (docs/commands.md, "JSON output"). Paths on a volume are POSIX paths relative
 to its root, as in the manifest; roots are absolute. Nothing is printed on stdout for exit status 2;
 a command stopped by an error before it had a result prints `error_document` instead.
 """
@@ -76,10 +76,11 @@ def prune_document(report: PruneReport) -> dict[str, Any]:
 
 
 def sync_document(report: SyncReport) -> dict[str, Any]:
-    """`sync --json`: what was copied, failed, unsettled or invalid."""
+    """`sync --json`: what was copied, failed, unsettled, or not published (a source not whole: `invalid`)."""
     return {
         **_head("sync", report.ok), "copied": sorted(report.copied),
         "failed": [{"path": rel, "error": err} for rel, err in sorted(report.failed.items())],
         "unsettled": sorted(report.unsettled), "gone": sorted(report.gone), "in_sync": report.in_sync,
         "listing_errors": list(report.listing_errors), "refused": report.refused,
+        "invalid": [{"path": rel, "cause": cause} for rel, cause in sorted(report.invalid.items())],
     }

@@ -542,8 +542,8 @@ def human_duration(seconds: float) -> str:
 
 
 def _space(vol: VolumeStatus) -> str:
-    if vol.free_bytes is None:
-        return f"unavailable ({vol.error})"
+    if vol.free_bytes is None:  # an object store has no such number; a local volume that failed says why
+        return f"free space unavailable ({vol.error})" if vol.error else "free space not reported (object store)"
     text = f"{_bytes(vol.free_bytes)} free of {_bytes(vol.total_bytes)}"
     return text + (f"  ({vol.error})" if vol.error else "")
 

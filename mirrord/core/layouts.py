@@ -128,7 +128,7 @@ class Layout:
         what = "files" if self.kind == "file" else "folders"
         lines = [
             f"layout = {self.name!r}: a checkpoint is one of the {what} named {list(self.patterns)}",
-            f"step: the first group of {self.step_pattern!r} in the {what[:-1]}'s name; "
+            f"step: the first group of '{self.step_pattern}' in the {what[:-1]}'s name; "
             "units with no step are mirrored, never pruned",
         ]
         if self.folders:

@@ -176,7 +176,7 @@ def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
         pattern = layout.pattern_of(rel.rsplit("/", 1)[-1])
         found.setdefault(("no_step", pattern), NamingWarning(
             "no_step", pattern, rel,
-            f"{rel}: no step in its name by {layout.step_pattern!r} (layout {layout.name!r}): mirrored, but "
+            f"{rel}: no step in its name by '{layout.step_pattern}' (layout {layout.name!r}): mirrored, but "
             f"retention never prunes it or anything named {pattern!r} without a step; check `layout`"
             + (" or prune.step_pattern" if layout.name in ("torch", "custom") else "")))
     for pattern, rel in sorted(snapshot.lookalikes.items()):

@@ -9,9 +9,12 @@ structlog is already loaded), so every logger ever handed out renders as the las
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, TextIO
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
     from structlog.typing import FilteringBoundLogger
 
 # The values of logging.DEBUG ... logging.ERROR (this module does not import logging for them).
@@ -81,12 +84,29 @@ def _apply() -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _plain_values,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
+
+
+def _plain_values(_logger: object, _name: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
+    """Enum members as their values, in dicts and lists too: a console shows `skipped={'recent_mtime': 4}`,
+    not `<Veto.RECENT_MTIME: 'recent_mtime'>`."""
+    return {key: _plain(value) for key, value in event.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def get_logger() -> FilteringBoundLogger:

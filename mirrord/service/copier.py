@@ -58,6 +58,7 @@ class CopyControl:
     last_progress: float = field(default=0.0)
     stop_reason: str | None = None  # "stalled" | "cancelled"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def __post_init__(self) -> None:
         self.last_progress = self.clock()
@@ -72,6 +73,11 @@ class CopyControl:
         with self._lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
+        self._stopped.set()
+
+    def pause(self, seconds: float) -> None:
+        """Wait `seconds` (the bandwidth cap's pause), ending early when the copy is asked to stop."""
+        self._stopped.wait(seconds)
 
     def check(self, path: Path) -> None:
         """Raise StalledError or CancelledError if the copy was asked to stop."""
@@ -346,7 +352,7 @@ def _pump(
             if options.bandwidth_limit:
                 ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
                 if ahead > 0:
-                    time.sleep(ahead)
+                    control.pause(ahead)  # a stop (shutdown, Ctrl-C) must not wait out the cap
         while in_flight:
             in_flight.popleft().result()
     finally:

@@ -65,7 +65,7 @@ from mirrord.store.manifest import (
 )
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import split_rel
-from mirrord.store.s3_errors import CONFLICT_CODES, error_code, wrap
+from mirrord.store.s3_errors import CONFLICT_CODES, access_error, error_code, wrap
 from mirrord.store.scan import is_selected_name
 
 try:  # ISA-L's CRC-32 (python-isal): the same function as zlib's (what botocore would use), several times faster
@@ -231,11 +231,14 @@ class S3Mirror:
 
     # -- reading --------------------------------------------------------------------------------------
     def exists(self) -> bool:
-        """The bucket answers (and we may use it)."""
+        """The bucket answers (and we may use it); False only when it does not exist. Credentials missing or
+        refused, or no answer, raise an error that says so (access_error)."""
         try:
             self.client.head_bucket(Bucket=self.location.bucket)
-        except Exception:
-            return False
+        except Exception as exc:
+            if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
+                return False
+            raise access_error(self.describe(), exc) from exc
         return True
 
     def size_hint(self) -> int:

@@ -40,6 +40,22 @@ def wrap(where: str, exc: Exception, action: str) -> MirrordError:
 
 
 
+def access_error(where: str, exc: Exception) -> MirrordError:
+    """Why the bucket cannot be used, in words that say what to fix: credentials missing or refused, or a
+    server that does not answer (before, each read as "does not exist")."""
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, NoCredentialsError
+
+    code = error_code(exc)
+    if isinstance(exc, NoCredentialsError):
+        return PermanentError(where, "no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                                     "or AWS_PROFILE, or give the machine a role (the standard AWS chain)")
+    if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return PermanentError(where, f"the server refused the credentials ({code}): check AWS_ACCESS_KEY_ID "
+                                     "and AWS_SECRET_ACCESS_KEY (or the profile), and their rights on the bucket")
+    if isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
+        return TransientError(where, f"no answer from the S3 endpoint ({exc}): check s3.endpoint_url and that "
+                                     "the server is up")
+    return wrap(where, exc, "head bucket")
 # A conditional write that lost: another writer changed the object since we read its ETag.
 CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})

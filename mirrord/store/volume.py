@@ -591,9 +591,10 @@ class LocalMirror(LocalVolume):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
+                holder = _lock_holder(fd)
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                    raise LockedError(self.root, "another mirrord process is using this mirror") from exc
+                    raise LockedError(self.root, f"another mirrord process{holder} is using this mirror") from exc
                 raise
             if _same_inode(fd, path):
                 break
@@ -640,6 +641,15 @@ class LocalMirror(LocalVolume):
             self._lock_fd = fd
             return None
         return f"{path} was replaced: another mirrord may now work on this mirror"
+
+
+def _lock_holder(fd: int) -> str:
+    """The holder as ' (pid N)', read from the lock file it wrote its pid into; '' if there is none yet."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return ""
+    return f" (pid {text})" if text.isdigit() else ""
 
 
 def _same_inode(fd: int, path: Path) -> bool:

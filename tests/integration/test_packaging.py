@@ -38,6 +38,7 @@ def test_wheel_ships_config_unit_rules_man_page_and_completions(tmp_path: Path) 
         "mirrord/data/mirrord.toml": (REPO / "config" / "mirrord.toml").read_text(),
         "mirrord/data/mirrord.service": (REPO / "systemd" / "mirrord.service").read_text(),
         "mirrord/data/alerts.yml": (REPO / "config" / "prometheus" / "alerts.yml").read_text(),
+        "mirrord/data/grafana/mirrord.json": (REPO / "mirrord" / "data" / "grafana" / "mirrord.json").read_text(),
         "mirrord/data/man/mirrord.1": render(parser, __version__),
         "mirrord/data/completion/mirrord.bash": script("bash", parser),
         "mirrord/data/completion/_mirrord": script("zsh", parser),

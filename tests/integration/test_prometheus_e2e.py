@@ -33,7 +33,7 @@ SCRAPE_SECONDS = 1
 class PrometheusServer:
     """One Prometheus process scraping `targets` as job "mirrord" (the name the alert rules expect)."""
 
-    def __init__(self, workdir: Path, targets: list[str]) -> None:
+    def __init__(self, workdir: Path, targets: list[str], scrape_config: dict[str, Any] | None = None) -> None:
         binary = shutil.which("prometheus")
         assert binary, "prometheus not found: apt-get install prometheus (done by .ci/run)"
         self.port = free_port()
@@ -46,7 +46,8 @@ class PrometheusServer:
             "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": f"{SCRAPE_SECONDS}s",
                        "evaluation_interval": f"{SCRAPE_SECONDS}s"},
             "rule_files": [str(ALERT_RULES)],
-            "scrape_configs": [{"job_name": "mirrord", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": "mirrord", **(scrape_config or {}),
+                                "static_configs": [{"targets": targets}]}],
         }, indent=2))
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(

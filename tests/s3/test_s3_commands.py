@@ -146,7 +146,7 @@ def test_verify_latest_and_status_read_the_bucket(
     assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
     verified = run_mirrord("verify", "--config", config, env=s3_env, timeout=300)
     assert verified.returncode == 0, verified.stderr
-    assert f"verified {len(files)} file(s): {len(files)} intact" in verified.stderr
+    assert f"verified {len(files)} file(s): {len(files)} intact" in verified.stdout
     deep = run_mirrord("verify", "--deep", "--config", config, env=s3_env, timeout=300)
     assert deep.returncode == 0, deep.stderr
     latest = run_mirrord("latest", "--run", "runA", "--verify", "--config", config, env=s3_env)

@@ -174,7 +174,7 @@ def test_sync_on_each_node_uploads_its_share_and_the_second_completes_the_unit(
     verified = run_mirrord("verify", "--config", configs["node-1"], env=s3_env, timeout=300)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "PART" in verified.stdout and "run/step_5/__1_0.distcp" in verified.stdout
-    assert "1 file(s) of units waiting for other nodes' shares" in verified.stderr
+    assert "1 file(s) of units waiting for other nodes' shares" in verified.stdout
     status = run_mirrord("status", "--config", configs["node-1"], env=s3_env, timeout=300)
     assert "1 unit(s) waiting for other nodes' shares, e.g. run/step_5 (has node-2's)" in status.stdout, status.stdout
     mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/run/step_5/__1_0.distcp", Body=b"torn")

@@ -492,14 +492,14 @@ def test_relative_paths_in_a_file_are_relative_to_its_folder(tmp_path: Path, mon
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "ckpt").mkdir()
+    (tmp_path / "backup").mkdir()  # a mirror's parent must exist
     config_file = _write(etc, 'primary = "ckpt"\nmirror = "../backup/ckpt"\n')
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     config = load_config(config_file, environ={})
-    assert config.primary == etc / "ckpt"
-    assert config.mirror == etc / "../backup/ckpt"
-    assert config.mirror.resolve() == tmp_path / "backup" / "ckpt"
+    assert config.primary == etc.resolve() / "ckpt"
+    assert config.mirror == tmp_path.resolve() / "backup" / "ckpt"  # as printed: no etc/../
     from_flag = load_config(config_file, environ={}, overrides={"mirror": "m"})
     assert from_flag.mirror == elsewhere / "m"
     from_env = load_config(config_file, environ={"MIRRORD_MIRROR": "e"})

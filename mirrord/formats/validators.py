@@ -248,7 +248,7 @@ def safetensors_verdict(head: bytes, size: int) -> Verdict:
         return bad(TRUNCATED, f"header of {length} bytes runs past the end ({size})")
     try:
         header = json.loads(head[8 : 8 + length])
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         return bad(INVALID, f"header is not JSON: {exc}")
     if not isinstance(header, dict):
         return bad(INVALID, "header is not a JSON object")
@@ -297,7 +297,7 @@ class _Json(_Buffered):
             return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord parses", JSON)
         try:
             json.loads(self._data)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             return Verdict(INVALID, f"not JSON: {exc}", JSON)
         return Verdict(OK, "parses", JSON)
 

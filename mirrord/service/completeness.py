@@ -12,6 +12,7 @@ from mirrord.core.model import FileState
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
 from mirrord.formats.dcpmeta import METADATA_NAME
+from mirrord.obs.log import get_logger
 from mirrord.store.manifest import Manifest
 from mirrord.store.volume import LocalVolume
 
@@ -31,12 +32,21 @@ def read_small(volume: LocalVolume, rel: str, limit: int = MAX_READ_BYTES) -> by
 
 
 def judge(
-    volume: LocalVolume, layout: Layout, settled: Callable[[FileState], bool] = lambda _state: True
+    volume: LocalVolume, layout: Layout, settled: Callable[[FileState], bool] = lambda _state: True,
+    tell: bool = False,
 ) -> Callable[[Unit], Completeness]:
-    """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule."""
+    """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule. With
+    `tell`, a unit whose files have all settled and that is still not whole (a state file that does not
+    parse, nests too deeply, a .metadata that cannot be read) is logged once for the listing, with why."""
+    told: set[str] = set()
+
     def complete(unit: Unit) -> Completeness:
         reads = {rel: read_small(volume, rel) for rel in reads_needed(unit, layout)}
-        return completeness(unit, layout, settled, reads)
+        verdict = completeness(unit, layout, settled, reads)
+        if tell and not verdict.complete and unit.rel not in told and all(settled(f) for f in unit.files):
+            told.add(unit.rel)
+            get_logger().warning("unit.incomplete", path=unit.rel, why=verdict.why)
+        return verdict
 
     return complete
 

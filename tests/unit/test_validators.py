@@ -188,3 +188,13 @@ def test_library_files_pass_by_name_streamed_and_whole(tmp_path: Path) -> None:
     os.truncate(distcp, distcp.stat().st_size - 10)
     assert validate_beneath(tmp_path, "step_4/__0_0.distcp").status == "truncated"
     assert validate_beneath(tmp_path, "step_4/.metadata").status == "truncated"
+
+
+def test_json_nested_100000_deep_is_invalid_not_a_crash(tmp_path: Path) -> None:
+    """json's parser recurses per level: a file nested past the interpreter's limit is a verdict, as is a
+    safetensors header nested so."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert streamed(tmp_path, "trainer_state.json", deep, 4096) == "invalid"
+    assert whole_file(tmp_path, "trainer_state.json", deep) == "invalid"
+    header = b'{"a": ' + deep + b"}"
+    assert safetensors_verdict(len(header).to_bytes(8, "little") + header, 8 + len(header)).status == "invalid"

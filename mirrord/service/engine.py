@@ -36,7 +36,6 @@ from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.paths import open_file_beneath
-from mirrord.store.volume import LocalMirror
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -54,12 +53,6 @@ def copy_options(config: Config) -> CopyOptions:
         bandwidth_limit=config.io.bandwidth_limit,
         drop_cache=config.io.drop_cache,
     )
-
-
-def _apply_direct_write(mirror: Mirror, config: Config) -> None:
-    """io.direct_write reaches the local mirror's uploads (an object store has no page cache to bypass)."""
-    if isinstance(mirror, LocalMirror):
-        mirror.direct_write = config.io.direct_write
 
 
 class Engine:
@@ -87,7 +80,6 @@ class Engine:
         if metrics is not None:
             metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
         self.options = copy_options(config)
-        _apply_direct_write(mirror, config)
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
         self._space_lock = threading.Lock()
@@ -97,7 +89,6 @@ class Engine:
         """Use a reloaded config for the next copies (copies in flight keep theirs)."""
         self.config = config
         self.options = copy_options(config)
-        _apply_direct_write(self.mirror, config)
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
         """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""

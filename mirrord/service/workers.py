@@ -19,7 +19,7 @@ from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.service.commits import CommitStage
-from mirrord.service.copier import CopyControl, keep_thread_writer, release_thread_buffers
+from mirrord.service.copier import CopyControl
 from mirrord.service.engine import Engine, StagedCopy
 from mirrord.service.jobqueue import JobQueue, QueuedJob
 from mirrord.service.progress import log_progress
@@ -218,13 +218,6 @@ class WorkerPool:
 
     # -- the worker loop ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
-        keep_thread_writer()
-        try:
-            self._serve(worker)
-        finally:
-            release_thread_buffers()  # and the write helper: nothing of this worker outlives it
-
-    def _serve(self, worker: _Worker) -> None:
         if self.ionice != "none" and not set_thread_ionice(self.ionice):
             self.log.warning("worker.ionice_unsupported", ionice=self.ionice)
         if self.cpu_nice and not set_thread_nice(self.cpu_nice):
@@ -234,7 +227,6 @@ class WorkerPool:
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:
-                release_thread_buffers()  # idle for a second: its copy buffers go back to the system
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:

@@ -35,10 +35,9 @@ if TYPE_CHECKING:
 class FolderStaging:
     """One folder unit being staged beneath `root` (see the module docstring)."""
 
-    def __init__(self, root: Path, key: str, direct_write: bool = False) -> None:
+    def __init__(self, root: Path, key: str) -> None:
         parts = split_rel(key)
         self.root = Path(root)
-        self.direct_write = direct_write
         self.key = key
         self._parent = parts[:-1]
         self._name = parts[-1]
@@ -70,7 +69,7 @@ class FolderStaging:
         split_rel(relkey)
         if self._done:
             raise RuntimeError("upload() after commit() or abort()")
-        return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache, self.direct_write)
+        return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache)
 
     # commit() replaces an older copy under the key itself, whole, in one step (see the module docstring).
     replaces = True

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from mirrord.store.paths import lstat_beneath, open_file_beneath
+from mirrord.paths import lstat_beneath, open_file_beneath
 
 METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"

@@ -33,7 +33,7 @@ from typing import Protocol
 
 from mirrord.formats import dcpmeta, zipcheck
 from mirrord.formats.verdicts import CRC_MISMATCH, EMPTY, INVALID, OK, PASSING, TRUNCATED, UNCHECKED, UNREADABLE
-from mirrord.store.paths import open_file_beneath
+from mirrord.paths import open_file_beneath
 
 TORCH_ZIP, SAFETENSORS, JSON, DCP = "torch_zip", "safetensors", "json", dcpmeta.FORMAT
 

@@ -35,10 +35,10 @@ from mirrord.errors import (
 )
 from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
 from mirrord.obs.sizes import bytes_both
+from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.hashing import Hasher, new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
-from mirrord.store.paths import open_dir_beneath, open_file_beneath, split_rel
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
 

@@ -29,13 +29,13 @@ from mirrord.errors import (
 )
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 from mirrord.obs.log import get_logger
+from mirrord.paths import open_file_beneath
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
-from mirrord.store.paths import open_file_beneath
 
 if TYPE_CHECKING:
     from mirrord.config import Config

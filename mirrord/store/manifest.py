@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.obs.log import get_logger
+from mirrord.paths import split_rel
 from mirrord.store.bulk import collection_paused
 from mirrord.store.companion import COMPANION_FROM_ENTRIES, encode_companion, read_companion
 from mirrord.store.hashing import ALGORITHMS
 from mirrord.store.journal import LocalManifestStore, MakeCompanion, Stored
 from mirrord.store.jsonstream import CHUNK_BYTES, NotAnObjectError, read_object
 from mirrord.store.packed import Entries, Held, pack, pack_fields, unpack
-from mirrord.store.paths import split_rel
 
 if TYPE_CHECKING:
     import threading

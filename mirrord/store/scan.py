@@ -18,9 +18,9 @@ from mirrord.core.layouts import (
     name_suffixes,
 )
 from mirrord.core.model import FileState, Snapshot
+from mirrord.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
-from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
 _TEMP_LENGTH = len(TEMP_SUFFIX)

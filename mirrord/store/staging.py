@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.model import FileState
 from mirrord.errors import from_oserror
+from mirrord.paths import DIR_FLAGS, open_dir_beneath, split_rel
 from mirrord.store import atomic
-from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, split_rel
 
 if TYPE_CHECKING:
     from mirrord.store.volume import LocalUpload

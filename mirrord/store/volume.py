@@ -25,11 +25,11 @@ from mirrord.errors import (
     SizeMismatchError,
     from_oserror,
 )
+from mirrord.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store import atomic
 from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
-from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
 
 if TYPE_CHECKING:

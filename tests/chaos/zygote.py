@@ -38,7 +38,8 @@ import mirrord.service.copier
 import mirrord.service.daemon
 import mirrord.store.journal
 import mirrord.store.manifest
-from mirrord.store import atomic, paths, volume
+from mirrord import paths
+from mirrord.store import atomic, volume
 
 _real_fsync = os.fsync
 

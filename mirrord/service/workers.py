@@ -19,7 +19,7 @@ from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.service.commits import CommitStage
-from mirrord.service.copier import CopyControl
+from mirrord.service.copier import CopyControl, release_thread_buffers
 from mirrord.service.engine import Engine, StagedCopy
 from mirrord.service.jobqueue import JobQueue, QueuedJob
 from mirrord.service.progress import log_progress
@@ -227,6 +227,7 @@ class WorkerPool:
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:
+                release_thread_buffers()  # idle for a second: its copy buffers go back to the system
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:

@@ -371,8 +371,8 @@ _BUFFERS = threading.local()
 
 def thread_buffers(total_bytes: int) -> list[bytearray]:
     """The calling thread's two copy buffers, `total_bytes` together (io.buffer_bytes), kept for its next
-    copy: fresh ones cost a page fault and a zeroed page per 4 KiB, which made 200 copies of 4 MiB take
-    1.5-2x as long (see the simplify issue's closing note)."""
+    copy: fresh ones cost a page fault and a zeroed page per 4 KiB, which slows a run of small copies
+    measurably."""
     half = max(64 * 1024, total_bytes // 2)
     buffers: list[bytearray] | None = getattr(_BUFFERS, "pair", None)
     if buffers is None or len(buffers[0]) != half:

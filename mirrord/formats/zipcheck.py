@@ -217,25 +217,9 @@ def _parse_central_directory(cd: bytes, entries: int) -> list[_Record]:
     for index in range(entries):
         if pos + _CENTRAL.size > len(cd) or cd[pos : pos + 4] != _SIG_CENTRAL:
             raise _BadFileError("unreadable", f"central directory entry {index} is damaged")
-        (
-            _,
-            _,
-            _,
-            flags,
-            method,
-            _,
-            _,
-            crc,
-            csize,
-            usize,
-            name_len,
-            extra_len,
-            comment_len,
-            _,
-            _,
-            _,
-            offset,
-        ) = _CENTRAL.unpack_from(cd, pos)
+        header = _CENTRAL.unpack_from(cd, pos)
+        flags, method, crc, csize, usize, name_len, extra_len, comment_len = header[3:5] + header[7:13]
+        offset = header[16]
         name_start = pos + _CENTRAL.size
         raw_name = cd[name_start : name_start + name_len]
         extra = cd[name_start + name_len : name_start + name_len + extra_len]

@@ -5,7 +5,7 @@ real model has), brings it into the page cache, then times in paired repetitions
 runs every variant once, in a rotated order) on the same file in the same run:
 
   read only            8 MiB readinto loop: the ceiling any check can reach from the page cache
-  deep verify          mirrord.formats.zipcheck.check_torch_zip (every record's CRC-32), default and 1 worker
+  deep verify          mirrord.formats.zipcheck.check_torch_zip (every record's CRC-32)
   zipfile.testzip      the standard library's own CRC walk, for reference
   blake3 / sha256      mirrord.store.hashing.hash_file, what `mirrord verify` does against the manifest
   load (mmap)          mirrord.formats.zipcheck.load_check, the extra cost of `--load`
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mirrord.formats.zipcheck import MAX_WORKERS, check_torch_zip, load_check
+from mirrord.formats.zipcheck import check_torch_zip, load_check
 from mirrord.store.hashing import hash_file
 
 if __package__ in (None, ""):  # run as a script (python bench/X.py): make the `bench` package importable
@@ -60,12 +60,8 @@ def read_only(path: Path) -> str:
     return str(total)
 
 
-def deep(workers: int | None) -> Callable[[Path], str]:
-    def run(path: Path) -> str:
-        result = check_torch_zip(path, workers=workers)
-        return result.status
-
-    return run
+def deep(path: Path) -> str:
+    return check_torch_zip(path).status
 
 
 def testzip(path: Path) -> str:
@@ -189,11 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         kind = make_checkpoint(path, size)
     file_bytes = path.stat().st_size
 
-    default_workers = min(MAX_WORKERS, os.cpu_count() or 1)
     variants = [
         Variant("read only (8 MiB readinto)", read_only),
-        Variant(f"deep verify ({default_workers} workers, default)", deep(None)),
-        Variant("deep verify (1 worker)", deep(1)),
+        Variant("deep verify", deep),
         Variant("zipfile.testzip (stdlib)", testzip),
         Variant("blake3 (hashing.hash_file)", hashed("blake3")),
         Variant("sha256 (hashing.hash_file)", hashed("sha256")),

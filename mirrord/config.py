@@ -156,7 +156,6 @@ class IoConfig(_Section):
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
     bandwidth_limit: int = Field(0, ge=0)  # 0 or at least MIN_BANDWIDTH (checked below)
     drop_cache: bool = True
-    direct_write: bool = False  # O_DIRECT writes to a local ext4/xfs/btrfs/f2fs mirror (with drop_cache)
     ionice: Literal["none", "best-effort", "idle"] = "none"
     cpu_nice: int = Field(0, ge=0, le=19)  # nice value of copy threads (0 = as the daemon)
     cpu_policy: Literal["normal", "idle"] = "normal"  # "idle": SCHED_IDLE copy threads (Linux)

@@ -237,7 +237,6 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "io.buffer_bytes": ("int", 8 * MIB, (64 * 1024, 256 * MIB)),
     "io.bandwidth_limit": ("int", 0, (0, None)),
     "io.drop_cache": ("bool", True, None),
-    "io.direct_write": ("bool", False, None),
     "io.ionice": ("choice", "none", ("none", "best-effort", "idle")),
     "io.cpu_nice": ("int", 0, (0, 19)),
     "io.cpu_policy": ("choice", "normal", ("normal", "idle")),

@@ -95,7 +95,7 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             settled = settle.at(time.monotonic())
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
             view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
-                             is_complete=judge(primary, rules, settled), facts=facts,
+                             is_complete=judge(primary, rules, settled, tell=True), facts=facts,
                              sharing=sharing_for(config, manifest, primary, settled))
             report.refused = view.refused
             if view.refused is not None:

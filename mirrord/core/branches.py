@@ -12,14 +12,13 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from mirrord.core.model import FileState, step_reader
 
 
-# A NamedTuple, not a dataclass: every command that reads a manifest defines it, and a NamedTuple takes a
-# fifth of the time to define (`mirrord latest` answers in well under 150 ms; bench goal 3).
-class Branches(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Branches:
     """The branch of every step of one run, and the rollbacks that started each new branch."""
 
     of: Mapping[int, int]  # step -> branch (0 for the first)

@@ -8,7 +8,6 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from posixpath import dirname
-from typing import Any
 
 from mirrord.formats.verdicts import PASSING
 
@@ -98,58 +97,6 @@ class ManifestEntry:
 def entry_passed(entry: ManifestEntry) -> bool:
     """Recorded with a passing validator verdict (entries from before validation existed count)."""
     return entry.validation is None or entry.validation in PASSING
-
-
-# -- fast construction ------------------------------------------------------------------------------------
-# A frozen dataclass's __init__ sets each field through object.__setattr__; a scan of 1,000,000 files and
-# the load of a 1,000,000-entry manifest make one record per file, where that is a third of the cost.
-# These build the same records at under half the cost of even setting each slot through its descriptor:
-# the fields are stored into a plain slotted twin (same slots, same order, so the same memory layout), whose
-# stores the interpreter makes direct, and the object then becomes the record by __class__ assignment
-# (which Python allows only between such layouts, and refuses with TypeError otherwise). The result is an
-# ordinary record of the class: frozen, equal and hashed like one made by __init__. Every field is given: a
-# field added to the class must be added here (tests/unit/test_model.py compares them with the dataclasses'
-# __init__).
-class _FileStateTwin:
-    __slots__ = FileState.__slots__
-
-
-class _ManifestEntryTwin:
-    __slots__ = ManifestEntry.__slots__
-
-
-def make_file_state(rel: str, size: int, mtime_ns: int, ino: int, dev: int, mode: int, ctime_ns: int) -> FileState:
-    """FileState(rel, size, mtime_ns, ino, dev, mode, ctime_ns), built faster (see above)."""
-    state: Any = _FileStateTwin()
-    state.rel = rel
-    state.size = size
-    state.mtime_ns = mtime_ns
-    state.ino = ino
-    state.dev = dev
-    state.mode = mode
-    state.ctime_ns = ctime_ns
-    state.__class__ = FileState
-    return state  # type: ignore[no-any-return]
-
-
-def make_manifest_entry(path: str, size: int, algo: str, digest: str, source_mtime_ns: int, step: int | None,
-                        mirrored_at: float, mirror_mtime_ns: int | None, validation: str | None, mirror_ino: int,
-                        mirror_ctime_ns: int) -> ManifestEntry:
-    """ManifestEntry with every field given, built faster (see above)."""
-    entry: Any = _ManifestEntryTwin()
-    entry.path = path
-    entry.size = size
-    entry.algo = algo
-    entry.digest = digest
-    entry.source_mtime_ns = source_mtime_ns
-    entry.step = step
-    entry.mirrored_at = mirrored_at
-    entry.mirror_mtime_ns = mirror_mtime_ns
-    entry.validation = validation
-    entry.mirror_ino = mirror_ino
-    entry.mirror_ctime_ns = mirror_ctime_ns
-    entry.__class__ = ManifestEntry
-    return entry  # type: ignore[no-any-return]
 
 
 def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:

@@ -276,7 +276,7 @@ def _hf_complete(unit: Unit, state: bytes | None) -> Completeness:
         return Completeness(False, f"{HF_STATE} could not be read")
     try:
         parsed = json.loads(state)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         return Completeness(False, f"{HF_STATE} does not parse: {exc}")
     if not isinstance(parsed, dict):
         return Completeness(False, f"{HF_STATE} is not a JSON object")

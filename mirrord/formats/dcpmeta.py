@@ -7,8 +7,8 @@ every saved item to a `_StorageInfo(relative_path, offset, length)`. A folder is
 reads and every file it references is there, at least as long as the last byte range it holds.
 
 `pickle.load` would import torch and run whatever the file names (torch's own FileSystemReader does
-exactly that); here mirrord.formats.safepickle walks the opcodes and builds inert stand-ins, so a
-hostile file can name any callable and none runs.
+exactly that); here mirrord.formats.safepickle unpickles with inert stand-ins for every class, after
+bounding how deeply its values nest, so a hostile file can name any callable and none runs.
 
     storage_references(data)   each referenced file -> the size it must have at least (pure)
     judge(needed, sizes)       (status, detail) given the sizes found (pure)
@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from mirrord.store.paths import lstat_beneath, open_file_beneath
+from mirrord.paths import lstat_beneath, open_file_beneath
 
 METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"
@@ -52,7 +52,7 @@ def storage_references(data: bytes) -> dict[str, int]:
     """
     if len(data) > MAX_METADATA_BYTES:
         raise MetadataError(f"{len(data)} bytes: too large for a .metadata file", "unchecked")
-    from mirrord.formats import safepickle  # here: pickletools is heavy, and only a .metadata read needs it
+    from mirrord.formats import safepickle  # here: only a .metadata read needs pickle
 
     try:
         top = safepickle.load(data)

@@ -26,20 +26,14 @@ import json
 import os
 import stat
 import struct
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from mirrord.formats import dcpmeta, zipcheck
-
-try:  # ISA-L's CRC-32 (python-isal): the same function as zlib's, several times faster
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - a platform without its wheel
-    from zlib import crc32
 from mirrord.formats.verdicts import CRC_MISMATCH, EMPTY, INVALID, OK, PASSING, TRUNCATED, UNCHECKED, UNREADABLE
-from mirrord.store.paths import open_file_beneath
+from mirrord.paths import open_file_beneath
 
 TORCH_ZIP, SAFETENSORS, JSON, DCP = "torch_zip", "safetensors", "json", dcpmeta.FORMAT
 
@@ -80,47 +74,26 @@ class _TorchZip:
     committed checkpoint is whole: its end records are there): the records' data ranges are then
     known, and each range's CRC is computed straight from the streamed buffers, a few calls per
     buffer. At the end the directory is read again; only if it still names the same records at the
-    same places do those CRCs count (else the file changed while it was copied, and the records are
-    checksummed by reading them back).
-
-    Without a directory up front (a torn file, or no descriptor), the CRC-32 of the whole stream is
-    remembered every GRID bytes, and a record's CRC is derived from the stream's CRC at its data start
-    and end (CRC-32 is linear: crc(B) = P(end) ^ P(start) * x^(8*len(B))), each P(x) from the grid
-    point below x plus at most GRID bytes read back, so the record bytes themselves are never read
-    twice. (Scanning the stream for zip signatures instead cost four times the CRC itself: bytes.find
-    of a two-byte needle runs at about 1.3 GB/s.)
+    same places do those CRCs count. Otherwise (no descriptor, a directory that could not be read
+    first, or one that moved while the file was copied) the records are checksummed by reading them
+    back: a second read, for a torn or rewritten file only.
     """
 
     format = TORCH_ZIP
-    GRID = 8192
 
     def __init__(self, fd: int | None = None) -> None:
         self.size = 0
-        self._crc = 0
-        self._grid = array("I")  # _grid[k]: CRC-32 of the first (k + 1) * GRID bytes
         self._plan = _plan_records(fd) if fd is not None else None
         self._next = 0  # the plan's first stored record whose data is not all streamed yet
         self._record_crc = 0  # of the streamed part of that record
         self._crcs: list[int] = []  # of the plan's stored records, in file order, once streamed
 
     def feed(self, buf: bytes | bytearray | memoryview, n: int) -> None:
-        if self._plan is not None:
-            self._feed_planned(memoryview(buf), n)
+        first, last = self.size, self.size + n
+        self.size = last
+        if self._plan is None:
             return
         view = memoryview(buf)
-        pos, crc, size, grid = 0, self._crc, self.size, self.GRID
-        while pos < n:
-            take = min(grid - size % grid, n - pos)
-            crc = crc32(view[pos : pos + take], crc)
-            pos += take
-            size += take
-            if size % grid == 0:
-                self._grid.append(crc)
-        self._crc, self.size = crc, size
-
-    def _feed_planned(self, view: memoryview, n: int) -> None:
-        assert self._plan is not None
-        first, last = self.size, self.size + n
         ranges = self._plan.stored
         while self._next < len(ranges):
             start, end = ranges[self._next]
@@ -128,25 +101,12 @@ class _TorchZip:
                 break
             a, b = max(start, first), min(end, last)
             if a < b:
-                self._record_crc = crc32(view[a - first : b - first], self._record_crc)
+                self._record_crc = zipcheck.crc32(view[a - first : b - first], self._record_crc)
             if end > last:
                 break
             self._crcs.append(self._record_crc)
             self._record_crc = 0
             self._next += 1
-        self.size = last
-
-    def _prefix(self, fd: int, offset: int) -> int:
-        """CRC-32 of the first `offset` bytes of the stream."""
-        if offset == self.size:
-            return self._crc
-        k = offset // self.GRID
-        base = self._grid[k - 1] if k else 0
-        gap = offset - k * self.GRID
-        data = os.pread(fd, gap, k * self.GRID) if gap else b""
-        if len(data) != gap:
-            raise zipcheck._BadFileError("truncated", f"file shrank while it was validated (at byte {offset})")
-        return crc32(data, base)
 
     def finish(self, fd: int) -> Verdict:
         try:
@@ -161,26 +121,20 @@ class _TorchZip:
         zipcheck._require_torch_layout(records)
         ranges = zipcheck._locate_records(fd, records, cd_offset, self.size)
         stored = sorted(rng for r, rng in zip(records, ranges, strict=True) if r.method == 0)
-        planned = self._plan is not None and self._plan.size == self.size and self._plan.stored == stored
-        if self._plan is not None and not planned:
-            # The directory moved while the file was copied: checksum the records by reading them back.
-            return _from_zipcheck(zipcheck._verify_crcs(fd, records, ranges, 1))
-        computed = dict(zip(stored, self._crcs, strict=True)) if planned else {}
+        if self._plan is None or self._plan.size != self.size or self._plan.stored != stored:
+            return _from_zipcheck(zipcheck._verify_crcs(fd, records, ranges))
+        computed = dict(zip(stored, self._crcs, strict=True))
         deflated: list[int] = []
         for index, (r, (start, end)) in enumerate(zip(records, ranges, strict=True)):
             if r.method != 0:
                 deflated.append(index)  # torch never deflates; checksum such a record the slow way
                 continue
-            if planned:
-                crc = computed[(start, end)]
-            else:
-                crc = self._prefix(fd, end) ^ zipcheck._multmodp(zipcheck._shift_operator(end - start),
-                                                                 self._prefix(fd, start))
+            crc = computed[(start, end)]
             if crc != r.crc:
                 return Verdict(CRC_MISMATCH, f"record {r.name!r} (bytes {start}-{end}): stored CRC-32 "
                                f"{r.crc:08x}, computed {crc:08x}", TORCH_ZIP)
         if deflated:
-            found = zipcheck._verify_crcs(fd, [records[i] for i in deflated], [ranges[i] for i in deflated], 1)
+            found = zipcheck._verify_crcs(fd, [records[i] for i in deflated], [ranges[i] for i in deflated])
             if not found.ok:
                 return _from_zipcheck(found)
         return Verdict(OK, f"{len(records)} records, all CRC-32 match", TORCH_ZIP)
@@ -196,7 +150,7 @@ class _Plan:
 
 def _plan_records(fd: int) -> _Plan | None:
     """The plan of the file behind `fd` as it is now, or None if its directory cannot be read (a torn
-    or foreign file: the stream is then checked the grid way, and judged at the end)."""
+    or foreign file: it is judged at the end, its records read back)."""
     try:
         size = os.fstat(fd).st_size
         records, cd_offset = zipcheck._read_central_directory(fd, size)
@@ -206,7 +160,7 @@ def _plan_records(fd: int) -> _Plan | None:
         return None
     stored = sorted(rng for r, rng in zip(records, ranges, strict=True) if r.method == 0)
     if len(set(stored)) != len(stored):
-        return None  # two records on the same bytes: let the grid way judge it
+        return None  # two records on the same bytes: judged by reading them back
     return _Plan(size, stored)
 
 
@@ -248,7 +202,7 @@ def safetensors_verdict(head: bytes, size: int) -> Verdict:
         return bad(TRUNCATED, f"header of {length} bytes runs past the end ({size})")
     try:
         header = json.loads(head[8 : 8 + length])
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         return bad(INVALID, f"header is not JSON: {exc}")
     if not isinstance(header, dict):
         return bad(INVALID, "header is not a JSON object")
@@ -297,7 +251,7 @@ class _Json(_Buffered):
             return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord parses", JSON)
         try:
             json.loads(self._data)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             return Verdict(INVALID, f"not JSON: {exc}", JSON)
         return Verdict(OK, "parses", JSON)
 

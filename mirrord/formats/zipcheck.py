@@ -12,19 +12,15 @@ Statuses:
   legacy_pickle  the pre-1.6 format (_use_new_zipfile_serialization=False): no checksums to verify
   unreadable     an I/O error, or zip headers so damaged that the records cannot be located
 
-Reading is streamed with pread through one fixed buffer per worker (never mmap: a file truncated
-while mapped would kill the process with SIGBUS). Records are split into pieces checksummed by a few
-threads (zlib.crc32 releases the GIL on large buffers) and the pieces' CRCs are combined, so even a
-checkpoint made of one huge tensor is verified on several cores.
+Reading is streamed with pread through one fixed buffer (never mmap: a file truncated while mapped
+would kill the process with SIGBUS).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import stat
 import struct
-import threading
 import typing
 import zlib
 from collections.abc import Sequence
@@ -34,10 +30,13 @@ from typing import Literal
 Status = Literal["ok", "truncated", "crc_mismatch", "not_torch_zip", "legacy_pickle", "unreadable"]
 STATUSES: tuple[Status, ...] = typing.get_args(Status)
 
-# Each worker reads and checksums this much at a time: big enough to amortise the syscall and the
-# per-piece CRC combination, small enough that a few workers stay within tens of megabytes.
+try:  # ISA-L's CRC-32 (python-isal): the same function as zlib's, several times faster
+    from isal.isal_zlib import crc32 as crc32
+except ImportError:  # pragma: no cover - a platform without its wheel
+    from zlib import crc32 as crc32
+
+# Records are read and checksummed this much at a time.
 PIECE_BYTES = 8 * 1024 * 1024
-MAX_WORKERS = 4
 
 # torch.serialization.MAGIC_NUMBER as the pickle LONG1 opcode writes it: the first object of a legacy file.
 _LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
@@ -88,12 +87,10 @@ class _BadFileError(Exception):
         self.result = ZipCheck(status, detail)
 
 
-def check_torch_zip(path: str | os.PathLike[str], *, workers: int | None = None) -> ZipCheck:
+def check_torch_zip(path: str | os.PathLike[str]) -> ZipCheck:
     """Verify the zip structure of a torch.save file and the CRC-32 of every record.
 
-    Never raises for a bad or missing file: every problem becomes a status. `workers` bounds the
-    threads that checksum in parallel (default: CPU count, at most MAX_WORKERS); memory used is about
-    workers x PIECE_BYTES.
+    Never raises for a bad or missing file: every problem becomes a status.
     """
     try:
         # O_NONBLOCK so that a FIFO in place of a checkpoint is reported, not waited on forever.
@@ -101,20 +98,18 @@ def check_torch_zip(path: str | os.PathLike[str], *, workers: int | None = None)
     except OSError as exc:
         return ZipCheck("unreadable", f"cannot open: {exc.strerror or exc}")
     try:
-        return check_torch_zip_fd(fd, workers=workers)
+        return check_torch_zip_fd(fd)
     finally:
         os.close(fd)
 
 
-def check_torch_zip_fd(fd: int, *, workers: int | None = None) -> ZipCheck:
+def check_torch_zip_fd(fd: int) -> ZipCheck:
     """check_torch_zip on a file the caller already opened (e.g. safely beneath a root); fd stays open.
 
     Reads with pread only, so the fd's offset is left where it was.
     """
-    if workers is None:
-        workers = min(MAX_WORKERS, os.cpu_count() or 1)
     try:
-        return _check_fd(fd, max(1, workers))
+        return _check_fd(fd)
     except _BadFileError as verdict:
         return verdict.result
     except OSError as exc:
@@ -138,7 +133,7 @@ def load_check(path: str | os.PathLike[str]) -> ZipCheck:
     return ZipCheck("ok", f"torch.load ok ({kind})")
 
 
-def _check_fd(fd: int, workers: int) -> ZipCheck:
+def _check_fd(fd: int) -> ZipCheck:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         return ZipCheck("unreadable", "not a regular file")
@@ -151,7 +146,7 @@ def _check_fd(fd: int, workers: int) -> ZipCheck:
     records, cd_offset = _read_central_directory(fd, size)
     _require_torch_layout(records)
     data_ranges = _locate_records(fd, records, cd_offset, size)
-    return _verify_crcs(fd, records, data_ranges, workers)
+    return _verify_crcs(fd, records, data_ranges)
 
 
 def _classify_non_zip(head: bytes) -> ZipCheck:
@@ -222,25 +217,9 @@ def _parse_central_directory(cd: bytes, entries: int) -> list[_Record]:
     for index in range(entries):
         if pos + _CENTRAL.size > len(cd) or cd[pos : pos + 4] != _SIG_CENTRAL:
             raise _BadFileError("unreadable", f"central directory entry {index} is damaged")
-        (
-            _,
-            _,
-            _,
-            flags,
-            method,
-            _,
-            _,
-            crc,
-            csize,
-            usize,
-            name_len,
-            extra_len,
-            comment_len,
-            _,
-            _,
-            _,
-            offset,
-        ) = _CENTRAL.unpack_from(cd, pos)
+        header = _CENTRAL.unpack_from(cd, pos)
+        flags, method, crc, csize, usize, name_len, extra_len, comment_len = header[3:5] + header[7:13]
+        offset = header[16]
         name_start = pos + _CENTRAL.size
         raw_name = cd[name_start : name_start + name_len]
         extra = cd[name_start + name_len : name_start + name_len + extra_len]
@@ -323,20 +302,10 @@ def _locate_records(fd: int, records: Sequence[_Record], cd_offset: int, size: i
     return ranges
 
 
-def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]], workers: int) -> ZipCheck:
+def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]]) -> ZipCheck:
     """Checksum every record; report the first bad one in file order."""
-    pieces: list[tuple[int, int, int]] = []  # (record index, offset, length)
-    for index, (r, (start, end)) in enumerate(zip(records, ranges, strict=True)):
-        if r.method != _STORED:
-            continue
-        pieces.extend((index, off, min(PIECE_BYTES, end - off)) for off in range(start, end, PIECE_BYTES))
-    piece_crcs = _crc_pieces(fd, pieces, workers)
-    computed = [0] * len(records)
-    for (index, _, length), crc in zip(pieces, piece_crcs, strict=True):
-        computed[index] = crc32_combine(computed[index], crc, length)
-    for index, (r, (start, end)) in enumerate(zip(records, ranges, strict=True)):
-        if r.method == _DEFLATED:
-            computed[index] = _inflate_crc(fd, r, start, end)
+    computed = [_stored_crc(fd, start, end) if r.method == _STORED else _inflate_crc(fd, r, start, end)
+                for r, (start, end) in zip(records, ranges, strict=True)]
     bad = sorted((ranges[i][0], i) for i, r in enumerate(records) if computed[i] != r.crc)
     if bad:
         r = records[bad[0][1]]
@@ -351,33 +320,16 @@ def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int
     return ZipCheck("ok", f"{len(records)} records, {total} bytes, all CRC-32 match")
 
 
-def _crc_pieces(fd: int, pieces: Sequence[tuple[int, int, int]], workers: int) -> list[int]:
-    """CRC-32 of each piece, read with pread into a buffer owned by the calling thread."""
-    local = threading.local()
-
-    def crc_of(piece: tuple[int, int, int]) -> int:
-        _, offset, length = piece
-        buf: bytearray | None = getattr(local, "buf", None)
-        if buf is None:
-            buf = local.buf = bytearray(PIECE_BYTES)
-        view = memoryview(buf)[:length]
-        got = os.preadv(fd, [view], offset)
-        if got != length:
+def _stored_crc(fd: int, start: int, end: int) -> int:
+    """CRC-32 of the bytes start..end, read with pread in pieces through one buffer."""
+    buf = memoryview(bytearray(min(PIECE_BYTES, end - start)))
+    crc = 0
+    for offset in range(start, end, PIECE_BYTES):
+        view = buf[: min(PIECE_BYTES, end - offset)]
+        if os.preadv(fd, [view], offset) != len(view):
             raise _BadFileError("truncated", f"file shrank during verification (short read at byte {offset})")
-        return zlib.crc32(view)
-
-    if workers == 1 or len(pieces) < 2:
-        return [crc_of(p) for p in pieces]
-    from concurrent.futures import ThreadPoolExecutor  # here: it imports logging, which a quick check never needs
-
-    with ThreadPoolExecutor(max_workers=min(workers, len(pieces)), thread_name_prefix="zipcheck") as pool:
-        futures = [pool.submit(crc_of, piece) for piece in pieces]
-        try:
-            return [future.result() for future in futures]
-        except BaseException:
-            for future in futures:  # a short read or I/O error ends the check: skip the queued pieces
-                future.cancel()
-            raise
+        crc = crc32(view, crc)
+    return crc
 
 
 def _inflate_crc(fd: int, r: _Record, start: int, end: int) -> int:
@@ -389,60 +341,14 @@ def _inflate_crc(fd: int, r: _Record, start: int, end: int) -> int:
             data = os.pread(fd, min(PIECE_BYTES, end - offset), offset)
             while data:
                 out = inflater.decompress(data, PIECE_BYTES)
-                crc = zlib.crc32(out, crc)
+                crc = crc32(out, crc)
                 produced += len(out)
                 data = inflater.unconsumed_tail
         out = inflater.flush()
     except zlib.error as exc:
         raise _BadFileError("crc_mismatch", f"record {r.name!r}: corrupt deflate stream ({exc})") from None
-    crc = zlib.crc32(out, crc)
+    crc = crc32(out, crc)
     produced += len(out)
     if not inflater.eof or produced != r.size:
         raise _BadFileError("crc_mismatch", f"record {r.name!r}: inflates to {produced} bytes, expected {r.size}")
     return crc
-
-
-# CRC-32 combination (zlib's crc32_combine, which Python does not expose): the CRC of A+B from
-# crc(A), crc(B) and len(B), so that pieces of one record can be checksummed on different threads.
-_POLY = 0xEDB88320
-
-
-def _multmodp(a: int, b: int) -> int:
-    """a * b modulo the CRC-32 polynomial, bit-reflected as zlib represents it."""
-    m = 1 << 31
-    p = 0
-    while True:
-        if a & m:
-            p ^= b
-            if a & (m - 1) == 0:
-                return p
-        m >>= 1
-        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
-
-
-def _x2n_table() -> tuple[int, ...]:
-    table = [1 << 30]  # x^1
-    for _ in range(31):
-        table.append(_multmodp(table[-1], table[-1]))
-    return tuple(table)
-
-
-_X2N = _x2n_table()
-
-
-@functools.lru_cache(maxsize=64)
-def _shift_operator(length: int) -> int:
-    """x^(8 * length) modulo the polynomial: what appending `length` zero bytes multiplies a CRC by."""
-    p = 1 << 31  # x^0
-    k = 3
-    while length:
-        if length & 1:
-            p = _multmodp(_X2N[k & 31], p)
-        length >>= 1
-        k += 1
-    return p
-
-
-def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
-    """CRC-32 of the concatenation A+B given crc1 = crc32(A), crc2 = crc32(B) and length2 = len(B)."""
-    return _multmodp(_shift_operator(length2), crc1) ^ crc2

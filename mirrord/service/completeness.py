@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing, local_part
 from mirrord.core.layouts import TEMP_SUFFIXES, Layout
@@ -13,6 +13,7 @@ from mirrord.core.model import FileState
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
 from mirrord.formats.dcpmeta import METADATA_NAME
+from mirrord.obs.log import get_logger
 from mirrord.store.manifest import Manifest
 from mirrord.store.staging import list_folder
 from mirrord.store.volume import LocalVolume
@@ -46,18 +47,27 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
 
 def judge(
     volume: LocalVolume, layout: Layout, settled: Callable[[FileState], bool] = lambda _state: True,
-    log: Any = None,
+    tell: bool = False,
 ) -> Callable[[Unit], Completeness]:
-    """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule.
-    `log`: where a unit refused for a member that is not a file is said (the daemon's log)."""
+    """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule. With
+    `tell`, a unit whose files have all settled and that is still not whole (a member that is not a file,
+    a state file that does not parse or nests too deeply, a .metadata that cannot be read) is logged once
+    for the listing, with why."""
+    told: set[str] = set()
+
     def complete(unit: Unit) -> Completeness:
         refused = not_files(volume, unit) if unit.kind == "folder" else None
         if refused is not None:
-            if log is not None:
-                log.warning("unit.not_whole", path=unit.rel, why=refused.why)
+            if tell and unit.rel not in told:
+                told.add(unit.rel)
+                get_logger().warning("unit.not_whole", path=unit.rel, why=refused.why)
             return refused
         reads = {rel: read_small(volume, rel) for rel in reads_needed(unit, layout)}
-        return completeness(unit, layout, settled, reads)
+        verdict = completeness(unit, layout, settled, reads)
+        if tell and not verdict.complete and unit.rel not in told and all(settled(f) for f in unit.files):
+            told.add(unit.rel)
+            get_logger().warning("unit.incomplete", path=unit.rel, why=verdict.why)
+        return verdict
 
     return complete
 

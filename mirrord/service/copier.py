@@ -10,9 +10,7 @@ is only ever created by the rename of a complete, fsynced, verified file.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import mmap
 import os
 import stat
 import threading
@@ -37,11 +35,10 @@ from mirrord.errors import (
 )
 from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
 from mirrord.obs.sizes import bytes_both
+from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.hashing import Hasher, new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
-from mirrord.store.paths import open_dir_beneath, open_file_beneath, split_rel
-from mirrord.store.volume import DIRECT_ALIGN as _ALIGN
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
 
@@ -320,47 +317,45 @@ def _pump(
     """The copy loop: each buffer is read once, then hashed on this thread while a helper thread feeds
     the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL). Two
     buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is read
-    into again only once its write returned. Returns (digest, bytes)."""
+    into again only once its write returned. The helper is made by this thread, so it has its CPU and
+    I/O priority. Returns (digest, bytes)."""
     buffers = thread_buffers(options.buffer_bytes)
-    kept = _BUFFERS.keep_writer
-    helper = thread_writer() if kept else ThreadPoolExecutor(1, thread_name_prefix="mirrord-write")
     in_flight: deque[Future[None]] = deque()
     failed: list[BaseException] = []  # set by the helper: the buffers queued after a failed one are dropped
     copied = dropped = turn = 0
     started = time.monotonic()
-    try:
-        while True:
-            control.check(src_path)
-            if len(in_flight) == len(buffers):
-                in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
-            buf = buffers[turn % len(buffers)]
-            turn += 1
-            try:
-                n = os.readv(src_fd, [buf])
-            except OSError as exc:
-                raise from_oserror(src_path, exc, "read source") from exc
-            if n == 0:
-                break
-            chunk = memoryview(buf)[:n]
-            in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
-            hasher.update(chunk)
-            copied += n
-            control.advance(n)
-            if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
-                os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
-                dropped = copied
-            if options.bandwidth_limit:
-                ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
-                if ahead > 0:
-                    control.pause(ahead)  # a stop (shutdown, Ctrl-C) must not wait out the cap
-        while in_flight:
-            in_flight.popleft().result()
-    finally:
-        for queued in in_flight:
-            queued.cancel()
-        wait(in_flight)  # no write may still use a buffer after this
-        if not kept:
-            helper.shutdown(wait=True)
+    with ThreadPoolExecutor(1, thread_name_prefix="mirrord-write") as helper:
+        try:
+            while True:
+                control.check(src_path)
+                if len(in_flight) == len(buffers):
+                    in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
+                buf = buffers[turn % len(buffers)]
+                turn += 1
+                try:
+                    n = os.readv(src_fd, [buf])
+                except OSError as exc:
+                    raise from_oserror(src_path, exc, "read source") from exc
+                if n == 0:
+                    break
+                chunk = memoryview(buf)[:n]
+                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
+                hasher.update(chunk)
+                copied += n
+                control.advance(n)
+                if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
+                    os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
+                    dropped = copied
+                if options.bandwidth_limit:
+                    ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
+                    if ahead > 0:
+                        control.pause(ahead)  # a stop (shutdown, Ctrl-C) must not wait out the cap
+            while in_flight:
+                in_flight.popleft().result()
+        finally:
+            for queued in in_flight:
+                queued.cancel()
+            wait(in_flight)  # no write may still use a buffer after this
     return hasher.hexdigest(), copied
 
 
@@ -377,50 +372,21 @@ def _validate_and_write(validator: Validator | None, upload: Upload, chunk: memo
         raise
 
 
-class _ThreadBuffers(threading.local):
-    def __init__(self) -> None:
-        self.size = 0
-        self.buffers: list[mmap.mmap] = []
-        self.writer: ThreadPoolExecutor | None = None
-        self.keep_writer = False
+_BUFFERS = threading.local()
 
 
-_BUFFERS = _ThreadBuffers()
-
-
-def thread_buffers(total_bytes: int) -> list[mmap.mmap]:
-    """The calling thread's two copy buffers, `total_bytes` together (io.buffer_bytes), page aligned (so
-    that direct I/O can write from them) and kept for the thread's next copy: a fresh buffer costs a
-    page fault and a zeroed page per 4 KiB, more than copying a small checkpoint through it."""
-    half = max(_ALIGN, -(-total_bytes // 2 // _ALIGN) * _ALIGN)
-    if _BUFFERS.size != half:
-        release_thread_buffers()
-        _BUFFERS.buffers = [mmap.mmap(-1, half) for _ in range(2)]
-        _BUFFERS.size = half
-    return _BUFFERS.buffers
-
-
-def keep_thread_writer() -> None:
-    """The calling thread (a copy worker) keeps its write helper from one copy to the next, as it keeps
-    its buffers (a sync of 200 small files started 200 threads); release_thread_buffers() ends it."""
-    _BUFFERS.keep_writer = True
-
-
-def thread_writer() -> ThreadPoolExecutor:
-    """The calling thread's kept write helper; made by this thread, so it inherits its CPU and I/O
-    priority."""
-    if _BUFFERS.writer is None:
-        _BUFFERS.writer = ThreadPoolExecutor(1, thread_name_prefix="mirrord-write")
-    return _BUFFERS.writer
+def thread_buffers(total_bytes: int) -> list[bytearray]:
+    """The calling thread's two copy buffers, `total_bytes` together (io.buffer_bytes), kept for its next
+    copy: fresh ones cost a page fault and a zeroed page per 4 KiB, which slows a run of small copies
+    measurably."""
+    half = max(64 * 1024, total_bytes // 2)
+    buffers: list[bytearray] | None = getattr(_BUFFERS, "pair", None)
+    if buffers is None or len(buffers[0]) != half:
+        buffers = _BUFFERS.pair = [bytearray(half), bytearray(half)]
+    return buffers
 
 
 def release_thread_buffers() -> None:
-    """Give the calling thread's copy buffers and write helper back to the system (a worker with nothing
-    to do)."""
-    writer, _BUFFERS.writer = _BUFFERS.writer, None
-    if writer is not None:
-        writer.shutdown(wait=True)  # idle: no copy of this thread is under way
-    buffers, _BUFFERS.buffers, _BUFFERS.size = _BUFFERS.buffers, [], 0
-    for buf in buffers:
-        with contextlib.suppress(BufferError):  # a view of it is still alive: it is freed with the view
-            buf.close()
+    """Give the calling thread's copy buffers back (a worker with nothing to do)."""
+    _BUFFERS.pair = None
+

@@ -29,13 +29,13 @@ from mirrord.errors import (
 )
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 from mirrord.obs.log import get_logger
+from mirrord.paths import open_file_beneath
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
-from mirrord.store.paths import open_file_beneath
 from mirrord.store.volume import LocalMirror
 
 if TYPE_CHECKING:
@@ -56,11 +56,9 @@ def copy_options(config: Config) -> CopyOptions:
     )
 
 
-def _apply_direct_write(mirror: Mirror, config: Config) -> None:
-    """io.direct_write reaches the local mirror's uploads (an object store has no page cache to bypass); the
-    folders and files it creates keep the primary's modes."""
+def _apply_modes(mirror: Mirror, config: Config) -> None:
+    """The folders and files a local mirror creates keep the primary's modes (never wider)."""
     if isinstance(mirror, LocalMirror):
-        mirror.direct_write = config.io.direct_write
         mirror.modes_from = config.primary
 
 
@@ -80,6 +78,7 @@ class Engine:
         self.config = config
         self.primary_root = Path(config.primary)
         self.mirror = mirror
+        _apply_modes(mirror, config)
         self.manifest = manifest
         # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
         self.metrics = metrics
@@ -89,7 +88,6 @@ class Engine:
         if metrics is not None:
             metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
         self.options = copy_options(config)
-        _apply_direct_write(mirror, config)
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
         self._space_lock = threading.Lock()
@@ -99,7 +97,7 @@ class Engine:
         """Use a reloaded config for the next copies (copies in flight keep theirs)."""
         self.config = config
         self.options = copy_options(config)
-        _apply_direct_write(self.mirror, config)
+        _apply_modes(self.mirror, config)
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
         """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""

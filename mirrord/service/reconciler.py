@@ -240,9 +240,9 @@ class Reconciler:
             retired_by = None
         settled = self.settle.at(self.monotonic())
         sharing = sharing_for(cfg, self.manifest, self.primary, settled)
+        complete = judge(self.primary, cfg.rules, settled, tell=True)
         view = reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
-                         facts=facts, retired_by=retired_by, sharing=sharing,
-                         is_complete=judge(self.primary, cfg.rules, settled, self.log))
+                         facts=facts, retired_by=retired_by, is_complete=complete, sharing=sharing)
         if not partial:
             self._planned = view.prune if view.prune.reuse is not None else None
         return view

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,10 @@ REMOTE_FS_TYPES = frozenset(
      "glusterfs", "lustre", "gpfs", "afs", "sshfs", "beegfs", "davfs", "s3fs"}
 )
 _OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
+# watchdog walks the tree by path and recursively, a frame per level (os.walk before Python 3.12, its
+# snapshot's walk): a folder 1,200 levels deep exceeded the interpreter's limit and killed the watch. A
+# path names at most PATH_MAX / 2 levels ("a/" each), so a limit above that covers any tree it can walk.
+_WALK_RECURSION_LIMIT = 4096 // 2 + 1000
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,7 @@ class Watcher:
 
     def start(self) -> None:
         """Start the observer thread (and the overflow detector)."""
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), _WALK_RECURSION_LIMIT))
         logging.getLogger(_OVERFLOW_LOGGER).addHandler(self._overflow)
         self.observer.start()
 

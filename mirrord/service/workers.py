@@ -19,7 +19,7 @@ from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.service.commits import CommitStage
-from mirrord.service.copier import CopyControl, keep_thread_writer, release_thread_buffers
+from mirrord.service.copier import CopyControl, release_thread_buffers
 from mirrord.service.engine import Engine, StagedCopy
 from mirrord.service.jobqueue import JobQueue, QueuedJob
 from mirrord.service.progress import log_progress
@@ -218,13 +218,6 @@ class WorkerPool:
 
     # -- the worker loop ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
-        keep_thread_writer()
-        try:
-            self._serve(worker)
-        finally:
-            release_thread_buffers()  # and the write helper: nothing of this worker outlives it
-
-    def _serve(self, worker: _Worker) -> None:
         if self.ionice != "none" and not set_thread_ionice(self.ionice):
             self.log.warning("worker.ionice_unsupported", ionice=self.ionice)
         if self.cpu_nice and not set_thread_nice(self.cpu_nice):

@@ -17,8 +17,8 @@ from posixpath import dirname
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
+from mirrord.paths import open_dir_beneath, split_rel
 from mirrord.store import atomic
-from mirrord.store.paths import open_dir_beneath, split_rel
 
 
 def _readlink(root: Path, rel: str) -> str | None:

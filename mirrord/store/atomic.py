@@ -21,10 +21,11 @@ import contextlib
 import errno
 import os
 import stat
-from _thread import allocate_lock  # threading.Lock itself (a command that starts no thread loads no threading)
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 TEMP_SUFFIX = ".part"
 ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
@@ -97,8 +98,8 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
-class _Unpublished(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class _Unpublished:
     """A written, verified temp file whose fsync and rename are left to DirSyncs.flush(); the group owns
     both descriptors."""
 
@@ -121,7 +122,7 @@ class DirSyncs:
     def __init__(self) -> None:
         self._fds: dict[tuple[int, int], int] = {}
         self._files: list[_Unpublished] = []
-        self._lock = allocate_lock()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._fds) + len(self._files)

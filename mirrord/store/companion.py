@@ -29,7 +29,7 @@ from operator import itemgetter
 from sys import intern
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mirrord.core.model import make_manifest_entry
+from mirrord.core.model import ManifestEntry
 from mirrord.store.hashing import ALGORITHMS
 from mirrord.store.packed import NO_MIRROR_MTIME, NO_STEP, RECORD_LAYOUT, VERDICTS, Held, pack, unpack
 
@@ -231,7 +231,7 @@ def _split(record: bytes) -> tuple[Any, ...]:
 
 def _unpack_into(entries: dict[str, Held], paths: Iterable[str], records: Iterable[tuple[Any, ...]]) -> None:
     """entries[path] = the ManifestEntry of each record's fields (mirrord.store.packed.unpack, inlined)."""
-    algos, verdicts, make = ALGORITHMS, VERDICTS, make_manifest_entry
+    algos, verdicts, make = ALGORITHMS, VERDICTS, ManifestEntry
     for path, (size, mtime, step, at, mirror_mtime, ino, ctime, algo, verdict, flags, digest) in zip(
             paths, records, strict=True):
         entries[path] = make(path, size, algos[algo], digest.hex(), mtime, None if flags & NO_STEP else step, at,

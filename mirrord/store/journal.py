@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from mirrord.errors import ManifestError, MirrordError, NoSpaceError
 from mirrord.obs.log import get_logger
@@ -119,8 +119,8 @@ def _check_header(data: bytes, generation: int, where: str) -> None:
         raise ManifestError(where, f"journal header says generation {doc.get('generation')!r}, its name {generation}")
 
 
-# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
-class JournalFile(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class JournalFile:
     """One journal file as read: its generation and whole records (a torn last one is not counted)."""
     generation: int
     path: Path

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, Snapshot, make_file_state
+from mirrord.core.model import FileState, Snapshot
 from mirrord.store.bulk import collection_paused
 from mirrord.store.scan import snapshot_tree
 
@@ -156,7 +156,7 @@ def _from_values(values: tuple[Any, ...], previous: Mapping[str, FileState]) -> 
     """The snapshot _to_values sent; a file whose values equal its record in `previous` keeps that record."""
     files_rows, partial_rows, errors, skipped, staging_rows, lookalikes = values
     recorded = previous.get
-    make = make_file_state
+    make = FileState
 
     def states(rows: list[tuple[Any, ...]]) -> dict[str, FileState]:
         if not previous:

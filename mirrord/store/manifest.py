@@ -12,23 +12,23 @@ several threads that arrive while a record is being written go to disk together 
 from __future__ import annotations
 
 import json
-from _thread import allocate_lock  # threading.Lock itself (see mirrord.store.atomic)
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from sys import intern
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-from mirrord.core.model import ManifestEntry, make_manifest_entry
+from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.obs.log import get_logger
+from mirrord.paths import split_rel
 from mirrord.store.bulk import collection_paused
 from mirrord.store.companion import COMPANION_FROM_ENTRIES, encode_companion, read_companion
 from mirrord.store.hashing import ALGORITHMS
 from mirrord.store.journal import LocalManifestStore, MakeCompanion, Stored
 from mirrord.store.jsonstream import CHUNK_BYTES, NotAnObjectError, read_object
 from mirrord.store.packed import Entries, Held, pack, pack_fields, unpack
-from mirrord.store.paths import split_rel
 
 if TYPE_CHECKING:
     import threading
@@ -70,14 +70,14 @@ def encode_entry(e: ManifestEntry) -> dict[str, Any]:
 
 def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
     """Raises ValueError/KeyError/TypeError for anything that is not a valid entry."""
-    return make_manifest_entry(path, *_decode_fields(path, raw))
+    return ManifestEntry(path, *_decode_fields(path, raw))
 
 
 def _decode_packed(path: str, raw: dict[str, Any]) -> Held:
     """decode_entry, packed (mirrord.store.packed) without making the ManifestEntry first."""
     values = _decode_fields(path, raw)
     packed = pack_fields(*values)
-    return make_manifest_entry(path, *values) if packed is None else packed
+    return ManifestEntry(path, *values) if packed is None else packed
 
 
 def _decode_fields(path: str, raw: dict[str, Any]) -> tuple[Any, ...]:
@@ -231,8 +231,8 @@ def _read_snapshot(chunks: Iterable[bytes], where: str, entries: dict[str, Any],
     return generation, doc
 
 
-# (A NamedTuple, not a dataclass: see mirrord.core.branches.Branches.)
-class Change(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Change:
     """One journal record: entries written, then paths removed; recorded all together or not at all."""
 
     puts: tuple[ManifestEntry, ...] = ()
@@ -348,8 +348,8 @@ class Manifest:
         # Packed (mirrord.store.packed) when loaded from a large snapshot; what is recorded afterwards is not.
         self._entries: dict[str, Held] = dict(entries or {})
         self._packed = False  # some entries are held packed (never true of entries given here)
-        self._lock = allocate_lock()  # the entries and the queue of pending changes
-        self._commit = allocate_lock()  # one writer of the journal at a time
+        self._lock = threading.Lock()  # the entries and the queue of pending changes
+        self._commit = threading.Lock()  # one writer of the journal at a time
         self._queue: list[_Pending] = []
         self._store = store
         self._compacting = False

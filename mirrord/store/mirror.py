@@ -2,7 +2,7 @@
 
 A key is a root-relative POSIX path (`run/step_10.pt`): the same string in the manifest, in a
 snapshot, in a copy job and in a prune plan. It never starts with '/', never holds '', '.' or '..'
-parts (mirrord.store.paths.split_rel refuses those, and an implementation must too).
+parts (mirrord.paths.split_rel refuses those, and an implementation must too).
 
 Two implementations keep the same promises:
 

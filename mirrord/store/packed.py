@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mirrord.core.model import ManifestEntry, make_manifest_entry
+from mirrord.core.model import ManifestEntry
 from mirrord.store.hashing import ALGORITHMS
 
 # The fixed fields of a packed entry, before its raw digest; mirrord.store.companion writes and reads its
@@ -57,7 +57,7 @@ def unpack(path: str, held: Held) -> ManifestEntry:
     if type(held) is not bytes:
         return held  # type: ignore[return-value]
     size, mtime, step, at, mirror_mtime, ino, ctime, algo, verdict, flags = RECORD_LAYOUT.unpack_from(held)
-    return make_manifest_entry(
+    return ManifestEntry(
         path, size, ALGORITHMS[algo], held[RECORD_LAYOUT.size:].hex(), mtime, None if flags & NO_STEP else step, at,
         None if flags & NO_MIRROR_MTIME else mirror_mtime, VERDICTS[verdict], ino, ctime)
 

@@ -51,6 +51,7 @@ from mirrord.errors import (
     TransientError,
 )
 from mirrord.obs.log import get_logger
+from mirrord.paths import split_rel
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.journal import MakeCompanion
 from mirrord.store.lease import Lease, call_timeout
@@ -64,7 +65,6 @@ from mirrord.store.manifest import (
     encode_snapshot,
 )
 from mirrord.store.mirror import Mirror
-from mirrord.store.paths import split_rel
 from mirrord.store.s3_errors import CONFLICT_CODES, access_error, error_code, wrap
 from mirrord.store.scan import is_selected_name
 

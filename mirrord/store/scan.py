@@ -17,10 +17,10 @@ from mirrord.core.layouts import (
     name_matcher,
     name_suffixes,
 )
-from mirrord.core.model import FileState, Snapshot, make_file_state
+from mirrord.core.model import FileState, Snapshot
+from mirrord.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.bulk import collection_paused
-from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
 _TEMP_LENGTH = len(TEMP_SUFFIX)
@@ -39,7 +39,7 @@ def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
 
 def state_from_stat(rel: str, st: os.stat_result) -> FileState:
     """The FileState of `rel` from its lstat."""
-    return make_file_state(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_ctime_ns)
+    return FileState(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_ctime_ns)
 
 
 def snapshot_tree(
@@ -94,7 +94,6 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     recorded = previous.get
     # One object per distinct st_dev / st_mode value instead of one per file: 56 bytes a file at 1,000,000.
     shared: dict[int, int] = {}
-    make = make_file_state
     lstat = os.stat
     for fd, rel_dir, entries, subdirs in _walk(root, errors):
         in_unit = rel_dir in inside
@@ -156,7 +155,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                     rel = intern(rel)
                     if ctime == mtime:
                         ctime = mtime  # one int object for both (a file written and closed, never touched)
-                    state = make(rel, size, mtime, ino, shared.setdefault(dev, dev), shared.setdefault(mode, mode),
+                    state = FileState(rel, size, mtime, ino, shared.setdefault(dev, dev), shared.setdefault(mode, mode),
                                  ctime)
                 if partial:
                     partials[rel] = state

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.model import FileState
 from mirrord.errors import from_oserror
+from mirrord.paths import DIR_FLAGS, open_dir_beneath, source_modes, split_rel
 from mirrord.store import atomic
-from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, source_modes, split_rel
 
 if TYPE_CHECKING:
     from mirrord.store.volume import LocalUpload
@@ -46,10 +46,9 @@ def staging_token(key: str) -> str:
 class FolderStaging:
     """One folder unit being staged in `root`'s staging area (see the module docstring)."""
 
-    def __init__(self, root: Path, key: str, direct_write: bool = False, modes_from: Path | None = None) -> None:
+    def __init__(self, root: Path, key: str, modes_from: Path | None = None) -> None:
         parts = split_rel(key)
         self.root = Path(root)
-        self.direct_write = direct_write
         self.modes_from = modes_from
         modes = source_modes(modes_from, key)
         self.key = key
@@ -87,7 +86,7 @@ class FolderStaging:
         # The source's modes from the unit folder down, shifted onto the staging path (area, token, member).
         modes = source_modes(self.modes_from, f"{self.key}/{relkey}")
         whole = len(modes) == len(self._parent) + 1 + len(member)
-        return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache, self.direct_write,
+        return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache,
                            (0o700, *modes[len(self._parent):]) if whole else ())
 
     # commit() replaces an older copy under the key itself, whole, in one step (see the module docstring).

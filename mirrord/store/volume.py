@@ -25,11 +25,11 @@ from mirrord.errors import (
     SizeMismatchError,
     from_oserror,
 )
+from mirrord.paths import lstat_beneath, open_dir_beneath, open_file_beneath, source_modes, split_rel
 from mirrord.store import atomic
 from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
-from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, source_modes, split_rel
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
 
 if TYPE_CHECKING:
@@ -85,63 +85,6 @@ def _loaded_sync_file_range() -> Callable[[int, int, int, int], None] | None:
     if isinstance(found, atomic.NotLoaded):
         found = _sync_file_range = _load_sync_file_range()
     return found
-
-# Direct I/O (O_DIRECT): the copy goes from mirrord's buffer to the device, with no copy into the page
-# cache, no writeback and no eviction afterwards. Used when the copy is not meant to stay cached
-# (io.drop_cache) on the local block filesystems known to support it well; writes must start at a
-# multiple of DIRECT_ALIGN in the file and in memory and be a multiple of it long: anything else (the
-# tail of a file, a short read) goes through the page cache.
-DIRECT_ALIGN = 4096
-_DIRECT_FILESYSTEMS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0xF2F52010: "f2fs"}
-
-
-def _load_fstatfs() -> Callable[[int], int | None]:
-    """fstatfs(2)'s f_type through libc (the first field of struct statfs), or None where unavailable."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = libc.fstatfs
-    except (OSError, AttributeError):
-        return lambda fd: None
-    func.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    func.restype = ctypes.c_int
-
-    def fs_type(fd: int) -> int | None:
-        buf = ctypes.create_string_buffer(256)  # larger than struct statfs on every Linux ABI
-        if func(fd, buf) != 0:
-            return None
-        return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
-
-    return fs_type
-
-
-_fs_type: Callable[[int], int | None] | atomic.NotLoaded = atomic.NotLoaded()  # looked up by the first copy
-
-
-def direct_io_suits(fd: int) -> bool:
-    """Whether writes to `fd` may use O_DIRECT: a local block filesystem that supports it well (not NFS,
-    FUSE or tmpfs, where it is slower, unsupported or meaningless)."""
-    global _fs_type
-    if not hasattr(os, "O_DIRECT"):
-        return False
-    if isinstance(_fs_type, atomic.NotLoaded):
-        _fs_type = _load_fstatfs()
-    return _fs_type(fd) in _DIRECT_FILESYSTEMS
-
-
-def _is_aligned(data: memoryview) -> bool:
-    import ctypes  # (loaded by now: only a copy with direct I/O, after direct_io_suits, asks)
-
-    if len(data) % DIRECT_ALIGN:
-        return False
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(data)) % DIRECT_ALIGN == 0
-    except (TypeError, ValueError):  # read-only or empty: not one of the copier's aligned buffers
-        return False
-
-
-
 
 class LocalVolume:
     """A directory tree reached only beneath its root, never through a symlink."""
@@ -256,7 +199,7 @@ class LocalVolume:
 class LocalUpload:
     """NAME.part in the destination directory, created exclusively; see mirrord.store.atomic."""
 
-    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False, direct: bool = False,
+    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False,
                  modes: tuple[int, ...] = ()) -> None:
         parts = split_rel(rel)
         self.path = root / rel
@@ -275,48 +218,19 @@ class LocalUpload:
         except BaseException:
             os.close(self._dir_fd)
             raise
-        self._direct = direct and drop_cache and direct_io_suits(self._fd) and self._set_direct(True)
-
-    def _set_direct(self, on: bool) -> bool:
-        """Turn O_DIRECT on or off for the temp file; False if the filesystem refuses it."""
-        try:
-            flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
-            fcntl.fcntl(self._fd, fcntl.F_SETFL, (flags | os.O_DIRECT) if on else (flags & ~os.O_DIRECT))
-        except OSError:
-            return False
-        return True
-
-    def _end_direct(self) -> None:
-        """The rest of the file goes through the page cache (seal() fsyncs and drops it)."""
-        self._direct = False
-        if not self._set_direct(False):
-            raise OSError(errno.EINVAL, "cannot turn O_DIRECT off")
 
     def write(self, data: memoryview) -> None:
-        """Write `data` at the end of the temp file (directly to the device when it is aligned, see
-        DIRECT_ALIGN; the copier's buffers are)."""
+        """Write `data` at the end of the temp file."""
         self._hole_at_end = False
-        if self._direct and (self.written % DIRECT_ALIGN or not _is_aligned(data)):
-            self._end_direct()
         start = self.written
         while data:
-            try:
-                n = os.write(self._fd, data)
-            except OSError as exc:
-                if not (self._direct and exc.errno == errno.EINVAL):
-                    raise
-                self._end_direct()  # refused (nothing written): the page cache takes it
-                continue
+            n = os.write(self._fd, data)
             self.written += n
             data = data[n:]
-            if data and self._direct:
-                self._end_direct()  # a short direct write: the rest is no longer aligned
         self._write_behind(start)
 
     def skip(self, nbytes: int) -> None:
         """Leave a hole of `nbytes` (zeros that take no space): a sparse source stays sparse."""
-        if self._direct:
-            self._end_direct()
         os.lseek(self._fd, nbytes, os.SEEK_CUR)
         self.written += nbytes
         self._hole_at_end = nbytes > 0
@@ -327,7 +241,7 @@ class LocalUpload:
 
         Without drop_cache the pages stay cached anyway, and waiting window by window only slowed the
         copy (bench/results/copy_strategies.md), so the final fsync does all the writing then."""
-        if self._writeback is None or not self.drop_cache or self._direct:
+        if self._writeback is None or not self.drop_cache:
             return
         try:
             self._writeback(self._fd, start, self.written - start, _SFR_WRITE)
@@ -444,9 +358,6 @@ class LocalMirror(LocalVolume):
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
-        # io.direct_write: copies bypass the page cache with O_DIRECT (off by default: with one write in
-        # flight it measured slower than writeback, bench/results/goals.md).
-        self.direct_write = False
         self.modes_from: Path | None = None  # the primary root: new folders and files keep its modes
         self.identity: VolumeIdentity | None = None
         self._lock_fd = -1
@@ -463,7 +374,7 @@ class LocalMirror(LocalVolume):
     def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin writing `rel` under its temp name (the mirror must still be the pinned volume)."""
         self.check_identity()
-        return LocalUpload(self.root, rel, size, drop_cache, self.direct_write, source_modes(self.modes_from, rel))
+        return LocalUpload(self.root, rel, size, drop_cache, source_modes(self.modes_from, rel))
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""
@@ -524,7 +435,7 @@ class LocalMirror(LocalVolume):
         from mirrord.store.staging import FolderStaging
 
         self.check_identity()
-        return FolderStaging(self.root, key, self.direct_write, self.modes_from)
+        return FolderStaging(self.root, key, self.modes_from)
 
     def delete_unit(self, key: str) -> None:
         """Retire a folder unit whole (mirrord.store.staging.retire_folder). The caller re-checked every

@@ -38,7 +38,8 @@ import mirrord.service.copier
 import mirrord.service.daemon
 import mirrord.store.journal
 import mirrord.store.manifest
-from mirrord.store import atomic, paths, volume
+from mirrord import paths
+from mirrord.store import atomic, volume
 
 _real_fsync = os.fsync
 
@@ -78,13 +79,12 @@ def _broken_no_dir_fsync(arg: str) -> None:
 
 
 def _no_file_flush() -> None:
-    """No fsync of files, and no write-behind, syncfs or direct I/O either (they would put the data on
-    disk early anyway)."""
+    """No fsync of files, and no write-behind or syncfs either (they would put the data on disk early
+    anyway)."""
     _use_fsync(_is_file)
     atomic._syncfs = None
     if hasattr(volume, "_sync_file_range"):
         volume._sync_file_range = None
-    volume.direct_io_suits = lambda fd: False
 
 
 def _broken_no_file_fsync(arg: str) -> None:

@@ -95,7 +95,6 @@ def test_latest_loads_no_logging_stack_and_no_re_read_code(tmp_path: Path, mirro
     assert "ctypes" not in after  # libc's syncfs, sync_file_range, fstatfs: looked up by the first copy
     assert sorted(set(NOT_FOR_AN_ANSWER) & after) == []
     assert sorted({"shutil", "bz2", "lzma"} & after) == []  # (argparse's formatters are sized without shutil)
-    assert "threading" not in after  # it starts no thread; its locks are threading's own (_thread)
     assert sorted({"hashlib", "_hashlib"} & after) == []  # a manifest without a companion is read unhashed
     code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--json")  # what scripts run
     assert code == 0

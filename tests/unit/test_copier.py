@@ -9,7 +9,6 @@ come from a child that dropped root, and free-space faults from a real 8 MiB tmp
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import shutil
@@ -111,45 +110,6 @@ def test_copy_is_identical_keeps_the_mtime_and_reports_the_digest(
     assert (result.rel, result.size, result.source_mtime_ns) == (REL, source.stat().st_size,
                                                                  source.stat().st_mtime_ns)
     assert result.digest == hash_file(target, "blake3") and result.algo == "blake3"
-    assert temp_files(mirror) == []
-
-
-@pytest.mark.parametrize("direct_write", [True, False])
-@pytest.mark.parametrize("tail", [0, 123])
-def test_drop_cache_writes_directly_to_the_device_and_the_tail_through_the_cache(
-    primary: Path, mirror: Path, tail: int, direct_write: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With io.drop_cache and io.direct_write on a local block filesystem, whole aligned buffers go out
-    with O_DIRECT (never into the page cache); the last, unaligned piece through the page cache; without
-    io.direct_write (the default) everything goes through the page cache; the copy is identical."""
-    import mirrord.store.volume as volume
-
-    fd = os.open(primary, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if not volume.direct_io_suits(fd):
-            pytest.skip("the test directory is not on a filesystem that mirrord writes with O_DIRECT")
-    finally:
-        os.close(fd)
-    src = primary / REL
-    src.parent.mkdir(parents=True)
-    src.write_bytes(os.urandom(5 * CHUNK + tail))
-    modes: list[tuple[int, bool]] = []
-    real = LocalUpload.write
-
-    def write(self: LocalUpload, data: memoryview) -> None:
-        real(self, data)
-        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
-        modes.append((len(data), bool(flags & os.O_DIRECT)))
-
-    monkeypatch.setattr(LocalUpload, "write", write)
-    local = LocalMirror(mirror)
-    local.direct_write = direct_write
-    options = CopyOptions(algo="blake3", buffer_bytes=2 * CHUNK, reserve_bytes=0, drop_cache=True)
-    copy_file(primary, REL, local, options)
-    assert sha256(mirror / REL) == sha256(src)
-    half = CHUNK  # two buffers of half io.buffer_bytes each
-    expected = [(half, direct_write)] * 5 + ([(tail, False)] if tail else [])
-    assert modes == expected
     assert temp_files(mirror) == []
 
 

@@ -201,29 +201,3 @@ def test_an_old_copy_set_aside_is_a_staging_name_the_sweep_knows() -> None:
         assert not layout.is_staging_name(unit) and not layout.is_unit_name(unit + ".old.part")
     custom = layout_for("custom", patterns=("*_final",), unit="folder")
     assert custom.is_staging_name("run_final.old.part") and custom.is_staging_name("run_final.part")
-
-
-@pytest.mark.parametrize("direct_write", [False, True])
-def test_direct_writes_only_when_asked_and_the_bytes_are_the_same(tmp_path: Path, direct_write: bool) -> None:
-    """io.direct_write: O_DIRECT only on request (and where the filesystem suits it); aligned buffers go
-    direct, the unaligned tail through the page cache, and the file holds exactly what was written."""
-    import mmap
-
-    from mirrord.store.volume import DIRECT_ALIGN, direct_io_suits
-
-    mirror = LocalMirror(tmp_path)
-    mirror.direct_write = direct_write
-    block = mmap.mmap(-1, 4 * DIRECT_ALIGN)  # page-aligned memory, as the copier's buffers are
-    block.write(os.urandom(len(block)))
-    tail = os.urandom(1234)
-    upload = mirror.begin_upload("run/step_1.pt", len(block) * 2 + len(tail), drop_cache=True)
-    direct = upload._direct
-    assert direct == (direct_write and direct_io_suits(upload._fd))
-    upload.write(memoryview(block))
-    upload.write(memoryview(block))
-    upload.write(memoryview(tail))
-    upload.seal(time.time_ns())
-    upload.commit()
-    assert (tmp_path / "run" / "step_1.pt").read_bytes() == bytes(block) * 2 + tail
-    staging = mirror.begin_unit("run/checkpoint-1")
-    assert staging.direct_write is direct_write

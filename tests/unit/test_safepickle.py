@@ -107,3 +107,25 @@ def test_a_pickle_without_stop_is_truncated() -> None:
     data = pickle.dumps([1, 2, 3], protocol=4)
     with pytest.raises(UnreadableError):
         load(data[:-1])
+
+
+@pytest.mark.parametrize("depth", [102, 1_000_000])
+def test_values_nested_too_deep_are_refused_before_anything_is_built(depth: int) -> None:
+    """A dict key nested a million tuples deep would be hashed by C code recursing until the process
+    dies (SIGSEGV): the opcodes are walked first, and nesting past MAX_DEPTH is unreadable."""
+    deep_key = b"\x80\x04}" + b")" + b"\x85" * depth + b"K\x01s."
+    with pytest.raises(UnreadableError, match="nested more than 100 deep"):
+        load(deep_key)
+    deep_list = b"\x80\x04" + b"]" * depth + b"a" * (depth - 1) + b"."  # APPEND: each list into the one below
+    with pytest.raises(UnreadableError, match="nested more than 100 deep"):
+        load(deep_list)
+
+
+def test_nesting_up_to_the_limit_and_long_flat_containers_read() -> None:
+    """Depth counts nesting, not size: 100 levels read, and so does a list of 100,000 lists (APPENDS in batches)."""
+    nested: object = 1
+    for _ in range(99):
+        nested = [nested]
+    assert load(pickle.dumps({"k": nested}, protocol=4)) == {"k": nested}
+    flat = [[i] for i in range(100_000)]
+    assert load(pickle.dumps(flat, protocol=4)) == flat

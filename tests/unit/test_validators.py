@@ -52,12 +52,12 @@ def whole_file(tmp_path: Path, name: str, data: bytes, quick: bool = False) -> s
         os.close(fd)
 
 
-@pytest.mark.parametrize("planned", [False, True], ids=["grid", "directory_first"])
+@pytest.mark.parametrize("planned", [False, True], ids=["read_back", "directory_first"])
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 4096, 1 << 20, 1 << 30])
 def test_a_whole_torch_save_passes_whatever_the_chunk_boundaries(tmp_path: Path, torch_bytes: bytes,
                                                                 chunk: int, planned: bool) -> None:
-    """Records cut by a chunk boundary are checksummed all the same, whether their CRCs are derived from
-    the stream's (grid) or computed on each record's range read from the directory first."""
+    """Records cut by a chunk boundary are checksummed all the same, whether their CRCs are computed on
+    each record's range read from the directory first, or by reading the records back at the end."""
     if chunk < 64:  # byte-sized chunks on a small checkpoint: the same boundaries, fewer calls
         small = io.BytesIO()
         torch.save({"w": torch.randn(300), "b": torch.randn(2)}, small)
@@ -70,7 +70,7 @@ def test_a_whole_torch_save_passes_whatever_the_chunk_boundaries(tmp_path: Path,
     assert streamed(tmp_path, "step_1.pt", bytes(corrupt), chunk, planned) in ("crc_mismatch", "unreadable")
 
 
-@pytest.mark.parametrize("planned", [False, True], ids=["grid", "directory_first"])
+@pytest.mark.parametrize("planned", [False, True], ids=["read_back", "directory_first"])
 @pytest.mark.parametrize("cut", [0.1, 0.5, 0.9, 0.9999])
 def test_a_truncated_torch_save_is_truncated(tmp_path: Path, torch_bytes: bytes, cut: float, planned: bool) -> None:
     data = torch_bytes[: int(len(torch_bytes) * cut)]
@@ -79,7 +79,7 @@ def test_a_truncated_torch_save_is_truncated(tmp_path: Path, torch_bytes: bytes,
     assert whole_file(tmp_path, "step_1.pt", data, quick=True) == "truncated"
 
 
-@pytest.mark.parametrize("planned", [False, True], ids=["grid", "directory_first"])
+@pytest.mark.parametrize("planned", [False, True], ids=["read_back", "directory_first"])
 def test_a_flipped_bit_in_tensor_data_is_a_crc_mismatch(tmp_path: Path, torch_bytes: bytes, planned: bool) -> None:
     data = bytearray(torch_bytes)
     data[len(data) // 2] ^= 0x10
@@ -188,3 +188,13 @@ def test_library_files_pass_by_name_streamed_and_whole(tmp_path: Path) -> None:
     os.truncate(distcp, distcp.stat().st_size - 10)
     assert validate_beneath(tmp_path, "step_4/__0_0.distcp").status == "truncated"
     assert validate_beneath(tmp_path, "step_4/.metadata").status == "truncated"
+
+
+def test_json_nested_100000_deep_is_invalid_not_a_crash(tmp_path: Path) -> None:
+    """json's parser recurses per level: a file nested past the interpreter's limit is a verdict, as is a
+    safetensors header nested so."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert streamed(tmp_path, "trainer_state.json", deep, 4096) == "invalid"
+    assert whole_file(tmp_path, "trainer_state.json", deep) == "invalid"
+    header = b'{"a": ' + deep + b"}"
+    assert safetensors_verdict(len(header).to_bytes(8, "little") + header, 8 + len(header)).status == "invalid"

@@ -76,3 +76,34 @@ def test_a_rename_and_a_close_after_writing_are_still_hints(watching: tuple[Path
     wait_for(lambda: Hint("run_b/step_0001.pt", committed=True) in hints
              and Hint("run_a/step_0002.pt", committed=False) in hints, 30, "hints for both checkpoints",
              context=lambda: repr(hints))
+
+
+def _deep(top: Path, levels: int) -> Path:
+    """top/a/a/.../a, made one level at a time (os.makedirs recurses); returns the deepest folder."""
+    top.mkdir()
+    deepest = top
+    for _ in range(levels):
+        deepest = deepest / "a"
+        deepest.mkdir()
+    return deepest
+
+
+def test_a_folder_1200_levels_deep_neither_stops_the_start_nor_kills_the_watch(tmp_path: Path) -> None:
+    """watchdog walks by path and recursively: with a folder 1,200 levels deep at the start, and another
+    moved in later, the watch starts, stays alive and still gives hints."""
+    root = tmp_path / "primary"
+    (root / "run").mkdir(parents=True)
+    _deep(root / "deep", 1200)
+    hints: list[Hint] = []
+    watcher = Watcher(root, ("*.pt",), "native", 1.0, hints.append)
+    watcher.start()
+    try:
+        _deep(tmp_path / "later", 1200)
+        (tmp_path / "later").rename(root / "later")
+        (root / "run" / "step_1.pt.tmp").write_bytes(b"x")
+        (root / "run" / "step_1.pt.tmp").replace(root / "run" / "step_1.pt")
+        wait_for(lambda: Hint("run/step_1.pt", committed=True) in hints or not watcher.is_alive(), 60,
+                 "the hint for run/step_1.pt")
+        assert watcher.is_alive()
+    finally:
+        watcher.stop()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mirrord.errors import MirrordError, PermanentError, TransientError
+from mirrord.errors import MirrordError, PermanentError, UnreachableError
 from mirrord.obs.log import get_logger
 from mirrord.store.paths import split_rel
 
@@ -155,10 +155,13 @@ def wrap(where: str, exc: Exception, action: str) -> MirrordError:
         return exc
     code = error_code(exc)
     message = exc.response.get("Error", {}).get("Message", "") if isinstance(exc, ClientError) else str(exc)
+    inner = getattr(exc, "kwargs", {}).get("error")  # a connection error's own: "[Errno 111] Connection refused"
+    if inner is not None:
+        message = f"{message} ({str(inner).rpartition(': ')[2]})"
     cause = f"{action}: {code + ' ' if code else ''}{message or type(exc).__name__}".strip()
     if isinstance(exc, ClientError) and code not in TRANSIENT_CODES:
         return PermanentError(where, cause)
-    return TransientError(where, cause)  # connection errors, timeouts, throttling, 5xx
+    return UnreachableError(where, cause)  # connection errors, timeouts, throttling, 5xx
 
 
 def server_time(answer: dict[str, Any]) -> float | None:

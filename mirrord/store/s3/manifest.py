@@ -68,7 +68,6 @@ class S3ManifestStore:
         self.legacy_key = root + MANIFEST_NAME
         self._shards: dict[str, _Shard] = {}
         self._legacy: _Shard | None = None
-        self.put_bytes = 0  # sent by manifest writes (what a change costs: bench and tests read it)
 
     def _key(self, shard: str) -> str:
         return f"{self.root}{MANIFEST_DIR}/{shard_name(shard)}"
@@ -211,7 +210,6 @@ class S3ManifestStore:
             if error_code(exc) not in CONFLICT_CODES:
                 raise wrap(f"s3://{self.bucket}/{key}", exc, "write manifest") from exc
             return False
-        self.put_bytes += len(body)
         shard.etag = answer["ETag"]
         return True
 

@@ -73,19 +73,26 @@ class S3ManifestStore:
         return f"{self.root}{MANIFEST_DIR}/{shard_name(shard)}"
 
     # -- reading ---------------------------------------------------------------------------------------
+    def _listed(self) -> dict[str, str]:
+        """shard -> ETag of every shard object there is now (anything else in the folder is not read)."""
+        prefix = f"{self.root}{MANIFEST_DIR}/"
+        try:
+            found = list_objects(self.client, self.bucket, prefix)
+        except S3_ERRORS as exc:
+            raise wrap(self.where, exc, "list manifest") from exc
+        shards = {}
+        for obj in found:
+            name = obj["Key"][len(prefix):]
+            shard = name.removeprefix("folders/").removesuffix(".json") if name != "root.json" else ""
+            if shard_name(shard) == name:
+                shards[shard] = obj["ETag"]
+        return shards
+
     def load(self) -> dict[str, ManifestEntry]:
         """Every entry: the shards (each read again only when its ETag changed) and an older mirrord's
         single object, for the folders no shard holds yet."""
-        prefix = f"{self.root}{MANIFEST_DIR}/"
-        try:
-            listed = {obj["Key"][len(prefix):]: obj["ETag"] for obj in list_objects(self.client, self.bucket, prefix)}
-        except S3_ERRORS as exc:
-            raise wrap(self.where, exc, "list manifest") from exc
         shards: dict[str, _Shard] = {}
-        for name, etag in listed.items():
-            shard = name.removeprefix("folders/").removesuffix(".json") if name != "root.json" else ""
-            if shard_name(shard) != name:
-                continue  # not one of ours
+        for shard, etag in self._listed().items():
             known = self._shards.get(shard)
             shards[shard] = known if known is not None and known.etag == etag else self._read(self._key(shard))
         self._shards = shards
@@ -245,16 +252,14 @@ class S3ManifestStore:
     def set_aside(self, suffix: str) -> list[str]:
         """Every manifest object copied to a name that is never read (NAME+suffix), then deleted, each
         If-Match on the version copied (repair keeps a damaged manifest for a person to look at)."""
-        prefix = f"{self.root}{MANIFEST_DIR}/"
         try:
-            found = [(o["Key"], o["ETag"]) for o in list_objects(self.client, self.bucket, prefix)]
+            found = [(self._key(shard), etag) for shard, etag in self._listed().items()]
             with contextlib.suppress(*S3_ERRORS):
                 head = self.client.head_object(Bucket=self.bucket, Key=self.legacy_key)
                 found.append((self.legacy_key, head["ETag"]))
             moved = []
             for key, etag in found:
-                aside = (f"{self.root}{MANIFEST_DIR}{suffix}/{key[len(prefix):]}" if key.startswith(prefix)
-                         else key + suffix)
+                aside = key + suffix  # beside it, under a name load() never reads
                 self.client.copy_object(Bucket=self.bucket, Key=aside, CopySource={"Bucket": self.bucket, "Key": key},
                                         CopySourceIfMatch=etag)
                 self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=etag)

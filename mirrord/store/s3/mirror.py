@@ -22,7 +22,6 @@ import contextlib
 import io
 import stat
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
@@ -57,7 +56,6 @@ LEASE_DIR = ".mirrord-leases"
 # One node of a shared prefix prunes it (the holder of this lease); its own folder, so that no node
 # name can collide with it.
 RETENTION_LEASE = ".mirrord-retention/lease"
-REMEMBERED_COMMITS = 1024  # identities of objects just committed, kept until the engine records them
 
 
 class S3Mirror:
@@ -79,8 +77,7 @@ class S3Mirror:
         # file in flight is filling) however many files go at once.
         self.part_slots = threading.BoundedSemaphore(self.settings.concurrency)
         self.live_uploads: set[str] = set()  # this process's multipart uploads in flight: never swept
-        self._committed: OrderedDict[str, FileState] = OrderedDict()  # see committed()
-        self._committed_lock = threading.Lock()
+        self._just_committed = threading.local()  # see committed()
 
     def describe(self, rel: str = "") -> str:
         """Where rel lives, for messages: s3://bucket/prefix/rel."""
@@ -123,9 +120,9 @@ class S3Mirror:
     def stat(self, rel: str) -> FileState | None:
         """The object's state; for a key that only prefixes objects (a folder unit), a folder whose
         mtime is the newest LastModified below it; None if neither."""
-        with self._committed_lock:
-            just = self._committed.pop(rel, None)
-        if just is not None:
+        just: FileState | None = getattr(self._just_committed, "state", None)
+        self._just_committed.state = None
+        if just is not None and just.rel == rel:
             return just
         head = self._head(rel)
         if head is not None:
@@ -136,13 +133,11 @@ class S3Mirror:
         newest = max(obj["LastModified"] for obj in below)
         return FileState(rel, 0, ns(newest), mode=stat.S_IFDIR | 0o755)
 
-    def committed(self, state: FileState) -> None:
-        """An upload of ours just completed as `state` (its HEAD already made): the next stat() of it
-        answers from here, so recording its identity costs no request. Bounded; oldest dropped first."""
-        with self._committed_lock:
-            self._committed[state.rel] = state
-            while len(self._committed) > REMEMBERED_COMMITS:
-                self._committed.popitem(last=False)
+    def committed(self, state: FileState | None) -> None:
+        """An upload of ours just completed as `state` (its HEAD already made): the very next stat() on
+        this thread, if it asks about that object (the engine recording its identity), answers from
+        here at no request. Any other stat, or a change made through this mirror, forgets it (None)."""
+        self._just_committed.state = state
 
     def _below(self, rel: str) -> list[dict[str, Any]]:
         """Every object under rel/ (a folder unit's files)."""
@@ -181,6 +176,7 @@ class S3Mirror:
 
     def delete(self, rel: str, expected: FileState) -> None:
         """Delete rel only if it is still the object planned (size, LastModified), by If-Match on its ETag."""
+        self.committed(None)
         head = self._head(rel)
         if head is None:
             return
@@ -199,6 +195,7 @@ class S3Mirror:
     def clone(self, source_key: str, key: str, expected: FileState) -> FileState | None:
         """A server-side copy of the object `source_key` (still `expected`: size and LastModified, then
         held by If-Match on its ETag) to `key`: no byte is uploaded again. None if it changed."""
+        self.committed(None)
         head = self._head(source_key)
         if head is None:
             return None
@@ -229,6 +226,7 @@ class S3Mirror:
         """A prefix is not a thing on S3: gone as soon as no object is left under it. With `expected` (an
         old copy of a unit being replaced, its manifest entries already removed): every object under it
         is deleted, each by If-Match on its ETag, unless one is newer than `expected` said (then False)."""
+        self.committed(None)
         staging = self._open_units.get(key)
         ours = staging.published() if staging is not None else set()
         below = [obj for obj in self._below(key) if obj["Key"] not in ours]  # never the new copy's files

@@ -245,6 +245,7 @@ class S3UnitStaging:
 
     def _move_into_place(self) -> None:
         mirror = self.mirror
+        mirror.committed(None)
         mirror.require_lease()
         if mirror._below(self.key):
             raise FileExistsError(17, "an older copy of the unit is still there; delete it first",
@@ -265,6 +266,7 @@ class S3UnitStaging:
     def abort(self) -> None:
         """Abort what is in flight and delete the files this staging completed (only if still ours, by ETag)."""
         self.mirror._open_units.pop(self.key, None)
+        self.mirror.committed(None)
         client, bucket = self.mirror.client, self.mirror.location.bucket
         for upload in self._uploads:
             upload.abort()

@@ -8,14 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mirrord.commands.latest import latest_key
+from mirrord.commands.status import collect
 from mirrord.commands.sync import run_sync
 from mirrord.config import load_config
 from mirrord.core.model import ManifestEntry
 from mirrord.store.manifest import MANIFEST_NAME, encode_snapshot
 from mirrord.store.s3 import S3Mirror, S3Settings
+from mirrord.store.s3 import mirror as s3_mirror
 from tests.s3.seaweed import SeaweedServer
 from tests.support.checkpoints import save_checkpoint
+from tests.support.ports import free_ports
 
 RUNS, PER_RUN = 10, 100
 
@@ -96,3 +101,31 @@ def test_latest_trusts_a_recorded_object_by_its_etag_without_reading_it(
     s3_client.put_object(Bucket=bucket, Key=f"{prefix}/run/step_2.pt", Body=b"x" * size)
     assert latest_key(mirror, "run") == "run/step_1.pt"
     assert f"{prefix}/run/step_2.pt" in read
+
+
+def test_status_trusts_the_newest_checkpoint_by_its_etag_without_reading_it(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status` vouches for each run's newest checkpoint from the manifest and the object's identity:
+    no byte of it is downloaded while its ETag, size and LastModified are the recorded ones."""
+    primary = tmp_path / "primary"
+    save_checkpoint(primary / "run/step_1.pt", 1)
+    config = load_config(environ={}, overrides={
+        "primary": str(primary), "mirror": f"s3://{bucket}/{prefix}", "prune": {"enabled": False},
+        "copy": {"settle_seconds": 0.0}, "metrics": {"address": f"127.0.0.1:{free_ports(1)[0]}"},
+        "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "lease_seconds": 30}})
+    assert run_sync(config).ok
+    read: list[str] = []
+    made = s3_mirror.make_client
+
+    def counted_client(*args: Any, **kwargs: Any) -> Any:
+        client = made(*args, **kwargs)
+        client.meta.events.register("before-parameter-build.s3.GetObject",
+                                    lambda params, **_: read.append(params["Key"]))
+        return client
+
+    monkeypatch.setattr(s3_mirror, "make_client", counted_client)
+    status = collect(config, timeout=2)
+    run = next(r for r in status.runs if r.run == "run")
+    assert run.verified, run.verify_detail
+    assert [key for key in read if key.endswith(".pt")] == []

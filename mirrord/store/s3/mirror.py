@@ -344,7 +344,7 @@ class S3Mirror:
 
     def lock_problem(self) -> str | None:
         """Why the lease is lost for good (another mirrord took it), or None. Never waits for the server:
-        the lease renews itself on its own thread (mirrord.store.lease)."""
+        the lease renews itself on its own thread (mirrord.store.s3.lease)."""
         lease = self.lease
         return None if lease is None else lease.lost()
 

@@ -189,6 +189,9 @@ class S3Config(_Section):
     lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
     node: str = ""  # the lease's name; "" = this host's name
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
+    # Every request gives up within this many seconds, retries included (a trainer waiting on `latest`
+    # never hangs on an endpoint that accepts and never answers); docs/s3.md.
+    timeout_seconds: float = Field(30.0, ge=1, le=3600, **_FINITE)
     # DCP folders whose ranks' files are saved on several nodes: each node uploads its share; the unit is
     # complete once the nodes' shares hold every file its .metadata lists (mirrord.core.contributions).
     units_span_nodes: bool = False

@@ -255,6 +255,7 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "s3.lease_seconds": ("float", 120.0, (10, DAY)),
     "s3.node": ("str", "", check_node_name),
     "s3.max_attempts": ("int", 10, (1, 100)),
+    "s3.timeout_seconds": ("float", 30.0, (1, 3600)),
     "s3.units_span_nodes": ("bool", False, None),
     "s3.allow_inline_credentials": ("refuse", False, None),
     "s3.access_key_id": ("refuse", None, None),

@@ -36,6 +36,11 @@ class TransientError(MirrordError):
     transient = True
 
 
+class UnreachableError(TransientError, OSError):
+    """The storage did not answer (connection refused or timed out, a 5xx): worth another try. Also an
+    OSError, as an I/O error of a volume is: every path that survives one survives a storage blip."""
+
+
 class PermanentError(MirrordError):
     """Retrying will not help until something outside mirrord changes."""
 

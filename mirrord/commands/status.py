@@ -296,6 +296,15 @@ def _damaged(mirror: ReadableStore, manifest: Mapping[str, ManifestEntry], msnap
     return damaged
 
 
+def _unchanged(mirror: ReadableStore, entry: ManifestEntry) -> bool:
+    """The stored copy is, by its identity (inode and ctime, or an object's ETag), the one recorded."""
+    try:
+        state = mirror.stat(entry.path)
+    except (OSError, UnsafePathError):
+        return False
+    return state is not None and entry.unchanged(state)
+
+
 def _check_newest(run: RunStatus, entries: list[ManifestEntry], mirror: ReadableStore,
                   damaged: dict[str, str], deep: bool) -> None:
     """Is the newest mirrored step of a run what the manifest recorded? Size from the listing; hash on demand."""
@@ -314,6 +323,8 @@ def _check_newest(run: RunStatus, entries: list[ManifestEntry], mirror: Readable
             if finding is not None:
                 run.verified, run.verify_detail = False, f"{entry.path}: {finding.problem} ({finding.detail})"
                 return
+        if not deep and entry.validation is not None and _unchanged(mirror, entry):
+            continue  # the very copy that passed its validator (same inode, or ETag on an object store)
         # Intact means whole, not only the recorded size: check the structure (a torn zip lacks its end
         # records; a few KB read) and, with --verify, every CRC too.
         verdict = validate_key(mirror, entry.path, quick=not deep)

@@ -18,7 +18,7 @@ from mirrord.config import Config
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker
-from mirrord.errors import ConfigError, MirrordError
+from mirrord.errors import ConfigError, MirrordError, TransientError
 from mirrord.obs import log as logsetup
 from mirrord.obs.metrics import Metrics
 from mirrord.service.clock import SYSTEM_CLOCK, Clock
@@ -150,7 +150,10 @@ class Daemon:
         if self.signals.reload_requested:
             self.signals.reload_requested = False
             self.reload()
-        self.reconciler.work()
+        try:
+            self.reconciler.work()
+        except TransientError as exc:  # a storage blip on any path: said, and the next rescan tries again
+            self.log.error("daemon.storage_unavailable", path=exc.path, cause=exc.cause, action="retry at next rescan")
         self.supervisor.beat_if_due()
 
     def reload(self) -> None:

@@ -32,7 +32,9 @@ def _big_checkpoint(path: Path, megabytes: int) -> Path:
 
 
 def _uploads(mirror: S3Mirror) -> list[str]:
-    return [key for key, _id, _age in mirror.stale_uploads(older_than=-1)]
+    """Every multipart upload under the prefix, this mirror's own in flight too."""
+    answer = mirror.client.list_multipart_uploads(Bucket=mirror.location.bucket, Prefix=mirror.location.prefix)
+    return [up["Key"] for up in answer.get("Uploads", ())]
 
 
 def test_daemon_killed_mid_upload_leaves_nothing_visible_and_prune_sweeps_it(
@@ -105,7 +107,8 @@ def test_server_restarted_mid_upload_is_retried_and_nothing_is_torn(
         seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
     source = _big_checkpoint(tmp_path / "primary/run/step_2.pt", 40)
     mirror = S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, part_size=5 * MIB,
-                                                            concurrency=2, max_attempts=30))
+                                                            concurrency=2, max_attempts=30,
+                                                            timeout_seconds=600))  # outlasts the restart
     outcome: dict[str, Any] = {}
 
     def copy() -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from mirrord.commands.sync import run_sync
 from mirrord.config import load_config
-from mirrord.store import s3
-from mirrord.store.manifest import MANIFEST_NAME
+from mirrord.store.s3 import mirror as s3
+from mirrord.store.s3.manifest import MANIFEST_DIR
 from tests.s3.seaweed import SeaweedServer
 from tests.support.checkpoints import save_checkpoint
 
@@ -46,8 +46,9 @@ def test_a_small_file_costs_one_put_and_one_head(
     assert run_sync(config).ok
     for rel in files:
         assert per_key[f"{prefix}/{rel}"] == {"PutObject": 1, "HeadObject": 1}, rel
-    manifest = per_key.pop(f"{prefix}/{MANIFEST_NAME}")
-    assert 1 <= manifest["PutObject"] <= len(files) and set(manifest) <= {"GetObject", "PutObject"}
+    for shard in ("run0", "run1"):  # one manifest object per top-level folder
+        manifest = per_key.pop(f"{prefix}/{MANIFEST_DIR}/folders/{shard}.json")
+        assert 1 <= manifest["PutObject"] <= len(files) and set(manifest) <= {"GetObject", "PutObject"}
     data_keys = {f"{prefix}/{rel}" for rel in files}
     others = {key: ops for key, ops in per_key.items() if key not in data_keys}
     assert all(key.startswith(f"{prefix}/.mirrord-") or key == "" for key in others), others  # leases, listings

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,14 @@ import pytest
 
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import LockedError, TransientError
-from mirrord.store import s3
 from mirrord.store.hashing import hash_file
-from mirrord.store.lease import Lease
-from mirrord.store.manifest import MANIFEST_NAME, Change, encode_snapshot
-from mirrord.store.s3 import S3Mirror, S3Settings
+from mirrord.store.manifest import Change, encode_snapshot
+from mirrord.store.s3 import S3Mirror, S3Settings, upload
+from mirrord.store.s3.lease import Lease
+from mirrord.store.s3.manifest import MANIFEST_DIR
 from mirrord.store.volume import ChangedError
 from tests.s3.seaweed import SeaweedServer
+from tests.support.wait import wait_for
 
 MIB = 1 << 20
 PART = 5 * MIB  # S3's smallest part
@@ -89,14 +89,14 @@ def test_bytes_that_arrive_other_than_sent_are_refused_and_nothing_becomes_visib
     """Each part (and a small file's PUT) carries the CRC-32 mirrord computed from its bytes; the server
     checks it. Bytes that arrive other than they were read (here: the second part's checksum describes
     other bytes) are refused, the upload is aborted, and no object appears."""
-    real = s3._checksum
+    real = upload._checksum
     calls: list[int] = []
 
     def garbled_second(body: bytes | bytearray) -> str:
         calls.append(len(body))
         return real(bytes(body) + b"!") if len(calls) == 2 else real(body)
 
-    monkeypatch.setattr(s3, "_checksum", garbled_second)
+    monkeypatch.setattr(upload, "_checksum", garbled_second)
     mirror = _mirror(seaweed, bucket, prefix, max_attempts=1)
     data = os.urandom(3 * PART)
     big = mirror.begin_upload("step_3.pt", len(data))
@@ -167,7 +167,8 @@ def test_kill9_mid_upload_leaves_no_object_and_the_sweep_aborts_it(
     assert mirror.stat("step_5.pt") is None
     assert _uploads(s3_client, bucket, prefix) == ["step_5.pt"]
     assert mirror.sweep_stale_uploads(older_than=3600) == 0  # younger than the age guard: may be live
-    assert mirror.sweep_stale_uploads(older_than=3600, now=time.time() + 7200) == 1
+    wait_for(lambda: mirror.stale_uploads(older_than=1), 60, "the upload to be older than 1 s by the server's clock")
+    assert mirror.sweep_stale_uploads(older_than=1) == 1
     assert _uploads(s3_client, bucket, prefix) == []
     assert s3_client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/").get("KeyCount", 0) == 0
 
@@ -180,34 +181,31 @@ def test_manifest_writers_never_overwrite_each_other(
         seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
     one, two = _mirror(seaweed, bucket, prefix), _mirror(seaweed, bucket, prefix)
     first, second = one.read_manifest(), two.read_manifest()  # both read "no manifest yet"
-    first.record(_entry("a/step_1.pt"))
-    second.record(_entry("b/step_1.pt"))  # If-None-Match: * fails, re-read, re-applied on top
-    second.record(_entry("b/step_2.pt"))
-    first.remove("a/step_1.pt")  # If-Match on a stale ETag fails, re-read, re-applied
-    assert set(one.load_manifest().entries) == {"b/step_1.pt", "b/step_2.pt"}
-    body = s3_client.get_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST_NAME}")["Body"].read()
-    assert b"b/step_2.pt" in body and b"a/step_1.pt" not in body
+    first.record(_entry("run/a_step_1.pt"))
+    second.record(_entry("run/b_step_1.pt"))  # If-None-Match: * fails, re-read, re-applied on top
+    second.record(_entry("run/b_step_2.pt"))
+    first.remove("run/a_step_1.pt")  # If-Match on a stale ETag fails, re-read, re-applied
+    assert set(one.load_manifest().entries) == {"run/b_step_1.pt", "run/b_step_2.pt"}
+    body = s3_client.get_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST_DIR}/folders/run.json")["Body"].read()
+    assert b"run/b_step_2.pt" in body and b"run/a_step_1.pt" not in body
 
 
 def test_manifest_store_gives_up_with_a_clear_error_when_always_beaten(
         seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
     from mirrord.errors import ManifestError
 
-    store = _mirror(seaweed, bucket, prefix).manifest_store()
+    mirror = _mirror(seaweed, bucket, prefix)
+    store = mirror.manifest_store()
     store.load()
-    original_load = store.load
-
+    key = f"{prefix}/{MANIFEST_DIR}/folders/x.json"
     racer = iter(range(100))
 
-    def load_then_someone_writes() -> dict[str, ManifestEntry]:
-        entries = original_load()
-        theirs = _entry(f"other/step_{next(racer)}.pt")  # a racing writer, always between our read and write
-        key = f"{prefix}/{MANIFEST_NAME}"
-        s3_client.put_object(Bucket=bucket, Key=key, Body=encode_snapshot({theirs.path: theirs}))
-        return entries
+    def someone_writes_first(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Key") == key:  # a racing writer, always between our read and our write
+            theirs = _entry(f"x/other_{next(racer)}.pt")
+            s3_client.put_object(Bucket=bucket, Key=key, Body=encode_snapshot({theirs.path: theirs}))
 
-    s3_client.put_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST_NAME}", Body=encode_snapshot({}))
-    store.load = load_then_someone_writes  # type: ignore[method-assign]
+    mirror.client.meta.events.register("before-parameter-build.s3.PutObject", someone_writes_first)
     with pytest.raises(ManifestError, match="another writer changed the manifest"):
         store.append([Change((_entry("x/step_1.pt"),)).encode()])
 

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mirrord.errors import LockedError, TransientError
+from mirrord.errors import LockedError, MirrordError, TransientError
 from mirrord.obs.log import get_logger
-from mirrord.store.s3_errors import CONFLICT_CODES, MISSING_CODES, error_code, wrap
+from mirrord.store.s3.client import CONFLICT_CODES, MISSING_CODES, S3_ERRORS, error_code, wrap
 
 RENEW_AFTER = 1 / 3  # of the lease: when a renewal is due
 SAFE_FOR = 2 / 3  # of the lease after a renewal was sent: how long publishing stays allowed
@@ -69,13 +69,13 @@ class Lease:
         try:
             self._put(IfNoneMatch="*")
             return
-        except Exception as exc:
+        except S3_ERRORS as exc:
             if error_code(exc) not in CONFLICT_CODES:
                 raise wrap(self.where, exc, "take lease") from exc
         try:
             doc, etag = self._read()
             expires = float(doc["expires_at"])
-        except Exception as exc:
+        except (*S3_ERRORS, ValueError, KeyError, TypeError) as exc:
             if error_code(exc) in MISSING_CODES:
                 return self.acquire(ours)  # released meanwhile
             if isinstance(exc, ValueError | KeyError | TypeError):
@@ -87,7 +87,7 @@ class Lease:
                                           f"for {expires - self.wall():.0f} s more")
         try:
             self._put(IfMatch=etag)
-        except Exception as exc:
+        except S3_ERRORS as exc:
             if error_code(exc) in CONFLICT_CODES:
                 raise LockedError(self.where, "another mirrord took over the expired lease first") from exc
             raise wrap(self.where, exc, "take over lease") from exc
@@ -106,7 +106,7 @@ class Lease:
             keeper.join(2 * call_timeout(self.seconds) + 1)  # bounded: at most one call is under way
         if self._lost is not None or self._etag is None:
             return
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*S3_ERRORS):
             self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=self._etag)
 
     # -- the state, read by any thread -----------------------------------------------------------------
@@ -141,7 +141,7 @@ class Lease:
         try:
             self._put(IfMatch=self._etag or "")
             return
-        except Exception as exc:
+        except S3_ERRORS as exc:
             code = error_code(exc)
             if code in MISSING_CODES:
                 self._lose("the lease object was removed")
@@ -150,7 +150,7 @@ class Lease:
                 raise wrap(self.where, exc, "renew lease") from exc
         try:
             doc, etag = self._read()
-        except Exception as exc:
+        except (*S3_ERRORS, ValueError) as exc:
             if error_code(exc) in MISSING_CODES:
                 self._lose("the lease object was removed")
                 return
@@ -180,7 +180,7 @@ class Lease:
             self._last_try = self.monotonic()
             try:
                 self.renew()
-            except Exception as exc:
+            except (*S3_ERRORS, MirrordError) as exc:
                 self._last_error = getattr(exc, "cause", str(exc))
                 log.warning("s3.lease_renew_failed", path=self.where, cause=self._last_error)
                 continue

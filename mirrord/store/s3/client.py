@@ -1,0 +1,211 @@
+"""Where an object-store mirror lives, how its client is made, and its errors in mirrord's typed tree."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from mirrord.errors import MirrordError, PermanentError, UnreachableError
+from mirrord.obs.log import get_logger
+from mirrord.paths import split_rel
+
+try:
+    from botocore.exceptions import BotoCoreError, ClientError
+except ImportError:  # pragma: no cover - without the s3 extra open_s3_mirror refuses before any call
+    class BotoCoreError(Exception):  # type: ignore[no-redef]
+        """Stands in for botocore's: nothing raises it without botocore."""
+
+    class ClientError(Exception):  # type: ignore[no-redef]
+        """Stands in for botocore's: nothing raises it without botocore."""
+
+S3_ERRORS = (ClientError, BotoCoreError)  # what a call of the client raises besides our own MirrordError
+MIB = 1024 * 1024
+
+# Client-side errors that mean "try again" rather than "fix something": throttling, server trouble, and
+# bytes that arrived other than the checksum we computed from them says (a new try sends them again).
+TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
+                              "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "500", "502",
+                              "503", "504", "BadDigest"})
+# A conditional write that lost: another writer changed the object since we read its ETag.
+CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """Where an object-store mirror lives: the bucket and the key prefix."""
+    bucket: str
+    prefix: str  # "" or ending in "/"
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        """`s3://bucket` or `s3://bucket/some/prefix`; ValueError (one readable line) otherwise."""
+        if not url.startswith("s3://"):
+            raise ValueError(f"{url!r} is not an s3:// URL")
+        bucket, _, prefix = url[5:].partition("/")
+        if not bucket or "/" in bucket or len(bucket) < 3:
+            raise ValueError(f"{url!r}: no valid bucket name after s3://")
+        prefix = prefix.strip("/")
+        if prefix:
+            split_rel(prefix)  # no '..', no empty components, no NUL
+        return cls(bucket, f"{prefix}/" if prefix else "")
+
+    def key(self, rel: str) -> str:
+        """The object key of `rel`."""
+        return self.prefix + rel
+
+    def url(self, rel: str = "") -> str:
+        """The s3:// URL of `rel` (for messages)."""
+        return f"s3://{self.bucket}/{self.prefix}{rel}"
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """What the mirror needs from the [s3] section (mirrord.config.S3Config)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: str = "auto"
+    part_size: int = 8 * MIB
+    concurrency: int = 8
+    files_in_flight: int = 8
+    storage_class: str | None = None
+    sign_payload: bool = False
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    lease_seconds: float = 120.0
+    node: str = ""
+    max_attempts: int = 10
+    timeout_seconds: float = 30.0
+
+
+def node_name(configured: str) -> str:
+    """This node's name in a shared prefix: s3.node, or the host's name."""
+    return configured or socket.gethostname()
+
+
+def make_session(settings: S3Settings) -> Any:
+    """A boto3 session: the credential chain (or the inline key pair), and botocore's loaded S3 model,
+    shared by every client made from it (loading that model is most of a client's start-up cost)."""
+    import boto3
+
+    return boto3.session.Session(aws_access_key_id=settings.access_key_id,
+                                 aws_secret_access_key=settings.secret_access_key)
+
+
+def make_client(settings: S3Settings, timeout: float | None = None, attempts: int | None = None,
+                session: Any = None) -> Any:
+    """A botocore S3 client whose every request gives up within `timeout` (s3.timeout_seconds unless
+    given): each try may wait a third of it (all of it when there is one try), and a retry (standard
+    mode: throttling, 5xx, a refused connection while a server restarts) starts only while a whole try
+    still fits before that deadline.
+    Made from `session` when given (the mirror's: its clients share one loaded model)."""
+    from botocore.config import Config as BotoConfig
+
+    session = session if session is not None else make_session(settings)
+    deadline = timeout or settings.timeout_seconds
+    attempts = attempts or settings.max_attempts
+    per_try = deadline if attempts == 1 else max(1.0, deadline / 3)
+    config = BotoConfig(
+        region_name=settings.region,
+        # Unsigned payload (what botocore does over https anyway): every body still carries the CRC32 the
+        # server checks. Signing adds a SHA-256 pass over every byte sent over plain http (s3.sign_payload).
+        s3={"addressing_style": settings.addressing_style,
+            **({} if settings.sign_payload else {"payload_signing_enabled": False})},
+        retries={"mode": "standard", "max_attempts": attempts},
+        max_pool_connections=max(10, settings.concurrency + settings.files_in_flight + 4),  # parts + files
+        connect_timeout=per_try,
+        read_timeout=per_try,
+    )
+    client = session.client("s3", endpoint_url=settings.endpoint_url, config=config)
+    events = client.meta.events
+
+    def started(context: dict[str, Any], **_: Any) -> None:
+        context["mirrord_deadline"] = time.monotonic() + deadline
+
+    def out_of_time(request_dict: dict[str, Any], **_: Any) -> bool | None:
+        """False (no retry) once another whole try would end past the deadline; None lets botocore decide."""
+        ends = request_dict.get("context", {}).get("mirrord_deadline")
+        return False if ends is not None and time.monotonic() + per_try > ends else None
+
+    events.register("before-call.s3", started)
+    events.register_first("needs-retry.s3", out_of_time)
+    return client
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore exception ('' if it has none)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return str(status or "")
+    return ""
+
+
+def wrap(where: str, exc: Exception, action: str) -> MirrordError:
+    """A botocore error as one line in the typed tree: transient if a later try may succeed. A connection
+    error keeps botocore's own words, which name the endpoint and what happened (refused, timed out)."""
+    if isinstance(exc, MirrordError):
+        return exc
+    code = error_code(exc)
+    message = exc.response.get("Error", {}).get("Message", "") if isinstance(exc, ClientError) else str(exc)
+    inner = getattr(exc, "kwargs", {}).get("error")  # a connection error's own: "[Errno 111] Connection refused"
+    if inner is not None:
+        message = f"{message} ({str(inner).rpartition(': ')[2]})"
+    cause = f"{action}: {code + ' ' if code else ''}{message or type(exc).__name__}".strip()
+    if isinstance(exc, ClientError) and code not in TRANSIENT_CODES:
+        return PermanentError(where, cause)
+    return UnreachableError(where, cause)  # connection errors, timeouts, throttling, 5xx
+
+
+def access_error(where: str, exc: Exception) -> MirrordError:
+    """Why the bucket cannot be used, in words that say what to fix: credentials missing or refused, or a
+    server that does not answer (never "does not exist")."""
+    from botocore.exceptions import NoCredentialsError
+
+    code = error_code(exc)
+    if isinstance(exc, NoCredentialsError):
+        return PermanentError(where, "no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                                     "or AWS_PROFILE, or give the machine a role (the standard AWS chain)")
+    if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return PermanentError(where, f"the server refused the credentials ({code}): check AWS_ACCESS_KEY_ID "
+                                     "and AWS_SECRET_ACCESS_KEY (or the profile), and their rights on the bucket")
+    return wrap(where, exc, "reach the bucket")
+
+
+def server_time(answer: dict[str, Any]) -> float | None:
+    """The server's clock from an answer's Date header (seconds since the epoch), None without one: ages
+    of objects and uploads are measured on the clock that stamped them."""
+    from email.utils import parsedate_to_datetime
+
+    date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        return None
+
+
+def ns(when: datetime) -> int:
+    """A LastModified as nanoseconds since the epoch."""
+    return int(when.timestamp()) * 10**9 + when.microsecond * 1000
+
+
+def settings_from(section: Any) -> S3Settings:
+    """S3Settings from the [s3] section (mirrord.config.S3Config); a key pair in the file is warned about
+    (the config refused it unless allow_inline_credentials)."""
+    if section.access_key_id or section.secret_access_key:
+        get_logger().warning("s3.inline_credentials", cause="a key pair in the configuration file is used "
+                             "(s3.allow_inline_credentials = true); prefer the standard credential chain")
+    return S3Settings(endpoint_url=section.endpoint_url, region=section.region,
+                      addressing_style=section.addressing_style, part_size=section.part_size,
+                      concurrency=section.concurrency, files_in_flight=section.files_in_flight,
+                      storage_class=section.storage_class, sign_payload=section.sign_payload,
+                      access_key_id=section.access_key_id, secret_access_key=section.secret_access_key,
+                      lease_seconds=section.lease_seconds, node=section.node, max_attempts=section.max_attempts,
+                      timeout_seconds=section.timeout_seconds)

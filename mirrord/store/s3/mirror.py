@@ -1,0 +1,399 @@
+"""The object-store mirror: `mirror = "s3://bucket/prefix"` (AWS S3, MinIO, Ceph RGW, SeaweedFS, R2, ...).
+
+The same promises as the filesystem mirror, with S3's own commit points (docs/s3.md):
+
+- **A file is visible only whole** (mirrord.store.s3.upload): at most `concurrency` parts in flight across
+  every upload, so memory is bounded by `concurrency * part_size` plus the part each file is filling.
+- **The manifest is one object per top-level folder** (mirrord.store.s3.manifest), written with
+  conditional PUTs; its entry is the commit point of a unit.
+- **The lock is a lease object** per node (mirrord.store.s3.lease), renewed on its own thread.
+- **Deletion re-checks**: the object must still have the planned size and LastModified, and it is
+  deleted with `If-Match` on the ETag just read, so a newer upload under the same key is never deleted.
+- **No free space**: `space()` is None (there is no such number), and the gauge is absent, not 0.
+- **Every request has a deadline** (`s3.timeout_seconds`), retries included.
+
+Credentials come only from the standard chain (environment, profile, instance or pod role); a secret in
+the configuration file is refused unless `allow_inline_credentials = true` (see mirrord.config).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import stat
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO
+
+from mirrord.core.layouts import Layout
+from mirrord.core.model import FileState, Snapshot
+from mirrord.errors import ChangedError, MirrordError, PermanentError, TransientError
+from mirrord.obs.log import get_logger
+from mirrord.paths import split_rel
+from mirrord.store.listing_child import PendingListing
+from mirrord.store.manifest import Manifest
+from mirrord.store.mirror import Mirror
+from mirrord.store.s3 import listing
+from mirrord.store.s3.client import (
+    MISSING_CODES,
+    S3_ERRORS,
+    S3Location,
+    S3Settings,
+    access_error,
+    error_code,
+    make_client,
+    make_session,
+    node_name,
+    ns,
+    settings_from,
+    wrap,
+)
+from mirrord.store.s3.lease import Lease, call_timeout
+from mirrord.store.s3.manifest import S3ManifestStore
+from mirrord.store.s3.upload import S3UnitStaging, S3Upload, stale_uploads, sweep_stale_uploads
+
+MIB = 1024 * 1024
+LEASE_DIR = ".mirrord-leases"
+# One node of a shared prefix prunes it (the holder of this lease); its own folder, so that no node
+# name can collide with it.
+RETENTION_LEASE = ".mirrord-retention/lease"
+
+
+class S3Mirror:
+    """The mirror interface over one bucket and prefix (keys are root-relative POSIX paths)."""
+
+    has_inodes = True  # the key and ETag stand for the inode (listing.etag_identity)
+
+    def __init__(self, url: str, settings: S3Settings | None = None, client: Any = None) -> None:
+        self.location = S3Location.parse(url)
+        self.settings = settings or S3Settings()
+        self._session: Any = None if client is not None else make_session(self.settings)
+        self.client = client if client is not None else make_client(self.settings, session=self._session)
+        self.url = self.location.url()
+        self.lease: Lease | None = None
+        self.retention: Lease | None = None  # held while this node prunes the prefix (see claim_retention)
+        self._lease_client: Any = None
+        self._open_units: dict[str, S3UnitStaging] = {}  # unit key -> its staging, until commit or abort
+        # Parts in flight, every upload together: memory stays concurrency * part_size (plus the part each
+        # file in flight is filling) however many files go at once.
+        self.part_slots = threading.BoundedSemaphore(self.settings.concurrency)
+        self.live_uploads: set[str] = set()  # this process's multipart uploads in flight: never swept
+        self._just_committed = threading.local()  # see committed()
+
+    def describe(self, rel: str = "") -> str:
+        """Where rel lives, for messages: s3://bucket/prefix/rel."""
+        return self.location.url(rel)
+
+    def _key(self, rel: str) -> str:
+        split_rel(rel)
+        return self.location.key(rel)
+
+    # -- reading --------------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        """The bucket is there (and we may use it); False only when the server says it is not. Any other
+        failure raises, naming its cause: an unreachable endpoint is not a missing bucket."""
+        try:
+            self.client.head_bucket(Bucket=self.location.bucket)
+        except S3_ERRORS as exc:
+            if error_code(exc) in (*MISSING_CODES, "NoSuchBucket"):
+                return False
+            raise access_error(self.url, exc) from exc
+        return True
+
+    def size_hint(self) -> int:
+        """Not known before the manifest is read (Mirror.size_hint)."""
+        return 0
+
+    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
+                       parallel: bool = True) -> PendingListing:
+        """snapshot(), made when the result is taken (Mirror.start_snapshot): other nodes may publish under
+        a shared prefix, so the listing never starts before the caller has read the manifest."""
+        patterns = tuple(patterns)
+        return PendingListing(lambda: self.snapshot(patterns, layout))
+
+    def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
+        """Every committed candidate object under the prefix, chosen as the local scanner chooses files
+        (mirrord.store.scan): hidden folders are not entered; with a folder layout every member of a unit
+        folder is listed (dot names too). No partials or staging: an object exists only once whole.
+        A listing error makes the view partial (errors), never raises."""
+        return listing.snapshot(self.client, self.location, tuple(patterns), layout)
+
+    def stat(self, rel: str) -> FileState | None:
+        """The object's state; for a key that only prefixes objects (a folder unit), a folder whose
+        mtime is the newest LastModified below it; None if neither."""
+        just: FileState | None = getattr(self._just_committed, "state", None)
+        self._just_committed.state = None
+        if just is not None and just.rel == rel:
+            return just
+        head = self._head(rel)
+        if head is not None:
+            return listing.object_state(rel, self._key(rel), head["ContentLength"], head["LastModified"], head["ETag"])
+        below = self._below(rel)
+        if not below:
+            return None
+        newest = max(obj["LastModified"] for obj in below)
+        return FileState(rel, 0, ns(newest), mode=stat.S_IFDIR | 0o755)
+
+    def committed(self, state: FileState | None) -> None:
+        """An upload of ours just completed as `state` (its HEAD already made): the very next stat() on
+        this thread, if it asks about that object (the engine recording its identity), answers from
+        here at no request. Any other stat, or a change made through this mirror, forgets it (None)."""
+        self._just_committed.state = state
+
+    def _below(self, rel: str) -> list[dict[str, Any]]:
+        """Every object under rel/ (a folder unit's files)."""
+        try:
+            return listing.list_objects(self.client, self.location.bucket, self._key(rel) + "/")
+        except S3_ERRORS as exc:
+            raise wrap(self.describe(rel), exc, "list") from exc
+
+    def _head(self, rel: str) -> dict[str, Any] | None:
+        key = self._key(rel)  # ValueError for an unsafe key, as the seam says: not a server error
+        try:
+            return dict(self.client.head_object(Bucket=self.location.bucket, Key=key))
+        except S3_ERRORS as exc:
+            if error_code(exc) in MISSING_CODES:
+                return None
+            raise wrap(self.describe(rel), exc, "head") from exc
+
+    def open_read(self, rel: str) -> BinaryIO:
+        """The object's bytes, streamed (verify hashes them as they arrive)."""
+        try:
+            body = self.client.get_object(Bucket=self.location.bucket, Key=self._key(rel))["Body"]
+        except S3_ERRORS as exc:
+            if error_code(exc) in MISSING_CODES:
+                raise FileNotFoundError(2, "no such object", self.describe(rel)) from exc
+            raise wrap(self.describe(rel), exc, "get") from exc
+        return io.BufferedReader(_BodyReader(body), buffer_size=MIB)
+
+    def space(self) -> tuple[int, int] | None:
+        """An object store has no free-space figure: None (the gauge is then absent, never 0)."""
+        return None
+
+    # -- writing --------------------------------------------------------------------------------------
+    def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> S3Upload:
+        """Begin uploading `rel` (a single PUT or a multipart upload, decided by its size)."""
+        return S3Upload(self, rel, size)
+
+    def delete(self, rel: str, expected: FileState) -> None:
+        """Delete rel only if it is still the object planned (size, LastModified), by If-Match on its ETag."""
+        self.committed(None)
+        head = self._head(rel)
+        if head is None:
+            return
+        if (int(head["ContentLength"]), ns(head["LastModified"])) != (expected.size, expected.mtime_ns):
+            raise ChangedError(self.describe(rel), "changed since it was planned for deletion")
+        self.require_lease()
+        try:
+            self.client.delete_object(Bucket=self.location.bucket, Key=self._key(rel), IfMatch=head["ETag"])
+        except S3_ERRORS as exc:
+            if error_code(exc) == "PreconditionFailed":
+                raise ChangedError(self.describe(rel), "replaced since it was planned for deletion") from exc
+            if error_code(exc) in MISSING_CODES:
+                return
+            raise wrap(self.describe(rel), exc, "delete") from exc
+
+    def clone(self, source_key: str, key: str, expected: FileState) -> FileState | None:
+        """A server-side copy of the object `source_key` (still `expected`: size and LastModified, then
+        held by If-Match on its ETag) to `key`: no byte is uploaded again. None if it changed."""
+        self.committed(None)
+        head = self._head(source_key)
+        if head is None:
+            return None
+        if (int(head["ContentLength"]), ns(head["LastModified"])) != (expected.size, expected.mtime_ns):
+            return None
+        self.require_lease()  # the copy appears under `key`: only under a lease safe to publish under
+        bucket = self.location.bucket
+        try:  # a managed copy: multipart (UploadPartCopy) above 5 GB; the object appears only when whole
+            self.client.copy({"Bucket": bucket, "Key": self._key(source_key)}, bucket, self._key(key),
+                             ExtraArgs={"CopySourceIfMatch": head["ETag"]})
+        except S3_ERRORS as exc:
+            if error_code(exc) in ("PreconditionFailed", "404", "NoSuchKey"):
+                return None
+            raise wrap(self.describe(key), exc, "copy") from exc
+        return self.stat(key)
+
+    def begin_unit(self, key: str) -> S3UnitStaging:
+        """A folder unit. Under an empty prefix its files go straight under their final keys (S3 cannot
+        rename a prefix; the caller's manifest record of the unit is what makes it trusted). If an older
+        copy is there, they are staged under KEY.part/ instead (never over the old copy's objects) and
+        commit() copies them into place once the old copy is gone (FileExistsError while it is not)."""
+        split_rel(key)
+        staging = S3UnitStaging(self, key, staged=bool(self._below(key)))
+        self._open_units[key] = staging
+        return staging
+
+    def delete_folder(self, key: str, expected: FileState | None = None) -> bool:
+        """A prefix is not a thing on S3: gone as soon as no object is left under it. With `expected` (an
+        old copy of a unit being replaced, its manifest entries already removed): every object under it
+        is deleted, each by If-Match on its ETag, unless one is newer than `expected` said (then False)."""
+        self.committed(None)
+        staging = self._open_units.get(key)
+        ours = staging.published() if staging is not None else set()
+        below = [obj for obj in self._below(key) if obj["Key"] not in ours]  # never the new copy's files
+        if expected is None or not below:
+            return not below
+        if max(ns(obj["LastModified"]) for obj in below) > expected.mtime_ns:
+            return False  # written since it was planned: not the folder that was meant
+        self.require_lease()
+        for obj in below:
+            try:
+                self.client.delete_object(Bucket=self.location.bucket, Key=obj["Key"], IfMatch=obj["ETag"])
+            except S3_ERRORS as exc:
+                if error_code(exc) == "PreconditionFailed":
+                    return False
+                if error_code(exc) not in ("404", "NoSuchKey"):
+                    raise wrap(f"s3://{self.location.bucket}/{obj['Key']}", exc, "delete") from exc
+        return True
+
+    def set_manifest_aside(self, suffix: str) -> list[str]:
+        """Every manifest object copied to NAME+suffix, then deleted (If-Match: only the version copied)."""
+        return self.manifest_store().set_aside(suffix)
+
+    def is_mountpoint(self) -> bool | None:
+        """Always None: "mount point" means nothing for an object store."""
+        return None
+
+    def check_identity(self) -> None:
+        """A bucket cannot be unmounted: nothing to pin (the lease is the ownership check)."""
+
+    def identity_problem(self) -> str | None:
+        """Always None: an object store has no mount to vanish from under us."""
+        return None
+
+    # -- stale multipart uploads ----------------------------------------------------------------------
+    def stale_uploads(self, older_than: float) -> list[tuple[str, str, float]]:
+        """(key, upload id, age s) of other writers' multipart uploads older than `older_than` (server clock)."""
+        return stale_uploads(self, older_than)
+
+    def sweep_stale_uploads(self, older_than: float) -> int:
+        """Abort the multipart uploads a killed or failed writer left (mirrord.store.s3.upload)."""
+        return sweep_stale_uploads(self, older_than)
+
+    # -- manifest -------------------------------------------------------------------------------------
+    def manifest_store(self) -> S3ManifestStore:
+        """The manifest object, read and written by conditional PUTs."""
+        return S3ManifestStore(self.client, self.location.bucket, self.location.prefix)
+
+    def load_manifest(self) -> Manifest:
+        """The manifest as it is now, read-only (verify, latest, status), with the nodes' contributions to
+        units not complete yet."""
+        store = self.manifest_store()
+        return Manifest(store.load(), contributions=store.contributions())
+
+    def read_manifest(self) -> Manifest:
+        """The manifest, open for changes: each one is a conditional PUT of the whole object."""
+        store = self.manifest_store()
+        store.guard = self.require_lease  # the manifest entry is the commit point: only under a safe lease
+        return Manifest(store.load(), store)
+
+    # -- lock -----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One mirrord per node and prefix: a lease object with an expiry, renewed by lock_problem()."""
+        node = node_name(self.settings.node)
+        seconds = self.settings.lease_seconds
+        client = make_client(self.settings, timeout=call_timeout(seconds), attempts=1,  # never a long hang
+                             session=self._session)
+        lease = Lease(client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{node}"), seconds, name=node)
+        lease.acquire()
+        lease.start_keeping()
+        self.lease, self._lease_client = lease, client
+        try:
+            yield
+        finally:
+            retention, self.retention, self.lease = self.retention, None, None
+            if retention is not None:
+                retention.release()
+            lease.release()
+
+    def claim_retention(self) -> str | None:
+        """None if this node may prune the prefix now: it holds the retention lease (taken here when free
+        or expired; renewed on its own thread from then on, until the lock is released). Else who does
+        (another node's live lease) or why not. Several nodes share a prefix: exactly one prunes it, from
+        the merged manifest. Without a lock (nothing coordinates) None."""
+        if self.lease is None:
+            return None
+        held = self.retention
+        if held is not None:
+            if held.lost() is None:
+                return held.problem()
+            held.release()
+            self.retention = None
+            get_logger().warning("s3.retention_lost", path=held.where, cause=held.lost())
+        node = node_name(self.settings.node)
+        lease = Lease(self._lease_client, self.location.bucket, self.location.key(RETENTION_LEASE),
+                      self.settings.lease_seconds, name=node, what="this prefix's retention lease")
+        try:
+            lease.acquire(ours=True)  # a dead process of this node (we hold its lease) held it: take it over
+        except MirrordError as exc:
+            return exc.cause
+        lease.start_keeping()
+        self.retention = lease
+        get_logger().info("s3.retention_claimed", path=lease.where, node=node)
+        return None
+
+    def require_retention(self) -> None:
+        """Before each deletion retention makes on the mirror: raise unless this node still holds the
+        retention lease safely (it may have gone stale while the pass ran)."""
+        held = self.retention
+        if self.lease is None:
+            return
+        if held is None:
+            raise TransientError(self.url, "this node does not hold the prefix's retention lease")
+        held.require()
+
+    def lock_problem(self) -> str | None:
+        """Why the lease is lost for good (another mirrord took it), or None. Never waits for the server:
+        the lease renews itself on its own thread (mirrord.store.s3.lease)."""
+        lease = self.lease
+        return None if lease is None else lease.lost()
+
+    def write_problem(self) -> str | None:
+        """Why nothing may be published right now (the lease was not renewed in time, or is lost), or None."""
+        lease = self.lease
+        return None if lease is None else lease.problem()
+
+    def require_lease(self) -> None:
+        """Before every commit point (a manifest write, an upload's completion, a deletion): raise unless
+        the lease is safe to publish under. Without a lock (a read-only command, a test) nothing to check."""
+        lease = self.lease
+        if lease is not None:
+            lease.require()
+
+
+
+class _BodyReader(io.RawIOBase):
+    """botocore's StreamingBody as a raw stream, so io.BufferedReader can wrap it."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._body.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        return n
+
+    def close(self) -> None:
+        with contextlib.suppress(*S3_ERRORS, OSError):
+            self._body.close()
+        super().close()
+
+
+
+def open_s3_mirror(url: str, section: Any = None) -> S3Mirror:
+    """The mirror for `mirror = "s3://..."`; a readable ConfigError-like message if boto3 is missing."""
+    try:
+        import boto3  # noqa: F401
+    except ImportError as exc:
+        raise PermanentError(url, "an s3:// mirror needs boto3: pip install 'mirrord[s3]'") from exc
+    return S3Mirror(url, settings_from(section) if section is not None else S3Settings())
+
+
+def _conforms(mirror: S3Mirror) -> Mirror:
+    """mypy checks here that S3Mirror implements the whole seam (mirrord.store.mirror.Mirror)."""
+    return mirror

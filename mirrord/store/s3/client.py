@@ -176,7 +176,11 @@ def access_error(where: str, exc: Exception) -> MirrordError:
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
         return PermanentError(where, f"the server refused the credentials ({code}): check AWS_ACCESS_KEY_ID "
                                      "and AWS_SECRET_ACCESS_KEY (or the profile), and their rights on the bucket")
-    return wrap(where, exc, "reach the bucket")
+    wrapped = wrap(where, exc, "reach the bucket")
+    if isinstance(wrapped, UnreachableError):
+        return UnreachableError(where, f"no answer from the S3 endpoint ({wrapped.cause}): check s3.endpoint_url "
+                                       "and that the server is up")
+    return wrapped
 
 
 def server_time(answer: dict[str, Any]) -> float | None:

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-TEMP_SUFFIX = ".part"
+from mirrord.names import TEMP_SUFFIX as TEMP_SUFFIX  # (re-exported: the store's users name it here)
+
 ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
 _RENAME_EXCHANGE = 2
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}

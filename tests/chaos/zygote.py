@@ -31,7 +31,7 @@ from typing import Any
 
 import mirrord.cli
 import mirrord.commands.latest
-import mirrord.commands.prune
+import mirrord.service.pruner
 import mirrord.commands.sync
 import mirrord.commands.verify
 import mirrord.service.copier

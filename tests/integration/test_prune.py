@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from mirrord.commands.prune import Pruner
+from mirrord.service.pruner import Pruner
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mirrord.commands.prune import Pruner
+from mirrord.service.pruner import Pruner
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import step_of
 from mirrord.errors import NoSpaceError

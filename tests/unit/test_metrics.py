@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from mirrord.commands.prune import Pruner
+from mirrord.service.pruner import Pruner
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import step_of

@@ -8,7 +8,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mirrord.commands.prune import Pruner
+from mirrord.service.pruner import Pruner
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
 from mirrord.core.model import FileState

@@ -361,6 +361,8 @@ def cmd_man(args: argparse.Namespace) -> int:
 # --- prune (retention; see mirrord/service/pruner.py) ---------------------------------------------------------
 def _run_step(text: str) -> tuple[str, int]:
     """RUN:STEP of `prune --forget-branch` as (run, step); '.' is the root's own run."""
+    import argparse
+
     run, sep, step = text.rpartition(":")
     if not sep or not step.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r}: expected RUN:STEP, e.g. run1:600")

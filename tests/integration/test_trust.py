@@ -322,7 +322,8 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
     tmp_path: Path, daemon_factory: Any, prune_primary: bool
 ) -> None:
     """20 old checkpoints, keep_last = 2. Before: all 20 were copied, then 18 deleted. After: only steps 19
-    and 20 are copied; nothing is deleted (the primary's old steps have no mirror copy, so they stay)."""
+    and 20 are copied; nothing is deleted from the mirror. With prune.primary the primary is bounded too:
+    its 18 retired steps go once 19 and 20 are verified, never mirrored as they were (issue 32 item 4)."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     base = 1_700_000_000 * 10**9
     for step in range(1, 21):
@@ -333,11 +334,13 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
     done = len(d.events("reconcile.finished"))
     wait_for(lambda: len(d.events("reconcile.finished")) >= done + 2, 60, "two more reconciles")
     assert sorted(e["path"] for e in d.events("copy.started")) == [f"{RUN}/step_19.pt", f"{RUN}/step_20.pt"]
-    assert not d.events("prune.deleted")
-    assert steps_on(primary) == list(range(1, 21)) and steps_on(mirror) == [19, 20]
-    if prune_primary:  # retired, but without a verified mirror copy: never deleted from the primary
-        assert {e["path"] for e in d.events("prune.skipped", reason="unmirrored")} == {
-            f"{RUN}/step_{s}.pt" for s in range(1, 19)}
+    if prune_primary:
+        wait_for(lambda: steps_on(primary) == [19, 20], 60, "the primary bounded to the window")
+        assert {e["path"] for e in d.events("prune.deleted")} == {f"{RUN}/step_{s}.pt" for s in range(1, 19)}
+        assert {e["volume"] for e in d.events("prune.deleted")} == {"primary"} and not d.events("prune.skipped")
+    else:
+        assert not d.events("prune.deleted") and steps_on(primary) == list(range(1, 21))
+    assert steps_on(mirror) == [19, 20]
     assert assert_latest_loads(mirror) == ckpt(mirror, 20)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -718,3 +718,94 @@ def test_a_plans_retirement_retires_what_the_plan_retires_and_holds_no_file(h: H
                 assert kept.retired(run, step, mtime) == plan.retired(run, step, mtime)
     assert (kept.deletions, tuple(kept.kept), kept.skipped, kept.guards) == ((), (), (), None)
     assert set(kept.preserved) <= set(kept.windows)
+
+
+# -- evidence, not proxies (issue 32 item 3, issue 33 cases 7 and 8) ----------------------------------------
+
+def plan_with(h: History, **request: object) -> PrunePlan:
+    return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror)), dict(h.manifest),
+                      PruneRequest(h.policy, STEP_RE, NOW, roots=ROOTS, **request))  # type: ignore[arg-type]
+
+
+def test_a_run_whose_primary_lost_its_newest_verified_step_is_paused_until_a_newer_one_verifies() -> None:
+    """Steps 1-5 mirrored, the primary wiped: nothing of the run is deleted, on either side, and the plan
+    names the paused run; a newer step verified on the mirror (here 6) ends the pause."""
+    h = synced(range(1, 6))
+    h.primary.clear()
+    plan = plan_with(h)
+    assert plan.paused == {"run": 5} and plan.deletions == ()
+    assert {k.why for k in plan.kept if k.step in (1, 2)} == {"paused"}
+    assert plan_with(h, forget=frozenset({("run", 5)})).paused == {}
+    h.primary["run/step_0006.pt"] = h.mirror["run/step_0006.pt"] = FileState("run/step_0006.pt", 100,
+                                                                              MTIMES["old"] + 6, ino=6)
+    h.manifest["run/step_0006.pt"] = ManifestEntry("run/step_0006.pt", 100, "blake3", "00", MTIMES["old"] + 6, 6, NOW)
+    assert plan_with(h).paused == {} and {d.step for d in plan_with(h).deletions} == {1, 2, 3}
+
+
+def test_a_touched_mirror_copy_keeps_its_recorded_place_in_the_order() -> None:
+    """Step 10 left the primary and its mirror copy was touched: its place comes from the manifest's record,
+    so 20 and 30 are the newest; the touched copy is unconfirmed (neither counted nor deleted)."""
+    h = History(PruneConfig(keep_last=2, primary=True))
+    for step in (10, 20, 30):
+        rel = f"run/step_{step:04d}.pt"
+        h.primary[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=step)
+        h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=100 + step)
+        h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + step, step, NOW)
+    del h.primary["run/step_0010.pt"]
+    h.mirror["run/step_0010.pt"] = FileState("run/step_0010.pt", 100, int((NOW - 3_600) * NS), ino=110)
+    plan = plan_with(h)
+    assert plan.rollbacks == {} and plan.deletions == ()
+    assert {(k.step, k.why) for k in plan.kept} == {(10, "unconfirmed"), (20, "keep_last"), (30, "keep_last")}
+
+
+def test_a_step_without_evidence_of_wholeness_never_retires_a_whole_one() -> None:
+    """keep_last 1: step 2 is recorded "unchecked" (no validator read it): step 1 (validated ok) stays on
+    both sides; once step 3 is recorded "ok", 1 and 2 go."""
+    h = synced(range(1, 3))
+    h.policy = PruneConfig(keep_last=1, primary=True)
+    for rel, e in list(h.manifest.items()):
+        h.manifest[rel] = ManifestEntry(rel, e.size, e.algo, e.digest, e.source_mtime_ns, e.step, e.mirrored_at,
+                                        validation="unchecked" if e.step == 2 else "ok")
+    plan = plan_with(h)
+    assert plan.deletions == () and {k.why for k in plan.kept if k.step == 1} == {"newer_unverified"}
+    rel = "run/step_0003.pt"
+    h.primary[rel] = h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + 3, ino=3)
+    h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + 3, 3, NOW, validation="ok")
+    assert {d.step for d in plan_with(h).deletions} == {1, 2}
+
+
+def test_the_folder_a_deepspeed_latest_tag_names_on_the_mirror_is_kept(tmp_path: Path) -> None:
+    """keep_last 1, global_step8 and global_step9 verified, the mirror's `latest` still naming global_step8
+    (the tag is mirrored after the folder it names): global_step8 stays until the tag moves on."""
+    from mirrord.store.aliases import pointed_targets
+
+    layout = layout_for("deepspeed")
+    h = History(PruneConfig(keep_last=1))
+    for step in (8, 9):
+        rel = f"run/global_step{step}/mp_rank_00_model_states.pt"
+        h.primary[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=step)
+        h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=100 + step)
+        h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + step, step, NOW)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "latest").write_text("global_step8")
+    pointed = pointed_targets(tmp_path, {"run"}, layout)
+    assert pointed == {"run/global_step8"}
+
+    def plan(named: frozenset[str]) -> PrunePlan:
+        return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror)), dict(h.manifest),
+                          PruneRequest(h.policy, re.compile(layout.step_pattern), NOW, layout=layout, pointed=named))
+
+    assert plan(pointed).deletions == () and {k.why for k in plan(pointed).kept if k.step == 8} == {"pointer"}
+    (tmp_path / "run" / "latest").write_text("global_step9")
+    assert {d.step for d in plan(pointed_targets(tmp_path, {"run"}, layout)).deletions} == {8}
+
+
+def test_keep_branch_tips_keeps_each_abandoned_branchs_newest_verified_step() -> None:
+    """Branches 0 (1, 2, 3 with 3 unverified) and 1 (2, 3 again) under branch 2: the tips are 2 and 3."""
+    from mirrord.core.branches import Branches
+    from mirrord.core.retention import KeepBranchTips
+
+    run = Branches({1: 0, 2: 1, 3: 1, 5: 2}, ((3, 2), (3, 1)))
+    assert KeepBranchTips().preserve([1, 2, 3, 5], {1, 2, 3, 5}, run) == {1, 3}
+    assert KeepBranchTips().preserve([1, 2, 3, 5], {1, 2}, run) == {1, 2}
+    assert KeepBranchTips().preserve([1, 2, 3, 5], set(), run) == {1, 3}

@@ -158,14 +158,14 @@ def test_the_checkpoint_lightnings_last_ckpt_names_on_the_mirror_is_kept(primary
     ok(cli("sync", primary, mirror, **env))
     save_checkpoint(run / "epoch=1-step=20.ckpt", 20)
     ok(cli("sync", primary, mirror, **env))
-    assert os.readlink(mirror / RUN / "last.ckpt") == "epoch=0-step=10.ckpt"
+    assert (mirror / RUN / "last.ckpt").readlink().as_posix() == "epoch=0-step=10.ckpt"
     (run / "last.ckpt").unlink()
     (run / "last.ckpt").symlink_to("epoch=1-step=20.ckpt")
     held = ok(cli("prune", primary, mirror, **env))
     assert (mirror / RUN / "epoch=0-step=10.ckpt").exists(), held.stdout
     assert f"{RUN}/epoch=0-step=10.ckpt  pointer" in held.stdout
     ok(cli("sync", primary, mirror, **env))
-    assert os.readlink(mirror / RUN / "last.ckpt") == "epoch=1-step=20.ckpt"
+    assert (mirror / RUN / "last.ckpt").readlink().as_posix() == "epoch=1-step=20.ckpt"
     ok(cli("prune", primary, mirror, **env))
     assert not (mirror / RUN / "epoch=0-step=10.ckpt").exists()
     assert (mirror / RUN / "last.ckpt").resolve().exists()

@@ -10,8 +10,8 @@ each step was written is the primary file's mtime, else what the manifest record
 copy was verified: never a mirror file's current mtime (a `touch` or a backup tool changes that). A step is
 *verified* when the mirror holds all its files, each exactly as recorded in the manifest (size, stored
 mtime) with a passing validator verdict, and every primary file of the step is the one that was mirrored;
-it is *whole* when, besides, every verdict is a validator's "ok" (a format no validator reads is
-"unchecked": no evidence that it is not torn). Per run:
+it is *whole* when, besides, every file is part of a folder unit its layout judged complete, or a validator
+read it and said "ok" (a format no validator reads is "unchecked": no evidence that it is not torn). Per run:
 
 * the kept set is what any policy keeps ("keep if any keeps", so combining policies can only keep more):
   the `keep_last` newest verified steps, every multiple of `keep_every`, and with `keep_branch_tips` the
@@ -481,7 +481,9 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
                    if any(not _as_recorded(f, manifest.get(f.rel)) for f in on_mirror)}
     verified = {step for step, sides in by_step.items()
                 if step not in unconfirmed and _step_verified(*sides, manifest)}
-    whole = {step for step in verified if all(_whole(manifest[f.rel]) for f in by_step[step][1])}
+    # Evidence of wholeness: a folder unit was judged complete by its layout's rule before it was mirrored;
+    # a file needs a validator's ok.
+    whole = {step for step in verified if all(f.rel in units or _whole(manifest[f.rel]) for f in by_step[step][1])}
     forgotten = {step for r, step in request.forget if r == run}
     keep = {step: why for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
             if not (why == BRANCH_TIP and step in forgotten)}

@@ -113,3 +113,31 @@ def test_pruning_after_a_burst_of_copies_uses_the_snapshots_in_hand(tmp_path, da
     assert len(passes) >= 2 and not any(p["listed"] for p in passes), passes
     assert steps(primary) == [1, 2, 3]  # prune.primary = false
     assert d.stop() == 0
+
+
+def test_a_wiped_primary_restarted_from_scratch_never_costs_the_mirror_its_old_tip(tmp_path, daemon_factory):
+    """The daemon runs, keep_last 2, prune.primary: steps 1-4 mirrored, pruned to 3 and 4. The run folder is
+    wiped (`rm -rf`) and the job starts again from step 1 in the same folder. While the old tip 4 is the
+    newest verified step and gone from the primary, the run is paused (logged once); after three new steps
+    are mirrored, the old run's step 4 (its only copy) is still on the mirror. Before: the new low steps
+    were the newer branch and retention deleted 3 and 4."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    old = time.time() - 3600
+    publish_old(primary, range(1, 5), old)
+    mirror_everything(primary, mirror)
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 0},
+                        "watch": {"rescan_interval_seconds": 1}}).start()
+    wait_for(lambda: steps(mirror) == [3, 4] and steps(primary) == [3, 4], 60, "steps 3 and 4 on both sides")
+    for p in (primary / "r").iterdir():
+        p.unlink()
+    (primary / "r").rmdir()
+    d.wait_event("prune.paused", run="r", step=4, timeout=60)
+    for step in (1, 2, 3):
+        publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        wait_for(lambda step=step: step in steps(mirror), 60, f"new step {step} mirrored")
+        assert 4 in steps(mirror), steps(mirror)
+    wait_for(lambda: steps(primary) == [2, 3], 60, "the new run pruned to its window")
+    wait_for(lambda: steps(mirror) == [2, 3, 4], 60, "the mirror: the new window and the old tip")
+    assert len(d.events("prune.paused")) == 1
+    assert [e["step"] for e in d.events("prune.branch_tip_kept", run="r")] == [4]
+    assert d.stop() == 0

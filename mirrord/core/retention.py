@@ -52,6 +52,7 @@ from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed,
 from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
 from mirrord.core.vocabulary import PruneRefusal, Volume
+from mirrord.formats.verdicts import OK, RENAMED
 
 if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
     from mirrord.config import PruneConfig
@@ -75,7 +76,7 @@ PARTIAL_VIEW = PruneRefusal.PARTIAL_VIEW
 MIRROR_UNMOUNTED = PruneRefusal.MIRROR_UNMOUNTED
 
 STEP, ORPHAN_PART, ORPHAN_STAGING = "step", "orphan_part", "orphan_staging"
-WHOLE = (None, "ok")  # verdicts that are evidence of wholeness (None: recorded before validation existed)
+WHOLE = (None, OK, RENAMED)  # verdicts that are evidence of wholeness (None: recorded before validation existed)
 
 
 def describe_policy(policy: PruneConfig) -> str:

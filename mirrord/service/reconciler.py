@@ -304,7 +304,9 @@ class Reconciler:
             behind.append(job)
             if self.ledger.copy_loops(job):
                 continue
-            jobs.append(job)
+            state = psnap.files.get(job.rel)
+            jobs.append(job if state is None or not self.settle.committed(state) else
+                        dataclasses.replace(job, committed=True))
         if partial:  # what this view covered: the files listed, or the units judged again
             covered = set(psnap.files) if scope is None else scope
             self.unsettled.difference_update(covered - set(view.unsettled))

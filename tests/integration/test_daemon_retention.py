@@ -141,3 +141,43 @@ def test_a_wiped_primary_restarted_from_scratch_never_costs_the_mirror_its_old_t
     assert len(d.events("prune.paused")) == 1
     assert [e["step"] for e in d.events("prune.branch_tip_kept", run="r")] == [4]
     assert d.stop() == 0
+
+
+def _legacy(primary, step, rename):
+    """A legacy torch.save (no validator can check it: "unchecked"), by rename from NAME.part or in place."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"step": step, "w": torch.full((64, 64), float(step))}, buf, _use_new_zipfile_serialization=False)
+    path = primary / "r" / f"step_{step:04d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if rename:
+        part = path.with_name(path.name + ".part")
+        part.write_bytes(buf.getvalue())
+        part.replace(path)
+    else:
+        path.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])  # the trainer died half-way
+
+
+def test_an_unchecked_format_committed_by_rename_retires_older_steps_one_written_in_place_does_not(
+        tmp_path, daemon_factory):
+    """keep_last 1, prune.primary: legacy torch.save checkpoints (no validator reads them). Committed by a
+    rename, step 2 is recorded "renamed" (whole by construction) and retires step 1 on both sides; step 3,
+    torn and written in place, is published once it stops changing but retires nothing: step 2 stays."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "primary": True, "min_age_seconds": 0},
+                        "copy": {"settle_seconds": 0.5}, "watch": {"rescan_interval_seconds": 1}}).start()
+    _legacy(primary, 1, rename=True)
+    wait_for(lambda: steps(mirror) == [1], 60, "step 1 mirrored")
+    _legacy(primary, 2, rename=True)
+    wait_for(lambda: steps(mirror) == [2] and steps(primary) == [2], 60, "step 1 retired by the renamed step 2")
+    assert Manifest.load(mirror).entries["r/step_0002.pt"].validation == "renamed"
+    _legacy(primary, 3, rename=False)
+    wait_for(lambda: "r/step_0003.pt" in Manifest.load(mirror).entries, 60, "the torn step 3 published")
+    assert Manifest.load(mirror).entries["r/step_0003.pt"].validation == "unchecked"
+    done = len(d.events("reconcile.finished"))
+    wait_for(lambda: len(d.events("reconcile.finished")) >= done + 2, 60, "two more reconciles")
+    assert steps(mirror) == steps(primary) == [2, 3]
+    assert d.stop() == 0

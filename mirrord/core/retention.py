@@ -10,8 +10,9 @@ each step was written is the primary file's mtime, else what the manifest record
 copy was verified: never a mirror file's current mtime (a `touch` or a backup tool changes that). A step is
 *verified* when the mirror holds all its files, each exactly as recorded in the manifest (size, stored
 mtime) with a passing validator verdict, and every primary file of the step is the one that was mirrored;
-it is *whole* when, besides, every file is part of a folder unit its layout judged complete, or a validator
-read it and said "ok" (a format no validator reads is "unchecked": no evidence that it is not torn). Per run:
+it is *whole* when, besides, every file is part of a folder unit its layout judged complete, was read by a
+validator that said "ok", or was renamed into place by its writer ("renamed"); a format no validator reads,
+written in place, is "unchecked": no evidence that it is not torn. Per run:
 
 * the kept set is what any policy keeps ("keep if any keeps", so combining policies can only keep more):
   the `keep_last` newest verified steps, every multiple of `keep_every`, and with `keep_branch_tips` the

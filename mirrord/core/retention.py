@@ -265,22 +265,6 @@ def mirror_unmounted(
 
 
 @dataclass(frozen=True)
-class NewestPresent:
-    """The retention window: the `n` newest steps present (on either side, verified or not).
-
-    Steps below it are retired (not worth copying, deleted once the window is verified); the `n` newest
-    verified steps are what keep_last keeps. A policy object, so that a unit of checkpoints other than a
-    file step can bring its own window.
-    """
-
-    n: int
-
-    def window(self, steps: Sequence[int]) -> Sequence[int]:
-        """The newest `n` of `steps` (oldest first)."""
-        return steps[-self.n:]
-
-
-@dataclass(frozen=True)
 class PruneRequest:
     """Everything one retention plan depends on besides the two listings and the manifest.
 
@@ -305,7 +289,6 @@ class PruneRequest:
     observed: Mapping[tuple[str, str], float] | None = None
     invalid: AbstractSet[str] = frozenset()
     space_pressure: bool = False
-    window: NewestPresent | None = None  # None: the keep_last newest steps present
     layout: Layout | None = None  # folder layouts: a folder unit's files are one step, deleted together
     forget: frozenset[tuple[str, int]] = frozenset()
     pointed: frozenset[str] = frozenset()
@@ -314,11 +297,6 @@ class PruneRequest:
     def lie_after_ns(self) -> float:
         """An mtime beyond this (now + the allowed clock skew) is a lying clock: no evidence of order."""
         return lying_after_ns(self.now, self.policy.future_skew_seconds)
-
-    @property
-    def floor(self) -> NewestPresent:
-        """The least retention keeps of each run: the window, or the keep_last newest steps present."""
-        return self.window if self.window is not None else NewestPresent(self.policy.keep_last)
 
     def guards(self, newest: frozenset[str] = frozenset()) -> GuardContext:
         """The one GuardContext of this plan; the executor re-uses it with a fresh clock and in-flight set."""
@@ -476,7 +454,8 @@ def _written_at(step_files: _Sides, manifest: Mapping[str, ManifestEntry], lie: 
 def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
               request: PruneRequest, units: Mapping[str, str]) -> _RunPlan:
     """One run: its branches and window, what each policy keeps, and its deletion candidates."""
-    policy, floor_policy, lie = request.policy, request.floor, request.lie_after_ns
+    policy, lie = request.policy, request.lie_after_ns
+    n = policy.keep_last  # the window: the keep_last newest steps present
     run_branches = branches({step: _written_at(sides, manifest, lie) for step, sides in by_step.items()})
     order = sorted(by_step, key=run_branches.key)  # oldest first, by (branch, step)
     unconfirmed = {step for step, (_p, on_mirror) in by_step.items()
@@ -493,11 +472,11 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
         if step not in keep and any(f.rel in request.pointed or units.get(f.rel) in request.pointed
                                     for f in on_mirror):
             keep[step] = POINTER
-    kept_window = floor_policy.window([s for s in order if s in verified])
+    kept_window = [s for s in order if s in verified][-n:]
     invalid = request.invalid
     present = order if not invalid else [s for s in order if by_step[s][1]
                                          or any(f.rel not in invalid for f in by_step[s][0])]
-    window = floor_policy.window(present)
+    window = present[-n:]
     floor = order.index(window[0]) if len(present) > len(window) else None  # the window's first place
     newest_mtime = max(f.mtime_ns for sides in by_step.values() for f in (*sides[0], *sides[1]))
     plan = _RunPlan(run_branches, None if floor is None else Window(run_branches.key(order[floor]), run_branches,
@@ -518,7 +497,7 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
     if floor is not None and plan.paused is None:
         for place in range(len(order) - 1, -1, -1):
             step = order[place]
-            enough = window_whole or (request.space_pressure and whole_above >= floor_policy.n)
+            enough = window_whole or (request.space_pressure and whole_above >= n)
             if place < floor and enough and step not in keep and step not in unconfirmed:
                 deletable.add(step)
             whole_above += step in whole

@@ -498,7 +498,7 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
         for place in range(len(order) - 1, -1, -1):
             step = order[place]
             enough = window_whole or (request.space_pressure and whole_above >= n)
-            if place < floor and enough and step not in keep and step not in unconfirmed:
+            if place < floor and enough and keep.get(step, BRANCH_TIP) == BRANCH_TIP and step not in unconfirmed:
                 deletable.add(step)
             whole_above += step in whole
     for place, step in enumerate(order):
@@ -514,6 +514,11 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
             why = NEWER_UNVERIFIED
+        if why == BRANCH_TIP and policy.primary and step in deletable and step in verified:
+            # An abandoned branch's tip is kept on the mirror; the primary is bounded all the same.
+            plan.kept += [Kept(MIRROR, f.rel, step, why) for f in on_mirror]
+            plan.candidates += [Deletion(PRIMARY, f, step, STEP, units.get(f.rel, "")) for f in on_primary]
+            continue
         if why is not None:
             plan.kept += [Kept(side, f.rel, step, why) for side, files in ((PRIMARY, on_primary), (MIRROR, on_mirror))
                           for f in files]

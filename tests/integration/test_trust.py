@@ -233,7 +233,8 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
     """Before: with prune.primary = false the new steps were treated as retired and never mirrored; with
     true, the new step_6 was deleted from the primary 7 s after it was written, never mirrored; latest kept
     returning the abandoned step 12. After: both new steps are mirrored, the rollback is logged once, the
-    abandoned branch goes only once the new one is verified, and latest returns the new step 8."""
+    abandoned branch goes only once the new one is verified (but for its tip, 12, kept on the mirror), and
+    latest returns the new step 8."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=2, primary=prune_primary)).start()
     for step in (2, 4, 6, 8, 10, 12):  # each mirrored before the next (a step below the window when
@@ -245,7 +246,8 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
     for step in (6, 8):  # the new branch, written in place by the trainer
         w = writers(ckpt(primary, step), step, "plain", mb=1, seed=1000 + step)
         w.wait_done()
-    wait_for(lambda: steps_on(mirror) == [6, 8], 60, "the new branch mirrored, the abandoned one pruned")
+    # The abandoned branch goes but for its tip, 12, kept on the mirror (prune.keep_branch_tips).
+    wait_for(lambda: steps_on(mirror) == [6, 8, 12], 60, "the new branch mirrored, the abandoned one pruned")
     for step in (6, 8):
         assert sha256(ckpt(mirror, step)) == sha256(ckpt(primary, step))
     found = assert_latest_loads(mirror)

@@ -237,9 +237,16 @@ def deletable_steps(h: History) -> dict[str, set[int]]:
     for run, steps in order(h).items():
         window = steps[-h.policy.keep_last:]
         retired = steps[: max(0, len(steps) - h.policy.keep_last)]
-        out[run] = {s for s in retired if s not in kept[run] and s not in unconfirmed[run] and run not in paused
-                    and all(w in verified[run] for w in window)}
+        out[run] = {s for s in retired if (s not in kept[run] or primary_tip(h, run, s)) and s not in unconfirmed[run]
+                    and run not in paused and all(w in verified[run] for w in window)}
     return out
+
+
+def primary_tip(h: History, run: str, step: int) -> bool:
+    """A verified abandoned branch tip that only keep_branch_tips keeps: kept on the mirror, not the primary."""
+    every = h.policy.keep_every
+    return (step in branch_tips(h)[run] and step in verified_steps(h)[run] and step not in top_verified(h)[run]
+            and not (every and step % every == 0))
 
 
 def newest_files(h: History) -> set[str]:
@@ -283,7 +290,7 @@ def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> Non
             continue
         run = d.state.run
         assert d.step is not None
-        assert d.step not in kept[run], d
+        assert d.step not in kept[run] or (d.volume == "primary" and primary_tip(h, run, d.step)), d
         assert verified[run], "a run with no verified step has no candidates"
         assert d.step in deletable[run], d
         assert all(s in verified[run] for s in order(h)[run][-h.policy.keep_last:]), d
@@ -363,7 +370,8 @@ def test_both_sides_lose_the_same_steps(h: History) -> None:
         if d.kind == "step":
             gone[d.volume].add((d.state.run, d.step))
     verified = {(run, s) for run, steps in verified_steps(h).items() for s in steps}
-    common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror} & verified
+    tips = {(run, s) for run, steps in branch_tips(h).items() for s in steps}  # kept on the mirror alone
+    common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror} & verified - tips
     assert gone["primary"] & common == gone["mirror"] & common
     assert gone["primary"] <= gone["mirror"] | {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values()
                                                 if s.rel not in h.mirror} | verified

@@ -367,15 +367,26 @@ def cmd_man(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- prune (retention; see mirrord/commands/prune.py) ---------------------------------------------------------
+# --- prune (retention; see mirrord/service/pruner.py) ---------------------------------------------------------
+def _run_step(text: str) -> tuple[str, int]:
+    """RUN:STEP of `prune --forget-branch` as (run, step); '.' is the root's own run."""
+    import argparse
+
+    run, sep, step = text.rpartition(":")
+    if not sep or not step.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected RUN:STEP, e.g. run1:600")
+    return ("" if run in (".", "") else run.strip("/"), int(step))
+
+
 def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     """`mirrord prune`: one retention pass (--dry-run shows what would go)."""
     import contextlib
 
-    from mirrord.commands.prune import Pruner, describe
+    from mirrord.commands.prune import describe
     from mirrord.core.model import Snapshot
     from mirrord.errors import ManifestError
     from mirrord.obs import log as logsetup
+    from mirrord.service.pruner import Pruner
     from mirrord.store.mirror import mirror_for
     from mirrord.store.volume import LocalVolume
 
@@ -391,12 +402,12 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             logsetup.get_logger().error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=0)
             print(f"REFUSED (manifest): {exc}; nothing deleted", file=sys.stderr)
             if args.json:
-                from mirrord.commands.prune import PruneReport
                 from mirrord.commands.report import dumps, prune_document
+                from mirrord.service.pruner import PruneReport
 
                 print(dumps(prune_document(PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]))))
             return EXIT_FAILED
-        pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest)
+        pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget_branch))
         # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
         absent = Snapshot() if dry_run and not mirror.exists() else None
         report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
@@ -582,6 +593,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
                    "nothing, so it runs beside a daemon")
+    p.add_argument("--forget-branch", action="append", default=[], metavar="RUN:STEP", type=_run_step,
+                   help="let retention delete this kept tip of an abandoned branch (a rollback or a restart from "
+                   "scratch), or of a run paused because its primary lost its newest step; RUN is the run "
+                   "folder relative to the roots ('.' for the root itself); repeatable")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---
     # --- status and demo ---

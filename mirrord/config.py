@@ -107,6 +107,7 @@ class PruneConfig(_Section):
     min_age_seconds: float = Field(300.0, ge=0, le=365 * DAY, **_FINITE)
     future_skew_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
     primary: bool = False
+    keep_branch_tips: bool = True
     dry_run: bool = False
     step_pattern: str = DEFAULT_STEP_PATTERN
 

@@ -224,6 +224,7 @@ SCHEMA: dict[str, tuple[str, Any, Any]] = {
     "prune.min_age_seconds": ("float", 300.0, (0, 365 * DAY)),
     "prune.future_skew_seconds": ("float", 60.0, (0, DAY)),
     "prune.primary": ("bool", False, None),
+    "prune.keep_branch_tips": ("bool", True, None),
     "prune.dry_run": ("bool", False, None),
     "prune.step_pattern": ("str", DEFAULT_STEP_PATTERN, check_step_pattern),
     "watch.mode": ("choice", "auto", ("auto", "native", "polling")),

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from mirrord import __version__
 
 if TYPE_CHECKING:  # types only: `latest --json` must not load the copy engine, the metrics and the log stack
-    from mirrord.commands.prune import PruneReport
     from mirrord.commands.sync import SyncReport
     from mirrord.commands.verify import Finding
     from mirrord.errors import MirrordError
+    from mirrord.service.pruner import PruneReport
     from mirrord.store.mirror import ReadableStore
 
 

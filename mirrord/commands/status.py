@@ -458,6 +458,13 @@ def collect(
     runs = _runs(config, mirror, psnap, manifest, view, damaged, checked_at, deep)
     _add_units(runs, view, verdicts)
     problems.extend(_invalid_sources(config, primary, view, checked_at))
+    for name, step in sorted(view.prune.paused.items()):  # retention's own word (mirrord.core.retention)
+        problems.append(f"run {name or '.'}: mirror retention paused: its newest verified step {step} is gone from "
+                        "the primary (wiped, unmounted, restored?); nothing of this run is deleted until a newer "
+                        f"step is verified, or `mirrord prune --forget-branch {name or '.'}:{step}`")
+    for name, tips in sorted(view.prune.branch_tips.items()):
+        notes.append(f"run {name or '.'}: kept the newest step of an abandoned branch: "
+                     f"{', '.join(map(str, tips))} (`mirrord prune --forget-branch {name or '.'}:STEP` lets one go)")
     for run in runs:
         if run.verified is False:
             problems.append(f"run {run.run}: newest mirrored step {run.mirror_step} is NOT intact: "

@@ -17,8 +17,7 @@ from mirrord.core.branches import lying_after_ns
 from mirrord.core.model import FileState
 from mirrord.core.vocabulary import Veto
 from mirrord.errors import UnsafePathError
-from mirrord.paths import split_rel
-from mirrord.store.atomic import TEMP_SUFFIX
+from mirrord.names import TEMP_SUFFIX, split_rel
 
 NS = 1_000_000_000
 REASONS = tuple(Veto)

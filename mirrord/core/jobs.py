@@ -23,6 +23,9 @@ class CopyJob:
     # This node's part of a folder unit whose other files are on other nodes (s3.units_span_nodes):
     # uploaded and recorded as a contribution (mirrord.core.contributions), never as the whole unit.
     part: bool = False
+    # The writer renamed the file into place (seen by a watch event): whole by construction. An unchecked
+    # format is then recorded "renamed", which retention takes as evidence of wholeness.
+    committed: bool = False
 
     @property
     def run(self) -> str:

@@ -100,6 +100,10 @@ class SettleTracker:
         """The writer renamed the file into place: it is whole as it is now, no settling needed."""
         self._committed[state.rel] = state.identity
 
+    def committed(self, state: FileState) -> bool:
+        """The writer renamed `state` into place, as it is now (evidence that it is whole)."""
+        return self._committed.get(state.rel) == state.identity
+
     def __call__(self, state: FileState, now: float | None = None) -> bool:
         """Whether `state` has stayed unchanged for settle_seconds (or was committed by a rename)."""
         key = state.identity

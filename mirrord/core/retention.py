@@ -2,24 +2,34 @@
 
     snapshots of both sides + manifest + in-flight set + now + policy  ->  PrunePlan
 
-Checkpoints are grouped by run (their folder relative to the root) and ordered by (branch, step): a
-rollback (a lower step written after a higher one, see mirrord.core.branches) starts a newer branch. A step
-is *verified* when the mirror holds all its files, each recorded in the manifest with a matching size
-and a passing validator verdict, and every primary file of the step is the one that was mirrored. Per run:
+Planned afresh from the two listings each time: nothing is carried from one plan to the next.
 
-* the kept set is what any retention policy keeps ("keep if any keeps", so combining policies can
-  only keep more): the `keep_last` newest verified steps, and with `keep_every = N` every step that
-  is a multiple of N;
-* the window is the `keep_last` newest steps *present* (on either side, verified or not); steps below
-  it are *retired*: not worth copying (first run on an existing tree, or an unverified newest step,
-  never causes copy-then-delete churn);
-* a retired step is a candidate only when every step of the window is verified: a torn or unfinished
-  newest step keeps every older one (a step retired itself, never copied, does not). Candidates are
-  on the mirror, and on the primary when
-  `prune.primary = true` - a primary file only if the mirror holds a verified copy of that exact
-  file (reason `unmirrored` otherwise), whatever its step;
-* files whose name carries no step are never pruned;
-* orphan NAME.part files on the mirror (left by a dead process) are candidates too.
+Checkpoints are grouped by run (their folder relative to the root) and ordered by (branch, step): a
+rollback (a lower step written after a higher one, see mirrord.core.branches) starts a newer branch. When
+each step was written is the primary file's mtime, else what the manifest recorded of the source when its
+copy was verified: never a mirror file's current mtime (a `touch` or a backup tool changes that). A step is
+*verified* when the mirror holds all its files, each exactly as recorded in the manifest (size, stored
+mtime) with a passing validator verdict, and every primary file of the step is the one that was mirrored;
+it is *whole* when, besides, every file is part of a folder unit its layout judged complete, was read by a
+validator that said "ok", or was renamed into place by its writer ("renamed"); a format no validator reads,
+written in place, is "unchecked": no evidence that it is not torn. Per run:
+
+* the kept set is what any policy keeps ("keep if any keeps", so combining policies can only keep more):
+  the `keep_last` newest verified steps, every multiple of `keep_every`, and with `keep_branch_tips` the
+  newest step of every abandoned branch (a rollback, a restart from scratch into the same run), unless the
+  operator forgot it (`mirrord prune --forget-branch RUN:STEP`);
+* the window is the `keep_last` newest steps present (on either side, verified or not); steps below it
+  are *retired*: not worth copying. A retired step is deleted only when every step of the window is
+  verified and whole: a torn or unfinished newest step, or one without evidence of wholeness, keeps every
+  older one. It goes from the mirror, and with `prune.primary = true` from the primary too, whether or not
+  it was ever mirrored (the window that supersedes it is on the mirror);
+* a mirror file whose stat no longer matches its record is neither counted nor deleted (`unconfirmed`)
+  until it is verified again;
+* a run whose newest verified step is gone from the primary (the folder vanished, was wiped, is not
+  mounted, is being restored) is *paused*: its mirror is never shrunk until a newer step is verified or
+  the operator forgets that tip;
+* a step a pointer names on the mirror (DeepSpeed's `latest` tag, Lightning's `last.ckpt`) is kept;
+* files whose name carries no step are never pruned; orphan NAME.part files on the mirror are candidates.
 
 Every candidate then passes the guards (mirrord.core.guards); a veto moves it to `skipped` with its
 reason. A view that may be partial (a listing error) or a mirror that looks unmounted refuses the
@@ -28,23 +38,22 @@ whole plan: it deletes nothing.
 
 from __future__ import annotations
 
-import math
 import re
-from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Protocol, overload
+from typing import TYPE_CHECKING, Protocol
 
 from mirrord.core.branches import Branches, branches, lying_after_ns
 from mirrord.core.guards import GuardContext, veto
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of, step_reader
-from mirrord.core.plan import why_copy
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
+from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
-from mirrord.core.vocabulary import PruneRefusal, Veto, Volume
+from mirrord.core.vocabulary import PruneRefusal, Volume
+from mirrord.formats.verdicts import OK, RENAMED
 
 if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
     from mirrord.config import PruneConfig
@@ -54,16 +63,21 @@ PRIMARY, MIRROR = Volume.PRIMARY, Volume.MIRROR
 # Why a file is kept.
 KEEP_LAST = "keep_last"
 KEEP_EVERY = "keep_every"
+BRANCH_TIP = "branch_tip"  # the newest step of an abandoned branch
+POINTER = "pointer"  # named by a pointer on the mirror (DeepSpeed `latest`, Lightning `last.ckpt`)
 NEWER_THAN_KEPT = "newer_than_kept"
 NO_STEP = "no_step"
 UNVERIFIED = "unverified"
-NEWER_UNVERIFIED = "newer_unverified"  # retired, but a newer step is not verified yet: still the fallback
+NEWER_UNVERIFIED = "newer_unverified"  # retired, but a newer step is not verified and whole yet: the fallback
+UNCONFIRMED = "unconfirmed"  # a mirror file whose stat no longer matches its record: verify it again
+PAUSED = "paused"  # the run's newest verified step is gone from the primary: its mirror is not shrunk
 
 # Why a whole plan is refused.
 PARTIAL_VIEW = PruneRefusal.PARTIAL_VIEW
 MIRROR_UNMOUNTED = PruneRefusal.MIRROR_UNMOUNTED
 
 STEP, ORPHAN_PART, ORPHAN_STAGING = "step", "orphan_part", "orphan_staging"
+WHOLE = (None, OK, RENAMED)  # verdicts that are evidence of wholeness (None: recorded before validation existed)
 
 
 def describe_policy(policy: PruneConfig) -> str:
@@ -86,18 +100,19 @@ class Policy(Protocol):
     def why(self) -> str:
         """Why this policy keeps a step (a reason word for logs and metrics)."""
 
-    def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]:
-        """The steps this policy keeps, of `steps` (oldest first) of which `verified` are mirrored and verified."""
+    def preserve(self, steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None) -> frozenset[int]:
+        """The steps this policy keeps of `steps` (oldest first, by branch then step), of which `verified`
+        are mirrored and verified; `run` says which branch each step is on."""
 
 
 @dataclass(frozen=True)
 class KeepLast:
-    """The `n` newest verified steps (`steps` come oldest first: by branch, then step)."""
+    """The `n` newest verified steps."""
 
     n: int
     why: str = KEEP_LAST
 
-    def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]:
+    def preserve(self, steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None) -> frozenset[int]:
         """The last `n` verified steps."""
         return frozenset([s for s in steps if s in verified][-self.n:])
 
@@ -109,25 +124,47 @@ class KeepEvery:
     every: int
     why: str = KEEP_EVERY
 
-    def preserve(self, steps: Sequence[int], verified: AbstractSet[int]) -> frozenset[int]:
+    def preserve(self, steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None) -> frozenset[int]:
         """Every step that is a multiple of `every`."""
         return frozenset(s for s in steps if s % self.every == 0)
 
 
-def preserved(policies: Sequence[Policy], steps: Sequence[int], verified: AbstractSet[int]) -> dict[int, str]:
+@dataclass(frozen=True)
+class KeepBranchTips:
+    """The newest step of every abandoned branch (its newest verified one, else its newest present): after a
+    rollback or a restart from scratch into the same run, the furthest the old run got may be its only copy."""
+
+    why: str = BRANCH_TIP
+
+    def preserve(self, steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None) -> frozenset[int]:
+        """One step per branch below the newest."""
+        tips: dict[int, int] = {}
+        if run is None:
+            return frozenset()
+        for step in steps:  # oldest first: the last one seen of a branch is its newest
+            branch = run.of.get(step, run.top)
+            if branch < run.top and (step in verified or tips.get(branch) not in verified):
+                tips[branch] = step
+        return frozenset(tips.values())
+
+
+def preserved(policies: Sequence[Policy], steps: Sequence[int], verified: AbstractSet[int],
+              run: Branches | None = None) -> dict[int, str]:
     """Keep if any policy keeps: step -> the first policy's reason."""
     kept: dict[int, str] = {}
     for policy in policies:
-        for step in policy.preserve(steps, verified):
+        for step in policy.preserve(steps, verified, run):
             kept.setdefault(step, policy.why)
     return kept
 
 
 def policies_for(config: PruneConfig) -> tuple[Policy, ...]:
-    """The retention policies the prune config asks for (keep_last, and keep_every when set)."""
+    """The retention policies the prune config asks for."""
     policies: list[Policy] = [KeepLast(config.keep_last)]
     if config.keep_every is not None:
         policies.append(KeepEvery(config.keep_every))
+    if config.keep_branch_tips:
+        policies.append(KeepBranchTips())
     return tuple(policies)
 
 
@@ -153,7 +190,7 @@ class Kept:
     volume: str
     rel: str
     step: int | None
-    why: str  # keep_last | keep_every | newer_than_kept | no_step | unverified | newer_unverified
+    why: str  # a policy's reason, or newer_than_kept | no_step | unverified | newer_unverified | unconfirmed | paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,20 +216,18 @@ class Window:
 class PrunePlan:
     """A retention pass: deletions, what is kept and why, vetoes, or a refusal to delete anything."""
     deletions: tuple[Deletion, ...] = ()
-    kept: Sequence[Kept] = ()  # by (path, volume)
+    kept: tuple[Kept, ...] = ()  # by (path, volume)
     skipped: tuple[Skipped, ...] = ()
     refused: tuple[tuple[str, str], ...] = ()  # (reason, detail); non-empty means delete nothing
     newest: frozenset[str] = frozenset()  # files of each run's newest verified step
     windows: Mapping[str, Window] = field(default_factory=dict)  # runs with more than keep_last steps
     preserved: Mapping[str, frozenset[int]] = field(default_factory=dict)  # run -> steps policies keep
     rollbacks: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
-    # The rollbacks the primary's own files show, as run_rollbacks (mirrord.core.branches) reads the primary
-    # listing with this plan's `now`: what the daemon warns about, without grouping the tree again. None
-    # when not worked out here (folder layouts group by unit, run_rollbacks by file).
+    # The rollbacks the primary's own files show (what the daemon warns about). None when not worked out
+    # here (folder layouts group by unit, run_rollbacks by file).
     primary_rollbacks: Mapping[str, tuple[tuple[int, int], ...]] | None = None
-    # Each run's decisions with what they were made from: a later plan given this one as `previous`
-    # (PruneRequest) reuses those of the runs it finds unchanged.
-    reuse: _Reuse | None = field(default=None, compare=False, repr=False)
+    paused: Mapping[str, int] = field(default_factory=dict)  # run -> its newest verified step, gone from the primary
+    branch_tips: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # run -> abandoned branches' tips kept
     guards: GuardContext | None = None  # what the candidates were vetted with (the executor re-uses it)
 
     def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
@@ -207,9 +242,8 @@ class PrunePlan:
         return window.branches.key(step) < window.floor
 
     def retirement(self) -> PrunePlan:
-        """This plan as `retired` reads it, and nothing else: what a caller keeps between rescans to judge
-        partial listings by. Without the per-file decisions (kept, skipped, deletions) and the guards'
-        observations, which are as large as the tree and would otherwise live until the next plan."""
+        """This plan as `retired` reads it, and nothing else: what a daemon judges its partial listings
+        (watch hints) by until its next complete one."""
         windows = self.windows  # (a run without a window retires nothing: its preserved steps are never read)
         return PrunePlan(refused=self.refused, windows=windows,
                          preserved={run: steps for run, steps in self.preserved.items() if run in windows})
@@ -231,22 +265,6 @@ def mirror_unmounted(
 
 
 @dataclass(frozen=True)
-class NewestPresent:
-    """The retention window: the `n` newest steps present (on either side, verified or not).
-
-    Steps below it are retired (not worth copying, deleted once the window is verified); the `n` newest
-    verified steps are what keep_last keeps. A policy object, so that a unit of checkpoints other than a
-    file step can bring its own window.
-    """
-
-    n: int
-
-    def window(self, steps: Sequence[int]) -> Sequence[int]:
-        """The newest `n` of `steps` (oldest first)."""
-        return steps[-self.n:]
-
-
-@dataclass(frozen=True)
 class PruneRequest:
     """Everything one retention plan depends on besides the two listings and the manifest.
 
@@ -257,7 +275,9 @@ class PruneRequest:
     torn newest step must not retire the good step before it), yet, being unverified, they keep every
     older step. With `space_pressure` (the mirror cannot take the next copy) a retired step may go once
     the window's size of newer steps are verified, even if others are not: otherwise a full mirror could
-    never make room for the copies that would verify them.
+    never make room for the copies that would verify them. `forget`: (run, step) tips of abandoned
+    branches (or of a paused run) the operator let go. `pointed`: mirror paths (files or folder units) a
+    pointer on the mirror names: their steps are kept.
     """
 
     policy: PruneConfig
@@ -269,24 +289,14 @@ class PruneRequest:
     observed: Mapping[tuple[str, str], float] | None = None
     invalid: AbstractSet[str] = frozenset()
     space_pressure: bool = False
-    window: NewestPresent | None = None  # None: the keep_last newest steps present
     layout: Layout | None = None  # folder layouts: a folder unit's files are one step, deleted together
-    # The caller's last plan (a daemon's previous rescan): a run whose files, manifest entries and everything
-    # else its decisions read are unchanged since keeps those decisions instead of being planned again.
-    # The plan is the same with or without it; only the work differs. `replans`: the caller will plan
-    # again (a daemon): the plan keeps what the next one needs for that (a one-shot command does not).
-    previous: PrunePlan | None = None
-    replans: bool = False
+    forget: frozenset[tuple[str, int]] = frozenset()
+    pointed: frozenset[str] = frozenset()
 
     @property
     def lie_after_ns(self) -> float:
         """An mtime beyond this (now + the allowed clock skew) is a lying clock: no evidence of order."""
         return lying_after_ns(self.now, self.policy.future_skew_seconds)
-
-    @property
-    def floor(self) -> NewestPresent:
-        """The least retention keeps of each run: the window, or the keep_last newest steps present."""
-        return self.window if self.window is not None else NewestPresent(self.policy.keep_last)
 
     def guards(self, newest: frozenset[str] = frozenset()) -> GuardContext:
         """The one GuardContext of this plan; the executor re-uses it with a fresh clock and in-flight set."""
@@ -301,47 +311,46 @@ class PruneRequest:
         )
 
 
+# A step's files on each side: (primary, mirror); run -> step -> them.
+_Sides = tuple[list[FileState], list[FileState]]
+_Runs = dict[str, dict[int, _Sides]]
+_BY_PATH = attrgetter("rel", "volume")
+
+
 def plan_prune(
     primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], request: PruneRequest
 ) -> PrunePlan:
     """The prune plan for one cycle. Pure: the same inputs give the same plan."""
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
     runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
-    reuse = _Reuse.of(request, manifest) if request.replans else None
-    earlier = reuse.earlier(request.previous) if reuse is not None else {}
-    lie = request.lie_after_ns
     candidates: list[Deletion] = []
-    kept_runs: list[_KeptSteps] = []
     skipped: list[Skipped] = []
     newest: set[str] = set()
     windows: dict[str, Window] = {}
     keeps: dict[str, frozenset[int]] = {}
     rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
-    by_file = request.layout is None or not request.layout.folders
     primary_rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
+    paused: dict[str, int] = {}
+    tips: dict[str, tuple[int, ...]] = {}
     for run, by_step in runs.items():
-        if reuse is None:
-            decided = _plan_run(by_step, manifest, mirror.files, request, units)
-        else:
-            memo = earlier.get(run)
-            if memo is None or not memo.holds(by_step, manifest, lie):
-                memo = _RunMemo.of(by_step, manifest, lie, _plan_run(by_step, manifest, mirror.files, request, units))
-            reuse.runs[run] = memo
-            decided = memo.decided
+        decided = _plan_run(run, by_step, manifest, request, units)
         if decided.window is not None:
             windows[run] = decided.window
         if decided.branches.rollbacks:
             rollbacks[run] = decided.branches.rollbacks
         if decided.primary_rollbacks:
             primary_rollbacks[run] = decided.primary_rollbacks
+        if decided.paused is not None:
+            paused[run] = decided.paused
+        if decided.tips:
+            tips[run] = decided.tips
         keeps[run] = decided.keep_steps
         newest.update(decided.newest)
-        if decided.kept:
-            kept_runs.append((by_step, decided.kept))
+        kept.extend(decided.kept)
         skipped.extend(decided.skipped)
         candidates.extend(decided.candidates)
-    candidates.extend(Deletion(Volume.MIRROR, state, None, ORPHAN_PART) for state in mirror.partials.values())
-    candidates.extend(Deletion(Volume.MIRROR, state, None, ORPHAN_STAGING) for state in mirror.staging.values())
+    candidates.extend(Deletion(MIRROR, state, None, ORPHAN_PART) for state in mirror.partials.values())
+    candidates.extend(Deletion(MIRROR, state, None, ORPHAN_STAGING) for state in mirror.staging.values())
 
     ctx = request.guards(frozenset(newest))
     deletions: list[Deletion] = []
@@ -359,9 +368,10 @@ def plan_prune(
             deletions.remove(cand)
             skipped.append(Skipped(cand.volume, cand.rel, cand.step, held[(cand.volume, cand.unit)], cand.state.size))
     deletions.sort(key=deletion_order)
+    by_file = request.layout is None or not request.layout.folders
     return PrunePlan(
         deletions=() if refused else tuple(deletions),
-        kept=KeptFiles(kept, kept_runs),
+        kept=tuple(sorted(kept, key=_BY_PATH)),
         skipped=tuple(sorted(skipped, key=_BY_PATH)),
         refused=tuple(refused),
         newest=frozenset(newest),
@@ -369,22 +379,10 @@ def plan_prune(
         preserved=keeps,
         rollbacks=rollbacks,
         primary_rollbacks=primary_rollbacks if by_file else None,
-        reuse=reuse,
+        paused=paused,
+        branch_tips=tips,
         guards=ctx,
     )
-
-
-_MTIME = attrgetter("mtime_ns")
-_BY_PATH = attrgetter("rel", "volume")  # (rel, volume), without a Python call per item
-_SIDES = (PRIMARY, MIRROR)  # the volumes of a step's _Sides, in order
-# A step's files on each side: (primary, mirror). A pair, not a dict keyed by volume: a rescan makes
-# one for every step of the tree.
-_Sides = tuple[list[FileState] | tuple[()], list[FileState] | tuple[()]]
-# A side without files: the one empty tuple, not an empty list per step (at 1,000,000 steps with one file a
-# side, a step's grouping is 184 bytes instead of 232).
-_NONE: tuple[()] = ()
-# run -> step -> its files on each side
-_Runs = dict[str, dict[int, _Sides]]
 
 
 def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
@@ -399,39 +397,21 @@ def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, Manife
 
 
 def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
-            layout: Layout | None) -> tuple[_Runs, list[_KeptGroup], dict[str, str]]:
+            layout: Layout | None) -> tuple[_Runs, list[Kept], dict[str, str]]:
     """Stepped files grouped by run and step, per side; files without a step are kept (never pruned).
     Also file -> its folder unit (folder layouts)."""
     runs: _Runs = {}
-    kept: list[_KeptGroup] = []
+    kept: list[Kept] = []
     units: dict[str, str] = {}
-    folders = layout is not None and layout.folders
-    step_of_name = step_reader(step_regex)
     for side, index, files in ((PRIMARY, 0, primary.files), (MIRROR, 1, mirror.files)):
-        # A listing holds each folder's files together: the run's steps are looked up once per folder.
-        last_run: str | None = None
-        by_step: dict[int, _Sides] = {}
         for state in files.values():
-            # _place inlined for file layouts (every file of both sides goes through here at each rescan)
-            if folders:
-                run, step, unit = _place(state, step_regex, layout)
-                if unit:
-                    units[state.rel] = unit
-            else:
-                run, _, name = state.rel.rpartition("/")
-                step = step_of_name(name)
+            run, step, unit = _place(state, step_regex, layout)
+            if unit:
+                units[state.rel] = unit
             if step is None:
-                kept.append((side, (state,), None, NO_STEP))
+                kept.append(Kept(side, state.rel, None, NO_STEP))
                 continue
-            if run != last_run:
-                last_run, by_step = run, runs.setdefault(run, {})
-            sides = by_step.get(step)
-            if sides is None:  # each side's list made with its first file (exactly sized), the other empty
-                by_step[step] = ([state], _NONE) if index == 0 else (_NONE, [state])
-            elif sides[index]:
-                sides[index].append(state)  # type: ignore[union-attr]  # (a side with files is a list)
-            else:
-                by_step[step] = ([state], sides[1]) if index == 0 else (sides[0], [state])
+            runs.setdefault(run, {}).setdefault(step, ([], []))[index].append(state)
     return runs, kept, units
 
 
@@ -445,222 +425,112 @@ def _place(state: FileState, step_regex: re.Pattern[str], layout: Layout | None)
     return place.run, place.step, place.unit
 
 
-# Files a plan keeps, a group at a time: (volume, files, step, why).
-_KeptGroup = tuple[str, Sequence[FileState], int | None, str]
-# A run's kept steps: its files by step and side, and for each reason the steps kept for it. A few bytes a
-# step, where a group per step and side was ~200 (at 1,000,000 steps, 190 MB of a daemon's peak).
-_KeptSteps = tuple[dict[int, "_Sides"], dict[str, list[int]]]
-
-
-class KeptFiles(Sequence[Kept]):
-    """What a plan keeps, one Kept per file in (path, volume) order, made only when first read: a daemon
-    plans over every file of both sides at each rescan and reads these only to log them at debug level."""
-
-    __slots__ = ("_groups", "_made", "_runs")
-
-    def __init__(self, groups: Sequence[_KeptGroup] = (), runs: Sequence[_KeptSteps] = ()) -> None:
-        self._groups = groups
-        self._runs = runs
-        self._made: tuple[Kept, ...] | None = None
-
-    def _all(self) -> tuple[Kept, ...]:
-        if self._made is None:
-            made = [Kept(side, state.rel, step, why) for side, states, step, why in self._groups for state in states]
-            made += [Kept(side, state.rel, step, why) for by_step, whys in self._runs for why, steps in whys.items()
-                     for step in steps for side, states in zip(_SIDES, by_step[step], strict=True) for state in states]
-            self._made = tuple(sorted(made, key=_BY_PATH))
-            self._groups = self._runs = ()
-        return self._made
-
-    @overload
-    def __getitem__(self, index: int) -> Kept: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Kept]: ...
-
-    def __getitem__(self, index: int | slice) -> Kept | Sequence[Kept]:
-        return self._all()[index]
-
-    def __len__(self) -> int:
-        if self._made is not None:
-            return len(self._made)
-        return sum(len(g[1]) for g in self._groups) + sum(
-            len(on_primary) + len(on_mirror) for by_step, whys in self._runs for steps in whys.values()
-            for on_primary, on_mirror in map(by_step.__getitem__, steps))
-
-    def __iter__(self) -> Iterator[Kept]:
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, KeptFiles | tuple):
-            return self._all() == tuple(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # compared by content, like the tuple it stands for
-
-    def __repr__(self) -> str:
-        return f"KeptFiles({self._all()!r})"
-
-
 @dataclass
 class _RunPlan:
     branches: Branches
     window: Window | None
     keep_steps: frozenset[int]
     primary_rollbacks: tuple[tuple[int, int], ...] = ()
+    paused: int | None = None
+    tips: tuple[int, ...] = ()
     newest: list[str] = field(default_factory=list)
-    kept: dict[str, list[int]] = field(default_factory=dict)  # reason -> the steps kept for it
+    kept: list[Kept] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     candidates: list[Deletion] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class _RunMemo:
-    """One run's decisions and exactly what they read, so that a later plan can tell they still hold."""
-
-    by_step: dict[int, _Sides]  # the run's files by step and side (records kept by the scan)
-    entries: dict[str, ManifestEntry | None]  # their manifest entries, by path
-    # Every mtime of the run is either at most `honest_up_to` or at least `lying_from`: any lie threshold
-    # between them (now + future_skew) splits the run's files as the one they were planned with did.
-    honest_up_to: float
-    lying_from: float
-    decided: _RunPlan
-
-    @classmethod
-    def of(cls, by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry], lie: float,
-           decided: _RunPlan) -> _RunMemo:
-        """What `decided` was planned from, `lie` the threshold it was planned with."""
-        files = [state for sides in by_step.values() for side in sides for state in side]
-        mtimes = sorted(map(_MTIME, files))
-        honest = bisect_right(mtimes, lie)
-        return cls(by_step, {state.rel: manifest.get(state.rel) for state in files},
-                   mtimes[honest - 1] if honest else -math.inf,
-                   mtimes[honest] if honest < len(mtimes) else math.inf, decided)
-
-    def holds(self, by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry], lie: float) -> bool:
-        """The run is listed as it was (the same or equal records on the same sides of the same steps),
-        each file has the very manifest entry it had, and the lie threshold splits its mtimes as before."""
-        return (self.honest_up_to <= lie < self.lying_from and by_step == self.by_step
-                and all(manifest.get(rel) is entry for rel, entry in self.entries.items()))
-
-
-@dataclass(frozen=True)
-class _Reuse:
-    """What every run's decisions read besides its own files and their entries; a later plan reuses a
-    run's decisions only when all of it is the same (and each run's memo holds)."""
-
-    policy: PruneConfig
-    floor: NewestPresent
-    space_pressure: bool
-    invalid: AbstractSet[str]
-    layout: Layout | None
-    step_regex: re.Pattern[str]
-    runs: dict[str, _RunMemo] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, request: PruneRequest, manifest: Mapping[str, ManifestEntry]) -> _Reuse | None:
-        """None when the manifest makes its entries when asked (mirrord.store.packed): then no entry is
-        ever the one recorded before, and nothing could be reused."""
-        if not isinstance(manifest, dict):
-            return None
-        return cls(request.policy, request.floor, request.space_pressure, request.invalid, request.layout,
-                   request.step_regex)
-
-    def earlier(self, previous: PrunePlan | None) -> Mapping[str, _RunMemo]:
-        """The runs of `previous` planned under the same conditions as this plan."""
-        last = previous.reuse if previous is not None else None
-        if last is None or (last.policy, last.floor, last.space_pressure, last.layout, last.step_regex) != (
-                self.policy, self.floor, self.space_pressure, self.layout, self.step_regex):
-            return {}
-        return last.runs if last.invalid == self.invalid else {}
-
-
-def _plan_run(by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
-              mirror_files: Mapping[str, FileState], request: PruneRequest, units: Mapping[str, str]) -> _RunPlan:
-    """One run: its branches and window, what each policy keeps, and its deletion candidates."""
-    policy, floor_policy = request.policy, request.floor
-    # When the trainer wrote each step: the primary's word, else the mirror's (it keeps the source mtime).
-    # An mtime beyond the allowed skew is a lying clock: it says nothing about order (as 0 does).
-    lie = request.lie_after_ns
-    mtimes: dict[int, int] = {}
-    primary_alone = True  # every step has primary files, none past the lie: the primary's own order is this
-    for step, (on_primary, on_mirror) in by_step.items():
-        listed = on_primary or on_mirror
-        mtime = listed[0].mtime_ns if len(listed) == 1 else max(map(_MTIME, listed))
-        if mtime > lie:
-            mtime, primary_alone = 0, False
-        elif not on_primary:
-            primary_alone = False
-        mtimes[step] = mtime
-    run_branches = branches(mtimes)
-    # Oldest first, by (branch, step): run_branches.key. Without a rollback every step is on branch 0,
-    # which is plain step order. A step's place in `order` then stands for its key: each step is there
-    # once, so comparing places compares keys (no key tuple per step).
-    if run_branches.rollbacks:
-        of = run_branches.of
-        keys = {step: (of[step], step) for step in by_step}
-        order = sorted(by_step, key=keys.__getitem__)
+def _written_at(step_files: _Sides, manifest: Mapping[str, ManifestEntry], lie: float) -> int:
+    """When the trainer wrote a step: its primary files' mtime, else the source mtime the manifest recorded
+    when the mirror copy was verified (never the mirror file's own mtime). 0: unknown (a lying clock, no
+    record), which says nothing about order."""
+    on_primary, on_mirror = step_files
+    if on_primary:
+        mtime = max(f.mtime_ns for f in on_primary)
     else:
-        order = sorted(by_step)
-    verified = {step for step, (on_primary, on_mirror) in by_step.items()
-                if _step_verified(on_primary, on_mirror, manifest, mirror_files)}
-    keep = preserved(policies_for(policy), order, verified)
-    kept_window = floor_policy.window([s for s in order if s in verified])
-    # Retired: below the window of steps present. Deletable: retired, not kept by a policy, and the
-    # window verified (see below). Every step listed has a file on one side at least.
+        mtime = max((e.source_mtime_ns for f in on_mirror if (e := manifest.get(f.rel)) is not None), default=0)
+    return 0 if mtime > lie else mtime
+
+
+def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
+              request: PruneRequest, units: Mapping[str, str]) -> _RunPlan:
+    """One run: its branches and window, what each policy keeps, and its deletion candidates."""
+    policy, lie = request.policy, request.lie_after_ns
+    n = policy.keep_last  # the window: the keep_last newest steps present
+    run_branches = branches({step: _written_at(sides, manifest, lie) for step, sides in by_step.items()})
+    order = sorted(by_step, key=run_branches.key)  # oldest first, by (branch, step)
+    unconfirmed = {step for step, (_p, on_mirror) in by_step.items()
+                   if any(not _as_recorded(f, manifest.get(f.rel)) for f in on_mirror)}
+    verified = {step for step, sides in by_step.items()
+                if step not in unconfirmed and _step_verified(*sides, manifest)}
+    # Evidence of wholeness: a folder unit was judged complete by its layout's rule before it was mirrored;
+    # a file needs a validator's ok.
+    whole = {step for step in verified if all(f.rel in units or _whole(manifest[f.rel]) for f in by_step[step][1])}
+    forgotten = {step for r, step in request.forget if r == run}
+    keep = {step: why for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
+            if not (why == BRANCH_TIP and step in forgotten)}
+    for step, (_p, on_mirror) in by_step.items():
+        if step not in keep and any(f.rel in request.pointed or units.get(f.rel) in request.pointed
+                                    for f in on_mirror):
+            keep[step] = POINTER
+    kept_window = [s for s in order if s in verified][-n:]
     invalid = request.invalid
     present = order if not invalid else [s for s in order if by_step[s][1]
                                          or any(f.rel not in invalid for f in by_step[s][0])]
-    window = floor_policy.window(present)
+    window = present[-n:]
     floor = order.index(window[0]) if len(present) > len(window) else None  # the window's first place
+    newest_mtime = max(f.mtime_ns for sides in by_step.values() for f in (*sides[0], *sides[1]))
     plan = _RunPlan(run_branches, None if floor is None else Window(run_branches.key(order[floor]), run_branches,
-                                                                    max(mtimes.values())),
-                    frozenset(keep), run_branches.rollbacks if primary_alone else _primary_rollbacks(by_step, lie))
+                                                                    newest_mtime),
+                    frozenset(keep), _primary_rollbacks(by_step, lie),
+                    tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)))
+    top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
     if kept_window:
-        top_primary, top_mirror = by_step[kept_window[-1]]
-        plan.newest = [s.rel for s in (*top_primary, *top_mirror)]
-    # The steps that would replace a retired one are the window: all must be verified first (a torn or
-    # unfinished newest step keeps every older one). Under space pressure, a window's size of verified
-    # newer steps is enough.
-    window_verified = all(s in verified for s in window)
-    verified_above = 0
+        tip_primary, tip_mirror = by_step[kept_window[-1]]
+        plan.newest = [s.rel for s in (*tip_primary, *tip_mirror)]
+        if not tip_primary and kept_window[-1] not in forgotten:
+            plan.paused = kept_window[-1]  # the primary lost its newest verified step: shrink nothing
+    # The steps that would replace a retired one are the window: all must be verified and whole first.
+    # Under space pressure, a window's size of verified, whole newer steps is enough.
+    window_whole = all(s in whole for s in window)
+    whole_above = 0
     deletable: set[int] = set()
-    if floor is not None:
+    if floor is not None and plan.paused is None:
         for place in range(len(order) - 1, -1, -1):
             step = order[place]
-            enough = window_verified or (request.space_pressure and verified_above >= floor_policy.n)
-            if place < floor and enough and step not in keep:
+            enough = window_whole or (request.space_pressure and whole_above >= n)
+            if place < floor and enough and keep.get(step, BRANCH_TIP) == BRANCH_TIP and step not in unconfirmed:
                 deletable.add(step)
-            verified_above += step in verified
-    top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
-    kept = plan.kept.setdefault
+            whole_above += step in whole
     for place, step in enumerate(order):
-        # Why the step is kept, decided once for all of its files (None: it may go).
-        why: str | None = None
+        on_primary, on_mirror = by_step[step]
+        why: str | None = None  # why the step is kept, decided once for all of its files (None: it may go)
         if step in keep:
             why = keep[step]
+        elif step in unconfirmed:
+            why = UNCONFIRMED
+        elif plan.paused is not None:
+            why = PAUSED
         elif floor is None or place >= floor:
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
             why = NEWER_UNVERIFIED
-        if why is not None:
-            kept(why, []).append(step)
+        if why == BRANCH_TIP and policy.primary and step in deletable and step in verified:
+            # An abandoned branch's tip is kept on the mirror; the primary is bounded all the same.
+            plan.kept += [Kept(MIRROR, f.rel, step, why) for f in on_mirror]
+            plan.candidates += [Deletion(PRIMARY, f, step, STEP, units.get(f.rel, "")) for f in on_primary]
             continue
-        on_primary, on_mirror = by_step[step]
+        if why is not None:
+            plan.kept += [Kept(side, f.rel, step, why) for side, files in ((PRIMARY, on_primary), (MIRROR, on_mirror))
+                          for f in files]
+            continue
         if policy.primary:  # else the primary is not ours to prune
-            for state in on_primary:
-                if not exact_copy(state, manifest, mirror_files):
-                    plan.skipped.append(Skipped(PRIMARY, state.rel, step, Veto.UNMIRRORED, state.size))
-                else:
-                    plan.candidates.append(Deletion(PRIMARY, state, step, STEP, units.get(state.rel, "")))
-        for state in on_mirror:
-            plan.candidates.append(Deletion(MIRROR, state, step, STEP, units.get(state.rel, "")))
+            plan.candidates += [Deletion(PRIMARY, f, step, STEP, units.get(f.rel, "")) for f in on_primary]
+        plan.candidates += [Deletion(MIRROR, f, step, STEP, units.get(f.rel, "")) for f in on_mirror]
     return plan
 
 
 def _primary_rollbacks(by_step: dict[int, _Sides], lie: float) -> tuple[tuple[int, int], ...]:
-    """The rollbacks of a run as its primary files alone show them: each file past the lie counts as
-    unknown (0), then its step's newest file (run_rollbacks, for one run)."""
+    """The rollbacks of a run as its primary files alone show them (each file past the lie unknown)."""
     mtimes = {step: max(0, *(0 if f.mtime_ns > lie else f.mtime_ns for f in on_primary))
               for step, (on_primary, _on_mirror) in by_step.items() if on_primary}
     return branches(mtimes).rollbacks
@@ -683,21 +553,27 @@ def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_fil
     )
 
 
-def _step_verified(
-    primary_files: Sequence[FileState],
-    mirror_files: Sequence[FileState],
-    manifest: Mapping[str, ManifestEntry],
-    mirror_all: Mapping[str, FileState],
-) -> bool:
-    """All of a step's files are on the mirror, recorded with a matching size, and current."""
+def _as_recorded(dst: FileState, entry: ManifestEntry | None) -> bool:
+    """The mirror file is, by size and mtime, what its record says was stored (or has no record to contradict)."""
+    if entry is None:
+        return True
+    stored = entry.mirror_mtime_ns if entry.mirror_mtime_ns is not None else entry.source_mtime_ns
+    return dst.size == entry.size and abs(dst.mtime_ns - stored) <= MTIME_TOLERANCE_NS
+
+
+def _whole(entry: ManifestEntry) -> bool:
+    """Recorded with evidence that the checkpoint is whole: a validator read it and said ok."""
+    return entry.validation in WHOLE
+
+
+def _step_verified(primary_files: Sequence[FileState], mirror_files: Sequence[FileState],
+                   manifest: Mapping[str, ManifestEntry]) -> bool:
+    """All of a step's files are on the mirror as recorded, with a passing verdict, and current."""
     if not mirror_files:
         return False
-    recorded = manifest.get
+    on_mirror = {f.rel: f for f in mirror_files}
     for dst in mirror_files:
-        entry = recorded(dst.rel)
-        if entry is None or entry.size != dst.size or not entry_passed(entry):
+        entry = manifest.get(dst.rel)
+        if entry is None or not _as_recorded(dst, entry) or not entry_passed(entry):
             return False
-    for src in primary_files:  # noqa: SIM110 - no generator: this runs for every step at each rescan
-        if why_copy(src, recorded(src.rel), mirror_all.get(src.rel)) is not None:
-            return False
-    return True
+    return all(why_copy(src, manifest.get(src.rel), on_mirror.get(src.rel)) is None for src in primary_files)

@@ -26,7 +26,6 @@ class Veto(StrEnum):
     NEWEST = "newest"
     NOT_REGULAR = "not_regular"
     RECENTLY_SEEN = "recently_seen"  # not seen unchanged by this process for min_age_seconds (monotonic)
-    UNMIRRORED = "unmirrored"  # a primary file without a verified mirror copy of exactly it
 
 
 class CopyOutcome(StrEnum):

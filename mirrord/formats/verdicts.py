@@ -10,4 +10,6 @@ TRUNCATED: Final = "truncated"
 CRC_MISMATCH: Final = "crc_mismatch"
 INVALID: Final = "invalid"
 UNREADABLE: Final = "unreadable"
-PASSING = (OK, UNCHECKED)  # statuses a checkpoint may be published with
+# An unchecked file its writer renamed into place (a commit): whole by construction, though no validator read it.
+RENAMED: Final = "renamed"
+PASSING = (OK, UNCHECKED, RENAMED)  # statuses a checkpoint may be published with

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mirrord.commands.prune import Pruner
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.observe import Observations
@@ -27,6 +26,7 @@ from mirrord.service.engine import Engine
 from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import Ledger
+from mirrord.service.pruner import Pruner
 from mirrord.service.reconciler import Reconciler
 from mirrord.service.refusals import Refusals
 from mirrord.service.reload import reload_refusal

@@ -28,6 +28,7 @@ from mirrord.errors import (
     from_oserror,
 )
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
+from mirrord.formats.verdicts import RENAMED, UNCHECKED
 from mirrord.obs.log import get_logger
 from mirrord.paths import open_file_beneath
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
@@ -161,7 +162,8 @@ class Engine:
         return ManifestEntry(
             path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
             source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
-            mirror_mtime_ns=result.mirror_mtime_ns, validation=result.validation,
+            mirror_mtime_ns=result.mirror_mtime_ns,
+            validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
             **(self._published_identity(result.rel) if identity else {}),
         )
 

@@ -90,7 +90,6 @@ class Reconciler:
         self._named: tuple[Layout, Snapshot] | None = None
         # The last retention plan of a complete listing: the next one reuses its decisions for the runs
         # unchanged since (a rescan of a tree at rest plans again only what moved).
-        self._planned: PrunePlan | None = None
         self._child_problem: str | None = None  # why the mirror's last listing was not made by a child
         self.log = get_logger()
 
@@ -212,7 +211,7 @@ class Reconciler:
         self._warn_naming(psnap)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
-        # The plan is done with (the pruner keeps its retirement, a reuse record keeps itself): its per-file
+        # The plan is done with (the pruner keeps its retirement): its per-file
         # grouping of the tree is not kept through the queueing, nor is this copy of the manifest's entries.
         view, entries = dataclasses.replace(view, prune=PrunePlan()), {}
         queued = self._enqueue(view, psnap)
@@ -235,16 +234,14 @@ class Reconciler:
             observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
             facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_files(),
                           mirror_is_mount=self.mirror.is_mountpoint(),
-                          roots=pruner.roots if pruner else None, replans=True,
-                          previous_plan=self._planned)
+                          roots=pruner.roots if pruner else None,
+                          pointed=pruner.pointed() if pruner else frozenset())
             retired_by = None
         settled = self.settle.at(self.monotonic())
         sharing = sharing_for(cfg, self.manifest, self.primary, settled)
         complete = judge(self.primary, cfg.rules, settled, tell=True)
         view = reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
                          facts=facts, retired_by=retired_by, is_complete=complete, sharing=sharing)
-        if not partial:
-            self._planned = view.prune if view.prune.reuse is not None else None
         return view
 
     def _link_aliases(self, links: list[str]) -> None:
@@ -307,7 +304,9 @@ class Reconciler:
             behind.append(job)
             if self.ledger.copy_loops(job):
                 continue
-            jobs.append(job)
+            state = psnap.files.get(job.rel)
+            jobs.append(job if state is None or not self.settle.committed(state) else
+                        dataclasses.replace(job, committed=True))
         if partial:  # what this view covered: the files listed, or the units judged again
             covered = set(psnap.files) if scope is None else scope
             self.unsettled.difference_update(covered - set(view.unsettled))

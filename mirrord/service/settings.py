@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mirrord.commands.prune import Pruner
 from mirrord.config import Config
 from mirrord.obs.log import get_logger
+from mirrord.service.pruner import Pruner
 from mirrord.service.retry import RetryPolicy
 from mirrord.service.systemd import ping_interval
 

@@ -17,7 +17,8 @@ from posixpath import dirname
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
-from mirrord.paths import open_dir_beneath, split_rel
+from mirrord.errors import UnsafePathError
+from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store import atomic
 
 
@@ -70,3 +71,31 @@ def mirror_alias_links(
             os.close(dir_fd)
         made.append((rel, target))
     return made
+
+
+def pointed_targets(root: Path, runs: Iterable[str], layout: Layout) -> frozenset[str]:
+    """What the pointers in each run folder on this root name, as root-relative paths: an alias symlink's
+    target (`last.ckpt -> epoch=4-step=20.ckpt`) and the folder a tag file names (DeepSpeed's `latest`).
+    Retention keeps those while the pointer names them; an unreadable pointer names nothing."""
+    named: set[str] = set()
+    for run in runs:
+        prefix = f"{run}/" if run else ""
+        for alias in layout.aliases:
+            target = _readlink(root, prefix + alias)
+            if target and "/" not in target:
+                named.add(prefix + target)
+        if layout.tag_file:
+            try:
+                fd = open_file_beneath(root, prefix + layout.tag_file, os.O_RDONLY | os.O_NONBLOCK)
+            except (OSError, UnsafePathError):
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    tag = os.read(fd, 256).decode("utf-8", "replace").strip()
+                    if tag and "/" not in tag and not tag.startswith("."):
+                        named.add(prefix + tag)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return frozenset(named)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-TEMP_SUFFIX = ".part"
+from mirrord.names import TEMP_SUFFIX as TEMP_SUFFIX  # (re-exported: the store's users name it here)
+
 ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
 # Folder units are staged (and retired) here, at the mirror root, never beside their final name: a
 # trainer's own checkpoint picker lists the run folder and would take `checkpoint_12.part/` for a step.

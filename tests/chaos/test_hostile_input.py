@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 import mirrord.commands.sync  # imported before any fork that drops privileges
-from mirrord.commands.prune import Pruner
 from mirrord.config import Config
+from mirrord.service.pruner import Pruner
 from mirrord.store.hashing import hash_file
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.chaos.harness import (

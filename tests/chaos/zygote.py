@@ -31,11 +31,11 @@ from typing import Any
 
 import mirrord.cli
 import mirrord.commands.latest
-import mirrord.commands.prune
 import mirrord.commands.sync
 import mirrord.commands.verify
 import mirrord.service.copier
 import mirrord.service.daemon
+import mirrord.service.pruner
 import mirrord.store.journal
 import mirrord.store.manifest
 from mirrord import paths

@@ -113,3 +113,71 @@ def test_pruning_after_a_burst_of_copies_uses_the_snapshots_in_hand(tmp_path, da
     assert len(passes) >= 2 and not any(p["listed"] for p in passes), passes
     assert steps(primary) == [1, 2, 3]  # prune.primary = false
     assert d.stop() == 0
+
+
+def test_a_wiped_primary_restarted_from_scratch_never_costs_the_mirror_its_old_tip(tmp_path, daemon_factory):
+    """The daemon runs, keep_last 2, prune.primary: steps 1-4 mirrored, pruned to 3 and 4. The run folder is
+    wiped (`rm -rf`) and the job starts again from step 1 in the same folder. While the old tip 4 is the
+    newest verified step and gone from the primary, the run is paused (logged once); after three new steps
+    are mirrored, the old run's step 4 (its only copy) is still on the mirror. Before: the new low steps
+    were the newer branch and retention deleted 3 and 4."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    old = time.time() - 3600
+    publish_old(primary, range(1, 5), old)
+    mirror_everything(primary, mirror)
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 0},
+                        "watch": {"rescan_interval_seconds": 1}}).start()
+    wait_for(lambda: steps(mirror) == [3, 4] and steps(primary) == [3, 4], 60, "steps 3 and 4 on both sides")
+    for p in (primary / "r").iterdir():
+        p.unlink()
+    (primary / "r").rmdir()
+    d.wait_event("prune.paused", run="r", step=4, timeout=60)
+    for step in (1, 2, 3):
+        publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
+        wait_for(lambda step=step: step in steps(mirror), 60, f"new step {step} mirrored")
+        assert 4 in steps(mirror), steps(mirror)
+    wait_for(lambda: steps(primary) == [2, 3], 60, "the new run pruned to its window")
+    wait_for(lambda: steps(mirror) == [2, 3, 4], 60, "the mirror: the new window and the old tip")
+    assert len(d.events("prune.paused")) == 1
+    assert [e["step"] for e in d.events("prune.branch_tip_kept", run="r")] == [4]
+    assert d.stop() == 0
+
+
+def _legacy(primary, step, rename):
+    """A legacy torch.save (no validator can check it: "unchecked"), by rename from NAME.part or in place."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"step": step, "w": torch.full((64, 64), float(step))}, buf, _use_new_zipfile_serialization=False)
+    path = primary / "r" / f"step_{step:04d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if rename:
+        part = path.with_name(path.name + ".part")
+        part.write_bytes(buf.getvalue())
+        part.replace(path)
+    else:
+        path.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])  # the trainer died half-way
+
+
+def test_an_unchecked_format_committed_by_rename_retires_older_steps_one_written_in_place_does_not(
+        tmp_path, daemon_factory):
+    """keep_last 1, prune.primary: legacy torch.save checkpoints (no validator reads them). Committed by a
+    rename, step 2 is recorded "renamed" (whole by construction) and retires step 1 on both sides; step 3,
+    torn and written in place, is published once it stops changing but retires nothing: step 2 stays."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "primary": True, "min_age_seconds": 0},
+                        "copy": {"settle_seconds": 0.5}, "watch": {"rescan_interval_seconds": 1}}).start()
+    _legacy(primary, 1, rename=True)
+    wait_for(lambda: steps(mirror) == [1], 60, "step 1 mirrored")
+    _legacy(primary, 2, rename=True)
+    wait_for(lambda: steps(mirror) == [2] and steps(primary) == [2], 60, "step 1 retired by the renamed step 2")
+    assert Manifest.load(mirror).entries["r/step_0002.pt"].validation == "renamed"
+    _legacy(primary, 3, rename=False)
+    wait_for(lambda: "r/step_0003.pt" in Manifest.load(mirror).entries, 60, "the torn step 3 published")
+    assert Manifest.load(mirror).entries["r/step_0003.pt"].validation == "unchecked"
+    done = len(d.events("reconcile.finished"))
+    wait_for(lambda: len(d.events("reconcile.finished")) >= done + 2, 60, "two more reconciles")
+    assert steps(mirror) == steps(primary) == [2, 3]
+    assert d.stop() == 0

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from mirrord.commands.prune import Pruner
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.errors import NoSpaceError
 from mirrord.obs.metrics import Metrics
 from mirrord.service.engine import Engine
+from mirrord.service.pruner import Pruner
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import save_checkpoint
@@ -118,7 +118,8 @@ def test_a_checkpoint_with_mtime_zero_survives(primary: Path, mirror: Path) -> N
 
 def test_a_file_touched_a_second_ago_survives(primary: Path, mirror: Path) -> None:
     """A recent mtime may be a copy or a write in flight, on either side. (Touched, the mirror's step 3
-    is no longer what was recorded: the primary's step 3 has no verified copy, so it stays too.)"""
+    is no longer what was recorded: unconfirmed until verified again, it is neither counted nor deleted,
+    on either side.)"""
     make_run(primary)
     sync(primary, mirror)
     now = time.time()
@@ -127,9 +128,8 @@ def test_a_file_touched_a_second_ago_survives(primary: Path, mirror: Path) -> No
     assert result.returncode == 0, result.stderr
     assert steps_on(primary) == [3, 8, 9, 10]
     assert steps_on(mirror) == [3, 8, 9, 10]
-    assert {(e["volume"], e["step"], e["reason"]) for e in parse_events(result.stderr, "prune.skipped")} == {
-        ("primary", 3, "unmirrored"), ("mirror", 3, "recent_mtime"),
-    }
+    assert parse_events(result.stderr, "prune.skipped") == []
+    assert f"mirror   {RUN}/step_0003.pt  unconfirmed" in result.stdout
 
 
 @pytest.mark.parametrize("how", ["flag", "config"])
@@ -353,9 +353,9 @@ def test_a_file_replaced_after_planning_is_not_deleted(synced: Config) -> None:
     report = pruner.run_cycle(plan=plan)
     assert [(v, rel) for v, rel, _why in report.changed] == [("mirror", f"{RUN}/step_0002.pt")]
     assert path.read_bytes() == b"someone else's file"
-    # Its primary file goes first in plan order, but no longer has a verified mirror copy: kept.
-    assert ("primary", f"{RUN}/step_0002.pt", "unmirrored") in {(s.volume, s.rel, s.reason) for s in report.skipped}
-    assert len(report.deleted) == 12
+    # Its primary file goes all the same: below a verified window, a primary step goes mirrored or not.
+    assert ("primary", f"{RUN}/step_0002.pt") in {(d.volume, d.rel) for d in report.deleted}
+    assert len(report.deleted) == 13
 
 
 def test_orphan_temp_files_go_only_when_old_and_not_in_flight(synced: Config) -> None:

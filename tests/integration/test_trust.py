@@ -233,7 +233,8 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
     """Before: with prune.primary = false the new steps were treated as retired and never mirrored; with
     true, the new step_6 was deleted from the primary 7 s after it was written, never mirrored; latest kept
     returning the abandoned step 12. After: both new steps are mirrored, the rollback is logged once, the
-    abandoned branch goes only once the new one is verified, and latest returns the new step 8."""
+    abandoned branch goes only once the new one is verified (but for its tip, 12, kept on the mirror), and
+    latest returns the new step 8."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=2, primary=prune_primary)).start()
     for step in (2, 4, 6, 8, 10, 12):  # each mirrored before the next (a step below the window when
@@ -245,7 +246,8 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
     for step in (6, 8):  # the new branch, written in place by the trainer
         w = writers(ckpt(primary, step), step, "plain", mb=1, seed=1000 + step)
         w.wait_done()
-    wait_for(lambda: steps_on(mirror) == [6, 8], 60, "the new branch mirrored, the abandoned one pruned")
+    # The abandoned branch goes but for its tip, 12, kept on the mirror (prune.keep_branch_tips).
+    wait_for(lambda: steps_on(mirror) == [6, 8, 12], 60, "the new branch mirrored, the abandoned one pruned")
     for step in (6, 8):
         assert sha256(ckpt(mirror, step)) == sha256(ckpt(primary, step))
     found = assert_latest_loads(mirror)
@@ -322,7 +324,8 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
     tmp_path: Path, daemon_factory: Any, prune_primary: bool
 ) -> None:
     """20 old checkpoints, keep_last = 2. Before: all 20 were copied, then 18 deleted. After: only steps 19
-    and 20 are copied; nothing is deleted (the primary's old steps have no mirror copy, so they stay)."""
+    and 20 are copied; nothing is deleted from the mirror. With prune.primary the primary is bounded too:
+    its 18 retired steps go once 19 and 20 are verified, never mirrored as they were (issue 32 item 4)."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     base = 1_700_000_000 * 10**9
     for step in range(1, 21):
@@ -333,11 +336,13 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
     done = len(d.events("reconcile.finished"))
     wait_for(lambda: len(d.events("reconcile.finished")) >= done + 2, 60, "two more reconciles")
     assert sorted(e["path"] for e in d.events("copy.started")) == [f"{RUN}/step_19.pt", f"{RUN}/step_20.pt"]
-    assert not d.events("prune.deleted")
-    assert steps_on(primary) == list(range(1, 21)) and steps_on(mirror) == [19, 20]
-    if prune_primary:  # retired, but without a verified mirror copy: never deleted from the primary
-        assert {e["path"] for e in d.events("prune.skipped", reason="unmirrored")} == {
-            f"{RUN}/step_{s}.pt" for s in range(1, 19)}
+    if prune_primary:
+        wait_for(lambda: steps_on(primary) == [19, 20], 60, "the primary bounded to the window")
+        assert {e["path"] for e in d.events("prune.deleted")} == {f"{RUN}/step_{s}.pt" for s in range(1, 19)}
+        assert {e["volume"] for e in d.events("prune.deleted")} == {"primary"} and not d.events("prune.skipped")
+    else:
+        assert not d.events("prune.deleted") and steps_on(primary) == list(range(1, 21))
+    assert steps_on(mirror) == [19, 20]
     assert assert_latest_loads(mirror) == ckpt(mirror, 20)
 
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from mirrord.commands.prune import Pruner
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import step_of
 from mirrord.errors import NoSpaceError
 from mirrord.obs import log
 from mirrord.obs.metrics import Metrics
 from mirrord.service.engine import Engine
+from mirrord.service.pruner import Pruner
 from mirrord.service.workers import copy_all
 from mirrord.store.volume import LocalMirror, LocalVolume
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from mirrord.commands.prune import Pruner
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import step_of
@@ -29,6 +28,7 @@ from mirrord.obs import metrics as metrics_module
 from mirrord.obs.metrics import COPY_RESULTS, MAX_RUN_LABELS, OTHER_RUN, PRUNE_REFUSED_REASONS, SKIP_REASONS, Metrics
 from mirrord.service.copier import CopyControl
 from mirrord.service.engine import Engine
+from mirrord.service.pruner import Pruner
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import BASE_MTIME_NS
 

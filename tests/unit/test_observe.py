@@ -8,12 +8,12 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mirrord.commands.prune import Pruner
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
 from mirrord.core.model import FileState
 from mirrord.core.observe import Observations
 from mirrord.obs.metrics import Metrics
+from mirrord.service.pruner import Pruner
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import save_checkpoint
 

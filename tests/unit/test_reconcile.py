@@ -55,14 +55,14 @@ def steps(jobs: Any) -> list[int | None]:
 
 def test_jobs_come_newest_first_without_the_steps_retention_retired() -> None:
     """Five steps, the two newest mirrored, keep_last = 2: 1-3 are below the window (retired): neither
-    jobs nor lag; the plan would delete them, but a primary file goes only with a verified mirror copy."""
+    jobs nor lag; with prune.primary they go from the primary, mirrored or not, the window being verified."""
     primary, mirror, manifest = world(range(1, 6), range(4, 6))
     view = reconcile(primary, mirror, manifest, config(), NOW, facts=Facts(roots=ROOTS))
     assert view.refused is None
     assert view.jobs == () and view.behind == () and view.in_sync == 2
     assert all(view.retired("r", s) for s in (1, 2, 3)) and not view.retired("r", 4)
-    assert view.prune.deletions == ()
-    assert {(s.rel, s.reason) for s in view.prune.skipped} == {(rel(s), "unmirrored") for s in (1, 2, 3)}
+    assert {(d.volume, d.rel) for d in view.prune.deletions} == {("primary", rel(s)) for s in (1, 2, 3)}
+    assert view.prune.skipped == ()
 
 
 def test_without_retention_every_missing_step_is_a_job_newest_first() -> None:

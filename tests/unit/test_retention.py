@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,16 +131,28 @@ def by_run_step(files: dict[str, FileState]) -> dict[str, dict[int, list[FileSta
     return out
 
 
+def unconfirmed_steps(h: History) -> dict[str, set[int]]:
+    """Per run: steps with a mirror file whose size or mtime no longer matches its record."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for run, steps in by_run_step(h.mirror).items():
+        for step, files in steps.items():
+            if any((e := h.manifest.get(m.rel)) is not None
+                   and (e.size != m.size or abs(m.mtime_ns - e.source_mtime_ns) > 2 * NS) for m in files):
+                out[run].add(step)
+    return out
+
+
 def verified_steps(h: History) -> dict[str, set[int]]:
-    """Per run: steps whose every file is on the mirror, recorded with a matching size, and current."""
+    """Per run: steps whose every file is on the mirror as recorded (size, mtime), and current."""
     prim, mirr = by_run_step(h.primary), by_run_step(h.mirror)
+    unconfirmed = unconfirmed_steps(h)
     out: dict[str, set[int]] = defaultdict(set)
     for run in set(prim) | set(mirr):
         for step in set(prim[run]) | set(mirr[run]):
             on_mirror = mirr[run][step]
-            if not on_mirror:
+            if not on_mirror or step in unconfirmed[run]:
                 continue
-            ok = all((e := h.manifest.get(m.rel)) is not None and e.size == m.size for m in on_mirror)
+            ok = all(h.manifest.get(m.rel) is not None for m in on_mirror)
             for p in prim[run][step]:
                 e, m = h.manifest.get(p.rel), h.mirror.get(p.rel)
                 ok = ok and e is not None and m is not None and e.size == p.size == m.size
@@ -158,17 +170,48 @@ def all_steps(h: History) -> dict[str, set[int]]:
     return out
 
 
-def order(h: History) -> dict[str, list[int]]:
-    """Per run, steps oldest first: by branch (mirrord.core.branches, from the primary's mtime, else the
-    mirror's; an mtime beyond the skew allowance counts as unknown), then step. Without a rollback
-    this is plain step order."""
+def written(h: History) -> dict[str, dict[int, int]]:
+    """Per run, when each step was written: the primary's mtime, else the source mtime the manifest
+    recorded (never the mirror file's own); an mtime beyond the skew allowance, or none, is unknown (0)."""
     prim, mirr = by_run_step(h.primary), by_run_step(h.mirror)
+    lie = (NOW + h.policy.future_skew_seconds) * NS
     out = {}
     for run, steps in all_steps(h).items():
-        mtimes = {s: max(f.mtime_ns for f in prim[run][s] or mirr[run][s]) for s in steps}
-        lie = (NOW + h.policy.future_skew_seconds) * NS  # a lying clock says nothing about order
-        out[run] = sorted(steps, key=branches({s: 0 if m > lie else m for s, m in mtimes.items()}).key)
+        mtimes = {}
+        for s in steps:
+            if prim[run][s]:
+                m = max(f.mtime_ns for f in prim[run][s])
+            else:
+                m = max((h.manifest[f.rel].source_mtime_ns for f in mirr[run][s] if f.rel in h.manifest), default=0)
+            mtimes[s] = 0 if m > lie else m
+        out[run] = mtimes
     return out
+
+
+def order(h: History) -> dict[str, list[int]]:
+    """Per run, steps oldest first: by branch (mirrord.core.branches), then step. Without a rollback
+    this is plain step order."""
+    return {run: sorted(mtimes, key=branches(mtimes).key) for run, mtimes in written(h).items()}
+
+
+def branch_tips(h: History) -> dict[str, set[int]]:
+    """Per run, the newest step of each abandoned branch: its newest verified one, else its newest."""
+    verified = verified_steps(h)
+    out: dict[str, set[int]] = defaultdict(set)
+    for run, mtimes in written(h).items():
+        b = branches(mtimes)
+        for branch in range(b.top):
+            steps = [s for s in order(h)[run] if b.of.get(s, b.top) == branch]
+            good = [s for s in steps if s in verified[run]]
+            if steps:
+                out[run].add((good or steps)[-1])
+    return out
+
+
+def paused_runs(h: History) -> set[str]:
+    """Runs whose newest verified step has no file on the primary."""
+    prim = by_run_step(h.primary)
+    return {run for run, top in top_verified(h).items() if top and not prim[run][top[-1]]}
 
 
 def top_verified(h: History) -> dict[str, list[int]]:
@@ -183,18 +226,27 @@ def kept_steps(h: History) -> dict[str, set[int]]:
     for run, top in top_verified(h).items():
         every = h.policy.keep_every
         kept[run] = set(top) | ({s for s in steps[run] if s % every == 0} if every else set())
+        kept[run] |= branch_tips(h)[run]
     return kept
 
 
 def deletable_steps(h: History) -> dict[str, set[int]]:
     """Below the keep_last newest steps present, kept by no policy, and those keep_last all verified."""
-    verified, kept = verified_steps(h), kept_steps(h)
+    verified, kept, unconfirmed, paused = verified_steps(h), kept_steps(h), unconfirmed_steps(h), paused_runs(h)
     out = {}
     for run, steps in order(h).items():
         window = steps[-h.policy.keep_last:]
         retired = steps[: max(0, len(steps) - h.policy.keep_last)]
-        out[run] = {s for s in retired if s not in kept[run] and all(w in verified[run] for w in window)}
+        out[run] = {s for s in retired if (s not in kept[run] or primary_tip(h, run, s)) and s not in unconfirmed[run]
+                    and run not in paused and all(w in verified[run] for w in window)}
     return out
+
+
+def primary_tip(h: History, run: str, step: int) -> bool:
+    """A verified abandoned branch tip that only keep_branch_tips keeps: kept on the mirror, not the primary."""
+    every = h.policy.keep_every
+    return (step in branch_tips(h)[run] and step in verified_steps(h)[run] and step not in top_verified(h)[run]
+            and not (every and step % every == 0))
 
 
 def newest_files(h: History) -> set[str]:
@@ -238,7 +290,7 @@ def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> Non
             continue
         run = d.state.run
         assert d.step is not None
-        assert d.step not in kept[run], d
+        assert d.step not in kept[run] or (d.volume == "primary" and primary_tip(h, run, d.step)), d
         assert verified[run], "a run with no verified step has no candidates"
         assert d.step in deletable[run], d
         assert all(s in verified[run] for s in order(h)[run][-h.policy.keep_last:]), d
@@ -246,13 +298,15 @@ def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> Non
 
 @PROPERTY
 @given(histories())
-def test_a_primary_file_is_deleted_only_with_a_verified_copy_of_exactly_it(h: History) -> None:
-    """Whatever its step: recorded from a source of this size and mtime, and present with that size."""
+def test_a_primary_file_goes_only_below_a_verified_window_and_the_newest_verified_step(h: History) -> None:
+    """Mirrored or not, a primary step is deleted only when the keep_last newest steps of its run are all
+    verified, and it is older by branch than the run's newest verified step (issue 32 item 4)."""
+    verified, steps = verified_steps(h), order(h)
     for d in h.plan().deletions:
         if d.volume == "primary":
-            e, m = h.manifest.get(d.rel), h.mirror.get(d.rel)
-            assert e is not None and m is not None, d
-            assert e.size == d.state.size == m.size and e.source_mtime_ns == d.state.mtime_ns, d
+            run = d.state.run
+            assert d.step is not None and all(w in verified[run] for w in steps[run][-h.policy.keep_last:]), d
+            assert steps[run].index(d.step) < steps[run].index(top_verified(h)[run][-1]), d
 
 
 @PROPERTY
@@ -316,7 +370,8 @@ def test_both_sides_lose_the_same_steps(h: History) -> None:
         if d.kind == "step":
             gone[d.volume].add((d.state.run, d.step))
     verified = {(run, s) for run, steps in verified_steps(h).items() for s in steps}
-    common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror} & verified
+    tips = {(run, s) for run, steps in branch_tips(h).items() for s in steps}  # kept on the mirror alone
+    common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror} & verified - tips
     assert gone["primary"] & common == gone["mirror"] & common
     assert gone["primary"] <= gone["mirror"] | {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values()
                                                 if s.rel not in h.mirror} | verified
@@ -445,17 +500,22 @@ def test_a_file_that_failed_its_validator_does_not_retire_the_step_before_it() -
     assert h.plan().retired("run", 1)  # not known to be torn: the newest step present wins the window
 
 
-def test_a_primary_file_without_an_exact_mirror_copy_is_skipped_as_unmirrored() -> None:
+def test_a_primary_step_outside_a_verified_window_goes_whether_or_not_it_was_mirrored() -> None:
+    """prune.primary bounds the primary: step 1 was rewritten after it was mirrored and step 0 never was;
+    both are below a verified window, so both go (issue 32 item 4)."""
     h = synced(range(1, 6))
     h.primary["run/step_0001.pt"] = FileState("run/step_0001.pt", 101, MTIMES["old"] + 1, ino=1)  # rewritten
+    h.primary["run/step_0000.pt"] = FileState("run/step_0000.pt", 100, MTIMES["old"], ino=99)  # never mirrored
     plan = h.plan()
-    assert ("primary", 1, "unmirrored") in {(s.volume, s.step, s.reason) for s in plan.skipped}
-    assert {(d.volume, d.step) for d in plan.deletions} == {("mirror", 1), ("primary", 2), ("mirror", 2)}
+    assert not plan.skipped
+    assert {(d.volume, d.step) for d in plan.deletions} == {
+        ("primary", 0), ("mirror", 1), ("primary", 1), ("primary", 2), ("mirror", 2)}
 
 
 def test_a_rollback_is_a_newer_branch_than_the_abandoned_steps() -> None:
     """Steps 1-6 written, then the trainer went back and wrote 3 and 4 again (newer mtimes): 3 and 4
-    are the newest, never retired; 5 and 6 are retired and go once 3 and 4 are verified."""
+    are the newest, never retired; 5 is retired and goes once 3 and 4 are verified; 6, the abandoned
+    branch's tip, is kept (prune.keep_branch_tips)."""
     h = synced(range(1, 7))
     h.policy = PruneConfig(keep_last=2, primary=False)
     for step in (3, 4):
@@ -471,7 +531,9 @@ def test_a_rollback_is_a_newer_branch_than_the_abandoned_steps() -> None:
         rel = f"run/step_{step:04d}.pt"
         h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + 100 + step, ino=150 + step)
         h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + 100 + step, step, NOW)
-    assert {d.step for d in h.plan().deletions} == {1, 2, 5, 6}
+    after = h.plan()
+    assert {d.step for d in after.deletions} == {1, 2, 5}
+    assert after.branch_tips == {"run": (6,)} and {k.why for k in after.kept if k.step == 6} == {"branch_tip"}
     assert not plan.retired("run", 2, MTIMES["old"] + 500)  # newer than anything seen: a new file
 
 
@@ -507,12 +569,11 @@ def test_guards_move_candidates_to_skipped_with_their_reason() -> None:
     h.mirror["run/step_0002.pt"] = FileState("run/step_0002.pt", 100, MTIMES["recent"], ino=102)
     h.in_flight.add("run/step_0003.pt")
     plan = h.plan()
-    # The primary's steps 1 (now mtime 0) and 2 (its mirror copy's mtime is no longer the recorded one)
-    # are not exactly what was mirrored: never deleted, whatever the guards say.
+    # Step 2's mirror copy no longer has its recorded mtime: unconfirmed, neither counted nor deleted.
     assert {(s.volume, s.step, s.reason) for s in plan.skipped} == {
-        ("primary", 1, "unmirrored"), ("mirror", 2, "recent_mtime"), ("primary", 2, "unmirrored"),
-        ("primary", 3, "in_flight"), ("mirror", 3, "in_flight"),
+        ("primary", 1, "zero_mtime"), ("primary", 3, "in_flight"), ("mirror", 3, "in_flight"),
     }
+    assert {k.why for k in plan.kept if k.step == 2} == {"unconfirmed"}
 
 
 def test_orphan_temp_files_are_candidates_under_the_same_guards() -> None:
@@ -613,10 +674,11 @@ def test_a_rollback_on_the_primary_alone_is_in_the_plan() -> None:
     primary["run/optim_step_0003.pt"] = FileState("run/optim_step_0003.pt", 1, MTIMES["future"])
     mirror = {rel_of("run", f"step_{s:04d}.pt"): FileState(rel_of("run", f"step_{s:04d}.pt"), 1, old + s * NS)
               for s in (3, 4)}
-    plan = plan_prune(Snapshot(primary), Snapshot(mirror), {},
+    recorded = {rel: ManifestEntry(rel, 1, "blake3", "00", f.mtime_ns, None, NOW) for rel, f in mirror.items()}
+    plan = plan_prune(Snapshot(primary), Snapshot(mirror), recorded,
                       PruneRequest(PruneConfig(keep_last=2), STEP_RE, NOW))
     assert plan.primary_rollbacks == {"run": ((3, 2),)}
-    assert plan.rollbacks == {"run": ((4, 2),)}  # retention's order: the mirror's word for step 4
+    assert plan.rollbacks == {"run": ((4, 2),)}  # retention's order: the manifest's word for step 4
 
 
 def test_a_folder_layout_leaves_the_primary_rollbacks_to_run_rollbacks() -> None:
@@ -628,83 +690,13 @@ def test_a_folder_layout_leaves_the_primary_rollbacks_to_run_rollbacks() -> None
     assert plan.primary_rollbacks is None
 
 
-# -- a plan given the previous one: the same plan, the unchanged runs' decisions reused ------------------
+# -- a plan at another instant -----------------------------------------------------------------------------
 
-def plan_content(plan: PrunePlan) -> tuple[object, ...]:
-    """Everything a plan decides (its reuse record aside)."""
-    return (plan.deletions, tuple(plan.kept), plan.skipped, plan.refused, plan.newest, plan.windows,
-            plan.preserved, plan.rollbacks, plan.primary_rollbacks, plan.guards)
-
-
-def plan_at(h: History, now: float, previous: PrunePlan | None = None,
-            invalid: frozenset[str] = frozenset()) -> PrunePlan:
+def plan_at(h: History, now: float, invalid: frozenset[str] = frozenset()) -> PrunePlan:
     request = PruneRequest(h.policy, STEP_RE, now, frozenset(h.in_flight), ROOTS, invalid=invalid,
-                           observed={("mirror", rel): 1e6 for rel in h.mirror}, previous=previous, replans=True)
+                           observed={("mirror", rel): 1e6 for rel in h.mirror})
     return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror), dict(h.partials)), dict(h.manifest),
                       request)
-
-
-CHANGES = ("touch", "drop", "add", "rerecord", "same_record", "later", "earlier", "invalid", "keep_last", "none")
-
-
-@PROPERTY
-@given(histories(), st.data())
-def test_a_plan_given_the_previous_one_is_the_plan_made_afresh(h: History, data: st.DataObject) -> None:
-    """After any change (a file rewritten, gone or new, a manifest entry recorded again, the clock moved
-    either way across the future-skew line, a file judged invalid, another keep_last), planning with the
-    previous plan gives exactly the plan made without it."""
-    now, invalid = NOW, frozenset[str]()
-    previous = plan_at(h, now)
-    for _ in range(3):
-        for change in data.draw(st.lists(st.sampled_from(CHANGES), max_size=3)):
-            rels = sorted(h.primary) + sorted(h.mirror)
-            if change == "touch" and h.primary:
-                rel = data.draw(st.sampled_from(sorted(h.primary)))
-                h.primary[rel] = FileState(rel, h.primary[rel].size, h.primary[rel].mtime_ns + NS, ino=7)
-            elif change == "drop" and rels:
-                rel = data.draw(st.sampled_from(rels))
-                (h.primary if rel in h.primary else h.mirror).pop(rel)
-            elif change == "add":
-                run, step = data.draw(st.sampled_from(["", "a", "b/c"])), data.draw(st.integers(0, 40))
-                rel = rel_of(run, f"step_{step:04d}.pt")
-                h.primary[rel] = FileState(rel, 9, MTIMES[data.draw(st.sampled_from(list(MTIMES)))], ino=8)
-            elif change in ("rerecord", "same_record") and h.manifest:
-                rel = data.draw(st.sampled_from(sorted(h.manifest)))
-                e = h.manifest[rel]  # an equal record made again, or one of another size
-                h.manifest[rel] = ManifestEntry(rel, e.size + (change == "rerecord"), e.algo, e.digest,
-                                                e.source_mtime_ns, e.step, e.mirrored_at)
-            elif change in ("later", "earlier"):
-                now += data.draw(st.sampled_from([1, 20, 30, 31, 3_600, 7_200])) * (1 if change == "later" else -1)
-            elif change == "invalid" and h.primary:
-                invalid = invalid ^ {data.draw(st.sampled_from(sorted(h.primary)))}
-            elif change == "keep_last":
-                h.policy = h.policy.model_copy(update={"keep_last": data.draw(st.integers(1, 5))})
-        planned = plan_at(h, now, previous, invalid)
-        assert plan_content(planned) == plan_content(plan_at(h, now, None, invalid))
-        previous = planned
-
-
-def test_an_unchanged_run_keeps_its_decisions_and_a_changed_one_is_planned_again() -> None:
-    """The reuse is real: run a is listed as before and keeps the very decisions of the previous plan; run
-    b has a new step and is planned again; a manifest entry recorded again (an equal record, not the same)
-    has run a planned again too."""
-    h = synced(range(1, 6), run="a")
-    other = synced(range(1, 6), run="b")
-    for side in ("primary", "mirror", "manifest"):
-        getattr(h, side).update(getattr(other, side))
-    first = plan_at(h, NOW)
-    h.primary["b/step_0006.pt"] = FileState("b/step_0006.pt", 100, MTIMES["old"] + 6, ino=6)
-    second = plan_at(h, NOW + 1, first)
-    assert first.reuse is not None and second.reuse is not None
-    assert second.reuse.runs["a"] is first.reuse.runs["a"]
-    assert second.reuse.runs["b"] is not first.reuse.runs["b"]
-    assert plan_content(second) == plan_content(plan_at(h, NOW + 1))
-    e = h.manifest["a/step_0001.pt"]
-    h.manifest["a/step_0001.pt"] = ManifestEntry(e.path, e.size, e.algo, e.digest, e.source_mtime_ns, e.step,
-                                                 e.mirrored_at)
-    third = plan_at(h, NOW + 2, second)
-    assert third.reuse is not None and third.reuse.runs["a"] is not second.reuse.runs["a"]
-    assert h.plan().reuse is None  # a caller that plans once (a command) keeps no record to reuse
 
 
 def test_a_future_file_that_comes_of_age_is_planned_again() -> None:
@@ -715,8 +707,8 @@ def test_a_future_file_that_comes_of_age_is_planned_again() -> None:
     h.primary["run/step_0002.pt"] = FileState("run/step_0002.pt", 100, int(ahead * NS), ino=2)
     before = plan_at(h, NOW)
     assert before.rollbacks == {}
-    after = plan_at(h, ahead - h.policy.future_skew_seconds, before)
-    assert after.rollbacks == {"run": ((4, 2),)} == plan_at(h, ahead - h.policy.future_skew_seconds).rollbacks
+    after = plan_at(h, ahead - h.policy.future_skew_seconds)
+    assert after.rollbacks == {"run": ((4, 2),)}
 
 
 @PROPERTY
@@ -732,5 +724,96 @@ def test_a_plans_retirement_retires_what_the_plan_retires_and_holds_no_file(h: H
         for step in (None, *range(-1, 42)):
             for mtime in (None, 0, MTIMES["old"], MTIMES["future"]):
                 assert kept.retired(run, step, mtime) == plan.retired(run, step, mtime)
-    assert (kept.deletions, tuple(kept.kept), kept.skipped, kept.guards, kept.reuse) == ((), (), (), None, None)
+    assert (kept.deletions, tuple(kept.kept), kept.skipped, kept.guards) == ((), (), (), None)
     assert set(kept.preserved) <= set(kept.windows)
+
+
+# -- evidence, not proxies (issue 32 item 3, issue 33 cases 7 and 8) ----------------------------------------
+
+def plan_with(h: History, **request: object) -> PrunePlan:
+    return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror)), dict(h.manifest),
+                      PruneRequest(h.policy, STEP_RE, NOW, roots=ROOTS, **request))  # type: ignore[arg-type]
+
+
+def test_a_run_whose_primary_lost_its_newest_verified_step_is_paused_until_a_newer_one_verifies() -> None:
+    """Steps 1-5 mirrored, the primary wiped: nothing of the run is deleted, on either side, and the plan
+    names the paused run; a newer step verified on the mirror (here 6) ends the pause."""
+    h = synced(range(1, 6))
+    h.primary.clear()
+    plan = plan_with(h)
+    assert plan.paused == {"run": 5} and plan.deletions == ()
+    assert {k.why for k in plan.kept if k.step in (1, 2)} == {"paused"}
+    assert plan_with(h, forget=frozenset({("run", 5)})).paused == {}
+    h.primary["run/step_0006.pt"] = h.mirror["run/step_0006.pt"] = FileState("run/step_0006.pt", 100,
+                                                                              MTIMES["old"] + 6, ino=6)
+    h.manifest["run/step_0006.pt"] = ManifestEntry("run/step_0006.pt", 100, "blake3", "00", MTIMES["old"] + 6, 6, NOW)
+    assert plan_with(h).paused == {} and {d.step for d in plan_with(h).deletions} == {1, 2, 3}
+
+
+def test_a_touched_mirror_copy_keeps_its_recorded_place_in_the_order() -> None:
+    """Step 10 left the primary and its mirror copy was touched: its place comes from the manifest's record,
+    so 20 and 30 are the newest; the touched copy is unconfirmed (neither counted nor deleted)."""
+    h = History(PruneConfig(keep_last=2, primary=True))
+    for step in (10, 20, 30):
+        rel = f"run/step_{step:04d}.pt"
+        h.primary[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=step)
+        h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=100 + step)
+        h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + step, step, NOW)
+    del h.primary["run/step_0010.pt"]
+    h.mirror["run/step_0010.pt"] = FileState("run/step_0010.pt", 100, int((NOW - 3_600) * NS), ino=110)
+    plan = plan_with(h)
+    assert plan.rollbacks == {} and plan.deletions == ()
+    assert {(k.step, k.why) for k in plan.kept} == {(10, "unconfirmed"), (20, "keep_last"), (30, "keep_last")}
+
+
+def test_a_step_without_evidence_of_wholeness_never_retires_a_whole_one() -> None:
+    """keep_last 1: step 2 is recorded "unchecked" (no validator read it): step 1 (validated ok) stays on
+    both sides; once step 3 is recorded "ok", 1 and 2 go."""
+    h = synced(range(1, 3))
+    h.policy = PruneConfig(keep_last=1, primary=True)
+    for rel, e in list(h.manifest.items()):
+        h.manifest[rel] = ManifestEntry(rel, e.size, e.algo, e.digest, e.source_mtime_ns, e.step, e.mirrored_at,
+                                        validation="unchecked" if e.step == 2 else "ok")
+    plan = plan_with(h)
+    assert plan.deletions == () and {k.why for k in plan.kept if k.step == 1} == {"newer_unverified"}
+    rel = "run/step_0003.pt"
+    h.primary[rel] = h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + 3, ino=3)
+    h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + 3, 3, NOW, validation="ok")
+    assert {d.step for d in plan_with(h).deletions} == {1, 2}
+
+
+def test_the_folder_a_deepspeed_latest_tag_names_on_the_mirror_is_kept(tmp_path: Path) -> None:
+    """keep_last 1, global_step8 and global_step9 verified, the mirror's `latest` still naming global_step8
+    (the tag is mirrored after the folder it names): global_step8 stays until the tag moves on."""
+    from mirrord.store.aliases import pointed_targets
+
+    layout = layout_for("deepspeed")
+    h = History(PruneConfig(keep_last=1))
+    for step in (8, 9):
+        rel = f"run/global_step{step}/mp_rank_00_model_states.pt"
+        h.primary[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=step)
+        h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=100 + step)
+        h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + step, step, NOW)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "latest").write_text("global_step8")
+    pointed = pointed_targets(tmp_path, {"run"}, layout)
+    assert pointed == {"run/global_step8"}
+
+    def plan(named: frozenset[str]) -> PrunePlan:
+        return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror)), dict(h.manifest),
+                          PruneRequest(h.policy, re.compile(layout.step_pattern), NOW, layout=layout, pointed=named))
+
+    assert plan(pointed).deletions == () and {k.why for k in plan(pointed).kept if k.step == 8} == {"pointer"}
+    (tmp_path / "run" / "latest").write_text("global_step9")
+    assert {d.step for d in plan(pointed_targets(tmp_path, {"run"}, layout)).deletions} == {8}
+
+
+def test_keep_branch_tips_keeps_each_abandoned_branchs_newest_verified_step() -> None:
+    """Branches 0 (1, 2, 3 with 3 unverified) and 1 (2, 3 again) under branch 2: the tips are 2 and 3."""
+    from mirrord.core.branches import Branches
+    from mirrord.core.retention import KeepBranchTips
+
+    run = Branches({1: 0, 2: 1, 3: 1, 5: 2}, ((3, 2), (3, 1)))
+    assert KeepBranchTips().preserve([1, 2, 3, 5], {1, 2, 3, 5}, run) == {1, 3}
+    assert KeepBranchTips().preserve([1, 2, 3, 5], {1, 2}, run) == {1, 2}
+    assert KeepBranchTips().preserve([1, 2, 3, 5], set(), run) == {1, 3}

@@ -36,7 +36,7 @@ from mirrord.service.completeness import judge
 from mirrord.store.mirror import Mirror, ReadableStore, mirror_for
 from mirrord.store.volume import LocalVolume
 
-if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
+if TYPE_CHECKING:
     from mirrord.config import Config
 
 DEFAULT_TIMEOUT = 1.0

@@ -15,7 +15,7 @@ from mirrord.formats.dcpmeta import METADATA_NAME
 from mirrord.store.manifest import Manifest
 from mirrord.store.volume import LocalVolume
 
-if TYPE_CHECKING:  # `latest` and `status` answer without loading the config models (mirrord.config_fast)
+if TYPE_CHECKING:
     from mirrord.config import Config
 
 

@@ -4,7 +4,6 @@ mirror copies were found damaged, and which files are re-copied in a loop."""
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ class Ledger:
         self.last_error = ""
         self.verify_failed: set[str] = set()  # the loop adds, workers discard (single set ops)
         self.looping: set[str] = set()
-        self.published: collections.deque[CopyJob] = collections.deque()  # workers append, the loop folds
         self._recopies: dict[str, tuple[tuple[int, int], int]] = {}  # rel -> (source key, re-copies)
         self._invalid: dict[str, Invalid] = {}
         # Committed primary files not yet mirrored -> since when (wall clock): the lag, whatever the
@@ -63,7 +61,6 @@ class Ledger:
         """Account for one finished job; True when the primary should be reconciled again soon."""
         if isinstance(outcome, CopyResult):
             self.copied += 1
-            self.published.append(job)
             self.verify_failed.discard(job.rel)
             with self._lock:
                 self._unmirrored.pop(job.rel, None)

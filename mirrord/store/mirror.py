@@ -26,15 +26,12 @@ import io
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
-
-if TYPE_CHECKING:
-    from mirrord.store.listing_child import PendingListing
 
 # What a spool of a non-file stream (an object being read back) is copied in.
 _SPOOL_CHUNK = 8 * 1024 * 1024
@@ -153,17 +150,6 @@ class Mirror(ReadableStore, Protocol):
     # Whether a published copy has an inode and a ctime worth recording in its manifest entry (a file
     # system: `latest` then trusts the entry by stat alone). An object store has neither: no stat is made.
     has_inodes: bool
-
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
-                       parallel: bool = True) -> PendingListing:
-        """snapshot(), begun now and taken by the result's `result()`, so that this process can list the
-        primary meanwhile (`parallel`: watch.parallel_listing); `expected_files`, how many files the mirror
-        is thought to hold (its manifest's entries), tells whether listing elsewhere pays. A store that
-        others may publish into while this process holds its lock (an object store shared by several
-        nodes) lists only when the result is taken."""
-
-    def size_hint(self) -> int:
-        """How many files the mirror is thought to hold, known without reading its manifest (0: not known)."""
 
     def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
         """Start publishing one object of `size` bytes under `key`; see Upload."""

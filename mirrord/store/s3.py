@@ -52,9 +52,7 @@ from mirrord.errors import (
 )
 from mirrord.obs.log import get_logger
 from mirrord.store.atomic import DirSyncs
-from mirrord.store.journal import MakeCompanion
 from mirrord.store.lease import Lease, call_timeout
-from mirrord.store.listing_child import PendingListing
 from mirrord.store.manifest import (
     MANIFEST_NAME,
     Change,
@@ -237,17 +235,6 @@ class S3Mirror:
         except Exception:
             return False
         return True
-
-    def size_hint(self) -> int:
-        """Not known before the manifest is read (Mirror.size_hint)."""
-        return 0
-
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
-                       parallel: bool = True) -> PendingListing:
-        """snapshot(), made when the result is taken (Mirror.start_snapshot): other nodes may publish under
-        a shared prefix, so the listing never starts before the caller has read the manifest."""
-        patterns = tuple(patterns)
-        return PendingListing(lambda: self.snapshot(patterns, layout))
 
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """Every committed candidate object under the prefix, chosen as the local scanner chooses files
@@ -916,8 +903,8 @@ class S3ManifestStore:
         """Nothing to rotate: every manifest write is the whole object."""
         return 0
 
-    def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
-        """Compaction: nothing to fold, every write is already the whole object (no companion kept)."""
+    def publish_snapshot(self, data: bytes) -> None:
+        """Compaction: nothing to fold, every write is already the whole object."""
 
     def drop_before(self, generation: int) -> None:
         """No journals to drop."""

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISDIR, S_ISREG
-from sys import intern
 
 from mirrord.core.layouts import (
     TEMP_SUFFIXES,
@@ -19,7 +18,6 @@ from mirrord.core.layouts import (
 )
 from mirrord.core.model import FileState, Snapshot, make_file_state
 from mirrord.store.atomic import TEMP_SUFFIX
-from mirrord.store.bulk import collection_paused
 from mirrord.store.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
@@ -48,7 +46,6 @@ def snapshot_tree(
     collect_partials: bool = False,
     exclude: frozenset[tuple[int, int]] = frozenset(),
     layout: Layout | None = None,
-    previous: Mapping[str, FileState] | None = None,
 ) -> Snapshot:
     """List `root` recursively.
 
@@ -62,17 +59,12 @@ def snapshot_tree(
     directory whose (device, inode) is in `exclude` (the other root, reached through a bind mount):
     that is an error. Listing errors are collected, not raised: a caller must treat a snapshot with
     errors as partial.
-
-    `previous`, the files of an earlier listing of the same root: a file whose lstat gives exactly what its
-    record there holds keeps that record (a rescan makes records only for what changed).
     """
-    with collection_paused():
-        return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout, previous or {})
+    return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout)
 
 
 def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool,
-                   exclude: frozenset[tuple[int, int]], layout: Layout | None,
-                   previous: Mapping[str, FileState]) -> Snapshot:
+                   exclude: frozenset[tuple[int, int]], layout: Layout | None) -> Snapshot:
     files: dict[str, FileState] = {}
     partials: dict[str, FileState] = {}
     errors: list[str] = []
@@ -91,9 +83,6 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     suffixes = name_suffixes(layout.patterns if layout is not None else patterns)
     # ... and often a slice and a set lookup (see _tails); `name[0]`: a listed name is never empty
     tail, tails = _tails(suffixes, IGNORED_SUFFIXES if layout is None else TEMP_SUFFIXES)
-    recorded = previous.get
-    # One object per distinct st_dev / st_mode value instead of one per file: 56 bytes a file at 1,000,000.
-    shared: dict[int, int] = {}
     make = make_file_state
     lstat = os.stat
     for fd, rel_dir, entries, subdirs in _walk(root, errors):
@@ -147,17 +136,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                 size = st.st_size
                 ino = st.st_ino
                 dev = st.st_dev
-                state = recorded(rel)
-                if state is not None and state.mtime_ns == mtime and state.ctime_ns == ctime and state.ino == ino \
-                        and state.size == size and state.dev == dev and state.mode == mode:
-                    rel = state.rel  # (the interned one)
-                else:
-                    # Interned: the other root's scan and the manifest name the same files, one string for all three.
-                    rel = intern(rel)
-                    if ctime == mtime:
-                        ctime = mtime  # one int object for both (a file written and closed, never touched)
-                    state = make(rel, size, mtime, ino, shared.setdefault(dev, dev), shared.setdefault(mode, mode),
-                                 ctime)
+                state = make(rel, size, mtime, ino, dev, mode, ctime)
                 if partial:
                     partials[rel] = state
                 else:

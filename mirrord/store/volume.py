@@ -26,7 +26,6 @@ from mirrord.errors import (
     from_oserror,
 )
 from mirrord.store import atomic
-from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.paths import lstat_beneath, open_dir_beneath, open_file_beneath, split_rel
@@ -149,9 +148,6 @@ class LocalVolume:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.exclude: frozenset[tuple[int, int]] = frozenset()  # (dev, ino) of the other root: never entered
-        # The files of the last listing: the next one keeps the records of files unchanged since (a daemon's
-        # rescan holds the last listings anyway). Never mutated, only replaced whole.
-        self._listed: dict[str, FileState] = {}
 
     def describe(self, key: str = "") -> str:
         """The path of the root, or of `key` below it, for messages."""
@@ -163,29 +159,7 @@ class LocalVolume:
 
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """List the candidate files beneath the root (never following a link, never entering an excluded root)."""
-        snap = snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout,
-                             previous=self._listed)
-        self._listed = snap.files
-        return snap
-
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
-                       parallel: bool = True) -> PendingListing:
-        """snapshot(), begun now and taken by the result's `result()`: with `parallel`, made by a child
-        process (on another CPU, while this one lists the other volume) when the root is expected to hold
-        from CHILD_MIN_FILES to CHILD_MAX_FILES files (as many as its last listing, or `expected_files`),
-        else when taken (mirrord.store.listing_child)."""
-        patterns = tuple(patterns)
-
-        def here() -> Snapshot:
-            return self.snapshot(patterns, layout)
-
-        if not parallel or not CHILD_MIN_FILES <= max(len(self._listed), expected_files) < CHILD_MAX_FILES:
-            return PendingListing(here)
-        return start_listing(self.root, patterns, here, collect_partials=True, exclude=self.exclude, layout=layout,
-                             previous=self._listed, taken=self._keep)
-
-    def _keep(self, snap: Snapshot) -> None:
-        self._listed = snap.files
+        return snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout)
 
     def snapshot_unit(self, rel: str, layout: Layout) -> Snapshot:
         """List one unit folder beneath the root (mirrord.store.scan.snapshot_unit)."""
@@ -557,13 +531,6 @@ class LocalMirror(LocalVolume):
 
         self.check_identity()
         return remove_folder(self.root, key, expected)
-
-    def size_hint(self) -> int:
-        """How many files the mirror is thought to hold, known without reading its manifest: what the
-        manifest's companion counts (mirrord.store.companion; 0 for a small manifest, which has none)."""
-        from mirrord.store.companion import companion_name, counted_entries
-
-        return counted_entries(self.root / companion_name(MANIFEST_NAME))
 
     def read_manifest(self) -> Manifest:
         """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.store.journal);

@@ -31,10 +31,9 @@ with open(sys.argv[1], "w") as out:
 """
 
 # Never needed to print an answer: the logging stack (structlog pulls in rich and asyncio), the metrics
-# client, the HTTP client, torch, the S3 client, and pydantic (a surely valid configuration is read by
-# mirrord.config_fast; only a doubtful one is handed to the models).
+# client, the HTTP client, torch and the S3 client. (The configuration is read by the pydantic models.)
 HEAVY = ("structlog", "rich", "asyncio", "prometheus_client", "torch", "numpy", "boto3", "botocore",
-         "urllib.request", "http.client", "ssl", "pydantic", "pydantic_core", "mirrord.config")
+         "urllib.request", "http.client", "ssl")
 
 
 def modules_after(

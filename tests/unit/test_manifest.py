@@ -15,7 +15,6 @@ import pytest
 import mirrord.store.manifest as manifest_module
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
-from mirrord.store.journal import MakeCompanion
 from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
 from mirrord.store.volume import LocalMirror
 from tests.support.mirror import names
@@ -312,10 +311,10 @@ def test_changes_go_on_while_a_compaction_writes_the_snapshot(
     real_publish = store.publish_snapshot
     writing, release = threading.Event(), threading.Event()
 
-    def slow_publish(data: bytes, companion: MakeCompanion | None = None) -> None:
+    def slow_publish(data: bytes) -> None:
         writing.set()
         assert release.wait(30)
-        real_publish(data, companion)
+        real_publish(data)
 
     monkeypatch.setattr(store, "publish_snapshot", slow_publish)
     for i in range(1, 3):
@@ -359,13 +358,9 @@ def test_entries_is_a_snapshot() -> None:
     assert view == {} and list(manifest.entries) == ["a.pt"]
 
 
-@pytest.mark.parametrize("packed_from", [0, 1, 100])
-def test_every_field_survives_a_save_and_a_load_packed_or_not(tmp_path: Path, packed_from: int,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_field_survives_a_save_and_a_load(tmp_path: Path) -> None:
     """Each field is read back by name: a field added to ManifestEntry but not to decoding would come back
-    as its default. Entries that pack and entries that cannot (an upper-case digest) alike, in a manifest
-    held packed from the start, from its second entry on, or not at all."""
-    monkeypatch.setattr(manifest_module, "PACKED_FROM_ENTRIES", packed_from)
+    as its default (an upper-case digest and an unknown validation word too)."""
     values = {"size": 11, "algo": "sha256", "digest": "0a" * 32, "source_mtime_ns": 12, "step": 13,
               "mirrored_at": 14.5, "mirror_mtime_ns": 15, "validation": "ok", "mirror_ino": 16, "mirror_ctime_ns": 17}
     assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
@@ -375,5 +370,4 @@ def test_every_field_survives_a_save_and_a_load_packed_or_not(tmp_path: Path, pa
     loaded = Manifest.load(tmp_path)
     assert loaded.entries == {"r/a.pt": full, "r/b.pt": odd}
     assert loaded.get("r/a.pt") == full and loaded.get("r/b.pt") == odd and loaded.get("r/c.pt") is None
-    assert isinstance(loaded.entries, dict) is (packed_from == 100)  # packed: a view that unpacks on access
     assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == {"r/a.pt": full, "r/b.pt": odd}

@@ -16,9 +16,9 @@ from mirrord.service.completeness import judge, sharing_for
 from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
-from mirrord.store.aliases import alias_links, mirror_alias_links
+from mirrord.store.aliases import alias_links
 from mirrord.store.mirror import mirror_for
-from mirrord.store.volume import LocalMirror, LocalVolume, exclude_each_other
+from mirrord.store.volume import LocalVolume, exclude_each_other
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -89,9 +89,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             if time.monotonic() >= deadline:
                 break
             time.sleep(min(0.5, config.copy.settle_seconds))
-        if isinstance(mirror, LocalMirror):  # an object store has no symlinks
-            for rel, target in mirror_alias_links(config.primary, config.mirror, links, manifest.entries):
-                log.info("alias.linked", path=rel, target=target)
+        for rel, target in mirror.link_aliases(config.primary, links, manifest.entries):
+            log.info("alias.linked", path=rel, target=target)
         manifest.close()
     for msg in report.listing_errors:
         log.error("scan.error", cause=msg)

@@ -137,8 +137,7 @@ class Ledger:
                 if entry is not None and (entry.size, entry.source_mtime_ns) == (job.size, job.mtime_ns) \
                         and job.why not in VERIFY_FAILURES:
                     continue  # copied and recorded since the plan was made
-                mtime = job.mtime_ns / 1e9
-                since = mtime if 0 < mtime <= now else now
+                since = job.waiting_since(now)
                 behind[job.rel] = min(since, self._unmirrored.get(job.rel, since))
             self._unmirrored = behind
 

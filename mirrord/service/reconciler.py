@@ -26,10 +26,10 @@ from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import Ledger
 from mirrord.service.refusals import IDENTITY, LISTING, Refusals
 from mirrord.service.settings import Settings
-from mirrord.store.aliases import alias_links, mirror_alias_links
+from mirrord.store.aliases import alias_links
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalMirror, LocalVolume
+from mirrord.store.volume import LocalVolume
 
 
 class Reconciler:
@@ -168,10 +168,10 @@ class Reconciler:
 
     def _link_aliases(self, links: list[str]) -> None:
         """Alias symlinks (last.ckpt) recreated on the mirror once the step they name is recorded."""
-        if not links or not isinstance(self.mirror, LocalMirror):
+        if not links:
             return
         try:
-            made = mirror_alias_links(self.config.primary, self.config.mirror, links, self.manifest.entries)
+            made = self.mirror.link_aliases(self.config.primary, links, self.manifest.entries)
         except OSError as exc:
             self.log.error("alias.link_failed", cause=exc.strerror or str(exc))
             return

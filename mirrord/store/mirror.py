@@ -24,12 +24,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, Snapshot
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 
@@ -183,6 +183,11 @@ class Mirror(ReadableStore, Protocol):
 
     def space(self) -> tuple[int, int] | None:
         """(bytes free to us, total bytes), or None when the store does not know (an object store)."""
+
+    def link_aliases(self, primary_root: Path, links: list[str],
+                     entries: Mapping[str, ManifestEntry]) -> list[tuple[str, str]]:
+        """Recreate the primary's alias symlinks `links` (last.ckpt) whose target is recorded in `entries`;
+        returns (alias, target) for each link made. An object store has no symlinks: none is made."""
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """Exclusive use by one mirrord process (LockedError if another holds it); pins the mirror."""

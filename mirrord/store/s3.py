@@ -306,6 +306,10 @@ class S3Mirror:
         """An object store has no free-space figure: None (the gauge is then absent, never 0)."""
         return None
 
+    def link_aliases(self, primary_root: Any, links: Any, entries: Any) -> list[tuple[str, str]]:
+        """An object store has no symlinks: no alias is linked (Mirror.link_aliases)."""
+        return []
+
     # -- writing --------------------------------------------------------------------------------------
     def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> S3Upload:
         """Begin uploading `rel` (a single PUT or a multipart upload, decided by its size)."""

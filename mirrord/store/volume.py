@@ -12,12 +12,12 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO
 
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, Snapshot
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.errors import (
     ChangedError,
     LockedError,
@@ -453,6 +453,13 @@ class LocalMirror(LocalVolume):
         if moved:
             atomic.fsync_dir(self.root)
         return moved
+
+    def link_aliases(self, primary_root: Path, links: list[str],
+                     entries: Mapping[str, ManifestEntry]) -> list[tuple[str, str]]:
+        """Mirror.link_aliases: the links made beside the copies (mirrord.store.aliases)."""
+        from mirrord.store.aliases import mirror_alias_links
+
+        return mirror_alias_links(primary_root, self.root, links, entries) if links else []
 
     def space(self) -> tuple[int, int]:
         """(free bytes available to us, total bytes): a local mirror always knows."""

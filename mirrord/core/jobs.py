@@ -27,7 +27,7 @@ class CopyJob:
     @property
     def run(self) -> str:
         """The run folder of the job's file or unit."""
-        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path, a third of its cost
+        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -376,7 +376,7 @@ def plan_file_aliases(
     mirrored step's is published from that copy instead of being copied again."""
     if not any(layout.is_alias(job.rel) for job in base.jobs):
         # Nothing to hold or pair (a tree at rest): the plan as it is (its unsettled come sorted), without
-        # grouping every file of the primary into units (at 1,000,000 files, 400 MB of a daemon's peak).
+        # grouping every file of the primary into units.
         return base
     from mirrord.core.plan import CopyPlan
 

@@ -286,7 +286,7 @@ class Manifest:
         self._queue: list[_Pending] = []
         self._store = store
         self._compacting = False
-        # Compaction rewrites every entry (a second at 100,000): off the thread whose change triggered it,
+        # Compaction rewrites every entry: off the thread whose change triggered it,
         # so neither a copy worker nor the daemon's main loop waits for it.
         self._background = background_compaction
         self._compactor: threading.Thread | None = None

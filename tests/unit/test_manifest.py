@@ -341,6 +341,18 @@ def test_a_manifest_from_before_the_journal_is_read_and_extended(tmp_path: Path)
     assert data["version"] == 1 and sorted(data["entries"]) == ["a.pt", "b.pt"]
 
 
+def test_a_manifest_with_an_earlier_releases_binary_companion_loads_from_its_json(tmp_path: Path) -> None:
+    """Earlier releases could write `.mirrord-manifest.packed` beside the snapshot, a copy of it: it is not
+    read (whatever it holds), and the snapshot and journal it sat beside load and take changes as ever."""
+    (tmp_path / MANIFEST_NAME).write_bytes(doc({"a.pt": GOOD}))
+    (tmp_path / ".mirrord-manifest.packed").write_bytes(b"MIRRORDPACKED\x00" + os.urandom(64))
+    manifest = Manifest.open(tmp_path)
+    manifest.record(entry("b.pt"))
+    assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
+    manifest.close()
+    assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
+
+
 def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() -> None:
     """Entries are encoded field by field, so a newer writer's extra fields do not break this reader."""
     data = Manifest.from_bytes(doc({"a.pt": {**GOOD, "ino_from_the_future": 7}})).entries

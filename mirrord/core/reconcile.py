@@ -44,9 +44,7 @@ class Facts:
     `observed`: (volume, rel) -> seconds this process has seen the file unchanged (monotonic), for the
     min-age guard. `invalid`: primary files that failed their format validator as they are now.
     `roots`: "primary"/"mirror" -> root path, for the path guard. `space_pressure`: the mirror cannot
-    take the next copy (see mirrord.core.retention.PruneRequest). `replans`: the caller plans again (a
-    daemon's rescans), and `previous_plan` is its last retention plan, whose decisions for the runs
-    unchanged since are reused (the same plan, less work).
+    take the next copy (see mirrord.core.retention.PruneRequest).
     """
 
     mirror_problem: str | None = None
@@ -55,8 +53,6 @@ class Facts:
     invalid: AbstractSet[str] = frozenset()
     roots: Mapping[str, PurePath] | None = None
     space_pressure: bool = False
-    replans: bool = False
-    previous_plan: PrunePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +125,7 @@ def reconcile(
         request = PruneRequest(
             policy=config.prune, step_regex=config.step_regex, now=now, in_flight=in_flight, roots=facts.roots,
             mirror_is_mount=is_mount, observed=facts.observed, invalid=facts.invalid,
-            space_pressure=facts.space_pressure, layout=config.rules, previous=facts.previous_plan,
-            replans=facts.replans,
+            space_pressure=facts.space_pressure, layout=config.rules,
         )
         plan = plan_prune(primary, listed, manifest, request)
         if refused is not None and not plan.refused:

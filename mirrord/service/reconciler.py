@@ -41,8 +41,7 @@ class Reconciler:
                  stopping: Callable[[], bool],
                  wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
-        self.queue, self.ledger, self.refusals, self.inbox = queue, ledger, refusals, inbox
-        self.settle, self.observations, self.metrics = settle, observations, metrics
+        self.ledger, self.refusals, self.inbox, self.metrics = ledger, refusals, inbox, metrics
         self.heartbeat, self.stopping = heartbeat, stopping
         self.wall, self.monotonic = wall, monotonic
         self.enqueuer = Enqueuer(settings=settings, primary=primary, mirror=mirror, manifest=manifest, queue=queue,
@@ -222,7 +221,6 @@ class Reconciler:
             # clock is monotonic, so this never hastens a deletion; a later rescan also covers it).
             due = self.monotonic() + self.config.prune.min_age_seconds
             self.inbox.prune_when(due)
-
 
     def _between_deletions(self) -> bool:
         """A long prune pass keeps the daemon alive: new checkpoints are queued (workers copy meanwhile),

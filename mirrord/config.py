@@ -41,7 +41,7 @@ PATH_KEYS = ("primary", "mirror")
 # They are not settings: ignored (and logged once) instead of stopping the sidecar as unknown keys.
 # Keys a former release knew: an old config that still sets one is refused with what to do instead.
 REMOVED_KEYS = {
-    "watch.parallel_listing": "removed: the daemon lists the mirror itself; delete the key",
+    "watch.parallel_listing": "the daemon lists the mirror itself",
 }
 KUBERNETES_SERVICE_VARIABLE = re.compile(
     r"MIRRORD_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)"
@@ -539,7 +539,7 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
         dotted = known.get(name)
         removed = next((k for k in REMOVED_KEYS if env_name(k) == name), None)
         if removed is not None:
-            layer.problems.append(f"{name}: {REMOVED_KEYS[removed]} (it was {removed})")
+            layer.problems.append(f"{name}: {removed} was removed ({REMOVED_KEYS[removed]}); unset the variable")
             continue
         if dotted is None:
             hint = _closest(name, sorted(known))
@@ -602,7 +602,7 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
         origin = origins.get(key, DEFAULT)
         if err["type"] == "extra_forbidden" and key in REMOVED_KEYS:
-            problems.append(f"{key}: {REMOVED_KEYS[key]}{origin.suffix()}")
+            problems.append(f"{key}: removed ({REMOVED_KEYS[key]}){origin.suffix()}; delete the key")
         elif err["type"] == "extra_forbidden":
             hint = _closest(key, [k for k in settings if k.count(".") == key.count(".")])
             problems.append(f"{key}: unknown key{origin.suffix()}" + (f"; did you mean {hint}?" if hint else ""))

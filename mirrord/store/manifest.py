@@ -45,8 +45,6 @@ COMPACT_MIN_RECORDS = 1000
 # Every field of ManifestEntry except the key (path) and the nested hash is stored under its own name
 # (decode_entry reads them by name; tests/unit/test_manifest.py checks that every field survives both ways).
 _PLAIN = tuple(f for f in fields(ManifestEntry) if f.name not in ("path", "algo", "digest"))
-# The few strings most entries repeat, one object each instead of one per entry.
-_SHARED = {s: s for s in (*ALGORITHMS, "ok", "unchecked")}
 
 
 def encode_entry(e: ManifestEntry) -> dict[str, Any]:
@@ -76,10 +74,10 @@ def _decode_fields(path: str, raw: dict[str, Any]) -> tuple[Any, ...]:
     mirror_mtime_ns = get("mirror_mtime_ns")
     validation = get("validation")
     # Fields newer than the manifest take their defaults; the older ones are required (KeyError).
-    return (int(raw["size"]), _SHARED[algo], str(hashed["digest"]), int(raw["source_mtime_ns"]),
+    return (int(raw["size"]), algo, str(hashed["digest"]), int(raw["source_mtime_ns"]),
             None if step is None else int(step), float(raw["mirrored_at"]),
             None if mirror_mtime_ns is None else int(mirror_mtime_ns),
-            None if validation is None else _SHARED.get(validation) or str(validation),
+            None if validation is None else str(validation),
             int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)))
 
 

@@ -90,25 +90,26 @@ class Reconciler:
         return min(deadlines)
 
     def work(self) -> None:
-        """Do what is due: hints (or a full reconcile when asked, at the rescan interval, when an observation
-        matures, or once a burst of copies is done: a reconcile prunes first), settle rechecks. Hints and
-        rechecks take one turn each at most (TURN_SECONDS; the loop comes back at once for the rest), and
-        the heartbeat is given its chance between the parts."""
+        """Do what is due: hints (or a full reconcile when asked, or at the rescan interval), settle
+        rechecks, a prune pass after copies or when an observation matures. Hints and rechecks take one
+        turn each at most (TURN_SECONDS; the loop comes back at once for the rest), and the heartbeat
+        is given its chance between the parts."""
         cfg, now = self.config, self.monotonic()
-        if self.inbox.prune_at is not None and now >= self.inbox.prune_at:
-            self.inbox.prune_at, self.inbox.prune_due = None, True
-        # Copies done ask for a prune pass; it waits until the queue is drained (one fresh plan per
-        # burst, not one per copy; the rescan interval still prunes during a long burst).
-        prune = self.inbox.prune_due and self.enqueuer.queue.depth() == 0
-        if self.drain_hints() or self.inbox.rescan_asked or prune or now >= self._next_rescan:
+        if self.drain_hints() or self.inbox.rescan_asked or now >= self._next_rescan:
             self.heartbeat()
-            self.inbox.rescan_asked = self.inbox.prune_due = False
+            self.inbox.rescan_asked = False
             self.reconcile()
             self._next_rescan = self.monotonic() + cfg.watch.rescan_interval_seconds
         if self._settling() and now >= self._next_settle:
             self.heartbeat()
             if self.hints.recheck_unsettled():  # else the round goes on next turn (_next_settle stays due)
                 self._next_settle = self.monotonic() + min(0.5, cfg.copy.settle_seconds or 0.5)
+        if self.inbox.prune_at is not None and now >= self.inbox.prune_at:
+            self.inbox.prune_at, self.inbox.prune_due = None, True
+        if self.inbox.prune_due:
+            self.heartbeat()
+            self.inbox.prune_due = False
+            self.prune()
 
     # -- reconcile and hints ------------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -121,10 +122,7 @@ class Reconciler:
         # A prefix several nodes share: what the others recorded is taken in first (retention plans
         # from the merged manifest).
         if not problem:
-            try:
-                self.manifest.refresh()
-            except MirrordError as exc:  # planned from what we know: a stale view only keeps more
-                self.log.warning("manifest.refresh_failed", path=exc.path, cause=exc.cause)
+            self._refresh_manifest()
         entries = self.manifest.entries
         psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
         for msg in psnap.errors:
@@ -204,11 +202,15 @@ class Reconciler:
                 self.log.warning("run.rollback_detected", run=run or ".", old_step=old, new_step=new,
                                  rollbacks=len(rollbacks))
 
-    def prune(self, plan: PrunePlan) -> None:
-        """One retention pass from a reconcile's plan; a stop request ends it between deletions."""
+    def prune(self, plan: PrunePlan | None = None) -> None:
+        """One retention pass: from `plan` (a reconcile's), else from fresh listings of both volumes (the
+        pruner lists them, after the manifest took in what other nodes recorded); a stop request ends it
+        between deletions."""
         pruner = self.settings().pruner
         if pruner is None or self.refusals.blocked:
             return
+        if plan is None:
+            self._refresh_manifest()
         try:
             report = pruner.run_cycle(plan=plan, keep_going=self._between_deletions)
         except MirrordError as exc:
@@ -219,6 +221,13 @@ class Reconciler:
             # clock is monotonic, so this never hastens a deletion; a later rescan also covers it).
             due = self.monotonic() + self.config.prune.min_age_seconds
             self.inbox.prune_when(due)
+
+    def _refresh_manifest(self) -> None:
+        """Take in what other nodes recorded under a shared prefix (Manifest.refresh) before a plan."""
+        try:
+            self.manifest.refresh()
+        except MirrordError as exc:  # planned from what we know: a stale view only keeps more
+            self.log.warning("manifest.refresh_failed", path=exc.path, cause=exc.cause)
 
     def _between_deletions(self) -> bool:
         """A long prune pass keeps the daemon alive: new checkpoints are queued (workers copy meanwhile),

@@ -257,7 +257,8 @@ def test_kubernetes_service_variables_are_ignored_and_logged_once(primary: Path,
         ("patterns = []\n", "patterns", "at least one pattern"),
         ('[copy]\nhash = "md5"\n', "copy.hash", "blake3"),
         ('[metrics]\naddress = "9108"\n', "metrics.address", "HOST:PORT"),
-        ("[watch]\nparallel_listing = true\n", "watch.parallel_listing", "removed (the daemon lists the mirror itself)"),
+        ("[watch]\nparallel_listing = true\n", "watch.parallel_listing",
+         "removed (the daemon lists the mirror itself)"),
     ],
 )
 def test_invalid_value_exits_2_naming_the_key(

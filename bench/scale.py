@@ -1,8 +1,7 @@
 """Scale: reconcile cost for 10,000 and 100,000 checkpoints across 1,000 run folders.
 
 A reconcile is what `mirrord sync` and the daemon's rescans do before copying anything: load the
-manifest, list the primary and the mirror (a big mirror by a child process, alongside: both at once,
-mirrord.store.listing_child), plan; its CPU time counts the child's. The trees hold empty `*.pt`
+manifest, list the primary and the mirror, plan. The trees hold empty `*.pt`
 files (the cost is per file, not per byte) with a mirror and manifest that are fully in sync, so the plan
 is empty, as in the steady state. Each size is measured in fresh processes (one cold pass, then the
 median of five) so its peak RSS is its own (the listing child's is reported beside it). Also timed:
@@ -62,15 +61,13 @@ def build_tree(root: Path, n_files: int, n_runs: int, say: Log = log) -> Path:
             os.utime(p, ns=(mtime, mtime))
         entries[rel] = ManifestEntry(rel, 0, "blake3", empty, mtime, i // n_runs, time.time())
     (where / "mirror" / MANIFEST_NAME).write_bytes(Manifest(entries).to_bytes())
-    Manifest.open(where / "mirror").close()  # adds the snapshot's companion, as a compaction would have
     (where / ".complete").write_text("")
     say(f"  made in {time.perf_counter() - t0:.1f} s")
     return where
 
 
 def _measure_here(where: Path) -> dict[str, Any]:
-    """Runs inside the child process: the reconcile as `mirrord sync` makes it (the mirror listed by a child
-    process of its own, started before the manifest is read, while this one reads it and lists the primary)."""
+    """Runs inside the child process: the reconcile as `mirrord sync` makes it (manifest, primary, mirror, plan)."""
     from mirrord.core.model import ManifestEntry
     from mirrord.core.plan import plan_copies
     from mirrord.store.manifest import MANIFEST_NAME, Manifest
@@ -86,7 +83,6 @@ def _measure_here(where: Path) -> dict[str, Any]:
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     mirror = LocalMirror(where / "mirror")
-    pending = mirror.start_snapshot(patterns, None, mirror.size_hint())
     t0 = time.perf_counter()
     manifest = Manifest.load(where / "mirror")
     t["manifest_load_s"] = time.perf_counter() - t0
@@ -94,11 +90,8 @@ def _measure_here(where: Path) -> dict[str, Any]:
     psnap = snapshot_tree(where / "primary", patterns)
     t["scan_primary_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    msnap = pending.result()
-    t["scan_mirror_wait_s"] = time.perf_counter() - t0
-    t["scan_mirror_s"] = time.perf_counter() - start  # from its start, alongside the manifest and the primary
-    if pending.problem is not None:
-        raise RuntimeError(f"the mirror's listing child failed: {pending.problem}")
+    msnap = mirror.snapshot(patterns)
+    t["scan_mirror_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     plan = plan_copies(psnap, msnap, manifest.entries, step)
     t["plan_s"] = time.perf_counter() - t0
@@ -123,7 +116,7 @@ def _measure_here(where: Path) -> dict[str, Any]:
         t["manifest_record_s"] = time.perf_counter() - t0
         manifest_bytes = (Path(tmp) / MANIFEST_NAME).stat().st_size
     return {
-        "files": len(psnap.files), "jobs_all_new": len(all_new.jobs), "mirror_listed_in_child": pending.in_child,
+        "files": len(psnap.files), "jobs_all_new": len(all_new.jobs),
         **{k: round(v, 4) for k, v in t.items()},
         "reconcile_peak_rss_growth_mib": round((peak - rss0) / MiB, 1),
         "reconcile_peak_rss_mib": round(peak / MiB, 1),

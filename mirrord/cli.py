@@ -299,20 +299,6 @@ def _explain(args: argparse.Namespace) -> LoadedConfig:
     return explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
 
 
-# Commands that answer a person or a script at once, and `sync`, whose start-up a script pays on every pass
-# (a third of a sync of a few small checkpoints): a configuration that is surely valid is read without
-# pydantic (mirrord.config_fast); anything else goes through the models, which word every error.
-FAST_COMMANDS = ("latest", "status", "sync")
-
-
-def _fast(args: argparse.Namespace) -> Config | None:
-    """The configuration read by mirrord.config_fast, or None when the pydantic models must decide."""
-    from mirrord.config_fast import fast_config
-
-    # A FastConfig holds every key and property these commands read, with the values Config would hold.
-    return cast("Config | None", fast_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary))
-
-
 # --- init, completion, man: no configuration read -----------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     """`mirrord init`: write a config file (and, with --systemd, a unit) for this machine."""
@@ -479,7 +465,7 @@ def _positive_float(text: str) -> float:
 
 class _NotBuilt:
     """Stands in for the parser of a subcommand the command line does not name: its arguments are not
-    built (the thirteen subcommands' parsers took ~25 ms of every `mirrord latest`)."""
+    built (a command pays only for its own parser)."""
 
     def add_argument(self, *args: object, **kwargs: object) -> None:
         pass
@@ -710,19 +696,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run_plain(plain, args)
     from mirrord.obs import log as logsetup
 
-    fast = _fast(args) if args.command in FAST_COMMANDS else None
-    if fast is not None:
-        config = fast
-        ignored: tuple[str, ...] = ()
-    else:
-        try:
-            loaded = _explain(args)
-        except ConfigError as exc:
-            for problem in exc.problems:
-                print(f"mirrord: config error: {problem}", file=sys.stderr)
-            return EXIT_USAGE
-        config, ignored = loaded.config, loaded.ignored_environment
-        args.loaded = loaded  # check-config prints each value's origin from it
+    try:
+        loaded = _explain(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"mirrord: config error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    config, ignored = loaded.config, loaded.ignored_environment
+    args.loaded = loaded  # check-config prints each value's origin from it
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
     if ignored:  # once per process: a SIGHUP reload does not repeat it
         logsetup.get_logger().info("config.environment_ignored", variables=list(ignored),

@@ -24,25 +24,6 @@ from typing import Any, Literal, ParamSpec
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mirrord.config_fast import (
-    DAY,
-    DEFAULT_PATTERNS,
-    DEFAULT_STEP_PATTERN,
-    MIB,
-    MIN_BANDWIDTH,
-    S3_SCHEME,
-    beside_file,
-    check_bandwidth,
-    check_endpoint_url,
-    check_file_name,
-    check_host_port,
-    check_node_name,
-    check_paths,
-    check_patterns,
-    check_step_pattern,
-    layout_problems,
-    split_patterns,
-)
 from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
 from mirrord.store.trusted import UntrustedFileError, read_trusted
@@ -60,12 +41,159 @@ PATH_KEYS = ("primary", "mirror")
 # Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
 # (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
 # They are not settings: ignored (and logged once) instead of stopping the sidecar as unknown keys.
+# Keys a former release knew: an old config that still sets one is refused with what to do instead.
+REMOVED_KEYS = {
+    "watch.parallel_listing": "the daemon lists the mirror itself",
+}
 KUBERNETES_SERVICE_VARIABLE = re.compile(
     r"MIRRORD_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)"
 )
 
 
-__all__ = ["DEFAULT_PATTERNS", "DEFAULT_STEP_PATTERN", "MIB", "MIN_BANDWIDTH", "check_paths"]
+MIB = 1024 * 1024
+DAY = 86_400.0
+MIN_BANDWIDTH = 64 * 1024  # bytes/s: a 1 GB checkpoint still copies in under 5 hours
+DEFAULT_PATTERNS = ("*.pt",)
+DEFAULT_STEP_PATTERN = r"step_(\d+)"
+S3_SCHEME = "s3://"
+
+
+def check_step_pattern(value: str) -> str:
+    """prune.step_pattern: a regular expression with exactly one group, the step number."""
+    try:
+        compiled = re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from exc
+    if compiled.groups != 1:
+        raise ValueError("must contain exactly one capturing group (the step number)")
+    return value
+
+
+def check_host_port(value: str) -> str:
+    """metrics.address: HOST:PORT."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9108)")
+    return value
+
+
+def check_bandwidth(value: int) -> int:
+    """io.bandwidth_limit: 0 or a rate a copy can finish at."""
+    if 0 < value < MIN_BANDWIDTH:
+        raise ValueError(f"must be 0 (unlimited) or at least {MIN_BANDWIDTH} bytes/s, got {value}")
+    return value
+
+
+def check_endpoint_url(value: str) -> str:
+    """s3.endpoint_url: an http(s):// URL."""
+    if not re.match(r"https?://[^/\s]+", value):
+        raise ValueError(f"{value!r} is not an http(s):// URL")
+    return value
+
+
+def check_node_name(value: str) -> str:
+    """s3.node: "" (this host's name) or a plain name."""
+    if value and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", value):
+        raise ValueError(f"{value!r}: letters, digits, '.', '_' and '-' only")
+    return value
+
+
+def check_file_name(value: str) -> str:
+    """unit.complete_marker: a plain file name."""
+    if "/" in value or "\0" in value or value in (".", ".."):
+        raise ValueError(f"{value!r} is not a file name (no '/')")
+    return value
+
+
+def split_patterns(value: Any) -> Any:
+    """patterns given as one comma-separated string (a variable): a tuple."""
+    if isinstance(value, str):
+        return tuple(p.strip() for p in value.split(",") if p.strip())
+    return value
+
+
+def check_patterns(value: tuple[str, ...]) -> tuple[str, ...]:
+    """patterns: at least one file-name glob, each without '/' and with balanced brackets."""
+    if not value:
+        raise ValueError("at least one pattern is required (e.g. ['*.pt'])")
+    for pattern in value:
+        if not pattern.strip() or "/" in pattern or "\0" in pattern:
+            raise ValueError(f"{pattern!r} is not a file-name pattern (no '/', not empty)")
+        if pattern.count("[") != pattern.count("]"):
+            raise ValueError(f"{pattern!r} has unbalanced brackets")
+    return value
+
+
+def layout_problems(layout: str, patterns: tuple[str, ...], step_pattern: str, unit_kind: str,
+                    complete_marker: str) -> list[str]:
+    """A named layout fixes its patterns, step and unit: a different value set beside it would be
+    silently ignored, so it is an error that says which layout to use instead."""
+    problems = []
+    if layout not in ("torch", "custom"):
+        if patterns != DEFAULT_PATTERNS:
+            problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
+                            'use layout = "custom" to choose patterns')
+        if step_pattern != DEFAULT_STEP_PATTERN:
+            problems.append(f"prune.step_pattern: layout = {layout!r} has its own; "
+                            'use layout = "custom" to choose one')
+    if layout != "custom" and (unit_kind, complete_marker) != ("file", ""):
+        problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
+    if complete_marker and unit_kind != "folder":
+        problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
+    return problems
+
+
+def beside_file(config_file: str | Path, relative: str) -> str:
+    """A relative path in a config file, taken from the file's folder; printed as ./var, not ./config/../var
+    (the folder is resolved first, so its `..` is the parent the kernel would take)."""
+    base, parts = Path(config_file).resolve().parent, Path(relative).parts
+    while parts and parts[0] == "..":
+        base, parts = base.parent, parts[1:]
+    return str(base.joinpath(*parts))
+
+
+def check_paths(config: Config, need_primary: bool = True) -> list[str]:
+    """Problems with the two roots that make mirroring unsafe or impossible.
+
+    Commands that only read the mirror (verify, latest) pass need_primary=False.
+    """
+    problems = []
+    primary, mirror = config.primary, config.mirror
+    if config.mirror_url is not None:
+        if need_primary and not primary.is_dir():
+            problems.append(f"primary: {primary} does not exist or is not a directory")
+        if config.mirror_must_be_mountpoint:
+            problems.append("mirror_must_be_mountpoint: means nothing for an s3:// mirror; remove it")
+        return problems
+    if not need_primary:
+        pass
+    elif not primary.is_dir():
+        problems.append(f"primary: {primary} does not exist or is not a directory")
+    elif not os.access(primary, os.R_OK | os.X_OK):
+        problems.append(f"primary: {primary} is not readable")
+    rp, rm = primary.resolve(), mirror.resolve()
+    if rp == rm:
+        problems.append(f"mirror: {mirror} is the same directory as primary")
+    elif rm.is_relative_to(rp):
+        problems.append(f"mirror: {mirror} is inside primary {primary}")
+    elif rp.is_relative_to(rm):
+        problems.append(f"primary: {primary} is inside mirror {mirror}")
+    elif need_primary:
+        from mirrord.store.identity import overlap
+
+        clash = overlap(primary, mirror)  # the same trees under other names (bind mounts)
+        if clash:
+            problems.append(f"mirror: {clash}")
+    if mirror.exists() and not mirror.is_dir():
+        problems.append(f"mirror: {mirror} exists and is not a directory")
+    elif not mirror.exists() and not mirror.parent.is_dir():  # a mistyped path would fill the wrong disk
+        problems.append(f"mirror: neither {mirror} nor its parent {mirror.parent} exists; mirrord creates only "
+                        "the mirror folder itself: create the path, or correct it")
+    elif mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
+        problems.append(f"mirror: {mirror} is not writable")
+    if config.mirror_must_be_mountpoint and not mirror.is_mount():
+        problems.append(f"mirror: {mirror} is not a mount point (mirror_must_be_mountpoint = true)")
+    return problems
 
 
 SECRET_KEYS = frozenset({"s3.secret_access_key"})
@@ -122,7 +250,6 @@ class WatchConfig(_Section):
     mode: Literal["auto", "native", "polling"] = "auto"
     poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600, **_FINITE)
     rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY, **_FINITE)
-    parallel_listing: bool = True  # a big mirror listed by a second process beside the primary's listing
 
 
 class MetricsConfig(_Section):
@@ -445,6 +572,10 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
             layer.ignored.append(name)
             continue
         dotted = known.get(name)
+        removed = next((k for k in REMOVED_KEYS if env_name(k) == name), None)
+        if removed is not None:
+            layer.problems.append(f"{name}: {removed} was removed ({REMOVED_KEYS[removed]}); unset the variable")
+            continue
         if dotted is None:
             hint = _closest(name, sorted(known))
             layer.problems.append(f"{name}: unknown setting" + (
@@ -507,7 +638,9 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
         origin = origins.get(key, DEFAULT)
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and key in REMOVED_KEYS:
+            problems.append(f"{key}: removed ({REMOVED_KEYS[key]}){origin.suffix()}; delete the key")
+        elif err["type"] == "extra_forbidden":
             depth = key.count(".")  # names at that depth, sections included (`[prun]` -> prune)
             names = {".".join(k.split(".")[:depth + 1]) for k in settings if k.count(".") >= depth}
             hint = _closest(key, sorted(names))

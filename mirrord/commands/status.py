@@ -17,7 +17,6 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from posixpath import dirname
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -26,9 +25,9 @@ from mirrord.commands.printable import printable
 from mirrord.commands.verify import check_entry, validate_key
 from mirrord.core.contributions import Contributions
 from mirrord.core.jobs import CopyJob
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.reconcile import Facts, View, reconcile
-from mirrord.core.units import Completeness, Unit, locate
+from mirrord.core.units import Completeness, Unit, run_and_step
 from mirrord.core.vocabulary import CopyOutcome
 from mirrord.errors import ManifestError, UnsafePathError
 from mirrord.formats.validators import Verdict
@@ -37,7 +36,7 @@ from mirrord.service.completeness import judge
 from mirrord.store.mirror import Mirror, ReadableStore, mirror_for
 from mirrord.store.volume import LocalVolume
 
-if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
+if TYPE_CHECKING:
     from mirrord.config import Config
 
 DEFAULT_TIMEOUT = 1.0
@@ -252,12 +251,7 @@ def _snapshot(store: ReadableStore, config: Config) -> tuple[Snapshot | None, st
 
 
 def _place(rel: str, config: Config) -> tuple[str, int | None]:
-    """(run, step) of a file: a folder unit's (its parent, the step in its name), else the file's own."""
-    if config.rules.folders:
-        place = locate(rel, config.rules)
-        if place is not None:
-            return place.run, place.step
-    return dirname(rel), step_of(rel, config.step_regex)
+    return run_and_step(rel, config.rules, config.step_regex)
 
 
 def _disagreement(entry: ManifestEntry, state: FileState | None) -> str | None:
@@ -533,9 +527,7 @@ def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: Mapp
             _check_newest(run, entries, mirror, damaged, deep)
         pending = behind_by_run[name]
         run.pending_files = len(pending)
-        if pending:
-            oldest = min(f.mtime_ns for f in pending) / 1e9
-            run.lag_seconds = max(0.0, now - oldest) if oldest > 0 else 0.0
+        run.lag_seconds = now - min((job.waiting_since(now) for job in pending), default=now)
         runs.append(run)
     return runs
 

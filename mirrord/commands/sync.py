@@ -16,14 +16,13 @@ from mirrord.service.completeness import judge, sharing_for
 from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
-from mirrord.store.aliases import alias_links, mirror_alias_links
+from mirrord.store.aliases import alias_links
 from mirrord.store.mirror import mirror_for
-from mirrord.store.volume import LocalMirror, LocalVolume, exclude_each_other
+from mirrord.store.volume import LocalVolume, exclude_each_other
 
 if TYPE_CHECKING:
     from mirrord.config import Config
     from mirrord.obs.metrics import Metrics
-    from mirrord.store.listing_child import PendingListing
 
 
 @dataclass
@@ -56,37 +55,15 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
     report = SyncReport()
     with mirror.lock():
         exclude_each_other(primary, mirror)  # as the daemon: neither listing enters the other root
-        # Nothing else publishes on a mirror while its lock is held (an object store lists only when the
-        # listing is taken): the first listing of a big mirror starts before its manifest is read.
-        started = mirror.start_snapshot(config.patterns, config.rules, mirror.size_hint(),
-                                        config.watch.parallel_listing)
-        try:
-            manifest = mirror.read_manifest()
-            engine = Engine(config, mirror, manifest, metrics, board=board)
-        except BaseException:
-            started.abandon()
-            raise
-        first: PendingListing | None = started
+        manifest = mirror.read_manifest()
+        engine = Engine(config, mirror, manifest, metrics, board=board)
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
         deadline = time.monotonic() + 3 * config.copy.settle_seconds
         attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
         rules = config.rules
-        child_problem: str | None = None
         while True:
-            # A big mirror is listed by a child process while this one lists the primary (two CPUs).
-            pending = first or mirror.start_snapshot(config.patterns, rules, len(manifest.entries),
-                                                     config.watch.parallel_listing)
-            first = None
-            try:
-                psnap = primary.snapshot(config.patterns, rules)
-            except BaseException:
-                pending.abandon()
-                raise
-            msnap = pending.result()
-            if pending.problem is not None and pending.problem != child_problem:
-                child_problem = pending.problem
-                log.warning("scan.child_failed", cause=child_problem, volume="mirror", path=mirror.describe(),
-                            listed="in this process instead")
+            psnap = primary.snapshot(config.patterns, rules)
+            msnap = mirror.snapshot(config.patterns, rules)
             report.listing_errors = list(psnap.errors + msnap.errors)
             links = alias_links(psnap.skipped, rules)
             for rel, why in psnap.skipped:
@@ -112,9 +89,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             if time.monotonic() >= deadline:
                 break
             time.sleep(min(0.5, config.copy.settle_seconds))
-        if isinstance(mirror, LocalMirror):  # an object store has no symlinks
-            for rel, target in mirror_alias_links(config.primary, config.mirror, links, manifest.entries):
-                log.info("alias.linked", path=rel, target=target)
+        for rel, target in mirror.link_aliases(config.primary, links, manifest.entries):
+            log.info("alias.linked", path=rel, target=target)
         manifest.close()
     for msg in report.listing_errors:
         log.error("scan.error", cause=msg)

@@ -30,12 +30,19 @@ class CopyJob:
     @property
     def run(self) -> str:
         """The run folder of the job's file or unit."""
-        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path, a third of its cost
+        return self.rel.rpartition("/")[0]  # posixpath.dirname of a canonical rel path
 
     @property
     def paths(self) -> tuple[str, ...]:
         """Every file this job publishes."""
         return self.members or (self.rel,)
+
+    def waiting_since(self, now: float) -> float:
+        """Since when (wall clock) the job's file has lacked its mirror copy: its mtime, or `now` when the
+        mtime is unset or in the future (a clock that lies is no evidence of age). Every lag is read from
+        this one rule: the daemon's gauge and `mirrord status`."""
+        mtime = self.mtime_ns / 1e9
+        return mtime if 0 < mtime <= now else now
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror
 from mirrord.core.units import Completeness, Unit, plan_unit_copies
 from mirrord.core.vocabulary import PruneRefusal
 
-if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
+if TYPE_CHECKING:
     from mirrord.config import Config
 
 

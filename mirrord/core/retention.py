@@ -55,7 +55,7 @@ from mirrord.core.units import locate
 from mirrord.core.vocabulary import PruneRefusal, Volume
 from mirrord.formats.verdicts import OK, RENAMED
 
-if TYPE_CHECKING:  # the models are not loaded to answer (see mirrord.config_fast)
+if TYPE_CHECKING:
     from mirrord.config import PruneConfig
 
 PRIMARY, MIRROR = Volume.PRIMARY, Volume.MIRROR

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from posixpath import dirname
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from mirrord.core.jobs import CopyJob
 from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 
 if TYPE_CHECKING:
@@ -105,6 +106,14 @@ def locate(rel: str, layout: Layout) -> Placement | None:
     if not layout.folders and layout.is_unit_name(name):
         return Placement(rel, dirname(rel), layout.step_of(name))
     return None
+
+
+def run_and_step(rel: str, layout: Layout, step_regex: re.Pattern[str]) -> tuple[str, int | None]:
+    """(run, step) of a file: a folder unit member's are its unit's (the unit's parent folder, the step in
+    the unit's name); any other file's are its own folder and the step in its own name."""
+    if layout.folders and (place := locate(rel, layout)) is not None and place.kind == "folder":
+        return place.run, place.step
+    return dirname(rel), step_of(rel, step_regex)
 
 
 def unit_of(rel: str, layout: Layout) -> str | None:
@@ -367,7 +376,7 @@ def plan_file_aliases(
     mirrored step's is published from that copy instead of being copied again."""
     if not any(layout.is_alias(job.rel) for job in base.jobs):
         # Nothing to hold or pair (a tree at rest): the plan as it is (its unsettled come sorted), without
-        # grouping every file of the primary into units (at 1,000,000 files, 400 MB of a daemon's peak).
+        # grouping every file of the primary into units.
         return base
     from mirrord.core.plan import CopyPlan
 

@@ -18,7 +18,7 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.staging import list_folder
 from mirrord.store.volume import LocalVolume
 
-if TYPE_CHECKING:  # `latest` and `status` answer without loading the config models (mirrord.config_fast)
+if TYPE_CHECKING:
     from mirrord.config import Config
 
 

@@ -1,4 +1,5 @@
-"""Executes copy jobs: one attempt = copier + manifest record + log events + metrics; retries with backoff."""
+"""Executes copy jobs, one attempt each: copier, manifest record, log events and metrics. Retrying a
+failed attempt is the caller's (the worker pool's retry policy, or `sync`'s next pass)."""
 
 from __future__ import annotations
 
@@ -113,49 +114,53 @@ class Engine:
     def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy | CopyResult:
         """Copy the job and publish it under its final name, leaving its directory fsync and its manifest
         record to commit() (which may take several staged copies at once). An alias published from its
-        mirrored twin is recorded at once: its CopyResult is returned, done. Raises MirrordError."""
-        fields = _fields(job)
-        self.log.info("copy.started", why=job.why, **fields)
+        mirrored twin, and a node's part of a shared unit, are recorded at once: their CopyResult is
+        returned, done. Raises MirrordError."""
+        self.log.info("copy.started", why=job.why, **_fields(job))
         if self.metrics is not None:
             self.metrics.in_flight.inc()
         control = control or CopyControl()
-        dirs = DirSyncs()
         with self._space_lock:
             # Concurrent copies each need their full size: count the others' as reserved space.
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
             self._reserved += job.size
         try:
-            aliased = self._publish_twin(job, control) if job.twins else None
-            if aliased is not None:
-                dirs.close()
+            if job.twins and (aliased := self._publish_twin(job, control)) is not None:
                 return aliased
-            if job.part:
-                dirs.close()
-                with self.board.track(job, control):
-                    return self._contribute(job, options, control)
             with self.board.track(job, control):
-                results = self._copy_unit(job, options, control) if job.members else [
-                    self._copy(job, options, control, dirs)]
-            # A file whose rename is left to commit() is not published yet: its identity is taken there.
-            entries = [self._entry(job, result, identity=not dirs.renames_pending()) for result in results]
-            result = results[0] if not job.members else _unit_result(job, results)
+                if job.part:
+                    return self._contribute(job, options, control)
+                if job.members:
+                    return self._stage_unit(job, options, control)
+                return self._stage_file(job, options, control)
         except MirrordError as exc:
-            dirs.close()
             # A stall is counted once, by the supervisor that detected it; an invalid source by the
             # daemon, once it stayed invalid for copy.invalid_grace_seconds (a torn file is usually
             # still being written).
             if not isinstance(exc, CancelledError | StalledError | InvalidSourceError):
                 self.count(exc.reason)
             raise
-        except BaseException:
-            dirs.close()
-            raise
         finally:
             if self.metrics is not None:
                 self.metrics.in_flight.dec()
             with self._space_lock:
                 self._reserved -= job.size
-        return StagedCopy(job, result, entries, dirs)
+
+    def _stage_file(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
+        """One file copied and published; its directory fsync (and maybe its rename) left to commit()."""
+        dirs = DirSyncs()
+        try:
+            result = self._copy(job, options, control, dirs)
+        except BaseException:
+            dirs.close()
+            raise
+        # A file whose rename is left to commit() is not published yet: its identity is taken there.
+        return StagedCopy(job, result, [self._entry(job, result, identity=not dirs.renames_pending())], dirs)
+
+    def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
+        """A folder unit copied and published whole; its record left to commit()."""
+        results = self._copy_unit(job, options, control)
+        return StagedCopy(job, _unit_result(job, results), [self._entry(job, r) for r in results], DirSyncs())
 
     def _entry(self, job: CopyJob, result: CopyResult, identity: bool = True) -> ManifestEntry:
         """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is."""

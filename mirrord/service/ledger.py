@@ -4,7 +4,6 @@ mirror copies were found damaged, and which files are re-copied in a loop."""
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ class Ledger:
         self.last_error = ""
         self.verify_failed: set[str] = set()  # the loop adds, workers discard (single set ops)
         self.looping: set[str] = set()
-        self.published: collections.deque[CopyJob] = collections.deque()  # workers append, the loop folds
         self._recopies: dict[str, tuple[tuple[int, int], int]] = {}  # rel -> (source key, re-copies)
         self._invalid: dict[str, Invalid] = {}
         # Committed primary files not yet mirrored -> since when (wall clock): the lag, whatever the
@@ -63,7 +61,6 @@ class Ledger:
         """Account for one finished job; True when the primary should be reconciled again soon."""
         if isinstance(outcome, CopyResult):
             self.copied += 1
-            self.published.append(job)
             self.verify_failed.discard(job.rel)
             with self._lock:
                 self._unmirrored.pop(job.rel, None)
@@ -141,8 +138,7 @@ class Ledger:
                 if entry is not None and (entry.size, entry.source_mtime_ns) == (job.size, job.mtime_ns) \
                         and job.why not in VERIFY_FAILURES:
                     continue  # copied and recorded since the plan was made
-                mtime = job.mtime_ns / 1e9
-                since = mtime if 0 < mtime <= now else now
+                since = job.waiting_since(now)
                 behind[job.rel] = min(since, self._unmirrored.get(job.rel, since))
             self._unmirrored = behind
 

@@ -3,7 +3,6 @@
     .mirrord-manifest.json         the snapshot, published with mirrord.store.atomic; names its generation S
     .mirrord-manifest.journal.S    changes made after snapshot S: one checksummed line per record
     .mirrord-manifest.journal.S+1  (only while a compaction is under way, or after one failed)
-    .mirrord-manifest.packed       the snapshot's binary companion, for a faster load (mirrord.store.companion)
 
 Recording a change costs one append and one fsync of the journal, whatever the manifest's size.
 Compaction folds the journals into a new snapshot, in three steps, each safe to crash after:
@@ -30,16 +29,13 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from mirrord.errors import ManifestError, MirrordError, NoSpaceError
-from mirrord.obs.log import get_logger
+from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.store import atomic
-from mirrord.store.companion import CompanionError, companion_name
-from mirrord.store.jsonstream import CHUNK_BYTES
 
 if TYPE_CHECKING:
     import hashlib
@@ -48,14 +44,9 @@ JOURNAL_SCHEMA = "mirrord-manifest-journal"
 JOURNAL_VERSION = 1
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-_WRITE_COMPANION = "write the manifest's companion"  # what failed, in an error's cause
 _READ_ATTEMPTS = 50  # a compaction finishing while we read makes us read again; 50 in a row is a fault
 
 T = TypeVar("T")
-# Reads an open companion (mirrord.store.companion): (snapshot, generation, the SHA-256 of its snapshot).
-ReadCompanion = Callable[[int], tuple[T, int, bytes]]
-# Makes the companion of a snapshot from that snapshot's SHA-256 (None: there is none to write).
-MakeCompanion = Callable[[bytes], bytes | None]
 
 
 def frame(payload: bytes) -> bytes:
@@ -137,7 +128,6 @@ class Stored(Generic[T]):
     generation: int
     journals: list[JournalFile] = field(default_factory=list)
     stale: list[Path] = field(default_factory=list)  # journals older than the snapshot
-    from_companion: bool = False  # the snapshot was read from its companion, not parsed from the JSON
 
     @property
     def records(self) -> list[bytes]:
@@ -145,19 +135,8 @@ class Stored(Generic[T]):
         return [r for j in self.journals for r in j.records]
 
 
-def _chunks(fd: int, digest: hashlib._Hash | None, where: str) -> Iterator[bytes]:
-    """The file's bytes a chunk at a time, each added to `digest` (if any), to its end (whatever the parser reads)."""
-    try:
-        while chunk := os.read(fd, CHUNK_BYTES):
-            if digest is not None:
-                digest.update(chunk)
-            yield chunk
-    except OSError as exc:
-        raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
-
-
 def _sha256(data: bytes = b"") -> hashlib._Hash:
-    """hashlib.sha256, imported on first use (a read-only load of a manifest without a companion hashes nothing)."""
+    """hashlib.sha256, imported on first use (a read-only load, `mirrord latest`, hashes nothing)."""
     import hashlib
 
     return hashlib.sha256(data)
@@ -173,11 +152,9 @@ class LocalManifestStore:
     def __init__(self, root: Path, snapshot_name: str, read_only: bool = False) -> None:
         self.root = Path(root)
         # Only read, never written through (Manifest.load): it keeps no record of what it read for
-        # damage(), so the snapshot is hashed only to check a companion against it (and a small
-        # manifest's reader, `mirrord latest`, loads no hashlib).
+        # damage(), so the snapshot is not hashed.
         self.read_only = read_only
         self.snapshot_path = self.root / snapshot_name
-        self.companion_path = self.root / companion_name(snapshot_name)
         self.prefix = snapshot_name.removesuffix(".json") + ".journal."
         self._name = re.compile(re.escape(self.prefix) + r"(0|[1-9][0-9]{0,17})")
         self._generation = 0  # of the journal appends go to
@@ -195,12 +172,6 @@ class LocalManifestStore:
         self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
         self._journal_seen: tuple[int, ...] | None = None
 
-    @property
-    def snapshot_sha256(self) -> bytes | None:
-        """The SHA-256 of the snapshot as this process last read or wrote it (None: there was none)."""
-        seen = self._snapshot_seen
-        return None if seen is None else bytes.fromhex(seen[1])
-
     def shared_entries(self) -> None:
         """None: a local manifest has one writer, this process (the mirror's flock holder)."""
         return None
@@ -210,27 +181,22 @@ class LocalManifestStore:
         return self.root / f"{self.prefix}{generation}"
 
     # -- reading (any process, read-only) ---------------------------------------------------------
-    def read(self, parse: Callable[[Iterable[bytes], str], tuple[T, int]],
-             companion: ReadCompanion[T] | None = None) -> Stored[T]:
-        """Snapshot and journals as of one instant, even while a writer appends and compacts.
-
-        With `companion`, the snapshot comes from its companion file when that names the snapshot's
-        exact bytes (their SHA-256); otherwise (none, stale, damaged: logged) it is parsed as always.
+    def read(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T]:
+        """Snapshot (as `parse` makes it of its bytes) and journals as of one instant, even while a writer
+        appends and compacts.
 
         The snapshot is read first, then the journals are opened; if the snapshot was replaced in the
         meantime (a compaction published and may have unlinked what we were about to open), read again.
         An open journal stays readable after a compaction unlinks it, and it only grows by appends.
         """
         for _ in range(_READ_ATTEMPTS):
-            stored = self._read_once(parse, companion)
+            stored = self._read_once(parse)
             if stored is not None:
                 return stored
         raise ManifestError(self.snapshot_path, "kept changing while being read (a compaction loop?)")
 
-    def _read_once(self, parse: Callable[[Iterable[bytes], str], tuple[T, int]],
-                   companion: ReadCompanion[T] | None) -> Stored[T] | None:
+    def _read_once(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T] | None:
         where = str(self.snapshot_path)
-        fast = False
         try:
             fd = os.open(self.snapshot_path, _OPEN_FLAGS)
         except FileNotFoundError:
@@ -240,30 +206,15 @@ class LocalManifestStore:
         if fd >= 0:
             try:
                 before = os.fstat(fd)
-                found = self._read_companion(companion) if companion is not None else None
-                digest: hashlib._Hash | None = None
-                if found is not None:
-                    digest = _sha256()
-                    for _chunk in _chunks(fd, digest, where):
-                        pass
-                    fast = digest.digest() == found[2]
-                    if fast:
-                        snapshot, generation = found[0], found[1]
-                    else:
-                        get_logger().warning("manifest.companion_ignored", path=str(self.companion_path),
-                                             cause="made from another snapshot (stale); the JSON is read")
-                        os.lseek(fd, 0, os.SEEK_SET)
-                if not fast:
-                    digest = None if self.read_only else _sha256()
-                    # Parsed as it is read: at 1,000,000 entries the file is 260 MB, never all in memory.
-                    chunks = _chunks(fd, digest, where)
-                    snapshot, generation = parse(chunks, where)
-                    for _rest in chunks:  # the digest is of the whole file, whatever the parser read
-                        pass
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
             finally:
                 os.close(fd)
-            if digest is not None:
-                self._snapshot_seen = (_identity(before), digest.hexdigest())
+            snapshot, generation = parse(data, where)
+            if not self.read_only:
+                self._snapshot_seen = (_identity(before), _sha256(data).hexdigest())
         fds: dict[int, int] = {}
         try:
             for gen, path in self._journal_names():
@@ -280,7 +231,7 @@ class LocalManifestStore:
                 after = None
             if _identity(after) != _identity(before):
                 return None
-            stored: Stored[T] = Stored(snapshot, generation, from_companion=fast)
+            stored: Stored[T] = Stored(snapshot, generation)
             stored.stale = [p for g, p in self._journal_names() if g < generation]
             for gen in sorted(fds):
                 stored.journals.append(self._read_journal(gen, fds[gen]))
@@ -289,27 +240,6 @@ class LocalManifestStore:
                 os.close(jfd)
         self._check_sequence(stored, snapshot is not None)
         return stored
-
-    def _read_companion(self, read: ReadCompanion[T]) -> tuple[T, int, bytes] | None:
-        """The companion as `read` makes it; None when there is none or it cannot be used (logged)."""
-        try:
-            fd = os.open(self.companion_path, _OPEN_FLAGS)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            cause = f"cannot open: {exc.strerror or exc}"
-        else:
-            try:
-                return read(fd)
-            except CompanionError as exc:
-                cause = str(exc)
-            except OSError as exc:
-                cause = f"cannot read: {exc.strerror or exc}"
-            finally:
-                os.close(fd)
-        get_logger().warning("manifest.companion_ignored", path=str(self.companion_path),
-                             cause=f"{cause}; the JSON is read")
-        return None
 
     def _journal_names(self) -> list[tuple[int, Path]]:
         try:
@@ -431,46 +361,15 @@ class LocalManifestStore:
         self.journal_records = 0
         return generation
 
-    def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
-        """Step 2: the snapshot of everything recorded before the rotation that gave it its generation,
-        then its companion as `companion` makes it from the snapshot's SHA-256 (without one, an old
-        companion is removed: it would only be found stale). Once the snapshot is durable the compaction
-        has done its part: a companion that cannot be written (a full disk) is logged, not raised, so
-        that step 3 still drops the stale journals; the next load parses the JSON, the truth."""
+    def publish_snapshot(self, data: bytes) -> None:
+        """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
         if self.guard is not None:
             self.guard()
         try:
             atomic.write_bytes_atomic(self.snapshot_path, data)
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
-        digest = _sha256(data)
-        self._snapshot_seen = (self._stat_identity(self.snapshot_path), digest.hexdigest())
-        if self.guard is not None:
-            self.guard()
-        try:
-            self._write_companion(None if companion is None else companion(digest.digest()))
-        except OSError as exc:
-            self.log_companion_not_written(exc)
-
-    def publish_companion(self, data: bytes | None) -> None:
-        """Publish the snapshot's companion (None: remove the one there is, if any)."""
-        if self.guard is not None:
-            self.guard()
-        try:
-            self._write_companion(data)
-        except OSError as exc:
-            raise _error(self.companion_path, exc, _WRITE_COMPANION) from exc
-
-    def log_companion_not_written(self, exc: OSError | MirrordError) -> None:
-        """The one line for a companion that could not be written (the JSON alone serves every load)."""
-        error = exc if isinstance(exc, MirrordError) else _error(self.companion_path, exc, _WRITE_COMPANION)
-        get_logger().warning("manifest.companion_not_written", path=str(self.companion_path), cause=error.cause)
-
-    def _write_companion(self, data: bytes | None) -> None:
-        if data is None:
-            self.companion_path.unlink(missing_ok=True)
-        else:
-            atomic.write_bytes_atomic(self.companion_path, data)
+        self._snapshot_seen = (self._stat_identity(self.snapshot_path), _sha256(data).hexdigest())
 
     @staticmethod
     def _stat_identity(path: Path) -> tuple[int, ...] | None:

@@ -16,19 +16,14 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from sys import intern
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from mirrord.core.model import ManifestEntry
-from mirrord.errors import ManifestError, NoSpaceError
+from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
 from mirrord.paths import split_rel
-from mirrord.store.bulk import collection_paused
-from mirrord.store.companion import COMPANION_FROM_ENTRIES, encode_companion, read_companion
 from mirrord.store.hashing import ALGORITHMS
-from mirrord.store.journal import LocalManifestStore, MakeCompanion, Stored
-from mirrord.store.jsonstream import CHUNK_BYTES, NotAnObjectError, read_object
-from mirrord.store.packed import Entries, Held, pack, pack_fields, unpack
+from mirrord.store.journal import LocalManifestStore, Stored
 
 if TYPE_CHECKING:
     import threading
@@ -44,18 +39,12 @@ SCHEMA_VERSION = 1
 # A compaction rewrites every entry, so it waits for this many records, or a quarter of the entries if
 # that is more: its cost per record stays constant and replaying the journal stays cheaper than the snapshot.
 COMPACT_MIN_RECORDS = 1000
-# A manifest this large is held packed: 130 instead of 370 bytes an entry (what keeps a reconcile of 1,000,000
-# files under 1 GB), for 1-2 us more per entry looked up (a full reconcile with retention looks each up ~3 times).
-# Below it, ~90 MB at most, entries stay objects and lookups stay plain dict lookups.
-PACKED_FROM_ENTRIES = 250_000
 
 
 # -- encoding -------------------------------------------------------------------------------------------
 # Every field of ManifestEntry except the key (path) and the nested hash is stored under its own name
 # (decode_entry reads them by name; tests/unit/test_manifest.py checks that every field survives both ways).
 _PLAIN = tuple(f for f in fields(ManifestEntry) if f.name not in ("path", "algo", "digest"))
-# The few strings most entries repeat, one object each instead of one per entry.
-_SHARED = {s: s for s in (*ALGORITHMS, "ok", "unchecked")}
 
 
 def encode_entry(e: ManifestEntry) -> dict[str, Any]:
@@ -73,13 +62,6 @@ def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
     return ManifestEntry(path, *_decode_fields(path, raw))
 
 
-def _decode_packed(path: str, raw: dict[str, Any]) -> Held:
-    """decode_entry, packed (mirrord.store.packed) without making the ManifestEntry first."""
-    values = _decode_fields(path, raw)
-    packed = pack_fields(*values)
-    return ManifestEntry(path, *values) if packed is None else packed
-
-
 def _decode_fields(path: str, raw: dict[str, Any]) -> tuple[Any, ...]:
     """The fields of the entry after its path, checked and converted."""
     split_rel(path)  # ValueError unless a plain relative path: an entry never names a file outside the root
@@ -92,15 +74,15 @@ def _decode_fields(path: str, raw: dict[str, Any]) -> tuple[Any, ...]:
     mirror_mtime_ns = get("mirror_mtime_ns")
     validation = get("validation")
     # Fields newer than the manifest take their defaults; the older ones are required (KeyError).
-    return (int(raw["size"]), _SHARED[algo], str(hashed["digest"]), int(raw["source_mtime_ns"]),
+    return (int(raw["size"]), algo, str(hashed["digest"]), int(raw["source_mtime_ns"]),
             None if step is None else int(step), float(raw["mirrored_at"]),
             None if mirror_mtime_ns is None else int(mirror_mtime_ns),
-            None if validation is None else _SHARED.get(validation) or str(validation),
+            None if validation is None else str(validation),
             int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)))
 
 
 def _dumps(doc: Any) -> bytes:
-    # Compact on purpose: with `indent`, json falls back to its pure-Python encoder (3.5x slower).
+    # Compact: the snapshot is rewritten whole by each compaction.
     try:
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError:  # a file name that is not UTF-8: keep it as JSON \u escapes
@@ -156,9 +138,20 @@ def decode_shared_snapshot(
     data: bytes, where: str
 ) -> tuple[dict[str, ManifestEntry], int, dict[str, dict[str, Contribution]]]:
     """decode_snapshot, and the nodes' contributions to units not complete yet (an object store's)."""
-    chunks = (data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES))
-    entries: dict[str, ManifestEntry] = {}
-    generation, doc = _read_snapshot(chunks, where, entries, decode_entry)
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError("not a mirrord manifest")
+        _check_header(doc)
+        generation = doc.get("journal", 0)
+        if type(generation) is not int or generation < 0:
+            raise ValueError(f"bad journal generation {generation!r}")
+        raw = doc["entries"]
+        if not isinstance(raw, dict):
+            raise ValueError("entries is not an object")
+        entries = {path: decode_entry(path, e) for path, e in raw.items()}
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
     try:
         contributions = _decode_contributions(doc.get("contributions"))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -166,69 +159,11 @@ def decode_shared_snapshot(
     return entries, generation, contributions
 
 
-def read_snapshot(chunks: Iterable[bytes], where: str) -> tuple[dict[str, Held], int]:
-    """decode_snapshot of the snapshot's bytes as a stream: neither the file's text nor its parsed JSON is ever
-    whole in memory. From PACKED_FROM_ENTRIES entries on, every entry is held packed (mirrord.store.packed)."""
-    entries: dict[str, Held] = {}
-    packing = False
-
-    def decode(path: str, raw: dict[str, Any]) -> Held:
-        nonlocal packing
-        if not packing and len(entries) >= PACKED_FROM_ENTRIES:
-            packing = True
-            for rel in list(entries):
-                entries[rel] = pack(unpack(rel, entries[rel]))
-        return _decode_packed(path, raw) if packing else decode_entry(path, raw)
-
-    return entries, _read_snapshot(chunks, where, entries, decode)[0]
-
-
-def read_snapshot_companion(fd: int) -> tuple[dict[str, Held], int, bytes]:
-    """The snapshot as its companion (mirrord.store.companion) holds it, held as read_snapshot holds it."""
-    found = read_companion(fd, PACKED_FROM_ENTRIES)
-    return found.entries, found.generation, found.snapshot_sha256
-
-
-def companion_of(entries: Mapping[str, Held] | dict[str, Held], generation: int) -> MakeCompanion | None:
-    """What makes the companion of the snapshot of `entries`; None for a manifest too small to need one."""
-    if len(entries) < COMPANION_FROM_ENTRIES:
-        return None
-    return lambda snapshot_sha256: encode_companion(entries, generation, snapshot_sha256)
-
-
 def _check_header(doc: dict[str, Any]) -> None:
     if doc.get("schema") != SCHEMA:
         raise ValueError("not a mirrord manifest")
     if doc.get("version") != SCHEMA_VERSION:
         raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
-
-
-def _read_snapshot(chunks: Iterable[bytes], where: str, entries: dict[str, Any],
-                   decode: Callable[[str, dict[str, Any]], Any]) -> tuple[int, dict[str, Any]]:
-    """Fill `entries` with decode(path, raw) of each entry; the generation, and the document's other members."""
-
-    def first(doc: dict[str, Any]) -> None:
-        if "schema" in doc:  # our own order: the header first, so that a stranger's file is refused at once
-            _check_header(doc)
-
-    def put(path: str, raw: Any) -> None:
-        path = intern(path)  # the scans' names of the same files are interned too: one string for all three
-        entries[path] = decode(path, raw)
-
-    try:
-        try:
-            doc, found = read_object(chunks, "entries", put, first)
-        except NotAnObjectError:
-            raise ValueError("entries is not an object") from None
-        _check_header(doc)
-        generation = doc.get("journal", 0)
-        if type(generation) is not int or generation < 0:
-            raise ValueError(f"bad journal generation {generation!r}")
-        if not found:
-            raise KeyError("entries")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
-    return generation, doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +182,7 @@ class Change:
             doc["del"] = list(self.removes)
         return _dumps(doc)
 
-    def apply_to(self, entries: dict[str, ManifestEntry] | dict[str, Held]) -> None:
+    def apply_to(self, entries: dict[str, ManifestEntry]) -> None:
         """Apply the change to an entries mapping."""
         for e in self.puts:
             entries[e.path] = e
@@ -268,7 +203,7 @@ def decode_change(payload: bytes, where: str) -> Change:
     return Change(puts, removes)
 
 
-def _replay(stored: Stored[dict[str, Held]]) -> dict[str, Held]:
+def _replay(stored: Stored[dict[str, ManifestEntry]]) -> dict[str, ManifestEntry]:
     entries = stored.snapshot or {}
     for journal in stored.journals:
         for payload in journal.records:
@@ -303,10 +238,8 @@ class ManifestStore(Protocol):
     def rotate(self) -> int:
         """Compaction step 1: appends go to a new journal from now on; returns its generation."""
 
-    def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
-        """Compaction step 2: the snapshot of everything recorded before that rotation (and, where the
-        store keeps one, its companion as `companion` makes it from the snapshot's SHA-256: optional, so
-        a companion that cannot be written is logged and the compaction goes on)."""
+    def publish_snapshot(self, data: bytes) -> None:
+        """Compaction step 2: the snapshot of everything recorded before that rotation."""
 
     def drop_before(self, generation: int) -> None:
         """Compaction step 3: remove the journals that snapshot made stale."""
@@ -345,15 +278,13 @@ class Manifest:
         background_compaction: bool = True,
         contributions: Contributions | None = None,
     ) -> None:
-        # Packed (mirrord.store.packed) when loaded from a large snapshot; what is recorded afterwards is not.
-        self._entries: dict[str, Held] = dict(entries or {})
-        self._packed = False  # some entries are held packed (never true of entries given here)
+        self._entries: dict[str, ManifestEntry] = dict(entries or {})
         self._lock = threading.Lock()  # the entries and the queue of pending changes
         self._commit = threading.Lock()  # one writer of the journal at a time
         self._queue: list[_Pending] = []
         self._store = store
         self._compacting = False
-        # Compaction rewrites every entry (a second at 100,000): off the thread whose change triggered it,
+        # Compaction rewrites every entry: off the thread whose change triggered it,
         # so neither a copy worker nor the daemon's main loop waits for it.
         self._background = background_compaction
         self._compactor: threading.Thread | None = None
@@ -363,15 +294,12 @@ class Manifest:
     def entries(self) -> Mapping[str, ManifestEntry]:
         """A copy: callers plan from a consistent view while workers keep recording."""
         with self._lock:
-            held = dict(self._entries)
-        # (a plain dict while nothing is packed: the planners' lookups stay dict lookups)
-        return Entries(held) if self._packed else cast("dict[str, ManifestEntry]", held)
+            return dict(self._entries)
 
     def get(self, rel: str) -> ManifestEntry | None:
         """The entry for `rel`, if recorded."""
         with self._lock:
-            held = self._entries.get(rel)
-        return None if held is None else unpack(rel, held)
+            return self._entries.get(rel)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -492,7 +420,7 @@ class Manifest:
                 self._compacting = False
                 raise
         try:
-            store.publish_snapshot(encode_snapshot(Entries(held), generation), companion_of(held, generation))
+            store.publish_snapshot(encode_snapshot(held, generation))
             store.drop_before(generation)
         finally:
             self._compacting = False
@@ -537,7 +465,7 @@ class Manifest:
     def to_bytes(self) -> bytes:
         """The entries as one snapshot document (the pre-journal format: every tool can read it)."""
         with self._lock:
-            return encode_snapshot(Entries(self._entries))
+            return encode_snapshot(self._entries)
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = MANIFEST_NAME) -> Manifest:
@@ -547,10 +475,8 @@ class Manifest:
     @classmethod
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""
-        with collection_paused():
-            store = LocalManifestStore(root, MANIFEST_NAME, read_only=True)
-            stored = store.read(read_snapshot, read_snapshot_companion)
-            return cls._adopting(_replay(stored))
+        stored = LocalManifestStore(root, MANIFEST_NAME, read_only=True).read(decode_snapshot)
+        return cls._adopting(_replay(stored))
 
     @classmethod
     def open(
@@ -564,32 +490,16 @@ class Manifest:
         """
         store = LocalManifestStore(root, MANIFEST_NAME)
         store.guard = guard
-        with collection_paused():
-            stored = store.read(read_snapshot, read_snapshot_companion)
-            if not stored.from_companion and stored.snapshot is not None:
-                _add_companion(store, stored.snapshot, stored.generation)  # (before the replay changes it)
-            entries = _replay(stored)
+        stored = store.read(decode_snapshot)
+        entries = _replay(stored)
         store.open_for_append(stored, encode_snapshot({}))
         return cls._adopting(entries, store, background_compaction)
 
     @classmethod
-    def _adopting(cls, entries: dict[str, Held], store: ManifestStore | None = None,
+    def _adopting(cls, entries: dict[str, ManifestEntry], store: ManifestStore | None = None,
                   background_compaction: bool = True) -> Manifest:
-        """A manifest that keeps `entries` itself, not a copy (at 1,000,000 entries the copy is 40 MB)."""
+        """A manifest that keeps `entries` itself, not a copy."""
         manifest = cls(None, store, background_compaction)
         manifest._entries = entries
-        manifest._packed = any(type(held) is bytes for held in entries.values())
         return manifest
 
-
-def _add_companion(store: LocalManifestStore, snapshot: dict[str, Held], generation: int) -> None:
-    """Publish the companion a large snapshot lacks (written by an older mirrord, or its companion was
-    stale or damaged), so that the next load is fast. A failure is logged: the JSON is all a load needs."""
-    make = companion_of(snapshot, generation)
-    digest = store.snapshot_sha256
-    if make is None or digest is None:
-        return
-    try:
-        store.publish_companion(make(digest))
-    except (ManifestError, NoSpaceError, OSError) as exc:
-        store.log_companion_not_written(exc)

@@ -24,17 +24,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, Snapshot
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
-
-if TYPE_CHECKING:
-    from mirrord.store.listing_child import PendingListing
 
 # What a spool of a non-file stream (an object being read back) is copied in.
 _SPOOL_CHUNK = 8 * 1024 * 1024
@@ -154,17 +151,6 @@ class Mirror(ReadableStore, Protocol):
     # system: `latest` then trusts the entry by stat alone). An object store has neither: no stat is made.
     has_inodes: bool
 
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
-                       parallel: bool = True) -> PendingListing:
-        """snapshot(), begun now and taken by the result's `result()`, so that this process can list the
-        primary meanwhile (`parallel`: watch.parallel_listing); `expected_files`, how many files the mirror
-        is thought to hold (its manifest's entries), tells whether listing elsewhere pays. A store that
-        others may publish into while this process holds its lock (an object store shared by several
-        nodes) lists only when the result is taken."""
-
-    def size_hint(self) -> int:
-        """How many files the mirror is thought to hold, known without reading its manifest (0: not known)."""
-
     def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
         """Start publishing one object of `size` bytes under `key`; see Upload."""
 
@@ -197,6 +183,11 @@ class Mirror(ReadableStore, Protocol):
 
     def space(self) -> tuple[int, int] | None:
         """(bytes free to us, total bytes), or None when the store does not know (an object store)."""
+
+    def link_aliases(self, primary_root: Path, links: list[str],
+                     entries: Mapping[str, ManifestEntry]) -> list[tuple[str, str]]:
+        """Recreate the primary's alias symlinks `links` (last.ckpt) whose target is recorded in `entries`;
+        returns (alias, target) for each link made. An object store has no symlinks: none is made."""
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """Exclusive use by one mirrord process (LockedError if another holds it); pins the mirror."""

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 from mirrord.config import Config
-from mirrord.core.model import ManifestEntry, step_of
+from mirrord.core.model import ManifestEntry
+from mirrord.core.units import run_and_step
 from mirrord.formats.zipcheck import check_torch_zip_fd
 from mirrord.store.hashing import hash_fd
 from mirrord.store.mirror import ReadableStore, mirror_for, random_access_fd
@@ -85,8 +86,9 @@ def repair_manifest(config: Config) -> RepairReport:
                 why = "not a torch.save zip whose CRCs check out, and no matching source on the primary"
                 report.rejected.append((rel, why))
                 continue
-            entries[rel] = ManifestEntry(rel, size, algo, digest, source_mtime, step_of(rel, config.step_regex),
-                                         time.time(), mirror_mtime_ns=mtime_ns)
+            step = run_and_step(rel, config.rules, config.step_regex)[1]
+            entries[rel] = ManifestEntry(rel, size, algo, digest, source_mtime, step, time.time(),
+                                         mirror_mtime_ns=mtime_ns)
             report.recorded.append(rel)
         if snap.errors:
             return report  # a partial listing must not become a manifest that forgets files

@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from stat import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISDIR, S_ISREG
-from sys import intern
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 
 from mirrord.core.layouts import (
-    TEMP_SUFFIXES,
     Layout,
     lookalike_folder,
     lookalike_name,
     name_matcher,
-    name_suffixes,
 )
 from mirrord.core.model import FileState, Snapshot
 from mirrord.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 from mirrord.store.atomic import TEMP_SUFFIX
-from mirrord.store.bulk import collection_paused
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
 _TEMP_LENGTH = len(TEMP_SUFFIX)
-_FORMAT = S_IFMT(0xFFFFFFFF)  # the file-type bits of st_mode
 # A folder whose path is this long cannot be named by a path (ENAMETOOLONG): nor could a trainer or cp reach
 # its files, so the walk (by descriptor, which could) reports it as unlistable, as a listing by path did.
 _PATH_MAX = 4096
@@ -48,7 +43,6 @@ def snapshot_tree(
     collect_partials: bool = False,
     exclude: frozenset[tuple[int, int]] = frozenset(),
     layout: Layout | None = None,
-    previous: Mapping[str, FileState] | None = None,
 ) -> Snapshot:
     """List `root` recursively.
 
@@ -62,17 +56,12 @@ def snapshot_tree(
     directory whose (device, inode) is in `exclude` (the other root, reached through a bind mount):
     that is an error. Listing errors are collected, not raised: a caller must treat a snapshot with
     errors as partial.
-
-    `previous`, the files of an earlier listing of the same root: a file whose lstat gives exactly what its
-    record there holds keeps that record (a rescan makes records only for what changed).
     """
-    with collection_paused():
-        return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout, previous or {})
+    return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout)
 
 
 def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool,
-                   exclude: frozenset[tuple[int, int]], layout: Layout | None,
-                   previous: Mapping[str, FileState]) -> Snapshot:
+                   exclude: frozenset[tuple[int, int]], layout: Layout | None) -> Snapshot:
     files: dict[str, FileState] = {}
     partials: dict[str, FileState] = {}
     errors: list[str] = []
@@ -80,21 +69,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     staging: dict[str, FileState] = {}
     lookalikes: dict[str, str] = {}
     folders = layout is not None and layout.folders
-    # A file layout selects its unit names and its extra names (alias, tag file): is_selected_name,
-    # inlined below with the layout's matcher looked up once.
-    by_name = layout is not None and not folders
-    extras = frozenset((*layout.aliases, layout.tag_file)) - {""} if layout is not None else frozenset()
     inside: set[str] = set()  # directories at or below a unit folder
-    match = name_matcher(patterns)
-    unit_match = name_matcher(layout.patterns) if layout is not None else match
-    # `*.pt`-style patterns are one suffix test, inlined below (a call less per file)
-    suffixes = name_suffixes(layout.patterns if layout is not None else patterns)
-    # ... and often a slice and a set lookup (see _tails); `name[0]`: a listed name is never empty
-    tail, tails = _tails(suffixes, IGNORED_SUFFIXES if layout is None else TEMP_SUFFIXES)
-    recorded = previous.get
-    # One object per distinct st_dev / st_mode value instead of one per file: 56 bytes a file at 1,000,000.
-    shared: dict[int, int] = {}
-    lstat = os.stat
     for fd, rel_dir, entries, subdirs in _walk(root, errors):
         in_unit = rel_dir in inside
         prefix = f"{rel_dir}/" if rel_dir else ""
@@ -103,18 +78,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
             name = entry.name
             # A NAME.part of ours; a dotted one is a trainer's own temp file.
             partial = collect_partials and name[-_TEMP_LENGTH:] == TEMP_SUFFIX and name[0] != "."
-            if partial:
-                selected = False
-            elif layout is None:  # is_candidate_name, with the matcher looked up once per scan
-                selected = name[-tail:] in tails and name[0] != "." if tails else (
-                    not name.startswith(".") and not name.endswith(IGNORED_SUFFIXES) and (
-                        name.endswith(suffixes) if suffixes is not None else bool(match(name))))
-            elif by_name:  # is_extra_name or is_unit_name
-                selected = name in extras or (name[-tail:] in tails and name[0] != "." if tails else (
-                    not name.startswith(".") and not name.endswith(TEMP_SUFFIXES) and (
-                        name.endswith(suffixes) if suffixes is not None else bool(unit_match(name)))))
-            else:
-                selected = is_selected_name(name, patterns, layout, in_unit)
+            selected = not partial and is_selected_name(name, patterns, layout, in_unit)
             if not (partial or selected):
                 # Beyond the selected names only folders (to enter) and symlinks (to report) matter, and the
                 # directory entry's type says which without an lstat.
@@ -130,40 +94,23 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                     pass  # the lstat below reports it
             rel = prefix + name
             try:
-                st = lstat(name, dir_fd=fd, follow_symlinks=False)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue  # vanished between listing and stat: not an error, the next scan sees it
             except OSError as exc:
                 errors.append(f"{root / rel}: cannot stat: {exc.strerror or exc}")
                 continue
-            mode = st.st_mode
-            kind = mode & _FORMAT  # one test for the common case, a regular file, instead of three calls
-            if kind == S_IFREG:
+            if S_ISREG(st.st_mode):
                 if not (partial or selected):
                     continue  # (the entry's type said folder or link, lstat says it was replaced meanwhile)
-                mtime = st.st_mtime_ns
-                ctime = st.st_ctime_ns
-                size = st.st_size
-                ino = st.st_ino
-                dev = st.st_dev
-                state = recorded(rel)
-                if state is not None and state.mtime_ns == mtime and state.ctime_ns == ctime and state.ino == ino \
-                        and state.size == size and state.dev == dev and state.mode == mode:
-                    rel = state.rel  # (the interned one)
-                else:
-                    # Interned: the other root's scan and the manifest name the same files, one string for all three.
-                    rel = intern(rel)
-                    if ctime == mtime:
-                        ctime = mtime  # one int object for both (a file written and closed, never touched)
-                    state = FileState(rel, size, mtime, ino, shared.setdefault(dev, dev), shared.setdefault(mode, mode),
-                                 ctime)
+                state = state_from_stat(rel, st)
                 if partial:
                     partials[rel] = state
                 else:
                     files[rel] = state
-            elif kind == S_IFLNK:
+            elif S_ISLNK(st.st_mode):
                 skipped.append((rel, "symlink"))
-            elif kind == S_IFDIR:
+            elif S_ISDIR(st.st_mode):
                 if (st.st_dev, st.st_ino) in exclude:
                     errors.append(f"{root / rel}: is the other root (a bind mount?); not entered")
                 elif folders and not in_unit and layout is not None and layout.is_staging_name(name):
@@ -175,17 +122,6 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
             elif selected:
                 skipped.append((rel, "not a regular file"))
     return Snapshot(files, partials, tuple(errors), tuple(skipped), staging, lookalikes)
-
-
-def _tails(suffixes: tuple[str, ...] | None, temp: tuple[str, ...]) -> tuple[int, frozenset[str]]:
-    """(n, the suffixes) when `name[-n:] in the suffixes` is a whole selection test: suffixes of one length
-    n > 0, none a suffix of a temp suffix nor the other way round (so a name that ends with one never ends
-    with a temp suffix); (0, empty) otherwise. str.endswith parses its arguments the slow way: at 100,000
-    files this test is ~0.05 s less per scan."""
-    if suffixes and len({len(s) for s in suffixes}) == 1 and suffixes[0] and not any(
-            s.endswith(t) or t.endswith(s) for s in suffixes for t in temp):
-        return len(suffixes[0]), frozenset(suffixes)
-    return 0, frozenset()
 
 
 def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.DirEntry[str]], list[str]]]:

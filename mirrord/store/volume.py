@@ -12,12 +12,12 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO
 
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, Snapshot
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.errors import (
     ChangedError,
     LockedError,
@@ -27,7 +27,6 @@ from mirrord.errors import (
 )
 from mirrord.paths import lstat_beneath, open_dir_beneath, open_file_beneath, source_modes, split_rel
 from mirrord.store import atomic
-from mirrord.store.listing_child import CHILD_MAX_FILES, CHILD_MIN_FILES, PendingListing, start_listing
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
@@ -92,9 +91,6 @@ class LocalVolume:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.exclude: frozenset[tuple[int, int]] = frozenset()  # (dev, ino) of the other root: never entered
-        # The files of the last listing: the next one keeps the records of files unchanged since (a daemon's
-        # rescan holds the last listings anyway). Never mutated, only replaced whole.
-        self._listed: dict[str, FileState] = {}
 
     def describe(self, key: str = "") -> str:
         """The path of the root, or of `key` below it, for messages."""
@@ -106,29 +102,7 @@ class LocalVolume:
 
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """List the candidate files beneath the root (never following a link, never entering an excluded root)."""
-        snap = snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout,
-                             previous=self._listed)
-        self._listed = snap.files
-        return snap
-
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
-                       parallel: bool = True) -> PendingListing:
-        """snapshot(), begun now and taken by the result's `result()`: with `parallel`, made by a child
-        process (on another CPU, while this one lists the other volume) when the root is expected to hold
-        from CHILD_MIN_FILES to CHILD_MAX_FILES files (as many as its last listing, or `expected_files`),
-        else when taken (mirrord.store.listing_child)."""
-        patterns = tuple(patterns)
-
-        def here() -> Snapshot:
-            return self.snapshot(patterns, layout)
-
-        if not parallel or not CHILD_MIN_FILES <= max(len(self._listed), expected_files) < CHILD_MAX_FILES:
-            return PendingListing(here)
-        return start_listing(self.root, patterns, here, collect_partials=True, exclude=self.exclude, layout=layout,
-                             previous=self._listed, taken=self._keep)
-
-    def _keep(self, snap: Snapshot) -> None:
-        self._listed = snap.files
+        return snapshot_tree(self.root, patterns, collect_partials=True, exclude=self.exclude, layout=layout)
 
     def snapshot_unit(self, rel: str, layout: Layout) -> Snapshot:
         """List one unit folder beneath the root (mirrord.store.scan.snapshot_unit)."""
@@ -393,6 +367,13 @@ class LocalMirror(LocalVolume):
             atomic.fsync_dir(self.root)
         return moved
 
+    def link_aliases(self, primary_root: Path, links: list[str],
+                     entries: Mapping[str, ManifestEntry]) -> list[tuple[str, str]]:
+        """Mirror.link_aliases: the links made beside the copies (mirrord.store.aliases)."""
+        from mirrord.store.aliases import mirror_alias_links
+
+        return mirror_alias_links(primary_root, self.root, links, entries) if links else []
+
     def space(self) -> tuple[int, int]:
         """(free bytes available to us, total bytes): a local mirror always knows."""
         return super().space()
@@ -455,13 +436,6 @@ class LocalMirror(LocalVolume):
 
         self.check_identity()
         return remove_folder(self.root, key, expected)
-
-    def size_hint(self) -> int:
-        """How many files the mirror is thought to hold, known without reading its manifest: what the
-        manifest's companion counts (mirrord.store.companion; 0 for a small manifest, which has none)."""
-        from mirrord.store.companion import companion_name, counted_entries
-
-        return counted_entries(self.root / companion_name(MANIFEST_NAME))
 
     def read_manifest(self) -> Manifest:
         """The manifest, open for changes: each one is journaled and fsynced on this mirror (mirrord.store.journal);

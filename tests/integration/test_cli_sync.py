@@ -12,13 +12,11 @@ from typing import Any
 
 import pytest
 
-from bench.scale import build_tree
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
-from mirrord.store.listing_child import CHILD_MIN_FILES
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from tests.support.checkpoints import save_checkpoint
-from tests.support.cli import child_env, mirrord_argv, run_mirrord
+from tests.support.cli import run_mirrord
 from tests.support.logs import parse_events
 from tests.support.mirror import assert_mirror_consistent, mirror_files, sha256
 
@@ -325,34 +323,6 @@ def test_json_when_the_manifest_is_unreadable_says_why(primary: Path, synced: Pa
         doc = _json(result)
         assert (doc["command"], doc["error"]["reason"]) == (command, "manifest"), doc
         assert MANIFEST_NAME in doc["error"]["path"] and doc["error"]["cause"]
-
-
-def test_sync_of_a_big_mirror_lists_it_in_a_child_interpreter_beside_the_primary(tmp_path: Path) -> None:
-    """At CHILD_MIN_FILES files (an in-sync tree of empty checkpoints, as the scale benchmark builds) the
-    mirror is listed by a second interpreter, seen here by its execve, the first one started before the
-    sync reads the manifest; the sync's answer is the same."""
-    where = build_tree(tmp_path, CHILD_MIN_FILES, 100, say=lambda _: None)
-    new = save_checkpoint(where / "primary" / "run_0007" / "step_999999.pt", 7)
-    os.utime(new, (time.time() - 600, time.time() - 600))  # settled long ago: copied at once
-    trace = tmp_path / "execve.trace"
-    result = subprocess.run(
-        ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=execve,openat", "-s", "200", "-o", str(trace),
-         *mirrord_argv(), "sync", "--json", "--primary", str(where / "primary"), "--mirror", str(where / "mirror")],
-        capture_output=True, text=True, env=child_env(), timeout=600, check=False)
-    doc = _json(result)
-    assert (doc["ok"], doc["copied"], doc["failed"], doc["in_sync"]) == (
-        True, ["run_0007/step_999999.pt"], [], CHILD_MIN_FILES)
-    assert sha256(where / "mirror" / "run_0007" / "step_999999.pt") == sha256(new)
-    lines = trace.read_text().splitlines()
-    sync_pid = lines[0].split()[0]  # the first execve: the command itself
-    started = [i for i, line in enumerate(lines)
-               if "execve(" in line and '"-P", "-c"' in line and "listing_child import main" in line]
-    assert started, "\n".join(lines[-20:])  # one per listing of the mirror (a sync lists until settled)
-    manifest_read = next(i for i, line in enumerate(lines)
-                         if line.split()[0] == sync_pid and "openat(" in line and f'/{MANIFEST_NAME}"' in line)
-    assert started[0] < manifest_read  # the first listing overlaps the manifest's read
-    for pid in {lines[i].split()[0] for i in started}:  # each ended by itself, with its answer
-        assert any(f"si_pid={pid}," in line and "CLD_EXITED" in line and "si_status=0," in line for line in lines)
 
 
 def test_private_checkpoints_stay_private_on_the_mirror(tmp_path: Path) -> None:

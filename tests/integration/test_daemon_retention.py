@@ -99,9 +99,9 @@ def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
     assert names.index(("prune.deleted", "primary")) > names.index(("copy.committed", None)), names
 
 
-def test_pruning_after_a_burst_of_copies_uses_the_snapshots_in_hand(tmp_path, daemon_factory):
-    """Copies finished: the prune pass plans from the daemon's last listing brought up to date with what
-    it published (a stat per copy), not from a second listing of both trees (prune.finished says so)."""
+def test_pruning_after_a_burst_of_copies_plans_from_fresh_listings(tmp_path, daemon_factory):
+    """Copies finished: the prune pass plans afresh (it lists both trees; prune.finished says so) and
+    retires the steps the newest verified one replaces."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     publish_checkpoint(primary / "r" / "step_0001.pt", 1)
     d = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0}}).start()
@@ -110,7 +110,7 @@ def test_pruning_after_a_burst_of_copies_uses_the_snapshots_in_hand(tmp_path, da
         publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
     wait_for(lambda: steps(mirror) == [3], 60, "steps 1 and 2 pruned from the mirror once 3 is verified")
     passes = d.events("prune.finished")
-    assert len(passes) >= 2 and not any(p["listed"] for p in passes), passes
+    assert len(passes) >= 2 and any(p["listed"] for p in passes), passes
     assert steps(primary) == [1, 2, 3]  # prune.primary = false
     assert d.stop() == 0
 

@@ -204,6 +204,8 @@ def test_environment_values_are_strings_the_schema_coerces(tmp_path: Path, monke
         # Shaped like a section key: stays an error even though it resembles Kubernetes' names.
         ("MIRRORD_SERVICE__HOST", "10.0.0.1", "MIRRORD_SERVICE__HOST: unknown setting"),
         ("MIRRORD_METRICS__PORT", "9108", "MIRRORD_METRICS__PORT: unknown setting"),
+        ("MIRRORD_WATCH__PARALLEL_LISTING", "false", "MIRRORD_WATCH__PARALLEL_LISTING: watch.parallel_listing was "
+         "removed (the daemon lists the mirror itself); unset the variable"),
     ],
 )
 def test_environment_problems_name_the_variable(
@@ -255,6 +257,8 @@ def test_kubernetes_service_variables_are_ignored_and_logged_once(primary: Path,
         ("patterns = []\n", "patterns", "at least one pattern"),
         ('[copy]\nhash = "md5"\n', "copy.hash", "blake3"),
         ('[metrics]\naddress = "9108"\n', "metrics.address", "HOST:PORT"),
+        ("[watch]\nparallel_listing = true\n", "watch.parallel_listing",
+         "removed (the daemon lists the mirror itself)"),
     ],
 )
 def test_invalid_value_exits_2_naming_the_key(

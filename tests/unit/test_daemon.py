@@ -20,7 +20,7 @@ from mirrord.config import Config
 from mirrord.core.retention import PruneRequest
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
-from mirrord.service.reconciler import TURN_SECONDS, one_turn
+from mirrord.service.hints import TURN_SECONDS, one_turn
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -436,97 +436,28 @@ def test_a_rollback_warning_splits_lying_clocks_exactly_where_retention_does(har
         ("at", 3, 2)]
 
 
-def test_a_big_mirror_is_listed_by_a_child_process_while_the_daemon_lists_the_primary(
-        harness, primary, mirror, logs, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above CHILD_MIN_FILES expected files (here: any) the mirror's listing is a real child interpreter's:
-    the rescan finds what is new on the primary and what is already on the mirror alike, and the mirror's
-    records are those of the files there."""
-    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
-    first = save_checkpoint(primary / REL, 7)
-    h = harness()
-    h.daemon.start()
-    assert [e["mirror_listed_by"] for e in events(logs, "reconcile.finished")] == ["a child process"]
-    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the first copy")
-    later = "run/step_0008.pt"
-    save_checkpoint(primary / later, 8)
-    h.clock.advance(600)
-    h.daemon.tick(wait=False)
-    finished = events(logs, "reconcile.finished")
-    assert [e["mirror_listed_by"] for e in finished] == ["a child process"] * 2
-    assert (finished[-1]["primary_files"], finished[-1]["mirror_files"], finished[-1]["queued"]) == (2, 1, 1)
-    wait_for(lambda: h.daemon.ledger.copied == 2, 60, "the rescanned copy")
-    assert (mirror / REL).read_bytes() == first.read_bytes() and (mirror / later).exists()
-    assert not events(logs, "scan.child_failed")
-
-
-def test_a_listing_child_that_cannot_start_is_warned_about_once_and_the_daemon_lists_the_mirror_itself(
-        harness, primary, mirror, logs, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
-    monkeypatch.setattr("mirrord.store.listing_child.sys.executable", str(primary / "no-such-python"))
+def test_a_stop_asked_while_the_primary_is_listed_does_not_list_the_mirror(harness, primary, logs) -> None:
+    """A rescan that is stopping neither lists the mirror nor plans: the stop is not held up by a listing."""
     save_checkpoint(primary / REL, 7)
     h = harness()
     h.daemon.start()
     wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
-    h.clock.advance(600)
-    h.daemon.tick(wait=False)
-    finished = events(logs, "reconcile.finished")
-    assert [e["mirror_listed_by"] for e in finished] == ["the daemon"] * 2
-    assert finished[-1]["mirror_files"] == 1 and finished[-1]["queued"] == 0  # the copy was listed: not again
-    failed = events(logs, "scan.child_failed")
-    assert len(failed) == 1 and failed[0]["path"] == str(mirror)
-    assert "could not start" in failed[0]["cause"] and "no-such-python" in failed[0]["cause"]
-
-
-def test_with_parallel_listing_off_the_daemon_lists_a_big_mirror_itself(harness, primary, mirror, logs,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
-    save_checkpoint(primary / REL, 7)
-    h = harness(watch={"rescan_interval_seconds": 600, "parallel_listing": False})
-    h.daemon.start()
-    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
-    h.clock.advance(600)
-    h.daemon.tick(wait=False)
-    finished = events(logs, "reconcile.finished")
-    assert [e["mirror_listed_by"] for e in finished] == ["the daemon"] * 2 and finished[-1]["mirror_files"] == 1
-    assert not events(logs, "scan.child_failed")
-
-
-def test_a_stop_asked_while_the_primary_is_listed_kills_the_mirrors_listing_child(
-        harness, primary, mirror, logs, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The mirror's listing is not waited for, nor made again in-process, by a pass that is stopping: its
-    child is killed and reaped, and nothing is warned about."""
-    monkeypatch.setattr("mirrord.store.volume.CHILD_MIN_FILES", 0)
-    save_checkpoint(primary / REL, 7)
-    h = harness()
-    h.daemon.start()
-    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
-    started: list[Any] = []
-    real_start, real_primary = h.daemon.mirror.start_snapshot, h.daemon.primary.snapshot
-    in_process: list[str] = []
-    real_mirror = h.daemon.mirror.snapshot
-
-    def start_snapshot(*args: Any, **kwargs: Any) -> Any:
-        started.append(real_start(*args, **kwargs))
-        started.append(started[-1]._child)  # the child process itself
-        return started[0]
+    real_primary, real_mirror = h.daemon.primary.snapshot, h.daemon.mirror.snapshot
+    mirror_listings: list[str] = []
 
     def primary_snapshot(*args: Any, **kwargs: Any) -> Any:
         h.daemon._stop()  # SIGTERM while the primary is listed
         return real_primary(*args, **kwargs)
 
     def mirror_snapshot(*args: Any, **kwargs: Any) -> Any:
-        in_process.append("listed")
+        mirror_listings.append("listed")
         return real_mirror(*args, **kwargs)
 
-    h.daemon.mirror.start_snapshot = start_snapshot  # type: ignore[method-assign]
     h.daemon.primary.snapshot = primary_snapshot  # type: ignore[method-assign]
     h.daemon.mirror.snapshot = mirror_snapshot  # type: ignore[method-assign]
     h.clock.advance(600)
     h.daemon.tick(wait=False)
-    pending, child = started
-    assert child is not None and child.returncode is not None  # killed and reaped
-    assert not pending.in_child and in_process == []
-    assert len(events(logs, "reconcile.finished")) == 1 and not events(logs, "scan.child_failed")
+    assert mirror_listings == [] and len(events(logs, "reconcile.finished")) == 1
 
 
 def test_per_path_memory_is_dropped_when_the_path_is_gone(harness, primary, mirror) -> None:

@@ -15,7 +15,6 @@ import pytest
 import mirrord.store.manifest as manifest_module
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
-from mirrord.store.journal import MakeCompanion
 from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
 from mirrord.store.volume import LocalMirror
 from tests.support.mirror import names
@@ -312,10 +311,10 @@ def test_changes_go_on_while_a_compaction_writes_the_snapshot(
     real_publish = store.publish_snapshot
     writing, release = threading.Event(), threading.Event()
 
-    def slow_publish(data: bytes, companion: MakeCompanion | None = None) -> None:
+    def slow_publish(data: bytes) -> None:
         writing.set()
         assert release.wait(30)
-        real_publish(data, companion)
+        real_publish(data)
 
     monkeypatch.setattr(store, "publish_snapshot", slow_publish)
     for i in range(1, 3):
@@ -342,6 +341,18 @@ def test_a_manifest_from_before_the_journal_is_read_and_extended(tmp_path: Path)
     assert data["version"] == 1 and sorted(data["entries"]) == ["a.pt", "b.pt"]
 
 
+def test_a_manifest_with_an_earlier_releases_binary_companion_loads_from_its_json(tmp_path: Path) -> None:
+    """Earlier releases could write `.mirrord-manifest.packed` beside the snapshot, a copy of it: it is not
+    read (whatever it holds), and the snapshot and journal it sat beside load and take changes as ever."""
+    (tmp_path / MANIFEST_NAME).write_bytes(doc({"a.pt": GOOD}))
+    (tmp_path / ".mirrord-manifest.packed").write_bytes(b"MIRRORDPACKED\x00" + os.urandom(64))
+    manifest = Manifest.open(tmp_path)
+    manifest.record(entry("b.pt"))
+    assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
+    manifest.close()
+    assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
+
+
 def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() -> None:
     """Entries are encoded field by field, so a newer writer's extra fields do not break this reader."""
     data = Manifest.from_bytes(doc({"a.pt": {**GOOD, "ino_from_the_future": 7}})).entries
@@ -359,13 +370,9 @@ def test_entries_is_a_snapshot() -> None:
     assert view == {} and list(manifest.entries) == ["a.pt"]
 
 
-@pytest.mark.parametrize("packed_from", [0, 1, 100])
-def test_every_field_survives_a_save_and_a_load_packed_or_not(tmp_path: Path, packed_from: int,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_field_survives_a_save_and_a_load(tmp_path: Path) -> None:
     """Each field is read back by name: a field added to ManifestEntry but not to decoding would come back
-    as its default. Entries that pack and entries that cannot (an upper-case digest) alike, in a manifest
-    held packed from the start, from its second entry on, or not at all."""
-    monkeypatch.setattr(manifest_module, "PACKED_FROM_ENTRIES", packed_from)
+    as its default (an upper-case digest and an unknown validation word too)."""
     values = {"size": 11, "algo": "sha256", "digest": "0a" * 32, "source_mtime_ns": 12, "step": 13,
               "mirrored_at": 14.5, "mirror_mtime_ns": 15, "validation": "ok", "mirror_ino": 16, "mirror_ctime_ns": 17}
     assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
@@ -375,5 +382,4 @@ def test_every_field_survives_a_save_and_a_load_packed_or_not(tmp_path: Path, pa
     loaded = Manifest.load(tmp_path)
     assert loaded.entries == {"r/a.pt": full, "r/b.pt": odd}
     assert loaded.get("r/a.pt") == full and loaded.get("r/b.pt") == odd and loaded.get("r/c.pt") is None
-    assert isinstance(loaded.entries, dict) is (packed_from == 100)  # packed: a view that unpacks on access
     assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == {"r/a.pt": full, "r/b.pt": odd}

@@ -26,7 +26,6 @@ from mirrord.core.contributions import Contribution, Merged, contribute
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
-from mirrord.store.journal import MakeCompanion
 from mirrord.store.manifest import MANIFEST_NAME, Change, decode_change, decode_shared_snapshot, encode_snapshot
 from mirrord.store.s3.client import CONFLICT_CODES, MISSING_CODES, S3_ERRORS, error_code, wrap
 from mirrord.store.s3.listing import list_objects
@@ -274,7 +273,7 @@ class S3ManifestStore:
         """Nothing to rotate: every manifest write is a whole shard."""
         return 0
 
-    def publish_snapshot(self, data: bytes, companion: MakeCompanion | None = None) -> None:
+    def publish_snapshot(self, data: bytes) -> None:
         """Nothing to fold: every write is already a whole shard."""
 
     def drop_before(self, generation: int) -> None:

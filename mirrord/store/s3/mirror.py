@@ -30,7 +30,6 @@ from mirrord.core.model import FileState, Snapshot
 from mirrord.errors import ChangedError, MirrordError, PermanentError, TransientError
 from mirrord.obs.log import get_logger
 from mirrord.paths import split_rel
-from mirrord.store.listing_child import PendingListing
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.s3 import listing
@@ -100,16 +99,9 @@ class S3Mirror:
             raise access_error(self.url, exc) from exc
         return True
 
-    def size_hint(self) -> int:
-        """Not known before the manifest is read (Mirror.size_hint)."""
-        return 0
-
-    def start_snapshot(self, patterns: Iterable[str], layout: Layout | None = None, expected_files: int = 0,
-                       parallel: bool = True) -> PendingListing:
-        """snapshot(), made when the result is taken (Mirror.start_snapshot): other nodes may publish under
-        a shared prefix, so the listing never starts before the caller has read the manifest."""
-        patterns = tuple(patterns)
-        return PendingListing(lambda: self.snapshot(patterns, layout))
+    def link_aliases(self, primary_root: Any, links: Any, entries: Any) -> list[tuple[str, str]]:
+        """An object store has no symlinks: no alias is linked (Mirror.link_aliases)."""
+        return []
 
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """Every committed candidate object under the prefix, chosen as the local scanner chooses files

@@ -1,0 +1,116 @@
+"""From a view of the primary and the mirror to the queue: plan with what the daemon knows, drop the jobs
+that must not run (judged invalid, copying in a loop, damage that a fresh stat disproves), queue the rest,
+and keep track of what is still settling."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+from mirrord.config import Config
+from mirrord.core.jobs import CopyJob
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.observe import Observations
+from mirrord.core.plan import SettleTracker, why_copy
+from mirrord.core.reconcile import Facts, View, reconcile
+from mirrord.core.retention import PrunePlan
+from mirrord.core.units import group_units, unit_identity
+from mirrord.errors import UnsafePathError
+from mirrord.service.completeness import judge, sharing_for
+from mirrord.service.jobqueue import JobQueue
+from mirrord.service.ledger import VERIFY_FAILURES, Ledger
+from mirrord.service.refusals import Refusals
+from mirrord.service.settings import Settings
+from mirrord.store.manifest import Manifest
+from mirrord.store.mirror import Mirror
+from mirrord.store.volume import LocalVolume
+
+
+class Enqueuer:
+    """Plans a view (a full listing, or the files a hint or a recheck named) and queues its jobs."""
+
+    def __init__(self, *, settings: Callable[[], Settings], primary: LocalVolume, mirror: Mirror,
+                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, settle: SettleTracker,
+                 observations: Observations, wall: Callable[[], float], monotonic: Callable[[], float]) -> None:
+        self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
+        self.queue, self.ledger, self.refusals = queue, ledger, refusals
+        self.settle, self.observations = settle, observations
+        self.wall, self.monotonic = wall, monotonic
+        self.unsettled: set[str] = set()
+
+    @property
+    def config(self) -> Config:
+        """The config in force now."""
+        return self.settings().config
+
+    def view(self, psnap: Snapshot, msnap: Snapshot | None, entries: Mapping[str, ManifestEntry],
+             problem: str | None = None, partial: bool = False) -> View:
+        """reconcile() with what this daemon knows; `partial`: the files watch hints named, judged by the
+        retention of the last complete pass (what it retired stays retired)."""
+        cfg, pruner = self.config, self.settings().pruner
+        if partial:
+            facts, retired_by = Facts(invalid=self.ledger.invalid_files()), (pruner and pruner.last_plan) or PrunePlan()
+        else:
+            observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
+            facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_files(),
+                          mirror_is_mount=self.mirror.is_mountpoint(), roots=pruner.roots if pruner else None,
+                          pointed=pruner.pointed() if pruner else frozenset())
+            retired_by = None
+        settled = self.settle.at(self.monotonic())
+        complete = judge(self.primary, cfg.rules, settled, tell=True)
+        return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
+                         facts=facts, retired_by=retired_by, is_complete=complete,
+                         sharing=sharing_for(cfg, self.manifest, self.primary, settled))
+
+    def enqueue(self, view: View, psnap: Snapshot, partial: bool = False, scope: set[str] | None = None) -> int:
+        """Queue the view's jobs; returns how many were queued. `partial`: the view covered only the files
+        of `psnap` (or the units of `scope`), so only their settling state is replaced."""
+        if self.refusals.blocked:
+            return 0  # every enqueue path honours a refusal (the settle recheck, hints, reconciles)
+        behind, jobs = [], []
+        for job in view.jobs:  # without the steps retention retired (prune.primary = false keeps them)
+            if self._judged_invalid(job, psnap):
+                continue  # judged invalid as it is now; read again once it changes and settles again
+            if job.why in VERIFY_FAILURES and not job.members and not self._still_damaged(job, psnap.files[job.rel]):
+                continue  # published and recorded while we listed: not damage, not a job
+            behind.append(job)
+            if not self.ledger.copy_loops(job):
+                state = psnap.files.get(job.rel)  # seen renamed into place: evidence of wholeness
+                jobs.append(job if state is None or not self.settle.committed(state) else
+                            dataclasses.replace(job, committed=True))
+        if partial:
+            covered = set(psnap.files) if scope is None else scope
+            self.unsettled.difference_update(covered - set(view.unsettled))
+            self.unsettled.update(view.unsettled)
+        else:
+            self.unsettled = set(view.unsettled)
+            if psnap.complete:
+                rules = self.config.rules
+                self.ledger.keep_invalid(group_units(psnap.files.values(), rules) if rules.folders else psnap.files)
+                self.settle.retain(psnap.files)
+        self.ledger.behind(behind, not partial, self.manifest.entries)
+        queued = 0
+        for job in jobs:
+            if not self.queue.put(job):
+                continue
+            queued += 1
+            if job.why in VERIFY_FAILURES:
+                self.ledger.damaged(job)
+        return queued
+
+    def _judged_invalid(self, job: CopyJob, psnap: Snapshot) -> bool:
+        """The job's source (a file, or every file of a folder unit) is exactly what failed its validator."""
+        if job.members:
+            states = [psnap.files[rel] for rel in job.members if rel in psnap.files]
+            return len(states) == len(job.members) and self.ledger.judged_invalid(job.rel, unit_identity(states))
+        src = psnap.files.get(job.rel)
+        return src is not None and self.ledger.judged_invalid(job.rel, src.identity)
+
+    def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
+        """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
+        copy published between the listing and the plan is not damage (no false verify failures)."""
+        try:
+            fresh = self.mirror.stat(job.rel)
+        except (OSError, UnsafePathError):
+            return True
+        return why_copy(src, self.manifest.get(job.rel), fresh) in VERIFY_FAILURES

@@ -172,9 +172,9 @@ def _progress_bar(done: int, total: int, path: str) -> None:
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     """`mirrord latest`: print the newest trustworthy checkpoint (of a run, or overall)."""
-    from mirrord.commands.latest import latest_key, run_key
     from mirrord.core.model import step_of
     from mirrord.store.mirror import ReadableStore, mirror_for
+    from mirrord.store.resume import latest_key, run_key
     from mirrord.store.volume import LocalVolume
 
     side = "primary" if args.primary_side else "mirror"

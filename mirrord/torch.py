@@ -18,9 +18,9 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
-from mirrord.commands.latest import latest_checkpoint
 from mirrord.store.atomic import atomic_output
 from mirrord.store.hashing import Hasher, new_hasher
+from mirrord.store.resume import latest_checkpoint
 
 __all__ = ["SaveResult", "atomic_save", "latest_checkpoint"]
 

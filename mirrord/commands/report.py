@@ -17,9 +17,9 @@ from mirrord import __version__
 if TYPE_CHECKING:  # types only: `latest --json` must not load the copy engine, the metrics and the log stack
     from mirrord.commands.prune import PruneReport
     from mirrord.commands.sync import SyncReport
-    from mirrord.commands.verify import Finding
     from mirrord.errors import MirrordError
     from mirrord.store.mirror import ReadableStore
+    from mirrord.store.resume import Finding
 
 
 def dumps(document: dict[str, Any]) -> str:

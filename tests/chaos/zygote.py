@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import mirrord.cli
-import mirrord.commands.latest
 import mirrord.commands.prune
 import mirrord.commands.sync
 import mirrord.commands.verify
@@ -38,6 +37,7 @@ import mirrord.service.copier
 import mirrord.service.daemon
 import mirrord.store.journal
 import mirrord.store.manifest
+import mirrord.store.resume
 from mirrord.store import atomic, paths, volume
 
 _real_fsync = os.fsync

@@ -36,6 +36,7 @@ SUMMARIES = {
     "sync": "copy every committed checkpoint the mirror lacks, once",
     "verify": "recheck every mirrored file against the manifest",
     "latest": "print the newest intact checkpoint",
+    "restore": "bring the newest verified checkpoint back from the mirror (checked as it is written)",
     "prune": "apply retention once (--dry-run prints the plan)",
     "status": "per run: newest step on each side, lag, free space, problems",
     "check-config": "validate the configuration; print it as TOML with each value's origin",
@@ -204,6 +205,13 @@ def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     if not args.json:
         print(store.describe(found))
     return EXIT_OK
+
+
+def cmd_restore(config: Config, args: argparse.Namespace) -> int:
+    """`mirrord restore`: the newest verified checkpoint (or --step), copied back and checked byte for byte."""
+    from mirrord.commands.restore import run_restore
+
+    return run_restore(config, args, _progress_bar if sys.stderr.isatty() else None)
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
@@ -550,6 +558,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    help="re-read each candidate: content hash and format validator, not only stat")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
+    p = add("restore", cmd_restore, "Bring a checkpoint back from the mirror (local or s3://): the newest "
+            "verified unit (a file or a whole folder) of the run written to most recently, or of --run, or the one "
+            "of --step. Every byte is checked against the manifest's hash as it is written under a temp name "
+            "(NAME.part, a folder as NAME.part/); only a matching copy is fsynced and renamed into place, with the "
+            "mtime its source had, so sync and the daemon recognise it and copy nothing again. A damaged copy is "
+            "never published: without --step the next newest verified unit is restored instead (each damaged copy "
+            "is named on stderr; exit 0 once one was restored). Prints the restored path. An identical copy "
+            "already at the destination is left alone; a different one is replaced only with --force. Reads the "
+            "mirror only. Exit 1 if nothing could be restored (none recorded, every copy damaged, a damaged "
+            "--step, a different file in the way), 2 if the mirror does not exist.", needs_primary=False)
+    p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
+    p.add_argument("--step", type=int, metavar="N", help="this step (no fallback if its copy is damaged)")
+    p.add_argument("--to", type=Path, metavar="DIR",
+                   help="root to restore below, at the same relative path (default: the configured primary)")
+    p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "

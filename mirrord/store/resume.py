@@ -29,7 +29,7 @@ from mirrord.core.model import FileState, ManifestEntry, entry_passed, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
 from mirrord.store.hashing import hash_stream
-from mirrord.store.manifest import Manifest
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import ReadableStore, random_access_fd
 from mirrord.store.volume import LocalVolume
 
@@ -278,10 +278,25 @@ def latest_checkpoint(
     `require_manifest=False` and no manifest at `root` (a primary volume), the newest file that passes
     its format validator with a verdict of "ok" (a torch zip: every record's CRC) is returned instead.
     """
+    if str(root).startswith("s3://"):
+        raise ValueError(f"latest_checkpoint reads a local folder, not {root}: use "
+                         "mirrord.torch.restore_latest(mirror, dest) to bring the checkpoint back from S3")
     root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"latest_checkpoint: {root} does not exist or is not a folder")
+    mirror = next((p for p in root.resolve().parents if _holds_manifest(p)), None)
+    if mirror is not None and not _holds_manifest(root):
+        rel = root.resolve().relative_to(mirror).as_posix()
+        raise ValueError(f"{root} is a run folder of the mirror {mirror}: pass the mirror's root and the run, "
+                         f"latest_checkpoint({str(mirror)!r}, run={rel!r})")
     store = LocalVolume(root)
     key = latest_key(store, run_key(store, run), require_manifest, patterns, step_pattern, verify, layout)
     return None if key is None else root / key
+
+
+def _holds_manifest(folder: Path) -> bool:
+    """A mirror's root: its manifest (snapshot or journal) is there."""
+    return (folder / MANIFEST_NAME).exists() or any(folder.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
 
 
 def _latest_recorded(store: ReadableStore, runs: dict[str, list[Candidate]], layout: Layout | None,

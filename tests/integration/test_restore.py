@@ -1,0 +1,133 @@
+"""`mirrord restore` and mirrord.torch.restore_latest on a local mirror: real torch.save checkpoints, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mirrord.torch import atomic_save, latest_checkpoint, restore_latest
+from tests.support.cli import run_mirrord
+from tests.support.config import settings, write_config
+
+
+def _train(run: Path, steps: list[int]) -> None:
+    torch.manual_seed(0)
+    run.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        atomic_save({"step": step, "w": torch.randn(64, 64)}, run / f"step_{step:04d}.pt")
+        mtime = 1_700_000_000_000_000_000 + step * 10**9
+        os.utime(run / f"step_{step:04d}.pt", ns=(mtime, mtime))
+
+
+@pytest.fixture
+def mirrored(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Three steps of run `a` on the primary, synced to the mirror; returns (config, primary, mirror)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary.mkdir()
+    mirror.mkdir()
+    _train(primary / "a", [10, 20, 30])
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror))
+    done = run_mirrord("sync", "--config", config)
+    assert done.returncode == 0, done.stderr
+    return config, primary, mirror
+
+
+def _flip(path: Path) -> None:
+    """Flip bytes in the middle of `path`, keeping its size and times."""
+    st = path.stat()
+    with path.open("r+b") as f:
+        f.seek(st.st_size // 2)
+        data = f.read(16)
+        f.seek(st.st_size // 2)
+        f.write(bytes(b ^ 0xFF for b in data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_restore_brings_back_the_newest_step_and_sync_copies_nothing_again(mirrored: tuple[Path, Path, Path]) -> None:
+    """After the run folder is wiped, restore publishes the newest verified step where the trainer looks,
+    identical to the mirror's copy, with its source mtime: a following sync copies nothing."""
+    config, primary, mirror = mirrored
+    shutil.rmtree(primary / "a")
+    done = run_mirrord("restore", "--config", config)
+    assert done.returncode == 0, done.stderr
+    restored = primary / "a" / "step_0030.pt"
+    assert done.stdout.strip() == str(restored)
+    assert restored.read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+    assert restored.stat().st_mtime_ns == 1_700_000_000_000_000_000 + 30 * 10**9
+    assert torch.load(restored, weights_only=True)["step"] == 30
+    assert not list((primary / "a").glob("*.part"))
+    again = run_mirrord("sync", "--config", config, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["copied"] == []
+
+
+def test_a_damaged_copy_is_never_published_and_the_next_newest_is_restored(mirrored: tuple[Path, Path, Path]) -> None:
+    """Bytes flipped in the newest mirror copy (size and times kept): nothing published under its name,
+    step 20 restored instead (exit 0, the damaged file named); with --step 30, exit 1 and nothing published."""
+    config, primary, mirror = mirrored
+    _flip(mirror / "a" / "step_0030.pt")
+    shutil.rmtree(primary / "a")
+    pinned = run_mirrord("restore", "--config", config, "--step", "30")
+    assert pinned.returncode == 1
+    assert "step_0030.pt" in pinned.stderr and pinned.stdout == ""
+    assert not (primary / "a" / "step_0030.pt").exists()
+    assert not list((primary / "a").glob("*.part"))
+    done = run_mirrord("restore", "--config", config, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["relative_path"] == "a/step_0020.pt"
+    assert [d["path"] for d in doc["damaged"]] == [str(mirror / "a" / "step_0030.pt")]
+    assert "DAMAGED" in done.stderr and "step_0030.pt" in done.stderr
+    assert sorted(p.name for p in (primary / "a").iterdir()) == ["step_0020.pt"]
+
+
+def test_an_identical_file_is_left_alone_and_a_different_one_needs_force(mirrored: tuple[Path, Path, Path]) -> None:
+    """An identical file at the destination: exit 0, "already there", untouched (same inode). A different
+    one: exit 1, untouched; with --force it is replaced by the mirror's copy."""
+    config, primary, mirror = mirrored
+    target = primary / "a" / "step_0030.pt"
+    inode = target.stat().st_ino
+    same = run_mirrord("restore", "--config", config)
+    assert same.returncode == 0, same.stderr
+    assert "already there" in same.stderr and target.stat().st_ino == inode
+    target.write_bytes(b"not the checkpoint")
+    refused = run_mirrord("restore", "--config", config)
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert target.read_bytes() == b"not the checkpoint"
+    forced = run_mirrord("restore", "--config", config, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert target.read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+
+
+def test_restore_to_another_folder_and_by_run(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """--to DIR restores below DIR at the same relative path; --run picks the run."""
+    config, _primary, mirror = mirrored
+    done = run_mirrord("restore", "--config", config, "--run", "a", "--to", tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "elsewhere" / "a" / "step_0030.pt").read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+    missing = run_mirrord("restore", "--config", config, "--run", "b", "--to", tmp_path / "x")
+    assert missing.returncode == 1 and "no verified checkpoint" in missing.stderr
+
+
+def test_restore_latest_and_latest_checkpoint_from_python(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """restore_latest returns the restored path; latest_checkpoint refuses, with a sentence, what it cannot
+    answer (a missing root, a run folder of a mirror, an s3:// URL) and returns None for an empty root."""
+    _config, _primary, mirror = mirrored
+    dest = tmp_path / "resume"
+    assert restore_latest(mirror, dest) == dest / "a" / "step_0030.pt"
+    assert restore_latest(mirror, dest, run="a") == dest / "a" / "step_0030.pt"  # already there
+    assert latest_checkpoint(mirror) == mirror / "a" / "step_0030.pt"
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        latest_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=f"run folder of the mirror {mirror}"):
+        latest_checkpoint(mirror / "a")
+    with pytest.raises(ValueError, match="restore_latest"):
+        latest_checkpoint("s3://bucket/prefix")
+    (tmp_path / "empty").mkdir()
+    assert latest_checkpoint(tmp_path / "empty") is None
+    assert restore_latest(tmp_path / "empty", dest) is None

@@ -692,6 +692,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         config, ignored = loaded.config, loaded.ignored_environment
         args.loaded = loaded  # check-config prints each value's origin from it
+    if (why := _write_problem(config, args)) is not None:
+        print(f"mirrord: {why}", file=sys.stderr)
+        return EXIT_USAGE
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
     if ignored:  # once per process: a SIGHUP reload does not repeat it
         logsetup.get_logger().info("config.environment_ignored", variables=list(ignored),
@@ -712,6 +715,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+# What writes to the mirror; every other command (latest, status, verify, prune --dry-run, restore,
+# check-config) reads it only, and works with read access alone.
+WRITE_COMMANDS = ("run", "sync", "prune", "repair-manifest")
+
+
+def _write_problem(config: Config, args: argparse.Namespace) -> str | None:
+    """Why this command cannot write the local mirror it must write (not writable by us, a read-only mount)."""
+    import os
+
+    if args.command not in WRITE_COMMANDS or getattr(args, "dry_run", False) or config.mirror_url is not None:
+        return None
+    mirror = config.mirror
+    if mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
+        return (f"{args.command}: the mirror {mirror} is not writable by this user (or is mounted read-only); "
+                f"`{args.command}` writes to it. Reading needs no write access: latest, status, verify, "
+                "prune --dry-run, restore")
+    return None
 
 
 def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:

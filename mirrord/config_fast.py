@@ -175,8 +175,6 @@ def check_paths(config: Roots, need_primary: bool = True) -> list[str]:
             problems.append(f"mirror: {clash}")
     if mirror.exists() and not mirror.is_dir():
         problems.append(f"mirror: {mirror} exists and is not a directory")
-    elif mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
-        problems.append(f"mirror: {mirror} is not writable")
     if config.mirror_must_be_mountpoint and not mirror.is_mount():
         problems.append(f"mirror: {mirror} is not a mount point (mirror_must_be_mountpoint = true)")
     return problems

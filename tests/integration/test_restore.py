@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from mirrord.torch import atomic_save, latest_checkpoint, restore_latest
 from tests.support.cli import run_mirrord
 from tests.support.config import settings, write_config
+from tests.support.privileges import NOBODY, run_as_nobody
 
 
 def _train(run: Path, steps: list[int]) -> None:
@@ -131,3 +133,79 @@ def test_restore_latest_and_latest_checkpoint_from_python(mirrored: tuple[Path, 
     (tmp_path / "empty").mkdir()
     assert latest_checkpoint(tmp_path / "empty") is None
     assert restore_latest(tmp_path / "empty", dest) is None
+
+
+def _cli_as_nobody(*argv: str, warm: tuple[str, ...] = ()) -> tuple[int, str, str]:
+    """`mirrord ARGV` run in a forked child that dropped root for uid/gid 65534: (exit status, stdout, stderr).
+    The command (or `warm`) first runs as root in this process: only where its result does not depend on it."""
+    import contextlib
+    import io
+
+    from mirrord.cli import main
+
+    def run(args: tuple[str, ...] = argv) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+        return code, out.getvalue(), err.getvalue()
+
+    # The child cannot read the interpreter's own modules (they live where 65534 cannot read): every module
+    # the command imports is loaded here first, by the same command run as root (the callers make that safe).
+    run(warm or argv)
+    outcome = run_as_nobody(run)
+    assert "value" in outcome, outcome["text"]
+    code, out, err = outcome["value"]
+    return int(code), str(out), str(err)
+
+
+READ_ONLY_COMMANDS = (["latest"], ["verify"], ["prune", "--dry-run"], ["check-config"], ["status", "--timeout", "0.1"])
+
+
+def test_a_group_reader_runs_every_read_only_command(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """A non-root user in the mirror's group (0750 folders, 0640 files) runs latest, verify, prune --dry-run,
+    check-config, status and restore; sync and prune say they need write access (exit 2)."""
+    config, _primary, mirror = mirrored
+    for path in [mirror, *mirror.rglob("*")]:
+        os.chown(path, 0, NOBODY)
+        path.chmod(0o750 if path.is_dir() else 0o640)
+    for folder in [tmp_path, *tmp_path.parents]:
+        if folder.stat().st_mode & 0o005 != 0o005:
+            folder.chmod(folder.stat().st_mode | 0o005)  # the way down to the mirror and the config
+    for argv in READ_ONLY_COMMANDS:
+        code, _out, err = _cli_as_nobody(*argv, "--config", str(config))
+        assert "not writable" not in err, (argv, err)
+        assert code == 0 or argv[0] == "status", (argv, err)  # status: exit 1 only for "no daemon answers"
+    dest = tmp_path / "restored"
+    dest.mkdir()
+    os.chown(dest, NOBODY, NOBODY)
+    code, _out, err = _cli_as_nobody("restore", "--config", str(config), "--to", str(dest),
+                                     warm=("restore", "--config", str(config), "--to", str(tmp_path / "warm")))
+    assert code == 0, err
+    assert (dest / "a" / "step_0030.pt").read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+    for argv in (["sync"], ["prune"]):
+        code, _out, err = _cli_as_nobody(*argv, "--config", str(config), warm=("latest", "--config", str(config)))
+        assert code == 2 and "not writable" in err, (argv, err)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_read_only_bind_mount_touches_the_host(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """TOUCHES THE HOST: bind-mounts the mirror read-only (root). latest, verify, prune --dry-run and restore
+    read it; sync says it needs write access."""
+    _config, primary, mirror = mirrored
+    view = tmp_path / "ro-mirror"
+    view.mkdir()
+    subprocess.run(["mount", "--bind", str(mirror), str(view)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        ro_config = write_config(tmp_path / "ro.toml", settings(primary, view))
+        for argv in READ_ONLY_COMMANDS[:4]:
+            done = run_mirrord(*argv, "--config", ro_config)
+            assert done.returncode == 0, (argv, done.stderr)
+        shutil.rmtree(primary / "a")
+        done = run_mirrord("restore", "--config", ro_config)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str(primary / "a" / "step_0030.pt")
+        refused = run_mirrord("sync", "--config", ro_config)
+        assert refused.returncode == 2 and "not writable" in refused.stderr
+    finally:
+        subprocess.run(["umount", str(view)], check=True)

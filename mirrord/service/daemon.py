@@ -181,6 +181,25 @@ class Daemon:
         self.pool.retry = settings.retry
         self.settle.settle_seconds = settings.config.copy.settle_seconds
 
+    def _drain(self, deadline: float) -> None:
+        """A stop drains what is settled: one last listing finds what no event reported yet; files still
+        settling get the rest of their settle time and everything queued is copied, until `deadline` (or a
+        second signal). Whatever is still not mirrored then is named (stop.left_behind)."""
+        self.inbox.rescan_asked = True
+        while self.signals.stop_requests < 2:
+            try:
+                self.reconciler.work()
+            except MirrordError as exc:
+                self.log.error("stop.drain_failed", path=exc.path, cause=exc.cause)
+                break
+            now = self.clock.monotonic()
+            if now >= deadline or not (self.reconciler.unsettled or self.queue.depth() or self.pool.active_controls()):
+                break
+            self.inbox.wait(min(self.reconciler.next_deadline(), deadline, now + 0.2) - now)
+        for rel in sorted(self.reconciler.unsettled | {q.job.rel for q in self.queue.pending()}):
+            self.log.warning("stop.left_behind", path=rel, why="not settled and copied within the stop's grace "
+                             "period (daemon.shutdown_grace_seconds); the next start copies it")
+
     def shutdown(self) -> None:
         """Stop watching, let copies finish within the grace period (a second signal cuts it short),
         fold the manifest's journal, stop serving; bounded whatever the copies do."""
@@ -188,8 +207,12 @@ class Daemon:
         self.notifier.stopping()
         self.log.info("daemon.stopping", in_flight=len(self.pool.active_controls()),
                       grace_seconds=cfg.daemon.shutdown_grace_seconds)
+        deadline = self.clock.monotonic() + cfg.daemon.shutdown_grace_seconds
         self.watch.stop()
-        if not self.pool.stop(cfg.daemon.shutdown_grace_seconds, force=lambda: self.signals.stop_requests > 1):
+        if self.supervisor.ready:
+            self._drain(deadline)
+        if not self.pool.stop(max(0.0, deadline - self.clock.monotonic()),
+                              force=lambda: self.signals.stop_requests > 1):
             self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
         try:  # folds the journal into the snapshot; if that fails the journal is replayed next start
             self.manifest.close()

@@ -63,3 +63,23 @@ def test_restore_from_s3_publishes_the_newest_and_falls_back_past_a_damaged_obje
     resume = restore_latest(url, tmp_path / "python")
     assert resume == tmp_path / "python" / "a" / "step_0020.pt"
     assert torch.load(resume, weights_only=True)["step"] == 20
+
+
+def test_disaster_drill_on_seaweedfs(seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str],
+                                     tmp_path: Path) -> None:
+    """The drill of tests/support/drill.py with the daemon mirroring into S3: the units never drop, the resumed
+    losses equal an uninterrupted run's, no old step is uploaded again."""
+    from tests.s3.test_s3_commands import _settings
+    from tests.support.daemon import DaemonProcess
+    from tests.support.drill import disaster_drill
+
+    url = f"s3://{bucket}/{prefix}"
+    primary = tmp_path / "primary"
+    primary.mkdir()
+    daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env,
+                           settings={"mirror": url, "s3": _settings(seaweed)})
+    daemon.settings["mirror"] = url
+    daemon.write_config()
+    store = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+    figures = disaster_drill(tmp_path, daemon, primary, store, env=s3_env)
+    print("drill figures (S3):", figures)

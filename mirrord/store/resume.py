@@ -192,14 +192,16 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None,
                         layout: Layout | None = None) -> dict[str, list[Candidate]]:
     """Per run, the checkpoint units the manifest records with every file passed, newest first (by branch
     and step; see _by_recency). Without a layout every entry is a file unit."""
-    from mirrord.core.units import locate
-
     members: dict[str, list[ManifestEntry]] = defaultdict(list)
     where: dict[str, tuple[str, int | None, bool]] = {}
     for e in manifest.entries.values():
-        place = locate(e.path, layout) if layout is not None else None
-        if layout is not None and (place is None or place.role != "checkpoint"):
-            continue
+        place = None
+        if layout is not None:
+            from mirrord.core.units import locate  # (not loaded for a file layout's answer)
+
+            place = locate(e.path, layout)
+            if place is None or place.role != "checkpoint":
+                continue
         key, run, step, folder = (e.path, e.run, e.step, False) if place is None else (
             place.unit, place.run, place.step, place.kind == "folder")
         if run_key is None or run == run_key:

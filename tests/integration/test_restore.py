@@ -224,3 +224,32 @@ def test_disaster_drill_on_a_local_mirror(tmp_path: Path) -> None:
     daemon = DaemonProcess(tmp_path, primary, mirror)
     figures = disaster_drill(tmp_path, daemon, primary, LocalVolume(mirror))
     print("drill figures (local):", figures)
+
+
+def test_a_folder_unit_is_restored_whole(tmp_path: Path) -> None:
+    """layout = "hf": the newest checkpoint folder comes back whole (every file, each with its source mtime);
+    a damaged file in it makes the whole folder pass over to the one before, and nothing of it is published."""
+    from tests.support.folders import write_hf
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    mirror.mkdir()
+    for step in (10, 20):
+        write_hf(primary / "run" / f"checkpoint-{step}", step)
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "hf"}))
+    assert run_mirrord("sync", "--config", config).returncode == 0
+    originals = {p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+                 for p in primary.rglob("*") if p.is_file()}
+    shutil.rmtree(primary / "run")
+    done = run_mirrord("restore", "--config", config)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(primary / "run" / "checkpoint-20")
+    restored = {p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+                for p in primary.rglob("*") if p.is_file()}
+    assert restored == {k: v for k, v in originals.items() if "checkpoint-20" in k}
+    assert json.loads(run_mirrord("sync", "--json", "--config", config).stdout)["copied"] == []
+
+    _flip(next((mirror / "run" / "checkpoint-20").glob("*.safetensors")))
+    done = run_mirrord("restore", "--config", config, "--to", tmp_path / "again")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "again" / "run" / "checkpoint-10")
+    assert sorted(p.name for p in (tmp_path / "again" / "run").iterdir()) == ["checkpoint-10"]

@@ -173,38 +173,9 @@ def _progress_bar(done: int, total: int, path: str) -> None:
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     """`mirrord latest`: print the newest trustworthy checkpoint (of a run, or overall)."""
-    from mirrord.core.model import step_of
-    from mirrord.store.mirror import ReadableStore, mirror_for
-    from mirrord.store.resume import latest_key, run_key
-    from mirrord.store.volume import LocalVolume
+    from mirrord.commands.latest import run_latest
 
-    side = "primary" if args.primary_side else "mirror"
-    store: ReadableStore = (LocalVolume(config.primary) if args.primary_side
-                            else mirror_for(config.mirror_target, config.s3))
-    if not store.exists():
-        print(f"mirrord: latest: the {side} {store.describe()} does not exist or is not a directory "
-              f"({side} / --{side})", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        run = run_key(store, args.run)
-    except ValueError as exc:
-        print(f"mirrord: config error: --run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    found = latest_key(store, run, require_manifest=not args.primary_side,
-                       patterns=config.rules.patterns + config.rules.aliases, step_pattern=config.rules.step_pattern,
-                       verify=args.verify, layout=config.rules)
-    if args.json:
-        from mirrord.commands.report import dumps, latest_document
-
-        step = step_of(found, config.step_regex) if found is not None else None
-        print(dumps(latest_document(store, side, args.run, found, step)))
-    if found is None:
-        print(f"no intact checkpoint under {store.describe()}" + (f" for run {args.run}" if args.run else ""),
-              file=sys.stderr)
-        return EXIT_FAILED
-    if not args.json:
-        print(store.describe(found))
-    return EXIT_OK
+    return run_latest(config, args)
 
 
 def cmd_restore(config: Config, args: argparse.Namespace) -> int:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mirrord.config import Config
 from mirrord.store.mirror import mirror_for
 from mirrord.store.restore import Progress, restore
 from mirrord.store.resume import run_key
+
+if TYPE_CHECKING:
+    import argparse
+
+    from mirrord.config import Config
 
 
 def run_restore(config: Config, args: argparse.Namespace, progress: Progress | None) -> int:

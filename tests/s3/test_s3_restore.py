@@ -11,7 +11,7 @@ import torch
 
 from mirrord.store.s3 import S3Mirror, S3Settings
 from mirrord.torch import atomic_save, restore_latest
-from tests.s3.seaweed import SeaweedServer
+from tests.s3.seaweed import READER_KEY, READER_SECRET, SeaweedServer
 from tests.s3.test_s3_commands import _config
 from tests.support.cli import run_mirrord
 
@@ -83,3 +83,22 @@ def test_disaster_drill_on_seaweedfs(seaweed: SeaweedServer, bucket: str, prefix
     store = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
     figures = disaster_drill(tmp_path, daemon, primary, store, env=s3_env)
     print("drill figures (S3):", figures)
+
+
+def test_read_only_credentials_run_the_read_only_commands(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Credentials that may only read and list: latest, verify and restore work; sync cannot write (exit 1)."""
+    primary = tmp_path / "primary"
+    _train(primary / "a", [10, 20])
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    reader = {**s3_env, "AWS_ACCESS_KEY_ID": READER_KEY, "AWS_SECRET_ACCESS_KEY": READER_SECRET}
+    for argv in (["latest"], ["verify"], ["restore", "--to", str(tmp_path / "restored")]):
+        done = run_mirrord(*argv, "--config", config, env=reader, timeout=300)
+        assert done.returncode == 0, (argv, done.stderr)
+    assert (tmp_path / "restored" / "a" / "step_0020.pt").read_bytes() == (primary / "a" / "step_0020.pt").read_bytes()
+    _train(primary / "a", [30])
+    refused = run_mirrord("sync", "--config", config, env=reader, timeout=300)
+    assert refused.returncode != 0
+    assert "AccessDenied" in refused.stderr + refused.stdout, refused.stderr

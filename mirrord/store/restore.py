@@ -19,7 +19,7 @@ from typing import cast
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
-from mirrord.errors import DamagedCopyError, DestinationTakenError, NothingToRestoreError
+from mirrord.errors import DamagedCopyError, DestinationTakenError, NothingToRestoreError, from_oserror
 from mirrord.store.hashing import HASH_BUFFER_BYTES, hash_stream, new_hasher
 from mirrord.store.mirror import ReadableStore, Upload
 from mirrord.store.paths import lstat_beneath, open_file_beneath
@@ -64,6 +64,8 @@ def restore(store: ReadableStore, dest_root: Path, layout: Layout | None = None,
             if step is not None:
                 raise
             continue
+        except OSError as exc:  # the destination refused (permissions, space, a folder in the way)
+            raise from_oserror(Path(dest_root) / candidate.key, exc, "restore") from exc
         size = sum(e.size for e in candidate.entries)
         return Restored(candidate.key, Path(dest_root) / candidate.key, candidate.step, already, size, tuple(damaged))
     raise damaged[-1]

@@ -114,6 +114,10 @@ def test_restore_to_another_folder_and_by_run(mirrored: tuple[Path, Path, Path],
     assert (tmp_path / "elsewhere" / "a" / "step_0030.pt").read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
     missing = run_mirrord("restore", "--config", config, "--run", "b", "--to", tmp_path / "x")
     assert missing.returncode == 1 and "no verified checkpoint" in missing.stderr
+    (tmp_path / "file").write_text("")
+    blocked = run_mirrord("restore", "--config", config, "--to", tmp_path / "file")
+    assert blocked.returncode == 1 and "Traceback" not in blocked.stderr
+    assert f"{tmp_path / 'file' / 'a' / 'step_0030.pt'}: restore:" in blocked.stderr
 
 
 def test_restore_latest_and_latest_checkpoint_from_python(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ SUMMARIES = {
     "sync": "copy every committed checkpoint the mirror lacks, once",
     "verify": "recheck every mirrored file against the manifest",
     "latest": "print the newest intact checkpoint",
+    "restore": "bring the newest verified checkpoint back from the mirror (checked as it is written)",
     "prune": "apply retention once (--dry-run prints the plan)",
     "status": "per run: newest step on each side, lag, free space, problems",
     "check-config": "validate the configuration; print it as TOML with each value's origin",
@@ -178,38 +179,16 @@ def _progress_bar(done: int, total: int, path: str) -> None:
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
     """`mirrord latest`: print the newest trustworthy checkpoint (of a run, or overall)."""
-    from mirrord.commands.latest import latest_key, run_key
-    from mirrord.core.model import step_of
-    from mirrord.store.mirror import ReadableStore, mirror_for
-    from mirrord.store.volume import LocalVolume
+    from mirrord.commands.latest import run_latest
 
-    side = "primary" if args.primary_side else "mirror"
-    store: ReadableStore = (LocalVolume(config.primary) if args.primary_side
-                            else mirror_for(config.mirror_target, config.s3))
-    if not store.exists():
-        print(f"mirrord: latest: the {side} {store.describe()} does not exist or is not a directory "
-              f"({side} / --{side})", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        run = run_key(store, args.run)
-    except ValueError as exc:
-        print(f"mirrord: config error: --run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    found = latest_key(store, run, require_manifest=not args.primary_side,
-                       patterns=config.rules.patterns + config.rules.aliases, step_pattern=config.rules.step_pattern,
-                       verify=args.verify, layout=config.rules)
-    if args.json:
-        from mirrord.commands.report import dumps, latest_document
+    return run_latest(config, args)
 
-        step = step_of(found, config.step_regex) if found is not None else None
-        print(dumps(latest_document(store, side, args.run, found, step)))
-    if found is None:
-        print(f"no intact checkpoint under {store.describe()}" + (f" for run {args.run}" if args.run else ""),
-              file=sys.stderr)
-        return EXIT_FAILED
-    if not args.json:
-        print(store.describe(found))
-    return EXIT_OK
+
+def cmd_restore(config: Config, args: argparse.Namespace) -> int:
+    """`mirrord restore`: the newest verified checkpoint (or --step), copied back and checked byte for byte."""
+    from mirrord.commands.restore import run_restore
+
+    return run_restore(config, args, _progress_bar if sys.stderr.isatty() else None)
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
@@ -558,6 +537,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    help="re-read each candidate: content hash and format validator, not only stat")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
+    p = add("restore", cmd_restore, "Bring a checkpoint back from the mirror (local or s3://): the newest "
+            "verified unit (a file or a whole folder) of the run written to most recently, or of --run, or the one "
+            "of --step. Every byte is checked against the manifest's hash as it is written under a temp name "
+            "(NAME.part, a folder as NAME.part/); only a matching copy is fsynced and renamed into place, with the "
+            "mtime its source had, so sync and the daemon recognise it and copy nothing again. A damaged copy is "
+            "never published: without --step the next newest verified unit is restored instead (each damaged copy "
+            "is named on stderr; exit 0 once one was restored). Prints the restored path. An identical copy "
+            "already at the destination is left alone; a different one is replaced only with --force. Reads the "
+            "mirror only. Exit 1 if nothing could be restored (none recorded, every copy damaged, a damaged "
+            "--step, a different file in the way), 2 if the mirror does not exist.", needs_primary=False)
+    p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
+    p.add_argument("--step", type=int, metavar="N", help="this step (no fallback if its copy is damaged)")
+    p.add_argument("--to", type=Path, metavar="DIR",
+                   help="root to restore below, at the same relative path (default: the configured primary)")
+    p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
@@ -704,6 +699,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     config, ignored = loaded.config, loaded.ignored_environment
     args.loaded = loaded  # check-config prints each value's origin from it
+    if (why := _write_problem(config, args)) is not None:
+        print(f"mirrord: {why}", file=sys.stderr)
+        return EXIT_USAGE
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
     if ignored:  # once per process: a SIGHUP reload does not repeat it
         logsetup.get_logger().info("config.environment_ignored", variables=list(ignored),
@@ -750,6 +748,25 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
+
+
+# What writes to the mirror; every other command (latest, status, verify, prune --dry-run, restore,
+# check-config) reads it only, and works with read access alone.
+WRITE_COMMANDS = ("run", "sync", "prune", "repair-manifest")
+
+
+def _write_problem(config: Config, args: argparse.Namespace) -> str | None:
+    """Why this command cannot write the local mirror it must write (not writable by us, a read-only mount)."""
+    import os
+
+    if args.command not in WRITE_COMMANDS or getattr(args, "dry_run", False) or config.mirror_url is not None:
+        return None
+    mirror = config.mirror
+    if mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
+        return (f"{args.command}: the mirror {mirror} is not writable by this user (or is mounted read-only); "
+                f"`{args.command}` writes to it. Reading needs no write access: latest, status, verify, "
+                "prune --dry-run, restore")
+    return None
 
 
 def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:

@@ -189,8 +189,6 @@ def check_paths(config: Config, need_primary: bool = True) -> list[str]:
     elif not mirror.exists() and not mirror.parent.is_dir():  # a mistyped path would fill the wrong disk
         problems.append(f"mirror: neither {mirror} nor its parent {mirror.parent} exists; mirrord creates only "
                         "the mirror folder itself: create the path, or correct it")
-    elif mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
-        problems.append(f"mirror: {mirror} is not writable")
     if config.mirror_must_be_mountpoint and not mirror.is_mount():
         problems.append(f"mirror: {mirror} is not a mount point (mirror_must_be_mountpoint = true)")
     return problems

@@ -148,3 +148,22 @@ def from_oserror(path: object, exc: OSError, action: str) -> MirrordError:
     if exc.errno in TRANSIENT_ERRNOS:
         return TransientError(path, cause)
     return PermanentError(path, cause)
+
+
+class DamagedCopyError(PermanentError):
+    """A mirror copy is not what its manifest entry recorded (missing, other size, other hash): restore
+    publishes nothing from it."""
+
+    reason = "damaged_copy"
+
+
+class DestinationTakenError(PermanentError):
+    """A restore's destination holds something else than the checkpoint: never overwritten without --force."""
+
+    reason = "destination_taken"
+
+
+class NothingToRestoreError(PermanentError):
+    """The mirror holds no verified checkpoint that matches the request."""
+
+    reason = "nothing_to_restore"

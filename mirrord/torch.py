@@ -5,6 +5,7 @@
     atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
                 run_dir / f"step_{step:08d}.pt")
     resume = latest_checkpoint(run_dir, require_manifest=False)  # None on a fresh start
+    resume = restore_latest("s3://bucket/ckpt", run_dir.parent)  # the primary is gone: from the mirror
 
 This is the only mirrord module that imports torch; the daemon never imports it.
 """
@@ -18,11 +19,13 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
-from mirrord.commands.latest import latest_checkpoint
+from mirrord.core.layouts import Layout
+from mirrord.errors import NothingToRestoreError
 from mirrord.store.atomic import atomic_output
 from mirrord.store.hashing import Hasher, new_hasher
+from mirrord.store.resume import latest_checkpoint
 
-__all__ = ["SaveResult", "atomic_save", "latest_checkpoint"]
+__all__ = ["SaveResult", "atomic_save", "latest_checkpoint", "restore_latest"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +73,23 @@ def atomic_save(
         # torch.save only calls write() and flush() on a file-like object.
         torch.save(obj, cast(IO[bytes], writer), **torch_save_kwargs)
     return SaveResult(final, writer.size, algo, hasher.hexdigest())
+
+
+def restore_latest(mirror: str | os.PathLike[str], dest: str | os.PathLike[str], run: str | None = None,
+                   layout: Layout | None = None) -> Path | None:
+    """Bring the newest verified checkpoint (of `run`, else of the run written to most recently) back from
+    `mirror` (a folder or an `s3://bucket/prefix` URL; S3 settings from the AWS_* environment) to the same
+    relative path below `dest`, checked byte for byte against the manifest as `mirrord restore` does; the
+    path to resume from. None when the mirror records no checkpoint (of `run`). A damaged newest copy is
+    passed over for the next newest; DamagedCopyError when every one is damaged. `layout`: the
+    mirror's checkpoint rules for folder units (Config.rules); by default every recorded file is a unit."""
+    from mirrord.store.mirror import mirror_for
+    from mirrord.store.restore import restore
+
+    store = mirror_for(os.fspath(mirror))
+    if not store.exists():
+        raise FileNotFoundError(f"restore_latest: the mirror {store.describe()} does not exist")
+    try:
+        return restore(store, Path(dest), layout, run).path
+    except NothingToRestoreError:
+        return None

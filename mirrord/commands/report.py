@@ -16,10 +16,11 @@ from mirrord import __version__
 
 if TYPE_CHECKING:  # types only: `latest --json` must not load the copy engine, the metrics and the log stack
     from mirrord.commands.sync import SyncReport
-    from mirrord.commands.verify import Finding
     from mirrord.errors import MirrordError
     from mirrord.service.pruner import PruneReport
     from mirrord.store.mirror import ReadableStore
+    from mirrord.store.restore import Restored
+    from mirrord.store.resume import Finding
 
 
 def dumps(document: dict[str, Any]) -> str:
@@ -54,6 +55,13 @@ def latest_document(store: ReadableStore, side: str, run: str | None, key: str |
     return {**_head("latest", key is not None), "root": store.describe(), "side": side, "run": run,
             "path": store.describe(key) if key is not None else None, "relative_path": key, "step": step,
             "size": state.size if state is not None else None}
+
+
+def restore_document(mirror: str, result: Restored) -> dict[str, Any]:
+    """`restore --json`: the unit brought back (or found already there) and each damaged copy passed over."""
+    return {**_head("restore", True), "mirror": mirror, "path": str(result.path), "relative_path": result.key,
+            "step": result.step, "size": result.size, "already_there": result.already_there,
+            "damaged": [{"path": d.path, "cause": d.cause} for d in result.damaged]}
 
 
 def prune_document(report: PruneReport) -> dict[str, Any]:

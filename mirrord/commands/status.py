@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 
 from mirrord import __version__
 from mirrord.commands.printable import printable
-from mirrord.commands.verify import check_entry, validate_key
 from mirrord.core.contributions import Contributions
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
@@ -34,6 +33,7 @@ from mirrord.formats.validators import Verdict
 from mirrord.obs.sizes import human_bytes
 from mirrord.service.completeness import judge
 from mirrord.store.mirror import Mirror, ReadableStore, mirror_for
+from mirrord.store.resume import check_entry, validate_key
 from mirrord.store.volume import LocalVolume
 
 if TYPE_CHECKING:

@@ -6,90 +6,12 @@ mirror and on an object store.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from mirrord.core.layouts import Layout
-from mirrord.core.model import ManifestEntry
-from mirrord.formats import dcpmeta
-from mirrord.formats.validators import DCP, Verdict, validate_fd
-from mirrord.formats.verdicts import OK, PASSING, UNCHECKED, UNREADABLE
-from mirrord.store.hashing import hash_stream
+from mirrord.formats.verdicts import OK
 from mirrord.store.mirror import ReadableStore, fd_path, random_access_fd
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem verify found with a mirrored file."""
-    path: str
-    problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | part | <validator status>
-    detail: str = ""
-
-    @property
-    def is_problem(self) -> bool:
-        """"unchecked" (a format without a validator) and "part" (an intact file of a unit still waiting
-        for other nodes' shares) are worth reporting, never a failure."""
-        return self.problem not in (UNCHECKED, PART)
-
-
-# An unrecorded file that is part of a node's contribution to a unit not complete yet, and holds exactly
-# what that node recorded (mirrord.core.contributions): not vouched for, not a problem either.
-PART = "part"
-
-
-def check_entry(store: ReadableStore, entry: ManifestEntry) -> Finding | None:
-    """None if the key entry.path holds exactly what the manifest recorded (size, then content hash)."""
-    try:
-        with store.open_read(entry.path) as stream:
-            size, digest = hash_stream(stream, entry.algo)
-    except FileNotFoundError:
-        return Finding(entry.path, "missing", "in the manifest but not on the mirror")
-    except OSError as exc:
-        return Finding(entry.path, "unreadable", exc.strerror or str(exc))
-    if size != entry.size:
-        return Finding(entry.path, "size_mismatch", f"{size} bytes on the mirror, manifest says {entry.size}")
-    if digest != entry.digest:
-        return Finding(entry.path, "hash_mismatch", f"{entry.algo} {digest}, manifest says {entry.digest}")
-    return None
-
-
-def validate_key(store: ReadableStore, key: str, quick: bool = False) -> Verdict:
-    """The format validator on the whole object at `key` (`quick`: structure only, a few KB read); a DCP
-    file is also judged with its folder: a `.metadata` by every file it references (present, with its
-    size), a `.distcp` by the byte ranges the `.metadata` beside it places in it."""
-    try:
-        with store.open_read(key) as stream, random_access_fd(stream) as fd:
-            verdict = validate_fd(fd, key, quick=quick)
-            size = os.fstat(fd).st_size
-    except OSError as exc:
-        return Verdict(UNREADABLE, exc.strerror or str(exc))
-    if verdict.format != DCP or verdict.status not in PASSING:
-        return verdict
-    folder, _, name = key.rpartition("/")
-
-    def read(meta: str) -> bytes:
-        try:
-            with store.open_read(meta) as stream:
-                return stream.read(dcpmeta.MAX_METADATA_BYTES + 1)  # storage_references refuses more
-        except FileNotFoundError as exc:
-            raise dcpmeta.MetadataError("missing: the save did not finish (dcp.save writes it last)",
-                                        "truncated") from exc
-        except OSError as exc:
-            raise dcpmeta.MetadataError(exc.strerror or str(exc), "unreadable") from exc
-
-    def size_of(rel: str) -> int | None:
-        try:
-            state = store.stat(rel)
-        except (OSError, ValueError):
-            return None
-        return state.size if state is not None and state.is_regular else None
-
-    if name == dcpmeta.METADATA_NAME:
-        status, detail = dcpmeta.check_folder_in(read, size_of, folder)
-    else:
-        status, detail = dcpmeta.check_data_file_in(read, key, size)
-    return Verdict(status, detail, DCP)
+from mirrord.store.resume import PART, Finding, check_entry, validate_key
 
 
 def deep_check(store: ReadableStore, rel: str, load: bool = False) -> Finding | None:

@@ -10,6 +10,7 @@ config is one Settings object that a reload swaps. Shutdown is ordered and bound
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ class Daemon:
                  metrics: Metrics | None = None, notifier: Notifier | None = None,
                  signals: SignalFlags | None = None) -> None:
         self.reload_config, self.clock = reload_config, clock
+        self._draining, self._stopped_by_supervisor = 0, False  # see _drain
         self.signals, self.metrics = signals or SignalFlags(), metrics or Metrics()
         self.notifier = notifier or Notifier()
         self.primary, self.mirror, self.manifest = volumes.primary, volumes.mirror, volumes.manifest
@@ -86,7 +88,7 @@ class Daemon:
             settings=lambda: self.settings, primary=self.primary, mirror=self.mirror, manifest=self.manifest,
             queue=self.queue, ledger=self.ledger, refusals=self.refusals, inbox=self.inbox, settle=self.settle,
             observations=self.observations, metrics=self.metrics, heartbeat=lambda: self.supervisor.beat_if_due(),
-            stopping=lambda: bool(self.signals.stop_requests), wall=clock.wall, monotonic=clock.monotonic)
+            stopping=lambda: self.signals.stop_requests > self._draining, wall=clock.wall, monotonic=clock.monotonic)
         self.supervisor = Supervisor(
             settings=lambda: self.settings, pool=self.pool, board=self.engine.board, queue=self.queue,
             primary=self.primary, mirror=self.mirror, manifest=self.manifest, refusals=self.refusals,
@@ -108,6 +110,7 @@ class Daemon:
         self.inbox.ask_prune()
 
     def _stop(self) -> None:
+        self._stopped_by_supervisor = True  # (the mirror's lock lost, a worker wedged): nothing is drained
         self.signals.stop_requests += 1
         self.inbox.wake()
 
@@ -185,6 +188,28 @@ class Daemon:
         self.pool.retry = settings.retry
         self.settle.settle_seconds = settings.config.copy.settle_seconds
 
+    def _drain(self, deadline: float) -> None:
+        """A stop drains what is settled: one last listing (no prune) finds what no event reported yet; files
+        still settling get the rest of their settle time and everything queued is copied, until `deadline`
+        (or a second signal). Whatever is still not mirrored then is named (stop.left_behind)."""
+        self._draining = 1  # the first stop request lets the reconciler list and queue; a second one does not
+        self.settings = dataclasses.replace(self.settings, pruner=None)  # a stop prunes nothing
+        self.inbox.rescan_asked = True
+        while self.signals.stop_requests < 2:
+            try:
+                self.reconciler.work()
+            except MirrordError as exc:
+                self.log.error("stop.drain_failed", path=exc.path, cause=exc.cause)
+                break
+            now = self.clock.monotonic()
+            if now >= deadline or not (self.reconciler.unsettled or self.queue.depth() or self.pool.active_controls()):
+                break
+            self.inbox.wait(min(self.reconciler.next_deadline(), deadline, now + 0.2) - now)
+        self._draining = 0
+        for rel in sorted(self.reconciler.unsettled | {q.job.rel for q in self.queue.pending()}):
+            self.log.warning("stop.left_behind", path=rel, why="not settled and copied within the stop's grace "
+                             "period (daemon.shutdown_grace_seconds); the next start copies it")
+
     def shutdown(self) -> None:
         """Stop watching, let copies finish within the grace period (a second signal cuts it short),
         fold the manifest's journal, stop serving; bounded whatever the copies do."""
@@ -192,8 +217,12 @@ class Daemon:
         self.notifier.stopping()
         self.log.info("daemon.stopping", in_flight=len(self.pool.active_controls()),
                       grace_seconds=cfg.daemon.shutdown_grace_seconds)
+        deadline = self.clock.monotonic() + cfg.daemon.shutdown_grace_seconds
         self.watch.stop()
-        if not self.pool.stop(cfg.daemon.shutdown_grace_seconds, force=lambda: self.signals.stop_requests > 1):
+        if self.supervisor.ready and not self._stopped_by_supervisor:
+            self._drain(deadline)
+        if not self.pool.stop(max(0.0, deadline - self.clock.monotonic()),
+                              force=lambda: self.signals.stop_requests > 1):
             self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
         try:  # folds the journal into the snapshot; if that fails the journal is replayed next start
             self.manifest.close()

@@ -483,8 +483,8 @@ def latest_violations(zygote: Zygote, config: Path, world: World, workdir: Path)
 
 
 def latest_inprocess_violations(world: World) -> list[str]:
-    """As latest_violations, calling mirrord.commands.latest directly."""
-    from mirrord.commands.latest import latest_checkpoint
+    """As latest_violations, calling mirrord.store.resume directly."""
+    from mirrord.store.resume import latest_checkpoint
 
     got, want = latest_checkpoint(world.mirror), expected_latest(world.mirror)
     if got != want:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.commands.latest import latest_checkpoint as latest_checkpoint_of
 from mirrord.store.hashing import hash_file
+from mirrord.store.resume import latest_checkpoint as latest_checkpoint_of
 from tests.chaos.harness import (
     BASE_MTIME_NS,
     SCALE,

@@ -38,6 +38,7 @@ import mirrord.service.daemon
 import mirrord.service.pruner
 import mirrord.store.journal
 import mirrord.store.manifest
+import mirrord.store.resume
 from mirrord import paths
 from mirrord.store import atomic, volume
 

@@ -64,6 +64,17 @@ def test_mirrord_is_a_native_sidecar_with_probes_on_its_endpoints() -> None:
     assert _pod()["spec"]["terminationGracePeriodSeconds"] > 30
 
 
+def test_the_pod_runs_once_and_its_grace_covers_a_copy_at_the_recommended_rate() -> None:
+    """restartPolicy Never (a restart would begin from an empty primary); mirrord's stop grace covers a 10 GiB
+    copy at its bandwidth cap, and the pod's grace covers mirrord's."""
+    pod = _pod()
+    assert pod["spec"]["restartPolicy"] == "Never"
+    env = {e["name"]: e["value"] for e in _mirrord()["env"]}
+    rate, grace = int(env["MIRRORD_IO__BANDWIDTH_LIMIT"]), float(env["MIRRORD_DAEMON__SHUTDOWN_GRACE_SECONDS"])
+    assert grace >= 10 * 2**30 / rate
+    assert pod["spec"]["terminationGracePeriodSeconds"] > grace
+
+
 def test_mirrord_runs_unprivileged_on_a_read_only_root() -> None:
     """runAsNonRoot as the image's uid 10001, read-only root filesystem, no capabilities, no escalation."""
     context = _mirrord()["securityContext"]

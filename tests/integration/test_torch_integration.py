@@ -164,7 +164,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path: Path, damage: Callab
 def test_importing_mirrord_never_imports_torch() -> None:
     """The daemon and the CLI stay torch-free; only mirrord.torch pays for it."""
     code = (
-        "import sys, mirrord, mirrord.formats.zipcheck, mirrord.commands.latest, mirrord.cli\n"
+        "import sys, mirrord, mirrord.formats.zipcheck, mirrord.store.resume, mirrord.cli\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "import mirrord.torch\n"
         "assert 'torch' in sys.modules\n"

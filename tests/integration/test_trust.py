@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from mirrord.commands.latest import latest_checkpoint
 from mirrord.store.manifest import Manifest
+from mirrord.store.resume import latest_checkpoint
 from tests.support.checkpoints import publish_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess

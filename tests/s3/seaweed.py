@@ -24,6 +24,8 @@ from tests.support.ports import free_ports
 
 ACCESS_KEY = "mirrordtest"
 SECRET_KEY = "mirrordtestsecret-not-a-real-one"  # noqa: S105 (a local test server's key)
+READER_KEY = "mirrordreader"  # a second identity that may only read and list (read-only commands)
+READER_SECRET = "mirrordreadersecret-not-a-real-one"  # noqa: S105
 REGION = "us-east-1"
 START_SECONDS = 90.0  # a loaded 2-core machine has taken ~10 s; readiness is polled, this is the cap
 STOP_SECONDS = 15.0
@@ -56,7 +58,9 @@ class SeaweedServer:
         self.config = workdir / "s3.json"
         identity = {"name": "mirrord", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
                     "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
-        self.config.write_text(json.dumps({"identities": [identity]}))
+        reader = {"name": "reader", "credentials": [{"accessKey": READER_KEY, "secretKey": READER_SECRET}],
+                  "actions": ["Read", "List"]}
+        self.config.write_text(json.dumps({"identities": [identity, reader]}))
         self.ports: dict[str, int] = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES)), strict=True))
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0

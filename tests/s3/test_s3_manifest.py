@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from mirrord.commands.latest import latest_key
 from mirrord.commands.status import collect
 from mirrord.commands.sync import run_sync
 from mirrord.config import load_config
 from mirrord.core.model import ManifestEntry
 from mirrord.store.manifest import MANIFEST_NAME, encode_snapshot
+from mirrord.store.resume import latest_key
 from mirrord.store.s3 import S3Mirror, S3Settings
 from mirrord.store.s3 import mirror as s3_mirror
 from tests.s3.seaweed import SeaweedServer

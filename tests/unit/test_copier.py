@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from mirrord.commands.latest import latest_checkpoint
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob, CopyResult
@@ -40,6 +39,7 @@ from mirrord.service.engine import Engine
 from mirrord.service.workers import copy_all
 from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
+from mirrord.store.resume import latest_checkpoint
 from mirrord.store.volume import LocalMirror, LocalUpload
 from tests.support.checkpoints import save_checkpoint
 from tests.support.mirror import assert_mirror_consistent, mirror_files, names, sha256, temp_files

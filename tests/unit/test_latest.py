@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-import mirrord.commands.latest as latest_module
-from mirrord.commands.latest import latest_checkpoint
+import mirrord.store.resume as latest_module
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.obs.metrics import Metrics
 from mirrord.service.engine import Engine
 from mirrord.store.manifest import Manifest
+from mirrord.store.resume import latest_checkpoint
 from mirrord.store.volume import LocalMirror
 from tests.support.checkpoints import BASE_MTIME_NS, save_checkpoint
 

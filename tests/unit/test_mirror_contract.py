@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.commands.latest import latest_key
 from mirrord.commands.verify import Finding, check_entry, deep_check, verify_mirror
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.errors import LockedError, MirrordError, SizeMismatchError
 from mirrord.store.hashing import hash_stream
 from mirrord.store.mirror import Mirror, UnitStaging, mirror_for, read_fully
+from mirrord.store.resume import latest_key
 from mirrord.store.volume import ChangedError
 from tests.support.checkpoints import checkpoint_bytes
 

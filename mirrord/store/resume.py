@@ -1,0 +1,352 @@
+"""Which checkpoint should a training script resume from? The newest one that is provably whole.
+
+On a mirror, "provably whole" means: recorded in the manifest (so it was published only after its
+source passed its format validator), and the file on disk is still the one recorded. That last point
+is answered without reading multi-GB files on every call: the manifest records the published copy's
+inode, size, mtime and ctime, and while they are unchanged the recorded hash still holds. An entry
+without that record, or whose file changed by stat, is re-hashed and re-validated; `verify=True`
+re-reads every candidate.
+
+"Newest" is per run by (branch, step): after a rollback (a lower step written after a higher one,
+see mirrord.core.branches) the new branch wins. Across runs, step numbers are never compared: the run
+whose best checkpoint has the newest mtime wins.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mirrord.core.branches import branches, lying_after_ns
+from mirrord.core.layouts import TEMP_SUFFIXES, Layout
+from mirrord.core.model import FileState, ManifestEntry, entry_passed, step_of
+from mirrord.errors import UnsafePathError
+from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
+from mirrord.store.hashing import hash_stream
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from mirrord.store.mirror import ReadableStore, random_access_fd
+from mirrord.store.volume import LocalVolume
+
+if TYPE_CHECKING:
+    from mirrord.core.units import Unit
+    from mirrord.formats.validators import Verdict
+
+# Re-reading (hashing, the format validators) and judging a primary's folder
+# units (mirrord.service.completeness) are imported where they are needed: the usual answer is a
+# manifest read and a few stats, and a training script waits on it. So are folder units
+# (mirrord.core.units): a file layout's answer has none.
+
+FUTURE_SKEW_SECONDS = 60.0  # as prune.future_skew_seconds' default
+
+
+def run_key(store: ReadableStore, run: str | Path | None) -> str | None:
+    """The run `--run` names, as a key prefix: relative as given ('' for the top), or an absolute path
+    below a local store's root. ValueError (a sentence) when it is neither."""
+    if run is None:
+        return None
+    run_path = Path(run)
+    if run_path.is_absolute():
+        root = Path(store.describe())
+        if not root.is_absolute() or not run_path.resolve().is_relative_to(root.resolve()):
+            raise ValueError(f"{run} is not a folder under {store.describe()}")
+        run_path = run_path.resolve().relative_to(root.resolve())
+    key = run_path.as_posix()
+    return "" if key == "." else key.strip("/")
+
+
+def _by_recency(items: list[tuple[int | None, int, object]]) -> list[object]:
+    """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them."""
+    mtimes: dict[int, int] = {}
+    lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)  # beyond: a lying clock, no evidence of order
+    for step, mtime, _ in items:
+        if step is not None:
+            mtimes[step] = max(mtimes.get(step, 0), 0 if mtime > lie else mtime)
+    order = branches(mtimes)
+    def key(item: tuple[int | None, int, object]) -> tuple[int, int, int, int]:
+        step, mtime, _ = item
+        if step is None:
+            return (0, 0, 0, mtime)
+        branch, _ = order.key(step)
+        return (1, branch, step, mtime)
+    return [item for _, _, item in sorted(items, key=key, reverse=True)]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem verify found with a mirrored file."""
+    path: str
+    problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | part | <validator status>
+    detail: str = ""
+
+    @property
+    def is_problem(self) -> bool:
+        """"unchecked" (a format without a validator) and "part" (an intact file of a unit still waiting
+        for other nodes' shares) are worth reporting, never a failure."""
+        return self.problem not in (UNCHECKED, PART)
+
+
+# An unrecorded file that is part of a node's contribution to a unit not complete yet, and holds exactly
+# what that node recorded (mirrord.core.contributions): not vouched for, not a problem either.
+PART = "part"
+
+
+def check_entry(store: ReadableStore, entry: ManifestEntry) -> Finding | None:
+    """None if the key entry.path holds exactly what the manifest recorded (size, then content hash)."""
+    try:
+        with store.open_read(entry.path) as stream:
+            size, digest = hash_stream(stream, entry.algo)
+    except FileNotFoundError:
+        return Finding(entry.path, "missing", "in the manifest but not on the mirror")
+    except OSError as exc:
+        return Finding(entry.path, "unreadable", exc.strerror or str(exc))
+    if size != entry.size:
+        return Finding(entry.path, "size_mismatch", f"{size} bytes on the mirror, manifest says {entry.size}")
+    if digest != entry.digest:
+        return Finding(entry.path, "hash_mismatch", f"{entry.algo} {digest}, manifest says {entry.digest}")
+    return None
+
+
+def validate_key(store: ReadableStore, key: str, quick: bool = False) -> Verdict:
+    """The format validator on the whole object at `key` (`quick`: structure only, a few KB read); a DCP
+    file is also judged with its folder: a `.metadata` by every file it references (present, with its
+    size), a `.distcp` by the byte ranges the `.metadata` beside it places in it."""
+    from mirrord.formats import dcpmeta
+    from mirrord.formats.validators import DCP, Verdict, validate_fd
+
+    try:
+        with store.open_read(key) as stream, random_access_fd(stream) as fd:
+            verdict = validate_fd(fd, key, quick=quick)
+            size = os.fstat(fd).st_size
+    except OSError as exc:
+        return Verdict(UNREADABLE, exc.strerror or str(exc))
+    if verdict.format != DCP or verdict.status not in PASSING:
+        return verdict
+    folder, _, name = key.rpartition("/")
+
+    def read(meta: str) -> bytes:
+        try:
+            with store.open_read(meta) as stream:
+                return stream.read(dcpmeta.MAX_METADATA_BYTES + 1)  # storage_references refuses more
+        except FileNotFoundError as exc:
+            raise dcpmeta.MetadataError("missing: the save did not finish (dcp.save writes it last)",
+                                        "truncated") from exc
+        except OSError as exc:
+            raise dcpmeta.MetadataError(exc.strerror or str(exc), "unreadable") from exc
+
+    def size_of(rel: str) -> int | None:
+        try:
+            state = store.stat(rel)
+        except (OSError, ValueError):
+            return None
+        return state.size if state is not None and state.is_regular else None
+
+    if name == dcpmeta.METADATA_NAME:
+        status, detail = dcpmeta.check_folder_in(read, size_of, folder)
+    else:
+        status, detail = dcpmeta.check_data_file_in(read, key, size)
+    return Verdict(status, detail, DCP)
+
+
+def entry_intact(store: ReadableStore, entry: ManifestEntry, verify: bool = False) -> bool:
+    """The file is what the manifest recorded and passed its validator.
+
+    Trusted by stat (inode, size, mtime, ctime as recorded) unless `verify`; otherwise re-hashed and,
+    for entries recorded before validation existed, validated.
+    """
+    if not entry_passed(entry):
+        return False
+    if not verify:
+        try:
+            state = store.stat(entry.path)
+        except (OSError, UnsafePathError):
+            return False
+        if state is None or not state.is_regular:
+            return False
+        if entry.unchanged(state):
+            return True
+    if check_entry(store, entry) is not None:
+        return False
+    if entry.validation is not None and not verify:
+        return True  # the bytes are the ones that passed when they were copied
+    return validate_key(store, entry.path).passed
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A recorded unit that can be restored: a file, or a folder with all its recorded files."""
+
+    key: str
+    run: str
+    step: int | None
+    folder: bool
+    entries: tuple[ManifestEntry, ...]
+
+
+def recorded_candidates(manifest: Manifest, run_key: str | None = None,
+                        layout: Layout | None = None) -> dict[str, list[Candidate]]:
+    """Per run, the checkpoint units the manifest records with every file passed, newest first (by branch
+    and step; see _by_recency). Without a layout every entry is a file unit."""
+    members: dict[str, list[ManifestEntry]] = defaultdict(list)
+    where: dict[str, tuple[str, int | None, bool]] = {}
+    for e in manifest.entries.values():
+        place = None
+        if layout is not None:
+            from mirrord.core.units import locate  # (not loaded for a file layout's answer)
+
+            place = locate(e.path, layout)
+            if place is None or place.role != "checkpoint":
+                continue
+        key, run, step, folder = (e.path, e.run, e.step, False) if place is None else (
+            place.unit, place.run, place.step, place.kind == "folder")
+        if run_key is None or run == run_key:
+            members[key].append(e)
+            where[key] = (run, step, folder)
+    runs: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
+    for key, entries in members.items():
+        if all(entry_passed(e) for e in entries):
+            run, step, folder = where[key]
+            unit = Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
+            runs[run].append((step, max(e.source_mtime_ns for e in entries), unit))
+    return {run: [c for c in _by_recency(items) if isinstance(c, Candidate)] for run, items in runs.items()}
+
+
+def newest_run(runs: dict[str, list[Candidate]]) -> str | None:
+    """The run written to most recently: the one whose newest recorded file has the newest source mtime
+    (a time beyond the clock's skew is no evidence)."""
+    lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)
+
+    def written(run: str) -> int:
+        return max((e.source_mtime_ns for c in runs[run] for e in c.entries if e.source_mtime_ns <= lie), default=0)
+
+    return max(runs, key=written, default=None)
+
+
+def latest_key(
+    store: ReadableStore,
+    run_key: str | None = None,
+    require_manifest: bool = True,
+    patterns: Iterable[str] = ("*.pt",),
+    step_pattern: str = r"step_(\d+)",
+    verify: bool = False,
+    layout: Layout | None = None,
+) -> str | None:
+    """The key of the newest whole checkpoint in `store` (of the run `run_key`, or of the run written
+    to most recently); see latest_checkpoint. Works on any store: a local tree or the mirror's seam.
+    With a folder layout the answer is a unit's folder."""
+    manifest = store.load_manifest()
+    folders = layout is not None and layout.folders
+    if len(manifest) or require_manifest:
+        return _latest_recorded(store, recorded_candidates(manifest, run_key, layout if folders else None),
+                                layout, verify)
+    if folders:
+        assert layout is not None
+        return _latest_unit(store, run_key, layout)
+    snap = store.snapshot(patterns)
+    step_regex = re.compile(step_pattern)
+    by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
+    for s in snap.files.values():
+        if run_key is None or s.run == run_key:
+            by_run[s.run].append((step_of(s.rel, step_regex), s.mtime_ns, s))
+    best: list[FileState] = []
+    for items in by_run.values():
+        for state in _by_recency(items):
+            assert isinstance(state, FileState)
+            # Stricter than passing: on a primary with no manifest, only a verdict of "ok" proves anything.
+            if validate_key(store, state.rel).status == "ok":
+                best.append(state)
+                break
+    return max(best, key=lambda s: s.mtime_ns).rel if best else None
+
+
+def latest_checkpoint(
+    root: str | Path,
+    run: str | Path | None = None,
+    require_manifest: bool = True,
+    patterns: Iterable[str] = ("*.pt",),
+    step_pattern: str = r"step_(\d+)",
+    verify: bool = False,
+    layout: Layout | None = None,
+) -> Path | None:
+    """The newest whole checkpoint under `root` (of `run`, or of the run written to most recently).
+
+    On a mirror: only manifest entries whose file is still the one recorded (see entry_intact); a newer
+    file that is truncated, corrupt or unrecorded is skipped, never returned. With
+    `require_manifest=False` and no manifest at `root` (a primary volume), the newest file that passes
+    its format validator with a verdict of "ok" (a torch zip: every record's CRC) is returned instead.
+    """
+    if str(root).startswith("s3://"):
+        raise ValueError(f"latest_checkpoint reads a local folder, not {root}: use "
+                         "mirrord.torch.restore_latest(mirror, dest) to bring the checkpoint back from S3")
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"latest_checkpoint: {root} does not exist or is not a folder")
+    mirror = next((p for p in root.resolve().parents if _holds_manifest(p)), None)
+    if mirror is not None and not _holds_manifest(root):
+        rel = root.resolve().relative_to(mirror).as_posix()
+        raise ValueError(f"{root} is a run folder of the mirror {mirror}: pass the mirror's root and the run, "
+                         f"latest_checkpoint({str(mirror)!r}, run={rel!r})")
+    store = LocalVolume(root)
+    key = latest_key(store, run_key(store, run), require_manifest, patterns, step_pattern, verify, layout)
+    return None if key is None else root / key
+
+
+def _holds_manifest(folder: Path) -> bool:
+    """A mirror's root: its manifest (snapshot or journal) is there."""
+    return (folder / MANIFEST_NAME).exists() or any(folder.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
+
+
+def _latest_recorded(store: ReadableStore, runs: dict[str, list[Candidate]], layout: Layout | None,
+                     verify: bool) -> str | None:
+    """Per run the newest recorded unit still intact (a folder: holding exactly its recorded files); of
+    those, the one of the run written to most recently."""
+    listing: list[str] | None = None  # one listing of the store, only when a folder unit is to be checked
+    found: list[Candidate] = []
+    for candidates in runs.values():
+        for unit in candidates:
+            if unit.folder and listing is None:
+                listing = sorted(store.snapshot((), layout).files)
+            if _unit_intact(store, unit, listing, verify):
+                found.append(unit)
+                break
+    best = newest_run({unit.run: [unit] for unit in found})
+    return None if best is None else next(unit.key for unit in found if unit.run == best)
+
+
+def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> str | None:
+    """On a primary without a manifest, the newest folder that its layout's completeness rule calls whole."""
+    from mirrord.core.units import group_units
+
+    if not isinstance(store, LocalVolume):
+        return None  # a primary is a local tree; judging completeness needs one
+    from mirrord.service.completeness import judge
+
+    units = group_units(store.snapshot((), layout).files.values(), layout)
+    complete = judge(store, layout)
+    by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
+    for listed in units.values():
+        if listed.role == "checkpoint" and (run_key is None or listed.run == run_key):
+            by_run[listed.run].append((listed.step, listed.mtime_ns, listed))
+    best: list[Unit] = []
+    for items in by_run.values():
+        for candidate in _by_recency(items):
+            assert isinstance(candidate, Unit)
+            if complete(candidate).complete:
+                best.append(candidate)
+                break
+    return max(best, key=lambda u: u.mtime_ns).rel if best else None
+
+
+def _unit_intact(store: ReadableStore, unit: Candidate, listing: list[str] | None, verify: bool) -> bool:
+    """Every recorded file intact, and (a folder) nothing else in it: the unit as it was published."""
+    if unit.folder:
+        prefix = unit.key + "/"
+        there = {rel for rel in listing or () if rel.startswith(prefix) and not rel.endswith(TEMP_SUFFIXES)}
+        if there != {e.path for e in unit.entries}:
+            return False
+    return all(entry_intact(store, e, verify) for e in unit.entries)

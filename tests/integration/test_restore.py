@@ -1,0 +1,259 @@
+"""`mirrord restore` and mirrord.torch.restore_latest on a local mirror: real torch.save checkpoints, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from mirrord.torch import atomic_save, latest_checkpoint, restore_latest
+from tests.support.cli import run_mirrord
+from tests.support.config import settings, write_config
+from tests.support.privileges import NOBODY, run_as_nobody
+
+
+def _train(run: Path, steps: list[int]) -> None:
+    torch.manual_seed(0)
+    run.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        atomic_save({"step": step, "w": torch.randn(64, 64)}, run / f"step_{step:04d}.pt")
+        mtime = 1_700_000_000_000_000_000 + step * 10**9
+        os.utime(run / f"step_{step:04d}.pt", ns=(mtime, mtime))
+
+
+@pytest.fixture
+def mirrored(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Three steps of run `a` on the primary, synced to the mirror; returns (config, primary, mirror)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary.mkdir()
+    mirror.mkdir()
+    _train(primary / "a", [10, 20, 30])
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror))
+    done = run_mirrord("sync", "--config", config)
+    assert done.returncode == 0, done.stderr
+    return config, primary, mirror
+
+
+def _flip(path: Path) -> None:
+    """Flip bytes in the middle of `path`, keeping its size and times."""
+    st = path.stat()
+    with path.open("r+b") as f:
+        f.seek(st.st_size // 2)
+        data = f.read(16)
+        f.seek(st.st_size // 2)
+        f.write(bytes(b ^ 0xFF for b in data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_restore_brings_back_the_newest_step_and_sync_copies_nothing_again(mirrored: tuple[Path, Path, Path]) -> None:
+    """After the run folder is wiped, restore publishes the newest verified step where the trainer looks,
+    identical to the mirror's copy, with its source mtime: a following sync copies nothing."""
+    config, primary, mirror = mirrored
+    shutil.rmtree(primary / "a")
+    done = run_mirrord("restore", "--config", config)
+    assert done.returncode == 0, done.stderr
+    restored = primary / "a" / "step_0030.pt"
+    assert done.stdout.strip() == str(restored)
+    assert restored.read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+    assert restored.stat().st_mtime_ns == 1_700_000_000_000_000_000 + 30 * 10**9
+    assert torch.load(restored, weights_only=True)["step"] == 30
+    assert not list((primary / "a").glob("*.part"))
+    again = run_mirrord("sync", "--config", config, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["copied"] == []
+
+
+def test_a_damaged_copy_is_never_published_and_the_next_newest_is_restored(mirrored: tuple[Path, Path, Path]) -> None:
+    """Bytes flipped in the newest mirror copy (size and times kept): nothing published under its name,
+    step 20 restored instead (exit 0, the damaged file named); with --step 30, exit 1 and nothing published."""
+    config, primary, mirror = mirrored
+    _flip(mirror / "a" / "step_0030.pt")
+    shutil.rmtree(primary / "a")
+    pinned = run_mirrord("restore", "--config", config, "--step", "30")
+    assert pinned.returncode == 1
+    assert "step_0030.pt" in pinned.stderr and pinned.stdout == ""
+    assert not (primary / "a" / "step_0030.pt").exists()
+    assert not list((primary / "a").glob("*.part"))
+    done = run_mirrord("restore", "--config", config, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["relative_path"] == "a/step_0020.pt"
+    assert [d["path"] for d in doc["damaged"]] == [str(mirror / "a" / "step_0030.pt")]
+    assert "DAMAGED" in done.stderr and "step_0030.pt" in done.stderr
+    assert sorted(p.name for p in (primary / "a").iterdir()) == ["step_0020.pt"]
+
+
+def test_an_identical_file_is_left_alone_and_a_different_one_needs_force(mirrored: tuple[Path, Path, Path]) -> None:
+    """An identical file at the destination: exit 0, "already there", untouched (same inode). A different
+    one: exit 1, untouched; with --force it is replaced by the mirror's copy."""
+    config, primary, mirror = mirrored
+    target = primary / "a" / "step_0030.pt"
+    inode = target.stat().st_ino
+    same = run_mirrord("restore", "--config", config)
+    assert same.returncode == 0, same.stderr
+    assert "already there" in same.stderr and target.stat().st_ino == inode
+    target.write_bytes(b"not the checkpoint")
+    refused = run_mirrord("restore", "--config", config)
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert target.read_bytes() == b"not the checkpoint"
+    forced = run_mirrord("restore", "--config", config, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert target.read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+
+
+def test_restore_to_another_folder_and_by_run(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """--to DIR restores below DIR at the same relative path; --run picks the run."""
+    config, _primary, mirror = mirrored
+    done = run_mirrord("restore", "--config", config, "--run", "a", "--to", tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "elsewhere" / "a" / "step_0030.pt").read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+    missing = run_mirrord("restore", "--config", config, "--run", "b", "--to", tmp_path / "x")
+    assert missing.returncode == 1 and "no verified checkpoint" in missing.stderr
+    (tmp_path / "file").write_text("")
+    blocked = run_mirrord("restore", "--config", config, "--to", tmp_path / "file")
+    assert blocked.returncode == 1 and "Traceback" not in blocked.stderr
+    assert f"{tmp_path / 'file' / 'a' / 'step_0030.pt'}: restore:" in blocked.stderr
+
+
+def test_restore_latest_and_latest_checkpoint_from_python(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """restore_latest returns the restored path; latest_checkpoint refuses, with a sentence, what it cannot
+    answer (a missing root, a run folder of a mirror, an s3:// URL) and returns None for an empty root."""
+    _config, _primary, mirror = mirrored
+    dest = tmp_path / "resume"
+    assert restore_latest(mirror, dest) == dest / "a" / "step_0030.pt"
+    assert restore_latest(mirror, dest, run="a") == dest / "a" / "step_0030.pt"  # already there
+    assert latest_checkpoint(mirror) == mirror / "a" / "step_0030.pt"
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        latest_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=f"run folder of the mirror {mirror}"):
+        latest_checkpoint(mirror / "a")
+    with pytest.raises(ValueError, match="restore_latest"):
+        latest_checkpoint("s3://bucket/prefix")
+    (tmp_path / "empty").mkdir()
+    assert latest_checkpoint(tmp_path / "empty") is None
+    assert restore_latest(tmp_path / "empty", dest) is None
+
+
+def _cli_as_nobody(*argv: str, warm: tuple[str, ...] = ()) -> tuple[int, str, str]:
+    """`mirrord ARGV` run in a forked child that dropped root for uid/gid 65534: (exit status, stdout, stderr).
+    The command (or `warm`) first runs as root in this process: only where its result does not depend on it."""
+    import contextlib
+    import io
+
+    from mirrord.cli import main
+
+    def run(args: tuple[str, ...] = argv) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+        return code, out.getvalue(), err.getvalue()
+
+    # The child cannot read the interpreter's own modules (they live where 65534 cannot read): every module
+    # the command imports is loaded here first, by the same command run as root (the callers make that safe).
+    run(warm or argv)
+    outcome = run_as_nobody(run)
+    assert "value" in outcome, outcome["text"]
+    code, out, err = outcome["value"]
+    return int(code), str(out), str(err)
+
+
+READ_ONLY_COMMANDS = (["latest"], ["verify"], ["prune", "--dry-run"], ["check-config"], ["status", "--timeout", "0.1"])
+
+
+def test_a_group_reader_runs_every_read_only_command(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """A non-root user in the mirror's group (0750 folders, 0640 files) runs latest, verify, prune --dry-run,
+    check-config, status and restore; sync and prune say they need write access (exit 2)."""
+    config, _primary, mirror = mirrored
+    for path in [mirror, *mirror.rglob("*")]:
+        os.chown(path, 0, NOBODY)
+        path.chmod(0o750 if path.is_dir() else 0o640)
+    for folder in [tmp_path, *tmp_path.parents]:
+        if folder.stat().st_mode & 0o005 != 0o005:
+            folder.chmod(folder.stat().st_mode | 0o005)  # the way down to the mirror and the config
+    for argv in READ_ONLY_COMMANDS:
+        code, _out, err = _cli_as_nobody(*argv, "--config", str(config))
+        assert "not writable" not in err, (argv, err)
+        assert code == 0 or argv[0] == "status", (argv, err)  # status: exit 1 only for "no daemon answers"
+    dest = tmp_path / "restored"
+    dest.mkdir()
+    os.chown(dest, NOBODY, NOBODY)
+    code, _out, err = _cli_as_nobody("restore", "--config", str(config), "--to", str(dest),
+                                     warm=("restore", "--config", str(config), "--to", str(tmp_path / "warm")))
+    assert code == 0, err
+    assert (dest / "a" / "step_0030.pt").read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
+    for argv in (["sync"], ["prune"]):
+        code, _out, err = _cli_as_nobody(*argv, "--config", str(config), warm=("latest", "--config", str(config)))
+        assert code == 2 and "not writable" in err, (argv, err)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_read_only_bind_mount_touches_the_host(mirrored: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """TOUCHES THE HOST: bind-mounts the mirror read-only (root). latest, verify, prune --dry-run and restore
+    read it; sync says it needs write access."""
+    _config, primary, mirror = mirrored
+    view = tmp_path / "ro-mirror"
+    view.mkdir()
+    subprocess.run(["mount", "--bind", str(mirror), str(view)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        ro_config = write_config(tmp_path / "ro.toml", settings(primary, view))
+        for argv in READ_ONLY_COMMANDS[:4]:
+            done = run_mirrord(*argv, "--config", ro_config)
+            assert done.returncode == 0, (argv, done.stderr)
+        shutil.rmtree(primary / "a")
+        done = run_mirrord("restore", "--config", ro_config)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str(primary / "a" / "step_0030.pt")
+        refused = run_mirrord("sync", "--config", ro_config)
+        assert refused.returncode == 2 and "not writable" in refused.stderr
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
+
+
+def test_disaster_drill_on_a_local_mirror(tmp_path: Path) -> None:
+    """Train with the daemon, wipe the run folder mid-run: the mirror's verified units never drop (counted
+    every 50 ms); restore, resume: the losses equal an uninterrupted run's; no old step is copied again."""
+    from mirrord.store.volume import LocalVolume
+    from tests.support.daemon import DaemonProcess
+    from tests.support.drill import disaster_drill
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary.mkdir()
+    mirror.mkdir()
+    daemon = DaemonProcess(tmp_path, primary, mirror)
+    figures = disaster_drill(tmp_path, daemon, primary, LocalVolume(mirror))
+    print("drill figures (local):", figures)
+
+
+def test_a_folder_unit_is_restored_whole(tmp_path: Path) -> None:
+    """layout = "hf": the newest checkpoint folder comes back whole (every file, each with its source mtime);
+    a damaged file in it makes the whole folder pass over to the one before, and nothing of it is published."""
+    from tests.support.folders import write_hf
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    mirror.mkdir()
+    for step in (10, 20):
+        write_hf(primary / "run" / f"checkpoint-{step}", step)
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "hf"}))
+    assert run_mirrord("sync", "--config", config).returncode == 0
+    originals = {p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+                 for p in primary.rglob("*") if p.is_file()}
+    shutil.rmtree(primary / "run")
+    done = run_mirrord("restore", "--config", config)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(primary / "run" / "checkpoint-20")
+    restored = {p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+                for p in primary.rglob("*") if p.is_file()}
+    assert restored == {k: v for k, v in originals.items() if "checkpoint-20" in k}
+    assert json.loads(run_mirrord("sync", "--json", "--config", config).stdout)["copied"] == []
+
+    _flip(next((mirror / "run" / "checkpoint-20").glob("*.safetensors")))
+    done = run_mirrord("restore", "--config", config, "--to", tmp_path / "again")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "again" / "run" / "checkpoint-10")
+    assert sorted(p.name for p in (tmp_path / "again" / "run").iterdir()) == ["checkpoint-10"]

@@ -1,0 +1,104 @@
+"""`mirrord restore` and mirrord.torch.restore_latest from an S3 mirror (a real SeaweedFS), real torch.save files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mirrord.store.s3 import S3Mirror, S3Settings
+from mirrord.torch import atomic_save, restore_latest
+from tests.s3.seaweed import READER_KEY, READER_SECRET, SeaweedServer
+from tests.s3.test_s3_commands import _config
+from tests.support.cli import run_mirrord
+
+
+def _train(run: Path, steps: list[int]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    for step in steps:
+        atomic_save({"step": step, "w": torch.randn(512, 512)}, run / f"step_{step:04d}.pt")
+
+
+def test_restore_from_s3_publishes_the_newest_and_falls_back_past_a_damaged_object(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run folder wiped: restore brings step 30 back from the bucket, identical, with its source mtime
+    (sync then copies nothing); the object of step 30 damaged: nothing published, step 20 restored;
+    restore_latest does the same from Python."""
+    primary = tmp_path / "primary"
+    _train(primary / "a", [10, 20, 30])
+    originals = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (primary / "a").iterdir()}
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    shutil.rmtree(primary / "a")
+
+    done = run_mirrord("restore", "--config", config, env=s3_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    restored = primary / "a" / "step_0030.pt"
+    assert done.stdout.strip() == str(restored)
+    assert (restored.read_bytes(), restored.stat().st_mtime_ns) == originals["step_0030.pt"]
+    again = run_mirrord("sync", "--json", "--config", config, env=s3_env, timeout=300)
+    assert again.returncode == 0 and json.loads(again.stdout)["copied"] == [], again.stderr
+
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+    damaged = bytearray(originals["step_0030.pt"][0])
+    damaged[len(damaged) // 2] ^= 0xFF
+    mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/a/step_0030.pt", Body=bytes(damaged))
+    elsewhere = tmp_path / "elsewhere"
+    done = run_mirrord("restore", "--json", "--config", config, "--to", elsewhere, env=s3_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["relative_path"] == "a/step_0020.pt"
+    assert "DAMAGED" in done.stderr and "a/step_0030.pt" in done.stderr
+    assert sorted(p.name for p in (elsewhere / "a").iterdir()) == ["step_0020.pt"]
+    pinned = run_mirrord("restore", "--step", "30", "--config", config, "--to", tmp_path / "pinned", env=s3_env)
+    assert pinned.returncode == 1 and "a/step_0030.pt" in pinned.stderr
+    assert not (tmp_path / "pinned" / "a" / "step_0030.pt").exists()
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint)
+    resume = restore_latest(url, tmp_path / "python")
+    assert resume == tmp_path / "python" / "a" / "step_0020.pt"
+    assert torch.load(resume, weights_only=True)["step"] == 20
+
+
+def test_disaster_drill_on_seaweedfs(seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str],
+                                     tmp_path: Path) -> None:
+    """The drill of tests/support/drill.py with the daemon mirroring into S3: the units never drop, the resumed
+    losses equal an uninterrupted run's, no old step is uploaded again."""
+    from tests.s3.test_s3_commands import _settings
+    from tests.support.daemon import DaemonProcess
+    from tests.support.drill import disaster_drill
+
+    url = f"s3://{bucket}/{prefix}"
+    primary = tmp_path / "primary"
+    primary.mkdir()
+    daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env,
+                           settings={"mirror": url, "s3": _settings(seaweed)})
+    daemon.settings["mirror"] = url
+    daemon.write_config()
+    store = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+    figures = disaster_drill(tmp_path, daemon, primary, store, env=s3_env)
+    print("drill figures (S3):", figures)
+
+
+def test_read_only_credentials_run_the_read_only_commands(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Credentials that may only read and list: latest, verify and restore work; sync cannot write (exit 1)."""
+    primary = tmp_path / "primary"
+    _train(primary / "a", [10, 20])
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    reader = {**s3_env, "AWS_ACCESS_KEY_ID": READER_KEY, "AWS_SECRET_ACCESS_KEY": READER_SECRET}
+    for argv in (["latest"], ["verify"], ["restore", "--to", str(tmp_path / "restored")]):
+        done = run_mirrord(*argv, "--config", config, env=reader, timeout=300)
+        assert done.returncode == 0, (argv, done.stderr)
+    assert (tmp_path / "restored" / "a" / "step_0020.pt").read_bytes() == (primary / "a" / "step_0020.pt").read_bytes()
+    _train(primary / "a", [30])
+    refused = run_mirrord("sync", "--config", config, env=reader, timeout=300)
+    assert refused.returncode != 0
+    assert "AccessDenied" in refused.stderr + refused.stdout, refused.stderr

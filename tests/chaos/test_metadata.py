@@ -132,6 +132,7 @@ def test_coarse_timestamps_on_a_real_filesystem(
 
 
 # --------------------------------------------------------------------------------- inotify overflow
+@pytest.mark.host  # sets a system-wide sysctl for a moment
 @pytest.mark.skipif(os.geteuid() != 0 or not QUEUE_SYSCTL.exists(), reason="needs root and inotify sysctls")
 def test_inotify_queue_overflow_triggers_a_rescan(
     world: World, checkpoints: Checkpoints, tmp_path: Path, report: Report

@@ -229,6 +229,7 @@ def test_run_starts_without_importing_torch(tmp_path):
 INOTIFY_WATCHES = Path("/proc/sys/fs/inotify/max_user_watches")
 
 
+@pytest.mark.host  # sets a system-wide sysctl for a moment
 @pytest.mark.skipif(os.geteuid() != 0 or not INOTIFY_WATCHES.exists(), reason="needs root to lower the inotify limit")
 def test_inotify_watch_limit_falls_back_to_polling(tmp_path, daemon_factory):
     """inotify cannot watch the primary (the user's watch limit is exhausted): the daemon says why and

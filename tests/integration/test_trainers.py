@@ -342,7 +342,7 @@ def same_last_ckpt(primary: Path, mirror: Path) -> bool:
     """Whether the mirror's last.ckpt is the primary's: the same bytes, or a link to the same step's name."""
     src, dst = primary / "last.ckpt", mirror / "last.ckpt"
     if src.is_symlink():
-        return dst.is_symlink() and Path(os.readlink(dst)).name == Path(os.readlink(src)).name
+        return dst.is_symlink() and dst.readlink().name == src.readlink().name
     return dst.is_file() and not dst.is_symlink() and filecmp.cmp(src, dst, shallow=False)
 
 

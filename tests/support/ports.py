@@ -10,7 +10,6 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-
 # Ports handed out lie below the kernel's ephemeral range (no outgoing connection can take one before its
 # server binds it), in a block of their own per pytest-xdist worker (no two workers hand out the same one).
 FIRST_PORT = 10000

@@ -23,6 +23,7 @@ from tests.s3.fixtures import _session_bucket, bucket, prefix, s3_client, s3_env
 from tests.support import config
 from tests.support.checkpoints import save_checkpoint
 from tests.support.daemon import DaemonProcess
+from tests.support.gate import FuseMount, fuse_unavailable
 
 THREAD_JOIN_SECONDS = 5.0
 # Every process the tests start inherits this variable (children copy os.environ, even when they drop
@@ -118,7 +119,7 @@ def _mounts_below(root: Path) -> list[str]:
 # Tiers: each test is marked by the folder it lives in, and by what it needs.
 FOLDER_MARKERS = ("unit", "integration", "chaos", "s3", "deploy")
 # Fixtures that mount a filesystem (tmpfs, ext4 on a loop device, FUSE): a test using one touches the host.
-HOST_FIXTURES = frozenset({"small_tmpfs", "loop_fs", "gated_primary"})
+HOST_FIXTURES = frozenset({"small_tmpfs", "loop_fs", "gated_primary", "fuse_world"})
 TESTS = Path(__file__).parent
 # The trainer scripts a test runs by module name (tests/support/train_*.py): they import a trainer library.
 TRAINER_SCRIPTS = tuple(f.stem for f in (TESTS / "support").glob("train_*.py"))
@@ -284,3 +285,18 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], capture_output=True, check=True)
+
+
+@pytest.fixture
+def gated_primary(tmp_path: Path) -> Iterator[FuseMount]:
+    """tmp_path/primary (where daemon_factory's daemons read) served from tmp_path/backing through a FUSE
+    passthrough with a gate: write checkpoints into `.backing`; `.stall(name, ...)` holds every copy of those
+    files in flight until `.unstall()`. No inotify event crosses it: a daemon finds files by scanning."""
+    reason = fuse_unavailable()
+    if reason:
+        pytest.skip(f"needs a FUSE mount: {reason}")
+    mount = FuseMount(tmp_path / "backing", tmp_path / "primary", tmp_path)
+    try:
+        yield mount
+    finally:
+        mount.close()

@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
-.PHONY: run test stress demo chaos chaos-ci bench bench-smoke clean
+.PHONY: run check test-fast test stress demo chaos chaos-ci bench bench-smoke clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +17,21 @@ run: $(VENV)/.installed
 	@echo "mirrord: on a terminal the daemon's banner shows the retention in force; Ctrl-C stops"
 	$(VENV)/bin/mirrord run --config config/local.toml
 
-# Set up everything the tests need and run them (what CI runs).
+# Test tiers (README, Tests). The parallel run: pytest-xdist workers, the `host` tests in one group.
+PYTEST ?= $(PYTHON) -m pytest -q -p no:cacheprovider
+PARALLEL ?= -n 4 --dist loadgroup
+
+# The inner loop: lint, types and the unit tier (under a minute).
+check:
+	$(PYTHON) -m ruff check mirrord tests
+	$(PYTHON) -m mypy mirrord
+	$(PYTEST) tests/unit
+
+# Everything that needs no container, no mount or loop device, no S3 server and no trainer library.
+test-fast:
+	$(PYTEST) $(PARALLEL) -m "not (host or s3 or trainers or deploy)"
+
+# Set up everything the tests need and run them all (what CI runs).
 test:
 	bash .ci/run
 

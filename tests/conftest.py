@@ -23,6 +23,7 @@ from tests.s3.fixtures import _session_bucket, bucket, prefix, s3_client, s3_env
 from tests.support import config
 from tests.support.checkpoints import save_checkpoint
 from tests.support.daemon import DaemonProcess
+from tests.support.gate import FuseMount, fuse_unavailable
 
 THREAD_JOIN_SECONDS = 5.0
 # Every process the tests start inherits this variable (children copy os.environ, even when they drop
@@ -54,14 +55,17 @@ def _session_processes(marker: str) -> dict[int, str]:
 def pytest_configure(config: pytest.Config) -> None:
     """A private base temp dir per session (unless --basetemp is given). Under the shared
     /tmp/pytest-of-USER, a concurrent session's cleanup renames and deletes the numbered dirs it deems
-    old, a running test's loop mount included (EBUSY, and a warning that fails this suite)."""
+    old, a running test's loop mount included (EBUSY, and a warning that fails this suite).
+
+    Under pytest-xdist the controller makes it and each worker gets a folder inside it (--basetemp given).
+    The session lock lies beside the folder, not in it: pytest empties a given --basetemp at first use."""
     if config.option.basetemp is None:
         _drop_old_failed_basetemps()
-        config.option.basetemp = tempfile.mkdtemp(prefix=BASETEMP_PREFIX)
-        own = Path(config.option.basetemp)
+        own = Path(tempfile.mkdtemp(prefix=BASETEMP_PREFIX))
+        config.option.basetemp = str(own)
         config.stash[_OWN_BASETEMP] = own
         # Held for the whole session: another session's clean-up never touches a live base temp.
-        lock = (own / ".session.lock").open("w")
+        lock = _lock_path(own).open("w")
         fcntl.flock(lock, fcntl.LOCK_EX)
         config.stash[_OWN_LOCK] = lock
 
@@ -74,19 +78,24 @@ _OWN_BASETEMP = pytest.StashKey[Path]()
 _OWN_LOCK = pytest.StashKey[Any]()
 
 
+def _lock_path(basetemp: Path) -> Path:
+    return basetemp.with_name(basetemp.name + ".lock")
+
+
 def _drop_old_failed_basetemps() -> None:
     """Delete all but the newest KEEP_FAILED_BASETEMPS base temps left by earlier sessions: only those
     whose session lock can be taken (the session is over) and with nothing mounted below them."""
-    leftovers = sorted((d for d in Path(tempfile.gettempdir()).glob(BASETEMP_PREFIX + "*")
-                        if (d / ".session.lock").exists()),
-                       key=lambda d: d.stat().st_mtime if d.exists() else 0.0, reverse=True)
-    for old in leftovers[KEEP_FAILED_BASETEMPS:]:
+    locks = sorted(Path(tempfile.gettempdir()).glob(BASETEMP_PREFIX + "*.lock"),
+                   key=lambda f: f.stat().st_mtime if f.exists() else 0.0, reverse=True)
+    for lock_path in locks[KEEP_FAILED_BASETEMPS:]:
+        old = lock_path.with_name(lock_path.name.removesuffix(".lock"))
         try:
-            with (old / ".session.lock").open("r") as lock:
+            with lock_path.open("r") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if not _mounts_below(old):
                     shutil.rmtree(old, ignore_errors=True)
-        except OSError:  # a live session holds it, or it is not a directory we made
+                    lock_path.unlink()
+        except OSError:  # a live session holds it, or it is not a file we made
             continue
 
 
@@ -96,6 +105,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     own = session.config.stash.get(_OWN_BASETEMP, None)
     if own is not None and exitstatus == 0 and not _mounts_below(own):
         shutil.rmtree(own, ignore_errors=True)
+        _lock_path(own).unlink(missing_ok=True)
 
 
 def _mounts_below(root: Path) -> list[str]:
@@ -106,10 +116,47 @@ def _mounts_below(root: Path) -> list[str]:
         return [point for point in (line.split()[1] for line in mounts) if point.startswith(inside)]
 
 
+# Tiers: each test is marked by the folder it lives in, and by what it needs.
+FOLDER_MARKERS = ("unit", "integration", "chaos", "s3", "deploy")
+# Fixtures that mount a filesystem (tmpfs, ext4 on a loop device, FUSE): a test using one touches the host.
+HOST_FIXTURES = frozenset({"small_tmpfs", "loop_fs", "gated_primary", "fuse_world"})
+TESTS = Path(__file__).parent
+# The trainer scripts a test runs by module name (tests/support/train_*.py): they import a trainer library.
+TRAINER_SCRIPTS = tuple(f.stem for f in (TESTS / "support").glob("train_*.py"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by its folder (unit, integration, chaos, s3, deploy), `s3` when it uses the SeaweedFS
+    server, `trainers` when its module runs a trainer script, and `host` when it changes the host (a mount,
+    a sysctl, a container): host tests share one pytest-xdist group, so they run one after another."""
+    needs_trainer: dict[Path, bool] = {}
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        if folder in FOLDER_MARKERS:
+            item.add_marker(folder)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "seaweed" in fixtures:
+            item.add_marker("s3")
+        if item.path not in needs_trainer:
+            source = item.path.read_text(encoding="utf-8")
+            needs_trainer[item.path] = any(f'"{name}"' in source for name in TRAINER_SCRIPTS)
+        if needs_trainer[item.path]:
+            item.add_marker("trainers")
+        if folder == "deploy" or fixtures & HOST_FIXTURES:
+            item.add_marker("host")
+        if item.get_closest_marker("host") is not None:
+            item.add_marker(pytest.mark.xdist_group("host"))
+
+
+# Folders tests make outside the base temp (world_tmp): each must be gone by the end of the session.
+_OUTSIDE_FOLDERS: list[Path] = []
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _no_leftover_processes() -> Iterator[None]:
-    """Fail the session if a process started by the tests outlives them (then kill it): a test must
-    stop what it starts, by process group, pass or fail."""
+def _nothing_left_behind() -> Iterator[None]:
+    """Fail the session if a process started by the tests outlives them (then kill it), or a folder a test
+    made outside the base temp is still there (then delete it): a test must stop what it starts, by process
+    group, and remove what it makes, pass or fail. Under pytest-xdist each worker checks its own."""
     marker = f"{SESSION_MARKER}={os.getpid()}-{time.time_ns()}"
     os.environ[SESSION_MARKER] = marker.split("=", 1)[1]
     yield
@@ -120,9 +167,18 @@ def _no_leftover_processes() -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     os.environ.pop(SESSION_MARKER, None)
+    folders = [path for path in _OUTSIDE_FOLDERS if path.exists()]
+    for path in folders:
+        shutil.rmtree(path, ignore_errors=True)
+    problems = []
     if left:
         listing = "\n  ".join(f"{pid}: {cmd}" for pid, cmd in sorted(left.items()))
-        pytest.fail(f"{len(left)} process(es) started by the tests outlived the suite (now killed):\n  {listing}")
+        problems.append(f"{len(left)} process(es) started by the tests outlived the suite (now killed):\n  {listing}")
+    if folders:
+        listing = "\n  ".join(map(str, folders))
+        problems.append(f"{len(folders)} folder(s) made by the tests outlived them (now deleted):\n  {listing}")
+    if problems:
+        pytest.fail("\n".join(problems))
 
 
 @pytest.fixture(autouse=True)
@@ -206,6 +262,7 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
 def world_tmp() -> Iterator[Path]:
     """A directory an unprivileged child can reach (pytest's own tmp dirs are private to root)."""
     path = Path(tempfile.mkdtemp(prefix="mirrord-test-", dir="/tmp"))
+    _OUTSIDE_FOLDERS.append(path)
     path.chmod(0o755)
     yield path
     shutil.rmtree(path)
@@ -228,3 +285,18 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], capture_output=True, check=True)
+
+
+@pytest.fixture
+def gated_primary(tmp_path: Path) -> Iterator[FuseMount]:
+    """tmp_path/primary (where daemon_factory's daemons read) served from tmp_path/backing through a FUSE
+    passthrough with a gate: write checkpoints into `.backing`; `.stall(name, ...)` holds every copy of those
+    files in flight until `.unstall()`. No inotify event crosses it: a daemon finds files by scanning."""
+    reason = fuse_unavailable()
+    if reason:
+        pytest.skip(f"needs a FUSE mount: {reason}")
+    mount = FuseMount(tmp_path / "backing", tmp_path / "primary", tmp_path)
+    try:
+        yield mount
+    finally:
+        mount.close()

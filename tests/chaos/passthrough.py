@@ -5,7 +5,8 @@
 Serves BACKING at MOUNTPOINT. Changes made directly in BACKING reach readers of the mount, but no
 inotify event is ever raised on the mount: the situation of NFS, SMB or a 9p bridge, where only
 polling or a rescan sees new files. While STALLFILE exists, reads of any file whose name is listed
-in it block: a hung network mount, as seen by a copy in progress.
+in it block (from the byte offset after the name, if one is given): a hung network mount, as seen by a
+copy in progress.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
     def _full(self, path: str) -> str:
         return str(Path(self.backing) / path.lstrip("/"))
 
-    def _stalled(self, path: str) -> bool:
+    def _stalled(self, path: str, offset: int) -> bool:
+        """Whether STALLFILE holds this read: a line `NAME` or `NAME FROM` (reads from byte FROM on)."""
         try:
             with open(self.stall_file, encoding="utf-8") as f:
-                names = f.read().split()
+                lines = [line.split() for line in f.read().splitlines() if line.strip()]
         except FileNotFoundError:
             return False
-        return Path(path).name in names
+        name = Path(path).name
+        return any(words[0] == name and offset >= (int(words[1]) if len(words) > 1 else 0) for words in lines)
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         try:
@@ -63,7 +66,7 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         deadline = time.monotonic() + STALL_LIMIT_SECONDS
-        while self._stalled(path) and time.monotonic() < deadline:
+        while self._stalled(path, offset) and time.monotonic() < deadline:
             time.sleep(0.05)
         return os.pread(fh, size, offset)
 

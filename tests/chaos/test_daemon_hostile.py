@@ -163,6 +163,7 @@ def test_idle_http_clients_do_not_blind_the_daemon(
 
 
 # ------------------------------------------------------------------ 9. primary root replaced
+@pytest.mark.host  # mounts a tmpfs over the primary
 def test_watcher_follows_a_recreated_or_mounted_over_primary(
     tmp_path: Path, checkpoints: Checkpoints, report: Report
 ) -> None:

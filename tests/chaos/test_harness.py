@@ -66,6 +66,7 @@ def _spawn_with_pid(zygote: harness.Zygote, wanted: int, log: Path) -> int | Non
     return None
 
 
+@pytest.mark.host  # steers the kernel's next pid (ns_last_pid)
 def test_zygote_wait_never_answers_with_the_status_of_an_earlier_child_of_the_same_pid(
     zygote: harness.Zygote, tmp_path: Path
 ) -> None:

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +30,7 @@ from tests.chaos.harness import (
     write_config,
 )
 from tests.support.daemon import DaemonProcess
+from tests.support.gate import FuseMount, fuse_unavailable
 from tests.support.logs import read_events
 from tests.support.wait import wait_for
 
@@ -132,6 +130,7 @@ def test_coarse_timestamps_on_a_real_filesystem(
 
 
 # --------------------------------------------------------------------------------- inotify overflow
+@pytest.mark.host  # sets a system-wide sysctl for a moment
 @pytest.mark.skipif(os.geteuid() != 0 or not QUEUE_SYSCTL.exists(), reason="needs root and inotify sysctls")
 def test_inotify_queue_overflow_triggers_a_rescan(
     world: World, checkpoints: Checkpoints, tmp_path: Path, report: Report
@@ -178,60 +177,9 @@ def test_inotify_queue_overflow_triggers_a_rescan(
 
 
 # ------------------------------------------------------------------------------------------ FUSE
-def _fuse_unavailable() -> str | None:
-    if not Path("/dev/fuse").exists():
-        return "no /dev/fuse in this kernel or container"
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 (Debian fuse3) is not installed"
-    try:
-        import mfusepy  # noqa: F401
-    except (ImportError, OSError) as exc:
-        return f"mfusepy (PyPI) or libfuse is not importable: {exc}"
-    if os.geteuid() != 0:
-        return "mounting needs root here"
-    return None
-
-
-class FuseMount:
-    """tests/chaos/passthrough.py serving `backing` at `mount_point`, in its own process."""
-
-    def __init__(self, backing: Path, mount_point: Path, workdir: Path) -> None:
-        self.backing, self.mount_point = backing, mount_point
-        self.stall_file = workdir / "stall"
-        backing.mkdir(parents=True, exist_ok=True)
-        mount_point.mkdir(parents=True, exist_ok=True)
-        self._log = (workdir / "fuse.log").open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("passthrough.py")), str(backing), str(mount_point),
-             str(self.stall_file)], stdout=self._log, stderr=self._log,
-        )
-        wait_for(lambda: os.path.ismount(mount_point) or self.proc.poll() is not None, 90, "the FUSE mount",
-                 interval=0.02)
-        assert self.proc.poll() is None, (workdir / "fuse.log").read_text()
-
-    def stall(self, *names: str) -> None:
-        self.stall_file.write_text("\n".join(names))
-
-    def unstall(self) -> None:
-        self.stall_file.unlink(missing_ok=True)
-
-    def close(self) -> None:
-        self.unstall()
-        if os.path.ismount(self.mount_point):
-            result = subprocess.run(["fusermount3", "-u", str(self.mount_point)], capture_output=True, check=False)
-            if result.returncode != 0:
-                subprocess.run(["fusermount3", "-uz", str(self.mount_point)], capture_output=True, check=False)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-
-
 @pytest.fixture
 def fuse_world(tmp_path: Path) -> Iterator[tuple[World, FuseMount]]:
-    reason = _fuse_unavailable()
+    reason = fuse_unavailable()
     if reason:
         pytest.skip(f"FUSE tests skipped: {reason}")
     world = World(tmp_path)

@@ -142,6 +142,7 @@ def _bind(source: Path, target: Path) -> None:
     run_root("mount", "--bind", str(source), str(target))
 
 
+@pytest.mark.host  # bind mounts
 def test_bind_mounted_roots_are_refused(
     tmp_path: Path, checkpoints: Checkpoints, zygote: Zygote, report: Report
 ) -> None:

@@ -7,8 +7,6 @@ import itertools
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -145,13 +143,16 @@ def test_lost_events_are_repaired_by_the_rescan(tmp_path, daemon_factory):
     assert d.stop() == 0
 
 
-def test_kill_9_during_a_large_copy_then_restart_completes_it(tmp_path, daemon_factory):
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    src = publish_checkpoint(primary / "big" / "step_0100.pt", 100, megabytes=120)
-    slow = daemon_factory({"io": {"bandwidth_limit": 30 * 1024 * 1024, "drop_cache": False}}).start()
+def test_kill_9_during_a_large_copy_then_restart_completes_it(tmp_path, gated_primary, daemon_factory):
+    """A copy held half done at a gate is killed with SIGKILL: no final name; a restart completes it."""
+    mirror = tmp_path / "mirror"
+    src = publish_checkpoint(gated_primary.backing / "big" / "step_0100.pt", 100, megabytes=40)
+    gated_primary.stall("step_0100.pt", after=20 * 1024 * 1024)
+    slow = daemon_factory({"io": {"drop_cache": False}}).start()
     part = mirror / "big" / "step_0100.pt.part"
     wait_for(lambda: part.exists() and part.stat().st_size > 10 * 1024 * 1024, 90, "copy in progress")
     slow.stop(signal.SIGKILL)
+    gated_primary.unstall()
     assert not (mirror / "big" / "step_0100.pt").exists(), "a killed copy must leave no final name"
     assert part.exists()  # the dead process's temp file, to be replaced by the next copy
     fresh = daemon_factory().start()
@@ -220,15 +221,10 @@ def test_second_daemon_on_the_same_mirror_is_refused(tmp_path, daemon_factory):
     assert first.stop() == 0
 
 
-def test_run_starts_without_importing_torch(tmp_path):
-    code = "import sys, mirrord.service.daemon, mirrord.cli; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
 INOTIFY_WATCHES = Path("/proc/sys/fs/inotify/max_user_watches")
 
 
+@pytest.mark.host  # sets a system-wide sysctl for a moment
 @pytest.mark.skipif(os.geteuid() != 0 or not INOTIFY_WATCHES.exists(), reason="needs root to lower the inotify limit")
 def test_inotify_watch_limit_falls_back_to_polling(tmp_path, daemon_factory):
     """inotify cannot watch the primary (the user's watch limit is exhausted): the daemon says why and

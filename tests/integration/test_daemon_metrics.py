@@ -44,15 +44,20 @@ def test_lag_grows_while_the_mirror_is_refused(tmp_path, daemon_factory):
     assert again.stop() == 0
 
 
-def test_queue_depth_is_read_when_scraped_not_when_the_heartbeat_pushes(tmp_path, daemon_factory):
-    """Three slow copies, one worker, a heartbeat of 60 s: /metrics shows the queue draining copy by
-    copy, and reads 0 as soon as the last copy is recorded (a gauge pushed on the heartbeat still said 2)."""
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    for step in (1, 2, 3):
-        publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step, megabytes=0.25)
-    d = daemon_factory({"copy": {"workers": 1}, "io": {"bandwidth_limit": 64 * 1024},
-                        "daemon": {"heartbeat_seconds": 60}}).start()
-    wait_for(lambda: d.metric("mirrord_queue_depth") == 1, 90, "one copy done, one waiting")
+def test_queue_depth_is_read_when_scraped_not_when_the_heartbeat_pushes(tmp_path, gated_primary, daemon_factory):
+    """Three copies held at a gate, one worker, a heartbeat of 60 s: /metrics shows the queue draining copy
+    by copy as the gate lets one through, and reads 0 as soon as the last copy is recorded (a gauge pushed
+    on the heartbeat still said 2)."""
+    mirror = tmp_path / "mirror"
+    names = [f"step_{step:04d}.pt" for step in (1, 2, 3)]
+    for step, name in enumerate(names, start=1):
+        publish_checkpoint(gated_primary.backing / "r" / name, step, megabytes=0.25)
+    gated_primary.stall(*names)
+    d = daemon_factory({"copy": {"workers": 1}, "daemon": {"heartbeat_seconds": 60}}).start()
+    wait_for(lambda: d.metric("mirrord_queue_depth") == 2, 90, "one copy held at the gate, two waiting")
+    gated_primary.stall(*names[:2])  # the newest step (copied first) goes through
+    wait_for(lambda: d.metric("mirrord_queue_depth") == 1, 90, "one copy done, one held, one waiting")
+    gated_primary.unstall()
     wait_for(lambda: len(Manifest.load(mirror).entries) == 3, 90, "all three mirrored")
     assert d.metric("mirrord_queue_depth") == 0
     wait_for(lambda: d.metric("mirrord_mirror_lag_seconds") == 0, 90, "caught up")

@@ -176,15 +176,18 @@ def test_shipped_alert_rules_evaluate_cleanly_against_real_series(daemon_factory
     assert d.stop() == 0
 
 
-def test_lag_is_positive_while_a_copy_waits_and_zero_once_caught_up(tmp_path, daemon_factory, prometheus) -> None:
-    """One worker, a bandwidth cap: the second checkpoint waits behind the first, so lag > 0; then 0."""
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    d = daemon_factory({"copy": {"workers": 1},
-                        "io": {"bandwidth_limit": 2 * 1024 * 1024, "drop_cache": False}}).start()
+def test_lag_is_positive_while_a_copy_waits_and_zero_once_caught_up(
+    tmp_path, gated_primary, daemon_factory, prometheus
+) -> None:
+    """One worker, copies held at a gate: the second checkpoint waits behind the first, so lag > 0; then 0."""
+    primary, mirror = gated_primary.backing, tmp_path / "mirror"
+    d = daemon_factory({"copy": {"workers": 1}, "watch": {"mode": "polling", "poll_interval_seconds": 0.2}}).start()
     prom = prometheus(d)
     prom.wait_query('up{job="mirrord"} == 1 and on() mirrord_mirror_lag_seconds == 0')
-    for step in (1, 2):  # about 4 s each at the cap: Prometheus scrapes the wait several times
-        publish_checkpoint(primary / "slow" / f"step_{step:04d}.pt", step, megabytes=8)
+    names = [f"step_{step:04d}.pt" for step in (1, 2)]
+    gated_primary.stall(*names)
+    for step, name in enumerate(names, start=1):
+        publish_checkpoint(primary / "slow" / name, step, megabytes=8)
 
     def waiting_with_lag() -> bool:
         code, body = d.http("/metrics")  # one scrape, so depth and lag are from the same heartbeat
@@ -192,6 +195,8 @@ def test_lag_is_positive_while_a_copy_waits_and_zero_once_caught_up(tmp_path, da
         return code == 200 and values["mirrord_queue_depth"] >= 1 and values["mirrord_mirror_lag_seconds"] > 0
 
     wait_for(waiting_with_lag, 90, "a queued copy with lag > 0 in one scrape")
+    prom.wait_query("mirrord_mirror_lag_seconds > 0 and on() mirrord_queue_depth >= 1")  # scraped while held
+    gated_primary.unstall()
     wait_for(lambda: all(mirrored(mirror, f"slow/step_{s:04d}.pt") for s in (1, 2)), 60, "both mirrored")
     # Prometheus saw the lag while it lasted, and sees it return to 0 with an empty queue.
     prom.wait_query("max_over_time(mirrord_mirror_lag_seconds[5m]) > 0")

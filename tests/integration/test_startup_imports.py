@@ -1,131 +1,112 @@
-"""What each command loads: `--version` and `--help` only the standard library, `latest` and `status` only
-what answering needs. Start-up time is measured in bench/ (goal 3 of the performance issue); this guards
-the cause of a slow start (an eager import) without timing anything: the set of modules a real `mirrord`
-process holds when it exits."""
+"""What a real `mirrord` process never loads: the daemon and every command run without torch (only
+mirrord.torch, the training-side helpers, needs it) and without boto3 (only an s3:// mirror needs it);
+`--version` and `--help` load nothing outside the standard library. Checked on the modules a real process
+holds when it exits, so a new import that changes none of this changes no test."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support.checkpoints import save_checkpoint
+from tests.support.checkpoints import publish_checkpoint, save_checkpoint
 from tests.support.cli import child_env, run_mirrord
+from tests.support.daemon import DaemonProcess
 from tests.support.ports import free_port
+from tests.support.wait import wait_for
 
-# Runs mirrord's main() as the console script does, then writes every module name the process holds,
-# and those the interpreter held before mirrord was imported (site's own), to the file named first.
+# Runs `mirrord ARGS` as the console script does (ARGS: what follows the first "mirrord" argument, so that
+# it can wrap `python -m mirrord run ...`); at exit, writes every module the process holds to OUT.
 DRIVER = """
-import json, sys
+import atexit, json, sys
+out, args = sys.argv[1], sys.argv[sys.argv.index("mirrord") + 1:]
 before = sorted(sys.modules)
+atexit.register(lambda: open(out, "w").write(json.dumps({"before": before, "after": sorted(sys.modules)})))
 import mirrord.cli
-try:
-    code = mirrord.cli.main(sys.argv[2:])
-except SystemExit as exc:
-    code = exc.code
-with open(sys.argv[1], "w") as out:
-    json.dump({"code": code, "before": before, "after": sorted(sys.modules)}, out)
+sys.exit(mirrord.cli.main(args))
 """
-
-# Never needed to print an answer: the logging stack (structlog pulls in rich and asyncio), the metrics
-# client, the HTTP client, torch and the S3 client. (The configuration is read by the pydantic models.)
-HEAVY = ("structlog", "rich", "asyncio", "prometheus_client", "torch", "numpy", "boto3", "botocore",
-         "urllib.request", "http.client", "ssl")
+# Never needed by the daemon nor by a command on a local mirror.
+NEVER = ("torch", "boto3", "botocore")
 
 
-def modules_after(
-    tmp_path: Path, *args: str | Path, env: dict[str, str] | None = None
-) -> tuple[int, set[str], set[str]]:
-    """(exit code, modules before mirrord was imported, modules at exit) of `mirrord ARGS` in a child process."""
-    out = tmp_path / "modules.json"
-    result = subprocess.run([sys.executable, "-c", DRIVER, str(out), *map(str, args)], capture_output=True,
-                            text=True, env=child_env(env), timeout=120, check=False)
-    assert out.exists(), result.stderr
+def loaded(out: Path) -> tuple[set[str], set[str]]:
+    """(modules before mirrord was imported, modules at exit) written by DRIVER."""
     doc = json.loads(out.read_text())
-    return doc["code"], set(doc["before"]), set(doc["after"])
+    return set(doc["before"]), set(doc["after"])
 
 
-# Never needed by a file layout's `latest`: planning copies and their records, folder units, several nodes'
-# contributions, pinning a locked mirror, staging a folder unit (each is imported by the code that plans or writes).
-NOT_FOR_AN_ANSWER = ("mirrord.core.plan", "mirrord.core.jobs", "mirrord.core.units", "mirrord.core.contributions",
-                     "mirrord.core.retention", "mirrord.store.identity", "mirrord.store.staging")
-
-
-def config_modules(tmp_path: Path) -> set[str]:
-    """What reading the configuration loads (pydantic's own imports): not the command's to answer for."""
-    out = tmp_path / "config-modules.json"
-    script = f"import json, sys; import mirrord.config; json.dump(sorted(sys.modules), open({str(out)!r}, 'w'))"
-    subprocess.run([sys.executable, "-c", script], env=child_env(), timeout=120, check=True)
-    return set(json.loads(out.read_text()))
-
-
-def heavy(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
-
-
-@pytest.mark.parametrize("args", [["--version"], ["-V"], ["--help"], []], ids=["--version", "-V", "--help", "bare"])
-def test_version_and_help_load_only_the_standard_library(tmp_path: Path, args: list[str]) -> None:
-    code, before, after = modules_after(tmp_path, *args)
-    assert code in (0, 2)
-    outside = sorted(m for m in after - before
-                     if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "mirrord")
-    assert outside == []
-    ours = sorted(m for m in after if m.split(".")[0] == "mirrord")
-    assert ours == ["mirrord", "mirrord.cli", "mirrord.core", "mirrord.core.vocabulary", "mirrord.errors"]
-    if args in (["--version"], ["-V"]):  # not even the parser, nor what building it needs
-        assert sorted({"argparse", "pathlib", "json", "textwrap", "shutil", "gettext"} & (after - before)) == []
+def never_needed(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in NEVER)
 
 
 @pytest.fixture
-def mirrored(tmp_path: Path) -> tuple[Path, Path]:
-    """A primary with two real torch.save checkpoints, mirrored by `mirrord sync`."""
+def run_cli(tmp_path: Path) -> Callable[..., tuple[int, set[str], set[str]]]:
+    """run(ARGS, env=...) -> (exit code, modules before mirrord, modules at exit) of `mirrord ARGS`."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+
+    def run(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, set[str], set[str]]:
+        out = tmp_path / "modules.json"
+        out.unlink(missing_ok=True)
+        result = subprocess.run([sys.executable, str(driver), str(out), "mirrord", *map(str, args)],
+                                capture_output=True, text=True, env=child_env(env), timeout=120, check=False)
+        assert out.exists(), result.stderr
+        return result.returncode, *loaded(out)
+
+    return run
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], []], ids=["--version", "--help", "bare"])
+def test_version_and_help_load_only_the_standard_library(run_cli, args: list[str]) -> None:
+    code, before, after = run_cli(*args)
+    assert code in (0, 2)
+    outside = sorted(m for m in after - before if m.split(".")[0] not in (*sys.stdlib_module_names, "mirrord"))
+    assert outside == []
+
+
+def test_commands_answer_without_torch_or_boto3(tmp_path: Path, run_cli) -> None:
+    """sync copies (and verifies) real torch.save checkpoints, latest and status answer about them."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     for step in (1, 2):
         save_checkpoint(primary / "run" / f"step_{step}.pt", step)
-    result = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env={"MIRRORD_PRUNE__ENABLED": "false"})
-    assert result.returncode == 0, result.stderr
-    return primary, mirror
+    env = {"MIRRORD_PRUNE__ENABLED": "false", "MIRRORD_METRICS__ADDRESS": f"127.0.0.1:{free_port()}"}
+    for args, want in ((("sync", "--primary", primary, "--mirror", mirror), 0),
+                       (("latest", "--mirror", mirror), 0),
+                       (("latest", "--mirror", mirror, "--verify"), 0),
+                       (("status", "--primary", primary, "--mirror", mirror), 1)):  # 1: no daemon answers
+        code, _, after = run_cli(*args, env=env)
+        assert code == want, args
+        assert never_needed(after) == [], args
+    assert (mirror / "run" / "step_2.pt").read_bytes() == (primary / "run" / "step_2.pt").read_bytes()
 
 
-def test_latest_loads_no_logging_stack_and_no_re_read_code(tmp_path: Path, mirrored: tuple[Path, Path]) -> None:
-    """A recorded, unchanged file is trusted by stat: the hashing and validating code is not even loaded."""
-    _, mirror = mirrored
-    code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror)
-    assert code == 0
-    assert heavy(after) == []
-    assert "mirrord.commands.verify" not in after
-    after -= config_modules(tmp_path)
-    re_read = ("mirrord.formats.validators", "mirrord.formats.zipcheck", "isal", "blake3", "xxhash", "tempfile")
-    assert sorted(m for m in after if m.split(".")[0] in re_read or m in re_read) == []  # (hashing, CRC, spooling)
-    assert "ctypes" not in after  # libc's syncfs, sync_file_range, fstatfs: looked up by the first copy
-    assert sorted(set(NOT_FOR_AN_ANSWER) & after) == []
-    assert sorted({"shutil", "bz2", "lzma"} & after) == []  # (argparse's formatters are sized without shutil)
-    assert sorted({"hashlib", "_hashlib"} & after) == []  # a read-only manifest load hashes nothing
-    code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--json")  # what scripts run
-    assert code == 0
-    assert heavy(after) == [] and "ctypes" not in after
-    assert not [m for m in after if m.startswith(("mirrord.service.", "mirrord.commands.sync"))]
-    assert sorted(set(NOT_FOR_AN_ANSWER) & after) == []
-    code, _, after = modules_after(tmp_path, "latest", "--mirror", mirror, "--verify")
-    assert code == 0 and "blake3" in after  # --verify re-reads: it needs the hash
+def test_the_daemon_runs_without_torch_or_boto3(tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]) -> None:
+    """A real daemon mirrors and verifies a real checkpoint, stops on SIGTERM: it never loaded either."""
+    driver, out = tmp_path / "driver.py", tmp_path / "modules.json"
+    driver.write_text(DRIVER)
+    d = daemon_factory(wrapper=[sys.executable, str(driver), str(out)]).start()
+    publish_checkpoint(tmp_path / "primary" / "run" / "step_0001.pt", 1)
+    d.wait_event("copy.committed", path="run/step_0001.pt")
+    assert d.stop(signal.SIGTERM) == 0
+    wait_for(out.exists, 30, "the module list written at exit")
+    assert never_needed(loaded(out)[1]) == []
 
 
-def test_status_without_a_daemon_loads_no_logging_metrics_or_http_client(
-    tmp_path: Path, mirrored: tuple[Path, Path]
-) -> None:
-    primary, mirror = mirrored
-    env = {"MIRRORD_METRICS__ADDRESS": f"127.0.0.1:{free_port()}"}  # nothing listens there
-    code, _, after = modules_after(tmp_path, "status", "--primary", primary, "--mirror", mirror, env=env)
-    assert code == 1  # the only problem: no daemon answers
-    assert heavy(after) == [] and "ctypes" not in after
+def test_the_training_side_helpers_do_load_torch() -> None:
+    """The other side of the line: mirrord.torch is what pays for torch (so the checks above can fail)."""
+    code = "import sys, mirrord.torch; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_a_command_that_fails_still_logs_its_reason(tmp_path: Path, mirrored: tuple[Path, Path]) -> None:
+def test_a_command_that_fails_still_logs_its_reason(tmp_path: Path) -> None:
     """structlog is loaded on the first log line, configured as the command asked (JSON here)."""
-    _, mirror = mirrored
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
     (mirror / ".mirrord-manifest.json").write_text("{not json")
     result = run_mirrord("latest", "--mirror", mirror, "--log-format", "json")
     assert result.returncode == 1
@@ -134,22 +115,10 @@ def test_a_command_that_fails_still_logs_its_reason(tmp_path: Path, mirrored: tu
     assert events[0]["command"] == "latest" and events[0]["level"] == "error"
 
 
-def test_sync_loads_no_metrics_client(tmp_path: Path, mirrored: tuple[Path, Path]) -> None:
-    """A one-shot `sync` is timed whole by the scripts that run it: nothing scrapes its metrics, so
-    prometheus_client (and its HTTP server) stays out."""
-    primary, mirror = mirrored
-    save_checkpoint(primary / "run" / "step_3.pt", 3)
-    env = {"MIRRORD_PRUNE__ENABLED": "false", "MIRRORD_LOG__FORMAT": "json"}
-    code, _, after = modules_after(tmp_path, "sync", "--primary", primary, "--mirror", mirror, env=env)
-    assert code == 0
-    assert (mirror / "run" / "step_3.pt").read_bytes() == (primary / "run" / "step_3.pt").read_bytes()
-    logging_stack = ("structlog", "rich", "asyncio", "ssl")  # it logs (asyncio, pulled in by structlog, loads ssl)
-    assert [m for m in heavy(after) if m.split(".")[0] not in logging_stack] == []
-    assert "mirrord.obs.metrics" not in after and "http.server" not in after
-    save_checkpoint(primary / "run" / "step_4.pt", 4)
-    result = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env)
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
-    committed = [e for e in events if e["event"] == "copy.committed"]
-    assert [e["path"] for e in committed] == ["run/step_4.pt"] and committed[0]["level"] == "info"
-    assert events[-1]["event"] == "sync.finished" and events[-1]["copied"] == 1
+def test_an_invalid_config_value_gets_the_models_message(tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    result = run_mirrord("latest", "--mirror", mirror, env={"MIRRORD_COPY__WORKERS": "65"})
+    assert result.returncode == 2
+    assert "mirrord: config error: copy.workers: Input should be less than or equal to 64 " \
+           "(from MIRRORD_COPY__WORKERS='65')" in result.stderr

@@ -159,14 +159,3 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path: Path, damage: Callab
     assert not check_torch_zip(newest).ok
     assert latest_checkpoint(tmp_path, require_manifest=False) == good
     assert latest_checkpoint(tmp_path, run="run", require_manifest=False) == good
-
-
-def test_importing_mirrord_never_imports_torch() -> None:
-    """The daemon and the CLI stay torch-free; only mirrord.torch pays for it."""
-    code = (
-        "import sys, mirrord, mirrord.formats.zipcheck, mirrord.store.resume, mirrord.cli\n"
-        "assert 'torch' not in sys.modules, 'torch was imported'\n"
-        "import mirrord.torch\n"
-        "assert 'torch' in sys.modules\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

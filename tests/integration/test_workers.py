@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import filecmp
 import os
 import threading
 from pathlib import Path
@@ -45,42 +44,6 @@ def _pool(engine: Engine, queue: JobQueue, size: int, outcomes: list[CopyResult 
 def _job(primary: Path, rel: str, step: int) -> CopyJob:
     st = (primary / rel).stat()
     return CopyJob(rel, st.st_size, st.st_mtime_ns, step, "new")
-
-
-def test_blocked_read_is_abandoned_and_retried_by_a_fresh_worker(tmp_path, monkeypatch):
-    """A source read that blocks (a hung mount) stops progress; after stall_seconds the supervisor
-    abandons the copy, a fresh worker copies the file whole, and when the stuck read finally returns
-    the abandoned attempt removes only its own temp file."""
-    # Longer than any pause of a healthy copy on a loaded machine (an 8 MB fsync included), so that only
-    # the hung read counts as a stall.
-    stall = 10.0
-    engine, queue, primary, mirror = _setup(tmp_path, stall_seconds=stall)
-    src = publish_checkpoint(primary / "step_0003.pt", 3, megabytes=8)
-    release = threading.Event()
-    calls = {"n": 0}
-    real_readv = os.readv
-
-    def readv(fd: int, buffers: list[bytearray]) -> int:
-        calls["n"] += 1
-        if calls["n"] == 3:  # the third read of the whole process hangs, like a dead NFS server
-            release.wait(300)
-        return real_readv(fd, buffers)
-
-    monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
-    outcomes: list[CopyResult | MirrordError] = []
-    pool = _pool(engine, queue, 1, outcomes)
-    queue.put(_job(primary, "step_0003.pt", 3))
-    problems: list[str] = []
-    wait_for(lambda: problems.extend(pool.check_stalls(stall)) or outcomes, 120, "retry to finish", 0.05)
-    assert isinstance(outcomes[0], CopyResult)
-    assert filecmp.cmp(src, mirror / "step_0003.pt", shallow=False)
-    assert engine.metrics.copies.labels("stalled")._value.get() == 1
-    release.set()
-    wait_for(lambda: not any(t.is_alive() and t.name == "mirrord-copy-1" for t in pool.threads()), 60,
-             "the abandoned thread to return")
-    assert not list(mirror.rglob("*.part"))
-    assert filecmp.cmp(src, mirror / "step_0003.pt", shallow=False)
-    assert pool.stop(grace=5)
 
 
 def test_transient_errors_are_retried_then_given_up(tmp_path, monkeypatch):

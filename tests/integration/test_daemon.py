@@ -42,8 +42,9 @@ def test_renamed_checkpoint_is_mirrored_and_recorded(tmp_path, daemon_factory):
 
 
 def test_an_unverifiable_format_is_mirrored_unchecked_and_the_log_says_why(tmp_path, daemon_factory):
-    """A legacy torch.save file has no checksums: it is mirrored, recorded unchecked, and copy.committed
-    tells the user what it is and how to make it verifiable."""
+    """A legacy torch.save file has no checksums: it is mirrored, recorded as committed by its rename (no
+    validator vouches for its bytes, the rename is the evidence of wholeness), and copy.committed tells the
+    user what it is and how to make it verifiable."""
     import torch
 
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
@@ -53,9 +54,9 @@ def test_an_unverifiable_format_is_mirrored_unchecked_and_the_log_says_why(tmp_p
     torch.save({"w": torch.ones(64)}, part, _use_new_zipfile_serialization=False)
     part.rename(primary / "run1" / "step_0005.pt")
     wait_for(lambda: mirrored(mirror, "run1/step_0005.pt"), 90, "step 5 mirrored")
-    assert Manifest.load(mirror).entries["run1/step_0005.pt"].validation == "unchecked"
+    assert Manifest.load(mirror).entries["run1/step_0005.pt"].validation == "renamed"
     event = d.wait_event("copy.committed", 30)
-    assert event["validation"] == "unchecked"
+    assert event["validation"] == "unchecked"  # the validator's own verdict, said with why
     assert "legacy torch.save format" in event["validation_detail"]
     assert d.stop() == 0
 

@@ -111,8 +111,12 @@ def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
             assert (mirror / "run" / name / member).read_bytes() == (run / name / member).read_bytes()
     entries = Manifest.load(mirror).entries
     assert sorted(entries) == sorted(f"run/{n}/{m}" for n in newest for m in whole)
-    leftovers = [p for p in mirror.rglob("*") if p.name.endswith(".part") or (p.is_dir() and not any(p.iterdir()))]
-    assert leftovers == [mirror / ".mirrord-staging"]  # the staging area itself stays, empty
+    def leftovers() -> list[Path]:
+        return [p for p in mirror.rglob("*") if p.name.endswith(".part") or (p.is_dir() and not any(p.iterdir()))]
+
+    # A unit retired last is renamed out of the run folder first, then removed in the staging area: wait
+    # for that removal; then only the staging area itself stays, empty.
+    wait_for(lambda: leftovers() == [mirror / ".mirrord-staging"], 30, "no staging leftovers", interval=0.1)
     found = run_mirrord("latest", "--config", daemon.config_path)
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == str(mirror / "run" / f"{prefix}60")

@@ -152,20 +152,26 @@ def beside_file(config_file: str | Path, relative: str) -> str:
     return str(base.joinpath(*parts))
 
 
-def check_paths(config: Config, need_primary: bool = True) -> list[str]:
+# Whether a command needs the primary root: it must exist (True), it is not used (False), or it may appear
+# later (the daemon waits for it).
+PrimaryNeed = bool | Literal["later"]
+
+
+def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     """Problems with the two roots that make mirroring unsafe or impossible.
 
-    Commands that only read the mirror (verify, latest) pass need_primary=False.
+    Commands that only read the mirror (verify, latest) pass need_primary=False; the daemon passes "later":
+    a primary root that does not exist yet (a disk being replaced) is a state it waits out, not an error.
     """
     problems = []
     primary, mirror = config.primary, config.mirror
     if config.mirror_url is not None:
-        if need_primary and not primary.is_dir():
+        if need_primary is True and not primary.is_dir():
             problems.append(f"primary: {primary} does not exist or is not a directory")
         if config.mirror_must_be_mountpoint:
             problems.append("mirror_must_be_mountpoint: means nothing for an s3:// mirror; remove it")
         return problems
-    if not need_primary:
+    if not need_primary or (need_primary == "later" and not primary.exists()):
         pass
     elif not primary.is_dir():
         problems.append(f"primary: {primary} does not exist or is not a directory")
@@ -178,7 +184,7 @@ def check_paths(config: Config, need_primary: bool = True) -> list[str]:
         problems.append(f"mirror: {mirror} is inside primary {primary}")
     elif rp.is_relative_to(rm):
         problems.append(f"primary: {primary} is inside mirror {mirror}")
-    elif need_primary:
+    elif need_primary and primary.exists():
         from mirrord.store.identity import overlap
 
         clash = overlap(primary, mirror)  # the same trees under other names (bind mounts)
@@ -684,7 +690,7 @@ def explain_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     check_roots: bool = True,
-    need_primary: bool = True,
+    need_primary: PrimaryNeed = True,
     content: bytes | None = None,
 ) -> LoadedConfig:
     """load_config, also saying where each value came from. `overrides` are the command-line flags."""
@@ -727,7 +733,7 @@ def _config_only(explain: Callable[P, LoadedConfig]) -> Callable[P, Config]:
 load_config = _config_only(explain_config)
 
 
-def _root_problems(data: Mapping[str, Any], need_primary: bool) -> list[str]:
+def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[str]:
     """Path problems, reported alongside schema problems when the root keys themselves are valid."""
     roots = {k: data[k] for k in ("primary", "mirror", "mirror_must_be_mountpoint") if k in data}
     try:
@@ -775,7 +781,7 @@ def _read_with_stat(path: Path) -> tuple[int, int, int, bytes]:
 
 
 def reload_config(
-    path: Path | None, overrides: Mapping[str, Any] | None = None, need_primary: bool = True
+    path: Path | None, overrides: Mapping[str, Any] | None = None, need_primary: PrimaryNeed = True
 ) -> tuple[Config, bool]:
     """For SIGHUP: (the new Config, whether the file was stable while it was read)."""
     path = config_path(path)

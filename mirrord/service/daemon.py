@@ -39,7 +39,7 @@ from mirrord.service.watcher import PrimaryWatch, Watcher, WatcherFactory
 from mirrord.service.workers import WorkerPool
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalVolume
+from mirrord.store.volume import LocalVolume, exclude_each_other
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,8 @@ class Daemon:
             self.endpoints.start()
             self.log.info("metrics.listening", address=f"{self.settings.config.metrics.host}:{self.endpoints.port}",
                           endpoints=["/metrics", "/healthz", "/readyz", "/status"])
+        if not self._await_primary():
+            return
         self.watch.start()
         if self.signals.stop_requests:
             return
@@ -142,6 +144,26 @@ class Daemon:
         self.notifier.ready(self.status())
         self.supervisor.heartbeat()
         self.log.info("daemon.ready", status=self.status())
+
+    def _await_primary(self) -> bool:
+        """A missing primary root (a disk being replaced, a mount not there yet) is a state, not an error:
+        systemd hears READY=1 and the watchdog stays fed, /readyz says what is awaited, and mirroring begins
+        on the first heartbeat that finds the root. False when a stop came first."""
+        if self.primary.exists():
+            return True
+        self.supervisor.waiting = f"primary root {self.primary.root} does not exist; waiting for it"
+        self.log.warning("primary.missing", path=str(self.primary.root), action="mirroring begins when it appears")
+        self.notifier.ready(self.supervisor.waiting)
+        while not self.signals.stop_requests and not self.primary.exists():
+            self.supervisor.heartbeat()
+            self.inbox.wait(self.supervisor.next_due - self.clock.monotonic())
+            if self.signals.reload_requested:
+                self.signals.reload_requested = False
+                self.reload()
+        self.supervisor.waiting = None
+        exclude_each_other(self.primary, self.mirror)
+        self.log.info("primary.found", path=str(self.primary.root))
+        return not self.signals.stop_requests
 
     def tick(self, wait: bool = True) -> None:
         """One turn of the loop: sleep until the next deadline or a wake-up (unless `wait` is False),

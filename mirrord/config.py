@@ -129,7 +129,7 @@ def layout_problems(layout: str, patterns: tuple[str, ...], step_pattern: str, u
     """A named layout fixes its patterns, step and unit: a different value set beside it would be
     silently ignored, so it is an error that says which layout to use instead."""
     problems = []
-    if layout not in ("torch", "custom"):
+    if layout not in ("torch", "hf_model", "custom"):
         if patterns != DEFAULT_PATTERNS:
             problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
                             'use layout = "custom" to choose patterns')
@@ -358,10 +358,13 @@ class DaemonConfig(_Section):
 
 
 class UnitConfig(_Section):
-    """What a checkpoint is with layout = "custom" (the named layouts fix it)."""
+    """What a checkpoint is with layout = "custom" (the named layouts fix it), and how long a folder unit
+    with no evidence of its end must be quiet."""
 
     kind: Literal["file", "folder"] = "file"
     complete_marker: str = ""
+    # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
+    settle_seconds: float = Field(30.0, ge=0, le=DAY, **_FINITE)
 
     @field_validator("complete_marker")
     @classmethod
@@ -373,7 +376,8 @@ class Config(_Section):
     """mirrord's whole configuration: built once from the file, the environment and flags, then frozen."""
     primary: Path = Path("/data/checkpoints")
     mirror: Path  # no default: a missing mirror is an error, never a silently invented path
-    layout: Literal["torch", "lightning", "hf", "dcp", "deepspeed", "custom"] = "torch"
+    layout: Literal["torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspeed", "megatron",
+                    "custom"] = "torch"
     patterns: tuple[str, ...] = DEFAULT_PATTERNS
     mirror_must_be_mountpoint: bool = False
     copy_: CopyConfig = Field(default_factory=CopyConfig, alias="copy")

@@ -18,7 +18,7 @@ from mirrord.config import Config
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker
-from mirrord.errors import ConfigError, MirrordError, TransientError
+from mirrord.errors import ConfigError, MirrordError, SourceChangedError, TransientError
 from mirrord.obs import log as logsetup
 from mirrord.obs.metrics import Metrics
 from mirrord.service.clock import SYSTEM_CLOCK, Clock
@@ -35,7 +35,7 @@ from mirrord.service.settings import Settings
 from mirrord.service.signals import SignalFlags
 from mirrord.service.supervisor import Supervisor
 from mirrord.service.systemd import Notifier
-from mirrord.service.watcher import PrimaryWatch, Watcher, WatcherFactory
+from mirrord.service.watcher import Hint, PrimaryWatch, Watcher, WatcherFactory
 from mirrord.service.workers import WorkerPool
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
@@ -107,6 +107,8 @@ class Daemon:
     def _on_copy_done(self, job: CopyJob, outcome: CopyResult | MirrordError) -> None:
         if self.ledger.record(job, outcome):
             self.inbox.rescan_asked = True
+        if job.members and isinstance(outcome, SourceChangedError):  # judged again from a fresh listing
+            self.inbox.post(Hint(job.rel, committed=False))
         self.inbox.ask_prune()
 
     def _stop(self) -> None:
@@ -209,6 +211,7 @@ class Daemon:
         self.queue.keep_lane_for_small(settings.config.copy.small_file_bytes, settings.config.copy_workers)
         self.pool.retry = settings.retry
         self.settle.settle_seconds = settings.config.copy.settle_seconds
+        self.settle.unit_seconds = settings.config.unit.settle_seconds
 
     def _drain(self, deadline: float) -> None:
         """A stop drains what is settled: one last listing (no prune) finds what no event reported yet; files

@@ -114,7 +114,7 @@ def unit_of(layout_name: str, *spec: str | tuple[str, int]) -> Unit:
 
 def test_settle_rule_waits_for_every_file() -> None:
     unit = unit_of("custom", "step_1.pt")
-    assert completeness(unit, layout_for("torch"), settled=lambda f: False).complete is False
+    assert completeness(unit, layout_for("torch"), quiet=lambda u, guess: False).complete is False
     assert completeness(unit, layout_for("torch")).complete is True
 
 
@@ -125,7 +125,8 @@ def test_marker_rule() -> None:
     assert (verdict.complete, verdict.why) == (False, "no COMPLETE marker yet")
     unit = group_units(files("ckpt_1/a.bin", "ckpt_1/COMPLETE"), layout)["ckpt_1"]
     assert completeness(unit, layout).complete is True
-    assert completeness(unit, layout, settled=lambda f: f.rel != "ckpt_1/a.bin").why == "still being written: a.bin"
+    assert completeness(unit, layout, quiet=lambda u, guess: False).why == \
+        "its files or file list changed within the settle time"
 
 
 def test_hf_rule_needs_a_parsing_trainer_state() -> None:
@@ -140,7 +141,7 @@ def test_hf_rule_needs_a_parsing_trainer_state() -> None:
     assert completeness(unit, layout, reads={rel: b"[1]"}).complete is False
     assert completeness(unit, layout, reads={rel: None}).why == "trainer_state.json could not be read"
     assert completeness(unit, layout, reads={rel: json.dumps({"global_step": 5}).encode()}).complete
-    assert not completeness(unit, layout, settled=lambda f: False, reads={rel: b"{}"}).complete
+    assert not completeness(unit, layout, quiet=lambda u, guess: False, reads={rel: b"{}"}).complete
 
 
 @pytest.fixture(scope="module")

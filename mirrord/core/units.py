@@ -248,7 +248,7 @@ def completeness(
     if evidence is not None and not evidence.complete:
         return evidence
     if not quiet(unit, evidence is None):
-        return Completeness(False, "its files or file list changed within the settle time")
+        return Completeness(False, "still being written: a file or the file list changed within the settle time")
     return evidence or Completeness(True, "unchanged for unit.settle_seconds (a guess: nothing says it is whole; "
                                           "name the saver's last file as unit.complete_marker)")
 

@@ -126,7 +126,7 @@ def test_marker_rule() -> None:
     unit = group_units(files("ckpt_1/a.bin", "ckpt_1/COMPLETE"), layout)["ckpt_1"]
     assert completeness(unit, layout).complete is True
     assert completeness(unit, layout, quiet=lambda u, guess: False).why == \
-        "its files or file list changed within the settle time"
+        "still being written: a file or the file list changed within the settle time"
 
 
 def test_hf_rule_needs_a_parsing_trainer_state() -> None:

@@ -37,7 +37,7 @@ def saving(save: Callable[[], None]) -> Iterator[threading.Thread]:
     def run() -> None:
         try:
             save()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
+        except BaseException as exc:  # re-raised in the test
             errors.append(exc)
 
     thread = threading.Thread(target=run, name="saver", daemon=True)

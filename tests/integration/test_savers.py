@@ -207,3 +207,26 @@ def test_megatron_iterations_with_rank_skew_are_mirrored_whole_tracker_after(tmp
     iteration, states = load_megatron(mirror / "run", 2)
     assert iteration == 2 and [s["model"]["w"][0, 0].item() for s in states] == [20.0, 21.0]
     assert d.stop() == 0
+
+
+# --- a custom folder without a marker: a file renamed into place is no evidence the folder is done -------------
+
+def test_a_folder_whose_files_are_renamed_in_one_by_one_waits_for_the_whole_folder(tmp_path: Path,
+                                                                                  daemon_factory) -> None:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "run" / "ckpt_1"
+    d = daemon_factory({"layout": "custom", "patterns": ["ckpt_*"], "prune": {"step_pattern": r"ckpt_(\d+)"},
+                        "unit": {"kind": "folder", "settle_seconds": 3.0}, "copy": {"settle_seconds": 0.3}}).start()
+
+    def renamed_in(name: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save({"w": torch.ones(32, 32)}, folder / f".{name}.tmp")
+        (folder / f".{name}.tmp").rename(folder / name)
+
+    with MirrorPoller(mirror, re.compile(r"ckpt_\d+")) as poller:
+        renamed_in("model.pt")
+        judged_incomplete(d, "run/ckpt_1", poller, mirror)  # quiet for copy.settle_seconds, not unit.settle_seconds
+        renamed_in("optimizer.pt")
+        wait_for(lambda: (mirror / "run" / "ckpt_1").exists(), 60, "ckpt_1 mirrored")
+    assert_whole(poller, primary, mirror)
+    assert d.stop() == 0

@@ -20,7 +20,7 @@ from posixpath import dirname
 from typing import TYPE_CHECKING, Literal
 
 from mirrord.core.jobs import CopyJob
-from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
+from mirrord.core.layouts import HF_STATE, LOOKALIKES, MEGATRON_TRACKER, Layout, UnitKind
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 
@@ -192,7 +192,11 @@ def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
         found.setdefault(("not_selected", pattern), NamingWarning(
             "not_selected", pattern, rel,
             f"{rel}: looks like a checkpoint ({pattern}) but layout {layout.name!r} does not select it, so it is "
-            f"never mirrored; {LOOKALIKES[pattern]} would select it"))
+            f"never mirrored; {LOOKALIKES[pattern]} would select it" if pattern in LOOKALIKES else
+            f"{rel}: a file named by pattern {pattern!r}, but layout {layout.name!r} mirrors folders so named; no "
+            "unit rule ever mirrors a file beside them"
+            + ('; layout = "megatron" mirrors this tracker after the iteration it names'
+               if rel.endswith(MEGATRON_TRACKER) else "")))
     return list(found.values())
 
 

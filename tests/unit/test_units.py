@@ -12,7 +12,18 @@ import pytest
 
 from mirrord.core.layouts import LAYOUTS, layout_for, never_matching
 from mirrord.core.model import FileState
-from mirrord.core.units import Completeness, Unit, completeness, dcp_needs, group_units, locate, reads_needed, stepless
+from mirrord.core.plan import SettleTracker
+from mirrord.core.units import (
+    Completeness,
+    Unit,
+    completeness,
+    dcp_needs,
+    group_units,
+    locate,
+    naming_warnings,
+    reads_needed,
+    stepless,
+)
 from mirrord.formats.dcpmeta import MetadataError, storage_references
 from mirrord.store.scan import snapshot_tree
 
@@ -496,3 +507,31 @@ def test_the_scan_records_the_first_lookalike_per_pattern(tmp_path: Path) -> Non
     assert sorted(snap.files) == ["run/step_1.pt"]
     assert snap.lookalikes == {"*.ckpt": "run/epoch=0-step=2.ckpt",
                                "checkpoint-N/": "run/checkpoint-5/model.safetensors"}
+
+
+def test_a_pattern_that_selects_a_file_beside_the_unit_folders_is_warned(tmp_path: Path) -> None:
+    """Megatron's tracker named in `patterns` of a custom folder layout is a file, never a unit folder: no
+    rule would ever mirror it, and the warning names the layout that does."""
+    layout = layout_for("custom", ("iter_*", "latest_checkpointed_iteration.txt"), r"iter_(\d+)", "folder")
+    (tmp_path / "iter_0000001" / "mp_rank_00").mkdir(parents=True)
+    (tmp_path / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"x")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+    [warning] = naming_warnings(snapshot_tree(tmp_path, layout.patterns, layout=layout), layout)
+    assert warning.path == "latest_checkpointed_iteration.txt" and 'layout = "megatron"' in warning.message
+
+
+def test_a_folder_is_quiet_only_when_its_whole_listing_stayed_the_same() -> None:
+    """Renamed into place or written, a new file, a changed one or one gone starts the wait again; a folder
+    with no evidence of its end waits unit_seconds."""
+    clock = [100.0]
+    settle = SettleTracker(1.0, lambda: 1e9, lambda: clock[0], unit_seconds=5.0)
+    layout = layout_for("hf_model")
+    one = unit_of("hf_model", "step_1/model-00001-of-00002.safetensors")
+    two = unit_of("hf_model", "step_1/model-00001-of-00002.safetensors", "step_1/model-00002-of-00002.safetensors")
+    assert not settle.quiet(one, False)
+    clock[0] += 1.5
+    assert settle.quiet(one, False) and not settle.quiet(one, True)
+    assert not settle.quiet(two, False)  # the file list changed: the wait starts again
+    clock[0] += 1.5
+    assert settle.quiet(two, False)
+    assert "no index yet" in completeness(one, layout, settle.quiet_at(clock[0])).why

@@ -151,8 +151,11 @@ class Layout:
                           "run's first checkpoint waits unit.settle_seconds, a guess)",
             "deepspeed": f"complete when the {self.tag_file!r} tag file names it (or a later step)",
         }
-        lines.append(rules[self.rule] + ("" if self.rule in ("settle", "dcp") or not self.folders else
-                                         ", and no file changed for copy.settle_seconds"))
+        if not self.folders:
+            lines.append("complete when renamed into place, or unchanged for copy.settle_seconds")
+        else:
+            lines.append(rules[self.rule] + ("" if self.rule in ("settle", "dcp") else
+                                             ", and no file changed for copy.settle_seconds"))
         if self.aliases:
             lines.append(f"aliases {list(self.aliases)}: mirrored, never counted by retention")
         if self.tag_file:
@@ -239,7 +242,8 @@ def lookalike(rel: str) -> str | None:
 
 
 def never_matching(layout: Layout) -> list[str]:
-    """Patterns that can never select anything, each with why (for `check-config`)."""
+    """Patterns that can never select anything, and a folder rule that can only guess, each with why (for
+    `check-config`)."""
     problems = []
     for pattern in layout.patterns:
         if pattern.startswith("."):
@@ -249,6 +253,10 @@ def never_matching(layout: Layout) -> list[str]:
         elif pattern.endswith(TEMP_SUFFIXES):
             problems.append(f"pattern {pattern!r} can never match: names ending in {' or '.join(TEMP_SUFFIXES)} "
                             "are files still being written")
+    if layout.folders and layout.rule == "settle":
+        problems.append("folder units without unit.complete_marker: their completeness is a GUESS (nothing in the "
+                        "folder changed for unit.settle_seconds); name the file your saver writes last as "
+                        "unit.complete_marker")
     if layout.folders and layout.rule == "marker" and layout.complete_marker.endswith(TEMP_SUFFIXES):
         problems.append(f"unit.complete_marker {layout.complete_marker!r} can never count: it is a temp name")
     return problems

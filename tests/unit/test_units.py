@@ -117,6 +117,13 @@ def test_dot_patterns_can_never_match() -> None:
     assert never_matching(layout_for("dcp")) == []
 
 
+def test_a_custom_folder_without_a_marker_is_said_to_be_a_guess() -> None:
+    """check-config: such a folder is whole only by a pause, and the warning says how to know instead."""
+    [warning] = never_matching(layout_for("custom", ("ckpt_*",), r"ckpt_(\d+)", "folder"))
+    assert "GUESS" in warning and "unit.complete_marker" in warning
+    assert never_matching(layout_for("custom", ("ckpt_*",), r"ckpt_(\d+)", "folder", "DONE")) == []
+
+
 def unit_of(layout_name: str, *spec: str | tuple[str, int]) -> Unit:
     units = group_units(files(*spec), layout_for(layout_name))
     assert len(units) == 1

@@ -238,7 +238,8 @@ def completeness(
     Evidence first (the saver's last file, an index or tag naming what must be there), then `quiet`: the
     whole folder unchanged for copy.settle_seconds, or for unit.settle_seconds where there is no evidence
     and the pause is a guess. `reads` holds the bytes of the files `reads_needed` named (None: could not be
-    read); `recorded`: the member names of the run's previous checkpoint on the mirror (accelerate).
+    read); `recorded`: the member names of the run's previous checkpoint on the mirror (accelerate, Megatron's
+    ranks), which this one must have too.
     """
     reads = reads or {}
     if not unit.files:
@@ -267,7 +268,9 @@ def _evidence(unit: Unit, layout: Layout, reads: Mapping[str, bytes | None],
     if layout.rule == "hf":
         return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
     if layout.rule == "deepspeed":
-        return _deepspeed_complete(unit, layout, reads.get(reads_needed(unit, layout)[0]))
+        tagged = _deepspeed_complete(unit, layout, reads.get(reads_needed(unit, layout)[0]))
+        missing = sorted(recorded - {unit.member(f.rel) for f in unit.files}) if recorded and tagged.complete else []
+        return Completeness(False, f"{missing[0]} missing (the previous checkpoint has it)") if missing else tagged
     if layout.rule == "hf_model":
         return hf_model_complete(unit, reads)
     if layout.rule == "accelerate":

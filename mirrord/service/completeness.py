@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing, local_part
-from mirrord.core.layouts import TEMP_SUFFIXES, Layout
+from mirrord.core.layouts import MEGATRON_TRACKER, TEMP_SUFFIXES, Layout
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Quiet, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
@@ -71,7 +71,8 @@ def judge(
             return refused
         reads = {rel: read_small(volume, rel, *((SAFETENSORS_HEAD,) if rel.endswith(".safetensors") else ()))
                  for rel in reads_needed(unit, layout)}
-        verdict = completeness(unit, layout, quiet, reads, recorded(unit) if layout.rule == "accelerate" else None)
+        expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
+        verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
         if tell and not verdict.complete and unit.rel not in told and quiet(unit, False):
             told.add(unit.rel)
             get_logger().warning("unit.incomplete", path=unit.rel, why=verdict.why)

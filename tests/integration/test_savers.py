@@ -203,9 +203,17 @@ def test_megatron_iterations_with_rank_skew_are_mirrored_whole_tracker_after(tmp
             mirrored(d, mirror, f"run/iter_{iteration:07d}", "megatron")
             wait_for(lambda i=iteration: (mirror / "run" / TRACKER).is_file()
                      and (mirror / "run" / TRACKER).read_text().strip() == str(i), 60, "the tracker mirrored")
+        save_rank(save_dir, 3, 0)  # a crash before rank 1 saved iteration 3; the restarted job saves 4
+        save_rank(save_dir, 4, 0)
+        save_rank(save_dir, 4, 1)
+        (save_dir / TRACKER).write_text("4")
+        mirrored(d, mirror, "run/iter_0000004", "megatron")
+        wait_for(lambda: any("mp_rank_01" in e["why"] for e in d.events("unit.incomplete", path="run/iter_0000003")),
+                 60, "iteration 3, older than the tracker's, judged incomplete: rank 1 never saved it")
+    assert not (mirror / "run" / "iter_0000003").exists()
     assert_whole(poller, primary, mirror)
     iteration, states = load_megatron(mirror / "run", 2)
-    assert iteration == 2 and [s["model"]["w"][0, 0].item() for s in states] == [20.0, 21.0]
+    assert iteration == 4 and [s["model"]["w"][0, 0].item() for s in states] == [40.0, 41.0]
     assert d.stop() == 0
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import argparse
     from pathlib import Path
 
-    from mirrord.config import Config, LoadedConfig
+    from mirrord.config import Config, LoadedConfig, PrimaryNeed
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program its pipe reader left
@@ -498,7 +498,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version", version=f"mirrord {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: bool = True,
+    def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: PrimaryNeed = True,
             config: bool = True) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         if only is not None and name != only:
@@ -556,7 +556,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
-        "its endpoints and the command that shows its status.")
+        "its endpoints and the command that shows its status. A primary root that does not exist yet is "
+        "waited for (alive, not ready).", needs_primary="later")
     p = add("check-config", cmd_check_config, "Validate the configuration (file, MIRRORD_* variables, flags) and "
             "print the effective values as TOML that can be pasted into a config file, each value followed by "
             "a comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")

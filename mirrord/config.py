@@ -129,7 +129,7 @@ def layout_problems(layout: str, patterns: tuple[str, ...], step_pattern: str, u
     """A named layout fixes its patterns, step and unit: a different value set beside it would be
     silently ignored, so it is an error that says which layout to use instead."""
     problems = []
-    if layout not in ("torch", "custom"):
+    if layout not in ("torch", "hf_model", "custom"):
         if patterns != DEFAULT_PATTERNS:
             problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
                             'use layout = "custom" to choose patterns')
@@ -152,20 +152,26 @@ def beside_file(config_file: str | Path, relative: str) -> str:
     return str(base.joinpath(*parts))
 
 
-def check_paths(config: Config, need_primary: bool = True) -> list[str]:
+# Whether a command needs the primary root: it must exist (True), it is not used (False), or it may appear
+# later (the daemon waits for it).
+PrimaryNeed = bool | Literal["later"]
+
+
+def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     """Problems with the two roots that make mirroring unsafe or impossible.
 
-    Commands that only read the mirror (verify, latest) pass need_primary=False.
+    Commands that only read the mirror (verify, latest) pass need_primary=False; the daemon passes "later":
+    a primary root that does not exist yet (a disk being replaced) is a state it waits out, not an error.
     """
     problems = []
     primary, mirror = config.primary, config.mirror
     if config.mirror_url is not None:
-        if need_primary and not primary.is_dir():
+        if need_primary is True and not primary.is_dir():
             problems.append(f"primary: {primary} does not exist or is not a directory")
         if config.mirror_must_be_mountpoint:
             problems.append("mirror_must_be_mountpoint: means nothing for an s3:// mirror; remove it")
         return problems
-    if not need_primary:
+    if not need_primary or (need_primary == "later" and not primary.exists()):
         pass
     elif not primary.is_dir():
         problems.append(f"primary: {primary} does not exist or is not a directory")
@@ -178,7 +184,7 @@ def check_paths(config: Config, need_primary: bool = True) -> list[str]:
         problems.append(f"mirror: {mirror} is inside primary {primary}")
     elif rp.is_relative_to(rm):
         problems.append(f"primary: {primary} is inside mirror {mirror}")
-    elif need_primary:
+    elif need_primary and primary.exists():
         from mirrord.store.identity import overlap
 
         clash = overlap(primary, mirror)  # the same trees under other names (bind mounts)
@@ -352,10 +358,13 @@ class DaemonConfig(_Section):
 
 
 class UnitConfig(_Section):
-    """What a checkpoint is with layout = "custom" (the named layouts fix it)."""
+    """What a checkpoint is with layout = "custom" (the named layouts fix it), and how long a folder unit
+    with no evidence of its end must be quiet."""
 
     kind: Literal["file", "folder"] = "file"
     complete_marker: str = ""
+    # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
+    settle_seconds: float = Field(30.0, ge=0, le=DAY, **_FINITE)
 
     @field_validator("complete_marker")
     @classmethod
@@ -367,7 +376,8 @@ class Config(_Section):
     """mirrord's whole configuration: built once from the file, the environment and flags, then frozen."""
     primary: Path = Path("/data/checkpoints")
     mirror: Path  # no default: a missing mirror is an error, never a silently invented path
-    layout: Literal["torch", "lightning", "hf", "dcp", "deepspeed", "custom"] = "torch"
+    layout: Literal["torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspeed", "megatron",
+                    "custom"] = "torch"
     patterns: tuple[str, ...] = DEFAULT_PATTERNS
     mirror_must_be_mountpoint: bool = False
     copy_: CopyConfig = Field(default_factory=CopyConfig, alias="copy")
@@ -684,7 +694,7 @@ def explain_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     check_roots: bool = True,
-    need_primary: bool = True,
+    need_primary: PrimaryNeed = True,
     content: bytes | None = None,
 ) -> LoadedConfig:
     """load_config, also saying where each value came from. `overrides` are the command-line flags."""
@@ -727,7 +737,7 @@ def _config_only(explain: Callable[P, LoadedConfig]) -> Callable[P, Config]:
 load_config = _config_only(explain_config)
 
 
-def _root_problems(data: Mapping[str, Any], need_primary: bool) -> list[str]:
+def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[str]:
     """Path problems, reported alongside schema problems when the root keys themselves are valid."""
     roots = {k: data[k] for k in ("primary", "mirror", "mirror_must_be_mountpoint") if k in data}
     try:
@@ -775,7 +785,7 @@ def _read_with_stat(path: Path) -> tuple[int, int, int, bytes]:
 
 
 def reload_config(
-    path: Path | None, overrides: Mapping[str, Any] | None = None, need_primary: bool = True
+    path: Path | None, overrides: Mapping[str, Any] | None = None, need_primary: PrimaryNeed = True
 ) -> tuple[Config, bool]:
     """For SIGHUP: (the new Config, whether the file was stable while it was read)."""
     path = config_path(path)

@@ -350,12 +350,11 @@ def _judged(primary: LocalVolume, config: Config, now: float,
     """The daemon's completeness rule (mirrord.service.completeness), each unit judged once and kept in
     `verdicts`. A file is settled once its mtime is copy.settle_seconds old: the daemon also waits that
     long after first seeing it unchanged, which one look cannot; a file layout is never judged."""
-    settle = config.copy.settle_seconds
+    def quiet(unit: Unit, guess: bool) -> bool:
+        seconds = config.unit.settle_seconds if guess else config.copy.settle_seconds
+        return not 0 <= now - unit.mtime_ns / 1e9 < seconds
 
-    def settled(state: FileState) -> bool:
-        return not 0 <= now - state.mtime_ns / 1e9 < settle
-
-    rule = judge(primary, config.rules, settled)
+    rule = judge(primary, config.rules, quiet)
 
     def complete(unit: Unit) -> Completeness:
         if unit.rel not in verdicts:

@@ -12,7 +12,7 @@ from mirrord.core.plan import SettleTracker
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
-from mirrord.service.completeness import judge, sharing_for
+from mirrord.service.completeness import judge, recorded_names, sharing_for
 from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
@@ -57,10 +57,10 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
         exclude_each_other(primary, mirror)  # as the daemon: neither listing enters the other root
         manifest = mirror.read_manifest()
         engine = Engine(config, mirror, manifest, metrics, board=board)
-        settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic)
-        deadline = time.monotonic() + 3 * config.copy.settle_seconds
-        attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
         rules = config.rules
+        settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic, config.unit.settle_seconds)
+        deadline = time.monotonic() + 3 * max(config.copy.settle_seconds, config.unit.settle_seconds * rules.folders)
+        attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
         while True:
             psnap = primary.snapshot(config.patterns, rules)
             msnap = mirror.snapshot(config.patterns, rules)
@@ -69,10 +69,12 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             for rel, why in psnap.skipped:
                 if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link below
                     log.warning("scan.skipped", path=rel, why=why, volume="primary")
-            settled = settle.at(time.monotonic())
+            now = time.monotonic()
+            settled = settle.at(now)
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
             view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
-                             is_complete=judge(primary, rules, settled, tell=True), facts=facts,
+                             is_complete=judge(primary, rules, settle.quiet_at(now), tell=True,
+                                               recorded=recorded_names(manifest.entries, rules)), facts=facts,
                              sharing=sharing_for(config, manifest, primary, settled))
             report.refused = view.refused
             if view.refused is not None:

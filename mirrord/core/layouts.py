@@ -18,7 +18,7 @@ from typing import Literal
 
 from mirrord.formats.dcpmeta import METADATA_NAME
 
-LAYOUTS = ("torch", "lightning", "hf", "dcp", "deepspeed", "custom")
+LAYOUTS = ("torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspeed", "megatron", "custom")
 TEMP_SUFFIXES = (".part", ".tmp")  # never a finished name (ours, and the usual writer's convention)
 
 
@@ -44,16 +44,20 @@ def name_matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
 
 
 UnitKind = Literal["file", "folder"]
-# How completeness on the primary is judged (see mirrord.core.units.completeness):
-#   settle      every file of the unit unchanged for copy.settle_seconds
-#   marker      settle, and the marker file (unit.complete_marker) present in the folder
-#   dcp         settle, and .metadata present, every file it references present with its size
-#   hf          settle, and trainer_state.json present and parsing as JSON
-#   deepspeed   settle, and the run's `latest` tag file names this folder or a later step
-Rule = Literal["settle", "marker", "dcp", "hf", "deepspeed"]
+# How completeness on the primary is judged (see mirrord.core.units.completeness). A folder unit must also
+# be quiet: its whole listing unchanged for copy.settle_seconds (unit.settle_seconds under "settle").
+#   settle      nothing but the pause (a guess)
+#   marker      the marker file (unit.complete_marker) present in the folder
+#   dcp         .metadata present, every file it references present with its size (no pause needed)
+#   hf          trainer_state.json present and parsing as JSON
+#   hf_model    the index's shards (or the one model file) present with the bytes their headers need
+#   accelerate  random_states_N.pkl present, and every file the run's previous checkpoint had
+#   deepspeed   the run's tag file (`latest`, Megatron's tracker) names this folder or a later step
+Rule = Literal["settle", "marker", "dcp", "hf", "hf_model", "accelerate", "deepspeed"]
 
 HF_STATE = "trainer_state.json"
 DEEPSPEED_TAG = "latest"
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 LIGHTNING_LAST = "last.ckpt"
 
 
@@ -135,14 +139,23 @@ class Layout:
             lines.append("a folder is mirrored whole: staged as NAME.part/ on the mirror, renamed when every "
                          "file is copied and fsynced; every file in it is mirrored (dot names too)")
         rules = {
-            "settle": "complete when every file is unchanged for copy.settle_seconds",
-            "marker": f"complete when {self.complete_marker!r} is present (and every file has settled)",
+            "settle": "complete when no file and not the file list changed for unit.settle_seconds: a GUESS "
+                      "(name the file the saver writes last as unit.complete_marker to know instead)",
+            "marker": f"complete when {self.complete_marker!r} is present",
             "dcp": f"complete when {METADATA_NAME} is present and every file it references holds its bytes",
-            "hf": f"complete when {HF_STATE} is present and parses, and every file has settled",
-            "deepspeed": f"complete when the {self.tag_file!r} tag file names it (or a later step) and "
-                         "every file has settled",
+            "hf": f"complete when {HF_STATE} is present and parses",
+            "hf_model": "complete when the *.index.json lists shards that are all present with the bytes their "
+                        "safetensors headers need (or the one model file is whole)",
+            "accelerate": "complete when random_states_N.pkl and every file of the run's previous mirrored "
+                          "checkpoint are present (custom_checkpoint_N.pkl: how many is written nowhere; the "
+                          "run's first checkpoint waits unit.settle_seconds, a guess)",
+            "deepspeed": f"complete when the {self.tag_file!r} tag file names it (or a later step)",
         }
-        lines.append(rules[self.rule])
+        if not self.folders:
+            lines.append("complete when renamed into place, or unchanged for copy.settle_seconds")
+        else:
+            lines.append(rules[self.rule] + ("" if self.rule in ("settle", "dcp") else
+                                             ", and no file changed for copy.settle_seconds"))
         if self.aliases:
             lines.append(f"aliases {list(self.aliases)}: mirrored, never counted by retention")
         if self.tag_file:
@@ -171,6 +184,15 @@ def layout_for(
     if name == "deepspeed":
         return Layout("deepspeed", "folder", ("global_step[0-9]*",), r"^global_step(\d+)$", rule="deepspeed",
                       tag_file=DEEPSPEED_TAG)
+    if name == "hf_model":
+        custom = patterns != ("*.pt",)
+        return Layout("hf_model", "folder", patterns if custom else ("checkpoint-[0-9]*", "step_[0-9]*", "step-[0-9]*"),
+                      step_pattern if step_pattern != r"step_(\d+)" else r"[-_](\d+)$", rule="hf_model")
+    if name == "accelerate":
+        return Layout("accelerate", "folder", ("checkpoint_[0-9]*",), r"^checkpoint_(\d+)$", rule="accelerate")
+    if name == "megatron":
+        return Layout("megatron", "folder", ("iter_[0-9]*",), r"^iter_(\d+)$", rule="deepspeed",
+                      tag_file=MEGATRON_TRACKER)
     if name == "custom":
         rule: Rule = "marker" if complete_marker else "settle"
         return Layout("custom", unit, patterns, step_pattern, rule=rule, complete_marker=complete_marker)
@@ -220,7 +242,8 @@ def lookalike(rel: str) -> str | None:
 
 
 def never_matching(layout: Layout) -> list[str]:
-    """Patterns that can never select anything, each with why (for `check-config`)."""
+    """Patterns that can never select anything, and a folder rule that can only guess, each with why (for
+    `check-config`)."""
     problems = []
     for pattern in layout.patterns:
         if pattern.startswith("."):
@@ -230,6 +253,10 @@ def never_matching(layout: Layout) -> list[str]:
         elif pattern.endswith(TEMP_SUFFIXES):
             problems.append(f"pattern {pattern!r} can never match: names ending in {' or '.join(TEMP_SUFFIXES)} "
                             "are files still being written")
+    if layout.folders and layout.rule == "settle":
+        problems.append("folder units without unit.complete_marker: their completeness is a GUESS (nothing in the "
+                        "folder changed for unit.settle_seconds); name the file your saver writes last as "
+                        "unit.complete_marker")
     if layout.folders and layout.rule == "marker" and layout.complete_marker.endswith(TEMP_SUFFIXES):
         problems.append(f"unit.complete_marker {layout.complete_marker!r} can never count: it is a temp name")
     return problems

@@ -9,6 +9,7 @@ from operator import attrgetter
 
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.units import Unit, unit_identity
 
 # Filesystems with coarse timestamps (FAT: 2 s, some SMB/NFS setups: 1 s) round the mtime we set.
 MTIME_TOLERANCE_NS = 2_000_000_000
@@ -88,13 +89,19 @@ class SettleTracker:
     `settle_seconds` by the wall clock keeps it unsettled), never remove it: a wall clock ahead of the
     file's clock (a forward step, an NFS server that lags) must not make a file still being written
     look settled. A rename into a final name commits a file at once (`mark_committed`).
+
+    A folder unit is quiet when its whole listing (every file's identity, and the file list itself) has
+    stayed the same for settle_seconds, or unit_seconds when only a pause can tell that it is whole
+    (`quiet`): a rename gives no shortcut there, since savers rename files into place one by one.
     """
 
     settle_seconds: float
     wall: Callable[[], float]
     monotonic: Callable[[], float]
+    unit_seconds: float = 30.0
     _seen: dict[str, tuple[tuple[int, int, int, int], float]] = field(default_factory=dict)
     _committed: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    _units: dict[str, tuple[int, float]] = field(default_factory=dict)  # unit -> (hash of its listing, since)
 
     def mark_committed(self, state: FileState) -> None:
         """The writer renamed the file into place: it is whole as it is now, no settling needed."""
@@ -119,6 +126,24 @@ class SettleTracker:
         age = self.wall() - state.mtime_ns / 1e9
         return not 0 <= age < self.settle_seconds
 
+    def quiet(self, unit: Unit, guess: bool, now: float | None = None) -> bool:
+        """Whether the folder unit's whole listing has stayed the same for settle_seconds (unit_seconds with
+        `guess`: nothing but a pause says it is whole) on our monotonic clock, and its newest mtime is not
+        younger than that by the wall clock."""
+        seconds = self.unit_seconds if guess else self.settle_seconds
+        now = self.monotonic() if now is None else now
+        key = hash(unit_identity(unit.files))
+        seen = self._units.get(unit.rel)
+        if seen is None or seen[0] != key:
+            self._units[unit.rel] = seen = (key, now)
+        if now - seen[1] < seconds:
+            return False
+        return not 0 <= self.wall() - unit.mtime_ns / 1e9 < seconds
+
+    def quiet_at(self, now: float) -> Callable[[Unit, bool], bool]:
+        """`quiet` for one listing: every unit judged at the same instant."""
+        return lambda unit, guess: self.quiet(unit, guess, now)
+
     def at(self, now: float) -> Callable[[FileState], bool]:
         """The predicate for one listing: every file of it judged at the same instant, so files first
         seen together settle together (and are queued together, newest step first)."""
@@ -128,10 +153,11 @@ class SettleTracker:
         """`rel` is gone: forget what was seen of it."""
         self._seen.pop(rel, None)
         self._committed.pop(rel, None)
+        self._units.pop(rel, None)
 
     def retain(self, present: Container[str]) -> None:
         """A complete listing: forget every file not in it (a trainer cycling through new names must not
         grow the daemon without bound)."""
-        for seen in (self._seen, self._committed):
+        for seen in (self._seen, self._committed, self._units):
             for rel in [rel for rel in seen if rel not in present]:
                 del seen[rel]

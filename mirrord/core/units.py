@@ -20,7 +20,7 @@ from posixpath import dirname
 from typing import TYPE_CHECKING, Literal
 
 from mirrord.core.jobs import CopyJob
-from mirrord.core.layouts import HF_STATE, LOOKALIKES, Layout, UnitKind
+from mirrord.core.layouts import HF_STATE, LOOKALIKES, MEGATRON_TRACKER, Layout, UnitKind
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 
@@ -192,7 +192,11 @@ def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
         found.setdefault(("not_selected", pattern), NamingWarning(
             "not_selected", pattern, rel,
             f"{rel}: looks like a checkpoint ({pattern}) but layout {layout.name!r} does not select it, so it is "
-            f"never mirrored; {LOOKALIKES[pattern]} would select it"))
+            f"never mirrored; {LOOKALIKES[pattern]} would select it" if pattern in LOOKALIKES else
+            f"{rel}: a file named by pattern {pattern!r}, but layout {layout.name!r} mirrors folders so named; no "
+            "unit rule ever mirrors a file beside them"
+            + ('; layout = "megatron" mirrors this tracker after the iteration it names'
+               if rel.endswith(MEGATRON_TRACKER) else "")))
     return list(found.values())
 
 
@@ -204,7 +208,8 @@ class Completeness:
 
 
 def reads_needed(unit: Unit, layout: Layout) -> tuple[str, ...]:
-    """The small files the shell must read (whole, up to MAX_READ_BYTES) for `completeness`."""
+    """The small files the shell must read for `completeness`: whole (up to MAX_READ_BYTES), a safetensors
+    file only up to the end of its header (mirrord.formats.safetensors_head)."""
     if unit.kind != "folder" or unit.role != "checkpoint":
         return ()
     if layout.rule == "dcp":
@@ -213,43 +218,64 @@ def reads_needed(unit: Unit, layout: Layout) -> tuple[str, ...]:
         return (f"{unit.rel}/{HF_STATE}",) if unit.get(HF_STATE) is not None else ()
     if layout.rule == "deepspeed" and layout.tag_file:
         return (f"{unit.run}/{layout.tag_file}" if unit.run else layout.tag_file,)
+    if layout.rule == "hf_model":
+        return tuple(f.rel for f in unit.files if f.rel.endswith((".safetensors", ".index.json")))
     return ()
+
+
+Quiet = Callable[[Unit, bool], bool]  # (folder unit, only a pause can tell) -> unchanged long enough
 
 
 def completeness(
     unit: Unit,
     layout: Layout,
-    settled: Callable[[FileState], bool] = lambda _state: True,
+    quiet: Quiet = lambda _unit, _guess: True,
     reads: Mapping[str, bytes | None] | None = None,
+    recorded: frozenset[str] | None = None,
 ) -> Completeness:
     """Whether `unit` is whole on the primary, by its layout's rule (see mirrord.core.layouts.Rule).
 
-    `reads` holds the bytes of the files `reads_needed` named (None: could not be read). A file unit is
-    complete once settled (its format validator then judges its bytes while it is copied).
+    Evidence first (the saver's last file, an index or tag naming what must be there), then `quiet`: the
+    whole folder unchanged for copy.settle_seconds, or for unit.settle_seconds where there is no evidence
+    and the pause is a guess. `reads` holds the bytes of the files `reads_needed` named (None: could not be
+    read); `recorded`: the member names of the run's previous checkpoint on the mirror (accelerate, Megatron's
+    ranks), which this one must have too.
     """
     reads = reads or {}
     if not unit.files:
         return Completeness(False, "empty folder")
-    if layout.rule != "dcp" or unit.kind == "file":
-        # DCP renames .metadata into place last: its presence, checked below, is the commit point.
-        unsettled = [f.rel for f in unit.files if not settled(f)]
-        if unsettled:
-            return Completeness(False, f"still being written: {unit.member(unsettled[0])}"
-                                       + (f" and {len(unsettled) - 1} more" if len(unsettled) > 1 else ""))
     if unit.kind == "file" or unit.role != "checkpoint":
-        return Completeness(True, "settled")
+        ok = quiet(unit, False)
+        return Completeness(ok, "settled" if ok else "still being written")
+    if layout.rule == "dcp":  # DCP renames .metadata into place last: the commit point, no pause needed
+        return _dcp_complete(unit, reads.get(f"{unit.rel}/{METADATA_NAME}"))
+    evidence = _evidence(unit, layout, reads, recorded)
+    if evidence is not None and not evidence.complete:
+        return evidence
+    if not quiet(unit, evidence is None):
+        return Completeness(False, "still being written: a file or the file list changed within the settle time")
+    return evidence or Completeness(True, "unchanged for unit.settle_seconds (a guess: nothing says it is whole; "
+                                          "name the saver's last file as unit.complete_marker)")
+
+
+def _evidence(unit: Unit, layout: Layout, reads: Mapping[str, bytes | None],
+              recorded: frozenset[str] | None) -> Completeness | None:
+    """What the saver's own files say (None: nothing, only a pause can tell)."""
     if layout.rule == "marker":
         if unit.get(layout.complete_marker) is None:
             return Completeness(False, f"no {layout.complete_marker} marker yet")
         return Completeness(True, f"{layout.complete_marker} present")
-    if layout.rule == "dcp":
-        return _dcp_complete(unit, reads.get(f"{unit.rel}/{METADATA_NAME}"))
     if layout.rule == "hf":
         return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
     if layout.rule == "deepspeed":
-        tag_rel = reads_needed(unit, layout)[0]
-        return _deepspeed_complete(unit, layout, reads.get(tag_rel))
-    return Completeness(True, "settled")
+        tagged = _deepspeed_complete(unit, layout, reads.get(reads_needed(unit, layout)[0]))
+        missing = sorted(recorded - {unit.member(f.rel) for f in unit.files}) if recorded and tagged.complete else []
+        return Completeness(False, f"{missing[0]} missing (the previous checkpoint has it)") if missing else tagged
+    if layout.rule == "hf_model":
+        return hf_model_complete(unit, reads)
+    if layout.rule == "accelerate":
+        return accelerate_complete(unit, recorded)
+    return None
 
 
 def dcp_needs(metadata: bytes | None) -> dict[str, int] | Completeness:
@@ -299,10 +325,72 @@ def _deepspeed_complete(unit: Unit, layout: Layout, tag: bytes | None) -> Comple
     text = tag.decode("utf-8", "replace").strip()
     if text == name:
         return Completeness(True, f"named by {layout.tag_file}")
-    tagged = layout.step_of(text)
-    if tagged is not None and unit.step is not None and unit.step < tagged:
+    tagged = int(text) if text.isdigit() else layout.step_of(text)  # Megatron's tracker holds the number
+    if tagged is not None and unit.step is not None and unit.step <= tagged:
         return Completeness(True, f"older than {text}, which {layout.tag_file} names")
     return Completeness(False, f"{layout.tag_file} names {text!r}, not this folder yet")
+
+
+def safetensors_needs(head: bytes | None) -> int | None:
+    """The bytes a safetensors file needs by its header (8-byte length, JSON header, data up to the last
+    tensor's end offset), from its first bytes; None when they are not a safetensors header."""
+    if head is None or len(head) < 8:
+        return None
+    length = int.from_bytes(head[:8], "little")
+    try:
+        header = json.loads(head[8:8 + length])
+        return 8 + length + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                                default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+        return None
+
+
+def hf_model_complete(unit: Unit, reads: Mapping[str, bytes | None]) -> Completeness | None:
+    """save_pretrained writes its shards, then the index naming them (`*.index.json`): whole when the index
+    lists shards that are all present with the bytes their headers need, or the one model file is whole.
+    None (a guess) for a folder with no safetensors file at all."""
+    indexes = [f for f in unit.files if f.rel.endswith(".safetensors.index.json")]
+    shards = {unit.member(f.rel) for f in unit.files if f.rel.endswith(".safetensors")}
+    if not shards and not indexes:
+        return None
+    needed: set[str] = set()
+    for index in indexes:
+        try:
+            needed |= set(json.loads(reads.get(index.rel) or b"")["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return Completeness(False, f"{unit.member(index.rel)} does not parse as a weight index")
+    if not indexes and any("-of-" in name for name in shards):
+        return Completeness(False, "sharded save: no index yet (save_pretrained writes it last)")
+    for name in sorted(needed | shards):
+        state = unit.get(name)
+        if state is None:
+            return Completeness(False, f"the index names {name}, which is missing")
+        size = safetensors_needs(reads.get(state.rel))
+        if size is None or state.size < size:
+            return Completeness(False, f"{name} is not whole yet ({state.size} bytes, its header needs {size})")
+    return Completeness(True, f"{len(needed | shards)} safetensors file(s) whole"
+                              + (", named by the index" if indexes else ""))
+
+
+# accelerate's save_state: model*.safetensors / pytorch_model*.bin, optimizer*.bin, scheduler*.bin,
+# sampler*.bin, scaler.pt, then random_states_<process>.pkl, then custom_checkpoint_<i>.pkl per registered object.
+ACCELERATE_STATE = re.compile(r"random_states_\d+\.pkl")
+
+
+def accelerate_complete(unit: Unit, recorded: frozenset[str] | None) -> Completeness | None:
+    """accelerate writes random_states_<process>.pkl after the model, optimizer and scheduler state, then
+    one custom_checkpoint_<i>.pkl per registered object: how many objects were registered is written
+    nowhere, so the run's previous checkpoint on the mirror says which files to expect; without one, a
+    guess (None)."""
+    names = {unit.member(f.rel) for f in unit.files}
+    if not any(ACCELERATE_STATE.fullmatch(name) for name in names):
+        return Completeness(False, "no random_states_N.pkl yet (save_state writes it after the model state)")
+    if recorded is None:
+        return None
+    missing = sorted(recorded - names)
+    if missing:
+        return Completeness(False, f"{missing[0]} missing (the run's previous checkpoint has it)")
+    return Completeness(True, "random_states and every file of the run's previous checkpoint present")
 
 
 def plan_unit_copies(

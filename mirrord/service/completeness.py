@@ -4,13 +4,13 @@ pure rule (mirrord.core.units.completeness) decide."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing, local_part
-from mirrord.core.layouts import TEMP_SUFFIXES, Layout
-from mirrord.core.model import FileState
-from mirrord.core.units import MAX_READ_BYTES, Completeness, Unit, completeness, reads_needed
+from mirrord.core.layouts import MEGATRON_TRACKER, TEMP_SUFFIXES, Layout
+from mirrord.core.model import FileState, ManifestEntry
+from mirrord.core.units import MAX_READ_BYTES, Completeness, Quiet, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
 from mirrord.formats.dcpmeta import METADATA_NAME
 from mirrord.obs.log import get_logger
@@ -24,13 +24,20 @@ if TYPE_CHECKING:
 
 def read_small(volume: LocalVolume, rel: str, limit: int = MAX_READ_BYTES) -> bytes | None:
     """The whole file, beneath the root and never through a symlink; None if it cannot be read or is
-    larger than `limit` (no rule needs that much: such a file is not the one it expects)."""
+    larger than `limit` (no rule needs that much: such a file is not the one it expects). With
+    SAFETENSORS_HEAD: a safetensors file's first bytes, up to the end of its header."""
     try:
         with volume.open_read(rel) as f:
+            if limit == SAFETENSORS_HEAD:
+                head = f.read(8)
+                return head + f.read(min(int.from_bytes(head, "little"), MAX_READ_BYTES)) if len(head) == 8 else None
             data = f.read(limit + 1)
     except (OSError, UnsafePathError):
         return None
     return data if len(data) <= limit else None
+
+
+SAFETENSORS_HEAD = -1  # read_small's limit for "a safetensors header"
 
 
 def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
@@ -46,13 +53,13 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
 
 
 def judge(
-    volume: LocalVolume, layout: Layout, settled: Callable[[FileState], bool] = lambda _state: True,
-    tell: bool = False,
+    volume: LocalVolume, layout: Layout, quiet: Quiet = lambda _unit, _guess: True, tell: bool = False,
+    recorded: Callable[[Unit], frozenset[str] | None] = lambda _unit: None,
 ) -> Callable[[Unit], Completeness]:
     """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule. With
-    `tell`, a unit whose files have all settled and that is still not whole (a member that is not a file,
-    a state file that does not parse or nests too deeply, a .metadata that cannot be read) is logged once
-    for the listing, with why."""
+    `tell`, a unit that has been quiet and is still not whole (a member that is not a file, a state file
+    that does not parse, a missing shard) is logged once for the listing, with why. `recorded`: the files
+    of the run's previous checkpoint on the mirror (recorded_names)."""
     told: set[str] = set()
 
     def complete(unit: Unit) -> Completeness:
@@ -62,14 +69,33 @@ def judge(
                 told.add(unit.rel)
                 get_logger().warning("unit.not_whole", path=unit.rel, why=refused.why)
             return refused
-        reads = {rel: read_small(volume, rel) for rel in reads_needed(unit, layout)}
-        verdict = completeness(unit, layout, settled, reads)
-        if tell and not verdict.complete and unit.rel not in told and all(settled(f) for f in unit.files):
+        reads = {rel: read_small(volume, rel, *((SAFETENSORS_HEAD,) if rel.endswith(".safetensors") else ()))
+                 for rel in reads_needed(unit, layout)}
+        expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
+        verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
+        if tell and not verdict.complete and unit.rel not in told and quiet(unit, False):
             told.add(unit.rel)
             get_logger().warning("unit.incomplete", path=unit.rel, why=verdict.why)
         return verdict
 
     return complete
+
+
+def recorded_names(entries: Mapping[str, ManifestEntry], layout: Layout) -> Callable[[Unit], frozenset[str] | None]:
+    """The member names of the newest checkpoint of a unit's run recorded on the mirror with an earlier step
+    (the files a saver writes every time: what the next one must have too); None when there is none."""
+    def names(unit: Unit) -> frozenset[str] | None:
+        prefix = f"{unit.run}/" if unit.run else ""
+        found: dict[str, set[str]] = {}
+        for rel in entries:
+            folder, _, member = rel[len(prefix):].partition("/")
+            step = layout.step_of(folder) if rel.startswith(prefix) and member else None
+            if step is not None and unit.step is not None and step < unit.step and layout.is_unit_name(folder):
+                found.setdefault(folder, set()).add(member)
+        newest = max(found, key=lambda f: layout.step_of(f) or 0, default=None)
+        return frozenset(found[newest]) if newest is not None else None
+
+    return names
 
 
 def judge_part(

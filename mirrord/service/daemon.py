@@ -18,7 +18,7 @@ from mirrord.config import Config
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker
-from mirrord.errors import ConfigError, MirrordError, TransientError
+from mirrord.errors import ConfigError, MirrordError, SourceChangedError, TransientError
 from mirrord.obs import log as logsetup
 from mirrord.obs.metrics import Metrics
 from mirrord.service.clock import SYSTEM_CLOCK, Clock
@@ -35,11 +35,11 @@ from mirrord.service.settings import Settings
 from mirrord.service.signals import SignalFlags
 from mirrord.service.supervisor import Supervisor
 from mirrord.service.systemd import Notifier
-from mirrord.service.watcher import PrimaryWatch, Watcher, WatcherFactory
+from mirrord.service.watcher import Hint, PrimaryWatch, Watcher, WatcherFactory
 from mirrord.service.workers import WorkerPool
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalVolume
+from mirrord.store.volume import LocalVolume, exclude_each_other
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,8 @@ class Daemon:
     def _on_copy_done(self, job: CopyJob, outcome: CopyResult | MirrordError) -> None:
         if self.ledger.record(job, outcome):
             self.inbox.rescan_asked = True
+        if job.members and isinstance(outcome, SourceChangedError):  # judged again from a fresh listing
+            self.inbox.post(Hint(job.rel, committed=False))
         self.inbox.ask_prune()
 
     def _stop(self) -> None:
@@ -134,6 +136,8 @@ class Daemon:
             self.endpoints.start()
             self.log.info("metrics.listening", address=f"{self.settings.config.metrics.host}:{self.endpoints.port}",
                           endpoints=["/metrics", "/healthz", "/readyz", "/status"])
+        if not self._await_primary():
+            return
         self.watch.start()
         if self.signals.stop_requests:
             return
@@ -142,6 +146,26 @@ class Daemon:
         self.notifier.ready(self.status())
         self.supervisor.heartbeat()
         self.log.info("daemon.ready", status=self.status())
+
+    def _await_primary(self) -> bool:
+        """A missing primary root (a disk being replaced, a mount not there yet) is a state, not an error:
+        systemd hears READY=1 and the watchdog stays fed, /readyz says what is awaited, and mirroring begins
+        on the first heartbeat that finds the root. False when a stop came first."""
+        if self.primary.exists():
+            return True
+        self.supervisor.waiting = f"primary root {self.primary.root} does not exist; waiting for it"
+        self.log.warning("primary.missing", path=str(self.primary.root), action="mirroring begins when it appears")
+        self.notifier.ready(self.supervisor.waiting)
+        while not self.signals.stop_requests and not self.primary.exists():
+            self.supervisor.heartbeat()
+            self.inbox.wait(self.supervisor.next_due - self.clock.monotonic())
+            if self.signals.reload_requested:
+                self.signals.reload_requested = False
+                self.reload()
+        self.supervisor.waiting = None
+        exclude_each_other(self.primary, self.mirror)
+        self.log.info("primary.found", path=str(self.primary.root))
+        return not self.signals.stop_requests
 
     def tick(self, wait: bool = True) -> None:
         """One turn of the loop: sleep until the next deadline or a wake-up (unless `wait` is False),
@@ -187,6 +211,7 @@ class Daemon:
         self.queue.keep_lane_for_small(settings.config.copy.small_file_bytes, settings.config.copy_workers)
         self.pool.retry = settings.retry
         self.settle.settle_seconds = settings.config.copy.settle_seconds
+        self.settle.unit_seconds = settings.config.unit.settle_seconds
 
     def _drain(self, deadline: float) -> None:
         """A stop drains what is settled: one last listing (no prune) finds what no event reported yet; files

@@ -343,8 +343,13 @@ class Engine:
             named = os.read(fd, TAG_READ_BYTES).decode("utf-8", "replace").strip()
         finally:
             os.close(fd)
-        folder = f"{job.run}/{named}/" if job.run else f"{named}/"
-        if not named or "/" in named or not any(rel.startswith(folder) for rel in self.manifest.entries):
+        prefix = f"{job.run}/" if job.run else ""
+
+        def names(rel: str) -> bool:  # the folder itself, or its step (Megatron's tracker holds the number)
+            folder, slash, _ = rel[len(prefix):].partition("/")
+            return bool(slash) and (folder == named or (named.isdigit() and rules.step_of(folder) == int(named)))
+
+        if not named or "/" in named or not any(rel.startswith(prefix) and names(rel) for rel in self.manifest.entries):
             # Not a failure: the version the planner chose is gone; the new one is planned once its folder is in.
             raise SourceGoneError(path, f"rewritten since it was planned: names {named!r}, which is not "
                                         "mirrored yet (the tag is published after the folder it names)")

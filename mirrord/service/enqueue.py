@@ -16,7 +16,7 @@ from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import PrunePlan
 from mirrord.core.units import group_units, unit_identity
 from mirrord.errors import UnsafePathError
-from mirrord.service.completeness import judge, sharing_for
+from mirrord.service.completeness import judge, recorded_names, sharing_for
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import VERIFY_FAILURES, Ledger
 from mirrord.service.refusals import Refusals
@@ -56,8 +56,10 @@ class Enqueuer:
                           mirror_is_mount=self.mirror.is_mountpoint(), roots=pruner.roots if pruner else None,
                           pointed=pruner.pointed() if pruner else frozenset())
             retired_by = None
-        settled = self.settle.at(self.monotonic())
-        complete = judge(self.primary, cfg.rules, settled, tell=True)
+        now = self.monotonic()
+        settled = self.settle.at(now)
+        complete = judge(self.primary, cfg.rules, self.settle.quiet_at(now), tell=True,
+                         recorded=recorded_names(entries, cfg.rules))
         return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
                          facts=facts, retired_by=retired_by, is_complete=complete,
                          sharing=sharing_for(cfg, self.manifest, self.primary, settled))
@@ -86,8 +88,9 @@ class Enqueuer:
             self.unsettled = set(view.unsettled)
             if psnap.complete:
                 rules = self.config.rules
-                self.ledger.keep_invalid(group_units(psnap.files.values(), rules) if rules.folders else psnap.files)
-                self.settle.retain(psnap.files)
+                units = group_units(psnap.files.values(), rules) if rules.folders else {}
+                self.ledger.keep_invalid(units if rules.folders else psnap.files)
+                self.settle.retain(psnap.files.keys() | units.keys() if units else psnap.files)
         self.ledger.behind(behind, not partial, self.manifest.entries)
         queued = 0
         for job in jobs:

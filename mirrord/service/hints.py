@@ -81,15 +81,13 @@ class Hints:
                 continue
             if unit is not None:
                 units.add(unit)
-                if not hint.committed:
-                    continue  # a folder unit is judged from a listing of it: no stat of the file needed
+                continue  # a folder unit is judged from a listing of it (a rename gives it no shortcut)
             state = _stat(self.primary, hint.rel)
             if state is None or not state.is_regular:
                 continue
             if hint.committed:
                 self.settle.mark_committed(state)
-            if unit is None:
-                files[hint.rel] = state
+            files[hint.rel] = state
         if rescan:
             self.log.warning("watch.rescan", why="event queue overflow or directory move")
             return True

@@ -36,6 +36,7 @@ class Supervisor:
         self.refusals, self.ledger, self.watch = refusals, ledger, watch
         self.metrics, self.notifier, self.status, self.stop, self.monotonic = metrics, notifier, status, stop, monotonic
         self.ready = False
+        self.waiting: str | None = None  # what the daemon waits for before it starts (a missing primary root)
         self.exit_code = 0
         self._health: tuple[bool, str] = (False, "starting")
         self._last = 0.0
@@ -59,7 +60,7 @@ class Supervisor:
         """/readyz: ready once the first reconcile finished, while nothing is refused."""
         if self.refusals.blocked:
             return False, self.refusals.blocked
-        return (True, "ready") if self.ready else (False, "first reconcile not finished")
+        return (True, "ready") if self.ready else (False, self.waiting or "first reconcile not finished")
 
     def report(self) -> dict[str, Any]:
         """The /status document: which roots this daemon mirrors (`status` checks it asks the right one),
@@ -91,7 +92,8 @@ class Supervisor:
         self.refusals.refuse(LEASE, paused)  # no new copies or prunes; in-flight commits refuse on their own
         if paused:
             problems.append(paused)
-        problems += self.watch.check()
+        if self.waiting is None:  # (nothing to watch yet while the primary root is awaited)
+            problems += self.watch.check()
         self._health = (not problems, "; ".join(problems) or "ok")
         self._last = self.monotonic()
         self.next_due = self._last + settings.ping_every
@@ -101,8 +103,8 @@ class Supervisor:
         if problems:
             self.log.error("daemon.unhealthy", problems=problems)
             self.notifier.status("UNHEALTHY: " + "; ".join(problems))
-        elif self.ready:
-            self.notifier.watchdog(status)
+        elif self.ready or self.waiting:
+            self.notifier.watchdog(self.waiting or status)
         else:  # a beat inside the first pass (/healthz stays fresh): systemd hears READY=1 first
             self.notifier.status(status)
 

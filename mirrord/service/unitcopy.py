@@ -141,6 +141,9 @@ def copy_unit(
     member_options = dataclasses.replace(options, allow_empty=True)
     try:
         before = _listing(primary_root, job)
+        if set(before) != set(job.members):
+            raise SourceChangedError(primary_root / job.rel, "holds other files than when it was judged whole; "
+                                                             "judged again from a fresh listing")
         try:
             results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
         except InvalidSourceError as exc:

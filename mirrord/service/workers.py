@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mirrord.core.jobs import CopyJob, CopyResult
-from mirrord.errors import CancelledError, MirrordError, SourceGoneError
+from mirrord.errors import CancelledError, MirrordError, SourceChangedError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.service.commits import CommitStage
 from mirrord.service.copier import CopyControl, release_thread_buffers
@@ -280,12 +280,17 @@ class WorkerPool:
             return
         policy = self.retry
         stopping = self._stopping.is_set()
-        retry = outcome.transient and policy.retries(entry.attempt) and not stopping
+        # A folder unit found changed is judged again from a fresh listing (the daemon asks), never retried
+        # with the file list it was planned with.
+        replan = bool(job.members) and isinstance(outcome, SourceChangedError)
+        retry = outcome.transient and policy.retries(entry.attempt) and not stopping and not replan
         delay = policy.delay(entry.attempt)
         # Say what will really happen: a retry after a backoff, the next rescan (which plans every file
         # the mirror still lacks, whatever the error was), or nothing.
         if retry:
             when: dict[str, Any] = {"will_retry": True, "retry": "backoff", "retry_in_seconds": round(delay, 2)}
+        elif replan:
+            when = {"will_retry": True, "retry": "judged_again"}
         elif policy.rescan_seconds is not None and not stopping:
             when = {"will_retry": True, "retry": "next_rescan", "retry_in_seconds": policy.rescan_seconds}
         else:
@@ -297,7 +302,7 @@ class WorkerPool:
         if retry:
             self.queue.release_for_retry(entry, delay)
             return
-        if outcome.transient:
+        if outcome.transient and not replan:
             self.log.error("copy.gave_up", path=job.rel, reason=outcome.reason, attempts=entry.attempt)
         self.queue.done(job.rel)
         self.on_done(job, outcome)

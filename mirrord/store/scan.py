@@ -89,6 +89,8 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
                         if layout is not None and (look := lookalike_name(name, folder_lookalike)) is not None \
                                 and look not in lookalikes and entry.is_file(follow_symlinks=False):
                             lookalikes[look] = prefix + name
+                        elif folders and not in_unit and layout is not None and layout.is_unit_name(name):
+                            lookalikes.setdefault(layout.pattern_of(name), prefix + name)  # a file, not a unit folder
                         continue
                 except OSError:
                     pass  # the lstat below reports it

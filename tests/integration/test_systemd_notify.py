@@ -118,3 +118,31 @@ def test_watchdog_stops_while_a_worker_is_wedged(tmp_path, daemon_factory, fake_
     wait_for(lambda: len(unhealthy_statuses()) >= len(unhealthy) + 5, 60, "more unhealthy heartbeats")
     assert fake_systemd.seen("WATCHDOG")[-1] == last_ping, "WATCHDOG=1 must stop while a worker is wedged"
     d.kill()
+
+
+def test_a_missing_primary_is_awaited_with_the_watchdog_fed(tmp_path, daemon_factory, fake_systemd):
+    """A primary root that is not there at start (a disk being replaced) is a state: systemd hears READY=1
+    and WATCHDOG=1 goes on, /healthz is healthy and /readyz says what is awaited, `primary.missing` is
+    logged once, and mirroring begins when the root appears."""
+    primary = tmp_path / "primary"
+    primary.rmdir()
+    d = daemon_factory({"daemon": {"heartbeat_seconds": 0.2}},
+                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"})
+    d.start(wait_ready=False)
+
+    def pings() -> list[float]:
+        if d.exited():
+            raise AssertionError(f"daemon exited ({d.proc.returncode}):\n{d.log_text()}")
+        return fake_systemd.seen("WATCHDOG")
+
+    wait_for(lambda: len(pings()) >= 5, 90, "five WATCHDOG=1 pings while the primary is missing")
+    assert fake_systemd.seen("READY")
+    assert d.http("/healthz")[0] == 200
+    code, body = d.http("/readyz")
+    assert code == 503 and "does not exist" in body, (code, body)
+    assert len(d.events("primary.missing")) == 1
+    publish_checkpoint(primary / "step_0001.pt", 1)
+    wait_for(lambda: (tmp_path / "mirror" / "step_0001.pt").is_file(), 90, "the checkpoint mirrored")
+    assert d.http("/readyz")[0] == 200
+    assert len(d.events("primary.missing")) == 1
+    assert d.stop(signal.SIGTERM) == 0

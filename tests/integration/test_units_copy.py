@@ -365,3 +365,30 @@ def test_a_private_folder_unit_stays_private_on_the_mirror(tmp_path: Path) -> No
     assert _tree(mirror_root / "checkpoint-5") == _tree(folder)
     assert (mirror_root / "checkpoint-5").stat().st_mode & 0o777 == 0o700
     assert {p.stat().st_mode & 0o777 for p in (mirror_root / "checkpoint-5").iterdir()} == {0o600}
+
+
+def test_a_folder_that_gained_a_file_since_it_was_planned_is_judged_again_never_copied_stale(
+        tmp_path: Path) -> None:
+    """A unit job planned with the files of an earlier look (accelerate's first save, seen with one file)
+    finds the folder holding others: discarded before anything is staged, and not retried with that file
+    list (the daemon judges the folder again from a fresh listing)."""
+    from structlog.testing import capture_logs
+
+    from mirrord.core.jobs import CopyJob
+    from mirrord.service.engine import Engine
+    from mirrord.service.workers import copy_all
+
+    primary, mirror_root = tmp_path / "primary", tmp_path / "mirror"
+    folder = primary / "checkpoint-5"
+    write_hf(folder, 5)
+    config = _config(primary, mirror_root, "hf")
+    first = folder / "model.safetensors"
+    job = CopyJob("checkpoint-5", first.stat().st_size, first.stat().st_mtime_ns, 5, "new",
+                  ("checkpoint-5/model.safetensors",))
+    mirror = LocalMirror(config.mirror)
+    with mirror.lock(), capture_logs() as logs:
+        outcome = copy_all(Engine(config, mirror, mirror.read_manifest()), [job], 1)["checkpoint-5"]
+    assert isinstance(outcome, SourceChangedError) and "judged again" in outcome.cause
+    [failed] = [e for e in logs if e["event"] == "copy.failed"]
+    assert (failed["attempt"], failed["retry"]) == (1, "judged_again")
+    assert not (mirror_root / "checkpoint-5").exists()

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from mirrord import cli
 from mirrord.commands.config_toml import value_to_toml
-from mirrord.config import Config, explain_config, load_config, read_environment
+from mirrord.config import Config, check_paths, explain_config, load_config, read_environment
 from mirrord.errors import ConfigError
 from tests.support.cli import run_mirrord
 from tests.support.privileges import run_as_nobody
@@ -328,6 +328,16 @@ def test_missing_primary(
 ) -> None:
     [problem] = root_problems(tmp_path / "nowhere", mirror)
     assert problem.startswith("primary: ") and "does not exist" in problem
+
+
+def test_the_daemon_may_wait_for_a_missing_primary(tmp_path: Path, mirror: Path) -> None:
+    """`run` loads a config whose primary root does not exist yet (it waits for it); a primary that is a
+    file is still refused, and so is a missing one for every other command."""
+    config = Config(primary=tmp_path / "nowhere", mirror=mirror)
+    assert check_paths(config, "later") == []
+    assert check_paths(config) != []
+    (tmp_path / "file").write_bytes(b"")
+    assert check_paths(Config(primary=tmp_path / "file", mirror=mirror), "later") != []
 
 
 def test_primary_that_is_a_file(

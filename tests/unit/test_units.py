@@ -12,7 +12,18 @@ import pytest
 
 from mirrord.core.layouts import LAYOUTS, layout_for, never_matching
 from mirrord.core.model import FileState
-from mirrord.core.units import Completeness, Unit, completeness, dcp_needs, group_units, locate, reads_needed, stepless
+from mirrord.core.plan import SettleTracker
+from mirrord.core.units import (
+    Completeness,
+    Unit,
+    completeness,
+    dcp_needs,
+    group_units,
+    locate,
+    naming_warnings,
+    reads_needed,
+    stepless,
+)
 from mirrord.formats.dcpmeta import MetadataError, storage_references
 from mirrord.store.scan import snapshot_tree
 
@@ -106,6 +117,13 @@ def test_dot_patterns_can_never_match() -> None:
     assert never_matching(layout_for("dcp")) == []
 
 
+def test_a_custom_folder_without_a_marker_is_said_to_be_a_guess() -> None:
+    """check-config: such a folder is whole only by a pause, and the warning says how to know instead."""
+    [warning] = never_matching(layout_for("custom", ("ckpt_*",), r"ckpt_(\d+)", "folder"))
+    assert "GUESS" in warning and "unit.complete_marker" in warning
+    assert never_matching(layout_for("custom", ("ckpt_*",), r"ckpt_(\d+)", "folder", "DONE")) == []
+
+
 def unit_of(layout_name: str, *spec: str | tuple[str, int]) -> Unit:
     units = group_units(files(*spec), layout_for(layout_name))
     assert len(units) == 1
@@ -114,7 +132,7 @@ def unit_of(layout_name: str, *spec: str | tuple[str, int]) -> Unit:
 
 def test_settle_rule_waits_for_every_file() -> None:
     unit = unit_of("custom", "step_1.pt")
-    assert completeness(unit, layout_for("torch"), settled=lambda f: False).complete is False
+    assert completeness(unit, layout_for("torch"), quiet=lambda u, guess: False).complete is False
     assert completeness(unit, layout_for("torch")).complete is True
 
 
@@ -125,7 +143,8 @@ def test_marker_rule() -> None:
     assert (verdict.complete, verdict.why) == (False, "no COMPLETE marker yet")
     unit = group_units(files("ckpt_1/a.bin", "ckpt_1/COMPLETE"), layout)["ckpt_1"]
     assert completeness(unit, layout).complete is True
-    assert completeness(unit, layout, settled=lambda f: f.rel != "ckpt_1/a.bin").why == "still being written: a.bin"
+    assert completeness(unit, layout, quiet=lambda u, guess: False).why == \
+        "still being written: a file or the file list changed within the settle time"
 
 
 def test_hf_rule_needs_a_parsing_trainer_state() -> None:
@@ -140,7 +159,7 @@ def test_hf_rule_needs_a_parsing_trainer_state() -> None:
     assert completeness(unit, layout, reads={rel: b"[1]"}).complete is False
     assert completeness(unit, layout, reads={rel: None}).why == "trainer_state.json could not be read"
     assert completeness(unit, layout, reads={rel: json.dumps({"global_step": 5}).encode()}).complete
-    assert not completeness(unit, layout, settled=lambda f: False, reads={rel: b"{}"}).complete
+    assert not completeness(unit, layout, quiet=lambda u, guess: False, reads={rel: b"{}"}).complete
 
 
 @pytest.fixture(scope="module")
@@ -495,3 +514,31 @@ def test_the_scan_records_the_first_lookalike_per_pattern(tmp_path: Path) -> Non
     assert sorted(snap.files) == ["run/step_1.pt"]
     assert snap.lookalikes == {"*.ckpt": "run/epoch=0-step=2.ckpt",
                                "checkpoint-N/": "run/checkpoint-5/model.safetensors"}
+
+
+def test_a_pattern_that_selects_a_file_beside_the_unit_folders_is_warned(tmp_path: Path) -> None:
+    """Megatron's tracker named in `patterns` of a custom folder layout is a file, never a unit folder: no
+    rule would ever mirror it, and the warning names the layout that does."""
+    layout = layout_for("custom", ("iter_*", "latest_checkpointed_iteration.txt"), r"iter_(\d+)", "folder")
+    (tmp_path / "iter_0000001" / "mp_rank_00").mkdir(parents=True)
+    (tmp_path / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"x")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+    [warning] = naming_warnings(snapshot_tree(tmp_path, layout.patterns, layout=layout), layout)
+    assert warning.path == "latest_checkpointed_iteration.txt" and 'layout = "megatron"' in warning.message
+
+
+def test_a_folder_is_quiet_only_when_its_whole_listing_stayed_the_same() -> None:
+    """Renamed into place or written, a new file, a changed one or one gone starts the wait again; a folder
+    with no evidence of its end waits unit_seconds."""
+    clock = [100.0]
+    settle = SettleTracker(1.0, lambda: 1e9, lambda: clock[0], unit_seconds=5.0)
+    layout = layout_for("hf_model")
+    one = unit_of("hf_model", "step_1/model-00001-of-00002.safetensors")
+    two = unit_of("hf_model", "step_1/model-00001-of-00002.safetensors", "step_1/model-00002-of-00002.safetensors")
+    assert not settle.quiet(one, False)
+    clock[0] += 1.5
+    assert settle.quiet(one, False) and not settle.quiet(one, True)
+    assert not settle.quiet(two, False)  # the file list changed: the wait starts again
+    clock[0] += 1.5
+    assert settle.quiet(two, False)
+    assert "no index yet" in completeness(one, layout, settle.quiet_at(clock[0])).why

@@ -93,7 +93,7 @@ def _drop_old_failed_basetemps() -> None:
             with lock_path.open("r") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if not _mounts_below(old):
-                    shutil.rmtree(old, ignore_errors=True)
+                    remove_tree(old)
                     lock_path.unlink()
         except OSError:  # a live session holds it, or it is not a file we made
             continue
@@ -104,8 +104,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A session that passed leaves nothing in /tmp; a failed one keeps its files to look at."""
     own = session.config.stash.get(_OWN_BASETEMP, None)
     if own is not None and exitstatus == 0 and not _mounts_below(own):
-        shutil.rmtree(own, ignore_errors=True)
+        remove_tree(own)
         _lock_path(own).unlink(missing_ok=True)
+
+
+def remove_tree(root: Path) -> None:
+    """rm -rf, which walks without recursion: the tests build trees deeper than Python's recursion limit
+    (shutil.rmtree raises RecursionError on them, which ignore_errors does not cover)."""
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(root)], capture_output=True, check=False)
 
 
 def _mounts_below(root: Path) -> list[str]:

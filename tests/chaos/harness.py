@@ -346,9 +346,10 @@ def expected_latest(mirror: Path) -> Path | None:
 
 def kept_steps(world: World, run: str, n: int) -> set[int]:
     """What retention keeps of a run whose every step is on the primary (docs/retention.md): the n newest by
-    (branch, step), and the tip of every abandoned branch (prune.keep_branch_tips, on by default): its
-    newest step verified on the mirror, else its newest step (then mirrored). A checkpoint rewritten later
-    than a higher step is a rollback's new branch (issue 14), so a trainer's rewrite abandons a branch."""
+    (branch, step) (the window), and the tip of every abandoned branch (prune.keep_branch_tips, on by
+    default): its newest step that is verified on the mirror or in the window (copied before long), else
+    its newest step (then mirrored). A checkpoint rewritten later than a higher step is a rollback's new
+    branch (issue 14): a trainer's rewrite abandons a branch."""
     from mirrord.core.branches import branches
     from mirrord.core.model import step_of
 
@@ -362,18 +363,20 @@ def kept_steps(world: World, run: str, n: int) -> set[int]:
     order = sorted(stats, key=run_branches.key)  # oldest first
     entries, _ = load_manifest(world.mirror)
 
-    def verified(step: int) -> bool:
+    window = set(order[-n:])
+
+    def mirrored(step: int) -> bool:
         rel, st = stats[step]
         entry, copy = entries.get(rel), world.mirror / rel
-        return (entry is not None and copy.is_file() and copy.stat().st_size == entry.size
-                and (entry.size, entry.source_mtime_ns) == (st.st_size, st.st_mtime_ns))
+        return step in window or (entry is not None and copy.is_file() and copy.stat().st_size == entry.size
+                                  and (entry.size, entry.source_mtime_ns) == (st.st_size, st.st_mtime_ns))
 
     tips: dict[int, int] = {}
     for step in order:
         branch = run_branches.of[step]
-        if branch < run_branches.top and (verified(step) or branch not in tips or not verified(tips[branch])):
+        if branch < run_branches.top and (mirrored(step) or branch not in tips or not mirrored(tips[branch])):
             tips[branch] = step
-    return set(order[-n:]) | set(tips.values())
+    return window | set(tips.values())
 
 
 # ----------------------------------------------------------------------------------------- processes

@@ -344,18 +344,39 @@ def expected_latest(mirror: Path) -> Path | None:
     return mirror / max(best, key=lambda e: e.source_mtime_ns).path
 
 
-def newest_steps(primary: Path, run: str, n: int) -> set[int]:
-    """The n newest steps of a run on the primary by (branch, step): what retention keeps."""
+def kept_steps(world: World, run: str, n: int) -> set[int]:
+    """What retention keeps of a run whose every step is on the primary (docs/retention.md): the n newest by
+    (branch, step) (the window), and the tip of every abandoned branch (prune.keep_branch_tips, on by
+    default): its newest step that is verified on the mirror or in the window (copied before long), else
+    its newest step (then mirrored). A checkpoint rewritten later than a higher step is a rollback's new
+    branch (issue 14): a trainer's rewrite abandons a branch."""
     from mirrord.core.branches import branches
     from mirrord.core.model import step_of
 
     regex = re.compile(r"step_(\d+)")
-    mtimes = {}
-    for rel, path in finals(primary)[0].items():
+    stats = {}
+    for rel, path in finals(world.primary)[0].items():
         step = step_of(rel, regex)
         if step is not None and rel.rsplit("/", 1)[0] == run:
-            mtimes[step] = path.stat().st_mtime_ns
-    return set(sorted(mtimes, key=branches(mtimes).key)[-n:])
+            stats[step] = (rel, path.stat())
+    run_branches = branches({step: st.st_mtime_ns for step, (_rel, st) in stats.items()})
+    order = sorted(stats, key=run_branches.key)  # oldest first
+    entries, _ = load_manifest(world.mirror)
+
+    window = set(order[-n:])
+
+    def mirrored(step: int) -> bool:
+        rel, st = stats[step]
+        entry, copy = entries.get(rel), world.mirror / rel
+        return step in window or (entry is not None and copy.is_file() and copy.stat().st_size == entry.size
+                                  and (entry.size, entry.source_mtime_ns) == (st.st_size, st.st_mtime_ns))
+
+    tips: dict[int, int] = {}
+    for step in order:
+        branch = run_branches.of[step]
+        if branch < run_branches.top and (mirrored(step) or branch not in tips or not mirrored(tips[branch])):
+            tips[branch] = step
+    return window | set(tips.values())
 
 
 # ----------------------------------------------------------------------------------------- processes

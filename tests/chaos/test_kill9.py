@@ -38,9 +38,9 @@ from tests.chaos.harness import (
     digest_bytes,
     finals,
     frozen,
+    kept_steps,
     latest_violations,
     load_manifest,
-    newest_steps,
     step_name,
     write_config,
 )
@@ -101,9 +101,9 @@ class Trainer:
             self.world.install(rel, self.checkpoints.pick(self.rng))
 
     def kept(self) -> set[str]:
-        """What a completed prune leaves on the mirror: each run's KEEP_LAST newest steps - by (branch,
-        step): a checkpoint rewritten later than a higher step is a rollback's new branch (issue 14)."""
-        return {f"{run}/{step_name(s)}" for run in RUNS for s in newest_steps(self.world.primary, run, KEEP_LAST)}
+        """What a completed prune leaves on the mirror: each run's KEEP_LAST newest steps by (branch, step),
+        and the tip of each branch that the trainer's rewrites abandoned (harness.kept_steps)."""
+        return {f"{run}/{step_name(s)}" for run in RUNS for s in kept_steps(self.world, run, KEEP_LAST)}
 
 
 def _seconds(iso: str) -> float:
@@ -443,7 +443,9 @@ def test_sigkill_at_every_syscall_of_a_copy_and_a_prune(
     sync_dir.mkdir()
     _every_syscall(zygote, world, sync_dir, tally, ["sync", "--config", str(sync_cfg)], all_files, ["sync"], sync_cfg)
     assert zygote.run(["sync", "--config", sync_cfg], tmp_path / "second.log") == 0
-    kept = {"run-a/" + step_name(5), "run-b/" + step_name(1), "run-c/" + step_name(4)}
+    # Step 2 of run-a, rewritten after step 3, started a new branch (2, 5): step 3, the tip of the branch it
+    # abandoned, is kept (prune.keep_branch_tips) beside each run's newest step.
+    kept = {"run-a/" + step_name(3), "run-a/" + step_name(5), "run-b/" + step_name(1), "run-c/" + step_name(4)}
     prune_dir = tmp_path / "prune-cycle"
     prune_dir.mkdir()
     _every_syscall(zygote, world, prune_dir, tally, ["prune", "--config", str(prune_cfg)], lambda: kept, ["prune"],

@@ -124,3 +124,36 @@ def disaster_drill(tmp_path: Path, trainer: Trainer, daemon: DaemonProcess, prim
     return {"units_before_wipe": before, "units_min_after_wipe": min(counter.counts), "units_end": counter.counts[-1],
             "samples": len(counter.counts), "restore_seconds": round(restore_seconds, 2),
             "resumed_steps": sorted(resumed)}
+
+
+RETENTION = {"prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0}}
+
+
+def restart_drill(tmp_path: Path, trainer: Trainer, daemon: DaemonProcess, primary: Path, store: ReadableStore,
+                  env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """A job that lost its run folder restarts from scratch in the same folder, with the daemon running and
+    retention on (keep_last 2; daemon settings RETENTION): the old run's tip (step 8) is never deleted from
+    the mirror while the new run saves steps 2, 4, 6 (its 6 replaces the old 6, the same name); retention
+    keeps the new run's 4 and 6 and the old tip, and `mirrord restore --step 8` brings the old tip back."""
+    run, layout = primary / "run", layout_for(trainer.layout)
+
+    def mirrored() -> list[str]:
+        runs = recorded_candidates(store.load_manifest(), None, layout)
+        return sorted(c.key for units in runs.values() for c in units)
+
+    with daemon:
+        trainer.train(run, 12, stop_after=8)
+        wait_for(lambda: mirrored() == trainer.units(6, 8), 120, "steps 6 and 8 kept on the mirror")
+        tip = (run / trainer.unit.format(8)).read_bytes()
+        shutil.rmtree(run)
+        trainer.train(run, 12, stop_after=6)  # from scratch: no --resume
+        wait_for(lambda: mirrored() == sorted(trainer.units(4, 6, 8)), 120,
+                 "the new run's 4 and 6 and the old tip kept on the mirror", context=lambda: str(mirrored()))
+        daemon.wait_event("prune.branch_tip_kept", step=8)
+        deleted = [e["path"] for e in daemon.events("prune.deleted")]
+    assert trainer.units(8)[0] not in deleted, deleted
+    done = run_mirrord("restore", "--config", daemon.config_path, "--step", "8", "--to", tmp_path / "tip", env=env,
+                       timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).read_bytes() == tip
+    return {"mirrored_after_restart": mirrored(), "deleted": deleted}

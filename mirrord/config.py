@@ -311,7 +311,7 @@ class S3Config(_Section):
     region: str | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     part_size: int = Field(8 * MIB, ge=5 * MIB, le=5 * 1024 * MIB)  # S3's limits for a part
-    concurrency: int = Field(8, ge=1, le=64)  # parts in flight, all files together (memory: concurrency * part_size)
+    concurrency: int = Field(8, ge=1, le=64)  # parts in flight, all files together; ranged GETs per object read
     # Files uploaded at once: replaces copy.workers for an object store (an upload mostly waits on the network).
     files_in_flight: int = Field(8, ge=1, le=64)
     storage_class: str | None = None

@@ -14,6 +14,7 @@ import torch
 from mirrord.torch import atomic_save, latest_checkpoint, restore_latest
 from tests.support.cli import run_mirrord
 from tests.support.config import settings, write_config
+from tests.support.drill import DCP, HF, RETENTION, TORCH, Trainer, disaster_drill, drill_daemon, restart_drill
 from tests.support.privileges import NOBODY, run_as_nobody
 
 
@@ -215,19 +216,31 @@ def test_read_only_bind_mount_touches_the_host(mirrored: tuple[Path, Path, Path]
         subprocess.run(["umount", str(view)], check=True)
 
 
-def test_disaster_drill_on_a_local_mirror(tmp_path: Path) -> None:
-    """Train with the daemon, wipe the run folder mid-run: the mirror's verified units never drop (counted
-    every 50 ms); restore, resume: the losses equal an uninterrupted run's; no old step is copied again."""
+@pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
+def test_disaster_drill_on_a_local_mirror(tmp_path: Path, trainer: Trainer) -> None:
+    """Per layout (torch.save files, transformers Trainer folders, torch.distributed.checkpoint folders): train
+    with the daemon, wipe the run folder mid-run: the mirror's verified units never drop (counted every 50 ms);
+    restore, resume with the library's own call: the losses equal an uninterrupted run's; the daemon mirrors
+    the new steps and copies no old unit again."""
     from mirrord.store.volume import LocalVolume
-    from tests.support.daemon import DaemonProcess
-    from tests.support.drill import disaster_drill
 
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    primary.mkdir()
     mirror.mkdir()
-    daemon = DaemonProcess(tmp_path, primary, mirror)
-    figures = disaster_drill(tmp_path, daemon, primary, LocalVolume(mirror))
-    print("drill figures (local):", figures)
+    daemon = drill_daemon(tmp_path, trainer, primary, mirror)
+    figures = disaster_drill(tmp_path, trainer, daemon, primary, LocalVolume(mirror))
+    print(f"drill figures ({trainer.layout}, local):", figures)
+
+
+def test_a_restart_from_scratch_in_the_wiped_run_folder_keeps_the_old_tip(tmp_path: Path) -> None:
+    """The daemon running with keep_last 2: the run folder wiped after step 8, the job restarted from step 0 in
+    the same folder (steps 2, 4, 6): the old run's step 8 stays on the mirror and restores, byte for byte."""
+    from mirrord.store.volume import LocalVolume
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    mirror.mkdir()
+    daemon = drill_daemon(tmp_path, TORCH, primary, mirror, RETENTION)
+    figures = restart_drill(tmp_path, TORCH, daemon, primary, LocalVolume(mirror))
+    print("restart drill figures (torch, local):", figures)
 
 
 def test_a_folder_unit_is_restored_whole(tmp_path: Path) -> None:

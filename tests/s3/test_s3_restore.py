@@ -14,6 +14,7 @@ from mirrord.torch import atomic_save, restore_latest
 from tests.s3.seaweed import READER_KEY, READER_SECRET, SeaweedServer
 from tests.s3.test_s3_commands import _config
 from tests.support.cli import run_mirrord
+from tests.support.drill import DCP, HF, TORCH, Trainer, disaster_drill, drill_daemon
 
 
 def _train(run: Path, steps: list[int]) -> None:
@@ -65,24 +66,19 @@ def test_restore_from_s3_publishes_the_newest_and_falls_back_past_a_damaged_obje
     assert torch.load(resume, weights_only=True)["step"] == 20
 
 
+@pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
 def test_disaster_drill_on_seaweedfs(seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str],
-                                     tmp_path: Path) -> None:
-    """The drill of tests/support/drill.py with the daemon mirroring into S3: the units never drop, the resumed
-    losses equal an uninterrupted run's, no old step is uploaded again."""
+                                     tmp_path: Path, trainer: Trainer) -> None:
+    """The drills of tests/support/drill.py with the daemon mirroring into S3, per layout: the units never drop,
+    the resumed losses equal an uninterrupted run's, no old unit is uploaded again."""
     from tests.s3.test_s3_commands import _settings
-    from tests.support.daemon import DaemonProcess
-    from tests.support.drill import disaster_drill
 
     url = f"s3://{bucket}/{prefix}"
     primary = tmp_path / "primary"
-    primary.mkdir()
-    daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env,
-                           settings={"mirror": url, "s3": _settings(seaweed)})
-    daemon.settings["mirror"] = url
-    daemon.write_config()
+    daemon = drill_daemon(tmp_path, trainer, primary, url, {"s3": _settings(seaweed)}, env=s3_env)
     store = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
-    figures = disaster_drill(tmp_path, daemon, primary, store, env=s3_env)
-    print("drill figures (S3):", figures)
+    figures = disaster_drill(tmp_path, trainer, daemon, primary, store, env=s3_env)
+    print(f"drill figures ({trainer.layout}, S3):", figures)
 
 
 def test_read_only_credentials_run_the_read_only_commands(

@@ -270,3 +270,26 @@ def test_object_hash_matches_the_source(seaweed: SeaweedServer, bucket: str, pre
         while chunk := fh.read(MIB):
             hasher.update(chunk)
     assert hasher.hexdigest() == hash_file(source, "blake3")
+
+
+def test_an_object_is_read_in_order_through_parallel_ranged_gets(seaweed: SeaweedServer, s3_client: Any, bucket: str,
+                                                               prefix: str) -> None:
+    """open_read gives every byte in order, for an empty object, one of a part and one of 3.5 parts (its first
+    range streamed, the rest as ranged GETs, two in flight at most); the object replaced while it is read:
+    ChangedError, never bytes of two objects."""
+    mirror = _mirror(seaweed, bucket, prefix)
+    ranges: list[str] = []
+    mirror.client.meta.events.register("before-call.s3.GetObject",
+                                       lambda params, **_: ranges.append(params.get("headers", {}).get("Range", "")))
+    for size in (0, PART, 3 * PART + PART // 2):
+        data = os.urandom(size)
+        s3_client.put_object(Bucket=bucket, Key=f"{prefix}/obj", Body=data)
+        with mirror.open_read("obj") as stream:
+            assert stream.read() == data, size
+    assert ranges[-4:] == [f"bytes={s}-{min(s + PART, 3 * PART + PART // 2) - 1}" for s in range(0, 4 * PART, PART)]
+    s3_client.put_object(Bucket=bucket, Key=f"{prefix}/obj", Body=os.urandom(3 * PART))
+    with mirror.open_read("obj") as stream:
+        stream.read(PART)
+        s3_client.put_object(Bucket=bucket, Key=f"{prefix}/obj", Body=os.urandom(3 * PART))
+        with pytest.raises(ChangedError, match="replaced while it was read"):
+            stream.read()

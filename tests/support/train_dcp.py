@@ -2,7 +2,7 @@
 process group): step_N/ folders holding __0_0.distcp and .metadata, the oldest removed beyond --keep
 (as a user's own rotation would), resumable with `dcp.load`.
 
-    python -m tests.support.train_dcp OUT --steps 12 --save-steps 2 --keep 2 [--resume DIR]
+    python -m tests.support.train_dcp OUT --steps 12 --save-steps 2 --keep 2 [--resume DIR] [--stop-after N]
 
 Prints one JSON line per step, {"step": N, "loss": L}. Model, data and seeds are built in code.
 """
@@ -36,6 +36,7 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=2)
     p.add_argument("--keep", type=int, default=2, help="step folders kept by the trainer (0: all)")
     p.add_argument("--resume", help="a step_N folder to resume from")
+    p.add_argument("--stop-after", type=int, help="end after this step (a job that ended)")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
     args = p.parse_args()
@@ -72,6 +73,8 @@ def main() -> None:
                 shutil.rmtree(old)
         if args.step_seconds:
             time.sleep(args.step_seconds)
+        if args.stop_after is not None and step >= args.stop_after:
+            break
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 --save-total-limit, resumable with `Trainer.train(resume_from_checkpoint=...)`.
 
     python -m tests.support.train_hf OUT --steps 12 --save-steps 2 --save-total-limit 2 [--resume DIR]
+        [--stop-after N]
 
 Prints one JSON line per optimizer step, {"step": N, "loss": L} (the exact float), so that a test can
 compare a resumed run with an uninterrupted one. The model (a one-layer GPT-2) and the data are built
@@ -23,8 +24,9 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--save-steps", type=int, default=2)
-    p.add_argument("--save-total-limit", type=int, default=2)
+    p.add_argument("--save-total-limit", type=int, default=2, help="0: keep every checkpoint")
     p.add_argument("--resume", help="a checkpoint-N folder to resume from")
+    p.add_argument("--stop-after", type=int, help="end after this step (a job that ended): as if killed there")
     p.add_argument("--width", type=int, default=64, help="embedding width (the checkpoint size grows with it)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
     args = p.parse_args()
@@ -50,6 +52,8 @@ def main() -> None:
 
         def on_step_end(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
             print(json.dumps({"step": state.global_step, "loss": Losses.last}), flush=True)
+            if args.stop_after is not None and state.global_step >= args.stop_after:
+                control.should_training_stop = True  # after this step's save, and the schedule of --steps kept
             if args.step_seconds:
                 time.sleep(args.step_seconds)  # a slower trainer, so that a mirror runs alongside
 
@@ -66,7 +70,7 @@ def main() -> None:
     model = Model(config)
     targs = TrainingArguments(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=4, learning_rate=1e-3,
-        save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit,
+        save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit or None,
         logging_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True, seed=0,
         dataloader_num_workers=0, remove_unused_columns=False,
     )

@@ -1,12 +1,14 @@
 """A small deterministic trainer for the disaster drills: saves with mirrord.torch.atomic_save every
---save-every steps, resumes from --resume (model, optimizer, step), prints `step loss` per step.
+--save-every steps, resumes from --resume (model, optimizer, step), prints one JSON line per step,
+{"step": N, "loss": L} (the exact float), as tests.support.train_hf and train_dcp do.
 
-    python -m tests.support.train_resume --dir RUN --steps 12 [--resume CKPT] [--stop-after N]
+    python -m tests.support.train_resume OUT --steps 12 [--resume CKPT] [--stop-after N]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -23,7 +25,7 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--save-every", type=int, default=2)
     parser.add_argument("--resume", type=Path)
@@ -38,17 +40,17 @@ def main() -> None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = state["step"]
-    args.dir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     for step in range(start + 1, args.steps + 1):
         x, y = batch(step)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        print(step, loss.item().hex(), flush=True)
+        print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
         if step % args.save_every == 0:
             atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
-                        args.dir / f"step_{step:04d}.pt")
+                        args.out / f"step_{step:04d}.pt")
         if args.stop_after is not None and step >= args.stop_after:
             break
 

@@ -22,7 +22,9 @@ import contextlib
 import io
 import stat
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from mirrord.core.layouts import Layout
@@ -149,14 +151,22 @@ class S3Mirror:
             raise wrap(self.describe(rel), exc, "head") from exc
 
     def open_read(self, rel: str) -> BinaryIO:
-        """The object's bytes, streamed (verify hashes them as they arrive)."""
+        """The object's bytes, in order (restore and verify hash them as they arrive): the first range
+        streamed; once it is read through, the rest as ranged GETs in parallel (see _RangedReader)."""
+        key = self._key(rel)
         try:
-            body = self.client.get_object(Bucket=self.location.bucket, Key=self._key(rel))["Body"]
+            try:
+                first = self.client.get_object(Bucket=self.location.bucket, Key=key,
+                                               Range=f"bytes=0-{self.settings.part_size - 1}")
+            except S3_ERRORS as exc:
+                if error_code(exc) != "InvalidRange":
+                    raise
+                first = self.client.get_object(Bucket=self.location.bucket, Key=key)  # an empty object
         except S3_ERRORS as exc:
             if error_code(exc) in MISSING_CODES:
                 raise FileNotFoundError(2, "no such object", self.describe(rel)) from exc
             raise wrap(self.describe(rel), exc, "get") from exc
-        return io.BufferedReader(_BodyReader(body), buffer_size=MIB)
+        return io.BufferedReader(_RangedReader(self, rel, first), buffer_size=MIB)
 
     def space(self) -> tuple[int, int] | None:
         """An object store has no free-space figure: None (the gauge is then absent, never 0)."""
@@ -355,26 +365,65 @@ class S3Mirror:
 
 
 
-class _BodyReader(io.RawIOBase):
-    """botocore's StreamingBody as a raw stream, so io.BufferedReader can wrap it."""
+class _RangedReader(io.RawIOBase):
+    """An object read in order at the rate of several connections: the first response's body streamed (a
+    validator reading a header costs one GET), then the rest as ranged GETs of s3.part_size, at most
+    s3.concurrency in flight (memory: concurrency * part_size), each with If-Match on the first ETag so
+    that every byte is of the same object."""
 
-    def __init__(self, body: Any) -> None:
-        self._body = body
+    def __init__(self, mirror: S3Mirror, rel: str, first: dict[str, Any]) -> None:
+        self._mirror, self._rel, self._etag = mirror, rel, first["ETag"]
+        self._body: Any = first["Body"]
+        total = int(first.get("ContentRange", f"/{first['ContentLength']}").rsplit("/", 1)[1])
+        self._starts = iter(range(int(first["ContentLength"]), total, mirror.settings.part_size))
+        self._total = total
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: deque[Future[bytes]] = deque()
+        self._chunk = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        data = self._body.read(len(buffer))
-        n = len(data)
-        buffer[:n] = data
+        if self._body is not None:
+            data = self._body.read(len(buffer))
+            if data:
+                buffer[: len(data)] = data
+                return len(data)
+            self._body = None
+        while not self._chunk:
+            self._top_up()
+            if not self._ahead:
+                return 0
+            self._chunk = memoryview(self._ahead.popleft().result())
+        n = min(len(buffer), len(self._chunk))
+        buffer[:n], self._chunk = self._chunk[:n], self._chunk[n:]
         return n
 
-    def close(self) -> None:
-        with contextlib.suppress(*S3_ERRORS, OSError):
-            self._body.close()
-        super().close()
+    def _top_up(self) -> None:
+        settings = self._mirror.settings
+        while len(self._ahead) < settings.concurrency and (start := next(self._starts, None)) is not None:
+            self._pool = self._pool or ThreadPoolExecutor(settings.concurrency, thread_name_prefix="s3-read")
+            self._ahead.append(self._pool.submit(self._get, start, min(start + settings.part_size, self._total) - 1))
 
+    def _get(self, start: int, end: int) -> bytes:
+        mirror = self._mirror
+        try:
+            body = mirror.client.get_object(Bucket=mirror.location.bucket, Key=mirror._key(self._rel),
+                                            Range=f"bytes={start}-{end}", IfMatch=self._etag)["Body"]
+            return bytes(body.read())
+        except S3_ERRORS as exc:
+            if error_code(exc) == "PreconditionFailed":
+                raise ChangedError(mirror.describe(self._rel), "replaced while it was read") from exc
+            raise wrap(mirror.describe(self._rel), exc, "get") from exc
+
+    def close(self) -> None:
+        if self._body is not None:
+            with contextlib.suppress(*S3_ERRORS, OSError):
+                self._body.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        super().close()
 
 
 def open_s3_mirror(url: str, section: Any = None) -> S3Mirror:

@@ -123,7 +123,8 @@ def _torch_import_error() -> str | None:
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     """`mirrord verify`: check every manifest entry against the mirror (--deep re-hashes)."""
     from mirrord.commands.verify import verify_mirror
-    from mirrord.store.mirror import ReadableStore, mirror_for
+    from mirrord.store.mirror import ReadableStore
+    from mirrord.store.targets import mirror_for
 
     mirror = mirror_for(config.mirror_target, config.s3)
     if not mirror.exists():
@@ -352,7 +353,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     from mirrord.errors import ManifestError
     from mirrord.obs import log as logsetup
     from mirrord.service.pruner import Pruner
-    from mirrord.store.mirror import mirror_for
+    from mirrord.store.targets import mirror_for
     from mirrord.store.volume import LocalVolume
 
     dry_run = args.dry_run or config.prune.dry_run

@@ -420,7 +420,7 @@ class Config(_Section):
 
     @property
     def mirror_target(self) -> str | Path:
-        """What mirrord.store.mirror.mirror_for takes: the s3:// URL, or the directory."""
+        """What mirrord.store.targets.mirror_for takes: the s3:// URL, or the directory."""
         return self.mirror_url or self.mirror
 
     @property

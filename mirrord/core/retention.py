@@ -52,8 +52,8 @@ from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
 from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
-from mirrord.core.vocabulary import PruneRefusal, Volume
 from mirrord.formats.verdicts import OK, RENAMED
+from mirrord.vocabulary import PruneRefusal, Volume
 
 if TYPE_CHECKING:
     from mirrord.config import PruneConfig

@@ -28,7 +28,6 @@ from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deletion, PrunePlan, Skipped
-from mirrord.core.vocabulary import PruneRefusal, Veto
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
@@ -37,6 +36,7 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
 from mirrord.store.volume import LocalVolume, guard_roots
+from mirrord.vocabulary import PruneRefusal, Veto
 
 VANISHED = "vanished"  # gone before we got to it: nothing to do, not a guard's veto
 CHANGED = PruneRefusal.CHANGED  # no longer the file that was planned: reconsidered next cycle

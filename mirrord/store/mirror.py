@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
@@ -208,18 +207,6 @@ class Mirror(ReadableStore, Protocol):
 
     def is_mountpoint(self) -> bool | None:
         """For `mirror_must_be_mountpoint`: is the root a mount point? None where that means nothing."""
-
-
-def mirror_for(target: str | os.PathLike[str], s3: Any = None) -> Mirror:
-    """The Mirror implementation for a configured `mirror`: a directory path, or an `s3://bucket/prefix`
-    URL (mirrord.store.s3, settings from the [s3] section given as `s3`)."""
-    if isinstance(target, str) and target.startswith("s3://"):
-        from mirrord.store.s3 import open_s3_mirror
-
-        return open_s3_mirror(target, s3)
-    from mirrord.store.volume import LocalMirror
-
-    return LocalMirror(Path(target))
 
 
 def read_fully(store: ReadableStore, key: str) -> bytes:

@@ -34,7 +34,7 @@ from mirrord.paths import DIR_FLAGS, open_dir_beneath, source_modes, split_rel
 from mirrord.store import atomic
 
 if TYPE_CHECKING:
-    from mirrord.store.volume import LocalUpload
+    from mirrord.store.upload import LocalUpload
 
 
 def staging_token(key: str) -> str:
@@ -78,7 +78,7 @@ class FolderStaging:
 
     def upload(self, relkey: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin one file of the unit (`relkey` relative to the unit): written into the staging folder."""
-        from mirrord.store.volume import LocalUpload  # the file protocol lives with the volume
+        from mirrord.store.upload import LocalUpload  # the file protocol lives with the volume
 
         member = split_rel(relkey)
         if self._done:

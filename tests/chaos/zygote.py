@@ -40,7 +40,7 @@ import mirrord.store.journal
 import mirrord.store.manifest
 import mirrord.store.resume
 from mirrord import paths
-from mirrord.store import atomic, volume
+from mirrord.store import atomic, upload, volume
 
 _real_fsync = os.fsync
 
@@ -69,7 +69,7 @@ def _is_file(fd: int) -> bool:
 
 def _use_fsync(skip: Callable[[int], bool]) -> None:
     proxy = _SelectiveFsync(skip)
-    for module in (atomic, volume, paths):
+    for module in (atomic, upload, volume, paths):
         module.os = proxy  # type: ignore[assignment]
 
 
@@ -84,8 +84,8 @@ def _no_file_flush() -> None:
     anyway)."""
     _use_fsync(_is_file)
     atomic._syncfs = None
-    if hasattr(volume, "_sync_file_range"):
-        volume._sync_file_range = None
+    if hasattr(upload, "_sync_file_range"):
+        upload._sync_file_range = None
 
 
 def _broken_no_file_fsync(arg: str) -> None:

@@ -133,7 +133,7 @@ class LocalUpload:
         # Written out (its data errors reported here) and clean, or fsynced now.
         self._unsynced = self.written <= DEFER_FSYNC_MAX_BYTES and self._write_out()
         if not self._unsynced:
-            os.fsync(self._fd)
+            atomic.sync(self._fd)
         st = os.fstat(self._fd)
         size = st.st_size
         if size != self.expected_size or self.written != self.expected_size:
@@ -172,7 +172,7 @@ class LocalUpload:
             return
         try:
             if self._unsynced:
-                os.fsync(self._fd)
+                atomic.sync(self._fd)
             atomic.publish(self._dir_fd, self.name, self._fd, dirs)
         except BaseException:
             atomic.discard_temp(self._dir_fd, self.name, self._fd)

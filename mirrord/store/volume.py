@@ -111,8 +111,7 @@ class LocalVolume:
                 raise ChangedError(self.describe(rel), "no longer a regular file")
             if (st.st_ino, st.st_size, st.st_mtime_ns) != (expected.ino, expected.size, expected.mtime_ns):
                 raise ChangedError(self.describe(rel), "changed since it was planned for deletion")
-            os.unlink(parts[-1], dir_fd=dir_fd)
-            os.fsync(dir_fd)
+            atomic.unlink_durably(dir_fd, parts[-1])
         except FileNotFoundError:
             return
         except OSError as exc:

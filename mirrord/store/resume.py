@@ -322,12 +322,13 @@ def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> s
     """On a primary without a manifest, the newest folder that its layout's completeness rule calls whole."""
     from mirrord.core.units import group_units
 
-    if not isinstance(store, LocalVolume):
+    volume = store.local_tree()
+    if volume is None:
         return None  # a primary is a local tree; judging completeness needs one
     from mirrord.service.completeness import judge
 
-    units = group_units(store.snapshot((), layout).files.values(), layout)
-    complete = judge(store, layout)
+    units = group_units(volume.snapshot((), layout).files.values(), layout)
+    complete = judge(volume, layout)
     by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
     for listed in units.values():
         if listed.role == "checkpoint" and (run_key is None or listed.run == run_key):

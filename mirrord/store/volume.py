@@ -52,6 +52,10 @@ class LocalVolume:
         """The path of the root, or of `key` below it, for messages."""
         return str(self.root / key) if key else str(self.root)
 
+    def local_tree(self) -> LocalVolume:
+        """This very tree."""
+        return self
+
     def exists(self) -> bool:
         """Whether the root is a directory."""
         return self.root.is_dir()
@@ -129,18 +133,20 @@ class LocalVolume:
 def guard_roots(primary: LocalVolume, mirror: Mirror) -> dict[str, PurePath] | None:
     """The roots for the prune guard that keeps deletions inside their own tree and out of the other
     (a mirror nested in the primary); None when the mirror is not a directory tree (nothing to nest)."""
-    if not isinstance(mirror, LocalVolume):
+    tree = mirror.local_tree()
+    if tree is None:
         return None
-    return {"primary": PurePath(primary.root.resolve()), "mirror": PurePath(mirror.root.resolve())}
+    return {"primary": PurePath(primary.root.resolve()), "mirror": PurePath(tree.root.resolve())}
 
 
 def exclude_each_other(primary: LocalVolume, mirror: ReadableStore) -> None:
     """Neither listing enters the other root (reached through a bind mount); only trees can meet, and a
     root that cannot be stat'ed now is left to the listing to report."""
-    if isinstance(mirror, LocalVolume):
+    tree = mirror.local_tree()
+    if tree is not None:
         with contextlib.suppress(OSError):
-            primary.exclude = frozenset({mirror.key()})
-            mirror.exclude = frozenset({primary.key()})
+            primary.exclude = frozenset({tree.key()})
+            tree.exclude = frozenset({primary.key()})
 
 
 class LocalMirror(LocalVolume):
@@ -157,6 +163,10 @@ class LocalMirror(LocalVolume):
         self.modes_from: Path | None = None  # the primary root: new folders and files keep its modes
         self.identity: VolumeIdentity | None = None
         self._lock_fd = -1
+
+    def keep_modes_of(self, primary: Path) -> None:
+        """New folders and files keep the primary's modes (mirrord.paths.source_modes)."""
+        self.modes_from = primary
 
     def check_identity(self) -> None:
         """Raise MirrorGoneError if the mirror is no longer the pinned volume (no-op when not pinned)."""
@@ -240,7 +250,17 @@ class LocalMirror(LocalVolume):
         self.check_identity()
         return FolderStaging(self.root, key, self.modes_from)
 
-    def delete_unit(self, key: str) -> None:
+    def claim_retention(self) -> None:
+        """One node prunes a local mirror: this one."""
+
+    def require_retention(self) -> None:
+        """Nothing to hold."""
+
+    def sweep_stale_uploads(self, older_than: float) -> int:
+        """No uploads outlive a local writer (its .part is swept by the listing)."""
+        return 0
+
+    def delete_unit(self, key: str, files: Iterable[tuple[str, FileState]] = ()) -> None:
         """Retire a folder unit whole (mirrord.store.staging.retire_folder). The caller re-checked every
         file and dropped the manifest entries first."""
         from mirrord.store.staging import retire_folder

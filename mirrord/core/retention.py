@@ -543,16 +543,6 @@ def deletion_order(d: Deletion) -> tuple[bool, int, str, str, bool]:
     return (d.kind == STEP, d.step if d.step is not None else -1, d.unit, d.rel, d.volume != PRIMARY)
 
 
-def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]) -> bool:
-    """The mirror holds a verified copy of exactly this primary file: recorded from a source of this
-    size and mtime (so with this content hash), passed its validator, and present with that size."""
-    entry = manifest.get(src.rel)
-    return (
-        entry is not None and entry_passed(entry)
-        and why_copy(src, entry, mirror_files.get(src.rel)) is None
-    )
-
-
 def _as_recorded(dst: FileState, entry: ManifestEntry | None) -> bool:
     """The mirror file is, by size and mtime, what its record says was stored (or has no record to contradict)."""
     if entry is None:

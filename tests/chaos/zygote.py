@@ -107,7 +107,13 @@ def _broken_rename_before_fsync(arg: str) -> None:
 
 def _broken_journal_no_fsync(arg: str) -> None:
     """Journal records written but never fsynced: a change "counts" before it is durable."""
-    mirrord.store.journal.os = _SelectiveFsync(_is_file)  # type: ignore[attr-defined]
+    class _JournalAtomic:  # the journal's view of mirrord.store.atomic: its fsyncs of records dropped
+        def __getattr__(self, name: str) -> Any:
+            return getattr(atomic, name)
+
+        sync = _SelectiveFsync(_is_file).fsync
+
+    mirrord.store.journal.atomic = _JournalAtomic()  # type: ignore[attr-defined]
 
 
 def _broken_record_before_dir_fsync(arg: str) -> None:

@@ -44,7 +44,8 @@ def mirrord_sync(src: Path, dst: Path, **settings: str) -> None:
     """One `mirrord sync` pass in its own process (start-up included, as a user would run it). Retention
     is off unless asked for: with the default keep_last, older steps of a dataset kept for more than
     prune.min_age_seconds are retired, not copied, and the cases would not do the same work."""
-    env = mirrord_env(**{"copy__settle_seconds": "0", "log__format": "json", "prune__enabled": "false", **settings})
+    env = mirrord_env(**{"copy__settle_seconds": "0", "log__format": "json", "prune__enabled": "false",
+                         "io__bandwidth_limit": "0", **settings})  # the copy's own speed, against cp
     subprocess.run([sys.executable, "-m", "mirrord", "sync", "--primary", str(src), "--mirror", str(dst)],
                    check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

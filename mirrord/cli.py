@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from mirrord import __version__
 from mirrord.errors import ConfigError, MirrordError
@@ -123,7 +123,8 @@ def _torch_import_error() -> str | None:
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     """`mirrord verify`: check every manifest entry against the mirror (--deep re-hashes)."""
     from mirrord.commands.verify import verify_mirror
-    from mirrord.store.mirror import ReadableStore, mirror_for
+    from mirrord.store.mirror import ReadableStore
+    from mirrord.store.targets import mirror_for
 
     mirror = mirror_for(config.mirror_target, config.s3)
     if not mirror.exists():
@@ -352,7 +353,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     from mirrord.errors import ManifestError
     from mirrord.obs import log as logsetup
     from mirrord.service.pruner import Pruner
-    from mirrord.store.mirror import mirror_for
+    from mirrord.store.targets import mirror_for
     from mirrord.store.volume import LocalVolume
 
     dry_run = args.dry_run or config.prune.dry_run
@@ -442,20 +443,6 @@ def _positive_float(text: str) -> float:
 # --- end status and demo -----------------------------------------------------------------------------
 
 
-class _NotBuilt:
-    """Stands in for the parser of a subcommand the command line does not name: its arguments are not
-    built (a command pays only for its own parser)."""
-
-    def add_argument(self, *args: object, **kwargs: object) -> None:
-        pass
-
-    def add_argument_group(self, *args: object, **kwargs: object) -> _NotBuilt:
-        return self
-
-    def set_defaults(self, **kwargs: object) -> None:
-        pass
-
-
 def _terminal_columns() -> int:
     """shutil.get_terminal_size().columns, which argparse's HelpFormatter asks for, without importing shutil
     (and bz2 and lzma with it): argparse makes a formatter for every argument it adds, to check it, so
@@ -481,9 +468,8 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.HelpFormatter(prog, width=_terminal_columns() - 2)
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser (also the source of the man page and the shell completions); with `only`, a
-    parser that knows that one subcommand (for a command line that names it)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also the source of the man page and the shell completions)."""
     import argparse
     from pathlib import Path
 
@@ -501,8 +487,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: PrimaryNeed = True,
             config: bool = True) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
-        if only is not None and name != only:
-            return cast("argparse.ArgumentParser", _NotBuilt())
         p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
         if config:
             _common(p)
@@ -677,7 +661,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if argv in (["-V"], ["--version"]):  # what argparse prints, without building every subcommand's parser
         print(f"mirrord {__version__}")
         return EXIT_OK
-    parser = build_parser(argv[0] if argv and argv[0] in SUMMARIES else None)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)

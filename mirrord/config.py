@@ -286,7 +286,7 @@ class LogConfig(_Section):
 class IoConfig(_Section):
     """[io]: buffer size, bandwidth limit, page-cache dropping, I/O and CPU priority of copies."""
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
-    bandwidth_limit: int = Field(0, ge=0)  # 0 or at least MIN_BANDWIDTH (checked below)
+    bandwidth_limit: int = Field(100 * MIB, ge=0)  # 0 or at least MIN_BANDWIDTH (checked below)
     drop_cache: bool = True
     ionice: Literal["none", "best-effort", "idle"] = "none"
     cpu_nice: int = Field(0, ge=0, le=19)  # nice value of copy threads (0 = as the daemon)
@@ -430,7 +430,7 @@ class Config(_Section):
 
     @property
     def mirror_target(self) -> str | Path:
-        """What mirrord.store.mirror.mirror_for takes: the s3:// URL, or the directory."""
+        """What mirrord.store.targets.mirror_for takes: the s3:// URL, or the directory."""
         return self.mirror_url or self.mirror
 
     @property

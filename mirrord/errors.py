@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Hashable
 
-from mirrord.core.vocabulary import CopyOutcome, PruneRefusal
+from mirrord.vocabulary import CopyOutcome, PruneRefusal
 
 # errno values that describe a condition that can go away by itself (a flaky mount, a full disk
 # that pruning may free, a stale NFS handle). Anything else is permanent until a person acts.

@@ -83,8 +83,8 @@ def restore_latest(mirror: str | os.PathLike[str], dest: str | os.PathLike[str],
     path to resume from. None when the mirror records no checkpoint (of `run`). A damaged newest copy is
     passed over for the next newest; DamagedCopyError when every one is damaged. `layout`: the
     mirror's checkpoint rules for folder units (Config.rules); by default every recorded file is a unit."""
-    from mirrord.store.mirror import mirror_for
     from mirrord.store.restore import restore
+    from mirrord.store.targets import mirror_for
 
     store = mirror_for(os.fspath(mirror))
     if not store.exists():

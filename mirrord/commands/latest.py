@@ -17,8 +17,9 @@ def run_latest(config: Config, args: argparse.Namespace) -> int:
     """Print the newest trustworthy checkpoint (or the --json document); 1 if there is none, 2 for a side
     that is not there or a bad --run."""
     from mirrord.core.model import step_of
-    from mirrord.store.mirror import ReadableStore, mirror_for
+    from mirrord.store.mirror import ReadableStore
     from mirrord.store.resume import latest_key, run_key
+    from mirrord.store.targets import mirror_for
     from mirrord.store.volume import LocalVolume
 
     side = "primary" if args.primary_side else "mirror"

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrord.store.mirror import mirror_for
 from mirrord.store.restore import Progress, restore
 from mirrord.store.resume import run_key
+from mirrord.store.targets import mirror_for
 
 if TYPE_CHECKING:
     import argparse

@@ -27,14 +27,15 @@ from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, run_and_step
-from mirrord.core.vocabulary import CopyOutcome
 from mirrord.errors import ManifestError, UnsafePathError
 from mirrord.formats.validators import Verdict
 from mirrord.obs.sizes import human_bytes
 from mirrord.service.completeness import judge
-from mirrord.store.mirror import Mirror, ReadableStore, mirror_for
+from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.resume import check_entry, validate_key
+from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume
+from mirrord.vocabulary import CopyOutcome
 
 if TYPE_CHECKING:
     from mirrord.config import Config

@@ -17,7 +17,7 @@ from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
 from mirrord.store.aliases import alias_links
-from mirrord.store.mirror import mirror_for
+from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume, exclude_each_other
 
 if TYPE_CHECKING:

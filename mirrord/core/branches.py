@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mirrord.core.model import FileState, step_reader
+from mirrord.core.model import FileState, step_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +69,8 @@ def run_rollbacks(
     """Every run of a listing that went back to a lower step: run -> its rollbacks (old, new step).
     An mtime past `lie_after_ns` (beyond the allowed clock skew) is a lying clock: treated as unknown."""
     mtimes: dict[str, dict[int, int]] = defaultdict(dict)
-    step_of_name = step_reader(step_regex)
     for state in files:
-        run, _, name = state.rel.rpartition("/")  # (run: state.run)
-        step = step_of_name(name)
+        run, step = state.rel.rpartition("/")[0], step_of(state.rel, step_regex)
         if step is not None:
             steps = mtimes[run]
             mtime = 0 if state.mtime_ns > lie_after_ns else state.mtime_ns

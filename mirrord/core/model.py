@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from posixpath import dirname
 
@@ -108,33 +107,3 @@ def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:
         return int(match.group(1))
     except ValueError:
         return None
-
-
-# A listing repeats names across runs (run_a/step_100.pt, run_b/step_100.pt) and both sides list the same
-# files: step_reader reads each name's step once. Bounded: a tree of unique names stops caching.
-_STEP_NAMES_CACHED = 1 << 16
-
-
-def step_reader(step_regex: re.Pattern[str]) -> Callable[[str], int | None]:
-    """step_of for the many files of one listing, given their bare names (the caller splits the path:
-    it needs the folder too); each distinct name read once."""
-    known: dict[str, int | None] = {}
-    search = step_regex.search
-
-    def step(name: str) -> int | None:
-        try:
-            return known[name]
-        except KeyError:
-            pass
-        match = search(name)
-        found: int | None = None
-        if match is not None:
-            try:
-                found = int(match.group(1))
-            except ValueError:
-                found = None
-        if len(known) < _STEP_NAMES_CACHED:
-            known[name] = found
-        return found
-
-    return step

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from mirrord.core.model import FileState, Snapshot
-from mirrord.core.vocabulary import Volume
+from mirrord.vocabulary import Volume
 
 
 class _Seen:

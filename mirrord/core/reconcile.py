@@ -23,7 +23,7 @@ from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import plan_copies
 from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror_unmounted, plan_prune
 from mirrord.core.units import Completeness, Unit, plan_unit_copies
-from mirrord.core.vocabulary import PruneRefusal
+from mirrord.vocabulary import PruneRefusal
 
 if TYPE_CHECKING:
     from mirrord.config import Config

@@ -52,8 +52,8 @@ from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
 from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
-from mirrord.core.vocabulary import PruneRefusal, Volume
 from mirrord.formats.verdicts import OK, RENAMED
+from mirrord.vocabulary import PruneRefusal, Volume
 
 if TYPE_CHECKING:
     from mirrord.config import PruneConfig
@@ -541,16 +541,6 @@ def deletion_order(d: Deletion) -> tuple[bool, int, str, str, bool]:
     because a primary file may only go while its verified mirror copy is still there; a folder unit's
     files together."""
     return (d.kind == STEP, d.step if d.step is not None else -1, d.unit, d.rel, d.volume != PRIMARY)
-
-
-def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]) -> bool:
-    """The mirror holds a verified copy of exactly this primary file: recorded from a source of this
-    size and mtime (so with this content hash), passed its validator, and present with that size."""
-    entry = manifest.get(src.rel)
-    return (
-        entry is not None and entry_passed(entry)
-        and why_copy(src, entry, mirror_files.get(src.rel)) is None
-    )
 
 
 def _as_recorded(dst: FileState, entry: ManifestEntry | None) -> bool:

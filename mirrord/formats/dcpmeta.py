@@ -12,18 +12,13 @@ bounding how deeply its values nest, so a hostile file can name any callable and
 
     storage_references(data)   each referenced file -> the size it must have at least (pure)
     judge(needed, sizes)       (status, detail) given the sizes found (pure)
-    check_folder(root, rel)    the same on disk, for a folder below root (no symlink followed)
-    check_data_file(...)       one .distcp against the .metadata beside it
+    check_folder_in(...)       a folder over any store (its reads given: mirrord.store.resume.dcp_check)
+    check_data_file_in(...)    one .distcp against the .metadata beside it
 """
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable, Mapping
-from pathlib import Path
-
-from mirrord.paths import lstat_beneath, open_file_beneath
 
 METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"
@@ -95,17 +90,6 @@ ReadMetadata = Callable[[str], bytes]
 SizeOf = Callable[[str], int | None]
 
 
-def check_folder(root: Path, folder: str) -> tuple[str, str]:
-    """(status, detail) for the DCP checkpoint root/folder ("" for root itself): .metadata, then every
-    file it references, all reached without following a symlink below root."""
-    return check_folder_in(lambda rel: _metadata_beneath(root, rel), lambda rel: _size_beneath(root, rel), folder)
-
-
-def check_data_file(root: Path, rel: str, size: int) -> tuple[str, str]:
-    """(status, detail) for the data file root/rel of `size` bytes, against the .metadata beside it."""
-    return check_data_file_in(lambda key: _metadata_beneath(root, key), rel, size)
-
-
 def check_folder_in(read: ReadMetadata, size_of: SizeOf, folder: str) -> tuple[str, str]:
     """check_folder over any store: `read` gives a key's bytes, `size_of` a key's size."""
     try:
@@ -126,34 +110,6 @@ def check_data_file_in(read: ReadMetadata, rel: str, size: int) -> tuple[str, st
         return "unchecked", f"not referenced by the {METADATA_NAME} beside it"
     status, detail = judge({name: needed[name]}, {name: size})
     return status, (f"{needed[name]} bytes, as {METADATA_NAME} says" if status == "ok" else detail)
-
-
-def _metadata_beneath(root: Path, rel: str) -> bytes:
-    try:
-        fd = open_file_beneath(root, rel)
-    except FileNotFoundError as exc:
-        raise MetadataError("missing: the save did not finish (dcp.save writes it last)", "truncated") from exc
-    except OSError as exc:
-        raise MetadataError(exc.strerror or str(exc), "unreadable") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise MetadataError("not a regular file", "unreadable")
-        if st.st_size > MAX_METADATA_BYTES:
-            raise MetadataError(f"{st.st_size} bytes: too large for a .metadata file", "unchecked")
-        return os.pread(fd, st.st_size, 0)
-    except OSError as exc:
-        raise MetadataError(exc.strerror or str(exc), "unreadable") from exc
-    finally:
-        os.close(fd)
-
-
-def _size_beneath(root: Path, rel: str) -> int | None:
-    try:
-        st = lstat_beneath(root, rel)
-    except OSError:
-        return None
-    return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
 
 
 def _join(folder: str, name: str) -> str:

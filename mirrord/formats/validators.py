@@ -28,12 +28,10 @@ import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from mirrord.formats import dcpmeta, zipcheck
 from mirrord.formats.verdicts import CRC_MISMATCH, EMPTY, INVALID, OK, PASSING, TRUNCATED, UNCHECKED, UNREADABLE
-from mirrord.paths import open_file_beneath
 
 TORCH_ZIP, SAFETENSORS, JSON, DCP = "torch_zip", "safetensors", "json", dcpmeta.FORMAT
 
@@ -389,30 +387,6 @@ def validate_fd(fd: int, name: str, quick: bool = False) -> Verdict:
         return validator.finish(fd)
     except OSError as exc:
         return Verdict(UNREADABLE, f"read failed: {exc.strerror or exc}")
-
-
-def validate_beneath(root: Path, rel: str, quick: bool = False) -> Verdict:
-    """validate_fd on root/rel (opened with no symlink below root); a DCP file is also judged with its
-    folder: a `.metadata` by every file it references (present, with its size), a `.distcp` by the
-    byte ranges the `.metadata` beside it places in it (verify --deep)."""
-    try:
-        fd = open_file_beneath(root, rel)
-    except OSError as exc:
-        return Verdict(UNREADABLE, exc.strerror or str(exc))
-    try:
-        verdict = validate_fd(fd, rel, quick)
-        size = os.fstat(fd).st_size
-    except OSError as exc:
-        return Verdict(UNREADABLE, f"read failed: {exc.strerror or exc}")
-    finally:
-        os.close(fd)
-    if verdict.format != DCP or verdict.status not in PASSING:
-        return verdict
-    if rel.rsplit("/", 1)[-1] == dcpmeta.METADATA_NAME:
-        status, detail = dcpmeta.check_folder(root, rel.rpartition("/")[0])
-    else:
-        status, detail = dcpmeta.check_data_file(root, rel, size)
-    return Verdict(status, detail, DCP)
 
 
 def _zip_structure(fd: int, size: int) -> zipcheck.ZipCheck:

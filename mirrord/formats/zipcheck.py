@@ -126,7 +126,8 @@ def load_check(path: str | os.PathLike[str]) -> ZipCheck:
 
     try:
         obj = torch.load(os.fspath(path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:
+    except Exception as exc:  # untrusted bytes: torch.load raises anything (UnpicklingError, RuntimeError,
+        # EOFError, KeyError...), and each is a verdict on the file, never a crash of the validator
         return ZipCheck("unreadable", f"torch.load failed: {type(exc).__name__}: {exc}")
     kind = type(obj).__name__
     del obj

@@ -19,13 +19,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mirrord import __version__
-from mirrord.core.vocabulary import CopyOutcome, PruneRefusal, Veto, Volume
+from mirrord.vocabulary import CopyOutcome, PruneRefusal, Veto, Volume
 
 # `*_created` series (one timestamp per counter and label set) double the series count and answer a
 # question nobody asks of mirrord; the setting is process-wide in prometheus_client.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
-# Label sets, derived from the vocabulary (mirrord.core.vocabulary), never typed again here.
+# Label sets, derived from the vocabulary (mirrord.vocabulary), never typed again here.
 COPY_RESULTS = tuple(CopyOutcome)
 SKIP_REASONS = tuple(Veto)
 PRUNE_REFUSED_REASONS = tuple(PruneRefusal)  # whole cycles and single files refused by retention

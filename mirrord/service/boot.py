@@ -12,7 +12,7 @@ from mirrord.core.retention import describe_policy
 from mirrord.obs import log as logsetup
 from mirrord.service.daemon import Daemon, Volumes
 from mirrord.service.signals import SignalFlags
-from mirrord.store.mirror import mirror_for
+from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume, exclude_each_other
 
 

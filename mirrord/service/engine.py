@@ -38,7 +38,6 @@ from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalMirror
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -58,12 +57,6 @@ def copy_options(config: Config) -> CopyOptions:
     )
 
 
-def _apply_modes(mirror: Mirror, config: Config) -> None:
-    """The folders and files a local mirror creates keep the primary's modes (never wider)."""
-    if isinstance(mirror, LocalMirror):
-        mirror.modes_from = config.primary
-
-
 class Engine:
     """The copy side of mirrord, shared by `sync` and the daemon's workers."""
 
@@ -80,7 +73,7 @@ class Engine:
         self.config = config
         self.primary_root = Path(config.primary)
         self.mirror = mirror
-        _apply_modes(mirror, config)
+        mirror.keep_modes_of(config.primary)
         self.manifest = manifest
         # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
         self.metrics = metrics
@@ -99,7 +92,7 @@ class Engine:
         """Use a reloaded config for the next copies (copies in flight keep theirs)."""
         self.config = config
         self.options = copy_options(config)
-        _apply_modes(self.mirror, config)
+        self.mirror.keep_modes_of(config.primary)
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
         """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""

@@ -28,7 +28,6 @@ from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deletion, PrunePlan, Skipped
-from mirrord.core.vocabulary import PruneRefusal, Veto
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
@@ -37,6 +36,7 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
 from mirrord.store.volume import LocalVolume, guard_roots
+from mirrord.vocabulary import PruneRefusal, Veto
 
 VANISHED = "vanished"  # gone before we got to it: nothing to do, not a guard's veto
 CHANGED = PruneRefusal.CHANGED  # no longer the file that was planned: reconsidered next cycle
@@ -139,10 +139,10 @@ class Pruner:
     def pointed(self) -> frozenset[str]:
         """What the pointers on the mirror name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag):
         kept while they name it. A store without links or tag files to read (objects) names nothing."""
-        root, layout = getattr(self.mirror, "root", None), self.config.rules
-        if root is None or not (layout.aliases or layout.tag_file):
+        tree, layout = self.mirror.local_tree(), self.config.rules
+        if tree is None or not (layout.aliases or layout.tag_file):
             return frozenset()
-        return pointed_targets(root, {e.run for e in self.manifest.entries.values()}, layout)
+        return pointed_targets(tree.root, {e.run for e in self.manifest.entries.values()}, layout)
 
     @property
     def roots(self) -> dict[str, PurePath] | None:
@@ -201,11 +201,8 @@ class Pruner:
         """The volumes this pass prunes. Several nodes sharing an object-store prefix: only the holder of
         its retention lease prunes the mirror (and sweeps its uploads), from the merged manifest; every
         node prunes its own primary (a file only while the mirror holds its verified copy)."""
-        claim = getattr(self.mirror, "claim_retention", None)  # only mirrord.store.s3.S3Mirror has one
-        if claim is None:
-            return (PRIMARY, MIRROR)
         try:
-            elsewhere: str | None = claim()
+            elsewhere = self.mirror.claim_retention()
         except MirrordError as exc:
             elsewhere = exc.cause
         if elsewhere != self._elsewhere:
@@ -220,11 +217,8 @@ class Pruner:
     def _sweep_uploads(self) -> None:
         """An object store: abort the multipart uploads a killed or failed copy left, once older than the
         age guard (a younger one may be another node's live upload). Their parts are billed until then."""
-        sweep = getattr(self.mirror, "sweep_stale_uploads", None)  # only mirrord.store.s3.S3Mirror has one
-        if sweep is None:
-            return
         try:
-            sweep(self.config.prune.min_age_seconds)
+            self.mirror.sweep_stale_uploads(self.config.prune.min_age_seconds)
         except MirrordError as exc:
             self.log.warning("prune.upload_sweep_failed", path=exc.path, cause=exc.cause)
 
@@ -376,13 +370,7 @@ class Pruner:
             report.refused.append((exc.reason, exc.cause))
             return False
         try:
-            delete_unit = getattr(self.mirror, "delete_unit", None)
-            if delete_unit is not None:
-                delete_unit(unit)  # renamed aside in one step, then removed
-            else:  # a store without folders (objects): file by file, then the prefix
-                for d, state in zip(group, fresh, strict=True):
-                    self.mirror.delete(d.rel, state)
-                self.mirror.delete_folder(unit)
+            self.mirror.delete_unit(unit, [(d.rel, state) for d, state in zip(group, fresh, strict=True)])
         except MirrordError as exc:
             for d in group:
                 self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
@@ -411,9 +399,8 @@ class Pruner:
         object store: this node still holds its retention lease."""
         try:
             self.mirror.check_identity()
-            require_retention = getattr(self.mirror, "require_retention", None)
-            if volume == MIRROR and require_retention is not None:
-                require_retention()
+            if volume == MIRROR:
+                self.mirror.require_retention()
         except MirrordError as exc:
             self.log.error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=len(report.deleted))
             self.metrics.prune_refused.labels(exc.reason).inc()

@@ -15,7 +15,6 @@ from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker
 from mirrord.core.retention import PrunePlan
 from mirrord.core.units import naming_warnings
-from mirrord.core.vocabulary import Veto
 from mirrord.errors import MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
@@ -30,6 +29,7 @@ from mirrord.store.aliases import alias_links
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
+from mirrord.vocabulary import Veto
 
 
 class Reconciler:

@@ -8,7 +8,6 @@ Published like any name: the link is made under a temp name, renamed into place,
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -61,12 +60,7 @@ def mirror_alias_links(
         parts = split_rel(rel)
         dir_fd = open_dir_beneath(mirror_root, parts[:-1])
         try:
-            temp = atomic.temp_name(parts[-1])
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp, dir_fd=dir_fd)
-            os.symlink(target, temp, dir_fd=dir_fd)
-            os.replace(temp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            os.fsync(dir_fd)
+            atomic.publish_symlink(dir_fd, parts[-1], target)
         finally:
             os.close(dir_fd)
         made.append((rel, target))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from mirrord.names import TEMP_SUFFIX as TEMP_SUFFIX  # (re-exported: the store's users name it here)
+from mirrord.paths import DIR_FLAGS
 
 ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
 # Folder units are staged (and retired) here, at the mirror root, never beside their final name: a
@@ -270,6 +271,23 @@ def publish(dir_fd: int, final_name: str, temp_fd: int, dirs: DirSyncs | None = 
         dirs.add(dir_fd)
 
 
+def publish_symlink(dir_fd: int, final_name: str, target: str) -> None:
+    """Point `final_name` at `target` in one step: a symlink made under the temp name, renamed onto the
+    final name, the directory fsynced."""
+    name = temp_name(final_name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
+    os.symlink(target, name, dir_fd=dir_fd)
+    os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def unlink_durably(dir_fd: int, name: str) -> None:
+    """Remove a published name and fsync its directory: the deletion survives a power cut."""
+    os.unlink(name, dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
 def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
     """publish, but never over an existing file: FileExistsError if the final name exists.
 
@@ -377,3 +395,53 @@ def atomic_output(path: str | os.PathLike[str], overwrite: bool = True, mode: in
             os.close(fd)
     finally:
         os.close(dir_fd)
+
+
+# The primitives of folder units (mirrord.store.staging) and of the journal: every fsync, rename and
+# removal of the package goes through this module, so durability is checked (and broken, by the chaos
+# suite) in one place.
+
+def sync(fd: int) -> None:
+    """fsync a file or a folder."""
+    os.fsync(fd)
+
+
+def rename(src: str, dst: str, *, src_dir_fd: int, dst_dir_fd: int) -> None:
+    """Rename `src` onto `dst` (the caller fsyncs both folders)."""
+    os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+
+def remove_empty_folder(dir_fd: int, name: str) -> None:
+    """Remove a folder only if it is empty (OSError otherwise)."""
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def sync_tree(fd: int) -> None:
+    """fsync a staged folder and every folder below it (files were fsynced as they were sealed)."""
+    os.fsync(fd)
+    for name in os.listdir(fd):
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            try:
+                sync_tree(child)
+            finally:
+                os.close(child)
+
+
+def remove_tree(dir_fd: int, name: str) -> None:
+    """Remove `name` below dir_fd and everything in it, never following a symlink; nothing if absent."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        for child in os.listdir(fd):  # noqa: PTH208 - by descriptor: no path to swap under us
+            remove_tree(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)

@@ -310,7 +310,7 @@ class LocalManifestStore:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
-                os.fsync(fd)
+                atomic.sync(fd)
                 self._journal_seen = _identity(os.fstat(fd))
             finally:
                 os.close(fd)
@@ -329,7 +329,7 @@ class LocalManifestStore:
         if self._torn:  # never acknowledged: cut it off so that the next record is not read as corruption
             try:
                 os.ftruncate(fd, self._size)
-                os.fsync(fd)
+                atomic.sync(fd)
             except BaseException:
                 os.close(fd)
                 raise

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from mirrord.core.model import ManifestEntry
-from mirrord.errors import ManifestError
+from mirrord.errors import ManifestError, MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.paths import split_rel
 from mirrord.store.hashing import ALGORITHMS
@@ -396,9 +396,10 @@ class Manifest:
         """After a durable change: a failed compaction is logged and tried again later, never raised."""
         try:
             self.compact()
-        except Exception as exc:
-            get_logger().error("manifest.compaction_failed", path=getattr(exc, "path", ""),
-                               cause=getattr(exc, "cause", str(exc)))
+        except MirrordError as exc:  # a bug is left to the thread's excepthook; the next change retries
+            get_logger().error("manifest.compaction_failed", path=exc.path, cause=exc.cause)
+        except OSError as exc:
+            get_logger().error("manifest.compaction_failed", path=exc.filename or "", cause=exc.strerror or str(exc))
 
     def compact(self) -> None:
         """Fold the journal into a new snapshot (see mirrord.store.journal for the steps and their crash safety).

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
+
+if TYPE_CHECKING:
+    from mirrord.store.volume import LocalVolume
 
 # What a spool of a non-file stream (an object being read back) is copied in.
 _SPOOL_CHUNK = 8 * 1024 * 1024
@@ -139,6 +141,10 @@ class ReadableStore(Protocol):
     def load_manifest(self) -> Manifest:
         """The manifest as it is now, read-only (empty if there is none). ManifestError if damaged."""
 
+    def local_tree(self) -> LocalVolume | None:
+        """The store as a directory tree (roots that may nest, layouts judged by their files), or None
+        for an object store."""
+
 
 class Mirror(ReadableStore, Protocol):
     """The mirror: a ReadableStore that mirrord publishes into, prunes and records in.
@@ -174,6 +180,22 @@ class Mirror(ReadableStore, Protocol):
         object store, having no folders, removes what is left under the prefix only with `expected`),
         False if it was left (not empty, or not the planned folder)."""
 
+    def delete_unit(self, key: str, files: Iterable[tuple[str, FileState]]) -> None:
+        """Retire the folder unit `key` whole, its `files` re-checked and their manifest entries dropped
+        by the caller (local: renamed aside in one step, then removed; object store: file by file, then
+        the prefix)."""
+
+    def claim_retention(self) -> str | None:
+        """None if this node may prune the mirror now, else who does or why not (several nodes sharing
+        an object-store prefix: the holder of its retention lease). Local: always None."""
+
+    def require_retention(self) -> None:
+        """Before each deletion on the mirror: raise unless this node still may prune it (local: no-op)."""
+
+    def sweep_stale_uploads(self, older_than: float) -> int:
+        """Abort the uploads killed writers left, older than `older_than` seconds; how many (local: 0,
+        a dead .part is swept by the listing)."""
+
     def read_manifest(self) -> Manifest:
         """The manifest open for changes (each durable before it counts), for the lock holder."""
 
@@ -206,20 +228,11 @@ class Mirror(ReadableStore, Protocol):
         while the process lives). Object store: the lease was not renewed in time (it may come back:
         copies and prunes wait) or is lost. Never waits on the store: the probes call it."""
 
+    def keep_modes_of(self, primary: Path) -> None:
+        """Folders and files created from now on keep the primary's permission bits (local only)."""
+
     def is_mountpoint(self) -> bool | None:
         """For `mirror_must_be_mountpoint`: is the root a mount point? None where that means nothing."""
-
-
-def mirror_for(target: str | os.PathLike[str], s3: Any = None) -> Mirror:
-    """The Mirror implementation for a configured `mirror`: a directory path, or an `s3://bucket/prefix`
-    URL (mirrord.store.s3, settings from the [s3] section given as `s3`)."""
-    if isinstance(target, str) and target.startswith("s3://"):
-        from mirrord.store.s3 import open_s3_mirror
-
-        return open_s3_mirror(target, s3)
-    from mirrord.store.volume import LocalMirror
-
-    return LocalMirror(Path(target))
 
 
 def read_fully(store: ReadableStore, key: str) -> bytes:

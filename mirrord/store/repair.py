@@ -23,7 +23,8 @@ from mirrord.core.model import ManifestEntry
 from mirrord.core.units import run_and_step
 from mirrord.formats.zipcheck import check_torch_zip_fd
 from mirrord.store.hashing import hash_fd
-from mirrord.store.mirror import ReadableStore, mirror_for, random_access_fd
+from mirrord.store.mirror import ReadableStore, random_access_fd
+from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume
 
 DAMAGED_SUFFIX = ".damaged"

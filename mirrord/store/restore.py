@@ -110,7 +110,7 @@ def _restore_unit(store: ReadableStore, unit: Candidate, dest_root: Path, force:
         upload.seal(entry.source_mtime_ns)
 
     if not unit.folder:
-        from mirrord.store.volume import LocalUpload
+        from mirrord.store.upload import LocalUpload
 
         entry = unit.entries[0]
         upload = LocalUpload(dest_root, unit.key, entry.size)

@@ -116,7 +116,6 @@ def validate_key(store: ReadableStore, key: str, quick: bool = False) -> Verdict
     """The format validator on the whole object at `key` (`quick`: structure only, a few KB read); a DCP
     file is also judged with its folder: a `.metadata` by every file it references (present, with its
     size), a `.distcp` by the byte ranges the `.metadata` beside it places in it."""
-    from mirrord.formats import dcpmeta
     from mirrord.formats.validators import DCP, Verdict, validate_fd
 
     try:
@@ -127,6 +126,14 @@ def validate_key(store: ReadableStore, key: str, quick: bool = False) -> Verdict
         return Verdict(UNREADABLE, exc.strerror or str(exc))
     if verdict.format != DCP or verdict.status not in PASSING:
         return verdict
+    return Verdict(*dcp_check(store, key, size), DCP)
+
+
+def dcp_check(store: ReadableStore, key: str, size: int = 0) -> tuple[str, str]:
+    """(status, detail) of a DCP file judged with its folder: a `.metadata` by every file it references
+    (present, with its size), a data file of `size` bytes by the range the `.metadata` beside it gives it."""
+    from mirrord.formats import dcpmeta
+
     folder, _, name = key.rpartition("/")
 
     def read(meta: str) -> bytes:
@@ -147,10 +154,8 @@ def validate_key(store: ReadableStore, key: str, quick: bool = False) -> Verdict
         return state.size if state is not None and state.is_regular else None
 
     if name == dcpmeta.METADATA_NAME:
-        status, detail = dcpmeta.check_folder_in(read, size_of, folder)
-    else:
-        status, detail = dcpmeta.check_data_file_in(read, key, size)
-    return Verdict(status, detail, DCP)
+        return dcpmeta.check_folder_in(read, size_of, folder)
+    return dcpmeta.check_data_file_in(read, key, size)
 
 
 def entry_intact(store: ReadableStore, entry: ManifestEntry, verify: bool = False) -> bool:
@@ -322,12 +327,13 @@ def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> s
     """On a primary without a manifest, the newest folder that its layout's completeness rule calls whole."""
     from mirrord.core.units import group_units
 
-    if not isinstance(store, LocalVolume):
+    volume = store.local_tree()
+    if volume is None:
         return None  # a primary is a local tree; judging completeness needs one
     from mirrord.service.completeness import judge
 
-    units = group_units(store.snapshot((), layout).files.values(), layout)
-    complete = judge(store, layout)
+    units = group_units(volume.snapshot((), layout).files.values(), layout)
+    complete = judge(volume, layout)
     by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
     for listed in units.values():
         if listed.role == "checkpoint" and (run_key is None or listed.run == run_key):

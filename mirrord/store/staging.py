@@ -34,7 +34,7 @@ from mirrord.paths import DIR_FLAGS, open_dir_beneath, source_modes, split_rel
 from mirrord.store import atomic
 
 if TYPE_CHECKING:
-    from mirrord.store.volume import LocalUpload
+    from mirrord.store.upload import LocalUpload
 
 
 def staging_token(key: str) -> str:
@@ -59,7 +59,7 @@ class FolderStaging:
         os.close(open_dir_beneath(self.root, self._parent, create=True, modes=modes))  # commit() renames into it
         area_fd = open_dir_beneath(self.root, (atomic.STAGING_AREA,), create=True)
         try:
-            remove_tree(area_fd, self._staging)  # a dead writer's staging of the same unit
+            atomic.remove_tree(area_fd, self._staging)  # a dead writer's staging of the same unit
             os.mkdir(self._staging, modes[-1] if len(modes) == len(parts) else 0o755, dir_fd=area_fd)
             # Held open until commit or abort: the inode cannot be reused by a later staging folder of
             # the same unit (ext4 reuses a freed inode at once), which the identity checks would take
@@ -67,7 +67,7 @@ class FolderStaging:
             self._fd = os.open(self._staging, DIR_FLAGS, dir_fd=area_fd)
             st = os.fstat(self._fd)
             self._identity = (st.st_dev, st.st_ino)
-            os.fsync(area_fd)
+            atomic.sync(area_fd)
         finally:
             os.close(area_fd)
 
@@ -78,7 +78,7 @@ class FolderStaging:
 
     def upload(self, relkey: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin one file of the unit (`relkey` relative to the unit): written into the staging folder."""
-        from mirrord.store.volume import LocalUpload  # the file protocol lives with the volume
+        from mirrord.store.upload import LocalUpload  # the file protocol lives with the volume
 
         member = split_rel(relkey)
         if self._done:
@@ -110,7 +110,7 @@ class FolderStaging:
                 st = os.fstat(staged)
                 if (st.st_dev, st.st_ino) != self._identity:
                     raise FileExistsError(f"{self.root / self.staging_key} was replaced while staging")
-                _fsync_tree(staged)
+                atomic.sync_tree(staged)
             finally:
                 os.close(staged)
             try:
@@ -121,9 +121,9 @@ class FolderStaging:
                 raise FileExistsError(errno.EEXIST, f"{self.root / self.key} exists and is not a folder")
             aside = None if old is None else self._swap(area_fd, dir_fd)
             if old is None:
-                os.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
-            os.fsync(dir_fd)
-            os.fsync(area_fd)
+                atomic.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
+            atomic.sync(dir_fd)
+            atomic.sync(area_fd)
             self._done = True
             self._close()
             if aside is not None:
@@ -132,8 +132,8 @@ class FolderStaging:
                 with contextlib.suppress(OSError):
                     there = os.stat(aside, dir_fd=area_fd, follow_symlinks=False)
                     if old is not None and (there.st_dev, there.st_ino) == (old.st_dev, old.st_ino):
-                        remove_tree(area_fd, aside)
-                        os.fsync(area_fd)
+                        atomic.remove_tree(area_fd, aside)
+                        atomic.sync(area_fd)
         finally:
             os.close(dir_fd)
             os.close(area_fd)
@@ -144,9 +144,9 @@ class FolderStaging:
         if atomic.exchange(area_fd, self._staging, self._name, dir_fd):
             return self._staging
         aside = self._staging.removesuffix(atomic.TEMP_SUFFIX) + atomic.ASIDE_SUFFIX
-        remove_tree(area_fd, aside)  # a dead process's (the mirror lock is ours)
-        os.rename(self._name, aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
-        os.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
+        atomic.remove_tree(area_fd, aside)  # a dead process's (the mirror lock is ours)
+        atomic.rename(self._name, aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
+        atomic.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
         return aside
 
     def abort(self) -> None:
@@ -159,8 +159,8 @@ class FolderStaging:
             try:
                 st = os.stat(self._staging, dir_fd=area_fd, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == self._identity:  # a later staging of the same unit is not ours
-                    remove_tree(area_fd, self._staging)
-                    os.fsync(area_fd)
+                    atomic.remove_tree(area_fd, self._staging)
+                    atomic.sync(area_fd)
             finally:
                 os.close(area_fd)
         self._close()
@@ -183,15 +183,15 @@ def retire_folder(root: Path, key: str) -> None:
         raise
     aside = staging_token(key).removesuffix(atomic.TEMP_SUFFIX) + ".retired"
     try:
-        remove_tree(area_fd, aside)  # a dead retirement of the same unit
+        atomic.remove_tree(area_fd, aside)  # a dead retirement of the same unit
         try:
-            os.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
+            atomic.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
         except FileNotFoundError:
             return
-        os.fsync(dir_fd)
-        os.fsync(area_fd)
-        remove_tree(area_fd, aside)
-        os.fsync(area_fd)
+        atomic.sync(dir_fd)
+        atomic.sync(area_fd)
+        atomic.remove_tree(area_fd, aside)
+        atomic.sync(area_fd)
     finally:
         os.close(dir_fd)
         os.close(area_fd)
@@ -207,43 +207,12 @@ def sweep_staging_area(root: Path) -> int:
     try:
         names = os.listdir(area_fd)  # noqa: PTH208 - by descriptor
         for name in names:
-            remove_tree(area_fd, name)
+            atomic.remove_tree(area_fd, name)
         if names:
-            os.fsync(area_fd)
+            atomic.sync(area_fd)
         return len(names)
     finally:
         os.close(area_fd)
-
-
-def _fsync_tree(fd: int) -> None:
-    """fsync a staged folder and every folder below it (files were fsynced as they were sealed)."""
-    os.fsync(fd)
-    for name in os.listdir(fd):
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        if stat.S_ISDIR(st.st_mode):
-            child = os.open(name, DIR_FLAGS, dir_fd=fd)
-            try:
-                _fsync_tree(child)
-            finally:
-                os.close(child)
-
-
-def remove_tree(dir_fd: int, name: str) -> None:
-    """Remove `name` below dir_fd and everything in it, never following a symlink; nothing if absent."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        for child in os.listdir(fd):  # noqa: PTH208 - by descriptor: no path to swap under us
-            remove_tree(fd, child)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
 
 
 def remove_folder(root: Path, key: str, expected: FileState | None = None) -> bool:
@@ -259,13 +228,13 @@ def remove_folder(root: Path, key: str, expected: FileState | None = None) -> bo
         raise from_oserror(root / key, exc, "open parent directory") from exc
     try:
         if expected is None:
-            os.rmdir(parts[-1], dir_fd=dir_fd)
+            atomic.remove_empty_folder(dir_fd, parts[-1])
         else:
             st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode) or (st.st_ino, st.st_dev) != (expected.ino, expected.dev):
                 return False
-            remove_tree(dir_fd, parts[-1])
-        os.fsync(dir_fd)
+            atomic.remove_tree(dir_fd, parts[-1])
+        atomic.sync(dir_fd)
     except FileNotFoundError:
         return True
     except OSError as exc:

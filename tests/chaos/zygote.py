@@ -40,7 +40,7 @@ import mirrord.store.journal
 import mirrord.store.manifest
 import mirrord.store.resume
 from mirrord import paths
-from mirrord.store import atomic, volume
+from mirrord.store import atomic, upload, volume
 
 _real_fsync = os.fsync
 
@@ -69,7 +69,7 @@ def _is_file(fd: int) -> bool:
 
 def _use_fsync(skip: Callable[[int], bool]) -> None:
     proxy = _SelectiveFsync(skip)
-    for module in (atomic, volume, paths):
+    for module in (atomic, upload, volume, paths):
         module.os = proxy  # type: ignore[assignment]
 
 
@@ -84,8 +84,8 @@ def _no_file_flush() -> None:
     anyway)."""
     _use_fsync(_is_file)
     atomic._syncfs = None
-    if hasattr(volume, "_sync_file_range"):
-        volume._sync_file_range = None
+    if hasattr(upload, "_sync_file_range"):
+        upload._sync_file_range = None
 
 
 def _broken_no_file_fsync(arg: str) -> None:
@@ -107,7 +107,13 @@ def _broken_rename_before_fsync(arg: str) -> None:
 
 def _broken_journal_no_fsync(arg: str) -> None:
     """Journal records written but never fsynced: a change "counts" before it is durable."""
-    mirrord.store.journal.os = _SelectiveFsync(_is_file)  # type: ignore[attr-defined]
+    class _JournalAtomic:  # the journal's view of mirrord.store.atomic: its fsyncs of records dropped
+        def __getattr__(self, name: str) -> Any:
+            return getattr(atomic, name)
+
+        sync = _SelectiveFsync(_is_file).fsync
+
+    mirrord.store.journal.atomic = _JournalAtomic()  # type: ignore[attr-defined]
 
 
 def _broken_record_before_dir_fsync(arg: str) -> None:

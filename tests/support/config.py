@@ -16,12 +16,14 @@ import tomli_w
 
 from mirrord.config import Config, load_config
 
-# In-process tests: copy at once, retry at once.
-UNIT: Mapping[str, Any] = {"copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.0}}
+# In-process tests: copy at once, retry at once, at full speed (no bandwidth cap).
+UNIT: Mapping[str, Any] = {"copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.0}, "io": {"bandwidth_limit": 0}}
 
-# A daemon under test (tests.support.daemon): quick heartbeat and shutdown, debug logs as JSON.
+# A daemon under test (tests.support.daemon): quick heartbeat and shutdown, no bandwidth cap, debug logs
+# as JSON.
 DAEMON: Mapping[str, Any] = {
     "copy": {"settle_seconds": 0.5, "retry_backoff_seconds": 0.1, "free_space_reserve_bytes": 0},
+    "io": {"bandwidth_limit": 0},
     "prune": {"enabled": False},
     "watch": {"rescan_interval_seconds": 30},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 5},
@@ -32,11 +34,11 @@ DAEMON: Mapping[str, Any] = {
 # A daemon under benchmark: mirrord's own defaults, but no pruning and logs as JSON.
 BENCH: Mapping[str, Any] = {"prune": {"enabled": False}, "metrics": {}, "log": {"format": "json", "level": "info"}}
 
-# The chaos suite: two workers, no waiting, small buffers (more syscalls to strike), metrics off.
+# The chaos suite: two workers, no waiting, small buffers (more syscalls to strike), no cap, metrics off.
 CHAOS: Mapping[str, Any] = {
     "copy": {"workers": 2, "settle_seconds": 0.0, "retry_backoff_seconds": 0.0, "max_attempts": 2,
              "free_space_reserve_bytes": 0},
-    "io": {"buffer_bytes": 64 * 1024},
+    "io": {"buffer_bytes": 64 * 1024, "bandwidth_limit": 0},
     "prune": {"enabled": False, "keep_last": 2, "min_age_seconds": 0},
     "watch": {"rescan_interval_seconds": 60},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 10},

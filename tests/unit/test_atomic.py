@@ -298,9 +298,9 @@ def test_a_small_file_committed_alone_is_fsynced_before_its_rename(
 ) -> None:
     """Without a group, commit() makes the fsync seal() left: file, rename, directory. A file larger than
     DEFER_FSYNC_MAX_BYTES is fsynced by seal() itself."""
-    from mirrord.store import volume
+    from mirrord.store import upload, volume
 
-    monkeypatch.setattr(volume, "DEFER_FSYNC_MAX_BYTES", 4096)
+    monkeypatch.setattr(upload, "DEFER_FSYNC_MAX_BYTES", 4096)
     events = _record_syscalls(monkeypatch)
     mirror = volume.LocalMirror(tmp_path)
     for name, size in (("small.pt", 4096), ("big.pt", 4097)):

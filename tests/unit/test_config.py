@@ -86,6 +86,13 @@ def test_shipped_file_parses_and_equals_the_embedded_defaults() -> None:
     assert shipped == defaults
 
 
+def test_copies_are_capped_at_the_recommended_rate_by_default() -> None:
+    """The bandwidth cap that keeps a trainer's step time (docs/performance.md) is the default, and 0 still
+    lifts it."""
+    assert Config(mirror=Path("/m")).io.bandwidth_limit == 100 * 1024 * 1024
+    assert Config.model_validate({"mirror": "/m", "io": {"bandwidth_limit": 0}}).io.bandwidth_limit == 0
+
+
 def test_shipped_file_mentions_every_key() -> None:
     """Every key of every section is in the shipped file, set or commented out, so it is documented."""
     text = SHIPPED.read_text(encoding="utf-8")

@@ -12,6 +12,8 @@ import torch
 import torch.distributed.checkpoint as dcp_torch
 
 from mirrord.formats import dcpmeta
+from mirrord.store.resume import dcp_check
+from mirrord.store.volume import LocalVolume
 
 
 def dcp_save(folder: Path, seed: int = 0) -> Path:
@@ -45,8 +47,8 @@ def test_a_whole_dcp_save_is_ok_and_its_ranges_end_at_the_data_files_end(folder:
     for info in trusted.storage_data.values():
         expected[info.relative_path] = max(expected.get(info.relative_path, 0), info.offset + info.length)
     assert needed == expected == {data_file(folder).name: data_file(folder).stat().st_size}
-    assert dcpmeta.check_folder(tmp_path, "step_4")[0] == "ok"
-    assert dcpmeta.check_data_file(tmp_path, f"step_4/{data_file(folder).name}", data_file(folder).stat().st_size) \
+    assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata")[0] == "ok"
+    assert dcp_check(LocalVolume(tmp_path), f"step_4/{data_file(folder).name}", data_file(folder).stat().st_size) \
         == ("ok", f"{data_file(folder).stat().st_size} bytes, as .metadata says")
 
 
@@ -54,30 +56,30 @@ def test_a_truncated_or_missing_data_file_makes_the_folder_truncated(folder: Pat
     data = data_file(folder)
     size = data.stat().st_size
     os.truncate(data, size - 1)
-    assert dcpmeta.check_folder(tmp_path, "step_4") == (
+    assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata") == (
         "truncated", f"{data.name} holds {size - 1} bytes; .metadata places data up to byte {size}")
-    assert dcpmeta.check_data_file(tmp_path, f"step_4/{data.name}", size - 1)[0] == "truncated"
+    assert dcp_check(LocalVolume(tmp_path), f"step_4/{data.name}", size - 1)[0] == "truncated"
     data.unlink()
-    assert dcpmeta.check_folder(tmp_path, "step_4") == (
+    assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata") == (
         "truncated", f"{data.name} is referenced by .metadata but missing")
 
 
 def test_without_metadata_the_save_did_not_finish(folder: Path, tmp_path: Path) -> None:
     """dcp.save writes .metadata last: a folder without it is a save cut short, and so is each data file."""
     (folder / ".metadata").unlink()
-    status, detail = dcpmeta.check_folder(tmp_path, "step_4")
+    status, detail = dcp_check(LocalVolume(tmp_path), "step_4/.metadata")
     assert status == "truncated" and "did not finish" in detail
-    assert dcpmeta.check_data_file(tmp_path, "step_4/__0_0.distcp", 1)[0] == "truncated"
+    assert dcp_check(LocalVolume(tmp_path), "step_4/__0_0.distcp", 1)[0] == "truncated"
 
 
 def test_a_symlinked_metadata_or_data_file_is_not_followed(folder: Path, tmp_path: Path) -> None:
     data = data_file(folder)
     data.rename(tmp_path / "data")
     data.symlink_to(tmp_path / "data")
-    assert dcpmeta.check_folder(tmp_path, "step_4")[1].endswith("missing")
+    assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata")[1].endswith("missing")
     (folder / ".metadata").rename(tmp_path / "meta")
     (folder / ".metadata").symlink_to(tmp_path / "meta")
-    assert dcpmeta.check_folder(tmp_path, "step_4")[0] == "unreadable"
+    assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata")[0] == "unreadable"
 
 
 @pytest.mark.parametrize("cut", [0.1, 0.5, 0.99])

@@ -21,8 +21,9 @@ from mirrord.commands.verify import Finding, check_entry, deep_check, verify_mir
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.errors import LockedError, MirrordError, SizeMismatchError
 from mirrord.store.hashing import hash_stream
-from mirrord.store.mirror import Mirror, UnitStaging, mirror_for, read_fully
+from mirrord.store.mirror import Mirror, UnitStaging, read_fully
 from mirrord.store.resume import latest_key
+from mirrord.store.targets import mirror_for
 from mirrord.store.volume import ChangedError
 from tests.support.checkpoints import checkpoint_bytes
 

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from mirrord.core.branches import branches
-from mirrord.formats.validators import new_validator, safetensors_verdict, validate_beneath, validate_fd
+from mirrord.formats.validators import new_validator, safetensors_verdict, validate_fd
+from mirrord.store.resume import validate_key
+from mirrord.store.volume import LocalVolume
 
 
 @pytest.fixture(scope="module")
@@ -181,13 +183,13 @@ def test_library_files_pass_by_name_streamed_and_whole(tmp_path: Path) -> None:
         name, copy = rel.rsplit("/", 1)[-1], rel.replace("/", "_")
         assert streamed(tmp_path / "s" / copy, name, data, 4096) == status, rel
         assert whole_file(tmp_path / "w" / copy, name, data) == status, rel
-        verdict = validate_beneath(tmp_path, rel)
+        verdict = validate_key(LocalVolume(tmp_path), rel)
         assert (verdict.status, verdict.format) == ("ok", fmt), (rel, verdict)
     # with its folder, a truncated data file is caught by the range its .metadata gives it
     distcp = folder / "__0_0.distcp"
     os.truncate(distcp, distcp.stat().st_size - 10)
-    assert validate_beneath(tmp_path, "step_4/__0_0.distcp").status == "truncated"
-    assert validate_beneath(tmp_path, "step_4/.metadata").status == "truncated"
+    assert validate_key(LocalVolume(tmp_path), "step_4/__0_0.distcp").status == "truncated"
+    assert validate_key(LocalVolume(tmp_path), "step_4/.metadata").status == "truncated"
 
 
 def test_json_nested_100000_deep_is_invalid_not_a_crash(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from mirrord.core.layouts import Layout
@@ -90,6 +91,12 @@ class S3Mirror:
         return self.location.key(rel)
 
     # -- reading --------------------------------------------------------------------------------------
+    def local_tree(self) -> None:
+        """Not a directory tree."""
+
+    def keep_modes_of(self, primary: Path) -> None:
+        """Objects have no permission bits."""
+
     def exists(self) -> bool:
         """The bucket is there (and we may use it); False only when the server says it is not. Any other
         failure raises, naming its cause: an unreachable endpoint is not a missing bucket."""
@@ -224,6 +231,12 @@ class S3Mirror:
         staging = S3UnitStaging(self, key, staged=bool(self._below(key)))
         self._open_units[key] = staging
         return staging
+
+    def delete_unit(self, key: str, files: Iterable[tuple[str, FileState]]) -> None:
+        """No folders to rename: file by file, then what is left under the prefix."""
+        for rel, state in files:
+            self.delete(rel, state)
+        self.delete_folder(key)
 
     def delete_folder(self, key: str, expected: FileState | None = None) -> bool:
         """A prefix is not a thing on S3: gone as soon as no object is left under it. With `expected` (an

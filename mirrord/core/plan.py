@@ -6,10 +6,13 @@ import re
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
-from mirrord.core.units import Unit, unit_identity
+
+if TYPE_CHECKING:  # (units builds on plan: the tracker only reads a unit's files)
+    from mirrord.core.units import Unit
 
 # Filesystems with coarse timestamps (FAT: 2 s, some SMB/NFS setups: 1 s) round the mtime we set.
 MTIME_TOLERANCE_NS = 2_000_000_000
@@ -132,7 +135,7 @@ class SettleTracker:
         younger than that by the wall clock."""
         seconds = self.unit_seconds if guess else self.settle_seconds
         now = self.monotonic() if now is None else now
-        key = hash(unit_identity(unit.files))
+        key = hash(tuple(sorted((f.rel, *f.identity) for f in unit.files)))  # units.unit_identity
         seen = self._units.get(unit.rel)
         if seen is None or seen[0] != key:
             self._units[unit.rel] = seen = (key, now)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainers import leftovers, settings, train, unit_names
+from tests.integration.test_trainers import latest_on_mirror, leftovers, settings, train, unit_names
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
@@ -59,6 +59,8 @@ def test_lightning_top_k_best_survives_on_the_mirror_and_resumes(tmp_path: Path,
     finally:
         d.kill()
     assert leftovers(mirror) == []
+    newest = latest_on_mirror(mirror, "lightning")  # names without a step: the newest by mtime
+    assert newest is not None and torch.load(mirror / newest, map_location="cpu", weights_only=False)["epoch"] == 5
     shutil.rmtree(primary)
     state = torch.load(mirror / "run" / "last.ckpt", map_location="cpu", weights_only=False)
     best = next(v["best_model_path"] for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint"))
@@ -70,16 +72,17 @@ def test_lightning_top_k_best_survives_on_the_mirror_and_resumes(tmp_path: Path,
 
 
 def test_hf_trainer_best_checkpoint_survives_its_rotation_on_the_mirror(tmp_path: Path, daemon_factory) -> None:
-    """save_total_limit 2, load_best_model_at_end with metric_for_best_model="loss", the scripted eval loss
-    lowest at step 2: the Trainer keeps checkpoint-2 and checkpoint-12, the mirror the same (not keep_last's
-    10 and 12); the mirror's newest trainer_state.json names checkpoint-2, and training resumed from the
+    """save_total_limit 3, load_best_model_at_end with metric_for_best_model="loss", the scripted eval loss
+    lowest at step 2: the Trainer keeps checkpoint-2, -10 and -12, the mirror the same (not keep_last's 10
+    and 12); the mirror's newest trainer_state.json names checkpoint-2, and training resumed from the
     mirror's checkpoint-2 gives steps 3 and 4 exactly."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings("hf")).start()
-    losses = train("train_hf", primary / "run", "--steps", 12, "--save-steps", 2, "--save-total-limit", 2,
-                   "--best-at", 2, "--step-seconds", 0.2, log=tmp_path / "a.log")
-    assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-12", "checkpoint-2"]
+    losses = train("train_hf", primary / "run", "--steps", 12, "--save-steps", 2, "--save-total-limit", 3,
+                   "--best-at", 2, "--step-seconds", 0.4, log=tmp_path / "a.log")
+    assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-10", "checkpoint-12", "checkpoint-2"]
     wait_mirrored_as_kept(d, primary / "run", mirror / "run", HF_UNIT)
+    print(f"hf follow: deleted on the mirror as the trainer did: {[e['path'] for e in d.events('prune.deleted')]}")
     assert d.stop() == 0
     assert leftovers(mirror) == []
     shutil.rmtree(primary)

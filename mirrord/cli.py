@@ -269,6 +269,8 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     print(render(config.to_toml_dict(), lambda key: str(loaded.origin(key))), end="")
     print("\n# effective checkpoint rules:")
     print("\n".join(f"#   {line}" for line in config.rules.describe()))
+    mode, why = config.retention_mode
+    print(f"# retention: prune.mode in force is {mode!r} ({why})")
     return EXIT_OK
 
 

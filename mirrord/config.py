@@ -234,6 +234,7 @@ class CopyConfig(_Section):
 class PruneConfig(_Section):
     """[prune]: retention (keep_last, keep_every) and its guards (min age, primary side, dry run)."""
     enabled: bool = True
+    mode: Literal["auto", "keep_last", "follow"] = "auto"
     keep_last: int = Field(12, ge=1)
     keep_every: int | None = Field(None, ge=1)
     min_age_seconds: float = Field(300.0, ge=0, le=365 * DAY, **_FINITE)
@@ -400,6 +401,9 @@ class Config(_Section):
                                    self.unit.complete_marker)
         if problems:
             raise ValueError("\n".join(problems))
+        if self.prune.mode == "follow" and self.prune.primary:
+            raise ValueError('prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
+                             'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)')
         if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
             raise ValueError('s3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
                              "whose ranks are saved on several nodes, mirrored into one prefix)")
@@ -465,6 +469,19 @@ class Config(_Section):
     def step_regex(self) -> re.Pattern[str]:
         """The step-number pattern of the configured layout."""
         return self.rules.step_regex
+
+    @property
+    def retention_mode(self) -> tuple[str, str]:
+        """The retention mode in force ("keep_last" or "follow") and why, in a sentence for `check-config`."""
+        mode = self.prune.mode
+        if mode != "auto":
+            return mode, f"prune.mode = {mode!r}"
+        if self.layout not in ("hf", "lightning"):
+            return "keep_last", f"prune.mode = 'auto': layout {self.layout!r} only appends, nothing ranks its steps"
+        if self.prune.primary:
+            return "keep_last", "prune.mode = 'auto' with prune.primary = true: mirrord bounds the primary itself"
+        return "follow", (f"prune.mode = 'auto': layout {self.layout!r} rotates or ranks its own checkpoints "
+                          "(save_total_limit, save_top_k): what it keeps on the primary is its choice")
 
     @property
     def rules(self) -> Layout:

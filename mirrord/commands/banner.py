@@ -48,7 +48,7 @@ def run_banner(config: Config, config_file: Path | None) -> str:
     command, where = mirrord_command(), config_args(config_file, config)
     lines = [
         f"mirrord {__version__}: mirroring {config.primary} -> {config.mirror_target} ({', '.join(config.patterns)})",
-        f"  retention  {describe_policy(config.prune)}",
+        f"  retention  {describe_policy(config.prune, config.retention_mode[0] == 'follow')}",
     ]
     if config.metrics.enabled:
         base = f"http://{config.metrics.address}"

@@ -129,6 +129,7 @@ def reconcile(
             policy=config.prune, step_regex=config.step_regex, now=now, in_flight=in_flight, roots=facts.roots,
             mirror_is_mount=is_mount, observed=facts.observed, invalid=facts.invalid,
             space_pressure=facts.space_pressure, layout=config.rules, forget=facts.forget, pointed=facts.pointed,
+            follow=config.retention_mode[0] == "follow",
         )
         plan = plan_prune(primary, listed, manifest, request)
         if refused is not None and not plan.refused:

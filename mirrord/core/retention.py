@@ -38,6 +38,7 @@ whole plan: it deletes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -64,7 +65,8 @@ PRIMARY, MIRROR = Volume.PRIMARY, Volume.MIRROR
 KEEP_LAST = "keep_last"
 KEEP_EVERY = "keep_every"
 BRANCH_TIP = "branch_tip"  # the newest step of an abandoned branch
-POINTER = "pointer"  # named by a pointer on the mirror (DeepSpeed `latest`, Lightning `last.ckpt`)
+POINTER = "pointer"  # named by a pointer (DeepSpeed `latest`, Lightning `last.ckpt`, HF's best_model_checkpoint)
+FOLLOWED = "followed"  # prune.mode = "follow": the trainer keeps it on the primary
 NEWER_THAN_KEPT = "newer_than_kept"
 NO_STEP = "no_step"
 UNVERIFIED = "unverified"
@@ -80,15 +82,20 @@ STEP, ORPHAN_PART, ORPHAN_STAGING = "step", "orphan_part", "orphan_staging"
 WHOLE = (None, OK, RENAMED)  # verdicts that are evidence of wholeness (None: recorded before validation existed)
 
 
-def describe_policy(policy: PruneConfig) -> str:
+def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
     """The retention in force, in one line for a person (start-up banner and log)."""
     if not policy.enabled:
         return "off (prune.enabled = false): nothing is ever deleted"
-    sides = "on the mirror and the primary" if policy.primary else "on the mirror only (prune.primary = false)"
-    text = f"keep_last={policy.keep_last} verified steps per run"
-    if policy.keep_every:
-        text += f", plus every step that is a multiple of keep_every={policy.keep_every}"
-    text += f"; older steps are deleted {sides}; nothing younger than min_age_seconds={policy.min_age_seconds:g}"
+    if follow:
+        text = ("follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names); what "
+                "the trainer deleted goes from the mirror once the trainer's newest checkpoint is verified there")
+    else:
+        sides = "on the mirror and the primary" if policy.primary else "on the mirror only (prune.primary = false)"
+        text = f"keep_last={policy.keep_last} verified steps per run"
+        if policy.keep_every:
+            text += f", plus every step that is a multiple of keep_every={policy.keep_every}"
+        text += f"; older steps are deleted {sides}"
+    text += f"; nothing younger than min_age_seconds={policy.min_age_seconds:g}"
     text += " is deleted"
     return text + ("; prune.dry_run = true: deletions are only logged" if policy.dry_run else "")
 
@@ -292,6 +299,7 @@ class PruneRequest:
     layout: Layout | None = None  # folder layouts: a folder unit's files are one step, deleted together
     forget: frozenset[tuple[str, int]] = frozenset()
     pointed: frozenset[str] = frozenset()
+    follow: bool = False  # prune.mode = "follow": keep what the trainer keeps (see _plan_run)
 
     @property
     def lie_after_ns(self) -> float:
@@ -324,6 +332,8 @@ def plan_prune(
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
     runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
     candidates: list[Deletion] = []
+    if request.follow:
+        kept, candidates = _follow_stepless(primary, mirror, manifest, request, kept)
     skipped: list[Skipped] = []
     newest: set[str] = set()
     windows: dict[str, Window] = {}
@@ -466,8 +476,11 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
     # a file needs a validator's ok.
     whole = {step for step in verified if all(f.rel in units or _whole(manifest[f.rel]) for f in by_step[step][1])}
     forgotten = {step for r, step in request.forget if r == run}
-    keep = {step: why for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
-            if not (why == BRANCH_TIP and step in forgotten)}
+    if request.follow:  # the trainer's choice, as its primary shows it
+        keep = {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
+    else:
+        keep = {step: why for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
+                if not (why == BRANCH_TIP and step in forgotten)}
     for step, (_p, on_mirror) in by_step.items():
         if step not in keep and any(f.rel in request.pointed or units.get(f.rel) in request.pointed
                                     for f in on_mirror):
@@ -476,8 +489,9 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
     invalid = request.invalid
     present = order if not invalid else [s for s in order if by_step[s][1]
                                          or any(f.rel not in invalid for f in by_step[s][0])]
-    window = present[-n:]
-    floor = order.index(window[0]) if len(present) > len(window) else None  # the window's first place
+    # Follow: the window is the trainer's newest step (nothing is retired from copying).
+    window = [s for s in order if by_step[s][0]][-1:] if request.follow else present[-n:]
+    floor = order.index(window[0]) if len(present) > len(window) and not request.follow else None
     newest_mtime = max(f.mtime_ns for sides in by_step.values() for f in (*sides[0], *sides[1]))
     plan = _RunPlan(run_branches, None if floor is None else Window(run_branches.key(order[floor]), run_branches,
                                                                     newest_mtime),
@@ -487,11 +501,14 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
     if kept_window:
         tip_primary, tip_mirror = by_step[kept_window[-1]]
         plan.newest = [s.rel for s in (*tip_primary, *tip_mirror)]
-        if not tip_primary and kept_window[-1] not in forgotten:
-            plan.paused = kept_window[-1]  # the primary lost its newest verified step: shrink nothing
+        # The primary lost its newest verified step (follow: holds nothing as new): shrink nothing.
+        lost = not window or run_branches.key(window[-1]) < run_branches.key(kept_window[-1]) if request.follow \
+            else not tip_primary
+        if lost and kept_window[-1] not in forgotten:
+            plan.paused = kept_window[-1]
     # The steps that would replace a retired one are the window: all must be verified and whole first.
     # Under space pressure, a window's size of verified, whole newer steps is enough.
-    window_whole = all(s in whole for s in window)
+    window_whole = bool(window) and all(s in whole for s in window)
     whole_above = 0
     deletable: set[int] = set()
     if floor is not None and plan.paused is None:
@@ -510,6 +527,8 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
             why = UNCONFIRMED
         elif plan.paused is not None:
             why = PAUSED
+        elif request.follow:  # the trainer let it go: once its newest is verified and whole here
+            why = None if window_whole else NEWER_UNVERIFIED
         elif floor is None or place >= floor:
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
@@ -529,6 +548,43 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
     return plan
 
 
+def _follow_stepless(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
+                     request: PruneRequest, kept: list[Kept]) -> tuple[list[Kept], list[Deletion]]:
+    """Follow mode, checkpoint files without a step (Lightning's `{epoch}-{val_loss:.2f}`): the trainer
+    keeps what its primary holds; a mirror file it let go is deleted once the trainer's newest such file
+    of the run (by mtime) is verified and whole on the mirror. Aliases (`last.ckpt`) are not followed."""
+    layout = request.layout
+    if layout is None or layout.folders:
+        return kept, []
+
+    def followed(k: Kept) -> bool:
+        return k.why == NO_STEP and layout.is_unit_name(k.rel.rsplit("/", 1)[-1]) and not layout.is_alias(k.rel)
+
+    tips: dict[str, FileState] = {}
+    for f in (primary.files[k.rel] for k in kept if k.volume == PRIMARY and followed(k)):
+        if f.mtime_ns <= request.lie_after_ns and (f.run not in tips or f.mtime_ns > tips[f.run].mtime_ns):
+            tips[f.run] = f
+    out: list[Kept] = []
+    gone: list[Deletion] = []
+    for k in kept:
+        if not followed(k):
+            out.append(k)
+            continue
+        if k.volume == PRIMARY or k.rel in primary.files:
+            out.append(dataclasses.replace(k, why=FOLLOWED))
+            continue
+        f, entry, tip = mirror.files[k.rel], manifest.get(k.rel), tips.get(mirror.files[k.rel].run)
+        tip_entry = None if tip is None else manifest.get(tip.rel)
+        why = (POINTER if k.rel in request.pointed else UNVERIFIED if entry is None
+               else UNCONFIRMED if not _as_recorded(f, entry) else PAUSED if tip is None or tip_entry is None
+               else NEWER_UNVERIFIED if not (exact_copy(tip, manifest, mirror.files) and _whole(tip_entry)) else "")
+        if why:
+            out.append(dataclasses.replace(k, why=why))
+        else:
+            gone.append(Deletion(MIRROR, f, None))
+    return out, gone
+
+
 def _primary_rollbacks(by_step: dict[int, _Sides], lie: float) -> tuple[tuple[int, int], ...]:
     """The rollbacks of a run as its primary files alone show them (each file past the lie unknown)."""
     mtimes = {step: max(0, *(0 if f.mtime_ns > lie else f.mtime_ns for f in on_primary))
@@ -541,6 +597,13 @@ def deletion_order(d: Deletion) -> tuple[bool, int, str, str, bool]:
     because a primary file may only go while its verified mirror copy is still there; a folder unit's
     files together."""
     return (d.kind == STEP, d.step if d.step is not None else -1, d.unit, d.rel, d.volume != PRIMARY)
+
+
+def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]) -> bool:
+    """The mirror holds a verified copy of exactly this primary file: recorded from a source of this
+    size and mtime (so with this content hash), passed its validator, and present with that size."""
+    entry = manifest.get(src.rel)
+    return entry is not None and entry_passed(entry) and why_copy(src, entry, mirror_files.get(src.rel)) is None
 
 
 def _as_recorded(dst: FileState, entry: ManifestEntry | None) -> bool:

@@ -26,7 +26,8 @@ def run_daemon(config: Config, reload_config: Callable[[], tuple[Config, bool]],
     log = logsetup.get_logger()
     try:
         log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(config.primary),
-                 mirror=str(config.mirror_target), retention=describe_policy(config.prune))
+                 mirror=str(config.mirror_target),
+                 retention=describe_policy(config.prune, config.retention_mode[0] == "follow"))
         primary, mirror = LocalVolume(config.primary), mirror_for(config.mirror_target, config.s3)
         with mirror.lock():
             exclude_each_other(primary, mirror)  # whatever path leads there (bind mounts)

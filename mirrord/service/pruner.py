@@ -24,6 +24,7 @@ from typing import Any
 
 from mirrord.config import Config
 from mirrord.core.guards import REASONS, veto
+from mirrord.core.layouts import HF_STATE
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.reconcile import Facts, reconcile
@@ -31,7 +32,7 @@ from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deleti
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.store.aliases import pointed_targets
+from mirrord.store.aliases import best_checkpoints, pointed_targets
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
@@ -137,12 +138,15 @@ class Pruner:
         return plan
 
     def pointed(self) -> frozenset[str]:
-        """What the pointers on the mirror name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag):
-        kept while they name it. A store without links or tag files to read (objects) names nothing."""
+        """What the pointers on the mirror name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag), and
+        the best checkpoint the HF Trainer's newest trainer_state.json on the primary names: kept while they
+        name it. A store without links or tag files to read (objects) names none of its own."""
         tree, layout = self.mirror.local_tree(), self.config.rules
+        best = frozenset() if layout.rule != "hf" else best_checkpoints(self.primary.root, self.manifest.entries,
+                                                                        layout, HF_STATE)
         if tree is None or not (layout.aliases or layout.tag_file):
-            return frozenset()
-        return pointed_targets(tree.root, {e.run for e in self.manifest.entries.values()}, layout)
+            return best
+        return best | pointed_targets(tree.root, {e.run for e in self.manifest.entries.values()}, layout)
 
     @property
     def roots(self) -> dict[str, PurePath] | None:

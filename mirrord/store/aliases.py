@@ -8,6 +8,7 @@ Published like any name: the link is made under a temp name, renamed into place,
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -92,4 +93,35 @@ def pointed_targets(root: Path, runs: Iterable[str], layout: Layout) -> frozense
                 pass
             finally:
                 os.close(fd)
+    return frozenset(named)
+
+
+STATE_BYTES = 1 << 20  # a trainer_state.json larger than this names nothing (it is read at every pass)
+
+
+def best_checkpoints(root: Path, recorded: Iterable[str], layout: Layout, state_file: str) -> frozenset[str]:
+    """The checkpoint each run's newest `state_file` (HF's trainer_state.json, of the recorded units) names
+    as its best (`best_model_checkpoint`), read on `root`, as a root-relative unit path. Unreadable,
+    too large or naming nothing: no best."""
+    newest: dict[str, tuple[int, str]] = {}
+    for rel in recorded:
+        unit, _, name = rel.rpartition("/")
+        step = layout.step_of(unit.rpartition("/")[2]) if name == state_file else None
+        if step is not None and step >= newest.get(dirname(unit), (-1, ""))[0]:
+            newest[dirname(unit)] = (step, unit)
+    named: set[str] = set()
+    for run, (_, unit) in newest.items():
+        try:
+            fd = open_file_beneath(root, f"{unit}/{state_file}", os.O_RDONLY | os.O_NONBLOCK)
+        except (OSError, UnsafePathError):
+            continue
+        try:
+            best = json.loads(os.read(fd, STATE_BYTES + 1)[:STATE_BYTES]).get("best_model_checkpoint")
+        except (OSError, ValueError, AttributeError):
+            best = None
+        finally:
+            os.close(fd)
+        name = best.rstrip("/").rpartition("/")[2] if isinstance(best, str) else ""
+        if layout.is_unit_name(name):
+            named.add(f"{run}/{name}" if run else name)
     return frozenset(named)

@@ -152,7 +152,7 @@ def test_the_checkpoint_lightnings_last_ckpt_names_on_the_mirror_is_kept(primary
     names step 10; the trainer then moves its link on. Until the mirror's link moves too (the next sync),
     prune keeps step 10 there; after it, step 10 goes. Before: deleted at once, the mirror's link dangling."""
     run = primary / RUN
-    env = {"MIRRORD_LAYOUT": "lightning", "MIRRORD_PRUNE__KEEP_LAST": "1"}
+    env = {"MIRRORD_LAYOUT": "lightning", "MIRRORD_PRUNE__KEEP_LAST": "1", "MIRRORD_PRUNE__MODE": "keep_last"}
     save_checkpoint(run / "epoch=0-step=10.ckpt", 10)
     (run / "last.ckpt").symlink_to("epoch=0-step=10.ckpt")
     ok(cli("sync", primary, mirror, **env))

@@ -120,7 +120,8 @@ def test_lightning_last_ckpt_is_mirrored_and_never_counted(tmp_path: Path) -> No
     made = [save_checkpoint(ckpts / f"epoch={i}-step={10 * (i + 1)}.ckpt", 10 * (i + 1)) for i in range(3)]
     made.append(save_checkpoint(ckpts / "last.ckpt", 30))
     _old(made)
-    env = {"MIRRORD_LAYOUT": "lightning", "MIRRORD_PRUNE__KEEP_LAST": "1", "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+    env = {"MIRRORD_LAYOUT": "lightning", "MIRRORD_PRUNE__KEEP_LAST": "1", "MIRRORD_PRUNE__MODE": "keep_last",
+           "MIRRORD_COPY__SETTLE_SECONDS": "0"}
     _cli("sync", primary, mirror, env)
     _cli("prune", primary, mirror, env)
     assert sorted(p.name for p in (mirror / ckpts.relative_to(primary)).iterdir()) == [

@@ -2,7 +2,11 @@
 --save-total-limit, resumable with `Trainer.train(resume_from_checkpoint=...)`.
 
     python -m tests.support.train_hf OUT --steps 12 --save-steps 2 --save-total-limit 2 [--resume DIR]
-        [--stop-after N]
+        [--stop-after N] [--best-at STEP]
+
+With --best-at, every save is evaluated with a scripted eval_loss (lowest at that step) and
+`load_best_model_at_end` with `metric_for_best_model="loss"`: the Trainer keeps that checkpoint through
+its rotation.
 
 Prints one JSON line per optimizer step, {"step": N, "loss": L} (the exact float), so that a test can
 compare a resumed run with an uninterrupted one. The model (a one-layer GPT-2) and the data are built
@@ -29,6 +33,7 @@ def main() -> None:
     p.add_argument("--stop-after", type=int, help="end after this step (a job that ended): as if killed there")
     p.add_argument("--width", type=int, default=64, help="embedding width (the checkpoint size grows with it)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
+    p.add_argument("--best-at", type=int, help="evaluate at each save, the scripted best at this step")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -73,8 +78,17 @@ def main() -> None:
         save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit or None,
         logging_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True, seed=0,
         dataloader_num_workers=0, remove_unused_columns=False,
+        **({} if args.best_at is None else {"eval_strategy": "steps", "eval_steps": args.save_steps,
+                                            "load_best_model_at_end": True, "metric_for_best_model": "loss"}),
     )
-    trainer = Trainer(model=model, args=targs, train_dataset=Data(), callbacks=[Losses()])
+
+    class Scripted(Trainer):  # type: ignore[misc]
+        def evaluate(self, *a: Any, **kw: Any) -> dict[str, float]:
+            step = self.state.global_step
+            return {"eval_loss": 0.1 if step == args.best_at else 0.9 - 0.01 * step}
+
+    trainer = Scripted(model=model, args=targs, train_dataset=Data(), callbacks=[Losses()],
+                       eval_dataset=None if args.best_at is None else Data())
     trainer.train(resume_from_checkpoint=args.resume)
 
 

@@ -3,6 +3,10 @@ keeps the --keep newest (monitor "step"), and writes `last.ckpt` as a copy (--la
 (--last link); resumable with `Trainer.fit(ckpt_path=...)`.
 
     python -m tests.support.train_lightning OUT --epochs 6 --keep 2 --last copy [--resume CKPT]
+        [--monitor-best-at EPOCH [--filename "{epoch}-{val_loss:.2f}"]]
+
+With --monitor-best-at, checkpoints are ranked by a scripted `val_loss` (lowest at that epoch, then falling
+from 0.9 each epoch), so Lightning keeps the best early one and rotates the others away.
 
 One epoch is --batches steps, so that every checkpoint falls on an epoch boundary and a resume replays
 nothing. Prints one JSON line per step, {"step": N, "loss": L}. Model, data and seeds are built in code.
@@ -29,6 +33,8 @@ def main() -> None:
     p.add_argument("--resume", help="a .ckpt to resume from")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
+    p.add_argument("--monitor-best-at", type=int, help="rank by a scripted val_loss, best at this epoch")
+    p.add_argument("--filename", help="ModelCheckpoint's filename template")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -52,6 +58,10 @@ def main() -> None:
                 time.sleep(args.step_seconds)  # a slower trainer, so that a mirror runs alongside
             return loss
 
+        def validation_step(self, batch: Any, _index: int) -> None:
+            epoch = self.current_epoch
+            self.log("val_loss", 0.1 if epoch == args.monitor_best_at else 0.9 - 0.05 * epoch)
+
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.Adam(self.parameters(), lr=1e-2)
 
@@ -60,12 +70,15 @@ def main() -> None:
     x = torch.randn(8 * args.batches, args.width, generator=g)
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
     loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=False)
-    checkpoints = ModelCheckpoint(dirpath=args.out, monitor="step", mode="max", save_top_k=args.keep,
-                                  every_n_epochs=1, save_last="link" if args.last == "link" else True)
+    monitor = ("step", "max") if args.monitor_best_at is None else ("val_loss", "min")
+    checkpoints = ModelCheckpoint(dirpath=args.out, monitor=monitor[0], mode=monitor[1], save_top_k=args.keep,
+                                  every_n_epochs=1, save_last="link" if args.last == "link" else True,
+                                  filename=args.filename)
     trainer = lightning.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, callbacks=[checkpoints],
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
                         deterministic=True, num_sanity_val_steps=0)
-    trainer.fit(Tiny(), loader, ckpt_path=args.resume)
+    validation = None if args.monitor_best_at is None else loader
+    trainer.fit(Tiny(), loader, validation, ckpt_path=args.resume)
 
 
 if __name__ == "__main__":

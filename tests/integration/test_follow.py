@@ -1,0 +1,94 @@
+"""Issue 34 item 1 with the real libraries: trainers that rank their own checkpoints (Lightning's
+ModelCheckpoint with a monitor, the HF Trainer with load_best_model_at_end) mirrored with prune.mode
+"auto" (follow for these layouts) and keep_last 2: the mirror holds exactly what the trainer keeps,
+the early best checkpoint included, and a resume from that best on the mirror continues exactly."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_trainers import latest_on_mirror, leftovers, settings, train, unit_names
+from tests.support.daemon import DaemonProcess
+from tests.support.wait import wait_for
+
+LIGHTNING_UNIT = re.compile(r"epoch=.*\.ckpt")
+HF_UNIT = re.compile(r"checkpoint-\d+")
+
+
+def wait_mirrored_as_kept(d: DaemonProcess, primary: Path, mirror: Path, unit: re.Pattern[str],
+                          also: str = "") -> None:
+    """Until the mirror's run holds the units the trainer kept on the primary (and `also`)."""
+    def same() -> bool:
+        if d.exited():
+            raise AssertionError(f"daemon exited:\n{d.log_text()[-4000:]}")
+        kept = unit_names(primary, unit)
+        return bool(kept) and unit_names(mirror, unit) == kept and (not also or (mirror / also).exists())
+
+    try:
+        wait_for(same, 120, "the mirror to hold what the trainer keeps", interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nprimary: {unit_names(primary, unit)}\nmirror: {unit_names(mirror, unit)}\n"
+                             f"log:\n{d.log_text()[-4000:]}") from None
+
+
+@pytest.mark.parametrize("filename", ["", "{epoch}-{val_loss:.2f}"], ids=["step-names", "no-step-names"])
+def test_lightning_top_k_best_survives_on_the_mirror_and_resumes(tmp_path: Path, filename: str) -> None:
+    """ModelCheckpoint(save_top_k=3, monitor="val_loss") over 6 epochs, val_loss lowest at epoch 0: Lightning
+    keeps epochs 0, 4 and 5, and the mirror the same (keep_last 2 would have kept 4 and 5, and with names
+    without a step, all six). The best_model_path the mirror's last.ckpt records is on the mirror, and
+    Trainer.fit(ckpt_path=<it>) gives steps 3-12 exactly as the run that wrote it."""
+    import torch
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary.mkdir()
+    d = DaemonProcess(tmp_path, primary, mirror, settings("lightning"))
+    extra = ("--filename", filename) if filename else ()
+    try:
+        d.start()
+        losses = train("train_lightning", primary / "run", "--epochs", 6, "--keep", 3, "--monitor-best-at", 0,
+                       "--step-seconds", 0.2, *extra, log=tmp_path / "train.log")
+        kept = unit_names(primary / "run", LIGHTNING_UNIT)
+        assert len(kept) == 3 and kept[0].startswith("epoch=0-"), kept
+        wait_mirrored_as_kept(d, primary / "run", mirror / "run", LIGHTNING_UNIT, also="last.ckpt")
+        assert d.stop() == 0
+    finally:
+        d.kill()
+    assert leftovers(mirror) == []
+    newest = latest_on_mirror(mirror, "lightning")  # names without a step: the newest by mtime
+    assert newest is not None and torch.load(mirror / newest, map_location="cpu", weights_only=False)["epoch"] == 5
+    shutil.rmtree(primary)
+    state = torch.load(mirror / "run" / "last.ckpt", map_location="cpu", weights_only=False)
+    best = next(v["best_model_path"] for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    best_on_mirror = mirror / "run" / Path(best).name
+    assert best_on_mirror.name == kept[0] and best_on_mirror.is_file()
+    resumed = train("train_lightning", tmp_path / "resumed", "--epochs", 6, "--keep", 3, "--monitor-best-at", 0,
+                    "--resume", best_on_mirror, log=tmp_path / "resumed.log")
+    assert resumed == {s: losses[s] for s in range(3, 13)}
+
+
+def test_hf_trainer_best_checkpoint_survives_its_rotation_on_the_mirror(tmp_path: Path, daemon_factory) -> None:
+    """save_total_limit 3, load_best_model_at_end with metric_for_best_model="loss", the scripted eval loss
+    lowest at step 2: the Trainer keeps checkpoint-2, -10 and -12, the mirror the same (not keep_last's 10
+    and 12); the mirror's newest trainer_state.json names checkpoint-2, and training resumed from the
+    mirror's checkpoint-2 gives steps 3 and 4 exactly."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory(settings("hf")).start()
+    losses = train("train_hf", primary / "run", "--steps", 12, "--save-steps", 2, "--save-total-limit", 3,
+                   "--best-at", 2, "--step-seconds", 0.4, log=tmp_path / "a.log")
+    assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-10", "checkpoint-12", "checkpoint-2"]
+    wait_mirrored_as_kept(d, primary / "run", mirror / "run", HF_UNIT)
+    print(f"hf follow: deleted on the mirror as the trainer did: {[e['path'] for e in d.events('prune.deleted')]}")
+    assert d.stop() == 0
+    assert leftovers(mirror) == []
+    shutil.rmtree(primary)
+    state = json.loads((mirror / "run" / "checkpoint-12" / "trainer_state.json").read_text())
+    best = mirror / "run" / Path(state["best_model_checkpoint"]).name
+    assert best.name == "checkpoint-2" and (best / "model.safetensors").is_file()
+    resumed = train("train_hf", tmp_path / "resumed", "--steps", 4, "--save-steps", 2, "--resume", best,
+                    log=tmp_path / "b.log")
+    assert resumed == {s: losses[s] for s in (3, 4)}

@@ -1,0 +1,168 @@
+"""prune.mode = "follow": the mirror keeps what the trainer keeps on the primary (Lightning's top-k, the HF
+Trainer's save_total_limit), never more deleted than the trainer deleted, and only once its newest is safe."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from mirrord.config import Config, PruneConfig
+from mirrord.core.layouts import HF_STATE, layout_for
+from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.retention import PrunePlan, PruneRequest, plan_prune
+from mirrord.store.aliases import best_checkpoints
+
+NOW = 1_700_000_000.0
+NS = 1_000_000_000
+OLD = int((NOW - 86_400) * NS)
+LIGHTNING = layout_for("lightning")
+
+
+class Sides:
+    """Both listings and the manifest: every file mirrored and verified unless said otherwise."""
+
+    def __init__(self) -> None:
+        self.primary: dict[str, FileState] = {}
+        self.mirror: dict[str, FileState] = {}
+        self.manifest: dict[str, ManifestEntry] = {}
+
+    def add(self, rel: str, order: int, primary: bool = True, mirrored: bool = True, mtime: int = 0) -> None:
+        mtime = mtime or OLD + order * NS
+        state = FileState(rel, 100, mtime, ino=order)
+        if primary:
+            self.primary[rel] = state
+        if mirrored:
+            self.mirror[rel] = FileState(rel, 100, mtime, ino=1000 + order)
+            self.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", mtime, None, NOW, validation="ok")
+
+    def plan(self, follow: bool = True, keep_last: int = 3, layout: str = "lightning",
+             pointed: frozenset[str] = frozenset()) -> PrunePlan:
+        rules = layout_for(layout)
+        return plan_prune(Snapshot(dict(self.primary)), Snapshot(dict(self.mirror)), dict(self.manifest),
+                          PruneRequest(PruneConfig(keep_last=keep_last, min_age_seconds=300), rules.step_regex, NOW,
+                                       layout=rules, follow=follow, pointed=pointed))
+
+
+def ckpt(step: int) -> str:
+    return f"run/epoch={step // 2 - 1}-step={step}.ckpt"
+
+
+def top_k(deleted: tuple[int, ...] = (4, 6)) -> Sides:
+    """save_top_k=3 over steps 2..10 with step 2 the best: the trainer deleted `deleted`, all were mirrored."""
+    sides = Sides()
+    for step in (2, 4, 6, 8, 10):
+        sides.add(ckpt(step), step, primary=step not in deleted)
+    return sides
+
+
+def test_follow_keeps_the_trainers_set_and_deletes_what_it_deleted() -> None:
+    """The trainer keeps 2 (its best), 8 and 10: the mirror keeps exactly those, where keep_last 3 would
+    have deleted the best and kept 4 and 6, which the trainer had deleted."""
+    sides = top_k()
+    plan = sides.plan()
+    assert {d.rel for d in plan.deletions} == {ckpt(4), ckpt(6)}
+    assert {k.rel for k in plan.kept if k.volume == "mirror"} == {ckpt(2), ckpt(8), ckpt(10)}
+    assert {k.why for k in plan.kept if k.rel == ckpt(2)} == {"followed"}
+    assert not plan.retired("run", 2) and not plan.retired("run", 4)  # nothing is retired from copying
+    keep_last = sides.plan(follow=False)
+    assert {d.rel for d in keep_last.deletions} == {ckpt(2), ckpt(4)}  # what follow fixes
+
+
+def test_nothing_goes_until_the_trainers_newest_is_verified_on_the_mirror() -> None:
+    """Step 12 replaced 6 on the primary but is not mirrored yet, or its copy no longer matches: 4 and 6
+    stay (the fallback); once 12 is verified they go."""
+    sides = top_k()
+    sides.add(ckpt(12), 12, mirrored=False)
+    plan = sides.plan()
+    assert plan.deletions == () and {k.why for k in plan.kept if k.rel == ckpt(6)} == {"newer_unverified"}
+    sides.add(ckpt(12), 12)
+    assert {d.rel for d in sides.plan().deletions} == {ckpt(4), ckpt(6)}
+
+
+def test_a_young_checkpoint_the_trainer_deleted_is_kept_by_the_age_guard() -> None:
+    """Step 8 was saved 10 s ago, step 10 5 s ago, and the trainer already deleted 8: it stays on the mirror
+    for min_age_seconds."""
+    sides = top_k(deleted=(8,))
+    sides.add(ckpt(8), 8, primary=False, mtime=int((NOW - 10) * NS))
+    sides.add(ckpt(10), 10, mtime=int((NOW - 5) * NS))
+    plan = sides.plan()
+    assert plan.deletions == () and {(s.rel, s.reason) for s in plan.skipped} == {(ckpt(8), "recent_mtime")}
+
+
+def test_a_primary_that_lost_the_run_pauses_follow() -> None:
+    """The run folder is gone from the primary (wiped, unmounted): nothing of it is deleted on the mirror."""
+    sides = top_k()
+    sides.primary.clear()
+    plan = sides.plan()
+    assert plan.deletions == () and plan.paused == {"run": 10}
+
+
+def test_a_pointer_keeps_what_the_trainer_deleted() -> None:
+    plan = top_k().plan(pointed=frozenset({ckpt(4)}))
+    assert {d.rel for d in plan.deletions} == {ckpt(6)}
+
+
+def test_names_without_a_step_are_followed_by_the_newest_by_mtime() -> None:
+    """filename="{epoch}-{val_loss:.2f}": no step in the names. The trainer keeps two of four and
+    last.ckpt; the two it deleted go once its newest (by mtime) is verified on the mirror."""
+    sides = Sides()
+    names = [f"run/epoch={e}-val_loss={loss}.ckpt" for e, loss in enumerate(("0.10", "0.50", "0.40", "0.30"))]
+    for order, rel in enumerate(names):
+        sides.add(rel, order, primary=order in (0, 3))
+    sides.add("run/last.ckpt", 3)
+    plan = sides.plan()
+    assert {d.rel for d in plan.deletions} == {names[1], names[2]}
+    assert ("mirror", "run/last.ckpt", "no_step") in {(k.volume, k.rel, k.why) for k in plan.kept}
+    assert sides.plan(follow=False).deletions == ()  # keep_last never pruned them
+    sides.add(names[3], 3, mirrored=False)
+    del sides.mirror[names[3]], sides.manifest[names[3]]
+    assert sides.plan().deletions == ()  # the trainer's newest is not on the mirror yet
+
+
+def test_hf_follow_keeps_the_trainers_folders() -> None:
+    """save_total_limit 2 with the best at checkpoint-2: the Trainer keeps 2 and 8; 4 and 6 go."""
+    sides = Sides()
+    for step in (2, 4, 6, 8):
+        for name in ("model.safetensors", HF_STATE):
+            sides.add(f"run/checkpoint-{step}/{name}", step, primary=step in (2, 8))
+    plan = sides.plan(layout="hf", keep_last=1)
+    assert {d.unit for d in plan.deletions} == {"run/checkpoint-4", "run/checkpoint-6"}
+
+
+def test_the_best_checkpoint_of_the_newest_trainer_state_is_named(tmp_path: Path) -> None:
+    layout = layout_for("hf")
+    for step, best in ((4, "out/run/checkpoint-2"), (6, "/abs/out/run/checkpoint-4")):
+        (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
+        (tmp_path / "run" / f"checkpoint-{step}" / HF_STATE).write_text(json.dumps({"best_model_checkpoint": best}))
+    recorded = [f"run/checkpoint-{s}/{HF_STATE}" for s in (4, 6)]
+    assert best_checkpoints(tmp_path, recorded, layout, HF_STATE) == {"run/checkpoint-4"}
+    (tmp_path / "run" / "checkpoint-6" / HF_STATE).write_text("{not json")
+    assert best_checkpoints(tmp_path, recorded, layout, HF_STATE) == frozenset()
+
+
+def test_the_mode_in_force_and_why(tmp_path: Path) -> None:
+    def config(**kw: object) -> Config:
+        return Config(primary=tmp_path, mirror=tmp_path / "m", **kw)  # type: ignore[arg-type]
+
+    assert config(layout="lightning").retention_mode[0] == "follow"
+    assert config(layout="hf").retention_mode[0] == "follow"
+    assert config(layout="torch").retention_mode[0] == "keep_last"
+    mode, why = config(layout="hf", prune={"primary": True}).retention_mode
+    assert mode == "keep_last" and "prune.primary" in why
+    assert config(prune={"mode": "follow"}).retention_mode == ("follow", "prune.mode = 'follow'")
+    with pytest.raises(ValidationError, match="the trainer owns its disk"):
+        config(layout="lightning", prune={"mode": "follow", "primary": True})
+
+
+def test_check_config_prints_the_mode(tmp_path: Path) -> None:
+    from tests.support.cli import run_mirrord
+
+    (tmp_path / "p").mkdir()
+    out = run_mirrord("check-config", "--primary", tmp_path / "p", "--mirror", tmp_path / "m",
+                      env={"MIRRORD_LAYOUT": "lightning", "MIRRORD_METRICS__ENABLED": "false"})
+    assert re.search(r"prune.mode in force is 'follow' \(prune.mode = 'auto': layout 'lightning'", out.stdout), \
+        out.stdout + out.stderr

@@ -8,7 +8,7 @@
 # alone (`--no-index`) and carries no source, compiler or pip cache.
 # Build arguments:
 #   EXTRAS=s3          the package's extras; the default `s3` brings boto3, so an `s3://` mirror works
-#                      (about 25 MB more); `--build-arg EXTRAS=` leaves it out
+#                      (30 MB more); `--build-arg EXTRAS=` leaves it out
 #   PIP_NO_INDEX=1     build offline: every dependency comes from ./wheels (`pip download --dest wheels
 #                      '.[s3]' setuptools` beforehand); by default pip asks the index for what ./wheels lacks
 #   PYTHON_IMAGE=...   another base with python and pip of the same minor version (the tests pass a
@@ -35,7 +35,8 @@ ARG PIP_NO_INDEX=0
 WORKDIR /src
 # The sources .dockerignore lets in, and ./wheels (pre-fetched dependencies, may be absent).
 COPY . .
-RUN pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".[${EXTRAS}]"
+# `.[s3]`, or `.` alone when EXTRAS is empty (pip refuses `.[]`).
+RUN pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".${EXTRAS:+[${EXTRAS}]}"
 
 # The wheels installed, nothing else (no compiler, no source, no torch).
 FROM ${PYTHON_IMAGE}

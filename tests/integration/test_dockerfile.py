@@ -34,7 +34,7 @@ from tests.support.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 
-BUILD_WHEELS = 'pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".[${EXTRAS}]"'  # build stage
+BUILD_WHEELS = 'pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".${EXTRAS:+[${EXTRAS}]}"'  # build stage
 INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl"  # final stage
 EXTRAS = "s3"
 IMAGE_ENV = {
@@ -58,7 +58,7 @@ def _replay(command: str, venv: Path, wheels: Path) -> list[str]:
     for word in shlex.split(command)[1:]:
         if word == "--no-cache-dir":
             continue
-        word = word.replace("/wheels", str(wheels)).replace("${EXTRAS}", EXTRAS)
+        word = word.replace("/wheels", str(wheels)).replace("${EXTRAS:+[${EXTRAS}]}", f"[{EXTRAS}]")
         if "*" in word:
             matches = sorted(str(m) for m in Path(word).parent.glob(Path(word).name))
             assert matches, f"{word} matched nothing"

@@ -34,8 +34,9 @@ from tests.support.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 
-BUILD_WHEELS = 'pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".${EXTRAS:+[${EXTRAS}]}"'  # build stage
-INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl"  # final stage
+# The build stage's wheel command and the final stage's install command, verbatim.
+BUILD_WHEELS = 'pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".${EXTRAS:+[${EXTRAS}]}"'
+INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl"
 EXTRAS = "s3"
 IMAGE_ENV = {
     "MIRRORD_CONFIG": "/etc/mirrord/mirrord.toml",

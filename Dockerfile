@@ -1,35 +1,52 @@
-# mirrord as a sidecar: mirrors committed checkpoints from /primary to /mirror.
+# mirrord as a sidecar: mirrors committed checkpoints from /primary to /mirror (a folder or s3://).
 #
-#   pip wheel --wheel-dir wheels .        # on the host, with Python 3.11 (the image's minor version)
 #   docker build -t mirrord .
 #   docker run -v ckpt:/primary:ro -v /mnt/mirror:/mirror -p 9108:9108 --stop-timeout 45 mirrord
 #
-# The image installs only the wheels built on the host (`--no-index`: the registry is never asked),
-# so it holds exactly the versions you built and tested, and the build needs no network at all.
+# Two stages: `build` makes the wheels of mirrord and its dependencies inside the image's own
+# Python (so they fit its platform, whatever the host is); the final stage installs those wheels
+# alone (`--no-index`) and carries no source, compiler or pip cache.
+# Build arguments:
+#   EXTRAS=s3          the package's extras; the default `s3` brings boto3, so an `s3://` mirror works
+#                      (30 MB more); `--build-arg EXTRAS=` leaves it out
+#   PIP_NO_INDEX=1     build offline: every dependency comes from ./wheels (`pip download --dest wheels
+#                      '.[s3]' setuptools` beforehand); by default pip asks the index for what ./wheels lacks
+#   PYTHON_IMAGE=...   another base with python and pip of the same minor version (the tests pass a
+#                      Debian-built stand-in this way)
 # No `# syntax=` line on purpose: it makes BuildKit pull a frontend image from Docker Hub at build
 # time (fails offline and in air-gapped clusters); the built-in frontend already supports the one
 # feature used here, RUN --mount.
-# Base image: python:3.11-slim by default; `--build-arg PYTHON_IMAGE=...` names another one with
-# python and pip of the same minor version (the tests pass a Debian-built stand-in this way).
 #
 # Configuration: MIRRORD_* environment variables (MIRRORD_<KEY>, MIRRORD_<SECTION>__<KEY>)
 # override the file named by MIRRORD_CONFIG, /etc/mirrord/mirrord.toml; mount your own file
 # there (read-only). Arguments after the image name go to `mirrord run` and override both.
+# An S3 mirror: MIRRORD_MIRROR=s3://bucket/prefix, credentials in AWS_ACCESS_KEY_ID and
+# AWS_SECRET_ACCESS_KEY, a non-AWS endpoint in MIRRORD_S3__ENDPOINT_URL.
 # Mount /primary read-only unless primary pruning is on (prune.primary = true: mirrord then
 # deletes old checkpoints there too and needs write access).
 # Stopping: mirrord lets in-flight copies finish for up to shutdown_grace_seconds (30 s); give
 # the container more than that (`--stop-timeout 45`, compose `stop_grace_period: 45s`).
 
 ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ARG EXTRAS=s3
+ARG PIP_NO_INDEX=0
+WORKDIR /src
+# The sources .dockerignore lets in, and ./wheels (pre-fetched dependencies, may be absent).
+COPY . .
+# `.[s3]`, or `.` alone when EXTRAS is empty (pip refuses `.[]`).
+RUN pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".${EXTRAS:+[${EXTRAS}]}"
+
 # The wheels installed, nothing else (no compiler, no source, no torch).
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# --no-index: only the host's wheels can be installed, so nothing unpinned sneaks in. A bind
-# mount, not COPY: the wheels never become a layer of the image.
-RUN --mount=type=bind,source=wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl
+# Every wheel the build stage resolved (mirrord, its dependencies and those of EXTRAS), and only those
+# (--no-index). A bind mount, not COPY: the wheels never become a layer of the image.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl
 # A fixed numeric uid/gid so that volume permissions and `runAsNonRoot` checks are predictable.
 # /mirror is owned by mirrord so a fresh named volume starts out writable; the placeholder
 # config lets the image run on environment variables alone.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.debian import BASE_PYTHON, REPO, DebianRoots, build_wheels
+from tests.deploy.debian import BASE_PYTHON, REPO, DebianRoots, build_wheels, copy_wheel_sources
 from tests.deploy.podman import Podman
 
 IMAGE = "localhost/mirrord:deploy-test"
@@ -86,19 +86,21 @@ def podman(deploy_tmp: Path) -> Iterator[Podman]:
 
 @pytest.fixture(scope="session")
 def image(podman: Podman, debian_roots: DebianRoots, wheels: Path, deploy_tmp: Path) -> str:
-    """The repository's Dockerfile, built on the Debian stand-in base with the host's wheels."""
+    """The repository's Dockerfile, built on the Debian stand-in base: its build stage builds mirrord
+    from the sources, offline, with the dependencies' wheels in ./wheels (not mirrord's own)."""
     base_tar = debian_roots.base()
     started = time.monotonic()
     podman.run("import", "--quiet", str(base_tar), BASE_IMAGE, timeout=600)
     imported = time.monotonic()
     context = deploy_tmp / "context"
     context.mkdir()
-    shutil.copy2(REPO / "Dockerfile", context)
-    shutil.copy2(REPO / ".dockerignore", context)
-    shutil.copytree(wheels, context / "wheels")
+    for name in ("Dockerfile", ".dockerignore"):
+        shutil.copy2(REPO / name, context)
+    copy_wheel_sources(context)
+    shutil.copytree(wheels, context / "wheels", ignore=shutil.ignore_patterns("mirrord-*.whl"))
     # --format docker: the OCI format has no HEALTHCHECK and would drop it silently.
     podman.run("build", "--quiet", "--pull=never", "--format", "docker", "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}",
-               "--tag", IMAGE, str(context), timeout=600)
+               "--build-arg", "PIP_NO_INDEX=1", "--tag", IMAGE, str(context), timeout=900)
     built = time.monotonic()
     size, base = podman.size(IMAGE), podman.size(BASE_IMAGE)
     FIGURES["image size on the Debian stand-in base"] = f"{size / 1e6:.1f} MB"

@@ -97,10 +97,10 @@ def copy_wheel_sources(dest: Path) -> None:
 
 
 def build_wheels(dest: Path, scratch: Path) -> list[Path]:
-    """mirrord and its dependencies as wheels, pinned to exactly the versions installed where the
-    tests run: the image and the booted machine then run what the rest of the suite tested.
-
-    This is the README's `pip wheel --wheel-dir wheels .`, plus the constraints.
+    """mirrord and its dependencies (with the `s3` extra) as wheels, pinned to exactly the versions
+    installed where the tests run: the image and the booted machine then run what the rest of the
+    suite tested. The image's build stage builds mirrord itself again, offline, from these wheels and
+    the setuptools wheel its isolated build environment needs (the Dockerfile's `PIP_NO_INDEX=1`).
     """
     source = scratch / "src"
     source.mkdir()
@@ -111,10 +111,16 @@ def build_wheels(dest: Path, scratch: Path) -> list[Path]:
     constraints.write_text(frozen)
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-         "--wheel-dir", str(dest), "--constraint", str(constraints), str(source)],
+         "--wheel-dir", str(dest), "--constraint", str(constraints), f"{source}[s3]"],
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert result.returncode == 0, f"pip wheel exited {result.returncode}:\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+         "--dest", str(dest), "setuptools>=68"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert result.returncode == 0, f"pip download exited {result.returncode}:\n{result.stderr[-3000:]}"
     wheels = sorted(dest.glob("*.whl"))
     assert any(w.name.startswith("mirrord-") for w in wheels), wheels
     assert not any(w.name.startswith("torch-") for w in wheels), "the image must not carry torch"

@@ -1,8 +1,10 @@
 """The real Dockerfile, built and run with podman: the way the README's Docker section runs it.
 
-The image is built on a Debian stand-in for python:3.11-slim (no registry is reachable here), from
-the host's wheels. Each test runs its own container with no network (`--network=none`: only a
-loopback, where the HEALTHCHECK asks), /primary bind-mounted read-only and /mirror read-write.
+The image is built on a Debian stand-in for python:3.11-slim (no registry is reachable here); its
+build stage builds mirrord from the sources, offline, with the dependencies' wheels pinned to the
+suite's. Each daemon test runs its own container with no network (`--network=none`: only a loopback,
+where the HEALTHCHECK asks), /primary bind-mounted read-only and /mirror read-write; the S3 test
+shares the host's network to reach SeaweedFS on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import Any
 
 import pytest
 
+from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import MANIFEST_NAME
+from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.deploy.conftest import FIGURES
 from tests.deploy.podman import Podman
+from tests.s3.seaweed import SeaweedServer
 from tests.support.checkpoints import save_checkpoint
 from tests.support.logs import parse_events
 from tests.support.wait import wait_for
@@ -126,3 +131,29 @@ def test_podman_stop_ends_it_cleanly_within_the_grace(run_container: Callable[[]
     state = container.inspect()["State"]
     assert (state["Status"], state["ExitCode"], state["OOMKilled"]) == ("exited", 0, False), state
     assert container.events("daemon.stopping") and container.events("daemon.stopped"), container.logs()
+
+
+def test_syncs_to_an_s3_mirror_from_inside_the_container(
+        podman: Podman, image: str, seaweed: SeaweedServer, bucket: str, prefix: str, s3_client: Any,
+        tmp_path: Path) -> None:
+    """The image carries the S3 client: `mirrord sync` in the container, configured by environment
+    alone (credentials as AWS_* variables), uploads a real checkpoint to SeaweedFS on the host's
+    loopback (`--network=host`) and records it in the manifest, with its content hash."""
+    primary = tmp_path / "primary"
+    primary.mkdir(mode=0o755)
+    source = save_checkpoint(primary / "run1" / "step_0003.pt", 3, width=256, depth=3)
+    url = f"s3://{bucket}/{prefix}"
+    env = {**seaweed.env(), "MIRRORD_MIRROR": url, "MIRRORD_S3__ENDPOINT_URL": seaweed.endpoint,
+           "MIRRORD_S3__ADDRESSING_STYLE": "path"}
+    env_args = [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+    done = podman.run("run", "--rm", "--network=host", "--volume", f"{primary}:/primary:ro", *env_args,
+                      "--entrypoint", "mirrord", image, "sync", timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+    entries = mirror.load_manifest().entries  # credentials: the s3_env fixture's, in this process's environment
+    uploaded = s3_client.get_object(Bucket=bucket, Key=f"{prefix}/run1/step_0003.pt")["Body"].read()
+    assert uploaded == source.read_bytes()
+    assert set(entries) == {"run1/step_0003.pt"}
+    entry = entries["run1/step_0003.pt"]
+    assert (entry.size, entry.digest) == (source.stat().st_size, hash_file(source, entry.algo))
+

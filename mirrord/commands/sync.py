@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import Snapshot
+from mirrord.core.nodes import own_view
 from mirrord.core.plan import SettleTracker
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
@@ -71,7 +72,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
                     log.warning("scan.skipped", path=rel, why=why, volume="primary")
             settled = settle.at(time.monotonic())
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
-            view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
+            entries = own_view(manifest.entries, mirror.node, manifest.matched)
+            view = reconcile(psnap, msnap, entries, config, time.time(), is_settled=settled,
                              is_complete=judge(primary, rules, settled, tell=True), facts=facts,
                              sharing=sharing_for(config, manifest, primary, settled))
             report.refused = view.refused

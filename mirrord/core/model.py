@@ -81,6 +81,9 @@ class ManifestEntry:
     # still has them, and the recorded size and stored mtime, its recorded hash holds without re-reading.
     mirror_ino: int = 0
     mirror_ctime_ns: int = 0
+    # The node that recorded it, in a prefix several nodes share ("" on a local mirror): its size and
+    # mtime speak for that node's source only (mirrord.core.nodes).
+    node: str = ""
 
     @property
     def run(self) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.nodes import own_view
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
@@ -58,6 +59,7 @@ class Enqueuer:
             retired_by = None
         settled = self.settle.at(self.monotonic())
         complete = judge(self.primary, cfg.rules, settled, tell=True)
+        entries = own_view(entries, self.mirror.node, self.manifest.matched)
         return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
                          facts=facts, retired_by=retired_by, is_complete=complete,
                          sharing=sharing_for(cfg, self.manifest, self.primary, settled))

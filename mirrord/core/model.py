@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from posixpath import dirname
 
-from mirrord.formats.verdicts import PASSING
+from mirrord.formats.verdicts import OK, PASSING, RENAMED
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +100,12 @@ class ManifestEntry:
 def entry_passed(entry: ManifestEntry) -> bool:
     """Recorded with a passing validator verdict (entries from before validation existed count)."""
     return entry.validation is None or entry.validation in PASSING
+
+
+def entry_whole(entry: ManifestEntry) -> bool:
+    """Passed with evidence that it is whole: a validator's ok, a commit by rename, or a record from before
+    verdicts existed. An `unchecked` file written in place may be torn: `latest` never names it alone."""
+    return entry.validation is None or entry.validation in (OK, RENAMED)
 
 
 def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:

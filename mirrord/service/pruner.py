@@ -32,7 +32,7 @@ from mirrord.core.vocabulary import PruneRefusal, Veto
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.store.aliases import pointed_targets
+from mirrord.store.aliases import pointed_targets, tagged_targets
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
@@ -138,11 +138,12 @@ class Pruner:
 
     def pointed(self) -> frozenset[str]:
         """What the pointers on the mirror name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag):
-        kept while they name it. A store without links or tag files to read (objects) names nothing."""
+        kept while they name it. On an object store, the tag files (mirrord.store.aliases.tagged_targets)."""
         root, layout = getattr(self.mirror, "root", None), self.config.rules
-        if root is None or not (layout.aliases or layout.tag_file):
-            return frozenset()
-        return pointed_targets(root, {e.run for e in self.manifest.entries.values()}, layout)
+        runs = {e.run for e in self.manifest.entries.values()}
+        if root is None:
+            return tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset()
+        return pointed_targets(root, runs, layout) if layout.aliases or layout.tag_file else frozenset()
 
     @property
     def roots(self) -> dict[str, PurePath] | None:

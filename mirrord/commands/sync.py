@@ -72,10 +72,10 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
                     log.warning("scan.skipped", path=rel, why=why, volume="primary")
             settled = settle.at(time.monotonic())
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
-            entries = own_view(manifest.entries, mirror.node, manifest.matched)
-            view = reconcile(psnap, msnap, entries, config, time.time(), is_settled=settled,
+            view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
                              is_complete=judge(primary, rules, settled, tell=True), facts=facts,
-                             sharing=sharing_for(config, manifest, primary, settled))
+                             sharing=sharing_for(config, manifest, primary, settled),
+                             own=own_view(manifest.entries, mirror.node, manifest.matched, psnap.files))
             report.refused = view.refused
             if view.refused is not None:
                 break

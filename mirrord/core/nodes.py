@@ -10,7 +10,7 @@ replace the other's in turn forever), and never taken as mirrored (retention kee
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Container, Mapping, MutableMapping
 from dataclasses import replace
 
 from mirrord.core.model import ManifestEntry
@@ -24,13 +24,15 @@ def foreign(entry: ManifestEntry | None, node: str) -> bool:
     return entry is not None and bool(node) and bool(entry.node) and entry.node != node
 
 
-def own_view(entries: Mapping[str, ManifestEntry], node: str, matched: Matched) -> Mapping[str, ManifestEntry]:
-    """The manifest as this node plans from it: its own entries as recorded, another node's only where this
-    node's source, as last hashed, holds the same bytes (shown with this node's mtime), the rest left out.
-    Drops what `matched` holds of names no other node records any more (bounded state)."""
+def own_view(entries: Mapping[str, ManifestEntry], node: str, matched: Matched,
+             ours: Container[str]) -> Mapping[str, ManifestEntry]:
+    """The manifest as this node plans its copies from: another node's entry of a name this node's primary
+    also holds (`ours`) only where this node's source, as last hashed, holds the same bytes (shown with
+    this node's mtime), else left out; every other entry as recorded. Drops what `matched` holds of names
+    no longer shared (bounded state)."""
     if not node:
         return entries
-    theirs = {rel: e for rel, e in entries.items() if foreign(e, node)}
+    theirs = {rel: e for rel, e in entries.items() if rel in ours and foreign(e, node)}
     for rel in [r for r in matched if r not in theirs]:
         del matched[rel]
     if not theirs:

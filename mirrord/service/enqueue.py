@@ -59,10 +59,10 @@ class Enqueuer:
             retired_by = None
         settled = self.settle.at(self.monotonic())
         complete = judge(self.primary, cfg.rules, settled, tell=True)
-        entries = own_view(entries, self.mirror.node, self.manifest.matched)
+        own = own_view(entries, self.mirror.node, self.manifest.matched, psnap.files)
         return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
                          facts=facts, retired_by=retired_by, is_complete=complete,
-                         sharing=sharing_for(cfg, self.manifest, self.primary, settled))
+                         sharing=sharing_for(cfg, self.manifest, self.primary, settled), own=own)
 
     def enqueue(self, view: View, psnap: Snapshot, partial: bool = False, scope: set[str] | None = None) -> int:
         """Queue the view's jobs; returns how many were queued. `partial`: the view covered only the files

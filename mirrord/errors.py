@@ -157,6 +157,12 @@ class DamagedCopyError(PermanentError):
     reason = "damaged_copy"
 
 
+class NodeConflictError(PermanentError):
+    """Another node of a shared prefix recorded this name with other bytes: never uploaded over its copy."""
+
+    reason = CopyOutcome.NODE_CONFLICT
+
+
 class DestinationTakenError(PermanentError):
     """A restore's destination holds something else than the checkpoint: never overwritten without --force."""
 

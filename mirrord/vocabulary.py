@@ -40,6 +40,7 @@ class CopyOutcome(StrEnum):
     INVALID_SOURCE = "invalid_source"
     SOURCE_GONE = "source_gone"  # the trainer deleted it before it was copied: rotation, not failure
     ALIASED = "aliased"  # an alias (last.ckpt) published from the mirrored step with its bytes: none written
+    NODE_CONFLICT = "node_conflict"  # another node recorded this name with other bytes (mirrord.core.nodes)
 
 
 class PruneRefusal(StrEnum):

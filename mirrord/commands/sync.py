@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import Snapshot
+from mirrord.core.nodes import own_view
 from mirrord.core.plan import SettleTracker
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
@@ -75,7 +76,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
                              is_complete=judge(primary, rules, settle.quiet_at(now), tell=True,
                                                recorded=recorded_names(manifest.entries, rules)), facts=facts,
-                             sharing=sharing_for(config, manifest, primary, settled))
+                             sharing=sharing_for(config, manifest, primary, settled),
+                             own=own_view(manifest.entries, mirror.node, manifest.matched, psnap.files))
             report.refused = view.refused
             if view.refused is not None:
                 break

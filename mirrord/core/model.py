@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass, field
 from posixpath import dirname
 
-from mirrord.formats.verdicts import PASSING
+from mirrord.formats.verdicts import OK, PASSING, RENAMED
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,9 @@ class ManifestEntry:
     # still has them, and the recorded size and stored mtime, its recorded hash holds without re-reading.
     mirror_ino: int = 0
     mirror_ctime_ns: int = 0
+    # The node that recorded it, in a prefix several nodes share ("" on a local mirror): its size and
+    # mtime speak for that node's source only (mirrord.core.nodes).
+    node: str = ""
 
     @property
     def run(self) -> str:
@@ -96,6 +99,12 @@ class ManifestEntry:
 def entry_passed(entry: ManifestEntry) -> bool:
     """Recorded with a passing validator verdict (entries from before validation existed count)."""
     return entry.validation is None or entry.validation in PASSING
+
+
+def entry_whole(entry: ManifestEntry) -> bool:
+    """Passed with evidence that it is whole: a validator's ok, a commit by rename, or a record from before
+    verdicts existed. An `unchecked` file written in place may be torn: `latest` never names it alone."""
+    return entry.validation is None or entry.validation in (OK, RENAMED)
 
 
 def step_of(rel: str, step_regex: re.Pattern[str]) -> int | None:

@@ -103,6 +103,7 @@ def reconcile(
     plan_retention: bool | None = None,
     is_complete: Callable[[Unit], Completeness] | None = None,
     sharing: Sharing | None = None,
+    own: Mapping[str, ManifestEntry] | None = None,
 ) -> View:
     """The View of one listing. Pure: the same inputs give the same View (the settle predicate aside).
 
@@ -113,11 +114,12 @@ def reconcile(
     by default it is planned only when enabled. `is_complete` judges a folder unit whole (it reads the
     primary: mirrord.service.completeness.judge); without it copies are planned file by file. `sharing`:
     folder units written by several nodes (mirrord.core.contributions), this node's parts planned too.
+    `own`: the entries copies are planned from (mirrord.core.nodes.own_view); retention reads `manifest`.
     """
-    retires = config.prune.enabled
+    retires, planned = config.prune.enabled, manifest if own is None else own
     if retired_by is not None:
         plan = dataclasses.replace(retired_by, deletions=(), refused=((PARTIAL_VIEW, "a partial listing"),))
-        return _copies(primary, mirror or Snapshot(), manifest, config, is_settled, is_complete, plan, retires, None,
+        return _copies(primary, mirror or Snapshot(), planned, config, is_settled, is_complete, plan, retires, None,
                        sharing)
     is_mount = facts.mirror_is_mount if config.mirror_must_be_mountpoint else None
     refused = facts.mirror_problem
@@ -137,7 +139,7 @@ def reconcile(
     else:
         plan = PrunePlan()
     judged = as_recorded(manifest) if refused is not None else listed  # lag while refused: the manifest's word
-    return _copies(primary, judged, manifest, config, is_settled, is_complete, plan, retires, refused, sharing)
+    return _copies(primary, judged, planned, config, is_settled, is_complete, plan, retires, refused, sharing)
 
 
 def _copies(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], config: Config,

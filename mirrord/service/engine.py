@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 from mirrord.core.contributions import Contribution
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.model import FileState, ManifestEntry
+from mirrord.core.nodes import foreign
 from mirrord.core.units import MAX_READ_BYTES
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,
     MirrordError,
+    NodeConflictError,
     NoSpaceError,
     PermanentError,
     SourceChangedError,
@@ -120,6 +122,8 @@ class Engine:
         try:
             if job.twins and (aliased := self._publish_twin(job, control)) is not None:
                 return aliased
+            if not job.part and (same := self._recorded_by_another_node(job, control)) is not None:
+                return same
             with self.board.track(job, control):
                 if job.part:
                     return self._contribute(job, options, control)
@@ -162,6 +166,7 @@ class Engine:
             source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
             mirror_mtime_ns=result.mirror_mtime_ns,
             validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
+            node=self.mirror.node,
             **(self._published_identity(result.rel) if identity else {}),
         )
 
@@ -292,7 +297,7 @@ class Engine:
             entry = ManifestEntry(
                 path=job.rel, size=before.st_size, algo=twin.algo, digest=digest, source_mtime_ns=before.st_mtime_ns,
                 step=None, mirrored_at=self.wall(), mirror_mtime_ns=state.mtime_ns, validation=twin.validation,
-                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns)
+                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns, node=self.mirror.node)
             puts = [entry]
             if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
                 puts.append(replace(twin, mirror_ctime_ns=state.ctime_ns))
@@ -304,6 +309,35 @@ class Engine:
             return CopyResult(job.rel, before.st_size, twin.algo, digest, before.st_mtime_ns, seconds,
                               state.mtime_ns, twin.validation or "unchecked", f"same bytes as {twin.path}")
         return None
+
+    def _recorded_by_another_node(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
+        """A name another node of the prefix recorded (mirrord.core.nodes): this node's source is hashed once
+        per change; the same bytes are mirrored already (nothing uploaded), other bytes are a conflict
+        (NodeConflictError: never uploaded over the other node's copy). None when this node's own."""
+        entries, matched = self.manifest.entries, self.manifest.matched
+        theirs = [e for rel in job.paths if foreign(e := entries.get(rel), self.mirror.node) and e is not None]
+        for entry in theirs:
+            seen = matched.get(entry.path)
+            try:
+                now = (self.primary_root / entry.path).stat(follow_symlinks=False)
+                fresh = seen is None or seen[:2] != (now.st_size, now.st_mtime_ns)
+            except OSError:
+                fresh = True  # hash_source names what is wrong with it
+            if fresh:
+                before, digest = hash_source(self.primary_root, entry.path, entry.algo, self.options.buffer_bytes,
+                                             control)
+                seen = matched[entry.path] = (before.st_size, before.st_mtime_ns, digest)
+                if digest != entry.digest:
+                    self.log.error("copy.node_conflict", path=entry.path, node=self.mirror.node,
+                                   recorded_by=entry.node, size=before.st_size, recorded_size=entry.size)
+            if seen is not None and seen[2] != entry.digest:
+                raise NodeConflictError(self.mirror.describe(entry.path), f"node {entry.node} recorded it with "
+                                        f"other bytes than node {self.mirror.node}'s file: not uploaded over it")
+        if not theirs or len(theirs) < len(job.paths):
+            return None
+        self.log.info("copy.same_as_node", path=job.rel, node=self.mirror.node, recorded_by=theirs[0].node)
+        return CopyResult(job.rel, job.size, theirs[0].algo, theirs[0].digest, job.mtime_ns, 0.0, job.mtime_ns,
+                          theirs[0].validation or UNCHECKED, f"same bytes as node {theirs[0].node}'s")
 
     def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.nodes import own_view
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
@@ -60,9 +61,10 @@ class Enqueuer:
         settled = self.settle.at(now)
         complete = judge(self.primary, cfg.rules, self.settle.quiet_at(now), tell=True,
                          recorded=recorded_names(entries, cfg.rules))
+        own = own_view(entries, self.mirror.node, self.manifest.matched, psnap.files)
         return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
                          facts=facts, retired_by=retired_by, is_complete=complete,
-                         sharing=sharing_for(cfg, self.manifest, self.primary, settled))
+                         sharing=sharing_for(cfg, self.manifest, self.primary, settled), own=own)
 
     def enqueue(self, view: View, psnap: Snapshot, partial: bool = False, scope: set[str] | None = None) -> int:
         """Queue the view's jobs; returns how many were queued. `partial`: the view covered only the files

@@ -32,7 +32,7 @@ from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deleti
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.store.aliases import best_checkpoints, pointed_targets
+from mirrord.store.aliases import best_checkpoints, pointed_targets, tagged_targets
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
@@ -138,15 +138,16 @@ class Pruner:
         return plan
 
     def pointed(self) -> frozenset[str]:
-        """What the pointers on the mirror name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag), and
-        the best checkpoint the HF Trainer's newest trainer_state.json on the primary names: kept while they
-        name it. A store without links or tag files to read (objects) names none of its own."""
+        """What the pointers on the mirror name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag; on an
+        object store, the tag files), and the best checkpoint the HF Trainer's newest trainer_state.json on
+        the primary names: kept while they name it."""
         tree, layout = self.mirror.local_tree(), self.config.rules
+        runs = {e.run for e in self.manifest.entries.values()}
         best = frozenset() if layout.rule != "hf" else best_checkpoints(self.primary.root, self.manifest.entries,
                                                                         layout, HF_STATE)
-        if tree is None or not (layout.aliases or layout.tag_file):
-            return best
-        return best | pointed_targets(tree.root, {e.run for e in self.manifest.entries.values()}, layout)
+        if tree is None:
+            return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())
+        return best | (pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset())
 
     @property
     def roots(self) -> dict[str, PurePath] | None:

@@ -14,12 +14,16 @@ import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from posixpath import dirname
+from typing import TYPE_CHECKING
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
-from mirrord.errors import UnsafePathError
+from mirrord.errors import MirrordError, UnsafePathError
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store import atomic
+
+if TYPE_CHECKING:
+    from mirrord.store.mirror import ReadableStore
 
 
 def _readlink(root: Path, rel: str) -> str | None:
@@ -125,3 +129,19 @@ def best_checkpoints(root: Path, recorded: Iterable[str], layout: Layout, state_
         if layout.is_unit_name(name):
             named.add(f"{run}/{name}" if run else name)
     return frozenset(named)
+def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> frozenset[str]:
+    """pointed_targets for a store without a root (objects): the folder each run's tag file names (an object
+    store holds no symlinks: an alias there is a copy of its own, never dangling). An absent or unreadable
+    tag names nothing."""
+    named: set[str] = set()
+    for run in runs:
+        prefix = f"{run}/" if run else ""
+        try:
+            with store.open_read(prefix + tag_file) as stream:
+                tag = stream.read(256).decode("utf-8", "replace").strip()
+        except (OSError, MirrordError):
+            continue
+        if tag and "/" not in tag and not tag.startswith("."):
+            named.add(prefix + tag)
+    return frozenset(named)
+

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from mirrord.core.model import ManifestEntry
+from mirrord.core.nodes import Matched
 from mirrord.errors import ManifestError, MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.paths import split_rel
@@ -54,6 +55,8 @@ def encode_entry(e: ManifestEntry) -> dict[str, Any]:
         raw[f.name] = getattr(e, f.name)
     if raw.get("mirror_mtime_ns") in (None, e.source_mtime_ns):
         raw.pop("mirror_mtime_ns", None)  # only where the mirror could not store the source's mtime
+    if not e.node:
+        raw.pop("node")  # a local mirror's entries: no node
     return raw
 
 
@@ -78,7 +81,7 @@ def _decode_fields(path: str, raw: dict[str, Any]) -> tuple[Any, ...]:
             None if step is None else int(step), float(raw["mirrored_at"]),
             None if mirror_mtime_ns is None else int(mirror_mtime_ns),
             None if validation is None else str(validation),
-            int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)))
+            int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)), str(get("node", "")))
 
 
 def _dumps(doc: Any) -> bytes:
@@ -279,6 +282,7 @@ class Manifest:
         contributions: Contributions | None = None,
     ) -> None:
         self._entries: dict[str, ManifestEntry] = dict(entries or {})
+        self.matched: Matched = {}  # this node's sources hashed against other nodes' entries (core.nodes)
         self._lock = threading.Lock()  # the entries and the queue of pending changes
         self._commit = threading.Lock()  # one writer of the journal at a time
         self._queue: list[_Pending] = []

@@ -156,6 +156,9 @@ class Mirror(ReadableStore, Protocol):
     # Whether a published copy has an inode and a ctime worth recording in its manifest entry (a file
     # system: `latest` then trusts the entry by stat alone). An object store has neither: no stat is made.
     has_inodes: bool
+    # This node's name in a prefix several nodes share (its entries are its own: mirrord.core.nodes);
+    # "" for a mirror only this node writes.
+    node: str
 
     def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
         """Start publishing one object of `size` bytes under `key`; see Upload."""

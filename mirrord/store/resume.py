@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.branches import branches, lying_after_ns
 from mirrord.core.layouts import TEMP_SUFFIXES, Layout
-from mirrord.core.model import FileState, ManifestEntry, entry_passed, step_of
+from mirrord.core.model import FileState, ManifestEntry, entry_passed, entry_whole, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
 from mirrord.store.hashing import hash_stream
@@ -218,7 +218,16 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None,
             run, step, folder = where[key]
             unit = Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
             runs[run].append((step, max(e.source_mtime_ns for e in entries), unit))
-    return {run: [c for c in _by_recency(items) if isinstance(c, Candidate)] for run, items in runs.items()}
+    return {run: _evidenced([c for c in _by_recency(items) if isinstance(c, Candidate)]) for run, items in runs.items()}
+
+
+def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
+    """Without the run's newest file when nothing says it is whole (entry_whole: an `unchecked` format
+    written in place): only the saver's last file can be torn by a trainer that died while writing it;
+    one it saved a newer checkpoint after was finished. A folder's evidence is its layout's completeness."""
+    if newest_first and not newest_first[0].folder and not all(map(entry_whole, newest_first[0].entries)):
+        return newest_first[1:]
+    return newest_first
 
 
 def newest_run(runs: dict[str, list[Candidate]]) -> str | None:

@@ -157,6 +157,7 @@ class LocalMirror(LocalVolume):
     """
 
     has_inodes = True
+    node = ""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)

@@ -147,6 +147,25 @@ def test_a_torn_unchecked_checkpoint_never_retires_the_good_step(primary: Path, 
     assert f"{RUN}/step_0001.pt  newer_unverified" in pruned.stdout
 
 
+def test_latest_never_names_a_torn_unchecked_checkpoint_written_in_place(primary: Path, mirror: Path) -> None:
+    """Issue 33 case 7, `latest`: the trainer died half-way through step 2, a legacy torch.save written in
+    place (no validator reads it). Nothing says step 2 is whole, so `latest` names step 1 (the trainer
+    saved after it: it was finished). The trainer restarts from step 1, saves step 2 again whole, then
+    step 3: step 2 is named (a newer save followed it), step 3 is not yet. Before: `latest` named the
+    torn step 2."""
+    _legacy_save(primary / RUN / "step_0001.pt", 1, torn=False, mtime_s=1)
+    _legacy_save(primary / RUN / "step_0002.pt", 2, torn=True, mtime_s=2)
+    ok(cli("sync", primary, mirror))
+    assert {e.validation for e in Manifest.load(mirror).entries.values()} == {"unchecked"}
+    latest = ok(cli("latest", primary, mirror))
+    assert latest.stdout.strip() == str(mirror / RUN / "step_0001.pt")
+    _legacy_save(primary / RUN / "step_0002.pt", 2, torn=False, mtime_s=3)
+    _legacy_save(primary / RUN / "step_0003.pt", 3, torn=False, mtime_s=4)
+    ok(cli("sync", primary, mirror, MIRRORD_PRUNE__ENABLED="false"))
+    assert Manifest.load(mirror).entries[f"{RUN}/step_0002.pt"].source_mtime_ns == BASE_MTIME_NS + 3 * S
+    assert ok(cli("latest", primary, mirror)).stdout.strip() == str(mirror / RUN / "step_0002.pt")
+
+
 def test_the_checkpoint_lightnings_last_ckpt_names_on_the_mirror_is_kept(primary: Path, mirror: Path) -> None:
     """Lightning, keep_last 1: steps 10 and 20 mirrored while `last.ckpt` named step 10, so the mirror's link
     names step 10; the trainer then moves its link on. Until the mirror's link moves too (the next sync),

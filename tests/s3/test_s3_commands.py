@@ -27,10 +27,11 @@ def _settings(seaweed: SeaweedServer, **extra: Any) -> dict[str, Any]:
     return settings
 
 
-def _config(path: Path, primary: Path, url: str, seaweed: SeaweedServer, **sections: Any) -> Path:
+def _config(path: Path, primary: Path, url: str, seaweed: SeaweedServer, layout_: str = "torch",
+            **sections: Any) -> Path:
     data: dict[str, Any] = {"primary": str(primary), "mirror": url, "s3": _settings(seaweed),
                             "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1},
-                            "log": {"format": "json"}}
+                            "log": {"format": "json"}, "layout": layout_}
     for key, value in sections.items():
         data.setdefault(key, {}).update(value)
     path.write_text(tomli_w.dumps(data))
@@ -227,3 +228,45 @@ def test_two_nodes_one_prefix_only_the_retention_holder_prunes_from_the_merged_m
     finally:
         for _primary, daemon in nodes.values():
             daemon.stop()
+
+
+def test_prune_keeps_the_folder_the_buckets_deepspeed_tag_names(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 33 case 8 on S3, keep_last 1: global_step8 then global_step16 are mirrored, and the bucket's
+    `latest` tag still names global_step8 (as between the folder's upload and the tag's, or while another
+    node's copy of the tag is behind). Prune keeps global_step8 while the bucket's tag names it; once sync
+    has put the trainer's tag up, global_step8 goes. Before: a tag was never read on an object store, and
+    global_step8 was deleted while the bucket's tag named it."""
+    primary, url = tmp_path / "primary", f"s3://{bucket}/{prefix}"
+    tag = primary / "out" / "latest"
+    copy_only = _config(tmp_path / "sync.toml", primary, url, seaweed, prune={"enabled": False}, layout_="deepspeed")
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, layout_="deepspeed",
+                     prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0})
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+
+    def folders() -> set[str]:
+        return {rel.split("/")[1] for rel in mirror.snapshot(["*.pt"]).files if "/global_step" in rel}
+
+    def tagged() -> bytes:
+        with mirror.open_read("out/latest") as stream:
+            return stream.read()
+
+    for step in (8, 16):
+        folder = primary / "out" / f"global_step{step}"
+        save_checkpoint(folder / "mp_rank_00_model_states.pt", step)
+        save_checkpoint(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", step + 1)
+        tag.write_text(f"global_step{step}")
+        done = run_mirrord("sync", "--config", copy_only, env=s3_env, timeout=300)
+        assert done.returncode == 0 and tagged() == f"global_step{step}".encode(), done.stderr
+    assert folders() == {"global_step8", "global_step16"}
+    mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/out/latest", Body=b"global_step8")
+    held = run_mirrord("prune", "--config", config, env=s3_env, timeout=300)
+    assert held.returncode == 0, held.stderr
+    assert folders() == {"global_step8", "global_step16"}, held.stdout
+    kept = {tuple(line.split()) for line in held.stdout.splitlines()}
+    assert ("mirror", "out/global_step8/mp_rank_00_model_states.pt", "pointer") in kept, held.stdout
+    done = run_mirrord("sync", "--config", copy_only, env=s3_env, timeout=300)
+    assert done.returncode == 0 and tagged() == b"global_step16", done.stderr
+    pruned = run_mirrord("prune", "--config", config, env=s3_env, timeout=300)
+    assert pruned.returncode == 0, pruned.stderr
+    assert folders() == {"global_step16"}, pruned.stdout

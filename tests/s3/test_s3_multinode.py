@@ -3,6 +3,8 @@ one prefix (s3.units_span_nodes): real `mirrord run` processes, a real two-rank 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from mirrord.store.hashing import hash_file
 from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.s3.seaweed import SeaweedServer
 from tests.s3.test_s3_commands import _settings
+from tests.support.checkpoints import BASE_MTIME_NS, checkpoint_bytes, save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.daemon import READY_SECONDS, DaemonProcess
 from tests.support.dcp_ranks import save_two_ranks
@@ -192,3 +195,73 @@ def test_sync_on_each_node_uploads_its_share_and_the_second_completes_the_unit(
     for node in NODES:
         again = run_mirrord("sync", "--config", configs[node], env=s3_env, timeout=300)
         assert again.returncode == 0 and "copy.started" not in again.stderr, again.stderr
+
+
+def _node_configs(tmp_path: Path, url: str, seaweed: SeaweedServer) -> dict[str, Path]:
+    """One `mirrord sync` config per node, each with its own primary, both into one prefix."""
+    configs = {}
+    for node in NODES:
+        (tmp_path / node / "primary" / "run").mkdir(parents=True)
+        configs[node] = tmp_path / node / "mirrord.toml"
+        configs[node].write_text(tomli_w.dumps({
+            "primary": str(tmp_path / node / "primary"), "mirror": url, "s3": _settings(seaweed, node=node),
+            "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1}, "log": {"format": "json"}}))
+    return configs
+
+
+def test_the_same_bytes_saved_on_two_nodes_are_uploaded_once_whatever_their_mtimes(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 33 case 4: every node's rank 0 saves run/step_5.pt with the same bytes at another time. The
+    first node's upload is recorded as its entry; the other node hashes its file, finds the same bytes
+    and uploads nothing, on every pass (before: each node re-uploaded it in turn, forever)."""
+    url = f"s3://{bucket}/{prefix}"
+    configs = _node_configs(tmp_path, url, seaweed)
+    for offset, node in enumerate(NODES):
+        save_checkpoint(tmp_path / node / "primary" / "run" / "step_5.pt", 5, mtime_ns=BASE_MTIME_NS + offset * 10**9)
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+    first = run_mirrord("sync", "--config", configs["node-1"], env=s3_env, timeout=300)
+    assert first.returncode == 0 and "copy.committed" in first.stderr, first.stderr
+    recorded = mirror.load_manifest().entries["run/step_5.pt"]
+    etag = mirror.client.head_object(Bucket=bucket, Key=f"{prefix}/run/step_5.pt")["ETag"]
+    for _round in range(2):
+        for node in (*reversed(NODES), *NODES):
+            again = run_mirrord("sync", "--config", configs[node], env=s3_env, timeout=300)
+            assert again.returncode == 0, again.stderr
+            assert "copy.committed" not in again.stderr, (node, again.stderr)
+            if node == "node-2":
+                assert "copy.same_as_node" in again.stderr, again.stderr
+    assert mirror.load_manifest().entries["run/step_5.pt"] == recorded
+    assert recorded.node == "node-1"
+    assert mirror.client.head_object(Bucket=bucket, Key=f"{prefix}/run/step_5.pt")["ETag"] == etag
+
+
+def test_other_bytes_under_the_same_name_on_another_node_are_a_conflict_never_taken_as_mirrored(
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 33 case 4: node 2's run/step_5.pt has other bytes than node 1's, with the same size and mtime.
+    Node 2 never takes node 1's entry for its own file (before: it called it in sync and never uploaded
+    it, silently): it reports a conflict naming both nodes, uploads nothing over node 1's copy, and
+    `sync` fails; node 1's copy and entry stay, and node 1 stays in sync (no ping-pong)."""
+    url = f"s3://{bucket}/{prefix}"
+    configs = _node_configs(tmp_path, url, seaweed)
+    mine, theirs = checkpoint_bytes(5, seed=100), checkpoint_bytes(5, seed=101)
+    assert len(mine) == len(theirs) and mine != theirs
+    for node, data in zip(NODES, (mine, theirs), strict=True):
+        path = tmp_path / node / "primary" / "run" / "step_5.pt"
+        path.write_bytes(data)
+        os.utime(path, ns=(BASE_MTIME_NS, BASE_MTIME_NS))
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
+    assert run_mirrord("sync", "--config", configs["node-1"], env=s3_env, timeout=300).returncode == 0
+    recorded = mirror.load_manifest().entries["run/step_5.pt"]
+    for _round in range(2):
+        other = run_mirrord("sync", "--config", configs["node-2"], env=s3_env, timeout=300)
+        assert other.returncode != 0, other.stderr
+        assert "copy.committed" not in other.stderr
+        conflicts = [json.loads(line) for line in other.stderr.splitlines() if "copy.node_conflict" in line]
+        assert conflicts and conflicts[0]["node"] == "node-2" and conflicts[0]["recorded_by"] == "node-1", \
+            other.stderr
+        assert conflicts[0]["path"] == "run/step_5.pt"
+        same = run_mirrord("sync", "--config", configs["node-1"], env=s3_env, timeout=300)
+        assert same.returncode == 0 and "copy.started" not in same.stderr, same.stderr
+    assert mirror.load_manifest().entries["run/step_5.pt"] == recorded
+    with mirror.open_read("run/step_5.pt") as stream:
+        assert stream.read() == mine

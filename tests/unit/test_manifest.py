@@ -360,7 +360,9 @@ def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() 
     # (mirror_mtime_ns is written only where the mirror stored another mtime than the source's)
     clamped = dataclasses.replace(entry("a.pt"), mirror_mtime_ns=2_147_483_647 * 10**9)
     stored = json.loads(Manifest({"a.pt": clamped}).to_bytes())["entries"]["a.pt"]
-    assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - {"path", "algo", "digest"} | {"hash"}
+    # (node is written only on a mirror several nodes share)
+    assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - {"path", "algo", "digest", "node"} | {
+        "hash"}
 
 
 def test_entries_is_a_snapshot() -> None:
@@ -374,7 +376,8 @@ def test_every_field_survives_a_save_and_a_load(tmp_path: Path) -> None:
     """Each field is read back by name: a field added to ManifestEntry but not to decoding would come back
     as its default (an upper-case digest and an unknown validation word too)."""
     values = {"size": 11, "algo": "sha256", "digest": "0a" * 32, "source_mtime_ns": 12, "step": 13,
-              "mirrored_at": 14.5, "mirror_mtime_ns": 15, "validation": "ok", "mirror_ino": 16, "mirror_ctime_ns": 17}
+              "mirrored_at": 14.5, "mirror_mtime_ns": 15, "validation": "ok", "mirror_ino": 16, "mirror_ctime_ns": 17,
+              "node": "node-a"}
     assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
     full = ManifestEntry("r/a.pt", **values)  # type: ignore[arg-type]
     odd = dataclasses.replace(full, path="r/b.pt", digest="0A" * 32, validation="from-the-future")

@@ -69,6 +69,7 @@ class S3Mirror:
     def __init__(self, url: str, settings: S3Settings | None = None, client: Any = None) -> None:
         self.location = S3Location.parse(url)
         self.settings = settings or S3Settings()
+        self.node = node_name(self.settings.node)
         self._session: Any = None if client is not None else make_session(self.settings)
         self.client = client if client is not None else make_client(self.settings, session=self._session)
         self.url = self.location.url()

@@ -10,29 +10,38 @@ if TYPE_CHECKING:
     import argparse
 
     from mirrord.config import Config
+    from mirrord.store.mirror import ReadableStore
 
+
+def opened_run(store: ReadableStore, command: str, side: str, run: str | None) -> tuple[bool, str | None]:
+    """(True, the run key `--run` names on `store`, None without --run), or (False, None) once the reason
+    it cannot be answered (the store is not there, a bad --run) is printed: the command then exits 2."""
+    from mirrord.store.resume import run_key
+
+    if not store.exists():
+        print(f"mirrord: {command}: the {side} {store.describe()} does not exist or is not a directory "
+              f"({side} / --{side})", file=sys.stderr)
+        return False, None
+    try:
+        return True, run_key(store, run)
+    except ValueError as exc:
+        print(f"mirrord: config error: --run: {exc}", file=sys.stderr)
+        return False, None
 
 
 def run_latest(config: Config, args: argparse.Namespace) -> int:
     """Print the newest trustworthy checkpoint (or the --json document); 1 if there is none, 2 for a side
     that is not there or a bad --run."""
     from mirrord.core.model import step_of
-    from mirrord.store.mirror import ReadableStore
-    from mirrord.store.resume import latest_key, run_key
+    from mirrord.store.resume import latest_key
     from mirrord.store.targets import mirror_for
     from mirrord.store.volume import LocalVolume
 
     side = "primary" if args.primary_side else "mirror"
     store: ReadableStore = (LocalVolume(config.primary) if args.primary_side
                             else mirror_for(config.mirror_target, config.s3))
-    if not store.exists():
-        print(f"mirrord: latest: the {side} {store.describe()} does not exist or is not a directory "
-              f"({side} / --{side})", file=sys.stderr)
-        return 2
-    try:
-        run = run_key(store, args.run)
-    except ValueError as exc:
-        print(f"mirrord: config error: --run: {exc}", file=sys.stderr)
+    opened, run = opened_run(store, "latest", side, args.run)
+    if not opened:
         return 2
     found = latest_key(store, run, require_manifest=not args.primary_side,
                        patterns=config.rules.patterns + config.rules.aliases, step_pattern=config.rules.step_pattern,

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mirrord.commands.latest import opened_run
 from mirrord.store.restore import Progress, restore
-from mirrord.store.resume import run_key
 from mirrord.store.targets import mirror_for
 
 if TYPE_CHECKING:
@@ -20,14 +20,8 @@ def run_restore(config: Config, args: argparse.Namespace, progress: Progress | N
     """Restore, print the restored path (or the --json document); 2 for a mirror that is not there or a
     bad --run. Errors (nothing to restore, a damaged copy with --step, a taken destination) propagate."""
     store = mirror_for(config.mirror_target, config.s3)
-    if not store.exists():
-        print(f"mirrord: restore: the mirror {store.describe()} does not exist or is not a directory "
-              "(mirror / --mirror)", file=sys.stderr)
-        return 2
-    try:
-        run = run_key(store, args.run)
-    except ValueError as exc:
-        print(f"mirrord: config error: --run: {exc}", file=sys.stderr)
+    opened, run = opened_run(store, "restore", "mirror", args.run)
+    if not opened:
         return 2
     dest = Path(args.to) if args.to is not None else Path(config.primary)
     result = restore(store, dest, config.rules, run, args.step, args.force, progress)

@@ -209,10 +209,7 @@ def hash_source(primary_root: Path, rel: str, algo: str, buffer_bytes: int,
         total = 0
         while True:
             control.check(src_path)
-            try:
-                n = os.readv(src_fd, [buf])
-            except OSError as exc:
-                raise from_oserror(src_path, exc, "read source") from exc
+            n = _read(src_fd, buf, src_path)
             if n == 0:
                 break
             hasher.update(view[:n])
@@ -332,10 +329,7 @@ def _pump(
                     in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
                 buf = buffers[turn % len(buffers)]
                 turn += 1
-                try:
-                    n = os.readv(src_fd, [buf])
-                except OSError as exc:
-                    raise from_oserror(src_path, exc, "read source") from exc
+                n = _read(src_fd, buf, src_path)
                 if n == 0:
                     break
                 chunk = memoryview(buf)[:n]
@@ -390,3 +384,10 @@ def release_thread_buffers() -> None:
     """Give the calling thread's copy buffers back (a worker with nothing to do)."""
     _BUFFERS.pair = None
 
+
+def _read(src_fd: int, buf: bytearray, src_path: Path) -> int:
+    """One read of the source into `buf`; its error names the source."""
+    try:
+        return os.readv(src_fd, [buf])
+    except OSError as exc:
+        raise from_oserror(src_path, exc, "read source") from exc

@@ -208,6 +208,8 @@ def test_megatron_iterations_with_rank_skew_are_mirrored_whole_tracker_after(tmp
         save_rank(save_dir, 4, 1)
         (save_dir / TRACKER).write_text("4")
         mirrored(d, mirror, "run/iter_0000004", "megatron")
+        wait_for(lambda: (mirror / "run" / TRACKER).read_text().strip() == "4", 60,
+                 "the tracker mirrored after iteration 4 (it follows its iteration)")
         wait_for(lambda: any("mp_rank_01" in e["why"] for e in d.events("unit.incomplete", path="run/iter_0000003")),
                  60, "iteration 3, older than the tracker's, judged incomplete: rank 1 never saved it")
     assert not (mirror / "run" / "iter_0000003").exists()

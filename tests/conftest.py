@@ -97,6 +97,15 @@ def _drop_old_failed_basetemps() -> None:
                     lock_path.unlink()
         except OSError:  # a live session holds it, or it is not a file we made
             continue
+    # A base temp with no lock beside it was left by a session that never took one (killed between
+    # mkdtemp and the lock, or run by older code): dead once it is older than any start-up.
+    for old in Path(tempfile.gettempdir()).glob(BASETEMP_PREFIX + "*"):
+        try:
+            orphan = old.is_dir() and not _lock_path(old).exists() and time.time() - old.stat().st_mtime > 600
+        except OSError:
+            continue
+        if orphan and not _mounts_below(old):
+            remove_tree(old)
 
 
 @pytest.hookimpl(trylast=True)

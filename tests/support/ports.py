@@ -6,7 +6,9 @@ import contextlib
 import itertools
 import os
 import random
+import select
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,16 +70,36 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def idle_connections(port: int, n: int) -> Iterator[list[socket.socket]]:
-    """n connections to 127.0.0.1:port that never send a byte (connected without waiting), closed on exit."""
+def idle_connections(port: int, n: int, batch: int = 32, timeout: float = 60.0) -> Iterator[list[socket.socket]]:
+    """n connections to 127.0.0.1:port that never send a byte, each established before this yields, closed
+    on exit.
+
+    Opened in batches well under the server's listen backlog, each batch connected before the next: a burst
+    larger than the backlog has SYNs dropped and retried a second later, so idle clients would still be
+    arriving after the caller's own request, and a server that evicts its oldest connection would then
+    (rightly) evict the caller's."""
     idle: list[socket.socket] = []
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(n):
-            s = socket.socket()
-            idle.append(s)
-            s.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                s.connect(("127.0.0.1", port))
+        for first in range(0, n, batch):
+            waiting = []
+            for _ in range(min(batch, n - first)):
+                s = socket.socket()
+                idle.append(s)
+                s.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    s.connect(("127.0.0.1", port))
+                waiting.append(s)
+            poll = select.poll()  # not select(): the hostile test holds descriptors above FD_SETSIZE
+            pending = {s.fileno(): s for s in waiting}
+            for fd in pending:
+                poll.register(fd, select.POLLOUT)
+            while pending:
+                left = deadline - time.monotonic()
+                assert left > 0, f"{len(pending)} idle connections to port {port} never got established"
+                for fd, _event in poll.poll(left * 1000):
+                    poll.unregister(fd)
+                    del pending[fd]
         yield idle
     finally:
         for s in idle:

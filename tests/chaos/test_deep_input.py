@@ -20,6 +20,10 @@ from tests.chaos.harness import Checkpoints, Report, World, Zygote, converged_vi
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
+# The daemon meets the hostile unit at start-up and again at a rescan: two reconciles, seconds apart.
+RESCAN_OFTEN = {"watch": {"rescan_interval_seconds": 2}, "unit": {"settle_seconds": 1}}
+# sync tries an invalid unit again until 3 x unit.settle_seconds have passed (30 s by default)
+QUICK_SYNC = {"unit": {"settle_seconds": 1}}
 DEPTH = 1_200  # a 2,400-byte path below the primary: far under PATH_MAX, far over the interpreter's recursion limit
 
 
@@ -118,13 +122,13 @@ def test_a_trainer_state_nested_100000_deep_is_invalid_and_other_runs_are_mirror
     _hf_unit(world.primary / "bad" / "checkpoint-5", b"[" * 100_000 + b"]" * 100_000)
     _hf_unit(world.primary / "good" / "checkpoint-7", json.dumps({"global_step": 7}).encode())
     tally.fault("deep JSON")
-    _config, log, code = _sync(world, zygote, tmp_path, layout="hf")
+    _config, log, code = _sync(world, zygote, tmp_path, layout="hf", **QUICK_SYNC)
     tally.rounds += 1
     text = log.read_text()
     tally.check([f"sync crashed ({code}): {text[-2000:]}"] if code not in (0, 1) or "RecursionError" in text else [])
     tally.check(_mirrored_as_is(world, "good/checkpoint-7", "bad/checkpoint-5"), "sync")
     tally.check(["the deep trainer_state.json was not named in sync's log"] if "bad/checkpoint-5" not in text else [])
-    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"layout": "hf"})
+    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"layout": "hf", **RESCAN_OFTEN})
     daemon.start(wait_ready=False)
     try:
         wait_for(lambda: daemon.exited() or len(daemon.events("reconcile.finished")) >= 2, 90, "two reconciles")
@@ -167,12 +171,12 @@ def test_a_dcp_metadata_nesting_a_tuple_1000000_deep_is_invalid_without_a_crash(
     (bad / ".metadata").write_bytes(DEEP_PICKLE)
     _dcp_save(world.primary / "good" / "step_7")
     tally.fault("deep pickle")
-    _config, log, code = _sync(world, zygote, tmp_path, layout="dcp")
+    _config, log, code = _sync(world, zygote, tmp_path, layout="dcp", **QUICK_SYNC)
     tally.rounds += 1
     tally.check([f"sync died ({code}): {log.read_text()[-2000:]}"] if code not in (0, 1) else [])
     tally.check(_mirrored_as_is(world, "good/step_7", "bad/step_5"), "sync")
     tally.check(["bad/step_5 was not named in sync's log"] if "bad/step_5" not in log.read_text() else [])
-    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"layout": "dcp"})
+    daemon = DaemonProcess(tmp_path, world.primary, world.mirror, {"layout": "dcp", **RESCAN_OFTEN})
     daemon.start(wait_ready=False)
     try:
         wait_for(lambda: daemon.exited() or len(daemon.events("reconcile.finished")) >= 2, 90, "two reconciles")

@@ -187,7 +187,8 @@ def test_custom_folder_units_wait_for_their_marker(tmp_path: Path) -> None:
     _old(made)
     env = {"MIRRORD_LAYOUT": "custom", "MIRRORD_PATTERNS": "ckpt_*", "MIRRORD_PRUNE__STEP_PATTERN": r"ckpt_(\d+)",
            "MIRRORD_UNIT__KIND": "folder", "MIRRORD_UNIT__COMPLETE_MARKER": "DONE",
-           "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+           "MIRRORD_COPY__SETTLE_SECONDS": "0",
+           "MIRRORD_UNIT__SETTLE_SECONDS": "1"}  # sync waits 3 x this for a unit that is not whole
     _cli("sync", primary, mirror, env)
     assert not (mirror / "ckpt_7").exists()
     (folder / "DONE").touch()  # an empty marker is a file of the unit like any other

@@ -140,6 +140,7 @@ TESTS = Path(__file__).parent
 TRAINER_SCRIPTS = tuple(f.stem for f in (TESTS / "support").glob("train_*.py"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads xdist_group to form the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by its folder (unit, integration, chaos, s3, deploy), `s3` when it uses the SeaweedFS
     server, `trainers` when its module runs a trainer script, and `host` when it changes the host (a mount,
@@ -161,6 +162,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("host")
         if item.get_closest_marker("host") is not None:
             item.add_marker(pytest.mark.xdist_group("host"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup`, every host test must carry its group in its id (pytest-xdist renames it so):
+    a pytest that keeps ids as they were would spread them over the workers, each building the deploy
+    images again and mounting beside the others. Fail loudly instead."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("host") and "@host" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist could not group {len(lost)} host tests (first: {lost[0]}); "
+                                "this pytest and pytest-xdist do not work together: see pyproject.toml")
 
 
 # Folders tests make outside the base temp (world_tmp): each must be gone by the end of the session.

@@ -136,7 +136,7 @@ class Daemon:
             self.endpoints.start()
             self.log.info("metrics.listening", address=f"{self.settings.config.metrics.host}:{self.endpoints.port}",
                           endpoints=["/metrics", "/healthz", "/readyz", "/status"])
-        if not self._await_primary():
+        if not self._await_primary(self.notifier.ready):
             return
         self.watch.start()
         if self.signals.stop_requests:
@@ -147,15 +147,17 @@ class Daemon:
         self.supervisor.heartbeat()
         self.log.info("daemon.ready", status=self.status())
 
-    def _await_primary(self) -> bool:
-        """A missing primary root (a disk being replaced, a mount not there yet) is a state, not an error:
-        systemd hears READY=1 and the watchdog stays fed, /readyz says what is awaited, and mirroring begins
-        on the first heartbeat that finds the root. False when a stop came first."""
+    def _await_primary(self, announce: Callable[[str], None]) -> bool:
+        """A missing primary root (a disk being replaced, a mount not there yet, or gone while running) is
+        a state, not an error: systemd hears READY=1 (or STATUS=) and the watchdog stays fed, /readyz says
+        what is awaited, nothing is listed (so nothing is pruned because the primary looks empty), and
+        mirroring begins on the first heartbeat that finds the root. False when a stop came first."""
         if self.primary.exists():
             return True
+        was_ready, self.supervisor.ready = self.supervisor.ready, False
         self.supervisor.waiting = f"primary root {self.primary.root} does not exist; waiting for it"
         self.log.warning("primary.missing", path=str(self.primary.root), action="mirroring begins when it appears")
-        self.notifier.ready(self.supervisor.waiting)
+        announce(self.supervisor.waiting)
         while not self.signals.stop_requests and not self.primary.exists():
             self.supervisor.heartbeat()
             self.inbox.wait(self.supervisor.next_due - self.clock.monotonic())
@@ -165,6 +167,7 @@ class Daemon:
         self.supervisor.waiting = None
         exclude_each_other(self.primary, self.mirror)
         self.log.info("primary.found", path=str(self.primary.root))
+        self.supervisor.ready = was_ready
         return not self.signals.stop_requests
 
     def tick(self, wait: bool = True) -> None:
@@ -177,6 +180,8 @@ class Daemon:
         if self.signals.reload_requested:
             self.signals.reload_requested = False
             self.reload()
+        if not self._await_primary(self.notifier.status):
+            return
         try:
             self.reconciler.work()
         except TransientError as exc:  # a storage blip on any path: said, and the next rescan tries again

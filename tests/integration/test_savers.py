@@ -71,8 +71,10 @@ def assert_whole(poller: MirrorPoller, primary: Path, mirror: Path) -> None:
         made = {p.name: p for p in (primary / rel).iterdir()}
         return set(view) == set(made) and all(view[n] == p.stat().st_size for n, p in made.items() if p.is_file())
 
+    partial = poller.partial(whole)
+    print(f"{mirror.parent.name}: {poller.listings} listings, {len(partial)} partial sightings")  # -s: the figures
     assert not poller.errors and poller.listings > 50
-    assert poller.partial(whole) == {}
+    assert partial == {}
     assert leftovers(mirror) == []
 
 

@@ -146,3 +146,39 @@ def test_a_missing_primary_is_awaited_with_the_watchdog_fed(tmp_path, daemon_fac
     assert d.http("/readyz")[0] == 200
     assert len(d.events("primary.missing")) == 1
     assert d.stop(signal.SIGTERM) == 0
+
+
+def test_a_primary_that_vanishes_while_running_is_awaited_and_the_mirror_kept(tmp_path, daemon_factory,
+                                                                             fake_systemd):
+    """The primary root goes away under a running daemon (an unmount, a disk pulled): it stays alive
+    and not ready, WATCHDOG=1 goes on, `primary.missing` is logged once, nothing is pruned from the
+    mirror although the trainer's folder looks empty (prune.mode follow), and mirroring resumes when the
+    root is back."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for step in (1, 2):
+        publish_checkpoint(primary / "run" / f"step_{step:04d}.pt", step)
+    d = daemon_factory({"daemon": {"heartbeat_seconds": 0.2}, "watch": {"rescan_interval_seconds": 0.5},
+                        "prune": {"mode": "follow", "min_age_seconds": 0}},
+                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"})
+    d.start()
+    wait_for(lambda: all((mirror / "run" / f"step_{s:04d}.pt").is_file() for s in (1, 2)), 90, "both mirrored")
+    shutil.rmtree(primary)
+
+    def pings() -> list[float]:
+        if d.exited():
+            raise AssertionError(f"daemon exited ({d.proc.returncode}):\n{d.log_text()}")
+        return fake_systemd.seen("WATCHDOG")
+
+    wait_for(lambda: d.events("primary.missing"), 90, "primary.missing")
+    before = len(pings())
+    wait_for(lambda: len(pings()) >= before + 5, 90, "five WATCHDOG=1 pings while the primary is missing")
+    code, body = d.http("/readyz")
+    assert code == 503 and "does not exist" in body, (code, body)
+    assert d.http("/healthz")[0] == 200
+    assert len(d.events("primary.missing")) == 1
+    assert sorted(p.name for p in (mirror / "run").iterdir()) == ["step_0001.pt", "step_0002.pt"]
+    publish_checkpoint(primary / "run" / "step_0003.pt", 3)
+    wait_for(lambda: (mirror / "run" / "step_0003.pt").is_file(), 90, "mirroring resumed")
+    wait_for(lambda: d.http("/readyz")[0] == 200, 90, "ready again")
+    assert len(d.events("primary.missing")) == 1
+    assert d.stop(signal.SIGTERM) == 0

@@ -307,6 +307,39 @@ def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_l
     assert resumed == {step: uninterrupted[step] for step in range(13, 17)}
 
 
+def test_deepspeeds_latest_picker_on_the_mirror_never_follows_a_folder_in_flight(
+        tmp_path: Path, gated_primary, daemon_factory) -> None:
+    """DeepSpeed's own picker (`engine.load_checkpoint(dir)` with no tag reads dir/latest, then loads that
+    folder) run against the mirror while the gate holds global_step4's copy in flight (its saver has
+    already written `latest` naming it on the primary): it resumes global_step2; once the gate opens,
+    global_step4."""
+    saved, run, mirror = tmp_path / "saved", gated_primary.backing / "run", tmp_path / "mirror" / "run"
+    train("train_deepspeed", saved, "--steps", 4, "--save-steps", 2, "--keep", 0, log=tmp_path / "a.log")
+    run.mkdir()
+    shutil.copytree(saved / "global_step2", run / "global_step2")
+    (run / "latest").write_text("global_step2")
+    d = daemon_factory(settings("deepspeed", watch={"rescan_interval_seconds": 0.5})).start()
+    wait_for(lambda: (mirror / "latest").is_file(), 120, "global_step2 and its tag mirrored")
+
+    def resumed(log: str) -> str:
+        train("train_deepspeed", tmp_path / log, "--steps", 4, "--save-steps", 0, "--resume", mirror,
+              log=tmp_path / log)
+        line = next(x for x in (tmp_path / log).read_text().splitlines() if x.startswith('{"resumed"'))
+        return Path(json.loads(line)["resumed"]).parent.name  # the model states file it loaded
+
+    gated_primary.stall("mp_rank_00_model_states.pt")
+    shutil.copytree(saved / "global_step4", run / "global_step4")
+    (run / "latest").write_text("global_step4")
+    staging = tmp_path / "mirror" / ".mirrord-staging"
+    wait_for(lambda: staging.is_dir() and any(staging.iterdir()), 120, "global_step4's copy held in flight")
+    assert resumed("held.log") == "global_step2"
+    assert (mirror / "latest").read_text() == "global_step2"
+    gated_primary.unstall()
+    wait_for(lambda: (mirror / "latest").read_text() == "global_step4", 120, "global_step4 and its tag mirrored")
+    assert resumed("after.log") == "global_step4"
+    assert d.stop() == 0
+
+
 # --- Lightning: epoch=E-step=N.ckpt files and last.ckpt ----------------------------------------------------
 
 LIGHTNING_STEP = re.compile(r"epoch=\d+-step=\d+\.ckpt")

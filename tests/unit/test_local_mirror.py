@@ -90,6 +90,38 @@ def test_trainer_pickers_never_see_a_unit_in_flight(tmp_path: Path) -> None:
         assert get_last_checkpoint(str(run)) == str(run / "checkpoint-20")
 
 
+def test_lightnings_last_picker_never_sees_a_file_in_flight(tmp_path: Path) -> None:
+    """`fit(ckpt_path="last")` resolves through the Trainer's own connector: every `last*.ckpt` in the
+    ModelCheckpoint's dirpath, newest mtime wins. Mid-copy of a newer `last.ckpt` (and of a new step),
+    it picks the previous whole one."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    run = tmp_path / "mirror" / "run"
+    mirror = LocalMirror(tmp_path / "mirror")
+    trainer = Trainer(callbacks=[ModelCheckpoint(dirpath=run, save_last=True)], logger=False,
+                      enable_progress_bar=False, default_root_dir=tmp_path)
+
+    def picked() -> str | None:
+        path = trainer._checkpoint_connector._parse_ckpt_path(TrainerFn.FITTING, "last", model_provided=True,
+                                                              model_connected=True)
+        return None if path is None else os.path.relpath(path, run)
+
+    with mirror.lock():
+        _put(mirror.begin_upload("run/last-v1.ckpt", 5), b"whole")
+        assert picked() == "last-v1.ckpt"
+        in_flight = [mirror.begin_upload(f"run/{name}", 5) for name in ("last.ckpt", "epoch=1-step=20.ckpt")]
+        for upload in in_flight:
+            upload.write(memoryview(b"torn"))
+        assert picked() == "last-v1.ckpt"  # never the newer `last.ckpt` being written
+        for upload in in_flight:
+            upload.write(memoryview(b"!"))
+            upload.seal(time.time_ns())
+            upload.commit()
+        assert picked() == "last.ckpt"
+
+
 def test_the_staging_area_is_swept_when_the_mirror_is_locked_again(tmp_path: Path) -> None:
     mirror = LocalMirror(tmp_path / "mirror")
     with mirror.lock():

@@ -766,6 +766,26 @@ def test_a_touched_mirror_copy_keeps_its_recorded_place_in_the_order() -> None:
     assert {(k.step, k.why) for k in plan.kept} == {(10, "unconfirmed"), (20, "keep_last"), (30, "keep_last")}
 
 
+def test_steps_mirrored_while_newer_ones_are_queued_are_not_pruned_in_that_pass() -> None:
+    """Issue 34's starved queue: the small lane mirrors step 3 and then 7 while 4-6 (big) are still
+    queued. The window (3 newest present) would retire 1-3 at once; while 4-6 are not verified whole
+    on the mirror, nothing goes, and what was just mirrored stays."""
+    h = synced(range(1, 3))
+    h.policy = PruneConfig(keep_last=3, primary=False)
+    for step in range(3, 8):
+        rel = f"run/step_{step:04d}.pt"
+        h.primary[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=step)
+        if step in (3, 7):
+            h.mirror[rel] = FileState(rel, 100, MTIMES["old"] + step, ino=100 + step)
+            h.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", MTIMES["old"] + step, step, NOW)
+        else:
+            h.in_flight.add(rel)
+    plan = h.plan()
+    assert plan.deletions == ()
+    assert {(k.step, k.why) for k in plan.kept if k.volume == "mirror"} == {
+        (1, "newer_unverified"), (2, "keep_last"), (3, "keep_last"), (7, "keep_last")}
+
+
 def test_a_step_without_evidence_of_wholeness_never_retires_a_whole_one() -> None:
     """keep_last 1: step 2 is recorded "unchecked" (no validator read it): step 1 (validated ok) stays on
     both sides; once step 3 is recorded "ok", 1 and 2 go."""

@@ -38,6 +38,7 @@ from tests.chaos.harness import (
 )
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
+from tests.support.faketime import faketime_env
 from tests.support.logs import read_events
 from tests.support.ports import idle_connections
 from tests.support.wait import wait_for
@@ -68,11 +69,7 @@ def test_sighup_during_a_config_write_never_deletes_more(
     daemon's clock a day ahead (the file's mtime then looks old: it must not count as settled)."""
     env: dict[str, str] = {}
     if clock.startswith("faketime"):
-        # The library itself, not the faketime(1) wrapper: that forks, and SIGHUP must reach the daemon.
-        libs = sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))
-        if not libs:
-            pytest.skip("libfaketime (Debian faketime) is not installed")
-        env = {"LD_PRELOAD": str(libs[0]), "FAKETIME": "+1d"}
+        env = faketime_env("+1d", monotonic_too=True)  # preloaded, no wrapper: SIGHUP must reach the daemon
     tally = report.scenario(f"hostile env: SIGHUP while the config is half-written ({clock})")
     rng = random.Random(154)
     world = World(tmp_path / "w")

@@ -23,6 +23,7 @@ from mirrord.store.resume import latest_checkpoint
 from tests.support.checkpoints import publish_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
+from tests.support.faketime import faketime_env
 from tests.support.mirror import sha256
 from tests.support.wait import wait_for
 from tests.support.writer import REPO, WRITER_ARGV
@@ -262,10 +263,6 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
 
 # -- 5. a wall clock ahead of the files' mtimes ------------------------------------------------------------
 
-FAKETIME = ["faketime", "-f", "+30s"]
-
-
-@pytest.mark.skipif(not Path("/usr/bin/faketime").exists(), reason="needs faketime (Debian package faketime)")
 def test_a_wall_clock_ahead_publishes_no_prefix_of_a_slow_writer(tmp_path: Path, daemon_factory: Any,
                                                                   writers: Any) -> None:
     """The daemon's clock is 30 s ahead (faketime; its monotonic clock is left alone, as with an NTP
@@ -273,8 +270,7 @@ def test_a_wall_clock_ahead_publishes_no_prefix_of_a_slow_writer(tmp_path: Path,
     times, each prefix recorded and returned by latest, and step 1 pruned once a prefix entered the
     window. After: nothing is published until the file is whole, step 1 stays until then."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    d = daemon_factory(settings(keep_last=1, primary=True), wrapper=FAKETIME,
-                       env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"}).start()
+    d = daemon_factory(settings(keep_last=1, primary=True), env=faketime_env("+30s")).start()
     publish_checkpoint(ckpt(primary, 1), 1, megabytes=1)
     wait_for(lambda: steps_on(mirror) == [1], 60, "step 1 mirrored")
     w = writers(ckpt(primary, 2), 2, "trickle", mb=2, chunk=100_000, interval=0.3)
@@ -299,14 +295,13 @@ def test_a_wall_clock_ahead_publishes_no_prefix_of_a_slow_writer(tmp_path: Path,
     assert_primary_deletions_were_mirrored(d)
 
 
-@pytest.mark.skipif(not Path("/usr/bin/faketime").exists(), reason="needs faketime (Debian package faketime)")
 def test_a_wall_clock_a_day_ahead_does_not_age_a_file_past_min_age(tmp_path: Path, daemon_factory: Any) -> None:
     """Issue 15, item 3: `faketime +1d` made a 15-second-old step look a day old and it was deleted on both
     sides despite min_age_seconds = 300. After: mirrord must itself have seen the file unchanged for
     min_age_seconds (monotonic clock), so the step stays and the veto is logged as recently_seen."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings(keep_last=1, primary=True, min_age_seconds=300),
-                       wrapper=["faketime", "-f", "+1d"], env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"}).start()
+                       env=faketime_env("+1d")).start()
     publish_checkpoint(ckpt(primary, 1), 1, megabytes=0.5)
     wait_for(lambda: steps_on(mirror) == [1], 60, "step 1 mirrored")  # before step 2 retires it
     publish_checkpoint(ckpt(primary, 2), 2, megabytes=0.5)

@@ -12,6 +12,7 @@ from typing import Any
 
 from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.s3.seaweed import SeaweedServer
+from tests.support.faketime import faketime_env
 from tests.support.wait import wait_for
 
 PART = 5 * 1024 * 1024  # S3's smallest part
@@ -59,8 +60,8 @@ def test_a_local_clock_ahead_of_the_server_ages_no_upload(
         mirror = S3Mirror("s3://{bucket}/{prefix}", S3Settings(endpoint_url={seaweed.endpoint!r}))
         print("swept", round(time.time()), mirror.sweep_stale_uploads(older_than=300), flush=True)
     """)
-    env = {**os.environ, **s3_env}
-    done = subprocess.run(["faketime", "-f", "+10m", sys.executable, "-c", child], env=env, capture_output=True,
+    env = {**os.environ, **s3_env, **faketime_env("+10m")}
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith("swept "))

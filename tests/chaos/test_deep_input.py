@@ -20,10 +20,10 @@ from tests.chaos.harness import Checkpoints, Report, World, Zygote, converged_vi
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
-# The daemon meets the hostile unit at start-up and again at a rescan: two reconciles, seconds apart.
-RESCAN_OFTEN = {"watch": {"rescan_interval_seconds": 2}, "unit": {"settle_seconds": 1}}
 # sync tries an invalid unit again until 3 x unit.settle_seconds have passed (30 s by default)
 QUICK_SYNC = {"unit": {"settle_seconds": 1}}
+# The daemon meets the hostile unit at start-up and again at a rescan: two reconciles, seconds apart.
+RESCAN_OFTEN = {**QUICK_SYNC, "watch": {"rescan_interval_seconds": 2}}
 DEPTH = 1_200  # a 2,400-byte path below the primary: far under PATH_MAX, far over the interpreter's recursion limit
 
 

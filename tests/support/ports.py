@@ -82,24 +82,22 @@ def idle_connections(port: int, n: int, batch: int = 32, timeout: float = 60.0) 
     deadline = time.monotonic() + timeout
     try:
         for first in range(0, n, batch):
-            waiting = []
+            poll = select.poll()  # not select(): the hostile test holds descriptors above FD_SETSIZE
+            pending: set[int] = set()
             for _ in range(min(batch, n - first)):
                 s = socket.socket()
                 idle.append(s)
                 s.setblocking(False)
                 with contextlib.suppress(BlockingIOError):
                     s.connect(("127.0.0.1", port))
-                waiting.append(s)
-            poll = select.poll()  # not select(): the hostile test holds descriptors above FD_SETSIZE
-            pending = {s.fileno(): s for s in waiting}
-            for fd in pending:
-                poll.register(fd, select.POLLOUT)
+                poll.register(s.fileno(), select.POLLOUT)
+                pending.add(s.fileno())
             while pending:
                 left = deadline - time.monotonic()
                 assert left > 0, f"{len(pending)} idle connections to port {port} never got established"
                 for fd, _event in poll.poll(left * 1000):
                     poll.unregister(fd)
-                    del pending[fd]
+                    pending.discard(fd)
         yield idle
     finally:
         for s in idle:

@@ -48,9 +48,9 @@ def test_an_unverifiable_format_is_mirrored_unchecked_and_the_log_says_why(tmp_p
     import torch
 
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    d = daemon_factory().start()
     part = primary / "run1" / "step_0005.pt.part"
-    part.parent.mkdir(parents=True)
+    part.parent.mkdir(parents=True)  # before the start: watched from the start, so the rename is seen as one
+    d = daemon_factory().start()
     torch.save({"w": torch.ones(64)}, part, _use_new_zipfile_serialization=False)
     part.rename(primary / "run1" / "step_0005.pt")
     wait_for(lambda: mirrored(mirror, "run1/step_0005.pt"), 90, "step 5 mirrored")

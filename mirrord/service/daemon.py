@@ -251,8 +251,8 @@ class Daemon:
         self.watch.stop()
         if self.supervisor.ready and not self._stopped_by_supervisor:
             self._drain(deadline)
-        if not self.pool.stop(max(0.0, deadline - self.clock.monotonic()),
-                              force=lambda: self.signals.stop_requests > 1):
+        if not self.pool.stop(max(0.0, deadline - self.clock.monotonic()), force=lambda: self.signals.stop_requests > 1,
+                              why=f"shutdown grace period ({cfg.daemon.shutdown_grace_seconds:g} s) over"):
             self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
         try:  # folds the journal into the snapshot; if that fails the journal is replayed next start
             self.manifest.close()

@@ -136,8 +136,8 @@ class WorkerPool:
 
     def stop(self, grace: float, force: Callable[[], bool] = lambda: False, why: str = "") -> bool:
         """Stop taking work; let copies finish for `grace` seconds (or until `force()`), then cancel
-        them (their temp files are removed; each logs copy.aborted, with `why` if given). True if every
-        worker ended."""
+        them (their temp files are removed; each logs copy.aborted, with `why`, unless a second signal cut the
+        grace short). True if every worker ended."""
         self._stopping.set()
         self.queue.drop_waiting()
         self.queue.close()
@@ -146,8 +146,11 @@ class WorkerPool:
             while thread.is_alive() and self.clock() < deadline and not force():
                 thread.join(timeout=0.2)
         late = [t for t in self.threads() if t.is_alive()]
-        self._cancel_why = why or ("second stop signal" if force() else f"shutdown grace period ({grace:g} s) over")
-        for control in self.active_controls():
+        self._cancel_why = "second stop signal" if force() else why or f"shutdown grace period ({grace:g} s) over"
+        running = self.active_controls()
+        if running:  # before the copies end (a copy blocked in a read ends only when the read returns)
+            self.log.info("stop.cancelling_copies", copies=len(running), why=self._cancel_why)
+        for control in running:
             control.stop("cancelled")
         for thread in late:
             thread.join(timeout=5)

@@ -1,4 +1,5 @@
-"""A read-only FUSE passthrough for the chaos tests (mfusepy over libfuse).
+"""A FUSE passthrough for the chaos tests and the copy gate (mfusepy over libfuse): files are read-only,
+but may be deleted (a trainer's rotation, or mirrord's retention on the primary).
 
     python passthrough.py BACKING MOUNTPOINT STALLFILE
 
@@ -70,6 +71,12 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
             time.sleep(0.05)
         return os.pread(fh, size, offset)
 
+    def unlink(self, path: str) -> None:
+        os.unlink(self._full(path))
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(self._full(path))
+
     def release(self, path: str, fh: int) -> int:
         os.close(fh)
         return 0
@@ -83,7 +90,7 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
 
 def main() -> None:
     backing, mount_point, stall_file = sys.argv[1:4]
-    mfusepy.FUSE(Passthrough(backing, stall_file), mount_point, foreground=True, ro=True,
+    mfusepy.FUSE(Passthrough(backing, stall_file), mount_point, foreground=True,
                  fsname="chaos-passthrough")
 
 

@@ -163,20 +163,23 @@ def test_kill_9_during_a_large_copy_then_restart_completes_it(tmp_path, gated_pr
     assert fresh.stop() == 0
 
 
-def test_sigterm_during_a_copy_exits_0_within_grace_leaving_no_trace(tmp_path, daemon_factory):
-    """The copy would take 20 s at its bandwidth limit; SIGTERM with a 1 s grace cancels it (no final
-    name, no temp file) instead of waiting for it, and the daemon exits 0."""
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    publish_checkpoint(primary / "step_0007.pt", 7, megabytes=40)
-    d = daemon_factory({"io": {"bandwidth_limit": 2 * 1024 * 1024, "drop_cache": False},
-                        "daemon": {"shutdown_grace_seconds": 1.0}}).start()
+def test_sigterm_during_a_copy_exits_0_within_grace_leaving_no_trace(tmp_path, gated_primary, daemon_factory):
+    """A copy held half done at a gate outlasts the 1 s grace of a SIGTERM: the daemon cancels it (no final
+    name, no temp file) instead of waiting for it, and exits 0. The gate opens once the cancel is asked."""
+    mirror = tmp_path / "mirror"
+    publish_checkpoint(gated_primary.backing / "step_0007.pt", 7, megabytes=40)
+    gated_primary.stall("step_0007.pt", after=20 * 1024 * 1024)
+    d = daemon_factory({"io": {"drop_cache": False}, "daemon": {"shutdown_grace_seconds": 1.0}}).start()
     part = mirror / "step_0007.pt.part"
-    wait_for(lambda: part.exists() and part.stat().st_size > 0, 90, "copy in progress")
+    wait_for(lambda: part.exists() and part.stat().st_size > 10 * 1024 * 1024, 90, "copy in progress")
     d.send(signal.SIGTERM)
+    d.wait_event("stop.cancelling_copies", copies=1, why="shutdown grace period (1 s) over")
+    gated_primary.unstall()
     assert d.proc is not None
     assert d.proc.wait(timeout=90) == 0
     assert not (mirror / "step_0007.pt").exists(), "the daemon waited for the copy instead of cancelling it"
     assert not d.events("copy.committed", path="step_0007.pt")
+    assert d.events("copy.aborted", path="step_0007.pt")
     assert no_parts(mirror)
     assert d.events("daemon.stopped")
 

@@ -65,33 +65,30 @@ def test_zero_and_recent_mtimes_survive(tmp_path, daemon_factory):
     assert d.stop() == 0
 
 
-def test_a_slow_copy_in_flight_is_never_deleted(tmp_path, daemon_factory):
-    """Step 1 is being copied (slowly) when steps 2 and 3 arrive and put it below the kept window, while
-    retention runs on every reconcile: the in-flight guard keeps its temp file until the copy is done,
-    and the source stays; step 1 goes once 2 and 3 are verified."""
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+def test_a_copy_in_flight_is_never_deleted(tmp_path, gated_primary, daemon_factory):
+    """Step 1 is held half copied at a gate while steps 2 and 3 arrive, are mirrored and put it below the
+    kept window, and retention runs on every reconcile: the in-flight guard keeps its temp file and its
+    source until the copy is done; step 1 goes once the gate opens."""
+    backing, primary, mirror = gated_primary.backing, tmp_path / "primary", tmp_path / "mirror"
     old = time.time() - 3600
-    slow = publish_checkpoint(primary / "r" / "step_0001.pt", 1, megabytes=60)
-    os.utime(slow, (old + 1, old + 1))
+    held = publish_checkpoint(backing / "r" / "step_0001.pt", 1, megabytes=24)
+    os.utime(held, (old + 1, old + 1))
+    gated_primary.stall("step_0001.pt", after=16 * 1024 * 1024)
     d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 1},
-                        "copy": {"workers": 1}, "watch": {"rescan_interval_seconds": 0.3},
-                        "io": {"bandwidth_limit": 15 * 1024 * 1024, "drop_cache": False}}).start()
+                        "copy": {"workers": 2}, "watch": {"rescan_interval_seconds": 0.3},
+                        "io": {"drop_cache": False}}).start()
     part = mirror / "r" / "step_0001.pt.part"
-    wait_for(lambda: part.exists(), 90, "the slow copy to start")
-    publish_old(primary, (2, 3), old)
-    wait_for(lambda: d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt.part"), 90,
-             "in-flight veto")
-
-    def copy_done() -> bool:
-        """For the whole copy, whatever retention does, the source stays: the source missing while
-        the temp file is still there (looked at again after the source, so that a copy that just
-        finished and was then pruned is no false alarm) is a deletion in flight."""
-        in_flight = part.exists()
-        assert not in_flight or slow.exists() or not part.exists(), "the source of a copy in flight was deleted"
-        return not in_flight
-
-    wait_for(copy_done, 120, "the slow copy to finish")
-    wait_for(lambda: steps(primary) == [2, 3] and steps(mirror) == [2, 3], 60, "step 1 pruned once copied")
+    wait_for(lambda: part.exists() and part.stat().st_size > 0, 90, "the copy of step 1 to start")
+    publish_old(backing, (2, 3), old)
+    wait_for(lambda: steps(mirror) == [2, 3], 90, "steps 2 and 3 mirrored beside the held copy")
+    passes = len(d.events("prune.finished"))
+    wait_for(lambda: len(d.events("prune.finished")) >= passes + 2, 90, "two more prune passes")
+    # Below the window now (2 and 3 verified), and vetoed on both sides for being in flight.
+    assert d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt", volume="primary")
+    assert d.events("prune.skipped", reason="in_flight", path="r/step_0001.pt.part", volume="mirror")
+    assert held.exists() and part.exists(), "the source or the temp file of a copy in flight was deleted"
+    gated_primary.unstall()
+    wait_for(lambda: steps(primary) == [2, 3] and steps(mirror) == [2, 3], 90, "step 1 pruned once copied")
     assert d.stop() == 0
     # And from the daemon's own account: step 1 was deleted on the primary only after it was committed.
     names = [(e["event"], e.get("volume")) for e in d.events() if e.get("path") == "r/step_0001.pt"

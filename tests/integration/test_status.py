@@ -269,37 +269,46 @@ def test_status_help_is_complete() -> None:
         assert text in result.stdout, text
 
 
-def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, daemon_factory) -> None:
-    """While the daemon publishes, records and prunes, no status taken meanwhile reports damage on disk."""
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, gated_primary, daemon_factory) -> None:
+    """While the daemon publishes, records and prunes, no status taken meanwhile reports damage on disk.
+    Each copy is held half done at a gate while statuses are taken, then released."""
+    backing, mirror = gated_primary.backing, tmp_path / "mirror"
     d: DaemonProcess = daemon_factory({
         "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0, "primary": True},
-        "io": {"bandwidth_limit": 8 * 1024 * 1024, "drop_cache": False},  # about 5 s of copying
+        "watch": {"rescan_interval_seconds": 0.3}, "io": {"drop_cache": False},
     }).start()
     config = load_config(d.config_path, environ={})
     reports = []
 
-    def finished() -> bool:
-        """The end state, after at least 20 looks (a loaded machine takes fewer per second)."""
+    def look() -> None:
         reports.append(collect(config))
-        return len(reports) > 20 and sorted(Manifest.load(mirror).entries) == [
-            "r/step_0009.pt", "r/step_0010.pt"] and not any(mirror.rglob("*.part"))
+
+    def finished() -> bool:
+        look()
+        return sorted(Manifest.load(mirror).entries) == ["r/step_0009.pt", "r/step_0010.pt"] and not any(
+            mirror.rglob("*.part"))
 
     def mirrored(rel: str) -> bool:
-        reports.append(collect(config))
+        look()
         return rel in Manifest.load(mirror).entries
 
     for step in range(1, 11):
         # Each step mirrored before the next is written, so that older ones are copied and then pruned
         # (a step already below the window when first seen is never copied at all).
         rel = f"r/step_{step:04d}.pt"
-        publish_checkpoint(primary / rel, step, megabytes=4)
+        gated_primary.stall(Path(rel).name, after=12 * 2**20)
+        publish_checkpoint(backing / rel, step, megabytes=16)
+        wait_for(lambda rel=rel: d.events("copy.started", path=rel), 60, f"{rel} held in flight")
+        for _ in range(3):
+            look()
+        gated_primary.unstall()
         wait_for(lambda rel=rel: mirrored(rel), 60, f"{rel} mirrored", interval=0)
     wait_for(finished, 90, "steps 9 and 10 kept, the rest pruned", interval=0)  # as many looks as possible
-    assert len(reports) > 20
+    assert len(reports) > 30
     # Only what status concludes from the disks; the daemon's own health is another test's business.
     assert [p for r in reports for p in r.problems if not p.startswith("daemon:")] == []
     assert d.metric("mirrord_pruned_files_total", 'volume="mirror"') >= 1
+    assert d.metric("mirrord_pruned_files_total", 'volume="primary"') >= 1
     assert d.stop() == 0
 
 

@@ -189,16 +189,20 @@ def assert_deep_verified(mirror: Path, layout: str) -> None:
 HF_UNIT = re.compile(r"checkpoint-\d+")
 
 
-def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(tmp_path: Path, daemon_factory) -> None:
-    """save_steps=2, save_total_limit=2 on 12 steps, with a mirror slower than the trainer's rotation (a
-    folder of 0.75 MB copied at 128 KiB/s, about 6 s, lives about 2 s on the primary): folders are rotated
-    away while they are copied, and none is left partial or empty on the mirror."""
+def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(
+        tmp_path: Path, gated_primary, daemon_factory) -> None:
+    """save_steps=2, save_total_limit=2 on 12 steps, while a gate holds every copy of optimizer.pt in flight
+    until the trainer is done: the folders held are rotated away while they are copied, and none is left
+    partial or empty on the mirror."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    d = daemon_factory(settings("hf", io={"bandwidth_limit": 128 * 1024})).start()
+    gated_primary.stall("optimizer.pt")
+    d = daemon_factory(settings("hf")).start()
     with MirrorPoller(mirror, HF_UNIT) as poller:
-        uninterrupted = train("train_hf", primary / "run", "--steps", 12, "--save-steps", 2,
+        uninterrupted = train("train_hf", gated_primary.backing / "run", "--steps", 12, "--save-steps", 2,
                               "--save-total-limit", 2, "--step-seconds", 0.5, log=tmp_path / "a.log")
         assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-10", "checkpoint-12"]
+        wait_for(lambda: d.events("copy.started"), 120, "a copy held at the gate")
+        gated_primary.unstall()
         wait_converged(d, primary, mirror, HF_UNIT, "run/checkpoint-12", "hf")
     files = {p.name for p in (primary / "run" / "checkpoint-12").iterdir()}
     assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= files
@@ -210,7 +214,7 @@ def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(tmp_pa
     assert cut_short, "no copy was overtaken by the trainer's rotation: the test did not test it"
     print(f"hf: {poller.listings} listings, units seen {sorted(poller.seen)}, source_gone {cut_short}")
     assert d.stop() == 0
-    shutil.rmtree(primary)  # the primary is lost: everything below comes from the mirror
+    shutil.rmtree(gated_primary.backing / "run")  # the primary is lost: everything below comes from the mirror
     resumed = train("train_hf", tmp_path / "resumed", "--steps", 12, "--save-steps", 2, "--resume",
                     mirror / "run" / "checkpoint-10", log=tmp_path / "b.log")
     assert resumed == {step: uninterrupted[step] for step in (11, 12)}

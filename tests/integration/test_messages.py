@@ -164,27 +164,35 @@ def test_init_systemd_prints_every_step_and_warns_about_hidden_paths(tmp_path: P
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
-def test_sync_stopped_by_a_hangup_or_term_removes_its_part_and_says_so(tmp_path: Path, sig: int) -> None:
+def test_sync_stopped_by_a_hangup_or_term_removes_its_part_and_says_so(tmp_path: Path, gated_primary, sig: int) -> None:
     """A closed terminal (SIGHUP) or a SIGTERM mid-copy: the copy is aborted, no `.part` stays on the
-    mirror, a log line says why it stopped, exit 128 + the signal. The copy is held in flight by the
-    smallest bandwidth cap (an 8 MB file needs two minutes at 64 KiB/s); the signal comes once the
-    `.part` exists."""
-    primary, mirror = _roots(tmp_path)
-    source = primary / "run_a" / "step_1.pt"
-    save_checkpoint(source, step=1, megabytes=8)
-    assert source.stat().st_size > 4_000_000
-    env = child_env({"MIRRORD_IO__BANDWIDTH_LIMIT": "65536", "MIRRORD_COPY__SETTLE_SECONDS": "0"})
-    with subprocess.Popen([*mirrord_argv(), "sync", "--log-format", "json", "--primary", str(primary),
-                           "--mirror", str(mirror)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as proc:
+    mirror, a log line says why it stopped, exit 128 + the signal. The copy is held half done at a gate
+    until the command says it is cancelling it."""
+    primary, mirror = gated_primary.mount_point, tmp_path / "mirror"
+    mirror.mkdir()
+    source = gated_primary.backing / "run_a" / "step_1.pt"
+    save_checkpoint(source, step=1, megabytes=24)
+    gated_primary.stall(source.name, after=16 * 2**20)
+    env = child_env({"MIRRORD_COPY__SETTLE_SECONDS": "0"})
+    log = tmp_path / "sync.log"
+    with log.open("w") as sink, subprocess.Popen(
+            [*mirrord_argv(), "sync", "--log-format", "json", "--primary", str(primary), "--mirror", str(mirror)],
+            env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True, start_new_session=True) as proc:
         try:
-            wait_for(lambda: list(mirror.rglob("*.part")) or proc.poll() is not None, 60, "a .part on the mirror")
-            assert proc.poll() is None, proc.communicate()
+            part = mirror / "run_a" / "step_1.pt.part"
+            wait_for(lambda: (part.exists() and part.stat().st_size > 0) or proc.poll() is not None, 60,
+                     "a .part on the mirror")
+            assert proc.poll() is None, log.read_text()
             proc.send_signal(sig)
-            _out, err = proc.communicate(timeout=60)
+            wait_for(lambda: '"stop.cancelling_copies"' in log.read_text() or proc.poll() is not None, 60,
+                     "the command cancelling its copy")
+            gated_primary.unstall()
+            proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+    err = log.read_text()
     assert proc.returncode == 128 + sig, err
     assert not list(mirror.rglob("*.part")), sorted(mirror.rglob("*"))
+    assert not (mirror / "run_a" / "step_1.pt").exists(), "the copy was finished instead of aborted"
     assert '"command.interrupted"' in err and signal.Signals(sig).name in err, err

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainers import latest_on_mirror, leftovers, settings, train, unit_names
+from tests.integration.test_trainers import assert_no_leftovers, latest_on_mirror, settings, train, unit_names
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
@@ -58,7 +58,7 @@ def test_lightning_top_k_best_survives_on_the_mirror_and_resumes(tmp_path: Path,
         assert d.stop() == 0
     finally:
         d.kill()
-    assert leftovers(mirror) == []
+    assert_no_leftovers(mirror)
     newest = latest_on_mirror(mirror, "lightning")  # names without a step: the newest by mtime
     assert newest is not None and torch.load(mirror / newest, map_location="cpu", weights_only=False)["epoch"] == 5
     shutil.rmtree(primary)
@@ -84,7 +84,7 @@ def test_hf_trainer_best_checkpoint_survives_its_rotation_on_the_mirror(tmp_path
     wait_mirrored_as_kept(d, primary / "run", mirror / "run", HF_UNIT)
     print(f"hf follow: deleted on the mirror as the trainer did: {[e['path'] for e in d.events('prune.deleted')]}")
     assert d.stop() == 0
-    assert leftovers(mirror) == []
+    assert_no_leftovers(mirror)
     shutil.rmtree(primary)
     state = json.loads((mirror / "run" / "checkpoint-12" / "trainer_state.json").read_text())
     best = mirror / "run" / Path(state["best_model_checkpoint"]).name

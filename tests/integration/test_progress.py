@@ -22,15 +22,18 @@ from tests.support.wait import wait_for
 MiB = 2**20
 
 
-def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_file(tmp_path, daemon_factory) -> None:
-    """A 200 MiB copy capped at 4 MiB/s takes 50 s: long enough to see it everywhere, then to abort it."""
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    publish_checkpoint(primary / "r" / "step_0042.pt", 42, megabytes=200)
-    d: DaemonProcess = daemon_factory({"io": {"bandwidth_limit": 4 * MiB, "drop_cache": False},
-                                       "daemon": {"shutdown_grace_seconds": 60}}).start()
+def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_file(
+        tmp_path, gated_primary, daemon_factory) -> None:
+    """A copy held at a gate, moved on once (so its bytes are seen growing) and held again: it is seen
+    everywhere while it waits, then a second SIGINT aborts it."""
+    mirror = tmp_path / "mirror"
+    publish_checkpoint(gated_primary.backing / "r" / "step_0042.pt", 42, megabytes=64)
+    gated_primary.stall("step_0042.pt", after=16 * MiB)
+    d: DaemonProcess = daemon_factory({"io": {"drop_cache": False}, "daemon": {"shutdown_grace_seconds": 60}}).start()
     d.wait_event("copy.started", path="r/step_0042.pt")
 
     first = wait_for(lambda: d.metric("mirrord_copy_bytes_in_flight"), 90, "bytes in flight")
+    gated_primary.stall("step_0042.pt", after=40 * MiB)  # the gate moves on, and holds again
     wait_for(lambda: (d.metric("mirrord_copy_bytes_in_flight") or 0) > first, 90, "bytes in flight growing")
 
     code, body = d.http("/status")
@@ -52,6 +55,8 @@ def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_fil
     d.send(signal.SIGINT)
     d.wait_event("daemon.stopping")
     d.send(signal.SIGINT)  # the second one: abort the copy now
+    d.wait_event("stop.cancelling_copies", why="second stop signal")
+    gated_primary.unstall()  # the held read returns, and the copy sees it is cancelled
     assert d.proc is not None and d.proc.wait(timeout=90) == 0
     [aborted] = d.events("copy.aborted")
     assert (aborted["path"], aborted["step"], aborted["why"]) == ("r/step_0042.pt", 42, "second stop signal")
@@ -59,12 +64,12 @@ def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_fil
     assert temp_files(mirror) == [] and not (mirror / "r" / "step_0042.pt").exists()
 
 
-def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: Path) -> None:
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    publish_checkpoint(primary / "step_0009.pt", 9, megabytes=200)
+def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: Path, gated_primary) -> None:
+    primary, mirror = gated_primary.mount_point, tmp_path / "mirror"
+    publish_checkpoint(gated_primary.backing / "step_0009.pt", 9, megabytes=24)
+    gated_primary.stall("step_0009.pt", after=16 * MiB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
-    env.update(MIRRORD_IO__BANDWIDTH_LIMIT=str(4 * MiB), MIRRORD_COPY__SETTLE_SECONDS="0",
-               MIRRORD_LOG__FORMAT="json")
+    env.update(MIRRORD_COPY__SETTLE_SECONDS="0", MIRRORD_LOG__FORMAT="json")
     log = tmp_path / "sync.log"
     with log.open("wb") as err:
         # SIGINT as at a terminal, even if pytest itself runs with SIGINT ignored (a background job).
@@ -76,6 +81,9 @@ def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: P
         part = mirror / "step_0009.pt.part"
         wait_for(lambda: part.exists() and part.stat().st_size > 0, 90, "copy under way")
         proc.send_signal(signal.SIGINT)
+        wait_for(lambda: b'"stop.cancelling_copies"' in log.read_bytes() or proc.poll() is not None, 90,
+                 "the command cancelling its copy")
+        gated_primary.unstall()
         assert proc.wait(timeout=90) == 130
     finally:
         if proc.poll() is None:
@@ -87,30 +95,53 @@ def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: P
     assert temp_files(mirror) == [] and not (mirror / "step_0009.pt").exists()
 
 
-def test_sync_on_a_terminal_shows_each_copy_with_bytes_rate_and_eta(tmp_path: Path) -> None:
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    for step in (1, 2):
-        publish_checkpoint(primary / f"step_{step:04d}.pt", step, megabytes=24)
+def test_sync_on_a_terminal_shows_each_copy_with_bytes_rate_and_eta(tmp_path: Path, gated_primary) -> None:
+    """Both copies held at a gate until the terminal shows each one's live line; then the same sync with
+    stderr piped, held until its periodic copy.progress: log lines only, no live view."""
+    primary, mirror = gated_primary.mount_point, tmp_path / "mirror"
+    names = ("step_0001.pt", "step_0002.pt")
+    for step, name in enumerate(names, 1):
+        publish_checkpoint(gated_primary.backing / name, step, megabytes=24)
+    gated_primary.stall(*names, after=8 * MiB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")}
-    env.update(TERM="xterm", MIRRORD_IO__BANDWIDTH_LIMIT=str(8 * MiB), MIRRORD_COPY__SETTLE_SECONDS="0")
+    env.update(TERM="xterm", MIRRORD_COPY__SETTLE_SECONDS="0", MIRRORD_COPY__WORKERS="2")
     terminal = Terminal([*mirrord_argv(), "sync", "--primary", str(primary), "--mirror", str(mirror)], env)
     try:
+        for name in names:
+            # e.g. "step_0001.pt [########................]  33%  8.0 MiB of 24.0 MiB  8.0 MiB/s  ETA 0:02"
+            pattern = re.compile(rf"{name} \[[#.]+\] +\d+%  [\d.]+ [KM]iB of 24\.0 MiB  [\d.]+ [KM]iB/s  ETA \d+:\d\d")
+
+            def shown(pattern: re.Pattern[str] = pattern) -> bool:
+                terminal.read(0.2)
+                return any(pattern.search(x) and "ETA ?" not in x for x in terminal.text.splitlines())
+
+            wait_for(shown, 90, f"a progress line for {name}", interval=0)
+        gated_primary.unstall()
         code = terminal.finish(timeout=120)
     finally:
+        gated_primary.unstall()
         terminal.close()
     screen = terminal.text
     assert code == 0, screen
-    assert_mirror_consistent(primary, mirror)
-    for name in ("step_0001.pt", "step_0002.pt"):
-        # e.g. "step_0001.pt [########................]  33%  8.0 MiB of 24.0 MiB  8.0 MiB/s  ETA 0:02"
-        pattern = rf"{name} \[[#.]+\] +\d+%  [\d.]+ [KM]iB of 24\.0 MiB  [\d.]+ [KM]iB/s  ETA \d+:\d\d"
-        lines = [x for x in screen.splitlines() if re.search(pattern, x) and "ETA ?" not in x]
-        assert lines, f"no progress line for {name}:\n{screen}"
+    assert_mirror_consistent(gated_primary.backing, mirror)
     assert "copy.committed" in screen  # the log lines still reach the terminal, above the live lines
 
-    piped = run_mirrord("sync", "--primary", primary, "--mirror", tmp_path / "piped", env={
-        "MIRRORD_IO__BANDWIDTH_LIMIT": str(8 * MiB), "MIRRORD_COPY__SETTLE_SECONDS": "0"})
-    assert piped.returncode == 0 and "ETA" not in piped.stderr  # not a terminal: log lines only
+    gated_primary.stall(names[0], after=8 * MiB)
+    log = tmp_path / "piped.log"
+    with log.open("wb") as err:
+        piped = subprocess.Popen([*mirrord_argv(), "sync", "--primary", str(primary), "--mirror",
+                                  str(tmp_path / "piped")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=err, env={**env, "TERM": "dumb"}, start_new_session=True)
+    try:
+        wait_for(lambda: b"copy.progress" in log.read_bytes() or piped.poll() is not None, 90,
+                 "a periodic progress report")
+        gated_primary.unstall()
+        assert piped.wait(timeout=90) == 0, log.read_text()
+    finally:
+        if piped.poll() is None:
+            os.killpg(piped.pid, signal.SIGKILL)
+            piped.wait()
+    assert "copy.progress" in log.read_text() and "ETA" not in log.read_text()  # not a terminal: log lines only
 
 
 def test_the_terminal_view_is_imported_only_for_a_terminal() -> None:

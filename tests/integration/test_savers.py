@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration.test_trainers import MirrorPoller, latest_on_mirror, leftovers
+from tests.integration.test_trainers import MirrorPoller, assert_no_leftovers, latest_on_mirror
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
@@ -75,7 +75,7 @@ def assert_whole(poller: MirrorPoller, primary: Path, mirror: Path) -> None:
     print(f"{mirror.parent.name}: {poller.listings} listings, {len(partial)} partial sightings")  # -s: the figures
     assert not poller.errors and poller.listings > 50
     assert partial == {}
-    assert leftovers(mirror) == []
+    assert_no_leftovers(mirror)
 
 
 # --- transformers save_pretrained with a pause between shards ----------------------------------------------

@@ -72,10 +72,10 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
         return os.pread(fh, size, offset)
 
     def unlink(self, path: str) -> None:
-        os.unlink(self._full(path))
+        Path(self._full(path)).unlink()
 
     def rmdir(self, path: str) -> None:
-        os.rmdir(self._full(path))
+        Path(self._full(path)).rmdir()
 
     def release(self, path: str, fh: int) -> int:
         os.close(fh)

@@ -16,6 +16,7 @@ from tests.s3.seaweed import SeaweedServer
 from tests.s3.test_s3_commands import _config, _settings
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
+from tests.support.gate import FuseMount
 from tests.support.wait import wait_for
 
 MIB = 1 << 20
@@ -38,13 +39,16 @@ def _uploads(mirror: S3Mirror) -> list[str]:
 
 
 def test_daemon_killed_mid_upload_leaves_nothing_visible_and_prune_sweeps_it(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
+        gated_primary: FuseMount) -> None:
+    """SIGKILL while a gate holds the upload half sent: no object, no manifest entry; prune sweeps the
+    upload once the dead daemon's lease and the age guard allow."""
     url = f"s3://{bucket}/{prefix}"
-    primary = tmp_path / "primary"
-    _big_checkpoint(primary / "run/step_1.pt", 40)
+    primary = gated_primary.mount_point
+    _big_checkpoint(gated_primary.backing / "run/step_1.pt", 40)
+    gated_primary.stall("step_1.pt", after=24 * MIB)
     daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env, settings={
-        "mirror": url, "s3": _settings(seaweed, lease_seconds=10),
-        "io": {"bandwidth_limit": 4 * MIB}})  # ~10 s: time to kill it
+        "mirror": url, "s3": _settings(seaweed, lease_seconds=10)})
     daemon.settings["mirror"] = url
     daemon.write_config()
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
@@ -53,6 +57,7 @@ def test_daemon_killed_mid_upload_leaves_nothing_visible_and_prune_sweeps_it(
         wait_for(lambda: _uploads(mirror), 120, "a multipart upload under way")
     finally:
         daemon.kill()  # SIGKILL: no abort, no cleanup
+        gated_primary.unstall()
     assert mirror.stat("run/step_1.pt") is None  # parts were sent, no object exists
     assert mirror.load_manifest().entries == {}
     assert _uploads(mirror) == [f"{prefix}/run/step_1.pt"]
@@ -104,8 +109,11 @@ def test_300_mb_in_8_mb_parts_with_bounded_parts_in_flight(
 
 
 def test_server_restarted_mid_upload_is_retried_and_nothing_is_torn(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
-    source = _big_checkpoint(tmp_path / "primary/run/step_2.pt", 40)
+        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
+        gated_primary: FuseMount) -> None:
+    """The server restarts while a gate holds the upload half sent: the upload goes on once it is back."""
+    source = _big_checkpoint(gated_primary.backing / "run/step_2.pt", 40)
+    gated_primary.stall("step_2.pt", after=20 * MIB)
     mirror = S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, part_size=5 * MIB,
                                                             concurrency=2, max_attempts=30,
                                                             timeout_seconds=600))  # outlasts the restart
@@ -113,8 +121,7 @@ def test_server_restarted_mid_upload_is_retried_and_nothing_is_torn(
 
     def copy() -> None:
         try:
-            outcome["result"] = copy_file(source.parent.parent, "run/step_2.pt", mirror,
-                                          CopyOptions(bandwidth_limit=2 * MIB))  # ~20 s: the restart lands inside
+            outcome["result"] = copy_file(gated_primary.mount_point, "run/step_2.pt", mirror, CopyOptions())
         except BaseException as exc:
             outcome["error"] = exc
 
@@ -122,9 +129,10 @@ def test_server_restarted_mid_upload_is_retried_and_nothing_is_torn(
     worker.start()
     try:
         wait_for(lambda: _uploads(mirror), 120, "a multipart upload under way")
-        assert "result" not in outcome and "error" not in outcome  # the restart lands mid-upload
+        assert "result" not in outcome and "error" not in outcome  # held at the gate: the restart lands mid-upload
         seaweed.restart()
     finally:
+        gated_primary.unstall()
         worker.join(600)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["result"].digest == hash_file(source, "blake3")

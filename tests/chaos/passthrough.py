@@ -6,8 +6,8 @@ but may be deleted (a trainer's rotation, or mirrord's retention on the primary)
 Serves BACKING at MOUNTPOINT. Changes made directly in BACKING reach readers of the mount, but no
 inotify event is ever raised on the mount: the situation of NFS, SMB or a 9p bridge, where only
 polling or a rescan sees new files. While STALLFILE exists, reads of any file whose name is listed
-in it block (from the byte offset after the name, if one is given): a hung network mount, as seen by a
-copy in progress.
+in it block (from the byte offset after the name, if one is given; `*` names every file): a hung
+network mount, as seen by a copy in progress.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
         return str(Path(self.backing) / path.lstrip("/"))
 
     def _stalled(self, path: str, offset: int) -> bool:
-        """Whether STALLFILE holds this read: a line `NAME` or `NAME FROM` (reads from byte FROM on)."""
+        """Whether STALLFILE holds this read: a line `NAME` or `NAME FROM` (reads from byte FROM on); `*` is
+        any name."""
         try:
             with open(self.stall_file, encoding="utf-8") as f:
                 lines = [line.split() for line in f.read().splitlines() if line.strip()]
         except FileNotFoundError:
             return False
         name = Path(path).name
-        return any(words[0] == name and offset >= (int(words[1]) if len(words) > 1 else 0) for words in lines)
+        return any(words[0] in (name, "*") and offset >= (int(words[1]) if len(words) > 1 else 0) for words in lines)
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         try:

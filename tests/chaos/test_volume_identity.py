@@ -37,7 +37,9 @@ from tests.chaos.harness import (
     step_name,
     write_config,
 )
+from tests.support import config as support_config
 from tests.support.daemon import DaemonProcess
+from tests.support.gate import FuseMount
 from tests.support.logs import read_events
 from tests.support.wait import wait_for
 
@@ -230,14 +232,26 @@ def test_removed_lock_file_stops_the_daemon_and_lock_does_not_pin_the_mirror(
     # A sync whose lock is removed mid-run stops; the second sync then owns the mirror alone.
     for step in range(2, 8):
         world.install(f"run/{step_name(step)}", checkpoints.pick(rng))
-    config = write_config(tmp_path / "slow.toml", world, io={"bandwidth_limit": 256 * 1024},
-                          copy={"workers": 1})
-    first = zygote.spawn(["sync", "--config", config], tmp_path / "sync-1.log")
-    wait_for(lambda: read_events(tmp_path / "sync-1.log", "copy.started"), 30, "the first sync copying", interval=0.02)
-    (world.mirror / ".mirrord.lock").unlink()
-    tally.fault("lock file removed under a running sync")
-    tally.rounds += 1
-    status = zygote.wait_or_kill(first, 30)
+    # The sync reads the primary through a gate that holds its copy in flight until it says it cancels it.
+    (tmp_path / "gate").mkdir()
+    gate = FuseMount(world.primary, tmp_path / "gated", tmp_path / "gate")
+    try:
+        gate.stall("*")
+        config = support_config.write_config(tmp_path / "held.toml", support_config.settings(
+            gate.mount_point, world.mirror, support_config.CHAOS, {"copy": {"workers": 1}}))
+        first = zygote.spawn(["sync", "--config", config], tmp_path / "sync-1.log")
+        wait_for(lambda: read_events(tmp_path / "sync-1.log", "copy.started"), 30, "the first sync copying",
+                 interval=0.02)
+        (world.mirror / ".mirrord.lock").unlink()
+        tally.fault("lock file removed under a running sync")
+        tally.rounds += 1
+        with contextlib.suppress(AssertionError):  # a sync that does not notice is reported below
+            wait_for(lambda: read_events(tmp_path / "sync-1.log", "stop.cancelling_copies"), 30,
+                     "the first sync cancelling its copy")
+        gate.unstall()
+        status = zygote.wait_or_kill(first, 30)
+    finally:
+        gate.close()
     if status is None:
         tally.check(["the first sync kept running after its lock file was removed"])
     elif not read_events(tmp_path / "sync-1.log", "mirror.lock_lost"):

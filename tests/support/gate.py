@@ -47,7 +47,7 @@ class FuseMount:
         assert self.proc.poll() is None, (workdir / "fuse.log").read_text()
 
     def stall(self, *names: str, after: int = 0) -> None:
-        """Close the gate on these file names (by base name; any others pass): their reads from byte
+        """Close the gate on these file names (by base name, `*` for all; any others pass): their reads from byte
         `after` on wait (the bytes before it go through, so a copy can be caught half done)."""
         self.stall_file.write_text("".join(f"{name} {after}\n" for name in names))
 

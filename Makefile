@@ -35,7 +35,7 @@ test-fast:
 test:
 	bash .ci/run
 
-# The whole suite three times in a row under stress-ng (2 CPU + 2 I/O workers); all must pass.
+# The whole suite three times in a row under stress-ng (2 CPU workers; STRESS_IO=1 adds 2 I/O workers); all must pass.
 stress:
 	bash .ci/stress
 

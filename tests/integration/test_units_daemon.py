@@ -18,10 +18,12 @@ from mirrord.store.manifest import Manifest
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
 from tests.support.folders import HF_FILES, write_dcp, write_hf
+from tests.support.gate import FuseMount
 from tests.support.wait import wait_for
 
 WRITERS: dict[str, Callable[[Path, int], list[Path]]] = {"hf": lambda f, s: write_hf(f, s, pause=0.05),
                                                        "dcp": write_dcp}
+GATED = {"hf": "optimizer.pt", "dcp": "__0_0.distcp"}  # each layout's largest file, held at the gate
 LAYOUTS = {
     # layout: (folder prefix, the files a whole unit holds)
     "hf": ("checkpoint-", set(HF_FILES)),
@@ -69,18 +71,19 @@ class Poller(threading.Thread):
 
 @pytest.mark.parametrize("layout", ["hf", "dcp"])
 def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
-    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess], layout: str
+    tmp_path: Path, gated_primary: FuseMount, daemon_factory: Callable[..., DaemonProcess], layout: str
 ) -> None:
+    """Each unit's copy is held in flight at a gate (its largest file) while the poller lists the mirror,
+    then released; retention prunes both sides as the steps go by."""
     prefix, whole = LAYOUTS[layout]
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    run = primary / "run"
+    mirror = tmp_path / "mirror"
+    run = gated_primary.backing / "run"
     run.mkdir(parents=True)
     settings: dict[str, Any] = {
         "layout": layout,
         "copy": {"settle_seconds": 0.3},
-        "io": {"bandwidth_limit": 65536},  # slow mirror: copies overlap the trainer and the poller
         "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0, "primary": True},
-        "watch": {"rescan_interval_seconds": 2},
+        "watch": {"rescan_interval_seconds": 0.5},
     }
     daemon = daemon_factory(settings).start()
     poller = Poller(mirror / "run", prefix, whole, layout)
@@ -89,7 +92,15 @@ def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
         # The trainer: each checkpoint written file by file; the next one once the mirror has this one
         # (so every step is mirrored before retention's window passes it, and the primary may be pruned).
         for step in range(10, 70, 10):
+            unit = f"run/{prefix}{step}"
+            gated_primary.stall(GATED[layout])
             WRITERS[layout](run / f"{prefix}{step}", step)
+            wait_for(lambda unit=unit: daemon.events("copy.started", path=unit), 120,  # type: ignore[misc]
+                     f"{unit}'s copy held in flight")
+            listed = poller.listings
+            wait_for(lambda listed=listed: poller.listings >= listed + 5, 60,  # type: ignore[misc]
+                     "the poller listing the mirror while the copy is held")
+            gated_primary.unstall()
             wait_for(lambda step=step: (mirror / "run" / f"{prefix}{step}").is_dir(), 120,  # type: ignore[misc]
                      f"{prefix}{step} on the mirror", interval=0.02)
         newest = {f"{prefix}{step}" for step in (50, 60)}

@@ -248,7 +248,7 @@ class Daemon:
         self.log.info("daemon.stopping", in_flight=len(self.pool.active_controls()),
                       grace_seconds=cfg.daemon.shutdown_grace_seconds)
         deadline = self.clock.monotonic() + cfg.daemon.shutdown_grace_seconds
-        self.watch.stop()
+        self.watch.close()
         if self.supervisor.ready and not self._stopped_by_supervisor:
             self._drain(deadline)
         if not self.pool.stop(max(0.0, deadline - self.clock.monotonic()), force=lambda: self.signals.stop_requests > 1,

@@ -7,7 +7,6 @@ inotify queue overflow, so a lost event delays a copy by at most one rescan inte
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -17,6 +16,7 @@ from typing import Protocol
 
 from watchdog.events import (
     DirMovedEvent,
+    EventsLostEvent,
     FileClosedEvent,
     FileCreatedEvent,
     FileModifiedEvent,
@@ -39,7 +39,6 @@ REMOTE_FS_TYPES = frozenset(
     {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "v9fs", "drvfs", "fuse", "fuseblk", "ceph",
      "glusterfs", "lustre", "gpfs", "afs", "sshfs", "beegfs", "davfs", "s3fs"}
 )
-_OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
 # watchdog walks the tree by path and recursively, a frame per level (os.walk before Python 3.12, its
 # snapshot's walk): a folder 1,200 levels deep exceeded the interpreter's limit and killed the watch. A
 # path names at most PATH_MAX / 2 levels ("a/" each), so a limit above that covers any tree it can walk.
@@ -87,7 +86,7 @@ def choose_mode(configured: str, fstype: str) -> tuple[str, str]:
 # it every open and close-without-write below the primary is an event too, and each rescan opens and closes
 # every folder of the primary (a trainer reading its data or checkpoints there adds its own), each event
 # parsed by the watch thread in Python while the rescan waits for the interpreter lock.
-HANDLED_EVENTS = (DirMovedEvent, FileMovedEvent, FileClosedEvent, FileCreatedEvent, FileModifiedEvent)
+HANDLED_EVENTS = (DirMovedEvent, FileMovedEvent, FileClosedEvent, FileCreatedEvent, FileModifiedEvent, EventsLostEvent)
 
 
 class _Handler(FileSystemEventHandler):
@@ -106,7 +105,12 @@ class _Handler(FileSystemEventHandler):
         return rel.replace(os.sep, "/")
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if isinstance(event, DirMovedEvent):
+        if isinstance(event, EventsLostEvent):
+            # The kernel's queue overflowed. watchdog queues this once it has re-armed the watches of
+            # folders made meanwhile, so a rescan from here on misses nothing (one asked for at the
+            # overflow itself could list the tree before those watches exist, and miss files in them).
+            self.emit(Hint("", committed=False, rescan=True))
+        elif isinstance(event, DirMovedEvent):
             # A folder moved in: a unit folder (renamed into place when written) is judged again alone;
             # anything else (a whole run folder) asks for a rescan.
             self.emit(Hint(self._rel(event.dest_path) or "", committed=False, rescan=True))
@@ -118,18 +122,6 @@ class _Handler(FileSystemEventHandler):
             rel = self._rel(event.src_path)
             if rel is not None:
                 self.emit(Hint(rel, committed=False))
-
-
-class _OverflowDetector(logging.Handler):
-    """watchdog reports an inotify queue overflow only as a log record; turn it into a rescan."""
-
-    def __init__(self, emit: Callable[[Hint], None]) -> None:
-        super().__init__(logging.WARNING)
-        self.emit_hint = emit
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "overflow" in record.getMessage().lower():
-            self.emit_hint(Hint("", committed=False, rescan=True))
 
 
 class Watcher:
@@ -145,12 +137,10 @@ class Watcher:
         self.observer.name = f"mirrord-watch-{mode}"
         self.observer.schedule(_Handler(root, tuple(patterns), emit), os.fsdecode(root), recursive=True,
                                event_filter=list(HANDLED_EVENTS))
-        self._overflow = _OverflowDetector(emit)
 
     def start(self) -> None:
-        """Start the observer thread (and the overflow detector)."""
+        """Start the observer thread."""
         sys.setrecursionlimit(max(sys.getrecursionlimit(), _WALK_RECURSION_LIMIT))
-        logging.getLogger(_OVERFLOW_LOGGER).addHandler(self._overflow)
         self.observer.start()
 
     def is_alive(self) -> bool:
@@ -159,7 +149,6 @@ class Watcher:
 
     def stop(self) -> None:
         """Stop the observer and wait (bounded) for its thread."""
-        logging.getLogger(_OVERFLOW_LOGGER).removeHandler(self._overflow)
         self.observer.stop()
         self.observer.join(timeout=10)
 
@@ -199,6 +188,7 @@ class PrimaryWatch:
         self.metrics, self.factory = metrics, factory
         self.watcher: WatcherLike | None = None
         self._key: tuple[int, int] | None = None
+        self.closed = False  # stopped for good (the daemon is stopping): nothing to check or re-arm
         self.log = get_logger()
 
     def start(self) -> None:
@@ -238,6 +228,8 @@ class PrimaryWatch:
     def check(self) -> list[str]:
         """Re-arm when the root changed or the watcher died (then ask for a rescan: what changed
         meanwhile); returns the problems for this heartbeat's health."""
+        if self.closed:
+            return []
         primary = self._config().primary
         try:
             key: tuple[int, int] | None = self.root_key()
@@ -258,6 +250,12 @@ class PrimaryWatch:
             problems.append(f"cannot watch {primary}: {exc.strerror or exc}")
         self.emit(Hint("", committed=False, rescan=True))
         return problems
+
+    def close(self) -> None:
+        """Stop watching for good: a heartbeat while the daemon stops must not take the stopped watcher
+        for a dead one and start it again."""
+        self.closed = True
+        self.stop()
 
     def stop(self) -> None:
         """Stop the watcher, if any (never raises)."""

@@ -184,9 +184,7 @@ def test_sync_stopped_by_a_hangup_or_term_removes_its_part_and_says_so(tmp_path:
                      "a .part on the mirror")
             assert proc.poll() is None, log.read_text()
             proc.send_signal(sig)
-            wait_for(lambda: '"stop.cancelling_copies"' in log.read_text() or proc.poll() is not None, 60,
-                     "the command cancelling its copy")
-            gated_primary.unstall()
+            gated_primary.unstall_once_cancelling(log, ended=lambda: proc.poll() is not None)
             proc.wait(timeout=60)
         finally:
             if proc.poll() is None:

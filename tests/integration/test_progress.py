@@ -81,9 +81,7 @@ def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: P
         part = mirror / "step_0009.pt.part"
         wait_for(lambda: part.exists() and part.stat().st_size > 0, 90, "copy under way")
         proc.send_signal(signal.SIGINT)
-        wait_for(lambda: b'"stop.cancelling_copies"' in log.read_bytes() or proc.poll() is not None, 90,
-                 "the command cancelling its copy")
-        gated_primary.unstall()
+        gated_primary.unstall_once_cancelling(log, ended=lambda: proc.poll() is not None)
         assert proc.wait(timeout=90) == 130
     finally:
         if proc.poll() is None:

@@ -133,11 +133,7 @@ def leftovers(mirror: Path) -> list[str]:
 
 def assert_no_leftovers(mirror: Path) -> None:
     """No leftovers, once a running daemon's own passing temp files (a journal being started) are gone."""
-    try:
-        wait_for(lambda: leftovers(mirror) == [], 30, "no leftovers on the mirror")
-    except AssertionError:
-        assert leftovers(mirror) == []  # names them
-        raise
+    wait_for(lambda: leftovers(mirror) == [], 30, "no leftovers on the mirror", context=lambda: repr(leftovers(mirror)))
 
 
 def unit_names(folder: Path, pattern: re.Pattern[str]) -> list[str]:

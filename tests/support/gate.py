@@ -8,8 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from tests.support.logs import read_events
 from tests.support.wait import wait_for
 
 PASSTHROUGH = Path(__file__).resolve().parents[1] / "chaos" / "passthrough.py"
@@ -54,6 +56,16 @@ class FuseMount:
     def unstall(self) -> None:
         """Open the gate: every waiting read goes on."""
         self.stall_file.unlink(missing_ok=True)
+
+    def unstall_once_cancelling(self, log: Path, ended: Callable[[], bool] = lambda: False) -> None:
+        """Open the gate once the command logging to `log` says it cancels its copies (or `ended()`): a copy
+        held in a read sees the cancel only when the read returns, so opened before, it would finish. The
+        gate opens even if that never comes (the wait's failure is raised)."""
+        try:
+            wait_for(lambda: read_events(log, "stop.cancelling_copies") or ended(), 90,
+                     "the command cancelling its copy")
+        finally:
+            self.unstall()
 
     def close(self) -> None:
         self.unstall()

@@ -1,4 +1,4 @@
-"""The benchmark suite: `python -m bench` (every goal of issue 18 in one table, bench/goals.py, ~30 min)
+"""The benchmark suite: `python -m bench` (every budget of issue 31 in one table, bench/goals.py, ~30 min)
 or `python -m bench --smoke` (the same at tiny sizes, < 1 min; .ci/run runs it).
 
 `--goals` picks goals (sync, trainer, answers, scale, small, commit); results go to
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition, < 1 min")
     p.add_argument("--goals", default=",".join(goals_bench.GOALS),
-                   help=f"comma-separated goals of issue 18 ({', '.join(goals_bench.GOALS)}; default all)")
+                   help=f"comma-separated goals of issue 31 ({', '.join(goals_bench.GOALS)}; default all)")
     p.add_argument("--only", help=f"run the earlier sections instead ({', '.join(SECTIONS)}), comma-separated")
     p.add_argument("--reps", type=int, help="paired repetitions for throughput (default 3; smoke 1)")
     p.add_argument("--idle-seconds", type=float, help="idle CPU window (default 60; smoke 1)")

@@ -20,15 +20,22 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, ParamSpec
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
 from mirrord.store.trusted import UntrustedFileError, read_trusted
-
-P = ParamSpec("P")
 
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
@@ -122,25 +129,6 @@ def check_patterns(value: tuple[str, ...]) -> tuple[str, ...]:
         if pattern.count("[") != pattern.count("]"):
             raise ValueError(f"{pattern!r} has unbalanced brackets")
     return value
-
-
-def layout_problems(layout: str, patterns: tuple[str, ...], step_pattern: str, unit_kind: str,
-                    complete_marker: str) -> list[str]:
-    """A named layout fixes its patterns, step and unit: a different value set beside it would be
-    silently ignored, so it is an error that says which layout to use instead."""
-    problems = []
-    if layout not in ("torch", "hf_model", "custom"):
-        if patterns != DEFAULT_PATTERNS:
-            problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
-                            'use layout = "custom" to choose patterns')
-        if step_pattern != DEFAULT_STEP_PATTERN:
-            problems.append(f"prune.step_pattern: layout = {layout!r} has its own; "
-                            'use layout = "custom" to choose one')
-    if layout != "custom" and (unit_kind, complete_marker) != ("file", ""):
-        problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
-    if complete_marker and unit_kind != "folder":
-        problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
-    return problems
 
 
 def beside_file(config_file: str | Path, relative: str) -> str:
@@ -242,12 +230,7 @@ class PruneConfig(_Section):
     primary: bool = False
     keep_branch_tips: bool = True
     dry_run: bool = False
-    step_pattern: str = DEFAULT_STEP_PATTERN
-
-    @field_validator("step_pattern")
-    @classmethod
-    def _one_group(cls, value: str) -> str:
-        return check_step_pattern(value)
+    step_pattern: Annotated[str, AfterValidator(check_step_pattern)] = DEFAULT_STEP_PATTERN
 
 
 class WatchConfig(_Section):
@@ -260,12 +243,7 @@ class WatchConfig(_Section):
 class MetricsConfig(_Section):
     """[metrics]: the address of /metrics, /healthz, /readyz and /status."""
     enabled: bool = True
-    address: str = "127.0.0.1:9108"
-
-    @field_validator("address")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        return check_host_port(value)
+    address: Annotated[str, AfterValidator(check_host_port)] = "127.0.0.1:9108"
 
     @property
     def host(self) -> str:
@@ -287,16 +265,11 @@ class LogConfig(_Section):
 class IoConfig(_Section):
     """[io]: buffer size, bandwidth limit, page-cache dropping, I/O and CPU priority of copies."""
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
-    bandwidth_limit: int = Field(100 * MIB, ge=0)  # 0 or at least MIN_BANDWIDTH (checked below)
+    bandwidth_limit: Annotated[int, AfterValidator(check_bandwidth)] = Field(100 * MIB, ge=0)
     drop_cache: bool = True
     ionice: Literal["none", "best-effort", "idle"] = "none"
     cpu_nice: int = Field(0, ge=0, le=19)  # nice value of copy threads (0 = as the daemon)
     cpu_policy: Literal["normal", "idle"] = "normal"  # "idle": SCHED_IDLE copy threads (Linux)
-
-    @field_validator("bandwidth_limit")
-    @classmethod
-    def _usable_rate(cls, value: int) -> int:
-        return check_bandwidth(value)
 
 
 def is_s3_url(value: object) -> bool:
@@ -308,7 +281,8 @@ class S3Config(_Section):
     """The object-store mirror. Credentials come from the standard chain (AWS_* variables, a profile,
     an instance or pod role), never from this file unless allow_inline_credentials says so."""
 
-    endpoint_url: str | None = None  # None: AWS itself; e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO
+    # None: AWS itself; e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO
+    endpoint_url: Annotated[str, AfterValidator(check_endpoint_url)] | None = None
     region: str | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     part_size: int = Field(8 * MIB, ge=5 * MIB, le=5 * 1024 * MIB)  # S3's limits for a part
@@ -320,7 +294,7 @@ class S3Config(_Section):
     # TLS and the CRC32 the server checks). Costs a SHA-256 pass; SeaweedFS does not check it.
     sign_payload: bool = False
     lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
-    node: str = ""  # the lease's name; "" = this host's name
+    node: Annotated[str, AfterValidator(check_node_name)] = ""  # the lease's name; "" = this host's name
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
     # Every request gives up within this many seconds, retries included (a trainer waiting on `latest`
     # never hangs on an endpoint that accepts and never answers); docs/s3.md.
@@ -331,16 +305,6 @@ class S3Config(_Section):
     allow_inline_credentials: bool = False  # (before the keys: their check reads it)
     access_key_id: str | None = None
     secret_access_key: str | None = None
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        return value if value is None else check_endpoint_url(value)
-
-    @field_validator("node")
-    @classmethod
-    def _plain_name(cls, value: str) -> str:
-        return check_node_name(value)
 
     @field_validator("secret_access_key")
     @classmethod
@@ -363,14 +327,9 @@ class UnitConfig(_Section):
     with no evidence of its end must be quiet."""
 
     kind: Literal["file", "folder"] = "file"
-    complete_marker: str = ""
+    complete_marker: Annotated[str, AfterValidator(check_file_name)] = ""
     # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
     settle_seconds: float = Field(30.0, ge=0, le=DAY, **_FINITE)
-
-    @field_validator("complete_marker")
-    @classmethod
-    def _file_name(cls, value: str) -> str:
-        return check_file_name(value)
 
 
 class Config(_Section):
@@ -379,7 +338,8 @@ class Config(_Section):
     mirror: Path  # no default: a missing mirror is an error, never a silently invented path
     layout: Literal["torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspeed", "megatron",
                     "custom"] = "torch"
-    patterns: tuple[str, ...] = DEFAULT_PATTERNS
+    patterns: Annotated[tuple[str, ...], BeforeValidator(split_patterns), AfterValidator(check_patterns)] = \
+        DEFAULT_PATTERNS
     mirror_must_be_mountpoint: bool = False
     copy_: CopyConfig = Field(default_factory=CopyConfig, alias="copy")
     prune: PruneConfig = Field(default_factory=PruneConfig)
@@ -397,8 +357,18 @@ class Config(_Section):
     def _layout_owns_its_names(self) -> Config:
         """A named layout fixes its patterns, step and unit: a different value set beside it would be
         silently ignored, so it is an error that says which layout to use instead."""
-        problems = layout_problems(self.layout, self.patterns, self.prune.step_pattern, self.unit.kind,
-                                   self.unit.complete_marker)
+        layout, unit, problems = self.layout, self.unit, []
+        if layout not in ("torch", "hf_model", "custom"):
+            if self.patterns != DEFAULT_PATTERNS:
+                problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
+                                'use layout = "custom" to choose patterns')
+            if self.prune.step_pattern != DEFAULT_STEP_PATTERN:
+                problems.append(f"prune.step_pattern: layout = {layout!r} has its own; "
+                                'use layout = "custom" to choose one')
+        if layout != "custom" and (unit.kind, unit.complete_marker) != ("file", ""):
+            problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
+        if unit.complete_marker and unit.kind != "folder":
+            problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
         if problems:
             raise ValueError("\n".join(problems))
         if self.prune.mode == "follow" and self.prune.primary:
@@ -449,16 +419,6 @@ class Config(_Section):
         """Copies made at once: copy.workers, or s3.files_in_flight into an object store (a disk wants few
         writers; an upload mostly waits on the network, so several files go at once)."""
         return self.s3.files_in_flight if self.mirror_url else self.copy.workers
-
-    @field_validator("patterns", mode="before")
-    @classmethod
-    def _split_patterns(cls, value: Any) -> Any:
-        return split_patterns(value)
-
-    @field_validator("patterns")
-    @classmethod
-    def _valid_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return check_patterns(value)
 
     @property
     def copy(self) -> CopyConfig:  # type: ignore[override]
@@ -538,11 +498,6 @@ class _Layer:
     ignored: list[str] = field(default_factory=list)
 
 
-def _sections() -> dict[str, type[BaseModel]]:
-    return {f.alias or name: f.annotation for name, f in Config.model_fields.items()
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
-
-
 def _is_structured(annotation: Any) -> bool:
     """Lists and tuples are given as JSON in a variable; everything else as the string itself."""
     origin = typing.get_origin(annotation)
@@ -554,11 +509,10 @@ def _is_structured(annotation: Any) -> bool:
 def _settings() -> dict[str, Any]:
     """Every dotted key a user can set, with its annotation."""
     keys: dict[str, Any] = {}
-    sections = _sections()
     for name, f in Config.model_fields.items():
-        key = f.alias or name
-        if key in sections:
-            keys |= {f"{key}.{sub}": sf.annotation for sub, sf in sections[key].model_fields.items()}
+        key, section = f.alias or name, f.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            keys |= {f"{key}.{sub}": sf.annotation for sub, sf in section.model_fields.items()}
         else:
             keys[key] = f.annotation
     return keys
@@ -716,8 +670,7 @@ def explain_config(
 ) -> LoadedConfig:
     """load_config, also saying where each value came from. `overrides` are the command-line flags."""
     environ = os.environ if environ is None else environ
-    if path is None and environ.get(ENV_CONFIG_FILE):
-        path = Path(environ[ENV_CONFIG_FILE])
+    path = config_path(path, environ)
     layers = [_read_file(path, content)] if path is not None else []
     env = read_environment(environ)
     layers += [env, _flag_layer(overrides or {})]
@@ -742,16 +695,10 @@ def explain_config(
     return LoadedConfig(config, file, origins, tuple(env.ignored))
 
 
-def _config_only(explain: Callable[P, LoadedConfig]) -> Callable[P, Config]:
-    def load_config(*args: P.args, **kwargs: P.kwargs) -> Config:
-        """Build the one Config of this process; raise ConfigError listing every problem at once.
-        Takes explain_config's arguments (the file, the environment, the flags, ...)."""
-        return explain(*args, **kwargs).config
-
-    return load_config
-
-
-load_config = _config_only(explain_config)
+def load_config(*args: Any, **kwargs: Any) -> Config:
+    """Build the one Config of this process; raise ConfigError listing every problem at once.
+    Takes explain_config's arguments (the file, the environment, the flags, ...)."""
+    return explain_config(*args, **kwargs).config
 
 
 def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[str]:
@@ -789,9 +736,8 @@ def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: flo
         current, now = _read_with_stat(path), monotonic()
         if current != previous:
             previous, unchanged_since = current, now
-        else:
-            if now - unchanged_since >= quiet:
-                return current[-1], True
+        elif now - unchanged_since >= quiet:
+            return current[-1], True
         if now - started >= timeout:
             return current[-1], False
 
@@ -820,19 +766,15 @@ def reload_config(
 def risky_changes(old: Config, new: Config) -> list[str]:
     """Changes that make retention delete more or sooner: applied only from a stable read."""
     a, b = old.prune, new.prune
-    risky = []
-    if b.enabled and not a.enabled:
-        risky.append("prune.enabled turned on")
-    if a.dry_run and not b.dry_run:
-        risky.append("prune.dry_run turned off")
-    if b.primary and not a.primary:
-        risky.append("prune.primary turned on")
-    if b.keep_last < a.keep_last:
-        risky.append(f"prune.keep_last lowered from {a.keep_last} to {b.keep_last}")
-    if a.keep_every is not None and b.keep_every != a.keep_every:
-        risky.append(f"prune.keep_every changed from {a.keep_every} to {b.keep_every}")
-    if b.min_age_seconds < a.min_age_seconds:
-        risky.append(f"prune.min_age_seconds lowered from {a.min_age_seconds:g} to {b.min_age_seconds:g}")
-    if b.step_pattern != a.step_pattern:
-        risky.append("prune.step_pattern changed")
-    return risky
+    checks = [
+        (b.enabled and not a.enabled, "prune.enabled turned on"),
+        (a.dry_run and not b.dry_run, "prune.dry_run turned off"),
+        (b.primary and not a.primary, "prune.primary turned on"),
+        (b.keep_last < a.keep_last, f"prune.keep_last lowered from {a.keep_last} to {b.keep_last}"),
+        (a.keep_every is not None and b.keep_every != a.keep_every,
+         f"prune.keep_every changed from {a.keep_every} to {b.keep_every}"),
+        (b.min_age_seconds < a.min_age_seconds,
+         f"prune.min_age_seconds lowered from {a.min_age_seconds:g} to {b.min_age_seconds:g}"),
+        (b.step_pattern != a.step_pattern, "prune.step_pattern changed"),
+    ]
+    return [change for risky, change in checks if risky]

@@ -61,15 +61,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    if args.primary is not None:
-        data["primary"] = str(args.primary)
-    if args.mirror is not None:
-        data["mirror"] = str(args.mirror)
+    data: dict[str, Any] = {k: str(v) for k in ("primary", "mirror") if (v := getattr(args, k)) is not None}
     log = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v is not None}
-    if log:
-        data["log"] = log
-    return data
+    return data | ({"log": log} if log else {})
 
 
 def cmd_sync(config: Config, args: argparse.Namespace) -> int:
@@ -274,44 +268,27 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _explain(args: argparse.Namespace) -> LoadedConfig:
-    """File + environment + flags, roots checked as the command needs, with each value's origin."""
-    from mirrord.config import explain_config
-
-    return explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
-
-
 # --- init, completion, man: no configuration read -----------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     """`mirrord init`: write a config file (and, with --systemd, a unit) for this machine."""
-    from mirrord.commands.init import (
-        UNIT_NAME,
-        InitError,
-        mirrord_executable,
-        starter_config,
-        starter_unit,
-        systemd_next_steps,
-        systemd_warnings,
-        write_files,
-    )
+    from mirrord.commands import init
 
     path: Path = args.path
-    files = {path: starter_config(args.primary, args.mirror)}
+    config, unit, executable = path.absolute(), (path.parent / init.UNIT_NAME), init.mirrord_executable(sys.argv[0])
+    files = {path: init.starter_config(args.primary, args.mirror)}
     if args.systemd:
-        files[path.parent / UNIT_NAME] = starter_unit(path, args.primary, args.mirror, mirrord_executable(sys.argv[0]))
+        files[unit] = init.starter_unit(path, args.primary, args.mirror, executable)
     try:
-        written = write_files(files, args.force)
-    except (InitError, OSError) as exc:
+        replaced = init.write_files(files, args.force)
+    except (init.InitError, OSError) as exc:
         print(f"mirrord init: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, InitError) else EXIT_FAILED
-    for w in written:
-        print(f"{'replaced' if w.replaced else 'wrote'} {w.path}")
-    config = path.absolute()
+        return EXIT_USAGE if isinstance(exc, init.InitError) else EXIT_FAILED
+    for written in files:
+        print(f"{'replaced' if written in replaced else 'wrote'} {written}")
     steps = [] if args.mirror is not None else [f"set mirror (required) in {config}"]
     if args.systemd:
-        executable = mirrord_executable(sys.argv[0])
-        steps += systemd_next_steps(config, (path.parent / UNIT_NAME).absolute(), args.mirror, executable)
-        for warning in systemd_warnings(args.primary, args.mirror, executable):
+        steps += init.systemd_next_steps(config, unit.absolute(), args.mirror)
+        for warning in init.systemd_warnings(args.primary, args.mirror, executable):
             print(f"warning: {warning}", file=sys.stderr)
     else:
         steps += [f"mirrord check-config --config {config}", f"mirrord run --config {config}"]
@@ -426,48 +403,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def _positive_int(text: str) -> int:
-    import argparse
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` (int or float) greater than 0."""
+    def parse(text: str) -> Any:
+        import argparse
 
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
 
-
-def _positive_float(text: str) -> float:
-    import argparse
-
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
+    return parse
 # --- end status and demo -----------------------------------------------------------------------------
 
 
-def _terminal_columns() -> int:
-    """shutil.get_terminal_size().columns, which argparse's HelpFormatter asks for, without importing shutil
-    (and bz2 and lzma with it): argparse makes a formatter for every argument it adds, to check it, so
-    every command paid for that import, and a `mirrord latest` prints no help."""
+def _help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's own formatter, as wide as the terminal, sized as shutil.get_terminal_size would (COLUMNS,
+    else stdout's terminal, else 80) without importing shutil (and bz2 and lzma with it): argparse makes a
+    formatter for every argument it adds, to check it, so every command paid for that import."""
+    import argparse
     import os
 
     try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns > 0:
-        return columns
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        columns = int(os.environ.get("COLUMNS", 0)) \
+            or os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):  # no stdout, not a terminal
-        return 80
-
-
-def _help_formatter(prog: str) -> argparse.HelpFormatter:
-    """argparse's own formatter, as wide as the terminal (as argparse sizes it: see _terminal_columns)."""
-    import argparse
-
-    return argparse.HelpFormatter(prog, width=_terminal_columns() - 2)
+        columns = 0
+    return argparse.HelpFormatter(prog, width=(columns or 80) - 2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -582,9 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="check the content hash of each run's newest mirrored step, not only its size "
                    "(reads those files in full)")
-    p.add_argument("--timeout", type=_positive_float, default=1.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=_positive(float), default=1.0, metavar="SECONDS",
                    help="how long to wait for the daemon's HTTP endpoint (default: 1)")
-    p.add_argument("--max-lag", type=_positive_float, default=900.0, metavar="SECONDS",
+    p.add_argument("--max-lag", type=_positive(float), default=900.0, metavar="SECONDS",
                    help="a run whose oldest unmirrored checkpoint is older than this is a problem "
                    "(exit 1), not just lag (default: 900, as the MirrordMirrorLagging alert)")
     p = add("demo", cmd_demo, "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
@@ -597,11 +559,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, default=Path("var/demo"), metavar="DIR",
                    help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
                    "must be empty or made by an earlier demo, which is wiped)")
-    p.add_argument("--steps", type=_positive_int, default=20, metavar="N",
+    p.add_argument("--steps", type=_positive(int), default=20, metavar="N",
                    help="checkpoints the trainer commits (default: 20)")
-    p.add_argument("--interval", type=_positive_float, default=2.5, metavar="SECONDS",
+    p.add_argument("--interval", type=_positive(float), default=2.5, metavar="SECONDS",
                    help="time between two commits (default: 2.5)")
-    p.add_argument("--keep-last", type=_positive_int, default=3, metavar="N",
+    p.add_argument("--keep-last", type=_positive(int), default=3, metavar="N",
                    help="steps retention keeps on each side (prune.keep_last; default: 3)")
     p.add_argument("--no-torch", action="store_true",
                    help="write torch-like zip files even if torch is installed (starts faster)")
@@ -676,10 +638,11 @@ def _main(argv: Sequence[str] | None) -> int:
     plain: PlainCommand | None = getattr(args, "plain", None)
     if plain is not None:
         return _run_plain(plain, args)
+    from mirrord.config import explain_config
     from mirrord.obs import log as logsetup
 
-    try:
-        loaded = _explain(args)
+    try:  # file + environment + flags, roots checked as the command needs, with each value's origin
+        loaded = explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"mirrord: config error: {problem}", file=sys.stderr)
@@ -710,8 +673,10 @@ def _main(argv: Sequence[str] | None) -> int:
             print(dumps(error_document(args.command, exc)))  # --json promised a document: say why there is none
         return EXIT_FAILED
     except KeyboardInterrupt as exc:
-        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 2  # Ctrl-C: SIGINT
-        logsetup.get_logger().warning("command.interrupted", command=args.command, signal=_signal_name(signum),
+        import signal
+
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT  # Ctrl-C
+        logsetup.get_logger().warning("command.interrupted", command=args.command, signal=signal.Signals(signum).name,
                                       action="copies under way aborted, their temp files removed")
         return 128 + signum
 
@@ -726,15 +691,6 @@ def _stop_on_hangup_and_term() -> None:
 
     for sig in (signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, interrupt)
-
-
-def _signal_name(signum: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)
 
 
 # What writes to the mirror; every other command (latest, status, verify, prune --dry-run, restore,

@@ -7,7 +7,6 @@ which TOML cannot spell and which are written as comments.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,14 +35,8 @@ def value_to_toml(value: Any) -> str:
     """A TOML literal for a config value: string, bool, int, float or a list of them."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
+    if isinstance(value, int | float):
+        return repr(value)  # TOML spells inf, -inf and nan as Python does
     if isinstance(value, str):
         return _string(value)
     if isinstance(value, list | tuple):

@@ -105,19 +105,9 @@ def _sync_with_progress(config: Config, run_sync: Any) -> Any:
             logsetup.configure(config.log.format, config.log.level, sys.stderr)
 
 
-def _torch_import_error() -> str | None:
-    """Why torch cannot be imported, or None. (--load needs it; nothing else in the CLI does.)"""
-    try:
-        import torch  # noqa: F401
-    except ImportError as exc:
-        return str(exc)
-    return None
-
-
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     """`mirrord verify`: check every manifest entry against the mirror (--deep re-hashes)."""
     from mirrord.commands.verify import verify_mirror
-    from mirrord.store.mirror import ReadableStore
     from mirrord.store.targets import mirror_for
 
     mirror = mirror_for(config.mirror_target, config.s3)
@@ -125,16 +115,20 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         print(f"mirrord: verify: the mirror {mirror.describe()} does not exist or is not a directory "
               "(mirror / --mirror); nothing to verify", file=sys.stderr)
         return EXIT_USAGE
-    if args.load and (why := _torch_import_error()) is not None:
-        print(f"mirrord: verify --load needs torch, which cannot be imported ({why}): "
+    try:
+        if args.load:  # (nothing else in the CLI imports torch)
+            import torch  # noqa: F401
+    except ImportError as exc:
+        print(f"mirrord: verify --load needs torch, which cannot be imported ({exc}): "
               "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)", file=sys.stderr)
         return EXIT_USAGE
     deep = None
     if args.deep or args.load:
+        from functools import partial
+
         from mirrord.commands.verify import deep_check
 
-        def deep(store: ReadableStore, rel: str) -> Any:
-            return deep_check(store, rel, load=args.load)
+        deep = partial(deep_check, load=args.load)
 
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(mirror, config.patterns, progress, deep, config.rules)
@@ -189,23 +183,22 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     """`mirrord run`: the daemon, until SIGTERM/SIGINT; SIGHUP reloads the config."""
     import faulthandler
+    from functools import partial
 
-    from mirrord.config import reload_config as reread
+    from mirrord.config import reload_config
     from mirrord.errors import StartupError
     from mirrord.service.boot import run_daemon
 
     # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
     faulthandler.enable()
 
-    def reload_config() -> tuple[Config, bool]:
-        return reread(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
-
     if sys.stderr.isatty():
         from mirrord.commands.banner import run_banner
 
         print(run_banner(config, args.config), file=sys.stderr, flush=True)
     try:
-        return run_daemon(config, reload_config, getattr(args, "signals", None))
+        reread = partial(reload_config, args.config, overrides=_overrides(args), need_primary=args.needs_primary)
+        return run_daemon(config, reread, getattr(args, "signals", None))
     except StartupError as exc:
         print(f"mirrord: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -228,29 +221,19 @@ def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _naming_warnings(config: Config) -> list[str]:
-    """What a running daemon would warn about the primary's names (mirrord.core.units.naming_warnings)."""
-    from pathlib import Path
-
-    from mirrord.core.units import naming_warnings
-    from mirrord.store.scan import snapshot_tree
-
-    primary = Path(config.primary)
-    if not primary.is_dir():
-        return []
-    snapshot = snapshot_tree(primary, config.patterns, layout=config.rules)
-    return [w.message for w in naming_warnings(snapshot, config.rules)]
-
-
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     """`mirrord check-config`: print the effective config (each value with its origin, or as JSON) and the
     checkpoint rules it implies; warns about patterns that can never match and, from a listing of the
     primary, about checkpoints with no step and checkpoint-like files the layout does not select."""
     from mirrord.core.layouts import never_matching
+    from mirrord.core.units import naming_warnings
+    from mirrord.store.scan import snapshot_tree
 
-    for problem in never_matching(config.rules):
-        print(f"warning: {problem}", file=sys.stderr)
-    for warning in _naming_warnings(config):
+    warnings = never_matching(config.rules)
+    if config.primary.is_dir():  # what a running daemon would warn about the primary's names
+        snapshot = snapshot_tree(config.primary, config.patterns, layout=config.rules)
+        warnings += [w.message for w in naming_warnings(snapshot, config.rules)]
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.format == "json":
         import json
@@ -449,9 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: PrimaryNeed = True,
-            config: bool = True) -> argparse.ArgumentParser:
+            config: bool = True, json: bool = False) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
+        if json:
+            p.add_argument("--json", action="store_true", help=JSON_HELP)
         if config:
             _common(p)
             p.set_defaults(func=func, needs_primary=needs_primary)
@@ -461,12 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
             "(0 if all copies succeeded, 1 if any failed). On a terminal, each copy under way shows its "
-            "bytes, rate and ETA.")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+            "bytes, rate and ETA.", json=True)
     p = add("verify", cmd_verify, "Recheck every mirrored file against the manifest (size and hash); list "
             "mismatches, missing and unrecorded files; exit 1 on any problem, 2 if the mirror does not exist "
-            "or --load is asked for without torch installed.", needs_primary=False)
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+            "or --load is asked for without torch installed.", needs_primary=False, json=True)
     p.add_argument("--deep", action="store_true",
                    help="also run the format validator on every file, recorded or not: a torch.save zip's "
                    "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
@@ -478,8 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
             "passed its format validator), still the file that was recorded (by inode, size, mtime and "
             "ctime; re-hashed when they differ). Newest is by step within a run, the newest branch first "
             "after a rollback; without --run, the run whose best checkpoint is newest by mtime. Exit 1 if "
-            "there is none, 2 if the mirror does not exist.", needs_primary=False)
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+            "there is none, 2 if the mirror does not exist.", needs_primary=False, json=True)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
     p.add_argument("--verify", action="store_true",
                    help="re-read each candidate: content hash and format validator, not only stat")
@@ -494,13 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
             "is named on stderr; exit 0 once one was restored). Prints the restored path. An identical copy "
             "already at the destination is left alone; a different one is replaced only with --force. Reads the "
             "mirror only. Exit 1 if nothing could be restored (none recorded, every copy damaged, a damaged "
-            "--step, a different file in the way), 2 if the mirror does not exist.", needs_primary=False)
+            "--step, a different file in the way), 2 if the mirror does not exist.", needs_primary=False, json=True)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
     p.add_argument("--step", type=int, metavar="N", help="this step (no fallback if its copy is damaged)")
     p.add_argument("--to", type=Path, metavar="DIR",
                    help="root to restore below, at the same relative path (default: the configured primary)")
     p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
@@ -519,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
             "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
             "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
-            "manifest, mirror looks unmounted).")
+            "manifest, mirror looks unmounted).", json=True)
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
                    "nothing, so it runs beside a daemon")
@@ -527,7 +508,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let retention delete this kept tip of an abandoned branch (a rollback or a restart from "
                    "scratch), or of a run paused because its primary lost its newest step; RUN is the run "
                    "folder relative to the roots ('.' for the root itself); repeatable")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---
     # --- status and demo ---
     p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "

@@ -615,11 +615,17 @@ def _main(argv: Sequence[str] | None) -> int:
 
         # First thing: a SIGHUP or SIGTERM while the daemon is still starting is recorded, not fatal.
         args.signals = SignalFlags().install()
-    plain: PlainCommand | None = getattr(args, "plain", None)
-    if plain is not None:
-        return _run_plain(plain, args)
-    from mirrord.config import explain_config
     from mirrord.obs import log as logsetup
+
+    plain: PlainCommand | None = getattr(args, "plain", None)
+    if plain is not None:  # no configuration read: the log as the flags say (demo has them), else the defaults
+        logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
+                           sys.stderr)
+        try:
+            return int(plain(args))
+        except KeyboardInterrupt:
+            return 130
+    from mirrord.config import explain_config
 
     try:  # file + environment + flags, roots checked as the command needs, with each value's origin
         loaded = explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
@@ -690,17 +696,6 @@ def _write_problem(config: Config, args: argparse.Namespace) -> str | None:
                 f"`{args.command}` writes to it. Reading needs no write access: latest, status, verify, "
                 "prune --dry-run, restore")
     return None
-
-
-def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:
-    from mirrord.obs import log as logsetup
-
-    logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
-                       sys.stderr)
-    try:
-        return int(command(args))
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

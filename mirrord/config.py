@@ -15,7 +15,6 @@ import os
 import re
 import time
 import tomllib
-import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,7 +43,6 @@ CONFIG_LIMIT = 1024 * 1024  # a config file is a few KiB; anything past this bou
 # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
 # log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
 _FINITE: dict[str, Any] = {"allow_inf_nan": False}
-PATH_KEYS = ("primary", "mirror")
 # Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
 # (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
 # They are not settings: ignored (and logged once) instead of stopping the sidecar as unknown keys.
@@ -152,19 +150,16 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     a primary root that does not exist yet (a disk being replaced) is a state it waits out, not an error.
     """
     problems = []
-    primary, mirror = config.primary, config.mirror
-    if config.mirror_url is not None:
-        if need_primary is True and not primary.is_dir():
+    primary, mirror, local = config.primary, config.mirror, config.mirror_url is None
+    if need_primary is True or (need_primary == "later" and local and primary.exists()):
+        if not primary.is_dir():
             problems.append(f"primary: {primary} does not exist or is not a directory")
+        elif local and not os.access(primary, os.R_OK | os.X_OK):
+            problems.append(f"primary: {primary} is not readable")
+    if not local:
         if config.mirror_must_be_mountpoint:
             problems.append("mirror_must_be_mountpoint: means nothing for an s3:// mirror; remove it")
         return problems
-    if not need_primary or (need_primary == "later" and not primary.exists()):
-        pass
-    elif not primary.is_dir():
-        problems.append(f"primary: {primary} does not exist or is not a directory")
-    elif not os.access(primary, os.R_OK | os.X_OK):
-        problems.append(f"primary: {primary} is not readable")
     rp, rm = primary.resolve(), mirror.resolve()
     if rp == rm:
         problems.append(f"mirror: {mirror} is the same directory as primary")
@@ -381,9 +376,13 @@ class Config(_Section):
 
     @field_validator("primary", "mirror", mode="before")
     @classmethod
-    def _not_empty(cls, value: Any) -> Any:
+    def _root_text(cls, value: Any, info: Any) -> Any:
         if isinstance(value, str) and not value.strip():
             raise ValueError("must not be empty")
+        if info.field_name == "mirror" and is_s3_url(value):
+            from mirrord.store.s3 import S3Location
+
+            S3Location.parse(value)  # ValueError: one line naming what is wrong
         return value
 
     @field_validator("primary", "mirror")
@@ -392,15 +391,6 @@ class Config(_Section):
         """Relative to the working directory (a file's relative paths were joined to its folder before).
         An s3:// mirror is kept as it is (see mirror_url)."""
         return value if str(value).startswith("s3:/") else value.absolute()
-
-    @field_validator("mirror", mode="before")
-    @classmethod
-    def _s3_url(cls, value: Any) -> Any:
-        if is_s3_url(value):
-            from mirrord.store.s3 import S3Location
-
-            S3Location.parse(value)  # ValueError: one line naming what is wrong
-        return value
 
     @property
     def mirror_target(self) -> str | Path:
@@ -498,14 +488,6 @@ class _Layer:
     ignored: list[str] = field(default_factory=list)
 
 
-def _is_structured(annotation: Any) -> bool:
-    """Lists and tuples are given as JSON in a variable; everything else as the string itself."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_is_structured(a) for a in typing.get_args(annotation) if a is not type(None))
-    return origin in (list, tuple, dict, set, frozenset) or annotation in (list, tuple, dict)
-
-
 def _settings() -> dict[str, Any]:
     """Every dotted key a user can set, with its annotation."""
     keys: dict[str, Any] = {}
@@ -562,7 +544,8 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
                 f"; settings are {ENV_PREFIX}<KEY> or {ENV_PREFIX}<SECTION>__<KEY>, see check-config"))
             continue
         value: Any = raw
-        if _is_structured(settings[dotted]) and raw.lstrip().startswith("["):  # else: comma-separated
+        # A list-typed key (patterns) may be given as a JSON list, else comma-separated; the rest as the string.
+        if typing.get_origin(settings[dotted]) in (list, tuple) and raw.lstrip().startswith("["):
             try:
                 value = json.loads(raw)
             except ValueError as exc:
@@ -587,7 +570,7 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError([f"config: {path} is not valid TOML: {exc}"]) from exc
-    for key in PATH_KEYS:  # relative to the file, not to wherever the command happens to run
+    for key in ("primary", "mirror"):  # relative to the file, not to wherever the command happens to run
         value = data.get(key)
         if isinstance(value, str) and value.strip() and not Path(value).is_absolute() and not is_s3_url(value):
             data[key] = beside_file(path, value)

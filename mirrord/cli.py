@@ -467,16 +467,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-read each candidate: content hash and format validator, not only stat")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
-    p = add("restore", cmd_restore, "Bring a checkpoint back from the mirror (local or s3://): the newest "
-            "verified unit (a file or a whole folder) of the run written to most recently, or of --run, or the one "
-            "of --step. Every byte is checked against the manifest's hash as it is written under a temp name "
-            "(NAME.part, a folder as NAME.part/); only a matching copy is fsynced and renamed into place, with the "
-            "mtime its source had, so sync and the daemon recognise it and copy nothing again. A damaged copy is "
-            "never published: without --step the next newest verified unit is restored instead (each damaged copy "
-            "is named on stderr; exit 0 once one was restored). Prints the restored path. An identical copy "
-            "already at the destination is left alone; a different one is replaced only with --force. Reads the "
-            "mirror only. Exit 1 if nothing could be restored (none recorded, every copy damaged, a damaged "
-            "--step, a different file in the way), 2 if the mirror does not exist.", needs_primary=False, json=True)
+    p = add("restore", cmd_restore, "Bring back from the mirror (local or s3://) the newest verified unit (file "
+            "or folder) of the run written to most recently, of --run, or of --step; print its path. Every byte is "
+            "checked against the manifest's hash as it is written as NAME.part (NAME.part/); only a matching copy is "
+            "fsynced and renamed into place, with its source's mtime, so sync and the daemon copy nothing again. A "
+            "damaged copy is never published: without --step the next newest verified unit is restored instead "
+            "(each damaged copy named on stderr; exit 0 once one is restored). An identical copy at the destination "
+            "is left alone, a different one replaced only with --force. Reads the mirror only. Exit 1 if nothing "
+            "could be restored (none recorded, all damaged, a damaged --step, a different file in the way), 2 if "
+            "the mirror does not exist.", needs_primary=False, json=True)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
     p.add_argument("--step", type=int, metavar="N", help="this step (no fallback if its copy is damaged)")
     p.add_argument("--to", type=Path, metavar="DIR",
@@ -488,8 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
         "its endpoints and the command that shows its status. A primary root that does not exist yet is "
         "waited for (alive, not ready).", needs_primary="later")
     p = add("check-config", cmd_check_config, "Validate the configuration (file, MIRRORD_* variables, flags) and "
-            "print the effective values as TOML that can be pasted into a config file, each value followed by "
-            "a comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
+            "print the effective values as TOML that can be pasted into a config file, each value followed by a "
+            "comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
     p.add_argument("--format", choices=["toml", "json"], default="toml",
                    help="toml (default): for a person, with origins; json: the values only, for machines")
     add("repair-manifest", cmd_repair_manifest, "Rebuild a lost or damaged manifest from the mirror's files "
@@ -511,15 +510,13 @@ def build_parser() -> argparse.ArgumentParser:
     # --- end prune ---
     # --- status and demo ---
     p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "
-            "whether the newest mirrored step is intact, how far the mirror is behind, free space on both "
-            "volumes, and problems (with a folder layout, also each unit the mirror lacks: incomplete, "
-            "pending or retired, as the daemon judges it); plus, if a daemon answers on metrics.address, "
-            "its health, readiness, queue and copy counts. Reads only: safe while the daemon runs. "
-            "Exit 0 if nothing is wrong, "
-            "1 if a problem is listed (newest mirrored step not intact, files missing from the mirror, "
-            "unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
-            "behind, daemon unhealthy or refusing the mirror). With a daemon, each copy under way is shown "
-            "with its bytes, rate and ETA.", needs_primary=False)
+            "whether the newest mirrored step is intact, how far the mirror is behind, free space on both volumes, "
+            "and problems (with a folder layout, also each unit the mirror lacks: incomplete, pending or retired, as "
+            "the daemon judges it); plus, if a daemon answers on metrics.address, its health, readiness, queue, copy "
+            "counts and each copy under way (bytes, rate, ETA). Reads only: safe while the daemon runs. Exit 1 if a "
+            "problem is listed (newest mirrored step not intact, files missing from the mirror, unreadable or "
+            "missing manifest while the primary holds checkpoints, a run more than --max-lag behind, daemon "
+            "unhealthy or refusing the mirror), else 0.", needs_primary=False)
     p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
     p.add_argument("--verify", action="store_true",
                    help="check the content hash of each run's newest mirrored step, not only its size "
@@ -530,11 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run whose oldest unmirrored checkpoint is older than this is a problem "
                    "(exit 1), not just lag (default: 900, as the MirrordMirrorLagging alert)")
     p = add("demo", cmd_demo, "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
-            "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a "
-            "`mirrord run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, "
-            "copy and deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the "
-            "daemon's log. --config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.",
-            config=False)
+            "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a `mirrord "
+            "run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, copy and "
+            "deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the daemon's log. "
+            "--config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.", config=False)
     _common(p)
     p.add_argument("--dir", type=Path, default=Path("var/demo"), metavar="DIR",
                    help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
@@ -560,10 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
     p.add_argument("--force", action="store_true", help="replace files that exist")
     p = add("completion", cmd_completion, "Print a shell completion script generated from this command's own "
-            "parser. bash: `source <(mirrord completion bash)` (or save it as "
-            "/etc/bash_completion.d/mirrord); zsh: save it as _mirrord in a folder of $fpath; fish: save it as "
-            "~/.config/fish/completions/mirrord.fish. Wheels also ship them under mirrord/data/completion/.",
-            config=False)
+            "parser. bash: `source <(mirrord completion bash)` (or save it as /etc/bash_completion.d/mirrord); zsh: "
+            "save it as _mirrord in a folder of $fpath; fish: save it as ~/.config/fish/completions/mirrord.fish. "
+            "Wheels also ship them under mirrord/data/completion/.", config=False)
     p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete for")
     add("man", cmd_man, "Print the manual page mirrord(1) in roff, generated from this command's own parser: "
         "`mirrord man | man -l -`. Wheels also ship it as mirrord/data/man/mirrord.1.", config=False)

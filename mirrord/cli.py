@@ -314,7 +314,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     from mirrord.core.model import Snapshot
     from mirrord.errors import ManifestError
     from mirrord.obs import log as logsetup
-    from mirrord.service.pruner import Pruner
+    from mirrord.service.pruner import Pruner, PruneReport
     from mirrord.store.targets import mirror_for
     from mirrord.store.volume import LocalVolume
 
@@ -329,23 +329,21 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             # Without the manifest nothing is known to be verified: delete nothing.
             logsetup.get_logger().error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=0)
             print(f"REFUSED (manifest): {exc}; nothing deleted", file=sys.stderr)
-            if args.json:
-                from mirrord.commands.report import dumps, prune_document
-                from mirrord.service.pruner import PruneReport
-
-                print(dumps(prune_document(PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]))))
-            return EXIT_FAILED
-        pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget_branch))
-        # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
-        absent = Snapshot() if dry_run and not mirror.exists() else None
-        report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
-        if not dry_run:
-            manifest.close()
+            report, read = PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]), False
+        else:
+            read = True
+            pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest,
+                            forget=frozenset(args.forget_branch))
+            # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
+            absent = Snapshot() if dry_run and not mirror.exists() else None
+            report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+            if not dry_run:
+                manifest.close()
     if args.json:
         from mirrord.commands.report import dumps, prune_document
 
         print(dumps(prune_document(report)))
-    else:
+    elif read:  # (a manifest that could not be read was said on stderr)
         from mirrord.commands.printable import printable
 
         print("\n".join(map(printable, describe(report).split("\n"))))

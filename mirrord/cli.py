@@ -79,12 +79,11 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
 
     if report.refused is not None:
         print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
-    for rel, err in sorted(report.failed.items()):
-        print(printable(f"FAILED {rel}: {err}"), file=sys.stderr)
-    for rel, cause in sorted(report.invalid.items()):
-        print(printable(f"NOT PUBLISHED {rel}: {cause}"), file=sys.stderr)
-    for rel in report.unsettled:
-        print(printable(f"UNSETTLED {rel}: still changing; not copied"), file=sys.stderr)
+    lines = [*(f"FAILED {rel}: {err}" for rel, err in sorted(report.failed.items())),
+             *(f"NOT PUBLISHED {rel}: {cause}" for rel, cause in sorted(report.invalid.items())),
+             *(f"UNSETTLED {rel}: still changing; not copied" for rel in report.unsettled)]
+    for line in lines:
+        print(printable(line), file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -243,7 +242,7 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     from mirrord.commands.config_toml import render
 
     loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
-    print(render(config.to_toml_dict(), lambda key: str(loaded.origin(key))), end="")
+    print(render(config.to_toml_dict(), loaded.origin), end="")
     print("\n# effective checkpoint rules:")
     print("\n".join(f"#   {line}" for line in config.rules.describe()))
     mode, why = config.retention_mode
@@ -681,10 +680,8 @@ def _write_problem(config: Config, args: argparse.Namespace) -> str | None:
     """Why this command cannot write the local mirror it must write (not writable by us, a read-only mount)."""
     import os
 
-    if args.command not in WRITE_COMMANDS or getattr(args, "dry_run", False) or config.mirror_url is not None:
-        return None
-    mirror = config.mirror
-    if mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
+    mirror, writes = config.mirror, args.command in WRITE_COMMANDS and not getattr(args, "dry_run", False)
+    if writes and config.mirror_url is None and mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
         return (f"{args.command}: the mirror {mirror} is not writable by this user (or is mounted read-only); "
                 f"`{args.command}` writes to it. Reading needs no write access: latest, status, verify, "
                 "prune --dry-run, restore")

@@ -459,23 +459,14 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-@dataclass(frozen=True)
-class Origin:
-    """Where a value came from: `default`, `file` (path), `environment` (variable) or `flag` (name)."""
-
-    kind: Literal["default", "file", "environment", "flag"]
-    detail: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.detail}" if self.detail else self.kind
-
-    def suffix(self) -> str:
-        """For an error message: where to go and fix the value."""
-        return {"file": f" (in {self.detail})", "environment": f" (from {self.detail})",
-                "flag": f" (from {self.detail})"}.get(self.kind, "")
+# Where a value came from, as check-config prints it: "default", "file PATH", "environment NAME", "flag --NAME".
+DEFAULT = "default"
 
 
-DEFAULT = Origin("default")
+def _suffix(origin: str) -> str:
+    """For an error message: where to go and fix the value."""
+    kind, _, detail = origin.partition(" ")
+    return f" ({'in' if kind == 'file' else 'from'} {detail})" if detail else ""
 
 
 @dataclass
@@ -483,7 +474,7 @@ class _Layer:
     """One source of settings: nested data plus the origin of each dotted key in it."""
 
     data: dict[str, Any] = field(default_factory=dict)
-    origins: dict[str, Origin] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
@@ -554,7 +545,7 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
         section, _, key = dotted.rpartition(".")
         node = layer.data.setdefault(section, {}) if section else layer.data
         node[key] = value
-        layer.origins[dotted] = Origin("environment", name)
+        layer.origins[dotted] = f"environment {name}"
     return layer
 
 
@@ -574,14 +565,14 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
         value = data.get(key)
         if isinstance(value, str) and value.strip() and not Path(value).is_absolute() and not is_s3_url(value):
             data[key] = beside_file(path, value)
-    origin = Origin("file", str(Path(path).absolute()))
+    origin = f"file {Path(path).absolute()}"
     return _Layer(data, {k: origin for k in _dotted_keys(data)})
 
 
 def _flag_layer(overrides: Mapping[str, Any]) -> _Layer:
     """Command-line flags: --primary, --mirror, --log-level, --log-format (spelled from the key)."""
     data = _deep_merge({}, overrides)
-    origins = {k: Origin("flag", "--" + k.replace(".", "-").replace("_", "-")) for k in _dotted_keys(data)}
+    origins = {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(data)}
     return _Layer(data, origins)
 
 
@@ -594,37 +585,37 @@ def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
     return keys
 
 
-def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[str]:
+def _format_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[str]:
     problems = []
     settings = _settings()
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
         origin = origins.get(key, DEFAULT)
         if err["type"] == "extra_forbidden" and key in REMOVED_KEYS:
-            problems.append(f"{key}: removed ({REMOVED_KEYS[key]}){origin.suffix()}; delete the key")
+            problems.append(f"{key}: removed ({REMOVED_KEYS[key]}){_suffix(origin)}; delete the key")
         elif err["type"] == "extra_forbidden":
             depth = key.count(".")  # names at that depth, sections included (`[prun]` -> prune)
             names = {".".join(k.split(".")[:depth + 1]) for k in settings if k.count(".") >= depth}
             hint = _closest(key, sorted(names))
             section, _, name = key.rpartition(".")
-            if section and name in settings and origin.kind == "file":
-                problems.append(f"{key}: unknown key{origin.suffix()}; {name} is a top-level key: put it above "
+            if section and name in settings and origin.startswith("file "):
+                problems.append(f"{key}: unknown key{_suffix(origin)}; {name} is a top-level key: put it above "
                                 f"the file's first [section] (below [{section}] it is read as part of it)")
                 continue
-            problems.append(f"{key}: unknown key{origin.suffix()}" + (f"; did you mean {hint}?" if hint else ""))
+            problems.append(f"{key}: unknown key{_suffix(origin)}" + (f"; did you mean {hint}?" if hint else ""))
         elif err["type"] == "missing" and key == "mirror":
             problems.append('mirror: not set (there is no default); give --mirror DIR, MIRRORD_MIRROR=DIR '
                             'or mirror = "DIR" in the config file')
         elif key == "(root)":  # whole-config rules: each problem already starts with its key
             for problem in err["msg"].removeprefix("Value error, ").split("\n"):
                 named = problem.split(":", 1)[0]
-                problems.append(problem + origins.get(named, DEFAULT).suffix())
+                problems.append(problem + _suffix(origins.get(named, DEFAULT)))
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            where = origin.suffix()
-            if origin.kind == "environment" and isinstance(err["input"], str):
+            where = _suffix(origin)
+            if origin.startswith("environment ") and isinstance(err["input"], str):
                 shown = MASK if key in SECRET_KEYS else repr(err["input"])
-                where = f" (from {origin.detail}={shown})"
+                where = f" (from {origin.partition(' ')[2]}={shown})"
             problems.append(f"{key}: {msg}{where}")
     return problems
 
@@ -635,10 +626,10 @@ class LoadedConfig:
 
     config: Config
     file: Path | None
-    origins: Mapping[str, Origin]  # dotted key -> where its value came from (absent: default)
+    origins: Mapping[str, str]  # dotted key -> where its value came from (absent: default)
     ignored_environment: tuple[str, ...]  # Kubernetes service variables, not settings
 
-    def origin(self, dotted: str) -> Origin:
+    def origin(self, dotted: str) -> str:
         """Where the value of `dotted` came from (default, file, environment or flag)."""
         return self.origins.get(dotted, DEFAULT)
 
@@ -658,7 +649,7 @@ def explain_config(
     env = read_environment(environ)
     layers += [env, _flag_layer(overrides or {})]
     data: dict[str, Any] = {}
-    origins: dict[str, Origin] = {}
+    origins: dict[str, str] = {}
     for layer in layers:
         data = _deep_merge(data, layer.data)
         origins |= layer.origins

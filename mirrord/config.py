@@ -16,7 +16,7 @@ import re
 import time
 import tomllib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -513,39 +513,32 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
     that name the variable and suggest the closest one; Kubernetes service variables are set aside in
     `ignored`.
     """
-    layer = _Layer()
-    settings = _settings()
+    layer, settings = _Layer(), _settings()
     known = {env_name(k): k for k in settings}
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
-            continue
-        raw = environ[name]
+    removed = {env_name(k): k for k in REMOVED_KEYS}
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n != ENV_CONFIG_FILE):
+        raw, dotted = environ[name], known.get(name)
         if KUBERNETES_SERVICE_VARIABLE.fullmatch(name):
             layer.ignored.append(name)
-            continue
-        dotted = known.get(name)
-        removed = next((k for k in REMOVED_KEYS if env_name(k) == name), None)
-        if removed is not None:
-            layer.problems.append(f"{name}: {removed} was removed ({REMOVED_KEYS[removed]}); unset the variable")
-            continue
-        if dotted is None:
+        elif name in removed:
+            old = removed[name]
+            layer.problems.append(f"{name}: {old} was removed ({REMOVED_KEYS[old]}); unset the variable")
+        elif dotted is None:
             hint = _closest(name, sorted(known))
             layer.problems.append(f"{name}: unknown setting" + (
                 f"; did you mean {hint} ({known[hint]})?" if hint else
                 f"; settings are {ENV_PREFIX}<KEY> or {ENV_PREFIX}<SECTION>__<KEY>, see check-config"))
-            continue
-        value: Any = raw
-        # A list-typed key (patterns) may be given as a JSON list, else comma-separated; the rest as the string.
-        if typing.get_origin(settings[dotted]) in (list, tuple) and raw.lstrip().startswith("["):
+        else:
+            # A list-typed key (patterns) may be given as a JSON list, else comma-separated; the rest as the string.
+            structured = typing.get_origin(settings[dotted]) in (list, tuple) and raw.lstrip().startswith("[")
             try:
-                value = json.loads(raw)
+                value = json.loads(raw) if structured else raw
             except ValueError as exc:
                 layer.problems.append(f"{dotted}: {name} is not valid JSON ({exc}); e.g. {name}='[\"*.pt\"]'")
                 continue
-        section, _, key = dotted.rpartition(".")
-        node = layer.data.setdefault(section, {}) if section else layer.data
-        node[key] = value
-        layer.origins[dotted] = f"environment {name}"
+            section, _, key = dotted.rpartition(".")
+            (layer.data.setdefault(section, {}) if section else layer.data)[key] = value
+            layer.origins[dotted] = f"environment {name}"
     return layer
 
 
@@ -576,13 +569,11 @@ def _flag_layer(overrides: Mapping[str, Any]) -> _Layer:
     return _Layer(data, origins)
 
 
-def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
-    keys = []
+def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
     for key, value in data.items():
-        keys.append(prefix + key)
+        yield prefix + key
         if isinstance(value, Mapping):
-            keys += _dotted_keys(value, f"{prefix}{key}.")
-    return keys
+            yield from _dotted_keys(value, f"{prefix}{key}.")
 
 
 def _format_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[str]:

@@ -510,10 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
             "whether the newest mirrored step is intact, how far the mirror is behind, free space on both volumes, "
             "and problems (with a folder layout, also each unit the mirror lacks: incomplete, pending or retired, as "
             "the daemon judges it); plus, if a daemon answers on metrics.address, its health, readiness, queue, copy "
-            "counts and each copy under way (bytes, rate, ETA). Reads only: safe while the daemon runs. Exit 1 if a "
-            "problem is listed (newest mirrored step not intact, files missing from the mirror, unreadable or "
-            "missing manifest while the primary holds checkpoints, a run more than --max-lag behind, daemon "
-            "unhealthy or refusing the mirror), else 0.", needs_primary=False)
+            "counts and each copy under way (bytes, rate, ETA). Reads only: safe while the daemon runs. Exit 0 if "
+            "nothing is wrong, 1 if a problem is listed (newest mirrored step not intact, files missing from the "
+            "mirror, unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
+            "behind, daemon unhealthy or refusing the mirror).", needs_primary=False)
     p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
     p.add_argument("--verify", action="store_true",
                    help="check the content hash of each run's newest mirrored step, not only its size "

@@ -157,12 +157,9 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
 
 def _progress_bar(done: int, total: int, path: str) -> None:
-    width = 30
     frac = done / total if total else 1.0
-    bar = "#" * int(frac * width)
-    end = "\n" if done >= total else ""
-    print(f"\r[{bar:<{width}}] {frac:6.1%} {done / 2**30:7.2f}/{total / 2**30:.2f} GiB {path[-40:]:<40}",
-          end=end, file=sys.stderr, flush=True)
+    print(f"\r[{'#' * int(frac * 30):<30}] {frac:6.1%} {done / 2**30:7.2f}/{total / 2**30:.2f} GiB {path[-40:]:<40}",
+          end="\n" if done >= total else "", file=sys.stderr, flush=True)
 
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:

@@ -99,7 +99,5 @@ def write_files(files: dict[Path, str], force: bool) -> list[Path]:
 
 def mirrord_executable(argv0: str) -> str | None:
     """The absolute path of this `mirrord` console script (else the one on PATH), for ExecStart=."""
-    if Path(argv0).name == "mirrord" and Path(argv0).is_file():
-        return str(Path(argv0).absolute())
-    found = shutil.which("mirrord")
+    found = argv0 if Path(argv0).name == "mirrord" and Path(argv0).is_file() else shutil.which("mirrord")
     return str(Path(found).absolute()) if found else None

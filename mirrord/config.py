@@ -497,11 +497,8 @@ def env_name(dotted: str) -> str:
 
 
 def _closest(name: str, candidates: list[str]) -> str | None:
-    squash = name.replace("_", "")
-    for candidate in candidates:
-        if candidate.replace("_", "") == squash:
-            return candidate
-    found = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    same_letters = [c for c in candidates if c.replace("_", "") == name.replace("_", "")]  # a missing or extra _
+    found = same_letters or difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return found[0] if found else None
 
 

@@ -29,11 +29,8 @@ def mirrord_command() -> str:
     on_path = shutil.which("mirrord")
     if on_path is not None and Path(on_path).resolve() == script.resolve():
         return "mirrord"
-    absolute = script.absolute()
-    try:
-        return shlex.quote(str(absolute.relative_to(Path.cwd())))
-    except ValueError:
-        return shlex.quote(str(absolute))
+    absolute, cwd = script.absolute(), Path.cwd()
+    return shlex.quote(str(absolute.relative_to(cwd) if absolute.is_relative_to(cwd) else absolute))
 
 
 def run_banner(config: Config, config_file: Path | None) -> str:

@@ -19,8 +19,7 @@ def render(data: Mapping[str, Any], origin: Callable[[str], str] = lambda _key: 
     tables = {k: v for k, v in data.items() if isinstance(v, Mapping)}
     lines += [_line(key, value, origin(key)) for key, value in data.items() if key not in tables]
     for table, values in tables.items():
-        lines += ["", f"[{table}]"]
-        lines += [_line(key, value, origin(f"{table}.{key}")) for key, value in values.items()]
+        lines += ["", f"[{table}]", *(_line(key, value, origin(f"{table}.{key}")) for key, value in values.items())]
     return "\n".join(lines) + "\n"
 
 

@@ -70,7 +70,20 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     """`mirrord sync`: one reconcile and copy pass, then exit (1 if anything failed)."""
     from mirrord.commands.sync import run_sync
 
-    report = _sync_with_progress(config, run_sync)
+    if not sys.stderr.isatty():
+        report = run_sync(config)
+    else:  # a live line per file being copied (bytes, rate, ETA); only this path imports the view
+        from mirrord.commands.console import live_copies
+        from mirrord.obs import log as logsetup
+        from mirrord.service.progress import ProgressBoard
+
+        board = ProgressBoard()
+        with live_copies(board, sys.stderr) as log_stream:
+            logsetup.configure(config.log.format, config.log.level, log_stream)  # log lines above the live lines
+            try:
+                report = run_sync(config, board=board)
+            finally:
+                logsetup.configure(config.log.format, config.log.level, sys.stderr)
     if args.json:
         from mirrord.commands.report import dumps, sync_document
 
@@ -85,23 +98,6 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     for line in lines:
         print(printable(line), file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
-
-
-def _sync_with_progress(config: Config, run_sync: Any) -> Any:
-    """On a terminal, a live line per file being copied (bytes, rate, ETA); only this path imports the view."""
-    if not sys.stderr.isatty():
-        return run_sync(config)
-    from mirrord.commands.console import live_copies
-    from mirrord.obs import log as logsetup
-    from mirrord.service.progress import ProgressBoard
-
-    board = ProgressBoard()
-    with live_copies(board, sys.stderr) as log_stream:
-        logsetup.configure(config.log.format, config.log.level, log_stream)  # log lines above the live lines
-        try:
-            return run_sync(config, board=board)
-        finally:
-            logsetup.configure(config.log.format, config.log.level, sys.stderr)
 
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:

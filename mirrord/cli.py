@@ -61,22 +61,29 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    if args.primary is not None:
-        data["primary"] = str(args.primary)
-    if args.mirror is not None:
-        data["mirror"] = str(args.mirror)
+    data: dict[str, Any] = {k: str(v) for k in ("primary", "mirror") if (v := getattr(args, k)) is not None}
     log = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v is not None}
-    if log:
-        data["log"] = log
-    return data
+    return data | ({"log": log} if log else {})
 
 
 def cmd_sync(config: Config, args: argparse.Namespace) -> int:
     """`mirrord sync`: one reconcile and copy pass, then exit (1 if anything failed)."""
     from mirrord.commands.sync import run_sync
 
-    report = _sync_with_progress(config, run_sync)
+    if not sys.stderr.isatty():
+        report = run_sync(config)
+    else:  # a live line per file being copied (bytes, rate, ETA); only this path imports the view
+        from mirrord.commands.console import live_copies
+        from mirrord.obs import log as logsetup
+        from mirrord.service.progress import ProgressBoard
+
+        board = ProgressBoard()
+        with live_copies(board, sys.stderr) as log_stream:
+            logsetup.configure(config.log.format, config.log.level, log_stream)  # log lines above the live lines
+            try:
+                report = run_sync(config, board=board)
+            finally:
+                logsetup.configure(config.log.format, config.log.level, sys.stderr)
     if args.json:
         from mirrord.commands.report import dumps, sync_document
 
@@ -85,45 +92,17 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
 
     if report.refused is not None:
         print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
-    for rel, err in sorted(report.failed.items()):
-        print(printable(f"FAILED {rel}: {err}"), file=sys.stderr)
-    for rel, cause in sorted(report.invalid.items()):
-        print(printable(f"NOT PUBLISHED {rel}: {cause}"), file=sys.stderr)
-    for rel in report.unsettled:
-        print(printable(f"UNSETTLED {rel}: still changing; not copied"), file=sys.stderr)
+    lines = [*(f"FAILED {rel}: {err}" for rel, err in sorted(report.failed.items())),
+             *(f"NOT PUBLISHED {rel}: {cause}" for rel, cause in sorted(report.invalid.items())),
+             *(f"UNSETTLED {rel}: still changing; not copied" for rel in report.unsettled)]
+    for line in lines:
+        print(printable(line), file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
-
-
-def _sync_with_progress(config: Config, run_sync: Any) -> Any:
-    """On a terminal, a live line per file being copied (bytes, rate, ETA); only this path imports the view."""
-    if not sys.stderr.isatty():
-        return run_sync(config)
-    from mirrord.commands.console import live_copies
-    from mirrord.obs import log as logsetup
-    from mirrord.service.progress import ProgressBoard
-
-    board = ProgressBoard()
-    with live_copies(board, sys.stderr) as log_stream:
-        logsetup.configure(config.log.format, config.log.level, log_stream)  # log lines above the live lines
-        try:
-            return run_sync(config, board=board)
-        finally:
-            logsetup.configure(config.log.format, config.log.level, sys.stderr)
-
-
-def _torch_import_error() -> str | None:
-    """Why torch cannot be imported, or None. (--load needs it; nothing else in the CLI does.)"""
-    try:
-        import torch  # noqa: F401
-    except ImportError as exc:
-        return str(exc)
-    return None
 
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     """`mirrord verify`: check every manifest entry against the mirror (--deep re-hashes)."""
     from mirrord.commands.verify import verify_mirror
-    from mirrord.store.mirror import ReadableStore
     from mirrord.store.targets import mirror_for
 
     mirror = mirror_for(config.mirror_target, config.s3)
@@ -131,16 +110,20 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         print(f"mirrord: verify: the mirror {mirror.describe()} does not exist or is not a directory "
               "(mirror / --mirror); nothing to verify", file=sys.stderr)
         return EXIT_USAGE
-    if args.load and (why := _torch_import_error()) is not None:
-        print(f"mirrord: verify --load needs torch, which cannot be imported ({why}): "
+    try:
+        if args.load:  # (nothing else in the CLI imports torch)
+            import torch  # noqa: F401
+    except ImportError as exc:
+        print(f"mirrord: verify --load needs torch, which cannot be imported ({exc}): "
               "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)", file=sys.stderr)
         return EXIT_USAGE
     deep = None
     if args.deep or args.load:
+        from functools import partial
+
         from mirrord.commands.verify import deep_check
 
-        def deep(store: ReadableStore, rel: str) -> Any:
-            return deep_check(store, rel, load=args.load)
+        deep = partial(deep_check, load=args.load)
 
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(mirror, config.patterns, progress, deep, config.rules)
@@ -170,12 +153,9 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
 
 def _progress_bar(done: int, total: int, path: str) -> None:
-    width = 30
     frac = done / total if total else 1.0
-    bar = "#" * int(frac * width)
-    end = "\n" if done >= total else ""
-    print(f"\r[{bar:<{width}}] {frac:6.1%} {done / 2**30:7.2f}/{total / 2**30:.2f} GiB {path[-40:]:<40}",
-          end=end, file=sys.stderr, flush=True)
+    print(f"\r[{'#' * int(frac * 30):<30}] {frac:6.1%} {done / 2**30:7.2f}/{total / 2**30:.2f} GiB {path[-40:]:<40}",
+          end="\n" if done >= total else "", file=sys.stderr, flush=True)
 
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
@@ -195,23 +175,22 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     """`mirrord run`: the daemon, until SIGTERM/SIGINT; SIGHUP reloads the config."""
     import faulthandler
+    from functools import partial
 
-    from mirrord.config import reload_config as reread
+    from mirrord.config import reload_config
     from mirrord.errors import StartupError
     from mirrord.service.boot import run_daemon
 
     # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
     faulthandler.enable()
 
-    def reload_config() -> tuple[Config, bool]:
-        return reread(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
-
     if sys.stderr.isatty():
         from mirrord.commands.banner import run_banner
 
         print(run_banner(config, args.config), file=sys.stderr, flush=True)
     try:
-        return run_daemon(config, reload_config, getattr(args, "signals", None))
+        reread = partial(reload_config, args.config, overrides=_overrides(args), need_primary=args.needs_primary)
+        return run_daemon(config, reread, getattr(args, "signals", None))
     except StartupError as exc:
         print(f"mirrord: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -234,29 +213,19 @@ def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _naming_warnings(config: Config) -> list[str]:
-    """What a running daemon would warn about the primary's names (mirrord.core.units.naming_warnings)."""
-    from pathlib import Path
-
-    from mirrord.core.units import naming_warnings
-    from mirrord.store.scan import snapshot_tree
-
-    primary = Path(config.primary)
-    if not primary.is_dir():
-        return []
-    snapshot = snapshot_tree(primary, config.patterns, layout=config.rules)
-    return [w.message for w in naming_warnings(snapshot, config.rules)]
-
-
 def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     """`mirrord check-config`: print the effective config (each value with its origin, or as JSON) and the
     checkpoint rules it implies; warns about patterns that can never match and, from a listing of the
     primary, about checkpoints with no step and checkpoint-like files the layout does not select."""
     from mirrord.core.layouts import never_matching
+    from mirrord.core.units import naming_warnings
+    from mirrord.store.scan import snapshot_tree
 
-    for problem in never_matching(config.rules):
-        print(f"warning: {problem}", file=sys.stderr)
-    for warning in _naming_warnings(config):
+    warnings = never_matching(config.rules)
+    if config.primary.is_dir():  # what a running daemon would warn about the primary's names
+        snapshot = snapshot_tree(config.primary, config.patterns, layout=config.rules)
+        warnings += [w.message for w in naming_warnings(snapshot, config.rules)]
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.format == "json":
         import json
@@ -266,7 +235,7 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     from mirrord.commands.config_toml import render
 
     loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
-    print(render(config.to_toml_dict(), lambda key: str(loaded.origin(key))), end="")
+    print(render(config.to_toml_dict(), loaded.origin), end="")
     print("\n# effective checkpoint rules:")
     print("\n".join(f"#   {line}" for line in config.rules.describe()))
     mode, why = config.retention_mode
@@ -274,44 +243,27 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _explain(args: argparse.Namespace) -> LoadedConfig:
-    """File + environment + flags, roots checked as the command needs, with each value's origin."""
-    from mirrord.config import explain_config
-
-    return explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
-
-
 # --- init, completion, man: no configuration read -----------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     """`mirrord init`: write a config file (and, with --systemd, a unit) for this machine."""
-    from mirrord.commands.init import (
-        UNIT_NAME,
-        InitError,
-        mirrord_executable,
-        starter_config,
-        starter_unit,
-        systemd_next_steps,
-        systemd_warnings,
-        write_files,
-    )
+    from mirrord.commands import init
 
     path: Path = args.path
-    files = {path: starter_config(args.primary, args.mirror)}
+    config, unit, executable = path.absolute(), (path.parent / init.UNIT_NAME), init.mirrord_executable(sys.argv[0])
+    files = {path: init.starter_config(args.primary, args.mirror)}
     if args.systemd:
-        files[path.parent / UNIT_NAME] = starter_unit(path, args.primary, args.mirror, mirrord_executable(sys.argv[0]))
+        files[unit] = init.starter_unit(path, args.primary, args.mirror, executable)
     try:
-        written = write_files(files, args.force)
-    except (InitError, OSError) as exc:
+        replaced = init.write_files(files, args.force)
+    except (init.InitError, OSError) as exc:
         print(f"mirrord init: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, InitError) else EXIT_FAILED
-    for w in written:
-        print(f"{'replaced' if w.replaced else 'wrote'} {w.path}")
-    config = path.absolute()
+        return EXIT_USAGE if isinstance(exc, init.InitError) else EXIT_FAILED
+    for written in files:
+        print(f"{'replaced' if written in replaced else 'wrote'} {written}")
     steps = [] if args.mirror is not None else [f"set mirror (required) in {config}"]
     if args.systemd:
-        executable = mirrord_executable(sys.argv[0])
-        steps += systemd_next_steps(config, (path.parent / UNIT_NAME).absolute(), args.mirror, executable)
-        for warning in systemd_warnings(args.primary, args.mirror, executable):
+        steps += init.systemd_next_steps(config, unit.absolute(), args.mirror)
+        for warning in init.systemd_warnings(args.primary, args.mirror, executable):
             print(f"warning: {warning}", file=sys.stderr)
     else:
         steps += [f"mirrord check-config --config {config}", f"mirrord run --config {config}"]
@@ -354,7 +306,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     from mirrord.core.model import Snapshot
     from mirrord.errors import ManifestError
     from mirrord.obs import log as logsetup
-    from mirrord.service.pruner import Pruner
+    from mirrord.service.pruner import Pruner, PruneReport
     from mirrord.store.targets import mirror_for
     from mirrord.store.volume import LocalVolume
 
@@ -369,23 +321,21 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             # Without the manifest nothing is known to be verified: delete nothing.
             logsetup.get_logger().error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=0)
             print(f"REFUSED (manifest): {exc}; nothing deleted", file=sys.stderr)
-            if args.json:
-                from mirrord.commands.report import dumps, prune_document
-                from mirrord.service.pruner import PruneReport
-
-                print(dumps(prune_document(PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]))))
-            return EXIT_FAILED
-        pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget_branch))
-        # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
-        absent = Snapshot() if dry_run and not mirror.exists() else None
-        report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
-        if not dry_run:
-            manifest.close()
+            report, read = PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]), False
+        else:
+            read = True
+            pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest,
+                            forget=frozenset(args.forget_branch))
+            # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
+            absent = Snapshot() if dry_run and not mirror.exists() else None
+            report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+            if not dry_run:
+                manifest.close()
     if args.json:
         from mirrord.commands.report import dumps, prune_document
 
         print(dumps(prune_document(report)))
-    else:
+    elif read:  # (a manifest that could not be read was said on stderr)
         from mirrord.commands.printable import printable
 
         print("\n".join(map(printable, describe(report).split("\n"))))
@@ -426,48 +376,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def _positive_int(text: str) -> int:
-    import argparse
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` (int or float) greater than 0."""
+    def parse(text: str) -> Any:
+        import argparse
 
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
 
-
-def _positive_float(text: str) -> float:
-    import argparse
-
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
+    return parse
 # --- end status and demo -----------------------------------------------------------------------------
 
 
-def _terminal_columns() -> int:
-    """shutil.get_terminal_size().columns, which argparse's HelpFormatter asks for, without importing shutil
-    (and bz2 and lzma with it): argparse makes a formatter for every argument it adds, to check it, so
-    every command paid for that import, and a `mirrord latest` prints no help."""
+def _help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's own formatter, as wide as the terminal, sized as shutil.get_terminal_size would (COLUMNS,
+    else stdout's terminal, else 80) without importing shutil (and bz2 and lzma with it): argparse makes a
+    formatter for every argument it adds, to check it, so every command paid for that import."""
+    import argparse
     import os
 
     try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns > 0:
-        return columns
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        columns = int(os.environ.get("COLUMNS", 0)) \
+            or os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):  # no stdout, not a terminal
-        return 80
-
-
-def _help_formatter(prog: str) -> argparse.HelpFormatter:
-    """argparse's own formatter, as wide as the terminal (as argparse sizes it: see _terminal_columns)."""
-    import argparse
-
-    return argparse.HelpFormatter(prog, width=_terminal_columns() - 2)
+        columns = 0
+    return argparse.HelpFormatter(prog, width=(columns or 80) - 2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -487,9 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: PrimaryNeed = True,
-            config: bool = True) -> argparse.ArgumentParser:
+            config: bool = True, json: bool = False) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
+        if json:
+            p.add_argument("--json", action="store_true", help=JSON_HELP)
         if config:
             _common(p)
             p.set_defaults(func=func, needs_primary=needs_primary)
@@ -499,12 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
             "(0 if all copies succeeded, 1 if any failed). On a terminal, each copy under way shows its "
-            "bytes, rate and ETA.")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+            "bytes, rate and ETA.", json=True)
     p = add("verify", cmd_verify, "Recheck every mirrored file against the manifest (size and hash); list "
             "mismatches, missing and unrecorded files; exit 1 on any problem, 2 if the mirror does not exist "
-            "or --load is asked for without torch installed.", needs_primary=False)
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+            "or --load is asked for without torch installed.", needs_primary=False, json=True)
     p.add_argument("--deep", action="store_true",
                    help="also run the format validator on every file, recorded or not: a torch.save zip's "
                    "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
@@ -516,37 +451,34 @@ def build_parser() -> argparse.ArgumentParser:
             "passed its format validator), still the file that was recorded (by inode, size, mtime and "
             "ctime; re-hashed when they differ). Newest is by step within a run, the newest branch first "
             "after a rollback; without --run, the run whose best checkpoint is newest by mtime. Exit 1 if "
-            "there is none, 2 if the mirror does not exist.", needs_primary=False)
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+            "there is none, 2 if the mirror does not exist.", needs_primary=False, json=True)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
     p.add_argument("--verify", action="store_true",
                    help="re-read each candidate: content hash and format validator, not only stat")
     p.add_argument("--primary-side", action="store_true",
                    help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
-    p = add("restore", cmd_restore, "Bring a checkpoint back from the mirror (local or s3://): the newest "
-            "verified unit (a file or a whole folder) of the run written to most recently, or of --run, or the one "
-            "of --step. Every byte is checked against the manifest's hash as it is written under a temp name "
-            "(NAME.part, a folder as NAME.part/); only a matching copy is fsynced and renamed into place, with the "
-            "mtime its source had, so sync and the daemon recognise it and copy nothing again. A damaged copy is "
-            "never published: without --step the next newest verified unit is restored instead (each damaged copy "
-            "is named on stderr; exit 0 once one was restored). Prints the restored path. An identical copy "
-            "already at the destination is left alone; a different one is replaced only with --force. Reads the "
-            "mirror only. Exit 1 if nothing could be restored (none recorded, every copy damaged, a damaged "
-            "--step, a different file in the way), 2 if the mirror does not exist.", needs_primary=False)
+    p = add("restore", cmd_restore, "Bring back from the mirror (local or s3://) the newest verified unit (file "
+            "or folder) of the run written to most recently, of --run, or of --step; print its path. Every byte is "
+            "checked against the manifest's hash as it is written as NAME.part (NAME.part/); only a matching copy is "
+            "fsynced and renamed into place, with its source's mtime, so sync and the daemon copy nothing again. A "
+            "damaged copy is never published: without --step the next newest verified unit is restored instead "
+            "(each damaged copy named on stderr; exit 0 once one is restored). An identical copy at the destination "
+            "is left alone, a different one replaced only with --force. Reads the mirror only. Exit 1 if nothing "
+            "could be restored (none recorded, all damaged, a damaged --step, a different file in the way), 2 if "
+            "the mirror does not exist.", needs_primary=False, json=True)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
     p.add_argument("--step", type=int, metavar="N", help="this step (no fallback if its copy is damaged)")
     p.add_argument("--to", type=Path, metavar="DIR",
                    help="root to restore below, at the same relative path (default: the configured primary)")
     p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
         "its endpoints and the command that shows its status. A primary root that does not exist yet is "
         "waited for (alive, not ready).", needs_primary="later")
     p = add("check-config", cmd_check_config, "Validate the configuration (file, MIRRORD_* variables, flags) and "
-            "print the effective values as TOML that can be pasted into a config file, each value followed by "
-            "a comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
+            "print the effective values as TOML that can be pasted into a config file, each value followed by a "
+            "comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
     p.add_argument("--format", choices=["toml", "json"], default="toml",
                    help="toml (default): for a person, with origins; json: the values only, for machines")
     add("repair-manifest", cmd_repair_manifest, "Rebuild a lost or damaged manifest from the mirror's files "
@@ -557,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
             "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
             "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
-            "manifest, mirror looks unmounted).")
+            "manifest, mirror looks unmounted).", json=True)
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
                    "nothing, so it runs beside a daemon")
@@ -565,43 +497,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let retention delete this kept tip of an abandoned branch (a rollback or a restart from "
                    "scratch), or of a run paused because its primary lost its newest step; RUN is the run "
                    "folder relative to the roots ('.' for the root itself); repeatable")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---
     # --- status and demo ---
     p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "
-            "whether the newest mirrored step is intact, how far the mirror is behind, free space on both "
-            "volumes, and problems (with a folder layout, also each unit the mirror lacks: incomplete, "
-            "pending or retired, as the daemon judges it); plus, if a daemon answers on metrics.address, "
-            "its health, readiness, queue and copy counts. Reads only: safe while the daemon runs. "
-            "Exit 0 if nothing is wrong, "
-            "1 if a problem is listed (newest mirrored step not intact, files missing from the mirror, "
-            "unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
-            "behind, daemon unhealthy or refusing the mirror). With a daemon, each copy under way is shown "
-            "with its bytes, rate and ETA.", needs_primary=False)
+            "whether the newest mirrored step is intact, how far the mirror is behind, free space on both volumes, "
+            "and problems (with a folder layout, also each unit the mirror lacks: incomplete, pending or retired, as "
+            "the daemon judges it); plus, if a daemon answers on metrics.address, its health, readiness, queue, copy "
+            "counts and each copy under way (bytes, rate, ETA). Reads only: safe while the daemon runs. Exit 0 if "
+            "nothing is wrong, 1 if a problem is listed (newest mirrored step not intact, files missing from the "
+            "mirror, unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
+            "behind, daemon unhealthy or refusing the mirror).", needs_primary=False)
     p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
     p.add_argument("--verify", action="store_true",
                    help="check the content hash of each run's newest mirrored step, not only its size "
                    "(reads those files in full)")
-    p.add_argument("--timeout", type=_positive_float, default=1.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=_positive(float), default=1.0, metavar="SECONDS",
                    help="how long to wait for the daemon's HTTP endpoint (default: 1)")
-    p.add_argument("--max-lag", type=_positive_float, default=900.0, metavar="SECONDS",
+    p.add_argument("--max-lag", type=_positive(float), default=900.0, metavar="SECONDS",
                    help="a run whose oldest unmirrored checkpoint is older than this is a problem "
                    "(exit 1), not just lag (default: 900, as the MirrordMirrorLagging alert)")
     p = add("demo", cmd_demo, "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
-            "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a "
-            "`mirrord run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, "
-            "copy and deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the "
-            "daemon's log. --config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.",
-            config=False)
+            "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a `mirrord "
+            "run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, copy and "
+            "deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the daemon's log. "
+            "--config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.", config=False)
     _common(p)
     p.add_argument("--dir", type=Path, default=Path("var/demo"), metavar="DIR",
                    help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
                    "must be empty or made by an earlier demo, which is wiped)")
-    p.add_argument("--steps", type=_positive_int, default=20, metavar="N",
+    p.add_argument("--steps", type=_positive(int), default=20, metavar="N",
                    help="checkpoints the trainer commits (default: 20)")
-    p.add_argument("--interval", type=_positive_float, default=2.5, metavar="SECONDS",
+    p.add_argument("--interval", type=_positive(float), default=2.5, metavar="SECONDS",
                    help="time between two commits (default: 2.5)")
-    p.add_argument("--keep-last", type=_positive_int, default=3, metavar="N",
+    p.add_argument("--keep-last", type=_positive(int), default=3, metavar="N",
                    help="steps retention keeps on each side (prune.keep_last; default: 3)")
     p.add_argument("--no-torch", action="store_true",
                    help="write torch-like zip files even if torch is installed (starts faster)")
@@ -618,10 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
     p.add_argument("--force", action="store_true", help="replace files that exist")
     p = add("completion", cmd_completion, "Print a shell completion script generated from this command's own "
-            "parser. bash: `source <(mirrord completion bash)` (or save it as "
-            "/etc/bash_completion.d/mirrord); zsh: save it as _mirrord in a folder of $fpath; fish: save it as "
-            "~/.config/fish/completions/mirrord.fish. Wheels also ship them under mirrord/data/completion/.",
-            config=False)
+            "parser. bash: `source <(mirrord completion bash)` (or save it as /etc/bash_completion.d/mirrord); zsh: "
+            "save it as _mirrord in a folder of $fpath; fish: save it as ~/.config/fish/completions/mirrord.fish. "
+            "Wheels also ship them under mirrord/data/completion/.", config=False)
     p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete for")
     add("man", cmd_man, "Print the manual page mirrord(1) in roff, generated from this command's own parser: "
         "`mirrord man | man -l -`. Wheels also ship it as mirrord/data/man/mirrord.1.", config=False)
@@ -673,13 +600,20 @@ def _main(argv: Sequence[str] | None) -> int:
 
         # First thing: a SIGHUP or SIGTERM while the daemon is still starting is recorded, not fatal.
         args.signals = SignalFlags().install()
-    plain: PlainCommand | None = getattr(args, "plain", None)
-    if plain is not None:
-        return _run_plain(plain, args)
     from mirrord.obs import log as logsetup
 
-    try:
-        loaded = _explain(args)
+    plain: PlainCommand | None = getattr(args, "plain", None)
+    if plain is not None:  # no configuration read: the log as the flags say (demo has them), else the defaults
+        logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
+                           sys.stderr)
+        try:
+            return int(plain(args))
+        except KeyboardInterrupt:
+            return 130
+    from mirrord.config import explain_config
+
+    try:  # file + environment + flags, roots checked as the command needs, with each value's origin
+        loaded = explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"mirrord: config error: {problem}", file=sys.stderr)
@@ -710,8 +644,10 @@ def _main(argv: Sequence[str] | None) -> int:
             print(dumps(error_document(args.command, exc)))  # --json promised a document: say why there is none
         return EXIT_FAILED
     except KeyboardInterrupt as exc:
-        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 2  # Ctrl-C: SIGINT
-        logsetup.get_logger().warning("command.interrupted", command=args.command, signal=_signal_name(signum),
+        import signal
+
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT  # Ctrl-C
+        logsetup.get_logger().warning("command.interrupted", command=args.command, signal=signal.Signals(signum).name,
                                       action="copies under way aborted, their temp files removed")
         return 128 + signum
 
@@ -728,15 +664,6 @@ def _stop_on_hangup_and_term() -> None:
         signal.signal(sig, interrupt)
 
 
-def _signal_name(signum: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)
-
-
 # What writes to the mirror; every other command (latest, status, verify, prune --dry-run, restore,
 # check-config) reads it only, and works with read access alone.
 WRITE_COMMANDS = ("run", "sync", "prune", "repair-manifest")
@@ -746,25 +673,12 @@ def _write_problem(config: Config, args: argparse.Namespace) -> str | None:
     """Why this command cannot write the local mirror it must write (not writable by us, a read-only mount)."""
     import os
 
-    if args.command not in WRITE_COMMANDS or getattr(args, "dry_run", False) or config.mirror_url is not None:
-        return None
-    mirror = config.mirror
-    if mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
+    mirror, writes = config.mirror, args.command in WRITE_COMMANDS and not getattr(args, "dry_run", False)
+    if writes and config.mirror_url is None and mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
         return (f"{args.command}: the mirror {mirror} is not writable by this user (or is mounted read-only); "
                 f"`{args.command}` writes to it. Reading needs no write access: latest, status, verify, "
                 "prune --dry-run, restore")
     return None
-
-
-def _run_plain(command: PlainCommand, args: argparse.Namespace) -> int:
-    from mirrord.obs import log as logsetup
-
-    logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
-                       sys.stderr)
-    try:
-        return int(command(args))
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

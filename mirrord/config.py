@@ -15,20 +15,26 @@ import os
 import re
 import time
 import tomllib
-import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, ParamSpec
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
 from mirrord.store.trusted import UntrustedFileError, read_trusted
-
-P = ParamSpec("P")
 
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
@@ -37,7 +43,6 @@ CONFIG_LIMIT = 1024 * 1024  # a config file is a few KiB; anything past this bou
 # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
 # log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
 _FINITE: dict[str, Any] = {"allow_inf_nan": False}
-PATH_KEYS = ("primary", "mirror")
 # Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
 # (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
 # They are not settings: ignored (and logged once) instead of stopping the sidecar as unknown keys.
@@ -124,25 +129,6 @@ def check_patterns(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
-def layout_problems(layout: str, patterns: tuple[str, ...], step_pattern: str, unit_kind: str,
-                    complete_marker: str) -> list[str]:
-    """A named layout fixes its patterns, step and unit: a different value set beside it would be
-    silently ignored, so it is an error that says which layout to use instead."""
-    problems = []
-    if layout not in ("torch", "hf_model", "custom"):
-        if patterns != DEFAULT_PATTERNS:
-            problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
-                            'use layout = "custom" to choose patterns')
-        if step_pattern != DEFAULT_STEP_PATTERN:
-            problems.append(f"prune.step_pattern: layout = {layout!r} has its own; "
-                            'use layout = "custom" to choose one')
-    if layout != "custom" and (unit_kind, complete_marker) != ("file", ""):
-        problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
-    if complete_marker and unit_kind != "folder":
-        problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
-    return problems
-
-
 def beside_file(config_file: str | Path, relative: str) -> str:
     """A relative path in a config file, taken from the file's folder; printed as ./var, not ./config/../var
     (the folder is resolved first, so its `..` is the parent the kernel would take)."""
@@ -164,19 +150,16 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     a primary root that does not exist yet (a disk being replaced) is a state it waits out, not an error.
     """
     problems = []
-    primary, mirror = config.primary, config.mirror
-    if config.mirror_url is not None:
-        if need_primary is True and not primary.is_dir():
+    primary, mirror, local = config.primary, config.mirror, config.mirror_url is None
+    if need_primary is True or (need_primary == "later" and local and primary.exists()):
+        if not primary.is_dir():
             problems.append(f"primary: {primary} does not exist or is not a directory")
+        elif local and not os.access(primary, os.R_OK | os.X_OK):
+            problems.append(f"primary: {primary} is not readable")
+    if not local:
         if config.mirror_must_be_mountpoint:
             problems.append("mirror_must_be_mountpoint: means nothing for an s3:// mirror; remove it")
         return problems
-    if not need_primary or (need_primary == "later" and not primary.exists()):
-        pass
-    elif not primary.is_dir():
-        problems.append(f"primary: {primary} does not exist or is not a directory")
-    elif not os.access(primary, os.R_OK | os.X_OK):
-        problems.append(f"primary: {primary} is not readable")
     rp, rm = primary.resolve(), mirror.resolve()
     if rp == rm:
         problems.append(f"mirror: {mirror} is the same directory as primary")
@@ -242,12 +225,7 @@ class PruneConfig(_Section):
     primary: bool = False
     keep_branch_tips: bool = True
     dry_run: bool = False
-    step_pattern: str = DEFAULT_STEP_PATTERN
-
-    @field_validator("step_pattern")
-    @classmethod
-    def _one_group(cls, value: str) -> str:
-        return check_step_pattern(value)
+    step_pattern: Annotated[str, AfterValidator(check_step_pattern)] = DEFAULT_STEP_PATTERN
 
 
 class WatchConfig(_Section):
@@ -260,12 +238,7 @@ class WatchConfig(_Section):
 class MetricsConfig(_Section):
     """[metrics]: the address of /metrics, /healthz, /readyz and /status."""
     enabled: bool = True
-    address: str = "127.0.0.1:9108"
-
-    @field_validator("address")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        return check_host_port(value)
+    address: Annotated[str, AfterValidator(check_host_port)] = "127.0.0.1:9108"
 
     @property
     def host(self) -> str:
@@ -287,16 +260,11 @@ class LogConfig(_Section):
 class IoConfig(_Section):
     """[io]: buffer size, bandwidth limit, page-cache dropping, I/O and CPU priority of copies."""
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
-    bandwidth_limit: int = Field(100 * MIB, ge=0)  # 0 or at least MIN_BANDWIDTH (checked below)
+    bandwidth_limit: Annotated[int, AfterValidator(check_bandwidth)] = Field(100 * MIB, ge=0)
     drop_cache: bool = True
     ionice: Literal["none", "best-effort", "idle"] = "none"
     cpu_nice: int = Field(0, ge=0, le=19)  # nice value of copy threads (0 = as the daemon)
     cpu_policy: Literal["normal", "idle"] = "normal"  # "idle": SCHED_IDLE copy threads (Linux)
-
-    @field_validator("bandwidth_limit")
-    @classmethod
-    def _usable_rate(cls, value: int) -> int:
-        return check_bandwidth(value)
 
 
 def is_s3_url(value: object) -> bool:
@@ -308,7 +276,8 @@ class S3Config(_Section):
     """The object-store mirror. Credentials come from the standard chain (AWS_* variables, a profile,
     an instance or pod role), never from this file unless allow_inline_credentials says so."""
 
-    endpoint_url: str | None = None  # None: AWS itself; e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO
+    # None: AWS itself; e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO
+    endpoint_url: Annotated[str, AfterValidator(check_endpoint_url)] | None = None
     region: str | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     part_size: int = Field(8 * MIB, ge=5 * MIB, le=5 * 1024 * MIB)  # S3's limits for a part
@@ -320,7 +289,7 @@ class S3Config(_Section):
     # TLS and the CRC32 the server checks). Costs a SHA-256 pass; SeaweedFS does not check it.
     sign_payload: bool = False
     lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
-    node: str = ""  # the lease's name; "" = this host's name
+    node: Annotated[str, AfterValidator(check_node_name)] = ""  # the lease's name; "" = this host's name
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
     # Every request gives up within this many seconds, retries included (a trainer waiting on `latest`
     # never hangs on an endpoint that accepts and never answers); docs/s3.md.
@@ -331,16 +300,6 @@ class S3Config(_Section):
     allow_inline_credentials: bool = False  # (before the keys: their check reads it)
     access_key_id: str | None = None
     secret_access_key: str | None = None
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        return value if value is None else check_endpoint_url(value)
-
-    @field_validator("node")
-    @classmethod
-    def _plain_name(cls, value: str) -> str:
-        return check_node_name(value)
 
     @field_validator("secret_access_key")
     @classmethod
@@ -363,14 +322,9 @@ class UnitConfig(_Section):
     with no evidence of its end must be quiet."""
 
     kind: Literal["file", "folder"] = "file"
-    complete_marker: str = ""
+    complete_marker: Annotated[str, AfterValidator(check_file_name)] = ""
     # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
     settle_seconds: float = Field(30.0, ge=0, le=DAY, **_FINITE)
-
-    @field_validator("complete_marker")
-    @classmethod
-    def _file_name(cls, value: str) -> str:
-        return check_file_name(value)
 
 
 class Config(_Section):
@@ -379,7 +333,8 @@ class Config(_Section):
     mirror: Path  # no default: a missing mirror is an error, never a silently invented path
     layout: Literal["torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspeed", "megatron",
                     "custom"] = "torch"
-    patterns: tuple[str, ...] = DEFAULT_PATTERNS
+    patterns: Annotated[tuple[str, ...], BeforeValidator(split_patterns), AfterValidator(check_patterns)] = \
+        DEFAULT_PATTERNS
     mirror_must_be_mountpoint: bool = False
     copy_: CopyConfig = Field(default_factory=CopyConfig, alias="copy")
     prune: PruneConfig = Field(default_factory=PruneConfig)
@@ -397,8 +352,18 @@ class Config(_Section):
     def _layout_owns_its_names(self) -> Config:
         """A named layout fixes its patterns, step and unit: a different value set beside it would be
         silently ignored, so it is an error that says which layout to use instead."""
-        problems = layout_problems(self.layout, self.patterns, self.prune.step_pattern, self.unit.kind,
-                                   self.unit.complete_marker)
+        layout, unit, problems = self.layout, self.unit, []
+        if layout not in ("torch", "hf_model", "custom"):
+            if self.patterns != DEFAULT_PATTERNS:
+                problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
+                                'use layout = "custom" to choose patterns')
+            if self.prune.step_pattern != DEFAULT_STEP_PATTERN:
+                problems.append(f"prune.step_pattern: layout = {layout!r} has its own; "
+                                'use layout = "custom" to choose one')
+        if layout != "custom" and (unit.kind, unit.complete_marker) != ("file", ""):
+            problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
+        if unit.complete_marker and unit.kind != "folder":
+            problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
         if problems:
             raise ValueError("\n".join(problems))
         if self.prune.mode == "follow" and self.prune.primary:
@@ -411,9 +376,13 @@ class Config(_Section):
 
     @field_validator("primary", "mirror", mode="before")
     @classmethod
-    def _not_empty(cls, value: Any) -> Any:
+    def _root_text(cls, value: Any, info: Any) -> Any:
         if isinstance(value, str) and not value.strip():
             raise ValueError("must not be empty")
+        if info.field_name == "mirror" and is_s3_url(value):
+            from mirrord.store.s3 import S3Location
+
+            S3Location.parse(value)  # ValueError: one line naming what is wrong
         return value
 
     @field_validator("primary", "mirror")
@@ -422,15 +391,6 @@ class Config(_Section):
         """Relative to the working directory (a file's relative paths were joined to its folder before).
         An s3:// mirror is kept as it is (see mirror_url)."""
         return value if str(value).startswith("s3:/") else value.absolute()
-
-    @field_validator("mirror", mode="before")
-    @classmethod
-    def _s3_url(cls, value: Any) -> Any:
-        if is_s3_url(value):
-            from mirrord.store.s3 import S3Location
-
-            S3Location.parse(value)  # ValueError: one line naming what is wrong
-        return value
 
     @property
     def mirror_target(self) -> str | Path:
@@ -449,16 +409,6 @@ class Config(_Section):
         """Copies made at once: copy.workers, or s3.files_in_flight into an object store (a disk wants few
         writers; an upload mostly waits on the network, so several files go at once)."""
         return self.s3.files_in_flight if self.mirror_url else self.copy.workers
-
-    @field_validator("patterns", mode="before")
-    @classmethod
-    def _split_patterns(cls, value: Any) -> Any:
-        return split_patterns(value)
-
-    @field_validator("patterns")
-    @classmethod
-    def _valid_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return check_patterns(value)
 
     @property
     def copy(self) -> CopyConfig:  # type: ignore[override]
@@ -509,23 +459,14 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-@dataclass(frozen=True)
-class Origin:
-    """Where a value came from: `default`, `file` (path), `environment` (variable) or `flag` (name)."""
-
-    kind: Literal["default", "file", "environment", "flag"]
-    detail: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.detail}" if self.detail else self.kind
-
-    def suffix(self) -> str:
-        """For an error message: where to go and fix the value."""
-        return {"file": f" (in {self.detail})", "environment": f" (from {self.detail})",
-                "flag": f" (from {self.detail})"}.get(self.kind, "")
+# Where a value came from, as check-config prints it: "default", "file PATH", "environment NAME", "flag --NAME".
+DEFAULT = "default"
 
 
-DEFAULT = Origin("default")
+def _suffix(origin: str) -> str:
+    """For an error message: where to go and fix the value."""
+    kind, _, detail = origin.partition(" ")
+    return f" ({'in' if kind == 'file' else 'from'} {detail})" if detail else ""
 
 
 @dataclass
@@ -533,32 +474,18 @@ class _Layer:
     """One source of settings: nested data plus the origin of each dotted key in it."""
 
     data: dict[str, Any] = field(default_factory=dict)
-    origins: dict[str, Origin] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
-
-
-def _sections() -> dict[str, type[BaseModel]]:
-    return {f.alias or name: f.annotation for name, f in Config.model_fields.items()
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
-
-
-def _is_structured(annotation: Any) -> bool:
-    """Lists and tuples are given as JSON in a variable; everything else as the string itself."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_is_structured(a) for a in typing.get_args(annotation) if a is not type(None))
-    return origin in (list, tuple, dict, set, frozenset) or annotation in (list, tuple, dict)
 
 
 def _settings() -> dict[str, Any]:
     """Every dotted key a user can set, with its annotation."""
     keys: dict[str, Any] = {}
-    sections = _sections()
     for name, f in Config.model_fields.items():
-        key = f.alias or name
-        if key in sections:
-            keys |= {f"{key}.{sub}": sf.annotation for sub, sf in sections[key].model_fields.items()}
+        key, section = f.alias or name, f.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            keys |= {f"{key}.{sub}": sf.annotation for sub, sf in section.model_fields.items()}
         else:
             keys[key] = f.annotation
     return keys
@@ -570,11 +497,8 @@ def env_name(dotted: str) -> str:
 
 
 def _closest(name: str, candidates: list[str]) -> str | None:
-    squash = name.replace("_", "")
-    for candidate in candidates:
-        if candidate.replace("_", "") == squash:
-            return candidate
-    found = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    same_letters = [c for c in candidates if c.replace("_", "") == name.replace("_", "")]  # a missing or extra _
+    found = same_letters or difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return found[0] if found else None
 
 
@@ -586,38 +510,32 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
     that name the variable and suggest the closest one; Kubernetes service variables are set aside in
     `ignored`.
     """
-    layer = _Layer()
-    settings = _settings()
+    layer, settings = _Layer(), _settings()
     known = {env_name(k): k for k in settings}
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
-            continue
-        raw = environ[name]
+    removed = {env_name(k): k for k in REMOVED_KEYS}
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n != ENV_CONFIG_FILE):
+        raw, dotted = environ[name], known.get(name)
         if KUBERNETES_SERVICE_VARIABLE.fullmatch(name):
             layer.ignored.append(name)
-            continue
-        dotted = known.get(name)
-        removed = next((k for k in REMOVED_KEYS if env_name(k) == name), None)
-        if removed is not None:
-            layer.problems.append(f"{name}: {removed} was removed ({REMOVED_KEYS[removed]}); unset the variable")
-            continue
-        if dotted is None:
+        elif name in removed:
+            old = removed[name]
+            layer.problems.append(f"{name}: {old} was removed ({REMOVED_KEYS[old]}); unset the variable")
+        elif dotted is None:
             hint = _closest(name, sorted(known))
             layer.problems.append(f"{name}: unknown setting" + (
                 f"; did you mean {hint} ({known[hint]})?" if hint else
                 f"; settings are {ENV_PREFIX}<KEY> or {ENV_PREFIX}<SECTION>__<KEY>, see check-config"))
-            continue
-        value: Any = raw
-        if _is_structured(settings[dotted]) and raw.lstrip().startswith("["):  # else: comma-separated
+        else:
+            # A list-typed key (patterns) may be given as a JSON list, else comma-separated; the rest as the string.
+            structured = typing.get_origin(settings[dotted]) in (list, tuple) and raw.lstrip().startswith("[")
             try:
-                value = json.loads(raw)
+                value = json.loads(raw) if structured else raw
             except ValueError as exc:
                 layer.problems.append(f"{dotted}: {name} is not valid JSON ({exc}); e.g. {name}='[\"*.pt\"]'")
                 continue
-        section, _, key = dotted.rpartition(".")
-        node = layer.data.setdefault(section, {}) if section else layer.data
-        node[key] = value
-        layer.origins[dotted] = Origin("environment", name)
+            section, _, key = dotted.rpartition(".")
+            (layer.data.setdefault(section, {}) if section else layer.data)[key] = value
+            layer.origins[dotted] = f"environment {name}"
     return layer
 
 
@@ -633,61 +551,59 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError([f"config: {path} is not valid TOML: {exc}"]) from exc
-    for key in PATH_KEYS:  # relative to the file, not to wherever the command happens to run
+    for key in ("primary", "mirror"):  # relative to the file, not to wherever the command happens to run
         value = data.get(key)
         if isinstance(value, str) and value.strip() and not Path(value).is_absolute() and not is_s3_url(value):
             data[key] = beside_file(path, value)
-    origin = Origin("file", str(Path(path).absolute()))
+    origin = f"file {Path(path).absolute()}"
     return _Layer(data, {k: origin for k in _dotted_keys(data)})
 
 
 def _flag_layer(overrides: Mapping[str, Any]) -> _Layer:
     """Command-line flags: --primary, --mirror, --log-level, --log-format (spelled from the key)."""
     data = _deep_merge({}, overrides)
-    origins = {k: Origin("flag", "--" + k.replace(".", "-").replace("_", "-")) for k in _dotted_keys(data)}
+    origins = {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(data)}
     return _Layer(data, origins)
 
 
-def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
-    keys = []
+def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
     for key, value in data.items():
-        keys.append(prefix + key)
+        yield prefix + key
         if isinstance(value, Mapping):
-            keys += _dotted_keys(value, f"{prefix}{key}.")
-    return keys
+            yield from _dotted_keys(value, f"{prefix}{key}.")
 
 
-def _format_errors(exc: ValidationError, origins: Mapping[str, Origin]) -> list[str]:
+def _format_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[str]:
     problems = []
     settings = _settings()
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
         origin = origins.get(key, DEFAULT)
         if err["type"] == "extra_forbidden" and key in REMOVED_KEYS:
-            problems.append(f"{key}: removed ({REMOVED_KEYS[key]}){origin.suffix()}; delete the key")
+            problems.append(f"{key}: removed ({REMOVED_KEYS[key]}){_suffix(origin)}; delete the key")
         elif err["type"] == "extra_forbidden":
             depth = key.count(".")  # names at that depth, sections included (`[prun]` -> prune)
             names = {".".join(k.split(".")[:depth + 1]) for k in settings if k.count(".") >= depth}
             hint = _closest(key, sorted(names))
             section, _, name = key.rpartition(".")
-            if section and name in settings and origin.kind == "file":
-                problems.append(f"{key}: unknown key{origin.suffix()}; {name} is a top-level key: put it above "
+            if section and name in settings and origin.startswith("file "):
+                problems.append(f"{key}: unknown key{_suffix(origin)}; {name} is a top-level key: put it above "
                                 f"the file's first [section] (below [{section}] it is read as part of it)")
                 continue
-            problems.append(f"{key}: unknown key{origin.suffix()}" + (f"; did you mean {hint}?" if hint else ""))
+            problems.append(f"{key}: unknown key{_suffix(origin)}" + (f"; did you mean {hint}?" if hint else ""))
         elif err["type"] == "missing" and key == "mirror":
             problems.append('mirror: not set (there is no default); give --mirror DIR, MIRRORD_MIRROR=DIR '
                             'or mirror = "DIR" in the config file')
         elif key == "(root)":  # whole-config rules: each problem already starts with its key
             for problem in err["msg"].removeprefix("Value error, ").split("\n"):
                 named = problem.split(":", 1)[0]
-                problems.append(problem + origins.get(named, DEFAULT).suffix())
+                problems.append(problem + _suffix(origins.get(named, DEFAULT)))
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            where = origin.suffix()
-            if origin.kind == "environment" and isinstance(err["input"], str):
+            where = _suffix(origin)
+            if origin.startswith("environment ") and isinstance(err["input"], str):
                 shown = MASK if key in SECRET_KEYS else repr(err["input"])
-                where = f" (from {origin.detail}={shown})"
+                where = f" (from {origin.partition(' ')[2]}={shown})"
             problems.append(f"{key}: {msg}{where}")
     return problems
 
@@ -698,10 +614,10 @@ class LoadedConfig:
 
     config: Config
     file: Path | None
-    origins: Mapping[str, Origin]  # dotted key -> where its value came from (absent: default)
+    origins: Mapping[str, str]  # dotted key -> where its value came from (absent: default)
     ignored_environment: tuple[str, ...]  # Kubernetes service variables, not settings
 
-    def origin(self, dotted: str) -> Origin:
+    def origin(self, dotted: str) -> str:
         """Where the value of `dotted` came from (default, file, environment or flag)."""
         return self.origins.get(dotted, DEFAULT)
 
@@ -716,13 +632,12 @@ def explain_config(
 ) -> LoadedConfig:
     """load_config, also saying where each value came from. `overrides` are the command-line flags."""
     environ = os.environ if environ is None else environ
-    if path is None and environ.get(ENV_CONFIG_FILE):
-        path = Path(environ[ENV_CONFIG_FILE])
+    path = config_path(path, environ)
     layers = [_read_file(path, content)] if path is not None else []
     env = read_environment(environ)
     layers += [env, _flag_layer(overrides or {})]
     data: dict[str, Any] = {}
-    origins: dict[str, Origin] = {}
+    origins: dict[str, str] = {}
     for layer in layers:
         data = _deep_merge(data, layer.data)
         origins |= layer.origins
@@ -742,16 +657,10 @@ def explain_config(
     return LoadedConfig(config, file, origins, tuple(env.ignored))
 
 
-def _config_only(explain: Callable[P, LoadedConfig]) -> Callable[P, Config]:
-    def load_config(*args: P.args, **kwargs: P.kwargs) -> Config:
-        """Build the one Config of this process; raise ConfigError listing every problem at once.
-        Takes explain_config's arguments (the file, the environment, the flags, ...)."""
-        return explain(*args, **kwargs).config
-
-    return load_config
-
-
-load_config = _config_only(explain_config)
+def load_config(*args: Any, **kwargs: Any) -> Config:
+    """Build the one Config of this process; raise ConfigError listing every problem at once.
+    Takes explain_config's arguments (the file, the environment, the flags, ...)."""
+    return explain_config(*args, **kwargs).config
 
 
 def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[str]:
@@ -789,9 +698,8 @@ def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: flo
         current, now = _read_with_stat(path), monotonic()
         if current != previous:
             previous, unchanged_since = current, now
-        else:
-            if now - unchanged_since >= quiet:
-                return current[-1], True
+        elif now - unchanged_since >= quiet:
+            return current[-1], True
         if now - started >= timeout:
             return current[-1], False
 
@@ -820,19 +728,15 @@ def reload_config(
 def risky_changes(old: Config, new: Config) -> list[str]:
     """Changes that make retention delete more or sooner: applied only from a stable read."""
     a, b = old.prune, new.prune
-    risky = []
-    if b.enabled and not a.enabled:
-        risky.append("prune.enabled turned on")
-    if a.dry_run and not b.dry_run:
-        risky.append("prune.dry_run turned off")
-    if b.primary and not a.primary:
-        risky.append("prune.primary turned on")
-    if b.keep_last < a.keep_last:
-        risky.append(f"prune.keep_last lowered from {a.keep_last} to {b.keep_last}")
-    if a.keep_every is not None and b.keep_every != a.keep_every:
-        risky.append(f"prune.keep_every changed from {a.keep_every} to {b.keep_every}")
-    if b.min_age_seconds < a.min_age_seconds:
-        risky.append(f"prune.min_age_seconds lowered from {a.min_age_seconds:g} to {b.min_age_seconds:g}")
-    if b.step_pattern != a.step_pattern:
-        risky.append("prune.step_pattern changed")
-    return risky
+    checks = [
+        (b.enabled and not a.enabled, "prune.enabled turned on"),
+        (a.dry_run and not b.dry_run, "prune.dry_run turned off"),
+        (b.primary and not a.primary, "prune.primary turned on"),
+        (b.keep_last < a.keep_last, f"prune.keep_last lowered from {a.keep_last} to {b.keep_last}"),
+        (a.keep_every is not None and b.keep_every != a.keep_every,
+         f"prune.keep_every changed from {a.keep_every} to {b.keep_every}"),
+        (b.min_age_seconds < a.min_age_seconds,
+         f"prune.min_age_seconds lowered from {a.min_age_seconds:g} to {b.min_age_seconds:g}"),
+        (b.step_pattern != a.step_pattern, "prune.step_pattern changed"),
+    ]
+    return [change for risky, change in checks if risky]

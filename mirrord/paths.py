@@ -95,9 +95,5 @@ def open_file_beneath(root: Path, rel: str, flags: int = os.O_RDONLY) -> int:
     finally:
         os.close(dir_fd)
     if not flags & os.O_NONBLOCK:
-        try:
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
+        os.set_blocking(fd, True)  # F_SETFL on the fd just opened: nothing to fail on
     return fd

@@ -29,23 +29,16 @@ def mirrord_command() -> str:
     on_path = shutil.which("mirrord")
     if on_path is not None and Path(on_path).resolve() == script.resolve():
         return "mirrord"
-    absolute = script.absolute()
-    try:
-        return shlex.quote(str(absolute.relative_to(Path.cwd())))
-    except ValueError:
-        return shlex.quote(str(absolute))
-
-
-def config_args(config_file: Path | None, config: Config) -> str:
-    """The arguments that point another command at the same primary and mirror."""
-    if config_file is not None:
-        return f"--config {shlex.quote(str(config_file))}"
-    return f"--primary {shlex.quote(str(config.primary))} --mirror {shlex.quote(str(config.mirror_target))}"
+    absolute, cwd = script.absolute(), Path.cwd()
+    return shlex.quote(str(absolute.relative_to(cwd) if absolute.is_relative_to(cwd) else absolute))
 
 
 def run_banner(config: Config, config_file: Path | None) -> str:
     """Printed by `mirrord run` on a terminal, before the log starts."""
-    command, where = mirrord_command(), config_args(config_file, config)
+    command, q = mirrord_command(), shlex.quote
+    # The arguments that point another command at the same primary and mirror.
+    where = f"--config {q(str(config_file))}" if config_file is not None else \
+        f"--primary {q(str(config.primary))} --mirror {q(str(config.mirror_target))}"
     lines = [
         f"mirrord {__version__}: mirroring {config.primary} -> {config.mirror_target} ({', '.join(config.patterns)})",
         f"  retention  {describe_policy(config.prune, config.retention_mode[0] == 'follow')}",

@@ -7,7 +7,6 @@ which TOML cannot spell and which are written as comments.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,8 +19,7 @@ def render(data: Mapping[str, Any], origin: Callable[[str], str] = lambda _key: 
     tables = {k: v for k, v in data.items() if isinstance(v, Mapping)}
     lines += [_line(key, value, origin(key)) for key, value in data.items() if key not in tables]
     for table, values in tables.items():
-        lines += ["", f"[{table}]"]
-        lines += [_line(key, value, origin(f"{table}.{key}")) for key, value in values.items()]
+        lines += ["", f"[{table}]", *(_line(key, value, origin(f"{table}.{key}")) for key, value in values.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -36,14 +34,8 @@ def value_to_toml(value: Any) -> str:
     """A TOML literal for a config value: string, bool, int, float or a list of them."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
+    if isinstance(value, int | float):
+        return repr(value)  # TOML spells inf, -inf and nan as Python does
     if isinstance(value, str):
         return _string(value)
     if isinstance(value, list | tuple):

@@ -38,65 +38,38 @@ def progress_line(p: CopyProgress, width: int = 24) -> str:
 
 
 class LiveCopies:
-    """Draws the board's copies below everything else written to `out`; thread-safe."""
+    """Draws the board's copies below everything else written to `out`; thread-safe. Also the text stream
+    loggers write to (write, flush, isatty): each write lands above the live lines."""
 
     def __init__(self, board: ProgressBoard, out: TextIO) -> None:
         self.board = board
         self.out = out
         self._lock = threading.Lock()
         self._shown = 0  # live lines currently on the screen, just above the cursor
-        self.stream = _Above(self)
 
-    def redraw(self) -> None:
-        """Draw the live lines again (after the copies changed)."""
+    def write(self, text: str = "", draw: bool = True) -> int:
+        """Print `text` above the live lines, which are drawn again below it once a line is complete
+        (`write()` alone redraws them after the copies changed; draw=False clears them for good)."""
         with self._lock:
-            self._clear()
-            self._draw()
-            self.out.flush()
-
-    def write_above(self, text: str) -> None:
-        """Print `text` above the live lines, which are drawn again below it."""
-        with self._lock:
-            self._clear()
+            if self._shown:
+                self.out.write(_UP_AND_CLEAR.format(n=self._shown))
+                self._shown = 0
             self.out.write(text)
-            if text.endswith("\n"):
-                self._draw()
+            if draw and (not text or text.endswith("\n")):
+                columns = shutil.get_terminal_size().columns
+                lines = [progress_line(p)[: columns - 1] for p in self.board.snapshot()]  # never wrap: count stays true
+                self.out.write("".join(line + "\n" for line in lines))
+                self._shown = len(lines)
             self.out.flush()
-
-    def close(self) -> None:
-        """Clear the live lines for good."""
-        with self._lock:
-            self._clear()
-            self.out.flush()
-
-    def _clear(self) -> None:
-        if self._shown:
-            self.out.write(_UP_AND_CLEAR.format(n=self._shown))
-            self._shown = 0
-
-    def _draw(self) -> None:
-        columns = shutil.get_terminal_size().columns
-        lines = [progress_line(p)[: columns - 1] for p in self.board.snapshot()]  # never wrap: count stays true
-        for line in lines:
-            self.out.write(line + "\n")
-        self._shown = len(lines)
-
-
-class _Above:
-    """A text stream for loggers: each write lands above the live lines."""
-
-    def __init__(self, live: LiveCopies) -> None:
-        self._live = live
-
-    def write(self, text: str) -> int:
-        self._live.write_above(text)
         return len(text)
 
     def flush(self) -> None:
-        self._live.out.flush()
+        """Flush the terminal."""
+        self.out.flush()
 
     def isatty(self) -> bool:
-        return self._live.out.isatty()
+        """Whether the terminal is one (it is: the view is shown only on one)."""
+        return self.out.isatty()
 
 
 @contextlib.contextmanager
@@ -107,13 +80,13 @@ def live_copies(board: ProgressBoard, out: TextIO) -> Iterator[TextIO]:
 
     def refresh() -> None:
         while not stop.wait(REFRESH_SECONDS):
-            live.redraw()
+            live.write()
 
     thread = threading.Thread(target=refresh, name="mirrord-progress", daemon=True)
     thread.start()
     try:
-        yield live.stream  # type: ignore[misc]  # a minimal text stream: write, flush, isatty
+        yield live  # type: ignore[misc]  # a minimal text stream: write, flush, isatty
     finally:
         stop.set()
         thread.join()
-        live.close()
+        live.write(draw=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -52,15 +51,15 @@ def starter_unit(config_path: Path, primary: Path | None, mirror: Path | None, e
     text = packaged(SYSTEMD_UNIT)
     binary = executable or "/usr/local/bin/mirrord"
     text = _set_line(text, r"^ExecStart=.*$", f"ExecStart={binary} run --config {config_path.absolute()}", "unit")
-    roots = [str(p.absolute()) for p in (primary, mirror) if p is not None]
     if primary is not None and mirror is not None:
-        text = _set_line(text, r"^RequiresMountsFor=.*$", "RequiresMountsFor=" + " ".join(roots), "unit")
+        roots = f"{primary.absolute()} {mirror.absolute()}"
+        text = _set_line(text, r"^RequiresMountsFor=.*$", f"RequiresMountsFor={roots}", "unit")
     if mirror is not None:
         text = _set_line(text, r"^ReadWritePaths=.*$", f"ReadWritePaths={mirror.absolute()}", "unit")
     return text
 
 
-def systemd_next_steps(config: Path, unit: Path, mirror: Path | None, executable: str | None) -> list[str]:
+def systemd_next_steps(config: Path, unit: Path, mirror: Path | None) -> list[str]:
     """What to run after `init --systemd`: the user the unit runs as, its rights, the unit's install."""
     steps = ["useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord",
              f"chgrp mirrord {config} && chmod 0640 {config}"]
@@ -78,44 +77,27 @@ def systemd_warnings(primary: Path | None, mirror: Path | None, executable: str 
     hidden = {"/tmp": "PrivateTmp", "/var/tmp": "PrivateTmp", "/root": "ProtectHome", "/home": "ProtectHome",
               "/run/user": "ProtectHome"}
     named = [("primary", primary), ("mirror", mirror), ("mirrord", Path(executable) if executable else None)]
-    warnings = []
-    for what, path in named:
-        if path is None:
-            continue
-        full = path.absolute()
-        for top, setting in hidden.items():
-            if full.is_relative_to(top):
-                warnings.append(f"{what} {full} is under {top}, which the unit's {setting}= hides from the service: "
-                                + ("install mirrord elsewhere (python3 -m venv /opt/mirrord)" if what == "mirrord"
-                                   else "choose another folder"))
-    return warnings
+    return [f"{what} {path.absolute()} is under {top}, which the unit's {setting}= hides from the service: "
+            + ("install mirrord elsewhere (python3 -m venv /opt/mirrord)" if what == "mirrord"
+               else "choose another folder")
+            for what, path in named if path is not None
+            for top, setting in hidden.items() if path.absolute().is_relative_to(top)]
 
 
-@dataclass(frozen=True)
-class Written:
-    """A file `init` wrote, and whether it replaced one."""
-    path: Path
-    replaced: bool
-
-
-def write_files(files: dict[Path, str], force: bool) -> list[Written]:
-    """Publish every file, or none if one exists and force is off (checked before writing anything)."""
+def write_files(files: dict[Path, str], force: bool) -> list[Path]:
+    """Publish every file, or none if one exists and force is off (checked before writing anything);
+    the files that were replaced."""
     existing = [p for p in files if p.exists() or p.is_symlink()]
     if existing and not force:
         raise InitError(f"{existing[0]} exists; not overwritten (--force replaces it)")
-    written = []
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        replaced = path in existing
         # Without force, a file created since the check above is still never replaced (link, not rename).
         write_bytes_atomic(path, text.encode("utf-8"), overwrite=force)
-        written.append(Written(path, replaced))
-    return written
+    return existing
 
 
 def mirrord_executable(argv0: str) -> str | None:
     """The absolute path of this `mirrord` console script (else the one on PATH), for ExecStart=."""
-    if Path(argv0).name == "mirrord" and Path(argv0).is_file():
-        return str(Path(argv0).absolute())
-    found = shutil.which("mirrord")
+    found = argv0 if Path(argv0).name == "mirrord" and Path(argv0).is_file() else shutil.which("mirrord")
     return str(Path(found).absolute()) if found else None

@@ -657,10 +657,11 @@ def explain_config(
     return LoadedConfig(config, file, origins, tuple(env.ignored))
 
 
-def load_config(*args: Any, **kwargs: Any) -> Config:
-    """Build the one Config of this process; raise ConfigError listing every problem at once.
-    Takes explain_config's arguments (the file, the environment, the flags, ...)."""
-    return explain_config(*args, **kwargs).config
+def load_config(path: Path | None = None, environ: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None, check_roots: bool = True,
+                need_primary: PrimaryNeed = True, content: bytes | None = None) -> Config:
+    """Build the one Config of this process; raise ConfigError listing every problem at once."""
+    return explain_config(path, environ, overrides, check_roots, need_primary, content).config
 
 
 def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[str]:

@@ -23,6 +23,7 @@ next append. A bad line followed by a good one is corruption: an error naming th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -30,9 +31,9 @@ import re
 import stat
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, Generic, TypeVar
 
 from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.store import atomic
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 JOURNAL_SCHEMA = "mirrord-manifest-journal"
 JOURNAL_VERSION = 1
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_ATTEMPTS = 50  # a compaction finishing while we read makes us read again; 50 in a row is a fault
 
@@ -91,23 +91,26 @@ def parse_journal(data: bytes, where: str) -> tuple[list[bytes], int]:
     return payloads[1:], valid
 
 
-def _header(generation: int) -> bytes:
-    doc = {"schema": JOURNAL_SCHEMA, "version": JOURNAL_VERSION, "generation": generation}
-    return frame(json.dumps(doc, separators=(",", ":")).encode())
+def _header(generation: int) -> dict[str, object]:
+    return {"schema": JOURNAL_SCHEMA, "version": JOURNAL_VERSION, "generation": generation}
+
+
+def _frame_header(generation: int) -> bytes:
+    return frame(json.dumps(_header(generation), separators=(",", ":")).encode())
 
 
 def _check_header(data: bytes, generation: int, where: str) -> None:
-    first = _unframe(data.split(b"\n", 1)[0])
     try:
-        doc = json.loads(first) if first is not None else None
+        doc = json.loads(_unframe(data.split(b"\n", 1)[0]) or b"null")
     except ValueError:
         doc = None
-    if not isinstance(doc, dict) or doc.get("schema") != JOURNAL_SCHEMA:
-        raise ManifestError(where, "not a mirrord manifest journal (bad header)")
-    if doc.get("version") != JOURNAL_VERSION:
-        raise ManifestError(where, f"unsupported journal version {doc.get('version')!r}")
-    if doc.get("generation") != generation:
-        raise ManifestError(where, f"journal header says generation {doc.get('generation')!r}, its name {generation}")
+    found = doc if isinstance(doc, dict) else {}
+    for key, why in (("schema", "not a mirrord manifest journal (bad header)"),
+                     ("version", f"unsupported journal version {found.get('version')!r}"),
+                     ("generation", f"journal header says generation {found.get('generation')!r}, "
+                                    f"its name {generation}")):
+        if found.get(key) != _header(generation)[key]:
+            raise ManifestError(where, why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +129,7 @@ class Stored(Generic[T]):
 
     snapshot: T | None
     generation: int
-    journals: list[JournalFile] = field(default_factory=list)
-    stale: list[Path] = field(default_factory=list)  # journals older than the snapshot
-
-    @property
-    def records(self) -> list[bytes]:
-        """Every whole record of every journal, in order."""
-        return [r for j in self.journals for r in j.records]
+    journals: list[JournalFile]
 
 
 def _sha256(data: bytes = b"") -> hashlib._Hash:
@@ -144,6 +141,17 @@ def _sha256(data: bytes = b"") -> hashlib._Hash:
 
 def _identity(st: os.stat_result | None) -> tuple[int, ...] | None:
     return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _lstat_identity(path: Path) -> tuple[int, ...] | None:
+    try:
+        return _identity(path.lstat())
+    except OSError:
+        return None
+
+
+def _open_nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 class LocalManifestStore:
@@ -198,46 +206,29 @@ class LocalManifestStore:
     def _read_once(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T] | None:
         where = str(self.snapshot_path)
         try:
-            fd = os.open(self.snapshot_path, _OPEN_FLAGS)
+            with open(self.snapshot_path, "rb", opener=_open_nofollow) as f:
+                before: os.stat_result | None = os.fstat(f.fileno())
+                data: bytes | None = f.read()
         except FileNotFoundError:
-            fd, before, snapshot, generation = -1, None, None, 0
+            before = data = None
         except OSError as exc:
             raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
-        if fd >= 0:
-            try:
-                before = os.fstat(fd)
-                with os.fdopen(os.dup(fd), "rb") as f:
-                    data = f.read()
-            except OSError as exc:
-                raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
-            finally:
-                os.close(fd)
-            snapshot, generation = parse(data, where)
-            if not self.read_only:
-                self._snapshot_seen = (_identity(before), _sha256(data).hexdigest())
-        fds: dict[int, int] = {}
-        try:
+        snapshot, generation = (None, 0) if data is None else parse(data, where)
+        if data is not None and not self.read_only:
+            self._snapshot_seen = (_identity(before), _sha256(data).hexdigest())
+        with contextlib.ExitStack() as opened:
+            journals: dict[int, BinaryIO] = {}
             for gen, path in self._journal_names():
-                if gen >= generation:
-                    try:
-                        fds[gen] = os.open(path, _OPEN_FLAGS)
-                    except FileNotFoundError:
-                        return None  # unlinked by a compaction since we listed: read again
-                    except OSError as exc:
-                        raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
-            try:
-                after: os.stat_result | None = self.snapshot_path.lstat()
-            except FileNotFoundError:
-                after = None
-            if _identity(after) != _identity(before):
+                try:
+                    if gen >= generation:
+                        journals[gen] = opened.enter_context(open(path, "rb", opener=_open_nofollow))
+                except FileNotFoundError:
+                    return None  # unlinked by a compaction since we listed: read again
+                except OSError as exc:
+                    raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
+            if _lstat_identity(self.snapshot_path) != _identity(before):
                 return None
-            stored: Stored[T] = Stored(snapshot, generation)
-            stored.stale = [p for g, p in self._journal_names() if g < generation]
-            for gen in sorted(fds):
-                stored.journals.append(self._read_journal(gen, fds[gen]))
-        finally:
-            for jfd in fds.values():
-                os.close(jfd)
+            stored = Stored(snapshot, generation, [self._read_journal(g, f) for g, f in journals.items()])
         self._check_sequence(stored, snapshot is not None)
         return stored
 
@@ -251,11 +242,10 @@ class LocalManifestStore:
         found = [(int(m[1]), self.root / n) for n in names if (m := self._name.fullmatch(n))]
         return sorted(found)
 
-    def _read_journal(self, generation: int, fd: int) -> JournalFile:
+    def _read_journal(self, generation: int, f: BinaryIO) -> JournalFile:
         path = self.journal_path(generation)
         try:
-            with os.fdopen(os.dup(fd), "rb") as f:
-                data = f.read()
+            data = f.read()
         except OSError as exc:
             raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
         _check_header(data, generation, str(path))
@@ -285,8 +275,8 @@ class LocalManifestStore:
         self._size = newest.valid_size if newest else 0
         self._torn = newest is not None and newest.size > newest.valid_size
         self._exists = newest is not None
-        self.journal_records = len(stored.records)
-        self._journal_seen = self._stat_identity(self.journal_path(self._generation)) if self._exists else None
+        self.journal_records = sum(len(j.records) for j in stored.journals)
+        self._journal_seen = _lstat_identity(self.journal_path(self._generation)) if self._exists else None
 
     def append(self, payloads: Iterable[bytes]) -> None:
         """Append the records in one write and make them durable with one fsync; raise on any failure.
@@ -314,11 +304,10 @@ class LocalManifestStore:
                 self._journal_seen = _identity(os.fstat(fd))
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except BaseException as exc:
             self._must_rotate = True
-            raise _error(path, exc, "append to the manifest journal") from exc
-        except BaseException:
-            self._must_rotate = True
+            if isinstance(exc, OSError):
+                raise _error(path, exc, "append to the manifest journal") from exc
             raise
         self.journal_records += 1
 
@@ -341,9 +330,9 @@ class LocalManifestStore:
             self.publish_snapshot(self._initial)
             self._initial = None
         with atomic.atomic_output(self.journal_path(generation)) as f:
-            f.write(_header(generation))
+            f.write(_frame_header(generation))
         self._exists = True
-        self._journal_seen = self._stat_identity(self.journal_path(generation))
+        self._journal_seen = _lstat_identity(self.journal_path(generation))
 
     def rotate(self) -> int:
         """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
@@ -357,7 +346,8 @@ class LocalManifestStore:
             self._create(generation)
         except OSError as exc:
             raise _error(path, exc, "create the manifest journal") from exc
-        self._generation, self._size, self._torn, self._must_rotate = generation, len(_header(generation)), False, False
+        self._generation, self._size, self._torn = generation, len(_frame_header(generation)), False
+        self._must_rotate = False
         self.journal_records = 0
         return generation
 
@@ -369,14 +359,7 @@ class LocalManifestStore:
             atomic.write_bytes_atomic(self.snapshot_path, data)
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
-        self._snapshot_seen = (self._stat_identity(self.snapshot_path), _sha256(data).hexdigest())
-
-    @staticmethod
-    def _stat_identity(path: Path) -> tuple[int, ...] | None:
-        try:
-            return _identity(path.lstat())
-        except OSError:
-            return None
+        self._snapshot_seen = (_lstat_identity(self.snapshot_path), _sha256(data).hexdigest())
 
     def damage(self) -> str | None:
         """None while the snapshot and the current journal are what this process last read or wrote;
@@ -403,7 +386,7 @@ class LocalManifestStore:
                 self._snapshot_seen = (_identity(st), digest)  # touched, not changed
         if self._exists and self._journal_seen is not None:
             path = self.journal_path(self._generation)
-            if self._stat_identity(path) != self._journal_seen:
+            if _lstat_identity(path) != self._journal_seen:
                 return f"{path} was changed, truncated or removed behind mirrord's back"
         return None
 

@@ -41,29 +41,17 @@ def new_hasher(algo: str) -> Hasher:
 
 def hash_fd(fd: int, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
     """Hash an open file from its current offset to EOF; returns (bytes read, hex digest)."""
-    hasher = new_hasher(algo)
-    buf = bytearray(buffer_bytes)
-    view = memoryview(buf)
-    total = 0
     with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-        while n := f.readinto(view):
-            hasher.update(view[:n])
-            total += n
-    return total, hasher.hexdigest()
+        return hash_stream(f, algo, buffer_bytes)
 
 
 def hash_stream(stream: BinaryIO, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
-    """Hash a stream (a mirror's open_read) from where it is to its end; returns (bytes read, hex digest)."""
+    """Hash a stream (a file, a mirror's open_read: every one has readinto, so no buffer is allocated per
+    read) from where it is to its end; returns (bytes read, hex digest)."""
     hasher = new_hasher(algo)
-    total = 0
-    readinto = getattr(stream, "readinto", None)  # a file or io stream: no allocation per buffer
-    if readinto is None:
-        while data := stream.read(buffer_bytes):
-            hasher.update(data)
-            total += len(data)
-        return total, hasher.hexdigest()
     view = memoryview(bytearray(buffer_bytes))
-    while n := readinto(view):
+    total = 0
+    while n := stream.readinto(view):  # type: ignore[attr-defined]  # (BinaryIO does not declare it)
         hasher.update(view[:n])
         total += n
     return total, hasher.hexdigest()

@@ -43,8 +43,9 @@ def snapshot_tree(
     collect_partials: bool = False,
     exclude: frozenset[tuple[int, int]] = frozenset(),
     layout: Layout | None = None,
+    unit: str = "",
 ) -> Snapshot:
-    """List `root` recursively.
+    """List `root` recursively (with `unit`, only the folder root/unit, as a unit: see snapshot_unit).
 
     Without `layout` (or with a file layout) a candidate is a file named by `patterns` (or the
     layout's). With a folder layout, every file below a unit folder is listed (dot names too: DCP's
@@ -57,11 +58,7 @@ def snapshot_tree(
     that is an error. Listing errors are collected, not raised: a caller must treat a snapshot with
     errors as partial.
     """
-    return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout)
-
-
-def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool,
-                   exclude: frozenset[tuple[int, int]], layout: Layout | None) -> Snapshot:
+    patterns = tuple(patterns)
     files: dict[str, FileState] = {}
     partials: dict[str, FileState] = {}
     errors: list[str] = []
@@ -69,8 +66,8 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     staging: dict[str, FileState] = {}
     lookalikes: dict[str, str] = {}
     folders = layout is not None and layout.folders
-    inside: set[str] = set()  # directories at or below a unit folder
-    for fd, rel_dir, entries, subdirs in _walk(root, errors):
+    inside = {unit} if unit else set()  # directories at or below a unit folder
+    for fd, rel_dir, entries, subdirs in _walk(root, errors, unit):
         in_unit = rel_dir in inside
         prefix = f"{rel_dir}/" if rel_dir else ""
         folder_lookalike = lookalike_folder(rel_dir) if layout is not None else None
@@ -126,26 +123,29 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     return Snapshot(files, partials, tuple(errors), tuple(skipped), staging, lookalikes)
 
 
-def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.DirEntry[str]], list[str]]]:
-    """Depth first below `root`: for each directory its open descriptor, rel path, entries and a list the
-    caller fills with the names of the subdirectories to enter (entered after the caller is done with it).
+def _walk(root: Path, errors: list[str], top: str = "") -> Iterator[tuple[int, str, list[os.DirEntry[str]], list[str]]]:
+    """Depth first below `root` (or its folder `top`): for each directory its open descriptor, rel path,
+    entries and a list the caller fills with the names of the subdirectories to enter (entered after
+    the caller is done with it).
 
     Every directory is opened beneath its parent's descriptor with O_NOFOLLOW, so a folder swapped for
     a symlink during the walk is an error, never followed; files are lstat'ed relative to the descriptor
     (cheaper than a path from the root, and the same file the listing named). At most one descriptor
     per level is open. A directory that cannot be opened or listed, or whose path is longer than a path
-    may be, is an error in `errors`.
+    may be, is an error in `errors`; a `top` that is gone or a symlink lists nothing, silently.
     """
+    parts = split_rel(top) if top else None
     try:
-        top = open_root(root)
+        top_fd = open_root(root) if parts is None else open_dir_beneath(root, parts)
     except OSError as exc:
-        errors.append(f"{root}: cannot list: {exc.strerror or exc}")
+        if parts is None or exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            errors.append(f"{root / top}: cannot list: {exc.strerror or exc}")
         return
     frames: list[tuple[int, str, list[str]]] = []  # (descriptor, rel path, subdirectories left to enter)
     # The length of root / rel_dir as bytes is this plus rel_dir's (no path object made per folder).
     top_bytes = os.fsencode(root)
     base = len(top_bytes) + (not top_bytes.endswith(b"/"))
-    fd, rel_dir = top, ""
+    fd, rel_dir = top_fd, top
     try:
         while True:
             subdirs: list[str] = []
@@ -196,38 +196,8 @@ def snapshot_unit(root: Path, key: str, layout: Layout) -> Snapshot:
     """List one unit folder, root/key, as snapshot_tree lists it inside a unit (every member, dot names
     too; hidden folders not entered), reached beneath the root without following a symlink. What a watch
     event re-evaluates instead of the whole tree; a folder that is gone (or is not a folder) lists empty."""
-    files: dict[str, FileState] = {}
-    errors: list[str] = []
-    try:
-        top = open_dir_beneath(root, split_rel(key))
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):  # gone, or a symlink: never a unit
-            return Snapshot(files)
-        return Snapshot(files, errors=(f"{root / key}: cannot open: {exc.strerror or exc}",))
-    stack = [(top, key)]
-    try:
-        while stack:
-            fd, rel_dir = stack.pop()
-            try:
-                names = os.listdir(fd)  # noqa: PTH208 - by descriptor
-                for name in names:
-                    try:
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # vanished between listing and stat: the next look sees it
-                    rel = f"{rel_dir}/{name}"
-                    if S_ISDIR(st.st_mode) and not name.startswith("."):
-                        stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), rel))
-                    elif S_ISREG(st.st_mode) and layout.is_member_name(name):
-                        files[rel] = state_from_stat(rel, st)
-            except OSError as exc:
-                errors.append(f"{root / rel_dir}: cannot list: {exc.strerror or exc}")
-            finally:
-                os.close(fd)
-    finally:
-        for fd, _ in stack:
-            os.close(fd)
-    return Snapshot(files, errors=tuple(errors))
+    listed = snapshot_tree(root, (), layout=layout, unit=key)
+    return Snapshot(listed.files, errors=listed.errors)
 
 
 def unit_folders(root: Path, key: str, layout: Layout) -> list[str]:

@@ -290,10 +290,9 @@ class LocalManifestStore:
         if self.guard is not None:
             self.guard()
         try:
-            if self._must_rotate:
-                if self._exists:
-                    self.rotate()
-                self._must_rotate = False
+            if self._must_rotate and self._exists:
+                self.rotate()
+            self._must_rotate = False
             path = self.journal_path(self._generation)
             fd = self._open_for_append(path)
             try:
@@ -365,25 +364,20 @@ class LocalManifestStore:
         """None while the snapshot and the current journal are what this process last read or wrote;
         else what happened (changed, truncated, removed, replaced). The caller serialises it with the
         appends. Reads the snapshot only when its stat changed: cheap enough for every heartbeat."""
-        seen = self._snapshot_seen
+        seen, path = self._snapshot_seen, self.snapshot_path
         if seen is not None:
-            path = self.snapshot_path
             try:
                 st = path.lstat()
+                if stat.S_ISREG(st.st_mode) and _identity(st) != seen[0]:
+                    if _sha256(path.read_bytes()).hexdigest() != seen[1]:
+                        return f"{path} was changed on disk behind mirrord's back"
+                    self._snapshot_seen = (_identity(st), seen[1])  # touched, not changed
             except FileNotFoundError:
                 return f"{path} was removed behind mirrord's back"
             except OSError as exc:
-                return f"{path}: cannot stat: {exc.strerror or exc}"
+                return f"{path}: cannot read: {exc.strerror or exc}"
             if not stat.S_ISREG(st.st_mode):
                 return f"{path} is no longer a regular file"
-            if _identity(st) != seen[0]:
-                try:
-                    digest = _sha256(path.read_bytes()).hexdigest()
-                except OSError as exc:
-                    return f"{path}: cannot read: {exc.strerror or exc}"
-                if digest != seen[1]:
-                    return f"{path} was changed on disk behind mirrord's back"
-                self._snapshot_seen = (_identity(st), digest)  # touched, not changed
         if self._exists and self._journal_seen is not None:
             path = self.journal_path(self._generation)
             if _lstat_identity(path) != self._journal_seen:
@@ -405,10 +399,8 @@ class LocalManifestStore:
         for gen, path in self._journal_names():
             if gen < generation:
                 try:
-                    path.unlink()
+                    path.unlink(missing_ok=True)
                     dropped = True
-                except FileNotFoundError:
-                    pass
                 except OSError as exc:
                     failure = failure or (path, exc, "remove the stale manifest journal")
         if dropped:

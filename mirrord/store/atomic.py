@@ -167,8 +167,7 @@ class DirSyncs:
         try:
             _make_durable(fds)
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close_quietly(fds)
 
     def close(self) -> None:
         """Forget the directories without fsyncing them (the renames they hold will not be recorded);

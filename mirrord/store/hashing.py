@@ -39,17 +39,17 @@ def new_hasher(algo: str) -> Hasher:
     raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
 
 
-def hash_fd(fd: int, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
+def hash_fd(fd: int, algo: str) -> tuple[int, str]:
     """Hash an open file from its current offset to EOF; returns (bytes read, hex digest)."""
     with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-        return hash_stream(f, algo, buffer_bytes)
+        return hash_stream(f, algo)
 
 
-def hash_stream(stream: BinaryIO, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
+def hash_stream(stream: BinaryIO, algo: str) -> tuple[int, str]:
     """Hash a stream (a file, a mirror's open_read: every one has readinto, so no buffer is allocated per
     read) from where it is to its end; returns (bytes read, hex digest)."""
     hasher = new_hasher(algo)
-    view = memoryview(bytearray(buffer_bytes))
+    view = memoryview(bytearray(HASH_BUFFER_BYTES))
     total = 0
     while n := stream.readinto(view):  # type: ignore[attr-defined]  # (BinaryIO does not declare it)
         hasher.update(view[:n])

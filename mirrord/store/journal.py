@@ -294,8 +294,14 @@ class LocalManifestStore:
                 self.rotate()
             self._must_rotate = False
             path = self.journal_path(self._generation)
-            fd = self._open_for_append(path)
+            if not self._exists:
+                self._create(self._generation)
+            fd = os.open(path, _APPEND_FLAGS)
             try:
+                if self._torn:  # never acknowledged: cut it off so that the next record is not read as corruption
+                    os.ftruncate(fd, self._size)
+                    atomic.sync(fd)
+                    self._torn = False
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
@@ -309,20 +315,6 @@ class LocalManifestStore:
                 raise _error(path, exc, "append to the manifest journal") from exc
             raise
         self.journal_records += 1
-
-    def _open_for_append(self, path: Path) -> int:
-        if not self._exists:
-            self._create(self._generation)
-        fd = os.open(path, _APPEND_FLAGS)
-        if self._torn:  # never acknowledged: cut it off so that the next record is not read as corruption
-            try:
-                os.ftruncate(fd, self._size)
-                atomic.sync(fd)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._torn = False
-        return fd
 
     def _create(self, generation: int) -> None:
         if self._initial is not None:

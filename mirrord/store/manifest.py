@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -143,13 +143,9 @@ def decode_shared_snapshot(
         if not isinstance(raw, dict):
             raise ValueError("entries is not an object")
         entries = {path: decode_entry(path, e) for path, e in raw.items()}
+        return entries, generation, _decode_contributions(doc.get("contributions"))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
-    try:
-        contributions = _decode_contributions(doc.get("contributions"))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ManifestError(where, f"cannot parse manifest contributions: {exc}; {REPAIR_HINT}") from exc
-    return entries, generation, contributions
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,14 +194,12 @@ def _replay(stored: Stored[dict[str, ManifestEntry]]) -> dict[str, ManifestEntry
 
 
 # -- the manifest -------------------------------------------------------------------------------------
+@dataclass(slots=True)
 class _Pending:
-    __slots__ = ("change", "done", "error", "payload")
-
-    def __init__(self, change: Change) -> None:
-        self.change = change
-        self.payload = change.encode()
-        self.done = False
-        self.error: BaseException | None = None
+    change: Change
+    payload: bytes  # encoded outside the commit lock
+    done: bool = False
+    error: BaseException | None = None
 
 
 class ManifestStore(Protocol):
@@ -291,9 +285,6 @@ class Manifest:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator[ManifestEntry]:
-        return iter(self.entries.values())
-
     def record(self, entry: ManifestEntry) -> None:
         """Add or replace an entry; durable when this returns."""
         self.apply(puts=(entry,))
@@ -313,7 +304,7 @@ class Manifest:
             if self._store is None:
                 change.apply_to(self._entries)
                 return
-        pending = _Pending(change)
+        pending = _Pending(change, change.encode())
         with self._lock:
             self._queue.append(pending)
         with self._commit:
@@ -395,14 +386,10 @@ class Manifest:
         with self._commit:
             if self._compacting:
                 return
-            self._compacting = True
-            try:
-                with self._lock:
-                    held = dict(self._entries)  # all committed: the journal is written under this lock
-                generation = store.rotate()
-            except BaseException:
-                self._compacting = False
-                raise
+            with self._lock:
+                held = dict(self._entries)  # all committed: the journal is written under this lock
+            generation = store.rotate()
+            self._compacting = True  # (set under the commit lock, which disk_problem() takes to be sure)
         try:
             store.publish_snapshot(encode_snapshot(held, generation))
             store.drop_before(generation)

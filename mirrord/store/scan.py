@@ -23,6 +23,7 @@ _TEMP_LENGTH = len(TEMP_SUFFIX)
 # A folder whose path is this long cannot be named by a path (ENAMETOOLONG): nor could a trainer or cp reach
 # its files, so the walk (by descriptor, which could) reports it as unlistable, as a listing by path did.
 _PATH_MAX = 4096
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # opening a folder that is gone, or a symlink
 
 
 def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
@@ -102,11 +103,7 @@ def snapshot_tree(
             if S_ISREG(st.st_mode):
                 if not (partial or selected):
                     continue  # (the entry's type said folder or link, lstat says it was replaced meanwhile)
-                state = state_from_stat(rel, st)
-                if partial:
-                    partials[rel] = state
-                else:
-                    files[rel] = state
+                (partials if partial else files)[rel] = state_from_stat(rel, st)
             elif S_ISLNK(st.st_mode):
                 skipped.append((rel, "symlink"))
             elif S_ISDIR(st.st_mode):
@@ -138,7 +135,7 @@ def _walk(root: Path, errors: list[str], top: str = "") -> Iterator[tuple[int, s
     try:
         top_fd = open_root(root) if parts is None else open_dir_beneath(root, parts)
     except OSError as exc:
-        if parts is None or exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        if parts is None or exc.errno not in _GONE:
             errors.append(f"{root / top}: cannot list: {exc.strerror or exc}")
         return
     frames: list[tuple[int, str, list[str]]] = []  # (descriptor, rel path, subdirectories left to enter)
@@ -206,20 +203,12 @@ def unit_folders(root: Path, key: str, layout: Layout) -> list[str]:
     try:
         fd = open_dir_beneath(root, split_rel(key) if key else ())
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        if exc.errno in _GONE:
             return []
         raise
-    found = []
     try:
-        for name in os.listdir(fd):  # noqa: PTH208 - by descriptor
-            if not layout.is_unit_name(name):
-                continue
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if S_ISDIR(st.st_mode):  # a symlink is never a unit
-                found.append(f"{key}/{name}" if key else name)
+        with os.scandir(fd) as entries:  # (a symlink is never a unit; an entry gone meanwhile is no folder)
+            names = [e.name for e in entries if layout.is_unit_name(e.name) and e.is_dir(follow_symlinks=False)]
     finally:
         os.close(fd)
-    return found
+    return [f"{key}/{name}" if key else name for name in names]

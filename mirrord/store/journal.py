@@ -95,10 +95,6 @@ def _header(generation: int) -> dict[str, object]:
     return {"schema": JOURNAL_SCHEMA, "version": JOURNAL_VERSION, "generation": generation}
 
 
-def _frame_header(generation: int) -> bytes:
-    return frame(json.dumps(_header(generation), separators=(",", ":")).encode())
-
-
 def _check_header(data: bytes, generation: int, where: str) -> None:
     try:
         doc = json.loads(_unframe(data.split(b"\n", 1)[0]) or b"null")
@@ -132,7 +128,7 @@ class Stored(Generic[T]):
     journals: list[JournalFile]
 
 
-def _sha256(data: bytes = b"") -> hashlib._Hash:
+def _sha256(data: bytes) -> hashlib._Hash:
     """hashlib.sha256, imported on first use (a read-only load, `mirrord latest`, hashes nothing)."""
     import hashlib
 
@@ -157,7 +153,8 @@ def _open_nofollow(path: str, flags: int) -> int:
 class LocalManifestStore:
     """Snapshot and journals in one directory (the mirror root). Appends are serialised by the caller."""
 
-    def __init__(self, root: Path, snapshot_name: str, read_only: bool = False) -> None:
+    def __init__(self, root: Path, snapshot_name: str, read_only: bool = False,
+                 guard: Callable[[], None] | None = None) -> None:
         self.root = Path(root)
         # Only read, never written through (Manifest.load): it keeps no record of what it read for
         # damage(), so the snapshot is not hashed.
@@ -166,15 +163,14 @@ class LocalManifestStore:
         self.prefix = snapshot_name.removesuffix(".json") + ".journal."
         self._name = re.compile(re.escape(self.prefix) + r"(0|[1-9][0-9]{0,17})")
         self._generation = 0  # of the journal appends go to
-        self._size = 0  # of that journal, up to its last whole record
-        self._torn = False  # bytes after _size to cut off before the next append
+        self._torn_at: int | None = None  # where that journal's whole records end, if bytes follow them
         self._exists = False
         self._must_rotate = False
         self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
         self.journal_records = 0  # since the last compaction began: the caller's compaction policy
         # Called before every write (the mirror's identity check: never write to whatever lies under
         # an unmounted mount point).
-        self.guard: Callable[[], None] | None = None
+        self.guard = guard or (lambda: None)
         # What this process last read or wrote: snapshot (identity, sha256), journal identity. A
         # difference means someone else changed the files (see damage()).
         self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
@@ -239,8 +235,7 @@ class LocalManifestStore:
             return []
         except OSError as exc:
             raise ManifestError(self.root, f"cannot list the manifest's directory: {exc.strerror or exc}") from exc
-        found = [(int(m[1]), self.root / n) for n in names if (m := self._name.fullmatch(n))]
-        return sorted(found)
+        return sorted((int(m[1]), self.root / n) for n in names if (m := self._name.fullmatch(n)))
 
     def _read_journal(self, generation: int, f: BinaryIO) -> JournalFile:
         path = self.journal_path(generation)
@@ -272,8 +267,7 @@ class LocalManifestStore:
         self._initial = empty_snapshot if stored.snapshot is None else None
         newest = stored.journals[-1] if stored.journals else None
         self._generation = newest.generation if newest else stored.generation
-        self._size = newest.valid_size if newest else 0
-        self._torn = newest is not None and newest.size > newest.valid_size
+        self._torn_at = newest.valid_size if newest and newest.size > newest.valid_size else None
         self._exists = newest is not None
         self.journal_records = sum(len(j.records) for j in stored.journals)
         self._journal_seen = _lstat_identity(self.journal_path(self._generation)) if self._exists else None
@@ -287,8 +281,7 @@ class LocalManifestStore:
         """
         data = b"".join(frame(p) for p in payloads)
         path = self.journal_path(self._generation)
-        if self.guard is not None:
-            self.guard()
+        self.guard()
         try:
             if self._must_rotate and self._exists:
                 self.rotate()
@@ -298,10 +291,10 @@ class LocalManifestStore:
                 self._create(self._generation)
             fd = os.open(path, _APPEND_FLAGS)
             try:
-                if self._torn:  # never acknowledged: cut it off so that the next record is not read as corruption
-                    os.ftruncate(fd, self._size)
+                if self._torn_at is not None:  # never acknowledged: cut off, lest the next record read as corruption
+                    os.ftruncate(fd, self._torn_at)
                     atomic.sync(fd)
-                    self._torn = False
+                    self._torn_at = None
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
@@ -321,14 +314,13 @@ class LocalManifestStore:
             self.publish_snapshot(self._initial)
             self._initial = None
         with atomic.atomic_output(self.journal_path(generation)) as f:
-            f.write(_frame_header(generation))
+            f.write(frame(json.dumps(_header(generation), separators=(",", ":")).encode()))
         self._exists = True
         self._journal_seen = _lstat_identity(self.journal_path(generation))
 
     def rotate(self) -> int:
         """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
-        if self.guard is not None:
-            self.guard()
+        self.guard()
         generation = self._generation + 1
         path = self.journal_path(generation)
         try:
@@ -337,15 +329,13 @@ class LocalManifestStore:
             self._create(generation)
         except OSError as exc:
             raise _error(path, exc, "create the manifest journal") from exc
-        self._generation, self._size, self._torn = generation, len(_frame_header(generation)), False
-        self._must_rotate = False
+        self._generation, self._torn_at, self._must_rotate = generation, None, False
         self.journal_records = 0
         return generation
 
     def publish_snapshot(self, data: bytes) -> None:
         """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
-        if self.guard is not None:
-            self.guard()
+        self.guard()
         try:
             atomic.write_bytes_atomic(self.snapshot_path, data)
         except OSError as exc:
@@ -384,25 +374,22 @@ class LocalManifestStore:
         because its unlink was not made durable) is ignored by readers and dropped by the next compaction:
         harmless for the manifest, but an I/O error on the mirror is never silent.
         """
-        if self.guard is not None:
-            self.guard()
-        failure: tuple[Path, OSError, str] | None = None
-        dropped = False
-        for gen, path in self._journal_names():
-            if gen < generation:
-                try:
-                    path.unlink(missing_ok=True)
-                    dropped = True
-                except OSError as exc:
-                    failure = failure or (path, exc, "remove the stale manifest journal")
-        if dropped:
+        self.guard()
+        failures: list[tuple[Path, OSError, str]] = []
+        stale = [path for gen, path in self._journal_names() if gen < generation]
+        for path in stale:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                failures.append((path, exc, "remove the stale manifest journal"))
+        if stale:
             try:
                 atomic.fsync_dir(self.root)
             except OSError as exc:
-                failure = failure or (self.root, exc, "make the removal of stale manifest journals durable "
-                                                      "(fsync of the directory)")
-        if failure is not None:
-            raise _error(*failure)
+                failures.append((self.root, exc, "make the removal of stale manifest journals durable "
+                                                 "(fsync of the directory)"))
+        if failures:
+            raise _error(*failures[0])
 
 
 def _error(path: Path, exc: OSError, action: str) -> ManifestError | NoSpaceError:

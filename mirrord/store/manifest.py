@@ -454,8 +454,7 @@ class Manifest:
         empty one first, so that a journal never exists without it. `guard` is called before every write
         (it raises to refuse it).
         """
-        store = LocalManifestStore(root, MANIFEST_NAME)
-        store.guard = guard
+        store = LocalManifestStore(root, MANIFEST_NAME, guard=guard)
         stored = store.read(decode_snapshot)
         store.open_for_append(stored, encode_snapshot({}))
         return cls(_replay(stored), store, background_compaction)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -414,13 +415,7 @@ def remove_tree(dir_fd: int, name: str) -> None:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if not stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)  # by descriptors (never through a symlink swapped in meanwhile)
+    else:
         os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        for child in os.listdir(fd):  # noqa: PTH208 - by descriptor: no path to swap under us
-            remove_tree(fd, child)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)

@@ -105,16 +105,12 @@ def _key(path: Path) -> tuple[int, int] | None:
 
 
 def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
-    points = []
     try:
         with open(mountinfo, encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 4:
-                    points.append(Path(fields[4].encode().decode("unicode_escape")))
+            rows = [line.split() for line in f]
     except OSError:
-        pass
-    return points
+        return []
+    return [Path(fields[4].encode().decode("unicode_escape")) for fields in rows if len(fields) > 4]
 
 
 def overlap(primary: Path, mirror: Path, mountinfo: str = "/proc/self/mountinfo") -> str | None:

@@ -197,7 +197,7 @@ def _replay(stored: Stored[dict[str, ManifestEntry]]) -> dict[str, ManifestEntry
 @dataclass(slots=True)
 class _Pending:
     change: Change
-    payload: bytes  # encoded outside the commit lock
+    payload: bytes
     done: bool = False
     error: BaseException | None = None
 
@@ -298,14 +298,13 @@ class Manifest:
         change = Change(tuple(puts), tuple(removes))
         if {e.path for e in change.puts} & set(change.removes):
             raise ValueError("a path cannot be recorded and removed in the same change")
+        pending = _Pending(change, b"" if self._store is None else change.encode())  # (encoded outside the locks)
         with self._lock:
             if not change.puts and not any(r in self._entries for r in change.removes):
                 return  # nothing changes, nothing is written
             if self._store is None:
                 change.apply_to(self._entries)
                 return
-        pending = _Pending(change, change.encode())
-        with self._lock:
             self._queue.append(pending)
         with self._commit:
             if not pending.done:  # else a writer that got the lock first took ours with its own
@@ -419,13 +418,9 @@ class Manifest:
 
     def close(self) -> None:
         """Fold the journal into the snapshot, so that a stopped mirror is one complete JSON file."""
-        store = self._store
-        if store is None:
-            return
-        compactor = self._compactor
-        if compactor is not None:
-            compactor.join()
-        if store.journal_records:
+        if self._compactor is not None:
+            self._compactor.join()
+        if self._store is not None and self._store.journal_records:
             self.compact()
 
     # -- reading and writing bytes ------------------------------------------------------------------------

@@ -28,9 +28,7 @@ _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # opening a folder that is g
 
 def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
     """A name that may be a committed checkpoint: matches a pattern, not hidden, not a temp name."""
-    if name.startswith(".") or name.endswith(IGNORED_SUFFIXES):
-        return False
-    return bool(name_matcher(tuple(patterns))(name))
+    return not (name.startswith(".") or name.endswith(IGNORED_SUFFIXES)) and bool(name_matcher(tuple(patterns))(name))
 
 
 def state_from_stat(rel: str, st: os.stat_result) -> FileState:
@@ -184,9 +182,7 @@ def is_selected_name(name: str, patterns: tuple[str, ...], layout: Layout | None
         return is_candidate_name(name, patterns)
     if in_unit:
         return layout.is_member_name(name)
-    if layout.is_extra_name(name):
-        return True
-    return not layout.folders and layout.is_unit_name(name)
+    return layout.is_extra_name(name) or (not layout.folders and layout.is_unit_name(name))
 
 
 def snapshot_unit(root: Path, key: str, layout: Layout) -> Snapshot:

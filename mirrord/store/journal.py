@@ -115,8 +115,7 @@ class JournalFile:
     generation: int
     path: Path
     records: list[bytes]
-    valid_size: int  # bytes up to the end of the last whole record
-    size: int
+    torn_at: int | None  # where the last whole record ends, if bytes follow it (a torn append)
 
 
 @dataclass
@@ -245,17 +244,16 @@ class LocalManifestStore:
             raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
         _check_header(data, generation, str(path))
         records, valid = parse_journal(data, str(path))
-        return JournalFile(generation, path, records, valid, len(data))
+        return JournalFile(generation, path, records, valid if valid < len(data) else None)
 
     def _check_sequence(self, stored: Stored[T], have_snapshot: bool) -> None:
-        gens = [j.generation for j in stored.journals]
-        if not gens:
+        if not stored.journals:
             return
         if not have_snapshot:
             raise ManifestError(self.snapshot_path, f"missing, but its journal {stored.journals[0].path.name} "
                                 "exists: run `mirrord repair-manifest` or restore the file")
-        expected = list(range(stored.generation, stored.generation + len(gens)))
-        if gens != expected:
+        if [j.generation for j in stored.journals] != list(range(stored.generation,
+                                                                 stored.generation + len(stored.journals))):
             raise ManifestError(self.snapshot_path, f"generation {stored.generation} does not match its "
                                 f"journals ({', '.join(j.path.name for j in stored.journals)}): a journal "
                                 "is missing or the snapshot is out of date")
@@ -267,7 +265,7 @@ class LocalManifestStore:
         self._initial = empty_snapshot if stored.snapshot is None else None
         newest = stored.journals[-1] if stored.journals else None
         self._generation = newest.generation if newest else stored.generation
-        self._torn_at = newest.valid_size if newest and newest.size > newest.valid_size else None
+        self._torn_at = newest.torn_at if newest else None
         self._exists = newest is not None
         self.journal_records = sum(len(j.records) for j in stored.journals)
         self._journal_seen = _lstat_identity(self.journal_path(self._generation)) if self._exists else None

@@ -149,7 +149,7 @@ def _walk(root: Path, errors: list[str], top: str = "") -> Iterator[tuple[int, s
                 with os.scandir(fd) as it:
                     entries = list(it)
             except OSError as exc:
-                errors.append(f"{root / rel_dir if rel_dir else root}: cannot list: {exc.strerror or exc}")
+                errors.append(f"{root / rel_dir}: cannot list: {exc.strerror or exc}")
             else:
                 yield fd, rel_dir, entries, subdirs
             fd = -1

@@ -388,12 +388,23 @@ def atomic_output(path: str | os.PathLike[str], overwrite: bool = True, mode: in
         os.close(dir_fd)
 
 
-# The primitives of folder units (mirrord.store.staging) and of the journal: their fsyncs go through this
-# module, so durability is checked (and broken, by the chaos suite) in one place.
+# The primitives of folder units (mirrord.store.staging) and of the journal: every fsync, rename and
+# removal of the package goes through this module, so durability is checked (and broken, by the chaos
+# suite) in one place (tests/unit/test_layers.py holds every other module to it).
 
 def sync(fd: int) -> None:
     """fsync a file or a folder."""
     os.fsync(fd)
+
+
+def rename(src: str, dst: str, *, src_dir_fd: int, dst_dir_fd: int) -> None:
+    """Rename `src` onto `dst` (the caller fsyncs both folders)."""
+    os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+
+def remove_empty_folder(dir_fd: int, name: str) -> None:
+    """Remove a folder only if it is empty (OSError otherwise)."""
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 def sync_tree(fd: int) -> None:

@@ -121,7 +121,7 @@ class FolderStaging:
                 raise FileExistsError(errno.EEXIST, f"{self.root / self.key} exists and is not a folder")
             aside = None if old is None else self._swap(area_fd, dir_fd)
             if old is None:
-                os.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
+                atomic.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
             atomic.sync(dir_fd)
             atomic.sync(area_fd)
             self._done = True
@@ -145,8 +145,8 @@ class FolderStaging:
             return self._staging
         aside = self._staging.removesuffix(atomic.TEMP_SUFFIX) + atomic.ASIDE_SUFFIX
         atomic.remove_tree(area_fd, aside)  # a dead process's (the mirror lock is ours)
-        os.rename(self._name, aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
-        os.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
+        atomic.rename(self._name, aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
+        atomic.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
         return aside
 
     def abort(self) -> None:
@@ -185,7 +185,7 @@ def retire_folder(root: Path, key: str) -> None:
     try:
         atomic.remove_tree(area_fd, aside)  # a dead retirement of the same unit
         try:
-            os.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
+            atomic.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
         except FileNotFoundError:
             return
         atomic.sync(dir_fd)
@@ -228,7 +228,7 @@ def remove_folder(root: Path, key: str, expected: FileState | None = None) -> bo
         raise from_oserror(root / key, exc, "open parent directory") from exc
     try:
         if expected is None:
-            os.rmdir(parts[-1], dir_fd=dir_fd)
+            atomic.remove_empty_folder(dir_fd, parts[-1])
         else:
             st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode) or (st.st_ino, st.st_dev) != (expected.ino, expected.dev):

@@ -247,13 +247,13 @@ class LocalManifestStore:
         return JournalFile(generation, path, records, valid if valid < len(data) else None)
 
     def _check_sequence(self, stored: Stored[T], have_snapshot: bool) -> None:
-        if not stored.journals:
+        gens = [j.generation for j in stored.journals]
+        if not gens:
             return
         if not have_snapshot:
             raise ManifestError(self.snapshot_path, f"missing, but its journal {stored.journals[0].path.name} "
                                 "exists: run `mirrord repair-manifest` or restore the file")
-        if [j.generation for j in stored.journals] != list(range(stored.generation,
-                                                                 stored.generation + len(stored.journals))):
+        if gens != list(range(stored.generation, stored.generation + len(gens))):
             raise ManifestError(self.snapshot_path, f"generation {stored.generation} does not match its "
                                 f"journals ({', '.join(j.path.name for j in stored.journals)}): a journal "
                                 "is missing or the snapshot is out of date")

@@ -19,7 +19,6 @@ from mirrord.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 from mirrord.store.atomic import TEMP_SUFFIX
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
-_TEMP_LENGTH = len(TEMP_SUFFIX)
 # A folder whose path is this long cannot be named by a path (ENAMETOOLONG): nor could a trainer or cp reach
 # its files, so the walk (by descriptor, which could) reports it as unlistable, as a listing by path did.
 _PATH_MAX = 4096
@@ -28,7 +27,8 @@ _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # opening a folder that is g
 
 def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
     """A name that may be a committed checkpoint: matches a pattern, not hidden, not a temp name."""
-    return not (name.startswith(".") or name.endswith(IGNORED_SUFFIXES)) and bool(name_matcher(tuple(patterns))(name))
+    hidden_or_temp = name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
+    return not hidden_or_temp and bool(name_matcher(tuple(patterns))(name))
 
 
 def state_from_stat(rel: str, st: os.stat_result) -> FileState:
@@ -73,7 +73,7 @@ def snapshot_tree(
         for entry in entries:
             name = entry.name
             # A NAME.part of ours; a dotted one is a trainer's own temp file.
-            partial = collect_partials and name[-_TEMP_LENGTH:] == TEMP_SUFFIX and name[0] != "."
+            partial = collect_partials and name.endswith(TEMP_SUFFIX) and name[0] != "."
             selected = not partial and is_selected_name(name, patterns, layout, in_unit)
             if not (partial or selected):
                 # Beyond the selected names only folders (to enter) and symlinks (to report) matter, and the

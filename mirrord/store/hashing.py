@@ -7,7 +7,6 @@ little. xxh3_128 is faster but not collision resistant; sha256 is for sites that
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import BinaryIO, Protocol
 
 ALGORITHMS = ("blake3", "sha256", "xxh3_128")
@@ -59,8 +58,5 @@ def hash_stream(stream: BinaryIO, algo: str) -> tuple[int, str]:
 
 def hash_file(path: str | os.PathLike[str], algo: str) -> str:
     """Hex digest of a whole file, streamed with a bounded buffer (never follows a final symlink)."""
-    fd = os.open(Path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        return hash_fd(fd, algo)[1]
-    finally:
-        os.close(fd)
+    with open(path, "rb", buffering=0, opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as f:
+        return hash_stream(f, algo)[1]

@@ -90,8 +90,7 @@ class VolumeIdentity:
 
     def check(self) -> None:
         """Raise MirrorGoneError unless ROOT is still the pinned volume."""
-        problem = self.problem()
-        if problem is not None:
+        if (problem := self.problem()) is not None:
             raise MirrorGoneError(self.root, problem)
 
 

@@ -193,8 +193,7 @@ class LocalManifestStore:
         An open journal stays readable after a compaction unlinks it, and it only grows by appends.
         """
         for _ in range(_READ_ATTEMPTS):
-            stored = self._read_once(parse)
-            if stored is not None:
+            if (stored := self._read_once(parse)) is not None:
                 return stored
         raise ManifestError(self.snapshot_path, "kept changing while being read (a compaction loop?)")
 

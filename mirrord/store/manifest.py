@@ -399,11 +399,8 @@ class Manifest:
         """Take in what other writers recorded since (a shared store: several nodes, one prefix), so that
         retention plans from the merged manifest. Our own changes are already in the store, so nothing
         is lost; a store only we write has nothing to take in."""
-        store = self._store
-        if store is None:
-            return
         with self._commit:  # no change of ours is half-applied meanwhile
-            shared = store.shared_entries()
+            shared = None if self._store is None else self._store.shared_entries()
             if shared is not None:
                 with self._lock:
                     self._entries = dict(shared)

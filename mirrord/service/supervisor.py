@@ -119,7 +119,7 @@ class Supervisor:
                 self.refusals.refuse(MANIFEST, None)
             return
         try:
-            self.manifest.repair()
+            self.manifest.compact()  # a new snapshot of every entry and a fresh journal
         except MirrordError as exc:
             self.refusals.refuse(MANIFEST, f"{damage}; cannot repair it: {exc.cause}; fix the path, or stop "
                                            f"mirrord and run `mirrord repair-manifest`")

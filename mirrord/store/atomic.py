@@ -20,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from mirrord.names import TEMP_SUFFIX as TEMP_SUFFIX  # (re-exported: the store's users name it here)
 from mirrord.paths import DIR_FLAGS
@@ -43,17 +43,15 @@ def _load_syncfs() -> Callable[[int], None] | None:
     """syncfs(2) through libc where it reports every writeback error since the descriptor was opened
     (Linux 5.8 on); None elsewhere, where a group's files are fsynced one by one."""
     import ctypes
-    import platform
 
+    system = os.uname()
     try:
-        major, minor = (int(x) for x in platform.release().split(".")[:2])
-        func = ctypes.CDLL(None, use_errno=True).syncfs if platform.system() == "Linux" else None
+        if system.sysname != "Linux" or tuple(int(x) for x in system.release.split(".")[:2]) < (5, 8):
+            return None
+        func = ctypes.CDLL(None, use_errno=True).syncfs
     except (ValueError, OSError, AttributeError):
         return None
-    if func is None or (major, minor) < (5, 8):
-        return None
     func.argtypes = [ctypes.c_int]
-    func.restype = ctypes.c_int
 
     def syncfs(fd: int) -> None:
         if func(fd) != 0:
@@ -100,8 +98,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-@dataclass(frozen=True, slots=True)
-class _Unpublished:
+class _Unpublished(NamedTuple):
     """A written, verified temp file whose fsync and rename are left to DirSyncs.flush(); the group owns
     both descriptors."""
 
@@ -109,10 +106,11 @@ class _Unpublished:
     final_name: str
     temp_fd: int
 
-    def close(self) -> None:
-        for fd in (self.temp_fd, self.dir_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+
+def _close_quietly(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class DirSyncs:
@@ -125,9 +123,6 @@ class DirSyncs:
         self._fds: dict[tuple[int, int], int] = {}
         self._files: list[_Unpublished] = []
         self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._fds) + len(self._files)
 
     def renames_pending(self) -> bool:
         """Whether files handed over by publish_later() wait for flush() (their final names do not exist yet)."""
@@ -173,8 +168,7 @@ class DirSyncs:
         try:
             _make_durable(fds)
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close_quietly(fds)
 
     def close(self) -> None:
         """Forget the directories without fsyncing them (the renames they hold will not be recorded);
@@ -182,12 +176,10 @@ class DirSyncs:
         with self._lock:
             fds, self._fds = list(self._fds.values()), {}
             files, self._files = self._files, []
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _close_quietly(fds)
         for f in files:
             discard_temp(f.dir_fd, f.final_name, f.temp_fd)
-            f.close()
+            _close_quietly((f.temp_fd, f.dir_fd))
 
     def _publish_files(self) -> None:
         """The files of publish_later(): every fsync first, then the renames (their directories join the
@@ -206,7 +198,7 @@ class DirSyncs:
             raise
         finally:
             for f in files:
-                f.close()
+                _close_quietly((f.temp_fd, f.dir_fd))
 
 
 def _make_durable(fds: list[int]) -> None:
@@ -248,13 +240,9 @@ def discard_temp(dir_fd: int, final_name: str, temp_fd: int | None = None) -> No
     With `temp_fd`, the name is removed only if it still is that file: an abandoned (stalled) copy
     waking up late must not delete the temp file of the retry that replaced it.
     """
-    name = temp_name(final_name)
-    with contextlib.suppress(OSError):
-        if temp_fd is not None:
-            ours, there = os.fstat(temp_fd), os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
-                return
-        os.unlink(name, dir_fd=dir_fd)
+    with contextlib.suppress(OSError):  # (FileExistsError from _still_ours: not ours, left alone)
+        os.unlink(temp_name(final_name) if temp_fd is None else _still_ours(dir_fd, final_name, temp_fd),
+                  dir_fd=dir_fd)
 
 
 def publish(dir_fd: int, final_name: str, temp_fd: int, dirs: DirSyncs | None = None) -> None:
@@ -274,9 +262,7 @@ def publish(dir_fd: int, final_name: str, temp_fd: int, dirs: DirSyncs | None = 
 def publish_symlink(dir_fd: int, final_name: str, target: str) -> None:
     """Point `final_name` at `target` in one step: a symlink made under the temp name, renamed onto the
     final name, the directory fsynced."""
-    name = temp_name(final_name)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(name, dir_fd=dir_fd)
+    name = _clear_temp(dir_fd, final_name)
     os.symlink(target, name, dir_fd=dir_fd)
     os.replace(name, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os.fsync(dir_fd)
@@ -306,15 +292,14 @@ def exchange(dir_fd: int, a: str, b: str, b_dir_fd: int | None = None) -> bool:
     missing. False, with nothing changed, where the kernel or the filesystem cannot (older kernels, some
     network and FUSE filesystems); other errors are raised."""
     import ctypes
-    import platform
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc, machine = ctypes.CDLL(None, use_errno=True), os.uname().machine
     other = dir_fd if b_dir_fd is None else b_dir_fd
     args = (dir_fd, os.fsencode(a), other, os.fsencode(b), _RENAME_EXCHANGE)
     if hasattr(libc, "renameat2"):
         result = libc.renameat2(*args)
-    elif platform.machine() in _SYS_RENAMEAT2:
-        result = libc.syscall(_SYS_RENAMEAT2[platform.machine()], *args)
+    elif machine in _SYS_RENAMEAT2:
+        result = libc.syscall(_SYS_RENAMEAT2[machine], *args)
     else:
         return False
     if result == 0:
@@ -331,9 +316,7 @@ def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple
     renamed into place, the directory fsynced. No byte is written again. Returns the published file's
     stat. FileExistsError if the source is not the expected file; OSError (EPERM, EXDEV, EMLINK) where
     the filesystem has no hard links: the caller copies instead."""
-    name = temp_name(final_name)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(name, dir_fd=dir_fd)  # a dead writer's: we hold the mirror lock
+    name = _clear_temp(dir_fd, final_name)
     os.link(source_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -353,6 +336,14 @@ def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple
         raise
     os.fsync(dir_fd)
     return os.stat(final_name, dir_fd=dir_fd, follow_symlinks=False)
+
+
+def _clear_temp(dir_fd: int, final_name: str) -> str:
+    """The temp name of `final_name`, a dead writer's file under it removed (we hold the mirror lock)."""
+    name = temp_name(final_name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
+    return name
 
 
 def _still_ours(dir_fd: int, final_name: str, temp_fd: int) -> str:
@@ -399,7 +390,7 @@ def atomic_output(path: str | os.PathLike[str], overwrite: bool = True, mode: in
 
 # The primitives of folder units (mirrord.store.staging) and of the journal: every fsync, rename and
 # removal of the package goes through this module, so durability is checked (and broken, by the chaos
-# suite) in one place.
+# suite) in one place (tests/unit/test_layers.py holds every other module to it).
 
 def sync(fd: int) -> None:
     """fsync a file or a folder."""
@@ -435,13 +426,7 @@ def remove_tree(dir_fd: int, name: str) -> None:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if not stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)  # by descriptors (never through a symlink swapped in meanwhile)
+    else:
         os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        for child in os.listdir(fd):  # noqa: PTH208 - by descriptor: no path to swap under us
-            remove_tree(fd, child)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)

@@ -7,7 +7,6 @@ little. xxh3_128 is faster but not collision resistant; sha256 is for sites that
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import BinaryIO, Protocol
 
 ALGORITHMS = ("blake3", "sha256", "xxh3_128")
@@ -39,31 +38,19 @@ def new_hasher(algo: str) -> Hasher:
     raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
 
 
-def hash_fd(fd: int, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
+def hash_fd(fd: int, algo: str) -> tuple[int, str]:
     """Hash an open file from its current offset to EOF; returns (bytes read, hex digest)."""
-    hasher = new_hasher(algo)
-    buf = bytearray(buffer_bytes)
-    view = memoryview(buf)
-    total = 0
     with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-        while n := f.readinto(view):
-            hasher.update(view[:n])
-            total += n
-    return total, hasher.hexdigest()
+        return hash_stream(f, algo)
 
 
-def hash_stream(stream: BinaryIO, algo: str, buffer_bytes: int = HASH_BUFFER_BYTES) -> tuple[int, str]:
-    """Hash a stream (a mirror's open_read) from where it is to its end; returns (bytes read, hex digest)."""
+def hash_stream(stream: BinaryIO, algo: str) -> tuple[int, str]:
+    """Hash a stream (a file, a mirror's open_read: every one has readinto, so no buffer is allocated per
+    read) from where it is to its end; returns (bytes read, hex digest)."""
     hasher = new_hasher(algo)
+    view = memoryview(bytearray(HASH_BUFFER_BYTES))
     total = 0
-    readinto = getattr(stream, "readinto", None)  # a file or io stream: no allocation per buffer
-    if readinto is None:
-        while data := stream.read(buffer_bytes):
-            hasher.update(data)
-            total += len(data)
-        return total, hasher.hexdigest()
-    view = memoryview(bytearray(buffer_bytes))
-    while n := readinto(view):
+    while n := stream.readinto(view):  # type: ignore[attr-defined]  # (BinaryIO does not declare it)
         hasher.update(view[:n])
         total += n
     return total, hasher.hexdigest()
@@ -71,8 +58,5 @@ def hash_stream(stream: BinaryIO, algo: str, buffer_bytes: int = HASH_BUFFER_BYT
 
 def hash_file(path: str | os.PathLike[str], algo: str) -> str:
     """Hex digest of a whole file, streamed with a bounded buffer (never follows a final symlink)."""
-    fd = os.open(Path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        return hash_fd(fd, algo)[1]
-    finally:
-        os.close(fd)
+    with open(path, "rb", buffering=0, opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as f:
+        return hash_stream(f, algo)[1]

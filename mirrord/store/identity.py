@@ -90,8 +90,7 @@ class VolumeIdentity:
 
     def check(self) -> None:
         """Raise MirrorGoneError unless ROOT is still the pinned volume."""
-        problem = self.problem()
-        if problem is not None:
+        if (problem := self.problem()) is not None:
             raise MirrorGoneError(self.root, problem)
 
 
@@ -105,25 +104,12 @@ def _key(path: Path) -> tuple[int, int] | None:
 
 
 def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
-    points = []
     try:
         with open(mountinfo, encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 4:
-                    points.append(Path(fields[4].encode().decode("unicode_escape")))
+            rows = [line.split() for line in f]
     except OSError:
-        pass
-    return points
-
-
-def _reachable_below(root: Path, target: tuple[int, int], mount_points: list[Path]) -> Path | None:
-    """A mount point strictly below ROOT whose directory is TARGET (a bind mount of it), or None."""
-    resolved = root.resolve()
-    for point in mount_points:
-        if point != resolved and point.is_relative_to(resolved) and _key(point) == target:
-            return point
-    return None
+        return []
+    return [Path(fields[4].encode().decode("unicode_escape")) for fields in rows if len(fields) > 4]
 
 
 def overlap(primary: Path, mirror: Path, mountinfo: str = "/proc/self/mountinfo") -> str | None:
@@ -136,21 +122,21 @@ def overlap(primary: Path, mirror: Path, mountinfo: str = "/proc/self/mountinfo"
     pkey, mkey = _key(primary), _key(mirror)
     if pkey is None:
         return None  # a missing primary is reported by the path checks
-    for parent in Path(mirror).resolve().parents:  # also for a mirror not created yet
-        if _key(parent) == pkey:
-            return f"{mirror} is inside primary {primary} (reached through {parent}: a bind mount?)"
-    if mkey is None:
-        return None
     if pkey == mkey:
         return f"{mirror} is the same directory as primary {primary} (same device and inode: a bind mount?)"
-    for parent in Path(primary).resolve().parents:
-        if _key(parent) == mkey:
-            return f"primary {primary} is inside {mirror} (reached through {parent}: a bind mount?)"
+    name = {pkey: f"primary {primary}", mkey: str(mirror)}
+    # The mirror's parents are compared even for a mirror not created yet (mkey None).
+    pairs = ((mirror, mkey, pkey), (primary, pkey, mkey))
+    for path, key, other in pairs:
+        for parent in Path(path).resolve().parents:
+            if other is not None and _key(parent) == other:
+                return f"{name[key]} is inside {name[other]} (reached through {parent}: a bind mount?)"
+    if mkey is None:
+        return None
     points = _mount_points(mountinfo)
-    inside = _reachable_below(primary, mkey, points)
-    if inside is not None:
-        return f"{mirror} is mounted inside primary {primary} at {inside} (a bind mount)"
-    inside = _reachable_below(mirror, pkey, points)
-    if inside is not None:
-        return f"primary {primary} is mounted inside {mirror} at {inside} (a bind mount)"
+    for path, key, other in pairs:  # a mount point strictly below one root whose directory is the other
+        below = path.resolve()
+        for point in points:
+            if point != below and point.is_relative_to(below) and _key(point) == other:
+                return f"{name[other]} is mounted inside {name[key]} at {point} (a bind mount)"
     return None

@@ -23,6 +23,7 @@ next append. A bad line followed by a good one is corruption: an error naming th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -30,9 +31,9 @@ import re
 import stat
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, Generic, TypeVar
 
 from mirrord.errors import ManifestError, NoSpaceError
 from mirrord.store import atomic
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 JOURNAL_SCHEMA = "mirrord-manifest-journal"
 JOURNAL_VERSION = 1
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_ATTEMPTS = 50  # a compaction finishing while we read makes us read again; 50 in a row is a fault
 
@@ -91,23 +91,22 @@ def parse_journal(data: bytes, where: str) -> tuple[list[bytes], int]:
     return payloads[1:], valid
 
 
-def _header(generation: int) -> bytes:
-    doc = {"schema": JOURNAL_SCHEMA, "version": JOURNAL_VERSION, "generation": generation}
-    return frame(json.dumps(doc, separators=(",", ":")).encode())
+def _header(generation: int) -> dict[str, object]:
+    return {"schema": JOURNAL_SCHEMA, "version": JOURNAL_VERSION, "generation": generation}
 
 
 def _check_header(data: bytes, generation: int, where: str) -> None:
-    first = _unframe(data.split(b"\n", 1)[0])
     try:
-        doc = json.loads(first) if first is not None else None
+        doc = json.loads(_unframe(data.split(b"\n", 1)[0]) or b"null")
     except ValueError:
         doc = None
-    if not isinstance(doc, dict) or doc.get("schema") != JOURNAL_SCHEMA:
-        raise ManifestError(where, "not a mirrord manifest journal (bad header)")
-    if doc.get("version") != JOURNAL_VERSION:
-        raise ManifestError(where, f"unsupported journal version {doc.get('version')!r}")
-    if doc.get("generation") != generation:
-        raise ManifestError(where, f"journal header says generation {doc.get('generation')!r}, its name {generation}")
+    found = doc if isinstance(doc, dict) else {}
+    for key, why in (("schema", "not a mirrord manifest journal (bad header)"),
+                     ("version", f"unsupported journal version {found.get('version')!r}"),
+                     ("generation", f"journal header says generation {found.get('generation')!r}, "
+                                    f"its name {generation}")):
+        if found.get(key) != _header(generation)[key]:
+            raise ManifestError(where, why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +115,7 @@ class JournalFile:
     generation: int
     path: Path
     records: list[bytes]
-    valid_size: int  # bytes up to the end of the last whole record
-    size: int
+    torn_at: int | None  # where the last whole record ends, if bytes follow it (a torn append)
 
 
 @dataclass
@@ -126,16 +124,10 @@ class Stored(Generic[T]):
 
     snapshot: T | None
     generation: int
-    journals: list[JournalFile] = field(default_factory=list)
-    stale: list[Path] = field(default_factory=list)  # journals older than the snapshot
-
-    @property
-    def records(self) -> list[bytes]:
-        """Every whole record of every journal, in order."""
-        return [r for j in self.journals for r in j.records]
+    journals: list[JournalFile]
 
 
-def _sha256(data: bytes = b"") -> hashlib._Hash:
+def _sha256(data: bytes) -> hashlib._Hash:
     """hashlib.sha256, imported on first use (a read-only load, `mirrord latest`, hashes nothing)."""
     import hashlib
 
@@ -146,10 +138,22 @@ def _identity(st: os.stat_result | None) -> tuple[int, ...] | None:
     return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _lstat_identity(path: Path) -> tuple[int, ...] | None:
+    try:
+        return _identity(path.lstat())
+    except OSError:
+        return None
+
+
+def _open_nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
 class LocalManifestStore:
     """Snapshot and journals in one directory (the mirror root). Appends are serialised by the caller."""
 
-    def __init__(self, root: Path, snapshot_name: str, read_only: bool = False) -> None:
+    def __init__(self, root: Path, snapshot_name: str, read_only: bool = False,
+                 guard: Callable[[], None] | None = None) -> None:
         self.root = Path(root)
         # Only read, never written through (Manifest.load): it keeps no record of what it read for
         # damage(), so the snapshot is not hashed.
@@ -158,15 +162,14 @@ class LocalManifestStore:
         self.prefix = snapshot_name.removesuffix(".json") + ".journal."
         self._name = re.compile(re.escape(self.prefix) + r"(0|[1-9][0-9]{0,17})")
         self._generation = 0  # of the journal appends go to
-        self._size = 0  # of that journal, up to its last whole record
-        self._torn = False  # bytes after _size to cut off before the next append
+        self._torn_at: int | None = None  # where that journal's whole records end, if bytes follow them
         self._exists = False
         self._must_rotate = False
         self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
         self.journal_records = 0  # since the last compaction began: the caller's compaction policy
         # Called before every write (the mirror's identity check: never write to whatever lies under
         # an unmounted mount point).
-        self.guard: Callable[[], None] | None = None
+        self.guard = guard or (lambda: None)
         # What this process last read or wrote: snapshot (identity, sha256), journal identity. A
         # difference means someone else changed the files (see damage()).
         self._snapshot_seen: tuple[tuple[int, ...] | None, str] | None = None
@@ -190,54 +193,36 @@ class LocalManifestStore:
         An open journal stays readable after a compaction unlinks it, and it only grows by appends.
         """
         for _ in range(_READ_ATTEMPTS):
-            stored = self._read_once(parse)
-            if stored is not None:
+            if (stored := self._read_once(parse)) is not None:
                 return stored
         raise ManifestError(self.snapshot_path, "kept changing while being read (a compaction loop?)")
 
     def _read_once(self, parse: Callable[[bytes, str], tuple[T, int]]) -> Stored[T] | None:
         where = str(self.snapshot_path)
         try:
-            fd = os.open(self.snapshot_path, _OPEN_FLAGS)
+            with open(self.snapshot_path, "rb", opener=_open_nofollow) as f:
+                before: os.stat_result | None = os.fstat(f.fileno())
+                data: bytes | None = f.read()
         except FileNotFoundError:
-            fd, before, snapshot, generation = -1, None, None, 0
+            before = data = None
         except OSError as exc:
             raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
-        if fd >= 0:
-            try:
-                before = os.fstat(fd)
-                with os.fdopen(os.dup(fd), "rb") as f:
-                    data = f.read()
-            except OSError as exc:
-                raise ManifestError(where, f"cannot read manifest: {exc.strerror or exc}") from exc
-            finally:
-                os.close(fd)
-            snapshot, generation = parse(data, where)
-            if not self.read_only:
-                self._snapshot_seen = (_identity(before), _sha256(data).hexdigest())
-        fds: dict[int, int] = {}
-        try:
+        snapshot, generation = (None, 0) if data is None else parse(data, where)
+        if data is not None and not self.read_only:
+            self._snapshot_seen = (_identity(before), _sha256(data).hexdigest())
+        with contextlib.ExitStack() as opened:
+            journals: dict[int, BinaryIO] = {}
             for gen, path in self._journal_names():
-                if gen >= generation:
-                    try:
-                        fds[gen] = os.open(path, _OPEN_FLAGS)
-                    except FileNotFoundError:
-                        return None  # unlinked by a compaction since we listed: read again
-                    except OSError as exc:
-                        raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
-            try:
-                after: os.stat_result | None = self.snapshot_path.lstat()
-            except FileNotFoundError:
-                after = None
-            if _identity(after) != _identity(before):
+                try:
+                    if gen >= generation:
+                        journals[gen] = opened.enter_context(open(path, "rb", opener=_open_nofollow))
+                except FileNotFoundError:
+                    return None  # unlinked by a compaction since we listed: read again
+                except OSError as exc:
+                    raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
+            if _lstat_identity(self.snapshot_path) != _identity(before):
                 return None
-            stored: Stored[T] = Stored(snapshot, generation)
-            stored.stale = [p for g, p in self._journal_names() if g < generation]
-            for gen in sorted(fds):
-                stored.journals.append(self._read_journal(gen, fds[gen]))
-        finally:
-            for jfd in fds.values():
-                os.close(jfd)
+            stored = Stored(snapshot, generation, [self._read_journal(g, f) for g, f in journals.items()])
         self._check_sequence(stored, snapshot is not None)
         return stored
 
@@ -248,19 +233,17 @@ class LocalManifestStore:
             return []
         except OSError as exc:
             raise ManifestError(self.root, f"cannot list the manifest's directory: {exc.strerror or exc}") from exc
-        found = [(int(m[1]), self.root / n) for n in names if (m := self._name.fullmatch(n))]
-        return sorted(found)
+        return sorted((int(m[1]), self.root / n) for n in names if (m := self._name.fullmatch(n)))
 
-    def _read_journal(self, generation: int, fd: int) -> JournalFile:
+    def _read_journal(self, generation: int, f: BinaryIO) -> JournalFile:
         path = self.journal_path(generation)
         try:
-            with os.fdopen(os.dup(fd), "rb") as f:
-                data = f.read()
+            data = f.read()
         except OSError as exc:
             raise ManifestError(path, f"cannot read journal: {exc.strerror or exc}") from exc
         _check_header(data, generation, str(path))
         records, valid = parse_journal(data, str(path))
-        return JournalFile(generation, path, records, valid, len(data))
+        return JournalFile(generation, path, records, valid if valid < len(data) else None)
 
     def _check_sequence(self, stored: Stored[T], have_snapshot: bool) -> None:
         gens = [j.generation for j in stored.journals]
@@ -269,8 +252,7 @@ class LocalManifestStore:
         if not have_snapshot:
             raise ManifestError(self.snapshot_path, f"missing, but its journal {stored.journals[0].path.name} "
                                 "exists: run `mirrord repair-manifest` or restore the file")
-        expected = list(range(stored.generation, stored.generation + len(gens)))
-        if gens != expected:
+        if gens != list(range(stored.generation, stored.generation + len(gens))):
             raise ManifestError(self.snapshot_path, f"generation {stored.generation} does not match its "
                                 f"journals ({', '.join(j.path.name for j in stored.journals)}): a journal "
                                 "is missing or the snapshot is out of date")
@@ -282,11 +264,10 @@ class LocalManifestStore:
         self._initial = empty_snapshot if stored.snapshot is None else None
         newest = stored.journals[-1] if stored.journals else None
         self._generation = newest.generation if newest else stored.generation
-        self._size = newest.valid_size if newest else 0
-        self._torn = newest is not None and newest.size > newest.valid_size
+        self._torn_at = newest.torn_at if newest else None
         self._exists = newest is not None
-        self.journal_records = len(stored.records)
-        self._journal_seen = self._stat_identity(self.journal_path(self._generation)) if self._exists else None
+        self.journal_records = sum(len(j.records) for j in stored.journals)
+        self._journal_seen = _lstat_identity(self.journal_path(self._generation)) if self._exists else None
 
     def append(self, payloads: Iterable[bytes]) -> None:
         """Append the records in one write and make them durable with one fsync; raise on any failure.
@@ -297,16 +278,20 @@ class LocalManifestStore:
         """
         data = b"".join(frame(p) for p in payloads)
         path = self.journal_path(self._generation)
-        if self.guard is not None:
-            self.guard()
+        self.guard()
         try:
-            if self._must_rotate:
-                if self._exists:
-                    self.rotate()
-                self._must_rotate = False
+            if self._must_rotate and self._exists:
+                self.rotate()
+            self._must_rotate = False
             path = self.journal_path(self._generation)
-            fd = self._open_for_append(path)
+            if not self._exists:
+                self._create(self._generation)
+            fd = os.open(path, _APPEND_FLAGS)
             try:
+                if self._torn_at is not None:  # never acknowledged: cut off, lest the next record read as corruption
+                    os.ftruncate(fd, self._torn_at)
+                    atomic.sync(fd)
+                    self._torn_at = None
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
@@ -314,41 +299,25 @@ class LocalManifestStore:
                 self._journal_seen = _identity(os.fstat(fd))
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except BaseException as exc:
             self._must_rotate = True
-            raise _error(path, exc, "append to the manifest journal") from exc
-        except BaseException:
-            self._must_rotate = True
+            if isinstance(exc, OSError):
+                raise _error(path, exc, "append to the manifest journal") from exc
             raise
         self.journal_records += 1
-
-    def _open_for_append(self, path: Path) -> int:
-        if not self._exists:
-            self._create(self._generation)
-        fd = os.open(path, _APPEND_FLAGS)
-        if self._torn:  # never acknowledged: cut it off so that the next record is not read as corruption
-            try:
-                os.ftruncate(fd, self._size)
-                atomic.sync(fd)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._torn = False
-        return fd
 
     def _create(self, generation: int) -> None:
         if self._initial is not None:
             self.publish_snapshot(self._initial)
             self._initial = None
         with atomic.atomic_output(self.journal_path(generation)) as f:
-            f.write(_header(generation))
+            f.write(frame(json.dumps(_header(generation), separators=(",", ":")).encode()))
         self._exists = True
-        self._journal_seen = self._stat_identity(self.journal_path(generation))
+        self._journal_seen = _lstat_identity(self.journal_path(generation))
 
     def rotate(self) -> int:
         """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
-        if self.guard is not None:
-            self.guard()
+        self.guard()
         generation = self._generation + 1
         path = self.journal_path(generation)
         try:
@@ -357,53 +326,40 @@ class LocalManifestStore:
             self._create(generation)
         except OSError as exc:
             raise _error(path, exc, "create the manifest journal") from exc
-        self._generation, self._size, self._torn, self._must_rotate = generation, len(_header(generation)), False, False
+        self._generation, self._torn_at, self._must_rotate = generation, None, False
         self.journal_records = 0
         return generation
 
     def publish_snapshot(self, data: bytes) -> None:
         """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
-        if self.guard is not None:
-            self.guard()
+        self.guard()
         try:
             atomic.write_bytes_atomic(self.snapshot_path, data)
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
-        self._snapshot_seen = (self._stat_identity(self.snapshot_path), _sha256(data).hexdigest())
-
-    @staticmethod
-    def _stat_identity(path: Path) -> tuple[int, ...] | None:
-        try:
-            return _identity(path.lstat())
-        except OSError:
-            return None
+        self._snapshot_seen = (_lstat_identity(self.snapshot_path), _sha256(data).hexdigest())
 
     def damage(self) -> str | None:
         """None while the snapshot and the current journal are what this process last read or wrote;
         else what happened (changed, truncated, removed, replaced). The caller serialises it with the
         appends. Reads the snapshot only when its stat changed: cheap enough for every heartbeat."""
-        seen = self._snapshot_seen
+        seen, path = self._snapshot_seen, self.snapshot_path
         if seen is not None:
-            path = self.snapshot_path
             try:
                 st = path.lstat()
+                if stat.S_ISREG(st.st_mode) and _identity(st) != seen[0]:
+                    if _sha256(path.read_bytes()).hexdigest() != seen[1]:
+                        return f"{path} was changed on disk behind mirrord's back"
+                    self._snapshot_seen = (_identity(st), seen[1])  # touched, not changed
             except FileNotFoundError:
                 return f"{path} was removed behind mirrord's back"
             except OSError as exc:
-                return f"{path}: cannot stat: {exc.strerror or exc}"
+                return f"{path}: cannot read: {exc.strerror or exc}"
             if not stat.S_ISREG(st.st_mode):
                 return f"{path} is no longer a regular file"
-            if _identity(st) != seen[0]:
-                try:
-                    digest = _sha256(path.read_bytes()).hexdigest()
-                except OSError as exc:
-                    return f"{path}: cannot read: {exc.strerror or exc}"
-                if digest != seen[1]:
-                    return f"{path} was changed on disk behind mirrord's back"
-                self._snapshot_seen = (_identity(st), digest)  # touched, not changed
         if self._exists and self._journal_seen is not None:
             path = self.journal_path(self._generation)
-            if self._stat_identity(path) != self._journal_seen:
+            if _lstat_identity(path) != self._journal_seen:
                 return f"{path} was changed, truncated or removed behind mirrord's back"
         return None
 
@@ -415,27 +371,22 @@ class LocalManifestStore:
         because its unlink was not made durable) is ignored by readers and dropped by the next compaction:
         harmless for the manifest, but an I/O error on the mirror is never silent.
         """
-        if self.guard is not None:
-            self.guard()
-        failure: tuple[Path, OSError, str] | None = None
-        dropped = False
-        for gen, path in self._journal_names():
-            if gen < generation:
-                try:
-                    path.unlink()
-                    dropped = True
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    failure = failure or (path, exc, "remove the stale manifest journal")
-        if dropped:
+        self.guard()
+        failures: list[tuple[Path, OSError, str]] = []
+        stale = [path for gen, path in self._journal_names() if gen < generation]
+        for path in stale:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                failures.append((path, exc, "remove the stale manifest journal"))
+        if stale:
             try:
                 atomic.fsync_dir(self.root)
             except OSError as exc:
-                failure = failure or (self.root, exc, "make the removal of stale manifest journals durable "
-                                                      "(fsync of the directory)")
-        if failure is not None:
-            raise _error(*failure)
+                failures.append((self.root, exc, "make the removal of stale manifest journals durable "
+                                                 "(fsync of the directory)"))
+        if failures:
+            raise _error(*failures[0])
 
 
 def _error(path: Path, exc: OSError, action: str) -> ManifestError | NoSpaceError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -27,8 +27,6 @@ from mirrord.store.hashing import ALGORITHMS
 from mirrord.store.journal import LocalManifestStore, Stored
 
 if TYPE_CHECKING:
-    import threading
-
     # Contributions (several nodes writing one folder unit) live in object stores only: a local manifest's
     # reader never builds them, nor loads their module.
     from mirrord.core.contributions import Contribution, Contributions, Merged
@@ -50,9 +48,8 @@ _PLAIN = tuple(f for f in fields(ManifestEntry) if f.name not in ("path", "algo"
 
 def encode_entry(e: ManifestEntry) -> dict[str, Any]:
     """One entry as the manifest's JSON stores it."""
-    raw: dict[str, Any] = {"size": e.size, "hash": {"algo": e.algo, "digest": e.digest}}
-    for f in _PLAIN:
-        raw[f.name] = getattr(e, f.name)
+    raw: dict[str, Any] = {"size": e.size, "hash": {"algo": e.algo, "digest": e.digest},
+                           **{f.name: getattr(e, f.name) for f in _PLAIN}}
     if raw.get("mirror_mtime_ns") in (None, e.source_mtime_ns):
         raw.pop("mirror_mtime_ns", None)  # only where the mirror could not store the source's mtime
     if not e.node:
@@ -62,26 +59,19 @@ def encode_entry(e: ManifestEntry) -> dict[str, Any]:
 
 def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
     """Raises ValueError/KeyError/TypeError for anything that is not a valid entry."""
-    return ManifestEntry(path, *_decode_fields(path, raw))
-
-
-def _decode_fields(path: str, raw: dict[str, Any]) -> tuple[Any, ...]:
-    """The fields of the entry after its path, checked and converted."""
     split_rel(path)  # ValueError unless a plain relative path: an entry never names a file outside the root
     hashed = raw["hash"]
     algo = str(hashed["algo"])
     if algo not in ALGORITHMS:
         raise ValueError(f"{path}: unknown hash algorithm {algo!r}")
     get = raw.get
-    step = raw["step"]
-    mirror_mtime_ns = get("mirror_mtime_ns")
-    validation = get("validation")
+    step, mirror_mtime_ns, validation = raw["step"], get("mirror_mtime_ns"), get("validation")
     # Fields newer than the manifest take their defaults; the older ones are required (KeyError).
-    return (int(raw["size"]), algo, str(hashed["digest"]), int(raw["source_mtime_ns"]),
-            None if step is None else int(step), float(raw["mirrored_at"]),
-            None if mirror_mtime_ns is None else int(mirror_mtime_ns),
-            None if validation is None else str(validation),
-            int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)), str(get("node", "")))
+    return ManifestEntry(path, int(raw["size"]), algo, str(hashed["digest"]), int(raw["source_mtime_ns"]),
+                         None if step is None else int(step), float(raw["mirrored_at"]),
+                         None if mirror_mtime_ns is None else int(mirror_mtime_ns),
+                         None if validation is None else str(validation),
+                         int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)), str(get("node", "")))
 
 
 def _dumps(doc: Any) -> bytes:
@@ -133,8 +123,7 @@ def _decode_contributions(raw: Any) -> dict[str, dict[str, Contribution]]:
 
 def decode_snapshot(data: bytes, where: str) -> tuple[dict[str, ManifestEntry], int]:
     """(entries, generation) of snapshot bytes; a manifest written before the journal existed is generation 0."""
-    entries, generation, _contributions = decode_shared_snapshot(data, where)
-    return entries, generation
+    return decode_shared_snapshot(data, where)[:2]
 
 
 def decode_shared_snapshot(
@@ -143,9 +132,10 @@ def decode_shared_snapshot(
     """decode_snapshot, and the nodes' contributions to units not complete yet (an object store's)."""
     try:
         doc = json.loads(data)
-        if not isinstance(doc, dict):
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError("not a mirrord manifest")
-        _check_header(doc)
+        if doc.get("version") != SCHEMA_VERSION:
+            raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
         generation = doc.get("journal", 0)
         if type(generation) is not int or generation < 0:
             raise ValueError(f"bad journal generation {generation!r}")
@@ -153,20 +143,9 @@ def decode_shared_snapshot(
         if not isinstance(raw, dict):
             raise ValueError("entries is not an object")
         entries = {path: decode_entry(path, e) for path, e in raw.items()}
+        return entries, generation, _decode_contributions(doc.get("contributions"))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ManifestError(where, f"cannot parse manifest: {exc}; {REPAIR_HINT}") from exc
-    try:
-        contributions = _decode_contributions(doc.get("contributions"))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ManifestError(where, f"cannot parse manifest contributions: {exc}; {REPAIR_HINT}") from exc
-    return entries, generation, contributions
-
-
-def _check_header(doc: dict[str, Any]) -> None:
-    if doc.get("schema") != SCHEMA:
-        raise ValueError("not a mirrord manifest")
-    if doc.get("version") != SCHEMA_VERSION:
-        raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +194,12 @@ def _replay(stored: Stored[dict[str, ManifestEntry]]) -> dict[str, ManifestEntry
 
 
 # -- the manifest -------------------------------------------------------------------------------------
+@dataclass(slots=True)
 class _Pending:
-    __slots__ = ("change", "done", "error", "payload")
-
-    def __init__(self, change: Change) -> None:
-        self.change = change
-        self.payload = change.encode()
-        self.done = False
-        self.error: BaseException | None = None
+    change: Change
+    payload: bytes
+    done: bool = False
+    error: BaseException | None = None
 
 
 class ManifestStore(Protocol):
@@ -308,9 +285,6 @@ class Manifest:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator[ManifestEntry]:
-        return iter(self.entries.values())
-
     def record(self, entry: ManifestEntry) -> None:
         """Add or replace an entry; durable when this returns."""
         self.apply(puts=(entry,))
@@ -324,22 +298,20 @@ class Manifest:
         change = Change(tuple(puts), tuple(removes))
         if {e.path for e in change.puts} & set(change.removes):
             raise ValueError("a path cannot be recorded and removed in the same change")
+        pending = _Pending(change, b"" if self._store is None else change.encode())  # (encoded outside the locks)
         with self._lock:
             if not change.puts and not any(r in self._entries for r in change.removes):
                 return  # nothing changes, nothing is written
             if self._store is None:
                 change.apply_to(self._entries)
                 return
-        pending = _Pending(change)
-        with self._lock:
             self._queue.append(pending)
         with self._commit:
             if not pending.done:  # else a writer that got the lock first took ours with its own
                 self._write_queued()
         if pending.error is not None:
             raise pending.error
-        if self._compaction_due():
-            self._start_compaction()
+        self._maybe_compact()
 
     def _write_queued(self) -> None:
         """With the commit lock: write every queued change in one append, then apply them in order."""
@@ -378,20 +350,17 @@ class Manifest:
         return merged
 
     # -- compaction -----------------------------------------------------------------------------------
-    def _compaction_due(self) -> bool:
+    def _maybe_compact(self) -> None:
         store = self._store
-        return (store is not None and not self._compacting
-                and store.journal_records >= max(COMPACT_MIN_RECORDS, len(self._entries) // 4))
-
-    def _start_compaction(self) -> None:
+        if store is None or self._compacting \
+                or store.journal_records < max(COMPACT_MIN_RECORDS, len(self._entries) // 4):
+            return
         if not self._background:
             self._compact_quietly()
             return
         with self._lock:
             if self._compactor is not None and self._compactor.is_alive():
                 return
-            import threading
-
             self._compactor = threading.Thread(target=self._compact_quietly, name="mirrord-manifest-compaction",
                                                daemon=True)  # killed at exit mid-way: each step is crash-safe
             self._compactor.start()
@@ -416,14 +385,10 @@ class Manifest:
         with self._commit:
             if self._compacting:
                 return
-            self._compacting = True
-            try:
-                with self._lock:
-                    held = dict(self._entries)  # all committed: the journal is written under this lock
-                generation = store.rotate()
-            except BaseException:
-                self._compacting = False
-                raise
+            with self._lock:
+                held = dict(self._entries)  # all committed: the journal is written under this lock
+            generation = store.rotate()
+            self._compacting = True  # (set under the commit lock, which disk_problem() takes to be sure)
         try:
             store.publish_snapshot(encode_snapshot(held, generation))
             store.drop_before(generation)
@@ -434,11 +399,8 @@ class Manifest:
         """Take in what other writers recorded since (a shared store: several nodes, one prefix), so that
         retention plans from the merged manifest. Our own changes are already in the store, so nothing
         is lost; a store only we write has nothing to take in."""
-        store = self._store
-        if store is None:
-            return
         with self._commit:  # no change of ours is half-applied meanwhile
-            shared = store.shared_entries()
+            shared = None if self._store is None else self._store.shared_entries()
             if shared is not None:
                 with self._lock:
                     self._entries = dict(shared)
@@ -451,19 +413,11 @@ class Manifest:
         with self._commit:
             return None if self._compacting else store.damage()
 
-    def repair(self) -> None:
-        """Rewrite the on-disk manifest from memory: a new snapshot of every entry and a fresh journal."""
-        self.compact()
-
     def close(self) -> None:
         """Fold the journal into the snapshot, so that a stopped mirror is one complete JSON file."""
-        store = self._store
-        if store is None:
-            return
-        compactor = self._compactor
-        if compactor is not None:
-            compactor.join()
-        if store.journal_records:
+        if self._compactor is not None:
+            self._compactor.join()
+        if self._store is not None and self._store.journal_records:
             self.compact()
 
     # -- reading and writing bytes ------------------------------------------------------------------------
@@ -480,8 +434,7 @@ class Manifest:
     @classmethod
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""
-        stored = LocalManifestStore(root, MANIFEST_NAME, read_only=True).read(decode_snapshot)
-        return cls._adopting(_replay(stored))
+        return cls(_replay(LocalManifestStore(root, MANIFEST_NAME, read_only=True).read(decode_snapshot)))
 
     @classmethod
     def open(
@@ -493,18 +446,8 @@ class Manifest:
         empty one first, so that a journal never exists without it. `guard` is called before every write
         (it raises to refuse it).
         """
-        store = LocalManifestStore(root, MANIFEST_NAME)
-        store.guard = guard
+        store = LocalManifestStore(root, MANIFEST_NAME, guard=guard)
         stored = store.read(decode_snapshot)
-        entries = _replay(stored)
         store.open_for_append(stored, encode_snapshot({}))
-        return cls._adopting(entries, store, background_compaction)
-
-    @classmethod
-    def _adopting(cls, entries: dict[str, ManifestEntry], store: ManifestStore | None = None,
-                  background_compaction: bool = True) -> Manifest:
-        """A manifest that keeps `entries` itself, not a copy."""
-        manifest = cls(None, store, background_compaction)
-        manifest._entries = entries
-        return manifest
+        return cls(_replay(stored), store, background_compaction)
 

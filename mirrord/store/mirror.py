@@ -146,7 +146,7 @@ class ReadableStore(Protocol):
         for an object store."""
 
 
-class Mirror(ReadableStore, Protocol):
+class Mirror(ReadableStore, UploadTarget, Protocol):
     """The mirror: a ReadableStore that mirrord publishes into, prunes and records in.
 
     Writes (begin_upload, begin_unit, delete, the manifest's changes) happen only while lock() is held,
@@ -159,9 +159,6 @@ class Mirror(ReadableStore, Protocol):
     # This node's name in a prefix several nodes share (its entries are its own: mirrord.core.nodes);
     # "" for a mirror only this node writes.
     node: str
-
-    def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
-        """Start publishing one object of `size` bytes under `key`; see Upload."""
 
     def begin_unit(self, key: str) -> UnitStaging:
         """Start publishing a folder unit under `key`; see UnitStaging."""
@@ -206,9 +203,6 @@ class Mirror(ReadableStore, Protocol):
         """Move the stored manifest (snapshot and journals) aside under names ending in `suffix`, for
         `repair-manifest`; returns the new names. Nothing is deleted. ManifestError on failure."""
 
-    def space(self) -> tuple[int, int] | None:
-        """(bytes free to us, total bytes), or None when the store does not know (an object store)."""
-
     def link_aliases(self, primary_root: Path, links: list[str],
                      entries: Mapping[str, ManifestEntry]) -> list[tuple[str, str]]:
         """Recreate the primary's alias symlinks `links` (last.ckpt) whose target is recorded in `entries`;
@@ -236,12 +230,6 @@ class Mirror(ReadableStore, Protocol):
 
     def is_mountpoint(self) -> bool | None:
         """For `mirror_must_be_mountpoint`: is the root a mount point? None where that means nothing."""
-
-
-def read_fully(store: ReadableStore, key: str) -> bytes:
-    """A small object's whole content (a test, a marker); never for checkpoints (use open_read)."""
-    with store.open_read(key) as f:
-        return f.read()
 
 
 @contextlib.contextmanager

@@ -57,38 +57,39 @@ def _digest(store: ReadableStore, rel: str, algo: str) -> tuple[int, str, int, i
     return size, digest, state.mtime_ns, zip_ok
 
 
+def _judge(mirror: ReadableStore, primary: LocalVolume, rel: str, algo: str) -> tuple[int, str, int, int] | str:
+    """(size, digest, mtime_ns, source mtime_ns) of a mirror file fit to be recorded, or why it is not."""
+    try:
+        size, digest, mtime_ns, zip_ok = _digest(mirror, rel, algo)
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    src = primary.stat(rel) if primary.exists() else None
+    if src is None or not src.is_regular or src.size != size:
+        why = "not a torch.save zip whose CRCs check out, and no matching source on the primary"
+        return (size, digest, mtime_ns, mtime_ns) if zip_ok else why
+    try:
+        _, src_digest, source_mtime, _ = _digest(primary, rel, algo)
+    except OSError as exc:
+        return f"cannot read its source: {exc.strerror or exc}"
+    return (size, digest, mtime_ns, source_mtime) if src_digest == digest else "differs from its source on the primary"
+
+
 def repair_manifest(config: Config) -> RepairReport:
     """Rebuild the manifest of config.mirror from its files (see the module docstring)."""
     report = RepairReport()
     mirror, primary = mirror_for(config.mirror_target, config.s3), LocalVolume(config.primary)
-    algo = config.copy.hash
     with mirror.lock():
         snap = mirror.snapshot(config.patterns)
         report.errors += list(snap.errors)
         entries: dict[str, ManifestEntry] = {}
         for rel in sorted(snap.files):
-            try:
-                size, digest, mtime_ns, zip_ok = _digest(mirror, rel, algo)
-            except OSError as exc:
-                report.rejected.append((rel, f"cannot read: {exc.strerror or exc}"))
+            judged = _judge(mirror, primary, rel, config.copy.hash)
+            if isinstance(judged, str):
+                report.rejected.append((rel, judged))
                 continue
-            source_mtime = mtime_ns
-            src = primary.stat(rel) if primary.exists() else None
-            if src is not None and src.is_regular and src.size == size:
-                try:
-                    _, src_digest, source_mtime, _ = _digest(primary, rel, algo)
-                except OSError as exc:
-                    report.rejected.append((rel, f"cannot read its source: {exc.strerror or exc}"))
-                    continue
-                if src_digest != digest:
-                    report.rejected.append((rel, "differs from its source on the primary"))
-                    continue
-            elif not zip_ok:
-                why = "not a torch.save zip whose CRCs check out, and no matching source on the primary"
-                report.rejected.append((rel, why))
-                continue
+            size, digest, mtime_ns, source_mtime = judged
             step = run_and_step(rel, config.rules, config.step_regex)[1]
-            entries[rel] = ManifestEntry(rel, size, algo, digest, source_mtime, step, time.time(),
+            entries[rel] = ManifestEntry(rel, size, config.copy.hash, digest, source_mtime, step, time.time(),
                                          mirror_mtime_ns=mtime_ns)
             report.recorded.append(rel)
         if snap.errors:

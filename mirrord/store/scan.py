@@ -19,17 +19,16 @@ from mirrord.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 from mirrord.store.atomic import TEMP_SUFFIX
 
 IGNORED_SUFFIXES = (TEMP_SUFFIX, ".tmp")
-_TEMP_LENGTH = len(TEMP_SUFFIX)
 # A folder whose path is this long cannot be named by a path (ENAMETOOLONG): nor could a trainer or cp reach
 # its files, so the walk (by descriptor, which could) reports it as unlistable, as a listing by path did.
 _PATH_MAX = 4096
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # opening a folder that is gone, or a symlink
 
 
 def is_candidate_name(name: str, patterns: Iterable[str]) -> bool:
     """A name that may be a committed checkpoint: matches a pattern, not hidden, not a temp name."""
-    if name.startswith(".") or name.endswith(IGNORED_SUFFIXES):
-        return False
-    return bool(name_matcher(tuple(patterns))(name))
+    hidden_or_temp = name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
+    return not hidden_or_temp and bool(name_matcher(tuple(patterns))(name))
 
 
 def state_from_stat(rel: str, st: os.stat_result) -> FileState:
@@ -43,8 +42,9 @@ def snapshot_tree(
     collect_partials: bool = False,
     exclude: frozenset[tuple[int, int]] = frozenset(),
     layout: Layout | None = None,
+    unit: str = "",
 ) -> Snapshot:
-    """List `root` recursively.
+    """List `root` recursively (with `unit`, only the folder root/unit, as a unit: see snapshot_unit).
 
     Without `layout` (or with a file layout) a candidate is a file named by `patterns` (or the
     layout's). With a folder layout, every file below a unit folder is listed (dot names too: DCP's
@@ -57,11 +57,7 @@ def snapshot_tree(
     that is an error. Listing errors are collected, not raised: a caller must treat a snapshot with
     errors as partial.
     """
-    return _snapshot_tree(root, tuple(patterns), collect_partials, exclude, layout)
-
-
-def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool,
-                   exclude: frozenset[tuple[int, int]], layout: Layout | None) -> Snapshot:
+    patterns = tuple(patterns)
     files: dict[str, FileState] = {}
     partials: dict[str, FileState] = {}
     errors: list[str] = []
@@ -69,15 +65,15 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     staging: dict[str, FileState] = {}
     lookalikes: dict[str, str] = {}
     folders = layout is not None and layout.folders
-    inside: set[str] = set()  # directories at or below a unit folder
-    for fd, rel_dir, entries, subdirs in _walk(root, errors):
+    inside = {unit} if unit else set()  # directories at or below a unit folder
+    for fd, rel_dir, entries, subdirs in _walk(root, errors, unit):
         in_unit = rel_dir in inside
         prefix = f"{rel_dir}/" if rel_dir else ""
         folder_lookalike = lookalike_folder(rel_dir) if layout is not None else None
         for entry in entries:
             name = entry.name
             # A NAME.part of ours; a dotted one is a trainer's own temp file.
-            partial = collect_partials and name[-_TEMP_LENGTH:] == TEMP_SUFFIX and name[0] != "."
+            partial = collect_partials and name.endswith(TEMP_SUFFIX) and name[0] != "."
             selected = not partial and is_selected_name(name, patterns, layout, in_unit)
             if not (partial or selected):
                 # Beyond the selected names only folders (to enter) and symlinks (to report) matter, and the
@@ -105,11 +101,7 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
             if S_ISREG(st.st_mode):
                 if not (partial or selected):
                     continue  # (the entry's type said folder or link, lstat says it was replaced meanwhile)
-                state = state_from_stat(rel, st)
-                if partial:
-                    partials[rel] = state
-                else:
-                    files[rel] = state
+                (partials if partial else files)[rel] = state_from_stat(rel, st)
             elif S_ISLNK(st.st_mode):
                 skipped.append((rel, "symlink"))
             elif S_ISDIR(st.st_mode):
@@ -126,26 +118,29 @@ def _snapshot_tree(root: Path, patterns: tuple[str, ...], collect_partials: bool
     return Snapshot(files, partials, tuple(errors), tuple(skipped), staging, lookalikes)
 
 
-def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.DirEntry[str]], list[str]]]:
-    """Depth first below `root`: for each directory its open descriptor, rel path, entries and a list the
-    caller fills with the names of the subdirectories to enter (entered after the caller is done with it).
+def _walk(root: Path, errors: list[str], top: str = "") -> Iterator[tuple[int, str, list[os.DirEntry[str]], list[str]]]:
+    """Depth first below `root` (or its folder `top`): for each directory its open descriptor, rel path,
+    entries and a list the caller fills with the names of the subdirectories to enter (entered after
+    the caller is done with it).
 
     Every directory is opened beneath its parent's descriptor with O_NOFOLLOW, so a folder swapped for
     a symlink during the walk is an error, never followed; files are lstat'ed relative to the descriptor
     (cheaper than a path from the root, and the same file the listing named). At most one descriptor
     per level is open. A directory that cannot be opened or listed, or whose path is longer than a path
-    may be, is an error in `errors`.
+    may be, is an error in `errors`; a `top` that is gone or a symlink lists nothing, silently.
     """
+    parts = split_rel(top) if top else None
     try:
-        top = open_root(root)
+        top_fd = open_root(root) if parts is None else open_dir_beneath(root, parts)
     except OSError as exc:
-        errors.append(f"{root}: cannot list: {exc.strerror or exc}")
+        if parts is None or exc.errno not in _GONE:
+            errors.append(f"{root / top}: cannot list: {exc.strerror or exc}")
         return
     frames: list[tuple[int, str, list[str]]] = []  # (descriptor, rel path, subdirectories left to enter)
     # The length of root / rel_dir as bytes is this plus rel_dir's (no path object made per folder).
     top_bytes = os.fsencode(root)
     base = len(top_bytes) + (not top_bytes.endswith(b"/"))
-    fd, rel_dir = top, ""
+    fd, rel_dir = top_fd, top
     try:
         while True:
             subdirs: list[str] = []
@@ -154,7 +149,7 @@ def _walk(root: Path, errors: list[str]) -> Iterator[tuple[int, str, list[os.Dir
                 with os.scandir(fd) as it:
                     entries = list(it)
             except OSError as exc:
-                errors.append(f"{root / rel_dir if rel_dir else root}: cannot list: {exc.strerror or exc}")
+                errors.append(f"{root / rel_dir}: cannot list: {exc.strerror or exc}")
             else:
                 yield fd, rel_dir, entries, subdirs
             fd = -1
@@ -187,47 +182,15 @@ def is_selected_name(name: str, patterns: tuple[str, ...], layout: Layout | None
         return is_candidate_name(name, patterns)
     if in_unit:
         return layout.is_member_name(name)
-    if layout.is_extra_name(name):
-        return True
-    return not layout.folders and layout.is_unit_name(name)
+    return layout.is_extra_name(name) or (not layout.folders and layout.is_unit_name(name))
 
 
 def snapshot_unit(root: Path, key: str, layout: Layout) -> Snapshot:
     """List one unit folder, root/key, as snapshot_tree lists it inside a unit (every member, dot names
     too; hidden folders not entered), reached beneath the root without following a symlink. What a watch
     event re-evaluates instead of the whole tree; a folder that is gone (or is not a folder) lists empty."""
-    files: dict[str, FileState] = {}
-    errors: list[str] = []
-    try:
-        top = open_dir_beneath(root, split_rel(key))
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):  # gone, or a symlink: never a unit
-            return Snapshot(files)
-        return Snapshot(files, errors=(f"{root / key}: cannot open: {exc.strerror or exc}",))
-    stack = [(top, key)]
-    try:
-        while stack:
-            fd, rel_dir = stack.pop()
-            try:
-                names = os.listdir(fd)  # noqa: PTH208 - by descriptor
-                for name in names:
-                    try:
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # vanished between listing and stat: the next look sees it
-                    rel = f"{rel_dir}/{name}"
-                    if S_ISDIR(st.st_mode) and not name.startswith("."):
-                        stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), rel))
-                    elif S_ISREG(st.st_mode) and layout.is_member_name(name):
-                        files[rel] = state_from_stat(rel, st)
-            except OSError as exc:
-                errors.append(f"{root / rel_dir}: cannot list: {exc.strerror or exc}")
-            finally:
-                os.close(fd)
-    finally:
-        for fd, _ in stack:
-            os.close(fd)
-    return Snapshot(files, errors=tuple(errors))
+    listed = snapshot_tree(root, (), layout=layout, unit=key)
+    return Snapshot(listed.files, errors=listed.errors)
 
 
 def unit_folders(root: Path, key: str, layout: Layout) -> list[str]:
@@ -236,20 +199,12 @@ def unit_folders(root: Path, key: str, layout: Layout) -> list[str]:
     try:
         fd = open_dir_beneath(root, split_rel(key) if key else ())
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        if exc.errno in _GONE:
             return []
         raise
-    found = []
     try:
-        for name in os.listdir(fd):  # noqa: PTH208 - by descriptor
-            if not layout.is_unit_name(name):
-                continue
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if S_ISDIR(st.st_mode):  # a symlink is never a unit
-                found.append(f"{key}/{name}" if key else name)
+        with os.scandir(fd) as entries:  # (a symlink is never a unit; an entry gone meanwhile is no folder)
+            names = [e.name for e in entries if layout.is_unit_name(e.name) and e.is_dir(follow_symlinks=False)]
     finally:
         os.close(fd)
-    return found
+    return [f"{key}/{name}" if key else name for name in names]

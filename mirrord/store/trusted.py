@@ -31,12 +31,11 @@ def distrust(st: os.stat_result) -> str | None:
     return None
 
 
-def read_trusted(path: Path | str, limit: int, *, follow: bool = False,
-                 dir_fd: int | None = None) -> tuple[os.stat_result, bytes]:
+def read_trusted(path: Path | str, limit: int, *, follow: bool = False) -> tuple[os.stat_result, bytes]:
     """(its stat, its bytes: at most `limit`), or UntrustedFileError/OSError. `follow`: the last component
     may be a symlink (the operator's own choice of file, like the config)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags, dir_fd=dir_fd)
+    fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
         why = distrust(st)

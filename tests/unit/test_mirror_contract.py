@@ -21,7 +21,7 @@ from mirrord.commands.verify import Finding, check_entry, deep_check, verify_mir
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.errors import LockedError, MirrordError, SizeMismatchError
 from mirrord.store.hashing import hash_stream
-from mirrord.store.mirror import Mirror, UnitStaging, read_fully
+from mirrord.store.mirror import Mirror, ReadableStore, UnitStaging
 from mirrord.store.resume import latest_key
 from mirrord.store.targets import mirror_for
 from mirrord.store.volume import ChangedError
@@ -31,6 +31,12 @@ STORES = ["local"]
 PATTERNS = ("*.pt", "*.safetensors", "*.json")
 
 MirrorFactory = Callable[[], Mirror]
+
+
+def read_fully(store: ReadableStore, key: str) -> bytes:
+    """A small object's whole content, read through the store."""
+    with store.open_read(key) as f:
+        return f.read()
 
 
 @contextlib.contextmanager

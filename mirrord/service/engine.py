@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mirrord.core.contributions import Contribution
 from mirrord.core.jobs import CopyJob, CopyResult
@@ -33,8 +33,7 @@ from mirrord.errors import (
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 from mirrord.formats.verdicts import RENAMED, UNCHECKED
 from mirrord.obs.log import get_logger
-from mirrord.paths import open_file_beneath
-from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
+from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source, read_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
@@ -46,17 +45,7 @@ if TYPE_CHECKING:
     from mirrord.obs.metrics import Metrics
 
 TAG_READ_BYTES = 4096  # a tag file holds one folder name
-
-
-def copy_options(config: Config) -> CopyOptions:
-    """The copier's options as the config sets them."""
-    return CopyOptions(
-        algo=config.copy.hash,
-        buffer_bytes=config.io.buffer_bytes,
-        reserve_bytes=config.copy.free_space_reserve_bytes,
-        bandwidth_limit=config.io.bandwidth_limit,
-        drop_cache=config.io.drop_cache,
-    )
+T = TypeVar("T")
 
 
 class Engine:
@@ -72,10 +61,9 @@ class Engine:
         make_room: Callable[[int], None] | None = None,
         board: ProgressBoard | None = None,
     ) -> None:
-        self.config = config
         self.primary_root = Path(config.primary)
         self.mirror = mirror
-        mirror.keep_modes_of(config.primary)
+        self.reconfigure(config)
         self.manifest = manifest
         # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
         self.metrics = metrics
@@ -84,7 +72,6 @@ class Engine:
         self.board = board or ProgressBoard()
         if metrics is not None:
             metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
-        self.options = copy_options(config)
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
         self._space_lock = threading.Lock()
@@ -93,7 +80,8 @@ class Engine:
     def reconfigure(self, config: Config) -> None:
         """Use a reloaded config for the next copies (copies in flight keep theirs)."""
         self.config = config
-        self.options = copy_options(config)
+        self.options = CopyOptions(config.copy.hash, config.io.buffer_bytes, config.copy.free_space_reserve_bytes,
+                                   config.io.bandwidth_limit, config.io.drop_cache)
         self.mirror.keep_modes_of(config.primary)
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
@@ -146,29 +134,34 @@ class Engine:
     def _stage_file(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
         """One file copied and published; its directory fsync (and maybe its rename) left to commit()."""
         dirs = DirSyncs()
+        expect = self._tag_checked(job)
         try:
-            result = self._copy(job, options, control, dirs)
+            result = self._with_room(job, options, control, lambda: copy_file(
+                self.primary_root, job.rel, self.mirror, options, control, dirs, expect))
         except BaseException:
             dirs.close()
             raise
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
-        return StagedCopy(job, result, [self._entry(job, result, identity=not dirs.renames_pending())], dirs)
+        return StagedCopy(job, result, [self._entry(job, result, identify=not dirs.renames_pending())], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
-        """A folder unit copied and published whole; its record left to commit()."""
-        results = self._copy_unit(job, options, control)
+        """A folder unit copied and published whole (its parent fsynced: units are not grouped); its record
+        left to commit()."""
+        drop_old = functools.partial(self._drop_old_unit, job)
+        results = self._with_room(job, options, control, lambda: copy_unit(
+            self.primary_root, job, self.mirror, options, control, drop_old))
         return StagedCopy(job, _unit_result(job, results), [self._entry(job, r) for r in results], DirSyncs())
 
-    def _entry(self, job: CopyJob, result: CopyResult, identity: bool = True) -> ManifestEntry:
-        """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is."""
-        return ManifestEntry(
+    def _entry(self, job: CopyJob, result: CopyResult, identify: bool = True) -> ManifestEntry:
+        """The manifest entry of one copy; with the published copy's identity (`identify`) once its name is."""
+        entry = ManifestEntry(
             path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
             source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
             mirror_mtime_ns=result.mirror_mtime_ns,
             validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
             node=self.mirror.node,
-            **(self._published_identity(result.rel) if identity else {}),
         )
+        return self._identified(entry) if identify else entry
 
     def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
@@ -201,20 +194,11 @@ class Engine:
         rel = f"{job.rel}/{METADATA_NAME}"
         if rel not in job.members:
             return None
-        path = self.primary_root / rel
         try:
-            fd = open_file_beneath(self.primary_root, rel)
-        except OSError as exc:
-            raise from_oserror(path, exc, "open source") from exc
-        try:
-            with os.fdopen(fd, "rb") as f:
-                data = f.read(MAX_READ_BYTES + 1)
-        except OSError as exc:
-            raise from_oserror(path, exc, "read source") from exc
-        try:
-            return storage_references(data)
+            return storage_references(read_source(self.primary_root, rel, MAX_READ_BYTES + 1)[1])
         except MetadataError as exc:
-            raise SourceChangedError(path, f"no longer a readable {METADATA_NAME} ({exc}); part discarded") from exc
+            raise SourceChangedError(self.primary_root / rel, f"no longer a readable {METADATA_NAME} ({exc}); "
+                                                              "part discarded") from exc
 
     def commit(self, batch: Sequence[StagedCopy]) -> list[CopyResult | MirrordError]:
         """Make a batch of staged copies durable and recorded: the fsync and rename of each small file
@@ -339,17 +323,16 @@ class Engine:
         return CopyResult(job.rel, job.size, theirs[0].algo, theirs[0].digest, job.mtime_ns, 0.0, job.mtime_ns,
                           theirs[0].validation or UNCHECKED, f"same bytes as node {theirs[0].node}'s")
 
-    def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
-        """copy_file, once more after making room when the mirror is full (and retention may free some)."""
-        expect = self._tag_checked(job)
+    def _with_room(self, job: CopyJob, options: CopyOptions, control: CopyControl, copy: Callable[[], T]) -> T:
+        """`copy()`, once more after making room when the mirror is full (and retention may free some)."""
         try:
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
+            return copy()
         except NoSpaceError:
             if self.make_room is None:
                 raise
             self.make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0  # the second try starts from the first byte again
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
+            return copy()
 
     def _tag_checked(self, job: CopyJob) -> os.stat_result | None:
         """A tag file (DeepSpeed's `latest`) is published only naming a folder the manifest records: the
@@ -358,18 +341,8 @@ class Engine:
         rules = self.config.rules
         if job.members or not rules.tag_file or job.rel.rsplit("/", 1)[-1] != rules.tag_file:
             return None
-        path = self.primary_root / job.rel
-        try:
-            fd = open_file_beneath(self.primary_root, job.rel)
-        except FileNotFoundError as exc:
-            raise SourceGoneError(path, "deleted before it was copied") from exc
-        except OSError as exc:
-            raise from_oserror(path, exc, "open source") from exc
-        try:
-            checked = os.fstat(fd)
-            named = os.read(fd, TAG_READ_BYTES).decode("utf-8", "replace").strip()
-        finally:
-            os.close(fd)
+        checked, data = read_source(self.primary_root, job.rel, TAG_READ_BYTES)
+        named = data.decode("utf-8", "replace").strip()
         prefix = f"{job.run}/" if job.run else ""
 
         def names(rel: str) -> bool:  # the folder itself, or its step (Megatron's tracker holds the number)
@@ -378,22 +351,9 @@ class Engine:
 
         if not named or "/" in named or not any(rel.startswith(prefix) and names(rel) for rel in self.manifest.entries):
             # Not a failure: the version the planner chose is gone; the new one is planned once its folder is in.
-            raise SourceGoneError(path, f"rewritten since it was planned: names {named!r}, which is not "
-                                        "mirrored yet (the tag is published after the folder it names)")
+            raise SourceGoneError(self.primary_root / job.rel, f"rewritten since it was planned: names {named!r}, "
+                                  "which is not mirrored yet (the tag is published after the folder it names)")
         return checked
-
-    def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
-        """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full. A unit
-        is published durably (its parent fsynced) before it returns: units are not grouped."""
-        drop_old = functools.partial(self._drop_old_unit, job)
-        try:
-            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
-        except NoSpaceError:
-            if self.make_room is None:
-                raise
-            self.make_room(job.size + options.reserve_bytes)
-            control.bytes_done = 0
-            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
 
     def _drop_old_unit(self, job: CopyJob, replaces: bool) -> None:
         """Before a folder unit is published again (changed, or published but never recorded): its old
@@ -415,24 +375,16 @@ class Engine:
             self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
 
     def _identified(self, entry: ManifestEntry) -> ManifestEntry:
-        """The entry with the identity of its copy as published (see _published_identity)."""
-        identity = self._published_identity(entry.path)
-        return replace(entry, mirror_ino=identity.get("mirror_ino", 0),
-                       mirror_ctime_ns=identity.get("mirror_ctime_ns", 0))
-
-    def _published_identity(self, rel: str) -> dict[str, int]:
-        """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
+        """The entry with its published copy's inode and ctime, recorded so that `latest` can trust it
         without re-reading the file while they stay the same. Unknown (0) if the stat fails, and not asked
         of a mirror without inodes (an object store: it would be one more request per file for nothing)."""
         if not self.mirror.has_inodes:
-            return {}
+            return entry
         try:
-            state = self.mirror.stat(rel)
+            state = self.mirror.stat(entry.path)
         except (OSError, UnsafePathError):
             state = None
-        if state is None:
-            return {}
-        return {"mirror_ino": state.ino, "mirror_ctime_ns": state.ctime_ns}
+        return entry if state is None else replace(entry, mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns)
 
 
 @dataclass

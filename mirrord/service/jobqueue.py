@@ -96,12 +96,10 @@ class JobQueue:
                 entry = self._take_ready()
                 if entry is not None:
                     return entry
-                waits = [t - now for t in (deadline,) if t is not None]
-                if self._delayed:
-                    waits.append(self._delayed[0][0] - now)
                 if deadline is not None and now >= deadline:
                     return None
-                self._cond.wait(timeout=max(0.0, min(waits)) if waits else None)
+                due = [t for t in (deadline, self._delayed[0][0] if self._delayed else None) if t is not None]
+                self._cond.wait(timeout=max(0.0, min(due) - now) if due else None)
 
     def done(self, rel: str) -> None:
         """The job for `rel` is finished: its path may be queued again."""
@@ -139,15 +137,12 @@ class JobQueue:
             return len(self._ready) + len(self._delayed)
 
     def close(self) -> None:
-        """Wake every get() with None, now and from now on."""
+        """Wake every get() with None, now and from now on, and forget the jobs not yet started (shutdown:
+        the next start's reconcile finds them again)."""
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
-
-    def drop_waiting(self) -> None:
-        """Forget jobs not yet started (shutdown): they are found again by the next start's reconcile."""
-        with self._cond:
             for entry in self._ready + [d[2] for d in self._delayed]:
                 self._paths.pop(entry.job.rel, None)
             self._ready.clear()
             self._delayed.clear()
+            self._cond.notify_all()

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceChangedError, SourceGoneError
@@ -25,43 +25,35 @@ from mirrord.service.jobqueue import JobQueue, QueuedJob
 from mirrord.service.progress import log_progress
 from mirrord.service.retry import RetryPolicy
 
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
 _IOPRIO_CLASSES = {"best-effort": 2, "idle": 3}
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
-
-
-def set_thread_ionice(klass: str) -> bool:
-    """ioprio_set for the calling thread (Linux); returns False where unsupported."""
-    if klass not in _IOPRIO_CLASSES or platform.machine() not in _IOPRIO_SET:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    value = (_IOPRIO_CLASSES[klass] << 13) | (7 if klass == "best-effort" else 0)
-    return bool(libc.syscall(_IOPRIO_SET[platform.machine()], 1, threading.get_native_id(), value) == 0)
-
-
-def set_thread_nice(nice: int) -> bool:
-    """Raise the calling thread's nice value to `nice` (Linux: a thread id is a PRIO_PROCESS target); never
-    lowers it. Returns False where that fails."""
-    tid = threading.get_native_id()
-    try:
-        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except OSError:
-        return False
-    return True
-
-
-def set_thread_idle_policy() -> bool:
-    """SCHED_IDLE for the calling thread (Linux): it runs only on a CPU that nothing else wants, and a
-    waking trainer thread preempts it at once (nice 19 still takes a slice of a busy CPU). Threads it
-    starts inherit the policy. Returns False where that fails."""
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
 DEFAULT_RETRY = RetryPolicy()
+
+
+def lower_thread_priority(ionice: str, cpu_nice: int, cpu_policy: str, log: FilteringBoundLogger) -> None:
+    """Give the calling thread (Linux) the I/O class `ionice`, a nice value raised (never lowered) to
+    `cpu_nice`, and with cpu_policy "idle" SCHED_IDLE: it then runs only on a CPU that nothing else wants,
+    and a waking trainer thread preempts it at once (nice 19 still takes a slice of a busy CPU). Threads
+    it starts inherit all three. A setting that cannot be applied is logged, and the copies go on."""
+    tid = threading.get_native_id()  # a thread id is a PRIO_PROCESS target
+    if ionice != "none":
+        value = (_IOPRIO_CLASSES[ionice] << 13) | (7 if ionice == "best-effort" else 0)
+        number = _IOPRIO_SET.get(platform.machine())
+        if number is None or ctypes.CDLL(None).syscall(number, 1, tid, value) != 0:
+            log.warning("worker.ionice_unsupported", ionice=ionice)
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < cpu_nice:
+            os.setpriority(os.PRIO_PROCESS, tid, cpu_nice)
+    except OSError:
+        log.warning("worker.cpu_nice_unsupported", cpu_nice=cpu_nice)
+    try:
+        if cpu_policy == "idle":
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        log.warning("worker.cpu_policy_unsupported", cpu_policy=cpu_policy)
 
 
 @dataclass
@@ -69,7 +61,6 @@ class _Worker:
     name: str
     thread: threading.Thread | None = None
     entry: QueuedJob | None = None
-    job: CopyJob | None = None
     control: CopyControl | None = None
     retiring: bool = False
     abandoned: bool = False
@@ -105,9 +96,7 @@ class WorkerPool:
         self.on_done = on_done
         self.on_stalled = on_stalled
         self.clock = clock
-        self.ionice = ionice
-        self.cpu_nice = cpu_nice
-        self.cpu_policy = cpu_policy
+        self.priority = (ionice, cpu_nice, cpu_policy)
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
         self._names = itertools.count(1)
@@ -139,7 +128,6 @@ class WorkerPool:
         them (their temp files are removed; each logs copy.aborted, with `why`, unless a second signal cut the
         grace short). True if every worker ended."""
         self._stopping.set()
-        self.queue.drop_waiting()
         self.queue.close()
         deadline = self.clock() + grace
         for thread in self.threads():
@@ -221,12 +209,7 @@ class WorkerPool:
 
     # -- the worker loop ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
-        if self.ionice != "none" and not set_thread_ionice(self.ionice):
-            self.log.warning("worker.ionice_unsupported", ionice=self.ionice)
-        if self.cpu_nice and not set_thread_nice(self.cpu_nice):
-            self.log.warning("worker.cpu_nice_unsupported", cpu_nice=self.cpu_nice)
-        if self.cpu_policy == "idle" and not set_thread_idle_policy():
-            self.log.warning("worker.cpu_policy_unsupported", cpu_policy=self.cpu_policy)
+        lower_thread_priority(*self.priority, self.log)
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:
@@ -234,7 +217,7 @@ class WorkerPool:
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:
-                worker.entry, worker.job, worker.control = entry, entry.job, control
+                worker.entry, worker.control = entry, control
             try:
                 outcome: CopyResult | StagedCopy | MirrordError = self.copy_fn(entry.job, control)
                 if isinstance(outcome, StagedCopy) and self.commits is None:
@@ -245,7 +228,7 @@ class WorkerPool:
                 self.log.exception("worker.crashed_job", path=entry.job.rel)
                 outcome = MirrordError(entry.job.rel, f"internal error: {exc!r}")
             with self._lock:
-                worker.entry = worker.job = worker.control = None
+                worker.entry = worker.control = None
                 abandoned = worker.abandoned
             if abandoned:
                 if isinstance(outcome, StagedCopy):  # its retry publishes it again: never recorded from here

@@ -8,6 +8,7 @@ structlog is already loaded), so every logger ever handed out renders as the las
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TextIO
@@ -25,31 +26,20 @@ class _LossyStream:
     """A log stream whose failures never reach the caller.
 
     A full disk under journald's pipe, a closed stdout or an EIO must not stop a copy or kill a worker
-    thread: mirroring matters more than the log line about it. Lost lines are counted.
+    thread: mirroring matters more than the log line about it.
     """
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self.lost = 0
 
     def write(self, text: str) -> int:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             return self._stream.write(text)
-        except (OSError, ValueError):
-            self.lost += 1
-            return 0
+        return 0
 
     def flush(self) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self._stream.flush()
-        except (OSError, ValueError):
-            self.lost += 1
-
-    def isatty(self) -> bool:
-        try:
-            return self._stream.isatty()
-        except (OSError, ValueError):
-            return False
 
 
 # What the last configure() chose, not yet given to structlog: (console?, colors?, level, stream).

@@ -203,30 +203,21 @@ def copy_file(
                       verdict.detail)
 
 
-def hash_source(primary_root: Path, rel: str, algo: str, buffer_bytes: int,
+def hash_source(primary_root: Path, rel: str, options: CopyOptions,
                 control: CopyControl | None = None) -> tuple[os.stat_result, str]:
-    """Read primary_root/rel once and hash it (no copy): its stat and digest, the file unchanged while read.
-    Raises the copier's typed errors (SourceGoneError, SourceChangedError, ...)."""
+    """Read primary_root/rel once and hash it (no copy, as a copy reads: same buffers, cap and page-cache
+    dropping): its stat and digest, the file unchanged while read. Raises the copier's typed errors."""
     control = control or CopyControl()
     src_path = primary_root / rel
     src_fd, before = open_source(primary_root, rel)
     try:
-        hasher = new_hasher(algo)
-        buf = bytearray(buffer_bytes)
-        total = 0
-        while True:
-            control.check(src_path)
-            if not (n := _read(src_fd, buf, src_path)):
-                break
-            hasher.update(memoryview(buf)[:n])
-            total += n
-            control.advance(n)
+        digest, total = _stream(src_fd, None, options, control, src_path, None)
         if total != before.st_size:
             raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
     finally:
         os.close(src_fd)
-    return before, hasher.hexdigest()
+    return before, digest
 
 
 def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
@@ -283,13 +274,13 @@ def _stream_sparse(
     return hasher.hexdigest(), offset
 
 
-def _stream(src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path,
+def _stream(src_fd: int, upload: Upload | None, options: CopyOptions, control: CopyControl, src_path: Path,
             validator: Validator | None) -> tuple[str, int]:
     """The copy loop until EOF: each buffer is read once, then hashed on this thread while a helper thread
     feeds the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL).
     Two buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is
     read into again only once its write returned. The helper is made by this thread, so it has its CPU
-    and I/O priority. Returns (digest, bytes copied)."""
+    and I/O priority. Without `upload`, the bytes are only hashed (and validated). Returns (digest, bytes)."""
     hasher = new_hasher(options.algo)
     buffers = thread_buffers(options.buffer_bytes)
     in_flight: deque[Future[None]] = deque()
@@ -327,14 +318,15 @@ def _stream(src_fd: int, upload: Upload, options: CopyOptions, control: CopyCont
     return hasher.hexdigest(), copied
 
 
-def _validate_and_write(validator: Validator | None, upload: Upload, chunk: memoryview,
+def _validate_and_write(validator: Validator | None, upload: Upload | None, chunk: memoryview,
                         failed: list[BaseException]) -> None:
     if failed:
         return  # an earlier buffer failed: the copy is being abandoned, nothing more is written
     try:
         if validator is not None:
             validator.feed(chunk, len(chunk))
-        upload.write(chunk)
+        if upload is not None:
+            upload.write(chunk)
     except BaseException as exc:
         failed.append(exc)
         raise

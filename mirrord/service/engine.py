@@ -269,8 +269,7 @@ class Engine:
         if not twins:
             return None
         started = time.monotonic()
-        before, digest = hash_source(self.primary_root, job.rel, self.options.algo, self.options.buffer_bytes,
-                                     control)
+        before, digest = hash_source(self.primary_root, job.rel, self.options, control)
         for twin in twins:
             if (twin.size, twin.digest) != (before.st_size, digest):
                 continue
@@ -308,7 +307,7 @@ class Engine:
             except OSError:
                 fresh = True  # hash_source names what is wrong with it
             if fresh:
-                before, digest = hash_source(self.primary_root, entry.path, entry.algo, self.options.buffer_bytes,
+                before, digest = hash_source(self.primary_root, entry.path, replace(self.options, algo=entry.algo),
                                              control)
                 seen = matched[entry.path] = (before.st_size, before.st_mtime_ns, digest)
                 if digest != entry.digest:

@@ -363,15 +363,13 @@ class Engine:
         if old:
             self.manifest.apply(removes=old)
         state = self.mirror.stat(job.rel)
-        if state is not None and replaces:
-            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old),
-                          how="swapped")
+        if state is None:
             return
-        if state is not None and not self.mirror.delete_folder(job.rel, state):
+        if not replaces and not self.mirror.delete_folder(job.rel, state):
             raise PermanentError(self.mirror.describe(job.rel), "an older copy of this unit is in the way and "
                                                                "changed while it was being removed")
-        if state is not None:
-            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
+        self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old),
+                      **({"how": "swapped"} if replaces else {}))
 
     def _identified(self, entry: ManifestEntry) -> ManifestEntry:
         """The entry with its published copy's inode and ctime, recorded so that `latest` can trust it

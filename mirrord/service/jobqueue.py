@@ -24,7 +24,6 @@ class QueuedJob:
     seq: int
     job: CopyJob = field(compare=False)
     attempt: int = field(compare=False, default=1)
-    not_before: float = field(compare=False, default=0.0)
     first_seen: float = field(compare=False, default=0.0)  # clock time it was first queued (the lag)
 
 
@@ -73,11 +72,11 @@ class JobQueue:
             if self._closed or job.rel in self._paths:
                 return False
             now = self._clock()
-            entry = QueuedJob(newest_first(job), next(self._seq), job, attempt, now + delay,
-                           now if first_seen is None else first_seen)
+            entry = QueuedJob(newest_first(job), next(self._seq), job, attempt,
+                              now if first_seen is None else first_seen)
             self._paths[job.rel] = entry
             if delay > 0:
-                heapq.heappush(self._delayed, (entry.not_before, entry.seq, entry))
+                heapq.heappush(self._delayed, (now + delay, entry.seq, entry))
             else:
                 heapq.heappush(self._ready, entry)
             self._cond.notify()

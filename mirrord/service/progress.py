@@ -10,6 +10,7 @@ than PROGRESS_LOG_SECONDS also logs `copy.progress` that often, so a long copy i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
@@ -55,11 +56,8 @@ class CopyProgress:
     def to_dict(self) -> dict[str, Any]:
         """The copy as JSON for /status."""
         eta = self.eta_seconds
-        return {
-            "path": self.path, "run": self.run, "step": self.step, "size": self.size,
-            "bytes_done": self.bytes_done, "elapsed_seconds": round(self.elapsed_seconds, 3),
-            "rate_bytes_per_second": round(self.rate, 1), "eta_seconds": None if eta is None else round(eta, 1),
-        }
+        return {**dataclasses.asdict(self), "elapsed_seconds": round(self.elapsed_seconds, 3),
+                "rate_bytes_per_second": round(self.rate, 1), "eta_seconds": None if eta is None else round(eta, 1)}
 
 
 @dataclass

@@ -5,6 +5,7 @@ the pool's commit stage (mirrord.service.commits), which commits those that fini
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -244,13 +245,15 @@ class WorkerPool:
                 self.commits.wake()  # this worker may now be idle: a waiting batch need not wait for it
 
     def _finish_safely(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
-        try:
-            self._finish(entry, outcome, control)
-        except Exception:  # never leave a path reserved, nor a waiter without its outcome
-            self.queue.done(entry.job.rel)
-            self.on_done(entry.job, outcome)
+        """Log how the copy ended; unless it is queued again for a retry, free its path and hand its outcome
+        to on_done (also when something fails here: never a path left reserved, nor a waiter without it)."""
+        with contextlib.suppress(Exception):
+            if self._retried(entry, outcome, control):
+                return
+        self.queue.done(entry.job.rel)
+        self.on_done(entry.job, outcome)
 
-    def _finish(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
+    def _retried(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> bool:
         job = entry.job
         if isinstance(outcome, CancelledError):
             # Shutdown cut this copy short (grace period over, or a second signal): its NAME.part is gone,
@@ -261,9 +264,7 @@ class WorkerPool:
             # The trainer rotated it away before it was mirrored: nothing left to copy, nothing failed.
             self.log.info("copy.source_gone", path=job.rel, run=job.run or ".", step=job.step, cause=outcome.cause)
         if isinstance(outcome, CopyResult | CancelledError | SourceGoneError):
-            self.queue.done(job.rel)
-            self.on_done(job, outcome)
-            return
+            return False
         policy = self.retry
         stopping = self._stopping.is_set()
         # A folder unit found changed is judged again from a fresh listing (the daemon asks), never retried
@@ -287,11 +288,9 @@ class WorkerPool:
         )
         if retry:
             self.queue.release_for_retry(entry, delay)
-            return
-        if outcome.transient and not replan:
+        elif outcome.transient and not replan:
             self.log.error("copy.gave_up", path=job.rel, reason=outcome.reason, attempts=entry.attempt)
-        self.queue.done(job.rel)
-        self.on_done(job, outcome)
+        return retry
 
 
 def copy_all(

@@ -51,11 +51,11 @@ class Metrics:
                                        buckets=DURATION_BUCKETS, registry=r)
         self.copy_throughput = gauge("mirrord_copy_throughput_bytes_per_second",
                                      "Throughput of the last completed copy.")
-        self.in_flight = gauge("mirrord_copies_in_flight", "Copies being made right now.")
-        # The gauges below set to a function are computed when /metrics is scraped (client_python's
+        # These gauges set to a function are computed when /metrics is scraped (client_python's
         # pattern), never a value pushed seconds ago; their functions must be thread-safe and quick (the
         # HTTP thread calls them), and answer while the store hangs. 0 until set (a one-shot command).
         # The Engine's: with mirrord_copied_bytes_total, a progress curve that moves during a long copy.
+        self.in_flight = gauge("mirrord_copies_in_flight", "Copies being made right now.")
         self.copy_bytes_in_flight = gauge("mirrord_copy_bytes_in_flight",
                                           "Bytes already copied by the copies under way (0 when idle).")
         # The daemon's: the queue depth drops the moment a worker takes a job.

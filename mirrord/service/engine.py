@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -72,10 +71,9 @@ class Engine:
         self.board = board or ProgressBoard()
         if metrics is not None:
             metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
+            metrics.in_flight.set_function(lambda: len(self.board.snapshot()))
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
-        self._space_lock = threading.Lock()
-        self._reserved = 0  # bytes promised to copies in flight: they all passed the free-space check
 
     def reconfigure(self, config: Config) -> None:
         """Use a reloaded config for the next copies (copies in flight keep theirs)."""
@@ -100,19 +98,15 @@ class Engine:
         mirrored twin, and a node's part of a shared unit, are recorded at once: their CopyResult is
         returned, done. Raises MirrordError."""
         self.log.info("copy.started", why=job.why, **_fields(job))
-        if self.metrics is not None:
-            self.metrics.in_flight.inc()
         control = control or CopyControl()
-        with self._space_lock:
-            # Concurrent copies each need their full size: count the others' as reserved space.
-            options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
-            self._reserved += job.size
         try:
-            if job.twins and (aliased := self._publish_twin(job, control)) is not None:
-                return aliased
-            if not job.part and (same := self._recorded_by_another_node(job, control)) is not None:
-                return same
-            with self.board.track(job, control):
+            with self.board.track(job, control) as others:
+                # Concurrent copies each need their full size: count the others' as reserved space.
+                options = replace(self.options, reserve_bytes=self.options.reserve_bytes + others)
+                if job.twins and (aliased := self._publish_twin(job, control)) is not None:
+                    return aliased
+                if not job.part and (same := self._recorded_by_another_node(job, control)) is not None:
+                    return same
                 if job.part:
                     return self._contribute(job, options, control)
                 if job.members:
@@ -125,11 +119,6 @@ class Engine:
             if not isinstance(exc, CancelledError | StalledError | InvalidSourceError):
                 self.count(exc.reason)
             raise
-        finally:
-            if self.metrics is not None:
-                self.metrics.in_flight.dec()
-            with self._space_lock:
-                self._reserved -= job.size
 
     def _stage_file(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
         """One file copied and published; its directory fsync (and maybe its rename) left to commit()."""
@@ -207,8 +196,6 @@ class Engine:
         entries; only then is
         each counted and logged as copy.committed. The outcome of each copy, in order: all fail together
         (nothing recorded) if a directory fsync or the record fails."""
-        if not batch:
-            return []
         dirs = DirSyncs()
         renamed_here = {e.path for staged in batch if staged.dirs.renames_pending() for e in staged.entries}
         for staged in batch:

@@ -82,9 +82,9 @@ class JobQueue:
             self._cond.notify()
             return True
 
-    def get(self, timeout: float | None = None) -> QueuedJob | None:
+    def get(self, timeout: float) -> QueuedJob | None:
         """The most urgent ready job, or None on timeout/close. The path stays reserved until done()."""
-        deadline = None if timeout is None else self._clock() + timeout
+        deadline = self._clock() + timeout
         with self._cond:
             while True:
                 if self._closed:
@@ -95,10 +95,9 @@ class JobQueue:
                 entry = self._take_ready()
                 if entry is not None:
                     return entry
-                if deadline is not None and now >= deadline:
+                if now >= deadline:
                     return None
-                due = [t for t in (deadline, self._delayed[0][0] if self._delayed else None) if t is not None]
-                self._cond.wait(timeout=max(0.0, min(due) - now) if due else None)
+                self._cond.wait((min(deadline, self._delayed[0][0]) if self._delayed else deadline) - now)
 
     def done(self, rel: str) -> None:
         """The job for `rel` is finished: its path may be queued again."""

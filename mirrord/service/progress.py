@@ -78,14 +78,16 @@ class ProgressBoard:
         self._ids = itertools.count()
 
     @contextlib.contextmanager
-    def track(self, job: CopyJob, control: CopyControl) -> Iterator[None]:
-        """Show `job` on the board while the block runs."""
+    def track(self, job: CopyJob, control: CopyControl) -> Iterator[int]:
+        """Show `job` on the board while the block runs; yields the bytes of the other copies under way
+        then (all promised to the mirror)."""
         now = self._clock()
         key = next(self._ids)
         with self._lock:
+            others = sum(t.job.size for t in self._copies.values())
             self._copies[key] = _Tracked(job, control, now, now)
         try:
-            yield
+            yield others
         finally:
             with self._lock:
                 del self._copies[key]

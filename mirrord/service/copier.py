@@ -34,7 +34,7 @@ from mirrord.errors import (
     StalledError,
     from_oserror,
 )
-from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
+from mirrord.formats.validators import Validator, Verdict, new_validator
 from mirrord.obs.sizes import bytes_both
 from mirrord.paths import lstat_beneath, open_file_beneath
 from mirrord.store.atomic import DirSyncs
@@ -165,22 +165,20 @@ def copy_file(
                 f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        sparse = before.st_blocks * 512 < before.st_size  # holes: copy the data segments only
-        validator = new_validator(rel, src_fd) if options.validate and not sparse else None
-        if sparse:
-            digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
-        else:
-            digest, copied = _stream(src_fd, upload, options, control, src_path, validator)
+        # A source with holes: only its data segments are written, so the copy is as sparse as it is.
+        data = _data_segments(src_fd, src_path) if before.st_blocks * 512 < before.st_size else None
+        validator = new_validator(rel, src_fd) if options.validate else None
+        digest, copied = _stream(src_fd, upload, options, control, src_path, validator, data)
         if copied != before.st_size:
             raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
         control.check(src_path)
         if options.allow_empty and copied == 0:
             verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
-        elif not options.validate:
+        elif validator is None:
             verdict = Verdict("empty", "0 bytes: nothing was written (yet)") if copied == 0 else \
                 Verdict("unchecked", "validation is off")
-        else:  # a sparse source (rare for checkpoints) is validated by reading it once more
-            verdict = validate_fd(src_fd, rel) if validator is None else validator.finish(src_fd)
+        else:
+            verdict = validator.finish(src_fd)
         if not verdict.passed:
             _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
             raise InvalidSourceError(src_path, f"not a whole checkpoint ({verdict}); not published", verdict.status,
@@ -211,7 +209,7 @@ def hash_source(primary_root: Path, rel: str, options: CopyOptions,
     src_path = primary_root / rel
     src_fd, before = open_source(primary_root, rel)
     try:
-        digest, total = _stream(src_fd, None, options, control, src_path, None)
+        digest, total = _stream(src_fd, None, options, control, src_path, None, None)
         if total != before.st_size:
             raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
@@ -234,53 +232,32 @@ def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_
         raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
 
 
-def _stream_sparse(
-    src_fd: int, size: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
-) -> tuple[str, int]:
-    """As _stream, for a source with holes: data segments (SEEK_DATA/SEEK_HOLE) are copied, holes are
-    skipped on the mirror (and hashed as the zeros they read as), so the copy is as sparse as its source."""
-    hasher = new_hasher(options.algo)
-    view = memoryview(bytearray(options.buffer_bytes))
-    zeros = memoryview(bytes(min(options.buffer_bytes, 1 << 20)))
+def _data_segments(src_fd: int, src_path: Path) -> list[tuple[int, int]]:
+    """Where a source with holes holds data: (start, end) of each segment, in order (SEEK_DATA/SEEK_HOLE).
+    The bytes elsewhere read as zeros, and take no space."""
+    segments: list[tuple[int, int]] = []
     offset = 0
-    while offset < size:
-        control.check(src_path)
+    while True:
         try:
-            data = min(os.lseek(src_fd, offset, os.SEEK_DATA), size)
+            start = os.lseek(src_fd, offset, os.SEEK_DATA)
         except OSError as exc:
             if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left up to the end
                 raise from_oserror(src_path, exc, "seek data in source") from exc
-            data = size
-        upload.skip(data - offset)
-        for start in range(offset, data, len(zeros)):
-            hasher.update(zeros[: min(len(zeros), data - start)])
-        control.advance(data - offset)
-        offset = data
-        if offset >= size:
             break
-        end = min(os.lseek(src_fd, data, os.SEEK_HOLE), size)
-        while offset < end:
-            control.check(src_path)
-            try:
-                n = os.preadv(src_fd, [view[: end - offset]], offset)
-            except OSError as exc:
-                raise from_oserror(src_path, exc, "read source") from exc
-            if n == 0:
-                return hasher.hexdigest(), offset  # shrank under us: the caller reports source_changed
-            hasher.update(view[:n])
-            upload.write(view[:n])
-            offset += n
-            control.advance(n)
-    return hasher.hexdigest(), offset
+        offset = os.lseek(src_fd, start, os.SEEK_HOLE)
+        segments.append((start, offset))
+    os.lseek(src_fd, 0, os.SEEK_SET)  # the copy reads from the start
+    return segments
 
 
 def _stream(src_fd: int, upload: Upload | None, options: CopyOptions, control: CopyControl, src_path: Path,
-            validator: Validator | None) -> tuple[str, int]:
+            validator: Validator | None, data: list[tuple[int, int]] | None) -> tuple[str, int]:
     """The copy loop until EOF: each buffer is read once, then hashed on this thread while a helper thread
     feeds the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL).
     Two buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is
     read into again only once its write returned. The helper is made by this thread, so it has its CPU
-    and I/O priority. Without `upload`, the bytes are only hashed (and validated). Returns (digest, bytes)."""
+    and I/O priority. Without `upload`, the bytes are only hashed (and validated); with `data` (a sparse
+    source's data segments), only those bytes are written, the rest is left a hole. Returns (digest, bytes)."""
     hasher = new_hasher(options.algo)
     buffers = thread_buffers(options.buffer_bytes)
     in_flight: deque[Future[None]] = deque()
@@ -296,7 +273,7 @@ def _stream(src_fd: int, upload: Upload | None, options: CopyOptions, control: C
                 if not (n := _read(src_fd, buf, src_path)):
                     break
                 chunk = memoryview(buf)[:n]
-                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
+                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, copied, data, failed))
                 hasher.update(chunk)
                 copied += n
                 control.advance(n)
@@ -318,15 +295,25 @@ def _stream(src_fd: int, upload: Upload | None, options: CopyOptions, control: C
     return hasher.hexdigest(), copied
 
 
-def _validate_and_write(validator: Validator | None, upload: Upload | None, chunk: memoryview,
-                        failed: list[BaseException]) -> None:
+def _validate_and_write(validator: Validator | None, upload: Upload | None, chunk: memoryview, at: int,
+                        data: list[tuple[int, int]] | None, failed: list[BaseException]) -> None:
+    """Feed the validator and write `chunk`, the source's bytes from offset `at` (see _stream)."""
     if failed:
         return  # an earlier buffer failed: the copy is being abandoned, nothing more is written
     try:
         if validator is not None:
             validator.feed(chunk, len(chunk))
-        if upload is not None:
+        if upload is not None and data is None:
             upload.write(chunk)
+        elif upload is not None and data is not None:  # only the bytes within the data segments: holes stay
+            end, pos = at + len(chunk), at
+            for start, stop in data:
+                lo, hi = max(start, pos), min(stop, end)
+                if lo < hi:
+                    upload.skip(lo - pos)
+                    upload.write(chunk[lo - at:hi - at])
+                    pos = hi
+            upload.skip(end - pos)
     except BaseException as exc:
         failed.append(exc)
         raise

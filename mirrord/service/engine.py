@@ -120,8 +120,7 @@ class Engine:
         except BaseException:
             dirs.close()
             raise
-        # A file whose rename is left to commit() is not published yet: its identity is taken there.
-        return StagedCopy(job, result, [self._entry(job, result, identify=not dirs.renames_pending())], dirs)
+        return StagedCopy(job, result, [self._entry(job, result)], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
         """A folder unit copied and published whole (its parent fsynced: units are not grouped); its record
@@ -131,16 +130,15 @@ class Engine:
             self.primary_root, job, self.mirror, options, control, drop_old))
         return StagedCopy(job, _unit_result(job, results), [self._entry(job, r) for r in results], DirSyncs())
 
-    def _entry(self, job: CopyJob, result: CopyResult, identify: bool = True) -> ManifestEntry:
-        """The manifest entry of one copy; with the published copy's identity (`identify`) once its name is."""
-        entry = ManifestEntry(
+    def _entry(self, job: CopyJob, result: CopyResult) -> ManifestEntry:
+        """The manifest entry of one copy (its published copy's identity is added by commit())."""
+        return ManifestEntry(
             path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
             source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
             mirror_mtime_ns=result.mirror_mtime_ns,
             validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
             node=self.mirror.node,
         )
-        return self._identified(entry) if identify else entry
 
     def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
@@ -187,7 +185,6 @@ class Engine:
         each counted and logged as copy.committed. The outcome of each copy, in order: all fail together
         (nothing recorded) if a directory fsync or the record fails."""
         dirs = DirSyncs()
-        renamed_here = {e.path for staged in batch if staged.dirs.renames_pending() for e in staged.entries}
         for staged in batch:
             dirs.absorb(staged.dirs)
         try:
@@ -196,9 +193,9 @@ class Engine:
             except OSError as exc:
                 where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
                 raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
-            # A folder unit's files are in the same record as the rest of the batch: all or none.
-            self.manifest.apply(puts=[self._identified(e) if e.path in renamed_here else e
-                                      for staged in batch for e in staged.entries])
+            # A folder unit's files are in the same record as the rest of the batch: all or none. Each
+            # entry records its copy's identity, taken now that every name is published.
+            self.manifest.apply(puts=[self._identified(e) for staged in batch for e in staged.entries])
         except MirrordError as exc:
             for _ in batch:
                 self.count(exc.reason)

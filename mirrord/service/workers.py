@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 _IOPRIO_CLASSES = {"best-effort": 2, "idle": 3}
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
 DEFAULT_RETRY = RetryPolicy()
+POLL_SECONDS = 0.25  # how often copy_all looks at its copies (stalls, progress, the mirror lock)
 
 
 def lower_thread_priority(ionice: str, cpu_nice: int, cpu_policy: str, log: FilteringBoundLogger) -> None:
@@ -297,8 +298,7 @@ def copy_all(
     engine: Engine,
     jobs: list[CopyJob],
     workers: int,
-    poll_seconds: float = 0.25,
-    still_ours: Callable[[], str | None] | None = None,
+    still_ours: Callable[[], str | None] = lambda: None,
 ) -> dict[str, CopyResult | MirrordError]:
     """Copy `jobs` on a temporary pool (the daemon's retries, backoff and stall detection) and wait for
     every outcome; the one-shot commands use this so that they behave exactly like the daemon.
@@ -326,9 +326,8 @@ def copy_all(
                       on_stalled=lambda job: engine.count("stalled"), ionice=io.ionice,
                       cpu_nice=io.cpu_nice, cpu_policy=io.cpu_policy)
     try:
-        while not all_done.wait(poll_seconds):
-            lost = still_ours() if still_ours is not None else None
-            if lost:
+        while not all_done.wait(POLL_SECONDS):
+            if lost := still_ours():
                 engine.log.error("mirror.lock_lost", cause=lost, action="stopping")
                 break
             pool.check_stalls(engine.config.copy.stall_seconds)

@@ -133,15 +133,9 @@ def read_source(primary_root: Path, rel: str, limit: int) -> tuple[os.stat_resul
         os.close(fd)
 
 
-def copy_file(
-    primary_root: Path,
-    rel: str,
-    mirror: UploadTarget,
-    options: CopyOptions,
-    control: CopyControl | None = None,
-    dirs: DirSyncs | None = None,
-    expect: os.stat_result | None = None,
-) -> CopyResult:
+def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyOptions,
+              control: CopyControl | None = None, dirs: DirSyncs | None = None,
+              expect: os.stat_result | None = None) -> CopyResult:
     """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace.
 
     With `dirs`, the directory fsync that makes the new name durable is left to dirs.flush() (group

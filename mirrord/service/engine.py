@@ -50,24 +50,13 @@ T = TypeVar("T")
 class Engine:
     """The copy side of mirrord, shared by `sync` and the daemon's workers."""
 
-    def __init__(
-        self,
-        config: Config,
-        mirror: Mirror,
-        manifest: Manifest,
-        metrics: Metrics | None = None,
-        wall: Callable[[], float] = time.time,
-        make_room: Callable[[int], None] | None = None,
-        board: ProgressBoard | None = None,
-    ) -> None:
-        self.primary_root = Path(config.primary)
-        self.mirror = mirror
+    def __init__(self, config: Config, mirror: Mirror, manifest: Manifest, metrics: Metrics | None = None,
+                 wall: Callable[[], float] = time.time, make_room: Callable[[int], None] | None = None,
+                 board: ProgressBoard | None = None) -> None:
+        self.primary_root, self.mirror, self.manifest = Path(config.primary), mirror, manifest
         self.reconfigure(config)
-        self.manifest = manifest
-        # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
-        self.metrics = metrics
-        self.wall = wall
-        self.make_room = make_room
+        # No metrics: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
+        self.metrics, self.wall, self.make_room = metrics, wall, make_room
         self.board = board or ProgressBoard()
         if metrics is not None:
             metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)

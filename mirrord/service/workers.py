@@ -77,27 +77,15 @@ class WorkerPool:
     for good, or cancelled); `on_stalled(job)` when a copy is abandoned for lack of progress.
     """
 
-    def __init__(
-        self,
-        copy_fn: Callable[[CopyJob, CopyControl], CopyResult | StagedCopy],
-        queue: JobQueue,
-        size: int,
-        *,
-        commit: Callable[[Sequence[StagedCopy]], list[CopyResult | MirrordError]] | None = None,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
-        on_stalled: Callable[[CopyJob], None] = lambda job: None,
-        clock: Callable[[], float] = time.monotonic,
-        ionice: str = "none",
-        cpu_nice: int = 0,
-        cpu_policy: str = "normal",
-    ) -> None:
-        self.copy_fn = copy_fn
-        self.queue = queue
+    def __init__(self, copy_fn: Callable[[CopyJob, CopyControl], CopyResult | StagedCopy], queue: JobQueue, size: int,
+                 *, commit: Callable[[Sequence[StagedCopy]], list[CopyResult | MirrordError]] | None = None,
+                 retry: RetryPolicy = DEFAULT_RETRY,
+                 on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
+                 on_stalled: Callable[[CopyJob], None] = lambda job: None, clock: Callable[[], float] = time.monotonic,
+                 ionice: str = "none", cpu_nice: int = 0, cpu_policy: str = "normal") -> None:
+        self.copy_fn, self.queue, self.clock = copy_fn, queue, clock
         self.retry = retry  # swapped whole by a reload
-        self.on_done = on_done
-        self.on_stalled = on_stalled
-        self.clock = clock
+        self.on_done, self.on_stalled = on_done, on_stalled
         self.priority = (ionice, cpu_nice, cpu_policy)
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
@@ -294,12 +282,8 @@ class WorkerPool:
         return retry
 
 
-def copy_all(
-    engine: Engine,
-    jobs: list[CopyJob],
-    workers: int,
-    still_ours: Callable[[], str | None] = lambda: None,
-) -> dict[str, CopyResult | MirrordError]:
+def copy_all(engine: Engine, jobs: list[CopyJob], workers: int,
+             still_ours: Callable[[], str | None] = lambda: None) -> dict[str, CopyResult | MirrordError]:
     """Copy `jobs` on a temporary pool (the daemon's retries, backoff and stall detection) and wait for
     every outcome; the one-shot commands use this so that they behave exactly like the daemon.
 

@@ -159,17 +159,13 @@ def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyO
                 f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        # A source with holes: only its data segments are written, so the copy is as sparse as it is.
-        data = _data_segments(src_fd, src_path) if before.st_blocks * 512 < before.st_size else None
         validator = new_validator(rel, src_fd) if options.validate else None
-        digest, copied = _stream(src_fd, upload, options, control, src_path, validator, data)
-        if copied != before.st_size:
-            raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
+        digest = _stream(src_fd, before, upload, options, control, src_path, validator)
         control.check(src_path)
-        if options.allow_empty and copied == 0:
+        if options.allow_empty and before.st_size == 0:
             verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
         elif validator is None:
-            verdict = Verdict("empty", "0 bytes: nothing was written (yet)") if copied == 0 else \
+            verdict = Verdict("empty", "0 bytes: nothing was written (yet)") if before.st_size == 0 else \
                 Verdict("unchecked", "validation is off")
         else:
             verdict = validator.finish(src_fd)
@@ -203,9 +199,7 @@ def hash_source(primary_root: Path, rel: str, options: CopyOptions,
     src_path = primary_root / rel
     src_fd, before = open_source(primary_root, rel)
     try:
-        digest, total = _stream(src_fd, None, options, control, src_path, None, None)
-        if total != before.st_size:
-            raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
+        digest = _stream(src_fd, before, None, options, control, src_path, None)
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
     finally:
         os.close(src_fd)
@@ -244,14 +238,16 @@ def _data_segments(src_fd: int, src_path: Path) -> list[tuple[int, int]]:
     return segments
 
 
-def _stream(src_fd: int, upload: Upload | None, options: CopyOptions, control: CopyControl, src_path: Path,
-            validator: Validator | None, data: list[tuple[int, int]] | None) -> tuple[str, int]:
+def _stream(src_fd: int, before: os.stat_result, upload: Upload | None, options: CopyOptions, control: CopyControl,
+            src_path: Path, validator: Validator | None) -> str:
     """The copy loop until EOF: each buffer is read once, then hashed on this thread while a helper thread
     feeds the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL).
     Two buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is
     read into again only once its write returned. The helper is made by this thread, so it has its CPU
-    and I/O priority. Without `upload`, the bytes are only hashed (and validated); with `data` (a sparse
-    source's data segments), only those bytes are written, the rest is left a hole. Returns (digest, bytes)."""
+    and I/O priority. Without `upload`, the bytes are only hashed (and validated); of a source with holes,
+    only its data segments are written, so the copy is as sparse as its source. Returns the digest of
+    exactly `before.st_size` bytes (SourceChangedError if the source had more or fewer)."""
+    data = _data_segments(src_fd, src_path) if before.st_blocks * 512 < before.st_size else None
     hasher = new_hasher(options.algo)
     buffers = thread_buffers(options.buffer_bytes)
     in_flight: deque[Future[None]] = deque()
@@ -286,7 +282,9 @@ def _stream(src_fd: int, upload: Upload | None, options: CopyOptions, control: C
             wait(in_flight)  # no write may still use a buffer after this
     if options.drop_cache:
         os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    return hasher.hexdigest(), copied
+    if copied != before.st_size:
+        raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
+    return hasher.hexdigest()
 
 
 def _validate_and_write(validator: Validator | None, upload: Upload | None, chunk: memoryview, at: int,

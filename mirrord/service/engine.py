@@ -138,16 +138,14 @@ class Engine:
         results = copy_part(self.primary_root, job, self.mirror, options, control)
         entries = {result.rel: self._entry(job, result) for result in results}
         node = node_name(self.config.s3.node)
-        part = Contribution(node, entries, self._listed_by_metadata(job), self.wall())
-        merged = self.manifest.contribute(job.rel, part)
-        verdict = merged.verdict
-        result = _unit_result(job, results)
-        staged = StagedCopy(job, result, list(entries.values()), DirSyncs())
+        merged = self.manifest.contribute(job.rel, Contribution(node, entries, self._listed_by_metadata(job),
+                                                                self.wall()))
+        verdict, result = merged.verdict, _unit_result(job, results)
         if verdict.complete:
             if merged.puts:  # this write made it whole (else another node's had, with these very bytes)
                 self.log.info("unit.completed", path=job.rel, run=job.run or ".", step=job.step, node=node,
                               files=len(merged.puts), why=verdict.why)
-            return self._committed(staged)
+            return self._committed(StagedCopy(job, result, list(entries.values()), DirSyncs()))
         self.count("ok")
         if self.metrics is not None:
             self.metrics.copied_bytes.inc(result.size)
@@ -240,11 +238,10 @@ class Engine:
             state = self.mirror.clone(twin.path, job.rel, FileState(twin.path, twin.size, stored, twin.mirror_ino))
             if state is None:
                 continue
-            entry = ManifestEntry(
+            puts = [ManifestEntry(
                 path=job.rel, size=before.st_size, algo=twin.algo, digest=digest, source_mtime_ns=before.st_mtime_ns,
                 step=None, mirrored_at=self.wall(), mirror_mtime_ns=state.mtime_ns, validation=twin.validation,
-                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns, node=self.mirror.node)
-            puts = [entry]
+                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns, node=self.mirror.node)]
             if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
                 puts.append(replace(twin, mirror_ctime_ns=state.ctime_ns))
             self.manifest.apply(puts=puts)

@@ -31,15 +31,11 @@ class JobQueue:
     """Ready jobs ordered newest step first; delayed (retry) jobs released when due. One entry per path."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+        self._clock, self._seq, self._cond, self._closed = clock, itertools.count(), threading.Condition(), False
         self._ready: list[QueuedJob] = []
-        self._delayed: list[tuple[float, int, QueuedJob]] = []
+        self._delayed: list[tuple[float, int, QueuedJob]] = []  # (due, seq, job): retries waiting for their time
         self._paths: dict[str, QueuedJob] = {}
-        self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._small_bytes = 0  # 0: no lane for small files
-        self._big_slots = 1
+        self._small_bytes, self._big_slots = 0, 1  # 0: no lane for small files
         self._big_active: set[str] = set()
 
     def keep_lane_for_small(self, small_bytes: int, workers: int) -> None:

@@ -72,10 +72,8 @@ class ProgressBoard:
     """The copies under way in this process. Thread-safe; copies register for their own duration."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
+        self._clock, self._lock, self._ids = clock, threading.Lock(), itertools.count()
         self._copies: dict[int, _Tracked] = {}
-        self._ids = itertools.count()
 
     @contextlib.contextmanager
     def track(self, job: CopyJob, control: CopyControl) -> Iterator[int]:

@@ -100,9 +100,7 @@ class Metrics:
         """Bounded label set: the first MAX_RUN_LABELS runs get their own label, later ones share one."""
         run = run or "."
         with self._runs_lock:
-            if run in self._runs:
-                return run
-            if len(self._runs) < MAX_RUN_LABELS:
+            if run in self._runs or len(self._runs) < MAX_RUN_LABELS:
                 self._runs.add(run)
                 return run
         return OTHER_RUN

@@ -211,14 +211,11 @@ class Engine:
                 label = m.run_label(job.run)
                 self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
                 m.last_step.labels(label).set(self._last_steps[label])
-        self.log.info(
-            "copy.committed", seconds=round(result.seconds, 3),
-            throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
-            validation=result.validation, **_fields(job),
-            # why a copy is unchecked (e.g. a legacy torch.save format without checksums): the user's fix
-            **({"validation_detail": result.validation_detail}
-               if result.validation != "ok" and result.validation_detail else {}),
-        )
+        # why a copy is unchecked (e.g. a legacy torch.save format without checksums): the user's fix
+        detail = result.validation_detail if result.validation != "ok" else ""
+        why = {"validation_detail": detail} if detail else {}
+        self.log.info("copy.committed", seconds=round(result.seconds, 3), throughput_mib_s=round(throughput / 2**20, 1),
+                      digest=result.digest, validation=result.validation, **_fields(job), **why)
         return result
 
     def _publish_twin(self, job: CopyJob, control: CopyControl) -> CopyResult | None:

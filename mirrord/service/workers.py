@@ -271,10 +271,8 @@ class WorkerPool:
             when = {"will_retry": True, "retry": "next_rescan", "retry_in_seconds": policy.rescan_seconds}
         else:
             when = {"will_retry": False, "retry": "never"}
-        self.log.warning(
-            "copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
-            cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when,
-        )
+        self.log.warning("copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
+                         cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when)
         if retry:
             self.queue.release_for_retry(entry, delay)
         elif outcome.transient and not replan:

@@ -14,8 +14,6 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from collections.abc import MutableMapping
-
     from structlog.typing import FilteringBoundLogger
 
 # The values of logging.DEBUG ... logging.ERROR (this module does not import logging for them).
@@ -74,7 +72,7 @@ def _apply() -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            _plain_values,
+            lambda _logger, _name, event: _plain(dict(event)),  # see _plain
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -83,13 +81,9 @@ def _apply() -> None:
     )
 
 
-def _plain_values(_logger: object, _name: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
+def _plain(value: Any) -> Any:
     """Enum members as their values, in dicts and lists too: a console shows `skipped={'recent_mtime': 4}`,
     not `<Veto.RECENT_MTIME: 'recent_mtime'>`."""
-    return {key: _plain(value) for key, value in event.items()}
-
-
-def _plain(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, dict):

@@ -105,9 +105,7 @@ class JobQueue:
 
     def release_for_retry(self, entry: QueuedJob, delay: float) -> None:
         """Queue `entry` again as its next attempt, due in `delay` seconds."""
-        with self._cond:
-            self._paths.pop(entry.job.rel, None)
-            self._big_active.discard(entry.job.rel)
+        self.done(entry.job.rel)
         self.put(entry.job, entry.attempt + 1, delay, entry.first_seen)
 
     def paths(self) -> frozenset[str]:

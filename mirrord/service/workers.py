@@ -62,8 +62,7 @@ def lower_thread_priority(ionice: str, cpu_nice: int, cpu_policy: str, log: Filt
 class _Worker:
     name: str
     thread: threading.Thread | None = None
-    entry: QueuedJob | None = None
-    control: CopyControl | None = None
+    copying: tuple[QueuedJob, CopyControl] | None = None  # the job it copies now, and that copy's control
     retiring: bool = False
     abandoned: bool = False
 
@@ -154,9 +153,9 @@ class WorkerPool:
         with self._lock:
             workers = list(self._workers)
         for worker in workers:
-            control, entry = worker.control, worker.entry
-            if control is None or entry is None:
+            if worker.copying is None:
                 continue
+            entry, control = worker.copying
             idle = now - control.last_progress
             if idle >= stall_seconds and not worker.abandoned:
                 job = entry.job
@@ -189,13 +188,13 @@ class WorkerPool:
     def _busy(self) -> bool:
         """Whether more copies are coming soon: a job being copied, or one ready to be."""
         with self._lock:
-            copying = any(w.entry is not None for w in self._workers if not w.abandoned)
+            copying = any(w.copying is not None for w in self._workers if not w.abandoned)
         return copying or self.queue.has_ready()
 
     def active_controls(self) -> list[CopyControl]:
         """The controls of the copies running now (to cancel them)."""
         with self._lock:
-            return [w.control for w in self._workers if w.control is not None]
+            return [w.copying[1] for w in self._workers if w.copying is not None]
 
     # -- the worker loop ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
@@ -207,7 +206,7 @@ class WorkerPool:
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:
-                worker.entry, worker.control = entry, control
+                worker.copying = (entry, control)
             try:
                 outcome: CopyResult | StagedCopy | MirrordError = self.copy_fn(entry.job, control)
                 if isinstance(outcome, StagedCopy) and self.commits is None:
@@ -218,7 +217,7 @@ class WorkerPool:
                 self.log.exception("worker.crashed_job", path=entry.job.rel)
                 outcome = MirrordError(entry.job.rel, f"internal error: {exc!r}")
             with self._lock:
-                worker.entry = worker.control = None
+                worker.copying = None
                 abandoned = worker.abandoned
             if abandoned:
                 if isinstance(outcome, StagedCopy):  # its retry publishes it again: never recorded from here

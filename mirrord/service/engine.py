@@ -114,9 +114,8 @@ class Engine:
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
         """A folder unit copied and published whole (its parent fsynced: units are not grouped); its record
         left to commit()."""
-        drop_old = functools.partial(self._drop_old_unit, job)
         results = self._with_room(job, options, control, lambda: copy_unit(
-            self.primary_root, job, self.mirror, options, control, drop_old))
+            self.primary_root, job, self.mirror, options, control, functools.partial(self._drop_old_unit, job)))
         return StagedCopy(job, _unit_result(job, results), [self._entry(job, r) for r in results], DirSyncs())
 
     def _entry(self, job: CopyJob, result: CopyResult) -> ManifestEntry:

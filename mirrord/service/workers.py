@@ -209,8 +209,6 @@ class WorkerPool:
                 worker.copying = (entry, control)
             try:
                 outcome: CopyResult | StagedCopy | MirrordError = self.copy_fn(entry.job, control)
-                if isinstance(outcome, StagedCopy) and self.commits is None:
-                    raise TypeError("a staged copy, but the pool has no commit stage")
             except MirrordError as exc:
                 outcome = exc
             except Exception as exc:  # a bug must not kill the pool silently: log it, count it, go on
@@ -224,7 +222,7 @@ class WorkerPool:
                     outcome.dirs.close()
                 self.log.info("copy.abandoned_returned", path=entry.job.rel, outcome=type(outcome).__name__)
                 return
-            if isinstance(outcome, StagedCopy):
+            if isinstance(outcome, StagedCopy):  # a copy_fn that stages is given a `commit` (the daemon's, copy_all's)
                 assert self.commits is not None
                 self.commits.submit(entry, outcome, control)  # the path stays reserved until committed
             else:
@@ -292,14 +290,12 @@ def copy_all(engine: Engine, jobs: list[CopyJob], workers: int,
         return {}
     queue.keep_lane_for_small(engine.config.copy.small_file_bytes, min(workers, len(wanted)))
     outcomes: dict[str, CopyResult | MirrordError] = {}
-    lock = threading.Lock()
     all_done = threading.Event()
 
     def on_done(job: CopyJob, outcome: CopyResult | MirrordError) -> None:
-        with lock:
-            outcomes[job.rel] = outcome
-            if wanted <= outcomes.keys():
-                all_done.set()
+        outcomes[job.rel] = outcome  # every job is wanted, and one item set is atomic
+        if len(outcomes) == len(wanted):
+            all_done.set()
 
     io = engine.config.io
     pool = WorkerPool(engine.stage, queue, min(workers, len(wanted)), commit=engine.commit,

@@ -121,9 +121,6 @@ def _progress(t: _Tracked, now: float) -> CopyProgress:
 
 def log_progress(board: ProgressBoard, log: FilteringBoundLogger) -> None:
     """Log `copy.progress` for each copy that has run PROGRESS_LOG_SECONDS since its last report."""
-    for p in board.due_for_log():
-        eta = p.eta_seconds
-        log.info("copy.progress", path=p.path, run=p.run, step=p.step, size=p.size,
-                 bytes_done=p.bytes_done, percent=round(100 * p.fraction, 1),
-                 rate_mib_s=round(p.rate / 2**20, 1), eta_seconds=None if eta is None else round(eta),
-                 seconds=round(p.elapsed_seconds, 1))
+    for p in board.due_for_log():  # the fields of /status's copies, and a person's units
+        log.info("copy.progress", **p.to_dict(), percent=round(100 * p.fraction, 1),
+                 rate_mib_s=round(p.rate / 2**20, 1), seconds=round(p.elapsed_seconds, 1))

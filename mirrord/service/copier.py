@@ -153,11 +153,9 @@ def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyO
         where = mirror.describe(rel)
         space = mirror.space()  # None: the store does not know (an object store), nothing to check
         if space is not None and space[0] < before.st_size + options.reserve_bytes:
-            raise NoSpaceError(
-                where,
-                f"mirror has {bytes_both(space[0])} free; needs {bytes_both(before.st_size)} "
-                f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
-            )
+            raise NoSpaceError(where, f"mirror has {bytes_both(space[0])} free; needs {bytes_both(before.st_size)} "
+                                      f"plus the reserve of {bytes_both(options.reserve_bytes)} "
+                                      "(copy.free_space_reserve_bytes)")
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
         validator = new_validator(rel, src_fd) if options.validate else None
         digest = _stream(src_fd, before, upload, options, control, src_path, validator)
@@ -210,9 +208,8 @@ def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_
     try:
         now = lstat_beneath(primary_root, rel)
     except OSError as exc:
-        raise SourceChangedError(
-            src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
-        ) from exc
+        raise SourceChangedError(src_path, f"gone while it was being copied ({exc.strerror or exc}); "
+                                           "copy discarded") from exc
     if now is None:
         raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the trainer); "
                                         "copy discarded")

@@ -3,6 +3,7 @@ failed attempt is the caller's (the worker pool's retry policy, or `sync`'s next
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -144,7 +145,7 @@ class Engine:
             if merged.puts:  # this write made it whole (else another node's had, with these very bytes)
                 self.log.info("unit.completed", path=job.rel, run=job.run or ".", step=job.step, node=node,
                               files=len(merged.puts), why=verdict.why)
-            return self._committed(StagedCopy(job, result, list(entries.values()), DirSyncs()))
+            return self._committed(job, result)
         self.count("ok")
         if self.metrics is not None:
             self.metrics.copied_bytes.inc(result.size)
@@ -188,16 +189,15 @@ class Engine:
             return [exc] * len(batch)
         finally:
             dirs.close()
-        return [self._committed(staged) for staged in batch]
+        return [self._committed(staged.job, staged.result) for staged in batch]
 
     def count(self, result: str) -> None:
         """Count one copy outcome (mirrord_copies_total), when metrics are kept."""
         if self.metrics is not None:
             self.metrics.copy_result(result)
 
-    def _committed(self, staged: StagedCopy) -> CopyResult:
+    def _committed(self, job: CopyJob, result: CopyResult) -> CopyResult:
         """Count and log one copy that is durable and recorded."""
-        job, result = staged.job, staged.result
         throughput = result.size / result.seconds if result.seconds > 0 else 0.0
         m = self.metrics
         if m is not None:
@@ -205,7 +205,7 @@ class Engine:
             m.copied_bytes.inc(result.size)
             m.copy_duration.observe(result.seconds)
             m.copy_throughput.set(throughput)
-            m.last_timestamp.set(staged.entries[0].mirrored_at)
+            m.last_timestamp.set(self.wall())
             if job.step is not None:
                 label = m.run_label(job.run)
                 self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
@@ -259,17 +259,16 @@ class Engine:
             seen = matched.get(entry.path)
             try:
                 now = (self.primary_root / entry.path).stat(follow_symlinks=False)
-                fresh = seen is None or seen[:2] != (now.st_size, now.st_mtime_ns)
             except OSError:
-                fresh = True  # hash_source names what is wrong with it
-            if fresh:
+                seen = None  # hash_source names what is wrong with it
+            if seen is None or seen[:2] != (now.st_size, now.st_mtime_ns):
                 before, digest = hash_source(self.primary_root, entry.path, replace(self.options, algo=entry.algo),
                                              control)
                 seen = matched[entry.path] = (before.st_size, before.st_mtime_ns, digest)
                 if digest != entry.digest:
                     self.log.error("copy.node_conflict", path=entry.path, node=self.mirror.node,
                                    recorded_by=entry.node, size=before.st_size, recorded_size=entry.size)
-            if seen is not None and seen[2] != entry.digest:
+            if seen[2] != entry.digest:
                 raise NodeConflictError(self.mirror.describe(entry.path), f"node {entry.node} recorded it with "
                                         f"other bytes than node {self.mirror.node}'s file: not uploaded over it")
         if not theirs or len(theirs) < len(job.paths):
@@ -333,11 +332,10 @@ class Engine:
         of a mirror without inodes (an object store: it would be one more request per file for nothing)."""
         if not self.mirror.has_inodes:
             return entry
-        try:
-            state = self.mirror.stat(entry.path)
-        except (OSError, UnsafePathError):
-            state = None
-        return entry if state is None else replace(entry, mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns)
+        with contextlib.suppress(OSError, UnsafePathError):
+            if (state := self.mirror.stat(entry.path)) is not None:
+                return replace(entry, mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns)
+        return entry
 
 
 @dataclass

@@ -52,12 +52,9 @@ class JobQueue:
         """The most urgent ready job a worker may take now: a big one only while a big slot is free."""
         if len(self._big_active) < self._big_slots or not self._small_bytes:
             entry = heapq.heappop(self._ready) if self._ready else None
-        else:
-            small = [e for e in self._ready if not self._is_big(e.job)]
-            entry = min(small) if small else None
-            if entry is not None:
-                self._ready.remove(entry)
-                heapq.heapify(self._ready)
+        elif (entry := min((e for e in self._ready if not self._is_big(e.job)), default=None)) is not None:
+            self._ready.remove(entry)
+            heapq.heapify(self._ready)
         if entry is not None and self._is_big(entry.job):
             self._big_active.add(entry.job.rel)
         return entry

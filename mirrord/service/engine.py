@@ -121,13 +121,9 @@ class Engine:
 
     def _entry(self, job: CopyJob, result: CopyResult) -> ManifestEntry:
         """The manifest entry of one copy (its published copy's identity is added by commit())."""
-        return ManifestEntry(
-            path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
-            source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
-            mirror_mtime_ns=result.mirror_mtime_ns,
-            validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
-            node=self.mirror.node,
-        )
+        validation = RENAMED if job.committed and result.validation == UNCHECKED else result.validation
+        return ManifestEntry(result.rel, result.size, result.algo, result.digest, result.source_mtime_ns, job.step,
+                             self.wall(), result.mirror_mtime_ns, validation, node=self.mirror.node)
 
     def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
@@ -227,9 +223,7 @@ class Engine:
             return None
         started = time.monotonic()
         before, digest = hash_source(self.primary_root, job.rel, self.options, control)
-        for twin in twins:
-            if (twin.size, twin.digest) != (before.st_size, digest):
-                continue
+        for twin in (t for t in twins if (t.size, t.digest) == (before.st_size, digest)):
             stored = twin.mirror_mtime_ns if twin.mirror_mtime_ns is not None else twin.source_mtime_ns
             state = self.mirror.clone(twin.path, job.rel, FileState(twin.path, twin.size, stored, twin.mirror_ino))
             if state is None:
@@ -313,8 +307,7 @@ class Engine:
         """Before a folder unit is published again (changed, or published but never recorded): its old
         manifest entries go first, so the manifest never vouches for files that are gone; then, unless
         the commit swaps the new copy in itself (`replaces`), the old folder with what is in it."""
-        prefix = job.rel + "/"
-        old = [rel for rel in self.manifest.entries if rel.startswith(prefix)]
+        old = [rel for rel in self.manifest.entries if rel.startswith(job.rel + "/")]
         if old:
             self.manifest.apply(removes=old)
         state = self.mirror.stat(job.rel)

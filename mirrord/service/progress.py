@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,15 +71,15 @@ class ProgressBoard:
     """The copies under way in this process. Thread-safe; copies register for their own duration."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock, self._lock, self._ids = clock, threading.Lock(), itertools.count()
-        self._copies: dict[int, _Tracked] = {}
+        self._clock, self._lock = clock, threading.Lock()
+        self._copies: dict[object, _Tracked] = {}  # by a key of each copy's own
 
     @contextlib.contextmanager
     def track(self, job: CopyJob, control: CopyControl) -> Iterator[int]:
         """Show `job` on the board while the block runs; yields the bytes of the other copies under way
         then (all promised to the mirror)."""
         now = self._clock()
-        key = next(self._ids)
+        key = object()
         with self._lock:
             others = sum(t.job.size for t in self._copies.values())
             self._copies[key] = _Tracked(job, control, now, now)
@@ -105,13 +104,11 @@ class ProgressBoard:
     def due_for_log(self, every: float = PROGRESS_LOG_SECONDS) -> list[CopyProgress]:
         """Copies not reported for `every` seconds (the first report after `every` seconds of copying)."""
         now = self._clock()
-        due = []
         with self._lock:
-            for t in self._copies.values():
-                if now - t.logged >= every:
-                    t.logged = now
-                    due.append(_progress(t, now))
-        return due
+            due = [t for t in self._copies.values() if now - t.logged >= every]
+            for t in due:
+                t.logged = now
+        return [_progress(t, now) for t in due]
 
 
 def _progress(t: _Tracked, now: float) -> CopyProgress:

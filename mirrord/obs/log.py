@@ -14,7 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
+    from structlog.typing import FilteringBoundLogger, Processor
 
 # The values of logging.DEBUG ... logging.ERROR (this module does not import logging for them).
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -66,19 +66,13 @@ def _apply() -> None:
     _pending = None
     renderer = (structlog.dev.ConsoleRenderer(colors=colors) if use_console
                 else structlog.processors.JSONRenderer(sort_keys=False))
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            lambda _logger, _name, event: _plain(dict(event)),  # see _plain
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
-        cache_logger_on_first_use=False,
-    )
+    processors: list[Processor] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                                   structlog.processors.TimeStamper(fmt="iso", utc=True),
+                                   structlog.processors.format_exc_info,
+                                   lambda _logger, _name, event: _plain(dict(event)), renderer]  # see _plain
+    structlog.configure(processors=processors, wrapper_class=structlog.make_filtering_bound_logger(level),
+                        logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
+                        cache_logger_on_first_use=False)
 
 
 def _plain(value: Any) -> Any:

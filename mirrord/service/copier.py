@@ -257,7 +257,11 @@ def _stream(src_fd: int, before: os.stat_result, upload: Upload | None, options:
                 control.check(src_path)
                 if len(in_flight) == len(buffers):
                     in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
-                if not (n := _read(src_fd, buf, src_path)):
+                try:
+                    n = os.readv(src_fd, [buf])
+                except OSError as exc:
+                    raise from_oserror(src_path, exc, "read source") from exc
+                if not n:
                     break
                 chunk = memoryview(buf)[:n]
                 in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, copied, data, failed))
@@ -326,10 +330,3 @@ def release_thread_buffers() -> None:
     """Give the calling thread's copy buffers back (a worker with nothing to do)."""
     _BUFFERS.pair = None
 
-
-def _read(src_fd: int, buf: bytearray, src_path: Path) -> int:
-    """One read of the source into `buf`; its error names the source."""
-    try:
-        return os.readv(src_fd, [buf])
-    except OSError as exc:
-        raise from_oserror(src_path, exc, "read source") from exc

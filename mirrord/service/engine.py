@@ -348,7 +348,6 @@ def _fields(job: CopyJob) -> dict[str, Any]:
 
 def _unit_result(job: CopyJob, results: list[CopyResult]) -> CopyResult:
     """One folder unit's copies, summed for the log line and the metrics."""
-    ok = all(r.validation == "ok" for r in results)
     return CopyResult(job.rel, sum(r.size for r in results), results[0].algo if results else "",
                       f"{len(results)} files", job.mtime_ns, sum(r.seconds for r in results), None,
-                      "ok" if ok else "unchecked", f"{len(results)} files")
+                      "ok" if all(r.validation == "ok" for r in results) else "unchecked", f"{len(results)} files")

@@ -86,12 +86,9 @@ class WorkerPool:
         self.retry = retry  # swapped whole by a reload
         self.on_done, self.on_stalled = on_done, on_stalled
         self.priority = (ionice, cpu_nice, cpu_policy)
-        self._lock = threading.Lock()
         self._workers: list[_Worker] = []
-        self._names = itertools.count(1)
-        self._stopping = threading.Event()
-        self._cancel_why = ""
-        self.log = get_logger()
+        self._lock, self._names, self._stopping = threading.Lock(), itertools.count(1), threading.Event()
+        self._cancel_why, self.log = "", get_logger()  # why stop() cancels copies, for their copy.aborted
         self.commits = None if commit is None else CommitStage(commit, self._finish_safely, self._busy)
         self.resize(size)
 

@@ -23,22 +23,14 @@ TEMP_SUFFIXES = (".part", ".tmp")  # never a finished name (ours, and the usual 
 
 
 
-def name_suffixes(patterns: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The suffixes `*.pt`-style patterns select (`name.endswith(suffixes)` is their whole test), or None
-    when a pattern is anything else."""
-    if patterns and all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
-        return tuple(p[1:] for p in patterns)
-    return None
-
-
 @functools.lru_cache(maxsize=64)
 def name_matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
     """All patterns as one test, true for a match (fnmatchcase semantics), which a scan of 1,000,000 files
     feels: `*.pt`-style patterns as one suffix test, others as one compiled regex."""
     if not patterns:
         return lambda name: False
-    suffixes = name_suffixes(patterns)
-    if suffixes is not None:
+    if all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
+        suffixes = tuple(p[1:] for p in patterns)
         return lambda name: name.endswith(suffixes)
     return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
 
@@ -56,9 +48,7 @@ UnitKind = Literal["file", "folder"]
 Rule = Literal["settle", "marker", "dcp", "hf", "hf_model", "accelerate", "deepspeed"]
 
 HF_STATE = "trainer_state.json"
-DEEPSPEED_TAG = "latest"
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
-LIGHTNING_LAST = "last.ckpt"
 
 
 @dataclass(frozen=True)
@@ -163,6 +153,17 @@ class Layout:
         return lines
 
 
+# The layouts whose names are fixed: kind, patterns, step pattern, rule, marker, aliases, tag file.
+_FIXED: dict[str, tuple[UnitKind, tuple[str, ...], str, Rule, str, tuple[str, ...], str]] = {
+    "lightning": ("file", ("*.ckpt",), r"step=(\d+)", "settle", "", ("last.ckpt",), ""),
+    "hf": ("folder", ("checkpoint-[0-9]*",), r"^checkpoint-(\d+)$", "hf", "", (), ""),
+    "dcp": ("folder", ("step_[0-9]*", "step-[0-9]*"), r"^step[_-](\d+)$", "dcp", "", (), ""),
+    "deepspeed": ("folder", ("global_step[0-9]*",), r"^global_step(\d+)$", "deepspeed", "", (), "latest"),
+    "accelerate": ("folder", ("checkpoint_[0-9]*",), r"^checkpoint_(\d+)$", "accelerate", "", (), ""),
+    "megatron": ("folder", ("iter_[0-9]*",), r"^iter_(\d+)$", "deepspeed", "", (), MEGATRON_TRACKER),
+}
+
+
 @functools.lru_cache(maxsize=32)
 def layout_for(
     name: str,
@@ -173,29 +174,17 @@ def layout_for(
 ) -> Layout:
     """The Layout called `name`. `patterns`, `step_pattern`, `unit` and `complete_marker` are the
     config's: used by "torch" (patterns, step_pattern) and "custom" (all four), fixed by the others."""
+    if name in _FIXED:
+        return Layout(name, *_FIXED[name])
     if name == "torch":
         return Layout("torch", "file", patterns, step_pattern)
-    if name == "lightning":
-        return Layout("lightning", "file", ("*.ckpt",), r"step=(\d+)", aliases=(LIGHTNING_LAST,))
-    if name == "hf":
-        return Layout("hf", "folder", ("checkpoint-[0-9]*",), r"^checkpoint-(\d+)$", rule="hf")
-    if name == "dcp":
-        return Layout("dcp", "folder", ("step_[0-9]*", "step-[0-9]*"), r"^step[_-](\d+)$", rule="dcp")
-    if name == "deepspeed":
-        return Layout("deepspeed", "folder", ("global_step[0-9]*",), r"^global_step(\d+)$", rule="deepspeed",
-                      tag_file=DEEPSPEED_TAG)
     if name == "hf_model":
         custom = patterns != ("*.pt",)
         return Layout("hf_model", "folder", patterns if custom else ("checkpoint-[0-9]*", "step_[0-9]*", "step-[0-9]*"),
                       step_pattern if step_pattern != r"step_(\d+)" else r"[-_](\d+)$", rule="hf_model")
-    if name == "accelerate":
-        return Layout("accelerate", "folder", ("checkpoint_[0-9]*",), r"^checkpoint_(\d+)$", rule="accelerate")
-    if name == "megatron":
-        return Layout("megatron", "folder", ("iter_[0-9]*",), r"^iter_(\d+)$", rule="deepspeed",
-                      tag_file=MEGATRON_TRACKER)
     if name == "custom":
         rule: Rule = "marker" if complete_marker else "settle"
-        return Layout("custom", unit, patterns, step_pattern, rule=rule, complete_marker=complete_marker)
+        return Layout("custom", unit, patterns, step_pattern, rule, complete_marker)
     raise ValueError(f"unknown layout {name!r}; one of {', '.join(LAYOUTS)}")
 
 
@@ -232,13 +221,6 @@ def lookalike_name(name: str, folder_pattern: str | None = None) -> str | None:
     if folder_pattern is not None:
         return folder_pattern
     return next(("*" + s for s in _LOOKALIKE_SUFFIXES if name.endswith(s)), None)
-
-
-def lookalike(rel: str) -> str | None:
-    """The LOOKALIKES pattern a file that the layout does not select matches (it looks like a checkpoint
-    of some stack), or None."""
-    folder, _, name = rel.rpartition("/")
-    return lookalike_name(name, lookalike_folder(folder))
 
 
 def never_matching(layout: Layout) -> list[str]:

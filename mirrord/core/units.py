@@ -37,17 +37,6 @@ MAX_READ_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
-    """Where one file belongs: its unit, the unit's run and step, and the unit's role."""
-
-    unit: str
-    run: str
-    step: int | None
-    role: Role = "checkpoint"
-    kind: UnitKind = "file"
-
-
-@dataclass(frozen=True, slots=True)
 class Unit:
     """One checkpoint: a file, or a folder with all its files (sorted by path)."""
 
@@ -55,7 +44,7 @@ class Unit:
     run: str
     step: int | None
     kind: UnitKind
-    files: tuple[FileState, ...]
+    files: tuple[FileState, ...] = ()
     role: Role = "checkpoint"
 
     @property
@@ -83,8 +72,9 @@ class Unit:
         return next((f for f in self.files if f.rel == rel), None)
 
 
-def locate(rel: str, layout: Layout) -> Placement | None:
-    """The unit `rel` belongs to under `layout`, or None when the layout does not select it.
+def locate(rel: str, layout: Layout) -> Unit | None:
+    """The unit `rel` belongs to under `layout` (without its files), or None when the layout does not
+    select it.
 
     Folder layouts: the outermost path component that names a unit folder makes the unit; a file below
     a staging folder (NAME.part/) belongs to no unit. Beside the units, aliases and tag files are
@@ -99,12 +89,11 @@ def locate(rel: str, layout: Layout) -> Placement | None:
             if layout.is_unit_name(part):
                 if not layout.is_member_name(name):
                     return None
-                return Placement("/".join(parts[: i + 1]), "/".join(parts[:i]), layout.step_of(part),
-                                 "checkpoint", "folder")
+                return Unit("/".join(parts[: i + 1]), "/".join(parts[:i]), layout.step_of(part), "folder")
     if layout.is_extra_name(name):
-        return Placement(rel, dirname(rel), None, "alias" if name in layout.aliases else "tag")
+        return Unit(rel, dirname(rel), None, "file", role="alias" if name in layout.aliases else "tag")
     if not layout.folders and layout.is_unit_name(name):
-        return Placement(rel, dirname(rel), layout.step_of(name))
+        return Unit(rel, dirname(rel), layout.step_of(name), "file")
     return None
 
 
@@ -128,23 +117,19 @@ def unit_of(rel: str, layout: Layout) -> str | None:
             if layout.is_unit_name(part):
                 return "/".join(parts[: i + 1])
     place = locate(rel, layout)
-    return place.unit if place is not None else None
+    return place.rel if place is not None else None
 
 
 def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
     """Every unit of a listing, by unit path. Files the layout does not select are left out."""
     members: dict[str, list[FileState]] = {}
-    placements: dict[str, Placement] = {}
+    places: dict[str, Unit] = {}
     for state in files:
-        place = locate(state.rel, layout)
-        if place is None:
-            continue
-        placements.setdefault(place.unit, place)
-        members.setdefault(place.unit, []).append(state)
-    return {
-        rel: Unit(rel, p.run, p.step, p.kind, tuple(sorted(members[rel], key=lambda f: f.rel)), p.role)
-        for rel, p in placements.items()
-    }
+        if (place := locate(state.rel, layout)) is not None:
+            places.setdefault(place.rel, place)
+            members.setdefault(place.rel, []).append(state)
+    return {rel: dataclasses.replace(p, files=tuple(sorted(members[rel], key=lambda f: f.rel)))
+            for rel, p in places.items()}
 
 
 UnitIdentity = tuple[tuple[str, int, int, int, int], ...]
@@ -516,18 +501,3 @@ def unit_why_copy(
         return "changed"
     return None
 
-
-def unit_verified(unit: Unit, manifest: Mapping[str, ManifestEntry]) -> bool:
-    """A unit on the mirror that the manifest vouches for whole: every file recorded with its size and a
-    passing verdict, and as many files as were recorded under the folder (none missing)."""
-    if not unit.files:
-        return False
-    for state in unit.files:
-        entry = manifest.get(state.rel)
-        if entry is None or entry.size != state.size or not entry_passed(entry):
-            return False
-    if unit.kind == "folder":
-        prefix = unit.rel + "/"
-        recorded = sum(1 for rel in manifest if rel.startswith(prefix))
-        return recorded == len(unit.files)
-    return True

@@ -17,7 +17,9 @@ from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import PrunePlan
 from mirrord.core.units import group_units, unit_identity
 from mirrord.errors import UnsafePathError
+from mirrord.obs.log import get_logger
 from mirrord.service.completeness import judge, recorded_names, sharing_for
+from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import VERIFY_FAILURES, Ledger
 from mirrord.service.refusals import Refusals
@@ -31,13 +33,15 @@ class Enqueuer:
     """Plans a view (a full listing, or the files a hint or a recheck named) and queues its jobs."""
 
     def __init__(self, *, settings: Callable[[], Settings], primary: LocalVolume, mirror: Mirror,
-                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, settle: SettleTracker,
-                 observations: Observations, wall: Callable[[], float], monotonic: Callable[[], float]) -> None:
+                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, inbox: Inbox,
+                 settle: SettleTracker, observations: Observations, wall: Callable[[], float],
+                 monotonic: Callable[[], float]) -> None:
         self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
-        self.queue, self.ledger, self.refusals = queue, ledger, refusals
+        self.queue, self.ledger, self.refusals, self.inbox = queue, ledger, refusals, inbox
         self.settle, self.observations = settle, observations
         self.wall, self.monotonic = wall, monotonic
         self.unsettled: set[str] = set()
+        self.log = get_logger()
 
     @property
     def config(self) -> Config:

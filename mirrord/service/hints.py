@@ -9,14 +9,9 @@ from typing import TypeVar
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
-from mirrord.core.plan import SettleTracker
 from mirrord.core.units import unit_of
 from mirrord.errors import UnsafePathError
-from mirrord.obs.log import get_logger
 from mirrord.service.enqueue import Enqueuer
-from mirrord.service.inbox import Inbox
-from mirrord.service.ledger import Ledger
-from mirrord.service.refusals import Refusals
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
 
@@ -51,25 +46,19 @@ def _stat(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
         return None
 
 
-class Hints:
-    """Watch hints and settle rechecks, planned from the files they name."""
+class Hints(Enqueuer):
+    """The enqueuer of the main loop, which also plans watch hints and settle rechecks from the files they
+    name."""
 
-    def __init__(self, *, rules: Callable[[], Layout], primary: LocalVolume, mirror: Mirror, enqueuer: Enqueuer,
-                 ledger: Ledger, refusals: Refusals, inbox: Inbox, settle: SettleTracker,
-                 monotonic: Callable[[], float]) -> None:
-        self.rules, self.primary, self.mirror, self.enqueuer = rules, primary, mirror, enqueuer
-        self.ledger, self.refusals, self.inbox, self.settle = ledger, refusals, inbox, settle
-        self.monotonic = monotonic
-        # A settle recheck round in progress: the rules it was taken under, and what it has still to look
-        # at (file paths, or folder units with rules.folders); None between rounds.
-        self._recheck: tuple[Layout, list[str]] | None = None
-        self.log = get_logger()
+    # A settle recheck round in progress: the rules it was taken under, and what it has still to look at
+    # (file paths, or folder units with rules.folders); None between rounds.
+    _recheck: tuple[Layout, list[str]] | None = None
 
-    def drain(self) -> bool:
+    def drain_hints(self) -> bool:
         """Handle queued watcher hints for one turn (TURN_SECONDS, at least one hint; the rest stay queued
         for the next turns); returns True when a full rescan was asked for. With folder units a hint names
         the unit it lies in, and only the units named are listed and judged again."""
-        rules = self.rules()
+        rules = self.config.rules
         files: dict[str, FileState] = {}
         units: set[str] = set()
         rescan = False
@@ -106,7 +95,7 @@ class Hints:
         and queue what is whole and not mirrored: a watch event's or a settle recheck's cost is the size
         of its unit, not of the tree. A tag file is planned against the newest folder of its run, so that
         folder is listed with it."""
-        rules = self.rules()
+        rules = self.config.rules
         scope = set(units)
         for rel in units:
             if rules.is_extra_name(rel.rsplit("/", 1)[-1]):
@@ -126,24 +115,24 @@ class Hints:
                 files[rel] = state
         for msg in errors:
             self.log.error("scan.error", cause=msg)
-        entries = self.enqueuer.manifest.entries
+        entries = self.manifest.entries
         named = set(files) | {e for e in entries if e in scope or e.startswith(folders)}
         mirror_files = {rel: state for rel in named if (state := _stat(self.mirror, rel)) is not None}
         psnap = Snapshot(files, errors=tuple(errors))
-        view = self.enqueuer.view(psnap, Snapshot(mirror_files), entries, partial=True)
-        self.enqueuer.enqueue(view, psnap, partial=True, scope=scope)
+        view = self.view(psnap, Snapshot(mirror_files), entries, partial=True)
+        self.enqueue(view, psnap, partial=True, scope=scope)
 
     def _enqueue_files(self, files: dict[str, FileState]) -> None:
         mirror_files = {rel: state for rel in files if (state := self.mirror.stat(rel)) is not None}
         psnap = Snapshot(files)
-        view = self.enqueuer.view(psnap, Snapshot(mirror_files), self.enqueuer.manifest.entries, partial=True)
-        self.enqueuer.enqueue(view, psnap, partial=True)
+        view = self.view(psnap, Snapshot(mirror_files), self.manifest.entries, partial=True)
+        self.enqueue(view, psnap, partial=True)
 
     def recheck_unsettled(self) -> bool:
         """Stat the files still settling or invalid again; queue those that are ready now. One round looks
         at each of them once, one turn (TURN_SECONDS, at least one file or unit) per call: True when the
         round is done, False when the next call goes on with it."""
-        rules, unsettled = self.rules(), self.enqueuer.unsettled
+        rules, unsettled = self.config.rules, self.unsettled
         if self._recheck is None or self._recheck[0] != rules:  # a new round (or new rules: start over)
             self._recheck = (rules, self._recheck_round(rules))
         pending = self._recheck[1]
@@ -174,7 +163,7 @@ class Hints:
     def _recheck_round(self, rules: Layout) -> list[str]:
         """What a new settle recheck round looks at: the folder units still settling, or the files still
         settling or invalid (an alias among them asks for a full listing instead: it is judged from one)."""
-        unsettled = self.enqueuer.unsettled
+        unsettled = self.unsettled
         if rules.folders:
             return sorted({u for rel in unsettled if (u := unit_of(rel, rules))}, reverse=True)
         if unsettled and any(rules.is_alias(rel) for rel in unsettled):

@@ -44,8 +44,6 @@ def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes
     nodes: every file has settled, and each is one the `.metadata` lists (with the bytes it needs),
     or, on a node without the `.metadata`, each is a `*.distcp` data file. `metadata`: the bytes of
     the folder's `.metadata` (None: absent or unreadable)."""
-    if not unit.files:
-        return Completeness(False, "empty folder")
     unsettled = [f for f in unit.files if not settled(f)]
     if unsettled:
         return Completeness(False, f"still being written: {unit.member(unsettled[0].rel)}")

@@ -197,10 +197,9 @@ def reads_needed(unit: Unit, layout: Layout) -> tuple[str, ...]:
     file only up to the end of its header (mirrord.formats.safetensors_head)."""
     if unit.kind != "folder" or unit.role != "checkpoint":
         return ()
-    if layout.rule == "dcp":
-        return (f"{unit.rel}/{METADATA_NAME}",) if unit.get(METADATA_NAME) is not None else ()
-    if layout.rule == "hf":
-        return (f"{unit.rel}/{HF_STATE}",) if unit.get(HF_STATE) is not None else ()
+    state_file = {"dcp": METADATA_NAME, "hf": HF_STATE}.get(layout.rule)
+    if state_file is not None:
+        return (f"{unit.rel}/{state_file}",) if unit.get(state_file) is not None else ()
     if layout.rule == "deepspeed" and layout.tag_file:
         return (f"{unit.run}/{layout.tag_file}" if unit.run else layout.tag_file,)
     if layout.rule == "hf_model":
@@ -227,8 +226,6 @@ def completeness(
     ranks), which this one must have too.
     """
     reads = reads or {}
-    if not unit.files:
-        return Completeness(False, "empty folder")
     if unit.kind == "file" or unit.role != "checkpoint":
         ok = quiet(unit, False)
         return Completeness(ok, "settled" if ok else "still being written")

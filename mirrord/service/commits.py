@@ -117,16 +117,12 @@ class CommitStage:
                 self._committing = [p.entry.job.rel for p in batch]
                 self._cond.notify_all()  # submitters waiting for room
             try:
-                self._commit_batch(batch)
+                outcomes = self._commit([p.staged for p in batch])
+            except Exception as exc:  # a bug must not strand the batch: every copy gets an outcome
+                self.log.exception("commit.crashed", paths=[p.entry.job.rel for p in batch])
+                outcomes = [MirrordError(p.entry.job.rel, f"internal error: {exc!r}") for p in batch]
             finally:
                 with self._cond:
                     self._committing_since, self._committing = None, []
-
-    def _commit_batch(self, batch: list[_Pending]) -> None:
-        try:
-            outcomes = self._commit([p.staged for p in batch])
-        except Exception as exc:  # a bug must not strand the batch: every copy gets an outcome
-            self.log.exception("commit.crashed", paths=[p.entry.job.rel for p in batch])
-            outcomes = [MirrordError(p.entry.job.rel, f"internal error: {exc!r}") for p in batch]
-        for p, outcome in zip(batch, outcomes, strict=True):
-            self._on_committed(p.entry, outcome, p.control)
+            for p, outcome in zip(batch, outcomes, strict=True):
+                self._on_committed(p.entry, outcome, p.control)

@@ -103,11 +103,10 @@ class Hints(Enqueuer):
                              key=lambda u: -1 if (step := rules.step_of(u.rsplit("/", 1)[-1])) is None else step)
                 if newest is not None:
                     scope.add(newest)
-        folders = tuple(rel + "/" for rel in scope if not rules.is_extra_name(rel.rsplit("/", 1)[-1]))
         files: dict[str, FileState] = {}
         errors: list[str] = []
         for rel in scope:
-            if rel + "/" in folders:
+            if not rules.is_extra_name(rel.rsplit("/", 1)[-1]):
                 listed = self.primary.snapshot_unit(rel, rules)
                 files.update(listed.files)
                 errors.extend(listed.errors)
@@ -115,18 +114,19 @@ class Hints(Enqueuer):
                 files[rel] = state
         for msg in errors:
             self.log.error("scan.error", cause=msg)
+        self._enqueue_files(files, scope, tuple(errors))
+
+    def _enqueue_files(self, files: dict[str, FileState], scope: set[str] | None = None,
+                       errors: tuple[str, ...] = ()) -> None:
+        """Plan `files` alone against the mirror's copies of them, and of what the manifest records of the
+        units of `scope` (whose files these are)."""
         entries = self.manifest.entries
-        named = set(files) | {e for e in entries if e in scope or e.startswith(folders)}
+        folders = tuple(rel + "/" for rel in scope or ())
+        named = set(files) | ({e for e in entries if e in scope or e.startswith(folders)} if scope else set())
         mirror_files = {rel: state for rel in named if (state := _stat(self.mirror, rel)) is not None}
-        psnap = Snapshot(files, errors=tuple(errors))
+        psnap = Snapshot(files, errors=errors)
         view = self.view(psnap, Snapshot(mirror_files), entries, partial=True)
         self.enqueue(view, psnap, partial=True, scope=scope)
-
-    def _enqueue_files(self, files: dict[str, FileState]) -> None:
-        mirror_files = {rel: state for rel in files if (state := self.mirror.stat(rel)) is not None}
-        psnap = Snapshot(files)
-        view = self.view(psnap, Snapshot(mirror_files), self.manifest.entries, partial=True)
-        self.enqueue(view, psnap, partial=True)
 
     def recheck_unsettled(self) -> bool:
         """Stat the files still settling or invalid again; queue those that are ready now. One round looks

@@ -78,17 +78,13 @@ class Layout:
 
     def is_unit_name(self, name: str) -> bool:
         """`name` (one path component) names a unit: a checkpoint file, or a unit folder."""
-        if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
-            return False
-        return bool(self._matches(name))
+        return not name.startswith(".") and not name.endswith(TEMP_SUFFIXES) and bool(self._matches(name))
 
     def is_staging_name(self, name: str) -> bool:
         """A folder unit being published on the mirror (`checkpoint-50.part/`), or an old copy set aside
         while a new one took its name (`checkpoint-50.old.part/`)."""
-        if not self.folders or not name.endswith(".part"):
-            return False
-        base = name.removesuffix(".old.part") if name.endswith(".old.part") else name.removesuffix(".part")
-        return self.is_unit_name(base) or self.is_unit_name(name.removesuffix(".part"))
+        return self.folders and name.endswith(".part") and (
+            self.is_unit_name(name.removesuffix(".part")) or self.is_unit_name(name.removesuffix(".old.part")))
 
     def is_extra_name(self, name: str) -> bool:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""
@@ -141,11 +137,9 @@ class Layout:
                           "run's first checkpoint waits unit.settle_seconds, a guess)",
             "deepspeed": f"complete when the {self.tag_file!r} tag file names it (or a later step)",
         }
-        if not self.folders:
-            lines.append("complete when renamed into place, or unchanged for copy.settle_seconds")
-        else:
-            lines.append(rules[self.rule] + ("" if self.rule in ("settle", "dcp") else
-                                             ", and no file changed for copy.settle_seconds"))
+        lines.append("complete when renamed into place, or unchanged for copy.settle_seconds" if not self.folders
+                     else rules[self.rule] + ("" if self.rule in ("settle", "dcp") else
+                                              ", and no file changed for copy.settle_seconds"))
         if self.aliases:
             lines.append(f"aliases {list(self.aliases)}: mirrored, never counted by retention")
         if self.tag_file:

@@ -141,11 +141,6 @@ def unit_identity(files: Iterable[FileState]) -> UnitIdentity:
     return tuple(sorted((f.rel, *f.identity) for f in files))
 
 
-def stepless(units: Iterable[Unit]) -> list[Unit]:
-    """Checkpoints with no step in their name: retention can never prune them (warned once)."""
-    return [u for u in units if u.role == "checkpoint" and u.step is None]
-
-
 @dataclass(frozen=True, slots=True)
 class NamingWarning:
     """Checkpoint-like files the layout will not handle as the user likely expects; one per pattern."""
@@ -161,11 +156,8 @@ def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
     them), and files the layout does not select that look like checkpoints (never mirrored): one
     warning per file name pattern, naming the first path."""
     found: dict[tuple[str, str], NamingWarning] = {}
-    if layout.folders:
-        no_step = [unit.rel for unit in stepless(group_units(snapshot.files.values(), layout).values())]
-    else:  # each file its own unit: judged one at a time, without a Unit per file of the listing at once
-        no_step = [rel for rel in snapshot.files
-                   if (place := locate(rel, layout)) is not None and place.role == "checkpoint" and place.step is None]
+    no_step = {place.rel for rel in snapshot.files
+               if (place := locate(rel, layout)) is not None and place.role == "checkpoint" and place.step is None}
     for rel in sorted(no_step):
         pattern = layout.pattern_of(rel.rsplit("/", 1)[-1])
         found.setdefault(("no_step", pattern), NamingWarning(

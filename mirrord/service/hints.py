@@ -143,22 +143,25 @@ class Hints(Enqueuer):
             for unit in one_turn(self.monotonic, pending, pending.pop, counts=settling.__contains__,
                                  go_on=lambda: not self.refusals.blocked):
                 self._refresh_units({unit})
-            return self._recheck_done()
-        invalid = self.ledger.invalid_paths()
-        files: dict[str, FileState] = {}
-        # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
-        for rel in one_turn(self.monotonic, pending, pending.pop,
-                            counts=lambda rel: rel in unsettled or rel in invalid):
-            state = _stat(self.primary, rel)
-            if state is None or not state.is_regular:
-                unsettled.discard(rel)
-                self.ledger.forget_invalid(rel)
-                self.settle.forget(rel)
-            else:
-                files[rel] = state
-        if files:
-            self._enqueue_files(files)
-        return self._recheck_done()
+        else:
+            invalid = self.ledger.invalid_paths()
+            files: dict[str, FileState] = {}
+            # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
+            for rel in one_turn(self.monotonic, pending, pending.pop,
+                                counts=lambda rel: rel in unsettled or rel in invalid):
+                state = _stat(self.primary, rel)
+                if state is None or not state.is_regular:
+                    unsettled.discard(rel)
+                    self.ledger.forget_invalid(rel)
+                    self.settle.forget(rel)
+                else:
+                    files[rel] = state
+            if files:
+                self._enqueue_files(files)
+        if pending and not self.refusals.blocked:
+            return False  # the round goes on next call
+        self._recheck = None
+        return True
 
     def _recheck_round(self, rules: Layout) -> list[str]:
         """What a new settle recheck round looks at: the folder units still settling, or the files still
@@ -171,10 +174,3 @@ class Hints(Enqueuer):
             self.inbox.wake()
         return sorted((rel for rel in unsettled | self.ledger.invalid_paths() if not rules.is_alias(rel)),
                       reverse=True)
-
-    def _recheck_done(self) -> bool:
-        """Whether the round in progress has looked at everything (and is over)."""
-        if self._recheck is not None and self._recheck[1] and not self.refusals.blocked:
-            return False
-        self._recheck = None
-        return True

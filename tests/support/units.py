@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from mirrord.core.model import ManifestEntry, entry_passed
 from mirrord.core.units import Unit
@@ -15,3 +15,8 @@ def unit_verified(unit: Unit, manifest: Mapping[str, ManifestEntry]) -> bool:
                              for f in unit.files):
         return False
     return unit.kind != "folder" or sum(rel.startswith(unit.rel + "/") for rel in manifest) == len(unit.files)
+
+
+def stepless(units: Iterable[Unit]) -> list[Unit]:
+    """Checkpoints with no step in their name: retention can never prune them (naming_warnings warns)."""
+    return [u for u in units if u.role == "checkpoint" and u.step is None]

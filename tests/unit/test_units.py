@@ -22,10 +22,10 @@ from mirrord.core.units import (
     locate,
     naming_warnings,
     reads_needed,
-    stepless,
 )
 from mirrord.formats.dcpmeta import MetadataError, storage_references
 from mirrord.store.scan import snapshot_tree
+from tests.support.units import stepless
 
 
 def files(*spec: str | tuple[str, int]) -> list[FileState]:

@@ -67,28 +67,35 @@ def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes
     return Completeness(True, f"{len(unit.files)} file(s) settled, each listed by {METADATA_NAME}")
 
 
-def covered(unit: str, parts: Mapping[str, Contribution]) -> tuple[dict[str, ManifestEntry], Completeness]:
-    """Every file of the parts, and whether they make the whole unit: no two nodes uploaded the same path
-    with other bytes, a part holds the `.metadata`, and the parts together hold every file it lists with
-    at least the bytes it needs (as DCP's own rule on one primary)."""
+def _union(parts: Mapping[str, Contribution]) -> tuple[dict[str, ManifestEntry], str | None]:
+    """Every file of the parts, and a conflict (two nodes uploaded the same path with other bytes) if any."""
     files: dict[str, ManifestEntry] = {}
     for node in sorted(parts):
         for rel, entry in parts[node].files.items():
             if rel in files and not _same(files[rel], entry):
-                return files, Completeness(False, f"{rel} was uploaded by two nodes with other bytes")
+                return files, f"{rel} was uploaded by two nodes with other bytes"
             files[rel] = entry
+    return files, None
+
+
+def covered(unit: str, parts: Mapping[str, Contribution]) -> Completeness:
+    """Whether the parts make the whole unit: a part holds the `.metadata`, and the parts together hold
+    every file it lists with at least the bytes it needs (as DCP's own rule on one primary)."""
+    files, conflict = _union(parts)
+    if conflict is not None:
+        return Completeness(False, conflict)
     metadata = f"{unit}/{METADATA_NAME}"
     needs = next((p.needs for p in parts.values() if p.needs is not None and metadata in p.files), None)
     if needs is None:
-        return files, Completeness(False, f"no node has uploaded {METADATA_NAME} yet")
+        return Completeness(False, f"no node has uploaded {METADATA_NAME} yet")
     for member, size in sorted(needs.items()):
-        got = files.get(f"{unit}/{member}")
-        if got is None:
-            return files, Completeness(False, f"{METADATA_NAME} lists {member}, which no node has uploaded yet")
-        if got.size < size:
-            return files, Completeness(False, f"{member} has {got.size} bytes, {METADATA_NAME} needs {size}")
+        entry = files.get(f"{unit}/{member}")
+        if entry is None:
+            return Completeness(False, f"{METADATA_NAME} lists {member}, which no node has uploaded yet")
+        if entry.size < size:
+            return Completeness(False, f"{member} has {entry.size} bytes, {METADATA_NAME} needs {size}")
     nodes = ", ".join(sorted(parts))
-    return files, Completeness(True, f"{METADATA_NAME} and its {len(needs)} file(s) uploaded by {nodes}")
+    return Completeness(True, f"{METADATA_NAME} and its {len(needs)} file(s) uploaded by {nodes}")
 
 
 @dataclass(frozen=True)
@@ -130,9 +137,10 @@ def contribute(
                      and any(stored.get(rel) != e.size for rel, e in p.files.items())]:
             del parts[node]
     parts[part.node] = part
-    files, verdict = covered(unit, parts)
+    verdict = covered(unit, parts)
     if not verdict.complete:
         return Merged((), (), merged, verdict)
+    files, _conflict = _union(parts)
     prefix = unit + "/"
     removes = tuple(sorted(rel for rel in entries if rel.startswith(prefix) and rel not in files))
     del merged[unit]

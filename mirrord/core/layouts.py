@@ -106,10 +106,8 @@ class Layout:
     def step_of(self, name: str) -> int | None:
         """The step number in `name` (the step pattern's first group), or None."""
         match = self.step_regex.search(name)
-        if match is None:
-            return None
         try:
-            return int(match.group(1))
+            return int(match.group(1)) if match else None
         except (ValueError, IndexError):
             return None
 

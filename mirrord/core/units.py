@@ -236,9 +236,9 @@ def _evidence(unit: Unit, layout: Layout, reads: Mapping[str, bytes | None],
               recorded: frozenset[str] | None) -> Completeness | None:
     """What the saver's own files say (None: nothing, only a pause can tell)."""
     if layout.rule == "marker":
-        if unit.get(layout.complete_marker) is None:
-            return Completeness(False, f"no {layout.complete_marker} marker yet")
-        return Completeness(True, f"{layout.complete_marker} present")
+        present = unit.get(layout.complete_marker) is not None
+        return Completeness(present, f"{layout.complete_marker} present" if present else
+                            f"no {layout.complete_marker} marker yet")
     if layout.rule == "hf":
         return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
     if layout.rule == "deepspeed":
@@ -284,11 +284,10 @@ def _hf_complete(unit: Unit, state: bytes | None) -> Completeness:
     if state is None:
         return Completeness(False, f"{HF_STATE} could not be read")
     try:
-        parsed = json.loads(state)
+        if not isinstance(json.loads(state), dict):
+            return Completeness(False, f"{HF_STATE} is not a JSON object")
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         return Completeness(False, f"{HF_STATE} does not parse: {exc}")
-    if not isinstance(parsed, dict):
-        return Completeness(False, f"{HF_STATE} is not a JSON object")
     return Completeness(True, f"settled, {HF_STATE} parses")
 
 
@@ -395,10 +394,8 @@ def plan_unit_copies(
     unsettled: list[str] = []
     in_sync = 0
     newest: dict[str, tuple[int, bool]] = {}  # run -> (its highest step, that unit needs a copy)
-    extras: list[Unit] = []
     for rel, unit in ours.items():
         if unit.role != "checkpoint":
-            extras.append(unit)
             continue
         why = unit_why_copy(unit, theirs.get(rel), manifest, mirror.files)
         step = -1 if unit.step is None else unit.step
@@ -417,7 +414,7 @@ def plan_unit_copies(
                 jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, "part", unit.paths, part=True))
             continue
         jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths))
-    for unit in extras:
+    for unit in (u for u in ours.values() if u.role != "checkpoint"):
         src = unit.files[0]
         why = why_copy(src, manifest.get(src.rel), mirror.files.get(src.rel))
         if why is None:

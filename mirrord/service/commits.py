@@ -92,10 +92,7 @@ class CommitStage:
         kernel: a hung mount), else None."""
         with self._cond:
             since, paths = self._committing_since, list(self._committing)
-        if since is None:
-            return None
-        took = time.monotonic() - since
-        if took < stall_seconds:
+        if since is None or (took := time.monotonic() - since) < stall_seconds:
             return None
         return f"commit of {len(paths)} copies ({', '.join(paths[:3])}) under way for {took:.0f} s"
 

@@ -95,17 +95,14 @@ class Enqueuer:
             if psnap.complete:
                 rules = self.config.rules
                 units = group_units(psnap.files.values(), rules) if rules.folders else {}
-                self.ledger.keep_invalid(units if rules.folders else psnap.files)
+                self.ledger.keep_invalid(units or psnap.files)  # (a folder unit's verdict is the unit's)
                 self.settle.retain(psnap.files.keys() | units.keys() if units else psnap.files)
         self.ledger.behind(behind, not partial, self.manifest.entries)
-        queued = 0
-        for job in jobs:
-            if not self.queue.put(job):
-                continue
-            queued += 1
+        queued = [job for job in jobs if self.queue.put(job)]
+        for job in queued:
             if job.why in VERIFY_FAILURES:
                 self.ledger.damaged(job)
-        return queued
+        return len(queued)
 
     def _judged_invalid(self, job: CopyJob, psnap: Snapshot) -> bool:
         """The job's source (a file, or every file of a folder unit) is exactly what failed its validator."""

@@ -60,18 +60,16 @@ def judge(
     told: set[str] = set()
 
     def complete(unit: Unit) -> Completeness:
-        refused = not_files(volume, unit) if unit.kind == "folder" else None
-        if refused is not None:
-            if tell and unit.rel not in told:
-                told.add(unit.rel)
-                get_logger().warning("unit.not_whole", path=unit.rel, why=refused.why)
-            return refused
-        reads = {rel: read_small(volume, rel) for rel in reads_needed(unit, layout)}
-        expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
-        verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
-        if tell and not verdict.complete and unit.rel not in told and quiet(unit, False):
+        verdict = not_files(volume, unit) if unit.kind == "folder" else None
+        event = "unit.not_whole"  # (told at once)
+        if verdict is None:
+            reads = {rel: read_small(volume, rel) for rel in reads_needed(unit, layout)}
+            expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
+            verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
+            event = "unit.incomplete"  # (told once the unit has been quiet)
+        if tell and not verdict.complete and unit.rel not in told and (event == "unit.not_whole" or quiet(unit, False)):
             told.add(unit.rel)
-            get_logger().warning("unit.incomplete", path=unit.rel, why=verdict.why)
+            get_logger().warning(event, path=unit.rel, why=verdict.why)
         return verdict
 
     return complete

@@ -401,19 +401,15 @@ def plan_unit_copies(
         step = -1 if unit.step is None else unit.step
         if step >= newest.get(unit.run, (-1, False))[0]:
             newest[unit.run] = (step, why is not None)
+        if why is not None and not is_complete(unit).complete:  # not whole here: wait, or this node's part
+            share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
+            why = None if share == "in_sync" else share
         if why is None:
             in_sync += len(unit.files)
-            continue
-        if not is_complete(unit).complete:
-            share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
-            if share == "in_sync":
-                in_sync += len(unit.files)
-            elif share == "wait":
-                unsettled.append(rel)
-            else:
-                jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, "part", unit.paths, part=True))
-            continue
-        jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths))
+        elif why == "wait":
+            unsettled.append(rel)
+        else:
+            jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths, part=why == "part"))
     for unit in (u for u in ours.values() if u.role != "checkpoint"):
         src = unit.files[0]
         why = why_copy(src, manifest.get(src.rel), mirror.files.get(src.rel))
@@ -446,15 +442,10 @@ def plan_file_aliases(
             newest[unit.run] = max(unit.step, newest.get(unit.run, unit.step))
     waiting = {job.rel for job in base.jobs} | set(base.unsettled)
     pending_runs = {u.run for u in checkpoints if u.rel in waiting and u.step == newest.get(u.run)}
-    jobs: list[CopyJob] = []
-    held: list[str] = []
-    for job in base.jobs:
-        if not layout.is_alias(job.rel):
-            jobs.append(job)
-        elif job.run in pending_runs:
-            held.append(job.rel)  # the step it most likely copies is not mirrored yet
-        else:
-            jobs.append(dataclasses.replace(job, twins=twins_of(job, manifest)))
+    # held: the step an alias most likely copies is not mirrored yet
+    held = {job.rel for job in base.jobs if layout.is_alias(job.rel) and job.run in pending_runs}
+    jobs = [dataclasses.replace(job, twins=twins_of(job, manifest)) if layout.is_alias(job.rel) else job
+            for job in base.jobs if job.rel not in held]
     return CopyPlan(tuple(jobs), tuple(sorted((*base.unsettled, *held))), base.in_sync)
 
 

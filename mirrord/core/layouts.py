@@ -191,18 +191,14 @@ LOOKALIKES: dict[str, str] = {
     "*.pt": 'layout = "torch" (or "custom") with "*.pt" in patterns',
     "*.pth": 'layout = "torch" (or "custom") with "*.pth" in patterns',
 }
-_LOOKALIKE_FOLDERS = ((re.compile(r"checkpoint-\d+"), "checkpoint-N/"),
-                      (re.compile(r"global_step\d+"), "global_stepN/"))
+_LOOKALIKE_FOLDER = re.compile(r"(checkpoint-|global_step)\d+")  # LOOKALIKES' checkpoint-N/, global_stepN/
 _LOOKALIKE_SUFFIXES = (".distcp", ".ckpt", ".safetensors", ".pt", ".pth")
 
 
 def lookalike_folder(rel_dir: str) -> str | None:
     """The LOOKALIKES pattern every file below `rel_dir` matches by its folders (`checkpoint-N/`), or None."""
-    for folder in rel_dir.split("/") if rel_dir else ():
-        for regex, pattern in _LOOKALIKE_FOLDERS:
-            if regex.fullmatch(folder):
-                return pattern
-    return None
+    match = next(filter(None, map(_LOOKALIKE_FOLDER.fullmatch, rel_dir.split("/"))), None)
+    return match.group(1) + "N/" if match else None
 
 
 def lookalike_name(name: str, folder_pattern: str | None = None) -> str | None:

@@ -217,8 +217,7 @@ def never_matching(layout: Layout) -> list[str]:
     problems = []
     for pattern in layout.patterns:
         if pattern.startswith("."):
-            what = "file" if layout.kind == "file" else "folder"
-            problems.append(f"pattern {pattern!r} can never match: a {what} whose name starts with '.' is never "
+            problems.append(f"pattern {pattern!r} can never match: a {layout.kind} whose name starts with '.' is never "
                             f"a checkpoint in layout {layout.name!r} (hidden names are skipped)")
         elif pattern.endswith(TEMP_SUFFIXES):
             problems.append(f"pattern {pattern!r} can never match: names ending in {' or '.join(TEMP_SUFFIXES)} "

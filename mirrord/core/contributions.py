@@ -44,8 +44,6 @@ def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes
     nodes: every file has settled, and each is one the `.metadata` lists (with the bytes it needs),
     or, on a node without the `.metadata`, each is a `*.distcp` data file. `metadata`: the bytes of
     the folder's `.metadata` (None: absent or unreadable)."""
-    if not unit.files:
-        return Completeness(False, "empty folder")
     unsettled = [f for f in unit.files if not settled(f)]
     if unsettled:
         return Completeness(False, f"still being written: {unit.member(unsettled[0].rel)}")
@@ -74,8 +72,7 @@ def _union(parts: Mapping[str, Contribution]) -> tuple[dict[str, ManifestEntry],
     files: dict[str, ManifestEntry] = {}
     for node in sorted(parts):
         for rel, entry in parts[node].files.items():
-            seen = files.get(rel)
-            if seen is not None and (seen.size, seen.algo, seen.digest) != (entry.size, entry.algo, entry.digest):
+            if rel in files and not _same(files[rel], entry):
                 return files, f"{rel} was uploaded by two nodes with other bytes"
             files[rel] = entry
     return files, None
@@ -151,23 +148,9 @@ def contribute(
 
 
 def _same(recorded: ManifestEntry | None, entry: ManifestEntry) -> bool:
+    """The same bytes: size and content hash."""
     return recorded is not None and (recorded.size, recorded.algo, recorded.digest) == (entry.size, entry.algo,
                                                                                          entry.digest)
-
-
-def part_in_sync(unit: Unit, part: Contribution | None, mirror_files: Mapping[str, FileState]) -> bool:
-    """This node's recorded contribution is exactly its files as they are now (same paths, sizes and
-    mtimes), and each is still on the mirror: nothing of its share left to upload."""
-    if part is None or set(part.files) != set(unit.paths):
-        return False
-    for state in unit.files:
-        entry = part.files[state.rel]
-        if (entry.size, entry.source_mtime_ns) != (state.size, state.mtime_ns):
-            return False
-        stored = mirror_files.get(state.rel)
-        if stored is None or stored.size != entry.size:
-            return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -184,6 +167,11 @@ class Sharing:
         uploaded as this node's part (part), or not done here yet (wait)."""
         if unit.kind != "folder" or unit.role != "checkpoint":
             return "wait"
-        if part_in_sync(unit, self.contributions.get(unit.rel, {}).get(self.node), mirror_files):
+        # In sync: the recorded part is exactly this node's files as they are now (same paths, sizes and
+        # mtimes), each still on the mirror with its size.
+        part = self.contributions.get(unit.rel, {}).get(self.node)
+        if part is not None and set(part.files) == set(unit.paths) and all(
+                (part.files[f.rel].size, part.files[f.rel].source_mtime_ns) == (f.size, f.mtime_ns)
+                and (stored := mirror_files.get(f.rel)) is not None and stored.size == f.size for f in unit.files):
             return "in_sync"
         return "part" if self.part_done(unit).complete else "wait"

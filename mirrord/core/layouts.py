@@ -23,22 +23,14 @@ TEMP_SUFFIXES = (".part", ".tmp")  # never a finished name (ours, and the usual 
 
 
 
-def name_suffixes(patterns: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The suffixes `*.pt`-style patterns select (`name.endswith(suffixes)` is their whole test), or None
-    when a pattern is anything else."""
-    if patterns and all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
-        return tuple(p[1:] for p in patterns)
-    return None
-
-
 @functools.lru_cache(maxsize=64)
 def name_matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
     """All patterns as one test, true for a match (fnmatchcase semantics), which a scan of 1,000,000 files
     feels: `*.pt`-style patterns as one suffix test, others as one compiled regex."""
     if not patterns:
         return lambda name: False
-    suffixes = name_suffixes(patterns)
-    if suffixes is not None:
+    if all(p.startswith("*") and not any(c in p[1:] for c in "*?[") for p in patterns):
+        suffixes = tuple(p[1:] for p in patterns)
         return lambda name: name.endswith(suffixes)
     return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
 
@@ -56,9 +48,7 @@ UnitKind = Literal["file", "folder"]
 Rule = Literal["settle", "marker", "dcp", "hf", "hf_model", "accelerate", "deepspeed"]
 
 HF_STATE = "trainer_state.json"
-DEEPSPEED_TAG = "latest"
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
-LIGHTNING_LAST = "last.ckpt"
 
 
 @dataclass(frozen=True)
@@ -88,17 +78,13 @@ class Layout:
 
     def is_unit_name(self, name: str) -> bool:
         """`name` (one path component) names a unit: a checkpoint file, or a unit folder."""
-        if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
-            return False
-        return bool(self._matches(name))
+        return not name.startswith(".") and not name.endswith(TEMP_SUFFIXES) and bool(self._matches(name))
 
     def is_staging_name(self, name: str) -> bool:
         """A folder unit being published on the mirror (`checkpoint-50.part/`), or an old copy set aside
         while a new one took its name (`checkpoint-50.old.part/`)."""
-        if not self.folders or not name.endswith(".part"):
-            return False
-        base = name.removesuffix(".old.part") if name.endswith(".old.part") else name.removesuffix(".part")
-        return self.is_unit_name(base) or self.is_unit_name(name.removesuffix(".part"))
+        return self.folders and name.endswith(".part") and (
+            self.is_unit_name(name.removesuffix(".part")) or self.is_unit_name(name.removesuffix(".old.part")))
 
     def is_extra_name(self, name: str) -> bool:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""
@@ -120,10 +106,8 @@ class Layout:
     def step_of(self, name: str) -> int | None:
         """The step number in `name` (the step pattern's first group), or None."""
         match = self.step_regex.search(name)
-        if match is None:
-            return None
         try:
-            return int(match.group(1))
+            return int(match.group(1)) if match else None
         except (ValueError, IndexError):
             return None
 
@@ -151,16 +135,25 @@ class Layout:
                           "run's first checkpoint waits unit.settle_seconds, a guess)",
             "deepspeed": f"complete when the {self.tag_file!r} tag file names it (or a later step)",
         }
-        if not self.folders:
-            lines.append("complete when renamed into place, or unchanged for copy.settle_seconds")
-        else:
-            lines.append(rules[self.rule] + ("" if self.rule in ("settle", "dcp") else
-                                             ", and no file changed for copy.settle_seconds"))
+        lines.append("complete when renamed into place, or unchanged for copy.settle_seconds" if not self.folders
+                     else rules[self.rule] + ("" if self.rule in ("settle", "dcp") else
+                                              ", and no file changed for copy.settle_seconds"))
         if self.aliases:
             lines.append(f"aliases {list(self.aliases)}: mirrored, never counted by retention")
         if self.tag_file:
             lines.append(f"tag file {self.tag_file!r}: mirrored after the folder it names")
         return lines
+
+
+# The layouts whose names are fixed: kind, patterns, step pattern, rule, marker, aliases, tag file.
+_FIXED: dict[str, tuple[UnitKind, tuple[str, ...], str, Rule, str, tuple[str, ...], str]] = {
+    "lightning": ("file", ("*.ckpt",), r"step=(\d+)", "settle", "", ("last.ckpt",), ""),
+    "hf": ("folder", ("checkpoint-[0-9]*",), r"^checkpoint-(\d+)$", "hf", "", (), ""),
+    "dcp": ("folder", ("step_[0-9]*", "step-[0-9]*"), r"^step[_-](\d+)$", "dcp", "", (), ""),
+    "deepspeed": ("folder", ("global_step[0-9]*",), r"^global_step(\d+)$", "deepspeed", "", (), "latest"),
+    "accelerate": ("folder", ("checkpoint_[0-9]*",), r"^checkpoint_(\d+)$", "accelerate", "", (), ""),
+    "megatron": ("folder", ("iter_[0-9]*",), r"^iter_(\d+)$", "deepspeed", "", (), MEGATRON_TRACKER),
+}
 
 
 @functools.lru_cache(maxsize=32)
@@ -173,29 +166,17 @@ def layout_for(
 ) -> Layout:
     """The Layout called `name`. `patterns`, `step_pattern`, `unit` and `complete_marker` are the
     config's: used by "torch" (patterns, step_pattern) and "custom" (all four), fixed by the others."""
+    if name in _FIXED:
+        return Layout(name, *_FIXED[name])
     if name == "torch":
         return Layout("torch", "file", patterns, step_pattern)
-    if name == "lightning":
-        return Layout("lightning", "file", ("*.ckpt",), r"step=(\d+)", aliases=(LIGHTNING_LAST,))
-    if name == "hf":
-        return Layout("hf", "folder", ("checkpoint-[0-9]*",), r"^checkpoint-(\d+)$", rule="hf")
-    if name == "dcp":
-        return Layout("dcp", "folder", ("step_[0-9]*", "step-[0-9]*"), r"^step[_-](\d+)$", rule="dcp")
-    if name == "deepspeed":
-        return Layout("deepspeed", "folder", ("global_step[0-9]*",), r"^global_step(\d+)$", rule="deepspeed",
-                      tag_file=DEEPSPEED_TAG)
     if name == "hf_model":
         custom = patterns != ("*.pt",)
         return Layout("hf_model", "folder", patterns if custom else ("checkpoint-[0-9]*", "step_[0-9]*", "step-[0-9]*"),
                       step_pattern if step_pattern != r"step_(\d+)" else r"[-_](\d+)$", rule="hf_model")
-    if name == "accelerate":
-        return Layout("accelerate", "folder", ("checkpoint_[0-9]*",), r"^checkpoint_(\d+)$", rule="accelerate")
-    if name == "megatron":
-        return Layout("megatron", "folder", ("iter_[0-9]*",), r"^iter_(\d+)$", rule="deepspeed",
-                      tag_file=MEGATRON_TRACKER)
     if name == "custom":
         rule: Rule = "marker" if complete_marker else "settle"
-        return Layout("custom", unit, patterns, step_pattern, rule=rule, complete_marker=complete_marker)
+        return Layout("custom", unit, patterns, step_pattern, rule, complete_marker)
     raise ValueError(f"unknown layout {name!r}; one of {', '.join(LAYOUTS)}")
 
 
@@ -210,18 +191,14 @@ LOOKALIKES: dict[str, str] = {
     "*.pt": 'layout = "torch" (or "custom") with "*.pt" in patterns',
     "*.pth": 'layout = "torch" (or "custom") with "*.pth" in patterns',
 }
-_LOOKALIKE_FOLDERS = ((re.compile(r"checkpoint-\d+"), "checkpoint-N/"),
-                      (re.compile(r"global_step\d+"), "global_stepN/"))
+_LOOKALIKE_FOLDER = re.compile(r"(checkpoint-|global_step)\d+")  # LOOKALIKES' checkpoint-N/, global_stepN/
 _LOOKALIKE_SUFFIXES = (".distcp", ".ckpt", ".safetensors", ".pt", ".pth")
 
 
 def lookalike_folder(rel_dir: str) -> str | None:
     """The LOOKALIKES pattern every file below `rel_dir` matches by its folders (`checkpoint-N/`), or None."""
-    for folder in rel_dir.split("/") if rel_dir else ():
-        for regex, pattern in _LOOKALIKE_FOLDERS:
-            if regex.fullmatch(folder):
-                return pattern
-    return None
+    match = next(filter(None, map(_LOOKALIKE_FOLDER.fullmatch, rel_dir.split("/"))), None)
+    return match.group(1) + "N/" if match else None
 
 
 def lookalike_name(name: str, folder_pattern: str | None = None) -> str | None:
@@ -234,21 +211,13 @@ def lookalike_name(name: str, folder_pattern: str | None = None) -> str | None:
     return next(("*" + s for s in _LOOKALIKE_SUFFIXES if name.endswith(s)), None)
 
 
-def lookalike(rel: str) -> str | None:
-    """The LOOKALIKES pattern a file that the layout does not select matches (it looks like a checkpoint
-    of some stack), or None."""
-    folder, _, name = rel.rpartition("/")
-    return lookalike_name(name, lookalike_folder(folder))
-
-
 def never_matching(layout: Layout) -> list[str]:
     """Patterns that can never select anything, and a folder rule that can only guess, each with why (for
     `check-config`)."""
     problems = []
     for pattern in layout.patterns:
         if pattern.startswith("."):
-            what = "file" if layout.kind == "file" else "folder"
-            problems.append(f"pattern {pattern!r} can never match: a {what} whose name starts with '.' is never "
+            problems.append(f"pattern {pattern!r} can never match: a {layout.kind} whose name starts with '.' is never "
                             f"a checkpoint in layout {layout.name!r} (hidden names are skipped)")
         elif pattern.endswith(TEMP_SUFFIXES):
             problems.append(f"pattern {pattern!r} can never match: names ending in {' or '.join(TEMP_SUFFIXES)} "

@@ -432,7 +432,7 @@ def _place(state: FileState, step_regex: re.Pattern[str], layout: Layout | None)
     place = locate(state.rel, layout)
     if place is None or place.kind != "folder":
         return state.run, None if place is None else place.step, ""
-    return place.run, place.step, place.unit
+    return place.run, place.step, place.rel
 
 
 @dataclass

@@ -37,17 +37,6 @@ MAX_READ_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
-    """Where one file belongs: its unit, the unit's run and step, and the unit's role."""
-
-    unit: str
-    run: str
-    step: int | None
-    role: Role = "checkpoint"
-    kind: UnitKind = "file"
-
-
-@dataclass(frozen=True, slots=True)
 class Unit:
     """One checkpoint: a file, or a folder with all its files (sorted by path)."""
 
@@ -55,7 +44,7 @@ class Unit:
     run: str
     step: int | None
     kind: UnitKind
-    files: tuple[FileState, ...]
+    files: tuple[FileState, ...] = ()
     role: Role = "checkpoint"
 
     @property
@@ -83,8 +72,9 @@ class Unit:
         return next((f for f in self.files if f.rel == rel), None)
 
 
-def locate(rel: str, layout: Layout) -> Placement | None:
-    """The unit `rel` belongs to under `layout`, or None when the layout does not select it.
+def locate(rel: str, layout: Layout) -> Unit | None:
+    """The unit `rel` belongs to under `layout` (without its files), or None when the layout does not
+    select it.
 
     Folder layouts: the outermost path component that names a unit folder makes the unit; a file below
     a staging folder (NAME.part/) belongs to no unit. Beside the units, aliases and tag files are
@@ -99,12 +89,11 @@ def locate(rel: str, layout: Layout) -> Placement | None:
             if layout.is_unit_name(part):
                 if not layout.is_member_name(name):
                     return None
-                return Placement("/".join(parts[: i + 1]), "/".join(parts[:i]), layout.step_of(part),
-                                 "checkpoint", "folder")
+                return Unit("/".join(parts[: i + 1]), "/".join(parts[:i]), layout.step_of(part), "folder")
     if layout.is_extra_name(name):
-        return Placement(rel, dirname(rel), None, "alias" if name in layout.aliases else "tag")
+        return Unit(rel, dirname(rel), None, "file", role="alias" if name in layout.aliases else "tag")
     if not layout.folders and layout.is_unit_name(name):
-        return Placement(rel, dirname(rel), layout.step_of(name))
+        return Unit(rel, dirname(rel), layout.step_of(name), "file")
     return None
 
 
@@ -128,23 +117,19 @@ def unit_of(rel: str, layout: Layout) -> str | None:
             if layout.is_unit_name(part):
                 return "/".join(parts[: i + 1])
     place = locate(rel, layout)
-    return place.unit if place is not None else None
+    return place.rel if place is not None else None
 
 
 def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
     """Every unit of a listing, by unit path. Files the layout does not select are left out."""
     members: dict[str, list[FileState]] = {}
-    placements: dict[str, Placement] = {}
+    places: dict[str, Unit] = {}
     for state in files:
-        place = locate(state.rel, layout)
-        if place is None:
-            continue
-        placements.setdefault(place.unit, place)
-        members.setdefault(place.unit, []).append(state)
-    return {
-        rel: Unit(rel, p.run, p.step, p.kind, tuple(sorted(members[rel], key=lambda f: f.rel)), p.role)
-        for rel, p in placements.items()
-    }
+        if (place := locate(state.rel, layout)) is not None:
+            places.setdefault(place.rel, place)
+            members.setdefault(place.rel, []).append(state)
+    return {rel: dataclasses.replace(p, files=tuple(sorted(members[rel], key=lambda f: f.rel)))
+            for rel, p in places.items()}
 
 
 UnitIdentity = tuple[tuple[str, int, int, int, int], ...]
@@ -154,11 +139,6 @@ def unit_identity(files: Iterable[FileState]) -> UnitIdentity:
     """What must stay the same for a folder unit to count as unchanged: every file's path and identity
     (a file added, removed or rewritten changes it)."""
     return tuple(sorted((f.rel, *f.identity) for f in files))
-
-
-def stepless(units: Iterable[Unit]) -> list[Unit]:
-    """Checkpoints with no step in their name: retention can never prune them (warned once)."""
-    return [u for u in units if u.role == "checkpoint" and u.step is None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +156,8 @@ def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
     them), and files the layout does not select that look like checkpoints (never mirrored): one
     warning per file name pattern, naming the first path."""
     found: dict[tuple[str, str], NamingWarning] = {}
-    if layout.folders:
-        no_step = [unit.rel for unit in stepless(group_units(snapshot.files.values(), layout).values())]
-    else:  # each file its own unit: judged one at a time, without a Unit per file of the listing at once
-        no_step = [rel for rel in snapshot.files
-                   if (place := locate(rel, layout)) is not None and place.role == "checkpoint" and place.step is None]
+    no_step = {place.rel for rel in snapshot.files
+               if (place := locate(rel, layout)) is not None and place.role == "checkpoint" and place.step is None}
     for rel in sorted(no_step):
         pattern = layout.pattern_of(rel.rsplit("/", 1)[-1])
         found.setdefault(("no_step", pattern), NamingWarning(
@@ -212,10 +189,9 @@ def reads_needed(unit: Unit, layout: Layout) -> tuple[str, ...]:
     file only up to the end of its header (mirrord.formats.safetensors_head)."""
     if unit.kind != "folder" or unit.role != "checkpoint":
         return ()
-    if layout.rule == "dcp":
-        return (f"{unit.rel}/{METADATA_NAME}",) if unit.get(METADATA_NAME) is not None else ()
-    if layout.rule == "hf":
-        return (f"{unit.rel}/{HF_STATE}",) if unit.get(HF_STATE) is not None else ()
+    state_file = {"dcp": METADATA_NAME, "hf": HF_STATE}.get(layout.rule)
+    if state_file is not None:
+        return (f"{unit.rel}/{state_file}",) if unit.get(state_file) is not None else ()
     if layout.rule == "deepspeed" and layout.tag_file:
         return (f"{unit.run}/{layout.tag_file}" if unit.run else layout.tag_file,)
     if layout.rule == "hf_model":
@@ -242,8 +218,6 @@ def completeness(
     ranks), which this one must have too.
     """
     reads = reads or {}
-    if not unit.files:
-        return Completeness(False, "empty folder")
     if unit.kind == "file" or unit.role != "checkpoint":
         ok = quiet(unit, False)
         return Completeness(ok, "settled" if ok else "still being written")
@@ -262,9 +236,9 @@ def _evidence(unit: Unit, layout: Layout, reads: Mapping[str, bytes | None],
               recorded: frozenset[str] | None) -> Completeness | None:
     """What the saver's own files say (None: nothing, only a pause can tell)."""
     if layout.rule == "marker":
-        if unit.get(layout.complete_marker) is None:
-            return Completeness(False, f"no {layout.complete_marker} marker yet")
-        return Completeness(True, f"{layout.complete_marker} present")
+        present = unit.get(layout.complete_marker) is not None
+        return Completeness(present, f"{layout.complete_marker} present" if present else
+                            f"no {layout.complete_marker} marker yet")
     if layout.rule == "hf":
         return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
     if layout.rule == "deepspeed":
@@ -310,11 +284,10 @@ def _hf_complete(unit: Unit, state: bytes | None) -> Completeness:
     if state is None:
         return Completeness(False, f"{HF_STATE} could not be read")
     try:
-        parsed = json.loads(state)
+        if not isinstance(json.loads(state), dict):
+            return Completeness(False, f"{HF_STATE} is not a JSON object")
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         return Completeness(False, f"{HF_STATE} does not parse: {exc}")
-    if not isinstance(parsed, dict):
-        return Completeness(False, f"{HF_STATE} is not a JSON object")
     return Completeness(True, f"settled, {HF_STATE} parses")
 
 
@@ -421,29 +394,23 @@ def plan_unit_copies(
     unsettled: list[str] = []
     in_sync = 0
     newest: dict[str, tuple[int, bool]] = {}  # run -> (its highest step, that unit needs a copy)
-    extras: list[Unit] = []
     for rel, unit in ours.items():
         if unit.role != "checkpoint":
-            extras.append(unit)
             continue
         why = unit_why_copy(unit, theirs.get(rel), manifest, mirror.files)
         step = -1 if unit.step is None else unit.step
         if step >= newest.get(unit.run, (-1, False))[0]:
             newest[unit.run] = (step, why is not None)
+        if why is not None and not is_complete(unit).complete:  # not whole here: wait, or this node's part
+            share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
+            why = None if share == "in_sync" else share
         if why is None:
             in_sync += len(unit.files)
-            continue
-        if not is_complete(unit).complete:
-            share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
-            if share == "in_sync":
-                in_sync += len(unit.files)
-            elif share == "wait":
-                unsettled.append(rel)
-            else:
-                jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, "part", unit.paths, part=True))
-            continue
-        jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths))
-    for unit in extras:
+        elif why == "wait":
+            unsettled.append(rel)
+        else:
+            jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths, part=why == "part"))
+    for unit in (u for u in ours.values() if u.role != "checkpoint"):
         src = unit.files[0]
         why = why_copy(src, manifest.get(src.rel), mirror.files.get(src.rel))
         if why is None:
@@ -475,15 +442,10 @@ def plan_file_aliases(
             newest[unit.run] = max(unit.step, newest.get(unit.run, unit.step))
     waiting = {job.rel for job in base.jobs} | set(base.unsettled)
     pending_runs = {u.run for u in checkpoints if u.rel in waiting and u.step == newest.get(u.run)}
-    jobs: list[CopyJob] = []
-    held: list[str] = []
-    for job in base.jobs:
-        if not layout.is_alias(job.rel):
-            jobs.append(job)
-        elif job.run in pending_runs:
-            held.append(job.rel)  # the step it most likely copies is not mirrored yet
-        else:
-            jobs.append(dataclasses.replace(job, twins=twins_of(job, manifest)))
+    # held: the step an alias most likely copies is not mirrored yet
+    held = {job.rel for job in base.jobs if layout.is_alias(job.rel) and job.run in pending_runs}
+    jobs = [dataclasses.replace(job, twins=twins_of(job, manifest)) if layout.is_alias(job.rel) else job
+            for job in base.jobs if job.rel not in held]
     return CopyPlan(tuple(jobs), tuple(sorted((*base.unsettled, *held))), base.in_sync)
 
 
@@ -516,18 +478,3 @@ def unit_why_copy(
         return "changed"
     return None
 
-
-def unit_verified(unit: Unit, manifest: Mapping[str, ManifestEntry]) -> bool:
-    """A unit on the mirror that the manifest vouches for whole: every file recorded with its size and a
-    passing verdict, and as many files as were recorded under the folder (none missing)."""
-    if not unit.files:
-        return False
-    for state in unit.files:
-        entry = manifest.get(state.rel)
-        if entry is None or entry.size != state.size or not entry_passed(entry):
-            return False
-    if unit.kind == "folder":
-        prefix = unit.rel + "/"
-        recorded = sum(1 for rel in manifest if rel.startswith(prefix))
-        return recorded == len(unit.files)
-    return True

@@ -54,40 +54,22 @@ class CommitStage:
     says whether more copies are coming soon (a job being copied or ready to be): while it is false
     a batch is committed at once."""
 
-    def __init__(
-        self,
-        commit: Callable[[Sequence[StagedCopy]], list[Outcome]],
-        on_committed: Callable[[QueuedJob, Outcome, CopyControl], None],
-        busy: Callable[[], bool],
-        *,
-        window: float = COMMIT_WINDOW_SECONDS,
-        max_pending: int = MAX_PENDING,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._commit = commit
-        self._on_committed = on_committed
-        self._busy = busy
-        self.window = window
-        self.max_pending = max_pending
-        self._clock = clock
+    def __init__(self, commit: Callable[[Sequence[StagedCopy]], list[Outcome]],
+                 on_committed: Callable[[QueuedJob, Outcome, CopyControl], None], busy: Callable[[], bool]) -> None:
+        self._commit, self._on_committed, self._busy = commit, on_committed, busy
         self._cond = threading.Condition()
         self._pending: list[_Pending] = []
         self._stopping = False
         self._committing_since: float | None = None
         self._committing: list[str] = []
         self.log = get_logger()
-        self._thread = threading.Thread(target=self._run, name="mirrord-commit", daemon=True)
-        self._thread.start()
-
-    @property
-    def thread(self) -> threading.Thread:
-        """The committing thread."""
-        return self._thread
+        self.thread = threading.Thread(target=self._run, name="mirrord-commit", daemon=True)
+        self.thread.start()
 
     def submit(self, entry: QueuedJob, staged: StagedCopy, control: CopyControl) -> None:
         """Hand over a staged copy; waits while MAX_PENDING copies are already waiting."""
         with self._cond:
-            while len(self._pending) >= self.max_pending and not self._stopping:
+            while len(self._pending) >= MAX_PENDING and not self._stopping:
                 self._cond.wait(timeout=1.0)
             self._pending.append(_Pending(entry, staged, control))
             self._cond.notify_all()
@@ -102,18 +84,15 @@ class CommitStage:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
 
     def problem(self, stall_seconds: float) -> str | None:
         """A commit under way for longer than stall_seconds (a directory or journal fsync hung in the
         kernel: a hung mount), else None."""
         with self._cond:
             since, paths = self._committing_since, list(self._committing)
-        if since is None:
-            return None
-        took = self._clock() - since
-        if took < stall_seconds:
+        if since is None or (took := time.monotonic() - since) < stall_seconds:
             return None
         return f"commit of {len(paths)} copies ({', '.join(paths[:3])}) under way for {took:.0f} s"
 
@@ -124,27 +103,23 @@ class CommitStage:
                     self._cond.wait()
                 if not self._pending:
                     return
-                opened = self._clock()
-                while len(self._pending) < self.max_pending and not self._stopping and self._busy():
-                    left = opened + self.window - self._clock()
+                opened = time.monotonic()
+                while len(self._pending) < MAX_PENDING and not self._stopping and self._busy():
+                    left = opened + COMMIT_WINDOW_SECONDS - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(timeout=left)
                 batch, self._pending = self._pending, []
-                self._committing_since = self._clock()
+                self._committing_since = time.monotonic()
                 self._committing = [p.entry.job.rel for p in batch]
                 self._cond.notify_all()  # submitters waiting for room
             try:
-                self._commit_batch(batch)
+                outcomes = self._commit([p.staged for p in batch])
+            except Exception as exc:  # a bug must not strand the batch: every copy gets an outcome
+                self.log.exception("commit.crashed", paths=[p.entry.job.rel for p in batch])
+                outcomes = [MirrordError(p.entry.job.rel, f"internal error: {exc!r}") for p in batch]
             finally:
                 with self._cond:
                     self._committing_since, self._committing = None, []
-
-    def _commit_batch(self, batch: list[_Pending]) -> None:
-        try:
-            outcomes = self._commit([p.staged for p in batch])
-        except Exception as exc:  # a bug must not strand the batch: every copy gets an outcome
-            self.log.exception("commit.crashed", paths=[p.entry.job.rel for p in batch])
-            outcomes = [MirrordError(p.entry.job.rel, f"internal error: {exc!r}") for p in batch]
-        for p, outcome in zip(batch, outcomes, strict=True):
-            self._on_committed(p.entry, outcome, p.control)
+            for p, outcome in zip(batch, outcomes, strict=True):
+                self._on_committed(p.entry, outcome, p.control)

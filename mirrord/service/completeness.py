@@ -22,22 +22,19 @@ if TYPE_CHECKING:
     from mirrord.config import Config
 
 
-def read_small(volume: LocalVolume, rel: str, limit: int = MAX_READ_BYTES) -> bytes | None:
-    """The whole file, beneath the root and never through a symlink; None if it cannot be read or is
-    larger than `limit` (no rule needs that much: such a file is not the one it expects). With
-    SAFETENSORS_HEAD: a safetensors file's first bytes, up to the end of its header."""
+def read_small(volume: LocalVolume, rel: str) -> bytes | None:
+    """The whole file (a safetensors file: its first bytes, up to the end of its header), beneath the root
+    and never through a symlink; None if it cannot be read or is larger than MAX_READ_BYTES (no rule needs
+    that much: such a file is not the one it expects)."""
     try:
         with volume.open_read(rel) as f:
-            if limit == SAFETENSORS_HEAD:
+            if rel.endswith(".safetensors"):
                 head = f.read(8)
                 return head + f.read(min(int.from_bytes(head, "little"), MAX_READ_BYTES)) if len(head) == 8 else None
-            data = f.read(limit + 1)
+            data = f.read(MAX_READ_BYTES + 1)
     except (OSError, UnsafePathError):
         return None
-    return data if len(data) <= limit else None
-
-
-SAFETENSORS_HEAD = -1  # read_small's limit for "a safetensors header"
+    return data if len(data) <= MAX_READ_BYTES else None
 
 
 def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
@@ -63,19 +60,16 @@ def judge(
     told: set[str] = set()
 
     def complete(unit: Unit) -> Completeness:
-        refused = not_files(volume, unit) if unit.kind == "folder" else None
-        if refused is not None:
-            if tell and unit.rel not in told:
-                told.add(unit.rel)
-                get_logger().warning("unit.not_whole", path=unit.rel, why=refused.why)
-            return refused
-        reads = {rel: read_small(volume, rel, *((SAFETENSORS_HEAD,) if rel.endswith(".safetensors") else ()))
-                 for rel in reads_needed(unit, layout)}
-        expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
-        verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
-        if tell and not verdict.complete and unit.rel not in told and quiet(unit, False):
+        verdict = not_files(volume, unit) if unit.kind == "folder" else None
+        event = "unit.not_whole"  # (told at once)
+        if verdict is None:
+            reads = {rel: read_small(volume, rel) for rel in reads_needed(unit, layout)}
+            expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
+            verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
+            event = "unit.incomplete"  # (told once the unit has been quiet)
+        if tell and not verdict.complete and unit.rel not in told and (event == "unit.not_whole" or quiet(unit, False)):
             told.add(unit.rel)
-            get_logger().warning("unit.incomplete", path=unit.rel, why=verdict.why)
+            get_logger().warning(event, path=unit.rel, why=verdict.why)
         return verdict
 
     return complete
@@ -98,26 +92,18 @@ def recorded_names(entries: Mapping[str, ManifestEntry], layout: Layout) -> Call
     return names
 
 
-def judge_part(
-    volume: LocalVolume, settled: Callable[[FileState], bool] = lambda _state: True
-) -> Callable[[Unit], Completeness]:
-    """Whether this node's share of a DCP folder written by several nodes is done (its `.metadata` read
-    when it has it): mirrord.core.contributions.local_part."""
-    def done(unit: Unit) -> Completeness:
-        has_metadata = unit.get(METADATA_NAME) is not None
-        metadata = read_small(volume, f"{unit.rel}/{METADATA_NAME}") if has_metadata else None
-        return local_part(unit, settled, metadata)
-
-    return done
-
-
 def sharing_for(
     config: Config, manifest: Manifest, volume: LocalVolume, settled: Callable[[FileState], bool]
 ) -> Sharing | None:
     """Folder units written by several nodes (s3.units_span_nodes): this node's name, the contributions the
-    manifest holds, and the judge of this node's share; None when the setting is off."""
+    manifest holds, and the judge of this node's share (local_part, its `.metadata` read when it has it);
+    None when the setting is off."""
     if not config.s3.units_span_nodes:
         return None
     from mirrord.store.s3 import node_name  # only an object-store mirror gets here
 
-    return Sharing(node_name(config.s3.node), manifest.contributions, judge_part(volume, settled))
+    def done(unit: Unit) -> Completeness:
+        has_metadata = unit.get(METADATA_NAME) is not None
+        return local_part(unit, settled, read_small(volume, f"{unit.rel}/{METADATA_NAME}") if has_metadata else None)
+
+    return Sharing(node_name(config.s3.node), manifest.contributions, done)

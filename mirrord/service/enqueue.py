@@ -17,7 +17,9 @@ from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import PrunePlan
 from mirrord.core.units import group_units, unit_identity
 from mirrord.errors import UnsafePathError
+from mirrord.obs.log import get_logger
 from mirrord.service.completeness import judge, recorded_names, sharing_for
+from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import VERIFY_FAILURES, Ledger
 from mirrord.service.refusals import Refusals
@@ -31,13 +33,15 @@ class Enqueuer:
     """Plans a view (a full listing, or the files a hint or a recheck named) and queues its jobs."""
 
     def __init__(self, *, settings: Callable[[], Settings], primary: LocalVolume, mirror: Mirror,
-                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, settle: SettleTracker,
-                 observations: Observations, wall: Callable[[], float], monotonic: Callable[[], float]) -> None:
+                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, inbox: Inbox,
+                 settle: SettleTracker, observations: Observations, wall: Callable[[], float],
+                 monotonic: Callable[[], float]) -> None:
         self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
-        self.queue, self.ledger, self.refusals = queue, ledger, refusals
+        self.queue, self.ledger, self.refusals, self.inbox = queue, ledger, refusals, inbox
         self.settle, self.observations = settle, observations
         self.wall, self.monotonic = wall, monotonic
         self.unsettled: set[str] = set()
+        self.log = get_logger()
 
     @property
     def config(self) -> Config:
@@ -91,17 +95,14 @@ class Enqueuer:
             if psnap.complete:
                 rules = self.config.rules
                 units = group_units(psnap.files.values(), rules) if rules.folders else {}
-                self.ledger.keep_invalid(units if rules.folders else psnap.files)
+                self.ledger.keep_invalid(units or psnap.files)  # (a folder unit's verdict is the unit's)
                 self.settle.retain(psnap.files.keys() | units.keys() if units else psnap.files)
         self.ledger.behind(behind, not partial, self.manifest.entries)
-        queued = 0
-        for job in jobs:
-            if not self.queue.put(job):
-                continue
-            queued += 1
+        queued = [job for job in jobs if self.queue.put(job)]
+        for job in queued:
             if job.why in VERIFY_FAILURES:
                 self.ledger.damaged(job)
-        return queued
+        return len(queued)
 
     def _judged_invalid(self, job: CopyJob, psnap: Snapshot) -> bool:
         """The job's source (a file, or every file of a folder unit) is exactly what failed its validator."""

@@ -9,14 +9,9 @@ from typing import TypeVar
 
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
-from mirrord.core.plan import SettleTracker
 from mirrord.core.units import unit_of
 from mirrord.errors import UnsafePathError
-from mirrord.obs.log import get_logger
 from mirrord.service.enqueue import Enqueuer
-from mirrord.service.inbox import Inbox
-from mirrord.service.ledger import Ledger
-from mirrord.service.refusals import Refusals
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
 
@@ -51,25 +46,19 @@ def _stat(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
         return None
 
 
-class Hints:
-    """Watch hints and settle rechecks, planned from the files they name."""
+class Hints(Enqueuer):
+    """The enqueuer of the main loop, which also plans watch hints and settle rechecks from the files they
+    name."""
 
-    def __init__(self, *, rules: Callable[[], Layout], primary: LocalVolume, mirror: Mirror, enqueuer: Enqueuer,
-                 ledger: Ledger, refusals: Refusals, inbox: Inbox, settle: SettleTracker,
-                 monotonic: Callable[[], float]) -> None:
-        self.rules, self.primary, self.mirror, self.enqueuer = rules, primary, mirror, enqueuer
-        self.ledger, self.refusals, self.inbox, self.settle = ledger, refusals, inbox, settle
-        self.monotonic = monotonic
-        # A settle recheck round in progress: the rules it was taken under, and what it has still to look
-        # at (file paths, or folder units with rules.folders); None between rounds.
-        self._recheck: tuple[Layout, list[str]] | None = None
-        self.log = get_logger()
+    # A settle recheck round in progress: the rules it was taken under, and what it has still to look at
+    # (file paths, or folder units with rules.folders); None between rounds.
+    _recheck: tuple[Layout, list[str]] | None = None
 
-    def drain(self) -> bool:
+    def drain_hints(self) -> bool:
         """Handle queued watcher hints for one turn (TURN_SECONDS, at least one hint; the rest stay queued
         for the next turns); returns True when a full rescan was asked for. With folder units a hint names
         the unit it lies in, and only the units named are listed and judged again."""
-        rules = self.rules()
+        rules = self.config.rules
         files: dict[str, FileState] = {}
         units: set[str] = set()
         rescan = False
@@ -106,7 +95,7 @@ class Hints:
         and queue what is whole and not mirrored: a watch event's or a settle recheck's cost is the size
         of its unit, not of the tree. A tag file is planned against the newest folder of its run, so that
         folder is listed with it."""
-        rules = self.rules()
+        rules = self.config.rules
         scope = set(units)
         for rel in units:
             if rules.is_extra_name(rel.rsplit("/", 1)[-1]):
@@ -114,11 +103,10 @@ class Hints:
                              key=lambda u: -1 if (step := rules.step_of(u.rsplit("/", 1)[-1])) is None else step)
                 if newest is not None:
                     scope.add(newest)
-        folders = tuple(rel + "/" for rel in scope if not rules.is_extra_name(rel.rsplit("/", 1)[-1]))
         files: dict[str, FileState] = {}
         errors: list[str] = []
         for rel in scope:
-            if rel + "/" in folders:
+            if not rules.is_extra_name(rel.rsplit("/", 1)[-1]):
                 listed = self.primary.snapshot_unit(rel, rules)
                 files.update(listed.files)
                 errors.extend(listed.errors)
@@ -126,24 +114,25 @@ class Hints:
                 files[rel] = state
         for msg in errors:
             self.log.error("scan.error", cause=msg)
-        entries = self.enqueuer.manifest.entries
-        named = set(files) | {e for e in entries if e in scope or e.startswith(folders)}
-        mirror_files = {rel: state for rel in named if (state := _stat(self.mirror, rel)) is not None}
-        psnap = Snapshot(files, errors=tuple(errors))
-        view = self.enqueuer.view(psnap, Snapshot(mirror_files), entries, partial=True)
-        self.enqueuer.enqueue(view, psnap, partial=True, scope=scope)
+        self._enqueue_files(files, scope, tuple(errors))
 
-    def _enqueue_files(self, files: dict[str, FileState]) -> None:
-        mirror_files = {rel: state for rel in files if (state := self.mirror.stat(rel)) is not None}
-        psnap = Snapshot(files)
-        view = self.enqueuer.view(psnap, Snapshot(mirror_files), self.enqueuer.manifest.entries, partial=True)
-        self.enqueuer.enqueue(view, psnap, partial=True)
+    def _enqueue_files(self, files: dict[str, FileState], scope: set[str] | None = None,
+                       errors: tuple[str, ...] = ()) -> None:
+        """Plan `files` alone against the mirror's copies of them, and of what the manifest records of the
+        units of `scope` (whose files these are)."""
+        entries = self.manifest.entries
+        folders = tuple(rel + "/" for rel in scope or ())
+        named = set(files) | ({e for e in entries if e in scope or e.startswith(folders)} if scope else set())
+        mirror_files = {rel: state for rel in named if (state := _stat(self.mirror, rel)) is not None}
+        psnap = Snapshot(files, errors=errors)
+        view = self.view(psnap, Snapshot(mirror_files), entries, partial=True)
+        self.enqueue(view, psnap, partial=True, scope=scope)
 
     def recheck_unsettled(self) -> bool:
         """Stat the files still settling or invalid again; queue those that are ready now. One round looks
         at each of them once, one turn (TURN_SECONDS, at least one file or unit) per call: True when the
         round is done, False when the next call goes on with it."""
-        rules, unsettled = self.rules(), self.enqueuer.unsettled
+        rules, unsettled = self.config.rules, self.unsettled
         if self._recheck is None or self._recheck[0] != rules:  # a new round (or new rules: start over)
             self._recheck = (rules, self._recheck_round(rules))
         pending = self._recheck[1]
@@ -154,27 +143,30 @@ class Hints:
             for unit in one_turn(self.monotonic, pending, pending.pop, counts=settling.__contains__,
                                  go_on=lambda: not self.refusals.blocked):
                 self._refresh_units({unit})
-            return self._recheck_done()
-        invalid = self.ledger.invalid_paths()
-        files: dict[str, FileState] = {}
-        # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
-        for rel in one_turn(self.monotonic, pending, pending.pop,
-                            counts=lambda rel: rel in unsettled or rel in invalid):
-            state = _stat(self.primary, rel)
-            if state is None or not state.is_regular:
-                unsettled.discard(rel)
-                self.ledger.forget_invalid(rel)
-                self.settle.forget(rel)
-            else:
-                files[rel] = state
-        if files:
-            self._enqueue_files(files)
-        return self._recheck_done()
+        else:
+            invalid = self.ledger.invalid_paths()
+            files: dict[str, FileState] = {}
+            # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
+            for rel in one_turn(self.monotonic, pending, pending.pop,
+                                counts=lambda rel: rel in unsettled or rel in invalid):
+                state = _stat(self.primary, rel)
+                if state is None or not state.is_regular:
+                    unsettled.discard(rel)
+                    self.ledger.forget_invalid(rel)
+                    self.settle.forget(rel)
+                else:
+                    files[rel] = state
+            if files:
+                self._enqueue_files(files)
+        if pending and not self.refusals.blocked:
+            return False  # the round goes on next call
+        self._recheck = None
+        return True
 
     def _recheck_round(self, rules: Layout) -> list[str]:
         """What a new settle recheck round looks at: the folder units still settling, or the files still
         settling or invalid (an alias among them asks for a full listing instead: it is judged from one)."""
-        unsettled = self.enqueuer.unsettled
+        unsettled = self.unsettled
         if rules.folders:
             return sorted({u for rel in unsettled if (u := unit_of(rel, rules))}, reverse=True)
         if unsettled and any(rules.is_alias(rel) for rel in unsettled):
@@ -182,10 +174,3 @@ class Hints:
             self.inbox.wake()
         return sorted((rel for rel in unsettled | self.ledger.invalid_paths() if not rules.is_alias(rel)),
                       reverse=True)
-
-    def _recheck_done(self) -> bool:
-        """Whether the round in progress has looked at everything (and is over)."""
-        if self._recheck is not None and self._recheck[1] and not self.refusals.blocked:
-            return False
-        self._recheck = None
-        return True

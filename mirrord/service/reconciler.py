@@ -5,68 +5,33 @@ the log-once records and what the ledger and the settle tracker hold."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from typing import Any
 
-from mirrord.config import Config
 from mirrord.core.branches import lying_after_ns, run_rollbacks
 from mirrord.core.model import Snapshot
-from mirrord.core.observe import Observations
-from mirrord.core.plan import SettleTracker
 from mirrord.core.retention import PrunePlan
 from mirrord.core.units import naming_warnings
 from mirrord.errors import MirrordError
-from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.service.enqueue import Enqueuer
 from mirrord.service.hints import Hints
-from mirrord.service.inbox import Inbox
-from mirrord.service.jobqueue import JobQueue
-from mirrord.service.ledger import Ledger
-from mirrord.service.refusals import IDENTITY, LISTING, Refusals
-from mirrord.service.settings import Settings
+from mirrord.service.refusals import IDENTITY, LISTING
 from mirrord.store.aliases import alias_links
-from mirrord.store.manifest import Manifest
-from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalVolume
 from mirrord.vocabulary import Veto
 
 
-class Reconciler:
-    """Full reconciles, hint handling, settle rechecks and prune passes, all run by the main loop."""
+class Reconciler(Hints):
+    """Full reconciles, hint handling, settle rechecks and prune passes, all run by the main loop (planning
+    and queueing: Enqueuer; watch hints and settle rechecks: Hints)."""
 
-    def __init__(self, *, settings: Callable[[], Settings], primary: LocalVolume, mirror: Mirror,
-                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, inbox: Inbox,
-                 settle: SettleTracker, observations: Observations, metrics: Metrics, heartbeat: Callable[[], None],
-                 stopping: Callable[[], bool],
-                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
-        self.ledger, self.refusals, self.inbox, self.metrics = ledger, refusals, inbox, metrics
-        self.heartbeat, self.stopping = heartbeat, stopping
-        self.wall, self.monotonic = wall, monotonic
-        self.enqueuer = Enqueuer(settings=settings, primary=primary, mirror=mirror, manifest=manifest, queue=queue,
-                                 ledger=ledger, refusals=refusals, settle=settle, observations=observations,
-                                 wall=wall, monotonic=monotonic)
-        self.hints = Hints(rules=lambda: self.config.rules, primary=primary, mirror=mirror, enqueuer=self.enqueuer,
-                           ledger=ledger, refusals=refusals, inbox=inbox, settle=settle, monotonic=monotonic)
+    def __init__(self, *, metrics: Metrics, heartbeat: Callable[[], None], stopping: Callable[[], bool],
+                 **planning: Any) -> None:
+        """`planning`: the Enqueuer's collaborators (settings, volumes, manifest, queue, ledger, ...)."""
+        super().__init__(**planning)
+        self.metrics, self.heartbeat, self.stopping = metrics, heartbeat, stopping
         self._next_rescan = self._next_settle = 0.0
         self._rollbacks_logged: set[str] = set()  # runs whose rollback was logged: once per daemon run
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
-        self.log = get_logger()
-
-    @property
-    def config(self) -> Config:
-        """The config in force now."""
-        return self.settings().config
-
-    @property
-    def unsettled(self) -> set[str]:
-        """The files (or folder units' files) still being written or settling."""
-        return self.enqueuer.unsettled
-
-    def drain_hints(self) -> bool:
-        """Handle queued watch hints for one turn (Hints.drain); True when a full rescan was asked for."""
-        return self.hints.drain()
 
     # -- scheduling -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -102,7 +67,7 @@ class Reconciler:
             self._next_rescan = self.monotonic() + cfg.watch.rescan_interval_seconds
         if self._settling() and now >= self._next_settle:
             self.heartbeat()
-            if self.hints.recheck_unsettled():  # else the round goes on next turn (_next_settle stays due)
+            if self.recheck_unsettled():  # else the round goes on next turn (_next_settle stays due)
                 self._next_settle = self.monotonic() + min(0.5, cfg.copy.settle_seconds or 0.5)
         if self.inbox.prune_at is not None and now >= self.inbox.prune_at:
             self.inbox.prune_at, self.inbox.prune_due = None, True
@@ -140,7 +105,7 @@ class Reconciler:
         for msg in msnap.errors if msnap is not None else ():
             self.log.error("scan.error", cause=msg)
         self.heartbeat()
-        view = self.enqueuer.view(psnap, msnap, entries, problem)
+        view = self.view(psnap, msnap, entries, problem)
         self.heartbeat()
         if self.stopping():  # asked meanwhile (or the beat found the mirror's lock lost): no prune, no queue
             return
@@ -155,7 +120,7 @@ class Reconciler:
         self._warn_naming(psnap)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
-        queued = self.enqueuer.enqueue(view, psnap)
+        queued = self.enqueue(view, psnap)
         self._link_aliases(links)
         self.metrics.reconcile_duration.set(self.monotonic() - started)
         self.log.info("reconcile.finished", primary_files=len(psnap.files),

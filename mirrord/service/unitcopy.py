@@ -94,6 +94,24 @@ def _check_unchanged(primary_root: Path, job: CopyJob, results: list[CopyResult]
                                                          "folder was copied; copy discarded")
 
 
+def _copy_members(primary_root: Path, job: CopyJob, target: Mirror | _Staged, options: CopyOptions,
+                  control: CopyControl, results: list[CopyResult]) -> None:
+    """Copy every file of job.members through the copier to `target`, into `results` as each is done; the
+    folder must hold exactly those files before, and still hold them unchanged after."""
+    before = _listing(primary_root, job)
+    if set(before) != set(job.members):
+        raise SourceChangedError(primary_root / job.rel, "holds other files than when it was judged whole; "
+                                                         "judged again from a fresh listing")
+    member_options = dataclasses.replace(options, allow_empty=True)
+    try:
+        for rel in job.members:
+            results.append(copy_file(primary_root, rel, target, member_options, control))
+    except InvalidSourceError as exc:
+        raise _invalid_unit(primary_root, job, exc) from exc
+    _check_unchanged(primary_root, job, results, before)
+    control.check(primary_root / job.rel)
+
+
 def copy_part(
     primary_root: Path, job: CopyJob, mirror: Mirror, options: CopyOptions, control: CopyControl | None = None
 ) -> list[CopyResult]:
@@ -102,15 +120,9 @@ def copy_part(
     those files, unchanged. Nothing here makes them trusted: the caller records them as this node's
     contribution (mirrord.core.contributions), and the unit counts only once the parts make it whole.
     A failure deletes the files this attempt published (only while still the objects it wrote)."""
-    control = control or CopyControl()
-    member_options = dataclasses.replace(options, allow_empty=True)
     results: list[CopyResult] = []
     try:
-        before = _listing(primary_root, job)
-        for rel in job.members:
-            results.append(copy_file(primary_root, rel, mirror, member_options, control))
-        _check_unchanged(primary_root, job, results, before)
-        control.check(primary_root / job.rel)
+        _copy_members(primary_root, job, mirror, options, control or CopyControl(), results)
     except BaseException:
         for done in results:
             stored = done.mirror_mtime_ns if done.mirror_mtime_ns is not None else done.source_mtime_ns
@@ -135,21 +147,11 @@ def copy_unit(
     them itself (`replaces`: a local mirror swaps the whole new folder in, so a whole copy is always
     under the final name); a unit is replaced whole, never merged into.
     """
-    control = control or CopyControl()
     staging = mirror.begin_unit(job.rel)
-    view = _Staged(mirror, staging, job.rel)
-    member_options = dataclasses.replace(options, allow_empty=True)
+    results: list[CopyResult] = []
     try:
-        before = _listing(primary_root, job)
-        if set(before) != set(job.members):
-            raise SourceChangedError(primary_root / job.rel, "holds other files than when it was judged whole; "
-                                                             "judged again from a fresh listing")
-        try:
-            results = [copy_file(primary_root, rel, view, member_options, control) for rel in job.members]
-        except InvalidSourceError as exc:
-            raise _invalid_unit(primary_root, job, exc) from exc
-        _check_unchanged(primary_root, job, results, before)
-        control.check(primary_root / job.rel)
+        _copy_members(primary_root, job, _Staged(mirror, staging, job.rel), options, control or CopyControl(),
+                      results)
         before_commit(staging.replaces)
         staging.commit()
     except BaseException:

@@ -208,7 +208,7 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None,
             if place is None or place.role != "checkpoint":
                 continue
         key, run, step, folder = (e.path, e.run, e.step, False) if place is None else (
-            place.unit, place.run, place.step, place.kind == "folder")
+            place.rel, place.run, place.step, place.kind == "folder")
         if run_key is None or run == run_key:
             members[key].append(e)
             where[key] = (run, step, folder)

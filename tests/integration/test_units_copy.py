@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mirrord.config import Config, load_config
-from mirrord.core.units import group_units, unit_verified
+from mirrord.core.units import group_units
 from mirrord.errors import SourceChangedError
 from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
@@ -21,6 +21,7 @@ from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.engine import copy_once
 from tests.support.folders import write_dcp, write_hf
+from tests.support.units import unit_verified
 from tests.support.unitsync import sync_units
 
 

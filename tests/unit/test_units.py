@@ -22,10 +22,10 @@ from mirrord.core.units import (
     locate,
     naming_warnings,
     reads_needed,
-    stepless,
 )
 from mirrord.formats.dcpmeta import MetadataError, storage_references
 from mirrord.store.scan import snapshot_tree
+from tests.support.units import stepless
 
 
 def files(*spec: str | tuple[str, int]) -> list[FileState]:
@@ -291,7 +291,8 @@ def test_folder_plan_is_one_job_per_unit_newest_first_tag_last() -> None:
     """A folder unit is one job listing all its files; an unfinished one waits; DeepSpeed's tag file
     waits until the newest folder of its run is mirrored."""
     from mirrord.core.model import ManifestEntry, Snapshot
-    from mirrord.core.units import Completeness, plan_unit_copies, unit_verified
+    from mirrord.core.units import Completeness, plan_unit_copies
+    from tests.support.units import unit_verified
 
     layout = layout_for("deepspeed")
     primary = Snapshot({f.rel: f for f in files("o/global_step10/a.pt", "o/global_step10/b.pt",
@@ -481,9 +482,13 @@ def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> N
 def test_checkpoint_like_names_are_warned_once_per_pattern_with_the_layout_that_selects_them() -> None:
     """naming_warnings: checkpoints with no step (one per layout pattern), and files the layout did not
     select that look like another stack's checkpoints (one per lookalike pattern), each naming a path."""
-    from mirrord.core.layouts import lookalike
+    from mirrord.core.layouts import lookalike_folder, lookalike_name
     from mirrord.core.model import Snapshot
     from mirrord.core.units import naming_warnings
+
+    def lookalike(rel: str) -> str | None:  # as the scanner asks: by the folders, then by the name
+        folder, _, name = rel.rpartition("/")
+        return lookalike_name(name, lookalike_folder(folder))
 
     assert lookalike("r/checkpoint-5/model.safetensors") == "checkpoint-N/"
     assert lookalike("r/global_step9/mp_rank_00_model_states.pt") == "global_stepN/"

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mirrord.commands.banner import mirrord_command
+from mirrord.commands.config_toml import render as render_toml
 from mirrord.commands.status import collect, http_get, render
 from mirrord.config import load_config
 from mirrord.errors import ManifestError
@@ -83,44 +84,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(directory: Path, port: int, keep_last: int, prune_enabled: bool) -> Path:
+def write_config(directory: Path, port: int, keep_last: int) -> Path:
     """A config a person can reuse: `mirrord run --config DIR/mirrord.toml` continues the demo."""
-    primary, mirror = (directory / "primary").resolve(), (directory / "mirror").resolve()
+    settings = {
+        "primary": str((directory / "primary").resolve()), "mirror": str((directory / "mirror").resolve()),
+        "patterns": ["*.pt"],
+        "copy": {"settle_seconds": 0.5, "retry_backoff_seconds": 0.2, "free_space_reserve_bytes": 0},
+        "prune": {"enabled": True, "keep_last": keep_last, "min_age_seconds": 1.0, "primary": True},
+        "watch": {"rescan_interval_seconds": 1.0},
+        "daemon": {"heartbeat_seconds": 1.0, "shutdown_grace_seconds": 5.0},
+        "metrics": {"address": f"127.0.0.1:{port}"},
+        "log": {"format": "json", "level": "info"},
+    }
+    why = {"prune.min_age_seconds": "demo (production: 300); a file this young is never deleted: still written?",
+           "prune.primary": "demo: old steps go on the primary too, once the mirror holds newer verified ones"}
     path = directory / "mirrord.toml"
-    path.write_text(f"""\
-# Written by `mirrord demo`. Short timings so that everything happens within a minute;
-# config/mirrord.toml documents every key and its production default.
-primary = {json.dumps(str(primary))}
-mirror = {json.dumps(str(mirror))}
-patterns = ["*.pt"]
-
-[copy]
-settle_seconds = 0.5
-retry_backoff_seconds = 0.2
-free_space_reserve_bytes = 0
-
-[prune]
-enabled = {json.dumps(prune_enabled)}
-keep_last = {keep_last}
-# Production default: 300 s. A file this young is never deleted (it may still be written or copied).
-min_age_seconds = 1.0
-# Delete old steps on the primary too, once the mirror holds newer verified ones.
-primary = true
-
-[watch]
-rescan_interval_seconds = 1.0
-
-[daemon]
-heartbeat_seconds = 1.0
-shutdown_grace_seconds = 5.0
-
-[metrics]
-address = "127.0.0.1:{port}"
-
-[log]
-format = "json"
-level = "info"
-""")
+    path.write_text("# Written by `mirrord demo`, with short timings so that everything happens within a minute;\n"
+                    "# config/mirrord.toml documents every key and its production default.\n"
+                    + render_toml(settings, lambda key: why.get(key, "")))
     return path
 
 
@@ -150,13 +131,9 @@ class Trainer:
         """Save step `step` the trainer's way (NAME.part, then rename); its final path."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / f"step_{step:04d}.pt"
-        if self.use_torch:
-            self._commit_torch(path, step)
-        else:
+        if not self.use_torch:
             write_zip_checkpoint(path, step)
-        return path
-
-    def _commit_torch(self, path: Path, step: int) -> None:
+            return path
         import torch
 
         from mirrord.torch import atomic_save
@@ -167,6 +144,7 @@ class Trainer:
         self._optimizer.step()
         atomic_save({"step": step, "model": self._model.state_dict(),
                      "optimizer": self._optimizer.state_dict()}, path)
+        return path
 
 
 def write_zip_checkpoint(path: Path, step: int, tensors: int = 6, tensor_bytes: int = 256 * 1024) -> None:
@@ -305,21 +283,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _interrupt_on_stop_signals() -> dict[int, Any]:
-    """Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script
-    starts with SIGINT ignored, and Python then installs no handler): as `mirrord run` does."""
-    previous: dict[int, Any] = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.default_int_handler)
-    return previous
-
-
-def _force_on_stop_signals(proc: subprocess.Popen[bytes]) -> None:
-    """While the daemon stops, another Ctrl-C kills it rather than leaving it orphaned."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda _signum, _frame: proc.kill())
-
-
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """Run the whole demo; 0 when both sides end with exactly the newest keep_last steps, verified.
 
@@ -327,19 +290,16 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """
     directory = options.directory
     primary, mirror = prepare(directory)
-    prune_enabled = importlib.util.find_spec("mirrord.commands.prune") is not None
     port = free_port()
-    config_path = write_config(directory, port, options.keep_last, prune_enabled)
+    config_path = write_config(directory, port, options.keep_last)
     config = load_config(config_path, environ={})
     log_path = directory / "mirrord.log"
     trainer = Trainer(primary / RUN, options.use_torch)
-    keep = options.keep_last if prune_enabled else options.steps
-    expected = list(range(max(1, options.steps - keep + 1), options.steps + 1))
+    expected = list(range(max(1, options.steps - options.keep_last + 1), options.steps + 1))
 
     print(f"mirrord demo: a simulated trainer commits {options.steps} checkpoint(s), one every "
-          f"{options.interval:g} s;\nmirrord mirrors each one as it is committed"
-          + (f" and keeps the newest {options.keep_last} on both sides." if prune_enabled else
-             " (pruning is not available in this build: nothing is deleted)."), file=out)
+          f"{options.interval:g} s;\nmirrord mirrors each one as it is committed and keeps the newest "
+          f"{options.keep_last} on both sides.", file=out)
     print(f"  primary  {primary}   (the trainer writes here)\n"
           f"  mirror   {mirror}   (mirrord's trustworthy copy)\n"
           f"  config   {config_path}\n"
@@ -351,7 +311,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     trainer.prepare()
     narrator = Narrator(out, options.keep_last)
     follower = LogFollower(log_path)
-    previous_handlers = _interrupt_on_stop_signals()
+    # Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script starts
+    # with SIGINT ignored, and Python then installs no handler): as `mirrord run` does.
+    previous_handlers = {signum: signal.signal(signum, signal.default_int_handler) for signum in STOP_SIGNALS}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mirrord", "run", "--config", str(config_path)],
@@ -376,7 +338,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the demo daemon", file=out, flush=True)
     finally:
-        _force_on_stop_signals(proc)
+        for signum in STOP_SIGNALS:  # while the daemon stops, another Ctrl-C kills it rather than orphan it
+            signal.signal(signum, lambda _signum, _frame: proc.kill())
         code = _stop(proc)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)

@@ -34,6 +34,7 @@ class Command:
     summary: str
     options: tuple[Option, ...]
     positionals: tuple[Option, ...]
+    parser: argparse.ArgumentParser  # for its usage and description (the man page)
 
 
 def _option(action: argparse.Action) -> Option:
@@ -59,7 +60,7 @@ def describe(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], tuple
             for name, sub in action.choices.items():
                 options = [_option(a) for a in sub._actions if a.option_strings]
                 positionals = [_option(a) for a in sub._actions if not a.option_strings]
-                commands.append(Command(name, summaries.get(name, ""), tuple(options), tuple(positionals)))
+                commands.append(Command(name, summaries.get(name, ""), tuple(options), tuple(positionals), sub))
         elif action.option_strings:
             top.append(_option(action))
     return tuple(top), tuple(commands)
@@ -67,14 +68,10 @@ def describe(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], tuple
 
 def script(shell: str, parser: argparse.ArgumentParser, prog: str = "mirrord") -> str:
     """The completion script for `shell` (bash, zsh or fish)."""
-    top, commands = describe(parser)
-    if shell == "bash":
-        return _bash(prog, top, commands)
-    if shell == "zsh":
-        return _zsh(prog, top, commands)
-    if shell == "fish":
-        return _fish(prog, top, commands)
-    raise ValueError(f"unknown shell {shell!r}; one of {', '.join(SHELLS)}")
+    writers = {"bash": _bash, "zsh": _zsh, "fish": _fish}
+    if shell not in writers:
+        raise ValueError(f"unknown shell {shell!r}; one of {', '.join(SHELLS)}")
+    return writers[shell](prog, *describe(parser))
 
 
 # --- bash ---------------------------------------------------------------------------------------------

@@ -344,11 +344,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
     command = mirrord_command()
-    print(f"\nThe demo daemon stopped (exit {code}). Try next:\n"
-          f"  {command} status --config {config_path}\n"
-          f"  {command} verify --deep --config {config_path}\n"
-          f"  {command} latest --config {config_path}\n"
-          f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
+    print(f"\nThe demo daemon stopped (exit {code}). Try next:", file=out)
+    for verb in ("status", "verify --deep", "latest"):
+        print(f"  {command} {verb} --config {config_path}", file=out)
+    print(f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
           file=out, flush=True)
     if command != "mirrord":
         print(f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",

@@ -270,28 +270,16 @@ def _damaged(mirror: ReadableStore, manifest: Mapping[str, ManifestEntry], msnap
         fresh = mirror.load_manifest().entries
     except ManifestError:
         fresh = manifest
-    damaged = {}
-    for rel in suspects:
-        entry = fresh.get(rel)
-        if entry is None:
-            continue
-        try:
-            state = mirror.stat(rel)
-        except (OSError, UnsafePathError):
-            state = None
-        problem = _disagreement(entry, state)
-        if problem is not None:
-            damaged[rel] = problem
-    return damaged
+    return {rel: problem for rel in suspects
+            if rel in fresh and (problem := _disagreement(fresh[rel], _stat(mirror, rel))) is not None}
 
 
-def _unchanged(mirror: ReadableStore, entry: ManifestEntry) -> bool:
-    """The stored copy is, by its identity (inode and ctime, or an object's ETag), the one recorded."""
+def _stat(mirror: ReadableStore, rel: str) -> FileState | None:
+    """The mirror's copy as it is now; None when it is not there (or cannot be asked)."""
     try:
-        state = mirror.stat(entry.path)
+        return mirror.stat(rel)
     except (OSError, UnsafePathError):
-        return False
-    return state is not None and entry.unchanged(state)
+        return None
 
 
 def _problem(entry: ManifestEntry, mirror: ReadableStore, damaged: dict[str, str], deep: bool) -> str | None:
@@ -300,8 +288,8 @@ def _problem(entry: ManifestEntry, mirror: ReadableStore, damaged: dict[str, str
         return damaged[entry.path]
     if deep and (finding := check_entry(mirror, entry)) is not None:
         return f"{finding.problem} ({finding.detail})"
-    if not deep and entry.validation is not None and _unchanged(mirror, entry):
-        return None  # the very copy that passed its validator (same inode, or ETag on an object store)
+    if not deep and entry.validation is not None and (state := _stat(mirror, entry.path)) and entry.unchanged(state):
+        return None  # the very copy that passed its validator (same inode and ctime, or the object's ETag)
     # Intact means whole, not only the recorded size: check the structure (a torn zip lacks its end
     # records; a few KB read) and, with --verify, every CRC too.
     verdict = validate_key(mirror, entry.path, quick=not deep)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -106,45 +106,30 @@ def write_config(directory: Path, port: int, keep_last: int) -> Path:
 
 
 # --- the trainer ---------------------------------------------------------------------------------------
-class Trainer:
-    """Commits one checkpoint per step the way a careful trainer does: write NAME.part, fsync, rename."""
+Save = Callable[[Path, int], None]  # writes step N at a path the way a careful trainer does (NAME.part, rename)
 
-    def __init__(self, run_dir: Path, use_torch: bool | None = None) -> None:
-        self.run_dir = run_dir
-        has_torch = importlib.util.find_spec("torch") is not None
-        self.use_torch = has_torch if use_torch is None else use_torch
-        self.kind = "torch.save" if self.use_torch else "zip, torch not installed" if not has_torch else "zip"
-        self._model: Any = None
-        self._optimizer: Any = None
 
-    def prepare(self) -> None:
-        """Import torch and build the model before the clock starts (importing torch takes seconds)."""
-        if self.use_torch and self._model is None:
-            import torch
+def trainer(use_torch: bool | None, out: TextIO) -> tuple[Save, str]:
+    """How the demo's trainer saves, and what to call it: torch.save through mirrord.torch.atomic_save when
+    torch is there (imported and the model built now, before the clock starts: that takes seconds), else zips."""
+    has_torch = importlib.util.find_spec("torch") is not None
+    if not (has_torch if use_torch is None else use_torch):
+        return write_zip_checkpoint, "zip" if has_torch else "zip, torch not installed"
+    print("preparing the trainer (importing torch) ...", file=out, flush=True)
+    import torch
 
-            self._model = torch.nn.Sequential(
-                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)
-            )
-            self._optimizer = torch.optim.Adam(self._model.parameters(), lr=1e-3)
+    from mirrord.torch import atomic_save
 
-    def commit(self, step: int) -> Path:
-        """Save step `step` the trainer's way (NAME.part, then rename); its final path."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / f"step_{step:04d}.pt"
-        if not self.use_torch:
-            write_zip_checkpoint(path, step)
-            return path
-        import torch
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-        from mirrord.torch import atomic_save
-
-        self.prepare()
-        for param in self._model.parameters():  # one "training step": gives Adam its state
+    def save(path: Path, step: int) -> None:
+        for param in model.parameters():  # one "training step": gives Adam its state
             param.grad = torch.randn_like(param)
-        self._optimizer.step()
-        atomic_save({"step": step, "model": self._model.state_dict(),
-                     "optimizer": self._optimizer.state_dict()}, path)
-        return path
+        optimizer.step()
+        atomic_save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+    return save, "torch.save"
 
 
 def write_zip_checkpoint(path: Path, step: int, tensors: int = 6, tensor_bytes: int = 256 * 1024) -> None:
@@ -294,7 +279,6 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     config_path = write_config(directory, port, options.keep_last)
     config = load_config(config_path, environ={})
     log_path = directory / "mirrord.log"
-    trainer = Trainer(primary / RUN, options.use_torch)
     expected = list(range(max(1, options.steps - options.keep_last + 1), options.steps + 1))
 
     print(f"mirrord demo: a simulated trainer commits {options.steps} checkpoint(s), one every "
@@ -306,9 +290,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
           f"  log      {log_path}   (the daemon's JSON events)\n"
           f"  metrics  http://127.0.0.1:{port}/metrics  /healthz  /readyz\n", file=out, flush=True)
 
-    if trainer.use_torch:
-        print("preparing the trainer (importing torch) ...", file=out, flush=True)
-    trainer.prepare()
+    save, kind = trainer(options.use_torch, out)
     narrator = Narrator(out, options.keep_last)
     follower = LogFollower(log_path)
     # Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script starts
@@ -322,7 +304,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     failure: str | None = "interrupted"
     try:
         _wait_ready(proc, port, log_path)
-        failure = _drive(options, trainer, narrator, follower, proc, primary, mirror, expected)
+        failure = _drive(options, (save, kind), narrator, follower, proc, primary, mirror, expected)
         for event in follower.new_events():
             narrator.event(event)
         elapsed = time.monotonic() - narrator.started
@@ -357,7 +339,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     return 0 if failure is None and code == 0 else 1
 
 
-def _drive(options: DemoOptions, trainer: Trainer, narrator: Narrator, follower: LogFollower,
+def _drive(options: DemoOptions, trainer: tuple[Save, str], narrator: Narrator, follower: LogFollower,
            proc: subprocess.Popen[bytes], primary: Path, mirror: Path, expected: list[int]) -> str | None:
     """Commit a step every interval while narrating, then wait for the mirror to settle; None or what failed."""
     step = 0
@@ -371,7 +353,10 @@ def _drive(options: DemoOptions, trainer: Trainer, narrator: Narrator, follower:
         now = time.monotonic()
         if step < options.steps and now >= next_commit:
             step += 1
-            narrator.committed(trainer.commit(step), primary, trainer.kind)
+            path = primary / RUN / f"step_{step:04d}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            trainer[0](path, step)
+            narrator.committed(path, primary, trainer[1])
             next_commit += options.interval
             if step == options.steps:
                 deadline = time.monotonic() + SETTLE_TIMEOUT

@@ -349,14 +349,8 @@ def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit
         run.units.append(UnitStatus(unit.rel, unit.step, state, verdict.why))
 
 
-def collect(
-    config: Config,
-    deep: bool = False,
-    now: Callable[[], float] = time.time,
-    timeout: float = DEFAULT_TIMEOUT,
-    fetch: Fetch = http_get,
-    max_lag: float = DEFAULT_MAX_LAG,
-) -> Status:
+def collect(config: Config, deep: bool = False, now: Callable[[], float] = time.time,
+            timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get, max_lag: float = DEFAULT_MAX_LAG) -> Status:
     """Build the status report; reads only (never takes the mirror lock, never writes).
 
     Lag is a problem once a run is more than `max_lag` seconds behind, and so is a primary holding

@@ -190,14 +190,9 @@ class Narrator:
         """One narrated line, stamped with the seconds since the demo began."""
         print(f"[{time.monotonic() - self.started:6.1f}s] {who:8} {text}", file=self.out, flush=True)
 
-    def committed(self, path: Path, root: Path, kind: str) -> None:
-        """Narrate a checkpoint the trainer committed."""
-        rel = path.relative_to(root).as_posix()
-        self.say("trainer", f"committed {rel}  {human_bytes(path.stat().st_size)} ({kind}, .part -> rename)")
-
     def event(self, e: dict[str, Any]) -> None:
         """Narrate one daemon log event (the ones a person watching cares about)."""
-        name, path = e.get("event", ""), e.get("path", "")
+        name, path, reason = e.get("event", ""), e.get("path", ""), e.get("reason", "")
         if name == "daemon.ready":
             self.say("mirrord", "ready: first reconcile done, watching for checkpoints")
         elif name == "watch.mode":
@@ -210,14 +205,14 @@ class Narrator:
             volume = e.get("volume", "mirror")
             self.pruned[volume] = self.pruned.get(volume, 0) + 1
             self.say("mirrord", f"pruned    {path} on the {volume} (below the newest {self.keep_last} verified steps)")
-        elif name == "prune.skipped" and (path, e.get("reason", "")) not in self._told:
-            self._told.add((path, e.get("reason", "")))
-            why = {"recent_mtime": "younger than prune.min_age_seconds",
-                   "newest": "the newest verified step"}.get(e.get("reason", ""), e.get("reason", ""))
+        elif name == "prune.skipped" and (path, reason) not in self._told:
+            self._told.add((path, reason))
+            why = {"recent_mtime": "younger than prune.min_age_seconds", "newest": "the newest verified step"}.get(
+                reason, reason)
             self.say("mirrord", f"kept      {path} on the {e.get('volume')} for now: {why}")
         elif name == "copy.failed":
             retry = "; will retry" if e.get("will_retry") else ""
-            self.say("mirrord", f"copy of {path} failed ({e.get('reason')}): {e.get('cause')}{retry}")
+            self.say("mirrord", f"copy of {path} failed ({reason}): {e.get('cause')}{retry}")
         elif e.get("level") == "error":
             detail = e.get("cause") or e.get("detail") or e.get("problems") or ""
             self.say("mirrord", f"ERROR {name} {path} {detail}".rstrip())
@@ -356,7 +351,8 @@ def _drive(options: DemoOptions, trainer: tuple[Save, str], narrator: Narrator, 
             path = primary / RUN / f"step_{step:04d}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             trainer[0](path, step)
-            narrator.committed(path, primary, trainer[1])
+            narrator.say("trainer", f"committed {RUN}/{path.name}  {human_bytes(path.stat().st_size)} "
+                                    f"({trainer[1]}, .part -> rename)")
             next_commit += options.interval
             if step == options.steps:
                 deadline = time.monotonic() + SETTLE_TIMEOUT

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 SHELLS = ("bash", "zsh", "fish")
@@ -34,6 +34,7 @@ class Command:
     summary: str
     options: tuple[Option, ...]
     positionals: tuple[Option, ...]
+    parser: argparse.ArgumentParser  # for its usage and description (the man page)
 
 
 def _option(action: argparse.Action) -> Option:
@@ -59,7 +60,7 @@ def describe(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], tuple
             for name, sub in action.choices.items():
                 options = [_option(a) for a in sub._actions if a.option_strings]
                 positionals = [_option(a) for a in sub._actions if not a.option_strings]
-                commands.append(Command(name, summaries.get(name, ""), tuple(options), tuple(positionals)))
+                commands.append(Command(name, summaries.get(name, ""), tuple(options), tuple(positionals), sub))
         elif action.option_strings:
             top.append(_option(action))
     return tuple(top), tuple(commands)
@@ -67,25 +68,24 @@ def describe(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], tuple
 
 def script(shell: str, parser: argparse.ArgumentParser, prog: str = "mirrord") -> str:
     """The completion script for `shell` (bash, zsh or fish)."""
-    top, commands = describe(parser)
-    if shell == "bash":
-        return _bash(prog, top, commands)
-    if shell == "zsh":
-        return _zsh(prog, top, commands)
-    if shell == "fish":
-        return _fish(prog, top, commands)
-    raise ValueError(f"unknown shell {shell!r}; one of {', '.join(SHELLS)}")
+    writers = {"bash": _bash, "zsh": _zsh, "fish": _fish}
+    if shell not in writers:
+        raise ValueError(f"unknown shell {shell!r}; one of {', '.join(SHELLS)}")
+    return writers[shell](prog, *describe(parser))
+
+
+def _values(option: Option, choices: Callable[[str], str], directory: str, file: str, free: str) -> str:
+    """What a shell offers for an option's value: one of its choices, a directory, a file, or nothing."""
+    if option.choices:
+        return choices(" ".join(option.choices))
+    return {"dir": directory, "file": file}.get(option.kind, free)
 
 
 # --- bash ---------------------------------------------------------------------------------------------
 def _bash_values(option: Option) -> str:
-    if option.choices:
-        return f'COMPREPLY=($(compgen -W {shlex.quote(" ".join(option.choices))} -- "$cur"))'
-    if option.kind == "dir":
-        return 'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur"))'
-    if option.kind == "file":
-        return 'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur"))'
-    return "COMPREPLY=()"
+    return _values(option, lambda words: f'COMPREPLY=($(compgen -W {shlex.quote(words)} -- "$cur"))',
+                   'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur"))',
+                   'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur"))', "COMPREPLY=()")
 
 
 def _bash(prog: str, top: Sequence[Option], commands: Sequence[Command]) -> str:
@@ -127,13 +127,7 @@ def _zsh_text(text: str) -> str:
 
 
 def _zsh_action(option: Option) -> str:
-    if option.choices:
-        return f"({' '.join(option.choices)})"
-    if option.kind == "dir":
-        return "_files -/"
-    if option.kind == "file":
-        return "_files"
-    return " "
+    return _values(option, lambda words: f"({words})", "_files -/", "_files", " ")
 
 
 def _zsh_spec(option: Option) -> list[str]:
@@ -197,18 +191,16 @@ def _fish_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _fish_values(option: Option, free: str) -> str:
+    return _values(option, lambda words: f"-f -a {_fish_quote(words)}", "-F", "-F", free)
+
+
 def _fish_option(prog: str, condition: str, option: Option) -> str:
     parts = [f"complete -c {prog} -n {_fish_quote(condition)}"]
     for flag in option.flags:
         parts.append(f"-l {flag[2:]}" if flag.startswith("--") else f"-s {flag[1:]}")
     if option.takes_value:
-        parts.append("-r")
-        if option.choices:
-            parts.append(f"-f -a {_fish_quote(' '.join(option.choices))}")
-        elif option.kind:
-            parts.append("-F")
-        else:
-            parts.append("-f")
+        parts.append(f"-r {_fish_values(option, free='-f')}")
     parts.append(f"-d {_fish_quote(option.help[:100])}")
     return " ".join(parts)
 
@@ -224,10 +216,6 @@ def _fish(prog: str, top: Sequence[Option], commands: Sequence[Command]) -> str:
     for command in commands:
         condition = f"__fish_seen_subcommand_from {command.name}"
         lines += [_fish_option(prog, condition, o) for o in command.options]
-        for positional in command.positionals:
-            if positional.choices:
-                lines.append(f"complete -c {prog} -n {_fish_quote(condition)} -f "
-                             f"-a {_fish_quote(' '.join(positional.choices))}")
-            elif positional.kind:
-                lines.append(f"complete -c {prog} -n {_fish_quote(condition)} -F")
+        lines += [f"complete -c {prog} -n {_fish_quote(condition)} {_fish_values(p, free='')}"
+                  for p in command.positionals if p.choices or p.kind]
     return "\n".join(lines) + "\n"

@@ -22,12 +22,13 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from mirrord.commands.banner import mirrord_command
+from mirrord.commands.config_toml import render as render_toml
 from mirrord.commands.status import collect, http_get, render
 from mirrord.config import load_config
 from mirrord.errors import ManifestError
@@ -83,90 +84,52 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(directory: Path, port: int, keep_last: int, prune_enabled: bool) -> Path:
+def write_config(directory: Path, port: int, keep_last: int) -> Path:
     """A config a person can reuse: `mirrord run --config DIR/mirrord.toml` continues the demo."""
-    primary, mirror = (directory / "primary").resolve(), (directory / "mirror").resolve()
+    settings = {
+        "primary": str((directory / "primary").resolve()), "mirror": str((directory / "mirror").resolve()),
+        "patterns": ["*.pt"],
+        "copy": {"settle_seconds": 0.5, "retry_backoff_seconds": 0.2, "free_space_reserve_bytes": 0},
+        "prune": {"enabled": True, "keep_last": keep_last, "min_age_seconds": 1.0, "primary": True},
+        "watch": {"rescan_interval_seconds": 1.0},
+        "daemon": {"heartbeat_seconds": 1.0, "shutdown_grace_seconds": 5.0},
+        "metrics": {"address": f"127.0.0.1:{port}"},
+        "log": {"format": "json", "level": "info"},
+    }
+    why = {"prune.min_age_seconds": "demo (production: 300); a file this young is never deleted: still written?",
+           "prune.primary": "demo: old steps go on the primary too, once the mirror holds newer verified ones"}
     path = directory / "mirrord.toml"
-    path.write_text(f"""\
-# Written by `mirrord demo`. Short timings so that everything happens within a minute;
-# config/mirrord.toml documents every key and its production default.
-primary = {json.dumps(str(primary))}
-mirror = {json.dumps(str(mirror))}
-patterns = ["*.pt"]
-
-[copy]
-settle_seconds = 0.5
-retry_backoff_seconds = 0.2
-free_space_reserve_bytes = 0
-
-[prune]
-enabled = {json.dumps(prune_enabled)}
-keep_last = {keep_last}
-# Production default: 300 s. A file this young is never deleted (it may still be written or copied).
-min_age_seconds = 1.0
-# Delete old steps on the primary too, once the mirror holds newer verified ones.
-primary = true
-
-[watch]
-rescan_interval_seconds = 1.0
-
-[daemon]
-heartbeat_seconds = 1.0
-shutdown_grace_seconds = 5.0
-
-[metrics]
-address = "127.0.0.1:{port}"
-
-[log]
-format = "json"
-level = "info"
-""")
+    path.write_text("# Written by `mirrord demo`, with short timings so that everything happens within a minute;\n"
+                    "# config/mirrord.toml documents every key and its production default.\n"
+                    + render_toml(settings, lambda key: why.get(key, "")))
     return path
 
 
 # --- the trainer ---------------------------------------------------------------------------------------
-class Trainer:
-    """Commits one checkpoint per step the way a careful trainer does: write NAME.part, fsync, rename."""
+Save = Callable[[Path, int], None]  # writes step N at a path the way a careful trainer does (NAME.part, rename)
 
-    def __init__(self, run_dir: Path, use_torch: bool | None = None) -> None:
-        self.run_dir = run_dir
-        has_torch = importlib.util.find_spec("torch") is not None
-        self.use_torch = has_torch if use_torch is None else use_torch
-        self.kind = "torch.save" if self.use_torch else "zip, torch not installed" if not has_torch else "zip"
-        self._model: Any = None
-        self._optimizer: Any = None
 
-    def prepare(self) -> None:
-        """Import torch and build the model before the clock starts (importing torch takes seconds)."""
-        if self.use_torch and self._model is None:
-            import torch
+def trainer(use_torch: bool | None, out: TextIO) -> tuple[Save, str]:
+    """How the demo's trainer saves, and what to call it: torch.save through mirrord.torch.atomic_save when
+    torch is there (imported and the model built now, before the clock starts: that takes seconds), else zips."""
+    has_torch = importlib.util.find_spec("torch") is not None
+    if not (has_torch if use_torch is None else use_torch):
+        return write_zip_checkpoint, "zip" if has_torch else "zip, torch not installed"
+    print("preparing the trainer (importing torch) ...", file=out, flush=True)
+    import torch
 
-            self._model = torch.nn.Sequential(
-                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)
-            )
-            self._optimizer = torch.optim.Adam(self._model.parameters(), lr=1e-3)
+    from mirrord.torch import atomic_save
 
-    def commit(self, step: int) -> Path:
-        """Save step `step` the trainer's way (NAME.part, then rename); its final path."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / f"step_{step:04d}.pt"
-        if self.use_torch:
-            self._commit_torch(path, step)
-        else:
-            write_zip_checkpoint(path, step)
-        return path
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-    def _commit_torch(self, path: Path, step: int) -> None:
-        import torch
-
-        from mirrord.torch import atomic_save
-
-        self.prepare()
-        for param in self._model.parameters():  # one "training step": gives Adam its state
+    def save(path: Path, step: int) -> None:
+        for param in model.parameters():  # one "training step": gives Adam its state
             param.grad = torch.randn_like(param)
-        self._optimizer.step()
-        atomic_save({"step": step, "model": self._model.state_dict(),
-                     "optimizer": self._optimizer.state_dict()}, path)
+        optimizer.step()
+        atomic_save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+    return save, "torch.save"
 
 
 def write_zip_checkpoint(path: Path, step: int, tensors: int = 6, tensor_bytes: int = 256 * 1024) -> None:
@@ -227,14 +190,9 @@ class Narrator:
         """One narrated line, stamped with the seconds since the demo began."""
         print(f"[{time.monotonic() - self.started:6.1f}s] {who:8} {text}", file=self.out, flush=True)
 
-    def committed(self, path: Path, root: Path, kind: str) -> None:
-        """Narrate a checkpoint the trainer committed."""
-        rel = path.relative_to(root).as_posix()
-        self.say("trainer", f"committed {rel}  {human_bytes(path.stat().st_size)} ({kind}, .part -> rename)")
-
     def event(self, e: dict[str, Any]) -> None:
         """Narrate one daemon log event (the ones a person watching cares about)."""
-        name, path = e.get("event", ""), e.get("path", "")
+        name, path, reason = e.get("event", ""), e.get("path", ""), e.get("reason", "")
         if name == "daemon.ready":
             self.say("mirrord", "ready: first reconcile done, watching for checkpoints")
         elif name == "watch.mode":
@@ -247,14 +205,14 @@ class Narrator:
             volume = e.get("volume", "mirror")
             self.pruned[volume] = self.pruned.get(volume, 0) + 1
             self.say("mirrord", f"pruned    {path} on the {volume} (below the newest {self.keep_last} verified steps)")
-        elif name == "prune.skipped" and (path, e.get("reason", "")) not in self._told:
-            self._told.add((path, e.get("reason", "")))
-            why = {"recent_mtime": "younger than prune.min_age_seconds",
-                   "newest": "the newest verified step"}.get(e.get("reason", ""), e.get("reason", ""))
+        elif name == "prune.skipped" and (path, reason) not in self._told:
+            self._told.add((path, reason))
+            why = {"recent_mtime": "younger than prune.min_age_seconds", "newest": "the newest verified step"}.get(
+                reason, reason)
             self.say("mirrord", f"kept      {path} on the {e.get('volume')} for now: {why}")
         elif name == "copy.failed":
             retry = "; will retry" if e.get("will_retry") else ""
-            self.say("mirrord", f"copy of {path} failed ({e.get('reason')}): {e.get('cause')}{retry}")
+            self.say("mirrord", f"copy of {path} failed ({reason}): {e.get('cause')}{retry}")
         elif e.get("level") == "error":
             detail = e.get("cause") or e.get("detail") or e.get("problems") or ""
             self.say("mirrord", f"ERROR {name} {path} {detail}".rstrip())
@@ -305,21 +263,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _interrupt_on_stop_signals() -> dict[int, Any]:
-    """Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script
-    starts with SIGINT ignored, and Python then installs no handler): as `mirrord run` does."""
-    previous: dict[int, Any] = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.default_int_handler)
-    return previous
-
-
-def _force_on_stop_signals(proc: subprocess.Popen[bytes]) -> None:
-    """While the daemon stops, another Ctrl-C kills it rather than leaving it orphaned."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda _signum, _frame: proc.kill())
-
-
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """Run the whole demo; 0 when both sides end with exactly the newest keep_last steps, verified.
 
@@ -327,31 +270,27 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """
     directory = options.directory
     primary, mirror = prepare(directory)
-    prune_enabled = importlib.util.find_spec("mirrord.commands.prune") is not None
     port = free_port()
-    config_path = write_config(directory, port, options.keep_last, prune_enabled)
+    config_path = write_config(directory, port, options.keep_last)
     config = load_config(config_path, environ={})
     log_path = directory / "mirrord.log"
-    trainer = Trainer(primary / RUN, options.use_torch)
-    keep = options.keep_last if prune_enabled else options.steps
-    expected = list(range(max(1, options.steps - keep + 1), options.steps + 1))
+    expected = list(range(max(1, options.steps - options.keep_last + 1), options.steps + 1))
 
     print(f"mirrord demo: a simulated trainer commits {options.steps} checkpoint(s), one every "
-          f"{options.interval:g} s;\nmirrord mirrors each one as it is committed"
-          + (f" and keeps the newest {options.keep_last} on both sides." if prune_enabled else
-             " (pruning is not available in this build: nothing is deleted)."), file=out)
+          f"{options.interval:g} s;\nmirrord mirrors each one as it is committed and keeps the newest "
+          f"{options.keep_last} on both sides.", file=out)
     print(f"  primary  {primary}   (the trainer writes here)\n"
           f"  mirror   {mirror}   (mirrord's trustworthy copy)\n"
           f"  config   {config_path}\n"
           f"  log      {log_path}   (the daemon's JSON events)\n"
           f"  metrics  http://127.0.0.1:{port}/metrics  /healthz  /readyz\n", file=out, flush=True)
 
-    if trainer.use_torch:
-        print("preparing the trainer (importing torch) ...", file=out, flush=True)
-    trainer.prepare()
+    save, kind = trainer(options.use_torch, out)
     narrator = Narrator(out, options.keep_last)
     follower = LogFollower(log_path)
-    previous_handlers = _interrupt_on_stop_signals()
+    # Ctrl-C and SIGTERM end the demo even when inherited as ignored (a background job of a script starts
+    # with SIGINT ignored, and Python then installs no handler): as `mirrord run` does.
+    previous_handlers = {signum: signal.signal(signum, signal.default_int_handler) for signum in STOP_SIGNALS}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mirrord", "run", "--config", str(config_path)],
@@ -360,7 +299,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     failure: str | None = "interrupted"
     try:
         _wait_ready(proc, port, log_path)
-        failure = _drive(options, trainer, narrator, follower, proc, primary, mirror, expected)
+        failure = _drive(options, (save, kind), narrator, follower, proc, primary, mirror, expected)
         for event in follower.new_events():
             narrator.event(event)
         elapsed = time.monotonic() - narrator.started
@@ -376,16 +315,16 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the demo daemon", file=out, flush=True)
     finally:
-        _force_on_stop_signals(proc)
+        for signum in STOP_SIGNALS:  # while the daemon stops, another Ctrl-C kills it rather than orphan it
+            signal.signal(signum, lambda _signum, _frame: proc.kill())
         code = _stop(proc)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
     command = mirrord_command()
-    print(f"\nThe demo daemon stopped (exit {code}). Try next:\n"
-          f"  {command} status --config {config_path}\n"
-          f"  {command} verify --deep --config {config_path}\n"
-          f"  {command} latest --config {config_path}\n"
-          f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
+    print(f"\nThe demo daemon stopped (exit {code}). Try next:", file=out)
+    for verb in ("status", "verify --deep", "latest"):
+        print(f"  {command} {verb} --config {config_path}", file=out)
+    print(f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
           file=out, flush=True)
     if command != "mirrord":
         print(f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",
@@ -395,7 +334,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     return 0 if failure is None and code == 0 else 1
 
 
-def _drive(options: DemoOptions, trainer: Trainer, narrator: Narrator, follower: LogFollower,
+def _drive(options: DemoOptions, trainer: tuple[Save, str], narrator: Narrator, follower: LogFollower,
            proc: subprocess.Popen[bytes], primary: Path, mirror: Path, expected: list[int]) -> str | None:
     """Commit a step every interval while narrating, then wait for the mirror to settle; None or what failed."""
     step = 0
@@ -409,7 +348,11 @@ def _drive(options: DemoOptions, trainer: Trainer, narrator: Narrator, follower:
         now = time.monotonic()
         if step < options.steps and now >= next_commit:
             step += 1
-            narrator.committed(trainer.commit(step), primary, trainer.kind)
+            path = primary / RUN / f"step_{step:04d}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            trainer[0](path, step)
+            narrator.say("trainer", f"committed {RUN}/{path.name}  {human_bytes(path.stat().st_size)} "
+                                    f"({trainer[1]}, .part -> rename)")
             next_commit += options.interval
             if step == options.steps:
                 deadline = time.monotonic() + SETTLE_TIMEOUT

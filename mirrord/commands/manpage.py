@@ -23,6 +23,12 @@ EXIT_STATUS = (
     ("1", "the operation failed (a copy, a mismatch, no intact checkpoint, a refused prune)"),
     ("2", "bad usage or configuration: one message per problem, naming the key"),
 )
+FILES = (
+    (".mirrord-manifest.json", "at the mirror root: size and content hash of every mirrored checkpoint"),
+    (".mirrord.lock", "at the mirror root: one mirrord per mirror"),
+)
+# Sections after COMMANDS: title, font of the names (B bold, I italic), (name, text) items.
+TAIL = (("ENVIRONMENT", "B", ENVIRONMENT), ("EXIT STATUS", "B", EXIT_STATUS), ("FILES", "I", FILES))
 
 
 def _escape(text: str) -> str:
@@ -60,7 +66,7 @@ def render(parser: argparse.ArgumentParser, version: str) -> str:
         lines += _option_lines(option)
     lines.append(".SH COMMANDS")
     for command in commands:
-        sub = _subparser(parser, command.name)
+        sub = command.parser
         usage = " ".join(sub.format_usage().split()).removeprefix("usage: ")
         lines += [f'.SS "{_escape(command.name)}"', _escape(" ".join((sub.description or "").split())),
                   ".PP", ".nf", _escape(usage), ".fi"]
@@ -68,30 +74,14 @@ def render(parser: argparse.ArgumentParser, version: str) -> str:
             lines += [".TP", f"\\fI{_escape(positional.metavar)}\\fR", _escape(positional.help)]
         for option in command.options:
             lines += _option_lines(option)
-    lines.append(".SH ENVIRONMENT")
-    for name, text in ENVIRONMENT:
-        lines += [".TP", f"\\fB{_escape(name)}\\fR", _escape(text)]
-    lines.append(".SH EXIT STATUS")
-    for code, text in EXIT_STATUS:
-        lines += [".TP", f"\\fB{code}\\fR", _escape(text)]
+    for title, font, items in TAIL:
+        lines.append(f".SH {title}")
+        for name, text in items:
+            lines += [".TP", f"\\f{font}{_escape(name)}\\fR", _escape(text)]
     lines += [
-        ".SH FILES",
-        ".TP",
-        "\\fI.mirrord\\-manifest.json\\fR",
-        "at the mirror root: size and content hash of every mirrored checkpoint",
-        ".TP",
-        "\\fI.mirrord.lock\\fR",
-        "at the mirror root: one mirrord per mirror",
         ".SH SEE ALSO",
         "\\fBmirrord init\\fR writes a commented configuration file; docs/ in the source tree documents every "
         "command, key and metric.",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[name]  # type: ignore[no-any-return]
-    raise KeyError(name)
 

@@ -28,7 +28,6 @@ from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, run_and_step
 from mirrord.errors import ManifestError, UnsafePathError
-from mirrord.formats.validators import Verdict
 from mirrord.obs.sizes import human_bytes
 from mirrord.service.completeness import judge
 from mirrord.store.mirror import Mirror, ReadableStore
@@ -133,6 +132,10 @@ class Status:
 
 # --- reading the daemon -------------------------------------------------------------------------------
 Fetch = Callable[[str, float], tuple[int, str]]
+# DaemonStatus field -> the metric (without mirrord_) that says it
+GAUGES = {"queue_depth": "queue_depth", "in_flight": "copies_in_flight", "lag_seconds": "mirror_lag_seconds",
+          "invalid_sources": "invalid_sources", "copy_loops": "copy_loop_files",
+          "manifest_repairs": "manifest_repairs_total", "last_copy_at": "last_mirrored_timestamp_seconds"}
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
@@ -202,14 +205,9 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
             status.version = dict(labels).get("version")
         elif name == "mirrord_copies_total":
             status.copies[dict(labels).get("result", "")] = value
-    status.queue_depth = samples.get(("mirrord_queue_depth", ()))
-    status.in_flight = samples.get(("mirrord_copies_in_flight", ()))
-    status.lag_seconds = samples.get(("mirrord_mirror_lag_seconds", ()))
-    status.invalid_sources = samples.get(("mirrord_invalid_sources", ()))
-    status.copy_loops = samples.get(("mirrord_copy_loop_files", ()))
-    status.manifest_repairs = samples.get(("mirrord_manifest_repairs_total", ()))
-    last = samples.get(("mirrord_last_mirrored_timestamp_seconds", ()))
-    status.last_copy_at = last or None
+    for attr, metric in GAUGES.items():
+        setattr(status, attr, samples.get((f"mirrord_{metric}", ())))
+    status.last_copy_at = status.last_copy_at or None  # 0: nothing published since it started
     code, body = fetch(base + "/healthz", timeout)
     status.healthy, status.health = code == 200, body.strip() or f"HTTP {code}"
     code, body = fetch(base + "/readyz", timeout)
@@ -251,10 +249,6 @@ def _snapshot(store: ReadableStore, config: Config) -> tuple[Snapshot | None, st
     return snap, "; ".join(snap.errors) or None
 
 
-def _place(rel: str, config: Config) -> tuple[str, int | None]:
-    return run_and_step(rel, config.rules, config.step_regex)
-
-
 def _disagreement(entry: ManifestEntry, state: FileState | None) -> str | None:
     if state is None:
         return "missing from the mirror"
@@ -276,74 +270,52 @@ def _damaged(mirror: ReadableStore, manifest: Mapping[str, ManifestEntry], msnap
         fresh = mirror.load_manifest().entries
     except ManifestError:
         fresh = manifest
-    damaged = {}
-    for rel in suspects:
-        entry = fresh.get(rel)
-        if entry is None:
-            continue
-        try:
-            state = mirror.stat(rel)
-        except (OSError, UnsafePathError):
-            state = None
-        problem = _disagreement(entry, state)
-        if problem is not None:
-            damaged[rel] = problem
-    return damaged
+    return {rel: problem for rel in suspects
+            if rel in fresh and (problem := _disagreement(fresh[rel], _stat(mirror, rel))) is not None}
 
 
-def _unchanged(mirror: ReadableStore, entry: ManifestEntry) -> bool:
-    """The stored copy is, by its identity (inode and ctime, or an object's ETag), the one recorded."""
+def _stat(mirror: ReadableStore, rel: str) -> FileState | None:
+    """The mirror's copy as it is now; None when it is not there (or cannot be asked)."""
     try:
-        state = mirror.stat(entry.path)
+        return mirror.stat(rel)
     except (OSError, UnsafePathError):
-        return False
-    return state is not None and entry.unchanged(state)
+        return None
+
+
+def _problem(entry: ManifestEntry, mirror: ReadableStore, damaged: dict[str, str], deep: bool) -> str | None:
+    """What is wrong with the mirror's copy of `entry`, or None when it is intact."""
+    if entry.path in damaged:
+        return damaged[entry.path]
+    if deep and (finding := check_entry(mirror, entry)) is not None:
+        return f"{finding.problem} ({finding.detail})"
+    if not deep and entry.validation is not None and (state := _stat(mirror, entry.path)) and entry.unchanged(state):
+        return None  # the very copy that passed its validator (same inode and ctime, or the object's ETag)
+    # Intact means whole, not only the recorded size: check the structure (a torn zip lacks its end
+    # records; a few KB read) and, with --verify, every CRC too.
+    verdict = validate_key(mirror, entry.path, quick=not deep)
+    return None if verdict.passed else str(verdict)
 
 
 def _check_newest(run: RunStatus, entries: list[ManifestEntry], mirror: ReadableStore,
                   damaged: dict[str, str], deep: bool) -> None:
     """Is the newest mirrored step of a run what the manifest recorded? Size from the listing; hash on demand."""
     stepped = [e for e in entries if e.step is not None]
-    if stepped:
-        newest = [e for e in stepped if e.step == run.mirror_step]
-    else:
-        newest = [max(entries, key=lambda e: e.mirrored_at)]
+    newest = [e for e in stepped if e.step == run.mirror_step] or [max(entries, key=lambda e: e.mirrored_at)]
     run.verify_mode = "hash" if deep else "size"
-    for entry in sorted(newest, key=lambda e: e.path):
-        if entry.path in damaged:
-            run.verified, run.verify_detail = False, f"{entry.path}: {damaged[entry.path]}"
-            return
-        if deep:
-            finding = check_entry(mirror, entry)
-            if finding is not None:
-                run.verified, run.verify_detail = False, f"{entry.path}: {finding.problem} ({finding.detail})"
-                return
-        if not deep and entry.validation is not None and _unchanged(mirror, entry):
-            continue  # the very copy that passed its validator (same inode, or ETag on an object store)
-        # Intact means whole, not only the recorded size: check the structure (a torn zip lacks its end
-        # records; a few KB read) and, with --verify, every CRC too.
-        verdict = validate_key(mirror, entry.path, quick=not deep)
-        if not verdict.passed:
-            run.verified, run.verify_detail = False, f"{entry.path}: {verdict}"
-            return
-    run.verified = True
-    run.verify_detail = ", ".join(e.path for e in newest)
+    problems = ((e.path, _problem(e, mirror, damaged, deep)) for e in sorted(newest, key=lambda e: e.path))
+    bad = next(((path, problem) for path, problem in problems if problem is not None), None)
+    run.verified = bad is None
+    run.verify_detail = ", ".join(e.path for e in newest) if bad is None else f"{bad[0]}: {bad[1]}"
 
 
 def _invalid_sources(config: Config, primary: ReadableStore, view: View, now: float) -> list[str]:
     """Primary files behind, unchanged for copy.invalid_grace_seconds, that are not whole (a structural
     check: reads a few KB of each). mirrord never publishes them: someone must look."""
-    problems = []
-    grace = config.copy.invalid_grace_seconds
-    for job in sorted(view.behind, key=lambda j: j.rel):
-        if job.mtime_ns / 1e9 > now - grace:
-            continue
-        if job.members:
-            continue  # a folder unit: its files are validated as they are copied
-        verdict: Verdict = validate_key(primary, job.rel, quick=True)
-        if not verdict.passed:
-            problems.append(f"primary: {job.rel} is not a whole checkpoint ({verdict}); it is not mirrored")
-    return problems
+    settled = (j for j in sorted(view.behind, key=lambda j: j.rel)
+               if j.mtime_ns / 1e9 <= now - config.copy.invalid_grace_seconds
+               and not j.members)  # a folder unit: its files are validated as they are copied
+    return [f"primary: {job.rel} is not a whole checkpoint ({verdict}); it is not mirrored"
+            for job in settled if not (verdict := validate_key(primary, job.rel, quick=True)).passed]
 
 
 def _judged(primary: LocalVolume, config: Config, now: float,
@@ -372,23 +344,13 @@ def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit
         run = by_run.get(unit.run or ".")
         if run is None or unit.kind != "folder":
             continue
-        if not verdict.complete:
-            state = "incomplete"
-        elif view.retired(unit.run, unit.step, unit.mtime_ns):
-            state = "retired"
-        else:
-            state = "pending"
+        state = ("incomplete" if not verdict.complete else
+                 "retired" if view.retired(unit.run, unit.step, unit.mtime_ns) else "pending")
         run.units.append(UnitStatus(unit.rel, unit.step, state, verdict.why))
 
 
-def collect(
-    config: Config,
-    deep: bool = False,
-    now: Callable[[], float] = time.time,
-    timeout: float = DEFAULT_TIMEOUT,
-    fetch: Fetch = http_get,
-    max_lag: float = DEFAULT_MAX_LAG,
-) -> Status:
+def collect(config: Config, deep: bool = False, now: Callable[[], float] = time.time,
+            timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get, max_lag: float = DEFAULT_MAX_LAG) -> Status:
     """Build the status report; reads only (never takes the mirror lock, never writes).
 
     Lag is a problem once a run is more than `max_lag` seconds behind, and so is a primary holding
@@ -424,19 +386,15 @@ def collect(
                      is_complete=_judged(primary, config, checked_at, verdicts))
     psnap, msnap = psnap or Snapshot(), msnap or Snapshot()
 
-    damaged: dict[str, str] = {}
     if view.refused is not None:
         problems.append(f"mirror: {mirror.describe()}: {view.refused}")
     if view.refused is not None and not msnap.files:
         damaged = {rel: "missing from the mirror" for rel in manifest}
     else:
         damaged = _damaged(mirror, manifest, msnap)
-        missing = sorted(rel for rel, why in damaged.items() if why.startswith("missing"))
-        wrong = sorted(rel for rel, why in damaged.items() if not why.startswith("missing"))
-        if missing:
-            problems.append(f"mirror: {len(missing)} file(s) in the manifest are missing, e.g. {missing[0]}")
-        if wrong:
-            problems.append(f"mirror: {len(wrong)} file(s) differ in size from the manifest, e.g. {wrong[0]}")
+        for missing, what in ((True, "in the manifest are missing"), (False, "differ in size from the manifest")):
+            if found := sorted(rel for rel, why in damaged.items() if why.startswith("missing") == missing):
+                problems.append(f"mirror: {len(found)} file(s) {what}, e.g. {found[0]}")
     parts = {rel for unit in contributions.values() for part in unit.values() for rel in part.files}
     unrecorded = sorted(set(msnap.files) - set(manifest) - parts)
     if contributions:
@@ -507,20 +465,20 @@ def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], lis
 
 def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: Mapping[str, ManifestEntry], view: View,
           damaged: dict[str, str], now: float, deep: bool) -> list[RunStatus]:
-    primary_by_run: dict[str, list[FileState]] = defaultdict(list)
+    primary_steps: dict[str, list[int | None]] = defaultdict(list)
     entries_by_run: dict[str, list[ManifestEntry]] = defaultdict(list)
     behind_by_run: dict[str, list[CopyJob]] = defaultdict(list)
-    for state in psnap.files.values():
-        primary_by_run[_place(state.rel, config)[0]].append(state)
+    for rel in psnap.files:
+        name, step = run_and_step(rel, config.rules, config.step_regex)
+        primary_steps[name].append(step)
     for entry in manifest.values():
-        entries_by_run[_place(entry.path, config)[0]].append(entry)
+        entries_by_run[run_and_step(entry.path, config.rules, config.step_regex)[0]].append(entry)
     for job in view.behind:  # not (intactly) mirrored, and not retired by retention
         behind_by_run[job.run].append(job)
     runs = []
-    for name in sorted(set(primary_by_run) | set(entries_by_run)):
+    for name in sorted(set(primary_steps) | set(entries_by_run)):
         run = RunStatus(name or ".")
-        steps = [s for s in (_place(f.rel, config)[1] for f in primary_by_run[name]) if s is not None]
-        run.primary_step = max(steps, default=None)
+        run.primary_step = max((s for s in primary_steps[name] if s is not None), default=None)
         entries = entries_by_run[name]
         run.mirror_step = max((e.step for e in entries if e.step is not None), default=None)
         if entries:
@@ -566,48 +524,30 @@ def _table(rows: list[list[str]]) -> list[str]:
 def render(status: Status) -> str:
     """The report for a person."""
     when = datetime.fromtimestamp(status.checked_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    lines = [f"mirrord {__version__} status at {when}", ""]
-    lines.append(f"primary  {status.primary.path}")
-    lines.append(f"         {status.primary.files} checkpoint file(s); {_space(status.primary)}")
-    lines.append(f"mirror   {status.mirror.path}")
-    lines.append(f"         {status.mirror.files} checkpoint file(s), {status.manifest_entries} in the manifest; "
-                 f"{_space(status.mirror)}")
-    lines.append("")
-    if status.runs:
-        rows = [["RUN", "NEWEST STEP (PRIMARY)", "NEWEST STEP (MIRROR)", "MIRROR'S NEWEST STEP", "BEHIND"]]
-        for run in status.runs:
-            if run.verified is None:
-                verified = "-"
-            elif run.verified:
-                verified = f"intact ({run.verify_mode} checked)"
-            else:
-                verified = f"NOT INTACT ({run.verify_mode})"
-            behind = "caught up" if not run.pending_files else (
-                f"{run.pending_files} file(s), oldest {human_duration(run.lag_seconds)}"
-            )
-            rows.append([printable(run.run), _step(run.primary_step), _step(run.mirror_step), verified, behind])
-        lines.extend(_table(rows))
-        if any(r.verify_mode == "size" and r.verified for r in status.runs):
-            lines.append("  (sizes checked against the manifest; add --verify to check content hashes)")
-        units = [u for r in status.runs for u in r.units]
-        if units:
-            lines.append("")
-            lines.append("units on the primary not on the mirror:")
-            lines.extend(_table([[printable(u.unit), u.state.upper() if u.state == "incomplete" else u.state, u.why]
-                                 for u in units]))
-    else:
-        lines.append("  no checkpoints on either side yet")
-    lines.append("")
-    lines.extend(_render_daemon(status.daemon, status.checked_at))
-    lines.append("")
-    if status.problems:
-        lines.append("problems:")
-        lines.extend(f"  ! {p}" for p in status.problems)
-    else:
-        lines.append("problems: none")
+    lines = [f"mirrord {__version__} status at {when}", "",
+             f"primary  {status.primary.path}",
+             f"         {status.primary.files} checkpoint file(s); {_space(status.primary)}",
+             f"mirror   {status.mirror.path}",
+             f"         {status.mirror.files} checkpoint file(s), {status.manifest_entries} in the manifest; "
+             f"{_space(status.mirror)}", ""]
+    rows = [["RUN", "NEWEST STEP (PRIMARY)", "NEWEST STEP (MIRROR)", "MIRROR'S NEWEST STEP", "BEHIND"]]
+    for run in status.runs:
+        verified = ("-" if run.verified is None else f"intact ({run.verify_mode} checked)" if run.verified
+                    else f"NOT INTACT ({run.verify_mode})")
+        behind = (f"{run.pending_files} file(s), oldest {human_duration(run.lag_seconds)}" if run.pending_files
+                  else "caught up")
+        rows.append([printable(run.run), _step(run.primary_step), _step(run.mirror_step), verified, behind])
+    lines += _table(rows) if status.runs else ["  no checkpoints on either side yet"]
+    if any(r.verify_mode == "size" and r.verified for r in status.runs):
+        lines.append("  (sizes checked against the manifest; add --verify to check content hashes)")
+    if units := [u for r in status.runs for u in r.units]:
+        lines += ["", "units on the primary not on the mirror:"]
+        lines += _table([[printable(u.unit), u.state.upper() if u.state == "incomplete" else u.state, u.why]
+                         for u in units])
+    lines += ["", *_render_daemon(status.daemon, status.checked_at), "",
+              "problems:" if status.problems else "problems: none", *(f"  ! {p}" for p in status.problems)]
     if status.notes:
-        lines.append("notes:")
-        lines.extend(f"  - {n}" for n in status.notes)
+        lines += ["notes:", *(f"  - {n}" for n in status.notes)]
     return "\n".join(map(printable, lines))  # run and file names are anyone's: never raw on a terminal
 
 
@@ -627,9 +567,7 @@ def _render_daemon(d: DaemonStatus, now: float) -> list[str]:
     lines.append(f"         {queue}, {lag}; copies since start: {copies}")
     if d.last_copy_at:
         lines.append(f"         last copy published {human_duration(now - d.last_copy_at)} ago")
-    for c in d.copying:
-        lines.append(f"         copying {_progress_line(c)}")
-    return lines
+    return lines + [f"         copying {_progress_line(c)}" for c in d.copying]
 
 
 def _progress_line(c: dict[str, Any]) -> str:

@@ -22,17 +22,16 @@ def deep_check(store: ReadableStore, rel: str, load: bool = False) -> Finding | 
     from mirrord.formats.zipcheck import load_check
 
     verdict = validate_key(store, rel)
-    if verdict.status == OK and load and verdict.format == "torch_zip":
-        try:
-            with store.open_read(rel) as stream, random_access_fd(stream) as fd:
-                loaded = load_check(fd_path(fd))
-        except OSError as exc:
-            return Finding(rel, "unreadable", exc.strerror or str(exc))
-        if not loaded.ok:
-            return Finding(rel, loaded.status, loaded.detail)
-    if verdict.status == OK:
+    if verdict.status != OK:
+        return Finding(rel, verdict.status, verdict.detail)
+    if not (load and verdict.format == "torch_zip"):
         return None
-    return Finding(rel, verdict.status, verdict.detail)
+    try:
+        with store.open_read(rel) as stream, random_access_fd(stream) as fd:
+            loaded = load_check(fd_path(fd))
+    except OSError as exc:
+        return Finding(rel, "unreadable", exc.strerror or str(exc))
+    return None if loaded.ok else Finding(rel, loaded.status, loaded.detail)
 
 
 def verify_mirror(
@@ -82,6 +81,5 @@ def verify_mirror(
             findings.append(Finding(rel, deep.problem, f"not in the manifest, and {deep.detail}"))
         else:
             findings.append(Finding(rel, "unrecorded", "on the mirror but not in the manifest"))
-    for msg in snap.errors:
-        findings.append(Finding(store.describe(), "unreadable", msg))
+    findings += [Finding(store.describe(), "unreadable", msg) for msg in snap.errors]
     return len(entries), findings

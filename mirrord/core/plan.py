@@ -35,8 +35,7 @@ def why_copy(src: FileState, entry: ManifestEntry | None, dst: FileState | None)
     if dst is None:
         return "mirror_missing"
     # Compared with what the mirror stored, which is not always what it was given (clamped, rounded).
-    stored = entry.mirror_mtime_ns if entry.mirror_mtime_ns is not None else entry.source_mtime_ns
-    if dst.size != entry.size or abs(dst.mtime_ns - stored) > MTIME_TOLERANCE_NS:
+    if dst.size != entry.size or abs(dst.mtime_ns - entry.stored_mtime_ns) > MTIME_TOLERANCE_NS:
         return "mirror_mismatch"
     return None
 

@@ -85,8 +85,7 @@ class View:
 
 def as_recorded(manifest: Mapping[str, ManifestEntry]) -> Snapshot:
     """The mirror as its manifest describes it: what lag is judged against while the mirror is refused."""
-    return Snapshot({rel: FileState(rel, e.size, e.mirror_mtime_ns if e.mirror_mtime_ns is not None
-                                    else e.source_mtime_ns) for rel, e in manifest.items()})
+    return Snapshot({rel: FileState(rel, e.size, e.stored_mtime_ns) for rel, e in manifest.items()})
 
 
 def reconcile(

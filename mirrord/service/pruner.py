@@ -19,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import PurePath
 from typing import Any
 
 from mirrord.config import Config
@@ -114,12 +113,14 @@ class Pruner:
         self._told: set[tuple[str, str, int]] = set()  # (what, run, step) paused runs and branch tips logged
         self.log = get_logger()
         self._lock = threading.Lock()
-        self._last_plan: PrunePlan | None = None
+        # The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
+        # refused: which steps are retired for a partial listing (the daemon's watch hints).
+        self.last_plan: PrunePlan | None = None
         # (volume, path, reason) vetoes already logged: a young file kept for many passes is one
         # prune.skipped line, not one per pass (the metric still counts every pass).
         self._skips_logged: set[tuple[str, str, str]] = set()
         self._skips_seen: set[tuple[str, str, str]] = set()
-        self._roots = guard_roots(primary, mirror)
+        self.roots = guard_roots(primary, mirror)  # both roots, resolved once (the path guard compares against them)
         self._elsewhere: str | None = None  # why another node prunes the mirror, as last logged
 
     def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None,
@@ -130,11 +131,11 @@ class Pruner:
         msnap = mirror_snap if mirror_snap is not None else self.mirror.snapshot(self.config.patterns, rules)
         observed = None if self.observations is None else self.observations.observe(psnap, msnap)
         facts = Facts(mirror_is_mount=self.mirror.is_mountpoint(), observed=observed, invalid=self.invalid(),
-                      roots=self._roots, space_pressure=space_pressure, forget=self.forget, pointed=self.pointed())
+                      roots=self.roots, space_pressure=space_pressure, forget=self.forget, pointed=self.pointed())
         plan = reconcile(psnap, msnap, self.manifest.entries, self.config, self.wall(), frozenset(self.in_flight()),
                          facts=facts, plan_retention=True).prune
         if not plan.refused and not space_pressure:
-            self._last_plan = plan.retirement()
+            self.last_plan = plan.retirement()
         return plan
 
     def pointed(self) -> frozenset[str]:
@@ -148,17 +149,6 @@ class Pruner:
         if tree is None:
             return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())
         return best | (pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset())
-
-    @property
-    def roots(self) -> dict[str, PurePath] | None:
-        """Both roots, resolved once (the path guard compares against them)."""
-        return self._roots
-
-    @property
-    def last_plan(self) -> PrunePlan | None:
-        """The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
-        refused: which steps are retired for a partial listing (the daemon's watch hints)."""
-        return self._last_plan
 
     def run_cycle(
         self,
@@ -184,22 +174,16 @@ class Pruner:
             if plan is None:
                 plan = self.plan(primary_snap, mirror_snap)
             elif not plan.refused:
-                self._last_plan = plan.retirement()
+                self.last_plan = plan.retirement()
             report = self._execute(plan, dry, sides, keep_going=keep_going)
             if not dry and MIRROR in sides:
                 self._sweep_uploads()
         # A dry run deletes nothing: its totals are what it would delete, and are named so.
-        count, mirror_bytes = len(report.deleted), report.freed_bytes(MIRROR)
-        primary_bytes = report.freed_bytes(PRIMARY)
-        totals = (
-            {"would_delete": count, "would_free_bytes_mirror": mirror_bytes, "would_free_bytes_primary": primary_bytes}
-            if dry else {"deleted": count, "freed_bytes_mirror": mirror_bytes, "freed_bytes_primary": primary_bytes}
-        )
-        self.log.info(
-            "prune.finished", dry_run=dry, **totals, interrupted=report.interrupted, skipped=report.skips_by_reason(),
-            listed=listed,
-            refused=[r for r, _ in report.refused], failed=len(report.failed),
-        )
+        freed = "would_free" if dry else "freed"
+        totals = {f"{freed}_bytes_{volume}": report.freed_bytes(volume) for volume in (MIRROR, PRIMARY)}
+        self.log.info("prune.finished", dry_run=dry, **{"would_delete" if dry else "deleted": len(report.deleted)},
+                      **totals, interrupted=report.interrupted, skipped=report.skips_by_reason(), listed=listed,
+                      refused=[r for r, _ in report.refused], failed=len(report.failed))
         return report
 
     def _sides(self) -> tuple[str, ...]:
@@ -379,12 +363,7 @@ class Pruner:
         except MirrordError as exc:
             for d in group:
                 self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
-            if entries:
-                try:
-                    self.manifest.apply(puts=entries)
-                except MirrordError as again:
-                    self.log.error("prune.rerecord_failed", files=len(entries), reason=again.reason,
-                                   cause=again.cause)
+            self._rerecord(entries)
             return True
         report.deleted.extend(group)
         self.metrics.pruned_files.labels(volume).inc(len(group))
@@ -471,14 +450,16 @@ class Pruner:
                 break
             if not self._unlink(d, fresh, entry, report) and entry is not None:
                 restore.append(entry)  # the file is still there and still what was recorded
-        if go_on and enough is not None and enough():
-            go_on = False
-        if restore:
-            try:
-                self.manifest.apply(puts=restore)
-            except MirrordError as exc:  # they stay unrecorded: copied and recorded again by a later pass
-                self.log.error("prune.rerecord_failed", files=len(restore), reason=exc.reason, cause=exc.cause)
-        return go_on
+        self._rerecord(restore)
+        return go_on and not (enough is not None and enough())
+
+    def _rerecord(self, entries: list[ManifestEntry]) -> None:
+        """Record again the entries of files that were not deleted after all."""
+        try:
+            if entries:
+                self.manifest.apply(puts=entries)
+        except MirrordError as exc:  # they stay unrecorded: copied and recorded again by a later pass
+            self.log.error("prune.rerecord_failed", files=len(entries), reason=exc.reason, cause=exc.cause)
 
     def _recheck(self, d: Deletion, plan: PrunePlan, report: PruneReport) -> FileState | None:
         """A fresh stat that is still the planned file and that no guard vetoes, else None (reported)."""

@@ -345,11 +345,10 @@ def plan_prune(
             skipped.append(Skipped(cand.volume, cand.rel, cand.step, reason, cand.state.size))
             if cand.unit:
                 held.setdefault((cand.volume, cand.unit), reason)
-    if held:  # a folder unit goes whole or not at all: one kept file keeps all of it
-        for cand in [d for d in deletions if (d.volume, d.unit) in held]:
-            deletions.remove(cand)
-            skipped.append(Skipped(cand.volume, cand.rel, cand.step, held[(cand.volume, cand.unit)], cand.state.size))
-    deletions.sort(key=deletion_order)
+    # A folder unit goes whole or not at all: one kept file keeps all of it.
+    skipped += [Skipped(d.volume, d.rel, d.step, held[(d.volume, d.unit)], d.state.size)
+                for d in deletions if (d.volume, d.unit) in held]
+    deletions = sorted((d for d in deletions if (d.volume, d.unit) not in held), key=deletion_order)
     by_file = request.layout is None or not request.layout.folders
     return PrunePlan(
         deletions=() if refused else tuple(deletions),

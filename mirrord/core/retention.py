@@ -504,18 +504,14 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
             why = NEWER_UNVERIFIED
-        if why == BRANCH_TIP and policy.primary and step in deletable and step in verified:
-            # An abandoned branch's tip is kept on the mirror; the primary is bounded all the same.
-            plan.kept += [Kept(MIRROR, f.rel, step, why) for f in on_mirror]
-            plan.candidates += [Deletion(PRIMARY, f, step, STEP, units.get(f.rel, "")) for f in on_primary]
-            continue
-        if why is not None:
-            plan.kept += [Kept(side, f.rel, step, why) for side, files in ((PRIMARY, on_primary), (MIRROR, on_mirror))
-                          for f in files]
-            continue
-        if policy.primary:  # else the primary is not ours to prune
-            plan.candidates += [Deletion(PRIMARY, f, step, STEP, units.get(f.rel, "")) for f in on_primary]
-        plan.candidates += [Deletion(MIRROR, f, step, STEP, units.get(f.rel, "")) for f in on_mirror]
+        # An abandoned branch's tip is kept on the mirror; the primary is bounded all the same.
+        bounded_tip = why == BRANCH_TIP and policy.primary and step in deletable and step in verified
+        for side, files in ((PRIMARY, on_primary), (MIRROR, on_mirror)):
+            if why is None or (bounded_tip and side == PRIMARY):
+                if side == MIRROR or policy.primary:  # else the primary is not ours to prune
+                    plan.candidates += [Deletion(side, f, step, STEP, units.get(f.rel, "")) for f in files]
+            else:
+                plan.kept += [Kept(side, f.rel, step, why) for f in files]
     return plan
 
 

@@ -299,15 +299,9 @@ class PruneRequest:
 
     def guards(self, newest: frozenset[str] = frozenset()) -> GuardContext:
         """The one GuardContext of this plan; the executor re-uses it with a fresh clock and in-flight set."""
-        return GuardContext(
-            now=self.now,
-            min_age_seconds=self.policy.min_age_seconds,
-            future_skew_seconds=self.policy.future_skew_seconds,
-            in_flight=self.in_flight,
-            newest=newest,
-            roots=self.roots,
-            observed=self.observed,
-        )
+        return GuardContext(now=self.now, min_age_seconds=self.policy.min_age_seconds,
+                            future_skew_seconds=self.policy.future_skew_seconds, in_flight=self.in_flight,
+                            newest=newest, roots=self.roots, observed=self.observed)
 
 
 # A step's files on each side: (primary, mirror); run -> step -> them.

@@ -73,8 +73,9 @@ class PruneReport:
         return dict(Counter(s.reason for s in self.skipped))
 
 
-def _fields(volume: str, state: FileState, step: int | None) -> dict[str, Any]:
-    return {"volume": volume, "path": state.rel, "run": state.run or ".", "step": step, "size": state.size}
+def _fields(d: Deletion) -> dict[str, Any]:
+    return {"kind": d.kind, "volume": d.volume, "path": d.rel, "run": d.state.run or ".", "step": d.step,
+            "size": d.state.size}
 
 
 class Pruner:
@@ -269,9 +270,8 @@ class Pruner:
         todo = [d for d in plan.deletions if d.volume in volumes]
         if dry_run:
             for deletion in todo:
-                self.log.info("prune.would_delete", kind=deletion.kind,
-                              **_fields(deletion.volume, deletion.state, deletion.step))
-                report.deleted.append(deletion)
+                self.log.info("prune.would_delete", **_fields(deletion))
+            report.deleted.extend(todo)
             return report
         plain = [d for d in todo if not d.unit and d.kind != ORPHAN_STAGING]
         for d in todo:
@@ -322,7 +322,7 @@ class Pruner:
             self._refuse_file(report, d, CHANGED, "no longer the folder that was planned")
             return True
         report.deleted.append(d)
-        self.log.info("prune.deleted", kind=d.kind, manifest_entry=False, **_fields(d.volume, d.state, d.step))
+        self.log.info("prune.deleted", manifest_entry=False, **_fields(d))
         return True
 
     def _delete_unit(
@@ -507,8 +507,7 @@ class Pruner:
         report.deleted.append(d)
         self.metrics.pruned_files.labels(d.volume).inc()
         self.metrics.pruned_bytes.labels(d.volume).inc(fresh.size)
-        self.log.info("prune.deleted", kind=d.kind, manifest_entry=entry is not None,
-                      **_fields(d.volume, d.state, d.step))
+        self.log.info("prune.deleted", manifest_entry=entry is not None, **_fields(d))
         return True
 
     def _refuse_file(
@@ -516,5 +515,5 @@ class Pruner:
     ) -> None:
         (report.failed if failed else report.changed).append((d.volume, d.rel, f"{reason}: {cause}"))
         log = self.log.error if failed else self.log.warning
-        log("prune.refused", reason=reason, detail=cause, **_fields(d.volume, d.state, d.step))
+        log("prune.refused", reason=reason, detail=cause, **_fields(d))
         self.metrics.prune_refusal(reason)

@@ -273,10 +273,7 @@ class Pruner:
                 self.log.info("prune.would_delete", **_fields(deletion))
             report.deleted.extend(todo)
             return report
-        plain = [d for d in todo if not d.unit and d.kind != ORPHAN_STAGING]
-        for d in todo:
-            if d.kind == ORPHAN_STAGING and not self._sweep_staging(d, plan, report, keep_going):
-                return report
+        plain = [d for d in todo if not d.unit]
         for start in range(0, len(plain), BATCH):
             if not self._delete_batch(plain[start:start + BATCH], plan, report, keep_going, enough):
                 return report
@@ -303,27 +300,6 @@ class Pruner:
                 self.log.info("prune.branch_tip_kept", run=run or ".", step=step,
                               cause="the newest checkpoint of an abandoned branch (--forget-branch RUN:STEP drops it)")
         self._told = now
-
-    def _sweep_staging(self, d: Deletion, plan: PrunePlan, report: PruneReport, keep_going: Callable[[], bool]) -> bool:
-        """A dead NAME.part/ staging folder (its writer died): removed with its content once the guards
-        allow it (its age, not in flight). False means stop the cycle."""
-        if not keep_going():
-            report.interrupted = True
-            return False
-        fresh = self._recheck(d, plan, report)
-        if fresh is None or not self._mirror_still_there(report, d.volume):
-            return fresh is None
-        try:
-            gone = self.mirror.delete_folder(d.rel, fresh)
-        except MirrordError as exc:
-            self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
-            return True
-        if not gone:
-            self._refuse_file(report, d, CHANGED, "no longer the folder that was planned")
-            return True
-        report.deleted.append(d)
-        self.log.info("prune.deleted", manifest_entry=False, **_fields(d))
-        return True
 
     def _delete_unit(
         self, volume: str, unit: str, group: list[Deletion], plan: PrunePlan, report: PruneReport,
@@ -494,10 +470,14 @@ class Pruner:
         return fresh
 
     def _unlink(self, d: Deletion, fresh: FileState, entry: ManifestEntry | None, report: PruneReport) -> bool:
-        """Delete one re-checked file; False if it is still there (its entry should be recorded again)."""
+        """Delete one re-checked file (or dead staging folder); False if it is still there (its entry should be
+        recorded again)."""
         volume = self.primary if d.volume == PRIMARY else self.mirror
         try:
-            volume.delete(d.rel, fresh)
+            if d.kind != ORPHAN_STAGING:
+                volume.delete(d.rel, fresh)
+            elif not self.mirror.delete_folder(d.rel, fresh):  # a dead NAME.part/ folder (its writer died)
+                raise ChangedError(d.rel, "no longer the folder that was planned")
         except ChangedError as exc:
             self._refuse_file(report, d, CHANGED, exc.cause)
             return True  # it is not the recorded file any more: the entry must not come back
@@ -505,8 +485,9 @@ class Pruner:
             self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
             return False
         report.deleted.append(d)
-        self.metrics.pruned_files.labels(d.volume).inc()
-        self.metrics.pruned_bytes.labels(d.volume).inc(fresh.size)
+        if d.kind != ORPHAN_STAGING:  # (a folder is no pruned file)
+            self.metrics.pruned_files.labels(d.volume).inc()
+            self.metrics.pruned_bytes.labels(d.volume).inc(fresh.size)
         self.log.info("prune.deleted", manifest_entry=entry is not None, **_fields(d))
         return True
 

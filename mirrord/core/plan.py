@@ -45,18 +45,11 @@ def newest_first(job: CopyJob) -> tuple[bool, int, int]:
     return (job.step is None, -(job.step or 0), -job.mtime_ns)
 
 
-_NO_STEP = float("-inf")  # below every step: files without one go last
-
-
-def _step_or_last(job: CopyJob) -> int | float:
-    return _NO_STEP if job.step is None else job.step
-
-
 def sort_newest_first(jobs: list[CopyJob]) -> None:
     """`jobs.sort(key=newest_first)` without a key tuple per job (at 1,000,000 new files those are 140 MB
     at once): two stable sorts, the minor key first, whose keys are the jobs' own numbers."""
     jobs.sort(key=attrgetter("mtime_ns"), reverse=True)  # reverse=True keeps equal keys in their order
-    jobs.sort(key=_step_or_last, reverse=True)
+    jobs.sort(key=lambda job: float("-inf") if job.step is None else job.step, reverse=True)  # no step: last
 
 
 def plan_copies(

@@ -415,12 +415,10 @@ class Pruner:
         restore: list[ManifestEntry] = []
         go_on = True
         for i, (d, fresh, entry) in enumerate(ready):
-            if i and ((enough is not None and enough()) or not keep_going()):
+            stopped = bool(i) and ((enough is not None and enough()) or not keep_going())
+            if stopped:
                 report.interrupted = enough is None
-                restore += [e for _, _, e in ready[i:] if e is not None]
-                go_on = False
-                break
-            if not self._mirror_still_there(report, d.volume):
+            if stopped or not self._mirror_still_there(report, d.volume):
                 restore += [e for _, _, e in ready[i:] if e is not None]
                 go_on = False
                 break

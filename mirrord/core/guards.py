@@ -124,8 +124,4 @@ GUARDS: tuple[Guard, ...] = (outside_roots, in_flight, zero_mtime, future_mtime,
 
 def veto(volume: str, state: FileState, ctx: GuardContext, guards: tuple[Guard, ...] = GUARDS) -> Veto | None:
     """The first guard's reason to keep `state` on `volume`, or None if every guard allows deleting it."""
-    for guard in guards:
-        reason = guard(volume, state, ctx)
-        if reason is not None:
-            return reason
-    return None
+    return next((reason for guard in guards if (reason := guard(volume, state, ctx)) is not None), None)

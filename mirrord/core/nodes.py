@@ -43,6 +43,5 @@ def own_view(entries: Mapping[str, ManifestEntry], node: str, matched: Matched,
         if seen is None or seen[2] != entry.digest:
             del view[rel]
             continue
-        stored = entry.mirror_mtime_ns if entry.mirror_mtime_ns is not None else entry.source_mtime_ns
-        view[rel] = replace(entry, size=seen[0], source_mtime_ns=seen[1], mirror_mtime_ns=stored)
+        view[rel] = replace(entry, size=seen[0], source_mtime_ns=seen[1], mirror_mtime_ns=entry.stored_mtime_ns)
     return view

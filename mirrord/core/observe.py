@@ -90,14 +90,14 @@ class Observations:
                         first[rel] = since
                 seen = _Seen(listed, first, before.origin, owned=not shared)
             self._seen[volume] = seen
-        return Ages(volume, seen, now)
+        return Ages({volume: (seen, now)})
 
     def observe(self, primary: Snapshot, mirror: Snapshot) -> Mapping[tuple[str, str], float]:
         """Observe complete listings of both sides (mirror temp files included): what the min-age guard reads."""
         ages = self.update(Volume.PRIMARY, primary.files)
         listed = {**mirror.files, **mirror.partials, **mirror.staging} if mirror.partials or mirror.staging \
             else mirror.files
-        return ages | self.update(Volume.MIRROR, listed)
+        return Ages({**ages.volumes, **self.update(Volume.MIRROR, listed).volumes})
 
 
 class Ages(Mapping[tuple[str, str], float]):
@@ -107,23 +107,15 @@ class Ages(Mapping[tuple[str, str], float]):
     It reads the observation's own record, which only a later seen_for of a changed file touches: that makes
     the file younger, so it can delay a deletion, never hasten it."""
 
-    __slots__ = ("_volumes",)
+    __slots__ = ("volumes",)
 
-    def __init__(self, volume: str, seen: _Seen | None, now: float) -> None:
-        self._volumes = {} if seen is None else {volume: (seen, now)}
-
-    def __or__(self, other: object) -> Ages:
-        """Both observations (of different volumes) as one mapping."""
-        if not isinstance(other, Ages):
-            return NotImplemented
-        both = Ages("", None, 0.0)
-        both._volumes = {**self._volumes, **other._volumes}
-        return both
+    def __init__(self, volumes: dict[str, tuple[_Seen, float]]) -> None:
+        self.volumes = volumes  # volume -> (its observation, as of when)
 
     def get(self, key: tuple[str, str], default: float | None = None) -> float | None:  # type: ignore[override]
         """The age of (volume, rel), or `default` when that observation did not list it."""
         volume, rel = key
-        seen, now = self._volumes.get(volume, (None, 0.0))
+        seen, now = self.volumes.get(volume, (None, 0.0))
         if seen is None or rel not in seen.states:
             return default
         return max(0.0, now - seen.since(rel))
@@ -135,7 +127,7 @@ class Ages(Mapping[tuple[str, str], float]):
         return age
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
-        return ((volume, rel) for volume, (seen, _now) in self._volumes.items() for rel in seen.states)
+        return ((volume, rel) for volume, (seen, _now) in self.volumes.items() for rel in seen.states)
 
     def __len__(self) -> int:
-        return sum(len(seen.states) for seen, _now in self._volumes.values())
+        return sum(len(seen.states) for seen, _now in self.volumes.values())

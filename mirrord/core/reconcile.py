@@ -29,11 +29,6 @@ if TYPE_CHECKING:
     from mirrord.config import Config
 
 
-def settled(_state: FileState) -> bool:
-    """The settle predicate of a caller that does not wait for files to settle (status)."""
-    return True
-
-
 @dataclass(frozen=True)
 class Facts:
     """What the caller knows about the world besides the listings; each default means "not checked".
@@ -85,8 +80,7 @@ class View:
 
 def as_recorded(manifest: Mapping[str, ManifestEntry]) -> Snapshot:
     """The mirror as its manifest describes it: what lag is judged against while the mirror is refused."""
-    return Snapshot({rel: FileState(rel, e.size, e.mirror_mtime_ns if e.mirror_mtime_ns is not None
-                                    else e.source_mtime_ns) for rel, e in manifest.items()})
+    return Snapshot({rel: FileState(rel, e.size, e.stored_mtime_ns) for rel, e in manifest.items()})
 
 
 def reconcile(
@@ -96,7 +90,7 @@ def reconcile(
     config: Config,
     now: float,
     in_flight: frozenset[str] = frozenset(),
-    is_settled: Callable[[FileState], bool] = settled,
+    is_settled: Callable[[FileState], bool] = lambda _state: True,  # (a caller that does not wait: status)
     *,
     facts: Facts = Facts(),  # frozen: one shared default is safe
     retired_by: PrunePlan | None = None,

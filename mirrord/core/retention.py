@@ -45,15 +45,14 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from mirrord.core.branches import Branches, branches, lying_after_ns
 from mirrord.core.guards import GuardContext, veto
 from mirrord.core.layouts import Layout
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, entry_whole, step_of
 from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
-from mirrord.formats.verdicts import OK, RENAMED
 from mirrord.vocabulary import PruneRefusal, Volume
 
 if TYPE_CHECKING:
@@ -79,7 +78,6 @@ PARTIAL_VIEW = PruneRefusal.PARTIAL_VIEW
 MIRROR_UNMOUNTED = PruneRefusal.MIRROR_UNMOUNTED
 
 STEP, ORPHAN_PART, ORPHAN_STAGING = "step", "orphan_part", "orphan_staging"
-WHOLE = (None, OK, RENAMED)  # verdicts that are evidence of wholeness (None: recorded before validation existed)
 
 
 def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
@@ -95,23 +93,13 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
         if policy.keep_every:
             text += f", plus every step that is a multiple of keep_every={policy.keep_every}"
         text += f"; older steps are deleted {sides}"
-    text += f"; nothing younger than min_age_seconds={policy.min_age_seconds:g}"
-    text += " is deleted"
+    text += f"; nothing younger than min_age_seconds={policy.min_age_seconds:g} is deleted"
     return text + ("; prune.dry_run = true: deletions are only logged" if policy.dry_run else "")
 
 
-class Policy(Protocol):
-    """A retention rule: the steps of one run it wants to keep. Policies never delete."""
-
-    @property
-    def why(self) -> str:
-        """Why this policy keeps a step (a reason word for logs and metrics)."""
-
-    def preserve(self, steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None) -> frozenset[int]:
-        """The steps this policy keeps of `steps` (oldest first, by branch then step), of which `verified`
-        are mirrored and verified; `run` says which branch each step is on."""
-
-
+# A policy is a retention rule: `preserve(steps, verified, run)` are the steps it keeps of `steps` (oldest
+# first, by branch then step), of which `verified` are mirrored and verified, `run` saying which branch each
+# step is on; `why` is its reason word for logs and metrics. Policies never delete.
 @dataclass(frozen=True)
 class KeepLast:
     """The `n` newest verified steps."""
@@ -145,14 +133,17 @@ class KeepBranchTips:
 
     def preserve(self, steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None) -> frozenset[int]:
         """One step per branch below the newest."""
-        tips: dict[int, int] = {}
         if run is None:
             return frozenset()
+        tips: dict[int, int] = {}
         for step in steps:  # oldest first: the last one seen of a branch is its newest
             branch = run.of.get(step, run.top)
             if branch < run.top and (step in verified or tips.get(branch) not in verified):
                 tips[branch] = step
         return frozenset(tips.values())
+
+
+Policy = KeepLast | KeepEvery | KeepBranchTips
 
 
 def preserved(policies: Sequence[Policy], steps: Sequence[int], verified: AbstractSet[int],
@@ -251,9 +242,9 @@ class PrunePlan:
     def retirement(self) -> PrunePlan:
         """This plan as `retired` reads it, and nothing else: what a daemon judges its partial listings
         (watch hints) by until its next complete one."""
-        windows = self.windows  # (a run without a window retires nothing: its preserved steps are never read)
-        return PrunePlan(refused=self.refused, windows=windows,
-                         preserved={run: steps for run, steps in self.preserved.items() if run in windows})
+        # (a run without a window retires nothing: its preserved steps are never read)
+        return PrunePlan(refused=self.refused, windows=self.windows,
+                         preserved={run: steps for run, steps in self.preserved.items() if run in self.windows})
 
 
 def mirror_unmounted(
@@ -308,15 +299,9 @@ class PruneRequest:
 
     def guards(self, newest: frozenset[str] = frozenset()) -> GuardContext:
         """The one GuardContext of this plan; the executor re-uses it with a fresh clock and in-flight set."""
-        return GuardContext(
-            now=self.now,
-            min_age_seconds=self.policy.min_age_seconds,
-            future_skew_seconds=self.policy.future_skew_seconds,
-            in_flight=self.in_flight,
-            newest=newest,
-            roots=self.roots,
-            observed=self.observed,
-        )
+        return GuardContext(now=self.now, min_age_seconds=self.policy.min_age_seconds,
+                            future_skew_seconds=self.policy.future_skew_seconds, in_flight=self.in_flight,
+                            newest=newest, roots=self.roots, observed=self.observed)
 
 
 # A step's files on each side: (primary, mirror); run -> step -> them.
@@ -334,35 +319,16 @@ def plan_prune(
     candidates: list[Deletion] = []
     if request.follow:
         kept, candidates = _follow_stepless(primary, mirror, manifest, request, kept)
-    skipped: list[Skipped] = []
-    newest: set[str] = set()
-    windows: dict[str, Window] = {}
-    keeps: dict[str, frozenset[int]] = {}
-    rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
-    primary_rollbacks: dict[str, tuple[tuple[int, int], ...]] = {}
-    paused: dict[str, int] = {}
-    tips: dict[str, tuple[int, ...]] = {}
-    for run, by_step in runs.items():
-        decided = _plan_run(run, by_step, manifest, request, units)
-        if decided.window is not None:
-            windows[run] = decided.window
-        if decided.branches.rollbacks:
-            rollbacks[run] = decided.branches.rollbacks
-        if decided.primary_rollbacks:
-            primary_rollbacks[run] = decided.primary_rollbacks
-        if decided.paused is not None:
-            paused[run] = decided.paused
-        if decided.tips:
-            tips[run] = decided.tips
-        keeps[run] = decided.keep_steps
-        newest.update(decided.newest)
+    plans = {run: _plan_run(run, by_step, manifest, request, units) for run, by_step in runs.items()}
+    for decided in plans.values():
         kept.extend(decided.kept)
-        skipped.extend(decided.skipped)
         candidates.extend(decided.candidates)
+    newest = frozenset(rel for decided in plans.values() for rel in decided.newest)
     candidates.extend(Deletion(MIRROR, state, None, ORPHAN_PART) for state in mirror.partials.values())
     candidates.extend(Deletion(MIRROR, state, None, ORPHAN_STAGING) for state in mirror.staging.values())
 
-    ctx = request.guards(frozenset(newest))
+    ctx = request.guards(newest)
+    skipped: list[Skipped] = []
     deletions: list[Deletion] = []
     held: dict[tuple[str, str], str] = {}  # (volume, folder unit) -> why one of its files is kept
     for cand in candidates:
@@ -373,24 +339,24 @@ def plan_prune(
             skipped.append(Skipped(cand.volume, cand.rel, cand.step, reason, cand.state.size))
             if cand.unit:
                 held.setdefault((cand.volume, cand.unit), reason)
-    if held:  # a folder unit goes whole or not at all: one kept file keeps all of it
-        for cand in [d for d in deletions if (d.volume, d.unit) in held]:
-            deletions.remove(cand)
-            skipped.append(Skipped(cand.volume, cand.rel, cand.step, held[(cand.volume, cand.unit)], cand.state.size))
-    deletions.sort(key=deletion_order)
+    # A folder unit goes whole or not at all: one kept file keeps all of it.
+    skipped += [Skipped(d.volume, d.rel, d.step, held[(d.volume, d.unit)], d.state.size)
+                for d in deletions if (d.volume, d.unit) in held]
+    deletions = sorted((d for d in deletions if (d.volume, d.unit) not in held), key=deletion_order)
     by_file = request.layout is None or not request.layout.folders
     return PrunePlan(
         deletions=() if refused else tuple(deletions),
         kept=tuple(sorted(kept, key=_BY_PATH)),
         skipped=tuple(sorted(skipped, key=_BY_PATH)),
         refused=tuple(refused),
-        newest=frozenset(newest),
-        windows=windows,
-        preserved=keeps,
-        rollbacks=rollbacks,
-        primary_rollbacks=primary_rollbacks if by_file else None,
-        paused=paused,
-        branch_tips=tips,
+        newest=newest,
+        windows={run: p.window for run, p in plans.items() if p.window is not None},
+        preserved={run: p.keep_steps for run, p in plans.items()},
+        rollbacks={run: p.branches.rollbacks for run, p in plans.items() if p.branches.rollbacks},
+        primary_rollbacks={run: p.primary_rollbacks for run, p in plans.items() if p.primary_rollbacks}
+        if by_file else None,
+        paused={run: p.paused for run, p in plans.items() if p.paused is not None},
+        branch_tips={run: p.tips for run, p in plans.items() if p.tips},
         guards=ctx,
     )
 
@@ -445,7 +411,6 @@ class _RunPlan:
     tips: tuple[int, ...] = ()
     newest: list[str] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
     candidates: list[Deletion] = field(default_factory=list)
 
 
@@ -474,7 +439,7 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
                 if step not in unconfirmed and _step_verified(*sides, manifest)}
     # Evidence of wholeness: a folder unit was judged complete by its layout's rule before it was mirrored;
     # a file needs a validator's ok.
-    whole = {step for step in verified if all(f.rel in units or _whole(manifest[f.rel]) for f in by_step[step][1])}
+    whole = {step for step in verified if all(f.rel in units or entry_whole(manifest[f.rel]) for f in by_step[step][1])}
     forgotten = {step for r, step in request.forget if r == run}
     if request.follow:  # the trainer's choice, as its primary shows it
         keep = {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
@@ -533,18 +498,14 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
             why = NEWER_UNVERIFIED
-        if why == BRANCH_TIP and policy.primary and step in deletable and step in verified:
-            # An abandoned branch's tip is kept on the mirror; the primary is bounded all the same.
-            plan.kept += [Kept(MIRROR, f.rel, step, why) for f in on_mirror]
-            plan.candidates += [Deletion(PRIMARY, f, step, STEP, units.get(f.rel, "")) for f in on_primary]
-            continue
-        if why is not None:
-            plan.kept += [Kept(side, f.rel, step, why) for side, files in ((PRIMARY, on_primary), (MIRROR, on_mirror))
-                          for f in files]
-            continue
-        if policy.primary:  # else the primary is not ours to prune
-            plan.candidates += [Deletion(PRIMARY, f, step, STEP, units.get(f.rel, "")) for f in on_primary]
-        plan.candidates += [Deletion(MIRROR, f, step, STEP, units.get(f.rel, "")) for f in on_mirror]
+        # An abandoned branch's tip is kept on the mirror; the primary is bounded all the same.
+        bounded_tip = why == BRANCH_TIP and policy.primary and step in deletable and step in verified
+        for side, files in ((PRIMARY, on_primary), (MIRROR, on_mirror)):
+            if why is None or (bounded_tip and side == PRIMARY):
+                if side == MIRROR or policy.primary:  # else the primary is not ours to prune
+                    plan.candidates += [Deletion(side, f, step, STEP, units.get(f.rel, "")) for f in files]
+            else:
+                plan.kept += [Kept(side, f.rel, step, why) for f in files]
     return plan
 
 
@@ -577,7 +538,7 @@ def _follow_stepless(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str,
         tip_entry = None if tip is None else manifest.get(tip.rel)
         why = (POINTER if k.rel in request.pointed else UNVERIFIED if entry is None
                else UNCONFIRMED if not _as_recorded(f, entry) else PAUSED if tip is None or tip_entry is None
-               else NEWER_UNVERIFIED if not (exact_copy(tip, manifest, mirror.files) and _whole(tip_entry)) else "")
+               else "" if exact_copy(tip, manifest, mirror.files) and entry_whole(tip_entry) else NEWER_UNVERIFIED)
         if why:
             out.append(dataclasses.replace(k, why=why))
         else:
@@ -608,25 +569,14 @@ def exact_copy(src: FileState, manifest: Mapping[str, ManifestEntry], mirror_fil
 
 def _as_recorded(dst: FileState, entry: ManifestEntry | None) -> bool:
     """The mirror file is, by size and mtime, what its record says was stored (or has no record to contradict)."""
-    if entry is None:
-        return True
-    stored = entry.mirror_mtime_ns if entry.mirror_mtime_ns is not None else entry.source_mtime_ns
-    return dst.size == entry.size and abs(dst.mtime_ns - stored) <= MTIME_TOLERANCE_NS
-
-
-def _whole(entry: ManifestEntry) -> bool:
-    """Recorded with evidence that the checkpoint is whole: a validator read it and said ok."""
-    return entry.validation in WHOLE
+    return entry is None or (dst.size == entry.size and abs(dst.mtime_ns - entry.stored_mtime_ns) <= MTIME_TOLERANCE_NS)
 
 
 def _step_verified(primary_files: Sequence[FileState], mirror_files: Sequence[FileState],
                    manifest: Mapping[str, ManifestEntry]) -> bool:
     """All of a step's files are on the mirror as recorded, with a passing verdict, and current."""
-    if not mirror_files:
-        return False
     on_mirror = {f.rel: f for f in mirror_files}
-    for dst in mirror_files:
-        entry = manifest.get(dst.rel)
-        if entry is None or not _as_recorded(dst, entry) or not entry_passed(entry):
-            return False
-    return all(why_copy(src, manifest.get(src.rel), on_mirror.get(src.rel)) is None for src in primary_files)
+    return bool(mirror_files) and all(
+        (entry := manifest.get(dst.rel)) is not None and _as_recorded(dst, entry) and entry_passed(entry)
+        for dst in mirror_files
+    ) and all(why_copy(src, manifest.get(src.rel), on_mirror.get(src.rel)) is None for src in primary_files)

@@ -19,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import PurePath
 from typing import Any
 
 from mirrord.config import Config
@@ -74,8 +73,9 @@ class PruneReport:
         return dict(Counter(s.reason for s in self.skipped))
 
 
-def _fields(volume: str, state: FileState, step: int | None) -> dict[str, Any]:
-    return {"volume": volume, "path": state.rel, "run": state.run or ".", "step": step, "size": state.size}
+def _fields(d: Deletion) -> dict[str, Any]:
+    return {"kind": d.kind, "volume": d.volume, "path": d.rel, "run": d.state.run or ".", "step": d.step,
+            "size": d.state.size}
 
 
 class Pruner:
@@ -114,12 +114,14 @@ class Pruner:
         self._told: set[tuple[str, str, int]] = set()  # (what, run, step) paused runs and branch tips logged
         self.log = get_logger()
         self._lock = threading.Lock()
-        self._last_plan: PrunePlan | None = None
+        # The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
+        # refused: which steps are retired for a partial listing (the daemon's watch hints).
+        self.last_plan: PrunePlan | None = None
         # (volume, path, reason) vetoes already logged: a young file kept for many passes is one
         # prune.skipped line, not one per pass (the metric still counts every pass).
         self._skips_logged: set[tuple[str, str, str]] = set()
         self._skips_seen: set[tuple[str, str, str]] = set()
-        self._roots = guard_roots(primary, mirror)
+        self.roots = guard_roots(primary, mirror)  # both roots, resolved once (the path guard compares against them)
         self._elsewhere: str | None = None  # why another node prunes the mirror, as last logged
 
     def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None,
@@ -130,11 +132,11 @@ class Pruner:
         msnap = mirror_snap if mirror_snap is not None else self.mirror.snapshot(self.config.patterns, rules)
         observed = None if self.observations is None else self.observations.observe(psnap, msnap)
         facts = Facts(mirror_is_mount=self.mirror.is_mountpoint(), observed=observed, invalid=self.invalid(),
-                      roots=self._roots, space_pressure=space_pressure, forget=self.forget, pointed=self.pointed())
+                      roots=self.roots, space_pressure=space_pressure, forget=self.forget, pointed=self.pointed())
         plan = reconcile(psnap, msnap, self.manifest.entries, self.config, self.wall(), frozenset(self.in_flight()),
                          facts=facts, plan_retention=True).prune
         if not plan.refused and not space_pressure:
-            self._last_plan = plan.retirement()
+            self.last_plan = plan.retirement()
         return plan
 
     def pointed(self) -> frozenset[str]:
@@ -148,17 +150,6 @@ class Pruner:
         if tree is None:
             return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())
         return best | (pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset())
-
-    @property
-    def roots(self) -> dict[str, PurePath] | None:
-        """Both roots, resolved once (the path guard compares against them)."""
-        return self._roots
-
-    @property
-    def last_plan(self) -> PrunePlan | None:
-        """The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
-        refused: which steps are retired for a partial listing (the daemon's watch hints)."""
-        return self._last_plan
 
     def run_cycle(
         self,
@@ -184,22 +175,16 @@ class Pruner:
             if plan is None:
                 plan = self.plan(primary_snap, mirror_snap)
             elif not plan.refused:
-                self._last_plan = plan.retirement()
+                self.last_plan = plan.retirement()
             report = self._execute(plan, dry, sides, keep_going=keep_going)
             if not dry and MIRROR in sides:
                 self._sweep_uploads()
         # A dry run deletes nothing: its totals are what it would delete, and are named so.
-        count, mirror_bytes = len(report.deleted), report.freed_bytes(MIRROR)
-        primary_bytes = report.freed_bytes(PRIMARY)
-        totals = (
-            {"would_delete": count, "would_free_bytes_mirror": mirror_bytes, "would_free_bytes_primary": primary_bytes}
-            if dry else {"deleted": count, "freed_bytes_mirror": mirror_bytes, "freed_bytes_primary": primary_bytes}
-        )
-        self.log.info(
-            "prune.finished", dry_run=dry, **totals, interrupted=report.interrupted, skipped=report.skips_by_reason(),
-            listed=listed,
-            refused=[r for r, _ in report.refused], failed=len(report.failed),
-        )
+        freed = "would_free" if dry else "freed"
+        totals = {f"{freed}_bytes_{volume}": report.freed_bytes(volume) for volume in (MIRROR, PRIMARY)}
+        self.log.info("prune.finished", dry_run=dry, **{"would_delete" if dry else "deleted": len(report.deleted)},
+                      **totals, interrupted=report.interrupted, skipped=report.skips_by_reason(), listed=listed,
+                      refused=[r for r, _ in report.refused], failed=len(report.failed))
         return report
 
     def _sides(self) -> tuple[str, ...]:
@@ -285,14 +270,10 @@ class Pruner:
         todo = [d for d in plan.deletions if d.volume in volumes]
         if dry_run:
             for deletion in todo:
-                self.log.info("prune.would_delete", kind=deletion.kind,
-                              **_fields(deletion.volume, deletion.state, deletion.step))
-                report.deleted.append(deletion)
+                self.log.info("prune.would_delete", **_fields(deletion))
+            report.deleted.extend(todo)
             return report
-        plain = [d for d in todo if not d.unit and d.kind != ORPHAN_STAGING]
-        for d in todo:
-            if d.kind == ORPHAN_STAGING and not self._sweep_staging(d, plan, report, keep_going):
-                return report
+        plain = [d for d in todo if not d.unit]
         for start in range(0, len(plain), BATCH):
             if not self._delete_batch(plain[start:start + BATCH], plan, report, keep_going, enough):
                 return report
@@ -319,27 +300,6 @@ class Pruner:
                 self.log.info("prune.branch_tip_kept", run=run or ".", step=step,
                               cause="the newest checkpoint of an abandoned branch (--forget-branch RUN:STEP drops it)")
         self._told = now
-
-    def _sweep_staging(self, d: Deletion, plan: PrunePlan, report: PruneReport, keep_going: Callable[[], bool]) -> bool:
-        """A dead NAME.part/ staging folder (its writer died): removed with its content once the guards
-        allow it (its age, not in flight). False means stop the cycle."""
-        if not keep_going():
-            report.interrupted = True
-            return False
-        fresh = self._recheck(d, plan, report)
-        if fresh is None or not self._mirror_still_there(report, d.volume):
-            return fresh is None
-        try:
-            gone = self.mirror.delete_folder(d.rel, fresh)
-        except MirrordError as exc:
-            self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
-            return True
-        if not gone:
-            self._refuse_file(report, d, CHANGED, "no longer the folder that was planned")
-            return True
-        report.deleted.append(d)
-        self.log.info("prune.deleted", kind=d.kind, manifest_entry=False, **_fields(d.volume, d.state, d.step))
-        return True
 
     def _delete_unit(
         self, volume: str, unit: str, group: list[Deletion], plan: PrunePlan, report: PruneReport,
@@ -379,12 +339,7 @@ class Pruner:
         except MirrordError as exc:
             for d in group:
                 self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
-            if entries:
-                try:
-                    self.manifest.apply(puts=entries)
-                except MirrordError as again:
-                    self.log.error("prune.rerecord_failed", files=len(entries), reason=again.reason,
-                                   cause=again.cause)
+            self._rerecord(entries)
             return True
         report.deleted.extend(group)
         self.metrics.pruned_files.labels(volume).inc(len(group))
@@ -460,25 +415,25 @@ class Pruner:
         restore: list[ManifestEntry] = []
         go_on = True
         for i, (d, fresh, entry) in enumerate(ready):
-            if i and ((enough is not None and enough()) or not keep_going()):
+            stopped = bool(i) and ((enough is not None and enough()) or not keep_going())
+            if stopped:
                 report.interrupted = enough is None
-                restore += [e for _, _, e in ready[i:] if e is not None]
-                go_on = False
-                break
-            if not self._mirror_still_there(report, d.volume):
+            if stopped or not self._mirror_still_there(report, d.volume):
                 restore += [e for _, _, e in ready[i:] if e is not None]
                 go_on = False
                 break
             if not self._unlink(d, fresh, entry, report) and entry is not None:
                 restore.append(entry)  # the file is still there and still what was recorded
-        if go_on and enough is not None and enough():
-            go_on = False
-        if restore:
-            try:
-                self.manifest.apply(puts=restore)
-            except MirrordError as exc:  # they stay unrecorded: copied and recorded again by a later pass
-                self.log.error("prune.rerecord_failed", files=len(restore), reason=exc.reason, cause=exc.cause)
-        return go_on
+        self._rerecord(restore)
+        return go_on and not (enough is not None and enough())
+
+    def _rerecord(self, entries: list[ManifestEntry]) -> None:
+        """Record again the entries of files that were not deleted after all."""
+        try:
+            if entries:
+                self.manifest.apply(puts=entries)
+        except MirrordError as exc:  # they stay unrecorded: copied and recorded again by a later pass
+            self.log.error("prune.rerecord_failed", files=len(entries), reason=exc.reason, cause=exc.cause)
 
     def _recheck(self, d: Deletion, plan: PrunePlan, report: PruneReport) -> FileState | None:
         """A fresh stat that is still the planned file and that no guard vetoes, else None (reported)."""
@@ -513,10 +468,14 @@ class Pruner:
         return fresh
 
     def _unlink(self, d: Deletion, fresh: FileState, entry: ManifestEntry | None, report: PruneReport) -> bool:
-        """Delete one re-checked file; False if it is still there (its entry should be recorded again)."""
+        """Delete one re-checked file (or dead staging folder); False if it is still there (its entry should be
+        recorded again)."""
         volume = self.primary if d.volume == PRIMARY else self.mirror
         try:
-            volume.delete(d.rel, fresh)
+            if d.kind != ORPHAN_STAGING:
+                volume.delete(d.rel, fresh)
+            elif not self.mirror.delete_folder(d.rel, fresh):  # a dead NAME.part/ folder (its writer died)
+                raise ChangedError(d.rel, "no longer the folder that was planned")
         except ChangedError as exc:
             self._refuse_file(report, d, CHANGED, exc.cause)
             return True  # it is not the recorded file any more: the entry must not come back
@@ -524,10 +483,10 @@ class Pruner:
             self._refuse_file(report, d, exc.reason, exc.cause, failed=True)
             return False
         report.deleted.append(d)
-        self.metrics.pruned_files.labels(d.volume).inc()
-        self.metrics.pruned_bytes.labels(d.volume).inc(fresh.size)
-        self.log.info("prune.deleted", kind=d.kind, manifest_entry=entry is not None,
-                      **_fields(d.volume, d.state, d.step))
+        if d.kind != ORPHAN_STAGING:  # (a folder is no pruned file)
+            self.metrics.pruned_files.labels(d.volume).inc()
+            self.metrics.pruned_bytes.labels(d.volume).inc(fresh.size)
+        self.log.info("prune.deleted", manifest_entry=entry is not None, **_fields(d))
         return True
 
     def _refuse_file(
@@ -535,5 +494,5 @@ class Pruner:
     ) -> None:
         (report.failed if failed else report.changed).append((d.volume, d.rel, f"{reason}: {cause}"))
         log = self.log.error if failed else self.log.warning
-        log("prune.refused", reason=reason, detail=cause, **_fields(d.volume, d.state, d.step))
+        log("prune.refused", reason=reason, detail=cause, **_fields(d))
         self.metrics.prune_refusal(reason)

@@ -23,7 +23,7 @@ import stat
 import struct
 import typing
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -138,16 +138,20 @@ def _check_fd(fd: int) -> ZipCheck:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         return ZipCheck("unreadable", "not a regular file")
-    size = st.st_size
-    if size == 0:
+    if st.st_size == 0:
         return ZipCheck("truncated", "empty file")
     head = os.pread(fd, 64, 0)
     if not head.startswith(_SIG_LOCAL):
         return _classify_non_zip(head)
+    records, ranges = _layout(fd, st.st_size)
+    return _verify_crcs(fd, records, ranges)
+
+
+def _layout(fd: int, size: int) -> tuple[list[_Record], list[tuple[int, int]]]:
+    """The records of a torch.save zip of `size` bytes and their data ranges; raises _BadFileError."""
     records, cd_offset = _read_central_directory(fd, size)
     _require_torch_layout(records)
-    data_ranges = _locate_records(fd, records, cd_offset, size)
-    return _verify_crcs(fd, records, data_ranges)
+    return records, _locate_records(fd, records, cd_offset, size)
 
 
 def _classify_non_zip(head: bytes) -> ZipCheck:
@@ -239,24 +243,22 @@ def _parse_central_directory(cd: bytes, entries: int) -> list[_Record]:
 
 def _apply_zip64_extra(extra: bytes, usize: int, csize: int, offset: int, name: str) -> tuple[int, int, int]:
     """Replace the 0xFFFFFFFF placeholders by the 64-bit values of the zip64 extra field."""
-    if 0xFFFFFFFF not in (usize, csize, offset):
-        return usize, csize, offset
+    fields = [usize, csize, offset]
+    missing = [i for i, value in enumerate(fields) if value == 0xFFFFFFFF]
     pos = 0
-    while pos + 4 <= len(extra):
+    while missing and pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
         if tag == 0x0001:
-            values = list(struct.unpack_from(f"<{length // 8}Q", extra, pos + 4))
-            fields = [usize, csize, offset]
-            for i, value in enumerate(fields):
-                if value == 0xFFFFFFFF:
-                    if not values:
-                        break
-                    fields[i] = values.pop(0)
-            else:
-                return fields[0], fields[1], fields[2]
-            break
+            values = struct.unpack_from(f"<{length // 8}Q", extra, pos + 4)
+            if len(values) < len(missing):
+                break
+            for i, value in zip(missing, values, strict=False):
+                fields[i] = value
+            return fields[0], fields[1], fields[2]
         pos += 4 + length
-    raise _BadFileError("unreadable", f"record {name!r} lacks its zip64 sizes")
+    if missing:
+        raise _BadFileError("unreadable", f"record {name!r} lacks its zip64 sizes")
+    return usize, csize, offset
 
 
 def _require_torch_layout(records: Sequence[_Record]) -> None:
@@ -303,9 +305,13 @@ def _locate_records(fd: int, records: Sequence[_Record], cd_offset: int, size: i
     return ranges
 
 
-def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]]) -> ZipCheck:
-    """Checksum every record; report the first bad one in file order."""
-    computed = [_stored_crc(fd, start, end) if r.method == _STORED else _inflate_crc(fd, r, start, end)
+def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]],
+                 known: Mapping[tuple[int, int], int] | None = None) -> ZipCheck:
+    """Checksum every record (a stored one's CRC may be `known`, by data range); report the first bad one
+    in file order."""
+    known = known or {}
+    computed = [_inflate_crc(fd, r, start, end) if r.method != _STORED
+                else known[start, end] if (start, end) in known else _stored_crc(fd, start, end)
                 for r, (start, end) in zip(records, ranges, strict=True)]
     bad = sorted((ranges[i][0], i) for i, r in enumerate(records) if computed[i] != r.crc)
     if bad:

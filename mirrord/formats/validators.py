@@ -201,9 +201,10 @@ def safetensors_verdict(head: bytes, size: int) -> Verdict:
 
 
 class _Buffered:
-    """Keeps a whole file of at most `limit` bytes to parse at the end; of a larger one, only its size."""
+    """Keeps a whole file of at most `limit` bytes to `judge` at the end; of a larger one, only its size."""
 
     limit: int
+    format: str
 
     def __init__(self) -> None:
         self.size = 0
@@ -214,16 +215,23 @@ class _Buffered:
             self._data += buf[:n]
         self.size += n
 
+    def finish(self, fd: int) -> Verdict:
+        if self.size > self.limit:
+            return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord reads", self.format)
+        return self.judge(bytes(self._data))
+
+    def judge(self, data: bytes) -> Verdict:
+        """The verdict on the whole file's bytes."""
+        raise NotImplementedError
+
 
 class _Json(_Buffered):
     format = JSON
     limit = _MAX_BUFFERED
 
-    def finish(self, fd: int) -> Verdict:
-        if self.size > self.limit:
-            return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord parses", JSON)
+    def judge(self, data: bytes) -> Verdict:
         try:
-            json.loads(self._data)
+            json.loads(data)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             return Verdict(INVALID, f"not JSON: {exc}", JSON)
         return Verdict(OK, "parses", JSON)
@@ -235,11 +243,9 @@ class _DcpMetadata(_Buffered):
     format = DCP
     limit = dcpmeta.MAX_METADATA_BYTES
 
-    def finish(self, fd: int) -> Verdict:
-        if self.size > self.limit:
-            return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord reads", DCP)
+    def judge(self, data: bytes) -> Verdict:
         try:
-            needed = dcpmeta.storage_references(bytes(self._data))
+            needed = dcpmeta.storage_references(data)
         except dcpmeta.MetadataError as exc:
             return Verdict(exc.status, f"{dcpmeta.METADATA_NAME}: {exc}", DCP)
         return Verdict(OK, f"references {len(needed)} file(s) (checked with its folder)", DCP)
@@ -346,17 +352,15 @@ def validate_fd(fd: int, name: str, quick: bool = False) -> Verdict:
             return _from_zipcheck(found)
         if factory is None:
             return unchecked(name, head)
-        if factory is _DcpMetadata and st.st_size > dcpmeta.MAX_METADATA_BYTES:
-            return Verdict(UNCHECKED, f"{st.st_size} bytes: larger than mirrord reads", DCP)
         if factory is _Safetensors:
             length = struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 0
             return safetensors_verdict(os.pread(fd, 8 + min(length, _MAX_BUFFERED + 1), 0), st.st_size)
-        if st.st_size > _MAX_BUFFERED:
-            return Verdict(UNCHECKED, f"{st.st_size} bytes: larger than mirrord parses", JSON)
-        data = os.pread(fd, st.st_size, 0)
         validator = factory()
-        validator.feed(data, len(data))
-        return validator.finish(fd)
+        assert isinstance(validator, _Buffered)  # the rest (JSON, a DCP .metadata) judge the whole file
+        if st.st_size > validator.limit:
+            validator.size = st.st_size  # (its finish says it is too large to read)
+            return validator.finish(fd)
+        return validator.judge(os.pread(fd, st.st_size, 0))
     except OSError as exc:
         return Verdict(UNREADABLE, f"read failed: {exc.strerror or exc}")
 

@@ -172,9 +172,11 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     """Parse the end records and the central directory; returns records and where the directory starts."""
     tail_len = min(size, _EOCD.size + _MAX_COMMENT)
     tail = os.pread(fd, tail_len, size - tail_len)
-    eocd_at = _find_eocd(tail)
-    if eocd_at is None:
-        last = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
+    # The end record is the last one whose comment reaches exactly to the end of the file.
+    last = eocd_at = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
+    while eocd_at >= 0 and eocd_at + _EOCD.size + _comment_len(tail, eocd_at) != len(tail):
+        eocd_at = tail.rfind(_SIG_EOCD, 0, eocd_at)
+    if eocd_at < 0:
         if last >= 0 and last + _EOCD.size + _comment_len(tail, last) < len(tail):
             raise _BadFileError("unreadable", "unexpected bytes after the end-of-central-directory record")
         raise _BadFileError("truncated", f"no end-of-central-directory record: the file ends at byte {size}")
@@ -200,16 +202,6 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     if cd_offset + cd_size != end_of_cd:
         raise _BadFileError("unreadable", "central directory size or offset inconsistent with the end record")
     return _parse_central_directory(os.pread(fd, cd_size, cd_offset), entries), cd_offset
-
-
-def _find_eocd(tail: bytes) -> int | None:
-    """Offset in `tail` of an end record whose comment reaches exactly to the end of the file."""
-    pos = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
-    while pos >= 0:
-        if pos + _EOCD.size + _comment_len(tail, pos) == len(tail):
-            return pos
-        pos = tail.rfind(_SIG_EOCD, 0, pos)
-    return None
 
 
 def _comment_len(tail: bytes, eocd_at: int) -> int:

@@ -269,26 +269,24 @@ class _Sniff:
                 self._head += bytes(buf[:n])
                 return
             earlier = self._head
-            self._head = earlier + bytes(buf[: 64 - len(earlier)])
-            self._decide()
-            if self._inner is not None and earlier:
-                self._inner.feed(earlier, len(earlier))
+            self._head += bytes(buf[: 64 - len(earlier)])
+            self._decide(earlier)
         if self._inner is not None:
             self._inner.feed(buf, n)
 
-    def _decide(self) -> None:
-        """Choose on the first 64 bytes (or all of a shorter file)."""
+    def _decide(self, seen: bytes) -> None:
+        """Choose on the first 64 bytes (or all of a shorter file), then feed the bytes `seen` before."""
         self._decided = True
         factory = _factory(self.name, self._head)
         self._inner = _TorchZip(self._fd) if factory is _TorchZip else factory() if factory else None
+        if self._inner is not None and seen:
+            self._inner.feed(seen, len(seen))
 
     def finish(self, fd: int) -> Verdict:
         if self.size == 0:
             return Verdict(EMPTY, "0 bytes: nothing was written (yet)")
         if not self._decided:  # a file shorter than 64 bytes: everything it holds is in _head
-            self._decide()
-            if self._inner is not None:
-                self._inner.feed(self._head, len(self._head))
+            self._decide(self._head)
         if self._inner is None:
             return unchecked(self.name, self._head)
         return self._inner.finish(fd)

@@ -25,7 +25,7 @@ import typing
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Status = Literal["ok", "truncated", "crc_mismatch", "not_torch_zip", "legacy_pickle", "unreadable"]
 STATUSES: tuple[Status, ...] = typing.get_args(Status)
@@ -69,8 +69,7 @@ class ZipCheck:
         return self.status == "ok"
 
 
-@dataclass(frozen=True, slots=True)
-class _Record:
+class _Record(NamedTuple):
     name: str
     method: int
     crc: int
@@ -109,7 +108,15 @@ def check_torch_zip_fd(fd: int) -> ZipCheck:
     Reads with pread only, so the fd's offset is left where it was.
     """
     try:
-        return _check_fd(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ZipCheck("unreadable", "not a regular file")
+        if st.st_size == 0:
+            return ZipCheck("truncated", "empty file")
+        head = os.pread(fd, 64, 0)
+        if not head.startswith(_SIG_LOCAL):
+            return _classify_non_zip(head)
+        return _verify_crcs(fd, *_layout(fd, st.st_size))
     except _BadFileError as verdict:
         return verdict.result
     except OSError as exc:
@@ -132,19 +139,6 @@ def load_check(path: str | os.PathLike[str]) -> ZipCheck:
     kind = type(obj).__name__
     del obj
     return ZipCheck("ok", f"torch.load ok ({kind})")
-
-
-def _check_fd(fd: int) -> ZipCheck:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        return ZipCheck("unreadable", "not a regular file")
-    if st.st_size == 0:
-        return ZipCheck("truncated", "empty file")
-    head = os.pread(fd, 64, 0)
-    if not head.startswith(_SIG_LOCAL):
-        return _classify_non_zip(head)
-    records, ranges = _layout(fd, st.st_size)
-    return _verify_crcs(fd, records, ranges)
 
 
 def _layout(fd: int, size: int) -> tuple[list[_Record], list[tuple[int, int]]]:

@@ -45,22 +45,13 @@ class Instance:
         self.args, self.kwargs, self.state = args, kwargs, None
         return self
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to do: __new__ recorded the arguments."""
-
     def __setstate__(self, state: Any) -> None:
         self.state = state
 
     def fields(self) -> dict[str, Any]:
         """The instance's attributes, from a BUILD state `dict` or `(dict, slots)`; {} if none."""
-        state = self.state
-        if isinstance(state, tuple) and len(state) == 2:
-            merged: dict[str, Any] = {}
-            for part in state:
-                if isinstance(part, dict):
-                    merged.update(part)
-            return merged
-        return dict(state) if isinstance(state, dict) else {}
+        parts = self.state if isinstance(self.state, tuple) and len(self.state) == 2 else (self.state,)
+        return {key: value for part in parts if isinstance(part, dict) for key, value in part.items()}
 
 
 class _Unpickler(pickle.Unpickler):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mirrord.formats import dcpmeta, zipcheck
-from mirrord.formats.verdicts import CRC_MISMATCH, EMPTY, INVALID, OK, PASSING, TRUNCATED, UNCHECKED, UNREADABLE
+from mirrord.formats.verdicts import EMPTY, INVALID, OK, PASSING, TRUNCATED, UNCHECKED, UNREADABLE
 
 TORCH_ZIP, SAFETENSORS, JSON, DCP = "torch_zip", "safetensors", "json", dcpmeta.FORMAT
 
@@ -92,7 +92,7 @@ class _TorchZip:
         if self._plan is None:
             return
         view = memoryview(buf)
-        ranges = self._plan.stored
+        ranges = self._plan[1]
         while self._next < len(ranges):
             start, end = ranges[self._next]
             if start >= last:
@@ -108,58 +108,33 @@ class _TorchZip:
 
     def finish(self, fd: int) -> Verdict:
         try:
-            return self._finish(fd)
+            records, ranges = zipcheck._layout(fd, self.size)
+            known: dict[tuple[int, int], int] = {}
+            if self._plan == (self.size, _stored(records, ranges)):
+                known = dict(zip(self._plan[1], self._crcs, strict=True))
+            return _from_zipcheck(zipcheck._verify_crcs(fd, records, ranges, known))
         except zipcheck._BadFileError as bad:
             return _from_zipcheck(bad.result)
         except OSError as exc:
             return Verdict(UNREADABLE, f"read failed: {exc.strerror or exc}", TORCH_ZIP)
 
-    def _finish(self, fd: int) -> Verdict:
-        records, cd_offset = zipcheck._read_central_directory(fd, self.size)
-        zipcheck._require_torch_layout(records)
-        ranges = zipcheck._locate_records(fd, records, cd_offset, self.size)
-        stored = sorted(rng for r, rng in zip(records, ranges, strict=True) if r.method == 0)
-        if self._plan is None or self._plan.size != self.size or self._plan.stored != stored:
-            return _from_zipcheck(zipcheck._verify_crcs(fd, records, ranges))
-        computed = dict(zip(stored, self._crcs, strict=True))
-        deflated: list[int] = []
-        for index, (r, (start, end)) in enumerate(zip(records, ranges, strict=True)):
-            if r.method != 0:
-                deflated.append(index)  # torch never deflates; checksum such a record the slow way
-                continue
-            crc = computed[(start, end)]
-            if crc != r.crc:
-                return Verdict(CRC_MISMATCH, f"record {r.name!r} (bytes {start}-{end}): stored CRC-32 "
-                               f"{r.crc:08x}, computed {crc:08x}", TORCH_ZIP)
-        if deflated:
-            found = zipcheck._verify_crcs(fd, [records[i] for i in deflated], [ranges[i] for i in deflated])
-            if not found.ok:
-                return _from_zipcheck(found)
-        return Verdict(OK, f"{len(records)} records, all CRC-32 match", TORCH_ZIP)
+
+def _stored(records: list[zipcheck._Record], ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The data ranges of the stored (uncompressed) records, in file order."""
+    return sorted(rng for r, rng in zip(records, ranges, strict=True) if r.method == 0)
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """Where a zip's stored records' data lie, read from its central directory before streaming."""
-
-    size: int
-    stored: list[tuple[int, int]]  # (data start, data end) of each stored record, in file order
-
-
-def _plan_records(fd: int) -> _Plan | None:
-    """The plan of the file behind `fd` as it is now, or None if its directory cannot be read (a torn
-    or foreign file: it is judged at the end, its records read back)."""
+def _plan_records(fd: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """Where the stored records' data of the file behind `fd` lie now, with its size; None if its directory
+    cannot be read (a torn or foreign file: it is judged at the end, its records read back)."""
     try:
         size = os.fstat(fd).st_size
-        records, cd_offset = zipcheck._read_central_directory(fd, size)
-        zipcheck._require_torch_layout(records)
-        ranges = zipcheck._locate_records(fd, records, cd_offset, size)
+        stored = _stored(*zipcheck._layout(fd, size))
     except (zipcheck._BadFileError, OSError):
         return None
-    stored = sorted(rng for r, rng in zip(records, ranges, strict=True) if r.method == 0)
     if len(set(stored)) != len(stored):
         return None  # two records on the same bytes: judged by reading them back
-    return _Plan(size, stored)
+    return size, stored
 
 
 class _Safetensors:
@@ -226,9 +201,10 @@ def safetensors_verdict(head: bytes, size: int) -> Verdict:
 
 
 class _Buffered:
-    """Keeps a whole file of at most `limit` bytes to parse at the end; of a larger one, only its size."""
+    """Keeps a whole file of at most `limit` bytes to `judge` at the end; of a larger one, only its size."""
 
     limit: int
+    format: str
 
     def __init__(self) -> None:
         self.size = 0
@@ -239,16 +215,23 @@ class _Buffered:
             self._data += buf[:n]
         self.size += n
 
+    def finish(self, fd: int) -> Verdict:
+        if self.size > self.limit:
+            return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord reads", self.format)
+        return self.judge(bytes(self._data))
+
+    def judge(self, data: bytes) -> Verdict:
+        """The verdict on the whole file's bytes."""
+        raise NotImplementedError
+
 
 class _Json(_Buffered):
     format = JSON
     limit = _MAX_BUFFERED
 
-    def finish(self, fd: int) -> Verdict:
-        if self.size > self.limit:
-            return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord parses", JSON)
+    def judge(self, data: bytes) -> Verdict:
         try:
-            json.loads(self._data)
+            json.loads(data)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             return Verdict(INVALID, f"not JSON: {exc}", JSON)
         return Verdict(OK, "parses", JSON)
@@ -260,11 +243,9 @@ class _DcpMetadata(_Buffered):
     format = DCP
     limit = dcpmeta.MAX_METADATA_BYTES
 
-    def finish(self, fd: int) -> Verdict:
-        if self.size > self.limit:
-            return Verdict(UNCHECKED, f"{self.size} bytes: larger than mirrord reads", DCP)
+    def judge(self, data: bytes) -> Verdict:
         try:
-            needed = dcpmeta.storage_references(bytes(self._data))
+            needed = dcpmeta.storage_references(data)
         except dcpmeta.MetadataError as exc:
             return Verdict(exc.status, f"{dcpmeta.METADATA_NAME}: {exc}", DCP)
         return Verdict(OK, f"references {len(needed)} file(s) (checked with its folder)", DCP)
@@ -288,29 +269,24 @@ class _Sniff:
                 self._head += bytes(buf[:n])
                 return
             earlier = self._head
-            self._head = earlier + bytes(buf[: 64 - len(earlier)])
-            self._decide()
-            if self._inner is not None and earlier:
-                self._inner.feed(earlier, len(earlier))
+            self._head += bytes(buf[: 64 - len(earlier)])
+            self._decide(earlier)
         if self._inner is not None:
             self._inner.feed(buf, n)
 
-    def _decide(self) -> None:
-        """Choose on the first 64 bytes (or all of a shorter file)."""
+    def _decide(self, seen: bytes) -> None:
+        """Choose on the first 64 bytes (or all of a shorter file), then feed the bytes `seen` before."""
         self._decided = True
         factory = _factory(self.name, self._head)
-        if factory is _TorchZip:
-            self._inner = _TorchZip(self._fd)
-        else:
-            self._inner = factory() if factory is not None else None
+        self._inner = _TorchZip(self._fd) if factory is _TorchZip else factory() if factory else None
+        if self._inner is not None and seen:
+            self._inner.feed(seen, len(seen))
 
     def finish(self, fd: int) -> Verdict:
         if self.size == 0:
             return Verdict(EMPTY, "0 bytes: nothing was written (yet)")
         if not self._decided:  # a file shorter than 64 bytes: everything it holds is in _head
-            self._decide()
-            if self._inner is not None:
-                self._inner.feed(self._head, len(self._head))
+            self._decide(self._head)
         if self._inner is None:
             return unchecked(self.name, self._head)
         return self._inner.finish(fd)
@@ -374,26 +350,22 @@ def validate_fd(fd: int, name: str, quick: bool = False) -> Verdict:
             return _from_zipcheck(found)
         if factory is None:
             return unchecked(name, head)
-        if factory is _DcpMetadata and st.st_size > dcpmeta.MAX_METADATA_BYTES:
-            return Verdict(UNCHECKED, f"{st.st_size} bytes: larger than mirrord reads", DCP)
         if factory is _Safetensors:
             length = struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 0
             return safetensors_verdict(os.pread(fd, 8 + min(length, _MAX_BUFFERED + 1), 0), st.st_size)
-        if st.st_size > _MAX_BUFFERED:
-            return Verdict(UNCHECKED, f"{st.st_size} bytes: larger than mirrord parses", JSON)
-        data = os.pread(fd, st.st_size, 0)
         validator = factory()
-        validator.feed(data, len(data))
-        return validator.finish(fd)
+        assert isinstance(validator, _Buffered)  # the rest (JSON, a DCP .metadata) judge the whole file
+        if st.st_size > validator.limit:
+            validator.size = st.st_size  # (its finish says it is too large to read)
+            return validator.finish(fd)
+        return validator.judge(os.pread(fd, st.st_size, 0))
     except OSError as exc:
         return Verdict(UNREADABLE, f"read failed: {exc.strerror or exc}")
 
 
 def _zip_structure(fd: int, size: int) -> zipcheck.ZipCheck:
     try:
-        records, cd_offset = zipcheck._read_central_directory(fd, size)
-        zipcheck._require_torch_layout(records)
-        zipcheck._locate_records(fd, records, cd_offset, size)
+        records, _ = zipcheck._layout(fd, size)
     except zipcheck._BadFileError as bad:
         return bad.result
     return zipcheck.ZipCheck("ok", f"{len(records)} records where the directory says (CRCs not read)")

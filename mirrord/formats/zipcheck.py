@@ -23,9 +23,9 @@ import stat
 import struct
 import typing
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Status = Literal["ok", "truncated", "crc_mismatch", "not_torch_zip", "legacy_pickle", "unreadable"]
 STATUSES: tuple[Status, ...] = typing.get_args(Status)
@@ -69,8 +69,7 @@ class ZipCheck:
         return self.status == "ok"
 
 
-@dataclass(frozen=True, slots=True)
-class _Record:
+class _Record(NamedTuple):
     name: str
     method: int
     crc: int
@@ -109,7 +108,15 @@ def check_torch_zip_fd(fd: int) -> ZipCheck:
     Reads with pread only, so the fd's offset is left where it was.
     """
     try:
-        return _check_fd(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ZipCheck("unreadable", "not a regular file")
+        if st.st_size == 0:
+            return ZipCheck("truncated", "empty file")
+        head = os.pread(fd, 64, 0)
+        if not head.startswith(_SIG_LOCAL):
+            return _classify_non_zip(head)
+        return _verify_crcs(fd, *_layout(fd, st.st_size))
     except _BadFileError as verdict:
         return verdict.result
     except OSError as exc:
@@ -134,20 +141,11 @@ def load_check(path: str | os.PathLike[str]) -> ZipCheck:
     return ZipCheck("ok", f"torch.load ok ({kind})")
 
 
-def _check_fd(fd: int) -> ZipCheck:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        return ZipCheck("unreadable", "not a regular file")
-    size = st.st_size
-    if size == 0:
-        return ZipCheck("truncated", "empty file")
-    head = os.pread(fd, 64, 0)
-    if not head.startswith(_SIG_LOCAL):
-        return _classify_non_zip(head)
+def _layout(fd: int, size: int) -> tuple[list[_Record], list[tuple[int, int]]]:
+    """The records of a torch.save zip of `size` bytes and their data ranges; raises _BadFileError."""
     records, cd_offset = _read_central_directory(fd, size)
     _require_torch_layout(records)
-    data_ranges = _locate_records(fd, records, cd_offset, size)
-    return _verify_crcs(fd, records, data_ranges)
+    return records, _locate_records(fd, records, cd_offset, size)
 
 
 def _classify_non_zip(head: bytes) -> ZipCheck:
@@ -168,9 +166,11 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     """Parse the end records and the central directory; returns records and where the directory starts."""
     tail_len = min(size, _EOCD.size + _MAX_COMMENT)
     tail = os.pread(fd, tail_len, size - tail_len)
-    eocd_at = _find_eocd(tail)
-    if eocd_at is None:
-        last = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
+    # The end record is the last one whose comment reaches exactly to the end of the file.
+    last = eocd_at = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
+    while eocd_at >= 0 and eocd_at + _EOCD.size + _comment_len(tail, eocd_at) != len(tail):
+        eocd_at = tail.rfind(_SIG_EOCD, 0, eocd_at)
+    if eocd_at < 0:
         if last >= 0 and last + _EOCD.size + _comment_len(tail, last) < len(tail):
             raise _BadFileError("unreadable", "unexpected bytes after the end-of-central-directory record")
         raise _BadFileError("truncated", f"no end-of-central-directory record: the file ends at byte {size}")
@@ -196,16 +196,6 @@ def _read_central_directory(fd: int, size: int) -> tuple[list[_Record], int]:
     if cd_offset + cd_size != end_of_cd:
         raise _BadFileError("unreadable", "central directory size or offset inconsistent with the end record")
     return _parse_central_directory(os.pread(fd, cd_size, cd_offset), entries), cd_offset
-
-
-def _find_eocd(tail: bytes) -> int | None:
-    """Offset in `tail` of an end record whose comment reaches exactly to the end of the file."""
-    pos = tail.rfind(_SIG_EOCD, 0, len(tail) - _EOCD.size + len(_SIG_EOCD))
-    while pos >= 0:
-        if pos + _EOCD.size + _comment_len(tail, pos) == len(tail):
-            return pos
-        pos = tail.rfind(_SIG_EOCD, 0, pos)
-    return None
 
 
 def _comment_len(tail: bytes, eocd_at: int) -> int:
@@ -239,24 +229,22 @@ def _parse_central_directory(cd: bytes, entries: int) -> list[_Record]:
 
 def _apply_zip64_extra(extra: bytes, usize: int, csize: int, offset: int, name: str) -> tuple[int, int, int]:
     """Replace the 0xFFFFFFFF placeholders by the 64-bit values of the zip64 extra field."""
-    if 0xFFFFFFFF not in (usize, csize, offset):
-        return usize, csize, offset
+    fields = [usize, csize, offset]
+    missing = [i for i, value in enumerate(fields) if value == 0xFFFFFFFF]
     pos = 0
-    while pos + 4 <= len(extra):
+    while missing and pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
         if tag == 0x0001:
-            values = list(struct.unpack_from(f"<{length // 8}Q", extra, pos + 4))
-            fields = [usize, csize, offset]
-            for i, value in enumerate(fields):
-                if value == 0xFFFFFFFF:
-                    if not values:
-                        break
-                    fields[i] = values.pop(0)
-            else:
-                return fields[0], fields[1], fields[2]
-            break
+            values = struct.unpack_from(f"<{length // 8}Q", extra, pos + 4)
+            if len(values) < len(missing):
+                break
+            for i, value in zip(missing, values, strict=False):
+                fields[i] = value
+            return fields[0], fields[1], fields[2]
         pos += 4 + length
-    raise _BadFileError("unreadable", f"record {name!r} lacks its zip64 sizes")
+    if missing:
+        raise _BadFileError("unreadable", f"record {name!r} lacks its zip64 sizes")
+    return usize, csize, offset
 
 
 def _require_torch_layout(records: Sequence[_Record]) -> None:
@@ -303,9 +291,13 @@ def _locate_records(fd: int, records: Sequence[_Record], cd_offset: int, size: i
     return ranges
 
 
-def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]]) -> ZipCheck:
-    """Checksum every record; report the first bad one in file order."""
-    computed = [_stored_crc(fd, start, end) if r.method == _STORED else _inflate_crc(fd, r, start, end)
+def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]],
+                 known: Mapping[tuple[int, int], int] | None = None) -> ZipCheck:
+    """Checksum every record (a stored one's CRC may be `known`, by data range); report the first bad one
+    in file order."""
+    known = known or {}
+    computed = [_inflate_crc(fd, r, start, end) if r.method != _STORED
+                else known[start, end] if (start, end) in known else _stored_crc(fd, start, end)
                 for r, (start, end) in zip(records, ranges, strict=True)]
     bad = sorted((ranges[i][0], i) for i, r in enumerate(records) if computed[i] != r.crc)
     if bad:

@@ -90,6 +90,9 @@ class Endpoints:
             self._sock.close()
             raise
         self._stop = threading.Event()
+        # The acceptor thread's own: connections whose head is still being read, oldest first.
+        self._sel = selectors.DefaultSelector()
+        self._pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]] = collections.OrderedDict()
         self._wake_r, self._wake_w = socket.socketpair()
         self._ready: queue.Queue[tuple[socket.socket, bytes] | None] = queue.Queue(maxsize=MAX_CONNECTIONS + HANDLERS)
         self._threads = [threading.Thread(target=self._accept_loop, name="mirrord-http", daemon=True)]
@@ -117,11 +120,7 @@ class Endpoints:
             self._ready.put(None)  # blocks only while handlers still drain connections queued before
         for thread in handlers:
             thread.join(timeout=5)
-        while True:  # whatever a handler did not take
-            try:
-                item = self._ready.get_nowait()
-            except queue.Empty:
-                break
+        for item in list(self._ready.queue):  # whatever a handler did not take
             if item is not None:
                 item[0].close()
         self._sock.close()
@@ -130,65 +129,60 @@ class Endpoints:
 
     # -- the acceptor: reads every request's head, hands whole ones to the handlers ----------------
     def _accept_loop(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._sock, selectors.EVENT_READ, "listen")
-        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]] = collections.OrderedDict()
+        self._sel.register(self._sock, selectors.EVENT_READ, "listen")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         try:
             while not self._stop.is_set():
-                for key, _ in sel.select(timeout=1.0):
+                for key, _ in self._sel.select(timeout=1.0):
                     if key.data == "listen":
-                        self._accept(sel, pending)
+                        self._accept()
                     elif key.data == "conn":
                         conn = key.fileobj
                         assert isinstance(conn, socket.socket)
-                        self._read_head(sel, pending, conn)
+                        self._read_head(conn)
                 deadline = time.monotonic() - TIMEOUT_SECONDS
-                while pending and next(iter(pending.values()))[0] < deadline:
-                    self._drop(sel, pending, next(iter(pending)))
+                while self._pending and next(iter(self._pending.values()))[0] < deadline:
+                    self._drop(next(iter(self._pending)))
         finally:
-            for conn in pending:
+            for conn in self._pending:
                 conn.close()
-            sel.close()
+            self._sel.close()
 
-    def _accept(self, sel: selectors.BaseSelector,
-                pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]]) -> None:
+    def _accept(self) -> None:
         for _ in range(BACKLOG):
             try:
                 conn, _addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # EMFILE and friends: shed the oldest connection and try later
-                if pending:
-                    self._drop(sel, pending, next(iter(pending)))
+                if self._pending:
+                    self._drop(next(iter(self._pending)))
                 return
             conn.setblocking(False)
-            if len(pending) >= MAX_CONNECTIONS:
-                self._drop(sel, pending, next(iter(pending)))
-            pending[conn] = (time.monotonic(), bytearray())
-            sel.register(conn, selectors.EVENT_READ, "conn")
-            self._read_head(sel, pending, conn)  # a probe that already spoke is answered at once
+            if len(self._pending) >= MAX_CONNECTIONS:
+                self._drop(next(iter(self._pending)))
+            self._pending[conn] = (time.monotonic(), bytearray())
+            self._sel.register(conn, selectors.EVENT_READ, "conn")
+            self._read_head(conn)  # a probe that already spoke is answered at once
 
-    def _read_head(self, sel: selectors.BaseSelector,
-                   pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]],
-                   conn: socket.socket) -> None:
+    def _read_head(self, conn: socket.socket) -> None:
         """Read what the client sent; hand the connection over once its head is whole."""
-        head = pending[conn][1]
+        head = self._pending[conn][1]
         try:
             while chunk := conn.recv(MAX_HEAD + 1 - len(head)):
                 head += chunk
                 if b"\r\n\r\n" in head or b"\n\n" in head or len(head) > MAX_HEAD:
                     break
             else:  # the client closed: nothing to answer
-                return self._drop(sel, pending, conn)
+                return self._drop(conn)
         except (BlockingIOError, InterruptedError):
             return None  # more later
         except OSError:
-            return self._drop(sel, pending, conn)
+            return self._drop(conn)
         if len(head) > MAX_HEAD:
-            return self._drop(sel, pending, conn)
-        sel.unregister(conn)
-        del pending[conn]
+            return self._drop(conn)
+        self._sel.unregister(conn)
+        del self._pending[conn]
         if self._ready.qsize() >= MAX_CONNECTIONS:  # handlers saturated: shed load
             conn.close()
         else:
@@ -196,11 +190,9 @@ class Endpoints:
             self._ready.put_nowait((conn, bytes(head)))
         return None
 
-    @staticmethod
-    def _drop(sel: selectors.BaseSelector,
-              pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]], conn: socket.socket) -> None:
-        sel.unregister(conn)
-        del pending[conn]
+    def _drop(self, conn: socket.socket) -> None:
+        self._sel.unregister(conn)
+        del self._pending[conn]
         conn.close()
 
     def _handle_loop(self) -> None:

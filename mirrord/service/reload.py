@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mirrord.config import Config, risky_changes
 
@@ -14,8 +13,7 @@ UNSTABLE_READ = ("the file kept changing while it was read; write it to a tempor
                  "into place, then reload again")
 
 
-@dataclass(frozen=True)
-class Refusal:
+class Refusal(NamedTuple):
     """Why a reload is refused: the keys concerned, and what to do about it."""
 
     keys: list[str]

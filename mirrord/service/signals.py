@@ -22,7 +22,7 @@ class SignalFlags:
     def install(self) -> SignalFlags:
         """Take over SIGTERM, SIGINT and SIGHUP (from the main thread); idempotent."""
         for signum in (*STOP_SIGNALS, signal.SIGHUP):
-            previous = signal.signal(signum, self._on_hup if signum == signal.SIGHUP else self._on_stop)
+            previous = signal.signal(signum, self._record)
             self._previous.setdefault(signum, previous)
         return self
 
@@ -37,8 +37,8 @@ class SignalFlags:
             signal.signal(signum, handler)
         self._previous.clear()
 
-    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.stop_requests += 1
-
-    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
-        self.reload_requested = True
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self.reload_requested = True
+        else:
+            self.stop_requests += 1

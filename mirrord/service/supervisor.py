@@ -114,19 +114,17 @@ class Supervisor:
         if self.refusals.get(IDENTITY):
             return
         damage = self.manifest.disk_problem()
-        if damage is None:
-            if self.refusals.get(MANIFEST):
-                self.refusals.refuse(MANIFEST, None)
-            return
-        try:
-            self.manifest.compact()  # a new snapshot of every entry and a fresh journal
-        except MirrordError as exc:
-            self.refusals.refuse(MANIFEST, f"{damage}; cannot repair it: {exc.cause}; fix the path, or stop "
-                                           f"mirrord and run `mirrord repair-manifest`")
-            return
-        self.metrics.manifest_repairs.inc()
-        self.log.error("manifest.repaired", cause=damage, entries=len(self.manifest))
-        self.refusals.refuse(MANIFEST, None)
+        problem = None
+        if damage is not None:
+            try:
+                self.manifest.compact()  # a new snapshot of every entry and a fresh journal
+            except MirrordError as exc:
+                problem = (f"{damage}; cannot repair it: {exc.cause}; fix the path, or stop mirrord and run "
+                           "`mirrord repair-manifest`")
+            else:
+                self.metrics.manifest_repairs.inc()
+                self.log.error("manifest.repaired", cause=damage, entries=len(self.manifest))
+        self.refusals.refuse(MANIFEST, problem)  # (clearing an absent refusal logs nothing)
 
     def _update_gauges(self) -> None:
         """Free space is read on the heartbeat (statvfs may hang on a dead mount: never in a scrape);

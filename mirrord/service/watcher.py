@@ -195,10 +195,9 @@ class PrimaryWatch:
         """Start watching (native or polling as configured and as the filesystem allows); OSError if
         even polling cannot start."""
         cfg = self._config()
-        try:
+        self._key = None
+        with contextlib.suppress(OSError):
             self._key = self.root_key()
-        except OSError:
-            self._key = None
         fstype = filesystem_type(cfg.primary)
         mode, why = choose_mode(cfg.watch.mode, fstype)
         try:

@@ -164,6 +164,30 @@ def wrap(where: str, exc: Exception, action: str) -> MirrordError:
     return UnreachableError(where, cause)  # connection errors, timeouts, throttling, 5xx
 
 
+def get_object(client: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
+    """The object's bytes and ETag; None if there is none (any other failure raises botocore's error)."""
+    try:
+        answer = client.get_object(Bucket=bucket, Key=key)
+        return answer["Body"].read(), str(answer["ETag"])
+    except S3_ERRORS as exc:
+        if error_code(exc) in MISSING_CODES:
+            return None
+        raise
+
+
+def put_if(client: Any, bucket: str, key: str, body: bytes, etag: str | None) -> str | None:
+    """PUT a JSON body only if the object is still `etag` (If-Match; None: only if there is none yet,
+    If-None-Match: *): the new ETag, or None when another writer changed it first."""
+    condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+    try:
+        answer = client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", **condition)
+    except S3_ERRORS as exc:
+        if error_code(exc) in CONFLICT_CODES:
+            return None
+        raise
+    return str(answer["ETag"])
+
+
 def access_error(where: str, exc: Exception) -> MirrordError:
     """Why the bucket cannot be used, in words that say what to fix: credentials missing or refused, or a
     server that does not answer (never "does not exist")."""

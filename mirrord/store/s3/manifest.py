@@ -27,7 +27,7 @@ from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
 from mirrord.store.manifest import MANIFEST_NAME, Change, decode_change, decode_shared_snapshot, encode_snapshot
-from mirrord.store.s3.client import CONFLICT_CODES, MISSING_CODES, S3_ERRORS, error_code, wrap
+from mirrord.store.s3.client import CONFLICT_CODES, MISSING_CODES, S3_ERRORS, error_code, get_object, put_if, wrap
 from mirrord.store.s3.listing import list_objects
 
 MANIFEST_DIR = ".mirrord-manifest.d"  # hidden: never listed as a checkpoint
@@ -101,14 +101,13 @@ class S3ManifestStore:
     def _read(self, key: str) -> _Shard:
         where = f"s3://{self.bucket}/{key}"
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=key)
-            data = answer["Body"].read()
+            found = get_object(self.client, self.bucket, key)
         except S3_ERRORS as exc:
-            if error_code(exc) in MISSING_CODES:
-                return _Shard()
             raise wrap(where, exc, "read manifest") from exc
-        entries, _generation, contributions = decode_shared_snapshot(data, where)
-        return _Shard(answer["ETag"], entries, contributions)
+        if found is None:
+            return _Shard()
+        entries, _generation, contributions = decode_shared_snapshot(found[0], where)
+        return _Shard(found[1], entries, contributions)
 
     def _views(self) -> Iterable[_Shard]:
         """The shards, and the older single object's part of the folders they do not hold."""
@@ -205,19 +204,16 @@ class S3ManifestStore:
 
     def _write(self, key: str, shard: _Shard) -> bool:
         """One conditional PUT of the shard (its ETag set); False if another writer changed it since."""
-        condition = {"IfMatch": shard.etag} if shard.etag is not None else {"IfNoneMatch": "*"}
         if self.guard is not None:
             self.guard()  # before every attempt: a retry after a conflict is a new commit
-        body = encode_snapshot(shard.entries, 0, shard.contributions)
         try:
-            answer = self.client.put_object(Bucket=self.bucket, Key=key, Body=body,
-                                            ContentType="application/json", **condition)
+            etag = put_if(self.client, self.bucket, key, encode_snapshot(shard.entries, 0, shard.contributions),
+                          shard.etag)
         except S3_ERRORS as exc:
-            if error_code(exc) not in CONFLICT_CODES:
-                raise wrap(f"s3://{self.bucket}/{key}", exc, "write manifest") from exc
-            return False
-        shard.etag = answer["ETag"]
-        return True
+            raise wrap(f"s3://{self.bucket}/{key}", exc, "write manifest") from exc
+        if etag is not None:
+            shard.etag = etag
+        return etag is not None
 
     def _migrate(self) -> None:
         """An older mirrord's single manifest object, moved into shards (never over a shard already

@@ -26,15 +26,12 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mirrord.core.model import FileState
 from mirrord.errors import from_oserror
 from mirrord.paths import DIR_FLAGS, open_dir_beneath, source_modes, split_rel
 from mirrord.store import atomic
-
-if TYPE_CHECKING:
-    from mirrord.store.upload import LocalUpload
+from mirrord.store.upload import LocalUpload
 
 
 def staging_token(key: str) -> str:
@@ -88,8 +85,6 @@ class FolderStaging:
 
     def upload(self, relkey: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin one file of the unit (`relkey` relative to the unit): written into the staging folder."""
-        from mirrord.store.upload import LocalUpload  # the file protocol lives with the volume
-
         member = split_rel(relkey)
         if self._done:
             raise RuntimeError("upload() after commit() or abort()")

@@ -146,19 +146,15 @@ class S3ManifestStore:
         """Apply the changes, shard by shard: PUT If-Match (If-None-Match: * for a new shard); when another
         writer got there first, re-read its version of that shard, re-apply ours on top and try again."""
         changes = [decode_change(p, self.where) for p in payloads]
-        by_shard: dict[str, list[Change]] = {}
-        for change in changes:
-            for shard in {shard_of(e.path) for e in change.puts} | {shard_of(rel) for rel in change.removes}:
-                part = Change(tuple(e for e in change.puts if shard_of(e.path) == shard),
-                              tuple(rel for rel in change.removes if shard_of(rel) == shard))
-                by_shard.setdefault(shard, []).append(part)
+        shards = {shard_of(rel) for change in changes for rel in (*(e.path for e in change.puts), *change.removes)}
         self._migrate()
-        for shard, parts in sorted(by_shard.items()):
-            def apply(current: _Shard, parts: list[Change] = parts) -> _Shard:
+        for shard in sorted(shards):
+            def apply(current: _Shard, shard: str = shard) -> _Shard:
                 entries = dict(current.entries)
-                for change in parts:
+                for change in changes:
                     change.apply_to(entries)
-                return _Shard(current.etag, entries, current.contributions)
+                mine = {rel: entry for rel, entry in entries.items() if shard_of(rel) == shard}
+                return _Shard(current.etag, mine, current.contributions)
             self._update(shard, apply)
 
     def contribute(self, unit: str, part: Contribution) -> Merged:

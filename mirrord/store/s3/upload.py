@@ -73,9 +73,8 @@ class S3Upload:
         self._parts: list[Future[dict[str, Any]]] = []
         self._slots = mirror.part_slots
         self._pool: ThreadPoolExecutor | None = None
-        self._sealed = False
         self._done = False
-        self._part_list: list[dict[str, Any]] = []
+        self._part_list: list[dict[str, Any]] | None = None  # set by seal()
 
     def write(self, data: memoryview) -> None:
         """Buffer or upload the next bytes (a part at a time for a multipart upload)."""
@@ -148,13 +147,12 @@ class S3Upload:
         if self.written != self.expected_size:
             raise SizeMismatchError(self.where, f"wrote {self.written} bytes, source had {self.expected_size}")
         self._part_list = parts
-        self._sealed = True
         return None
 
     def commit(self, dirs: DirSyncs | None = None) -> int:
         """Complete the upload (or PUT the small file); returns the object's LastModified. Durable when
         this returns: an object store has no directory to fsync (`dirs` is not needed)."""
-        if not self._sealed:
+        if self._part_list is None:
             raise RuntimeError("commit() before seal()")
         client = self.mirror.client
         self.mirror.require_lease()  # the object appears here: only under a lease safe to publish under
@@ -247,10 +245,8 @@ class S3UnitStaging:
             raise FileExistsError(17, "an older copy of the unit is still there; delete it first",
                                   mirror.describe(self.key))
         client, bucket = mirror.client, mirror.location.bucket
-        staged_prefix = mirror.location.key(self.area) + "/"
-        final_prefix = mirror.location.key(self.key) + "/"
         for upload in self._uploads:
-            target = final_prefix + upload.key.removeprefix(staged_prefix)
+            target = mirror.location.key(self.key) + upload.key.removeprefix(mirror.location.key(self.area))
             try:  # a managed copy: multipart (UploadPartCopy) above 5 GB, all on the server
                 client.copy({"Bucket": bucket, "Key": upload.key}, bucket, target)
             except S3_ERRORS as exc:

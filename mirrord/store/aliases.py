@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError, UnsafePathError
-from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.paths import open_file_beneath, split_rel
 from mirrord.store import atomic
+from mirrord.store.staging import dir_beneath
 
 if TYPE_CHECKING:
     from mirrord.store.mirror import ReadableStore
@@ -30,17 +31,17 @@ def _readlink(root: Path, rel: str) -> str | None:
     """The target of the symlink root/rel (reached without following any other symlink), or None."""
     parts = split_rel(rel)
     try:
-        dir_fd = open_dir_beneath(root, parts[:-1])
+        with dir_beneath(root, parts[:-1]) as dir_fd:
+            if not stat.S_ISLNK(os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                return None
+            return os.readlink(parts[-1], dir_fd=dir_fd)
     except OSError:
         return None
-    try:
-        if not stat.S_ISLNK(os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            return None
-        return os.readlink(parts[-1], dir_fd=dir_fd)
-    except OSError:
-        return None
-    finally:
-        os.close(dir_fd)
+
+
+def _beside(name: str | None) -> bool:
+    """A plain name in the pointer's own folder (no path, not hidden): all a pointer may lead to."""
+    return bool(name and "/" not in name and not name.startswith("."))
 
 
 def alias_links(skipped: Iterable[tuple[str, str]], layout: Layout) -> list[str]:
@@ -56,18 +57,14 @@ def mirror_alias_links(
     made = []
     for rel in links:
         target = _readlink(primary_root, rel)
-        if target is None or "/" in target or target.startswith(".") or not target:
+        if target is None or not _beside(target):
             continue  # only a name in the same folder: anything else could lead out of the mirror
         folder = dirname(rel)
-        target_rel = f"{folder}/{target}" if folder else target
-        if target_rel not in manifest or _readlink(mirror_root, rel) == target:
+        if (f"{folder}/{target}" if folder else target) not in manifest or _readlink(mirror_root, rel) == target:
             continue
         parts = split_rel(rel)
-        dir_fd = open_dir_beneath(mirror_root, parts[:-1])
-        try:
+        with dir_beneath(mirror_root, parts[:-1]) as dir_fd:
             atomic.publish_symlink(dir_fd, parts[-1], target)
-        finally:
-            os.close(dir_fd)
         made.append((rel, target))
     return made
 
@@ -81,23 +78,32 @@ def pointed_targets(root: Path, runs: Iterable[str], layout: Layout) -> frozense
         prefix = f"{run}/" if run else ""
         for alias in layout.aliases:
             target = _readlink(root, prefix + alias)
-            if target and "/" not in target:
-                named.add(prefix + target)
+            if _beside(target):
+                named.add(f"{prefix}{target}")
         if layout.tag_file:
-            try:
-                fd = open_file_beneath(root, prefix + layout.tag_file, os.O_RDONLY | os.O_NONBLOCK)
-            except (OSError, UnsafePathError):
-                continue
-            try:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    tag = os.read(fd, 256).decode("utf-8", "replace").strip()
-                    if tag and "/" not in tag and not tag.startswith("."):
-                        named.add(prefix + tag)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            named |= _tagged(prefix, _read_beneath(root, prefix + layout.tag_file, 256))
     return frozenset(named)
+
+
+def _tagged(prefix: str, data: bytes | None) -> set[str]:
+    """The folder a tag file's bytes name beside it (prefix: its run's), if they name one."""
+    tag = (data or b"").decode("utf-8", "replace").strip()
+    return {prefix + tag} if _beside(tag) else set()
+
+
+def _read_beneath(root: Path, rel: str, limit: int) -> bytes | None:
+    """Up to `limit` bytes of the regular file root/rel (reached beneath the root, never blocking on a
+    FIFO); None if it cannot be read."""
+    try:
+        fd = open_file_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, UnsafePathError):
+        return None
+    try:
+        return os.read(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 STATE_BYTES = 1 << 20  # a trainer_state.json larger than this names nothing (it is read at every pass)
@@ -115,20 +121,17 @@ def best_checkpoints(root: Path, recorded: Iterable[str], layout: Layout, state_
             newest[dirname(unit)] = (step, unit)
     named: set[str] = set()
     for run, (_, unit) in newest.items():
+        data = _read_beneath(root, f"{unit}/{state_file}", STATE_BYTES + 1)
         try:
-            fd = open_file_beneath(root, f"{unit}/{state_file}", os.O_RDONLY | os.O_NONBLOCK)
-        except (OSError, UnsafePathError):
-            continue
-        try:
-            best = json.loads(os.read(fd, STATE_BYTES + 1)[:STATE_BYTES]).get("best_model_checkpoint")
-        except (OSError, ValueError, AttributeError):
+            best = json.loads(data[:STATE_BYTES]).get("best_model_checkpoint") if data is not None else None
+        except (ValueError, AttributeError):
             best = None
-        finally:
-            os.close(fd)
         name = best.rstrip("/").rpartition("/")[2] if isinstance(best, str) else ""
         if layout.is_unit_name(name):
             named.add(f"{run}/{name}" if run else name)
     return frozenset(named)
+
+
 def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> frozenset[str]:
     """pointed_targets for a store without a root (objects): the folder each run's tag file names (an object
     store holds no symlinks: an alias there is a copy of its own, never dangling). An absent or unreadable
@@ -138,10 +141,8 @@ def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> 
         prefix = f"{run}/" if run else ""
         try:
             with store.open_read(prefix + tag_file) as stream:
-                tag = stream.read(256).decode("utf-8", "replace").strip()
+                named |= _tagged(prefix, stream.read(256))
         except (OSError, MirrordError):
             continue
-        if tag and "/" not in tag and not tag.startswith("."):
-            named.add(prefix + tag)
     return frozenset(named)
 

@@ -11,7 +11,6 @@ Only reads the mirror: it works with read access alone (a read-only mount, a rea
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,11 @@ from typing import cast
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import DamagedCopyError, DestinationTakenError, NothingToRestoreError, from_oserror
-from mirrord.paths import lstat_beneath, open_file_beneath
-from mirrord.store.hashing import HASH_BUFFER_BYTES, hash_stream, new_hasher
+from mirrord.paths import lstat_beneath
+from mirrord.store.hashing import HASH_BUFFER_BYTES, new_hasher
 from mirrord.store.mirror import ReadableStore, Upload
-from mirrord.store.resume import Candidate, newest_run, recorded_candidates
+from mirrord.store.resume import Candidate, check_entry, newest_run, recorded_candidates
+from mirrord.store.volume import LocalVolume
 
 Progress = Callable[[int, int, str], None]  # (bytes done, bytes in all, key)
 
@@ -75,8 +75,7 @@ def _restore_unit(store: ReadableStore, unit: Candidate, dest_root: Path, force:
                   progress: Progress | None) -> bool:
     """Publish one unit below dest_root; True when an identical copy was already there."""
     dest_root.mkdir(parents=True, exist_ok=True)
-    there = lstat_beneath(dest_root, unit.key)
-    if there is not None:
+    if lstat_beneath(dest_root, unit.key) is not None:
         if _identical(dest_root, unit):
             return True
         if not force:
@@ -84,55 +83,47 @@ def _restore_unit(store: ReadableStore, unit: Candidate, dest_root: Path, force:
                                         "--force replaces it (nothing was written)")
     total = sum(e.size for e in unit.entries)
     done = 0
-
     buffer = memoryview(bytearray(HASH_BUFFER_BYTES))
 
-    def copy_into(upload: Upload, entry: ManifestEntry) -> None:
+    def publish(upload: Upload, entry: ManifestEntry) -> None:
+        """The entry's bytes from the mirror into `upload`, published only if they are the recorded ones."""
         nonlocal done
         hasher, size = new_hasher(entry.algo), 0
         try:
-            stream = store.open_read(entry.path)
-        except FileNotFoundError as exc:
-            raise DamagedCopyError(store.describe(entry.path), "in the manifest but not on the mirror") from exc
-        with stream:
-            while n := cast("io.BufferedIOBase", stream).readinto(buffer):  # a local file or an S3 body
-                hasher.update(buffer[:n])
-                upload.write(buffer[:n])
-                size += n
-                done += n
-                if progress is not None:
-                    progress(done, total, entry.path)
-        digest = hasher.hexdigest()
-        if (size, digest) != (entry.size, entry.digest):
-            raise DamagedCopyError(store.describe(entry.path), f"the mirror's copy does not match the manifest "
-                                   f"({size} bytes, {entry.algo} {digest}; recorded: {entry.size} bytes, "
-                                   f"{entry.digest}): not restored")
-        upload.seal(entry.source_mtime_ns)
-
-    if not unit.folder:
-        from mirrord.store.upload import LocalUpload
-
-        entry = unit.entries[0]
-        upload = LocalUpload(dest_root, unit.key, entry.size)
-        try:
-            copy_into(upload, entry)
+            try:
+                stream = store.open_read(entry.path)
+            except FileNotFoundError as exc:
+                raise DamagedCopyError(store.describe(entry.path), "in the manifest but not on the mirror") from exc
+            with stream:
+                while n := cast("io.BufferedIOBase", stream).readinto(buffer):  # a local file or an S3 body
+                    hasher.update(buffer[:n])
+                    upload.write(buffer[:n])
+                    size += n
+                    done += n
+                    if progress is not None:
+                        progress(done, total, entry.path)
+            digest = hasher.hexdigest()
+            if (size, digest) != (entry.size, entry.digest):
+                raise DamagedCopyError(store.describe(entry.path), f"the mirror's copy does not match the "
+                                       f"manifest ({size} bytes, {entry.algo} {digest}; recorded: {entry.size} "
+                                       f"bytes, {entry.digest}): not restored")
+            upload.seal(entry.source_mtime_ns)
             upload.commit()
         except BaseException:
             upload.abort()
             raise
+
+    if not unit.folder:
+        from mirrord.store.upload import LocalUpload
+
+        publish(LocalUpload(dest_root, unit.key, unit.entries[0].size), unit.entries[0])
         return False
     from mirrord.store.staging import FolderStaging
 
     staging = FolderStaging(dest_root, unit.key)
     try:
         for entry in unit.entries:
-            member = staging.upload(entry.path[len(unit.key) + 1:], entry.size)
-            try:
-                copy_into(member, entry)
-                member.commit()
-            except BaseException:
-                member.abort()
-                raise
+            publish(staging.upload(entry.path[len(unit.key) + 1:], entry.size), entry)
         staging.commit()
     except BaseException:
         staging.abort()
@@ -149,11 +140,5 @@ def _identical(dest_root: Path, unit: Candidate) -> bool:
         found = {p.relative_to(dest_root).as_posix() for p in folder.rglob("*") if not p.is_dir()}
         if found != {e.path for e in unit.entries}:
             return False
-    for entry in unit.entries:
-        try:
-            with os.fdopen(open_file_beneath(dest_root, entry.path), "rb") as stream:
-                if hash_stream(stream, entry.algo) != (entry.size, entry.digest):
-                    return False
-        except OSError:  # not there, not a file, unreadable: not the checkpoint
-            return False
-    return True
+    volume = LocalVolume(dest_root)  # not there, not a file, unreadable: not the checkpoint
+    return all(check_entry(volume, entry) is None for entry in unit.entries)

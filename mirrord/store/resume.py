@@ -14,18 +14,19 @@ whose best checkpoint has the newest mtime wins.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from mirrord.core.branches import branches, lying_after_ns
 from mirrord.core.layouts import TEMP_SUFFIXES, Layout
-from mirrord.core.model import FileState, ManifestEntry, entry_passed, entry_whole, step_of
+from mirrord.core.model import ManifestEntry, entry_passed, entry_whole, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
 from mirrord.store.hashing import hash_stream
@@ -34,7 +35,6 @@ from mirrord.store.mirror import ReadableStore, random_access_fd
 from mirrord.store.volume import LocalVolume
 
 if TYPE_CHECKING:
-    from mirrord.core.units import Unit
     from mirrord.formats.validators import Verdict
 
 # Re-reading (hashing, the format validators) and judging a primary's folder
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 # (mirrord.core.units): a file layout's answer has none.
 
 FUTURE_SKEW_SECONDS = 60.0  # as prune.future_skew_seconds' default
+T = TypeVar("T")
 
 
 def run_key(store: ReadableStore, run: str | Path | None) -> str | None:
@@ -60,7 +61,7 @@ def run_key(store: ReadableStore, run: str | Path | None) -> str | None:
     return "" if key == "." else key.strip("/")
 
 
-def _by_recency(items: list[tuple[int | None, int, object]]) -> list[object]:
+def _by_recency(items: list[tuple[int | None, int, T]]) -> list[T]:
     """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them."""
     mtimes: dict[int, int] = {}
     lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)  # beyond: a lying clock, no evidence of order
@@ -68,13 +69,24 @@ def _by_recency(items: list[tuple[int | None, int, object]]) -> list[object]:
         if step is not None:
             mtimes[step] = max(mtimes.get(step, 0), 0 if mtime > lie else mtime)
     order = branches(mtimes)
-    def key(item: tuple[int | None, int, object]) -> tuple[int, int, int, int]:
+
+    def key(item: tuple[int | None, int, T]) -> tuple[int, int, int, int]:
         step, mtime, _ = item
-        if step is None:
-            return (0, 0, 0, mtime)
-        branch, _ = order.key(step)
-        return (1, branch, step, mtime)
+        return (0, 0, 0, mtime) if step is None else (1, order.key(step)[0], step, mtime)
+
     return [item for _, _, item in sorted(items, key=key, reverse=True)]
+
+
+def _newest_whole(listed: Iterable[tuple[str, int | None, int, T]], run_key: str | None,
+                  whole: Callable[[T], bool]) -> list[T]:
+    """Of (run, step, mtime_ns, item) of the run `run_key` (or all), per run the newest item (by
+    _by_recency) that `whole` accepts."""
+    by_run: dict[str, list[tuple[int | None, int, T]]] = defaultdict(list)
+    for run, step, mtime, item in listed:
+        if run_key is None or run == run_key:
+            by_run[run].append((step, mtime, item))
+    found = (next((item for item in _by_recency(items) if whole(item)), None) for items in by_run.values())
+    return [item for item in found if item is not None]
 
 
 @dataclass(frozen=True)
@@ -197,8 +209,7 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None,
                         layout: Layout | None = None) -> dict[str, list[Candidate]]:
     """Per run, the checkpoint units the manifest records with every file passed, newest first (by branch
     and step; see _by_recency). Without a layout every entry is a file unit."""
-    members: dict[str, list[ManifestEntry]] = defaultdict(list)
-    where: dict[str, tuple[str, int | None, bool]] = {}
+    members: dict[tuple[str, str, int | None, bool], list[ManifestEntry]] = defaultdict(list)
     for e in manifest.entries.values():
         place = None
         if layout is not None:
@@ -207,18 +218,16 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None,
             place = locate(e.path, layout)
             if place is None or place.role != "checkpoint":
                 continue
-        key, run, step, folder = (e.path, e.run, e.step, False) if place is None else (
+        unit = (e.path, e.run, e.step, False) if place is None else (
             place.rel, place.run, place.step, place.kind == "folder")
-        if run_key is None or run == run_key:
-            members[key].append(e)
-            where[key] = (run, step, folder)
-    runs: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
-    for key, entries in members.items():
-        if all(entry_passed(e) for e in entries):
-            run, step, folder = where[key]
-            unit = Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
-            runs[run].append((step, max(e.source_mtime_ns for e in entries), unit))
-    return {run: _evidenced([c for c in _by_recency(items) if isinstance(c, Candidate)]) for run, items in runs.items()}
+        if run_key is None or unit[1] == run_key:
+            members[unit].append(e)
+    runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
+    for (key, run, step, folder), entries in members.items():
+        if all(map(entry_passed, entries)):
+            candidate = Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
+            runs[run].append((step, max(e.source_mtime_ns for e in entries), candidate))
+    return {run: _evidenced(_by_recency(items)) for run, items in runs.items()}
 
 
 def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
@@ -254,27 +263,16 @@ def latest_key(
     to most recently); see latest_checkpoint. Works on any store: a local tree or the mirror's seam.
     With a folder layout the answer is a unit's folder."""
     manifest = store.load_manifest()
-    folders = layout is not None and layout.folders
+    folders = layout if layout is not None and layout.folders else None
     if len(manifest) or require_manifest:
-        return _latest_recorded(store, recorded_candidates(manifest, run_key, layout if folders else None),
-                                layout, verify)
-    if folders:
-        assert layout is not None
-        return _latest_unit(store, run_key, layout)
-    snap = store.snapshot(patterns)
+        return _latest_recorded(store, recorded_candidates(manifest, run_key, folders), layout, verify)
+    if folders is not None:
+        return _latest_unit(store, run_key, folders)
     step_regex = re.compile(step_pattern)
-    by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
-    for s in snap.files.values():
-        if run_key is None or s.run == run_key:
-            by_run[s.run].append((step_of(s.rel, step_regex), s.mtime_ns, s))
-    best: list[FileState] = []
-    for items in by_run.values():
-        for state in _by_recency(items):
-            assert isinstance(state, FileState)
-            # Stricter than passing: on a primary with no manifest, only a verdict of "ok" proves anything.
-            if validate_key(store, state.rel).status == "ok":
-                best.append(state)
-                break
+    files = store.snapshot(patterns).files.values()
+    # Stricter than passing: on a primary with no manifest, only a verdict of "ok" proves anything.
+    best = _newest_whole(((s.run, step_of(s.rel, step_regex), s.mtime_ns, s) for s in files), run_key,
+                         lambda s: validate_key(store, s.rel).status == "ok")
     return max(best, key=lambda s: s.mtime_ns).rel if best else None
 
 
@@ -319,17 +317,12 @@ def _latest_recorded(store: ReadableStore, runs: dict[str, list[Candidate]], lay
                      verify: bool) -> str | None:
     """Per run the newest recorded unit still intact (a folder: holding exactly its recorded files); of
     those, the one of the run written to most recently."""
-    listing: list[str] | None = None  # one listing of the store, only when a folder unit is to be checked
-    found: list[Candidate] = []
-    for candidates in runs.values():
-        for unit in candidates:
-            if unit.folder and listing is None:
-                listing = sorted(store.snapshot((), layout).files)
-            if _unit_intact(store, unit, listing, verify):
-                found.append(unit)
-                break
-    best = newest_run({unit.run: [unit] for unit in found})
-    return None if best is None else next(unit.key for unit in found if unit.run == best)
+    listing = functools.cache(lambda: frozenset(store.snapshot((), layout).files))  # only if a folder is checked
+    intact = {run: next((u for u in units if _unit_intact(store, u, listing, verify)), None)
+              for run, units in runs.items()}
+    found = {run: [unit] for run, unit in intact.items() if unit is not None}
+    best = newest_run(found)
+    return None if best is None else found[best][0].key
 
 
 def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> str | None:
@@ -341,27 +334,18 @@ def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> s
         return None  # a primary is a local tree; judging completeness needs one
     from mirrord.service.completeness import judge
 
-    units = group_units(volume.snapshot((), layout).files.values(), layout)
+    units = [u for u in group_units(volume.snapshot((), layout).files.values(), layout).values()
+             if u.role == "checkpoint"]
     complete = judge(volume, layout)
-    by_run: dict[str, list[tuple[int | None, int, object]]] = defaultdict(list)
-    for listed in units.values():
-        if listed.role == "checkpoint" and (run_key is None or listed.run == run_key):
-            by_run[listed.run].append((listed.step, listed.mtime_ns, listed))
-    best: list[Unit] = []
-    for items in by_run.values():
-        for candidate in _by_recency(items):
-            assert isinstance(candidate, Unit)
-            if complete(candidate).complete:
-                best.append(candidate)
-                break
+    best = _newest_whole(((u.run, u.step, u.mtime_ns, u) for u in units), run_key, lambda u: complete(u).complete)
     return max(best, key=lambda u: u.mtime_ns).rel if best else None
 
 
-def _unit_intact(store: ReadableStore, unit: Candidate, listing: list[str] | None, verify: bool) -> bool:
+def _unit_intact(store: ReadableStore, unit: Candidate, listing: Callable[[], frozenset[str]], verify: bool) -> bool:
     """Every recorded file intact, and (a folder) nothing else in it: the unit as it was published."""
     if unit.folder:
         prefix = unit.key + "/"
-        there = {rel for rel in listing or () if rel.startswith(prefix) and not rel.endswith(TEMP_SUFFIXES)}
+        there = {rel for rel in listing() if rel.startswith(prefix) and not rel.endswith(TEMP_SUFFIXES)}
         if there != {e.path for e in unit.entries}:
             return False
     return all(entry_intact(store, e, verify) for e in unit.entries)

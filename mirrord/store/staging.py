@@ -24,17 +24,14 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mirrord.core.model import FileState
 from mirrord.errors import from_oserror
 from mirrord.paths import DIR_FLAGS, open_dir_beneath, source_modes, split_rel
 from mirrord.store import atomic
-
-if TYPE_CHECKING:
-    from mirrord.store.upload import LocalUpload
+from mirrord.store.upload import LocalUpload
 
 
 def staging_token(key: str) -> str:
@@ -43,33 +40,43 @@ def staging_token(key: str) -> str:
     return f"{hashlib.sha256(key.encode()).hexdigest()[:16]}-{name[:100]}{atomic.TEMP_SUFFIX}"
 
 
+@contextlib.contextmanager
+def dir_beneath(root: Path, parts: tuple[str, ...], create: bool = False) -> Iterator[int]:
+    """root/parts opened beneath the root (mirrord.paths.open_dir_beneath), closed on leaving."""
+    fd = open_dir_beneath(root, parts, create=create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    """A folder's (device, inode): whether a name still leads to the folder it led to."""
+    return st.st_dev, st.st_ino
+
+
 class FolderStaging:
     """One folder unit being staged in `root`'s staging area (see the module docstring)."""
 
+    # commit() replaces an older copy under the key itself, whole, in one step (see the module docstring).
+    replaces = True
+
     def __init__(self, root: Path, key: str, modes_from: Path | None = None) -> None:
         parts = split_rel(key)
-        self.root = Path(root)
-        self.modes_from = modes_from
-        modes = source_modes(modes_from, key)
-        self.key = key
-        self._parent = parts[:-1]
-        self._name = parts[-1]
-        self._staging = staging_token(key)
+        self.root, self.key, self.modes_from = Path(root), key, modes_from
+        self._parent, self._name, self._staging = parts[:-1], parts[-1], staging_token(key)
         self._done = False
+        modes = source_modes(modes_from, key)
         os.close(open_dir_beneath(self.root, self._parent, create=True, modes=modes))  # commit() renames into it
-        area_fd = open_dir_beneath(self.root, (atomic.STAGING_AREA,), create=True)
-        try:
+        with dir_beneath(self.root, (atomic.STAGING_AREA,), create=True) as area_fd:
             atomic.remove_tree(area_fd, self._staging)  # a dead writer's staging of the same unit
             os.mkdir(self._staging, modes[-1] if len(modes) == len(parts) else 0o755, dir_fd=area_fd)
             # Held open until commit or abort: the inode cannot be reused by a later staging folder of
             # the same unit (ext4 reuses a freed inode at once), which the identity checks would take
             # for ours.
             self._fd = os.open(self._staging, DIR_FLAGS, dir_fd=area_fd)
-            st = os.fstat(self._fd)
-            self._identity = (st.st_dev, st.st_ino)
+            self._identity = _identity(os.fstat(self._fd))
             atomic.sync(area_fd)
-        finally:
-            os.close(area_fd)
 
     @property
     def staging_key(self) -> str:
@@ -78,8 +85,6 @@ class FolderStaging:
 
     def upload(self, relkey: str, size: int, drop_cache: bool = False) -> LocalUpload:
         """Begin one file of the unit (`relkey` relative to the unit): written into the staging folder."""
-        from mirrord.store.upload import LocalUpload  # the file protocol lives with the volume
-
         member = split_rel(relkey)
         if self._done:
             raise RuntimeError("upload() after commit() or abort()")
@@ -89,54 +94,36 @@ class FolderStaging:
         return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache,
                            (0o700, *modes[len(self._parent):]) if whole else ())
 
-    # commit() replaces an older copy under the key itself, whole, in one step (see the module docstring).
-    replaces = True
-
     def commit(self) -> None:
         """fsync the staged tree, then publish it as NAME: renamed there, or exchanged with an older
         copy of the unit (which is then removed); fsync both folders. FileExistsError if NAME is not a
         folder or the staging folder was replaced meanwhile."""
         if self._done:
             raise RuntimeError("commit() after commit() or abort()")
-        area_fd = open_dir_beneath(self.root, (atomic.STAGING_AREA,))
-        try:
-            dir_fd = open_dir_beneath(self.root, self._parent)
-        except BaseException:
-            os.close(area_fd)
-            raise
-        try:
-            staged = os.open(self._staging, DIR_FLAGS, dir_fd=area_fd)
-            try:
-                st = os.fstat(staged)
-                if (st.st_dev, st.st_ino) != self._identity:
-                    raise FileExistsError(f"{self.root / self.staging_key} was replaced while staging")
-                atomic.sync_tree(staged)
-            finally:
-                os.close(staged)
+        with dir_beneath(self.root, (atomic.STAGING_AREA,)) as area_fd, dir_beneath(self.root, self._parent) as dir_fd:
+            if _identity(os.stat(self._staging, dir_fd=area_fd, follow_symlinks=False)) != self._identity:
+                raise FileExistsError(f"{self.root / self.staging_key} was replaced while staging")
+            atomic.sync_tree(self._fd)
             try:
                 old = os.stat(self._name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
                 old = None
             if old is not None and not stat.S_ISDIR(old.st_mode):
                 raise FileExistsError(errno.EEXIST, f"{self.root / self.key} exists and is not a folder")
-            aside = None if old is None else self._swap(area_fd, dir_fd)
-            if old is None:
+            aside = self._swap(area_fd, dir_fd) if old is not None else None
+            if aside is None:
                 atomic.rename(self._staging, self._name, src_dir_fd=area_fd, dst_dir_fd=dir_fd)
             atomic.sync(dir_fd)
             atomic.sync(area_fd)
             self._done = True
-            self._close()
-            if aside is not None:
+            os.close(self._fd)
+            if aside is not None and old is not None:
                 # The old copy, whole until now, in the staging area: removed if it is still the folder
                 # that was swapped out (else a later staging took the name); left to the sweep on failure.
                 with contextlib.suppress(OSError):
-                    there = os.stat(aside, dir_fd=area_fd, follow_symlinks=False)
-                    if old is not None and (there.st_dev, there.st_ino) == (old.st_dev, old.st_ino):
+                    if _identity(os.stat(aside, dir_fd=area_fd, follow_symlinks=False)) == _identity(old):
                         atomic.remove_tree(area_fd, aside)
                         atomic.sync(area_fd)
-        finally:
-            os.close(dir_fd)
-            os.close(area_fd)
 
     def _swap(self, area_fd: int, dir_fd: int) -> str:
         """Put the staged folder under NAME in place of the old copy; returns the old copy's name in the
@@ -154,35 +141,19 @@ class FolderStaging:
         if self._done:
             return
         self._done = True
-        with contextlib.suppress(OSError):
-            area_fd = open_dir_beneath(self.root, (atomic.STAGING_AREA,))
-            try:
-                st = os.stat(self._staging, dir_fd=area_fd, follow_symlinks=False)
-                if (st.st_dev, st.st_ino) == self._identity:  # a later staging of the same unit is not ours
-                    atomic.remove_tree(area_fd, self._staging)
-                    atomic.sync(area_fd)
-            finally:
-                os.close(area_fd)
-        self._close()
-
-    def _close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with contextlib.suppress(OSError), dir_beneath(self.root, (atomic.STAGING_AREA,)) as area_fd:
+            if _identity(os.stat(self._staging, dir_fd=area_fd, follow_symlinks=False)) == self._identity:
+                atomic.remove_tree(area_fd, self._staging)  # not a later staging of the same unit
+                atomic.sync(area_fd)
+        os.close(self._fd)
 
 
 def retire_folder(root: Path, key: str) -> None:
     """Retire the published folder `key` whole: renamed into the staging area in one step (a reader
     sees the whole unit or none), both folders fsynced, then removed there. Nothing if it is gone."""
     parts = split_rel(key)
-    area_fd = open_dir_beneath(root, (atomic.STAGING_AREA,), create=True)
-    try:
-        dir_fd = open_dir_beneath(root, parts[:-1])
-    except BaseException:
-        os.close(area_fd)
-        raise
     aside = staging_token(key).removesuffix(atomic.TEMP_SUFFIX) + ".retired"
-    try:
+    with dir_beneath(root, (atomic.STAGING_AREA,), create=True) as area_fd, dir_beneath(root, parts[:-1]) as dir_fd:
         atomic.remove_tree(area_fd, aside)  # a dead retirement of the same unit
         try:
             atomic.rename(parts[-1], aside, src_dir_fd=dir_fd, dst_dir_fd=area_fd)
@@ -192,27 +163,21 @@ def retire_folder(root: Path, key: str) -> None:
         atomic.sync(area_fd)
         atomic.remove_tree(area_fd, aside)
         atomic.sync(area_fd)
-    finally:
-        os.close(dir_fd)
-        os.close(area_fd)
 
 
 def sweep_staging_area(root: Path) -> int:
     """Remove what dead writers left in the staging area (call with the mirror's lock held: then no
     one else is staging); returns how many entries were removed. Never raises for a missing area."""
     try:
-        area_fd = open_dir_beneath(root, (atomic.STAGING_AREA,))
+        with dir_beneath(root, (atomic.STAGING_AREA,)) as area_fd:
+            names = os.listdir(area_fd)  # noqa: PTH208 - by descriptor
+            for name in names:
+                atomic.remove_tree(area_fd, name)
+            if names:
+                atomic.sync(area_fd)
+            return len(names)
     except FileNotFoundError:
         return 0
-    try:
-        names = os.listdir(area_fd)  # noqa: PTH208 - by descriptor
-        for name in names:
-            atomic.remove_tree(area_fd, name)
-        if names:
-            atomic.sync(area_fd)
-        return len(names)
-    finally:
-        os.close(area_fd)
 
 
 def remove_folder(root: Path, key: str, expected: FileState | None = None) -> bool:

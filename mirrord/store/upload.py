@@ -16,6 +16,7 @@ from mirrord.store import atomic
 # is short and the copy never builds a multi-GB dirty backlog that stalls the trainer's own writes.
 WRITEBACK_WINDOW = 64 * 1024 * 1024
 _SFR_WAIT_BEFORE, _SFR_WRITE, _SFR_WAIT_AFTER = 1, 2, 4
+_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE)  # sync_file_range on this filesystem
 # A file up to this size leaves its fsync to commit(): seal() writes its data out and waits for it (so
 # drop_cache frees its pages for the next copy at once, and a data error is reported to this copy), but
 # not for the filesystem's journal nor the device's cache flush; copies committed together
@@ -53,10 +54,9 @@ _sync_file_range: Callable[[int, int, int, int], None] | atomic.NotLoaded | None
 def _loaded_sync_file_range() -> Callable[[int, int, int, int], None] | None:
     """sync_file_range, looked up on the first call."""
     global _sync_file_range
-    found = _sync_file_range
-    if isinstance(found, atomic.NotLoaded):
-        found = _sync_file_range = _load_sync_file_range()
-    return found
+    if isinstance(_sync_file_range, atomic.NotLoaded):
+        _sync_file_range = _load_sync_file_range()
+    return _sync_file_range
 
 
 class LocalUpload:
@@ -114,10 +114,9 @@ class LocalUpload:
                 os.posix_fadvise(self._fd, self._flushed, WRITEBACK_WINDOW, os.POSIX_FADV_DONTNEED)
                 self._flushed += WRITEBACK_WINDOW
         except OSError as exc:
-            if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
-                self._writeback = None  # this filesystem does not support it; the final fsync suffices
-            else:
+            if exc.errno not in _UNSUPPORTED:
                 raise
+            self._writeback = None  # this filesystem does not support it; the final fsync suffices
 
     def seal(self, mtime_ns: int) -> int:
         """Give the copy the source's mtime, make it durable, and check its size; returns the mtime the
@@ -155,7 +154,7 @@ class LocalUpload:
         try:
             self._writeback(self._fd, 0, 0, _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
         except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
+            if exc.errno not in _UNSUPPORTED:
                 raise
             return False
         return True

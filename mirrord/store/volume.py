@@ -29,14 +29,14 @@ from mirrord.store import atomic
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
+from mirrord.store.staging import FolderStaging, remove_folder, retire_folder, sweep_staging_area
 from mirrord.store.upload import LocalUpload
 
 if TYPE_CHECKING:
     from mirrord.store.identity import VolumeIdentity
-    from mirrord.store.staging import FolderStaging
 
-# Pinning a locked mirror (mirrord.store.identity) and staging folder units (mirrord.store.staging) are
-# imported where they are used: a read-only command (`mirrord latest`) does neither.
+# Pinning a locked mirror (mirrord.store.identity) is imported where it is used: a read-only command
+# (`mirrord latest`) does not.
 
 LOCK_NAME = ".mirrord.lock"
 
@@ -207,10 +207,6 @@ class LocalMirror(LocalVolume):
 
         return mirror_alias_links(primary_root, self.root, links, entries) if links else []
 
-    def space(self) -> tuple[int, int]:
-        """(free bytes available to us, total bytes): a local mirror always knows."""
-        return super().space()
-
     def is_mountpoint(self) -> bool:
         """Whether the mirror root is a mount point."""
         return self.root.is_mount()
@@ -246,8 +242,6 @@ class LocalMirror(LocalVolume):
 
     def begin_unit(self, key: str) -> FolderStaging:
         """Start publishing the folder unit `key` as a whole (mirrord.store.staging)."""
-        from mirrord.store.staging import FolderStaging
-
         self.check_identity()
         return FolderStaging(self.root, key, self.modes_from)
 
@@ -264,8 +258,6 @@ class LocalMirror(LocalVolume):
     def delete_unit(self, key: str, files: Iterable[tuple[str, FileState]] = ()) -> None:
         """Retire a folder unit whole (mirrord.store.staging.retire_folder). The caller re-checked every
         file and dropped the manifest entries first."""
-        from mirrord.store.staging import retire_folder
-
         self.check_identity()
         try:
             retire_folder(self.root, key)
@@ -275,8 +267,6 @@ class LocalMirror(LocalVolume):
     def delete_folder(self, key: str, expected: FileState | None = None) -> bool:
         """Remove a dead staging folder (still `expected`) with what is in it, or (expected None) an
         emptied unit folder; False when it was left (not empty, or not the planned folder)."""
-        from mirrord.store.staging import remove_folder
-
         self.check_identity()
         return remove_folder(self.root, key, expected)
 
@@ -302,8 +292,6 @@ class LocalMirror(LocalVolume):
 
         try:
             self.identity = VolumeIdentity.establish(self.root)
-            from mirrord.store.staging import sweep_staging_area
-
             with contextlib.suppress(OSError):  # leftovers only cost space; the next lock tries again
                 sweep_staging_area(self.root)
             yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -137,15 +137,12 @@ def make_client(settings: S3Settings, timeout: float | None = None, attempts: in
 
 
 def error_code(exc: BaseException) -> str:
-    """The S3 error code of a botocore exception ('' if it has none)."""
+    """The S3 error code of a botocore exception (its HTTP status without one; '' if it has neither)."""
     response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = response.get("Error", {}).get("Code")
-        if code:
-            return str(code)
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return str(status or "")
-    return ""
+    if not isinstance(response, dict):
+        return ""
+    code = response.get("Error", {}).get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return str(code or "")
 
 
 def wrap(where: str, exc: Exception, action: str) -> MirrordError:
@@ -162,6 +159,30 @@ def wrap(where: str, exc: Exception, action: str) -> MirrordError:
     if isinstance(exc, ClientError) and code not in TRANSIENT_CODES:
         return PermanentError(where, cause)
     return UnreachableError(where, cause)  # connection errors, timeouts, throttling, 5xx
+
+
+def get_object(client: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
+    """The object's bytes and ETag; None if there is none (any other failure raises botocore's error)."""
+    try:
+        answer = client.get_object(Bucket=bucket, Key=key)
+        return answer["Body"].read(), str(answer["ETag"])
+    except S3_ERRORS as exc:
+        if error_code(exc) in MISSING_CODES:
+            return None
+        raise
+
+
+def put_if(client: Any, bucket: str, key: str, body: bytes, etag: str | None) -> str | None:
+    """PUT a JSON body only if the object is still `etag` (If-Match; None: only if there is none yet,
+    If-None-Match: *): the new ETag, or None when another writer changed it first."""
+    condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+    try:
+        answer = client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", **condition)
+    except S3_ERRORS as exc:
+        if error_code(exc) in CONFLICT_CODES:
+            return None
+        raise
+    return str(answer["ETag"])
 
 
 def access_error(where: str, exc: Exception) -> MirrordError:
@@ -206,10 +227,4 @@ def settings_from(section: Any) -> S3Settings:
     if section.access_key_id or section.secret_access_key:
         get_logger().warning("s3.inline_credentials", cause="a key pair in the configuration file is used "
                              "(s3.allow_inline_credentials = true); prefer the standard credential chain")
-    return S3Settings(endpoint_url=section.endpoint_url, region=section.region,
-                      addressing_style=section.addressing_style, part_size=section.part_size,
-                      concurrency=section.concurrency, files_in_flight=section.files_in_flight,
-                      storage_class=section.storage_class, sign_payload=section.sign_payload,
-                      access_key_id=section.access_key_id, secret_access_key=section.secret_access_key,
-                      lease_seconds=section.lease_seconds, node=section.node, max_attempts=section.max_attempts,
-                      timeout_seconds=section.timeout_seconds)
+    return S3Settings(**{field.name: getattr(section, field.name) for field in fields(S3Settings)})

@@ -28,7 +28,7 @@ from typing import Any
 
 from mirrord.errors import LockedError, MirrordError, TransientError
 from mirrord.obs.log import get_logger
-from mirrord.store.s3.client import CONFLICT_CODES, MISSING_CODES, S3_ERRORS, error_code, wrap
+from mirrord.store.s3.client import MISSING_CODES, S3_ERRORS, error_code, get_object, put_if, wrap
 
 RENEW_AFTER = 1 / 3  # of the lease: when a renewal is due
 SAFE_FOR = 2 / 3  # of the lease after a renewal was sent: how long publishing stays allowed
@@ -67,30 +67,27 @@ class Lease:
         mirrord holds it. `ours`: a holder of our own name is dead whatever its expiry says (the caller
         holds its node's lease, so no other mirrord of that name lives) and is taken over at once."""
         try:
-            self._put(IfNoneMatch="*")
-            return
-        except S3_ERRORS as exc:
-            if error_code(exc) not in CONFLICT_CODES:
-                raise wrap(self.where, exc, "take lease") from exc
-        try:
-            doc, etag = self._read()
-            expires = float(doc["expires_at"])
-        except (*S3_ERRORS, ValueError, KeyError, TypeError) as exc:
-            if error_code(exc) in MISSING_CODES:
+            if self._put(None):
+                return
+            found = self._read()
+            if found is None:
                 return self.acquire(ours)  # released meanwhile
-            if isinstance(exc, ValueError | KeyError | TypeError):
-                raise LockedError(self.where, "a lease object that is not mirrord's is in the way") from exc
-            raise wrap(self.where, exc, "read lease") from exc
+            doc, etag = found
+            expires = float(doc["expires_at"])
+        except S3_ERRORS as exc:
+            raise wrap(self.where, exc, "take lease") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LockedError(self.where, "a lease object that is not mirrord's is in the way") from exc
         mine = ours and str(doc.get("holder", "")).split(":")[0] == self.name
         if expires > self.wall() and not mine:
             raise LockedError(self.where, f"another mirrord ({doc.get('holder')}) holds {self.what} "
                                           f"for {expires - self.wall():.0f} s more")
         try:
-            self._put(IfMatch=etag)
+            taken = self._put(etag)
         except S3_ERRORS as exc:
-            if error_code(exc) in CONFLICT_CODES:
-                raise LockedError(self.where, "another mirrord took over the expired lease first") from exc
             raise wrap(self.where, exc, "take over lease") from exc
+        if not taken:
+            raise LockedError(self.where, "another mirrord took over the expired lease first")
         get_logger().warning("s3.lease_taken_over", path=self.where, previous=doc.get("holder"))
 
     def start_keeping(self) -> None:
@@ -139,27 +136,21 @@ class Lease:
         late (a hung server answering queued requests): the holder in the object tells, and then its
         ETag is ours to renew. Anyone else's holder means the lease is lost."""
         try:
-            self._put(IfMatch=self._etag or "")
-            return
+            if self._put(self._etag or ""):
+                return
+            found = self._read()
         except S3_ERRORS as exc:
-            code = error_code(exc)
-            if code in MISSING_CODES:
-                self._lose("the lease object was removed")
-                return
-            if code not in CONFLICT_CODES:
+            if error_code(exc) not in MISSING_CODES:
                 raise wrap(self.where, exc, "renew lease") from exc
-        try:
-            doc, etag = self._read()
-        except (*S3_ERRORS, ValueError) as exc:
-            if error_code(exc) in MISSING_CODES:
-                self._lose("the lease object was removed")
-                return
+            found = None
+        except ValueError as exc:
             raise wrap(self.where, exc, "read lease") from exc
-        if doc.get("holder") != self.holder:
-            self._lose(f"another mirrord ({doc.get('holder')}) took the lease")
-            return
-        self._etag = etag  # one of our own renewals, applied late: renew on top of it
-        self._put(IfMatch=etag)
+        if found is None:
+            self._lose("the lease object was removed")
+        elif found[0].get("holder") != self.holder:
+            self._lose(f"another mirrord ({found[0].get('holder')}) took the lease")
+        elif not self._put(found[1]):  # one of our own renewals, applied late: renew on top of it
+            raise TransientError(self.where, "renew lease: the lease object changed again meanwhile")
 
     def _keep(self) -> None:
         log = get_logger()
@@ -195,18 +186,22 @@ class Lease:
     def _lose(self, why: str) -> None:
         self._lost = f"{self.where}: {why}"
 
-    def _read(self) -> tuple[dict[str, Any], str]:
-        current = self.client.get_object(Bucket=self.bucket, Key=self.key)
-        doc = json.loads(current["Body"].read())
+    def _read(self) -> tuple[dict[str, Any], str] | None:
+        """The lease document and its ETag; None if there is none. ValueError if it is not a document."""
+        found = get_object(self.client, self.bucket, self.key)
+        if found is None:
+            return None
+        doc = json.loads(found[0])
         if not isinstance(doc, dict):
             raise ValueError("not a lease document")
-        return doc, str(current["ETag"])
+        return doc, found[1]
 
-    def _put(self, **condition: str) -> None:
+    def _put(self, etag: str | None) -> bool:
+        """Write the lease if the object is still `etag` (None: if there is none); False if another
+        writer changed it first."""
         sent, now = self.monotonic(), self.wall()
         body = json.dumps({"holder": self.holder, "renewed_at": now, "expires_at": now + self.seconds}).encode()
-        answer = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=body,
-                                        ContentType="application/json", **condition)
-        self._etag = answer["ETag"]
-        self._renewed_at = sent
-        self._safe_until = sent + self.seconds * SAFE_FOR
+        written = put_if(self.client, self.bucket, self.key, body, etag)
+        if written is not None:
+            self._etag, self._renewed_at, self._safe_until = written, sent, sent + self.seconds * SAFE_FOR
+        return written is not None

@@ -28,36 +28,21 @@ def object_state(rel: str, key: str, size: int, last_modified: datetime, etag: s
     return FileState(rel, int(size), when, ino=etag_identity(key, etag), mode=stat.S_IFREG | 0o644, ctime_ns=when)
 
 
-def staging_area(rel: str, layout: Layout | None) -> str | None:
-    """KEY.part when rel lies in a unit's staging area (listed in Snapshot.staging: swept once dead)."""
-    if layout is None or not layout.folders:
-        return None
-    parts = rel.split("/")
-    for i, folder in enumerate(parts[:-1]):
-        if folder.startswith("."):
-            return None
-        if layout.is_staging_name(folder):
-            return "/".join(parts[: i + 1])
-        if layout.is_unit_name(folder):
-            return None
-    return None
-
-
-def listed(rel: str, patterns: tuple[str, ...], layout: Layout | None) -> bool:
-    """Whether the local scanner would list this key as a file (see mirrord.store.scan.snapshot_tree)."""
+def placed(rel: str, patterns: tuple[str, ...], layout: Layout | None) -> str | None:
+    """`rel` itself when the local scanner would list this key as a file (see mirrord.store.scan.snapshot_tree);
+    KEY.part when rel lies in a unit's staging area (listed in Snapshot.staging: swept once dead); else None."""
     parts = rel.split("/")
     if not rel or rel.endswith("/") or "" in parts or "." in parts or ".." in parts:
-        return False
-    folders, name = parts[:-1], parts[-1]
+        return None
     in_unit = False
-    for folder in folders:
+    for i, folder in enumerate(parts[:-1]):
         if folder.startswith("."):
-            return False  # hidden folders (ours: leases, the manifest) are never entered
+            return None  # hidden folders (ours: leases, the manifest) are never entered
         if layout is not None and layout.folders and not in_unit:
             if layout.is_staging_name(folder):
-                return False
+                return "/".join(parts[: i + 1])
             in_unit = layout.is_unit_name(folder)
-    return is_selected_name(name, patterns, layout, in_unit)
+    return rel if is_selected_name(parts[-1], patterns, layout, in_unit) else None
 
 
 def list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
@@ -73,16 +58,16 @@ def snapshot(client: Any, location: S3Location, patterns: tuple[str, ...], layou
     the view partial (errors), never raises."""
     files: dict[str, FileState] = {}
     staging: dict[str, FileState] = {}
-    errors: list[str] = []
-    prefix = location.prefix
+    errors: tuple[str, ...] = ()
     try:
-        for obj in list_objects(client, location.bucket, prefix):
-            rel = obj["Key"][len(prefix):]
-            if listed(rel, patterns, layout):
+        for obj in list_objects(client, location.bucket, location.prefix):
+            rel = obj["Key"][len(location.prefix):]
+            place = placed(rel, patterns, layout)
+            if place == rel:
                 files[rel] = object_state(rel, obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))
-            elif (area := staging_area(rel, layout)) is not None:
-                newest = max(ns(obj["LastModified"]), staging[area].mtime_ns if area in staging else 0)
-                staging[area] = FileState(area, 0, newest, mode=stat.S_IFDIR | 0o755)
+            elif place is not None:
+                newest = max(ns(obj["LastModified"]), staging[place].mtime_ns if place in staging else 0)
+                staging[place] = FileState(place, 0, newest, mode=stat.S_IFDIR | 0o755)
     except S3_ERRORS as exc:
-        errors.append(str(wrap(location.url(), exc, "list")))
-    return Snapshot(files, {}, tuple(errors), (), staging)
+        errors = (str(wrap(location.url(), exc, "list")),)
+    return Snapshot(files, {}, errors, (), staging)

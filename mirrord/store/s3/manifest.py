@@ -9,15 +9,10 @@ A writer that lost a race re-reads that shard, re-applies its own change and tri
 writers never silently overwrite each other. S3 has no atomic rename of a prefix, so the manifest entry
 is the commit point of a unit: readers trust only what it lists. A change that spans shards is
 recorded shard by shard (each part is idempotent: a retry re-applies it).
-
-A mirror written by an older mirrord has one object, `.mirrord-manifest.json`: it is read beside the
-shards (a shard, once written, is the truth for its folder), and the first write moves it into shards
-and deletes it (If-Match: only the version moved). Upgrade every node of a shared prefix together.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +21,8 @@ from mirrord.core.contributions import Contribution, Merged, contribute
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
-from mirrord.store.manifest import MANIFEST_NAME, Change, decode_change, decode_shared_snapshot, encode_snapshot
-from mirrord.store.s3.client import CONFLICT_CODES, MISSING_CODES, S3_ERRORS, error_code, wrap
+from mirrord.store.manifest import Change, decode_change, decode_shared_snapshot, encode_snapshot
+from mirrord.store.s3.client import S3_ERRORS, get_object, put_if, wrap
 from mirrord.store.s3.listing import list_objects
 
 MANIFEST_DIR = ".mirrord-manifest.d"  # hidden: never listed as a checkpoint
@@ -64,9 +59,7 @@ class S3ManifestStore:
     def __init__(self, client: Any, bucket: str, root: str) -> None:
         self.client, self.bucket, self.root = client, bucket, root  # root: "" or ending in "/"
         self.where = f"s3://{bucket}/{root}{MANIFEST_DIR}/"
-        self.legacy_key = root + MANIFEST_NAME
         self._shards: dict[str, _Shard] = {}
-        self._legacy: _Shard | None = None
 
     def _key(self, shard: str) -> str:
         return f"{self.root}{MANIFEST_DIR}/{shard_name(shard)}"
@@ -88,55 +81,32 @@ class S3ManifestStore:
         return shards
 
     def load(self) -> dict[str, ManifestEntry]:
-        """Every entry: the shards (each read again only when its ETag changed) and an older mirrord's
-        single object, for the folders no shard holds yet."""
+        """Every entry: the shards, each read again only when its ETag changed."""
         shards: dict[str, _Shard] = {}
         for shard, etag in self._listed().items():
             known = self._shards.get(shard)
             shards[shard] = known if known is not None and known.etag == etag else self._read(self._key(shard))
         self._shards = shards
-        self._legacy = self._read(self.legacy_key)
         return self.entries()
 
     def _read(self, key: str) -> _Shard:
         where = f"s3://{self.bucket}/{key}"
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=key)
-            data = answer["Body"].read()
+            found = get_object(self.client, self.bucket, key)
         except S3_ERRORS as exc:
-            if error_code(exc) in MISSING_CODES:
-                return _Shard()
             raise wrap(where, exc, "read manifest") from exc
-        entries, _generation, contributions = decode_shared_snapshot(data, where)
-        return _Shard(answer["ETag"], entries, contributions)
-
-    def _views(self) -> Iterable[_Shard]:
-        """The shards, and the older single object's part of the folders they do not hold."""
-        yield from self._shards.values()
-        if self._legacy is not None and self._legacy.etag is not None:
-            yield from self._split(self._legacy, skip=set(self._shards)).values()
-
-    @staticmethod
-    def _split(whole: _Shard, skip: set[str]) -> dict[str, _Shard]:
-        parts: dict[str, _Shard] = {}
-        for rel, entry in whole.entries.items():
-            if shard_of(rel) not in skip:
-                parts.setdefault(shard_of(rel), _Shard()).entries[rel] = entry
-        for unit, nodes in whole.contributions.items():
-            if shard_of(unit) not in skip:
-                parts.setdefault(shard_of(unit), _Shard()).contributions[unit] = nodes
-        return parts
+        if found is None:
+            return _Shard()
+        entries, _generation, contributions = decode_shared_snapshot(found[0], where)
+        return _Shard(found[1], entries, contributions)
 
     def entries(self) -> dict[str, ManifestEntry]:
         """Every entry as last read or written."""
-        found: dict[str, ManifestEntry] = {}
-        for shard in self._views():
-            found.update(shard.entries)
-        return found
+        return {rel: entry for shard in self._shards.values() for rel, entry in shard.entries.items()}
 
     def contributions(self) -> Contributions:
         """Nodes' contributions to folder units not complete yet, as last read or written."""
-        return {unit: dict(parts) for shard in self._views() for unit, parts in shard.contributions.items()}
+        return {unit: dict(parts) for shard in self._shards.values() for unit, parts in shard.contributions.items()}
 
     def shared_entries(self) -> dict[str, ManifestEntry]:
         """Every node's entries as stored now (several nodes share one prefix)."""
@@ -147,19 +117,14 @@ class S3ManifestStore:
         """Apply the changes, shard by shard: PUT If-Match (If-None-Match: * for a new shard); when another
         writer got there first, re-read its version of that shard, re-apply ours on top and try again."""
         changes = [decode_change(p, self.where) for p in payloads]
-        by_shard: dict[str, list[Change]] = {}
-        for change in changes:
-            for shard in {shard_of(e.path) for e in change.puts} | {shard_of(rel) for rel in change.removes}:
-                part = Change(tuple(e for e in change.puts if shard_of(e.path) == shard),
-                              tuple(rel for rel in change.removes if shard_of(rel) == shard))
-                by_shard.setdefault(shard, []).append(part)
-        self._migrate()
-        for shard, parts in sorted(by_shard.items()):
-            def apply(current: _Shard, parts: list[Change] = parts) -> _Shard:
+        shards = {shard_of(rel) for change in changes for rel in (*(e.path for e in change.puts), *change.removes)}
+        for shard in sorted(shards):
+            def apply(current: _Shard, shard: str = shard) -> _Shard:
                 entries = dict(current.entries)
-                for change in parts:
+                for change in changes:
                     change.apply_to(entries)
-                return _Shard(current.etag, entries, current.contributions)
+                mine = {rel: entry for rel, entry in entries.items() if shard_of(rel) == shard}
+                return _Shard(current.etag, mine, current.contributions)
             self._update(shard, apply)
 
     def contribute(self, unit: str, part: Contribution) -> Merged:
@@ -167,7 +132,6 @@ class S3ManifestStore:
         read, merge, PUT If-Match; on a conflict, again on top of the other writer's version. The write
         that makes the unit whole records all of its files as entries and drops its contributions."""
         self.load()
-        self._migrate()
         merged: list[Merged] = []
 
         def apply(current: _Shard) -> _Shard:
@@ -205,59 +169,23 @@ class S3ManifestStore:
 
     def _write(self, key: str, shard: _Shard) -> bool:
         """One conditional PUT of the shard (its ETag set); False if another writer changed it since."""
-        condition = {"IfMatch": shard.etag} if shard.etag is not None else {"IfNoneMatch": "*"}
         if self.guard is not None:
             self.guard()  # before every attempt: a retry after a conflict is a new commit
-        body = encode_snapshot(shard.entries, 0, shard.contributions)
         try:
-            answer = self.client.put_object(Bucket=self.bucket, Key=key, Body=body,
-                                            ContentType="application/json", **condition)
+            etag = put_if(self.client, self.bucket, key, encode_snapshot(shard.entries, 0, shard.contributions),
+                          shard.etag)
         except S3_ERRORS as exc:
-            if error_code(exc) not in CONFLICT_CODES:
-                raise wrap(f"s3://{self.bucket}/{key}", exc, "write manifest") from exc
-            return False
-        shard.etag = answer["ETag"]
-        return True
-
-    def _migrate(self) -> None:
-        """An older mirrord's single manifest object, moved into shards (never over a shard already
-        written: that one is newer) and then deleted, If-Match on the version moved."""
-        for _attempt in range(MANIFEST_ATTEMPTS):
-            legacy = self._legacy
-            if legacy is None or legacy.etag is None:
-                return
-            for shard, part in sorted(self._split(legacy, skip=set(self._shards)).items()):
-                if self._write(self._key(shard), part):
-                    self._shards[shard] = part
-                else:
-                    self._shards[shard] = self._read(self._key(shard))  # another node moved it first
-            try:
-                if self.guard is not None:
-                    self.guard()
-                self.client.delete_object(Bucket=self.bucket, Key=self.legacy_key, IfMatch=legacy.etag)
-            except S3_ERRORS as exc:
-                if error_code(exc) in MISSING_CODES:
-                    self._legacy = None
-                    return
-                if error_code(exc) not in CONFLICT_CODES:
-                    raise wrap(f"s3://{self.bucket}/{self.legacy_key}", exc, "retire the old manifest") from exc
-                self._legacy = self._read(self.legacy_key)  # an older mirrord wrote it meanwhile
-                continue
-            get_logger().info("s3.manifest_migrated", path=self.where, shards=len(self._shards))
-            self._legacy = None
-            return
-        raise ManifestError(self.where, "the old manifest object kept changing while it was moved into shards")
+            raise wrap(f"s3://{self.bucket}/{key}", exc, "write manifest") from exc
+        if etag is not None:
+            shard.etag = etag
+        return etag is not None
 
     def set_aside(self, suffix: str) -> list[str]:
         """Every manifest object copied to a name that is never read (NAME+suffix), then deleted, each
         If-Match on the version copied (repair keeps a damaged manifest for a person to look at)."""
         try:
-            found = [(self._key(shard), etag) for shard, etag in self._listed().items()]
-            with contextlib.suppress(*S3_ERRORS):
-                head = self.client.head_object(Bucket=self.bucket, Key=self.legacy_key)
-                found.append((self.legacy_key, head["ETag"]))
             moved = []
-            for key, etag in found:
+            for key, etag in [(self._key(shard), etag) for shard, etag in self._listed().items()]:
                 aside = key + suffix  # beside it, under a name load() never reads
                 self.client.copy_object(Bucket=self.bucket, Key=aside, CopySource={"Bucket": self.bucket, "Key": key},
                                         CopySourceIfMatch=etag)
@@ -265,7 +193,7 @@ class S3ManifestStore:
                 moved.append(f"s3://{self.bucket}/{aside}")
         except S3_ERRORS as exc:
             raise ManifestError(self.where, wrap(self.where, exc, "set the manifest aside").cause) from exc
-        self._shards, self._legacy = {}, None
+        self._shards = {}
         return moved
 
     # -- compaction: nothing to do, every write is a whole shard -------------------------------------------

@@ -47,12 +47,13 @@ from mirrord.store.s3.client import (
     make_session,
     node_name,
     ns,
+    server_time,
     settings_from,
     wrap,
 )
 from mirrord.store.s3.lease import Lease, call_timeout
 from mirrord.store.s3.manifest import S3ManifestStore
-from mirrord.store.s3.upload import S3UnitStaging, S3Upload, stale_uploads, sweep_stale_uploads
+from mirrord.store.s3.upload import S3UnitStaging, S3Upload
 
 MIB = 1024 * 1024
 LEASE_DIR = ".mirrord-leases"
@@ -279,12 +280,40 @@ class S3Mirror:
 
     # -- stale multipart uploads ----------------------------------------------------------------------
     def stale_uploads(self, older_than: float) -> list[tuple[str, str, float]]:
-        """(key, upload id, age s) of other writers' multipart uploads older than `older_than` (server clock)."""
-        return stale_uploads(self, older_than)
+        """(key, upload id, age s) of the multipart uploads under the prefix older than `older_than` seconds
+        by the server's own clock (its Date header against the Initiated it stamped: a local clock ahead of
+        the server's ages nothing), never one of this process's own uploads in flight."""
+        found = []
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.location.bucket,
+                                                                             Prefix=self.location.prefix)
+        for page in pages:
+            now = server_time(page)
+            for up in page.get("Uploads", ()):
+                if now is None or up["UploadId"] in self.live_uploads:
+                    continue  # no clock to age it by, or ours: kept
+                if (age := now - up["Initiated"].timestamp()) > older_than:
+                    found.append((up["Key"], up["UploadId"], age))
+        return found
 
     def sweep_stale_uploads(self, older_than: float) -> int:
-        """Abort the multipart uploads a killed or failed writer left (mirrord.store.s3.upload)."""
-        return sweep_stale_uploads(self, older_than)
+        """Abort the multipart uploads a killed or failed writer left under the prefix (their parts are billed
+        until then): only stale_uploads(), however long one of ours has run. A younger one may be another
+        node's live upload."""
+        bucket = self.location.bucket
+        try:
+            stale = self.stale_uploads(older_than)
+        except S3_ERRORS as exc:
+            raise wrap(self.url, exc, "list multipart uploads") from exc
+        for key, upload_id, age in stale:
+            if upload_id in self.live_uploads:
+                continue  # started since the listing
+            try:
+                self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            except S3_ERRORS as exc:
+                if error_code(exc) not in ("NoSuchUpload", "404"):
+                    raise wrap(f"s3://{bucket}/{key}", exc, "abort stale upload") from exc
+            get_logger().info("s3.stale_upload_aborted", path=f"s3://{bucket}/{key}", age_seconds=round(age))
+        return len(stale)
 
     # -- manifest -------------------------------------------------------------------------------------
     def manifest_store(self) -> S3ManifestStore:
@@ -307,11 +336,11 @@ class S3Mirror:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """One mirrord per node and prefix: a lease object with an expiry, renewed by lock_problem()."""
-        node = node_name(self.settings.node)
         seconds = self.settings.lease_seconds
         client = make_client(self.settings, timeout=call_timeout(seconds), attempts=1,  # never a long hang
                              session=self._session)
-        lease = Lease(client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{node}"), seconds, name=node)
+        lease = Lease(client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{self.node}"), seconds,
+                      name=self.node)
         lease.acquire()
         lease.start_keeping()
         self.lease, self._lease_client = lease, client
@@ -337,16 +366,15 @@ class S3Mirror:
             held.release()
             self.retention = None
             get_logger().warning("s3.retention_lost", path=held.where, cause=held.lost())
-        node = node_name(self.settings.node)
         lease = Lease(self._lease_client, self.location.bucket, self.location.key(RETENTION_LEASE),
-                      self.settings.lease_seconds, name=node, what="this prefix's retention lease")
+                      self.settings.lease_seconds, name=self.node, what="this prefix's retention lease")
         try:
             lease.acquire(ours=True)  # a dead process of this node (we hold its lease) held it: take it over
         except MirrordError as exc:
             return exc.cause
         lease.start_keeping()
         self.retention = lease
-        get_logger().info("s3.retention_claimed", path=lease.where, node=node)
+        get_logger().info("s3.retention_claimed", path=lease.where, node=self.node)
         return None
 
     def require_retention(self) -> None:

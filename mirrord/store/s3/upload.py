@@ -16,7 +16,7 @@ from mirrord.errors import PermanentError, SizeMismatchError, TransientError
 from mirrord.obs.log import get_logger
 from mirrord.paths import split_rel
 from mirrord.store.atomic import DirSyncs
-from mirrord.store.s3.client import MIB, S3_ERRORS, error_code, ns, server_time, wrap
+from mirrord.store.s3.client import MIB, S3_ERRORS, ns, wrap
 from mirrord.store.s3.listing import object_state
 
 if TYPE_CHECKING:
@@ -61,10 +61,10 @@ class S3Upload:
         self.bucket = mirror.location.bucket
         self.key = mirror._key(rel)
         self.expected_size = size
-        settings = mirror.settings
-        self.part_size = settings.part_size
-        self.concurrency = settings.concurrency
+        self.part_size = mirror.settings.part_size
         self.multipart = size > self.part_size
+        storage_class = mirror.settings.storage_class
+        self._extra = {"StorageClass": storage_class} if storage_class else {}
         self.written = 0
         self.stored_mtime_ns: int | None = None  # LastModified, known once committed
         self.etag: str | None = None  # of the committed object
@@ -73,13 +73,8 @@ class S3Upload:
         self._parts: list[Future[dict[str, Any]]] = []
         self._slots = mirror.part_slots
         self._pool: ThreadPoolExecutor | None = None
-        self._sealed = False
         self._done = False
-        self._part_list: list[dict[str, Any]] = []
-
-    def _extra(self) -> dict[str, Any]:
-        storage_class = self.mirror.settings.storage_class
-        return {"StorageClass": storage_class} if storage_class else {}
+        self._part_list: list[dict[str, Any]] | None = None  # set by seal()
 
     def write(self, data: memoryview) -> None:
         """Buffer or upload the next bytes (a part at a time for a multipart upload)."""
@@ -108,12 +103,12 @@ class S3Upload:
         if self._upload_id is None:
             try:
                 created = self.mirror.client.create_multipart_upload(
-                    Bucket=self.bucket, Key=self.key, ChecksumAlgorithm=CHECKSUM, **self._extra())
+                    Bucket=self.bucket, Key=self.key, ChecksumAlgorithm=CHECKSUM, **self._extra)
             except S3_ERRORS as exc:
                 raise wrap(self.where, exc, "create multipart upload") from exc
             self._upload_id = created["UploadId"]
             self.mirror.live_uploads.add(self._upload_id)  # the stale-upload sweep never takes it
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="mirrord-s3-part")
+            self._pool = ThreadPoolExecutor(self.mirror.settings.concurrency, thread_name_prefix="mirrord-s3-part")
         self._raise_failed()
         self._slots.acquire()  # at most `concurrency` parts in memory and on the wire
         part, self._buf = self._buf, bytearray()  # handed over, not copied: botocore sends a bytearray as is
@@ -152,13 +147,12 @@ class S3Upload:
         if self.written != self.expected_size:
             raise SizeMismatchError(self.where, f"wrote {self.written} bytes, source had {self.expected_size}")
         self._part_list = parts
-        self._sealed = True
         return None
 
     def commit(self, dirs: DirSyncs | None = None) -> int:
         """Complete the upload (or PUT the small file); returns the object's LastModified. Durable when
         this returns: an object store has no directory to fsync (`dirs` is not needed)."""
-        if not self._sealed:
+        if self._part_list is None:
             raise RuntimeError("commit() before seal()")
         client = self.mirror.client
         self.mirror.require_lease()  # the object appears here: only under a lease safe to publish under
@@ -170,7 +164,7 @@ class S3Upload:
                 checksum = _checksum(self._buf)
                 answer = client.put_object(Bucket=self.bucket, Key=self.key, Body=self._buf,  # as is: no copy
                                            ChecksumAlgorithm=CHECKSUM, **{f"Checksum{CHECKSUM}": checksum},
-                                           **self._extra())
+                                           **self._extra)
                 _check_echo(self.where, "object", checksum, answer)
             self._done = True
             head = client.head_object(Bucket=self.bucket, Key=self.key)
@@ -251,10 +245,8 @@ class S3UnitStaging:
             raise FileExistsError(17, "an older copy of the unit is still there; delete it first",
                                   mirror.describe(self.key))
         client, bucket = mirror.client, mirror.location.bucket
-        staged_prefix = mirror.location.key(self.area) + "/"
-        final_prefix = mirror.location.key(self.key) + "/"
         for upload in self._uploads:
-            target = final_prefix + upload.key.removeprefix(staged_prefix)
+            target = mirror.location.key(self.key) + upload.key.removeprefix(mirror.location.key(self.area))
             try:  # a managed copy: multipart (UploadPartCopy) above 5 GB, all on the server
                 client.copy({"Bucket": bucket, "Key": upload.key}, bucket, target)
             except S3_ERRORS as exc:
@@ -276,41 +268,3 @@ class S3UnitStaging:
                 except S3_ERRORS as exc:
                     get_logger().warning("s3.unit_abort_failed", path=upload.where,
                                          cause=str(wrap(upload.where, exc, "delete")))
-
-
-def stale_uploads(mirror: S3Mirror, older_than: float) -> list[tuple[str, str, float]]:
-    """(key, upload id, age s) of the multipart uploads under the prefix older than `older_than` seconds
-    by the server's own clock (its Date header against the Initiated it stamped: a local clock ahead of
-    the server's ages nothing), never one of this process's own uploads in flight."""
-    found = []
-    pages = mirror.client.get_paginator("list_multipart_uploads").paginate(Bucket=mirror.location.bucket,
-                                                                           Prefix=mirror.location.prefix)
-    for page in pages:
-        now = server_time(page)
-        for up in page.get("Uploads", ()):
-            if now is None or up["UploadId"] in mirror.live_uploads:
-                continue  # no clock to age it by, or ours: kept
-            if (age := now - up["Initiated"].timestamp()) > older_than:
-                found.append((up["Key"], up["UploadId"], age))
-    return found
-
-
-def sweep_stale_uploads(mirror: S3Mirror, older_than: float) -> int:
-    """Abort the multipart uploads a killed or failed writer left under the prefix (their parts are billed
-    until then): only stale_uploads(), however long one of ours has run. A younger one may be another
-    node's live upload."""
-    bucket = mirror.location.bucket
-    try:
-        stale = stale_uploads(mirror, older_than)
-    except S3_ERRORS as exc:
-        raise wrap(mirror.url, exc, "list multipart uploads") from exc
-    for key, upload_id, age in stale:
-        if upload_id in mirror.live_uploads:
-            continue  # started since the listing
-        try:
-            mirror.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-        except S3_ERRORS as exc:
-            if error_code(exc) not in ("NoSuchUpload", "404"):
-                raise wrap(f"s3://{bucket}/{key}", exc, "abort stale upload") from exc
-        get_logger().info("s3.stale_upload_aborted", path=f"s3://{bucket}/{key}", age_seconds=round(age))
-    return len(stale)

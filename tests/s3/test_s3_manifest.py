@@ -1,5 +1,6 @@
 """The object-store manifest against a real S3 server: one object per top-level folder (a change writes
-only its folder's entries), and `latest` trusts a recorded object by its ETag, size and LastModified without reading it
+only its folder's entries), an older mirrord's single object still loads and is moved into shards on the
+first write, and `latest` trusts a recorded object by its ETag, size and LastModified without reading it
 (issue 31's per-run manifest; issue 33, case 21)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from mirrord.commands.status import collect
 from mirrord.commands.sync import run_sync
 from mirrord.config import load_config
 from mirrord.core.model import ManifestEntry
-from mirrord.store.manifest import encode_snapshot
+from mirrord.store.manifest import MANIFEST_NAME, encode_snapshot
 from mirrord.store.resume import latest_key
 from mirrord.store.s3 import S3Mirror, S3Settings
 from mirrord.store.s3 import mirror as s3_mirror
@@ -54,6 +55,25 @@ def test_recording_one_copy_writes_only_its_runs_entries(
     assert len(sent) == 1
     assert sent[0] < whole / 5, (sent, whole)
     assert len(mirror.load_manifest().entries) == RUNS * PER_RUN + 1
+
+
+def test_a_manifest_written_by_the_single_object_layout_loads_and_moves_on_first_write(
+        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
+    """An older mirrord's `.mirrord-manifest.json` is read as it is; the first change moves its entries
+    into the per-folder objects and deletes it, and nothing recorded is lost."""
+    old = {rel: _entry(rel, step) for step, rel in enumerate(["a/step_1.pt", "a/step_2.pt", "b/step_1.pt", "top.pt"])}
+    s3_client.put_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST_NAME}", Body=encode_snapshot(old))
+    mirror = S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint))
+    assert mirror.load_manifest().entries == old
+
+    manifest = mirror.read_manifest()
+    manifest.remove("a/step_1.pt")
+    expected = {rel: e for rel, e in old.items() if rel != "a/step_1.pt"}
+    assert mirror.load_manifest().entries == expected
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/.mirrord-manifest")["Contents"]
+    keys = {o["Key"] for o in listed}
+    assert f"{prefix}/{MANIFEST_NAME}" not in keys
+    assert len(keys) == 3  # a, b and the root's files
 
 
 def test_latest_trusts_a_recorded_object_by_its_etag_without_reading_it(

@@ -9,10 +9,15 @@ A writer that lost a race re-reads that shard, re-applies its own change and tri
 writers never silently overwrite each other. S3 has no atomic rename of a prefix, so the manifest entry
 is the commit point of a unit: readers trust only what it lists. A change that spans shards is
 recorded shard by shard (each part is idempotent: a retry re-applies it).
+
+A mirror written by an older mirrord has one object, `.mirrord-manifest.json`: it is read beside the
+shards (a shard, once written, is the truth for its folder), and the first write moves it into shards
+and deletes it (If-Match: only the version moved). Upgrade every node of a shared prefix together.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +26,8 @@ from mirrord.core.contributions import Contribution, Merged, contribute
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError
 from mirrord.obs.log import get_logger
-from mirrord.store.manifest import Change, decode_change, decode_shared_snapshot, encode_snapshot
-from mirrord.store.s3.client import S3_ERRORS, get_object, put_if, wrap
+from mirrord.store.manifest import MANIFEST_NAME, Change, decode_change, decode_shared_snapshot, encode_snapshot
+from mirrord.store.s3.client import CONFLICT_CODES, MISSING_CODES, S3_ERRORS, error_code, get_object, put_if, wrap
 from mirrord.store.s3.listing import list_objects
 
 MANIFEST_DIR = ".mirrord-manifest.d"  # hidden: never listed as a checkpoint
@@ -59,7 +64,9 @@ class S3ManifestStore:
     def __init__(self, client: Any, bucket: str, root: str) -> None:
         self.client, self.bucket, self.root = client, bucket, root  # root: "" or ending in "/"
         self.where = f"s3://{bucket}/{root}{MANIFEST_DIR}/"
+        self.legacy_key = root + MANIFEST_NAME
         self._shards: dict[str, _Shard] = {}
+        self._legacy: _Shard | None = None
 
     def _key(self, shard: str) -> str:
         return f"{self.root}{MANIFEST_DIR}/{shard_name(shard)}"
@@ -81,12 +88,14 @@ class S3ManifestStore:
         return shards
 
     def load(self) -> dict[str, ManifestEntry]:
-        """Every entry: the shards, each read again only when its ETag changed."""
+        """Every entry: the shards (each read again only when its ETag changed) and an older mirrord's
+        single object, for the folders no shard holds yet."""
         shards: dict[str, _Shard] = {}
         for shard, etag in self._listed().items():
             known = self._shards.get(shard)
             shards[shard] = known if known is not None and known.etag == etag else self._read(self._key(shard))
         self._shards = shards
+        self._legacy = self._read(self.legacy_key)
         return self.entries()
 
     def _read(self, key: str) -> _Shard:
@@ -100,13 +109,33 @@ class S3ManifestStore:
         entries, _generation, contributions = decode_shared_snapshot(found[0], where)
         return _Shard(found[1], entries, contributions)
 
+    def _views(self) -> Iterable[_Shard]:
+        """The shards, and the older single object's part of the folders they do not hold."""
+        yield from self._shards.values()
+        if self._legacy is not None and self._legacy.etag is not None:
+            yield from self._split(self._legacy, skip=set(self._shards)).values()
+
+    @staticmethod
+    def _split(whole: _Shard, skip: set[str]) -> dict[str, _Shard]:
+        parts: dict[str, _Shard] = {}
+        for rel, entry in whole.entries.items():
+            if shard_of(rel) not in skip:
+                parts.setdefault(shard_of(rel), _Shard()).entries[rel] = entry
+        for unit, nodes in whole.contributions.items():
+            if shard_of(unit) not in skip:
+                parts.setdefault(shard_of(unit), _Shard()).contributions[unit] = nodes
+        return parts
+
     def entries(self) -> dict[str, ManifestEntry]:
         """Every entry as last read or written."""
-        return {rel: entry for shard in self._shards.values() for rel, entry in shard.entries.items()}
+        found: dict[str, ManifestEntry] = {}
+        for shard in self._views():
+            found.update(shard.entries)
+        return found
 
     def contributions(self) -> Contributions:
         """Nodes' contributions to folder units not complete yet, as last read or written."""
-        return {unit: dict(parts) for shard in self._shards.values() for unit, parts in shard.contributions.items()}
+        return {unit: dict(parts) for shard in self._views() for unit, parts in shard.contributions.items()}
 
     def shared_entries(self) -> dict[str, ManifestEntry]:
         """Every node's entries as stored now (several nodes share one prefix)."""
@@ -118,6 +147,7 @@ class S3ManifestStore:
         writer got there first, re-read its version of that shard, re-apply ours on top and try again."""
         changes = [decode_change(p, self.where) for p in payloads]
         shards = {shard_of(rel) for change in changes for rel in (*(e.path for e in change.puts), *change.removes)}
+        self._migrate()
         for shard in sorted(shards):
             def apply(current: _Shard, shard: str = shard) -> _Shard:
                 entries = dict(current.entries)
@@ -132,6 +162,7 @@ class S3ManifestStore:
         read, merge, PUT If-Match; on a conflict, again on top of the other writer's version. The write
         that makes the unit whole records all of its files as entries and drops its contributions."""
         self.load()
+        self._migrate()
         merged: list[Merged] = []
 
         def apply(current: _Shard) -> _Shard:
@@ -180,12 +211,45 @@ class S3ManifestStore:
             shard.etag = etag
         return etag is not None
 
+    def _migrate(self) -> None:
+        """An older mirrord's single manifest object, moved into shards (never over a shard already
+        written: that one is newer) and then deleted, If-Match on the version moved."""
+        for _attempt in range(MANIFEST_ATTEMPTS):
+            legacy = self._legacy
+            if legacy is None or legacy.etag is None:
+                return
+            for shard, part in sorted(self._split(legacy, skip=set(self._shards)).items()):
+                if self._write(self._key(shard), part):
+                    self._shards[shard] = part
+                else:
+                    self._shards[shard] = self._read(self._key(shard))  # another node moved it first
+            try:
+                if self.guard is not None:
+                    self.guard()
+                self.client.delete_object(Bucket=self.bucket, Key=self.legacy_key, IfMatch=legacy.etag)
+            except S3_ERRORS as exc:
+                if error_code(exc) in MISSING_CODES:
+                    self._legacy = None
+                    return
+                if error_code(exc) not in CONFLICT_CODES:
+                    raise wrap(f"s3://{self.bucket}/{self.legacy_key}", exc, "retire the old manifest") from exc
+                self._legacy = self._read(self.legacy_key)  # an older mirrord wrote it meanwhile
+                continue
+            get_logger().info("s3.manifest_migrated", path=self.where, shards=len(self._shards))
+            self._legacy = None
+            return
+        raise ManifestError(self.where, "the old manifest object kept changing while it was moved into shards")
+
     def set_aside(self, suffix: str) -> list[str]:
         """Every manifest object copied to a name that is never read (NAME+suffix), then deleted, each
         If-Match on the version copied (repair keeps a damaged manifest for a person to look at)."""
         try:
+            found = [(self._key(shard), etag) for shard, etag in self._listed().items()]
+            with contextlib.suppress(*S3_ERRORS):
+                head = self.client.head_object(Bucket=self.bucket, Key=self.legacy_key)
+                found.append((self.legacy_key, head["ETag"]))
             moved = []
-            for key, etag in [(self._key(shard), etag) for shard, etag in self._listed().items()]:
+            for key, etag in found:
                 aside = key + suffix  # beside it, under a name load() never reads
                 self.client.copy_object(Bucket=self.bucket, Key=aside, CopySource={"Bucket": self.bucket, "Key": key},
                                         CopySourceIfMatch=etag)
@@ -193,7 +257,7 @@ class S3ManifestStore:
                 moved.append(f"s3://{self.bucket}/{aside}")
         except S3_ERRORS as exc:
             raise ManifestError(self.where, wrap(self.where, exc, "set the manifest aside").cause) from exc
-        self._shards = {}
+        self._shards, self._legacy = {}, None
         return moved
 
     # -- compaction: nothing to do, every write is a whole shard -------------------------------------------

@@ -89,11 +89,15 @@ class ManifestEntry:
         """The run folder of the recorded file."""
         return dirname(self.path)
 
+    @property
+    def stored_mtime_ns(self) -> int:
+        """The mtime the mirror keeps for the copy: the source's unless the mirror could not store it."""
+        return self.source_mtime_ns if self.mirror_mtime_ns is None else self.mirror_mtime_ns
+
     def unchanged(self, state: FileState) -> bool:
         """The mirror file is, by stat, exactly the one recorded (needs the identity recorded)."""
-        stored = self.source_mtime_ns if self.mirror_mtime_ns is None else self.mirror_mtime_ns
         return bool(self.mirror_ino) and (state.ino, state.size, state.mtime_ns, state.ctime_ns) == (
-            self.mirror_ino, self.size, stored, self.mirror_ctime_ns)
+            self.mirror_ino, self.size, self.stored_mtime_ns, self.mirror_ctime_ns)
 
 
 def entry_passed(entry: ManifestEntry) -> bool:

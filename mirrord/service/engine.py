@@ -224,8 +224,8 @@ class Engine:
         started = time.monotonic()
         before, digest = hash_source(self.primary_root, job.rel, self.options, control)
         for twin in (t for t in twins if (t.size, t.digest) == (before.st_size, digest)):
-            stored = twin.mirror_mtime_ns if twin.mirror_mtime_ns is not None else twin.source_mtime_ns
-            state = self.mirror.clone(twin.path, job.rel, FileState(twin.path, twin.size, stored, twin.mirror_ino))
+            state = self.mirror.clone(twin.path, job.rel,
+                                      FileState(twin.path, twin.size, twin.stored_mtime_ns, twin.mirror_ino))
             if state is None:
                 continue
             puts = [ManifestEntry(

@@ -124,11 +124,6 @@ class DirSyncs:
         self._files: list[_Unpublished] = []
         self._lock = threading.Lock()
 
-    def renames_pending(self) -> bool:
-        """Whether files handed over by publish_later() wait for flush() (their final names do not exist yet)."""
-        with self._lock:
-            return bool(self._files)
-
     def publish_later(self, dir_fd: int, final_name: str, temp_fd: int) -> None:
         """Leave the fsync of the written (its data written out, see LocalUpload.seal), verified temp file
         and its rename onto `final_name` to flush(); the group takes both descriptors (closed by flush()

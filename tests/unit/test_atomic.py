@@ -247,7 +247,7 @@ def test_a_group_of_small_files_is_renamed_only_after_every_fsync_returned(
     events = _record_syscalls(monkeypatch, syncfs=syncfs)
     dirs = _upload_group(tmp_path, {"a/s1.pt": 1000, "a/s2.pt": 5000, "b/s3.pt": 0})
     assert [e for e in events if e[0] == "replace" or e[1].endswith(".part")] == []  # created folders were fsynced
-    assert dirs.renames_pending()
+    assert dirs._files  # renames left to flush()
     assert names(tmp_path / "a") == ["s1.pt.part", "s2.pt.part"] and names(tmp_path / "b") == ["s3.pt.part"]
     events.clear()
     dirs.flush()
@@ -262,7 +262,7 @@ def test_a_group_of_small_files_is_renamed_only_after_every_fsync_returned(
         assert events[:3] == [("fsync", part) for part in parts]
         assert events[3:6] == renames
         assert sorted(events[6:]) == [("fsync", str(tmp_path / "a")), ("fsync", str(tmp_path / "b"))]
-    assert not dirs.renames_pending()
+    assert not dirs._files
     assert (tmp_path / "a" / "s2.pt").read_bytes() == bytes([7]) * 5000
     assert names(tmp_path / "a") == ["s1.pt", "s2.pt"] and names(tmp_path / "b") == ["s3.pt"]
 

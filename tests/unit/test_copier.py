@@ -550,7 +550,7 @@ def test_truncated_final_file_on_the_mirror_is_skipped_by_latest_and_replaced_by
     target = mirror / REL
     if not recorded:  # as if an old `cp` had put it there: the manifest does not know it
         mirror_obj = LocalMirror(mirror)
-        mirror_obj.read_manifest().remove(REL)
+        mirror_obj.read_manifest().apply(removes=[REL])
     with target.open("r+b") as f:
         f.truncate(target.stat().st_size * 3 // 4)
     assert latest_checkpoint(mirror) == mirror / "run1" / "step_0009.pt"

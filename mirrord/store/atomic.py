@@ -141,10 +141,8 @@ class DirSyncs:
         with self._lock:
             self._files.extend(files)
             for key, fd in taken.items():
-                if key in self._fds:
+                if self._fds.setdefault(key, fd) != fd:  # (already held: one descriptor per directory)
                     os.close(fd)
-                else:
-                    self._fds[key] = fd
 
     def flush(self) -> None:
         """fsync the files handed over by publish_later() and rename each onto its final name (none is

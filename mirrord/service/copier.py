@@ -258,6 +258,9 @@ def _stream(src_fd: int, before: os.stat_result, upload: Upload | None, options:
                 try:
                     n = os.readv(src_fd, [buf])
                 except OSError as exc:
+                    if exc.errno in (errno.ENOENT, errno.ESTALE):  # a network or FUSE file deleted under the read
+                        raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the "
+                                                        "trainer); copy discarded") from exc
                     raise from_oserror(src_path, exc, "read source") from exc
                 if not n:
                     break

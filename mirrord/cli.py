@@ -102,7 +102,9 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     """`mirrord verify`: check every manifest entry against the mirror (--deep re-hashes)."""
-    from mirrord.commands.verify import verify_mirror
+    from functools import partial
+
+    from mirrord.commands.verify import deep_check, verify_mirror
     from mirrord.store.targets import mirror_for
 
     mirror = mirror_for(config.mirror_target, config.s3)
@@ -117,14 +119,7 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         print(f"mirrord: verify --load needs torch, which cannot be imported ({exc}): "
               "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)", file=sys.stderr)
         return EXIT_USAGE
-    deep = None
-    if args.deep or args.load:
-        from functools import partial
-
-        from mirrord.commands.verify import deep_check
-
-        deep = partial(deep_check, load=args.load)
-
+    deep = partial(deep_check, load=args.load) if args.deep or args.load else None
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(mirror, config.patterns, progress, deep, config.rules)
     # Findings about recorded files; unrecorded files and listing errors are problems, not checked files;
@@ -313,8 +308,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     dry_run = args.dry_run or config.prune.dry_run
     mirror = mirror_for(config.mirror_target, config.s3)
     # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
-    guard = contextlib.nullcontext() if dry_run else mirror.lock()
-    with guard:
+    with contextlib.nullcontext() if dry_run else mirror.lock():
         try:
             manifest = mirror.load_manifest() if dry_run else mirror.read_manifest()
         except ManifestError as exc:
@@ -324,11 +318,10 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             report, read = PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]), False
         else:
             read = True
-            pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest,
-                            forget=frozenset(args.forget_branch))
             # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
             absent = Snapshot() if dry_run and not mirror.exists() else None
-            report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+            report = Pruner(config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(
+                args.forget_branch)).run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
             if not dry_run:
                 manifest.close()
     if args.json:

@@ -89,25 +89,14 @@ def check_bandwidth(value: int) -> int:
     return value
 
 
-def check_endpoint_url(value: str) -> str:
-    """s3.endpoint_url: an http(s):// URL."""
-    if not re.match(r"https?://[^/\s]+", value):
-        raise ValueError(f"{value!r} is not an http(s):// URL")
-    return value
+def matching(regex: str, what: str) -> AfterValidator:
+    """A text field that must match `regex` whole; else "VALUE WHAT" names it."""
+    def check(value: str) -> str:
+        if not re.fullmatch(regex, value, re.DOTALL):
+            raise ValueError(f"{value!r}{what}")
+        return value
 
-
-def check_node_name(value: str) -> str:
-    """s3.node: "" (this host's name) or a plain name."""
-    if value and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", value):
-        raise ValueError(f"{value!r}: letters, digits, '.', '_' and '-' only")
-    return value
-
-
-def check_file_name(value: str) -> str:
-    """unit.complete_marker: a plain file name."""
-    if "/" in value or "\0" in value or value in (".", ".."):
-        raise ValueError(f"{value!r} is not a file name (no '/')")
-    return value
+    return AfterValidator(check)
 
 
 def split_patterns(value: Any) -> Any:
@@ -183,7 +172,6 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     return problems
 
 
-SECRET_KEYS = frozenset({"s3.secret_access_key"})
 MASK = "********"
 
 
@@ -277,7 +265,7 @@ class S3Config(_Section):
     an instance or pod role), never from this file unless allow_inline_credentials says so."""
 
     # None: AWS itself; e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO
-    endpoint_url: Annotated[str, AfterValidator(check_endpoint_url)] | None = None
+    endpoint_url: Annotated[str, matching(r"https?://[^/\s]+.*", " is not an http(s):// URL")] | None = None
     region: str | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     part_size: int = Field(8 * MIB, ge=5 * MIB, le=5 * 1024 * MIB)  # S3's limits for a part
@@ -289,7 +277,8 @@ class S3Config(_Section):
     # TLS and the CRC32 the server checks). Costs a SHA-256 pass; SeaweedFS does not check it.
     sign_payload: bool = False
     lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
-    node: Annotated[str, AfterValidator(check_node_name)] = ""  # the lease's name; "" = this host's name
+    # The lease's name; "" = this host's name.
+    node: Annotated[str, matching(r"[A-Za-z0-9._-]{0,128}", ": letters, digits, '.', '_' and '-' only")] = ""
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
     # Every request gives up within this many seconds, retries included (a trainer waiting on `latest`
     # never hangs on an endpoint that accepts and never answers); docs/s3.md.
@@ -322,7 +311,7 @@ class UnitConfig(_Section):
     with no evidence of its end must be quiet."""
 
     kind: Literal["file", "folder"] = "file"
-    complete_marker: Annotated[str, AfterValidator(check_file_name)] = ""
+    complete_marker: Annotated[str, matching(r"(?!\.\.?$)[^/\0]*", " is not a file name (no '/')")] = ""
     # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
     settle_seconds: float = Field(30.0, ge=0, le=DAY, **_FINITE)
 
@@ -364,14 +353,14 @@ class Config(_Section):
             problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
         if unit.complete_marker and unit.kind != "folder":
             problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
+        if self.prune.mode == "follow" and self.prune.primary:
+            problems.append('prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
+                            'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)')
+        if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
+            problems.append('s3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
+                            "whose ranks are saved on several nodes, mirrored into one prefix)")
         if problems:
             raise ValueError("\n".join(problems))
-        if self.prune.mode == "follow" and self.prune.primary:
-            raise ValueError('prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
-                             'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)')
-        if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
-            raise ValueError('s3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
-                             "whose ranks are saved on several nodes, mirrored into one prefix)")
         return self
 
     @field_validator("primary", "mirror", mode="before")
@@ -442,10 +431,8 @@ class Config(_Section):
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, for `check-config`."""
         data = self.model_dump(mode="json", by_alias=True)
-        for dotted in SECRET_KEYS:  # never printed, not even when allowed inline
-            section, _, key = dotted.partition(".")
-            if data[section].get(key) is not None:
-                data[section][key] = MASK
+        if data["s3"]["secret_access_key"] is not None:  # never printed, not even when allowed inline
+            data["s3"]["secret_access_key"] = MASK
         return data
 
 
@@ -559,13 +546,6 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
     return _Layer(data, {k: origin for k in _dotted_keys(data)})
 
 
-def _flag_layer(overrides: Mapping[str, Any]) -> _Layer:
-    """Command-line flags: --primary, --mirror, --log-level, --log-format (spelled from the key)."""
-    data = _deep_merge({}, overrides)
-    origins = {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(data)}
-    return _Layer(data, origins)
-
-
 def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
     for key, value in data.items():
         yield prefix + key
@@ -602,7 +582,7 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[str
             msg = err["msg"].removeprefix("Value error, ")
             where = _suffix(origin)
             if origin.startswith("environment ") and isinstance(err["input"], str):
-                shown = MASK if key in SECRET_KEYS else repr(err["input"])
+                shown = MASK if key == "s3.secret_access_key" else repr(err["input"])
                 where = f" (from {origin.partition(' ')[2]}={shown})"
             problems.append(f"{key}: {msg}{where}")
     return problems
@@ -635,7 +615,8 @@ def explain_config(
     path = config_path(path, environ)
     layers = [_read_file(path, content)] if path is not None else []
     env = read_environment(environ)
-    layers += [env, _flag_layer(overrides or {})]
+    flags = dict(overrides or {})  # --primary, --mirror, --log-level, --log-format: spelled from the key
+    layers += [env, _Layer(flags, {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(flags)})]
     data: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for layer in layers:
@@ -675,10 +656,8 @@ def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[s
 
 def config_path(path: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
     """The config file in use: --config, else $MIRRORD_CONFIG, else none."""
-    environ = os.environ if environ is None else environ
-    if path is None and environ.get(ENV_CONFIG_FILE):
-        return Path(environ[ENV_CONFIG_FILE])
-    return path
+    named = (os.environ if environ is None else environ).get(ENV_CONFIG_FILE)
+    return Path(named) if path is None and named else path
 
 
 def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1, *,

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mirrord import __version__
-from mirrord.errors import ConfigError, MirrordError
+from mirrord.commands.printable import printable
+from mirrord.errors import ConfigError, ManifestError, MirrordError, StartupError
 
 if TYPE_CHECKING:
     import argparse
@@ -88,8 +89,6 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
         from mirrord.commands.report import dumps, sync_document
 
         print(dumps(sync_document(report)))
-    from mirrord.commands.printable import printable
-
     if report.refused is not None:
         print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
     lines = [*(f"FAILED {rel}: {err}" for rel, err in sorted(report.failed.items())),
@@ -136,8 +135,6 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(verify_document(mirror.describe(), checked, intact, findings, args.deep, args.load)))
     else:
-        from mirrord.commands.printable import printable
-
         for f in findings:
             print(printable(f"{f.problem.upper():14} {f.path}  {f.detail}"))
     print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
@@ -173,7 +170,6 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from functools import partial
 
     from mirrord.config import reload_config
-    from mirrord.errors import StartupError
     from mirrord.service.boot import run_daemon
 
     # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
@@ -299,7 +295,6 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
     from mirrord.commands.prune import describe
     from mirrord.core.model import Snapshot
-    from mirrord.errors import ManifestError
     from mirrord.obs import log as logsetup
     from mirrord.service.pruner import Pruner, PruneReport
     from mirrord.store.targets import mirror_for
@@ -329,8 +324,6 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(prune_document(report)))
     elif read:  # (a manifest that could not be read was said on stderr)
-        from mirrord.commands.printable import printable
-
         print("\n".join(map(printable, describe(report).split("\n"))))
     return EXIT_OK if report.ok else EXIT_FAILED
 # --- end prune -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ to the file's folder; everywhere else to the working directory; the Config holds
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import re
@@ -617,11 +618,8 @@ def explain_config(
     env = read_environment(environ)
     flags = dict(overrides or {})  # --primary, --mirror, --log-level, --log-format: spelled from the key
     layers += [env, _Layer(flags, {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(flags)})]
-    data: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    for layer in layers:
-        data = _deep_merge(data, layer.data)
-        origins |= layer.origins
+    data: dict[str, Any] = functools.reduce(_deep_merge, (layer.data for layer in layers), {})
+    origins = {key: origin for layer in layers for key, origin in layer.origins.items()}  # the last layer wins
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:

@@ -214,8 +214,8 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
 
     warnings = never_matching(config.rules)
     if config.primary.is_dir():  # what a running daemon would warn about the primary's names
-        snapshot = snapshot_tree(config.primary, config.patterns, layout=config.rules)
-        warnings += [w.message for w in naming_warnings(snapshot, config.rules)]
+        listing = snapshot_tree(config.primary, config.patterns, layout=config.rules)
+        warnings += [w.message for w in naming_warnings(listing, config.rules)]
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.format == "json":

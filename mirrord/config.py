@@ -40,10 +40,6 @@ from mirrord.store.trusted import UntrustedFileError, read_trusted
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
 CONFIG_LIMIT = 1024 * 1024  # a config file is a few KiB; anything past this bound is not one
-# Every interval and rate is finite and within bounds a real deployment can use: an infinite
-# heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
-# log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
-_FINITE: dict[str, Any] = {"allow_inf_nan": False}
 # Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
 # (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
 # They are not settings: ignored (and logged once) instead of stopping the sidecar as unknown keys.
@@ -177,7 +173,10 @@ MASK = "********"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Every interval and rate is finite and within bounds a real deployment can use: an infinite
+    # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
+    # log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -193,14 +192,14 @@ class CopyConfig(_Section):
     """[copy]: how many workers, which hash, when a file is settled, when a copy is stalled, retries."""
     workers: int = Field(2, ge=1, le=64)
     hash: Literal["blake3", "sha256", "xxh3_128"] = "blake3"
-    settle_seconds: float = Field(2.0, ge=0, le=DAY, **_FINITE)
-    stall_seconds: float = Field(120.0, ge=0.1, le=DAY, **_FINITE)
+    settle_seconds: float = Field(2.0, ge=0, le=DAY)
+    stall_seconds: float = Field(120.0, ge=0.1, le=DAY)
     max_attempts: int = Field(5, ge=1, le=1000)
-    retry_backoff_seconds: float = Field(1.0, ge=0, le=3600, **_FINITE)
-    retry_backoff_max_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
+    retry_backoff_seconds: float = Field(1.0, ge=0, le=3600)
+    retry_backoff_max_seconds: float = Field(60.0, ge=0, le=DAY)
     free_space_reserve_bytes: int = Field(256 * MIB, ge=0)
     small_file_bytes: int = Field(64 * MIB, ge=0)
-    invalid_grace_seconds: float = Field(600.0, ge=0, le=7 * DAY, **_FINITE)
+    invalid_grace_seconds: float = Field(600.0, ge=0, le=7 * DAY)
 
 
 class PruneConfig(_Section):
@@ -209,8 +208,8 @@ class PruneConfig(_Section):
     mode: Literal["auto", "keep_last", "follow"] = "auto"
     keep_last: int = Field(12, ge=1)
     keep_every: int | None = Field(None, ge=1)
-    min_age_seconds: float = Field(300.0, ge=0, le=365 * DAY, **_FINITE)
-    future_skew_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
+    min_age_seconds: float = Field(300.0, ge=0, le=365 * DAY)
+    future_skew_seconds: float = Field(60.0, ge=0, le=DAY)
     primary: bool = False
     keep_branch_tips: bool = True
     dry_run: bool = False
@@ -220,8 +219,8 @@ class PruneConfig(_Section):
 class WatchConfig(_Section):
     """[watch]: native or polling events, and the periodic rescan that makes events hints."""
     mode: Literal["auto", "native", "polling"] = "auto"
-    poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600, **_FINITE)
-    rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY, **_FINITE)
+    poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600)
+    rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY)
 
 
 class MetricsConfig(_Section):
@@ -277,13 +276,13 @@ class S3Config(_Section):
     # Over plain http, also sign a SHA-256 of every payload byte (over https the payload is never signed:
     # TLS and the CRC32 the server checks). Costs a SHA-256 pass; SeaweedFS does not check it.
     sign_payload: bool = False
-    lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
+    lease_seconds: float = Field(120.0, ge=10, le=DAY)
     # The lease's name; "" = this host's name.
     node: Annotated[str, matching(r"[A-Za-z0-9._-]{0,128}", ": letters, digits, '.', '_' and '-' only")] = ""
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
     # Every request gives up within this many seconds, retries included (a trainer waiting on `latest`
     # never hangs on an endpoint that accepts and never answers); docs/s3.md.
-    timeout_seconds: float = Field(30.0, ge=1, le=3600, **_FINITE)
+    timeout_seconds: float = Field(30.0, ge=1, le=3600)
     # DCP folders whose ranks' files are saved on several nodes: each node uploads its share; the unit is
     # complete once the nodes' shares hold every file its .metadata lists (mirrord.core.contributions).
     units_span_nodes: bool = False
@@ -303,8 +302,8 @@ class S3Config(_Section):
 
 class DaemonConfig(_Section):
     """[daemon]: the heartbeat period and the shutdown grace period."""
-    heartbeat_seconds: float = Field(5.0, ge=0.1, le=60, **_FINITE)
-    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600, **_FINITE)
+    heartbeat_seconds: float = Field(5.0, ge=0.1, le=60)
+    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600)
 
 
 class UnitConfig(_Section):
@@ -314,7 +313,7 @@ class UnitConfig(_Section):
     kind: Literal["file", "folder"] = "file"
     complete_marker: Annotated[str, matching(r"(?!\.\.?$)[^/\0]*", " is not a file name (no '/')")] = ""
     # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
-    settle_seconds: float = Field(30.0, ge=0, le=DAY, **_FINITE)
+    settle_seconds: float = Field(30.0, ge=0, le=DAY)
 
 
 class Config(_Section):
@@ -336,7 +335,7 @@ class Config(_Section):
     unit: UnitConfig = Field(default_factory=UnitConfig)
     s3: S3Config = Field(default_factory=S3Config)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     @model_validator(mode="after")
     def _layout_owns_its_names(self) -> Config:
@@ -691,13 +690,12 @@ def reload_config(
     path: Path | None, overrides: Mapping[str, Any] | None = None, need_primary: PrimaryNeed = True
 ) -> tuple[Config, bool]:
     """For SIGHUP: (the new Config, whether the file was stable while it was read)."""
-    path = config_path(path)
-    if path is None:
-        return load_config(None, overrides=overrides, need_primary=need_primary), True
+    path, content, stable = config_path(path), None, True
     try:
-        content, stable = read_stable(path)
+        if path is not None:
+            content, stable = read_stable(path)
     except UntrustedFileError:
-        content, stable = None, True  # _read_file says why
+        pass  # _read_file says why
     except OSError as exc:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     return load_config(path, overrides=overrides, need_primary=need_primary, content=content), stable

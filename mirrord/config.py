@@ -716,3 +716,46 @@ def risky_changes(old: Config, new: Config) -> list[str]:
         (b.step_pattern != a.step_pattern, "prune.step_pattern changed"),
     ]
     return [change for risky, change in checks if risky]
+
+
+# --- the effective configuration as TOML a person can paste into a file (check-config) -----------------
+# Each value is commented with its origin; `tomllib.loads(render_toml(data))` gives `data` back, minus unset
+# (None) keys, which TOML cannot spell and which are written as comments.
+TOML_HEADER = "# mirrord: the effective configuration; the comment after each value says where it came from."
+
+
+def render_toml(data: Mapping[str, Any], origin: Callable[[str], str]) -> str:
+    """Top-level keys first, then one [table] per nested mapping, in the order of `data`."""
+    lines = [TOML_HEADER]
+    tables = {k: v for k, v in data.items() if isinstance(v, Mapping)}
+    lines += [_toml_line(key, value, origin(key)) for key, value in data.items() if key not in tables]
+    for table, values in tables.items():
+        lines += ["", f"[{table}]", *(_toml_line(k, v, origin(f"{table}.{k}")) for k, v in values.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_line(key: str, value: Any, origin: str) -> str:
+    if value is None:
+        return f"# {key} = (not set)  # {origin}"
+    return f"{key} = {value_to_toml(value)}  # {origin}"
+
+
+def value_to_toml(value: Any) -> str:
+    """A TOML literal for a config value: string, bool, int, float or a list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)  # TOML spells inf, -inf and nan as Python does
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(value_to_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {type(value).__name__}: {value!r}")
+
+
+def _toml_string(value: str) -> str:
+    # A literal string reads best for regexes (step_pattern = 'step_(\d+)'): no escaping at all.
+    if "\\" in value and "'" not in value and all(c >= " " and c != "\x7f" for c in value):
+        return f"'{value}'"
+    # JSON's escapes (\" \\ \n \t \uXXXX ...) are all valid in a TOML basic string; DEL is not allowed raw.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")

@@ -240,7 +240,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from mirrord.commands import init
 
     path: Path = args.path
-    config, unit, executable = path.absolute(), (path.parent / init.UNIT_NAME), init.mirrord_executable(sys.argv[0])
+    config, unit, executable = path.absolute(), (path.parent / init.SYSTEMD_UNIT), init.mirrord_executable(sys.argv[0])
     files = {path: init.starter_config(args.primary, args.mirror)}
     if args.systemd:
         files[unit] = init.starter_unit(path, args.primary, args.mirror, executable)
@@ -332,15 +332,11 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 # --- status and demo (see mirrord/commands/status.py, mirrord/commands/demo.py) --------------------------------------
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
     """`mirrord status`: both volumes, the manifest, the lag and the daemon, in one report."""
+    from mirrord.commands.report import dumps
     from mirrord.commands.status import collect, render
 
     status = collect(config, deep=args.verify, timeout=args.timeout, max_lag=args.max_lag)
-    if args.json:
-        import json
-
-        print(json.dumps(status.to_dict(), indent=2))
-    else:
-        print(render(status))
+    print(dumps(status.to_dict()) if args.json else render(status))
     return EXIT_OK if status.ok else EXIT_FAILED
 
 

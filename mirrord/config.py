@@ -437,13 +437,9 @@ class Config(_Section):
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    """`extra` over `base`, a section merged key by key into the same section of `base`."""
+    return base | {key: _deep_merge(base[key], value) if isinstance(value, Mapping) and isinstance(base.get(key), dict)
+                   else value for key, value in extra.items()}
 
 
 # Where a value came from, as check-config prints it: "default", "file PATH", "environment NAME", "flag --NAME".

@@ -223,10 +223,10 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
 
         print(json.dumps(config.to_toml_dict(), indent=2))
         return EXIT_OK
-    from mirrord.config import render_toml
+    from mirrord.commands.config_toml import render
 
     loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
-    print(render_toml(config.to_toml_dict(), loaded.origin), end="")
+    print(render(config.to_toml_dict(), loaded.origin), end="")
     print("\n# effective checkpoint rules:")
     print("\n".join(f"#   {line}" for line in config.rules.describe()))
     mode, why = config.retention_mode

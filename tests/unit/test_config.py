@@ -21,7 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mirrord import cli
-from mirrord.config import Config, check_paths, explain_config, load_config, read_environment, value_to_toml
+from mirrord.commands.config_toml import value_to_toml
+from mirrord.config import Config, check_paths, explain_config, load_config, read_environment
 from mirrord.errors import ConfigError
 from tests.support.cli import run_mirrord
 from tests.support.privileges import run_as_nobody

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mirrord import __version__
-from mirrord.errors import ConfigError, MirrordError
+from mirrord.commands.printable import printable
+from mirrord.errors import ConfigError, ManifestError, MirrordError, StartupError
 
 if TYPE_CHECKING:
     import argparse
@@ -88,8 +89,6 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
         from mirrord.commands.report import dumps, sync_document
 
         print(dumps(sync_document(report)))
-    from mirrord.commands.printable import printable
-
     if report.refused is not None:
         print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
     lines = [*(f"FAILED {rel}: {err}" for rel, err in sorted(report.failed.items())),
@@ -102,7 +101,9 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     """`mirrord verify`: check every manifest entry against the mirror (--deep re-hashes)."""
-    from mirrord.commands.verify import verify_mirror
+    from functools import partial
+
+    from mirrord.commands.verify import deep_check, verify_mirror
     from mirrord.store.targets import mirror_for
 
     mirror = mirror_for(config.mirror_target, config.s3)
@@ -117,14 +118,7 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         print(f"mirrord: verify --load needs torch, which cannot be imported ({exc}): "
               "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)", file=sys.stderr)
         return EXIT_USAGE
-    deep = None
-    if args.deep or args.load:
-        from functools import partial
-
-        from mirrord.commands.verify import deep_check
-
-        deep = partial(deep_check, load=args.load)
-
+    deep = partial(deep_check, load=args.load) if args.deep or args.load else None
     progress = _progress_bar if sys.stderr.isatty() else None
     checked, findings = verify_mirror(mirror, config.patterns, progress, deep, config.rules)
     # Findings about recorded files; unrecorded files and listing errors are problems, not checked files;
@@ -141,8 +135,6 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(verify_document(mirror.describe(), checked, intact, findings, args.deep, args.load)))
     else:
-        from mirrord.commands.printable import printable
-
         for f in findings:
             print(printable(f"{f.problem.upper():14} {f.path}  {f.detail}"))
     print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
@@ -178,7 +170,6 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from functools import partial
 
     from mirrord.config import reload_config
-    from mirrord.errors import StartupError
     from mirrord.service.boot import run_daemon
 
     # When systemd's watchdog kills a wedged daemon (SIGABRT), every thread's stack reaches the journal.
@@ -223,8 +214,8 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
 
     warnings = never_matching(config.rules)
     if config.primary.is_dir():  # what a running daemon would warn about the primary's names
-        snapshot = snapshot_tree(config.primary, config.patterns, layout=config.rules)
-        warnings += [w.message for w in naming_warnings(snapshot, config.rules)]
+        listing = snapshot_tree(config.primary, config.patterns, layout=config.rules)
+        warnings += [w.message for w in naming_warnings(listing, config.rules)]
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.format == "json":
@@ -249,7 +240,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from mirrord.commands import init
 
     path: Path = args.path
-    config, unit, executable = path.absolute(), (path.parent / init.UNIT_NAME), init.mirrord_executable(sys.argv[0])
+    config, unit, executable = path.absolute(), (path.parent / init.SYSTEMD_UNIT), init.mirrord_executable(sys.argv[0])
     files = {path: init.starter_config(args.primary, args.mirror)}
     if args.systemd:
         files[unit] = init.starter_unit(path, args.primary, args.mirror, executable)
@@ -304,7 +295,6 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
     from mirrord.commands.prune import describe
     from mirrord.core.model import Snapshot
-    from mirrord.errors import ManifestError
     from mirrord.obs import log as logsetup
     from mirrord.service.pruner import Pruner, PruneReport
     from mirrord.store.targets import mirror_for
@@ -313,8 +303,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     dry_run = args.dry_run or config.prune.dry_run
     mirror = mirror_for(config.mirror_target, config.s3)
     # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
-    guard = contextlib.nullcontext() if dry_run else mirror.lock()
-    with guard:
+    with contextlib.nullcontext() if dry_run else mirror.lock():
         try:
             manifest = mirror.load_manifest() if dry_run else mirror.read_manifest()
         except ManifestError as exc:
@@ -324,11 +313,10 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             report, read = PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]), False
         else:
             read = True
-            pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest,
-                            forget=frozenset(args.forget_branch))
             # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
             absent = Snapshot() if dry_run and not mirror.exists() else None
-            report = pruner.run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+            report = Pruner(config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(
+                args.forget_branch)).run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
             if not dry_run:
                 manifest.close()
     if args.json:
@@ -336,8 +324,6 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(prune_document(report)))
     elif read:  # (a manifest that could not be read was said on stderr)
-        from mirrord.commands.printable import printable
-
         print("\n".join(map(printable, describe(report).split("\n"))))
     return EXIT_OK if report.ok else EXIT_FAILED
 # --- end prune -----------------------------------------------------------------------------------
@@ -346,15 +332,11 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 # --- status and demo (see mirrord/commands/status.py, mirrord/commands/demo.py) --------------------------------------
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
     """`mirrord status`: both volumes, the manifest, the lag and the daemon, in one report."""
+    from mirrord.commands.report import dumps
     from mirrord.commands.status import collect, render
 
     status = collect(config, deep=args.verify, timeout=args.timeout, max_lag=args.max_lag)
-    if args.json:
-        import json
-
-        print(json.dumps(status.to_dict(), indent=2))
-    else:
-        print(render(status))
+    print(dumps(status.to_dict()) if args.json else render(status))
     return EXIT_OK if status.ok else EXIT_FAILED
 
 

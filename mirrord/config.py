@@ -10,6 +10,7 @@ to the file's folder; everywhere else to the working directory; the Config holds
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import re
@@ -39,10 +40,6 @@ from mirrord.store.trusted import UntrustedFileError, read_trusted
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
 CONFIG_LIMIT = 1024 * 1024  # a config file is a few KiB; anything past this bound is not one
-# Every interval and rate is finite and within bounds a real deployment can use: an infinite
-# heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
-# log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
-_FINITE: dict[str, Any] = {"allow_inf_nan": False}
 # Kubernetes gives every pod of a namespace with a Service named `mirrord` these variables
 # (MIRRORD_SERVICE_HOST, MIRRORD_SERVICE_PORT[_NAME], MIRRORD_PORT, MIRRORD_PORT_9108_TCP[_ADDR|_PORT|_PROTO]).
 # They are not settings: ignored (and logged once) instead of stopping the sidecar as unknown keys.
@@ -89,25 +86,14 @@ def check_bandwidth(value: int) -> int:
     return value
 
 
-def check_endpoint_url(value: str) -> str:
-    """s3.endpoint_url: an http(s):// URL."""
-    if not re.match(r"https?://[^/\s]+", value):
-        raise ValueError(f"{value!r} is not an http(s):// URL")
-    return value
+def matching(regex: str, what: str) -> AfterValidator:
+    """A text field that must match `regex` whole; else "VALUE WHAT" names it."""
+    def check(value: str) -> str:
+        if not re.fullmatch(regex, value, re.DOTALL):
+            raise ValueError(f"{value!r}{what}")
+        return value
 
-
-def check_node_name(value: str) -> str:
-    """s3.node: "" (this host's name) or a plain name."""
-    if value and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", value):
-        raise ValueError(f"{value!r}: letters, digits, '.', '_' and '-' only")
-    return value
-
-
-def check_file_name(value: str) -> str:
-    """unit.complete_marker: a plain file name."""
-    if "/" in value or "\0" in value or value in (".", ".."):
-        raise ValueError(f"{value!r} is not a file name (no '/')")
-    return value
+    return AfterValidator(check)
 
 
 def split_patterns(value: Any) -> Any:
@@ -183,12 +169,14 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     return problems
 
 
-SECRET_KEYS = frozenset({"s3.secret_access_key"})
 MASK = "********"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Every interval and rate is finite and within bounds a real deployment can use: an infinite
+    # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
+    # log, a 1 byte/s bandwidth cap never finishes a copy. Errors name the key and the bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -204,14 +192,14 @@ class CopyConfig(_Section):
     """[copy]: how many workers, which hash, when a file is settled, when a copy is stalled, retries."""
     workers: int = Field(2, ge=1, le=64)
     hash: Literal["blake3", "sha256", "xxh3_128"] = "blake3"
-    settle_seconds: float = Field(2.0, ge=0, le=DAY, **_FINITE)
-    stall_seconds: float = Field(120.0, ge=0.1, le=DAY, **_FINITE)
+    settle_seconds: float = Field(2.0, ge=0, le=DAY)
+    stall_seconds: float = Field(120.0, ge=0.1, le=DAY)
     max_attempts: int = Field(5, ge=1, le=1000)
-    retry_backoff_seconds: float = Field(1.0, ge=0, le=3600, **_FINITE)
-    retry_backoff_max_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
+    retry_backoff_seconds: float = Field(1.0, ge=0, le=3600)
+    retry_backoff_max_seconds: float = Field(60.0, ge=0, le=DAY)
     free_space_reserve_bytes: int = Field(256 * MIB, ge=0)
     small_file_bytes: int = Field(64 * MIB, ge=0)
-    invalid_grace_seconds: float = Field(600.0, ge=0, le=7 * DAY, **_FINITE)
+    invalid_grace_seconds: float = Field(600.0, ge=0, le=7 * DAY)
 
 
 class PruneConfig(_Section):
@@ -220,8 +208,8 @@ class PruneConfig(_Section):
     mode: Literal["auto", "keep_last", "follow"] = "auto"
     keep_last: int = Field(12, ge=1)
     keep_every: int | None = Field(None, ge=1)
-    min_age_seconds: float = Field(300.0, ge=0, le=365 * DAY, **_FINITE)
-    future_skew_seconds: float = Field(60.0, ge=0, le=DAY, **_FINITE)
+    min_age_seconds: float = Field(300.0, ge=0, le=365 * DAY)
+    future_skew_seconds: float = Field(60.0, ge=0, le=DAY)
     primary: bool = False
     keep_branch_tips: bool = True
     dry_run: bool = False
@@ -231,8 +219,8 @@ class PruneConfig(_Section):
 class WatchConfig(_Section):
     """[watch]: native or polling events, and the periodic rescan that makes events hints."""
     mode: Literal["auto", "native", "polling"] = "auto"
-    poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600, **_FINITE)
-    rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY, **_FINITE)
+    poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600)
+    rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY)
 
 
 class MetricsConfig(_Section):
@@ -277,7 +265,7 @@ class S3Config(_Section):
     an instance or pod role), never from this file unless allow_inline_credentials says so."""
 
     # None: AWS itself; e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO
-    endpoint_url: Annotated[str, AfterValidator(check_endpoint_url)] | None = None
+    endpoint_url: Annotated[str, matching(r"https?://[^/\s]+.*", " is not an http(s):// URL")] | None = None
     region: str | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     part_size: int = Field(8 * MIB, ge=5 * MIB, le=5 * 1024 * MIB)  # S3's limits for a part
@@ -288,12 +276,13 @@ class S3Config(_Section):
     # Over plain http, also sign a SHA-256 of every payload byte (over https the payload is never signed:
     # TLS and the CRC32 the server checks). Costs a SHA-256 pass; SeaweedFS does not check it.
     sign_payload: bool = False
-    lease_seconds: float = Field(120.0, ge=10, le=DAY, **_FINITE)
-    node: Annotated[str, AfterValidator(check_node_name)] = ""  # the lease's name; "" = this host's name
+    lease_seconds: float = Field(120.0, ge=10, le=DAY)
+    # The lease's name; "" = this host's name.
+    node: Annotated[str, matching(r"[A-Za-z0-9._-]{0,128}", ": letters, digits, '.', '_' and '-' only")] = ""
     max_attempts: int = Field(10, ge=1, le=100)  # per request, botocore's standard retry mode
     # Every request gives up within this many seconds, retries included (a trainer waiting on `latest`
     # never hangs on an endpoint that accepts and never answers); docs/s3.md.
-    timeout_seconds: float = Field(30.0, ge=1, le=3600, **_FINITE)
+    timeout_seconds: float = Field(30.0, ge=1, le=3600)
     # DCP folders whose ranks' files are saved on several nodes: each node uploads its share; the unit is
     # complete once the nodes' shares hold every file its .metadata lists (mirrord.core.contributions).
     units_span_nodes: bool = False
@@ -313,8 +302,8 @@ class S3Config(_Section):
 
 class DaemonConfig(_Section):
     """[daemon]: the heartbeat period and the shutdown grace period."""
-    heartbeat_seconds: float = Field(5.0, ge=0.1, le=60, **_FINITE)
-    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600, **_FINITE)
+    heartbeat_seconds: float = Field(5.0, ge=0.1, le=60)
+    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600)
 
 
 class UnitConfig(_Section):
@@ -322,9 +311,9 @@ class UnitConfig(_Section):
     with no evidence of its end must be quiet."""
 
     kind: Literal["file", "folder"] = "file"
-    complete_marker: Annotated[str, AfterValidator(check_file_name)] = ""
+    complete_marker: Annotated[str, matching(r"(?!\.\.?$)[^/\0]*", " is not a file name (no '/')")] = ""
     # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
-    settle_seconds: float = Field(30.0, ge=0, le=DAY, **_FINITE)
+    settle_seconds: float = Field(30.0, ge=0, le=DAY)
 
 
 class Config(_Section):
@@ -346,7 +335,7 @@ class Config(_Section):
     unit: UnitConfig = Field(default_factory=UnitConfig)
     s3: S3Config = Field(default_factory=S3Config)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     @model_validator(mode="after")
     def _layout_owns_its_names(self) -> Config:
@@ -364,14 +353,14 @@ class Config(_Section):
             problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
         if unit.complete_marker and unit.kind != "folder":
             problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
+        if self.prune.mode == "follow" and self.prune.primary:
+            problems.append('prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
+                            'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)')
+        if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
+            problems.append('s3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
+                            "whose ranks are saved on several nodes, mirrored into one prefix)")
         if problems:
             raise ValueError("\n".join(problems))
-        if self.prune.mode == "follow" and self.prune.primary:
-            raise ValueError('prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
-                             'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)')
-        if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
-            raise ValueError('s3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
-                             "whose ranks are saved on several nodes, mirrored into one prefix)")
         return self
 
     @field_validator("primary", "mirror", mode="before")
@@ -442,21 +431,15 @@ class Config(_Section):
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, for `check-config`."""
         data = self.model_dump(mode="json", by_alias=True)
-        for dotted in SECRET_KEYS:  # never printed, not even when allowed inline
-            section, _, key = dotted.partition(".")
-            if data[section].get(key) is not None:
-                data[section][key] = MASK
+        if data["s3"]["secret_access_key"] is not None:  # never printed, not even when allowed inline
+            data["s3"]["secret_access_key"] = MASK
         return data
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    """`extra` over `base`, a section merged key by key into the same section of `base`."""
+    return base | {key: _deep_merge(base[key], value) if isinstance(value, Mapping) and isinstance(base.get(key), dict)
+                   else value for key, value in extra.items()}
 
 
 # Where a value came from, as check-config prints it: "default", "file PATH", "environment NAME", "flag --NAME".
@@ -559,13 +542,6 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
     return _Layer(data, {k: origin for k in _dotted_keys(data)})
 
 
-def _flag_layer(overrides: Mapping[str, Any]) -> _Layer:
-    """Command-line flags: --primary, --mirror, --log-level, --log-format (spelled from the key)."""
-    data = _deep_merge({}, overrides)
-    origins = {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(data)}
-    return _Layer(data, origins)
-
-
 def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
     for key, value in data.items():
         yield prefix + key
@@ -602,7 +578,7 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[str
             msg = err["msg"].removeprefix("Value error, ")
             where = _suffix(origin)
             if origin.startswith("environment ") and isinstance(err["input"], str):
-                shown = MASK if key in SECRET_KEYS else repr(err["input"])
+                shown = MASK if key == "s3.secret_access_key" else repr(err["input"])
                 where = f" (from {origin.partition(' ')[2]}={shown})"
             problems.append(f"{key}: {msg}{where}")
     return problems
@@ -635,12 +611,10 @@ def explain_config(
     path = config_path(path, environ)
     layers = [_read_file(path, content)] if path is not None else []
     env = read_environment(environ)
-    layers += [env, _flag_layer(overrides or {})]
-    data: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    for layer in layers:
-        data = _deep_merge(data, layer.data)
-        origins |= layer.origins
+    flags = dict(overrides or {})  # --primary, --mirror, --log-level, --log-format: spelled from the key
+    layers += [env, _Layer(flags, {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(flags)})]
+    data: dict[str, Any] = functools.reduce(_deep_merge, (layer.data for layer in layers), {})
+    origins = {key: origin for layer in layers for key, origin in layer.origins.items()}  # the last layer wins
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -675,10 +649,8 @@ def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[s
 
 def config_path(path: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
     """The config file in use: --config, else $MIRRORD_CONFIG, else none."""
-    environ = os.environ if environ is None else environ
-    if path is None and environ.get(ENV_CONFIG_FILE):
-        return Path(environ[ENV_CONFIG_FILE])
-    return path
+    named = (os.environ if environ is None else environ).get(ENV_CONFIG_FILE)
+    return Path(named) if path is None and named else path
 
 
 def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1, *,
@@ -714,13 +686,12 @@ def reload_config(
     path: Path | None, overrides: Mapping[str, Any] | None = None, need_primary: PrimaryNeed = True
 ) -> tuple[Config, bool]:
     """For SIGHUP: (the new Config, whether the file was stable while it was read)."""
-    path = config_path(path)
-    if path is None:
-        return load_config(None, overrides=overrides, need_primary=need_primary), True
+    path, content, stable = config_path(path), None, True
     try:
-        content, stable = read_stable(path)
+        if path is not None:
+            content, stable = read_stable(path)
     except UntrustedFileError:
-        content, stable = None, True  # _read_file says why
+        pass  # _read_file says why
     except OSError as exc:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     return load_config(path, overrides=overrides, need_primary=need_primary, content=content), stable

@@ -7,13 +7,6 @@ from collections.abc import Hashable
 
 from mirrord.vocabulary import CopyOutcome, PruneRefusal
 
-# errno values that describe a condition that can go away by itself (a flaky mount, a full disk
-# that pruning may free, a stale NFS handle). Anything else is permanent until a person acts.
-TRANSIENT_ERRNOS = frozenset(
-    {errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.ESTALE, errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR,
-     errno.EBUSY, errno.ENOTCONN, errno.ECONNRESET, errno.EHOSTDOWN}
-)
-
 
 class MirrordError(Exception):
     """Base of every error mirrord raises on purpose.
@@ -145,7 +138,9 @@ def from_oserror(path: object, exc: OSError, action: str) -> MirrordError:
     cause = f"{action}: {exc.strerror or exc}"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return NoSpaceError(path, cause)
-    if exc.errno in TRANSIENT_ERRNOS:
+    # A condition that can go away by itself (a flaky mount, a stale NFS handle); else permanent until a person acts.
+    if exc.errno in (errno.EIO, errno.ESTALE, errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR, errno.EBUSY, errno.ENOTCONN,
+                     errno.ECONNRESET, errno.EHOSTDOWN):
         return TransientError(path, cause)
     return PermanentError(path, cause)
 

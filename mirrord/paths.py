@@ -1,5 +1,7 @@
 """Path safety: every file mirrord touches is reached from a configured root, one component at a time,
 never through a symlink. This is what `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` gives in C.
+Also the names every layer agrees on (the temp suffix of an unpublished copy, what a safe relative path is),
+on the ground floor so that the pure core, the store and the formats can all use them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,24 @@ import stat
 from pathlib import Path
 
 from mirrord.errors import UnsafePathError
-from mirrord.names import split_rel as split_rel  # (re-exported: the store's users name it here)
 
+TEMP_SUFFIX = ".part"  # NAME.part: a copy (or a folder unit) not yet whole; discovery ignores it
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def split_rel(rel: str) -> tuple[str, ...]:
+    """Components of a root-relative POSIX path; UnsafePathError for absolute paths, '..', '.', empty
+    parts and NUL bytes.
+
+    Only the canonical form a listing produces is accepted ('a//b', './a', 'a/' are refused, not
+    normalised): on an object store those are other keys than 'a/b' and 'a'.
+    """
+    parts = tuple(rel.split("/"))
+    if "" in parts or "." in parts or ".." in parts:  # also '' itself and '/...' (an empty first part)
+        raise UnsafePathError(repr(rel), "not a safe relative path")
+    if "\0" in rel:
+        raise UnsafePathError(repr(rel), "path contains NUL")
+    return parts
 
 
 def open_root(root: Path) -> int:

@@ -44,8 +44,7 @@ def run_banner(config: Config, config_file: Path | None) -> str:
         f"  retention  {describe_policy(config.prune, config.retention_mode[0] == 'follow')}",
     ]
     if config.metrics.enabled:
-        base = f"http://{config.metrics.address}"
-        lines.append(f"  endpoints  {base}/metrics  /healthz  /readyz  /status")
+        lines.append(f"  endpoints  http://{config.metrics.address}/metrics  /healthz  /readyz  /status")
     lines += [
         f"  status     {command} status {where}   (from another terminal)",
         "  stop       Ctrl-C (copies under way get daemon.shutdown_grace_seconds; a second Ctrl-C aborts them)",

@@ -16,7 +16,6 @@ from pathlib import Path
 from mirrord.store.atomic import write_bytes_atomic
 
 EXAMPLE_CONFIG, SYSTEMD_UNIT, ALERT_RULES = "mirrord.toml", "mirrord.service", "alerts.yml"
-UNIT_NAME = "mirrord.service"
 
 
 def packaged(name: str) -> str:
@@ -66,7 +65,7 @@ def systemd_next_steps(config: Path, unit: Path, mirror: Path | None) -> list[st
     if mirror is not None:
         steps.append(f"mkdir -p {mirror.absolute()} && chown mirrord:mirrord {mirror.absolute()}")
     steps += [f"mirrord check-config --config {config}",
-              f"install -m 0644 {unit} /etc/systemd/system/{UNIT_NAME} && systemctl daemon-reload "
+              f"install -m 0644 {unit} /etc/systemd/system/{SYSTEMD_UNIT} && systemctl daemon-reload "
               "&& systemctl enable --now mirrord"]
     return steps
 

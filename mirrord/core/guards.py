@@ -16,7 +16,7 @@ from pathlib import PurePath
 from mirrord.core.branches import lying_after_ns
 from mirrord.core.model import FileState
 from mirrord.errors import UnsafePathError
-from mirrord.names import TEMP_SUFFIX, split_rel
+from mirrord.paths import TEMP_SUFFIX, split_rel
 from mirrord.vocabulary import Veto
 
 NS = 1_000_000_000

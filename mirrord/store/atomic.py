@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from mirrord.names import TEMP_SUFFIX as TEMP_SUFFIX  # (re-exported: the store's users name it here)
 from mirrord.paths import DIR_FLAGS
+from mirrord.paths import TEMP_SUFFIX as TEMP_SUFFIX  # (re-exported: the store's users name it here)
 
 ASIDE_SUFFIX = ".old.part"  # an old copy of a folder renamed aside where names cannot be exchanged
 # Folder units are staged (and retired) here, at the mirror root, never beside their final name: a

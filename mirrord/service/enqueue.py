@@ -115,8 +115,12 @@ class Enqueuer:
     def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
         """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
         copy published between the listing and the plan is not damage (no false verify failures)."""
-        try:
-            fresh = self.mirror.stat(job.rel)
-        except (OSError, UnsafePathError):
-            return True
-        return why_copy(src, self.manifest.get(job.rel), fresh) in VERIFY_FAILURES
+        return why_copy(src, self.manifest.get(job.rel), stat_safely(self.mirror, job.rel)) in VERIFY_FAILURES
+
+
+def stat_safely(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
+    """The state of `rel`, or None when it is gone or cannot be reached safely."""
+    try:
+        return volume.stat(rel)
+    except (OSError, UnsafePathError):
+        return None

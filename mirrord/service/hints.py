@@ -10,10 +10,7 @@ from typing import TypeVar
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.units import unit_of
-from mirrord.errors import UnsafePathError
-from mirrord.service.enqueue import Enqueuer
-from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalVolume
+from mirrord.service.enqueue import Enqueuer, stat_safely
 
 # One turn of the main loop does at most this much of a pass whose size is the burst's (the watch hints
 # of thousands of checkpoints committed at once, a settle recheck of as many files) and leaves the rest
@@ -36,14 +33,6 @@ def one_turn(clock: Callable[[], float], pending: Sized, pop: Callable[[], T], *
         if counts(item):
             worked = True
             yield item
-
-
-def _stat(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
-    """The state of `rel`, or None when it is gone or cannot be reached safely."""
-    try:
-        return volume.stat(rel)
-    except (OSError, UnsafePathError):
-        return None
 
 
 class Hints(Enqueuer):
@@ -71,7 +60,7 @@ class Hints(Enqueuer):
             if unit is not None:
                 units.add(unit)
                 continue  # a folder unit is judged from a listing of it (a rename gives it no shortcut)
-            state = _stat(self.primary, hint.rel)
+            state = stat_safely(self.primary, hint.rel)
             if state is None or not state.is_regular:
                 continue
             if hint.committed:
@@ -110,7 +99,7 @@ class Hints(Enqueuer):
                 listed = self.primary.snapshot_unit(rel, rules)
                 files.update(listed.files)
                 errors.extend(listed.errors)
-            elif (state := _stat(self.primary, rel)) is not None and state.is_regular:
+            elif (state := stat_safely(self.primary, rel)) is not None and state.is_regular:
                 files[rel] = state
         for msg in errors:
             self.log.error("scan.error", cause=msg)
@@ -123,7 +112,7 @@ class Hints(Enqueuer):
         entries = self.manifest.entries
         folders = tuple(rel + "/" for rel in scope or ())
         named = set(files) | ({e for e in entries if e in scope or e.startswith(folders)} if scope else set())
-        mirror_files = {rel: state for rel in named if (state := _stat(self.mirror, rel)) is not None}
+        mirror_files = {rel: state for rel in named if (state := stat_safely(self.mirror, rel)) is not None}
         psnap = Snapshot(files, errors=errors)
         view = self.view(psnap, Snapshot(mirror_files), entries, partial=True)
         self.enqueue(view, psnap, partial=True, scope=scope)
@@ -149,7 +138,7 @@ class Hints(Enqueuer):
             # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
             for rel in one_turn(self.monotonic, pending, pending.pop,
                                 counts=lambda rel: rel in unsettled or rel in invalid):
-                state = _stat(self.primary, rel)
+                state = stat_safely(self.primary, rel)
                 if state is None or not state.is_regular:
                     unsettled.discard(rel)
                     self.ledger.forget_invalid(rel)

@@ -82,18 +82,6 @@ def _listing(primary_root: Path, job: CopyJob) -> dict[str, tuple[int, int, int,
     return found
 
 
-def _check_unchanged(primary_root: Path, job: CopyJob, results: list[CopyResult],
-                     before: dict[str, tuple[int, int, int, int]]) -> None:
-    """The primary's folder still holds exactly the files copied, each the same inode with the same ctime
-    as before the copy began (a member replaced by one of the same size whose mtime was restored, as
-    `rsync -a` or `cp -p` do, is another file); else the copy is discarded."""
-    now = _listing(primary_root, job)
-    copied = {r.rel: (r.size, r.source_mtime_ns) for r in results}
-    if now != before or {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != copied:
-        raise SourceChangedError(primary_root / job.rel, "files were added, removed or replaced while the "
-                                                         "folder was copied; copy discarded")
-
-
 def _copy_members(primary_root: Path, job: CopyJob, target: Mirror | _Staged, options: CopyOptions,
                   control: CopyControl, results: list[CopyResult]) -> None:
     """Copy every file of job.members through the copier to `target`, into `results` as each is done; the
@@ -108,7 +96,14 @@ def _copy_members(primary_root: Path, job: CopyJob, target: Mirror | _Staged, op
             results.append(copy_file(primary_root, rel, target, member_options, control))
     except InvalidSourceError as exc:
         raise _invalid_unit(primary_root, job, exc) from exc
-    _check_unchanged(primary_root, job, results, before)
+    # Still exactly the files copied, each the same inode with the same ctime as before the copy began (a
+    # member replaced by one of the same size whose mtime was restored, as `rsync -a` or `cp -p` do, is
+    # another file); else the copy is discarded.
+    now = _listing(primary_root, job)
+    if now != before or {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != {
+            r.rel: (r.size, r.source_mtime_ns) for r in results}:
+        raise SourceChangedError(primary_root / job.rel, "files were added, removed or replaced while the "
+                                                         "folder was copied; copy discarded")
     control.check(primary_root / job.rel)
 
 

@@ -112,14 +112,7 @@ def unit_of(rel: str, layout: Layout) -> str | None:
     """The unit a path touches, for routing a watch event (or a unit path) to what must be judged again:
     with folder units, the outermost unit folder at or above `rel` (none below a staging folder), else a
     tag or alias file; with file units, the file itself when the layout selects it."""
-    if layout.folders:
-        parts = rel.split("/")
-        for i, part in enumerate(parts):
-            if layout.is_staging_name(part):
-                return None
-            if layout.is_unit_name(part):
-                return "/".join(parts[: i + 1])
-    place = locate(rel, layout)
+    place = (locate(rel + "/", layout) if layout.folders else None) or locate(rel, layout)  # ("rel/": at)
     return place.rel if place is not None else None
 
 

@@ -384,31 +384,27 @@ def plan_unit_copies(
     unsettled: list[str] = []
     in_sync = 0
     newest: dict[str, tuple[int, bool]] = {}  # run -> (its highest step, that unit needs a copy)
-    for rel, unit in ours.items():
+    # Checkpoints first: an alias or tag file waits while the newest checkpoint of its run needs a copy.
+    for unit in sorted(ours.values(), key=lambda u: u.role != "checkpoint"):
         if unit.role != "checkpoint":
-            continue
-        why = unit_why_copy(unit, theirs.get(rel), manifest, mirror.files)
-        step = -1 if unit.step is None else unit.step
-        if step >= newest.get(unit.run, (-1, False))[0]:
-            newest[unit.run] = (step, why is not None)
-        if why is not None and not is_complete(unit).complete:  # not whole here: wait, or this node's part
-            share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
-            why = None if share == "in_sync" else share
+            why = why_copy(unit.files[0], manifest.get(unit.rel), mirror.files.get(unit.rel))
+            if why is not None and (newest.get(unit.run, (-1, False))[1] or not is_settled(unit.files[0])):
+                why = "wait"
+        else:
+            why = unit_why_copy(unit, theirs.get(unit.rel), manifest, mirror.files)
+            step = -1 if unit.step is None else unit.step
+            if step >= newest.get(unit.run, (-1, False))[0]:
+                newest[unit.run] = (step, why is not None)
+            if why is not None and not is_complete(unit).complete:  # not whole here: wait, or this node's part
+                share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
+                why = None if share == "in_sync" else share
         if why is None:
             in_sync += len(unit.files)
         elif why == "wait":
-            unsettled.append(rel)
+            unsettled.append(unit.rel)
         else:
-            jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths, part=why == "part"))
-    for unit in (u for u in ours.values() if u.role != "checkpoint"):
-        src = unit.files[0]
-        why = why_copy(src, manifest.get(src.rel), mirror.files.get(src.rel))
-        if why is None:
-            in_sync += 1
-        elif newest.get(unit.run, (-1, False))[1] or not is_settled(src):
-            unsettled.append(src.rel)
-        else:
-            jobs.append(CopyJob(src.rel, src.size, src.mtime_ns, None, why))
+            jobs.append(CopyJob(unit.rel, unit.size, unit.mtime_ns, unit.step, why,
+                                unit.paths if unit.kind == "folder" else (), part=why == "part"))
     sort_newest_first(jobs)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing, local_part
-from mirrord.core.layouts import MEGATRON_TRACKER, TEMP_SUFFIXES, Layout
+from mirrord.core.layouts import MEGATRON_TRACKER, Layout
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Quiet, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
@@ -42,7 +42,7 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
     hub snapshot; a FIFO) is not whole: the mirror could only leave it out and still call the folder whole."""
     odd: list[str] = []
     with contextlib.suppress(OSError):
-        list_folder(volume.root, unit.rel, lambda name: not name.endswith(TEMP_SUFFIXES), odd)
+        list_folder(volume.root, unit.rel, Layout.is_member_name, odd)
     if not odd:
         return None
     return Completeness(False, f"{min(odd)} is a symlink or not a regular file: it cannot be copied as a file, "

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mirrord.core.jobs import CopyJob, CopyResult
-from mirrord.core.layouts import TEMP_SUFFIXES
+from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState
 from mirrord.core.units import unit_identity
 from mirrord.errors import InvalidSourceError, SourceChangedError, SourceGoneError
@@ -47,16 +47,12 @@ class _Staged:
         return self._staging.upload(rel.removeprefix(self._prefix), size, drop_cache)
 
 
-def _member_name(name: str) -> bool:
-    return not name.endswith(TEMP_SUFFIXES)
-
-
 def _invalid_unit(primary_root: Path, job: CopyJob, exc: InvalidSourceError) -> InvalidSourceError:
     """A file of the unit failed its validator: the unit is invalid as it is now, every file's identity
     recorded (not judged again until one changes); unknown if the file changed since it was judged."""
     member = Path(str(exc.path)).relative_to(primary_root / job.rel).as_posix()
     try:
-        now = list_folder(primary_root, job.rel, _member_name)
+        now = list_folder(primary_root, job.rel, Layout.is_member_name)
     except OSError:
         now = {}
     files = [FileState(rel, size, mtime, ino, 0, ctime_ns=ctime) for rel, (ino, size, mtime, ctime) in now.items()]
@@ -69,7 +65,7 @@ def _listing(primary_root: Path, job: CopyJob) -> dict[str, tuple[int, int, int,
     """The folder's files as rel -> (ino, size, mtime_ns, ctime_ns): a member's content identity."""
     odd: list[str] = []
     try:
-        found = list_folder(primary_root, job.rel, _member_name, odd)
+        found = list_folder(primary_root, job.rel, Layout.is_member_name, odd)
     except FileNotFoundError as exc:
         raise SourceGoneError(primary_root / job.rel, "deleted while it was being copied (rotated away by "
                                                       "the trainer); copy discarded") from exc

@@ -106,11 +106,10 @@ class Enqueuer:
 
     def _judged_invalid(self, job: CopyJob, psnap: Snapshot) -> bool:
         """The job's source (a file, or every file of a folder unit) is exactly what failed its validator."""
-        if job.members:
-            states = [psnap.files[rel] for rel in job.members if rel in psnap.files]
-            return len(states) == len(job.members) and self.ledger.judged_invalid(job.rel, unit_identity(states))
-        src = psnap.files.get(job.rel)
-        return src is not None and self.ledger.judged_invalid(job.rel, src.identity)
+        states = [psnap.files[rel] for rel in job.paths if rel in psnap.files]
+        if len(states) < len(job.paths):
+            return False
+        return self.ledger.judged_invalid(job.rel, unit_identity(states) if job.members else states[0].identity)
 
     def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
         """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a

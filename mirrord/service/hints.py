@@ -54,18 +54,14 @@ class Hints(Enqueuer):
         hints = self.inbox.hints
         for hint in one_turn(self.monotonic, hints, hints.popleft):
             unit = unit_of(hint.rel, rules) if hint.rel and rules.folders else None
-            if hint.rescan and unit is None:
-                rescan = True  # an overflow, or a folder moved in that is no unit (a whole run folder)
-                continue
             if unit is not None:
-                units.add(unit)
-                continue  # a folder unit is judged from a listing of it (a rename gives it no shortcut)
-            state = stat_safely(self.primary, hint.rel)
-            if state is None or not state.is_regular:
-                continue
-            if hint.committed:
-                self.settle.mark_committed(state)
-            files[hint.rel] = state
+                units.add(unit)  # a folder unit is judged from a listing of it (a rename gives it no shortcut)
+            elif hint.rescan:
+                rescan = True  # an overflow, or a folder moved in that is no unit (a whole run folder)
+            elif (state := stat_safely(self.primary, hint.rel)) is not None and state.is_regular:
+                if hint.committed:
+                    self.settle.mark_committed(state)
+                files[hint.rel] = state
         if rescan:
             self.log.warning("watch.rescan", why="event queue overflow or directory move")
             return True

@@ -80,14 +80,13 @@ def recorded_names(entries: Mapping[str, ManifestEntry], layout: Layout) -> Call
     (the files a saver writes every time: what the next one must have too); None when there is none."""
     def names(unit: Unit) -> frozenset[str] | None:
         prefix = f"{unit.run}/" if unit.run else ""
-        found: dict[str, set[str]] = {}
+        found: dict[tuple[int, str], set[str]] = {}  # (step, folder) -> member names
         for rel in entries:
             folder, _, member = rel[len(prefix):].partition("/")
             step = layout.step_of(folder) if rel.startswith(prefix) and member else None
             if step is not None and unit.step is not None and step < unit.step and layout.is_unit_name(folder):
-                found.setdefault(folder, set()).add(member)
-        newest = max(found, key=lambda f: layout.step_of(f) or 0, default=None)
-        return frozenset(found[newest]) if newest is not None else None
+                found.setdefault((step, folder), set()).add(member)
+        return frozenset(found[max(found)]) if found else None
 
     return names
 

@@ -193,7 +193,7 @@ LOOKALIKES: dict[str, str] = {
     "*.pth": 'layout = "torch" (or "custom") with "*.pth" in patterns',
 }
 _LOOKALIKE_FOLDER = re.compile(r"(checkpoint-|global_step)\d+")  # LOOKALIKES' checkpoint-N/, global_stepN/
-_LOOKALIKE_SUFFIXES = (".distcp", ".ckpt", ".safetensors", ".pt", ".pth")
+_LOOKALIKE_SUFFIXES = tuple(p[1:] for p in LOOKALIKES if p.startswith("*"))  # (".distcp", ...)
 
 
 def lookalike_folder(rel_dir: str) -> str | None:

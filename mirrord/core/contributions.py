@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mirrord.core.model import FileState, ManifestEntry
-from mirrord.core.units import Completeness, Unit, dcp_needs
+from mirrord.core.units import Completeness, Unit, dcp_needs, lacking
 from mirrord.formats.dcpmeta import DATA_SUFFIX, METADATA_NAME
 
 
@@ -56,15 +56,12 @@ def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes
     needs = dcp_needs(metadata)
     if isinstance(needs, Completeness):
         return needs
-    for state in unit.files:
-        member = unit.member(state.rel)
-        if member == METADATA_NAME:
-            continue
-        if member not in needs:
-            return Completeness(False, f"{member} is not listed by {METADATA_NAME}")
-        if state.size < needs[member]:
-            return Completeness(False, f"{member} has {state.size} bytes, {METADATA_NAME} needs {needs[member]}")
-    return Completeness(True, f"{len(unit.files)} file(s) settled, each listed by {METADATA_NAME}")
+    sizes = {m: f.size for f in unit.files if (m := unit.member(f.rel)) != METADATA_NAME}
+    unlisted = sorted(set(sizes) - set(needs))
+    if unlisted:
+        return Completeness(False, f"{unlisted[0]} is not listed by {METADATA_NAME}")
+    return lacking({m: needs[m] for m in sizes}, sizes, "") or Completeness(
+        True, f"{len(unit.files)} file(s) settled, each listed by {METADATA_NAME}")
 
 
 def _union(parts: Mapping[str, Contribution]) -> tuple[dict[str, ManifestEntry], str | None]:
@@ -88,12 +85,10 @@ def covered(unit: str, parts: Mapping[str, Contribution]) -> Completeness:
     needs = next((p.needs for p in parts.values() if p.needs is not None and metadata in p.files), None)
     if needs is None:
         return Completeness(False, f"no node has uploaded {METADATA_NAME} yet")
-    for member, size in sorted(needs.items()):
-        entry = files.get(f"{unit}/{member}")
-        if entry is None:
-            return Completeness(False, f"{METADATA_NAME} lists {member}, which no node has uploaded yet")
-        if entry.size < size:
-            return Completeness(False, f"{member} has {entry.size} bytes, {METADATA_NAME} needs {size}")
+    sizes = {rel.removeprefix(f"{unit}/"): entry.size for rel, entry in files.items()}
+    short = lacking(needs, sizes, "lists {}, which no node has uploaded yet")
+    if short is not None:
+        return short
     nodes = ", ".join(sorted(parts))
     return Completeness(True, f"{METADATA_NAME} and its {len(needs)} file(s) uploaded by {nodes}")
 

@@ -98,7 +98,8 @@ class Layout:
         """`rel` is an alias file (`last.ckpt`): mirrored beside the units, never one itself."""
         return rel.rsplit("/", 1)[-1] in self.aliases
 
-    def is_member_name(self, name: str) -> bool:
+    @staticmethod
+    def is_member_name(name: str) -> bool:
         """A file inside a unit folder that belongs to the unit: every file but a temp name (dot names
         included: DCP's `.metadata` is what makes its folder loadable)."""
         return not name.endswith(TEMP_SUFFIXES)
@@ -192,7 +193,7 @@ LOOKALIKES: dict[str, str] = {
     "*.pth": 'layout = "torch" (or "custom") with "*.pth" in patterns',
 }
 _LOOKALIKE_FOLDER = re.compile(r"(checkpoint-|global_step)\d+")  # LOOKALIKES' checkpoint-N/, global_stepN/
-_LOOKALIKE_SUFFIXES = (".distcp", ".ckpt", ".safetensors", ".pt", ".pth")
+_LOOKALIKE_SUFFIXES = tuple(p[1:] for p in LOOKALIKES if p.startswith("*"))  # (".distcp", ...)
 
 
 def lookalike_folder(rel_dir: str) -> str | None:

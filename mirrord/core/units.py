@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 Role = Literal["checkpoint", "alias", "tag"]
 # The most a completeness rule reads of one file (a DCP .metadata, a trainer_state.json).
 MAX_READ_BYTES = 64 * 1024 * 1024
+# accelerate's save_state: model*.safetensors / pytorch_model*.bin, optimizer*.bin, scheduler*.bin,
+# sampler*.bin, scaler.pt, then random_states_<process>.pkl, then custom_checkpoint_<i>.pkl per registered object.
+ACCELERATE_STATE = re.compile(r"random_states_\d+\.pkl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +112,7 @@ def unit_of(rel: str, layout: Layout) -> str | None:
     """The unit a path touches, for routing a watch event (or a unit path) to what must be judged again:
     with folder units, the outermost unit folder at or above `rel` (none below a staging folder), else a
     tag or alias file; with file units, the file itself when the layout selects it."""
-    if layout.folders:
-        parts = rel.split("/")
-        for i, part in enumerate(parts):
-            if layout.is_staging_name(part):
-                return None
-            if layout.is_unit_name(part):
-                return "/".join(parts[: i + 1])
-    place = locate(rel, layout)
+    place = (locate(rel + "/", layout) if layout.folders else None) or locate(rel, layout)  # ("rel/": at)
     return place.rel if place is not None else None
 
 
@@ -234,22 +230,30 @@ def completeness(
 
 def _evidence(unit: Unit, layout: Layout, reads: Mapping[str, bytes | None],
               recorded: frozenset[str] | None) -> Completeness | None:
-    """What the saver's own files say (None: nothing, only a pause can tell)."""
+    """What the saver's own files say (None: nothing, only a pause can tell). DeepSpeed's and Megatron's
+    ranks, and accelerate's custom_checkpoint_<i>.pkl (one per registered object: how many is written
+    nowhere), vary with the run: its previous checkpoint on the mirror (`recorded`) says which to expect."""
     if layout.rule == "marker":
         present = unit.get(layout.complete_marker) is not None
         return Completeness(present, f"{layout.complete_marker} present" if present else
                             f"no {layout.complete_marker} marker yet")
     if layout.rule == "hf":
         return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
-    if layout.rule == "deepspeed":
-        tagged = _deepspeed_complete(unit, layout, reads.get(reads_needed(unit, layout)[0]))
-        missing = sorted(recorded - {unit.member(f.rel) for f in unit.files}) if recorded and tagged.complete else []
-        return Completeness(False, f"{missing[0]} missing (the previous checkpoint has it)") if missing else tagged
     if layout.rule == "hf_model":
         return hf_model_complete(unit, reads)
-    if layout.rule == "accelerate":
-        return accelerate_complete(unit, recorded)
-    return None
+    names = {unit.member(f.rel) for f in unit.files}
+    if layout.rule == "deepspeed":
+        verdict = _deepspeed_complete(unit, layout, reads.get(reads_needed(unit, layout)[0]))
+    elif layout.rule != "accelerate":
+        return None
+    elif not any(ACCELERATE_STATE.fullmatch(name) for name in names):
+        return Completeness(False, "no random_states_N.pkl yet (save_state writes it after the model state)")
+    elif recorded is None:
+        return None  # the run's first checkpoint: a guess
+    else:
+        verdict = Completeness(True, "random_states and every file of the run's previous checkpoint present")
+    missing = sorted(recorded - names) if recorded and verdict.complete else []
+    return Completeness(False, f"{missing[0]} missing (the run's previous checkpoint has it)") if missing else verdict
 
 
 def dcp_needs(metadata: bytes | None) -> dict[str, int] | Completeness:
@@ -263,19 +267,26 @@ def dcp_needs(metadata: bytes | None) -> dict[str, int] | Completeness:
         return Completeness(False, f"{METADATA_NAME}: {exc}")
 
 
+def lacking(needs: Mapping[str, int], sizes: Mapping[str, int], missing: str) -> Completeness | None:
+    """The first file a `.metadata` lists (`needs`: member -> bytes) that `sizes` (member -> bytes held)
+    lacks (`missing` says how, after the member's name) or holds short of its bytes; None: all there."""
+    for member, size in sorted(needs.items()):
+        if (have := sizes.get(member)) is None:
+            return Completeness(False, f"{METADATA_NAME} {missing.format(member)}")
+        if have < size:
+            return Completeness(False, f"{member} has {have} bytes, {METADATA_NAME} needs {size}")
+    return None
+
+
 def _dcp_complete(unit: Unit, metadata: bytes | None) -> Completeness:
     if unit.get(METADATA_NAME) is None:
         return Completeness(False, f"no {METADATA_NAME} yet (dcp.save writes it last)")
     needed = dcp_needs(metadata)
     if isinstance(needed, Completeness):
         return needed
-    for member, size in sorted(needed.items()):
-        state = unit.get(member)
-        if state is None:
-            return Completeness(False, f"{METADATA_NAME} references {member}, which is missing")
-        if state.size < size:
-            return Completeness(False, f"{member} has {state.size} bytes, {METADATA_NAME} needs {size}")
-    return Completeness(True, f"{METADATA_NAME} present, its {len(needed)} file(s) whole")
+    sizes = {unit.member(f.rel): f.size for f in unit.files}
+    return lacking(needed, sizes, "references {}, which is missing") or Completeness(
+        True, f"{METADATA_NAME} present, its {len(needed)} file(s) whole")
 
 
 def _hf_complete(unit: Unit, state: bytes | None) -> Completeness:
@@ -345,27 +356,6 @@ def hf_model_complete(unit: Unit, reads: Mapping[str, bytes | None]) -> Complete
                               + (", named by the index" if indexes else ""))
 
 
-# accelerate's save_state: model*.safetensors / pytorch_model*.bin, optimizer*.bin, scheduler*.bin,
-# sampler*.bin, scaler.pt, then random_states_<process>.pkl, then custom_checkpoint_<i>.pkl per registered object.
-ACCELERATE_STATE = re.compile(r"random_states_\d+\.pkl")
-
-
-def accelerate_complete(unit: Unit, recorded: frozenset[str] | None) -> Completeness | None:
-    """accelerate writes random_states_<process>.pkl after the model, optimizer and scheduler state, then
-    one custom_checkpoint_<i>.pkl per registered object: how many objects were registered is written
-    nowhere, so the run's previous checkpoint on the mirror says which files to expect; without one, a
-    guess (None)."""
-    names = {unit.member(f.rel) for f in unit.files}
-    if not any(ACCELERATE_STATE.fullmatch(name) for name in names):
-        return Completeness(False, "no random_states_N.pkl yet (save_state writes it after the model state)")
-    if recorded is None:
-        return None
-    missing = sorted(recorded - names)
-    if missing:
-        return Completeness(False, f"{missing[0]} missing (the run's previous checkpoint has it)")
-    return Completeness(True, "random_states and every file of the run's previous checkpoint present")
-
-
 def plan_unit_copies(
     primary: Snapshot,
     mirror: Snapshot,
@@ -394,31 +384,27 @@ def plan_unit_copies(
     unsettled: list[str] = []
     in_sync = 0
     newest: dict[str, tuple[int, bool]] = {}  # run -> (its highest step, that unit needs a copy)
-    for rel, unit in ours.items():
+    # Checkpoints first: an alias or tag file waits while the newest checkpoint of its run needs a copy.
+    for unit in sorted(ours.values(), key=lambda u: u.role != "checkpoint"):
         if unit.role != "checkpoint":
-            continue
-        why = unit_why_copy(unit, theirs.get(rel), manifest, mirror.files)
-        step = -1 if unit.step is None else unit.step
-        if step >= newest.get(unit.run, (-1, False))[0]:
-            newest[unit.run] = (step, why is not None)
-        if why is not None and not is_complete(unit).complete:  # not whole here: wait, or this node's part
-            share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
-            why = None if share == "in_sync" else share
+            why = why_copy(unit.files[0], manifest.get(unit.rel), mirror.files.get(unit.rel))
+            if why is not None and (newest.get(unit.run, (-1, False))[1] or not is_settled(unit.files[0])):
+                why = "wait"
+        else:
+            why = unit_why_copy(unit, theirs.get(unit.rel), manifest, mirror.files)
+            step = -1 if unit.step is None else unit.step
+            if step >= newest.get(unit.run, (-1, False))[0]:
+                newest[unit.run] = (step, why is not None)
+            if why is not None and not is_complete(unit).complete:  # not whole here: wait, or this node's part
+                share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
+                why = None if share == "in_sync" else share
         if why is None:
             in_sync += len(unit.files)
         elif why == "wait":
-            unsettled.append(rel)
+            unsettled.append(unit.rel)
         else:
-            jobs.append(CopyJob(rel, unit.size, unit.mtime_ns, unit.step, why, unit.paths, part=why == "part"))
-    for unit in (u for u in ours.values() if u.role != "checkpoint"):
-        src = unit.files[0]
-        why = why_copy(src, manifest.get(src.rel), mirror.files.get(src.rel))
-        if why is None:
-            in_sync += 1
-        elif newest.get(unit.run, (-1, False))[1] or not is_settled(src):
-            unsettled.append(src.rel)
-        else:
-            jobs.append(CopyJob(src.rel, src.size, src.mtime_ns, None, why))
+            jobs.append(CopyJob(unit.rel, unit.size, unit.mtime_ns, unit.step, why,
+                                unit.paths if unit.kind == "folder" else (), part=why == "part"))
     sort_newest_first(jobs)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
 
@@ -436,10 +422,7 @@ def plan_file_aliases(
     from mirrord.core.plan import CopyPlan
 
     checkpoints = [u for u in group_units(primary.files.values(), layout).values() if u.role == "checkpoint"]
-    newest: dict[str, int] = {}
-    for unit in checkpoints:
-        if unit.step is not None:
-            newest[unit.run] = max(unit.step, newest.get(unit.run, unit.step))
+    newest = {u.run: u.step for u in sorted(checkpoints, key=lambda u: -1 if u.step is None else u.step)}
     waiting = {job.rel for job in base.jobs} | set(base.unsettled)
     pending_runs = {u.run for u in checkpoints if u.rel in waiting and u.step == newest.get(u.run)}
     # held: the step an alias most likely copies is not mirrored yet

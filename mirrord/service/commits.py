@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from mirrord.core.jobs import CopyResult
 from mirrord.errors import MirrordError
@@ -37,13 +36,7 @@ COMMIT_WINDOW_SECONDS = 0.5
 MAX_PENDING = 256
 
 Outcome = CopyResult | MirrordError
-
-
-@dataclass
-class _Pending:
-    entry: QueuedJob
-    staged: StagedCopy
-    control: CopyControl
+Pending = tuple[QueuedJob, StagedCopy, CopyControl]
 
 
 class CommitStage:
@@ -58,7 +51,7 @@ class CommitStage:
                  on_committed: Callable[[QueuedJob, Outcome, CopyControl], None], busy: Callable[[], bool]) -> None:
         self._commit, self._on_committed, self._busy = commit, on_committed, busy
         self._cond = threading.Condition()
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         self._stopping = False
         self._committing_since: float | None = None
         self._committing: list[str] = []
@@ -71,7 +64,7 @@ class CommitStage:
         with self._cond:
             while len(self._pending) >= MAX_PENDING and not self._stopping:
                 self._cond.wait(timeout=1.0)
-            self._pending.append(_Pending(entry, staged, control))
+            self._pending.append((entry, staged, control))
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -111,15 +104,15 @@ class CommitStage:
                     self._cond.wait(timeout=left)
                 batch, self._pending = self._pending, []
                 self._committing_since = time.monotonic()
-                self._committing = [p.entry.job.rel for p in batch]
+                self._committing = paths = [entry.job.rel for entry, _, _ in batch]
                 self._cond.notify_all()  # submitters waiting for room
             try:
-                outcomes = self._commit([p.staged for p in batch])
+                outcomes = self._commit([staged for _, staged, _ in batch])
             except Exception as exc:  # a bug must not strand the batch: every copy gets an outcome
-                self.log.exception("commit.crashed", paths=[p.entry.job.rel for p in batch])
-                outcomes = [MirrordError(p.entry.job.rel, f"internal error: {exc!r}") for p in batch]
+                self.log.exception("commit.crashed", paths=paths)
+                outcomes = [MirrordError(rel, f"internal error: {exc!r}") for rel in paths]
             finally:
                 with self._cond:
                     self._committing_since, self._committing = None, []
-            for p, outcome in zip(batch, outcomes, strict=True):
-                self._on_committed(p.entry, outcome, p.control)
+            for (entry, _, control), outcome in zip(batch, outcomes, strict=True):
+                self._on_committed(entry, outcome, control)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing, local_part
-from mirrord.core.layouts import MEGATRON_TRACKER, TEMP_SUFFIXES, Layout
+from mirrord.core.layouts import MEGATRON_TRACKER, Layout
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Quiet, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
@@ -42,7 +42,7 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
     hub snapshot; a FIFO) is not whole: the mirror could only leave it out and still call the folder whole."""
     odd: list[str] = []
     with contextlib.suppress(OSError):
-        list_folder(volume.root, unit.rel, lambda name: not name.endswith(TEMP_SUFFIXES), odd)
+        list_folder(volume.root, unit.rel, Layout.is_member_name, odd)
     if not odd:
         return None
     return Completeness(False, f"{min(odd)} is a symlink or not a regular file: it cannot be copied as a file, "
@@ -80,14 +80,13 @@ def recorded_names(entries: Mapping[str, ManifestEntry], layout: Layout) -> Call
     (the files a saver writes every time: what the next one must have too); None when there is none."""
     def names(unit: Unit) -> frozenset[str] | None:
         prefix = f"{unit.run}/" if unit.run else ""
-        found: dict[str, set[str]] = {}
+        found: dict[tuple[int, str], set[str]] = {}  # (step, folder) -> member names
         for rel in entries:
             folder, _, member = rel[len(prefix):].partition("/")
             step = layout.step_of(folder) if rel.startswith(prefix) and member else None
             if step is not None and unit.step is not None and step < unit.step and layout.is_unit_name(folder):
-                found.setdefault(folder, set()).add(member)
-        newest = max(found, key=lambda f: layout.step_of(f) or 0, default=None)
-        return frozenset(found[newest]) if newest is not None else None
+                found.setdefault((step, folder), set()).add(member)
+        return frozenset(found[max(found)]) if found else None
 
     return names
 

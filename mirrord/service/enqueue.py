@@ -106,17 +106,20 @@ class Enqueuer:
 
     def _judged_invalid(self, job: CopyJob, psnap: Snapshot) -> bool:
         """The job's source (a file, or every file of a folder unit) is exactly what failed its validator."""
-        if job.members:
-            states = [psnap.files[rel] for rel in job.members if rel in psnap.files]
-            return len(states) == len(job.members) and self.ledger.judged_invalid(job.rel, unit_identity(states))
-        src = psnap.files.get(job.rel)
-        return src is not None and self.ledger.judged_invalid(job.rel, src.identity)
+        states = [psnap.files[rel] for rel in job.paths if rel in psnap.files]
+        if len(states) < len(job.paths):
+            return False
+        return self.ledger.judged_invalid(job.rel, unit_identity(states) if job.members else states[0].identity)
 
     def _still_damaged(self, job: CopyJob, src: FileState) -> bool:
         """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
         copy published between the listing and the plan is not damage (no false verify failures)."""
-        try:
-            fresh = self.mirror.stat(job.rel)
-        except (OSError, UnsafePathError):
-            return True
-        return why_copy(src, self.manifest.get(job.rel), fresh) in VERIFY_FAILURES
+        return why_copy(src, self.manifest.get(job.rel), stat_safely(self.mirror, job.rel)) in VERIFY_FAILURES
+
+
+def stat_safely(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
+    """The state of `rel`, or None when it is gone or cannot be reached safely."""
+    try:
+        return volume.stat(rel)
+    except (OSError, UnsafePathError):
+        return None

@@ -10,10 +10,7 @@ from typing import TypeVar
 from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.units import unit_of
-from mirrord.errors import UnsafePathError
-from mirrord.service.enqueue import Enqueuer
-from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalVolume
+from mirrord.service.enqueue import Enqueuer, stat_safely
 
 # One turn of the main loop does at most this much of a pass whose size is the burst's (the watch hints
 # of thousands of checkpoints committed at once, a settle recheck of as many files) and leaves the rest
@@ -38,14 +35,6 @@ def one_turn(clock: Callable[[], float], pending: Sized, pop: Callable[[], T], *
             yield item
 
 
-def _stat(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
-    """The state of `rel`, or None when it is gone or cannot be reached safely."""
-    try:
-        return volume.stat(rel)
-    except (OSError, UnsafePathError):
-        return None
-
-
 class Hints(Enqueuer):
     """The enqueuer of the main loop, which also plans watch hints and settle rechecks from the files they
     name."""
@@ -65,18 +54,14 @@ class Hints(Enqueuer):
         hints = self.inbox.hints
         for hint in one_turn(self.monotonic, hints, hints.popleft):
             unit = unit_of(hint.rel, rules) if hint.rel and rules.folders else None
-            if hint.rescan and unit is None:
-                rescan = True  # an overflow, or a folder moved in that is no unit (a whole run folder)
-                continue
             if unit is not None:
-                units.add(unit)
-                continue  # a folder unit is judged from a listing of it (a rename gives it no shortcut)
-            state = _stat(self.primary, hint.rel)
-            if state is None or not state.is_regular:
-                continue
-            if hint.committed:
-                self.settle.mark_committed(state)
-            files[hint.rel] = state
+                units.add(unit)  # a folder unit is judged from a listing of it (a rename gives it no shortcut)
+            elif hint.rescan:
+                rescan = True  # an overflow, or a folder moved in that is no unit (a whole run folder)
+            elif (state := stat_safely(self.primary, hint.rel)) is not None and state.is_regular:
+                if hint.committed:
+                    self.settle.mark_committed(state)
+                files[hint.rel] = state
         if rescan:
             self.log.warning("watch.rescan", why="event queue overflow or directory move")
             return True
@@ -110,7 +95,7 @@ class Hints(Enqueuer):
                 listed = self.primary.snapshot_unit(rel, rules)
                 files.update(listed.files)
                 errors.extend(listed.errors)
-            elif (state := _stat(self.primary, rel)) is not None and state.is_regular:
+            elif (state := stat_safely(self.primary, rel)) is not None and state.is_regular:
                 files[rel] = state
         for msg in errors:
             self.log.error("scan.error", cause=msg)
@@ -123,7 +108,7 @@ class Hints(Enqueuer):
         entries = self.manifest.entries
         folders = tuple(rel + "/" for rel in scope or ())
         named = set(files) | ({e for e in entries if e in scope or e.startswith(folders)} if scope else set())
-        mirror_files = {rel: state for rel in named if (state := _stat(self.mirror, rel)) is not None}
+        mirror_files = {rel: state for rel in named if (state := stat_safely(self.mirror, rel)) is not None}
         psnap = Snapshot(files, errors=errors)
         view = self.view(psnap, Snapshot(mirror_files), entries, partial=True)
         self.enqueue(view, psnap, partial=True, scope=scope)
@@ -149,7 +134,7 @@ class Hints(Enqueuer):
             # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
             for rel in one_turn(self.monotonic, pending, pending.pop,
                                 counts=lambda rel: rel in unsettled or rel in invalid):
-                state = _stat(self.primary, rel)
+                state = stat_safely(self.primary, rel)
                 if state is None or not state.is_regular:
                     unsettled.discard(rel)
                     self.ledger.forget_invalid(rel)

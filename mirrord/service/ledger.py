@@ -59,25 +59,22 @@ class Ledger:
     # -- outcomes (worker threads) ---------------------------------------------------------------
     def record(self, job: CopyJob, outcome: CopyResult | MirrordError) -> bool:
         """Account for one finished job; True when the primary should be reconciled again soon."""
+        with self._lock:
+            if isinstance(outcome, CopyResult | SourceGoneError):  # (rotated away: no checkpoint waits, no lag)
+                self._unmirrored.pop(job.rel, None)
+            if isinstance(outcome, CopyResult):
+                self._invalid.pop(job.rel, None)
+            elif isinstance(outcome, InvalidSourceError):  # usually a file still being written: wait until
+                was = self._invalid.get(job.rel)  # it changes and settles again
+                self._invalid[job.rel] = Invalid(outcome.identity, was.since if was else self.monotonic(),
+                                                 outcome.status, outcome.cause, bool(was and was.reported),
+                                                 frozenset(job.paths))
+                # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
+                return True
         if isinstance(outcome, CopyResult):
             self.copied += 1
             self.verify_failed.discard(job.rel)
-            with self._lock:
-                self._unmirrored.pop(job.rel, None)
-                self._invalid.pop(job.rel, None)
-        elif isinstance(outcome, SourceGoneError):
-            with self._lock:  # rotated away: no longer a checkpoint waiting for its copy (lag)
-                self._unmirrored.pop(job.rel, None)
-        elif isinstance(outcome, InvalidSourceError):
-            # Usually a file still being written: wait until it changes and settles again.
-            with self._lock:
-                previous = self._invalid.get(job.rel)
-                self._invalid[job.rel] = Invalid(
-                    outcome.identity, previous.since if previous else self.monotonic(), outcome.status,
-                    outcome.cause, previous.reported if previous else False, frozenset(job.paths))
-            # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
-            return True
-        elif outcome.reason != "cancelled":
+        elif not isinstance(outcome, SourceGoneError) and outcome.reason != "cancelled":
             self.failed += 1
             self.last_error = f"{job.rel}: {outcome.cause}"
             if isinstance(outcome, MirrorGoneError):

@@ -145,13 +145,11 @@ class Reconciler(Hints):
         like checkpoints but the layout does not select (never mirrored)."""
         rules = self.config.rules
         for warning in naming_warnings(psnap, rules):
-            if (warning.kind, warning.pattern) in self._naming_logged:
-                continue
-            self._naming_logged.add((warning.kind, warning.pattern))
-            event = "checkpoint.no_step" if warning.kind == "no_step" else "checkpoint.not_selected"
-            self.log.warning(event, path=warning.path, pattern=warning.pattern, layout=rules.name,
-                             step_pattern=rules.step_pattern, why=warning.message,
-                             hint="mirrord check-config prints the layout's rules and these warnings")
+            if (warning.kind, warning.pattern) not in self._naming_logged:
+                self._naming_logged.add((warning.kind, warning.pattern))
+                self.log.warning(f"checkpoint.{warning.kind}", path=warning.path, pattern=warning.pattern,
+                                 layout=rules.name, step_pattern=rules.step_pattern, why=warning.message,
+                                 hint="mirrord check-config prints the layout's rules and these warnings")
 
     def _log_rollbacks(self, psnap: Snapshot, plan: PrunePlan) -> None:
         """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored). Read from

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mirrord.core.jobs import CopyJob, CopyResult
-from mirrord.core.layouts import TEMP_SUFFIXES
+from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState
 from mirrord.core.units import unit_identity
 from mirrord.errors import InvalidSourceError, SourceChangedError, SourceGoneError
@@ -47,16 +47,12 @@ class _Staged:
         return self._staging.upload(rel.removeprefix(self._prefix), size, drop_cache)
 
 
-def _member_name(name: str) -> bool:
-    return not name.endswith(TEMP_SUFFIXES)
-
-
 def _invalid_unit(primary_root: Path, job: CopyJob, exc: InvalidSourceError) -> InvalidSourceError:
     """A file of the unit failed its validator: the unit is invalid as it is now, every file's identity
     recorded (not judged again until one changes); unknown if the file changed since it was judged."""
     member = Path(str(exc.path)).relative_to(primary_root / job.rel).as_posix()
     try:
-        now = list_folder(primary_root, job.rel, _member_name)
+        now = list_folder(primary_root, job.rel, Layout.is_member_name)
     except OSError:
         now = {}
     files = [FileState(rel, size, mtime, ino, 0, ctime_ns=ctime) for rel, (ino, size, mtime, ctime) in now.items()]
@@ -69,7 +65,7 @@ def _listing(primary_root: Path, job: CopyJob) -> dict[str, tuple[int, int, int,
     """The folder's files as rel -> (ino, size, mtime_ns, ctime_ns): a member's content identity."""
     odd: list[str] = []
     try:
-        found = list_folder(primary_root, job.rel, _member_name, odd)
+        found = list_folder(primary_root, job.rel, Layout.is_member_name, odd)
     except FileNotFoundError as exc:
         raise SourceGoneError(primary_root / job.rel, "deleted while it was being copied (rotated away by "
                                                       "the trainer); copy discarded") from exc
@@ -80,18 +76,6 @@ def _listing(primary_root: Path, job: CopyJob) -> dict[str, tuple[int, int, int,
         raise SourceChangedError(primary_root / job.rel, f"{min(odd)} is a symlink or not a regular file: the "
                                                          "folder cannot be copied whole; copy discarded")
     return found
-
-
-def _check_unchanged(primary_root: Path, job: CopyJob, results: list[CopyResult],
-                     before: dict[str, tuple[int, int, int, int]]) -> None:
-    """The primary's folder still holds exactly the files copied, each the same inode with the same ctime
-    as before the copy began (a member replaced by one of the same size whose mtime was restored, as
-    `rsync -a` or `cp -p` do, is another file); else the copy is discarded."""
-    now = _listing(primary_root, job)
-    copied = {r.rel: (r.size, r.source_mtime_ns) for r in results}
-    if now != before or {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != copied:
-        raise SourceChangedError(primary_root / job.rel, "files were added, removed or replaced while the "
-                                                         "folder was copied; copy discarded")
 
 
 def _copy_members(primary_root: Path, job: CopyJob, target: Mirror | _Staged, options: CopyOptions,
@@ -108,7 +92,14 @@ def _copy_members(primary_root: Path, job: CopyJob, target: Mirror | _Staged, op
             results.append(copy_file(primary_root, rel, target, member_options, control))
     except InvalidSourceError as exc:
         raise _invalid_unit(primary_root, job, exc) from exc
-    _check_unchanged(primary_root, job, results, before)
+    # Still exactly the files copied, each the same inode with the same ctime as before the copy began (a
+    # member replaced by one of the same size whose mtime was restored, as `rsync -a` or `cp -p` do, is
+    # another file); else the copy is discarded.
+    now = _listing(primary_root, job)
+    if now != before or {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != {
+            r.rel: (r.size, r.source_mtime_ns) for r in results}:
+        raise SourceChangedError(primary_root / job.rel, "files were added, removed or replaced while the "
+                                                         "folder was copied; copy discarded")
     control.check(primary_root / job.rel)
 
 

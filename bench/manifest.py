@@ -140,7 +140,7 @@ def measure_group(work: Path, n: int, threads: int, per_thread: int) -> dict[str
     d = fresh_dir(work, f"group-{threads}")
     (d / MANIFEST_NAME).write_bytes(encode_snapshot(entries_of(n)))
     manifest = Manifest.open(d)
-    manifest.apply(puts=[entry(n)])  # the journal exists: only appends are counted
+    manifest.record(entry(n))  # the journal exists: only appends are counted
     real = os.fsync
     synced = [0]
 
@@ -151,7 +151,7 @@ def measure_group(work: Path, n: int, threads: int, per_thread: int) -> dict[str
 
     def work_(t: int) -> None:
         for i in range(per_thread):
-            manifest.apply(puts=[entry(n + 1 + t * per_thread + i)])
+            manifest.record(entry(n + 1 + t * per_thread + i))
 
     os.fsync = fsync  # type: ignore[assignment]
     try:

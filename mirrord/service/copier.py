@@ -189,9 +189,11 @@ def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyO
                       verdict.detail)
 
 
-def hash_source(primary_root: Path, rel: str, options: CopyOptions, control: CopyControl) -> tuple[os.stat_result, str]:
+def hash_source(primary_root: Path, rel: str, options: CopyOptions,
+                control: CopyControl | None = None) -> tuple[os.stat_result, str]:
     """Read primary_root/rel once and hash it (no copy, as a copy reads: same buffers, cap and page-cache
     dropping): its stat and digest, the file unchanged while read. Raises the copier's typed errors."""
+    control = control or CopyControl()
     src_path = primary_root / rel
     src_fd, before = open_source(primary_root, rel)
     try:

@@ -80,7 +80,8 @@ class Daemon:
         self.pool = WorkerPool(self.engine.stage, self.queue, config.copy_workers, commit=self.engine.commit,
                                retry=self.settings.retry, on_done=self._on_copy_done,
                                on_stalled=lambda job: self.metrics.copy_result("stalled"), clock=clock.monotonic,
-                               io=config.io)
+                               ionice=config.io.ionice, cpu_nice=config.io.cpu_nice,
+                               cpu_policy=config.io.cpu_policy)
         self._swap(self.settings)
         self.watch = PrimaryWatch(lambda: self.settings.config, self.primary.key, self.inbox.post, self.metrics,
                                   watcher_factory)

@@ -72,12 +72,13 @@ class Engine:
                                    config.io.bandwidth_limit, config.io.drop_cache)
         self.mirror.keep_modes_of(config.primary)
 
-    def stage(self, job: CopyJob, control: CopyControl) -> StagedCopy | CopyResult:
+    def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy | CopyResult:
         """Copy the job and publish it under its final name, leaving its directory fsync and its manifest
         record to commit() (which may take several staged copies at once). An alias published from its
         mirrored twin, and a node's part of a shared unit, are recorded at once: their CopyResult is
         returned, done. Raises MirrordError."""
         self.log.info("copy.started", why=job.why, **_fields(job))
+        control = control or CopyControl()
         try:
             with self.board.track(job, control) as others:
                 # Concurrent copies each need their full size: count the others' as reserved space.
@@ -223,8 +224,8 @@ class Engine:
         started = time.monotonic()
         before, digest = hash_source(self.primary_root, job.rel, self.options, control)
         for twin in (t for t in twins if (t.size, t.digest) == (before.st_size, digest)):
-            state = self.mirror.clone(twin.path, job.rel,
-                                      FileState(twin.path, twin.size, twin.stored_mtime_ns, twin.mirror_ino))
+            stored = twin.mirror_mtime_ns if twin.mirror_mtime_ns is not None else twin.source_mtime_ns
+            state = self.mirror.clone(twin.path, job.rel, FileState(twin.path, twin.size, stored, twin.mirror_ino))
             if state is None:
                 continue
             puts = [ManifestEntry(

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceChangedError, SourceGoneError
@@ -29,35 +29,33 @@ from mirrord.service.retry import RetryPolicy
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-    from mirrord.config import IoConfig
-
 _IOPRIO_CLASSES = {"best-effort": 2, "idle": 3}
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
 DEFAULT_RETRY = RetryPolicy()
 POLL_SECONDS = 0.25  # how often copy_all looks at its copies (stalls, progress, the mirror lock)
 
 
-def lower_thread_priority(io: IoConfig, log: FilteringBoundLogger) -> None:
+def lower_thread_priority(ionice: str, cpu_nice: int, cpu_policy: str, log: FilteringBoundLogger) -> None:
     """Give the calling thread (Linux) the I/O class `ionice`, a nice value raised (never lowered) to
     `cpu_nice`, and with cpu_policy "idle" SCHED_IDLE: it then runs only on a CPU that nothing else wants,
     and a waking trainer thread preempts it at once (nice 19 still takes a slice of a busy CPU). Threads
     it starts inherit all three. A setting that cannot be applied is logged, and the copies go on."""
-    tid, ionice = threading.get_native_id(), io.ionice  # a thread id is a PRIO_PROCESS target
+    tid = threading.get_native_id()  # a thread id is a PRIO_PROCESS target
     if ionice != "none":
         value = (_IOPRIO_CLASSES[ionice] << 13) | (7 if ionice == "best-effort" else 0)
         number = _IOPRIO_SET.get(platform.machine())
         if number is None or ctypes.CDLL(None).syscall(number, 1, tid, value) != 0:
             log.warning("worker.ionice_unsupported", ionice=ionice)
     try:
-        if os.getpriority(os.PRIO_PROCESS, tid) < io.cpu_nice:
-            os.setpriority(os.PRIO_PROCESS, tid, io.cpu_nice)
+        if os.getpriority(os.PRIO_PROCESS, tid) < cpu_nice:
+            os.setpriority(os.PRIO_PROCESS, tid, cpu_nice)
     except OSError:
-        log.warning("worker.cpu_nice_unsupported", cpu_nice=io.cpu_nice)
+        log.warning("worker.cpu_nice_unsupported", cpu_nice=cpu_nice)
     try:
-        if io.cpu_policy == "idle":
+        if cpu_policy == "idle":
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
-        log.warning("worker.cpu_policy_unsupported", cpu_policy=io.cpu_policy)
+        log.warning("worker.cpu_policy_unsupported", cpu_policy=cpu_policy)
 
 
 @dataclass
@@ -83,11 +81,11 @@ class WorkerPool:
                  retry: RetryPolicy = DEFAULT_RETRY,
                  on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
                  on_stalled: Callable[[CopyJob], None] = lambda job: None, clock: Callable[[], float] = time.monotonic,
-                 io: IoConfig | None = None) -> None:
+                 ionice: str = "none", cpu_nice: int = 0, cpu_policy: str = "normal") -> None:
         self.copy_fn, self.queue, self.clock = copy_fn, queue, clock
         self.retry = retry  # swapped whole by a reload
         self.on_done, self.on_stalled = on_done, on_stalled
-        self.io = io  # the copy threads' I/O and CPU priority (None: left as it is)
+        self.priority = (ionice, cpu_nice, cpu_policy)
         self._workers: list[_Worker] = []
         self._lock, self._names, self._stopping = threading.Lock(), itertools.count(1), threading.Event()
         self._cancel_why, self.log = "", get_logger()  # why stop() cancels copies, for their copy.aborted
@@ -197,8 +195,7 @@ class WorkerPool:
 
     # -- the worker loop ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
-        if self.io is not None:
-            lower_thread_priority(self.io, self.log)
+        lower_thread_priority(*self.priority, self.log)
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:
@@ -260,13 +257,16 @@ class WorkerPool:
         delay = policy.delay(entry.attempt)
         # Say what will really happen: a retry after a backoff, the next rescan (which plans every file
         # the mirror still lacks, whatever the error was), or nothing.
-        rescan = policy.rescan_seconds if not stopping else None
-        how = "backoff" if retry else "judged_again" if replan else "never" if rescan is None else "next_rescan"
-        wait = {"backoff": round(delay, 2), "next_rescan": rescan}
+        if retry:
+            when: dict[str, Any] = {"will_retry": True, "retry": "backoff", "retry_in_seconds": round(delay, 2)}
+        elif replan:
+            when = {"will_retry": True, "retry": "judged_again"}
+        elif policy.rescan_seconds is not None and not stopping:
+            when = {"will_retry": True, "retry": "next_rescan", "retry_in_seconds": policy.rescan_seconds}
+        else:
+            when = {"will_retry": False, "retry": "never"}
         self.log.warning("copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
-                         cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt,
-                         will_retry=how != "never", retry=how,
-                         **({"retry_in_seconds": wait[how]} if how in wait else {}))
+                         cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when)
         if retry:
             self.queue.release_for_retry(entry, delay)
         elif outcome.transient and not replan:
@@ -294,9 +294,11 @@ def copy_all(engine: Engine, jobs: list[CopyJob], workers: int,
         if len(outcomes) == len(wanted):
             all_done.set()
 
+    io = engine.config.io
     pool = WorkerPool(engine.stage, queue, min(workers, len(wanted)), commit=engine.commit,
                       retry=RetryPolicy.from_config(engine.config), on_done=on_done,
-                      on_stalled=lambda job: engine.count("stalled"), io=engine.config.io)
+                      on_stalled=lambda job: engine.count("stalled"), ionice=io.ionice,
+                      cpu_nice=io.cpu_nice, cpu_policy=io.cpu_policy)
     try:
         while not all_done.wait(POLL_SECONDS):
             if lost := still_ours():

@@ -84,6 +84,11 @@ def temp_name(final_name: str) -> str:
     return final_name + TEMP_SUFFIX
 
 
+def temp_path(final: Path) -> Path:
+    """The temporary name a file is written under before it is published as `final`."""
+    return final.with_name(temp_name(final.name))
+
+
 def fsync_dir(path: Path) -> None:
     """Make the directory's entries (a rename, a create, an unlink) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -119,6 +124,11 @@ class DirSyncs:
         self._files: list[_Unpublished] = []
         self._lock = threading.Lock()
 
+    def renames_pending(self) -> bool:
+        """Whether files handed over by publish_later() wait for flush() (their final names do not exist yet)."""
+        with self._lock:
+            return bool(self._files)
+
     def publish_later(self, dir_fd: int, final_name: str, temp_fd: int) -> None:
         """Leave the fsync of the written (its data written out, see LocalUpload.seal), verified temp file
         and its rename onto `final_name` to flush(); the group takes both descriptors (closed by flush()
@@ -141,8 +151,10 @@ class DirSyncs:
         with self._lock:
             self._files.extend(files)
             for key, fd in taken.items():
-                if self._fds.setdefault(key, fd) != fd:  # (already held: one descriptor per directory)
+                if key in self._fds:
                     os.close(fd)
+                else:
+                    self._fds[key] = fd
 
     def flush(self) -> None:
         """fsync the files handed over by publish_later() and rename each onto its final name (none is

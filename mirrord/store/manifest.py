@@ -285,6 +285,14 @@ class Manifest:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def record(self, entry: ManifestEntry) -> None:
+        """Add or replace an entry; durable when this returns."""
+        self.apply(puts=(entry,))
+
+    def remove(self, rel: str) -> None:
+        """Drop an entry; durable when this returns."""
+        self.apply(removes=(rel,))
+
     def apply(self, puts: Iterable[ManifestEntry] = (), removes: Iterable[str] = ()) -> None:
         """Record entries and drop paths as one record: after a crash, either all of it or none."""
         change = Change(tuple(puts), tuple(removes))
@@ -412,7 +420,17 @@ class Manifest:
         if self._store is not None and self._store.journal_records:
             self.compact()
 
-    # -- reading and opening -------------------------------------------------------------------------------
+    # -- reading and writing bytes ------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The entries as one snapshot document (the pre-journal format: every tool can read it)."""
+        with self._lock:
+            return encode_snapshot(self._entries)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = MANIFEST_NAME) -> Manifest:
+        """A read-only manifest from snapshot bytes."""
+        return cls(decode_snapshot(data, where)[0])
+
     @classmethod
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""

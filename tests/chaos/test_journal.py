@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mirrord.errors import ManifestError
 from mirrord.store.journal import parse_journal
-from mirrord.store.manifest import MANIFEST_NAME, Manifest, decode_snapshot
+from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from tests.chaos.harness import SCALE, Report
 from tests.support.wait import wait_for
 
@@ -37,7 +37,7 @@ WRITER = textwrap.dedent("""
     for c in range(start, start + 100000):
         i = c // 2
         if c % 2 == 0:
-            manifest.apply(puts=[ManifestEntry(f"run/step_{i:06d}.pt", i, "blake3", f"{i:064x}", i, i, 1.0)])
+            manifest.record(ManifestEntry(f"run/step_{i:06d}.pt", i, "blake3", f"{i:064x}", i, i, 1.0))
         else:
             manifest.apply(removes=[f"run/step_{i - 3:06d}.pt", f"run/step_{i - 5:06d}.pt"])
         print(c, flush=True)
@@ -119,4 +119,4 @@ def test_kill9_of_a_manifest_writer_loses_nothing_acknowledged(tmp_path: Path, r
     final = Manifest.open(root)
     assert frozenset(final.entries) == state
     final.close()
-    assert decode_snapshot((root / MANIFEST_NAME).read_bytes(), MANIFEST_NAME)[0] == Manifest.load(root).entries
+    assert Manifest.from_bytes((root / MANIFEST_NAME).read_bytes()).entries == Manifest.load(root).entries

@@ -379,10 +379,10 @@ def test_a_torn_file_recorded_by_an_older_mirrord_is_neither_intact_nor_latest(t
     os.utime(ckpt(mirror, 2), ns=(st.st_mtime_ns, st.st_mtime_ns))
     manifest = Manifest.open(mirror)
     from mirrord.core.model import ManifestEntry
-    from tests.support.mirror import hash_file
+    from mirrord.store.hashing import hash_file
 
-    manifest.apply(puts=[ManifestEntry(f"{RUN}/step_2.pt", len(torn), "blake3", hash_file(ckpt(mirror, 2), "blake3"),
-                                  st.st_mtime_ns, 2, 0.0)])  # validation None: recorded before issue 14
+    manifest.record(ManifestEntry(f"{RUN}/step_2.pt", len(torn), "blake3", hash_file(ckpt(mirror, 2), "blake3"),
+                                  st.st_mtime_ns, 2, 0.0))  # validation None: recorded before issue 14
     manifest.close()
     status = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=env)
     assert status.returncode == 1 and "NOT intact" in status.stdout and "truncated" in status.stdout, status.stdout

@@ -13,6 +13,7 @@ import pytest
 from mirrord.config import Config, load_config
 from mirrord.core.units import group_units
 from mirrord.errors import SourceChangedError
+from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
 from mirrord.store.staging import FolderStaging
 from mirrord.store.volume import LocalMirror, LocalUpload, LocalVolume
@@ -20,7 +21,6 @@ from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.engine import copy_once
 from tests.support.folders import write_dcp, write_hf
-from tests.support.mirror import hash_file
 from tests.support.units import unit_verified
 from tests.support.unitsync import sync_units
 

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mirrord.config import IoConfig, load_config
+from mirrord.config import load_config
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import MirrordError
 from mirrord.obs.metrics import Metrics
@@ -98,7 +98,7 @@ def test_copy_threads_run_at_io_cpu_nice(tmp_path, monkeypatch):
     monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     outcomes: list[CopyResult | MirrordError] = []
-    pool = _pool(engine, queue, 1, outcomes, io=IoConfig(cpu_nice=max(mine, 7)))
+    pool = _pool(engine, queue, 1, outcomes, cpu_nice=max(mine, 7))
     queue.put(_job(primary, "step_0001.pt", 1))
     wait_for(lambda: outcomes, 60, "the copy")
     assert isinstance(outcomes[0], CopyResult)
@@ -134,7 +134,7 @@ def test_copy_threads_run_at_io_cpu_policy_idle(tmp_path, monkeypatch):
     monkeypatch.setattr("mirrord.store.volume.os.write", write)
     mine = os.sched_getscheduler(0)
     outcomes: list[CopyResult | MirrordError] = []
-    pool = _pool(engine, queue, 1, outcomes, io=IoConfig(cpu_policy="idle"))
+    pool = _pool(engine, queue, 1, outcomes, cpu_policy="idle")
     queue.put(_job(primary, "step_0001.pt", 1))
     wait_for(lambda: outcomes, 60, "the copy")
     assert isinstance(outcomes[0], CopyResult)

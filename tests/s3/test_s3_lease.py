@@ -29,7 +29,7 @@ def test_a_lease_not_renewed_in_time_refuses_every_commit_until_it_is(
                                                             lease_seconds=LEASE_SECONDS))
     with mirror.lock():
         manifest = mirror.read_manifest()
-        manifest.apply(puts=[_entry("run/step_1.pt")])
+        manifest.record(_entry("run/step_1.pt"))
         upload = mirror.begin_upload("run/step_2.pt", 5)
         upload.write(memoryview(b"bytes"))
         upload.seal(0)
@@ -41,7 +41,7 @@ def test_a_lease_not_renewed_in_time_refuses_every_commit_until_it_is(
             assert mirror.lock_problem() is None  # not lost: nobody took it, it may come back
             # Refused before anything is sent (a request to the stopped server would hang, then time out):
             with pytest.raises(TransientError, match="nothing is published"):
-                manifest.apply(puts=[_entry("run/step_3.pt")])
+                manifest.record(_entry("run/step_3.pt"))
             with pytest.raises(TransientError, match="nothing is published"):
                 upload.commit()
         finally:
@@ -50,7 +50,7 @@ def test_a_lease_not_renewed_in_time_refuses_every_commit_until_it_is(
         assert set(mirror.load_manifest().entries) == {"run/step_1.pt"}  # nothing refused came in late
         assert mirror.stat("run/step_2.pt") is None
         upload.commit()  # renewed with If-Match on our own ETag: nobody held it meanwhile, publishing resumes
-        manifest.apply(puts=[_entry("run/step_3.pt")])
+        manifest.record(_entry("run/step_3.pt"))
     assert set(mirror.load_manifest().entries) == {"run/step_1.pt", "run/step_3.pt"}
     assert mirror.stat("run/step_2.pt") is not None
 

@@ -51,7 +51,7 @@ def test_recording_one_copy_writes_only_its_runs_entries(
         manifest.apply(puts=[_entry(f"run{run}/step_{step}.pt", step) for step in range(PER_RUN)])
     whole = len(encode_snapshot(manifest.entries))
     sent = _manifest_put_bytes(mirror, prefix)
-    manifest.apply(puts=[_entry("run3/step_1000.pt", 1000)])
+    manifest.record(_entry("run3/step_1000.pt", 1000))
     assert len(sent) == 1
     assert sent[0] < whole / 5, (sent, whole)
     assert len(mirror.load_manifest().entries) == RUNS * PER_RUN + 1
@@ -67,7 +67,7 @@ def test_a_manifest_written_by_the_single_object_layout_loads_and_moves_on_first
     assert mirror.load_manifest().entries == old
 
     manifest = mirror.read_manifest()
-    manifest.apply(removes=["a/step_1.pt"])
+    manifest.remove("a/step_1.pt")
     expected = {rel: e for rel, e in old.items() if rel != "a/step_1.pt"}
     assert mirror.load_manifest().entries == expected
     listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/.mirrord-manifest")["Contents"]

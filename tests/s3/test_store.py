@@ -15,13 +15,13 @@ import pytest
 
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import LockedError, TransientError
+from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Change, encode_snapshot
 from mirrord.store.s3 import S3Mirror, S3Settings, upload
 from mirrord.store.s3.lease import Lease
 from mirrord.store.s3.manifest import MANIFEST_DIR
 from mirrord.store.volume import ChangedError
 from tests.s3.seaweed import SeaweedServer
-from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 MIB = 1 << 20
@@ -181,10 +181,10 @@ def test_manifest_writers_never_overwrite_each_other(
         seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
     one, two = _mirror(seaweed, bucket, prefix), _mirror(seaweed, bucket, prefix)
     first, second = one.read_manifest(), two.read_manifest()  # both read "no manifest yet"
-    first.apply(puts=[_entry("run/a_step_1.pt")])
-    second.apply(puts=[_entry("run/b_step_1.pt")])  # If-None-Match: * fails, re-read, re-applied on top
-    second.apply(puts=[_entry("run/b_step_2.pt")])
-    first.apply(removes=["run/a_step_1.pt"])  # If-Match on a stale ETag fails, re-read, re-applied
+    first.record(_entry("run/a_step_1.pt"))
+    second.record(_entry("run/b_step_1.pt"))  # If-None-Match: * fails, re-read, re-applied on top
+    second.record(_entry("run/b_step_2.pt"))
+    first.remove("run/a_step_1.pt")  # If-Match on a stale ETag fails, re-read, re-applied
     assert set(one.load_manifest().entries) == {"run/b_step_1.pt", "run/b_step_2.pt"}
     body = s3_client.get_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST_DIR}/folders/run.json")["Body"].read()
     assert b"run/b_step_2.pt" in body and b"run/a_step_1.pt" not in body

@@ -11,7 +11,7 @@ from mirrord.service.engine import Engine
 def copy_once(engine: Engine, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
     """engine.stage() then engine.commit() of that copy alone (what the worker pool and its commit stage
     do, without the threads). Raises MirrordError."""
-    staged = engine.stage(job, control or CopyControl())
+    staged = engine.stage(job, control)
     if isinstance(staged, CopyResult):
         return staged
     outcome = engine.commit([staged])[0]

@@ -7,19 +7,8 @@ import os
 from pathlib import Path
 
 from mirrord.store.atomic import TEMP_SUFFIX
-from mirrord.store.hashing import hash_stream
+from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
-
-
-def temp_path(final: Path) -> Path:
-    """The temp name (NAME.part, same folder) mirrord writes `final` under before publishing it."""
-    return final.with_name(final.name + TEMP_SUFFIX)
-
-
-def hash_file(path: str | os.PathLike[str], algo: str) -> str:
-    """Hex digest of a whole file as the manifest records it (never through a final symlink)."""
-    with open(path, "rb", buffering=0, opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as f:
-        return hash_stream(f, algo)[1]
 
 
 def sha256(path: Path) -> str:

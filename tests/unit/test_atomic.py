@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mirrord.store import atomic
-from tests.support.mirror import names, temp_path
+from tests.support.mirror import names
 
 
 class BoomError(Exception):
@@ -24,7 +24,7 @@ def _fd_path(fd: int) -> str:
 def test_temp_path_is_next_to_the_final_name(tmp_path: Path) -> None:
     """Same directory, hence same filesystem: the rename is atomic."""
     final = tmp_path / "run" / "step_0010.pt"
-    assert temp_path(final) == tmp_path / "run" / "step_0010.pt.part"
+    assert atomic.temp_path(final) == tmp_path / "run" / "step_0010.pt.part"
     assert atomic.temp_name("x") == "x" + atomic.TEMP_SUFFIX
 
 
@@ -33,7 +33,7 @@ def test_atomic_output_publishes_the_whole_file(tmp_path: Path) -> None:
     with atomic.atomic_output(final) as f:
         f.write(b"a" * 1000)
         assert not final.exists(), "the final name exists before the block completed"
-        assert temp_path(final).read_bytes() == b""  # buffered, not yet flushed
+        assert atomic.temp_path(final).read_bytes() == b""  # buffered, not yet flushed
     assert final.read_bytes() == b"a" * 1000
     assert names(tmp_path) == ["data.bin"]
 
@@ -74,7 +74,7 @@ def test_exception_removes_the_part_and_keeps_the_previous_file(
     with pytest.raises(exc_type), atomic.atomic_output(final) as f:
         f.write(b"new, half")
         f.flush()
-        assert temp_path(final).exists()
+        assert atomic.temp_path(final).exists()
         raise exc_type()
     assert final.read_bytes() == b"old complete content"
     assert names(tmp_path) == ["data.bin"]
@@ -84,7 +84,7 @@ def test_original_error_survives_a_failing_cleanup(tmp_path: Path) -> None:
     """If the .part is already gone, removing it fails silently and the first error propagates."""
     final = tmp_path / "data.bin"
     with pytest.raises(BoomError), atomic.atomic_output(final):
-        temp_path(final).unlink()
+        atomic.temp_path(final).unlink()
         raise BoomError()
     assert names(tmp_path) == []
 
@@ -107,7 +107,7 @@ def test_fsync_failure_discards_the_part(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_stale_part_from_a_dead_writer_is_replaced(tmp_path: Path) -> None:
     final = tmp_path / "data.bin"
-    temp_path(final).write_bytes(b"junk from a writer that died" * 1000)
+    atomic.temp_path(final).write_bytes(b"junk from a writer that died" * 1000)
     atomic.write_bytes_atomic(final, b"fresh")
     assert final.read_bytes() == b"fresh"
     assert names(tmp_path) == ["data.bin"]
@@ -119,7 +119,7 @@ def test_stale_part_that_is_a_symlink_is_not_followed(tmp_path: Path) -> None:
     secret.write_bytes(b"do not touch")
     (tmp_path / "out").mkdir()
     final = tmp_path / "out" / "data.bin"
-    temp_path(final).symlink_to(secret)
+    atomic.temp_path(final).symlink_to(secret)
     atomic.write_bytes_atomic(final, b"fresh")
     assert secret.read_bytes() == b"do not touch"
     assert final.read_bytes() == b"fresh" and not final.is_symlink()
@@ -143,7 +143,7 @@ def test_publish_refuses_when_the_part_was_replaced(tmp_path: Path) -> None:
     final = tmp_path / "data.bin"
     with pytest.raises(FileExistsError), atomic.atomic_output(final) as f:
         f.write(b"ours")
-        part = temp_path(final)
+        part = atomic.temp_path(final)
         part.unlink()
         part.write_bytes(b"theirs")
     assert not final.exists()
@@ -247,7 +247,7 @@ def test_a_group_of_small_files_is_renamed_only_after_every_fsync_returned(
     events = _record_syscalls(monkeypatch, syncfs=syncfs)
     dirs = _upload_group(tmp_path, {"a/s1.pt": 1000, "a/s2.pt": 5000, "b/s3.pt": 0})
     assert [e for e in events if e[0] == "replace" or e[1].endswith(".part")] == []  # created folders were fsynced
-    assert dirs._files  # renames left to flush()
+    assert dirs.renames_pending()
     assert names(tmp_path / "a") == ["s1.pt.part", "s2.pt.part"] and names(tmp_path / "b") == ["s3.pt.part"]
     events.clear()
     dirs.flush()
@@ -262,7 +262,7 @@ def test_a_group_of_small_files_is_renamed_only_after_every_fsync_returned(
         assert events[:3] == [("fsync", part) for part in parts]
         assert events[3:6] == renames
         assert sorted(events[6:]) == [("fsync", str(tmp_path / "a")), ("fsync", str(tmp_path / "b"))]
-    assert not dirs._files
+    assert not dirs.renames_pending()
     assert (tmp_path / "a" / "s2.pt").read_bytes() == bytes([7]) * 5000
     assert names(tmp_path / "a") == ["s1.pt", "s2.pt"] and names(tmp_path / "b") == ["s3.pt"]
 

@@ -37,11 +37,12 @@ from mirrord.obs.metrics import Metrics
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file
 from mirrord.service.engine import Engine
 from mirrord.service.workers import copy_all
+from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
 from mirrord.store.resume import latest_checkpoint
 from mirrord.store.volume import LocalMirror, LocalUpload
 from tests.support.checkpoints import save_checkpoint
-from tests.support.mirror import assert_mirror_consistent, hash_file, mirror_files, names, sha256, temp_files
+from tests.support.mirror import assert_mirror_consistent, mirror_files, names, sha256, temp_files
 from tests.support.privileges import run_as_nobody
 
 CHUNK = 64 * 1024
@@ -549,7 +550,7 @@ def test_truncated_final_file_on_the_mirror_is_skipped_by_latest_and_replaced_by
     target = mirror / REL
     if not recorded:  # as if an old `cp` had put it there: the manifest does not know it
         mirror_obj = LocalMirror(mirror)
-        mirror_obj.read_manifest().apply(removes=[REL])
+        mirror_obj.read_manifest().remove(REL)
     with target.open("r+b") as f:
         f.truncate(target.stat().st_size * 3 // 4)
     assert latest_checkpoint(mirror) == mirror / "run1" / "step_0009.pt"

@@ -30,7 +30,7 @@ def entry(i: int, size: int = 1) -> ManifestEntry:
 def written(tmp_path: Path, n: int) -> tuple[Manifest, dict[str, ManifestEntry]]:
     manifest = Manifest.open(tmp_path)
     for i in range(n):
-        manifest.apply(puts=[entry(i)])
+        manifest.record(entry(i))
     return manifest, manifest.entries
 
 
@@ -38,7 +38,7 @@ def test_a_torn_last_record_is_ignored_at_every_cut(tmp_path: Path) -> None:
     """Cut the journal at every byte of its last record (a crash mid-append): the reader sees exactly the
     records before it, and the next writer cuts the torn bytes off and appends cleanly after them."""
     manifest, before_last = written(tmp_path, 3)
-    manifest.apply(puts=[entry(3)])
+    manifest.record(entry(3))
     journal = tmp_path / JOURNAL0
     data = journal.read_bytes()
     start = data.rstrip(b"\n").rindex(b"\n") + 1
@@ -47,7 +47,7 @@ def test_a_torn_last_record_is_ignored_at_every_cut(tmp_path: Path) -> None:
         assert Manifest.load(tmp_path).entries == before_last, f"cut at byte {cut}"
     journal.write_bytes(data[: start + (len(data) - start) // 2])
     writer = Manifest.open(tmp_path)
-    writer.apply(puts=[entry(9)])
+    writer.record(entry(9))
     assert Manifest.load(tmp_path).entries == {**before_last, entry(9).path: entry(9)}
     assert parse_journal(journal.read_bytes(), "j")[1] == journal.stat().st_size  # nothing torn is left
 
@@ -102,7 +102,7 @@ def test_journals_that_do_not_fit_their_snapshot_are_errors(tmp_path: Path, chan
 def test_a_lost_journal_between_snapshot_and_newer_journal_is_an_error(tmp_path: Path) -> None:
     manifest, _ = written(tmp_path, 2)
     manifest._store.rotate()  # step 1 of a compaction: journals 0 and 1
-    manifest.apply(puts=[entry(5)])
+    manifest.record(entry(5))
     (tmp_path / JOURNAL0).unlink()
     with pytest.raises(ManifestError, match="a journal is missing"):
         Manifest.load(tmp_path)
@@ -114,7 +114,7 @@ def test_compaction_crash_points_each_read_back_everything(tmp_path: Path) -> No
     manifest, _ = written(tmp_path, 3)
     store = manifest._store
     generation = store.rotate()  # 1. new journal; appends go there
-    manifest.apply(puts=[entry(3)])
+    manifest.record(entry(3))
     assert Manifest.load(tmp_path).entries == manifest.entries
     (tmp_path / (MANIFEST_NAME + ".part")).write_bytes(b'{"schema": "mirrord-manif')  # 2, interrupted
     assert Manifest.load(tmp_path).entries == manifest.entries
@@ -123,7 +123,7 @@ def test_compaction_crash_points_each_read_back_everything(tmp_path: Path) -> No
     store.publish_snapshot(encode_snapshot(snapshot, generation))  # 2. done; journal 0 now stale
     assert Manifest.load(tmp_path).entries == manifest.entries
     reopened = Manifest.open(tmp_path)
-    reopened.apply(puts=[entry(4)])
+    reopened.record(entry(4))
     assert Manifest.load(tmp_path).entries == reopened.entries == {**manifest.entries, entry(4).path: entry(4)}
     reopened.close()  # 3. and the stale journal goes
     assert sorted(p.name for p in tmp_path.iterdir() if ".journal." in p.name) == [".mirrord-manifest.journal.2"]
@@ -159,7 +159,7 @@ def test_a_failed_directory_fsync_after_dropping_stale_journals_is_raised(
     assert raised.value.path == str(tmp_path) and os.strerror(errno.EIO) in raised.value.cause
     assert Manifest.load(tmp_path).entries == entries  # the snapshot was published before step 3
     reopened = Manifest.open(tmp_path)
-    reopened.apply(puts=[entry(7)])
+    reopened.record(entry(7))
     reopened.close()
     assert Manifest.load(tmp_path).entries == {**entries, entry(7).path: entry(7)}
 
@@ -171,7 +171,7 @@ def test_a_stale_journal_that_cannot_be_unlinked_is_raised_and_the_others_still_
     manifest, _ = written(tmp_path, 2)
     store = manifest._store
     store.rotate()
-    manifest.apply(puts=[entry(2)])
+    manifest.record(entry(2))
     generation = store.rotate()
     store.publish_snapshot(encode_snapshot(manifest.entries, generation))  # journals 0 and 1 now stale
     real = Path.unlink
@@ -203,9 +203,9 @@ WRITER = textwrap.dedent("""
     manifest = m.Manifest.open(Path(sys.argv[1]))
     start = len(manifest)
     for i in range(start, start + int(sys.argv[3])):
-        manifest.apply(puts=[ManifestEntry(f"run/step_{i:06d}.pt", i, "blake3", f"{i:064x}", i, i, 1.0)])
+        manifest.record(ManifestEntry(f"run/step_{i:06d}.pt", i, "blake3", f"{i:064x}", i, i, 1.0))
         if i % 7 == 3:
-            manifest.apply(removes=[f"run/step_{i - 2:06d}.pt"])
+            manifest.remove(f"run/step_{i - 2:06d}.pt")
         print(i, flush=True)
 """)
 
@@ -255,9 +255,9 @@ def test_compaction_threshold_scales_with_the_manifest(tmp_path: Path, monkeypat
     manifest = Manifest.open(tmp_path, background_compaction=False)
     manifest.apply(puts=[entry(i) for i in range(200)])
     for i in range(45):
-        manifest.apply(puts=[entry(i, size=2)])
+        manifest.record(entry(i, size=2))
     assert json.loads((tmp_path / MANIFEST_NAME).read_bytes()).get("journal", 0) == 0  # 46 < 200 / 4
     for i in range(10):
-        manifest.apply(puts=[entry(i, size=3)])
+        manifest.record(entry(i, size=3))
     assert json.loads((tmp_path / MANIFEST_NAME).read_bytes())["journal"] == 1
     assert Manifest.load(tmp_path).entries == manifest.entries

@@ -15,7 +15,7 @@ import pytest
 import mirrord.store.manifest as manifest_module
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
-from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest, decode_snapshot, encode_snapshot
+from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
 from mirrord.store.volume import LocalMirror
 from tests.support.mirror import names
 
@@ -37,7 +37,7 @@ GOOD = {"size": 1, "hash": {"algo": "blake3", "digest": "ab" * 32}, "source_mtim
 
 def test_json_layout_is_the_documented_schema() -> None:
     """The on-disk format other tools read (see the README): schema, version, entries keyed by path."""
-    data = json.loads(encode_snapshot({"run/step_0010.pt": entry()}))
+    data = json.loads(Manifest({"run/step_0010.pt": entry()}).to_bytes())
     assert data == {
         "schema": "mirrord-manifest",
         "version": 1,
@@ -61,7 +61,7 @@ def test_json_layout_is_the_documented_schema() -> None:
 
 def test_a_manifest_without_the_validation_fields_still_loads() -> None:
     """Entries written before issue 14 lack validation and the copy's stat: they load with defaults."""
-    [loaded] = decode_snapshot(doc({"run/step_0001.pt": GOOD}), MANIFEST_NAME)[0].values()
+    [loaded] = Manifest.from_bytes(doc({"run/step_0001.pt": GOOD})).entries.values()
     assert (loaded.validation, loaded.mirror_ino, loaded.mirror_ctime_ns) == (None, 0, 0)
 
 
@@ -69,12 +69,12 @@ def test_round_trip_keeps_every_field_exactly() -> None:
     """Nanosecond mtimes and sizes beyond 2**53 survive (JSON integers, not floats)."""
     made = (entry(), entry("step_0001.pt", size=2**60, step=None), entry("a/b/c/x.pt", step=0))
     entries = {e.path: e for e in made}
-    assert decode_snapshot(encode_snapshot(entries), MANIFEST_NAME)[0] == entries
+    assert Manifest.from_bytes(Manifest(entries).to_bytes()).entries == entries
 
 
 def test_serialisation_is_deterministic() -> None:
     a, b = entry("b.pt"), entry("a.pt")
-    assert encode_snapshot({"b.pt": a, "a.pt": b}) == encode_snapshot({"a.pt": b, "b.pt": a})
+    assert Manifest({"b.pt": a, "a.pt": b}).to_bytes() == Manifest({"a.pt": b, "b.pt": a}).to_bytes()
 
 
 def test_absent_manifest_is_empty(tmp_path: Path) -> None:
@@ -126,9 +126,9 @@ def test_changes_are_journaled_and_read_back(tmp_path: Path) -> None:
     snapshot before the first journal."""
     manifest = Manifest.open(tmp_path)
     assert names(tmp_path) == []
-    manifest.apply(puts=[entry("a.pt")])
-    manifest.apply(puts=[entry("b.pt")])
-    manifest.apply(removes=["a.pt"])
+    manifest.record(entry("a.pt"))
+    manifest.record(entry("b.pt"))
+    manifest.remove("a.pt")
     assert names(tmp_path) == [".mirrord-manifest.journal.0", MANIFEST_NAME]
     assert json.loads((tmp_path / MANIFEST_NAME).read_bytes())["entries"] == {}  # the snapshot is untouched
     assert Manifest.load(tmp_path).entries == {"b.pt": entry("b.pt")} == manifest.entries
@@ -136,10 +136,10 @@ def test_changes_are_journaled_and_read_back(tmp_path: Path) -> None:
 
 def test_removing_an_absent_entry_writes_nothing(tmp_path: Path) -> None:
     manifest = Manifest.open(tmp_path)
-    manifest.apply(puts=[entry("a.pt")])
+    manifest.record(entry("a.pt"))
     journal = tmp_path / journals(tmp_path)[0]
     size = journal.stat().st_size
-    manifest.apply(removes=["never-there.pt"])
+    manifest.remove("never-there.pt")
     manifest.apply(removes=["never-there.pt", "nor-this.pt"])
     assert journal.stat().st_size == size
 
@@ -159,10 +159,10 @@ def test_a_batch_is_one_record(tmp_path: Path) -> None:
 def test_local_mirror_journals_and_reloads(tmp_path: Path) -> None:
     mirror = LocalMirror(tmp_path)
     manifest = mirror.read_manifest()
-    manifest.apply(puts=[entry()])
+    manifest.record(entry())
     assert not [n for n in names(tmp_path) if n.endswith(".part")]
     assert Manifest.load(tmp_path).entries == {"run/step_0010.pt": entry()}
-    manifest.apply(removes=["run/step_0010.pt"])
+    manifest.remove("run/step_0010.pt")
     assert len(Manifest.load(tmp_path)) == 0
 
 
@@ -186,19 +186,19 @@ def test_a_failed_append_changes_nothing_and_moves_to_a_new_journal(
     """Memory never claims what the disk may not hold; after the fault the journal is not appended to again
     (its tail is unknown), and the next change goes to a new one that replays after it."""
     manifest = Manifest.open(tmp_path)
-    manifest.apply(puts=[entry("a.pt", size=1)])
+    manifest.record(entry("a.pt", size=1))
     fsync = FailingFsync(os.fsync)
     monkeypatch.setattr(os, "fsync", fsync)
     fsync.armed = True
     with pytest.raises(ManifestError) as info:
-        manifest.apply(puts=[entry("a.pt", size=2)])
+        manifest.record(entry("a.pt", size=2))
     assert ".journal.0" in str(info.value.path) and "Input/output error" in info.value.cause
     assert manifest.get("a.pt") == entry("a.pt", size=1)
     with pytest.raises(ManifestError):
         fsync.armed = True
-        manifest.apply(removes=["a.pt"])
+        manifest.remove("a.pt")
     assert manifest.entries == {"a.pt": entry("a.pt", size=1)}
-    manifest.apply(puts=[entry("b.pt")])
+    manifest.record(entry("b.pt"))
     assert len(journals(tmp_path)) >= 2
     reloaded = Manifest.load(tmp_path).entries
     assert reloaded["b.pt"] == entry("b.pt")
@@ -218,7 +218,7 @@ def test_no_space_for_the_journal_is_transient(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(os, "write", write)
     with pytest.raises(NoSpaceError) as info:
-        manifest.apply(puts=[entry("a.pt")])
+        manifest.record(entry("a.pt"))
     assert info.value.transient and len(manifest) == 0
 
 
@@ -227,7 +227,7 @@ def test_concurrent_changes_all_reach_the_disk(tmp_path: Path) -> None:
 
     def worker(n: int) -> None:
         for i in range(25):
-            manifest.apply(puts=[entry(f"w{n}/step_{i}.pt", step=i)])
+            manifest.record(entry(f"w{n}/step_{i}.pt", step=i))
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
     for t in threads:
@@ -242,7 +242,7 @@ def test_changes_waiting_for_a_write_share_the_next_fsync(tmp_path: Path, monkey
     """Group commit: while one record is being fsynced, the changes that arrive are written together,
     with one fsync, and each caller returns only once its own change is durable."""
     manifest = Manifest.open(tmp_path)
-    manifest.apply(puts=[entry("first.pt")])  # the journal exists: only appends are counted below
+    manifest.record(entry("first.pt"))  # the journal exists: only appends are counted below
     real = os.fsync
     entered, release = threading.Event(), threading.Event()
     synced: list[int] = []
@@ -258,7 +258,7 @@ def test_changes_waiting_for_a_write_share_the_next_fsync(tmp_path: Path, monkey
     returned: list[str] = []
 
     def record(name: str) -> None:
-        manifest.apply(puts=[entry(name)])
+        manifest.record(entry(name))
         returned.append(name)
 
     first = threading.Thread(target=record, args=("a.pt",))
@@ -284,16 +284,16 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, monkeypa
     monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 5)
     manifest = Manifest.open(tmp_path, background_compaction=False)
     for i in range(23):
-        manifest.apply(puts=[entry(f"s{i:02d}.pt", step=i)])
+        manifest.record(entry(f"s{i:02d}.pt", step=i))
         if i % 3 == 0:
-            manifest.apply(removes=[f"s{i:02d}.pt"])
+            manifest.remove(f"s{i:02d}.pt")
     snapshot = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
     assert snapshot["journal"] >= 3  # compacted a few times
     assert journals(tmp_path) == [f".mirrord-manifest.journal.{snapshot['journal']}"]  # older ones dropped
     assert Manifest.load(tmp_path).entries == manifest.entries
     manifest.close()
     snapshot = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
-    assert decode_snapshot((tmp_path / MANIFEST_NAME).read_bytes(), MANIFEST_NAME)[0] == manifest.entries
+    assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == manifest.entries
     journal = (tmp_path / journals(tmp_path)[0]).read_bytes()
     assert len(journal.splitlines()) == 1  # the header of an empty journal
     assert Manifest.open(tmp_path).entries == manifest.entries
@@ -306,7 +306,7 @@ def test_changes_go_on_while_a_compaction_writes_the_snapshot(
     waits for it and folds in what came meanwhile."""
     monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 3)
     manifest = Manifest.open(tmp_path)
-    manifest.apply(puts=[entry("a0.pt")])  # the first change also publishes the (empty) snapshot
+    manifest.record(entry("a0.pt"))  # the first change also publishes the (empty) snapshot
     store = manifest._store
     real_publish = store.publish_snapshot
     writing, release = threading.Event(), threading.Event()
@@ -318,15 +318,15 @@ def test_changes_go_on_while_a_compaction_writes_the_snapshot(
 
     monkeypatch.setattr(store, "publish_snapshot", slow_publish)
     for i in range(1, 3):
-        manifest.apply(puts=[entry(f"a{i}.pt")])
+        manifest.record(entry(f"a{i}.pt"))
     assert writing.wait(30)  # the compaction is writing its snapshot, in another thread
     for i in range(5):
-        manifest.apply(puts=[entry(f"b{i}.pt")])  # appended to the new journal meanwhile
+        manifest.record(entry(f"b{i}.pt"))  # appended to the new journal meanwhile
     assert len(Manifest.load(tmp_path)) == 8
     release.set()
     manifest.close()
     snapshot = (tmp_path / MANIFEST_NAME).read_bytes()
-    assert len(decode_snapshot(snapshot, MANIFEST_NAME)[0]) == 8
+    assert len(Manifest.from_bytes(snapshot)) == 8
     assert journals(tmp_path) == [f".mirrord-manifest.journal.{json.loads(snapshot)['journal']}"]
 
 
@@ -334,7 +334,7 @@ def test_a_manifest_from_before_the_journal_is_read_and_extended(tmp_path: Path)
     """Backward compatible: a version-1 manifest without a journal generation is generation 0."""
     (tmp_path / MANIFEST_NAME).write_bytes(doc({"a.pt": GOOD}))
     manifest = Manifest.open(tmp_path)
-    manifest.apply(puts=[entry("b.pt")])
+    manifest.record(entry("b.pt"))
     assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
     manifest.close()
     data = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
@@ -347,7 +347,7 @@ def test_a_manifest_with_an_earlier_releases_binary_companion_loads_from_its_jso
     (tmp_path / MANIFEST_NAME).write_bytes(doc({"a.pt": GOOD}))
     (tmp_path / ".mirrord-manifest.packed").write_bytes(b"MIRRORDPACKED\x00" + os.urandom(64))
     manifest = Manifest.open(tmp_path)
-    manifest.apply(puts=[entry("b.pt")])
+    manifest.record(entry("b.pt"))
     assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
     manifest.close()
     assert sorted(Manifest.load(tmp_path).entries) == ["a.pt", "b.pt"]
@@ -355,11 +355,11 @@ def test_a_manifest_with_an_earlier_releases_binary_companion_loads_from_its_jso
 
 def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() -> None:
     """Entries are encoded field by field, so a newer writer's extra fields do not break this reader."""
-    data = decode_snapshot(doc({"a.pt": {**GOOD, "ino_from_the_future": 7}}), MANIFEST_NAME)[0]
+    data = Manifest.from_bytes(doc({"a.pt": {**GOOD, "ino_from_the_future": 7}})).entries
     assert data["a.pt"].size == 1
     # (mirror_mtime_ns is written only where the mirror stored another mtime than the source's)
     clamped = dataclasses.replace(entry("a.pt"), mirror_mtime_ns=2_147_483_647 * 10**9)
-    stored = json.loads(encode_snapshot({"a.pt": clamped}))["entries"]["a.pt"]
+    stored = json.loads(Manifest({"a.pt": clamped}).to_bytes())["entries"]["a.pt"]
     # (node is written only on a mirror several nodes share)
     assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - {"path", "algo", "digest", "node"} | {
         "hash"}
@@ -368,7 +368,7 @@ def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() 
 def test_entries_is_a_snapshot() -> None:
     manifest = Manifest()
     view = manifest.entries
-    manifest.apply(puts=[entry("a.pt")])
+    manifest.record(entry("a.pt"))
     assert view == {} and list(manifest.entries) == ["a.pt"]
 
 
@@ -381,8 +381,8 @@ def test_every_field_survives_a_save_and_a_load(tmp_path: Path) -> None:
     assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
     full = ManifestEntry("r/a.pt", **values)  # type: ignore[arg-type]
     odd = dataclasses.replace(full, path="r/b.pt", digest="0A" * 32, validation="from-the-future")
-    (tmp_path / MANIFEST_NAME).write_bytes(encode_snapshot({"r/a.pt": full, "r/b.pt": odd}))
+    (tmp_path / MANIFEST_NAME).write_bytes(Manifest({"r/a.pt": full, "r/b.pt": odd}).to_bytes())
     loaded = Manifest.load(tmp_path)
     assert loaded.entries == {"r/a.pt": full, "r/b.pt": odd}
     assert loaded.get("r/a.pt") == full and loaded.get("r/b.pt") == odd and loaded.get("r/c.pt") is None
-    assert decode_snapshot((tmp_path / MANIFEST_NAME).read_bytes(), MANIFEST_NAME)[0] == {"r/a.pt": full, "r/b.pt": odd}
+    assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == {"r/a.pt": full, "r/b.pt": odd}

@@ -98,7 +98,7 @@ def entry(key: str, size: int) -> ManifestEntry:
 def record(mirror: Mirror, e: ManifestEntry) -> None:
     """Record one entry in the mirror's manifest (the caller holds the lock)."""
     manifest = mirror.read_manifest()
-    manifest.apply(puts=[e])
+    manifest.record(e)
     manifest.close()
 
 
@@ -346,7 +346,7 @@ def test_a_recorded_entry_is_seen_by_readers_and_survives_a_reopen(mirror_store:
     writer = mirror_store()
     with writer.lock():
         manifest = writer.read_manifest()
-        manifest.apply(puts=[entry("run/step_1.pt", 10)])
+        manifest.record(entry("run/step_1.pt", 10))
         assert mirror_store().load_manifest().get("run/step_1.pt") == entry("run/step_1.pt", 10)
         manifest.close()
     again = mirror_store()

@@ -8,13 +8,14 @@ structlog is already loaded), so every logger ever handed out renders as the las
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger, Processor
+    from collections.abc import MutableMapping
+
+    from structlog.typing import FilteringBoundLogger
 
 # The values of logging.DEBUG ... logging.ERROR (this module does not import logging for them).
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -24,20 +25,31 @@ class _LossyStream:
     """A log stream whose failures never reach the caller.
 
     A full disk under journald's pipe, a closed stdout or an EIO must not stop a copy or kill a worker
-    thread: mirroring matters more than the log line about it.
+    thread: mirroring matters more than the log line about it. Lost lines are counted.
     """
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self.lost = 0
 
     def write(self, text: str) -> int:
-        with contextlib.suppress(OSError, ValueError):
+        try:
             return self._stream.write(text)
-        return 0
+        except (OSError, ValueError):
+            self.lost += 1
+            return 0
 
     def flush(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        try:
             self._stream.flush()
+        except (OSError, ValueError):
+            self.lost += 1
+
+    def isatty(self) -> bool:
+        try:
+            return self._stream.isatty()
+        except (OSError, ValueError):
+            return False
 
 
 # What the last configure() chose, not yet given to structlog: (console?, colors?, level, stream).
@@ -66,18 +78,28 @@ def _apply() -> None:
     _pending = None
     renderer = (structlog.dev.ConsoleRenderer(colors=colors) if use_console
                 else structlog.processors.JSONRenderer(sort_keys=False))
-    processors: list[Processor] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                                   structlog.processors.TimeStamper(fmt="iso", utc=True),
-                                   structlog.processors.format_exc_info,
-                                   lambda _logger, _name, event: _plain(dict(event)), renderer]  # see _plain
-    structlog.configure(processors=processors, wrapper_class=structlog.make_filtering_bound_logger(level),
-                        logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
-                        cache_logger_on_first_use=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            _plain_values,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
+        cache_logger_on_first_use=False,
+    )
+
+
+def _plain_values(_logger: object, _name: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
+    """Enum members as their values, in dicts and lists too: a console shows `skipped={'recent_mtime': 4}`,
+    not `<Veto.RECENT_MTIME: 'recent_mtime'>`."""
+    return {key: _plain(value) for key, value in event.items()}
 
 
 def _plain(value: Any) -> Any:
-    """Enum members as their values, in dicts and lists too: a console shows `skipped={'recent_mtime': 4}`,
-    not `<Veto.RECENT_MTIME: 'recent_mtime'>`."""
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, dict):

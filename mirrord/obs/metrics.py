@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import threading
+from collections.abc import Callable, Iterator
 
 import prometheus_client
 from prometheus_client import (
@@ -15,6 +15,8 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from mirrord import __version__
 from mirrord.vocabulary import CopyOutcome, PruneRefusal, Veto, Volume
@@ -44,55 +46,77 @@ class Metrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             GCCollector(registry=r)
-        counter, gauge = functools.partial(Counter, registry=r), functools.partial(Gauge, registry=r)
-        self.copies = counter("mirrord_copies", "Copy attempts by result.", ["result"])
-        self.copied_bytes = counter("mirrord_copied_bytes", "Bytes published on the mirror.")
-        self.copy_duration = Histogram("mirrord_copy_duration_seconds", "Time to copy, verify and publish one file.",
-                                       buckets=DURATION_BUCKETS, registry=r)
-        self.copy_throughput = gauge("mirrord_copy_throughput_bytes_per_second",
-                                     "Throughput of the last completed copy.")
-        # These gauges set to a function are computed when /metrics is scraped (client_python's
-        # pattern), never a value pushed seconds ago; their functions must be thread-safe and quick (the
-        # HTTP thread calls them), and answer while the store hangs. 0 until set (a one-shot command).
-        # The Engine's: with mirrord_copied_bytes_total, a progress curve that moves during a long copy.
-        self.in_flight = gauge("mirrord_copies_in_flight", "Copies being made right now.")
-        self.copy_bytes_in_flight = gauge("mirrord_copy_bytes_in_flight",
-                                          "Bytes already copied by the copies under way (0 when idle).")
-        # The daemon's: the queue depth drops the moment a worker takes a job.
-        self.queue_depth = gauge("mirrord_queue_depth", "Copy jobs waiting for a worker.")
-        self.lag = gauge("mirrord_mirror_lag_seconds",
-                         "Age of the oldest committed checkpoint not yet mirrored (0 when caught up).")
-        self.mirror_writable = gauge(
-            "mirrord_mirror_writable", "1 while publishing to the mirror is safe; 0 while it is paused (an "
-            "object store's lease not renewed in time, or lost).")
-        self.pruned_files = counter("mirrord_pruned_files", "Files deleted by retention.", ["volume"])
-        self.pruned_bytes = counter("mirrord_pruned_bytes", "Bytes freed by retention.", ["volume"])
-        self.prune_skipped = counter("mirrord_prune_skipped", "Deletions vetoed by a guard, by reason.", ["reason"])
-        self.prune_refused = counter(
-            "mirrord_prune_refused", "Prune cycles (partial_view, mirror_unmounted, manifest) or single deletions "
-            "(changed, ...) refused, by reason.", ["reason"])
-        self.last_step = gauge("mirrord_last_mirrored_step", "Highest step mirrored, per run.", ["run"])
-        self.last_timestamp = gauge("mirrord_last_mirrored_timestamp_seconds", "Unix time of the last published copy.")
-        self.free_bytes = gauge("mirrord_volume_free_bytes", "Free bytes per volume.", ["volume"])
-        self.total_bytes = gauge("mirrord_volume_total_bytes", "Size of each volume.", ["volume"])
-        self.invalid_sources = gauge(
-            "mirrord_invalid_sources", "Primary files that failed their format validator for longer than "
-            "copy.invalid_grace_seconds (not published).")
-        self.verify_failures = counter("mirrord_verify_failures", "Mirrored files that no longer match the manifest.")
-        self.manifest_repairs = counter(
-            "mirrord_manifest_repairs", "Times the on-disk manifest was found damaged or replaced and rewritten from "
-            "memory.")
-        self.copy_loops = gauge("mirrord_copy_loop_files", "Files no longer re-copied: copied again and again with "
-                                "the same result (see status).")
-        self.reconcile_duration = gauge("mirrord_reconcile_duration_seconds", "Duration of the last full reconcile.")
-        self.watch_mode = gauge("mirrord_watch_mode", "1 for the watch mode in use.", ["mode"])
-        self.build_info = gauge("mirrord_build_info", "Version of mirrord.", ["version"])
+        self.copies = Counter("mirrord_copies", "Copy attempts by result.", ["result"], registry=r)
+        self.copied_bytes = Counter("mirrord_copied_bytes", "Bytes published on the mirror.", registry=r)
+        self.copy_duration = Histogram(
+            "mirrord_copy_duration_seconds", "Time to copy, verify and publish one file.",
+            buckets=DURATION_BUCKETS, registry=r,
+        )
+        self.copy_throughput = Gauge(
+            "mirrord_copy_throughput_bytes_per_second", "Throughput of the last completed copy.", registry=r
+        )
+        self.in_flight = Gauge("mirrord_copies_in_flight", "Copies being made right now.", registry=r)
+        # Set to a function by the Engine (computed at scrape time); with mirrord_copied_bytes_total it
+        # gives a progress curve that moves during a long copy, not only when it is published.
+        self.copy_bytes_in_flight = Gauge(
+            "mirrord_copy_bytes_in_flight", "Bytes already copied by the copies under way (0 when idle).",
+            registry=r,
+        )
+        self.pruned_files = Counter("mirrord_pruned_files", "Files deleted by retention.", ["volume"], registry=r)
+        self.pruned_bytes = Counter("mirrord_pruned_bytes", "Bytes freed by retention.", ["volume"], registry=r)
+        self.prune_skipped = Counter(
+            "mirrord_prune_skipped", "Deletions vetoed by a guard, by reason.", ["reason"], registry=r
+        )
+        self.prune_refused = Counter(
+            "mirrord_prune_refused",
+            "Prune cycles (partial_view, mirror_unmounted, manifest) or single deletions (changed, ...) "
+            "refused, by reason.", ["reason"], registry=r,
+        )
+        self.last_step = Gauge("mirrord_last_mirrored_step", "Highest step mirrored, per run.", ["run"], registry=r)
+        self.last_timestamp = Gauge(
+            "mirrord_last_mirrored_timestamp_seconds", "Unix time of the last published copy.", registry=r
+        )
+        self.free_bytes = Gauge("mirrord_volume_free_bytes", "Free bytes per volume.", ["volume"], registry=r)
+        self.total_bytes = Gauge("mirrord_volume_total_bytes", "Size of each volume.", ["volume"], registry=r)
+        self.invalid_sources = Gauge(
+            "mirrord_invalid_sources",
+            "Primary files that failed their format validator for longer than copy.invalid_grace_seconds "
+            "(not published).", registry=r,
+        )
+        self.verify_failures = Counter(
+            "mirrord_verify_failures", "Mirrored files that no longer match the manifest.", registry=r
+        )
+        self.manifest_repairs = Counter(
+            "mirrord_manifest_repairs",
+            "Times the on-disk manifest was found damaged or replaced and rewritten from memory.", registry=r,
+        )
+        self.copy_loops = Gauge(
+            "mirrord_copy_loop_files",
+            "Files no longer re-copied: copied again and again with the same result (see status).", registry=r,
+        )
+        self.reconcile_duration = Gauge(
+            "mirrord_reconcile_duration_seconds", "Duration of the last full reconcile.", registry=r
+        )
+        # Set to a function by the daemon (read at scrape time: it must answer while the store hangs).
+        self.mirror_writable = Gauge(
+            "mirrord_mirror_writable",
+            "1 while publishing to the mirror is safe; 0 while it is paused (an object store's lease not "
+            "renewed in time, or lost).", registry=r,
+        )
+        self.watch_mode = Gauge("mirrord_watch_mode", "1 for the watch mode in use.", ["mode"], registry=r)
+        self.build_info = Gauge("mirrord_build_info", "Version of mirrord.", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
-        for metric, labels in ((self.copies, COPY_RESULTS), (self.prune_skipped, SKIP_REASONS),
-                               (self.prune_refused, PRUNE_REFUSED_REASONS), (self.pruned_files, VOLUMES),
-                               (self.pruned_bytes, VOLUMES)):
-            for label in labels:
-                metric.labels(label)
+        self.live = LiveState()
+        r.register(self.live)
+        for result in COPY_RESULTS:
+            self.copies.labels(result)
+        for veto in SKIP_REASONS:
+            self.prune_skipped.labels(veto)
+        for refusal in PRUNE_REFUSED_REASONS:
+            self.prune_refused.labels(refusal)
+        for volume in VOLUMES:
+            self.pruned_files.labels(volume)
+            self.pruned_bytes.labels(volume)
         self._runs: set[str] = set()
         self._runs_lock = threading.Lock()
 
@@ -100,7 +124,9 @@ class Metrics:
         """Bounded label set: the first MAX_RUN_LABELS runs get their own label, later ones share one."""
         run = run or "."
         with self._runs_lock:
-            if run in self._runs or len(self._runs) < MAX_RUN_LABELS:
+            if run in self._runs:
+                return run
+            if len(self._runs) < MAX_RUN_LABELS:
                 self._runs.add(run)
                 return run
         return OTHER_RUN
@@ -112,3 +138,37 @@ class Metrics:
     def prune_refusal(self, reason: str) -> None:
         """Bounded labels: an unexpected error's reason is counted as failed."""
         self.prune_refused.labels(reason if reason in PRUNE_REFUSED_REASONS else PruneRefusal.FAILED).inc()
+
+
+def _nothing() -> float:
+    return 0.0
+
+
+class LiveState(Collector):
+    """Gauges of current state, computed when /metrics is scraped (client_python's custom collector
+    pattern), so they are never a value pushed seconds ago: `mirrord_queue_depth` drops the moment a
+    worker takes a job. The daemon points the readers at its queue and lag; they must be thread-safe
+    and quick (the HTTP thread calls them). 0 until then (a one-shot command has no queue)."""
+
+    def __init__(self) -> None:
+        self.queue_depth: Callable[[], float] = _nothing
+        self.lag_seconds: Callable[[], float] = _nothing
+
+    def read(self, queue_depth: Callable[[], float], lag_seconds: Callable[[], float]) -> None:
+        """Read the queue depth and the lag through these functions from now on."""
+        self.queue_depth, self.lag_seconds = queue_depth, lag_seconds
+
+    def collect(self) -> Iterator[Metric]:
+        """The two gauges with their values now (called by each scrape)."""
+        yield from self._families(self.queue_depth(), self.lag_seconds())
+
+    def describe(self) -> Iterator[Metric]:
+        """The names only (registration checks them), without calling the readers."""
+        yield from self._families(0.0, 0.0)
+
+    @staticmethod
+    def _families(depth: float, lag: float) -> Iterator[Metric]:
+        yield GaugeMetricFamily("mirrord_queue_depth", "Copy jobs waiting for a worker.", value=depth)
+        yield GaugeMetricFamily("mirrord_mirror_lag_seconds",
+                                "Age of the oldest committed checkpoint not yet mirrored (0 when caught up).",
+                                value=lag)

@@ -11,7 +11,6 @@ is only ever created by the rename of a complete, fsynced, verified file.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import stat
 import threading
@@ -34,11 +33,11 @@ from mirrord.errors import (
     StalledError,
     from_oserror,
 )
-from mirrord.formats.validators import Validator, Verdict, new_validator
+from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
 from mirrord.obs.sizes import bytes_both
-from mirrord.paths import lstat_beneath, open_file_beneath
+from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store.atomic import DirSyncs
-from mirrord.store.hashing import new_hasher
+from mirrord.store.hashing import Hasher, new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -53,7 +52,7 @@ class CopyControl:
 
     clock: Callable[[], float] = time.monotonic
     bytes_done: int = 0
-    last_progress: float = 0.0
+    last_progress: float = field(default=0.0)
     stop_reason: str | None = None  # "stalled" | "cancelled"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -103,39 +102,24 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
         b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns)
 
 
-def open_source(primary_root: Path, rel: str) -> tuple[int, os.stat_result]:
-    """primary_root/rel opened for reading (no symlink on the way) and its stat, or a typed error naming
-    it: gone, a symlink, not a regular file. The caller closes the descriptor."""
-    src_path = primary_root / rel
+def _stat_beneath(root: Path, rel: str) -> os.stat_result:
+    parts = split_rel(rel)
+    dir_fd = open_dir_beneath(root, parts[:-1])
     try:
-        fd = open_file_beneath(primary_root, rel)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise PermanentError(src_path, "is a symlink or lies below one; not copied") from exc
-        if exc.errno == errno.ENOENT:  # the file, or the folder it was in
-            raise SourceGoneError(src_path, "deleted before it was copied (rotated away by the trainer)") from exc
-        raise from_oserror(src_path, exc, "open source") from exc
-    before = os.fstat(fd)
-    if not stat.S_ISREG(before.st_mode):
-        os.close(fd)
-        raise PermanentError(src_path, "not a regular file; not copied")
-    return fd, before
-
-
-def read_source(primary_root: Path, rel: str, limit: int) -> tuple[os.stat_result, bytes]:
-    """The first `limit` bytes of a small source file (a tag, a `.metadata`), and its stat as read."""
-    fd, before = open_source(primary_root, rel)
-    try:
-        return before, os.read(fd, limit)
-    except OSError as exc:
-        raise from_oserror(primary_root / rel, exc, "read source") from exc
+        return os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
     finally:
-        os.close(fd)
+        os.close(dir_fd)
 
 
-def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyOptions,
-              control: CopyControl | None = None, dirs: DirSyncs | None = None,
-              expect: os.stat_result | None = None) -> CopyResult:
+def copy_file(
+    primary_root: Path,
+    rel: str,
+    mirror: UploadTarget,
+    options: CopyOptions,
+    control: CopyControl | None = None,
+    dirs: DirSyncs | None = None,
+    expect: os.stat_result | None = None,
+) -> CopyResult:
     """Publish primary_root/rel on the mirror under the same relative path, or raise and leave no trace.
 
     With `dirs`, the directory fsync that makes the new name durable is left to dirs.flush() (group
@@ -144,29 +128,42 @@ def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyO
     control = control or CopyControl()
     src_path = primary_root / rel
     started = time.monotonic()
-    src_fd, before = open_source(primary_root, rel)
+    try:
+        src_fd = open_file_beneath(primary_root, rel)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermanentError(src_path, "is a symlink or lies below one; not copied") from exc
+        if exc.errno == errno.ENOENT:  # the file, or the folder it was in
+            raise SourceGoneError(src_path, "deleted before it was copied (rotated away by the trainer)") from exc
+        raise from_oserror(src_path, exc, "open source") from exc
     upload: Upload | None = None
     where: object = src_path  # the side an OSError concerns: the source until the mirror is touched
     try:
+        before = os.fstat(src_fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise PermanentError(src_path, "not a regular file; not copied")
         if expect is not None and not _same_file(expect, before):
             raise SourceChangedError(src_path, "rewritten since it was checked; not copied")
         where = mirror.describe(rel)
         space = mirror.space()  # None: the store does not know (an object store), nothing to check
         if space is not None and space[0] < before.st_size + options.reserve_bytes:
-            raise NoSpaceError(where, f"mirror has {bytes_both(space[0])} free; needs {bytes_both(before.st_size)} "
-                                      f"plus the reserve of {bytes_both(options.reserve_bytes)} "
-                                      "(copy.free_space_reserve_bytes)")
+            raise NoSpaceError(
+                where,
+                f"mirror has {bytes_both(space[0])} free; needs {bytes_both(before.st_size)} "
+                f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
+            )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        validator = new_validator(rel, src_fd) if options.validate else None
-        digest = _stream(src_fd, before, upload, options, control, src_path, validator)
-        control.check(src_path)
-        if options.allow_empty and before.st_size == 0:
-            verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
-        elif validator is None:
-            verdict = Verdict("empty", "0 bytes: nothing was written (yet)") if before.st_size == 0 else \
-                Verdict("unchecked", "validation is off")
+        if before.st_blocks * 512 < before.st_size:  # holes: copy the data segments only
+            digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
+            # A sparse source (rare for checkpoints) is validated by reading it once more.
+            verdict = _validate_again(src_fd, rel, options, copied)
         else:
-            verdict = validator.finish(src_fd)
+            digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
+        if copied != before.st_size:
+            raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
+        control.check(src_path)
+        if options.allow_empty and copied == 0:
+            verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
         if not verdict.passed:
             _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
             raise InvalidSourceError(src_path, f"not a whole checkpoint ({verdict}); not published", verdict.status,
@@ -176,6 +173,8 @@ def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyO
         control.check(src_path)
         published_mtime_ns = upload.commit(dirs)  # an object store knows its LastModified only now
         upload = None
+        if published_mtime_ns is not None:
+            stored_mtime_ns = published_mtime_ns
     except MirrordError:
         raise
     except OSError as exc:
@@ -185,89 +184,156 @@ def copy_file(primary_root: Path, rel: str, mirror: UploadTarget, options: CopyO
             upload.abort()
         os.close(src_fd)
     return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started,
-                      stored_mtime_ns if published_mtime_ns is None else published_mtime_ns, verdict.status,
-                      verdict.detail)
+                      stored_mtime_ns, verdict.status, verdict.detail)
 
 
-def hash_source(primary_root: Path, rel: str, options: CopyOptions,
+def hash_source(primary_root: Path, rel: str, algo: str, buffer_bytes: int,
                 control: CopyControl | None = None) -> tuple[os.stat_result, str]:
-    """Read primary_root/rel once and hash it (no copy, as a copy reads: same buffers, cap and page-cache
-    dropping): its stat and digest, the file unchanged while read. Raises the copier's typed errors."""
+    """Read primary_root/rel once and hash it (no copy): its stat and digest, the file unchanged while read.
+    Raises the copier's typed errors (SourceGoneError, SourceChangedError, ...)."""
     control = control or CopyControl()
     src_path = primary_root / rel
-    src_fd, before = open_source(primary_root, rel)
     try:
-        digest = _stream(src_fd, before, None, options, control, src_path, None)
+        src_fd = open_file_beneath(primary_root, rel)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise SourceGoneError(src_path, "deleted before it was read (rotated away by the trainer)") from exc
+        raise from_oserror(src_path, exc, "open source") from exc
+    try:
+        before = os.fstat(src_fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise PermanentError(src_path, "not a regular file; not copied")
+        hasher = new_hasher(algo)
+        buf = bytearray(buffer_bytes)
+        view = memoryview(buf)
+        total = 0
+        while True:
+            control.check(src_path)
+            n = _read(src_fd, buf, src_path)
+            if n == 0:
+                break
+            hasher.update(view[:n])
+            total += n
+            control.advance(n)
+        if total != before.st_size:
+            raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
     finally:
         os.close(src_fd)
-    return before, digest
+    return before, hasher.hexdigest()
 
 
 def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
     try:
-        now = lstat_beneath(primary_root, rel)
-    except OSError as exc:
-        raise SourceChangedError(src_path, f"gone while it was being copied ({exc.strerror or exc}); "
-                                           "copy discarded") from exc
-    if now is None:
+        now = _stat_beneath(primary_root, rel)
+    except FileNotFoundError as exc:
         raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the trainer); "
-                                        "copy discarded")
+                                        "copy discarded") from exc
+    except OSError as exc:
+        raise SourceChangedError(
+            src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
+        ) from exc
     if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
         raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
 
 
-def _data_segments(src_fd: int, src_path: Path) -> list[tuple[int, int]]:
-    """Where a source with holes holds data: (start, end) of each segment, in order (SEEK_DATA/SEEK_HOLE).
-    The bytes elsewhere read as zeros, and take no space."""
-    segments: list[tuple[int, int]] = []
+def _validate_again(src_fd: int, rel: str, options: CopyOptions, copied: int) -> Verdict:
+    if not options.validate:
+        return Verdict("empty", "0 bytes") if copied == 0 else Verdict("unchecked", "validation is off")
+    return validate_fd(src_fd, rel)
+
+
+def _stream_sparse(
+    src_fd: int, size: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
+) -> tuple[str, int]:
+    """As _stream, for a source with holes: data segments (SEEK_DATA/SEEK_HOLE) are copied, holes are
+    skipped on the mirror (and hashed as the zeros they read as), so the copy is as sparse as its source."""
+    hasher = new_hasher(options.algo)
+    buf = bytearray(options.buffer_bytes)
+    view = memoryview(buf)
+    zeros = memoryview(bytes(min(options.buffer_bytes, 1 << 20)))
     offset = 0
-    while True:
+    while offset < size:
+        control.check(src_path)
         try:
-            start = os.lseek(src_fd, offset, os.SEEK_DATA)
+            data = os.lseek(src_fd, offset, os.SEEK_DATA)
         except OSError as exc:
             if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left up to the end
                 raise from_oserror(src_path, exc, "seek data in source") from exc
+            data = size
+        data = min(data, size)
+        hole = data - offset
+        upload.skip(hole)
+        while hole > 0:
+            n = min(hole, len(zeros))
+            hasher.update(zeros[:n])
+            hole -= n
+        control.advance(data - offset)
+        offset = data
+        if offset >= size:
             break
-        offset = os.lseek(src_fd, start, os.SEEK_HOLE)
-        segments.append((start, offset))
-    os.lseek(src_fd, 0, os.SEEK_SET)  # the copy reads from the start
-    return segments
+        end = min(os.lseek(src_fd, data, os.SEEK_HOLE), size)
+        while offset < end:
+            control.check(src_path)
+            try:
+                n = os.preadv(src_fd, [view[: min(len(buf), end - offset)]], offset)
+            except OSError as exc:
+                raise from_oserror(src_path, exc, "read source") from exc
+            if n == 0:
+                return hasher.hexdigest(), offset  # shrank under us: the caller reports source_changed
+            hasher.update(view[:n])
+            upload.write(view[:n])
+            offset += n
+            control.advance(n)
+        offset = end
+    return hasher.hexdigest(), offset
 
 
-def _stream(src_fd: int, before: os.stat_result, upload: Upload | None, options: CopyOptions, control: CopyControl,
-            src_path: Path, validator: Validator | None) -> str:
-    """The copy loop until EOF: each buffer is read once, then hashed on this thread while a helper thread
-    feeds the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL).
-    Two buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is
-    read into again only once its write returned. The helper is made by this thread, so it has its CPU
-    and I/O priority. Without `upload`, the bytes are only hashed (and validated); of a source with holes,
-    only its data segments are written, so the copy is as sparse as its source. Returns the digest of
-    exactly `before.st_size` bytes (SourceChangedError if the source had more or fewer)."""
-    data = _data_segments(src_fd, src_path) if before.st_blocks * 512 < before.st_size else None
+def _stream(
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path, rel: str
+) -> tuple[str, int, Verdict]:
+    """Read, hash, validate and write the same bytes until EOF; returns (digest, bytes copied, verdict)."""
     hasher = new_hasher(options.algo)
+    validator = new_validator(rel, src_fd) if options.validate else None
+    digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator)
+    if validator is not None:
+        verdict = validator.finish(src_fd)
+    elif copied == 0:
+        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
+    else:
+        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
+    if options.drop_cache:
+        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return digest, copied, verdict
+
+
+def _pump(
+    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path,
+    hasher: Hasher, validator: Validator | None,
+) -> tuple[str, int]:
+    """The copy loop: each buffer is read once, then hashed on this thread while a helper thread feeds
+    the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL). Two
+    buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is read
+    into again only once its write returned. The helper is made by this thread, so it has its CPU and
+    I/O priority. Returns (digest, bytes)."""
     buffers = thread_buffers(options.buffer_bytes)
     in_flight: deque[Future[None]] = deque()
     failed: list[BaseException] = []  # set by the helper: the buffers queued after a failed one are dropped
-    copied = dropped = 0
+    copied = dropped = turn = 0
     started = time.monotonic()
     with ThreadPoolExecutor(1, thread_name_prefix="mirrord-write") as helper:
         try:
-            for buf in itertools.cycle(buffers):
+            while True:
                 control.check(src_path)
                 if len(in_flight) == len(buffers):
                     in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
-                try:
-                    n = os.readv(src_fd, [buf])
-                except OSError as exc:
-                    if exc.errno in (errno.ENOENT, errno.ESTALE):  # a network or FUSE file deleted under the read
-                        raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the "
-                                                        "trainer); copy discarded") from exc
-                    raise from_oserror(src_path, exc, "read source") from exc
-                if not n:
+                buf = buffers[turn % len(buffers)]
+                turn += 1
+                n = _read(src_fd, buf, src_path)
+                if n == 0:
                     break
                 chunk = memoryview(buf)[:n]
-                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, copied, data, failed))
+                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
                 hasher.update(chunk)
                 copied += n
                 control.advance(n)
@@ -284,32 +350,17 @@ def _stream(src_fd: int, before: os.stat_result, upload: Upload | None, options:
             for queued in in_flight:
                 queued.cancel()
             wait(in_flight)  # no write may still use a buffer after this
-    if options.drop_cache:
-        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    if copied != before.st_size:
-        raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
-    return hasher.hexdigest()
+    return hasher.hexdigest(), copied
 
 
-def _validate_and_write(validator: Validator | None, upload: Upload | None, chunk: memoryview, at: int,
-                        data: list[tuple[int, int]] | None, failed: list[BaseException]) -> None:
-    """Feed the validator and write `chunk`, the source's bytes from offset `at` (see _stream)."""
+def _validate_and_write(validator: Validator | None, upload: Upload, chunk: memoryview,
+                        failed: list[BaseException]) -> None:
     if failed:
         return  # an earlier buffer failed: the copy is being abandoned, nothing more is written
     try:
         if validator is not None:
             validator.feed(chunk, len(chunk))
-        if upload is not None and data is None:
-            upload.write(chunk)
-        elif upload is not None and data is not None:  # only the bytes within the data segments: holes stay
-            end, pos = at + len(chunk), at
-            for start, stop in data:
-                lo, hi = max(start, pos), min(stop, end)
-                if lo < hi:
-                    upload.skip(lo - pos)
-                    upload.write(chunk[lo - at:hi - at])
-                    pos = hi
-            upload.skip(end - pos)
+        upload.write(chunk)
     except BaseException as exc:
         failed.append(exc)
         raise
@@ -333,3 +384,10 @@ def release_thread_buffers() -> None:
     """Give the calling thread's copy buffers back (a worker with nothing to do)."""
     _BUFFERS.pair = None
 
+
+def _read(src_fd: int, buf: bytearray, src_path: Path) -> int:
+    """One read of the source into `buf`; its error names the source."""
+    try:
+        return os.readv(src_fd, [buf])
+    except OSError as exc:
+        raise from_oserror(src_path, exc, "read source") from exc

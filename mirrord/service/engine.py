@@ -3,14 +3,14 @@ failed attempt is the caller's (the worker pool's retry policy, or `sync`'s next
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.contributions import Contribution
 from mirrord.core.jobs import CopyJob, CopyResult
@@ -33,7 +33,8 @@ from mirrord.errors import (
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
 from mirrord.formats.verdicts import RENAMED, UNCHECKED
 from mirrord.obs.log import get_logger
-from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source, read_source
+from mirrord.paths import open_file_beneath
+from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
@@ -45,32 +46,65 @@ if TYPE_CHECKING:
     from mirrord.obs.metrics import Metrics
 
 TAG_READ_BYTES = 4096  # a tag file holds one folder name
-T = TypeVar("T")
+
+
+def copy_options(config: Config) -> CopyOptions:
+    """The copier's options as the config sets them."""
+    return CopyOptions(
+        algo=config.copy.hash,
+        buffer_bytes=config.io.buffer_bytes,
+        reserve_bytes=config.copy.free_space_reserve_bytes,
+        bandwidth_limit=config.io.bandwidth_limit,
+        drop_cache=config.io.drop_cache,
+    )
 
 
 class Engine:
     """The copy side of mirrord, shared by `sync` and the daemon's workers."""
 
-    def __init__(self, config: Config, mirror: Mirror, manifest: Manifest, metrics: Metrics | None = None,
-                 wall: Callable[[], float] = time.time, make_room: Callable[[int], None] | None = None,
-                 board: ProgressBoard | None = None) -> None:
-        self.primary_root, self.mirror, self.manifest = Path(config.primary), mirror, manifest
-        self.reconfigure(config)
-        # No metrics: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
-        self.metrics, self.wall, self.make_room = metrics, wall, make_room
+    def __init__(
+        self,
+        config: Config,
+        mirror: Mirror,
+        manifest: Manifest,
+        metrics: Metrics | None = None,
+        wall: Callable[[], float] = time.time,
+        make_room: Callable[[int], None] | None = None,
+        board: ProgressBoard | None = None,
+    ) -> None:
+        self.config = config
+        self.primary_root = Path(config.primary)
+        self.mirror = mirror
+        mirror.keep_modes_of(config.primary)
+        self.manifest = manifest
+        # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
+        self.metrics = metrics
+        self.wall = wall
+        self.make_room = make_room
         self.board = board or ProgressBoard()
         if metrics is not None:
             metrics.copy_bytes_in_flight.set_function(self.board.bytes_in_flight)
-            metrics.in_flight.set_function(lambda: len(self.board.snapshot()))
+        self.options = copy_options(config)
         self.log = get_logger()
         self._last_steps: dict[str, int] = {}
+        self._space_lock = threading.Lock()
+        self._reserved = 0  # bytes promised to copies in flight: they all passed the free-space check
 
     def reconfigure(self, config: Config) -> None:
         """Use a reloaded config for the next copies (copies in flight keep theirs)."""
         self.config = config
-        self.options = CopyOptions(config.copy.hash, config.io.buffer_bytes, config.copy.free_space_reserve_bytes,
-                                   config.io.bandwidth_limit, config.io.drop_cache)
+        self.options = copy_options(config)
         self.mirror.keep_modes_of(config.primary)
+
+    def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
+        """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""
+        staged = self.stage(job, control)
+        if isinstance(staged, CopyResult):
+            return staged
+        outcome = self.commit([staged])[0]
+        if isinstance(outcome, MirrordError):
+            raise outcome
+        return outcome
 
     def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy | CopyResult:
         """Copy the job and publish it under its final name, leaving its directory fsync and its manifest
@@ -78,15 +112,19 @@ class Engine:
         mirrored twin, and a node's part of a shared unit, are recorded at once: their CopyResult is
         returned, done. Raises MirrordError."""
         self.log.info("copy.started", why=job.why, **_fields(job))
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
         control = control or CopyControl()
+        with self._space_lock:
+            # Concurrent copies each need their full size: count the others' as reserved space.
+            options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
+            self._reserved += job.size
         try:
-            with self.board.track(job, control) as others:
-                # Concurrent copies each need their full size: count the others' as reserved space.
-                options = replace(self.options, reserve_bytes=self.options.reserve_bytes + others)
-                if job.twins and (aliased := self._publish_twin(job, control)) is not None:
-                    return aliased
-                if not job.part and (same := self._recorded_by_another_node(job, control)) is not None:
-                    return same
+            if job.twins and (aliased := self._publish_twin(job, control)) is not None:
+                return aliased
+            if not job.part and (same := self._recorded_by_another_node(job, control)) is not None:
+                return same
+            with self.board.track(job, control):
                 if job.part:
                     return self._contribute(job, options, control)
                 if job.members:
@@ -99,31 +137,38 @@ class Engine:
             if not isinstance(exc, CancelledError | StalledError | InvalidSourceError):
                 self.count(exc.reason)
             raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.in_flight.dec()
+            with self._space_lock:
+                self._reserved -= job.size
 
     def _stage_file(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
         """One file copied and published; its directory fsync (and maybe its rename) left to commit()."""
         dirs = DirSyncs()
-        expect = self._tag_checked(job)
         try:
-            result = self._with_room(job, options, control, lambda: copy_file(
-                self.primary_root, job.rel, self.mirror, options, control, dirs, expect))
+            result = self._copy(job, options, control, dirs)
         except BaseException:
             dirs.close()
             raise
-        return StagedCopy(job, result, [self._entry(job, result)], dirs)
+        # A file whose rename is left to commit() is not published yet: its identity is taken there.
+        return StagedCopy(job, result, [self._entry(job, result, identity=not dirs.renames_pending())], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
-        """A folder unit copied and published whole (its parent fsynced: units are not grouped); its record
-        left to commit()."""
-        results = self._with_room(job, options, control, lambda: copy_unit(
-            self.primary_root, job, self.mirror, options, control, functools.partial(self._drop_old_unit, job)))
+        """A folder unit copied and published whole; its record left to commit()."""
+        results = self._copy_unit(job, options, control)
         return StagedCopy(job, _unit_result(job, results), [self._entry(job, r) for r in results], DirSyncs())
 
-    def _entry(self, job: CopyJob, result: CopyResult) -> ManifestEntry:
-        """The manifest entry of one copy (its published copy's identity is added by commit())."""
-        validation = RENAMED if job.committed and result.validation == UNCHECKED else result.validation
-        return ManifestEntry(result.rel, result.size, result.algo, result.digest, result.source_mtime_ns, job.step,
-                             self.wall(), result.mirror_mtime_ns, validation, node=self.mirror.node)
+    def _entry(self, job: CopyJob, result: CopyResult, identity: bool = True) -> ManifestEntry:
+        """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is."""
+        return ManifestEntry(
+            path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
+            source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
+            mirror_mtime_ns=result.mirror_mtime_ns,
+            validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
+            node=self.mirror.node,
+            **(self._published_identity(result.rel) if identity else {}),
+        )
 
     def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
@@ -134,14 +179,16 @@ class Engine:
         results = copy_part(self.primary_root, job, self.mirror, options, control)
         entries = {result.rel: self._entry(job, result) for result in results}
         node = node_name(self.config.s3.node)
-        merged = self.manifest.contribute(job.rel, Contribution(node, entries, self._listed_by_metadata(job),
-                                                                self.wall()))
-        verdict, result = merged.verdict, _unit_result(job, results)
+        part = Contribution(node, entries, self._listed_by_metadata(job), self.wall())
+        merged = self.manifest.contribute(job.rel, part)
+        verdict = merged.verdict
+        result = _unit_result(job, results)
+        staged = StagedCopy(job, result, list(entries.values()), DirSyncs())
         if verdict.complete:
             if merged.puts:  # this write made it whole (else another node's had, with these very bytes)
                 self.log.info("unit.completed", path=job.rel, run=job.run or ".", step=job.step, node=node,
                               files=len(merged.puts), why=verdict.why)
-            return self._committed(job, result)
+            return self._committed(staged)
         self.count("ok")
         if self.metrics is not None:
             self.metrics.copied_bytes.inc(result.size)
@@ -154,11 +201,20 @@ class Engine:
         rel = f"{job.rel}/{METADATA_NAME}"
         if rel not in job.members:
             return None
+        path = self.primary_root / rel
         try:
-            return storage_references(read_source(self.primary_root, rel, MAX_READ_BYTES + 1)[1])
+            fd = open_file_beneath(self.primary_root, rel)
+        except OSError as exc:
+            raise from_oserror(path, exc, "open source") from exc
+        try:
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(MAX_READ_BYTES + 1)
+        except OSError as exc:
+            raise from_oserror(path, exc, "read source") from exc
+        try:
+            return storage_references(data)
         except MetadataError as exc:
-            raise SourceChangedError(self.primary_root / rel, f"no longer a readable {METADATA_NAME} ({exc}); "
-                                                              "part discarded") from exc
+            raise SourceChangedError(path, f"no longer a readable {METADATA_NAME} ({exc}); part discarded") from exc
 
     def commit(self, batch: Sequence[StagedCopy]) -> list[CopyResult | MirrordError]:
         """Make a batch of staged copies durable and recorded: the fsync and rename of each small file
@@ -167,7 +223,10 @@ class Engine:
         entries; only then is
         each counted and logged as copy.committed. The outcome of each copy, in order: all fail together
         (nothing recorded) if a directory fsync or the record fails."""
+        if not batch:
+            return []
         dirs = DirSyncs()
+        renamed_here = {e.path for staged in batch if staged.dirs.renames_pending() for e in staged.entries}
         for staged in batch:
             dirs.absorb(staged.dirs)
         try:
@@ -176,24 +235,25 @@ class Engine:
             except OSError as exc:
                 where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
                 raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
-            # A folder unit's files are in the same record as the rest of the batch: all or none. Each
-            # entry records its copy's identity, taken now that every name is published.
-            self.manifest.apply(puts=[self._identified(e) for staged in batch for e in staged.entries])
+            # A folder unit's files are in the same record as the rest of the batch: all or none.
+            self.manifest.apply(puts=[self._identified(e) if e.path in renamed_here else e
+                                      for staged in batch for e in staged.entries])
         except MirrordError as exc:
             for _ in batch:
                 self.count(exc.reason)
             return [exc] * len(batch)
         finally:
             dirs.close()
-        return [self._committed(staged.job, staged.result) for staged in batch]
+        return [self._committed(staged) for staged in batch]
 
     def count(self, result: str) -> None:
         """Count one copy outcome (mirrord_copies_total), when metrics are kept."""
         if self.metrics is not None:
             self.metrics.copy_result(result)
 
-    def _committed(self, job: CopyJob, result: CopyResult) -> CopyResult:
+    def _committed(self, staged: StagedCopy) -> CopyResult:
         """Count and log one copy that is durable and recorded."""
+        job, result = staged.job, staged.result
         throughput = result.size / result.seconds if result.seconds > 0 else 0.0
         m = self.metrics
         if m is not None:
@@ -201,16 +261,19 @@ class Engine:
             m.copied_bytes.inc(result.size)
             m.copy_duration.observe(result.seconds)
             m.copy_throughput.set(throughput)
-            m.last_timestamp.set(self.wall())
+            m.last_timestamp.set(staged.entries[0].mirrored_at)
             if job.step is not None:
                 label = m.run_label(job.run)
                 self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
                 m.last_step.labels(label).set(self._last_steps[label])
-        # why a copy is unchecked (e.g. a legacy torch.save format without checksums): the user's fix
-        detail = result.validation_detail if result.validation != "ok" else ""
-        why = {"validation_detail": detail} if detail else {}
-        self.log.info("copy.committed", seconds=round(result.seconds, 3), throughput_mib_s=round(throughput / 2**20, 1),
-                      digest=result.digest, validation=result.validation, **_fields(job), **why)
+        self.log.info(
+            "copy.committed", seconds=round(result.seconds, 3),
+            throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
+            validation=result.validation, **_fields(job),
+            # why a copy is unchecked (e.g. a legacy torch.save format without checksums): the user's fix
+            **({"validation_detail": result.validation_detail}
+               if result.validation != "ok" and result.validation_detail else {}),
+        )
         return result
 
     def _publish_twin(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
@@ -222,16 +285,20 @@ class Engine:
         if not twins:
             return None
         started = time.monotonic()
-        before, digest = hash_source(self.primary_root, job.rel, self.options, control)
-        for twin in (t for t in twins if (t.size, t.digest) == (before.st_size, digest)):
+        before, digest = hash_source(self.primary_root, job.rel, self.options.algo, self.options.buffer_bytes,
+                                     control)
+        for twin in twins:
+            if (twin.size, twin.digest) != (before.st_size, digest):
+                continue
             stored = twin.mirror_mtime_ns if twin.mirror_mtime_ns is not None else twin.source_mtime_ns
             state = self.mirror.clone(twin.path, job.rel, FileState(twin.path, twin.size, stored, twin.mirror_ino))
             if state is None:
                 continue
-            puts = [ManifestEntry(
+            entry = ManifestEntry(
                 path=job.rel, size=before.st_size, algo=twin.algo, digest=digest, source_mtime_ns=before.st_mtime_ns,
                 step=None, mirrored_at=self.wall(), mirror_mtime_ns=state.mtime_ns, validation=twin.validation,
-                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns, node=self.mirror.node)]
+                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns, node=self.mirror.node)
+            puts = [entry]
             if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
                 puts.append(replace(twin, mirror_ctime_ns=state.ctime_ns))
             self.manifest.apply(puts=puts)
@@ -253,16 +320,17 @@ class Engine:
             seen = matched.get(entry.path)
             try:
                 now = (self.primary_root / entry.path).stat(follow_symlinks=False)
+                fresh = seen is None or seen[:2] != (now.st_size, now.st_mtime_ns)
             except OSError:
-                seen = None  # hash_source names what is wrong with it
-            if seen is None or seen[:2] != (now.st_size, now.st_mtime_ns):
-                before, digest = hash_source(self.primary_root, entry.path, replace(self.options, algo=entry.algo),
+                fresh = True  # hash_source names what is wrong with it
+            if fresh:
+                before, digest = hash_source(self.primary_root, entry.path, entry.algo, self.options.buffer_bytes,
                                              control)
                 seen = matched[entry.path] = (before.st_size, before.st_mtime_ns, digest)
                 if digest != entry.digest:
                     self.log.error("copy.node_conflict", path=entry.path, node=self.mirror.node,
                                    recorded_by=entry.node, size=before.st_size, recorded_size=entry.size)
-            if seen[2] != entry.digest:
+            if seen is not None and seen[2] != entry.digest:
                 raise NodeConflictError(self.mirror.describe(entry.path), f"node {entry.node} recorded it with "
                                         f"other bytes than node {self.mirror.node}'s file: not uploaded over it")
         if not theirs or len(theirs) < len(job.paths):
@@ -271,16 +339,17 @@ class Engine:
         return CopyResult(job.rel, job.size, theirs[0].algo, theirs[0].digest, job.mtime_ns, 0.0, job.mtime_ns,
                           theirs[0].validation or UNCHECKED, f"same bytes as node {theirs[0].node}'s")
 
-    def _with_room(self, job: CopyJob, options: CopyOptions, control: CopyControl, copy: Callable[[], T]) -> T:
-        """`copy()`, once more after making room when the mirror is full (and retention may free some)."""
+    def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
+        """copy_file, once more after making room when the mirror is full (and retention may free some)."""
+        expect = self._tag_checked(job)
         try:
-            return copy()
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
         except NoSpaceError:
             if self.make_room is None:
                 raise
             self.make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0  # the second try starts from the first byte again
-            return copy()
+            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
 
     def _tag_checked(self, job: CopyJob) -> os.stat_result | None:
         """A tag file (DeepSpeed's `latest`) is published only naming a folder the manifest records: the
@@ -289,8 +358,18 @@ class Engine:
         rules = self.config.rules
         if job.members or not rules.tag_file or job.rel.rsplit("/", 1)[-1] != rules.tag_file:
             return None
-        checked, data = read_source(self.primary_root, job.rel, TAG_READ_BYTES)
-        named = data.decode("utf-8", "replace").strip()
+        path = self.primary_root / job.rel
+        try:
+            fd = open_file_beneath(self.primary_root, job.rel)
+        except FileNotFoundError as exc:
+            raise SourceGoneError(path, "deleted before it was copied") from exc
+        except OSError as exc:
+            raise from_oserror(path, exc, "open source") from exc
+        try:
+            checked = os.fstat(fd)
+            named = os.read(fd, TAG_READ_BYTES).decode("utf-8", "replace").strip()
+        finally:
+            os.close(fd)
         prefix = f"{job.run}/" if job.run else ""
 
         def names(rel: str) -> bool:  # the folder itself, or its step (Megatron's tracker holds the number)
@@ -299,36 +378,61 @@ class Engine:
 
         if not named or "/" in named or not any(rel.startswith(prefix) and names(rel) for rel in self.manifest.entries):
             # Not a failure: the version the planner chose is gone; the new one is planned once its folder is in.
-            raise SourceGoneError(self.primary_root / job.rel, f"rewritten since it was planned: names {named!r}, "
-                                  "which is not mirrored yet (the tag is published after the folder it names)")
+            raise SourceGoneError(path, f"rewritten since it was planned: names {named!r}, which is not "
+                                        "mirrored yet (the tag is published after the folder it names)")
         return checked
+
+    def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
+        """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full. A unit
+        is published durably (its parent fsynced) before it returns: units are not grouped."""
+        drop_old = functools.partial(self._drop_old_unit, job)
+        try:
+            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
+        except NoSpaceError:
+            if self.make_room is None:
+                raise
+            self.make_room(job.size + options.reserve_bytes)
+            control.bytes_done = 0
+            return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
 
     def _drop_old_unit(self, job: CopyJob, replaces: bool) -> None:
         """Before a folder unit is published again (changed, or published but never recorded): its old
         manifest entries go first, so the manifest never vouches for files that are gone; then, unless
         the commit swaps the new copy in itself (`replaces`), the old folder with what is in it."""
-        old = [rel for rel in self.manifest.entries if rel.startswith(job.rel + "/")]
+        prefix = job.rel + "/"
+        old = [rel for rel in self.manifest.entries if rel.startswith(prefix)]
         if old:
             self.manifest.apply(removes=old)
         state = self.mirror.stat(job.rel)
-        if state is None:
+        if state is not None and replaces:
+            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old),
+                          how="swapped")
             return
-        if not replaces and not self.mirror.delete_folder(job.rel, state):
+        if state is not None and not self.mirror.delete_folder(job.rel, state):
             raise PermanentError(self.mirror.describe(job.rel), "an older copy of this unit is in the way and "
                                                                "changed while it was being removed")
-        self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old),
-                      **({"how": "swapped"} if replaces else {}))
+        if state is not None:
+            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
 
     def _identified(self, entry: ManifestEntry) -> ManifestEntry:
-        """The entry with its published copy's inode and ctime, recorded so that `latest` can trust it
+        """The entry with the identity of its copy as published (see _published_identity)."""
+        identity = self._published_identity(entry.path)
+        return replace(entry, mirror_ino=identity.get("mirror_ino", 0),
+                       mirror_ctime_ns=identity.get("mirror_ctime_ns", 0))
+
+    def _published_identity(self, rel: str) -> dict[str, int]:
+        """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
         without re-reading the file while they stay the same. Unknown (0) if the stat fails, and not asked
         of a mirror without inodes (an object store: it would be one more request per file for nothing)."""
         if not self.mirror.has_inodes:
-            return entry
-        with contextlib.suppress(OSError, UnsafePathError):
-            if (state := self.mirror.stat(entry.path)) is not None:
-                return replace(entry, mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns)
-        return entry
+            return {}
+        try:
+            state = self.mirror.stat(rel)
+        except (OSError, UnsafePathError):
+            state = None
+        if state is None:
+            return {}
+        return {"mirror_ino": state.ino, "mirror_ctime_ns": state.ctime_ns}
 
 
 @dataclass
@@ -348,6 +452,7 @@ def _fields(job: CopyJob) -> dict[str, Any]:
 
 def _unit_result(job: CopyJob, results: list[CopyResult]) -> CopyResult:
     """One folder unit's copies, summed for the log line and the metrics."""
+    ok = all(r.validation == "ok" for r in results)
     return CopyResult(job.rel, sum(r.size for r in results), results[0].algo if results else "",
                       f"{len(results)} files", job.mtime_ns, sum(r.seconds for r in results), None,
-                      "ok" if all(r.validation == "ok" for r in results) else "unchecked", f"{len(results)} files")
+                      "ok" if ok else "unchecked", f"{len(results)} files")

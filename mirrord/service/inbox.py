@@ -25,8 +25,8 @@ class Inbox:
         # next prune pass is due when that observation matures, not at the next rescan.
         self.prune_at: float | None = None
         self._r, self._w = socket.socketpair()
-        for end in (self._r, self._w):
-            end.setblocking(False)
+        self._r.setblocking(False)
+        self._w.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._r, selectors.EVENT_READ)
 
@@ -63,5 +63,6 @@ class Inbox:
 
     def close(self) -> None:
         """Release the self-pipe."""
-        for resource in (self._selector, self._r, self._w):
-            resource.close()
+        self._selector.close()
+        self._r.close()
+        self._w.close()

@@ -24,6 +24,7 @@ class QueuedJob:
     seq: int
     job: CopyJob = field(compare=False)
     attempt: int = field(compare=False, default=1)
+    not_before: float = field(compare=False, default=0.0)
     first_seen: float = field(compare=False, default=0.0)  # clock time it was first queued (the lag)
 
 
@@ -31,11 +32,15 @@ class JobQueue:
     """Ready jobs ordered newest step first; delayed (retry) jobs released when due. One entry per path."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock, self._seq, self._cond, self._closed = clock, itertools.count(), threading.Condition(), False
+        self._clock = clock
         self._ready: list[QueuedJob] = []
-        self._delayed: list[tuple[float, int, QueuedJob]] = []  # (due, seq, job): retries waiting for their time
+        self._delayed: list[tuple[float, int, QueuedJob]] = []
         self._paths: dict[str, QueuedJob] = {}
-        self._small_bytes, self._big_slots = 0, 1  # 0: no lane for small files
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._small_bytes = 0  # 0: no lane for small files
+        self._big_slots = 1
         self._big_active: set[str] = set()
 
     def keep_lane_for_small(self, small_bytes: int, workers: int) -> None:
@@ -52,9 +57,12 @@ class JobQueue:
         """The most urgent ready job a worker may take now: a big one only while a big slot is free."""
         if len(self._big_active) < self._big_slots or not self._small_bytes:
             entry = heapq.heappop(self._ready) if self._ready else None
-        elif (entry := min((e for e in self._ready if not self._is_big(e.job)), default=None)) is not None:
-            self._ready.remove(entry)
-            heapq.heapify(self._ready)
+        else:
+            small = [e for e in self._ready if not self._is_big(e.job)]
+            entry = min(small) if small else None
+            if entry is not None:
+                self._ready.remove(entry)
+                heapq.heapify(self._ready)
         if entry is not None and self._is_big(entry.job):
             self._big_active.add(entry.job.rel)
         return entry
@@ -65,19 +73,19 @@ class JobQueue:
             if self._closed or job.rel in self._paths:
                 return False
             now = self._clock()
-            entry = QueuedJob(newest_first(job), next(self._seq), job, attempt,
-                              now if first_seen is None else first_seen)
+            entry = QueuedJob(newest_first(job), next(self._seq), job, attempt, now + delay,
+                           now if first_seen is None else first_seen)
             self._paths[job.rel] = entry
             if delay > 0:
-                heapq.heappush(self._delayed, (now + delay, entry.seq, entry))
+                heapq.heappush(self._delayed, (entry.not_before, entry.seq, entry))
             else:
                 heapq.heappush(self._ready, entry)
             self._cond.notify()
             return True
 
-    def get(self, timeout: float) -> QueuedJob | None:
+    def get(self, timeout: float | None = None) -> QueuedJob | None:
         """The most urgent ready job, or None on timeout/close. The path stays reserved until done()."""
-        deadline = self._clock() + timeout
+        deadline = None if timeout is None else self._clock() + timeout
         with self._cond:
             while True:
                 if self._closed:
@@ -88,9 +96,12 @@ class JobQueue:
                 entry = self._take_ready()
                 if entry is not None:
                     return entry
-                if now >= deadline:
+                waits = [t - now for t in (deadline,) if t is not None]
+                if self._delayed:
+                    waits.append(self._delayed[0][0] - now)
+                if deadline is not None and now >= deadline:
                     return None
-                self._cond.wait((min(deadline, self._delayed[0][0]) if self._delayed else deadline) - now)
+                self._cond.wait(timeout=max(0.0, min(waits)) if waits else None)
 
     def done(self, rel: str) -> None:
         """The job for `rel` is finished: its path may be queued again."""
@@ -102,7 +113,9 @@ class JobQueue:
 
     def release_for_retry(self, entry: QueuedJob, delay: float) -> None:
         """Queue `entry` again as its next attempt, due in `delay` seconds."""
-        self.done(entry.job.rel)
+        with self._cond:
+            self._paths.pop(entry.job.rel, None)
+            self._big_active.discard(entry.job.rel)
         self.put(entry.job, entry.attempt + 1, delay, entry.first_seen)
 
     def paths(self) -> frozenset[str]:
@@ -126,12 +139,15 @@ class JobQueue:
             return len(self._ready) + len(self._delayed)
 
     def close(self) -> None:
-        """Wake every get() with None, now and from now on, and forget the jobs not yet started (shutdown:
-        the next start's reconcile finds them again)."""
+        """Wake every get() with None, now and from now on."""
         with self._cond:
             self._closed = True
+            self._cond.notify_all()
+
+    def drop_waiting(self) -> None:
+        """Forget jobs not yet started (shutdown): they are found again by the next start's reconcile."""
+        with self._cond:
             for entry in self._ready + [d[2] for d in self._delayed]:
                 self._paths.pop(entry.job.rel, None)
             self._ready.clear()
             self._delayed.clear()
-            self._cond.notify_all()

@@ -10,7 +10,7 @@ than PROGRESS_LOG_SECONDS also logs `copy.progress` that often, so a long copy i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,8 +55,11 @@ class CopyProgress:
     def to_dict(self) -> dict[str, Any]:
         """The copy as JSON for /status."""
         eta = self.eta_seconds
-        return {**dataclasses.asdict(self), "elapsed_seconds": round(self.elapsed_seconds, 3),
-                "rate_bytes_per_second": round(self.rate, 1), "eta_seconds": None if eta is None else round(eta, 1)}
+        return {
+            "path": self.path, "run": self.run, "step": self.step, "size": self.size,
+            "bytes_done": self.bytes_done, "elapsed_seconds": round(self.elapsed_seconds, 3),
+            "rate_bytes_per_second": round(self.rate, 1), "eta_seconds": None if eta is None else round(eta, 1),
+        }
 
 
 @dataclass
@@ -71,20 +74,20 @@ class ProgressBoard:
     """The copies under way in this process. Thread-safe; copies register for their own duration."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock, self._lock = clock, threading.Lock()
-        self._copies: dict[object, _Tracked] = {}  # by a key of each copy's own
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._copies: dict[int, _Tracked] = {}
+        self._ids = itertools.count()
 
     @contextlib.contextmanager
-    def track(self, job: CopyJob, control: CopyControl) -> Iterator[int]:
-        """Show `job` on the board while the block runs; yields the bytes of the other copies under way
-        then (all promised to the mirror)."""
+    def track(self, job: CopyJob, control: CopyControl) -> Iterator[None]:
+        """Show `job` on the board while the block runs."""
         now = self._clock()
-        key = object()
+        key = next(self._ids)
         with self._lock:
-            others = sum(t.job.size for t in self._copies.values())
             self._copies[key] = _Tracked(job, control, now, now)
         try:
-            yield others
+            yield
         finally:
             with self._lock:
                 del self._copies[key]
@@ -104,11 +107,13 @@ class ProgressBoard:
     def due_for_log(self, every: float = PROGRESS_LOG_SECONDS) -> list[CopyProgress]:
         """Copies not reported for `every` seconds (the first report after `every` seconds of copying)."""
         now = self._clock()
+        due = []
         with self._lock:
-            due = [t for t in self._copies.values() if now - t.logged >= every]
-            for t in due:
-                t.logged = now
-        return [_progress(t, now) for t in due]
+            for t in self._copies.values():
+                if now - t.logged >= every:
+                    t.logged = now
+                    due.append(_progress(t, now))
+        return due
 
 
 def _progress(t: _Tracked, now: float) -> CopyProgress:
@@ -118,6 +123,9 @@ def _progress(t: _Tracked, now: float) -> CopyProgress:
 
 def log_progress(board: ProgressBoard, log: FilteringBoundLogger) -> None:
     """Log `copy.progress` for each copy that has run PROGRESS_LOG_SECONDS since its last report."""
-    for p in board.due_for_log():  # the fields of /status's copies, and a person's units
-        log.info("copy.progress", **p.to_dict(), percent=round(100 * p.fraction, 1),
-                 rate_mib_s=round(p.rate / 2**20, 1), seconds=round(p.elapsed_seconds, 1))
+    for p in board.due_for_log():
+        eta = p.eta_seconds
+        log.info("copy.progress", path=p.path, run=p.run, step=p.step, size=p.size,
+                 bytes_done=p.bytes_done, percent=round(100 * p.fraction, 1),
+                 rate_mib_s=round(p.rate / 2**20, 1), eta_seconds=None if eta is None else round(eta),
+                 seconds=round(p.elapsed_seconds, 1))

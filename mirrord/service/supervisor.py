@@ -128,7 +128,7 @@ class Supervisor:
 
     def _update_gauges(self) -> None:
         """Free space is read on the heartbeat (statvfs may hang on a dead mount: never in a scrape);
-        queue depth and lag are read by each scrape (set_function in mirrord.obs.metrics)."""
+        queue depth and lag are read by each scrape (mirrord.obs.metrics.LiveState)."""
         for name, volume in (("primary", self.primary), ("mirror", self.mirror)):
             if name == "mirror" and self.refusals.get(IDENTITY):
                 continue  # that would be the free space of whatever is under the mount point

@@ -5,7 +5,6 @@ the pool's commit stage (mirrord.service.commits), which commits those that fini
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import itertools
 import os
@@ -14,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.errors import CancelledError, MirrordError, SourceChangedError, SourceGoneError
@@ -26,43 +25,52 @@ from mirrord.service.jobqueue import JobQueue, QueuedJob
 from mirrord.service.progress import log_progress
 from mirrord.service.retry import RetryPolicy
 
-if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
-
 _IOPRIO_CLASSES = {"best-effort": 2, "idle": 3}
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
-DEFAULT_RETRY = RetryPolicy()
-POLL_SECONDS = 0.25  # how often copy_all looks at its copies (stalls, progress, the mirror lock)
 
 
-def lower_thread_priority(ionice: str, cpu_nice: int, cpu_policy: str, log: FilteringBoundLogger) -> None:
-    """Give the calling thread (Linux) the I/O class `ionice`, a nice value raised (never lowered) to
-    `cpu_nice`, and with cpu_policy "idle" SCHED_IDLE: it then runs only on a CPU that nothing else wants,
-    and a waking trainer thread preempts it at once (nice 19 still takes a slice of a busy CPU). Threads
-    it starts inherit all three. A setting that cannot be applied is logged, and the copies go on."""
-    tid = threading.get_native_id()  # a thread id is a PRIO_PROCESS target
-    if ionice != "none":
-        value = (_IOPRIO_CLASSES[ionice] << 13) | (7 if ionice == "best-effort" else 0)
-        number = _IOPRIO_SET.get(platform.machine())
-        if number is None or ctypes.CDLL(None).syscall(number, 1, tid, value) != 0:
-            log.warning("worker.ionice_unsupported", ionice=ionice)
+def set_thread_ionice(klass: str) -> bool:
+    """ioprio_set for the calling thread (Linux); returns False where unsupported."""
+    if klass not in _IOPRIO_CLASSES or platform.machine() not in _IOPRIO_SET:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = (_IOPRIO_CLASSES[klass] << 13) | (7 if klass == "best-effort" else 0)
+    return bool(libc.syscall(_IOPRIO_SET[platform.machine()], 1, threading.get_native_id(), value) == 0)
+
+
+def set_thread_nice(nice: int) -> bool:
+    """Raise the calling thread's nice value to `nice` (Linux: a thread id is a PRIO_PROCESS target); never
+    lowers it. Returns False where that fails."""
+    tid = threading.get_native_id()
     try:
-        if os.getpriority(os.PRIO_PROCESS, tid) < cpu_nice:
-            os.setpriority(os.PRIO_PROCESS, tid, cpu_nice)
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
     except OSError:
-        log.warning("worker.cpu_nice_unsupported", cpu_nice=cpu_nice)
+        return False
+    return True
+
+
+def set_thread_idle_policy() -> bool:
+    """SCHED_IDLE for the calling thread (Linux): it runs only on a CPU that nothing else wants, and a
+    waking trainer thread preempts it at once (nice 19 still takes a slice of a busy CPU). Threads it
+    starts inherit the policy. Returns False where that fails."""
     try:
-        if cpu_policy == "idle":
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
-        log.warning("worker.cpu_policy_unsupported", cpu_policy=cpu_policy)
+        return False
+    return True
+
+
+DEFAULT_RETRY = RetryPolicy()
 
 
 @dataclass
 class _Worker:
     name: str
     thread: threading.Thread | None = None
-    copying: tuple[QueuedJob, CopyControl] | None = None  # the job it copies now, and that copy's control
+    entry: QueuedJob | None = None
+    job: CopyJob | None = None
+    control: CopyControl | None = None
     retiring: bool = False
     abandoned: bool = False
 
@@ -76,19 +84,36 @@ class WorkerPool:
     for good, or cancelled); `on_stalled(job)` when a copy is abandoned for lack of progress.
     """
 
-    def __init__(self, copy_fn: Callable[[CopyJob, CopyControl], CopyResult | StagedCopy], queue: JobQueue, size: int,
-                 *, commit: Callable[[Sequence[StagedCopy]], list[CopyResult | MirrordError]] | None = None,
-                 retry: RetryPolicy = DEFAULT_RETRY,
-                 on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
-                 on_stalled: Callable[[CopyJob], None] = lambda job: None, clock: Callable[[], float] = time.monotonic,
-                 ionice: str = "none", cpu_nice: int = 0, cpu_policy: str = "normal") -> None:
-        self.copy_fn, self.queue, self.clock = copy_fn, queue, clock
+    def __init__(
+        self,
+        copy_fn: Callable[[CopyJob, CopyControl], CopyResult | StagedCopy],
+        queue: JobQueue,
+        size: int,
+        *,
+        commit: Callable[[Sequence[StagedCopy]], list[CopyResult | MirrordError]] | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        on_done: Callable[[CopyJob, CopyResult | MirrordError], None] = lambda job, outcome: None,
+        on_stalled: Callable[[CopyJob], None] = lambda job: None,
+        clock: Callable[[], float] = time.monotonic,
+        ionice: str = "none",
+        cpu_nice: int = 0,
+        cpu_policy: str = "normal",
+    ) -> None:
+        self.copy_fn = copy_fn
+        self.queue = queue
         self.retry = retry  # swapped whole by a reload
-        self.on_done, self.on_stalled = on_done, on_stalled
-        self.priority = (ionice, cpu_nice, cpu_policy)
+        self.on_done = on_done
+        self.on_stalled = on_stalled
+        self.clock = clock
+        self.ionice = ionice
+        self.cpu_nice = cpu_nice
+        self.cpu_policy = cpu_policy
+        self._lock = threading.Lock()
         self._workers: list[_Worker] = []
-        self._lock, self._names, self._stopping = threading.Lock(), itertools.count(1), threading.Event()
-        self._cancel_why, self.log = "", get_logger()  # why stop() cancels copies, for their copy.aborted
+        self._names = itertools.count(1)
+        self._stopping = threading.Event()
+        self._cancel_why = ""
+        self.log = get_logger()
         self.commits = None if commit is None else CommitStage(commit, self._finish_safely, self._busy)
         self.resize(size)
 
@@ -114,6 +139,7 @@ class WorkerPool:
         them (their temp files are removed; each logs copy.aborted, with `why`, unless a second signal cut the
         grace short). True if every worker ended."""
         self._stopping.set()
+        self.queue.drop_waiting()
         self.queue.close()
         deadline = self.clock() + grace
         for thread in self.threads():
@@ -150,9 +176,9 @@ class WorkerPool:
         with self._lock:
             workers = list(self._workers)
         for worker in workers:
-            if worker.copying is None:
+            control, entry = worker.control, worker.entry
+            if control is None or entry is None:
                 continue
-            entry, control = worker.copying
             idle = now - control.last_progress
             if idle >= stall_seconds and not worker.abandoned:
                 job = entry.job
@@ -185,17 +211,22 @@ class WorkerPool:
     def _busy(self) -> bool:
         """Whether more copies are coming soon: a job being copied, or one ready to be."""
         with self._lock:
-            copying = any(w.copying is not None for w in self._workers if not w.abandoned)
+            copying = any(w.entry is not None for w in self._workers if not w.abandoned)
         return copying or self.queue.has_ready()
 
     def active_controls(self) -> list[CopyControl]:
         """The controls of the copies running now (to cancel them)."""
         with self._lock:
-            return [w.copying[1] for w in self._workers if w.copying is not None]
+            return [w.control for w in self._workers if w.control is not None]
 
     # -- the worker loop ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
-        lower_thread_priority(*self.priority, self.log)
+        if self.ionice != "none" and not set_thread_ionice(self.ionice):
+            self.log.warning("worker.ionice_unsupported", ionice=self.ionice)
+        if self.cpu_nice and not set_thread_nice(self.cpu_nice):
+            self.log.warning("worker.cpu_nice_unsupported", cpu_nice=self.cpu_nice)
+        if self.cpu_policy == "idle" and not set_thread_idle_policy():
+            self.log.warning("worker.cpu_policy_unsupported", cpu_policy=self.cpu_policy)
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:
@@ -203,23 +234,25 @@ class WorkerPool:
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:
-                worker.copying = (entry, control)
+                worker.entry, worker.job, worker.control = entry, entry.job, control
             try:
                 outcome: CopyResult | StagedCopy | MirrordError = self.copy_fn(entry.job, control)
+                if isinstance(outcome, StagedCopy) and self.commits is None:
+                    raise TypeError("a staged copy, but the pool has no commit stage")
             except MirrordError as exc:
                 outcome = exc
             except Exception as exc:  # a bug must not kill the pool silently: log it, count it, go on
                 self.log.exception("worker.crashed_job", path=entry.job.rel)
                 outcome = MirrordError(entry.job.rel, f"internal error: {exc!r}")
             with self._lock:
-                worker.copying = None
+                worker.entry = worker.job = worker.control = None
                 abandoned = worker.abandoned
             if abandoned:
                 if isinstance(outcome, StagedCopy):  # its retry publishes it again: never recorded from here
                     outcome.dirs.close()
                 self.log.info("copy.abandoned_returned", path=entry.job.rel, outcome=type(outcome).__name__)
                 return
-            if isinstance(outcome, StagedCopy):  # a copy_fn that stages is given a `commit` (the daemon's, copy_all's)
+            if isinstance(outcome, StagedCopy):
                 assert self.commits is not None
                 self.commits.submit(entry, outcome, control)  # the path stays reserved until committed
             else:
@@ -228,15 +261,13 @@ class WorkerPool:
                 self.commits.wake()  # this worker may now be idle: a waiting batch need not wait for it
 
     def _finish_safely(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
-        """Log how the copy ended; unless it is queued again for a retry, free its path and hand its outcome
-        to on_done (also when something fails here: never a path left reserved, nor a waiter without it)."""
-        with contextlib.suppress(Exception):
-            if self._retried(entry, outcome, control):
-                return
-        self.queue.done(entry.job.rel)
-        self.on_done(entry.job, outcome)
+        try:
+            self._finish(entry, outcome, control)
+        except Exception:  # never leave a path reserved, nor a waiter without its outcome
+            self.queue.done(entry.job.rel)
+            self.on_done(entry.job, outcome)
 
-    def _retried(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> bool:
+    def _finish(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
         job = entry.job
         if isinstance(outcome, CancelledError):
             # Shutdown cut this copy short (grace period over, or a second signal): its NAME.part is gone,
@@ -247,7 +278,9 @@ class WorkerPool:
             # The trainer rotated it away before it was mirrored: nothing left to copy, nothing failed.
             self.log.info("copy.source_gone", path=job.rel, run=job.run or ".", step=job.step, cause=outcome.cause)
         if isinstance(outcome, CopyResult | CancelledError | SourceGoneError):
-            return False
+            self.queue.done(job.rel)
+            self.on_done(job, outcome)
+            return
         policy = self.retry
         stopping = self._stopping.is_set()
         # A folder unit found changed is judged again from a fresh listing (the daemon asks), never retried
@@ -265,17 +298,26 @@ class WorkerPool:
             when = {"will_retry": True, "retry": "next_rescan", "retry_in_seconds": policy.rescan_seconds}
         else:
             when = {"will_retry": False, "retry": "never"}
-        self.log.warning("copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
-                         cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when)
+        self.log.warning(
+            "copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
+            cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when,
+        )
         if retry:
             self.queue.release_for_retry(entry, delay)
-        elif outcome.transient and not replan:
+            return
+        if outcome.transient and not replan:
             self.log.error("copy.gave_up", path=job.rel, reason=outcome.reason, attempts=entry.attempt)
-        return retry
+        self.queue.done(job.rel)
+        self.on_done(job, outcome)
 
 
-def copy_all(engine: Engine, jobs: list[CopyJob], workers: int,
-             still_ours: Callable[[], str | None] = lambda: None) -> dict[str, CopyResult | MirrordError]:
+def copy_all(
+    engine: Engine,
+    jobs: list[CopyJob],
+    workers: int,
+    poll_seconds: float = 0.25,
+    still_ours: Callable[[], str | None] | None = None,
+) -> dict[str, CopyResult | MirrordError]:
     """Copy `jobs` on a temporary pool (the daemon's retries, backoff and stall detection) and wait for
     every outcome; the one-shot commands use this so that they behave exactly like the daemon.
 
@@ -287,12 +329,14 @@ def copy_all(engine: Engine, jobs: list[CopyJob], workers: int,
         return {}
     queue.keep_lane_for_small(engine.config.copy.small_file_bytes, min(workers, len(wanted)))
     outcomes: dict[str, CopyResult | MirrordError] = {}
+    lock = threading.Lock()
     all_done = threading.Event()
 
     def on_done(job: CopyJob, outcome: CopyResult | MirrordError) -> None:
-        outcomes[job.rel] = outcome  # every job is wanted, and one item set is atomic
-        if len(outcomes) == len(wanted):
-            all_done.set()
+        with lock:
+            outcomes[job.rel] = outcome
+            if wanted <= outcomes.keys():
+                all_done.set()
 
     io = engine.config.io
     pool = WorkerPool(engine.stage, queue, min(workers, len(wanted)), commit=engine.commit,
@@ -300,8 +344,9 @@ def copy_all(engine: Engine, jobs: list[CopyJob], workers: int,
                       on_stalled=lambda job: engine.count("stalled"), ionice=io.ionice,
                       cpu_nice=io.cpu_nice, cpu_policy=io.cpu_policy)
     try:
-        while not all_done.wait(POLL_SECONDS):
-            if lost := still_ours():
+        while not all_done.wait(poll_seconds):
+            lost = still_ours() if still_ours is not None else None
+            if lost:
                 engine.log.error("mirror.lock_lost", cause=lost, action="stopping")
                 break
             pool.check_stalls(engine.config.copy.stall_seconds)

@@ -19,7 +19,6 @@ from mirrord.store.staging import FolderStaging
 from mirrord.store.volume import LocalMirror, LocalUpload, LocalVolume
 from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
-from tests.support.engine import copy_once
 from tests.support.folders import write_dcp, write_hf
 from tests.support.units import unit_verified
 from tests.support.unitsync import sync_units
@@ -172,7 +171,7 @@ def test_deepspeed_tag_naming_a_folder_not_yet_mirrored_is_not_published(tmp_pat
     with mirror.lock():
         manifest = mirror.read_manifest()
         with pytest.raises(SourceGoneError, match="global_step200"):
-            copy_once(Engine(config, mirror, manifest), job)
+            Engine(config, mirror, manifest).copy_once(job)
         manifest.close()
     assert not (mirror_root / "out" / "latest").exists()
     assert not list(mirror_root.rglob("*.part"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from pathlib import Path
@@ -18,7 +17,6 @@ from mirrord.service.retry import RetryPolicy
 from mirrord.service.workers import WorkerPool
 from mirrord.store.volume import LocalMirror
 from tests.support.checkpoints import publish_checkpoint
-from tests.support.engine import copy_once
 from tests.support.wait import wait_for
 
 
@@ -38,7 +36,7 @@ def _setup(tmp_path: Path, **copy: object) -> tuple[Engine, JobQueue, Path, Path
 def _pool(engine: Engine, queue: JobQueue, size: int, outcomes: list[CopyResult | MirrordError],
           **options: Any) -> WorkerPool:
     """A pool copying with `engine` as the daemon's does: its retry policy, stalls counted in its metrics."""
-    return WorkerPool(functools.partial(copy_once, engine), queue, size, retry=RetryPolicy.from_config(engine.config),
+    return WorkerPool(engine.copy_once, queue, size, retry=RetryPolicy.from_config(engine.config),
                       on_done=lambda job, outcome: outcomes.append(outcome),
                       on_stalled=lambda job: engine.metrics.copy_result("stalled"), **options)
 

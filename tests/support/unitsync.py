@@ -9,7 +9,6 @@ from mirrord.service.completeness import judge
 from mirrord.service.engine import Engine
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
-from tests.support.engine import copy_once
 
 
 def sync_units(config: Config, mirror: Mirror) -> int:
@@ -22,6 +21,6 @@ def sync_units(config: Config, mirror: Mirror) -> int:
         msnap = mirror.snapshot(config.patterns, config.rules)
         plan = plan_unit_copies(psnap, msnap, manifest.entries, config.rules, judge(primary, config.rules))
         for job in plan.jobs:
-            copy_once(engine, job)
+            engine.copy_once(job)
         manifest.close()
     return len(plan.jobs)

@@ -31,7 +31,6 @@ from mirrord.service.engine import Engine
 from mirrord.service.pruner import Pruner
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import BASE_MTIME_NS
-from tests.support.engine import copy_once
 
 ISSUE_5_NAMES = (
     "mirrord_copies_total", "mirrord_copied_bytes_total", "mirrord_copy_duration_seconds",
@@ -96,7 +95,7 @@ def test_two_registries_do_not_share_values(make_config, primary, checkpoint) ->
     checkpoint(primary / "r" / "step_0001.pt", 1)
     config = make_config()
     counted, untouched = Metrics(), Metrics()
-    copy_once(make_engine(config, counted), job_for(primary, "r/step_0001.pt", config))
+    make_engine(config, counted).copy_once(job_for(primary, "r/step_0001.pt", config))
     assert value(counted, "mirrord_copies_total", result="ok") == 1
     assert value(untouched, "mirrord_copies_total", result="ok") == 0
 
@@ -106,7 +105,7 @@ def test_a_copy_moves_every_copy_metric(make_config, primary, checkpoint) -> Non
     src = checkpoint(primary / "run1" / "step_0007.pt", 7, width=128)
     config = make_config()
     m = Metrics()
-    result = copy_once(make_engine(config, m), job_for(primary, "run1/step_0007.pt", config))
+    result = make_engine(config, m).copy_once(job_for(primary, "run1/step_0007.pt", config))
     size = src.stat().st_size
     assert result.size == size
     assert value(m, "mirrord_copies_total", result="ok") == 1
@@ -127,8 +126,8 @@ def test_last_mirrored_step_is_the_highest_step_not_the_latest_copy(make_config,
     config = make_config()
     m = Metrics()
     engine = make_engine(config, m)
-    copy_once(engine, job_for(primary, "run1/step_0009.pt", config))
-    copy_once(engine, job_for(primary, "run1/step_0003.pt", config))
+    engine.copy_once(job_for(primary, "run1/step_0009.pt", config))
+    engine.copy_once(job_for(primary, "run1/step_0003.pt", config))
     assert value(m, "mirrord_last_mirrored_step", run="run1") == 9
     assert value(m, "mirrord_copies_total", result="ok") == 2
 
@@ -139,7 +138,7 @@ def test_no_space_failure_is_counted_by_its_reason(make_config, primary, mirror,
     config = make_config(copy={"free_space_reserve_bytes": 2**62})
     m = Metrics()
     with pytest.raises(NoSpaceError):
-        copy_once(make_engine(config, m), job_for(primary, "step_0001.pt", config))
+        make_engine(config, m).copy_once(job_for(primary, "step_0001.pt", config))
     assert value(m, "mirrord_copies_total", result="no_space") == 1
     assert value(m, "mirrord_copies_total", result="ok") == 0
     assert value(m, "mirrord_copied_bytes_total") == 0
@@ -154,7 +153,7 @@ def test_source_changed_during_the_copy_is_counted(make_config, primary, mirror,
     config = make_config(io={"buffer_bytes": 64 * 1024})
     m = Metrics()
     with pytest.raises(SourceChangedError):
-        copy_once(make_engine(config, m), job_for(primary, "step_0002.pt", config), TouchOnFirstChunk(src))
+        make_engine(config, m).copy_once(job_for(primary, "step_0002.pt", config), TouchOnFirstChunk(src))
     assert value(m, "mirrord_copies_total", result="source_changed") == 1
     assert value(m, "mirrord_copies_total", result="ok") == 0
     assert value(m, "mirrord_last_mirrored_step", run=".") == 0
@@ -169,7 +168,7 @@ def test_a_vanished_source_counts_as_source_gone(make_config, primary, checkpoin
     (primary / "step_0003.pt").unlink()
     m = Metrics()
     with pytest.raises(SourceGoneError, match="deleted before it was copied"):
-        copy_once(make_engine(config, m), job)
+        make_engine(config, m).copy_once(job)
     assert value(m, "mirrord_copies_total", result="source_gone") == 1
     assert value(m, "mirrord_copies_total", result="failed") == 0
 
@@ -183,7 +182,7 @@ def test_an_error_without_a_reason_counts_as_failed(make_config, primary, checkp
     os.mkfifo(primary / "step_0003.pt")
     m = Metrics()
     with pytest.raises(PermanentError, match="not a regular file"):
-        copy_once(make_engine(config, m), job)
+        make_engine(config, m).copy_once(job)
     assert value(m, "mirrord_copies_total", result="failed") == 1
 
 
@@ -198,7 +197,7 @@ def test_cancelled_and_stalled_copies_are_not_counted_by_the_engine(
     control.stop(reason)
     m = Metrics()
     with pytest.raises(error):
-        copy_once(make_engine(config, m), job_for(primary, "step_0004.pt", config), control)
+        make_engine(config, m).copy_once(job_for(primary, "step_0004.pt", config), control)
     assert sum(value(m, "mirrord_copies_total", result=r) for r in COPY_RESULTS) == 0
     assert value(m, "mirrord_copies_in_flight") == 0
 
@@ -210,7 +209,7 @@ def _mirrored_run(make_config: Callable[..., Config], primary: Path, checkpoint:
     config = make_config(prune={"keep_last": 1, "min_age_seconds": 300, **(prune or {})})
     engine = make_engine(config, m)
     for f in files:
-        copy_once(engine, job_for(primary, f.relative_to(primary).as_posix(), config))
+        engine.copy_once(job_for(primary, f.relative_to(primary).as_posix(), config))
     return config, files
 
 
@@ -278,7 +277,7 @@ def test_run_labels_are_capped(monkeypatch, make_config, primary, checkpoint) ->
     m = Metrics()
     engine = make_engine(config, m)
     for i, run in enumerate(("a", "b", "c", "d"), start=1):
-        copy_once(engine, job_for(primary, f"{run}/step_{i:04d}.pt", config))
+        engine.copy_once(job_for(primary, f"{run}/step_{i:04d}.pt", config))
     assert label_values(m, "mirrord_last_mirrored_step", "run") == {"a", "b", OTHER_RUN}
     assert value(m, "mirrord_last_mirrored_step", run=OTHER_RUN) == 4
     assert value(m, "mirrord_copies_total", result="ok") == 4

@@ -6,10 +6,8 @@ but may be deleted (a trainer's rotation, or mirrord's retention on the primary)
 Serves BACKING at MOUNTPOINT. Changes made directly in BACKING reach readers of the mount, but no
 inotify event is ever raised on the mount: the situation of NFS, SMB or a 9p bridge, where only
 polling or a rescan sees new files. While STALLFILE exists, reads of any file whose name is listed
-in it block (`*` names every file): a hung network mount, as seen by a copy in progress. With a byte
-offset after the name, only the stream is held there: a run of contiguous reads that began before the
-offset waits once it reaches it, while reads elsewhere (a validator reading a zip's directory and its
-records' headers before the stream) go through.
+in it block (from the byte offset after the name, if one is given; `*` names every file): a hung
+network mount, as seen by a copy in progress.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,31 +30,20 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
     def __init__(self, backing: str, stall_file: str) -> None:
         self.backing = backing
         self.stall_file = stall_file
-        self._runs: dict[int, tuple[int, int]] = {}  # per handle: (start, end) of its current run of reads
-        self._lock = threading.Lock()
 
     def _full(self, path: str) -> str:
         return str(Path(self.backing) / path.lstrip("/"))
 
-    def _stalled(self, path: str, offset: int, run_start: int) -> bool:
-        """Whether STALLFILE holds this read: a line `NAME` (every read) or `NAME FROM` (a read from byte FROM on
-        whose run of contiguous reads began before FROM: the stream reached the gate); `*` is any name."""
+    def _stalled(self, path: str, offset: int) -> bool:
+        """Whether STALLFILE holds this read: a line `NAME` or `NAME FROM` (reads from byte FROM on); `*` is
+        any name."""
         try:
             with open(self.stall_file, encoding="utf-8") as f:
                 lines = [line.split() for line in f.read().splitlines() if line.strip()]
         except FileNotFoundError:
             return False
         name = Path(path).name
-        return any(words[0] in (name, "*") and (len(words) == 1 or run_start < int(words[1]) <= offset)
-                   for words in lines)
-
-    def _run_start(self, fh: int, offset: int, size: int) -> int:
-        """Where the run of contiguous reads this read continues began (this read's offset if it starts one)."""
-        with self._lock:
-            start, end = self._runs.get(fh, (offset, offset))
-            start = start if offset == end else offset
-            self._runs[fh] = (start, offset + size)
-            return start
+        return any(words[0] in (name, "*") and offset >= (int(words[1]) if len(words) > 1 else 0) for words in lines)
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         try:
@@ -82,8 +68,7 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         deadline = time.monotonic() + STALL_LIMIT_SECONDS
-        run_start = self._run_start(fh, offset, size)
-        while self._stalled(path, offset, run_start) and time.monotonic() < deadline:
+        while self._stalled(path, offset) and time.monotonic() < deadline:
             time.sleep(0.05)
         return os.pread(fh, size, offset)
 
@@ -94,8 +79,6 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
         Path(self._full(path)).rmdir()
 
     def release(self, path: str, fh: int) -> int:
-        with self._lock:
-            self._runs.pop(fh, None)
         os.close(fh)
         return 0
 

@@ -49,9 +49,8 @@ class FuseMount:
         assert self.proc.poll() is None, (workdir / "fuse.log").read_text()
 
     def stall(self, *names: str, after: int = 0) -> None:
-        """Close the gate on these file names (by base name, `*` for all; any others pass): the stream of reads
-        waits at byte `after` (the bytes before it go through, so a copy can be caught half done; reads that do
-        not continue the stream, such as a validator's look at a zip's directory first, are not held)."""
+        """Close the gate on these file names (by base name, `*` for all; any others pass): their reads from byte
+        `after` on wait (the bytes before it go through, so a copy can be caught half done)."""
         self.stall_file.write_text("".join(f"{name} {after}\n" for name in names))
 
     def unstall(self) -> None:

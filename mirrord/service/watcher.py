@@ -7,6 +7,7 @@ inotify queue overflow, so a lost event delays a copy by at most one rescan inte
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -124,6 +125,26 @@ class _Handler(FileSystemEventHandler):
                 self.emit(Hint(rel, committed=False))
 
 
+class _Unwatched(logging.Handler):
+    """watchdog's only word that it could not watch a folder made under the primary (the inotify watch
+    limit ran out: ENOSPC, EMFILE) is a log record; the files written in that folder send no events at all,
+    so the watch is not to be trusted from then on. The first such record is kept as the cause."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.cause: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.cause is None and str(record.msg).startswith("Unable to watch"):
+            path, exc = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else ("?", "?")
+            path = os.fsdecode(path) if isinstance(path, bytes | str) else path
+            self.cause = f"cannot watch {path}: {getattr(exc, 'strerror', None) or exc}"
+
+
+# watchdog's inotify module logs the folders it could not watch here.
+_INOTIFY_LOGGER = "watchdog.observers.inotify"
+
+
 class Watcher:
     """Starts the chosen observer on the primary and forwards hints to `emit` (called from its thread)."""
 
@@ -137,6 +158,15 @@ class Watcher:
         self.observer.name = f"mirrord-watch-{mode}"
         self.observer.schedule(_Handler(root, tuple(patterns), emit), os.fsdecode(root), recursive=True,
                                event_filter=list(HANDLED_EVENTS))
+        self._unwatched = _Unwatched()
+        if mode != "polling":
+            logger = logging.getLogger(_INOTIFY_LOGGER)
+            logger.setLevel(min(logger.getEffectiveLevel(), logging.WARNING))  # (its records reach us)
+            logger.addHandler(self._unwatched)
+
+    def unwatched(self) -> str | None:
+        """Why part of the primary is not watched (a folder inotify could not watch), or None."""
+        return self._unwatched.cause
 
     def start(self) -> None:
         """Start the observer thread."""
@@ -149,6 +179,7 @@ class Watcher:
 
     def stop(self) -> None:
         """Stop the observer and wait (bounded) for its thread."""
+        logging.getLogger(_INOTIFY_LOGGER).removeHandler(self._unwatched)
         self.observer.stop()
         self.observer.join(timeout=10)
 
@@ -169,6 +200,9 @@ class WatcherLike(Protocol):
     def is_alive(self) -> bool:
         """Whether hints are still delivered."""
 
+    def unwatched(self) -> str | None:
+        """Why part of the tree sends no hints (None: all of it does)."""
+
     def stop(self) -> None:
         """Stop delivering hints; bounded."""
 
@@ -179,8 +213,8 @@ WatcherFactory = Callable[[Path, tuple[str, ...], str, float, Callable[[Hint], N
 
 class PrimaryWatch:
     """The daemon's watch on the primary: the chosen mode, a fallback to polling when native watching
-    cannot start (the inotify watch limit on a big tree), and a re-arm when the root is another directory
-    now (recreated, or a filesystem mounted on it) or the watcher died."""
+    cannot start or later cannot watch a new folder (the inotify watch limit), and a re-arm when the root
+    is another directory now (recreated, or a filesystem mounted on it) or the watcher died."""
 
     def __init__(self, config: Callable[[], Config], root_key: Callable[[], tuple[int, int]],
                  emit: Callable[[Hint], None], metrics: Metrics, factory: WatcherFactory = Watcher) -> None:
@@ -189,6 +223,9 @@ class PrimaryWatch:
         self.watcher: WatcherLike | None = None
         self._key: tuple[int, int] | None = None
         self.closed = False  # stopped for good (the daemon is stopping): nothing to check or re-arm
+        # Why native watching was given up for this daemon's life (it ran out of inotify watches once:
+        # it would again), or None.
+        self.polling_since: str | None = None
         self.log = get_logger()
 
     def start(self) -> None:
@@ -199,7 +236,7 @@ class PrimaryWatch:
         with contextlib.suppress(OSError):
             self._key = self.root_key()
         fstype = filesystem_type(cfg.primary)
-        mode, why = choose_mode(cfg.watch.mode, fstype)
+        mode, why = ("polling", self.polling_since) if self.polling_since else choose_mode(cfg.watch.mode, fstype)
         try:
             self.watcher = self._started(mode)
         except OSError as exc:
@@ -210,7 +247,8 @@ class PrimaryWatch:
                            hint="raise fs.inotify.max_user_watches, or set watch.mode = polling")
             mode, why = "polling", f"native watch failed: {exc.strerror or exc}"
             self.watcher = self._started(mode)
-        self.metrics.watch_mode.labels(mode).set(1)
+        for each in ("native", "polling"):
+            self.metrics.watch_mode.labels(each).set(each == mode)
         self.log.info("watch.mode", mode=mode, fstype=fstype, why=why)
 
     def _started(self, mode: str) -> WatcherLike:
@@ -236,11 +274,16 @@ class PrimaryWatch:
             return [f"primary root {primary}: {exc.strerror or exc}"]
         problems = []
         alive = self.watcher is not None and self.watcher.is_alive()
+        unwatched = self.watcher.unwatched() if alive and self.watcher is not None else None
         if not alive:
             problems.append("filesystem watcher stopped")
-        if alive and key == self._key:
+        if alive and key == self._key and not unwatched:
             return problems
         why = "watcher died" if not alive else "primary root changed (recreated or mounted over)"
+        if unwatched:  # the events of that folder's files never arrive: poll the whole tree from now on
+            self.polling_since = why = f"native watch incomplete: {unwatched}"
+            self.log.error("watch.native_failed", cause=unwatched, fallback="polling",
+                           hint="raise fs.inotify.max_user_watches, or set watch.mode = polling")
         self.log.warning("watch.rearm", why=why, primary=str(primary))
         self.stop()
         try:

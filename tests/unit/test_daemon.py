@@ -61,6 +61,9 @@ class FakeWatcher:
     def is_alive(self) -> bool:
         return self.alive
 
+    def unwatched(self) -> str | None:
+        return None
+
     def stop(self) -> None:
         self.alive = False
         self.journal.append("watch.stop")

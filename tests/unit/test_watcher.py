@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,14 +127,19 @@ def test_lost_events_ask_for_a_rescan_once_watchdog_has_rearmed(tmp_path: Path) 
 
 
 class _FakeWatcher:
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "native") -> None:
         self.running = False
+        self.mode = mode
+        self.lost: str | None = None
 
     def start(self) -> None:
         self.running = True
 
     def is_alive(self) -> bool:
         return self.running
+
+    def unwatched(self) -> str | None:
+        return self.lost
 
     def stop(self) -> None:
         self.running = False
@@ -154,3 +161,46 @@ def test_a_closed_watch_is_neither_reported_dead_nor_started_again(tmp_path: Pat
     assert watch.check() == ["filesystem watcher stopped"] and len(made) == 2 and made[-1].running
     watch.close()
     assert watch.check() == [] and len(made) == 2 and not made[-1].running
+
+
+def test_a_folder_left_unwatched_turns_the_watch_to_polling_for_good(tmp_path: Path) -> None:
+    """A native watch that could not watch a new folder (the inotify limit ran out) is replaced, at the next
+    heartbeat, by a polling one and a rescan; later re-arms (a recreated root) poll too: the limit that ran
+    out once would run out again."""
+    made: list[_FakeWatcher] = []
+    hints: list[Hint] = []
+
+    def factory(_root: object, _patterns: object, mode: str, *_rest: object) -> _FakeWatcher:
+        made.append(_FakeWatcher(mode))
+        return made[-1]
+
+    config = Config(primary=tmp_path, mirror=tmp_path / "m")
+    key = [(1, 1)]
+    watch = PrimaryWatch(lambda: config, lambda: key[0], hints.append, Metrics(), factory=factory)
+    watch.start()
+    assert made[-1].mode == "native" and watch.check() == [] and len(made) == 1
+    made[-1].lost = "cannot watch /primary/run2: No space left on device"
+    assert watch.check() == []
+    assert [w.mode for w in made] == ["native", "polling"] and not made[0].running and made[1].running
+    assert hints == [Hint("", committed=False, rescan=True)]
+    assert watch.polling_since is not None and "run2" in watch.polling_since
+    key[0] = (1, 2)  # the root recreated: re-armed, still polling
+    watch.check()
+    assert [w.mode for w in made] == ["native", "polling", "polling"]
+
+
+def test_watchdogs_record_of_an_unwatched_folder_is_read(tmp_path: Path) -> None:
+    """The record watchdog logs when inotify_add_watch fails for a folder below the root (its only word
+    for it) is what Watcher.unwatched() reports; a polling watcher does not listen."""
+    watcher = Watcher(tmp_path, ("*",), "native", 0.1, lambda hint: None)
+    polling = Watcher(tmp_path, ("*",), "polling", 0.1, lambda hint: None)
+    watcher.start()
+    polling.start()
+    try:
+        logging.getLogger("watchdog.observers.inotify").warning(
+            "Unable to watch %r: %s", os.fsencode(tmp_path / "run2"), OSError(28, "No space left on device"))
+        assert watcher.unwatched() == f"cannot watch {tmp_path / 'run2'}: No space left on device"
+        assert polling.unwatched() is None
+    finally:
+        watcher.stop()
+        polling.stop()

@@ -309,7 +309,8 @@ def test_a_unit_is_mirrored_from_its_watch_events_alone(
             name = f"global_step{step}"
         # Manifest.load: recorded whole, so published (the record follows the folder's rename).
         wait_for(lambda name=name: any(rel.startswith(f"run/{name}/")  # type: ignore[misc]
-                                       for rel in Manifest.load(mirror).entries), 120, f"{name} mirrored")
+                                       for rel in Manifest.load(mirror).entries), 120, f"{name} mirrored",
+                 context=lambda: daemon.log_text()[-4000:])
         for member in (run / name).iterdir():
             assert (mirror / "run" / name / member.name).read_bytes() == member.read_bytes()
     if layout == "deepspeed":

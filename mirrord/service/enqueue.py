@@ -73,8 +73,9 @@ class Enqueuer:
     def enqueue(self, view: View, psnap: Snapshot, partial: bool = False, scope: set[str] | None = None) -> int:
         """Queue the view's jobs; returns how many were queued. `partial`: the view covered only the files
         of `psnap` (or the units of `scope`), so only their settling state is replaced."""
-        if self.refusals.blocked:
-            return 0  # every enqueue path honours a refusal (the settle recheck, hints, reconciles)
+        if self.refusals.blocked:  # every enqueue path honours a refusal (the settle recheck, hints, reconciles)
+            self.refusals.missed = True
+            return 0
         behind, jobs = [], []
         for job in view.jobs:  # without the steps retention retired (prune.primary = false keeps them)
             if self._judged_invalid(job, psnap):

@@ -66,6 +66,7 @@ class Hints(Enqueuer):
             self.log.warning("watch.rescan", why="event queue overflow or directory move")
             return True
         if self.refusals.blocked:
+            self.refusals.missed = True
             return False
         if files and any(rules.is_alias(rel) for rel in files):
             return True  # an alias (last.ckpt) waits for the newest step of its run: a full listing shows it

@@ -45,9 +45,11 @@ class Reconciler(Hints):
         return bool(self.unsettled or self.ledger.invalid_paths())
 
     def next_deadline(self) -> float:
-        """When there is work even if nothing wakes the loop: the rescan, a settle recheck (at once while a
-        round is in progress: its next turn), a prune pass."""
+        """When there is work even if nothing wakes the loop: the rescan (at once when a refusal that dropped
+        work is over), a settle recheck (at once while a round is in progress: its next turn), a prune pass."""
         deadlines = [self._next_rescan]
+        if self.refusals.missed and not self.refusals.blocked:
+            deadlines.append(0.0)  # a refusal is over: at once
         if self._settling():
             deadlines.append(self._next_settle)
         if self.inbox.prune_at is not None:
@@ -60,7 +62,8 @@ class Reconciler(Hints):
         turn each at most (TURN_SECONDS; the loop comes back at once for the rest), and the heartbeat
         is given its chance between the parts."""
         cfg, now = self.config, self.monotonic()
-        if self.drain_hints() or self.inbox.rescan_asked or now >= self._next_rescan:
+        missed = self.refusals.missed and not self.refusals.blocked  # (a refusal over: list what it dropped)
+        if self.drain_hints() or self.inbox.rescan_asked or now >= self._next_rescan or missed:
             self.heartbeat()
             self.inbox.rescan_asked = False
             self.reconcile()
@@ -80,6 +83,7 @@ class Reconciler(Hints):
     def reconcile(self) -> None:
         """List both volumes, prune, and queue what the mirror lacks (nothing while the mirror is refused)."""
         started = self.monotonic()
+        self.refusals.missed = False  # (set again below if a refusal still drops this listing's jobs)
         problem = self.mirror.identity_problem()
         self.refusals.refuse(IDENTITY, problem)
         # The manifest is read before the mirror is listed: a copy recorded in it was published before
@@ -113,6 +117,7 @@ class Reconciler(Hints):
             self.refusals.refuse(LISTING, view.refused)
         if self.refusals.blocked:
             # Nothing is queued while the mirror is refused, yet it falls behind: keep lag honest.
+            self.refusals.missed = True
             self.ledger.behind(view.behind, True, entries)
             self.log.debug("reconcile.refused", cause=self.refusals.blocked)
             return

@@ -16,6 +16,9 @@ class Refusals:
         self.mirror = mirror  # named in the log lines
         self._reasons: dict[str, str] = {}
         self._logged: dict[str, str] = {}
+        # What a refusal made the loop drop (watch hints, a listing's jobs) is not carried: a full listing
+        # finds it again once nothing refuses (Reconciler.work), not the periodic rescan an hour later.
+        self.missed = False
         self.log = get_logger()
 
     @property

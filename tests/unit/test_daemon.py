@@ -166,6 +166,27 @@ def test_a_hint_queues_a_copy_that_a_worker_makes_without_a_rescan(harness, prim
     assert [e["why"] for e in events(logs, "copy.started")] == ["new"]
 
 
+def test_a_hint_dropped_while_the_mirror_is_refused_is_found_once_the_refusal_is_over(harness, primary, mirror,
+                                                                                      logs) -> None:
+    """A refusal (here the manifest's; the mirror not the pinned volume, an object store's lease) makes
+    the loop drop the watch hints it drains, and a hint is the only word of a checkpoint until the next
+    rescan: the moment nothing refuses, a full listing finds it, without waiting for the rescan interval."""
+    h = harness()
+    h.daemon.start()
+    h.daemon.refusals.refuse("manifest", "the manifest cannot be written: test")
+    src = save_checkpoint(primary / REL, 7)
+    h.hint(REL)
+    h.daemon.tick(wait=False)
+    assert not h.daemon.inbox.hints and h.daemon.queue.depth() == 0 and h.daemon.ledger.copied == 0
+    assert h.daemon.reconciler.next_deadline() > h.clock.mono  # nothing due while it still refuses
+    h.daemon.refusals.refuse("manifest", None)
+    assert h.daemon.reconciler.next_deadline() <= h.clock.mono  # due at once
+    h.daemon.tick(wait=False)
+    assert len(events(logs, "reconcile.finished")) == 2  # the clock never reached the rescan interval
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy once the refusal is over")
+    assert (mirror / REL).read_bytes() == src.read_bytes()
+
+
 def test_the_rescan_interval_on_the_fake_clock_finds_what_no_hint_announced(harness, primary, mirror,
                                                                            logs) -> None:
     """Events are hints, snapshots the truth: a file without a hint is found by the rescan when its

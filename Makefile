@@ -52,7 +52,7 @@ chaos:
 chaos-ci:
 	$(PYTHON) -m tests.chaos
 
-# Every goal of the performance issue in one table (about 40-60 minutes); bench/results/goals.md.
+# Every performance budget in one table (about 9 minutes on the build machine); bench/results/goals.md.
 bench:
 	$(PYTHON) -m bench
 

@@ -696,7 +696,7 @@ HEADERS = ["goal", "measured", "measured / target", "target", "met/gap", "load a
 
 def to_markdown(doc: dict[str, Any]) -> str:
     m = doc["meta"]
-    title = "# mirrord: the goals of issue 18" + (" (smoke run: tiny sizes, numbers mean nothing)" if m["smoke"]
+    title = "# mirrord: the performance budgets (issue 31)" + (" (smoke run: tiny sizes, numbers mean nothing)" if m["smoke"]
                                                   else "")
     out = [title,
            "", f"Last run: `{m['command']}` on {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}; "

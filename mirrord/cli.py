@@ -380,7 +380,7 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
     import os
 
     try:
-        columns = int(os.environ.get("COLUMNS", 0)) \
+        columns = max(int(os.environ.get("COLUMNS", 0)), 0) \
             or os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):  # no stdout, not a terminal
         columns = 0
@@ -407,13 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
             config: bool = True, json: bool = False) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
-        if json:
-            p.add_argument("--json", action="store_true", help=JSON_HELP)
         if config:
             _common(p)
             p.set_defaults(func=func, needs_primary=needs_primary)
         else:
             p.set_defaults(plain=func)
+        if json:  # after the configuration flags: the order --help, the man page and the completions show
+            p.add_argument("--json", action="store_true", help=JSON_HELP)
         return p
 
     p = add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
@@ -447,12 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
             "(each damaged copy named on stderr; exit 0 once one is restored). An identical copy at the destination "
             "is left alone, a different one replaced only with --force. Reads the mirror only. Exit 1 if nothing "
             "could be restored (none recorded, all damaged, a damaged --step, a different file in the way), 2 if "
-            "the mirror does not exist.", needs_primary=False, json=True)
+            "the mirror does not exist.", needs_primary=False)
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
     p.add_argument("--step", type=int, metavar="N", help="this step (no fallback if its copy is damaged)")
     p.add_argument("--to", type=Path, metavar="DIR",
                    help="root to restore below, at the same relative path (default: the configured primary)")
     p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
@@ -471,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
             "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
             "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
-            "manifest, mirror looks unmounted).", json=True)
+            "manifest, mirror looks unmounted).")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
                    "nothing, so it runs beside a daemon")
@@ -479,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let retention delete this kept tip of an abandoned branch (a rollback or a restart from "
                    "scratch), or of a run paused because its primary lost its newest step; RUN is the run "
                    "folder relative to the roots ('.' for the root itself); repeatable")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---
     # --- status and demo ---
     p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "

@@ -311,7 +311,7 @@ class UnitConfig(_Section):
     with no evidence of its end must be quiet."""
 
     kind: Literal["file", "folder"] = "file"
-    complete_marker: Annotated[str, matching(r"(?!\.\.?$)[^/\0]*", " is not a file name (no '/')")] = ""
+    complete_marker: Annotated[str, matching(r"(?!\.\.?\Z)[^/\0]*", " is not a file name (no '/')")] = ""
     # How long a folder unit must be quiet where only a pause can say it is whole (any folder layout).
     settle_seconds: float = Field(30.0, ge=0, le=DAY)
 

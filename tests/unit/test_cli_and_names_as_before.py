@@ -1,4 +1,6 @@
-"""Review r5 (724bb50..5b7d405): behaviour the cli/config refactors changed without meaning to."""
+"""What the command line and the config accepted and showed before they were made smaller, and must still:
+the order of --json in help, man page and completions; help width for a COLUMNS that is not positive;
+file names such as ".\n" for unit.complete_marker."""
 
 from __future__ import annotations
 

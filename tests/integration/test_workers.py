@@ -108,10 +108,10 @@ def test_copy_threads_run_at_io_cpu_nice(tmp_path, monkeypatch):
 
 def test_copy_threads_run_at_io_cpu_policy_idle(tmp_path, monkeypatch):
     """io.cpu_policy = "idle" puts the threads that read, hash and write under SCHED_IDLE, read back
-    from the kernel by each of them while the copy runs (the write helper, started for a file larger
-    than one copy buffer, inherits it); the calling thread keeps its own policy."""
+    from the kernel by each of them while the copy runs (the write helper inherits it); the calling
+    thread keeps its own policy."""
     engine, queue, primary, mirror = _setup(tmp_path)
-    publish_checkpoint(primary / "step_0001.pt", 1, megabytes=12)  # many 512 KiB buffers
+    publish_checkpoint(primary / "step_0001.pt", 1)
     readers: set[int] = set()
     writers: set[int] = set()
     real_readv, real_write = os.readv, os.write

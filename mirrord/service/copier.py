@@ -314,49 +314,42 @@ def _pump(
     """The copy loop: each buffer is read once, then hashed on this thread while a helper thread feeds
     the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL). Two
     buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is read
-    into again only once its write returned. The first buffer is written here, and the helper is started
-    only for a second one: a file that fits in one buffer (a run of small checkpoints) starts no thread.
-    The helper is made by this thread, so it has its CPU and I/O priority. Returns (digest, bytes)."""
+    into again only once its write returned. The helper is made by this thread, so it has its CPU and
+    I/O priority. Returns (digest, bytes)."""
     buffers = thread_buffers(options.buffer_bytes)
     in_flight: deque[Future[None]] = deque()
     failed: list[BaseException] = []  # set by the helper: the buffers queued after a failed one are dropped
-    helper: ThreadPoolExecutor | None = None
     copied = dropped = turn = 0
     started = time.monotonic()
-    try:
-        while True:
-            control.check(src_path)
-            if len(in_flight) == len(buffers):
-                in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
-            buf = buffers[turn % len(buffers)]
-            turn += 1
-            n = _read(src_fd, buf, src_path)
-            if n == 0:
-                break
-            chunk = memoryview(buf)[:n]
-            if turn == 1:
-                _validate_and_write(validator, upload, chunk, failed)
-            else:
-                helper = helper or ThreadPoolExecutor(1, thread_name_prefix="mirrord-write")
+    with ThreadPoolExecutor(1, thread_name_prefix="mirrord-write") as helper:
+        try:
+            while True:
+                control.check(src_path)
+                if len(in_flight) == len(buffers):
+                    in_flight.popleft().result()  # that buffer is free again (or its write's error is raised)
+                buf = buffers[turn % len(buffers)]
+                turn += 1
+                n = _read(src_fd, buf, src_path)
+                if n == 0:
+                    break
+                chunk = memoryview(buf)[:n]
                 in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
-            hasher.update(chunk)
-            copied += n
-            control.advance(n)
-            if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
-                os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
-                dropped = copied
-            if options.bandwidth_limit:
-                ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
-                if ahead > 0:
-                    control.pause(ahead)  # a stop (shutdown, Ctrl-C) must not wait out the cap
-        while in_flight:
-            in_flight.popleft().result()
-    finally:
-        for queued in in_flight:
-            queued.cancel()
-        wait(in_flight)  # no write may still use a buffer after this
-        if helper is not None:
-            helper.shutdown()
+                hasher.update(chunk)
+                copied += n
+                control.advance(n)
+                if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
+                    os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
+                    dropped = copied
+                if options.bandwidth_limit:
+                    ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
+                    if ahead > 0:
+                        control.pause(ahead)  # a stop (shutdown, Ctrl-C) must not wait out the cap
+            while in_flight:
+                in_flight.popleft().result()
+        finally:
+            for queued in in_flight:
+                queued.cancel()
+            wait(in_flight)  # no write may still use a buffer after this
     return hasher.hexdigest(), copied
 
 

@@ -73,7 +73,9 @@ def resident_bytes(paths: Sequence[Path]) -> int | None:
     for i in range(0, len(paths), 200):
         out = subprocess.run(
             ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths[i : i + 200])],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         total += sum(int(x) for x in out.split())
     return total
@@ -234,8 +236,10 @@ def run_paired(cases: list[Case], reset: Callable[[], None], reps: int, say: Log
             if case.check is not None:
                 case.check()
             case.samples.append(Sample(seconds, cpu, delta))
-            say(f"  {label} rep {rep + 1}/{reps} {case.name:28s} {seconds:7.3f} s  cpu {cpu:6.2f} s  "
-                f"cache {delta / MiB:+7.0f} MiB")
+            say(
+                f"  {label} rep {rep + 1}/{reps} {case.name:28s} {seconds:7.3f} s  cpu {cpu:6.2f} s  "
+                f"cache {delta / MiB:+7.0f} MiB"
+            )
 
 
 def summarize(cases: list[Case], nbytes: int, baseline: str) -> list[dict[str, Any]]:
@@ -245,17 +249,19 @@ def summarize(cases: list[Case], nbytes: int, baseline: str) -> list[dict[str, A
     for c in cases:
         ratios = [s.seconds / b.seconds for s, b in zip(c.samples, base, strict=True)]
         med = statistics.median(s.seconds for s in c.samples)
-        rows.append({
-            "case": c.name,
-            "median_s": round(med, 3),
-            "min_s": round(min(s.seconds for s in c.samples), 3),
-            "ratio": round(statistics.median(ratios), 3),
-            "ratios": [round(r, 3) for r in ratios],
-            "gb_per_s": round(nbytes / med / GB, 3),
-            "cpu_s_per_gb": round(statistics.median(s.cpu_seconds for s in c.samples) / (nbytes / GB), 3),
-            "cache_delta_mib": round(statistics.median(s.cached_delta for s in c.samples) / MiB),
-            "runs_s": [round(s.seconds, 3) for s in c.samples],
-        })
+        rows.append(
+            {
+                "case": c.name,
+                "median_s": round(med, 3),
+                "min_s": round(min(s.seconds for s in c.samples), 3),
+                "ratio": round(statistics.median(ratios), 3),
+                "ratios": [round(r, 3) for r in ratios],
+                "gb_per_s": round(nbytes / med / GB, 3),
+                "cpu_s_per_gb": round(statistics.median(s.cpu_seconds for s in c.samples) / (nbytes / GB), 3),
+                "cache_delta_mib": round(statistics.median(s.cached_delta for s in c.samples) / MiB),
+                "runs_s": [round(s.seconds, 3) for s in c.samples],
+            }
+        )
     return rows
 
 
@@ -390,8 +396,12 @@ class LoadSampler:
 
     def summary(self) -> dict[str, float]:
         s = self.samples or [load_average()[0]]
-        return {"load_min": min(s), "load_max": max(s), "load_mean": round(statistics.mean(s), 2),
-                "cpu_shielded": bool(_SHIELD)}
+        return {
+            "load_min": min(s),
+            "load_max": max(s),
+            "load_mean": round(statistics.mean(s), 2),
+            "cpu_shielded": bool(_SHIELD),
+        }
 
     def text(self) -> str:
         d = self.summary()

@@ -384,13 +384,20 @@ def build_variants(matrix: bool) -> list[Variant]:
         Variant("loop 8M blake3 +dontneed end", "e", make_loop(8 * MiB, "blake3", "end"), "blake3"),
         Variant("loop 8M blake3 +dontneed behind", "e", make_loop(8 * MiB, "blake3", "behind"), "blake3"),
         Variant("cfr || hash +dontneed end", "e", make_cfr("blake3", "src_parallel", drop=True), "blake3"),
-        Variant("loop 8M blake3 +writeback behind", "e", make_loop(8 * MiB, "blake3", "writeback"), "blake3",
-                note="sync_file_range WRITE behind the copy, no DONTNEED"),
+        Variant(
+            "loop 8M blake3 +writeback behind",
+            "e",
+            make_loop(8 * MiB, "blake3", "writeback"),
+            "blake3",
+            note="sync_file_range WRITE behind the copy, no DONTNEED",
+        ),
         Variant("loop 8M xxh3_128 +dontneed behind", "e", make_loop(8 * MiB, "xxh3_128", "behind"), "xxh3_128"),
-        Variant("pipeline 8M blake3 +dontneed behind", "e", make_pipeline(8 * MiB, "blake3", drop_behind=True),
-                "blake3"),
-        Variant("pipeline 8M sha256 +dontneed behind", "e", make_pipeline(8 * MiB, "sha256", drop_behind=True),
-                "sha256"),
+        Variant(
+            "pipeline 8M blake3 +dontneed behind", "e", make_pipeline(8 * MiB, "blake3", drop_behind=True), "blake3"
+        ),
+        Variant(
+            "pipeline 8M sha256 +dontneed behind", "e", make_pipeline(8 * MiB, "sha256", drop_behind=True), "sha256"
+        ),
     ]
     for drop in (True, False):
         fn = make_mirrord(drop)
@@ -431,8 +438,9 @@ class Series:
     runs: list[Run] = field(default_factory=list)
 
 
-def timed_copy(variant: Variant, src: Path, dst: Path, cold: bool, expected: dict[str, str],
-               settle: float = 0.0) -> Run:
+def timed_copy(
+    variant: Variant, src: Path, dst: Path, cold: bool, expected: dict[str, str], settle: float = 0.0
+) -> Run:
     """Reset the world (no dst, nothing dirty, source cached or not), then time one copy.
 
     ``settle``: idle seconds before the copy. In a VM with free page reporting (Firecracker,
@@ -461,8 +469,16 @@ def timed_copy(variant: Variant, src: Path, dst: Path, cold: bool, expected: dic
     return Run(seconds, cpu, after - before, ok)
 
 
-def run_paired(variants: list[Variant], src: Path, dst: Path, reps: int, cold: bool,
-               expected: dict[str, str], log: Callable[[str], None], settle: float = 0.0) -> list[Series]:
+def run_paired(
+    variants: list[Variant],
+    src: Path,
+    dst: Path,
+    reps: int,
+    cold: bool,
+    expected: dict[str, str],
+    log: Callable[[str], None],
+    settle: float = 0.0,
+) -> list[Series]:
     """Every repetition runs every variant once, rotating the order so no variant always follows
     the same neighbour (writeback and page reclaim from the previous run leak into the next)."""
     series = [Series(v) for v in variants]
@@ -471,9 +487,11 @@ def run_paired(variants: list[Variant], src: Path, dst: Path, reps: int, cold: b
         for s in series[k:] + series[:k]:
             r = timed_copy(s.variant, src, dst, cold, expected, settle)
             s.runs.append(r)
-            log(f"  rep {rep + 1}/{reps} {'cold' if cold else 'warm'} {s.variant.name:34s} "
+            log(
+                f"  rep {rep + 1}/{reps} {'cold' if cold else 'warm'} {s.variant.name:34s} "
                 f"{r.seconds:6.2f}s cpu {r.cpu_seconds:5.2f}s cached {r.cached_delta / MiB:+8.0f} MiB"
-                f"{'' if r.ok else '  DIGEST/SIZE MISMATCH'}")
+                f"{'' if r.ok else '  DIGEST/SIZE MISMATCH'}"
+            )
     if dst.exists():
         dst.unlink()
     return series
@@ -486,21 +504,23 @@ def summarize(series: list[Series], size: int) -> list[dict[str, Any]]:
     for s in series:
         ratios = [r.seconds / b.seconds for r, b in zip(s.runs, base, strict=True)]
         med = statistics.median(r.seconds for r in s.runs)
-        rows.append({
-            "variant": s.variant.name,
-            "group": s.variant.group,
-            "hash": s.variant.algo,
-            "median_s": round(med, 3),
-            "min_s": round(min(r.seconds for r in s.runs), 3),
-            "max_s": round(max(r.seconds for r in s.runs), 3),
-            "median_ratio_to_cp_sync": round(statistics.median(ratios), 3),
-            "ratios": [round(x, 3) for x in ratios],
-            "gb_per_s": round(size / med / GB, 3),
-            "cpu_s_per_gb": round(statistics.median(r.cpu_seconds for r in s.runs) / (size / GB), 3),
-            "cached_delta_mib": round(statistics.median(r.cached_delta for r in s.runs) / MiB),
-            "all_ok": all(r.ok for r in s.runs),
-            "runs_s": [round(r.seconds, 3) for r in s.runs],
-        })
+        rows.append(
+            {
+                "variant": s.variant.name,
+                "group": s.variant.group,
+                "hash": s.variant.algo,
+                "median_s": round(med, 3),
+                "min_s": round(min(r.seconds for r in s.runs), 3),
+                "max_s": round(max(r.seconds for r in s.runs), 3),
+                "median_ratio_to_cp_sync": round(statistics.median(ratios), 3),
+                "ratios": [round(x, 3) for x in ratios],
+                "gb_per_s": round(size / med / GB, 3),
+                "cpu_s_per_gb": round(statistics.median(r.cpu_seconds for r in s.runs) / (size / GB), 3),
+                "cached_delta_mib": round(statistics.median(r.cached_delta for r in s.runs) / MiB),
+                "all_ok": all(r.ok for r in s.runs),
+                "runs_s": [round(r.seconds, 3) for r in s.runs],
+            }
+        )
     return rows
 
 
@@ -551,8 +571,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         f"- Machine: {m['cpus']} CPUs, {m['kernel']}, Python {m['python']}; {m['reps']} paired repetitions, "
         "medians; order rotated each repetition",
         "- Every variant ends with fsync of the file and of its directory (or `sync`).",
-        "- GB = 1e9 bytes. Ratio = median over repetitions of (variant time / cp+sync time in the "
-        "same repetition).",
+        "- GB = 1e9 bytes. Ratio = median over repetitions of (variant time / cp+sync time in the same repetition).",
         "",
         "## Raw hash speed",
         "",
@@ -592,9 +611,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where to write copy_strategies.{json,md}")
     p.add_argument("--matrix", action="store_true", help="every buffer size with every hash")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs")
-    p.add_argument("--settle", type=float, default=0.0,
-                   help="idle seconds before each timed copy, so memory freed by the previous run has gone "
-                        "back to a VM host (free page reporting) before the next; default 0")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="idle seconds before each timed copy, so memory freed by the previous run has gone "
+        "back to a VM host (free page reporting) before the next; default 0",
+    )
     p.add_argument("--only", default="", help="comma-separated variant names to run (baseline always)")
     args = p.parse_args(argv)
     size = parse_size(args.size)
@@ -656,8 +679,10 @@ def main(argv: list[str] | None = None) -> int:
         doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         save()
         for r in sorted(rows, key=lambda r: r["median_s"]):
-            log(f"  {r['variant']:34s} {r['median_s']:6.2f}s  x{r['median_ratio_to_cp_sync']:.2f}  "
-                f"{r['gb_per_s']:.2f} GB/s  cpu {r['cpu_s_per_gb']:.2f} s/GB  cached {r['cached_delta_mib']:+d} MiB")
+            log(
+                f"  {r['variant']:34s} {r['median_s']:6.2f}s  x{r['median_ratio_to_cp_sync']:.2f}  "
+                f"{r['gb_per_s']:.2f} GB/s  cpu {r['cpu_s_per_gb']:.2f} s/GB  cached {r['cached_delta_mib']:+d} MiB"
+            )
     log(f"wrote {args.out / 'copy_strategies.json'} and .md")
     return 0
 

@@ -63,6 +63,7 @@ class StandInWatcher:
 
 def full_rescan_drain(reconciler: Reconciler) -> Callable[[], bool]:
     """drain_hints as it was for folder layouts: any event asks for a full reconcile."""
+
     def drain() -> bool:
         had = bool(reconciler.inbox.hints)
         reconciler.inbox.hints.clear()
@@ -90,24 +91,41 @@ def measure(folders: int, bursts: int, work: Path) -> dict[str, Any]:
     log(f"event_routing: writing {folders} folders")
     for i in range(1, folders + 1):
         write_folder(run / f"checkpoint-{i}", i)
-    config: Config = load_config(environ={}, overrides={
-        "primary": str(primary), "mirror": str(mirror), "layout": "hf",
-        "copy": {"settle_seconds": 0, "workers": 2}, "prune": {"enabled": False}, "metrics": {"enabled": False},
-        "watch": {"rescan_interval_seconds": 86400}, "log": {"level": "warning"}}, check_roots=False)
+    config: Config = load_config(
+        environ={},
+        overrides={
+            "primary": str(primary),
+            "mirror": str(mirror),
+            "layout": "hf",
+            "copy": {"settle_seconds": 0, "workers": 2},
+            "prune": {"enabled": False},
+            "metrics": {"enabled": False},
+            "watch": {"rescan_interval_seconds": 86400},
+            "log": {"level": "warning"},
+        },
+        check_roots=False,
+    )
     lm = LocalMirror(config.mirror)
     watchers: list[StandInWatcher] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(lm.lock())
-        daemon = Daemon(config, lambda: (config, True), Volumes(LocalVolume(primary), lm, lm.read_manifest()),
-                        watcher_factory=lambda root, patterns, mode, poll, emit: watchers.append(
-                            StandInWatcher(emit)) or watchers[-1])
+        daemon = Daemon(
+            config,
+            lambda: (config, True),
+            Volumes(LocalVolume(primary), lm, lm.read_manifest()),
+            watcher_factory=lambda root, patterns, mode, poll, emit: (
+                watchers.append(StandInWatcher(emit)) or watchers[-1]
+            ),
+        )
         stack.callback(daemon.shutdown)
         daemon.start()
         wait(lambda: len(daemon.manifest.entries) == folders * len(FILES), "the initial mirror")
         log(f"event_routing: {folders} folders mirrored; {bursts} bursts per mode")
         routed_drain = daemon.reconciler.drain_hints
-        modes = {"full rescan per event batch": full_rescan_drain(daemon.reconciler),
-                 "routed to its unit": routed_drain}
+        modes = {
+            "full rescan per event batch": full_rescan_drain(daemon.reconciler),
+            "routed to its unit": routed_drain,
+        }
         seconds: dict[str, list[float]] = {m: [] for m in modes}
         step = folders
         with LoadSampler() as load:
@@ -128,10 +146,21 @@ def measure(folders: int, bursts: int, work: Path) -> dict[str, Any]:
     base = statistics.median(seconds["full rescan per event batch"])
     for mode, values in seconds.items():
         med = statistics.median(values)
-        rows.append({"mode": mode, "median_ms": round(med * 1000, 2), "max_ms": round(max(values) * 1000, 2),
-                     "ratio_to_full_rescan": round(med / base, 3), "bursts": len(values)})
-    return {"folders": folders, "files": (folders + 2 * bursts) * len(FILES), "rows": rows,
-            "load_average": {**load.summary(), "after_1min": load_average()[0]}}
+        rows.append(
+            {
+                "mode": mode,
+                "median_ms": round(med * 1000, 2),
+                "max_ms": round(max(values) * 1000, 2),
+                "ratio_to_full_rescan": round(med / base, 3),
+                "bursts": len(values),
+            }
+        )
+    return {
+        "folders": folders,
+        "files": (folders + 2 * bursts) * len(FILES),
+        "rows": rows,
+        "load_average": {**load.summary(), "after_1min": load_average()[0]},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,15 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work / "tree", ignore_errors=True)
     out = args.out or (work if args.smoke else RESULTS)
-    table = md_table(["mode", "median ms", "max ms", "ratio to full rescan", "bursts"],
-                     [[r["mode"], r["median_ms"], r["max_ms"], r["ratio_to_full_rescan"], r["bursts"]]
-                      for r in doc["rows"]])
-    text = (f"# Event routing: one loop turn for the events of one new folder\n\n"
-            f"HF layout, {doc['folders']} mirrored `checkpoint-K/` folders of 5 files; one new folder per burst, "
-            f"its 5 close events delivered at once, one `Reconciler.work()` timed "
-            f"(`python -m bench.event_routing --folders {folders} --bursts {bursts}`).\n\n{table}\n\n"
-            f"Load average (1 min) during the bursts: {doc['load_average']['load_min']}-"
-            f"{doc['load_average']['load_max']}, mean {doc['load_average']['load_mean']}.\n")
+    table = md_table(
+        ["mode", "median ms", "max ms", "ratio to full rescan", "bursts"],
+        [[r["mode"], r["median_ms"], r["max_ms"], r["ratio_to_full_rescan"], r["bursts"]] for r in doc["rows"]],
+    )
+    text = (
+        f"# Event routing: one loop turn for the events of one new folder\n\n"
+        f"HF layout, {doc['folders']} mirrored `checkpoint-K/` folders of 5 files; one new folder per burst, "
+        f"its 5 close events delivered at once, one `Reconciler.work()` timed "
+        f"(`python -m bench.event_routing --folders {folders} --bursts {bursts}`).\n\n{table}\n\n"
+        f"Load average (1 min) during the bursts: {doc['load_average']['load_min']}-"
+        f"{doc['load_average']['load_max']}, mean {doc['load_average']['load_mean']}.\n"
+    )
     write_json(out / "event_routing.json", doc)
     (out / "event_routing.md").write_text(text)
     print(text)

@@ -98,22 +98,62 @@ class Profile:
 
 # The trainer runs 5 repetitions: its p99 ratio, a median of per-repetition ratios, moved from +1.4% to +19.7%
 # between runs of 3 on the shared machine, against a 10% goal (~14 minutes for the four cases).
-FULL = Profile(False, 3, Dataset("1x2GiB", 1, 2 * GiB), Dataset("200x4MiB", 200, 4 * MiB, runs=10),
-               5, 3000, 1000, 500.0, 2, ((100_000, 1000),), 100_000, 5000, 7)
-SMOKE = Profile(True, 1, Dataset("1x8MiB", 1, 8 * MiB), Dataset("20x256KiB", 20, 256 * KiB, runs=4),
-                1, 20, 10, 4.0, 2, ((1000, 100),), 1000, 50, 1)
+FULL = Profile(
+    False,
+    3,
+    Dataset("1x2GiB", 1, 2 * GiB),
+    Dataset("200x4MiB", 200, 4 * MiB, runs=10),
+    5,
+    3000,
+    1000,
+    500.0,
+    2,
+    ((100_000, 1000),),
+    100_000,
+    5000,
+    7,
+)
+SMOKE = Profile(
+    True,
+    1,
+    Dataset("1x8MiB", 1, 8 * MiB),
+    Dataset("20x256KiB", 20, 256 * KiB, runs=4),
+    1,
+    20,
+    10,
+    4.0,
+    2,
+    ((1000, 100),),
+    1000,
+    50,
+    1,
+)
 
 
 # --- one row of the table ----------------------------------------------------------------------
 
 
-def row(goal: str, measured: str, value: float | None, target: float | None, unit: str, load: str,
-        lower_is_better: bool = True) -> dict[str, Any]:
+def row(
+    goal: str,
+    measured: str,
+    value: float | None,
+    target: float | None,
+    unit: str,
+    load: str,
+    lower_is_better: bool = True,
+) -> dict[str, Any]:
     """A goal with its figure: ratio = value / target (<= 1 meets a lower-is-better goal)."""
     met = None if value is None or target is None else (value <= target if lower_is_better else value >= target)
-    return {"goal": goal, "measured": measured, "value": value, "target": target, "unit": unit,
-            "ratio_to_target": None if value is None or not target else round(value / target, 3),
-            "met": met, "load": load}
+    return {
+        "goal": goal,
+        "measured": measured,
+        "value": value,
+        "target": target,
+        "unit": unit,
+        "ratio_to_target": None if value is None or not target else round(value / target, 3),
+        "met": met,
+        "load": load,
+    }
 
 
 def _env(**settings: str) -> dict[str, str]:
@@ -131,11 +171,13 @@ def _mirrord_exe() -> list[str]:
 
 def _same_files(src: Path, dst: Path) -> Callable[[], None]:
     """A check that `dst` holds every checkpoint of `src` with its size (so every case did the same work)."""
+
     def check() -> None:
         want = {p.relative_to(src): p.stat().st_size for p in src.rglob("*.pt")}
         got = {p.relative_to(dst): p.stat().st_size for p in dst.rglob("*.pt")}
         if got != want:
             raise RuntimeError(f"{dst} holds {len(got)} of the {len(want)} checkpoints of {src}")
+
     return check
 
 
@@ -144,14 +186,30 @@ def _fio(target: Path, nbytes: int, direct: bool) -> Callable[[], None] | None:
     device's limit for direct I/O), or buffered in 1 MiB writes (the page cache's writeback, as `cp`)."""
     if shutil.which("fio") is None:
         return None
-    how = (["--bs=1M", "--iodepth=32", "--ioengine=libaio", "--direct=1"] if direct
-           else ["--bs=1M", "--ioengine=psync", "--direct=0"])
+    how = (
+        ["--bs=1M", "--iodepth=32", "--ioengine=libaio", "--direct=1"]
+        if direct
+        else ["--bs=1M", "--ioengine=psync", "--direct=0"]
+    )
 
     def run() -> None:
-        subprocess.run(["fio", "--name=seqwrite", f"--filename={target}/fio.dat", "--rw=write", *how,
-                        f"--size={nbytes}", "--end_fsync=1", "--output-format=json",
-                        f"--output={target.parent}/fio.json"],
-                       check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+        subprocess.run(
+            [
+                "fio",
+                "--name=seqwrite",
+                f"--filename={target}/fio.dat",
+                "--rw=write",
+                *how,
+                f"--size={nbytes}",
+                "--end_fsync=1",
+                "--output-format=json",
+                f"--output={target.parent}/fio.json",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            cwd=REPO,
+        )
+
     return run
 
 
@@ -171,6 +229,7 @@ def _copy_pair(src: Path, dst: Path, files: list[Path]) -> tuple[Callable[[], No
 
     return reset, cp_sync
 
+
 def goal_sync(p: Profile, work: Path) -> dict[str, Any]:
     src, kind = ensure_dataset(p.big, work / "data")
     dst = work / "mirror"
@@ -181,12 +240,18 @@ def goal_sync(p: Profile, work: Path) -> dict[str, Any]:
 
     def dd_direct() -> None:
         for f in files:
-            subprocess.run(["dd", f"if={f}", f"of={dst / f.name}", "bs=16M", "oflag=direct", "conv=fsync"],
-                           check=True, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                ["dd", f"if={f}", f"of={dst / f.name}", "bs=16M", "oflag=direct", "conv=fsync"],
+                check=True,
+                stderr=subprocess.DEVNULL,
+            )
         subprocess.run(["sync"], check=True)
 
-    cases = [Case("cp+sync", cp_sync), Case("dd bs=16M oflag=direct", dd_direct),
-             Case("mirrord sync", lambda: mirrord_sync(src, dst))]
+    cases = [
+        Case("cp+sync", cp_sync),
+        Case("dd bs=16M oflag=direct", dd_direct),
+        Case("mirrord sync", lambda: mirrord_sync(src, dst)),
+    ]
     for case in cases:
         case.check = _same_files(src, dst)
     fio_bw: dict[str, list[float]] = {"fio write qd32 direct": [], "fio write buffered, end fsync": []}
@@ -199,6 +264,7 @@ def goal_sync(p: Profile, work: Path) -> dict[str, Any]:
             fio()
             doc = json.loads((dst.parent / "fio.json").read_text())
             rates.append(doc["jobs"][0]["write"]["bw_bytes"])
+
         cases.append(Case(fio_name, fio_case))
     with LoadSampler() as load:
         run_paired(cases, reset, p.reps, label=p.big.name)
@@ -211,26 +277,60 @@ def goal_sync(p: Profile, work: Path) -> dict[str, Any]:
     dd_ratio = statistics.median(a / b.seconds for a, b in zip(mirrord_s, cases[1].samples, strict=True))
     lt = load.text()
     rows = [
-        row(f"1. sync {p.big.name}: mirrord sync / cp+sync", f"{m['ratio']:.2f}x ({m['median_s']} s vs "
-            f"{by['cp+sync']['median_s']} s)", m["ratio"], 1.0, "x", lt),
-        row(f"1. sync {p.big.name}: mirrord sync / dd bs=16M oflag=direct", f"{dd_ratio:.2f}x ({m['median_s']} s vs "
-            f"{by['dd bs=16M oflag=direct']['median_s']} s)", round(dd_ratio, 3), None, "x", lt),
-        row("1. sync: CPU seconds per GB (mirrord sync, start-up included)",
+        row(
+            f"1. sync {p.big.name}: mirrord sync / cp+sync",
+            f"{m['ratio']:.2f}x ({m['median_s']} s vs {by['cp+sync']['median_s']} s)",
+            m["ratio"],
+            1.0,
+            "x",
+            lt,
+        ),
+        row(
+            f"1. sync {p.big.name}: mirrord sync / dd bs=16M oflag=direct",
+            f"{dd_ratio:.2f}x ({m['median_s']} s vs {by['dd bs=16M oflag=direct']['median_s']} s)",
+            round(dd_ratio, 3),
+            None,
+            "x",
+            lt,
+        ),
+        row(
+            "1. sync: CPU seconds per GB (mirrord sync, start-up included)",
             f"{m['cpu_s_per_gb']} s/GB (cp+sync {by['cp+sync']['cpu_s_per_gb']}, "
             f"dd {by['dd bs=16M oflag=direct']['cpu_s_per_gb']})",
-            m["cpu_s_per_gb"], None, "s/GB", lt),
+            m["cpu_s_per_gb"],
+            None,
+            "s/GB",
+            lt,
+        ),
     ]
     if all(fio_bw.values()):  # rates timed as every case is (wall clock, durable at the end), not fio's own
         direct, buffered = (by[name]["gb_per_s"] for name in fio_bw)
         dev = max(direct, buffered)
         share = m["gb_per_s"] / dev
-        rows.append(row("1. sync: share of the device's limit (best of fio direct qd32 and fio buffered)",
-                        f"{m['gb_per_s']:.2f} GB/s = {share:.0%} of {dev:.2f} GB/s (direct {direct:.2f}, "
-                        f"buffered {buffered:.2f}, wall clock)", round(share, 3), None, "", lt))
+        rows.append(
+            row(
+                "1. sync: share of the device's limit (best of fio direct qd32 and fio buffered)",
+                f"{m['gb_per_s']:.2f} GB/s = {share:.0%} of {dev:.2f} GB/s (direct {direct:.2f}, "
+                f"buffered {buffered:.2f}, wall clock)",
+                round(share, 3),
+                None,
+                "",
+                lt,
+            )
+        )
     else:
         rows.append(row("1. sync: device limit (fio)", "fio missing (apt-get install fio)", None, None, "", lt))
-    return {"rows": rows, "raw": {"dataset": p.big.name, "bytes": nbytes, "file_kind": kind, "cases": table,
-                                  "fio_bw_bytes": fio_bw, **load.summary()}}
+    return {
+        "rows": rows,
+        "raw": {
+            "dataset": p.big.name,
+            "bytes": nbytes,
+            "file_kind": kind,
+            "cases": table,
+            "fio_bw_bytes": fio_bw,
+            **load.summary(),
+        },
+    }
 
 
 # --- 2. the trainer's view ----------------------------------------------------------------------
@@ -253,12 +353,16 @@ def step_slowdowns(reps: list[list[float]], base_reps: list[list[float]]) -> dic
     p50 = statistics.median(statistics.median(r) / statistics.median(b) for r, b in pairs)
     p99 = statistics.median(percentile(r, 99) / percentile(b, 99) for r, b in pairs)
     pooled = percentile(list(itertools.chain(*reps)), 99) / percentile(list(itertools.chain(*base_reps)), 99)
-    return {"p50_slowdown": round(p50 - 1, 4), "p99_slowdown": round(p99 - 1, 4),
-            "p99_slowdown_pooled": round(pooled - 1, 4)}
+    return {
+        "p50_slowdown": round(p50 - 1, 4),
+        "p99_slowdown": round(p99 - 1, 4),
+        "p99_slowdown_pooled": round(pooled - 1, 4),
+    }
 
 
-def trainer_row(goal: str, slowdown: float, ms: float, base_ms: float, target: float | None,
-                load: str, pooled: float | None = None) -> dict[str, Any]:
+def trainer_row(
+    goal: str, slowdown: float, ms: float, base_ms: float, target: float | None, load: str, pooled: float | None = None
+) -> dict[str, Any]:
     """A slowdown row: `slowdown` is the median of the per-repetition ratios, the times are of every step
     pooled (and `pooled` is the slowdown those pooled times give, shown when it is another statistic). A
     "speed-up" larger than the target means the trainer's own time moved with the neighbours more than
@@ -294,9 +398,23 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
                 mirror.mkdir(parents=True)
                 os.sync()
                 settings = cases[name]
-                cmd = [sys.executable, "-m", "bench.trainer", "--dir", str(run), "--steps", str(p.trainer_steps),
-                       "--save-every", str(p.trainer_save_every), "--frozen-mib", str(p.trainer_mib),
-                       "--first-step", str(first), "--threads", str(p.trainer_threads)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.trainer",
+                    "--dir",
+                    str(run),
+                    "--steps",
+                    str(p.trainer_steps),
+                    "--save-every",
+                    str(p.trainer_save_every),
+                    "--frozen-mib",
+                    str(p.trainer_mib),
+                    "--first-step",
+                    str(first),
+                    "--threads",
+                    str(p.trainer_threads),
+                ]
                 first += p.trainer_steps
                 if settings is None:
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
@@ -308,8 +426,12 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
                         watcher = ManifestWatcher(mirror)
                         t_end = time.perf_counter()
                         try:  # how long the mirror trails the trainer's last save (throttling's price)
-                            wait_for(lambda d=doc, w=watcher: len(w.refresh()) >= len(d["saved"]), 300,
-                                     "the trainer's checkpoints on the mirror", 0.2)
+                            wait_for(
+                                lambda d=doc, w=watcher: len(w.refresh()) >= len(d["saved"]),
+                                300,
+                                "the trainer's checkpoints on the mirror",
+                                0.2,
+                            )
                             lag[name].append(time.perf_counter() - t_end)
                         except TimeoutError:
                             lag[name].append(float("inf"))
@@ -317,22 +439,31 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
                 rep_steps[name].append(doc["step_s"])
                 cpu[name] += doc["step_cpu_s"]
                 saves[name] += doc["save_s"]
-                log(f"  trainer rep {rep + 1}/{p.trainer_reps} {name:24s} step p50 "
+                log(
+                    f"  trainer rep {rep + 1}/{p.trainer_reps} {name:24s} step p50 "
                     f"{statistics.median(doc['step_s']) * 1000:6.1f} ms  "
-                    f"p99 {percentile(doc['step_s'], 99) * 1000:6.1f} ms  saves {[round(s, 2) for s in doc['save_s']]}")
+                    f"p99 {percentile(doc['step_s'], 99) * 1000:6.1f} ms  saves {[round(s, 2) for s in doc['save_s']]}"
+                )
     shutil.rmtree(root, ignore_errors=True)
     base50, base99 = statistics.median(steps["no daemon"]), percentile(steps["no daemon"], 99)
     base_save = statistics.median(saves["no daemon"])
     table: list[dict[str, Any]] = []
     for name in names:
         s = steps[name]
-        table.append({"case": name, "settings": cases[name], "steps": len(s),
-                      "p50_ms": round(statistics.median(s) * 1000, 2), "p99_ms": round(percentile(s, 99) * 1000, 2),
-                      "cpu_p50_ms": round(statistics.median(cpu[name]) * 1000, 2),
-                      **step_slowdowns(rep_steps[name], rep_steps["no daemon"]),
-                      "save_median_s": round(statistics.median(saves[name]), 3),
-                      "save_slowdown": round(statistics.median(saves[name]) / base_save - 1, 4),
-                      "mirror_catch_up_s": [round(x, 1) if x != float("inf") else "> 300" for x in lag[name]]})
+        table.append(
+            {
+                "case": name,
+                "settings": cases[name],
+                "steps": len(s),
+                "p50_ms": round(statistics.median(s) * 1000, 2),
+                "p99_ms": round(percentile(s, 99) * 1000, 2),
+                "cpu_p50_ms": round(statistics.median(cpu[name]) * 1000, 2),
+                **step_slowdowns(rep_steps[name], rep_steps["no daemon"]),
+                "save_median_s": round(statistics.median(saves[name]), 3),
+                "save_slowdown": round(statistics.median(saves[name]) / base_save - 1, 4),
+                "mirror_catch_up_s": [round(x, 1) if x != float("inf") else "> 300" for x in lag[name]],
+            }
+        )
     by = {t["case"]: t for t in table}
     lt = load.text()
     rows = []
@@ -340,20 +471,57 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
         if name not in by:
             continue
         t = by[name]
-        rows.append(trainer_row(f"2. trainer step p50 slowdown, {tag}", t["p50_slowdown"], t["p50_ms"],
-                                round(base50 * 1000, 2), 0.03 if name == "daemon, defaults" else None, lt))
-        rows.append(trainer_row(f"2. trainer step p99 slowdown, {tag}", t["p99_slowdown"], t["p99_ms"],
-                                round(base99 * 1000, 2), 0.10 if name == "daemon, defaults" else None, lt,
-                                pooled=t["p99_slowdown_pooled"]))
+        rows.append(
+            trainer_row(
+                f"2. trainer step p50 slowdown, {tag}",
+                t["p50_slowdown"],
+                t["p50_ms"],
+                round(base50 * 1000, 2),
+                0.03 if name == "daemon, defaults" else None,
+                lt,
+            )
+        )
+        rows.append(
+            trainer_row(
+                f"2. trainer step p99 slowdown, {tag}",
+                t["p99_slowdown"],
+                t["p99_ms"],
+                round(base99 * 1000, 2),
+                0.10 if name == "daemon, defaults" else None,
+                lt,
+                pooled=t["p99_slowdown_pooled"],
+            )
+        )
         if "unresolved" in rows[-2]["measured"] and rows[-1]["met"] is not None:  # same segments, same noise
             rows[-1]["met"] = None
-            rows[-1]["measured"] += ("; unresolved: in the same segments the p50 came out faster with the daemon "
-                                     "by more than its goal's margin")
-    rows.append(row("2. trainer's own atomic_save time, mirroring vs not",
-                    "; ".join(f"{t['case'].removeprefix('daemon, ')} {t['save_median_s']} s ({t['save_slowdown']:+.0%})"
-                              for t in table[1:]) + f"; alone {round(base_save, 3)} s", None, None, "", lt))
-    return {"rows": rows, "raw": {"steps_per_segment": p.trainer_steps, "save_every": p.trainer_save_every,
-                                  "frozen_mib": p.trainer_mib, "cases": table, **load.summary()}}
+            rows[-1]["measured"] += (
+                "; unresolved: in the same segments the p50 came out faster with the daemon "
+                "by more than its goal's margin"
+            )
+    rows.append(
+        row(
+            "2. trainer's own atomic_save time, mirroring vs not",
+            "; ".join(
+                f"{t['case'].removeprefix('daemon, ')} {t['save_median_s']} s ({t['save_slowdown']:+.0%})"
+                for t in table[1:]
+            )
+            + f"; alone {round(base_save, 3)} s",
+            None,
+            None,
+            "",
+            lt,
+        )
+    )
+    return {
+        "rows": rows,
+        "raw": {
+            "steps_per_segment": p.trainer_steps,
+            "save_every": p.trainer_save_every,
+            "frozen_mib": p.trainer_mib,
+            "cases": table,
+            **load.summary(),
+        },
+    }
 
 
 # --- 3. instant answers -------------------------------------------------------------------------
@@ -418,22 +586,33 @@ def goal_answers(p: Profile, work: Path) -> dict[str, Any]:
     shutil.rmtree(root, ignore_errors=True)
     lt = load.text()
     rows, raw = [], []
-    for name, target, what in (("mirrord latest", 0.300, "on a mirror of 2 x 2 GiB checkpoints"),
-                               ("mirrord status", 0.500, "same mirror, no daemon"),
-                               ("mirrord --version", None, "")):
+    for name, target, what in (
+        ("mirrord latest", 0.300, "on a mirror of 2 x 2 GiB checkpoints"),
+        ("mirrord status", 0.500, "same mirror, no daemon"),
+        ("mirrord --version", None, ""),
+    ):
         warm_s = statistics.median(timings[name])
         cold_s = statistics.median(cold[name]) if cold[name] else None
         cpu_s = statistics.median(cpu[name])
         best = min(timings[name])
-        text = (f"best {best * 1000:.0f} ms, median {warm_s * 1000:.0f} ms (CPU {cpu_s * 1000:.0f} ms)"
-                + (f"; {cold_s * 1000:.0f} ms after drop_caches" if cold_s else ""))
+        text = f"best {best * 1000:.0f} ms, median {warm_s * 1000:.0f} ms (CPU {cpu_s * 1000:.0f} ms)" + (
+            f"; {cold_s * 1000:.0f} ms after drop_caches" if cold_s else ""
+        )
         # Judged on the best warm run: on a machine whose load is many times its core count, the median
         # measures the neighbours; the best run is the closest to a quiet machine (and above the CPU time).
         rows.append(row(f"3. `{name}` {what}".rstrip(), text, round(best, 4), target, "s", lt))
-        raw.append({"command": name, "warm_s": [round(x, 4) for x in timings[name]], "cpu_s_median": round(cpu_s, 4),
-                    "cold_s": [round(x, 4) for x in cold[name]]})
-    return {"rows": rows, "raw": {"commands": raw, "bytecode": "compiled once, as pip does at install",
-                                  **load.summary()}}
+        raw.append(
+            {
+                "command": name,
+                "warm_s": [round(x, 4) for x in timings[name]],
+                "cpu_s_median": round(cpu_s, 4),
+                "cold_s": [round(x, 4) for x in cold[name]],
+            }
+        )
+    return {
+        "rows": rows,
+        "raw": {"commands": raw, "bytecode": "compiled once, as pip does at install", **load.summary()},
+    }
 
 
 # --- 4. scale -----------------------------------------------------------------------------------
@@ -491,8 +670,9 @@ def burst(p: Profile, work: Path, count: int) -> dict[str, Any]:
     os.environ["WATCHDOG_USEC"] = str(int(2 * period * 1e6))  # pings every period (half of WatchdogSec)
     blob = checkpoint_bytes(4 * KiB, 1)
     try:
-        with DaemonProcess(root, primary, mirror, {"daemon": {"heartbeat_seconds": period}}, base=BENCH,
-                           keep_notify=True):
+        with DaemonProcess(
+            root, primary, mirror, {"daemon": {"heartbeat_seconds": period}}, base=BENCH, keep_notify=True
+        ):
             t_start = time.monotonic()
             for i in range(count):
                 run = primary / f"run_{i % 10:02d}"
@@ -511,26 +691,38 @@ def burst(p: Profile, work: Path, count: int) -> dict[str, Any]:
         listener.close()
     shutil.rmtree(root, ignore_errors=True)
     worst = max(gaps) if gaps else None
-    return {"files": count, "commit_s": round(t_committed - t_start, 2), "mirrored_s": round(t_done - t_start, 2),
-            "ping_period_s": period, "pings": len(gaps) + 1, "max_gap_s": None if worst is None else round(worst, 3),
-            "p99_gap_s": round(percentile(gaps, 99), 3) if gaps else None,
-            "max_blocked_s": None if worst is None else round(max(0.0, worst - period), 3)}
+    return {
+        "files": count,
+        "commit_s": round(t_committed - t_start, 2),
+        "mirrored_s": round(t_done - t_start, 2),
+        "ping_period_s": period,
+        "pings": len(gaps) + 1,
+        "max_gap_s": None if worst is None else round(worst, 3),
+        "p99_gap_s": round(percentile(gaps, 99), 3) if gaps else None,
+        "max_blocked_s": None if worst is None else round(max(0.0, worst - period), 3),
+    }
 
 
 def _reconcile_text(r: dict[str, Any]) -> str:
     first = r.get("first_pass", {}).get("reconcile_s", "?")
     if "scan_mirror_wait_s" not in r:  # measured before the mirror was listed alongside the primary
-        return (f"{r['reconcile_s']} s, CPU {r.get('reconcile_cpu_s', '?')} s (scan {r['scan_primary_s']} + "
-                f"{r['scan_mirror_s']}, manifest {r['manifest_load_s']}, plan {r['plan_s']}; first pass {first} s)")
+        return (
+            f"{r['reconcile_s']} s, CPU {r.get('reconcile_cpu_s', '?')} s (scan {r['scan_primary_s']} + "
+            f"{r['scan_mirror_s']}, manifest {r['manifest_load_s']}, plan {r['plan_s']}; first pass {first} s)"
+        )
     passes = " ".join(str(x) for x in r.get("passes_s", ()))
     if not r.get("mirror_listed_in_child"):  # (too big, or too small, for a listing child)
-        return (f"{r['reconcile_s']} s, median of passes {passes}; CPU {r['reconcile_cpu_s']} s (manifest "
-                f"{r['manifest_load_s']}, primary {r['scan_primary_s']}, then the mirror in this process "
-                f"{round(r['scan_mirror_wait_s'], 3)}, plan {r['plan_s']}; first pass {first} s)")
-    return (f"{r['reconcile_s']} s, median of passes {passes}; CPU {r['reconcile_cpu_s']} s + child "
-            f"{round(r['child_cpu_s'], 2)} s (manifest {r['manifest_load_s']} then primary {r['scan_primary_s']}, "
-            f"alongside them the mirror {r['scan_mirror_s']} (by a child; waited for "
-            f"{round(r['scan_mirror_wait_s'], 3)}), plan {r['plan_s']}; first pass {first} s)")
+        return (
+            f"{r['reconcile_s']} s, median of passes {passes}; CPU {r['reconcile_cpu_s']} s (manifest "
+            f"{r['manifest_load_s']}, primary {r['scan_primary_s']}, then the mirror in this process "
+            f"{round(r['scan_mirror_wait_s'], 3)}, plan {r['plan_s']}; first pass {first} s)"
+        )
+    return (
+        f"{r['reconcile_s']} s, median of passes {passes}; CPU {r['reconcile_cpu_s']} s + child "
+        f"{round(r['child_cpu_s'], 2)} s (manifest {r['manifest_load_s']} then primary {r['scan_primary_s']}, "
+        f"alongside them the mirror {r['scan_mirror_s']} (by a child; waited for "
+        f"{round(r['scan_mirror_wait_s'], 3)}), plan {r['plan_s']}; first pass {first} s)"
+    )
 
 
 def goal_scale(p: Profile, work: Path) -> dict[str, Any]:
@@ -544,31 +736,69 @@ def goal_scale(p: Profile, work: Path) -> dict[str, Any]:
             r = scale.measure(work, n_files, n_runs, sync_command=True)
         raw["reconcile"].append({**r, **load.summary()})
         rss = r["reconcile_peak_rss_mib"]
-        rows.append(row(f"4. reconcile of {n_files:,} files in {n_runs:,} runs", _reconcile_text(r),
-                        r["reconcile_s"], 5.0, "s", load.text()))
-        rows.append(row(f"4. reconcile of {n_files:,} files: peak RSS", f"{rss} MiB", rss, 300, "MiB",
-                        load.text()))
+        rows.append(
+            row(
+                f"4. reconcile of {n_files:,} files in {n_runs:,} runs",
+                _reconcile_text(r),
+                r["reconcile_s"],
+                5.0,
+                "s",
+                load.text(),
+            )
+        )
+        rows.append(row(f"4. reconcile of {n_files:,} files: peak RSS", f"{rss} MiB", rss, 300, "MiB", load.text()))
         with LoadSampler() as load:  # a running daemon's rescans
             d = scale.daemon_passes(work / f"scale-{n_files}", passes=4)
         raw.setdefault("daemon", []).append({"files": n_files, "runs": n_runs, **d, **load.summary()})
-        rows.append(row(f"4. daemon rescan of {n_files:,} files in {n_runs:,} runs (retention on, keeping all)",
-                        f"median {d['median_s']} s of {len(d['rescans_s'])} (CPU {d['cpu_s_per_rescan']} s per "
-                        f"rescan; first pass {d['first_s']} s)", d["median_s"], 5.0, "s", load.text()))
-        rows.append(row(f"4. daemon rescan of {n_files:,} files: peak RSS", f"{d['peak_rss_mib']} MiB",
-                        d["peak_rss_mib"], 300, "MiB", load.text()))
+        rows.append(
+            row(
+                f"4. daemon rescan of {n_files:,} files in {n_runs:,} runs (retention on, keeping all)",
+                f"median {d['median_s']} s of {len(d['rescans_s'])} (CPU {d['cpu_s_per_rescan']} s per "
+                f"rescan; first pass {d['first_s']} s)",
+                d["median_s"],
+                5.0,
+                "s",
+                load.text(),
+            )
+        )
+        rows.append(
+            row(
+                f"4. daemon rescan of {n_files:,} files: peak RSS",
+                f"{d['peak_rss_mib']} MiB",
+                d["peak_rss_mib"],
+                300,
+                "MiB",
+                load.text(),
+            )
+        )
     with LoadSampler() as load:
         rec = manifest_bench.measure_after(work / "record", p.record_entries, 200 if not p.smoke else 20)
     shutil.rmtree(work / "record", ignore_errors=True)
     raw["record"] = {"entries": p.record_entries, **rec, **load.summary()}
-    rows.append(row(f"4. record one copy at {p.record_entries:,} manifest entries",
-                    f"median {rec['median_ms']} ms, p99 {rec['p99_ms']} ms, max {rec['max_ms']} ms",
-                    rec["median_ms"] / 1000, 0.010, "s", load.text()))
+    rows.append(
+        row(
+            f"4. record one copy at {p.record_entries:,} manifest entries",
+            f"median {rec['median_ms']} ms, p99 {rec['p99_ms']} ms, max {rec['max_ms']} ms",
+            rec["median_ms"] / 1000,
+            0.010,
+            "s",
+            load.text(),
+        )
+    )
     with LoadSampler() as load:
         b = burst(p, work, p.burst)
     raw["burst"] = {**b, **load.summary()}
-    rows.append(row(f"4. burst of {p.burst:,} small checkpoints: main loop longest block",
-                    f"{b['max_blocked_s']} s (WATCHDOG gaps max {b['max_gap_s']} s, p99 {b['p99_gap_s']} s; "
-                    f"all mirrored in {b['mirrored_s']} s)", b["max_blocked_s"], 1.0, "s", load.text()))
+    rows.append(
+        row(
+            f"4. burst of {p.burst:,} small checkpoints: main loop longest block",
+            f"{b['max_blocked_s']} s (WATCHDOG gaps max {b['max_gap_s']} s, p99 {b['p99_gap_s']} s; "
+            f"all mirrored in {b['mirrored_s']} s)",
+            b["max_blocked_s"],
+            1.0,
+            "s",
+            load.text(),
+        )
+    )
     return {"rows": rows, "raw": raw}
 
 
@@ -584,22 +814,40 @@ def goal_small(p: Profile, work: Path) -> dict[str, Any]:
 
     reset, cp_sync = _copy_pair(src, dst, files)
 
-    cases = [Case("cp+sync", cp_sync, _same_files(src, dst)),
-             Case("mirrord sync", lambda: mirrord_sync(src, dst), _same_files(src, dst))]
+    cases = [
+        Case("cp+sync", cp_sync, _same_files(src, dst)),
+        Case("mirrord sync", lambda: mirrord_sync(src, dst), _same_files(src, dst)),
+    ]
     with LoadSampler() as load:
         run_paired(cases, reset, max(p.reps, 5) if not p.smoke else 1, label=p.small.name)
     reset()
-    fsyncs = fsyncs_of([sys.executable, "-m", "mirrord", "sync", "--primary", str(src), "--mirror", str(dst)],
-                       _env(prune__enabled="false"))
+    fsyncs = fsyncs_of(
+        [sys.executable, "-m", "mirrord", "sync", "--primary", str(src), "--mirror", str(dst)],
+        _env(prune__enabled="false"),
+    )
     shutil.rmtree(dst, ignore_errors=True)
     table = summarize(cases, tree_bytes(src), "cp+sync")
     m = table[1]
     per_file = None if fsyncs is None else round(fsyncs / len(files), 2)
-    return {"rows": [row(f"5. sync {p.small.name}: mirrord sync / cp+sync",
-                         f"{m['ratio']:.2f}x ({m['median_s']} s vs {table[0]['median_s']} s; "
-                         f"{per_file} fsyncs per file)", m["ratio"], 1.5, "x", load.text())],
-            "raw": {"dataset": p.small.name, "cases": table, "fsyncs": fsyncs, "fsyncs_per_file": per_file,
-                    **load.summary()}}
+    return {
+        "rows": [
+            row(
+                f"5. sync {p.small.name}: mirrord sync / cp+sync",
+                f"{m['ratio']:.2f}x ({m['median_s']} s vs {table[0]['median_s']} s; {per_file} fsyncs per file)",
+                m["ratio"],
+                1.5,
+                "x",
+                load.text(),
+            )
+        ],
+        "raw": {
+            "dataset": p.small.name,
+            "cases": table,
+            "fsyncs": fsyncs,
+            "fsyncs_per_file": per_file,
+            **load.summary(),
+        },
+    }
 
 
 # --- 6. commit-to-mirror latency of a big checkpoint --------------------------------------------
@@ -633,8 +881,9 @@ def goal_commit(p: Profile, work: Path) -> dict[str, Any]:
                     rel = f"run_a/{name}"
                     t0 = time.perf_counter()
                     (run / f"{name}.tmp").replace(run / name)
-                    wait_for(lambda: rel in watcher.refresh() and (mirror / rel).exists(), 600,
-                             f"{rel} on the mirror", 0.002)
+                    wait_for(
+                        lambda: rel in watcher.refresh() and (mirror / rel).exists(), 600, f"{rel} on the mirror", 0.002
+                    )
                     latency.append(time.perf_counter() - t0)
 
             def pure_case(primary: Path = primary, scratch: Path = scratch, staged: Path = staged) -> None:
@@ -651,15 +900,31 @@ def goal_commit(p: Profile, work: Path) -> dict[str, Any]:
             log(f"  commit rep {rep + 1}/{p.reps}: commit-to-mirror {latency[-1]:.3f} s, pure copy {pure[-1]:.3f} s")
     shutil.rmtree(root, ignore_errors=True)
     ratio = statistics.median(a / b for a, b in zip(latency, pure, strict=True))
-    return {"rows": [row(f"6. commit-to-mirror of {p.big.name} / pure copy (mirrord's copier, same file)",
-                         f"{ratio:.2f}x ({statistics.median(latency):.2f} s vs {statistics.median(pure):.2f} s)",
-                         round(ratio, 3), 1.3, "x", load.text())],
-            "raw": {"latency_s": [round(x, 3) for x in latency], "pure_copy_s": [round(x, 3) for x in pure],
-                    **load.summary()}}
+    return {
+        "rows": [
+            row(
+                f"6. commit-to-mirror of {p.big.name} / pure copy (mirrord's copier, same file)",
+                f"{ratio:.2f}x ({statistics.median(latency):.2f} s vs {statistics.median(pure):.2f} s)",
+                round(ratio, 3),
+                1.3,
+                "x",
+                load.text(),
+            )
+        ],
+        "raw": {
+            "latency_s": [round(x, 3) for x in latency],
+            "pure_copy_s": [round(x, 3) for x in pure],
+            **load.summary(),
+        },
+    }
 
 
 RUNNERS: dict[str, Callable[[Profile, Path], dict[str, Any]]] = {
-    "sync": goal_sync, "trainer": goal_trainer, "answers": goal_answers, "scale": goal_scale, "small": goal_small,
+    "sync": goal_sync,
+    "trainer": goal_trainer,
+    "answers": goal_answers,
+    "scale": goal_scale,
+    "small": goal_small,
     "commit": goal_commit,
 }
 
@@ -696,82 +961,214 @@ HEADERS = ["goal", "measured", "measured / target", "target", "met/gap", "load a
 
 def to_markdown(doc: dict[str, Any]) -> str:
     m = doc["meta"]
-    title = "# mirrord: the performance budgets (issue 31)" + (" (smoke run: tiny sizes, numbers mean nothing)" if m["smoke"]
-                                                  else "")
-    out = [title,
-           "", f"Last run: `{m['command']}` on {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}; "
-           f"disk {m['disk']} "
-           "(source and mirror on it). Paired repetitions, order rotated, medians; a ratio is taken inside one "
-           "repetition. **The machine is shared**: the last column is the 1-minute load average sampled during "
-           "that measurement (min-max); absolute times follow it, ratios much less. \"CPU shielded\": run with "
-           "`--shield`, in a cgroup weighted far above the rest of the machine, so the neighbours' CPU load did not "
-           "reach it (their disk and memory traffic did).", "",
-           md_table(HEADERS, table_rows(doc)), ""]
+    title = "# mirrord: the performance budgets (issue 31)" + (
+        " (smoke run: tiny sizes, numbers mean nothing)" if m["smoke"] else ""
+    )
+    out = [
+        title,
+        "",
+        f"Last run: `{m['command']}` on {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}; "
+        f"disk {m['disk']} "
+        "(source and mirror on it). Paired repetitions, order rotated, medians; a ratio is taken inside one "
+        "repetition. **The machine is shared**: the last column is the 1-minute load average sampled during "
+        'that measurement (min-max); absolute times follow it, ratios much less. "CPU shielded": run with '
+        "`--shield`, in a cgroup weighted far above the rest of the machine, so the neighbours' CPU load did not "
+        "reach it (their disk and memory traffic did).",
+        "",
+        md_table(HEADERS, table_rows(doc)),
+        "",
+    ]
     raw = {g: doc[g]["raw"] for g in GOALS if doc.get(g)}
     if "sync" in raw:
-        out += ["## 1. sync of one big file", "", md_table(
-            ["case", "median s", "ratio to cp+sync", "GB/s", "CPU s/GB", "runs s"],
-            [[c["case"], c["median_s"], c["ratio"], c["gb_per_s"], c["cpu_s_per_gb"],
-              " ".join(f"{x:.2f}" for x in c["runs_s"])] for c in raw["sync"]["cases"]]), "",
+        out += [
+            "## 1. sync of one big file",
+            "",
+            md_table(
+                ["case", "median s", "ratio to cp+sync", "GB/s", "CPU s/GB", "runs s"],
+                [
+                    [
+                        c["case"],
+                        c["median_s"],
+                        c["ratio"],
+                        c["gb_per_s"],
+                        c["cpu_s_per_gb"],
+                        " ".join(f"{x:.2f}" for x in c["runs_s"]),
+                    ]
+                    for c in raw["sync"]["cases"]
+                ],
+            ),
+            "",
             "`dd` runs with `conv=fsync` and `sync` after it, like the others (durable at the end); fio writes the "
             "same number of bytes twice: with 1 MiB blocks, queue depth 32, O_DIRECT, libaio, and buffered in 1 MiB "
-            "writes (the page cache's writeback, as `cp`), each with an fsync at the end.", ""]
+            "writes (the page cache's writeback, as `cp`), each with an fsync at the end.",
+            "",
+        ]
     if "trainer" in raw:
         t = raw["trainer"]
-        out += ["## 2. the trainer", "", f"{t['steps_per_segment']} steps per segment, atomic_save every "
-                f"{t['save_every']} steps (~{t['frozen_mib']:g} MiB frozen embedding + MLP + optimizer); step = "
-                "forward + backward + optimizer step (the save is timed apart). "
-                f"Recommended: `{json.dumps(RECOMMENDED)}`.",
-                "", md_table(["case", "steps", "p50 ms", "p99 ms", "p50 slowdown (median of per-rep ratios)",
-                              "p99 slowdown (median of per-rep ratios)", "p99 slowdown (all steps pooled)",
-                              "step CPU p50 ms", "save median s", "save slowdown",
-                              "mirror caught up s after the segment"],
-                             [[c["case"], c["steps"], c["p50_ms"], c["p99_ms"], f"{c['p50_slowdown']:+.1%}",
-                               *_p99_columns(c), c.get("cpu_p50_ms", "-"), c["save_median_s"],
-                               f"{c['save_slowdown']:+.0%}", " ".join(map(str, c.get("mirror_catch_up_s", [])))
-                               or "-"]
-                              for c in t["cases"]]), ""]
+        out += [
+            "## 2. the trainer",
+            "",
+            f"{t['steps_per_segment']} steps per segment, atomic_save every "
+            f"{t['save_every']} steps (~{t['frozen_mib']:g} MiB frozen embedding + MLP + optimizer); step = "
+            "forward + backward + optimizer step (the save is timed apart). "
+            f"Recommended: `{json.dumps(RECOMMENDED)}`.",
+            "",
+            md_table(
+                [
+                    "case",
+                    "steps",
+                    "p50 ms",
+                    "p99 ms",
+                    "p50 slowdown (median of per-rep ratios)",
+                    "p99 slowdown (median of per-rep ratios)",
+                    "p99 slowdown (all steps pooled)",
+                    "step CPU p50 ms",
+                    "save median s",
+                    "save slowdown",
+                    "mirror caught up s after the segment",
+                ],
+                [
+                    [
+                        c["case"],
+                        c["steps"],
+                        c["p50_ms"],
+                        c["p99_ms"],
+                        f"{c['p50_slowdown']:+.1%}",
+                        *_p99_columns(c),
+                        c.get("cpu_p50_ms", "-"),
+                        c["save_median_s"],
+                        f"{c['save_slowdown']:+.0%}",
+                        " ".join(map(str, c.get("mirror_catch_up_s", []))) or "-",
+                    ]
+                    for c in t["cases"]
+                ],
+            ),
+            "",
+        ]
     if "answers" in raw:
-        out += ["## 3. answers", "", md_table(["command", "CPU s (median)", "warm runs s", "after drop_caches s"],
-                                              [[c["command"], c.get("cpu_s_median", "-"),
-                                                " ".join(f"{x:.3f}" for x in c["warm_s"]),
-                                                " ".join(f"{x:.3f}" for x in c["cold_s"]) or "-"]
-                                               for c in raw["answers"]["commands"]]), "",
-                "Each is a new process, start-up included (the interpreter's too); bytecode "
-                f"{raw['answers'].get('bytecode', 'as the environment left it')}.", ""]
+        out += [
+            "## 3. answers",
+            "",
+            md_table(
+                ["command", "CPU s (median)", "warm runs s", "after drop_caches s"],
+                [
+                    [
+                        c["command"],
+                        c.get("cpu_s_median", "-"),
+                        " ".join(f"{x:.3f}" for x in c["warm_s"]),
+                        " ".join(f"{x:.3f}" for x in c["cold_s"]) or "-",
+                    ]
+                    for c in raw["answers"]["commands"]
+                ],
+            ),
+            "",
+            "Each is a new process, start-up included (the interpreter's too); bytecode "
+            f"{raw['answers'].get('bytecode', 'as the environment left it')}.",
+            "",
+        ]
     if "scale" in raw:
         s = raw["scale"]
-        out += ["## 4. scale", "", md_table(
-            ["files", "runs", "manifest load s", "scan primary s", "scan mirror s (alongside)", "plan s",
-             "reconcile s", "passes s", "peak RSS MiB (+ child)", "`mirrord sync` no-op s", "load"],
-            [[x["files"], x["runs"], x["manifest_load_s"], x["scan_primary_s"], x["scan_mirror_s"], x["plan_s"],
-              x["reconcile_s"], " ".join(str(v) for v in x.get("passes_s", ())) or "-",
-              f"{x['reconcile_peak_rss_mib']} (+ {x.get('child_peak_rss_mib', '-')})", x.get("sync_command_s", "-"),
-              f"{x['load_min']:.1f}-{x['load_max']:.1f}"] for x in s["reconcile"]]), "",
-            f"Burst: {json.dumps(s['burst'])}", ""]
+        out += [
+            "## 4. scale",
+            "",
+            md_table(
+                [
+                    "files",
+                    "runs",
+                    "manifest load s",
+                    "scan primary s",
+                    "scan mirror s (alongside)",
+                    "plan s",
+                    "reconcile s",
+                    "passes s",
+                    "peak RSS MiB (+ child)",
+                    "`mirrord sync` no-op s",
+                    "load",
+                ],
+                [
+                    [
+                        x["files"],
+                        x["runs"],
+                        x["manifest_load_s"],
+                        x["scan_primary_s"],
+                        x["scan_mirror_s"],
+                        x["plan_s"],
+                        x["reconcile_s"],
+                        " ".join(str(v) for v in x.get("passes_s", ())) or "-",
+                        f"{x['reconcile_peak_rss_mib']} (+ {x.get('child_peak_rss_mib', '-')})",
+                        x.get("sync_command_s", "-"),
+                        f"{x['load_min']:.1f}-{x['load_max']:.1f}",
+                    ]
+                    for x in s["reconcile"]
+                ],
+            ),
+            "",
+            f"Burst: {json.dumps(s['burst'])}",
+            "",
+        ]
         if s.get("daemon"):
-            out += ["A running daemon (`mirrord run`, retention on but keeping every step, a rescan every second) "
-                    "on the same tree: each full reconcile as it logs it (`reconcile.finished`), which also plans "
-                    "retention, observes both listings and runs the prune pass; the manifest is held, not read.", "",
-                    md_table(["files", "runs", "first pass s", "rescans s", "CPU s per rescan (+ listing child)",
-                              "mirror listed by", "peak RSS MiB", "load"],
-                             [[x["files"], x["runs"], x["first_s"], " ".join(str(v) for v in x["rescans_s"]),
-                               f"{x['cpu_s_per_rescan']} (+ {x.get('child_cpu_s_per_rescan', '-')})",
-                               ", ".join(x.get("mirror_listed_by", ())) or "-", x["peak_rss_mib"],
-                               f"{x['load_min']:.1f}-{x['load_max']:.1f}"]
-                              for x in s["daemon"]]), ""]
+            out += [
+                "A running daemon (`mirrord run`, retention on but keeping every step, a rescan every second) "
+                "on the same tree: each full reconcile as it logs it (`reconcile.finished`), which also plans "
+                "retention, observes both listings and runs the prune pass; the manifest is held, not read.",
+                "",
+                md_table(
+                    [
+                        "files",
+                        "runs",
+                        "first pass s",
+                        "rescans s",
+                        "CPU s per rescan (+ listing child)",
+                        "mirror listed by",
+                        "peak RSS MiB",
+                        "load",
+                    ],
+                    [
+                        [
+                            x["files"],
+                            x["runs"],
+                            x["first_s"],
+                            " ".join(str(v) for v in x["rescans_s"]),
+                            f"{x['cpu_s_per_rescan']} (+ {x.get('child_cpu_s_per_rescan', '-')})",
+                            ", ".join(x.get("mirror_listed_by", ())) or "-",
+                            x["peak_rss_mib"],
+                            f"{x['load_min']:.1f}-{x['load_max']:.1f}",
+                        ]
+                        for x in s["daemon"]
+                    ],
+                ),
+                "",
+            ]
     if "small" in raw:
-        out += ["## 5. many small files", "", md_table(
-            ["case", "median s", "ratio to cp+sync", "runs s"],
-            [[c["case"], c["median_s"], c["ratio"], " ".join(f"{x:.2f}" for x in c["runs_s"])]
-             for c in raw["small"]["cases"]]), "", f"fsync (and syncfs) calls of one `mirrord sync` (strace -f -c): "
-            f"{raw['small']['fsyncs']} ({raw['small']['fsyncs_per_file']} per file).", ""]
+        out += [
+            "## 5. many small files",
+            "",
+            md_table(
+                ["case", "median s", "ratio to cp+sync", "runs s"],
+                [
+                    [c["case"], c["median_s"], c["ratio"], " ".join(f"{x:.2f}" for x in c["runs_s"])]
+                    for c in raw["small"]["cases"]
+                ],
+            ),
+            "",
+            f"fsync (and syncfs) calls of one `mirrord sync` (strace -f -c): "
+            f"{raw['small']['fsyncs']} ({raw['small']['fsyncs_per_file']} per file).",
+            "",
+        ]
     if "commit" in raw:
         c = raw["commit"]
-        out += ["## 6. commit-to-mirror", "", f"commit-to-mirror s: {c['latency_s']}; pure copy s: {c['pure_copy_s']}.",
-                ""]
-    out += ["## Which run measured each goal", "", *(f"- {goal}: {_measured_in(doc[goal])}" for goal in GOALS
-                                                      if doc.get(goal)), ""]
+        out += [
+            "## 6. commit-to-mirror",
+            "",
+            f"commit-to-mirror s: {c['latency_s']}; pure copy s: {c['pure_copy_s']}.",
+            "",
+        ]
+    out += [
+        "## Which run measured each goal",
+        "",
+        *(f"- {goal}: {_measured_in(doc[goal])}" for goal in GOALS if doc.get(goal)),
+        "",
+    ]
     out += [f"This run started {m['started']}, finished {m.get('finished', '?')}.", ""]
     return "\n".join(out)
 
@@ -807,8 +1204,11 @@ def run_goals(goals: list[str], smoke: bool, work: Path, out: Path, meta: dict[s
         log(f"goal: {goal}")
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         doc[goal] = RUNNERS[goal](p, work)
-        doc[goal]["measured_in"] = {"command": meta["command"], "started": started,
-                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        doc[goal]["measured_in"] = {
+            "command": meta["command"],
+            "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         save()
     save()
     print()

@@ -38,8 +38,9 @@ def _mirrored(manifest: ManifestWatcher, mirror: Path, rel: str) -> bool:
     return rel in manifest.refresh() and (mirror / rel).exists()
 
 
-def measure(work: Path, mode: str, samples: int, size: int, settings: dict[str, Any] | None = None,
-            say: Log = log) -> dict[str, Any]:
+def measure(
+    work: Path, mode: str, samples: int, size: int, settings: dict[str, Any] | None = None, say: Log = log
+) -> dict[str, Any]:
     """Commit ``samples`` checkpoints one after another with the daemon in watch ``mode``."""
     root = work / f"latency-{mode}"
     shutil.rmtree(root, ignore_errors=True)
@@ -71,8 +72,14 @@ def measure(work: Path, mode: str, samples: int, size: int, settings: dict[str, 
     say(f"  latency {mode}: p50 {percentile(ms, 50):.1f} ms  p99 {percentile(ms, 99):.1f} ms  (n={len(ms)})")
     shutil.rmtree(root, ignore_errors=True)
     return {
-        "mode": mode, "samples": len(ms), "checkpoint_bytes": len(blobs[0]) if blobs else 0,
-        "p50_ms": round(percentile(ms, 50), 1), "p99_ms": round(percentile(ms, 99), 1),
-        "min_ms": round(min(ms), 1), "max_ms": round(max(ms), 1), "daemon_pid": pid,
-        "settings": config, "all_ms": [round(x, 1) for x in ms],
+        "mode": mode,
+        "samples": len(ms),
+        "checkpoint_bytes": len(blobs[0]) if blobs else 0,
+        "p50_ms": round(percentile(ms, 50), 1),
+        "p99_ms": round(percentile(ms, 99), 1),
+        "min_ms": round(min(ms), 1),
+        "max_ms": round(max(ms), 1),
+        "daemon_pid": pid,
+        "settings": config,
+        "all_ms": [round(x, 1) for x in ms],
     }

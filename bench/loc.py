@@ -15,8 +15,15 @@ import sys
 import tokenize
 from pathlib import Path
 
-_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-             tokenize.ENCODING, tokenize.ENDMARKER}
+_NOT_CODE = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENCODING,
+    tokenize.ENDMARKER,
+}
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:
@@ -25,8 +32,11 @@ def docstring_lines(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 lines.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
     return lines
 
@@ -42,8 +52,10 @@ def count_source(source: str) -> int:
 
 def count_package(root: Path) -> dict[str, int]:
     """Lines of code per module below `root` (paths relative to root's parent)."""
-    return {str(path.relative_to(root.parent)): count_source(path.read_text(encoding="utf-8"))
-            for path in sorted(root.rglob("*.py"))}
+    return {
+        str(path.relative_to(root.parent)): count_source(path.read_text(encoding="utf-8"))
+        for path in sorted(root.rglob("*.py"))
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -46,8 +46,15 @@ BASELINE = "c9550a2"  # main just before the journal: its manifest rewrote the w
 
 
 def entry(i: int, run: int = 1000) -> ManifestEntry:
-    return ManifestEntry(f"run_{i % run:04d}/step_{i // run:06d}.pt", 2_652_347_904 + i, "blake3", f"{i:064x}",
-                         1_764_480_000_123_456_789 + i, i // run, 1_764_480_012.5 + i)
+    return ManifestEntry(
+        f"run_{i % run:04d}/step_{i // run:06d}.pt",
+        2_652_347_904 + i,
+        "blake3",
+        f"{i:064x}",
+        1_764_480_000_123_456_789 + i,
+        i // run,
+        1_764_480_012.5 + i,
+    )
 
 
 def entries_of(n: int) -> dict[str, ManifestEntry]:
@@ -63,15 +70,23 @@ def fresh_dir(work: Path, label: str) -> Path:
 
 def summary(seconds: list[float]) -> dict[str, float]:
     ms = sorted(s * 1000 for s in seconds)
-    return {"median_ms": round(statistics.median(ms), 3), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 3),
-            "max_ms": round(ms[-1], 3), "samples": len(ms)}
+    return {
+        "median_ms": round(statistics.median(ms), 3),
+        "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 3),
+        "max_ms": round(ms[-1], 3),
+        "samples": len(ms),
+    }
 
 
 def old_manifest_module() -> types.ModuleType | None:
     """mirrord/store/manifest.py as it was at BASELINE, imported under another name (its imports still resolve)."""
     try:
-        source = subprocess.run(["git", "-C", str(REPO), "show", f"{BASELINE}:mirrord/store/manifest.py"],
-                                check=True, capture_output=True, text=True).stdout
+        source = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{BASELINE}:mirrord/store/manifest.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     module = types.ModuleType("mirrord_manifest_baseline")
@@ -128,9 +143,12 @@ def measure_after(work: Path, n: int, count: int) -> dict[str, Any]:
     Manifest.load(d)
     load_full = time.perf_counter() - t0
     return {
-        **record, "compaction_s": round(compaction, 3), "compaction_every_records": threshold,
+        **record,
+        "compaction_s": round(compaction, 3),
+        "compaction_every_records": threshold,
         "amortized_ms": round(record["median_ms"] + compaction * 1000 / threshold, 3),
-        "load_snapshot_s": round(load_snapshot, 3), "load_with_longest_journal_s": round(load_full, 3),
+        "load_snapshot_s": round(load_snapshot, 3),
+        "load_with_longest_journal_s": round(load_full, 3),
         "snapshot_mib": round((d / MANIFEST_NAME).stat().st_size / 2**20, 2),
     }
 
@@ -166,8 +184,13 @@ def measure_group(work: Path, n: int, threads: int, per_thread: int) -> dict[str
         os.fsync = real
     total = threads * per_thread
     manifest.close()
-    return {"threads": threads, "records": total, "journal_fsyncs": synced[0],
-            "fsyncs_per_record": round(synced[0] / total, 3), "records_per_s": round(total / elapsed)}
+    return {
+        "threads": threads,
+        "records": total,
+        "journal_fsyncs": synced[0],
+        "fsyncs_per_record": round(synced[0] / total, 3),
+        "records_per_s": round(total / elapsed),
+    }
 
 
 def baseline_tree(work: Path) -> Path | None:
@@ -184,8 +207,16 @@ def baseline_tree(work: Path) -> Path | None:
 
 
 def sync_cmd(src: Path, dst: Path, code: Path) -> list[str]:
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(code)!r}); from mirrord.cli import main; "
-            f"sys.exit(main())", "sync", "--primary", str(src), "--mirror", str(dst)]
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; sys.path.insert(0, {str(code)!r}); from mirrord.cli import main; sys.exit(main())",
+        "sync",
+        "--primary",
+        str(src),
+        "--mirror",
+        str(dst),
+    ]
 
 
 def fsyncs_of(cmd: list[str], env: dict[str, str]) -> int | None:
@@ -193,10 +224,18 @@ def fsyncs_of(cmd: list[str], env: dict[str, str]) -> int | None:
     small copies is made durable by one syncfs: it counts as one, like an fsync.)"""
     if shutil.which("strace") is None:
         return None
-    out = subprocess.run(["strace", "-f", "-c", "-e", "trace=fsync,fdatasync,syncfs", "--", *cmd], env=env,
-                         capture_output=True, text=True, check=True).stderr
-    return sum(int(line.split()[3]) for line in out.splitlines()
-               if line.split()[-1:] in (["fsync"], ["fdatasync"], ["syncfs"]) and line.split()[3].isdigit())
+    out = subprocess.run(
+        ["strace", "-f", "-c", "-e", "trace=fsync,fdatasync,syncfs", "--", *cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    return sum(
+        int(line.split()[3])
+        for line in out.splitlines()
+        if line.split()[-1:] in (["fsync"], ["fdatasync"], ["syncfs"]) and line.split()[3].isdigit()
+    )
 
 
 def measure_small_files(work: Path, count: int, size: int, reps: int) -> dict[str, Any] | None:
@@ -243,32 +282,89 @@ def load_average() -> str:
 
 def to_markdown(doc: dict[str, Any]) -> str:
     m = doc["meta"]
-    out = ["# Manifest: recording one copy" + (" (smoke run)" if m["smoke"] else ""), "",
-           f"`{m['command']}` on {m['cpus']} CPUs, disk {m['disk']}; load average before/after: "
-           f"{m['load_before']} / {m['load_after']}. Each record is durable when timed (fsync included).", "",
-           "## One change (record one copy)", "",
-           md_table(["entries", "before: median ms", "before: max ms", "after: median ms", "after: p99 ms",
-                     "after: max ms", "compaction s (every N records)", "after: amortized ms", "speed-up (median)"],
-                    [[r["entries"], r["before"]["median_ms"] if r["before"] else "-",
-                      r["before"]["max_ms"] if r["before"] else "-", r["after"]["median_ms"], r["after"]["p99_ms"],
-                      r["after"]["max_ms"], f"{r['after']['compaction_s']} ({r['after']['compaction_every_records']})",
-                      r["after"]["amortized_ms"],
-                      f"{r['before']['median_ms'] / r['after']['median_ms']:.0f}x" if r["before"] else "-"]
-                     for r in doc["sizes"]]), "",
-           "## Loading (what `latest`, `verify`, `status` and a restart pay)", "",
-           md_table(["entries", "snapshot MiB", "load, snapshot only s", "load with the longest journal s"],
-                    [[r["entries"], r["after"]["snapshot_mib"], r["after"]["load_snapshot_s"],
-                      r["after"]["load_with_longest_journal_s"]] for r in doc["sizes"]]), "",
-           f"## Group commit: threads recording at once ({doc['group_entries']} entries)", "",
-           md_table(["threads", "records", "journal fsyncs", "fsyncs per record", "records/s"],
-                    [[g["threads"], g["records"], g["journal_fsyncs"], g["fsyncs_per_record"], g["records_per_s"]]
-                     for g in doc["group"]]), ""]
+    out = [
+        "# Manifest: recording one copy" + (" (smoke run)" if m["smoke"] else ""),
+        "",
+        f"`{m['command']}` on {m['cpus']} CPUs, disk {m['disk']}; load average before/after: "
+        f"{m['load_before']} / {m['load_after']}. Each record is durable when timed (fsync included).",
+        "",
+        "## One change (record one copy)",
+        "",
+        md_table(
+            [
+                "entries",
+                "before: median ms",
+                "before: max ms",
+                "after: median ms",
+                "after: p99 ms",
+                "after: max ms",
+                "compaction s (every N records)",
+                "after: amortized ms",
+                "speed-up (median)",
+            ],
+            [
+                [
+                    r["entries"],
+                    r["before"]["median_ms"] if r["before"] else "-",
+                    r["before"]["max_ms"] if r["before"] else "-",
+                    r["after"]["median_ms"],
+                    r["after"]["p99_ms"],
+                    r["after"]["max_ms"],
+                    f"{r['after']['compaction_s']} ({r['after']['compaction_every_records']})",
+                    r["after"]["amortized_ms"],
+                    f"{r['before']['median_ms'] / r['after']['median_ms']:.0f}x" if r["before"] else "-",
+                ]
+                for r in doc["sizes"]
+            ],
+        ),
+        "",
+        "## Loading (what `latest`, `verify`, `status` and a restart pay)",
+        "",
+        md_table(
+            ["entries", "snapshot MiB", "load, snapshot only s", "load with the longest journal s"],
+            [
+                [
+                    r["entries"],
+                    r["after"]["snapshot_mib"],
+                    r["after"]["load_snapshot_s"],
+                    r["after"]["load_with_longest_journal_s"],
+                ]
+                for r in doc["sizes"]
+            ],
+        ),
+        "",
+        f"## Group commit: threads recording at once ({doc['group_entries']} entries)",
+        "",
+        md_table(
+            ["threads", "records", "journal fsyncs", "fsyncs per record", "records/s"],
+            [
+                [g["threads"], g["records"], g["journal_fsyncs"], g["fsyncs_per_record"], g["records_per_s"]]
+                for g in doc["group"]
+            ],
+        ),
+        "",
+    ]
     small = doc.get("small_files")
     if small:
-        out += [f"## Many small files: `mirrord sync` of {small['dataset']} (10 run folders), paired", "",
-                md_table(["case", "median s", "ratio to cp+sync", "runs s", "fsyncs", "fsyncs per file"],
-                         [[r["case"], r["median_s"], r["ratio"], " ".join(f"{x:.2f}" for x in r["runs_s"]),
-                           r.get("fsyncs", "-"), r.get("fsyncs_per_file", "-")] for r in small["rows"]]), ""]
+        out += [
+            f"## Many small files: `mirrord sync` of {small['dataset']} (10 run folders), paired",
+            "",
+            md_table(
+                ["case", "median s", "ratio to cp+sync", "runs s", "fsyncs", "fsyncs per file"],
+                [
+                    [
+                        r["case"],
+                        r["median_s"],
+                        r["ratio"],
+                        " ".join(f"{x:.2f}" for x in r["runs_s"]),
+                        r.get("fsyncs", "-"),
+                        r.get("fsyncs_per_file", "-"),
+                    ]
+                    for r in small["rows"]
+                ],
+            ),
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -276,14 +372,28 @@ def measure(work: Path, smoke: bool, command: str = "python -m bench.manifest") 
     """Every measurement of this module, as one document (also a section of `python -m bench`)."""
     work.mkdir(parents=True, exist_ok=True)
     sizes = [(1000, 5, 50)] if smoke else [(1000, 50, 500), (10_000, 20, 500), (100_000, 5, 500)]
-    doc: dict[str, Any] = {"meta": {
-        "command": command, "smoke": smoke, "cpus": os.cpu_count(), "disk": device_of(work), "baseline": BASELINE,
-        "load_before": load_average(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }, "sizes": [], "group": []}
+    doc: dict[str, Any] = {
+        "meta": {
+            "command": command,
+            "smoke": smoke,
+            "cpus": os.cpu_count(),
+            "disk": device_of(work),
+            "baseline": BASELINE,
+            "load_before": load_average(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+        "sizes": [],
+        "group": [],
+    }
     for n, before_count, after_count in sizes:
         log(f"manifest: {n} entries")
-        doc["sizes"].append({"entries": n, "before": measure_before(work, n, before_count),
-                             "after": measure_after(work, n, after_count)})
+        doc["sizes"].append(
+            {
+                "entries": n,
+                "before": measure_before(work, n, before_count),
+                "after": measure_after(work, n, after_count),
+            }
+        )
         log(f"  {doc['sizes'][-1]}")
     doc["group_entries"] = 10_000 if not smoke else 1000
     for threads in (1, 2, 4, 8):
@@ -305,10 +415,15 @@ def goal_rows(doc: dict[str, Any]) -> list[list[Any]]:
     for r in doc.get("sizes", []):
         if r["entries"] == 100_000:
             a = r["after"]
-            rows.append(["manifest: recording one copy at 100,000 entries < 10 ms",
-                         f"median {a['median_ms']} ms, p99 {a['p99_ms']} ms (was {r['before']['median_ms']} ms)"
-                         if r["before"] else f"median {a['median_ms']} ms, p99 {a['p99_ms']} ms",
-                         "yes" if a["median_ms"] < 10 else "no"])
+            rows.append(
+                [
+                    "manifest: recording one copy at 100,000 entries < 10 ms",
+                    f"median {a['median_ms']} ms, p99 {a['p99_ms']} ms (was {r['before']['median_ms']} ms)"
+                    if r["before"]
+                    else f"median {a['median_ms']} ms, p99 {a['p99_ms']} ms",
+                    "yes" if a["median_ms"] < 10 else "no",
+                ]
+            )
     return rows
 
 

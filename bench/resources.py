@@ -30,8 +30,9 @@ from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
 
-def measure(work: Path, sources: list[Path], copies: int, drop_cache: bool, idle_seconds: float,
-            say: Log = log) -> dict[str, Any]:
+def measure(
+    work: Path, sources: list[Path], copies: int, drop_cache: bool, idle_seconds: float, say: Log = log
+) -> dict[str, Any]:
     """Mirror ``copies`` x every file under ``sources`` through a running daemon; sample it throughout."""
     root = work / f"resources-{'drop' if drop_cache else 'keep'}"
     shutil.rmtree(root, ignore_errors=True)
@@ -75,14 +76,20 @@ def measure(work: Path, sources: list[Path], copies: int, drop_cache: bool, idle
         time.sleep(idle_seconds)  # the measurement window itself, not a synchronisation
         idle_cpu = proc_cpu_seconds(pid) - c0
     result = {
-        "drop_cache": drop_cache, "files": len(rels), "bytes": total, "seconds": round(seconds, 2),
+        "drop_cache": drop_cache,
+        "files": len(rels),
+        "bytes": total,
+        "seconds": round(seconds, 2),
         "gb_per_s": round(total / seconds / GB, 3),
-        "idle_rss_mib": round(idle_rss / MiB, 1), "peak_rss_mib": round(max(hwm, peak_rss) / MiB, 1),
-        "cpu_s": round(cpu, 2), "cpu_s_per_gb": round(cpu / (total / GB), 3),
+        "idle_rss_mib": round(idle_rss / MiB, 1),
+        "peak_rss_mib": round(max(hwm, peak_rss) / MiB, 1),
+        "cpu_s": round(cpu, 2),
+        "cpu_s_per_gb": round(cpu / (total / GB), 3),
         "cache_delta_mib": round((cache1 - cache0) / MiB),
         "mirror_resident_mib": None if mirror_res is None else round(mirror_res / MiB),
         "source_resident_mib": None if source_res is None else round(source_res / MiB),
-        "idle_seconds": idle_seconds, "idle_cpu_percent": round(100 * idle_cpu / idle_seconds, 3),
+        "idle_seconds": idle_seconds,
+        "idle_cpu_percent": round(100 * idle_cpu / idle_seconds, 3),
     }
     say(f"  resources drop_cache={drop_cache}: {result}")
     shutil.rmtree(root, ignore_errors=True)

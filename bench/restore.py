@@ -69,47 +69,80 @@ def main() -> None:
 
             boto3.client("s3", endpoint_url=weed.endpoint, **_keys(env)).create_bucket(Bucket="bench")
             remote = work / "s3.toml"
-            remote.write_text(tomli_w.dumps({"primary": str(primary), "mirror": "s3://bench/m",
-                                             "s3": {"endpoint_url": weed.endpoint, "addressing_style": "path"}}))
+            remote.write_text(
+                tomli_w.dumps(
+                    {
+                        "primary": str(primary),
+                        "mirror": "s3://bench/m",
+                        "s3": {"endpoint_url": weed.endpoint, "addressing_style": "path"},
+                    }
+                )
+            )
             subprocess.run([*mirrord, "sync", "--config", str(remote)], check=True, capture_output=True, env=env)
             source = mirror / "run" / "step_1.pt"
             for rep in range(args.reps):
                 out = work / f"out{rep}"
                 cases = {
                     "cp + sync (local)": lambda d: timed(["sh", "-c", f"cp {source} {d}/ && sync {d}/step_1.pt"]),
-                    "mirrord restore (local)": lambda d: timed([*mirrord, "restore", "--config", str(local),
-                                                                "--to", str(d)]),
-                    "aws s3 cp + sync (S3)": lambda d: timed(["sh", "-c", f"aws --endpoint-url {weed.endpoint} s3 cp "
-                                                              f"s3://bench/m/run/step_1.pt {d}/ && sync {d}/step_1.pt"],
-                                                             env),
-                    "boto3 download_file + fsync (S3)": lambda d: timed([sys.executable, "-c", BOTO3_DOWNLOAD,
-                                                                         weed.endpoint, "bench", "m/run/step_1.pt",
-                                                                         str(d / "step_1.pt")], env),
-                    "mirrord restore (S3)": lambda d: timed([*mirrord, "restore", "--config", str(remote),
-                                                             "--to", str(d)], env),
+                    "mirrord restore (local)": lambda d: timed(
+                        [*mirrord, "restore", "--config", str(local), "--to", str(d)]
+                    ),
+                    "aws s3 cp + sync (S3)": lambda d: timed(
+                        [
+                            "sh",
+                            "-c",
+                            f"aws --endpoint-url {weed.endpoint} s3 cp "
+                            f"s3://bench/m/run/step_1.pt {d}/ && sync {d}/step_1.pt",
+                        ],
+                        env,
+                    ),
+                    "boto3 download_file + fsync (S3)": lambda d: timed(
+                        [
+                            sys.executable,
+                            "-c",
+                            BOTO3_DOWNLOAD,
+                            weed.endpoint,
+                            "bench",
+                            "m/run/step_1.pt",
+                            str(d / "step_1.pt"),
+                        ],
+                        env,
+                    ),
+                    "mirrord restore (S3)": lambda d: timed(
+                        [*mirrord, "restore", "--config", str(remote), "--to", str(d)], env
+                    ),
                 }
                 for name, case in cases.items():
                     dest = out / name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "and")
                     dest.mkdir(parents=True)
                     times.setdefault(name, []).append(case(dest))
                     shutil.rmtree(dest)
-        rows = {name: {"seconds": statistics.median(t), "MiB_per_s": size / MiB / statistics.median(t),
-                       "runs": t} for name, t in times.items()}
+        rows = {
+            name: {"seconds": statistics.median(t), "MiB_per_s": size / MiB / statistics.median(t), "runs": t}
+            for name, t in times.items()
+        }
         _write(rows, size, args.reps)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _keys(env: dict[str, str]) -> dict[str, str]:
-    return {"aws_access_key_id": env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-            "region_name": env["AWS_REGION"]}
+    return {
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        "region_name": env["AWS_REGION"],
+    }
 
 
 def _write(rows: dict[str, dict[str, object]], size: int, reps: int) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "restore.json").write_text(json.dumps({"bytes": size, "reps": reps, "cases": rows}, indent=2))
-    lines = [f"# Restore of one {size / MiB:.0f} MiB torch.save checkpoint (median of {reps})", "",
-             "| case | seconds | MiB/s |", "|---|---|---|"]
+    lines = [
+        f"# Restore of one {size / MiB:.0f} MiB torch.save checkpoint (median of {reps})",
+        "",
+        "| case | seconds | MiB/s |",
+        "|---|---|---|",
+    ]
     lines += [f"| {name} | {row['seconds']:.2f} | {row['MiB_per_s']:.0f} |" for name, row in rows.items()]
     (RESULTS / "restore.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

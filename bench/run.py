@@ -34,17 +34,33 @@ def profile(smoke: bool) -> dict[str, Any]:
     """Sizes for a full run and for the smoke run."""
     if smoke:
         return {
-            "datasets": [Dataset("1x8MiB", 1, 8 * MiB), Dataset("4x2MiB", 4, 2 * MiB),
-                         Dataset("20x256KiB", 20, 256 * KiB, runs=4)],
-            "reps": 1, "latency": {"native": 3, "polling": 1}, "latency_bytes": 64 * KiB,
+            "datasets": [
+                Dataset("1x8MiB", 1, 8 * MiB),
+                Dataset("4x2MiB", 4, 2 * MiB),
+                Dataset("20x256KiB", 20, 256 * KiB, runs=4),
+            ],
+            "reps": 1,
+            "latency": {"native": 3, "polling": 1},
+            "latency_bytes": 64 * KiB,
             "latency_settings": {"copy": {"settle_seconds": 0.5}, "watch": {"poll_interval_seconds": 0.2}},
-            "copies": 1, "idle_seconds": 1.0, "drop_modes": (True,), "scale": [(1000, 100)],
+            "copies": 1,
+            "idle_seconds": 1.0,
+            "drop_modes": (True,),
+            "scale": [(1000, 100)],
         }
     return {
-        "datasets": [Dataset("1x2GiB", 1, 2 * GiB), Dataset("8x256MiB", 8, 256 * MiB),
-                     Dataset("200x4MiB", 200, 4 * MiB, runs=10)],
-        "reps": 3, "latency": {"native": 60, "polling": 50}, "latency_bytes": 1 * MiB,
-        "latency_settings": {}, "copies": 2, "idle_seconds": 60.0, "drop_modes": (True, False),
+        "datasets": [
+            Dataset("1x2GiB", 1, 2 * GiB),
+            Dataset("8x256MiB", 8, 256 * MiB),
+            Dataset("200x4MiB", 200, 4 * MiB, runs=10),
+        ],
+        "reps": 3,
+        "latency": {"native": 60, "polling": 50},
+        "latency_bytes": 1 * MiB,
+        "latency_settings": {},
+        "copies": 2,
+        "idle_seconds": 60.0,
+        "drop_modes": (True, False),
         "scale": [(10_000, 1000), (100_000, 1000)],
     }
 
@@ -65,23 +81,48 @@ def goals(doc: dict[str, Any]) -> list[list[Any]]:
     if tp:
         r = next((x for x in tp[0]["rows"] if x["case"] == "mirrord sync"), None)
         if r:
-            rows.append([f"throughput: mirrord sync <= 1.10x cp+sync ({tp[0]['dataset']})",
-                         f"{r['ratio']:.2f}x", "yes" if r["ratio"] <= 1.10 else "no"])
+            rows.append(
+                [
+                    f"throughput: mirrord sync <= 1.10x cp+sync ({tp[0]['dataset']})",
+                    f"{r['ratio']:.2f}x",
+                    "yes" if r["ratio"] <= 1.10 else "no",
+                ]
+            )
     for lat in doc.get("latency") or []:
         if lat["mode"] == "native":
-            rows.append(["latency: commit-to-mirror p50 < 100 ms (native events)",
-                         f"p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms", "yes" if lat["p50_ms"] < 100 else "no"])
+            rows.append(
+                [
+                    "latency: commit-to-mirror p50 < 100 ms (native events)",
+                    f"p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms",
+                    "yes" if lat["p50_ms"] < 100 else "no",
+                ]
+            )
     for res in doc.get("resources") or []:
         if res["drop_cache"]:
-            rows.append([f"resources: peak RSS < 80 MB while mirroring {res['bytes'] / GB:.1f} GB",
-                         f"{res['peak_rss_mib']} MiB", "yes" if res["peak_rss_mib"] * MiB < 80e6 else "no"])
-            rows.append([f"resources: idle CPU < 0.5% (over {res['idle_seconds']:.0f} s)",
-                         f"{res['idle_cpu_percent']}%", "yes" if res["idle_cpu_percent"] < 0.5 else "no"])
+            rows.append(
+                [
+                    f"resources: peak RSS < 80 MB while mirroring {res['bytes'] / GB:.1f} GB",
+                    f"{res['peak_rss_mib']} MiB",
+                    "yes" if res["peak_rss_mib"] * MiB < 80e6 else "no",
+                ]
+            )
+            rows.append(
+                [
+                    f"resources: idle CPU < 0.5% (over {res['idle_seconds']:.0f} s)",
+                    f"{res['idle_cpu_percent']}%",
+                    "yes" if res["idle_cpu_percent"] < 0.5 else "no",
+                ]
+            )
     rows += manifest_bench.goal_rows(doc.get("manifest") or {})
     for sc in doc.get("scale") or []:
         if sc["files"] == 10_000:
-            rows.append(["scale: reconcile of 10,000 files < 1 s", f"{sc['reconcile_s']} s",
-                         "yes" if sc["reconcile_s"] < 1 else "no"])
+            rows.append(
+                [
+                    "scale: reconcile of 10,000 files < 1 s",
+                    f"{sc['reconcile_s']} s",
+                    "yes" if sc["reconcile_s"] < 1 else "no",
+                ]
+            )
     return rows
 
 
@@ -99,42 +140,134 @@ def to_markdown(doc: dict[str, Any]) -> str:
     if g:
         out += ["## Goals", "", md_table(["goal", "measured", "met"], g), ""]
     if doc.get("mirrord_sync_startup_s") is not None:
-        out += [f"`mirrord sync` with nothing to copy (interpreter start-up, imports, lock, manifest, scans) takes "
-                f"{doc['mirrord_sync_startup_s']} s; every `mirrord sync` row below includes it.", ""]
+        out += [
+            f"`mirrord sync` with nothing to copy (interpreter start-up, imports, lock, manifest, scans) takes "
+            f"{doc['mirrord_sync_startup_s']} s; every `mirrord sync` row below includes it.",
+            "",
+        ]
     for t in doc.get("throughput") or []:
-        out += [f"## Throughput: {t['dataset']} ({t['files']} files, {t['bytes'] / GB:.2f} GB, {t['file_kind']})",
-                "", md_table(
-                    ["case", "median s", "ratio to cp+sync", "GB/s", "CPU s/GB", "page cache delta MiB", "runs s"],
-                    [[r["case"], r["median_s"], r["ratio"], r["gb_per_s"], r["cpu_s_per_gb"], r["cache_delta_mib"],
-                      " ".join(f"{x:.2f}" for x in r["runs_s"])] for r in t["rows"]]), ""]
+        out += [
+            f"## Throughput: {t['dataset']} ({t['files']} files, {t['bytes'] / GB:.2f} GB, {t['file_kind']})",
+            "",
+            md_table(
+                ["case", "median s", "ratio to cp+sync", "GB/s", "CPU s/GB", "page cache delta MiB", "runs s"],
+                [
+                    [
+                        r["case"],
+                        r["median_s"],
+                        r["ratio"],
+                        r["gb_per_s"],
+                        r["cpu_s_per_gb"],
+                        r["cache_delta_mib"],
+                        " ".join(f"{x:.2f}" for x in r["runs_s"]),
+                    ]
+                    for r in t["rows"]
+                ],
+            ),
+            "",
+        ]
     if doc.get("latency"):
-        out += ["## Latency: commit (rename on primary) -> final name + manifest entry on the mirror", "",
-                md_table(["watch mode", "samples", "checkpoint bytes", "p50 ms", "p99 ms", "min ms", "max ms"],
-                         [[x["mode"], x["samples"], x["checkpoint_bytes"], x["p50_ms"], x["p99_ms"], x["min_ms"],
-                           x["max_ms"]] for x in doc["latency"]]), ""]
+        out += [
+            "## Latency: commit (rename on primary) -> final name + manifest entry on the mirror",
+            "",
+            md_table(
+                ["watch mode", "samples", "checkpoint bytes", "p50 ms", "p99 ms", "min ms", "max ms"],
+                [
+                    [x["mode"], x["samples"], x["checkpoint_bytes"], x["p50_ms"], x["p99_ms"], x["min_ms"], x["max_ms"]]
+                    for x in doc["latency"]
+                ],
+            ),
+            "",
+        ]
     if doc.get("resources"):
-        out += ["## Resources of `mirrord run` while mirroring, and page cache afterwards", "",
-                md_table(["io.drop_cache", "files", "GB", "GB/s", "idle RSS MiB", "peak RSS MiB", "CPU s/GB",
-                          "idle CPU %", "page cache delta MiB", "mirror files cached MiB", "sources cached MiB"],
-                         [[str(x["drop_cache"]).lower(), x["files"], round(x["bytes"] / GB, 2), x["gb_per_s"],
-                           x["idle_rss_mib"], x["peak_rss_mib"], x["cpu_s_per_gb"], x["idle_cpu_percent"],
-                           x["cache_delta_mib"], x["mirror_resident_mib"], x["source_resident_mib"]]
-                          for x in doc["resources"]]), ""]
+        out += [
+            "## Resources of `mirrord run` while mirroring, and page cache afterwards",
+            "",
+            md_table(
+                [
+                    "io.drop_cache",
+                    "files",
+                    "GB",
+                    "GB/s",
+                    "idle RSS MiB",
+                    "peak RSS MiB",
+                    "CPU s/GB",
+                    "idle CPU %",
+                    "page cache delta MiB",
+                    "mirror files cached MiB",
+                    "sources cached MiB",
+                ],
+                [
+                    [
+                        str(x["drop_cache"]).lower(),
+                        x["files"],
+                        round(x["bytes"] / GB, 2),
+                        x["gb_per_s"],
+                        x["idle_rss_mib"],
+                        x["peak_rss_mib"],
+                        x["cpu_s_per_gb"],
+                        x["idle_cpu_percent"],
+                        x["cache_delta_mib"],
+                        x["mirror_resident_mib"],
+                        x["source_resident_mib"],
+                    ]
+                    for x in doc["resources"]
+                ],
+            ),
+            "",
+        ]
     if doc.get("scale"):
-        out += ["## Scale: reconcile (scan both sides + load manifest + plan), in-sync trees", "",
-                md_table(["files", "run folders", "scan primary s", "scan mirror s", "manifest load s", "plan s",
-                          "reconcile s", "peak RSS growth MiB", "plan all-new s", "persist 1 entry s",
-                          "manifest MiB", "`mirrord sync` no-op s"],
-                         [[x["files"], x["runs"], x["scan_primary_s"], x["scan_mirror_s"], x["manifest_load_s"],
-                           x["plan_s"], x["reconcile_s"], x["reconcile_peak_rss_growth_mib"], x["plan_all_new_s"],
-                           x["manifest_record_s"], x["manifest_mib"], x["sync_command_s"]] for x in doc["scale"]]),
-                ""]
+        out += [
+            "## Scale: reconcile (scan both sides + load manifest + plan), in-sync trees",
+            "",
+            md_table(
+                [
+                    "files",
+                    "run folders",
+                    "scan primary s",
+                    "scan mirror s",
+                    "manifest load s",
+                    "plan s",
+                    "reconcile s",
+                    "peak RSS growth MiB",
+                    "plan all-new s",
+                    "persist 1 entry s",
+                    "manifest MiB",
+                    "`mirrord sync` no-op s",
+                ],
+                [
+                    [
+                        x["files"],
+                        x["runs"],
+                        x["scan_primary_s"],
+                        x["scan_mirror_s"],
+                        x["manifest_load_s"],
+                        x["plan_s"],
+                        x["reconcile_s"],
+                        x["reconcile_peak_rss_growth_mib"],
+                        x["plan_all_new_s"],
+                        x["manifest_record_s"],
+                        x["manifest_mib"],
+                        x["sync_command_s"],
+                    ]
+                    for x in doc["scale"]
+                ],
+            ),
+            "",
+        ]
     if doc.get("manifest"):
-        out += ["## Manifest (full tables: `python -m bench.manifest`, bench/results/manifest.md)", "",
-                manifest_bench.to_markdown(doc["manifest"]).split("\n", 4)[4], ""]
+        out += [
+            "## Manifest (full tables: `python -m bench.manifest`, bench/results/manifest.md)",
+            "",
+            manifest_bench.to_markdown(doc["manifest"]).split("\n", 4)[4],
+            "",
+        ]
     if m.get("kept_from_previous_run"):
-        out += [f"Sections {', '.join(m['kept_from_previous_run'])} are from the previous run (this one ran "
-                f"`{m['command'].strip()}`).", ""]
+        out += [
+            f"Sections {', '.join(m['kept_from_previous_run'])} are from the previous run (this one ran "
+            f"`{m['command'].strip()}`).",
+            "",
+        ]
     out += [f"Started {m['started']}, finished {m.get('finished', '?')}.", ""]
     return "\n".join(out)
 
@@ -142,16 +275,26 @@ def to_markdown(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition, < 1 min")
-    p.add_argument("--goals", default=",".join(goals_bench.GOALS),
-                   help=f"comma-separated goals of issue 31 ({', '.join(goals_bench.GOALS)}; default all)")
+    p.add_argument(
+        "--goals",
+        default=",".join(goals_bench.GOALS),
+        help=f"comma-separated goals of issue 31 ({', '.join(goals_bench.GOALS)}; default all)",
+    )
     p.add_argument("--only", help=f"run the earlier sections instead ({', '.join(SECTIONS)}), comma-separated")
     p.add_argument("--reps", type=int, help="paired repetitions for throughput (default 3; smoke 1)")
     p.add_argument("--idle-seconds", type=float, help="idle CPU window (default 60; smoke 1)")
-    p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mirrord-bench",
-                   help="scratch space on the disk under test (default: <tmp>/mirrord-bench; datasets are kept)")
-    p.add_argument("--shield", action="store_true",
-                   help="root: run in a cgroup weighted far above the rest of the machine, so that other work's "
-                        "CPU load does not reach the measurements (recorded next to each load figure)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "mirrord-bench",
+        help="scratch space on the disk under test (default: <tmp>/mirrord-bench; datasets are kept)",
+    )
+    p.add_argument(
+        "--shield",
+        action="store_true",
+        help="root: run in a cgroup weighted far above the rest of the machine, so that other work's "
+        "CPU load does not reach the measurements (recorded next to each load figure)",
+    )
     p.add_argument("--out", type=Path, help="results directory (default bench/results; smoke: WORKDIR/smoke)")
     args = p.parse_args(argv)
     if args.only is None:
@@ -167,13 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     data.mkdir(parents=True, exist_ok=True)
     out = args.out or (work / "results" if args.smoke else RESULTS)
     name = "bench"
-    doc: dict[str, Any] = {"meta": {
-        "command": _shown(argv),
-        "smoke": args.smoke, "cpus": os.cpu_count(), "kernel": platform.release(),
-        "python": platform.python_version(), "disk": device_of(work), "reps": reps,
-        "tools": {t: shutil.which(t) is not None for t in ("rsync", "rclone", "fincore")},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }}
+    doc: dict[str, Any] = {
+        "meta": {
+            "command": _shown(argv),
+            "smoke": args.smoke,
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "disk": device_of(work),
+            "reps": reps,
+            "tools": {t: shutil.which(t) is not None for t in ("rsync", "rclone", "fincore")},
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+    }
     t_start = time.perf_counter()
 
     def save() -> None:
@@ -257,8 +406,11 @@ def _goals(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
     meta = {
         "command": _shown(argv),
         "shield": args.shield,
-        "smoke": args.smoke, "cpus": os.cpu_count(), "kernel": platform.release(),
-        "python": platform.python_version(), "disk": device_of(work),
+        "smoke": args.smoke,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "disk": device_of(work),
         "tools": {t: shutil.which(t) is not None for t in ("fio", "strace", "dd")},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -60,11 +60,11 @@ class Boto3Transfer:
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
-        self.client = boto3.client("s3", endpoint_url=endpoint,
-                                   config=Config(max_pool_connections=concurrency * 2))
+        self.client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=concurrency * 2))
         self.bucket = bucket
-        self.config = TransferConfig(multipart_threshold=part, multipart_chunksize=part,
-                                     max_concurrency=concurrency, use_threads=True)
+        self.config = TransferConfig(
+            multipart_threshold=part, multipart_chunksize=part, max_concurrency=concurrency, use_threads=True
+        )
 
     def upload(self, path: Path, key: str) -> None:
         self.client.upload_file(str(path), self.bucket, key, Config=self.config)
@@ -80,8 +80,7 @@ class Boto3Multipart:
         import boto3
         from botocore.config import Config
 
-        self.client = boto3.client("s3", endpoint_url=endpoint,
-                                   config=Config(max_pool_connections=concurrency * 2))
+        self.client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=concurrency * 2))
         self.bucket, self.part, self.concurrency = bucket, part, concurrency
         self.pool = ThreadPoolExecutor(concurrency)
 
@@ -101,15 +100,17 @@ class Boto3Multipart:
                     futures.append(self.pool.submit(self._part, key, upload_id, number, chunk))
                     number += 1
             parts = [f.result() for f in futures]
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
-                                                  MultipartUpload={"Parts": parts})
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
         except BaseException:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             raise
 
     def _part(self, key: str, upload_id: str, number: int, chunk: bytes) -> dict[str, Any]:
-        etag = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                                       Body=chunk)["ETag"]
+        etag = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk)[
+            "ETag"
+        ]
         return {"PartNumber": number, "ETag": etag}
 
 
@@ -121,9 +122,14 @@ class Obstore:
     def __init__(self, endpoint: str, bucket: str, part: int, concurrency: int) -> None:
         from obstore.store import S3Store
 
-        self.store = S3Store(bucket, endpoint=endpoint, allow_http=True, region=os.environ["AWS_REGION"],
-                             access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
-                             secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+        self.store = S3Store(
+            bucket,
+            endpoint=endpoint,
+            allow_http=True,
+            region=os.environ["AWS_REGION"],
+            access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+            secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+        )
         self.part, self.concurrency = part, concurrency
 
     def upload(self, path: Path, key: str) -> None:
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
         boto3.client("s3", endpoint_url=server.endpoint).create_bucket(Bucket="bench")
         for rep in range(args.reps):
-            order = clients[rep % len(clients):] + clients[: rep % len(clients)]
+            order = clients[rep % len(clients) :] + clients[: rep % len(clients)]
             for dataset in ("big", "small"):
                 for cls in order:
                     client = cls(server.endpoint, "bench", args.part_mib * MiB, args.concurrency)
@@ -191,26 +197,42 @@ def main(argv: list[str] | None = None) -> int:
                     times[cls.name][dataset].append((wall, cpu))
                     print(f"rep {rep} {dataset:5} {cls.name:45} {wall:7.2f} s  cpu {cpu:6.2f} s", flush=True)
     sizes = {"big": args.big_mib * MiB, "small": args.small * 4 * MiB}
-    report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "load_at_end": os.getloadavg()},
-              "settings": vars(args) | {"workdir": str(work), "out": str(args.out)},
-              "results": {name: {ds: {"median_s": statistics.median(w for w, _ in runs),
-                                      "runs_s": [round(w, 3) for w, _ in runs],
-                                      "cpu_s": statistics.median(c for _, c in runs),
-                                      "MiB_per_s": sizes[ds] / MiB / statistics.median(w for w, _ in runs)}
-                                 for ds, runs in per.items()} for name, per in times.items()}}
+    report = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_at_end": os.getloadavg()},
+        "settings": vars(args) | {"workdir": str(work), "out": str(args.out)},
+        "results": {
+            name: {
+                ds: {
+                    "median_s": statistics.median(w for w, _ in runs),
+                    "runs_s": [round(w, 3) for w, _ in runs],
+                    "cpu_s": statistics.median(c for _, c in runs),
+                    "MiB_per_s": sizes[ds] / MiB / statistics.median(w for w, _ in runs),
+                }
+                for ds, runs in per.items()
+            }
+            for name, per in times.items()
+        },
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "s3_clients.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"# S3 client for the object-store mirror: upload to SeaweedFS on 127.0.0.1 "
-             f"({args.reps} paired reps, medians, {args.part_mib} MiB parts, {args.concurrency} in flight)", "",
-             f"| client | 1 x {args.big_mib} MiB s | MiB/s | CPU s | {args.small} x 4 MiB s | MiB/s | CPU s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# S3 client for the object-store mirror: upload to SeaweedFS on 127.0.0.1 "
+        f"({args.reps} paired reps, medians, {args.part_mib} MiB parts, {args.concurrency} in flight)",
+        "",
+        f"| client | 1 x {args.big_mib} MiB s | MiB/s | CPU s | {args.small} x 4 MiB s | MiB/s | CPU s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, per in report["results"].items():
         b, s = per["big"], per["small"]
-        lines.append(f"| {name} | {b['median_s']:.2f} | {b['MiB_per_s']:.0f} | {b['cpu_s']:.1f} | "
-                     f"{s['median_s']:.2f} | {s['MiB_per_s']:.0f} | {s['cpu_s']:.1f} |")
-    lines += ["", f"Load average at the end: {report['machine']['load_at_end']} on {os.cpu_count()} CPUs "
-              "(the machine is shared; figures are relative, same run)."]
+        lines.append(
+            f"| {name} | {b['median_s']:.2f} | {b['MiB_per_s']:.0f} | {b['cpu_s']:.1f} | "
+            f"{s['median_s']:.2f} | {s['MiB_per_s']:.0f} | {s['cpu_s']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Load average at the end: {report['machine']['load_at_end']} on {os.cpu_count()} CPUs "
+        "(the machine is shared; figures are relative, same run).",
+    ]
     (args.out / "s3_clients.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -114,10 +114,13 @@ def _empty(client: Any, server: Any, prefix: str) -> None:
     is small); not timed."""
     import urllib.request
 
-    objects = [{"Key": o["Key"]} for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket="bench", Prefix=prefix) for o in page.get("Contents", ())]
+    objects = [
+        {"Key": o["Key"]}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=prefix)
+        for o in page.get("Contents", ())
+    ]
     for i in range(0, len(objects), 1000):
-        client.delete_objects(Bucket="bench", Delete={"Objects": objects[i:i + 1000]})
+        client.delete_objects(Bucket="bench", Delete={"Objects": objects[i : i + 1000]})
     master = f"http://127.0.0.1:{server.ports['master']}/vol/vacuum?garbageThreshold=0.0001"
     with urllib.request.urlopen(master, timeout=600) as answer:
         answer.read()
@@ -138,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", default="big,small", help="which of big, small to run")
     parser.add_argument("--tools", type=Path, default=None, help="a folder holding s5cmd, aws, rclone")
     parser.add_argument("--only", default="mirrord,s5cmd,aws,rclone", help="which tools to run")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
-                        help="also run the mirrord of another checkout DIR, as mirrord-NAME (a before/after)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run the mirrord of another checkout DIR, as mirrord-NAME (a before/after)",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--markdown-only", action="store_true", help="rewrite the .md from the .json, no run")
@@ -154,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mirrord-bench-s3tools-"))
     sets = make_checkpoints(work / "data", args.big_mib, args.small)
     here = str(Path(__file__).resolve().parent.parent)
-    checkouts = {"mirrord": here} | {f"mirrord-{v.split('=', 1)[0]}": str(Path(v.split('=', 1)[1]).resolve())
-                                     for v in args.variant}  # python -m mirrord from each checkout
+    checkouts = {"mirrord": here} | {
+        f"mirrord-{v.split('=', 1)[0]}": str(Path(v.split("=", 1)[1]).resolve()) for v in args.variant
+    }  # python -m mirrord from each checkout
     for checkout in checkouts.values():  # as installed (pip writes the bytecode): no run compiles mirrord
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(checkout) / "mirrord")], check=True)
     tools = {name: sys.executable for name in checkouts} | {
-        name: tool(name, args.tools) for name in ("s5cmd", "aws", "rclone")}
+        name: tool(name, args.tools) for name in ("s5cmd", "aws", "rclone")
+    }
     wanted = args.only.split(",")
     tools = {name: path for name, path in tools.items() if name in wanted or (name in checkouts and name != "mirrord")}
     for name, path in tools.items():
@@ -173,19 +183,29 @@ def main(argv: list[str] | None = None) -> int:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRRORD_", "AWS_", "RCLONE_"))}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         env.update(server.env())
-        env.update({"RCLONE_CONFIG_BENCH_TYPE": "s3", "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
-                    "RCLONE_CONFIG_BENCH_ENV_AUTH": "true", "RCLONE_CONFIG_BENCH_ENDPOINT": server.endpoint,
-                    "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true"})
+        env.update(
+            {
+                "RCLONE_CONFIG_BENCH_TYPE": "s3",
+                "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+                "RCLONE_CONFIG_BENCH_ENV_AUTH": "true",
+                "RCLONE_CONFIG_BENCH_ENDPOINT": server.endpoint,
+                "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true",
+            }
+        )
         import boto3
 
-        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
-                              aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                              aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+        client = boto3.client(
+            "s3",
+            endpoint_url=server.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        )
         client.create_bucket(Bucket="bench")
         names = [n for n, p in tools.items() if p is not None]
         n = 0
         for rep in range(args.reps):
-            order = names[rep % len(names):] + names[: rep % len(names)]
+            order = names[rep % len(names) :] + names[: rep % len(names)]
             for dataset, src in sets.items():
                 if dataset not in args.datasets.split(","):
                     continue
@@ -194,18 +214,34 @@ def main(argv: list[str] | None = None) -> int:
                     dest = f"s3://bench/{name}-{dataset}-{n}"
                     if name.startswith("mirrord"):
                         config = work / f"mirrord-{n}.toml"
-                        config.write_text(tomli_w.dumps({
-                            "primary": str(src), "mirror": dest, "prune": {"enabled": False},
-                            "copy": {"settle_seconds": 0.0},
-                            "log": {"format": "json", "level": "warning"},
-                            "s3": {"endpoint_url": server.endpoint, "addressing_style": "path"}}))
+                        config.write_text(
+                            tomli_w.dumps(
+                                {
+                                    "primary": str(src),
+                                    "mirror": dest,
+                                    "prune": {"enabled": False},
+                                    "copy": {"settle_seconds": 0.0},
+                                    "log": {"format": "json", "level": "warning"},
+                                    "s3": {"endpoint_url": server.endpoint, "addressing_style": "path"},
+                                }
+                            )
+                        )
                         cmd = [sys.executable, "-m", "mirrord", "sync", "--config", str(config)]
                         case_env = env | {"PYTHONPATH": checkouts[name]}
                     elif name == "s5cmd":
                         cmd = [str(tools["s5cmd"]), "--endpoint-url", server.endpoint, "cp", f"{src}/", f"{dest}/"]
                     elif name == "aws":
-                        cmd = [str(tools["aws"]), "--endpoint-url", server.endpoint, "s3", "cp", "--recursive",
-                               "--only-show-errors", str(src), dest]
+                        cmd = [
+                            str(tools["aws"]),
+                            "--endpoint-url",
+                            server.endpoint,
+                            "s3",
+                            "cp",
+                            "--recursive",
+                            "--only-show-errors",
+                            str(src),
+                            dest,
+                        ]
                     else:
                         cmd = [str(tools["rclone"]), "copy", str(src), f"bench:bench/{dest.split('/', 3)[3]}"]
                     if not name.startswith("mirrord"):
@@ -215,26 +251,55 @@ def main(argv: list[str] | None = None) -> int:
                     wall, rss, status, cpu, server_cpu = timed(cmd, case_env, server.proc.pid if server.proc else 0)
                     if status == 0:
                         results.setdefault(name, {}).setdefault(dataset, []).append((wall, rss))
-                        runs.append({"rep": rep, "dataset": dataset, "tool": name, "wall_s": round(wall, 2),
-                                     "peak_rss_mib": round(rss / MiB, 1), "cpu_s": round(cpu, 2),
-                                     "server_cpu_s": round(server_cpu, 2), "load": round(load, 1)})
-                    print(f"rep {rep} {dataset:5} {name:15} {wall:7.2f} s  peak RSS {rss / MiB:7.1f} MiB  "
-                          f"CPU {cpu:6.1f} s  server CPU {server_cpu:6.1f} s  load {load:.1f}", flush=True)
+                        runs.append(
+                            {
+                                "rep": rep,
+                                "dataset": dataset,
+                                "tool": name,
+                                "wall_s": round(wall, 2),
+                                "peak_rss_mib": round(rss / MiB, 1),
+                                "cpu_s": round(cpu, 2),
+                                "server_cpu_s": round(server_cpu, 2),
+                                "load": round(load, 1),
+                            }
+                        )
+                    print(
+                        f"rep {rep} {dataset:5} {name:15} {wall:7.2f} s  peak RSS {rss / MiB:7.1f} MiB  "
+                        f"CPU {cpu:6.1f} s  server CPU {server_cpu:6.1f} s  load {load:.1f}",
+                        flush=True,
+                    )
                     _empty(client, server, dest.split("/", 3)[3])
-    summary = {name: {ds: {"median_s": statistics.median(w for w, _ in done), "runs_s": [round(w, 2) for w, _ in done],
-                           "peak_rss_mib": max(r for _, r in done) / MiB,
-                           "median_cpu_s": statistics.median(r["cpu_s"] for r in runs
-                                                             if (r["tool"], r["dataset"]) == (name, ds)),
-                           "median_server_cpu_s": statistics.median(r["server_cpu_s"] for r in runs
-                                                                    if (r["tool"], r["dataset"]) == (name, ds)),
-                           **{f"paired_vs_{ref}": _paired(runs, name, ref, ds) for ref in ("s5cmd", "aws")}}
-                      for ds, done in per.items()} for name, per in results.items()}
+    summary = {
+        name: {
+            ds: {
+                "median_s": statistics.median(w for w, _ in done),
+                "runs_s": [round(w, 2) for w, _ in done],
+                "peak_rss_mib": max(r for _, r in done) / MiB,
+                "median_cpu_s": statistics.median(r["cpu_s"] for r in runs if (r["tool"], r["dataset"]) == (name, ds)),
+                "median_server_cpu_s": statistics.median(
+                    r["server_cpu_s"] for r in runs if (r["tool"], r["dataset"]) == (name, ds)
+                ),
+                **{f"paired_vs_{ref}": _paired(runs, name, ref, ds) for ref in ("s5cmd", "aws")},
+            }
+            for ds, done in per.items()
+        }
+        for name, per in results.items()
+    }
     # Folders by role, never by path: results are committed and say nothing of the machine they ran on.
-    report = {"settings": vars(args) | {"workdir": "<scratch>", "out": "<results>",
-                                        "tools": None if args.tools is None else "<tools>",
-                                        "variant": [v.split("=", 1)[0] for v in args.variant]},
-              "load_at_end": os.getloadavg(), "load_before_cases": [round(x, 1) for x in loads],
-              "cpus": os.cpu_count(), "results": summary, "runs": runs}
+    report = {
+        "settings": vars(args)
+        | {
+            "workdir": "<scratch>",
+            "out": "<results>",
+            "tools": None if args.tools is None else "<tools>",
+            "variant": [v.split("=", 1)[0] for v in args.variant],
+        },
+        "load_at_end": os.getloadavg(),
+        "load_before_cases": [round(x, 1) for x in loads],
+        "cpus": os.cpu_count(),
+        "results": summary,
+        "runs": runs,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "s3_tools.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
@@ -243,39 +308,54 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-NOTE = ("mirrord ran with its defaults: blake3 of every byte, the torch.save zip validated while streaming (every "
-        "record's CRC-32), the manifest written (one conditional PUT per group of records), s3.files_in_flight = 8, "
-        "s3.concurrency = 8 parts of 8 MiB in flight, an unsigned payload with a CRC32 per part, computed with "
-        "ISA-L and checked by the server, and a HEAD after each commit (S3 answers a PUT or a completed upload "
-        "without LastModified, which the manifest records). `aws s3 cp`, on botocore, also signs a SHA-256 of "
-        "every byte over http.")
+NOTE = (
+    "mirrord ran with its defaults: blake3 of every byte, the torch.save zip validated while streaming (every "
+    "record's CRC-32), the manifest written (one conditional PUT per group of records), s3.files_in_flight = 8, "
+    "s3.concurrency = 8 parts of 8 MiB in flight, an unsigned payload with a CRC32 per part, computed with "
+    "ISA-L and checked by the server, and a HEAD after each commit (S3 answers a PUT or a completed upload "
+    "without LastModified, which the manifest records). `aws s3 cp`, on botocore, also signs a SHA-256 of "
+    "every byte over http."
+)
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The results as committed in bench/results/s3_tools.md."""
     settings, summary, loads = report["settings"], report["results"], report["load_before_cases"]
-    lines = [f"# Upload to SeaweedFS on 127.0.0.1: mirrord vs s5cmd, aws s3 cp, rclone ({settings['reps']} reps, "
-             "medians)", "",
-             "Ratios are paired: a tool's time over s5cmd's (or aws's) in the same rep, median over reps. CPU s: the "
-             "tool's process tree; server CPU s: SeaweedFS's, during that case."
-             + (" mirrord-NAME: the mirrord of another checkout (--variant), run beside this one."
-                if settings.get("variant") else ""), ""]
+    lines = [
+        f"# Upload to SeaweedFS on 127.0.0.1: mirrord vs s5cmd, aws s3 cp, rclone ({settings['reps']} reps, medians)",
+        "",
+        "Ratios are paired: a tool's time over s5cmd's (or aws's) in the same rep, median over reps. CPU s: the "
+        "tool's process tree; server CPU s: SeaweedFS's, during that case."
+        + (
+            " mirrord-NAME: the mirrord of another checkout (--variant), run beside this one."
+            if settings.get("variant")
+            else ""
+        ),
+        "",
+    ]
     titles = {"big": f"1 x {settings['big_mib']} MiB", "small": f"{settings['small']} x 4 MiB"}
     for ds, title in titles.items():
-        lines += [f"| {title} | s | vs s5cmd | vs aws | CPU s | server CPU s | peak RSS MiB |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"| {title} | s | vs s5cmd | vs aws | CPU s | server CPU s | peak RSS MiB |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, per in summary.items():
             r = per.get(ds)
             if r is None:
                 continue
             ratios = [f"{r[f'paired_vs_{ref}']:.2f}x" if r[f"paired_vs_{ref}"] else "-" for ref in ("s5cmd", "aws")]
-            lines.append(f"| {name} | {r['median_s']:.2f} | {' | '.join(ratios)} | {r['median_cpu_s']:.1f} "
-                         f"| {r['median_server_cpu_s']:.1f} | {r['peak_rss_mib']:.0f} |")
+            lines.append(
+                f"| {name} | {r['median_s']:.2f} | {' | '.join(ratios)} | {r['median_cpu_s']:.1f} "
+                f"| {r['median_server_cpu_s']:.1f} | {r['peak_rss_mib']:.0f} |"
+            )
         lines.append("")
-    lines += [f"1-minute load average before the cases: min {min(loads, default=0):.1f}, median "
-              f"{statistics.median(loads) if loads else 0:.1f}, max {max(loads, default=0):.1f}; at the end "
-              f"{tuple(round(x, 1) for x in report['load_at_end'])}, on {report['cpus']} CPUs (a shared machine; "
-              "the server runs on the same cores). Tools interleaved, order rotated each rep.", ""]
+    lines += [
+        f"1-minute load average before the cases: min {min(loads, default=0):.1f}, median "
+        f"{statistics.median(loads) if loads else 0:.1f}, max {max(loads, default=0):.1f}; at the end "
+        f"{tuple(round(x, 1) for x in report['load_at_end'])}, on {report['cpus']} CPUs (a shared machine; "
+        "the server runs on the same cores). Tools interleaved, order rotated each rep.",
+        "",
+    ]
     for ds, title in titles.items():
         walls = [f"rep {r['rep']} {r['tool']} {r['wall_s']:.1f}" for r in report.get("runs", ()) if r["dataset"] == ds]
         if walls:

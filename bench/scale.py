@@ -116,7 +116,8 @@ def _measure_here(where: Path) -> dict[str, Any]:
         t["manifest_record_s"] = time.perf_counter() - t0
         manifest_bytes = (Path(tmp) / MANIFEST_NAME).stat().st_size
     return {
-        "files": len(psnap.files), "jobs_all_new": len(all_new.jobs),
+        "files": len(psnap.files),
+        "jobs_all_new": len(all_new.jobs),
         **{k: round(v, 4) for k, v in t.items()},
         "reconcile_peak_rss_growth_mib": round((peak - rss0) / MiB, 1),
         "reconcile_peak_rss_mib": round(peak / MiB, 1),
@@ -135,20 +136,37 @@ def measure(root: Path, n_files: int, n_runs: int, say: Log = log, sync_command:
     # The first pass reads the inodes from the disk; the next ones are the steady state, of which the median
     # (by reconcile time) is reported, with each pass's time beside it.
     for _ in range(1 + (STEADY_PASSES if n_files <= 100_000 else 2)):
-        out = subprocess.run([sys.executable, "-m", "bench.scale", str(where)], check=True,
-                             capture_output=True, text=True, cwd=REPO).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.scale", str(where)], check=True, capture_output=True, text=True, cwd=REPO
+        ).stdout
         runs.append(json.loads(out))
     steady = sorted(runs[1:], key=lambda r: r["reconcile_s"])
-    result: dict[str, Any] = {"runs": n_runs, **steady[len(steady) // 2],
-                              "passes_s": [r["reconcile_s"] for r in runs[1:]],
-                              "first_pass": {k: v for k, v in runs[0].items() if k.endswith("_s")}}
+    result: dict[str, Any] = {
+        "runs": n_runs,
+        **steady[len(steady) // 2],
+        "passes_s": [r["reconcile_s"] for r in runs[1:]],
+        "first_pass": {k: v for k, v in runs[0].items() if k.endswith("_s")},
+    }
     if not sync_command:
         say(f"  scale {n_files}: {result}")
         return result
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "mirrord", "sync", "--primary", str(where / "primary"),
-                    "--mirror", str(where / "mirror")], check=True, env=mirrord_env(copy__settle_seconds="0"),
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mirrord",
+            "sync",
+            "--primary",
+            str(where / "primary"),
+            "--mirror",
+            str(where / "mirror"),
+        ],
+        check=True,
+        env=mirrord_env(copy__settle_seconds="0"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     result["sync_command_s"] = round(time.perf_counter() - t0, 3)
     say(f"  scale {n_files}: {result}")
     return result
@@ -169,25 +187,33 @@ def daemon_passes(where: Path, passes: int = 4, say: Log = log) -> dict[str, Any
     settings = {"prune": {"enabled": True, "keep_last": 1_000_000}, "watch": {"rescan_interval_seconds": 1}}
     try:
         # Ready after its first reconcile: most of a minute at 1,000,000 files, more on a loaded machine.
-        with DaemonProcess(work, where / "primary", where / "mirror", settings, base=BENCH,
-                           ready_seconds=1800) as daemon:
+        with DaemonProcess(
+            work, where / "primary", where / "mirror", settings, base=BENCH, ready_seconds=1800
+        ) as daemon:
             wait_for(lambda: len(daemon.events("reconcile.finished")) >= 1, 1800, "the first reconcile", 0.05)
             cpu0, child0 = proc_cpu_seconds(daemon.pid), proc_cpu_seconds(daemon.pid, children=True)
-            wait_for(lambda: len(daemon.events("reconcile.finished")) >= passes + 1, 600 * passes,
-                     f"{passes} rescans", 0.05)
+            wait_for(
+                lambda: len(daemon.events("reconcile.finished")) >= passes + 1, 600 * passes, f"{passes} rescans", 0.05
+            )
             cpu = proc_cpu_seconds(daemon.pid) - cpu0
             child_cpu = proc_cpu_seconds(daemon.pid, children=True) - child0  # the mirror's listing children
             listed_by = sorted({e.get("mirror_listed_by", "?") for e in daemon.events("reconcile.finished")})
             hwm = proc_status(daemon.pid)["VmHWM"]
-            seconds = [e["seconds"] for e in daemon.events("reconcile.finished")][:passes + 1]
+            seconds = [e["seconds"] for e in daemon.events("reconcile.finished")][: passes + 1]
             if any(e["queued"] for e in daemon.events("reconcile.finished")):
                 raise RuntimeError("expected an in-sync tree, the daemon queued copies")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     steady = sorted(seconds[1:])
-    result = {"first_s": seconds[0], "rescans_s": seconds[1:], "median_s": steady[len(steady) // 2],
-              "cpu_s_per_rescan": round(cpu / passes, 3), "child_cpu_s_per_rescan": round(child_cpu / passes, 3),
-              "mirror_listed_by": listed_by, "peak_rss_mib": round(hwm / MiB, 1)}
+    result = {
+        "first_s": seconds[0],
+        "rescans_s": seconds[1:],
+        "median_s": steady[len(steady) // 2],
+        "cpu_s_per_rescan": round(cpu / passes, 3),
+        "child_cpu_s_per_rescan": round(child_cpu / passes, 3),
+        "mirror_listed_by": listed_by,
+        "peak_rss_mib": round(hwm / MiB, 1),
+    }
     say(f"  daemon rescans of {where.name}: {result}")
     return result
 

@@ -44,10 +44,22 @@ def mirrord_sync(src: Path, dst: Path, **settings: str) -> None:
     """One `mirrord sync` pass in its own process (start-up included, as a user would run it). Retention
     is off unless asked for: with the default keep_last, older steps of a dataset kept for more than
     prune.min_age_seconds are retired, not copied, and the cases would not do the same work."""
-    env = mirrord_env(**{"copy__settle_seconds": "0", "log__format": "json", "prune__enabled": "false",
-                         "io__bandwidth_limit": "0", **settings})  # the copy's own speed, against cp
-    subprocess.run([sys.executable, "-m", "mirrord", "sync", "--primary", str(src), "--mirror", str(dst)],
-                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = mirrord_env(
+        **{
+            "copy__settle_seconds": "0",
+            "log__format": "json",
+            "prune__enabled": "false",
+            "io__bandwidth_limit": "0",
+            **settings,
+        }
+    )  # the copy's own speed, against cp
+    subprocess.run(
+        [sys.executable, "-m", "mirrord", "sync", "--primary", str(src), "--mirror", str(dst)],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def startup_seconds(work: Path, reps: int) -> float:
@@ -95,8 +107,15 @@ def tools(src: Path, dst: Path, full: bool) -> dict[str, Callable[[], None]]:
     return out
 
 
-def bench_dataset(ds: Dataset, data_root: Path, work: Path, reps: int, full: bool,
-                  extra: dict[str, dict[str, str]] | None = None, say: Log = log) -> dict[str, Any]:
+def bench_dataset(
+    ds: Dataset,
+    data_root: Path,
+    work: Path,
+    reps: int,
+    full: bool,
+    extra: dict[str, dict[str, str]] | None = None,
+    say: Log = log,
+) -> dict[str, Any]:
     """Time every tool (and mirrord with each ``extra`` setting set) on one dataset."""
     src, kind = ensure_dataset(ds, data_root, say)
     dst = work / "mirror"
@@ -123,6 +142,9 @@ def bench_dataset(ds: Dataset, data_root: Path, work: Path, reps: int, full: boo
     run_paired(cases, reset, reps, say, label=ds.name)
     shutil.rmtree(dst, ignore_errors=True)
     return {
-        "dataset": ds.name, "files": len(files), "bytes": nbytes, "file_kind": kind,
+        "dataset": ds.name,
+        "files": len(files),
+        "bytes": nbytes,
+        "file_kind": kind,
         "rows": summarize(cases, nbytes, BASELINE),
     }

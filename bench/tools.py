@@ -1,8 +1,8 @@
 """Python copy baselines, run as their own process so they pay interpreter start-up like `mirrord sync`.
 
-    python -m bench.tools shutil SRC DST    shutil.copy2 each file, fsync it, fsync its directory
-    python -m bench.tools naive SRC DST     read(1 MiB) / write / sha256, NAME.part, fsync, rename, fsync dir:
-                                            the straightforward protocol the issue measured at 2.36x cp+sync
+python -m bench.tools shutil SRC DST    shutil.copy2 each file, fsync it, fsync its directory
+python -m bench.tools naive SRC DST     read(1 MiB) / write / sha256, NAME.part, fsync, rename, fsync dir:
+                                        the straightforward protocol the issue measured at 2.36x cp+sync
 """
 
 from __future__ import annotations

@@ -69,12 +69,21 @@ def main(argv: list[str] | None = None) -> int:
         if step % args.save_every == 0:
             path = args.dir / f"step_{step:08d}.pt"
             t0 = time.perf_counter()
-            atomic_save({"embedding": embedding.state_dict(), "mlp": mlp.state_dict(),
-                         "optimizer": opt.state_dict(), "step": step}, path)
+            atomic_save(
+                {
+                    "embedding": embedding.state_dict(),
+                    "mlp": mlp.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "step": step,
+                },
+                path,
+            )
             save_s.append(time.perf_counter() - t0)
             saved.append(path.name)
-    json.dump({"step_s": step_s, "step_cpu_s": step_cpu_s, "save_s": save_s, "saved": saved,
-               "loss": float(loss.detach())}, sys.stdout)
+    json.dump(
+        {"step_s": step_s, "step_cpu_s": step_cpu_s, "save_s": save_s, "saved": saved, "loss": float(loss.detach())},
+        sys.stdout,
+    )
     return 0
 
 

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             options = CopyOptions(algo="blake3", reserve_bytes=0, drop_cache=False, validate=validate)
             result = copy_file(primary, NAME, LocalMirror(mirror), options)
             assert result.validation == ("ok" if validate else "unchecked"), result.validation
+
         return run
 
     def validate_alone() -> None:
@@ -93,28 +94,49 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             os.close(fd)
 
-    cases = [Case("copy, no validation", copy(False)), Case("copy + validation", copy(True)),
-             Case("validate alone (2nd read)", validate_alone)]
+    cases = [
+        Case("copy, no validation", copy(False)),
+        Case("copy + validation", copy(True)),
+        Case("validate alone (2nd read)", validate_alone),
+    ]
     run_paired(cases, reset, args.reps, label="validation")
     rows = summarize(cases, nbytes, "copy, no validation")
-    machine = (f"{os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}; "
-               f"disk {device_of(work)} (source and mirror directories on it)")
+    machine = (
+        f"{os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}; "
+        f"disk {device_of(work)} (source and mirror directories on it)"
+    )
     doc = {"file": {"bytes": nbytes, "kind": kind}, "reps": args.reps, "machine": machine, "rows": rows}
     write_json(args.results / "validation.json", doc)
     with_v = next(r for r in rows if r["case"] == "copy + validation")
     md = [
-        "# Validation while copying (bench/validation.py)", "",
+        "# Validation while copying (bench/validation.py)",
+        "",
         f"- File: {nbytes / GiB:.2f} GiB, {kind}; in the page cache, as just written by the trainer",
         f"- Machine: {machine}",
-        f"- {args.reps} paired repetitions, order rotated; medians; ratio = case / \"copy, no validation\" "
+        f'- {args.reps} paired repetitions, order rotated; medians; ratio = case / "copy, no validation" '
         "of the same repetition",
-        "", "## Goal", "",
+        "",
+        "## Goal",
+        "",
         f"copy + validation <= 1.05 x copy without: measured **{with_v['ratio']:.3f}x** "
         f"(per repetition: {', '.join(f'{r:.3f}' for r in with_v['ratios'])}) - "
         f"{'met' if with_v['ratio'] <= 1.05 else 'not met'}",
-        "", md_table(["case", "median s", "ratio", "GB/s", "CPU s/GB", "runs s"],
-                     [[r["case"], r["median_s"], r["ratio"], r["gb_per_s"], r["cpu_s_per_gb"],
-                       " ".join(f"{x:.2f}" for x in r["runs_s"])] for r in rows]), "",
+        "",
+        md_table(
+            ["case", "median s", "ratio", "GB/s", "CPU s/GB", "runs s"],
+            [
+                [
+                    r["case"],
+                    r["median_s"],
+                    r["ratio"],
+                    r["gb_per_s"],
+                    r["cpu_s_per_gb"],
+                    " ".join(f"{x:.2f}" for x in r["runs_s"]),
+                ]
+                for r in rows
+            ],
+        ),
+        "",
     ]
     (args.results / "validation.md").write_text("\n".join(md))
     log(f"results in {args.results}/validation.md")

@@ -91,9 +91,11 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
         print(dumps(sync_document(report)))
     if report.refused is not None:
         print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
-    lines = [*(f"FAILED {rel}: {err}" for rel, err in sorted(report.failed.items())),
-             *(f"NOT PUBLISHED {rel}: {cause}" for rel, cause in sorted(report.invalid.items())),
-             *(f"UNSETTLED {rel}: still changing; not copied" for rel in report.unsettled)]
+    lines = [
+        *(f"FAILED {rel}: {err}" for rel, err in sorted(report.failed.items())),
+        *(f"NOT PUBLISHED {rel}: {cause}" for rel, cause in sorted(report.invalid.items())),
+        *(f"UNSETTLED {rel}: still changing; not copied" for rel in report.unsettled),
+    ]
     for line in lines:
         print(printable(line), file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -108,15 +110,21 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
     mirror = mirror_for(config.mirror_target, config.s3)
     if not mirror.exists():
-        print(f"mirrord: verify: the mirror {mirror.describe()} does not exist or is not a directory "
-              "(mirror / --mirror); nothing to verify", file=sys.stderr)
+        print(
+            f"mirrord: verify: the mirror {mirror.describe()} does not exist or is not a directory "
+            "(mirror / --mirror); nothing to verify",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         if args.load:  # (nothing else in the CLI imports torch)
             import torch  # noqa: F401
     except ImportError as exc:
-        print(f"mirrord: verify --load needs torch, which cannot be imported ({exc}): "
-              "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)", file=sys.stderr)
+        print(
+            f"mirrord: verify --load needs torch, which cannot be imported ({exc}): "
+            "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     deep = partial(deep_check, load=args.load) if args.deep or args.load else None
     progress = _progress_bar if sys.stderr.isatty() else None
@@ -124,8 +132,9 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     # Findings about recorded files; unrecorded files and listing errors are problems, not checked files;
     # "unchecked" (a format without a validator, with --deep) and "part" (an intact file of a unit waiting
     # for other nodes' shares) are reported, never a problem.
-    damaged = {f.path for f in findings
-               if f.problem not in ("unrecorded", "unchecked", "part") and f.path != mirror.describe()}
+    damaged = {
+        f.path for f in findings if f.problem not in ("unrecorded", "unchecked", "part") and f.path != mirror.describe()
+    }
     intact = checked - len(damaged)
     problems = [f for f in findings if f.is_problem]
     parts = sum(1 for f in findings if f.problem == "part")
@@ -137,17 +146,23 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(printable(f"{f.problem.upper():14} {f.path}  {f.detail}"))
-    print(f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
-          + (f", {unchecked} unchecked (no validator for their format)" if unchecked else "")
-          + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""),
-          file=sys.stderr if args.json else sys.stdout)  # the result is stdout's; with --json, the document is
+    print(
+        f"verified {checked} file(s): {intact} intact, {len(problems)} problem(s)"
+        + (f", {unchecked} unchecked (no validator for their format)" if unchecked else "")
+        + (f", {parts} file(s) of units waiting for other nodes' shares" if parts else ""),
+        file=sys.stderr if args.json else sys.stdout,
+    )  # the result is stdout's; with --json, the document is
     return EXIT_FAILED if problems else EXIT_OK
 
 
 def _progress_bar(done: int, total: int, path: str) -> None:
     frac = done / total if total else 1.0
-    print(f"\r[{'#' * int(frac * 30):<30}] {frac:6.1%} {done / 2**30:7.2f}/{total / 2**30:.2f} GiB {path[-40:]:<40}",
-          end="\n" if done >= total else "", file=sys.stderr, flush=True)
+    print(
+        f"\r[{'#' * int(frac * 30):<30}] {frac:6.1%} {done / 2**30:7.2f}/{total / 2**30:.2f} GiB {path[-40:]:<40}",
+        end="\n" if done >= total else "",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def cmd_latest(config: Config, args: argparse.Namespace) -> int:
@@ -199,8 +214,10 @@ def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
     if report.errors:
         print("the mirror could not be listed completely: the manifest was NOT rewritten", file=sys.stderr)
     else:
-        print(f"manifest rebuilt: {len(report.recorded)} file(s) recorded, {len(report.rejected)} not recorded"
-              + (f"; old manifest {report.old_manifest}" if report.old_manifest else ""))
+        print(
+            f"manifest rebuilt: {len(report.recorded)} file(s) recorded, {len(report.rejected)} not recorded"
+            + (f"; old manifest {report.old_manifest}" if report.old_manifest else "")
+        )
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -315,8 +332,9 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             read = True
             # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
             absent = Snapshot() if dry_run and not mirror.exists() else None
-            report = Pruner(config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(
-                args.forget_branch)).run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+            report = Pruner(
+                config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget_branch)
+            ).run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
             if not dry_run:
                 manifest.close()
     if args.json:
@@ -326,6 +344,8 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     elif read:  # (a manifest that could not be read was said on stderr)
         print("\n".join(map(printable, describe(report).split("\n"))))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
 # --- end prune -----------------------------------------------------------------------------------
 
 
@@ -348,8 +368,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("mirrord: the demo always uses DIR/primary and DIR/mirror; choose DIR with --dir", file=sys.stderr)
         return EXIT_USAGE
     if args.config is not None:
-        print(f"mirrord demo: --config {args.config} is ignored: the demo writes and uses DIR/mirrord.toml",
-              file=sys.stderr)
+        print(
+            f"mirrord demo: --config {args.config} is ignored: the demo writes and uses DIR/mirrord.toml",
+            file=sys.stderr,
+        )
     options = DemoOptions(args.dir, args.steps, args.interval, args.keep_last, False if args.no_torch else None)
     try:
         return run_demo(options)
@@ -360,6 +382,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse type: a number of `kind` (int or float) greater than 0."""
+
     def parse(text: str) -> Any:
         import argparse
 
@@ -369,6 +392,8 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
         return value
 
     return parse
+
+
 # --- end status and demo -----------------------------------------------------------------------------
 
 
@@ -380,8 +405,7 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
     import os
 
     try:
-        columns = max(int(os.environ.get("COLUMNS", 0)), 0) \
-            or os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        columns = max(int(os.environ.get("COLUMNS", 0)), 0) or os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):  # no stdout, not a terminal
         columns = 0
     return argparse.HelpFormatter(prog, width=(columns or 80) - 2)
@@ -403,8 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version", version=f"mirrord {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def add(name: str, func: Command | PlainCommand, help_: str, needs_primary: PrimaryNeed = True,
-            config: bool = True, json: bool = False) -> argparse.ArgumentParser:
+    def add(
+        name: str,
+        func: Command | PlainCommand,
+        help_: str,
+        needs_primary: PrimaryNeed = True,
+        config: bool = True,
+        json: bool = False,
+    ) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
         if config:
@@ -416,126 +446,256 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help=JSON_HELP)
         return p
 
-    p = add("sync", cmd_sync, "One full pass: copy every committed checkpoint the mirror lacks, then exit "
-            "(0 if all copies succeeded, 1 if any failed). On a terminal, each copy under way shows its "
-            "bytes, rate and ETA.", json=True)
-    p = add("verify", cmd_verify, "Recheck every mirrored file against the manifest (size and hash); list "
-            "mismatches, missing and unrecorded files; exit 1 on any problem, 2 if the mirror does not exist "
-            "or --load is asked for without torch installed.", needs_primary=False, json=True)
-    p.add_argument("--deep", action="store_true",
-                   help="also run the format validator on every file, recorded or not: a torch.save zip's "
-                   "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
-                   "are reported as unchecked, not as problems")
-    p.add_argument("--load", action="store_true",
-                   help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch "
-                   "(pip install 'mirrord[torch]')")
-    p = add("latest", cmd_latest, "Print the newest verified checkpoint: recorded in the manifest (its source "
-            "passed its format validator), still the file that was recorded (by inode, size, mtime and "
-            "ctime; re-hashed when they differ). Newest is by step within a run, the newest branch first "
-            "after a rollback; without --run, the run whose best checkpoint is newest by mtime. Exit 1 if "
-            "there is none, 2 if the mirror does not exist.", needs_primary=False, json=True)
+    p = add(
+        "sync",
+        cmd_sync,
+        "One full pass: copy every committed checkpoint the mirror lacks, then exit "
+        "(0 if all copies succeeded, 1 if any failed). On a terminal, each copy under way shows its "
+        "bytes, rate and ETA.",
+        json=True,
+    )
+    p = add(
+        "verify",
+        cmd_verify,
+        "Recheck every mirrored file against the manifest (size and hash); list "
+        "mismatches, missing and unrecorded files; exit 1 on any problem, 2 if the mirror does not exist "
+        "or --load is asked for without torch installed.",
+        needs_primary=False,
+        json=True,
+    )
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also run the format validator on every file, recorded or not: a torch.save zip's "
+        "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
+        "are reported as unchecked, not as problems",
+    )
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch "
+        "(pip install 'mirrord[torch]')",
+    )
+    p = add(
+        "latest",
+        cmd_latest,
+        "Print the newest verified checkpoint: recorded in the manifest (its source "
+        "passed its format validator), still the file that was recorded (by inode, size, mtime and "
+        "ctime; re-hashed when they differ). Newest is by step within a run, the newest branch first "
+        "after a rollback; without --run, the run whose best checkpoint is newest by mtime. Exit 1 if "
+        "there is none, 2 if the mirror does not exist.",
+        needs_primary=False,
+        json=True,
+    )
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
-    p.add_argument("--verify", action="store_true",
-                   help="re-read each candidate: content hash and format validator, not only stat")
-    p.add_argument("--primary-side", action="store_true",
-                   help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)")
-    p = add("restore", cmd_restore, "Bring back from the mirror (local or s3://) the newest verified unit (file "
-            "or folder) of the run written to most recently, of --run, or of --step; print its path. Every byte is "
-            "checked against the manifest's hash as it is written as NAME.part (NAME.part/); only a matching copy is "
-            "fsynced and renamed into place, with its source's mtime, so sync and the daemon copy nothing again. A "
-            "damaged copy is never published: without --step the next newest verified unit is restored instead "
-            "(each damaged copy named on stderr; exit 0 once one is restored). An identical copy at the destination "
-            "is left alone, a different one replaced only with --force. Reads the mirror only. Exit 1 if nothing "
-            "could be restored (none recorded, all damaged, a damaged --step, a different file in the way), 2 if "
-            "the mirror does not exist.", needs_primary=False)
+    p.add_argument(
+        "--verify", action="store_true", help="re-read each candidate: content hash and format validator, not only stat"
+    )
+    p.add_argument(
+        "--primary-side",
+        action="store_true",
+        help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)",
+    )
+    p = add(
+        "restore",
+        cmd_restore,
+        "Bring back from the mirror (local or s3://) the newest verified unit (file "
+        "or folder) of the run written to most recently, of --run, or of --step; print its path. Every byte is "
+        "checked against the manifest's hash as it is written as NAME.part (NAME.part/); only a matching copy is "
+        "fsynced and renamed into place, with its source's mtime, so sync and the daemon copy nothing again. A "
+        "damaged copy is never published: without --step the next newest verified unit is restored instead "
+        "(each damaged copy named on stderr; exit 0 once one is restored). An identical copy at the destination "
+        "is left alone, a different one replaced only with --force. Reads the mirror only. Exit 1 if nothing "
+        "could be restored (none recorded, all damaged, a damaged --step, a different file in the way), 2 if "
+        "the mirror does not exist.",
+        needs_primary=False,
+    )
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
     p.add_argument("--step", type=int, metavar="N", help="this step (no fallback if its copy is damaged)")
-    p.add_argument("--to", type=Path, metavar="DIR",
-                   help="root to restore below, at the same relative path (default: the configured primary)")
+    p.add_argument(
+        "--to",
+        type=Path,
+        metavar="DIR",
+        help="root to restore below, at the same relative path (default: the configured primary)",
+    )
     p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-    add("run", cmd_run, "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
+    add(
+        "run",
+        cmd_run,
+        "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
         "ones, serve /metrics /healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
         "its endpoints and the command that shows its status. A primary root that does not exist yet is "
-        "waited for (alive, not ready).", needs_primary="later")
-    p = add("check-config", cmd_check_config, "Validate the configuration (file, MIRRORD_* variables, flags) and "
-            "print the effective values as TOML that can be pasted into a config file, each value followed by a "
-            "comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.")
-    p.add_argument("--format", choices=["toml", "json"], default="toml",
-                   help="toml (default): for a person, with origins; json: the values only, for machines")
-    add("repair-manifest", cmd_repair_manifest, "Rebuild a lost or damaged manifest from the mirror's files "
+        "waited for (alive, not ready).",
+        needs_primary="later",
+    )
+    p = add(
+        "check-config",
+        cmd_check_config,
+        "Validate the configuration (file, MIRRORD_* variables, flags) and "
+        "print the effective values as TOML that can be pasted into a config file, each value followed by a "
+        "comment saying where it came from (default, file, environment variable, flag). Exit 2 if invalid.",
+    )
+    p.add_argument(
+        "--format",
+        choices=["toml", "json"],
+        default="toml",
+        help="toml (default): for a person, with origins; json: the values only, for machines",
+    )
+    add(
+        "repair-manifest",
+        cmd_repair_manifest,
+        "Rebuild a lost or damaged manifest from the mirror's files "
         "(offline: takes the mirror lock). Every file is re-hashed and validated (same content as its source "
         "on the primary, or a torch.save zip whose CRCs check out) before it is recorded; the old snapshot and "
-        "journals are kept with a .damaged suffix. Exit 0 if every file was recorded, 1 otherwise.")
+        "journals are kept with a .damaged suffix. Exit 0 if every file was recorded, 1 otherwise.",
+    )
     # --- prune ---
-    p = add("prune", cmd_prune, "Delete old checkpoints on the mirror (and on the primary with "
-            "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
-            "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
-            "manifest, mirror looks unmounted).")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
-                   "nothing, so it runs beside a daemon")
-    p.add_argument("--forget-branch", action="append", default=[], metavar="RUN:STEP", type=_run_step,
-                   help="let retention delete this kept tip of an abandoned branch (a rollback or a restart from "
-                   "scratch), or of a run paused because its primary lost its newest step; RUN is the run "
-                   "folder relative to the roots ('.' for the root itself); repeatable")
+    p = add(
+        "prune",
+        cmd_prune,
+        "Delete old checkpoints on the mirror (and on the primary with "
+        "prune.primary = true), keeping each run's prune.keep_last newest verified steps; print what "
+        "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
+        "manifest, mirror looks unmounted).",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
+        "nothing, so it runs beside a daemon",
+    )
+    p.add_argument(
+        "--forget-branch",
+        action="append",
+        default=[],
+        metavar="RUN:STEP",
+        type=_run_step,
+        help="let retention delete this kept tip of an abandoned branch (a rollback or a restart from "
+        "scratch), or of a run paused because its primary lost its newest step; RUN is the run "
+        "folder relative to the roots ('.' for the root itself); repeatable",
+    )
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---
     # --- status and demo ---
-    p = add("status", cmd_status, "For a person: per run, the newest step on the primary and on the mirror, "
-            "whether the newest mirrored step is intact, how far the mirror is behind, free space on both volumes, "
-            "and problems (with a folder layout, also each unit the mirror lacks: incomplete, pending or retired, as "
-            "the daemon judges it); plus, if a daemon answers on metrics.address, its health, readiness, queue, copy "
-            "counts and each copy under way (bytes, rate, ETA). Reads only: safe while the daemon runs. Exit 0 if "
-            "nothing is wrong, 1 if a problem is listed (newest mirrored step not intact, files missing from the "
-            "mirror, unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
-            "behind, daemon unhealthy or refusing the mirror).", needs_primary=False)
+    p = add(
+        "status",
+        cmd_status,
+        "For a person: per run, the newest step on the primary and on the mirror, "
+        "whether the newest mirrored step is intact, how far the mirror is behind, free space on both volumes, "
+        "and problems (with a folder layout, also each unit the mirror lacks: incomplete, pending or retired, as "
+        "the daemon judges it); plus, if a daemon answers on metrics.address, its health, readiness, queue, copy "
+        "counts and each copy under way (bytes, rate, ETA). Reads only: safe while the daemon runs. Exit 0 if "
+        "nothing is wrong, 1 if a problem is listed (newest mirrored step not intact, files missing from the "
+        "mirror, unreadable or missing manifest while the primary holds checkpoints, a run more than --max-lag "
+        "behind, daemon unhealthy or refusing the mirror).",
+        needs_primary=False,
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
-    p.add_argument("--verify", action="store_true",
-                   help="check the content hash of each run's newest mirrored step, not only its size "
-                   "(reads those files in full)")
-    p.add_argument("--timeout", type=_positive(float), default=1.0, metavar="SECONDS",
-                   help="how long to wait for the daemon's HTTP endpoint (default: 1)")
-    p.add_argument("--max-lag", type=_positive(float), default=900.0, metavar="SECONDS",
-                   help="a run whose oldest unmirrored checkpoint is older than this is a problem "
-                   "(exit 1), not just lag (default: 900, as the MirrordMirrorLagging alert)")
-    p = add("demo", cmd_demo, "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
-            "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a `mirrord "
-            "run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, copy and "
-            "deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the daemon's log. "
-            "--config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.", config=False)
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check the content hash of each run's newest mirrored step, not only its size (reads those files in full)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=1.0,
+        metavar="SECONDS",
+        help="how long to wait for the daemon's HTTP endpoint (default: 1)",
+    )
+    p.add_argument(
+        "--max-lag",
+        type=_positive(float),
+        default=900.0,
+        metavar="SECONDS",
+        help="a run whose oldest unmirrored checkpoint is older than this is a problem "
+        "(exit 1), not just lag (default: 900, as the MirrordMirrorLagging alert)",
+    )
+    p = add(
+        "demo",
+        cmd_demo,
+        "See mirrord work in about a minute: a simulated trainer commits real checkpoints "
+        "(torch.save when torch is installed, torch-like zip files otherwise) into DIR/primary while a `mirrord "
+        "run` daemon mirrors them to DIR/mirror and prunes old steps on both sides; every commit, copy and "
+        "deletion is narrated, then `mirrord status` is shown. DIR keeps the config and the daemon's log. "
+        "--config/--primary/--mirror are not used: the demo writes DIR/mirrord.toml.",
+        config=False,
+    )
     _common(p)
-    p.add_argument("--dir", type=Path, default=Path("var/demo"), metavar="DIR",
-                   help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
-                   "must be empty or made by an earlier demo, which is wiped)")
-    p.add_argument("--steps", type=_positive(int), default=20, metavar="N",
-                   help="checkpoints the trainer commits (default: 20)")
-    p.add_argument("--interval", type=_positive(float), default=2.5, metavar="SECONDS",
-                   help="time between two commits (default: 2.5)")
-    p.add_argument("--keep-last", type=_positive(int), default=3, metavar="N",
-                   help="steps retention keeps on each side (prune.keep_last; default: 3)")
-    p.add_argument("--no-torch", action="store_true",
-                   help="write torch-like zip files even if torch is installed (starts faster)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("var/demo"),
+        metavar="DIR",
+        help="where to put primary/, mirror/, mirrord.toml and mirrord.log (default: ./var/demo; "
+        "must be empty or made by an earlier demo, which is wiped)",
+    )
+    p.add_argument(
+        "--steps", type=_positive(int), default=20, metavar="N", help="checkpoints the trainer commits (default: 20)"
+    )
+    p.add_argument(
+        "--interval",
+        type=_positive(float),
+        default=2.5,
+        metavar="SECONDS",
+        help="time between two commits (default: 2.5)",
+    )
+    p.add_argument(
+        "--keep-last",
+        type=_positive(int),
+        default=3,
+        metavar="N",
+        help="steps retention keeps on each side (prune.keep_last; default: 3)",
+    )
+    p.add_argument(
+        "--no-torch", action="store_true", help="write torch-like zip files even if torch is installed (starts faster)"
+    )
     # --- end status and demo ---
-    p = add("init", cmd_init, "Write a configuration file to start from: the example config with every key "
-            "documented and set to its default, the roots filled in from --primary/--mirror. With --systemd, also "
-            "write mirrord.service next to it, pointed at that file and those roots. An existing file is never "
-            "replaced without --force; files are written atomically.", config=False)
-    p.add_argument("path", nargs="?", type=Path, default=Path("mirrord.toml"), metavar="PATH",
-                   help="the config file to write (default: ./mirrord.toml); missing folders are created")
+    p = add(
+        "init",
+        cmd_init,
+        "Write a configuration file to start from: the example config with every key "
+        "documented and set to its default, the roots filled in from --primary/--mirror. With --systemd, also "
+        "write mirrord.service next to it, pointed at that file and those roots. An existing file is never "
+        "replaced without --force; files are written atomically.",
+        config=False,
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        type=Path,
+        default=Path("mirrord.toml"),
+        metavar="PATH",
+        help="the config file to write (default: ./mirrord.toml); missing folders are created",
+    )
     p.add_argument("--primary", type=Path, metavar="DIR", help="the directory the trainer writes checkpoints to")
-    p.add_argument("--mirror", type=Path, metavar="DIR",
-                   help="the directory for the trustworthy copy (required to run; else left for you to set)")
+    p.add_argument(
+        "--mirror",
+        type=Path,
+        metavar="DIR",
+        help="the directory for the trustworthy copy (required to run; else left for you to set)",
+    )
     p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
     p.add_argument("--force", action="store_true", help="replace files that exist")
-    p = add("completion", cmd_completion, "Print a shell completion script generated from this command's own "
-            "parser. bash: `source <(mirrord completion bash)` (or save it as /etc/bash_completion.d/mirrord); zsh: "
-            "save it as _mirrord in a folder of $fpath; fish: save it as ~/.config/fish/completions/mirrord.fish. "
-            "Wheels also ship them under mirrord/data/completion/.", config=False)
+    p = add(
+        "completion",
+        cmd_completion,
+        "Print a shell completion script generated from this command's own "
+        "parser. bash: `source <(mirrord completion bash)` (or save it as /etc/bash_completion.d/mirrord); zsh: "
+        "save it as _mirrord in a folder of $fpath; fish: save it as ~/.config/fish/completions/mirrord.fish. "
+        "Wheels also ship them under mirrord/data/completion/.",
+        config=False,
+    )
     p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete for")
-    add("man", cmd_man, "Print the manual page mirrord(1) in roff, generated from this command's own parser: "
-        "`mirrord man | man -l -`. Wheels also ship it as mirrord/data/man/mirrord.1.", config=False)
+    add(
+        "man",
+        cmd_man,
+        "Print the manual page mirrord(1) in roff, generated from this command's own parser: "
+        "`mirrord man | man -l -`. Wheels also ship it as mirrord/data/man/mirrord.1.",
+        config=False,
+    )
     return parser
 
 
@@ -588,8 +748,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
     plain: PlainCommand | None = getattr(args, "plain", None)
     if plain is not None:  # no configuration read: the log as the flags say (demo has them), else the defaults
-        logsetup.configure(getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info",
-                           sys.stderr)
+        logsetup.configure(
+            getattr(args, "log_format", None) or "auto", getattr(args, "log_level", None) or "info", sys.stderr
+        )
         try:
             return int(plain(args))
         except KeyboardInterrupt:
@@ -609,18 +770,26 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
     if ignored:  # once per process: a SIGHUP reload does not repeat it
-        logsetup.get_logger().info("config.environment_ignored", variables=list(ignored),
-                                   why="Kubernetes service variables, not mirrord settings")
+        logsetup.get_logger().info(
+            "config.environment_ignored",
+            variables=list(ignored),
+            why="Kubernetes service variables, not mirrord settings",
+        )
     if args.command == "run":
-        logsetup.get_logger().info("config.loaded", file=str(loaded.file) if loaded.file else None,
-                                   primary=str(config.primary), mirror=str(config.mirror_target))
+        logsetup.get_logger().info(
+            "config.loaded",
+            file=str(loaded.file) if loaded.file else None,
+            primary=str(config.primary),
+            mirror=str(config.mirror_target),
+        )
     if args.command == "sync":
         _stop_on_hangup_and_term()
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
-        logsetup.get_logger().error("command.failed", command=args.command, reason=exc.reason,
-                                    path=exc.path, cause=exc.cause)
+        logsetup.get_logger().error(
+            "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
+        )
         print(f"mirrord: {exc}", file=sys.stderr)
         if getattr(args, "json", False) and args.command != "status":
             from mirrord.commands.report import dumps, error_document
@@ -631,8 +800,12 @@ def _main(argv: Sequence[str] | None) -> int:
         import signal
 
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT  # Ctrl-C
-        logsetup.get_logger().warning("command.interrupted", command=args.command, signal=signal.Signals(signum).name,
-                                      action="copies under way aborted, their temp files removed")
+        logsetup.get_logger().warning(
+            "command.interrupted",
+            command=args.command,
+            signal=signal.Signals(signum).name,
+            action="copies under way aborted, their temp files removed",
+        )
         return 128 + signum
 
 
@@ -659,9 +832,11 @@ def _write_problem(config: Config, args: argparse.Namespace) -> str | None:
 
     mirror, writes = config.mirror, args.command in WRITE_COMMANDS and not getattr(args, "dry_run", False)
     if writes and config.mirror_url is None and mirror.is_dir() and not os.access(mirror, os.W_OK | os.X_OK):
-        return (f"{args.command}: the mirror {mirror} is not writable by this user (or is mounted read-only); "
-                f"`{args.command}` writes to it. Reading needs no write access: latest, status, verify, "
-                "prune --dry-run, restore")
+        return (
+            f"{args.command}: the mirror {mirror} is not writable by this user (or is mounted read-only); "
+            f"`{args.command}` writes to it. Reading needs no write access: latest, status, verify, "
+            "prune --dry-run, restore"
+        )
     return None
 
 

@@ -88,6 +88,7 @@ def check_bandwidth(value: int) -> int:
 
 def matching(regex: str, what: str) -> AfterValidator:
     """A text field that must match `regex` whole; else "VALUE WHAT" names it."""
+
     def check(value: str) -> str:
         if not re.fullmatch(regex, value, re.DOTALL):
             raise ValueError(f"{value!r}{what}")
@@ -162,8 +163,10 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     if mirror.exists() and not mirror.is_dir():
         problems.append(f"mirror: {mirror} exists and is not a directory")
     elif not mirror.exists() and not mirror.parent.is_dir():  # a mistyped path would fill the wrong disk
-        problems.append(f"mirror: neither {mirror} nor its parent {mirror.parent} exists; mirrord creates only "
-                        "the mirror folder itself: create the path, or correct it")
+        problems.append(
+            f"mirror: neither {mirror} nor its parent {mirror.parent} exists; mirrord creates only "
+            "the mirror folder itself: create the path, or correct it"
+        )
     if config.mirror_must_be_mountpoint and not mirror.is_mount():
         problems.append(f"mirror: {mirror} is not a mount point (mirror_must_be_mountpoint = true)")
     return problems
@@ -190,6 +193,7 @@ class _Section(BaseModel):
 
 class CopyConfig(_Section):
     """[copy]: how many workers, which hash, when a file is settled, when a copy is stalled, retries."""
+
     workers: int = Field(2, ge=1, le=64)
     hash: Literal["blake3", "sha256", "xxh3_128"] = "blake3"
     settle_seconds: float = Field(2.0, ge=0, le=DAY)
@@ -204,6 +208,7 @@ class CopyConfig(_Section):
 
 class PruneConfig(_Section):
     """[prune]: retention (keep_last, keep_every) and its guards (min age, primary side, dry run)."""
+
     enabled: bool = True
     mode: Literal["auto", "keep_last", "follow"] = "auto"
     keep_last: int = Field(12, ge=1)
@@ -218,6 +223,7 @@ class PruneConfig(_Section):
 
 class WatchConfig(_Section):
     """[watch]: native or polling events, and the periodic rescan that makes events hints."""
+
     mode: Literal["auto", "native", "polling"] = "auto"
     poll_interval_seconds: float = Field(2.0, ge=0.1, le=3600)
     rescan_interval_seconds: float = Field(60.0, ge=0.1, le=DAY)
@@ -225,6 +231,7 @@ class WatchConfig(_Section):
 
 class MetricsConfig(_Section):
     """[metrics]: the address of /metrics, /healthz, /readyz and /status."""
+
     enabled: bool = True
     address: Annotated[str, AfterValidator(check_host_port)] = "127.0.0.1:9108"
 
@@ -241,12 +248,14 @@ class MetricsConfig(_Section):
 
 class LogConfig(_Section):
     """[log]: JSON lines or console rendering, and the level."""
+
     format: Literal["auto", "json", "console"] = "auto"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
 class IoConfig(_Section):
     """[io]: buffer size, bandwidth limit, page-cache dropping, I/O and CPU priority of copies."""
+
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
     bandwidth_limit: Annotated[int, AfterValidator(check_bandwidth)] = Field(100 * MIB, ge=0)
     drop_cache: bool = True
@@ -294,14 +303,17 @@ class S3Config(_Section):
     @classmethod
     def _no_inline_secret(cls, value: str | None, info: Any) -> str | None:
         if value is not None and not info.data.get("allow_inline_credentials", False):
-            raise ValueError("a secret in the configuration is refused: use the standard credential chain "
-                             "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance or pod role), "
-                             "or set s3.allow_inline_credentials = true")
+            raise ValueError(
+                "a secret in the configuration is refused: use the standard credential chain "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance or pod role), "
+                "or set s3.allow_inline_credentials = true"
+            )
         return value
 
 
 class DaemonConfig(_Section):
     """[daemon]: the heartbeat period and the shutdown grace period."""
+
     heartbeat_seconds: float = Field(5.0, ge=0.1, le=60)
     shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600)
 
@@ -318,12 +330,15 @@ class UnitConfig(_Section):
 
 class Config(_Section):
     """mirrord's whole configuration: built once from the file, the environment and flags, then frozen."""
+
     primary: Path = Path("/data/checkpoints")
     mirror: Path  # no default: a missing mirror is an error, never a silently invented path
-    layout: Literal["torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspeed", "megatron",
-                    "custom"] = "torch"
-    patterns: Annotated[tuple[str, ...], BeforeValidator(split_patterns), AfterValidator(check_patterns)] = \
+    layout: Literal["torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspeed", "megatron", "custom"] = (
+        "torch"
+    )
+    patterns: Annotated[tuple[str, ...], BeforeValidator(split_patterns), AfterValidator(check_patterns)] = (
         DEFAULT_PATTERNS
+    )
     mirror_must_be_mountpoint: bool = False
     copy_: CopyConfig = Field(default_factory=CopyConfig, alias="copy")
     prune: PruneConfig = Field(default_factory=PruneConfig)
@@ -344,21 +359,27 @@ class Config(_Section):
         layout, unit, problems = self.layout, self.unit, []
         if layout not in ("torch", "hf_model", "custom"):
             if self.patterns != DEFAULT_PATTERNS:
-                problems.append(f"patterns: layout = {layout!r} names its own checkpoints; "
-                                'use layout = "custom" to choose patterns')
+                problems.append(
+                    f'patterns: layout = {layout!r} names its own checkpoints; use layout = "custom" to choose patterns'
+                )
             if self.prune.step_pattern != DEFAULT_STEP_PATTERN:
-                problems.append(f"prune.step_pattern: layout = {layout!r} has its own; "
-                                'use layout = "custom" to choose one')
+                problems.append(
+                    f'prune.step_pattern: layout = {layout!r} has its own; use layout = "custom" to choose one'
+                )
         if layout != "custom" and (unit.kind, unit.complete_marker) != ("file", ""):
             problems.append(f'unit: only used with layout = "custom" (layout is {layout!r})')
         if unit.complete_marker and unit.kind != "folder":
             problems.append('unit.complete_marker: a marker file needs unit.kind = "folder"')
         if self.prune.mode == "follow" and self.prune.primary:
-            problems.append('prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
-                            'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)')
+            problems.append(
+                'prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
+                'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)'
+            )
         if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
-            problems.append('s3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
-                            "whose ranks are saved on several nodes, mirrored into one prefix)")
+            problems.append(
+                's3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '
+                "whose ranks are saved on several nodes, mirrored into one prefix)"
+            )
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -419,14 +440,17 @@ class Config(_Section):
             return "keep_last", f"prune.mode = 'auto': layout {self.layout!r} only appends, nothing ranks its steps"
         if self.prune.primary:
             return "keep_last", "prune.mode = 'auto' with prune.primary = true: mirrord bounds the primary itself"
-        return "follow", (f"prune.mode = 'auto': layout {self.layout!r} rotates or ranks its own checkpoints "
-                          "(save_total_limit, save_top_k): what it keeps on the primary is its choice")
+        return "follow", (
+            f"prune.mode = 'auto': layout {self.layout!r} rotates or ranks its own checkpoints "
+            "(save_total_limit, save_top_k): what it keeps on the primary is its choice"
+        )
 
     @property
     def rules(self) -> Layout:
         """The chosen layout's naming and completeness rules (mirrord.core.layouts)."""
-        return layout_for(self.layout, self.patterns, self.prune.step_pattern, self.unit.kind,
-                          self.unit.complete_marker)
+        return layout_for(
+            self.layout, self.patterns, self.prune.step_pattern, self.unit.kind, self.unit.complete_marker
+        )
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, for `check-config`."""
@@ -438,8 +462,10 @@ class Config(_Section):
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """`extra` over `base`, a section merged key by key into the same section of `base`."""
-    return base | {key: _deep_merge(base[key], value) if isinstance(value, Mapping) and isinstance(base.get(key), dict)
-                   else value for key, value in extra.items()}
+    return base | {
+        key: _deep_merge(base[key], value) if isinstance(value, Mapping) and isinstance(base.get(key), dict) else value
+        for key, value in extra.items()
+    }
 
 
 # Where a value came from, as check-config prints it: "default", "file PATH", "environment NAME", "flag --NAME".
@@ -505,9 +531,14 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
             layer.problems.append(f"{name}: {old} was removed ({REMOVED_KEYS[old]}); unset the variable")
         elif dotted is None:
             hint = _closest(name, sorted(known))
-            layer.problems.append(f"{name}: unknown setting" + (
-                f"; did you mean {hint} ({known[hint]})?" if hint else
-                f"; settings are {ENV_PREFIX}<KEY> or {ENV_PREFIX}<SECTION>__<KEY>, see check-config"))
+            layer.problems.append(
+                f"{name}: unknown setting"
+                + (
+                    f"; did you mean {hint} ({known[hint]})?"
+                    if hint
+                    else f"; settings are {ENV_PREFIX}<KEY> or {ENV_PREFIX}<SECTION>__<KEY>, see check-config"
+                )
+            )
         else:
             # A list-typed key (patterns) may be given as a JSON list, else comma-separated; the rest as the string.
             structured = typing.get_origin(settings[dotted]) in (list, tuple) and raw.lstrip().startswith("[")
@@ -528,8 +559,9 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
         raw = read_trusted(path, CONFIG_LIMIT, follow=True)[1] if content is None else content
         data = tomllib.loads(raw.decode("utf-8"))
     except UntrustedFileError as exc:
-        raise ConfigError([f"config: {exc}: another user could change what this daemon does (chown root "
-                           "and chmod go-w it)"]) from exc
+        raise ConfigError(
+            [f"config: {exc}: another user could change what this daemon does (chown root and chmod go-w it)"]
+        ) from exc
     except OSError as exc:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror or exc}"]) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -559,17 +591,21 @@ def _format_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[str
             problems.append(f"{key}: removed ({REMOVED_KEYS[key]}){_suffix(origin)}; delete the key")
         elif err["type"] == "extra_forbidden":
             depth = key.count(".")  # names at that depth, sections included (`[prun]` -> prune)
-            names = {".".join(k.split(".")[:depth + 1]) for k in settings if k.count(".") >= depth}
+            names = {".".join(k.split(".")[: depth + 1]) for k in settings if k.count(".") >= depth}
             hint = _closest(key, sorted(names))
             section, _, name = key.rpartition(".")
             if section and name in settings and origin.startswith("file "):
-                problems.append(f"{key}: unknown key{_suffix(origin)}; {name} is a top-level key: put it above "
-                                f"the file's first [section] (below [{section}] it is read as part of it)")
+                problems.append(
+                    f"{key}: unknown key{_suffix(origin)}; {name} is a top-level key: put it above "
+                    f"the file's first [section] (below [{section}] it is read as part of it)"
+                )
                 continue
             problems.append(f"{key}: unknown key{_suffix(origin)}" + (f"; did you mean {hint}?" if hint else ""))
         elif err["type"] == "missing" and key == "mirror":
-            problems.append('mirror: not set (there is no default); give --mirror DIR, MIRRORD_MIRROR=DIR '
-                            'or mirror = "DIR" in the config file')
+            problems.append(
+                "mirror: not set (there is no default); give --mirror DIR, MIRRORD_MIRROR=DIR "
+                'or mirror = "DIR" in the config file'
+            )
         elif key == "(root)":  # whole-config rules: each problem already starts with its key
             for problem in err["msg"].removeprefix("Value error, ").split("\n"):
                 named = problem.split(":", 1)[0]
@@ -631,9 +667,14 @@ def explain_config(
     return LoadedConfig(config, file, origins, tuple(env.ignored))
 
 
-def load_config(path: Path | None = None, environ: Mapping[str, str] | None = None,
-                overrides: Mapping[str, Any] | None = None, check_roots: bool = True,
-                need_primary: PrimaryNeed = True, content: bytes | None = None) -> Config:
+def load_config(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    check_roots: bool = True,
+    need_primary: PrimaryNeed = True,
+    content: bytes | None = None,
+) -> Config:
     """Build the one Config of this process; raise ConfigError listing every problem at once."""
     return explain_config(path, environ, overrides, check_roots, need_primary, content).config
 
@@ -653,9 +694,15 @@ def config_path(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     return Path(named) if path is None and named else path
 
 
-def read_stable(path: Path, quiet: float = 1.0, timeout: float = 5.0, pause: float = 0.1, *,
-                sleep: Callable[[float], object] = time.sleep,
-                monotonic: Callable[[], float] = time.monotonic) -> tuple[bytes, bool]:
+def read_stable(
+    path: Path,
+    quiet: float = 1.0,
+    timeout: float = 5.0,
+    pause: float = 0.1,
+    *,
+    sleep: Callable[[float], object] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> tuple[bytes, bool]:
     """The file's bytes, and whether they were stable: unchanged (inode, size, mtime, content) across
     reads for `quiet` seconds of our own (monotonic) observation; gives up after `timeout` seconds.
     Reads are `pause` apart; `sleep` and `monotonic` are the clock (a test's clock moves when it says).
@@ -705,10 +752,14 @@ def risky_changes(old: Config, new: Config) -> list[str]:
         (a.dry_run and not b.dry_run, "prune.dry_run turned off"),
         (b.primary and not a.primary, "prune.primary turned on"),
         (b.keep_last < a.keep_last, f"prune.keep_last lowered from {a.keep_last} to {b.keep_last}"),
-        (a.keep_every is not None and b.keep_every != a.keep_every,
-         f"prune.keep_every changed from {a.keep_every} to {b.keep_every}"),
-        (b.min_age_seconds < a.min_age_seconds,
-         f"prune.min_age_seconds lowered from {a.min_age_seconds:g} to {b.min_age_seconds:g}"),
+        (
+            a.keep_every is not None and b.keep_every != a.keep_every,
+            f"prune.keep_every changed from {a.keep_every} to {b.keep_every}",
+        ),
+        (
+            b.min_age_seconds < a.min_age_seconds,
+            f"prune.min_age_seconds lowered from {a.min_age_seconds:g} to {b.min_age_seconds:g}",
+        ),
         (b.step_pattern != a.step_pattern, "prune.step_pattern changed"),
     ]
     return [change for risky, change in checks if risky]

@@ -84,9 +84,7 @@ class InvalidSourceError(PermanentError):
 
     reason = CopyOutcome.INVALID_SOURCE
 
-    def __init__(
-        self, path: object, cause: str, status: str = "invalid", identity: Hashable | None = None
-    ) -> None:
+    def __init__(self, path: object, cause: str, status: str = "invalid", identity: Hashable | None = None) -> None:
         super().__init__(path, cause)
         self.status = status
         # What was judged: a file's (inode, size, mtime_ns, ctime_ns); a folder unit's, every file's
@@ -139,8 +137,17 @@ def from_oserror(path: object, exc: OSError, action: str) -> MirrordError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return NoSpaceError(path, cause)
     # A condition that can go away by itself (a flaky mount, a stale NFS handle); else permanent until a person acts.
-    if exc.errno in (errno.EIO, errno.ESTALE, errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR, errno.EBUSY, errno.ENOTCONN,
-                     errno.ECONNRESET, errno.EHOSTDOWN):
+    if exc.errno in (
+        errno.EIO,
+        errno.ESTALE,
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ENOTCONN,
+        errno.ECONNRESET,
+        errno.EHOSTDOWN,
+    ):
         return TransientError(path, cause)
     return PermanentError(path, cause)
 

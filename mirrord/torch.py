@@ -75,8 +75,9 @@ def atomic_save(
     return SaveResult(final, writer.size, algo, hasher.hexdigest())
 
 
-def restore_latest(mirror: str | os.PathLike[str], dest: str | os.PathLike[str], run: str | None = None,
-                   layout: Layout | None = None) -> Path | None:
+def restore_latest(
+    mirror: str | os.PathLike[str], dest: str | os.PathLike[str], run: str | None = None, layout: Layout | None = None
+) -> Path | None:
     """Bring the newest verified checkpoint (of `run`, else of the run written to most recently) back from
     `mirror` (a folder or an `s3://bucket/prefix` URL; S3 settings from the AWS_* environment) to the same
     relative path below `dest`, checked byte for byte against the manifest as `mirrord restore` does; the

@@ -85,8 +85,11 @@ def _lock_path(basetemp: Path) -> Path:
 def _drop_old_failed_basetemps() -> None:
     """Delete all but the newest KEEP_FAILED_BASETEMPS base temps left by earlier sessions: only those
     whose session lock can be taken (the session is over) and with nothing mounted below them."""
-    locks = sorted(Path(tempfile.gettempdir()).glob(BASETEMP_PREFIX + "*.lock"),
-                   key=lambda f: f.stat().st_mtime if f.exists() else 0.0, reverse=True)
+    locks = sorted(
+        Path(tempfile.gettempdir()).glob(BASETEMP_PREFIX + "*.lock"),
+        key=lambda f: f.stat().st_mtime if f.exists() else 0.0,
+        reverse=True,
+    )
     for lock_path in locks[KEEP_FAILED_BASETEMPS:]:
         old = lock_path.with_name(lock_path.name.removesuffix(".lock"))
         try:
@@ -172,8 +175,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     lost = [item.nodeid for item in session.items if item.get_closest_marker("host") and "@host" not in item.nodeid]
     if lost:
-        raise pytest.UsageError(f"pytest-xdist could not group {len(lost)} host tests (first: {lost[0]}); "
-                                "this pytest and pytest-xdist do not work together: see pyproject.toml")
+        raise pytest.UsageError(
+            f"pytest-xdist could not group {len(lost)} host tests (first: {lost[0]}); "
+            "this pytest and pytest-xdist do not work together: see pyproject.toml"
+        )
 
 
 # Folders tests make outside the base temp (world_tmp): each must be gone by the end of the session.
@@ -305,7 +310,9 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     mount_point.mkdir()
     result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", str(mount_point)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")

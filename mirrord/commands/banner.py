@@ -37,8 +37,11 @@ def run_banner(config: Config, config_file: Path | None) -> str:
     """Printed by `mirrord run` on a terminal, before the log starts."""
     command, q = mirrord_command(), shlex.quote
     # The arguments that point another command at the same primary and mirror.
-    where = f"--config {q(str(config_file))}" if config_file is not None else \
-        f"--primary {q(str(config.primary))} --mirror {q(str(config.mirror_target))}"
+    where = (
+        f"--config {q(str(config_file))}"
+        if config_file is not None
+        else f"--primary {q(str(config.primary))} --mirror {q(str(config.mirror_target))}"
+    )
     lines = [
         f"mirrord {__version__}: mirroring {config.primary} -> {config.mirror_target} ({', '.join(config.patterns)})",
         f"  retention  {describe_policy(config.prune, config.retention_mode[0] == 'follow')}",

@@ -19,6 +19,7 @@ SHELLS = ("bash", "zsh", "fish")
 @dataclass(frozen=True)
 class Option:
     """One option or positional of a subcommand, as the completion scripts need it."""
+
     flags: tuple[str, ...]  # ("-h", "--help"); empty for a positional
     help: str
     takes_value: bool
@@ -30,6 +31,7 @@ class Option:
 @dataclass(frozen=True)
 class Command:
     """One subcommand with its options and positionals."""
+
     name: str
     summary: str
     options: tuple[Option, ...]
@@ -83,9 +85,13 @@ def _values(option: Option, choices: Callable[[str], str], directory: str, file:
 
 # --- bash ---------------------------------------------------------------------------------------------
 def _bash_values(option: Option) -> str:
-    return _values(option, lambda words: f'COMPREPLY=($(compgen -W {shlex.quote(words)} -- "$cur"))',
-                   'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur"))',
-                   'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur"))', "COMPREPLY=()")
+    return _values(
+        option,
+        lambda words: f'COMPREPLY=($(compgen -W {shlex.quote(words)} -- "$cur"))',
+        'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur"))',
+        'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur"))',
+        "COMPREPLY=()",
+    )
 
 
 def _bash(prog: str, top: Sequence[Option], commands: Sequence[Command]) -> str:
@@ -112,8 +118,10 @@ def _bash(prog: str, top: Sequence[Option], commands: Sequence[Command]) -> str:
         words = [f for o in command.options for f in o.flags] + [c for p in command.positionals for c in p.choices]
         lines.append(f'            COMPREPLY=($(compgen -W {shlex.quote(" ".join(words))} -- "$cur"))')
         if any(p.kind for p in command.positionals):
-            lines.append('            [[ "$cur" != -* ]] && { compopt -o filenames 2>/dev/null; '
-                         'COMPREPLY+=($(compgen -f -- "$cur")); }')
+            lines.append(
+                '            [[ "$cur" != -* ]] && { compopt -o filenames 2>/dev/null; '
+                'COMPREPLY+=($(compgen -f -- "$cur")); }'
+            )
         lines.append("            ;;")
     lines += ["    esac", "}", f"complete -F {func} {prog}", ""]
     return "\n".join(lines)
@@ -148,7 +156,7 @@ def _zsh(prog: str, top: Sequence[Option], commands: Sequence[Command]) -> str:
         f"#compdef {prog}",
         f"# zsh completion for {prog}; generated from its argument parser (`{prog} completion zsh`).",
         f"{func}() {{",
-        "    local curcontext=\"$curcontext\" state line",
+        '    local curcontext="$curcontext" state line',
         "    typeset -A opt_args",
         "    _arguments -C \\",
     ]
@@ -211,11 +219,13 @@ def _fish(prog: str, top: Sequence[Option], commands: Sequence[Command]) -> str:
         f"complete -c {prog} -f",
     ]
     lines += [_fish_option(prog, "__fish_use_subcommand", o) for o in top]
-    lines += [f"complete -c {prog} -n __fish_use_subcommand -a {c.name} -d {_fish_quote(c.summary)}"
-              for c in commands]
+    lines += [f"complete -c {prog} -n __fish_use_subcommand -a {c.name} -d {_fish_quote(c.summary)}" for c in commands]
     for command in commands:
         condition = f"__fish_seen_subcommand_from {command.name}"
         lines += [_fish_option(prog, condition, o) for o in command.options]
-        lines += [f"complete -c {prog} -n {_fish_quote(condition)} {_fish_values(p, free='')}"
-                  for p in command.positionals if p.choices or p.kind]
+        lines += [
+            f"complete -c {prog} -n {_fish_quote(condition)} {_fish_values(p, free='')}"
+            for p in command.positionals
+            if p.choices or p.kind
+        ]
     return "\n".join(lines) + "\n"

@@ -32,8 +32,10 @@ def _eta(seconds: float | None) -> str:
 def progress_line(p: CopyProgress, width: int = 24) -> str:
     """`run/step_9.pt [#######.........]  30%  1.2 GiB of 4.0 GiB  85.0 MiB/s  ETA 0:34`"""
     bar = ("#" * int(p.fraction * width)).ljust(width, ".")
-    return (f"{p.path} [{bar}] {p.fraction:4.0%}  {human_bytes(p.bytes_done)} of {human_bytes(p.size)}  "
-            f"{human_bytes(p.rate)}/s  {_eta(p.eta_seconds)}")
+    return (
+        f"{p.path} [{bar}] {p.fraction:4.0%}  {human_bytes(p.bytes_done)} of {human_bytes(p.size)}  "
+        f"{human_bytes(p.rate)}/s  {_eta(p.eta_seconds)}"
+    )
 
 
 class LiveCopies:

@@ -50,6 +50,7 @@ class DemoError(Exception):
 @dataclass(frozen=True)
 class DemoOptions:
     """What the demo runs: where, how many steps, how often, and how many to keep."""
+
     directory: Path = Path("var/demo")
     steps: int = 20
     interval: float = 2.5
@@ -63,8 +64,7 @@ def prepare(directory: Path) -> tuple[Path, Path]:
     if directory.exists() and not directory.is_dir():
         raise DemoError(f"{directory} exists and is not a directory")
     if directory.is_dir() and any(directory.iterdir()) and not (directory / MARKER).is_file():
-        raise DemoError(f"{directory} is not empty and was not made by `mirrord demo`; "
-                        "choose another with --dir")
+        raise DemoError(f"{directory} is not empty and was not made by `mirrord demo`; choose another with --dir")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MARKER).write_text("made by `mirrord demo`; the demo may wipe this directory\n")
     primary, mirror = directory / "primary", directory / "mirror"
@@ -87,7 +87,8 @@ def free_port() -> int:
 def write_config(directory: Path, port: int, keep_last: int) -> Path:
     """A config a person can reuse: `mirrord run --config DIR/mirrord.toml` continues the demo."""
     settings = {
-        "primary": str((directory / "primary").resolve()), "mirror": str((directory / "mirror").resolve()),
+        "primary": str((directory / "primary").resolve()),
+        "mirror": str((directory / "mirror").resolve()),
         "patterns": ["*.pt"],
         "copy": {"settle_seconds": 0.5, "retry_backoff_seconds": 0.2, "free_space_reserve_bytes": 0},
         "prune": {"enabled": True, "keep_last": keep_last, "min_age_seconds": 1.0, "primary": True},
@@ -96,12 +97,16 @@ def write_config(directory: Path, port: int, keep_last: int) -> Path:
         "metrics": {"address": f"127.0.0.1:{port}"},
         "log": {"format": "json", "level": "info"},
     }
-    why = {"prune.min_age_seconds": "demo (production: 300); a file this young is never deleted: still written?",
-           "prune.primary": "demo: old steps go on the primary too, once the mirror holds newer verified ones"}
+    why = {
+        "prune.min_age_seconds": "demo (production: 300); a file this young is never deleted: still written?",
+        "prune.primary": "demo: old steps go on the primary too, once the mirror holds newer verified ones",
+    }
     path = directory / "mirrord.toml"
-    path.write_text("# Written by `mirrord demo`, with short timings so that everything happens within a minute;\n"
-                    "# config/mirrord.toml documents every key and its production default.\n"
-                    + render_toml(settings, lambda key: why.get(key, "")))
+    path.write_text(
+        "# Written by `mirrord demo`, with short timings so that everything happens within a minute;\n"
+        "# config/mirrord.toml documents every key and its production default.\n"
+        + render_toml(settings, lambda key: why.get(key, ""))
+    )
     return path
 
 
@@ -199,8 +204,11 @@ class Narrator:
             self.say("mirrord", f"watching with {e.get('mode')} events ({e.get('why', '')})")
         elif name == "copy.committed":
             self.mirrored += 1
-            self.say("mirrord", f"mirrored  {path}  {human_bytes(e.get('size', 0))} in {e.get('seconds', 0):.2f}s, "
-                                f"verified and recorded")
+            self.say(
+                "mirrord",
+                f"mirrored  {path}  {human_bytes(e.get('size', 0))} in {e.get('seconds', 0):.2f}s, "
+                f"verified and recorded",
+            )
         elif name == "prune.deleted":
             volume = e.get("volume", "mirror")
             self.pruned[volume] = self.pruned.get(volume, 0) + 1
@@ -208,7 +216,8 @@ class Narrator:
         elif name == "prune.skipped" and (path, reason) not in self._told:
             self._told.add((path, reason))
             why = {"recent_mtime": "younger than prune.min_age_seconds", "newest": "the newest verified step"}.get(
-                reason, reason)
+                reason, reason
+            )
             self.say("mirrord", f"kept      {path} on the {e.get('volume')} for now: {why}")
         elif name == "copy.failed":
             retry = "; will retry" if e.get("will_retry") else ""
@@ -221,7 +230,7 @@ class Narrator:
 # --- the demo ------------------------------------------------------------------------------------------
 def _steps_on(root: Path) -> list[int]:
     names = sorted(p.name for p in (root / RUN).glob("step_*.pt")) if (root / RUN).is_dir() else []
-    return [int(n[len("step_"):-len(".pt")]) for n in names]
+    return [int(n[len("step_") : -len(".pt")]) for n in names]
 
 
 def settled(primary: Path, mirror: Path, expected: list[int]) -> bool:
@@ -276,14 +285,21 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     log_path = directory / "mirrord.log"
     expected = list(range(max(1, options.steps - options.keep_last + 1), options.steps + 1))
 
-    print(f"mirrord demo: a simulated trainer commits {options.steps} checkpoint(s), one every "
-          f"{options.interval:g} s;\nmirrord mirrors each one as it is committed and keeps the newest "
-          f"{options.keep_last} on both sides.", file=out)
-    print(f"  primary  {primary}   (the trainer writes here)\n"
-          f"  mirror   {mirror}   (mirrord's trustworthy copy)\n"
-          f"  config   {config_path}\n"
-          f"  log      {log_path}   (the daemon's JSON events)\n"
-          f"  metrics  http://127.0.0.1:{port}/metrics  /healthz  /readyz\n", file=out, flush=True)
+    print(
+        f"mirrord demo: a simulated trainer commits {options.steps} checkpoint(s), one every "
+        f"{options.interval:g} s;\nmirrord mirrors each one as it is committed and keeps the newest "
+        f"{options.keep_last} on both sides.",
+        file=out,
+    )
+    print(
+        f"  primary  {primary}   (the trainer writes here)\n"
+        f"  mirror   {mirror}   (mirrord's trustworthy copy)\n"
+        f"  config   {config_path}\n"
+        f"  log      {log_path}   (the daemon's JSON events)\n"
+        f"  metrics  http://127.0.0.1:{port}/metrics  /healthz  /readyz\n",
+        file=out,
+        flush=True,
+    )
 
     save, kind = trainer(options.use_torch, out)
     narrator = Narrator(out, options.keep_last)
@@ -294,7 +310,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mirrord", "run", "--config", str(config_path)],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_child_env(),
         )
     failure: str | None = "interrupted"
     try:
@@ -304,10 +323,13 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             narrator.event(event)
         elapsed = time.monotonic() - narrator.started
         if failure is None:
-            print(f"\nDone in {elapsed:.0f} s: {options.steps} checkpoint(s) committed, {narrator.mirrored} "
-                  f"mirrored, {narrator.pruned['mirror']} pruned on the mirror and "
-                  f"{narrator.pruned['primary']} on the primary.\nBoth sides hold steps "
-                  f"{', '.join(map(str, expected))} of {RUN}.\n", file=out)
+            print(
+                f"\nDone in {elapsed:.0f} s: {options.steps} checkpoint(s) committed, {narrator.mirrored} "
+                f"mirrored, {narrator.pruned['mirror']} pruned on the mirror and "
+                f"{narrator.pruned['primary']} on the primary.\nBoth sides hold steps "
+                f"{', '.join(map(str, expected))} of {RUN}.\n",
+                file=out,
+            )
         else:
             print(f"\nThe demo failed: {failure}; see {log_path}.\n", file=out)
         print(f"$ {mirrord_command()} status --config {config_path}", file=out)
@@ -324,18 +346,32 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     print(f"\nThe demo daemon stopped (exit {code}). Try next:", file=out)
     for verb in ("status", "verify --deep", "latest"):
         print(f"  {command} {verb} --config {config_path}", file=out)
-    print(f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
-          file=out, flush=True)
+    print(
+        f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
+        file=out,
+        flush=True,
+    )
     if command != "mirrord":
-        print(f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",
-              file=out, flush=True)
+        print(
+            f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",
+            file=out,
+            flush=True,
+        )
     if failure == "interrupted":
         return 130
     return 0 if failure is None and code == 0 else 1
 
 
-def _drive(options: DemoOptions, trainer: tuple[Save, str], narrator: Narrator, follower: LogFollower,
-           proc: subprocess.Popen[bytes], primary: Path, mirror: Path, expected: list[int]) -> str | None:
+def _drive(
+    options: DemoOptions,
+    trainer: tuple[Save, str],
+    narrator: Narrator,
+    follower: LogFollower,
+    proc: subprocess.Popen[bytes],
+    primary: Path,
+    mirror: Path,
+    expected: list[int],
+) -> str | None:
     """Commit a step every interval while narrating, then wait for the mirror to settle; None or what failed."""
     step = 0
     next_commit = time.monotonic()
@@ -351,14 +387,18 @@ def _drive(options: DemoOptions, trainer: tuple[Save, str], narrator: Narrator, 
             path = primary / RUN / f"step_{step:04d}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             trainer[0](path, step)
-            narrator.say("trainer", f"committed {RUN}/{path.name}  {human_bytes(path.stat().st_size)} "
-                                    f"({trainer[1]}, .part -> rename)")
+            narrator.say(
+                "trainer",
+                f"committed {RUN}/{path.name}  {human_bytes(path.stat().st_size)} ({trainer[1]}, .part -> rename)",
+            )
             next_commit += options.interval
             if step == options.steps:
                 deadline = time.monotonic() + SETTLE_TIMEOUT
         elif step == options.steps and settled(primary, mirror, expected):
             return None
         elif now > deadline:
-            return (f"the mirror did not reach the expected state (steps {expected} on both sides) "
-                    f"within {SETTLE_TIMEOUT:.0f} s of the last commit")
+            return (
+                f"the mirror did not reach the expected state (steps {expected} on both sides) "
+                f"within {SETTLE_TIMEOUT:.0f} s of the last commit"
+            )
         time.sleep(0.05)

@@ -60,27 +60,39 @@ def starter_unit(config_path: Path, primary: Path | None, mirror: Path | None, e
 
 def systemd_next_steps(config: Path, unit: Path, mirror: Path | None) -> list[str]:
     """What to run after `init --systemd`: the user the unit runs as, its rights, the unit's install."""
-    steps = ["useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord",
-             f"chgrp mirrord {config} && chmod 0640 {config}"]
+    steps = [
+        "useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord",
+        f"chgrp mirrord {config} && chmod 0640 {config}",
+    ]
     if mirror is not None:
         steps.append(f"mkdir -p {mirror.absolute()} && chown mirrord:mirrord {mirror.absolute()}")
-    steps += [f"mirrord check-config --config {config}",
-              f"install -m 0644 {unit} /etc/systemd/system/{SYSTEMD_UNIT} && systemctl daemon-reload "
-              "&& systemctl enable --now mirrord"]
+    steps += [
+        f"mirrord check-config --config {config}",
+        f"install -m 0644 {unit} /etc/systemd/system/{SYSTEMD_UNIT} && systemctl daemon-reload "
+        "&& systemctl enable --now mirrord",
+    ]
     return steps
 
 
 def systemd_warnings(primary: Path | None, mirror: Path | None, executable: str | None) -> list[str]:
     """Paths the unit's sandbox hides from the service: PrivateTmp gives it its own /tmp and /var/tmp,
     ProtectHome hides /root, /home and /run/user."""
-    hidden = {"/tmp": "PrivateTmp", "/var/tmp": "PrivateTmp", "/root": "ProtectHome", "/home": "ProtectHome",
-              "/run/user": "ProtectHome"}
+    hidden = {
+        "/tmp": "PrivateTmp",
+        "/var/tmp": "PrivateTmp",
+        "/root": "ProtectHome",
+        "/home": "ProtectHome",
+        "/run/user": "ProtectHome",
+    }
     named = [("primary", primary), ("mirror", mirror), ("mirrord", Path(executable) if executable else None)]
-    return [f"{what} {path.absolute()} is under {top}, which the unit's {setting}= hides from the service: "
-            + ("install mirrord elsewhere (python3 -m venv /opt/mirrord)" if what == "mirrord"
-               else "choose another folder")
-            for what, path in named if path is not None
-            for top, setting in hidden.items() if path.absolute().is_relative_to(top)]
+    return [
+        f"{what} {path.absolute()} is under {top}, which the unit's {setting}= hides from the service: "
+        + ("install mirrord elsewhere (python3 -m venv /opt/mirrord)" if what == "mirrord" else "choose another folder")
+        for what, path in named
+        if path is not None
+        for top, setting in hidden.items()
+        if path.absolute().is_relative_to(top)
+    ]
 
 
 def write_files(files: dict[Path, str], force: bool) -> list[Path]:

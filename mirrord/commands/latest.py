@@ -19,8 +19,11 @@ def opened_run(store: ReadableStore, command: str, side: str, run: str | None) -
     from mirrord.store.resume import run_key
 
     if not store.exists():
-        print(f"mirrord: {command}: the {side} {store.describe()} does not exist or is not a directory "
-              f"({side} / --{side})", file=sys.stderr)
+        print(
+            f"mirrord: {command}: the {side} {store.describe()} does not exist or is not a directory "
+            f"({side} / --{side})",
+            file=sys.stderr,
+        )
         return False, None
     try:
         return True, run_key(store, run)
@@ -38,22 +41,31 @@ def run_latest(config: Config, args: argparse.Namespace) -> int:
     from mirrord.store.volume import LocalVolume
 
     side = "primary" if args.primary_side else "mirror"
-    store: ReadableStore = (LocalVolume(config.primary) if args.primary_side
-                            else mirror_for(config.mirror_target, config.s3))
+    store: ReadableStore = (
+        LocalVolume(config.primary) if args.primary_side else mirror_for(config.mirror_target, config.s3)
+    )
     opened, run = opened_run(store, "latest", side, args.run)
     if not opened:
         return 2
-    found = latest_key(store, run, require_manifest=not args.primary_side,
-                       patterns=config.rules.patterns + config.rules.aliases, step_pattern=config.rules.step_pattern,
-                       verify=args.verify, layout=config.rules)
+    found = latest_key(
+        store,
+        run,
+        require_manifest=not args.primary_side,
+        patterns=config.rules.patterns + config.rules.aliases,
+        step_pattern=config.rules.step_pattern,
+        verify=args.verify,
+        layout=config.rules,
+    )
     if args.json:
         from mirrord.commands.report import dumps, latest_document
 
         step = step_of(found, config.step_regex) if found is not None else None
         print(dumps(latest_document(store, side, args.run, found, step)))
     if found is None:
-        print(f"no intact checkpoint under {store.describe()}" + (f" for run {args.run}" if args.run else ""),
-              file=sys.stderr)
+        print(
+            f"no intact checkpoint under {store.describe()}" + (f" for run {args.run}" if args.run else ""),
+            file=sys.stderr,
+        )
         return 1
     if not args.json:
         print(store.describe(found))

@@ -12,10 +12,12 @@ from mirrord.commands.completion import Option, describe
 
 ENVIRONMENT = (
     ("MIRRORD_CONFIG", "the TOML configuration file, when --config is not given"),
-    ("MIRRORD_<KEY>, MIRRORD_<SECTION>__<KEY>",
-     "override a key of the file, e.g. MIRRORD_MIRROR=/mnt/mirror, MIRRORD_COPY__WORKERS=4, "
-     "MIRRORD_PATTERNS='[\"*.pt\",\"*.ckpt\"]'; flags override both. Kubernetes service variables "
-     "(MIRRORD_SERVICE_HOST, MIRRORD_PORT, ...) are ignored; any other unknown name is an error"),
+    (
+        "MIRRORD_<KEY>, MIRRORD_<SECTION>__<KEY>",
+        "override a key of the file, e.g. MIRRORD_MIRROR=/mnt/mirror, MIRRORD_COPY__WORKERS=4, "
+        'MIRRORD_PATTERNS=\'["*.pt","*.ckpt"]\'; flags override both. Kubernetes service variables '
+        "(MIRRORD_SERVICE_HOST, MIRRORD_PORT, ...) are ignored; any other unknown name is an error",
+    ),
     ("NOTIFY_SOCKET", "set by systemd for a Type=notify service: READY=1, WATCHDOG=1, STOPPING=1 are sent there"),
 )
 EXIT_STATUS = (
@@ -68,8 +70,14 @@ def render(parser: argparse.ArgumentParser, version: str) -> str:
     for command in commands:
         sub = command.parser
         usage = " ".join(sub.format_usage().split()).removeprefix("usage: ")
-        lines += [f'.SS "{_escape(command.name)}"', _escape(" ".join((sub.description or "").split())),
-                  ".PP", ".nf", _escape(usage), ".fi"]
+        lines += [
+            f'.SS "{_escape(command.name)}"',
+            _escape(" ".join((sub.description or "").split())),
+            ".PP",
+            ".nf",
+            _escape(usage),
+            ".fi",
+        ]
         for positional in command.positionals:
             lines += [".TP", f"\\fI{_escape(positional.metavar)}\\fR", _escape(positional.help)]
         for option in command.options:
@@ -84,4 +92,3 @@ def render(parser: argparse.ArgumentParser, version: str) -> str:
         "command, key and metric.",
     ]
     return "\n".join(lines) + "\n"
-

@@ -32,6 +32,8 @@ def describe(report: PruneReport) -> str:
     outcome = f"{verb} {len(report.deleted)} file(s) ({freed})"
     if report.refused:
         outcome = f"REFUSED; {outcome}"
-    lines.append(f"summary: {outcome}; kept {len(plan.kept)}; skipped: {skips}"
-                 + ("; dry run: nothing was deleted" if report.dry_run else ""))
+    lines.append(
+        f"summary: {outcome}; kept {len(plan.kept)}; skipped: {skips}"
+        + ("; dry run: nothing was deleted" if report.dry_run else "")
+    )
     return "\n".join(lines)

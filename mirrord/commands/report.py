@@ -38,47 +38,80 @@ def error_document(command: str, exc: MirrordError) -> dict[str, Any]:
     return {**_head(command, False), "error": {"reason": exc.reason, "path": str(exc.path), "cause": exc.cause}}
 
 
-def verify_document(mirror: str, checked: int, intact: int, findings: Iterable[Finding],
-                    deep: bool, load: bool) -> dict[str, Any]:
+def verify_document(
+    mirror: str, checked: int, intact: int, findings: Iterable[Finding], deep: bool, load: bool
+) -> dict[str, Any]:
     """`verify --json`: what was checked and every problem found (`mirror`: the store's describe())."""
     findings = list(findings)
     problems = [{"path": f.path, "problem": f.problem, "detail": f.detail} for f in findings]
     ok = all(f.problem == "part" for f in findings)  # a part is listed, never a failure (verify.PART)
-    return {**_head("verify", ok), "mirror": mirror, "deep": deep or load, "load": load,
-            "checked": checked, "intact": intact, "problems": problems}
+    return {
+        **_head("verify", ok),
+        "mirror": mirror,
+        "deep": deep or load,
+        "load": load,
+        "checked": checked,
+        "intact": intact,
+        "problems": problems,
+    }
 
 
-def latest_document(store: ReadableStore, side: str, run: str | None, key: str | None,
-                    step: int | None) -> dict[str, Any]:
+def latest_document(
+    store: ReadableStore, side: str, run: str | None, key: str | None, step: int | None
+) -> dict[str, Any]:
     """`latest --json`: the checkpoint found (or none), its step and size; `path` is store.describe(key)."""
     state = store.stat(key) if key is not None else None
-    return {**_head("latest", key is not None), "root": store.describe(), "side": side, "run": run,
-            "path": store.describe(key) if key is not None else None, "relative_path": key, "step": step,
-            "size": state.size if state is not None else None}
+    return {
+        **_head("latest", key is not None),
+        "root": store.describe(),
+        "side": side,
+        "run": run,
+        "path": store.describe(key) if key is not None else None,
+        "relative_path": key,
+        "step": step,
+        "size": state.size if state is not None else None,
+    }
 
 
 def restore_document(mirror: str, result: Restored) -> dict[str, Any]:
     """`restore --json`: the unit brought back (or found already there) and each damaged copy passed over."""
-    return {**_head("restore", True), "mirror": mirror, "path": str(result.path), "relative_path": result.key,
-            "step": result.step, "size": result.size, "already_there": result.already_there,
-            "damaged": [{"path": d.path, "cause": d.cause} for d in result.damaged]}
+    return {
+        **_head("restore", True),
+        "mirror": mirror,
+        "path": str(result.path),
+        "relative_path": result.key,
+        "step": result.step,
+        "size": result.size,
+        "already_there": result.already_there,
+        "damaged": [{"path": d.path, "cause": d.cause} for d in result.damaged],
+    }
 
 
 def prune_document(report: PruneReport) -> dict[str, Any]:
     """What was deleted (`deleted`), or in a dry run what would be (`would_delete`); the other list is empty."""
-    files = [{"volume": d.volume, "path": d.rel, "run": d.state.run or ".", "step": d.step, "kind": d.kind,
-              "size": d.state.size} for d in report.deleted]
+    files = [
+        {
+            "volume": d.volume,
+            "path": d.rel,
+            "run": d.state.run or ".",
+            "step": d.step,
+            "kind": d.kind,
+            "size": d.state.size,
+        }
+        for d in report.deleted
+    ]
     freed = {"mirror": report.freed_bytes("mirror"), "primary": report.freed_bytes("primary")}
     return {
-        **_head("prune", report.ok), "dry_run": report.dry_run, "disabled": report.disabled,
+        **_head("prune", report.ok),
+        "dry_run": report.dry_run,
+        "disabled": report.disabled,
         "refused": [{"reason": r, "detail": d} for r, d in report.refused],
         "deleted": [] if report.dry_run else files,
         "would_delete": files if report.dry_run else [],
         "freed_bytes": {v: 0 for v in freed} if report.dry_run else freed,
         "would_free_bytes": freed if report.dry_run else {v: 0 for v in freed},
         "kept": [{"volume": k.volume, "path": k.rel, "step": k.step, "why": k.why} for k in report.plan.kept],
-        "skipped": [{"volume": s.volume, "path": s.rel, "step": s.step, "reason": s.reason}
-                    for s in report.skipped],
+        "skipped": [{"volume": s.volume, "path": s.rel, "step": s.step, "reason": s.reason} for s in report.skipped],
         "not_deleted": [{"volume": v, "path": rel, "why": why} for v, rel, why in report.changed + report.failed],
     }
 
@@ -86,9 +119,13 @@ def prune_document(report: PruneReport) -> dict[str, Any]:
 def sync_document(report: SyncReport) -> dict[str, Any]:
     """`sync --json`: what was copied, failed, unsettled, or not published (a source not whole: `invalid`)."""
     return {
-        **_head("sync", report.ok), "copied": sorted(report.copied),
+        **_head("sync", report.ok),
+        "copied": sorted(report.copied),
         "failed": [{"path": rel, "error": err} for rel, err in sorted(report.failed.items())],
-        "unsettled": sorted(report.unsettled), "gone": sorted(report.gone), "in_sync": report.in_sync,
-        "listing_errors": list(report.listing_errors), "refused": report.refused,
+        "unsettled": sorted(report.unsettled),
+        "gone": sorted(report.gone),
+        "in_sync": report.in_sync,
+        "listing_errors": list(report.listing_errors),
+        "refused": report.refused,
         "invalid": [{"path": rel, "cause": cause} for rel, cause in sorted(report.invalid.items())],
     }

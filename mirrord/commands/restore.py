@@ -26,14 +26,20 @@ def run_restore(config: Config, args: argparse.Namespace, progress: Progress | N
     dest = Path(args.to) if args.to is not None else Path(config.primary)
     result = restore(store, dest, config.rules, run, args.step, args.force, progress)
     for damaged in result.damaged:
-        print(f"DAMAGED {damaged.path}: {damaged.cause}; falling back to the next newest verified checkpoint",
-              file=sys.stderr)
+        print(
+            f"DAMAGED {damaged.path}: {damaged.cause}; falling back to the next newest verified checkpoint",
+            file=sys.stderr,
+        )
     if args.json:
         from mirrord.commands.report import dumps, restore_document
 
         print(dumps(restore_document(store.describe(), result)))
     else:
         print(result.path)
-    print(f"{result.path}: already there (identical to the mirror's copy); nothing written" if result.already_there
-          else f"restored {result.path} ({result.size} bytes) from {store.describe(result.key)}", file=sys.stderr)
+    print(
+        f"{result.path}: already there (identical to the mirror's copy); nothing written"
+        if result.already_there
+        else f"restored {result.path} ({result.size} bytes) from {store.describe(result.key)}",
+        file=sys.stderr,
+    )
     return 0

@@ -47,6 +47,7 @@ DEFAULT_MAX_LAG = 15 * 60.0
 @dataclass
 class VolumeStatus:
     """One volume as status shows it: path, space, files, problems."""
+
     path: str
     free_bytes: int | None = None
     total_bytes: int | None = None
@@ -84,6 +85,7 @@ class RunStatus:
 @dataclass
 class DaemonStatus:
     """What the running daemon says on its endpoints (or why it could not be asked)."""
+
     address: str
     running: bool = False
     error: str | None = None  # why it could not be asked (not running, metrics disabled, ...)
@@ -106,6 +108,7 @@ class DaemonStatus:
 @dataclass
 class Status:
     """The whole status report; `problems` make `mirrord status` exit 1."""
+
     checked_at: float
     primary: VolumeStatus
     mirror: VolumeStatus
@@ -133,9 +136,15 @@ class Status:
 # --- reading the daemon -------------------------------------------------------------------------------
 Fetch = Callable[[str, float], tuple[int, str]]
 # DaemonStatus field -> the metric (without mirrord_) that says it
-GAUGES = {"queue_depth": "queue_depth", "in_flight": "copies_in_flight", "lag_seconds": "mirror_lag_seconds",
-          "invalid_sources": "invalid_sources", "copy_loops": "copy_loop_files",
-          "manifest_repairs": "manifest_repairs_total", "last_copy_at": "last_mirrored_timestamp_seconds"}
+GAUGES = {
+    "queue_depth": "queue_depth",
+    "in_flight": "copies_in_flight",
+    "lag_seconds": "mirror_lag_seconds",
+    "invalid_sources": "invalid_sources",
+    "copy_loops": "copy_loop_files",
+    "manifest_repairs": "manifest_repairs_total",
+    "last_copy_at": "last_mirrored_timestamp_seconds",
+}
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
@@ -168,8 +177,9 @@ def endpoint_url(address: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get,
-               roots: tuple[str, str] | None = None) -> DaemonStatus:
+def ask_daemon(
+    config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get, roots: tuple[str, str] | None = None
+) -> DaemonStatus:
     """Ask the daemon's /healthz, /readyz, /metrics and /status (within `timeout`). `roots` (primary,
     mirror): the daemon that answers must say it mirrors these, else it is another config's daemon on
     the same address, and this config's daemon is not running."""
@@ -193,9 +203,11 @@ def ask_daemon(config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = 
             document = json.loads(body) if body.lstrip().startswith("{") else {}
     theirs = (document.get("primary"), document.get("mirror"))
     if roots is not None and theirs[1] is not None and theirs != roots:
-        status.error = (f"{config.metrics.address} is the daemon of another mirror ({theirs[0]} -> {theirs[1]}), "
-                        f"not of {roots[1]}: this config's daemon is not running (do two configs share "
-                        "metrics.address?)")
+        status.error = (
+            f"{config.metrics.address} is the daemon of another mirror ({theirs[0]} -> {theirs[1]}), "
+            f"not of {roots[1]}: this config's daemon is not running (do two configs share "
+            "metrics.address?)"
+        )
         return status
     status.running = True
     with contextlib.suppress(AttributeError, TypeError):
@@ -270,8 +282,11 @@ def _damaged(mirror: ReadableStore, manifest: Mapping[str, ManifestEntry], msnap
         fresh = mirror.load_manifest().entries
     except ManifestError:
         fresh = manifest
-    return {rel: problem for rel in suspects
-            if rel in fresh and (problem := _disagreement(fresh[rel], _stat(mirror, rel))) is not None}
+    return {
+        rel: problem
+        for rel in suspects
+        if rel in fresh and (problem := _disagreement(fresh[rel], _stat(mirror, rel))) is not None
+    }
 
 
 def _stat(mirror: ReadableStore, rel: str) -> FileState | None:
@@ -296,8 +311,9 @@ def _problem(entry: ManifestEntry, mirror: ReadableStore, damaged: dict[str, str
     return None if verdict.passed else str(verdict)
 
 
-def _check_newest(run: RunStatus, entries: list[ManifestEntry], mirror: ReadableStore,
-                  damaged: dict[str, str], deep: bool) -> None:
+def _check_newest(
+    run: RunStatus, entries: list[ManifestEntry], mirror: ReadableStore, damaged: dict[str, str], deep: bool
+) -> None:
     """Is the newest mirrored step of a run what the manifest recorded? Size from the listing; hash on demand."""
     stepped = [e for e in entries if e.step is not None]
     newest = [e for e in stepped if e.step == run.mirror_step] or [max(entries, key=lambda e: e.mirrored_at)]
@@ -311,18 +327,25 @@ def _check_newest(run: RunStatus, entries: list[ManifestEntry], mirror: Readable
 def _invalid_sources(config: Config, primary: ReadableStore, view: View, now: float) -> list[str]:
     """Primary files behind, unchanged for copy.invalid_grace_seconds, that are not whole (a structural
     check: reads a few KB of each). mirrord never publishes them: someone must look."""
-    settled = (j for j in sorted(view.behind, key=lambda j: j.rel)
-               if j.mtime_ns / 1e9 <= now - config.copy.invalid_grace_seconds
-               and not j.members)  # a folder unit: its files are validated as they are copied
-    return [f"primary: {job.rel} is not a whole checkpoint ({verdict}); it is not mirrored"
-            for job in settled if not (verdict := validate_key(primary, job.rel, quick=True)).passed]
+    settled = (
+        j
+        for j in sorted(view.behind, key=lambda j: j.rel)
+        if j.mtime_ns / 1e9 <= now - config.copy.invalid_grace_seconds and not j.members
+    )  # a folder unit: its files are validated as they are copied
+    return [
+        f"primary: {job.rel} is not a whole checkpoint ({verdict}); it is not mirrored"
+        for job in settled
+        if not (verdict := validate_key(primary, job.rel, quick=True)).passed
+    ]
 
 
-def _judged(primary: LocalVolume, config: Config, now: float,
-            verdicts: dict[str, tuple[Unit, Completeness]]) -> Callable[[Unit], Completeness]:
+def _judged(
+    primary: LocalVolume, config: Config, now: float, verdicts: dict[str, tuple[Unit, Completeness]]
+) -> Callable[[Unit], Completeness]:
     """The daemon's completeness rule (mirrord.service.completeness), each unit judged once and kept in
     `verdicts`. A file is settled once its mtime is copy.settle_seconds old: the daemon also waits that
     long after first seeing it unchanged, which one look cannot; a file layout is never judged."""
+
     def quiet(unit: Unit, guess: bool) -> bool:
         seconds = config.unit.settle_seconds if guess else config.copy.settle_seconds
         return not 0 <= now - unit.mtime_ns / 1e9 < seconds
@@ -344,13 +367,24 @@ def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit
         run = by_run.get(unit.run or ".")
         if run is None or unit.kind != "folder":
             continue
-        state = ("incomplete" if not verdict.complete else
-                 "retired" if view.retired(unit.run, unit.step, unit.mtime_ns) else "pending")
+        state = (
+            "incomplete"
+            if not verdict.complete
+            else "retired"
+            if view.retired(unit.run, unit.step, unit.mtime_ns)
+            else "pending"
+        )
         run.units.append(UnitStatus(unit.rel, unit.step, state, verdict.why))
 
 
-def collect(config: Config, deep: bool = False, now: Callable[[], float] = time.time,
-            timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get, max_lag: float = DEFAULT_MAX_LAG) -> Status:
+def collect(
+    config: Config,
+    deep: bool = False,
+    now: Callable[[], float] = time.time,
+    timeout: float = DEFAULT_TIMEOUT,
+    fetch: Fetch = http_get,
+    max_lag: float = DEFAULT_MAX_LAG,
+) -> Status:
     """Build the status report; reads only (never takes the mirror lock, never writes).
 
     Lag is a problem once a run is more than `max_lag` seconds behind, and so is a primary holding
@@ -381,9 +415,15 @@ def collect(config: Config, deep: bool = False, now: Callable[[], float] = time.
     # The daemon's own decision (copy, retire, refuse) on the same listings: status cannot disagree with it.
     listed = msnap if msnap is not None and mirror.exists() else None
     verdicts: dict[str, tuple[Unit, Completeness]] = {}
-    view = reconcile(psnap or Snapshot(), listed, manifest, config, checked_at,
-                     facts=Facts(mirror_is_mount=mirror.is_mountpoint()),
-                     is_complete=_judged(primary, config, checked_at, verdicts))
+    view = reconcile(
+        psnap or Snapshot(),
+        listed,
+        manifest,
+        config,
+        checked_at,
+        facts=Facts(mirror_is_mount=mirror.is_mountpoint()),
+        is_complete=_judged(primary, config, checked_at, verdicts),
+    )
     psnap, msnap = psnap or Snapshot(), msnap or Snapshot()
 
     if view.refused is not None:
@@ -398,47 +438,66 @@ def collect(config: Config, deep: bool = False, now: Callable[[], float] = time.
     parts = {rel for unit in contributions.values() for part in unit.values() for rel in part.files}
     unrecorded = sorted(set(msnap.files) - set(manifest) - parts)
     if contributions:
-        notes.append(f"mirror: {len(contributions)} unit(s) waiting for other nodes' shares, e.g. "
-                     f"{min(contributions)} (has {', '.join(sorted(contributions[min(contributions)]))}'s)")
+        notes.append(
+            f"mirror: {len(contributions)} unit(s) waiting for other nodes' shares, e.g. "
+            f"{min(contributions)} (has {', '.join(sorted(contributions[min(contributions)]))}'s)"
+        )
     if unrecorded:
-        notes.append(f"mirror: {len(unrecorded)} file(s) not in the manifest (not vouched for), "
-                     f"e.g. {unrecorded[0]}")
+        notes.append(f"mirror: {len(unrecorded)} file(s) not in the manifest (not vouched for), e.g. {unrecorded[0]}")
     if msnap.partials:
-        notes.append(f"mirror: {len(msnap.partials)} NAME.part file(s): copies in progress, or left by an "
-                     "interrupted one (the next copy of that file replaces it)")
+        notes.append(
+            f"mirror: {len(msnap.partials)} NAME.part file(s): copies in progress, or left by an "
+            "interrupted one (the next copy of that file replaces it)"
+        )
 
     runs = _runs(config, mirror, psnap, manifest, view, damaged, checked_at, deep)
     _add_units(runs, view, verdicts)
     problems.extend(_invalid_sources(config, primary, view, checked_at))
     for name, step in sorted(view.prune.paused.items()):  # retention's own word (mirrord.core.retention)
-        problems.append(f"run {name or '.'}: mirror retention paused: its newest verified step {step} is gone from "
-                        "the primary (wiped, unmounted, restored?); nothing of this run is deleted until a newer "
-                        f"step is verified, or `mirrord prune --forget-branch {name or '.'}:{step}`")
+        problems.append(
+            f"run {name or '.'}: mirror retention paused: its newest verified step {step} is gone from "
+            "the primary (wiped, unmounted, restored?); nothing of this run is deleted until a newer "
+            f"step is verified, or `mirrord prune --forget-branch {name or '.'}:{step}`"
+        )
     for name, tips in sorted(view.prune.branch_tips.items()):
-        notes.append(f"run {name or '.'}: kept the newest step of an abandoned branch: "
-                     f"{', '.join(map(str, tips))} (`mirrord prune --forget-branch {name or '.'}:STEP` lets one go)")
+        notes.append(
+            f"run {name or '.'}: kept the newest step of an abandoned branch: "
+            f"{', '.join(map(str, tips))} (`mirrord prune --forget-branch {name or '.'}:STEP` lets one go)"
+        )
     for run in runs:
         if run.verified is False:
-            problems.append(f"run {run.run}: newest mirrored step {run.mirror_step} is NOT intact: "
-                            f"{run.verify_detail}")
+            problems.append(f"run {run.run}: newest mirrored step {run.mirror_step} is NOT intact: {run.verify_detail}")
         if run.lag_seconds > max_lag:
-            problems.append(f"run {run.run}: the mirror is {human_duration(run.lag_seconds)} behind "
-                            f"({run.pending_files} file(s) not mirrored; more than "
-                            f"{human_duration(max_lag)}, see --max-lag)")
+            problems.append(
+                f"run {run.run}: the mirror is {human_duration(run.lag_seconds)} behind "
+                f"({run.pending_files} file(s) not mirrored; more than "
+                f"{human_duration(max_lag)}, see --max-lag)"
+            )
 
     daemon = ask_daemon(config, timeout, fetch, (primary.describe(), mirror.describe()))
     pending = sum(r.pending_files for r in runs)
     if not manifest and pending and not daemon.running and not any(p.startswith("manifest:") for p in problems):
         # Nothing is vouched for and no daemon is there to change that. (A running daemon is busy with its
         # first copies: that is lag, a problem only past max_lag.)
-        problems.append(f"mirror: no manifest in {mirror.describe()} and no daemon answers: none of the {pending} "
-                        "checkpoint(s) on the primary is mirrored (start `mirrord run`, or `mirrord sync` now)")
+        problems.append(
+            f"mirror: no manifest in {mirror.describe()} and no daemon answers: none of the {pending} "
+            "checkpoint(s) on the primary is mirrored (start `mirrord run`, or `mirrord sync` now)"
+        )
     found, noted = _daemon_findings(daemon, config.metrics.enabled)
     problems.extend(found)
     notes.extend(noted)
     lag = max((r.lag_seconds for r in runs), default=0.0)
-    return Status(checked_at, _volume(primary, psnap, perr), _volume(mirror, msnap, merr),
-                  len(manifest), runs, lag, daemon, problems, notes)
+    return Status(
+        checked_at,
+        _volume(primary, psnap, perr),
+        _volume(mirror, msnap, merr),
+        len(manifest),
+        runs,
+        lag,
+        daemon,
+        problems,
+        notes,
+    )
 
 
 def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], list[str]]:
@@ -451,20 +510,40 @@ def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], lis
     said = (  # (a problem, not a note; applies; what to say)
         (True, not d.healthy, f"unhealthy: {d.health}"),
         (True, not d.ready, f"not ready: {d.readiness}"),
-        (True, bool(d.invalid_sources), f"{d.invalid_sources or 0:.0f} source file(s) failed their format "
-         "validator for longer than copy.invalid_grace_seconds and are not mirrored (its log: copy.invalid_source)"),
-        (True, bool(d.copy_loops), f"{d.copy_loops or 0:.0f} file(s) copied again and again with the same "
-         "result, no longer copied (the mirror does not keep what is written; see copy.loop in its log)"),
-        (False, bool(d.manifest_repairs), f"the on-disk manifest was found damaged and rewritten "
-         f"{d.manifest_repairs or 0:.0f} time(s) (see manifest.repaired in its log)"),
+        (
+            True,
+            bool(d.invalid_sources),
+            f"{d.invalid_sources or 0:.0f} source file(s) failed their format "
+            "validator for longer than copy.invalid_grace_seconds and are not mirrored (its log: copy.invalid_source)",
+        ),
+        (
+            True,
+            bool(d.copy_loops),
+            f"{d.copy_loops or 0:.0f} file(s) copied again and again with the same "
+            "result, no longer copied (the mirror does not keep what is written; see copy.loop in its log)",
+        ),
+        (
+            False,
+            bool(d.manifest_repairs),
+            f"the on-disk manifest was found damaged and rewritten "
+            f"{d.manifest_repairs or 0:.0f} time(s) (see manifest.repaired in its log)",
+        ),
         (False, bool(failed), f"failed copy attempts since it started: {attempts} (see its log: copy.failed)"),
     )
     problems = [f"daemon: {text}" for problem, applies, text in said if applies and problem]
     return problems, [f"daemon: {text}" for problem, applies, text in said if applies and not problem]
 
 
-def _runs(config: Config, mirror: ReadableStore, psnap: Snapshot, manifest: Mapping[str, ManifestEntry], view: View,
-          damaged: dict[str, str], now: float, deep: bool) -> list[RunStatus]:
+def _runs(
+    config: Config,
+    mirror: ReadableStore,
+    psnap: Snapshot,
+    manifest: Mapping[str, ManifestEntry],
+    view: View,
+    damaged: dict[str, str],
+    now: float,
+    deep: bool,
+) -> list[RunStatus]:
     primary_steps: dict[str, list[int | None]] = defaultdict(list)
     entries_by_run: dict[str, list[ManifestEntry]] = defaultdict(list)
     behind_by_run: dict[str, list[CopyJob]] = defaultdict(list)
@@ -524,28 +603,46 @@ def _table(rows: list[list[str]]) -> list[str]:
 def render(status: Status) -> str:
     """The report for a person."""
     when = datetime.fromtimestamp(status.checked_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    lines = [f"mirrord {__version__} status at {when}", "",
-             f"primary  {status.primary.path}",
-             f"         {status.primary.files} checkpoint file(s); {_space(status.primary)}",
-             f"mirror   {status.mirror.path}",
-             f"         {status.mirror.files} checkpoint file(s), {status.manifest_entries} in the manifest; "
-             f"{_space(status.mirror)}", ""]
+    lines = [
+        f"mirrord {__version__} status at {when}",
+        "",
+        f"primary  {status.primary.path}",
+        f"         {status.primary.files} checkpoint file(s); {_space(status.primary)}",
+        f"mirror   {status.mirror.path}",
+        f"         {status.mirror.files} checkpoint file(s), {status.manifest_entries} in the manifest; "
+        f"{_space(status.mirror)}",
+        "",
+    ]
     rows = [["RUN", "NEWEST STEP (PRIMARY)", "NEWEST STEP (MIRROR)", "MIRROR'S NEWEST STEP", "BEHIND"]]
     for run in status.runs:
-        verified = ("-" if run.verified is None else f"intact ({run.verify_mode} checked)" if run.verified
-                    else f"NOT INTACT ({run.verify_mode})")
-        behind = (f"{run.pending_files} file(s), oldest {human_duration(run.lag_seconds)}" if run.pending_files
-                  else "caught up")
+        verified = (
+            "-"
+            if run.verified is None
+            else f"intact ({run.verify_mode} checked)"
+            if run.verified
+            else f"NOT INTACT ({run.verify_mode})"
+        )
+        behind = (
+            f"{run.pending_files} file(s), oldest {human_duration(run.lag_seconds)}"
+            if run.pending_files
+            else "caught up"
+        )
         rows.append([printable(run.run), _step(run.primary_step), _step(run.mirror_step), verified, behind])
     lines += _table(rows) if status.runs else ["  no checkpoints on either side yet"]
     if any(r.verify_mode == "size" and r.verified for r in status.runs):
         lines.append("  (sizes checked against the manifest; add --verify to check content hashes)")
     if units := [u for r in status.runs for u in r.units]:
         lines += ["", "units on the primary not on the mirror:"]
-        lines += _table([[printable(u.unit), u.state.upper() if u.state == "incomplete" else u.state, u.why]
-                         for u in units])
-    lines += ["", *_render_daemon(status.daemon, status.checked_at), "",
-              "problems:" if status.problems else "problems: none", *(f"  ! {p}" for p in status.problems)]
+        lines += _table(
+            [[printable(u.unit), u.state.upper() if u.state == "incomplete" else u.state, u.why] for u in units]
+        )
+    lines += [
+        "",
+        *_render_daemon(status.daemon, status.checked_at),
+        "",
+        "problems:" if status.problems else "problems: none",
+        *(f"  ! {p}" for p in status.problems),
+    ]
     if status.notes:
         lines += ["notes:", *(f"  - {n}" for n in status.notes)]
     return "\n".join(map(printable, lines))  # run and file names are anyone's: never raw on a terminal
@@ -575,5 +672,7 @@ def _progress_line(c: dict[str, Any]) -> str:
     size, done = c.get("size") or 0, c.get("bytes_done") or 0
     percent = f"{100 * done / size:.0f}%" if size else "?"
     rate, eta = c.get("rate_bytes_per_second") or 0, c.get("eta_seconds")
-    return (f"{c.get('path')}  {_bytes(done)} of {_bytes(size)} ({percent}), {_bytes(rate)}/s, "
-            f"ETA {'?' if eta is None else human_duration(eta)}")
+    return (
+        f"{c.get('path')}  {_bytes(done)} of {_bytes(size)} ({percent}), {_bytes(rate)}/s, "
+        f"ETA {'?' if eta is None else human_duration(eta)}"
+    )

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 @dataclass
 class SyncReport:
     """What a sync did: copied, failed, unsettled and invalid files, and listing errors."""
+
     copied: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     unsettled: list[str] = field(default_factory=list)
@@ -73,11 +74,20 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             now = time.monotonic()
             settled = settle.at(now)
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
-            view = reconcile(psnap, msnap, manifest.entries, config, time.time(), is_settled=settled,
-                             is_complete=judge(primary, rules, settle.quiet_at(now), tell=True,
-                                               recorded=recorded_names(manifest.entries, rules)), facts=facts,
-                             sharing=sharing_for(config, manifest, primary, settled),
-                             own=own_view(manifest.entries, mirror.node, manifest.matched, psnap.files))
+            view = reconcile(
+                psnap,
+                msnap,
+                manifest.entries,
+                config,
+                time.time(),
+                is_settled=settled,
+                is_complete=judge(
+                    primary, rules, settle.quiet_at(now), tell=True, recorded=recorded_names(manifest.entries, rules)
+                ),
+                facts=facts,
+                sharing=sharing_for(config, manifest, primary, settled),
+                own=own_view(manifest.entries, mirror.node, manifest.matched, psnap.files),
+            )
             report.refused = view.refused
             if view.refused is not None:
                 break
@@ -105,8 +115,13 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
     for rel, cause in report.invalid.items():
         log.error("copy.invalid_source", path=rel, cause=cause, published=False)
     log.info(
-        "sync.finished", copied=len(report.copied), failed=len(report.failed), gone=len(report.gone),
-        unsettled=len(report.unsettled), invalid=len(report.invalid), in_sync=report.in_sync,
+        "sync.finished",
+        copied=len(report.copied),
+        failed=len(report.failed),
+        gone=len(report.gone),
+        unsettled=len(report.unsettled),
+        invalid=len(report.invalid),
+        in_sync=report.in_sync,
     )
     return report
 
@@ -132,5 +147,6 @@ def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncRep
         elif outcome is not None:
             report.copied.append(job.rel)
         else:
-            report.failed[job.rel] = (f"{job.rel}: not copied: the mirror lock was lost or the copy worker "
-                                      "died (see the log)")
+            report.failed[job.rel] = (
+                f"{job.rel}: not copied: the mirror lock was lost or the copy worker died (see the log)"
+            )

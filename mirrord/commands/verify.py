@@ -65,16 +65,26 @@ def verify_mirror(
     if progress:
         progress(total, total, "")
     snap = store.snapshot(patterns, layout)
-    parts = {rel: (node, entry) for unit in manifest.contributions.values()
-             for node, part in unit.items() for rel, entry in part.files.items()}
+    parts = {
+        rel: (node, entry)
+        for unit in manifest.contributions.values()
+        for node, part in unit.items()
+        for rel, entry in part.files.items()
+    }
     for rel in sorted(set(snap.files) - set(manifest.entries)):
         if rel in parts:
             node, entry = parts[rel]
             bad = check_entry(store, entry)
-            findings.append(Finding(rel, "unrecorded", f"part uploaded by node {node}, and {bad.problem}: "
-                                                       f"{bad.detail}") if bad is not None else
-                            Finding(rel, PART, f"uploaded by node {node}: part of a unit that is not complete "
-                                               "yet (waiting for other nodes' shares)"))
+            findings.append(
+                Finding(rel, "unrecorded", f"part uploaded by node {node}, and {bad.problem}: {bad.detail}")
+                if bad is not None
+                else Finding(
+                    rel,
+                    PART,
+                    f"uploaded by node {node}: part of a unit that is not complete "
+                    "yet (waiting for other nodes' shares)",
+                )
+            )
             continue
         deep = deep_check(store, rel) if deep_check is not None else None
         if deep is not None and deep.is_problem:  # a torn or corrupt file, not only an unrecorded one

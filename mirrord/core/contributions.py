@@ -50,8 +50,9 @@ def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes
     if unit.get(METADATA_NAME) is None:
         strays = [unit.member(f.rel) for f in unit.files if not f.rel.endswith(DATA_SUFFIX)]
         if strays:
-            return Completeness(False, f"{strays[0]} is no {DATA_SUFFIX} data file, and no {METADATA_NAME} "
-                                       "says what it is")
+            return Completeness(
+                False, f"{strays[0]} is no {DATA_SUFFIX} data file, and no {METADATA_NAME} says what it is"
+            )
         return Completeness(True, f"{len(unit.files)} data file(s) settled; {METADATA_NAME} is on another node")
     needs = dcp_needs(metadata)
     if isinstance(needs, Completeness):
@@ -61,7 +62,8 @@ def local_part(unit: Unit, settled: Callable[[FileState], bool], metadata: bytes
     if unlisted:
         return Completeness(False, f"{unlisted[0]} is not listed by {METADATA_NAME}")
     return lacking({m: needs[m] for m in sizes}, sizes, "") or Completeness(
-        True, f"{len(unit.files)} file(s) settled, each listed by {METADATA_NAME}")
+        True, f"{len(unit.files)} file(s) settled, each listed by {METADATA_NAME}"
+    )
 
 
 def _union(parts: Mapping[str, Contribution]) -> tuple[dict[str, ManifestEntry], str | None]:
@@ -128,8 +130,11 @@ def contribute(
         return Merged((), (), merged, Completeness(True, "already recorded whole"))
     parts = merged.setdefault(unit, {})
     if stored is not None:
-        for node in [n for n, p in parts.items() if n != part.node
-                     and any(stored.get(rel) != e.size for rel, e in p.files.items())]:
+        for node in [
+            n
+            for n, p in parts.items()
+            if n != part.node and any(stored.get(rel) != e.size for rel, e in p.files.items())
+        ]:
             del parts[node]
     parts[part.node] = part
     verdict = covered(unit, parts)
@@ -144,8 +149,11 @@ def contribute(
 
 def _same(recorded: ManifestEntry | None, entry: ManifestEntry) -> bool:
     """The same bytes: size and content hash."""
-    return recorded is not None and (recorded.size, recorded.algo, recorded.digest) == (entry.size, entry.algo,
-                                                                                         entry.digest)
+    return recorded is not None and (recorded.size, recorded.algo, recorded.digest) == (
+        entry.size,
+        entry.algo,
+        entry.digest,
+    )
 
 
 @dataclass(frozen=True)
@@ -165,8 +173,15 @@ class Sharing:
         # In sync: the recorded part is exactly this node's files as they are now (same paths, sizes and
         # mtimes), each still on the mirror with its size.
         part = self.contributions.get(unit.rel, {}).get(self.node)
-        if part is not None and set(part.files) == set(unit.paths) and all(
+        if (
+            part is not None
+            and set(part.files) == set(unit.paths)
+            and all(
                 (part.files[f.rel].size, part.files[f.rel].source_mtime_ns) == (f.size, f.mtime_ns)
-                and (stored := mirror_files.get(f.rel)) is not None and stored.size == f.size for f in unit.files):
+                and (stored := mirror_files.get(f.rel)) is not None
+                and stored.size == f.size
+                for f in unit.files
+            )
+        ):
             return "in_sync"
         return "part" if self.part_done(unit).complete else "wait"

@@ -48,6 +48,7 @@ class CopyJob:
 @dataclass(frozen=True, slots=True)
 class CopyResult:
     """One verified copy: what was published, its digest and how long it took."""
+
     rel: str
     size: int
     algo: str

@@ -22,7 +22,6 @@ LAYOUTS = ("torch", "lightning", "hf", "hf_model", "accelerate", "dcp", "deepspe
 TEMP_SUFFIXES = (".part", ".tmp")  # never a finished name (ours, and the usual writer's convention)
 
 
-
 @functools.lru_cache(maxsize=64)
 def name_matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
     """All patterns as one test, true for a match (fnmatchcase semantics), which a scan of 1,000,000 files
@@ -83,8 +82,11 @@ class Layout:
     def is_staging_name(self, name: str) -> bool:
         """A folder unit being published on the mirror (`checkpoint-50.part/`), or an old copy set aside
         while a new one took its name (`checkpoint-50.old.part/`)."""
-        return self.folders and name.endswith(".part") and (
-            self.is_unit_name(name.removesuffix(".part")) or self.is_unit_name(name.removesuffix(".old.part")))
+        return (
+            self.folders
+            and name.endswith(".part")
+            and (self.is_unit_name(name.removesuffix(".part")) or self.is_unit_name(name.removesuffix(".old.part")))
+        )
 
     def is_extra_name(self, name: str) -> bool:
         """A file mirrored beside the units that is not one itself (alias, tag file)."""
@@ -121,24 +123,29 @@ class Layout:
             "units with no step are mirrored, never pruned",
         ]
         if self.folders:
-            lines.append("a folder is mirrored whole: staged as NAME.part/ on the mirror, renamed when every "
-                         "file is copied and fsynced; every file in it is mirrored (dot names too)")
+            lines.append(
+                "a folder is mirrored whole: staged as NAME.part/ on the mirror, renamed when every "
+                "file is copied and fsynced; every file in it is mirrored (dot names too)"
+            )
         rules = {
             "settle": "complete when no file and not the file list changed for unit.settle_seconds: a GUESS "
-                      "(name the file the saver writes last as unit.complete_marker to know instead)",
+            "(name the file the saver writes last as unit.complete_marker to know instead)",
             "marker": f"complete when {self.complete_marker!r} is present",
             "dcp": f"complete when {METADATA_NAME} is present and every file it references holds its bytes",
             "hf": f"complete when {HF_STATE} is present and parses",
             "hf_model": "complete when the *.index.json lists shards that are all present with the bytes their "
-                        "safetensors headers need (or the one model file is whole)",
+            "safetensors headers need (or the one model file is whole)",
             "accelerate": "complete when random_states_N.pkl and every file of the run's previous mirrored "
-                          "checkpoint are present (custom_checkpoint_N.pkl: how many is written nowhere; the "
-                          "run's first checkpoint waits unit.settle_seconds, a guess)",
+            "checkpoint are present (custom_checkpoint_N.pkl: how many is written nowhere; the "
+            "run's first checkpoint waits unit.settle_seconds, a guess)",
             "deepspeed": f"complete when the {self.tag_file!r} tag file names it (or a later step)",
         }
-        lines.append("complete when renamed into place, or unchanged for copy.settle_seconds" if not self.folders
-                     else rules[self.rule] + ("" if self.rule in ("settle", "dcp") else
-                                              ", and no file changed for copy.settle_seconds"))
+        lines.append(
+            "complete when renamed into place, or unchanged for copy.settle_seconds"
+            if not self.folders
+            else rules[self.rule]
+            + ("" if self.rule in ("settle", "dcp") else ", and no file changed for copy.settle_seconds")
+        )
         if self.aliases:
             lines.append(f"aliases {list(self.aliases)}: mirrored, never counted by retention")
         if self.tag_file:
@@ -173,8 +180,13 @@ def layout_for(
         return Layout("torch", "file", patterns, step_pattern)
     if name == "hf_model":
         custom = patterns != ("*.pt",)
-        return Layout("hf_model", "folder", patterns if custom else ("checkpoint-[0-9]*", "step_[0-9]*", "step-[0-9]*"),
-                      step_pattern if step_pattern != r"step_(\d+)" else r"[-_](\d+)$", rule="hf_model")
+        return Layout(
+            "hf_model",
+            "folder",
+            patterns if custom else ("checkpoint-[0-9]*", "step_[0-9]*", "step-[0-9]*"),
+            step_pattern if step_pattern != r"step_(\d+)" else r"[-_](\d+)$",
+            rule="hf_model",
+        )
     if name == "custom":
         rule: Rule = "marker" if complete_marker else "settle"
         return Layout("custom", unit, patterns, step_pattern, rule, complete_marker)
@@ -218,15 +230,21 @@ def never_matching(layout: Layout) -> list[str]:
     problems = []
     for pattern in layout.patterns:
         if pattern.startswith("."):
-            problems.append(f"pattern {pattern!r} can never match: a {layout.kind} whose name starts with '.' is never "
-                            f"a checkpoint in layout {layout.name!r} (hidden names are skipped)")
+            problems.append(
+                f"pattern {pattern!r} can never match: a {layout.kind} whose name starts with '.' is never "
+                f"a checkpoint in layout {layout.name!r} (hidden names are skipped)"
+            )
         elif pattern.endswith(TEMP_SUFFIXES):
-            problems.append(f"pattern {pattern!r} can never match: names ending in {' or '.join(TEMP_SUFFIXES)} "
-                            "are files still being written")
+            problems.append(
+                f"pattern {pattern!r} can never match: names ending in {' or '.join(TEMP_SUFFIXES)} "
+                "are files still being written"
+            )
     if layout.folders and layout.rule == "settle":
-        problems.append("folder units without unit.complete_marker: their completeness is a GUESS (nothing in the "
-                        "folder changed for unit.settle_seconds); name the file your saver writes last as "
-                        "unit.complete_marker")
+        problems.append(
+            "folder units without unit.complete_marker: their completeness is a GUESS (nothing in the "
+            "folder changed for unit.settle_seconds); name the file your saver writes last as "
+            "unit.complete_marker"
+        )
     if layout.folders and layout.rule == "marker" and layout.complete_marker.endswith(TEMP_SUFFIXES):
         problems.append(f"unit.complete_marker {layout.complete_marker!r} can never count: it is a temp name")
     return problems

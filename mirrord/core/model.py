@@ -97,7 +97,11 @@ class ManifestEntry:
     def unchanged(self, state: FileState) -> bool:
         """The mirror file is, by stat, exactly the one recorded (needs the identity recorded)."""
         return bool(self.mirror_ino) and state.identity == (
-            self.mirror_ino, self.size, self.stored_mtime_ns, self.mirror_ctime_ns)
+            self.mirror_ino,
+            self.size,
+            self.stored_mtime_ns,
+            self.mirror_ctime_ns,
+        )
 
 
 def entry_passed(entry: ManifestEntry) -> bool:

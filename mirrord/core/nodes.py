@@ -24,8 +24,9 @@ def foreign(entry: ManifestEntry | None, node: str) -> bool:
     return entry is not None and bool(node) and bool(entry.node) and entry.node != node
 
 
-def own_view(entries: Mapping[str, ManifestEntry], node: str, matched: Matched,
-             ours: Container[str]) -> Mapping[str, ManifestEntry]:
+def own_view(
+    entries: Mapping[str, ManifestEntry], node: str, matched: Matched, ours: Container[str]
+) -> Mapping[str, ManifestEntry]:
     """The manifest as this node plans its copies from: another node's entry of a name this node's primary
     also holds (`ours`) only where this node's source, as last hashed, holds the same bytes (shown with
     this node's mtime), else left out; every other entry as recorded. Drops what `matched` holds of names

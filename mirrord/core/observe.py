@@ -24,8 +24,9 @@ class _Seen:
 
     __slots__ = ("first", "origin", "owned", "states")
 
-    def __init__(self, states: Mapping[str, FileState], first: dict[str, float], origin: float,
-                 owned: bool = True) -> None:
+    def __init__(
+        self, states: Mapping[str, FileState], first: dict[str, float], origin: float, owned: bool = True
+    ) -> None:
         self.states, self.first, self.origin, self.owned = states, first, origin, owned
 
     def put(self, state: FileState, since: float) -> None:
@@ -95,8 +96,9 @@ class Observations:
     def observe(self, primary: Snapshot, mirror: Snapshot) -> Mapping[tuple[str, str], float]:
         """Observe complete listings of both sides (mirror temp files included): what the min-age guard reads."""
         ages = self.update(Volume.PRIMARY, primary.files)
-        listed = {**mirror.files, **mirror.partials, **mirror.staging} if mirror.partials or mirror.staging \
-            else mirror.files
+        listed = (
+            {**mirror.files, **mirror.partials, **mirror.staging} if mirror.partials or mirror.staging else mirror.files
+        )
         return Ages({**ages.volumes, **self.update(Volume.MIRROR, listed).volumes})
 
 

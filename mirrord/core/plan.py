@@ -21,6 +21,7 @@ MTIME_TOLERANCE_NS = 2_000_000_000
 @dataclass(frozen=True)
 class CopyPlan:
     """What to copy now (newest step first), what is still being written, what is already in sync."""
+
     jobs: tuple[CopyJob, ...]
     unsettled: tuple[str, ...] = ()
     in_sync: int = 0

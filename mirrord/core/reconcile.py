@@ -113,8 +113,9 @@ def reconcile(
     retires, planned = config.prune.enabled, manifest if own is None else own
     if retired_by is not None:
         plan = dataclasses.replace(retired_by, deletions=(), refused=((PARTIAL_VIEW, "a partial listing"),))
-        return _copies(primary, mirror or Snapshot(), planned, config, is_settled, is_complete, plan, retires, None,
-                       sharing)
+        return _copies(
+            primary, mirror or Snapshot(), planned, config, is_settled, is_complete, plan, retires, None, sharing
+        )
     is_mount = facts.mirror_is_mount if config.mirror_must_be_mountpoint else None
     refused = facts.mirror_problem
     if refused is None and mirror is not None:
@@ -122,9 +123,18 @@ def reconcile(
     listed = mirror if mirror is not None else as_recorded(manifest)
     if plan_retention or (plan_retention is None and retires):
         request = PruneRequest(
-            policy=config.prune, step_regex=config.step_regex, now=now, in_flight=in_flight, roots=facts.roots,
-            mirror_is_mount=is_mount, observed=facts.observed, invalid=facts.invalid,
-            space_pressure=facts.space_pressure, layout=config.rules, forget=facts.forget, pointed=facts.pointed,
+            policy=config.prune,
+            step_regex=config.step_regex,
+            now=now,
+            in_flight=in_flight,
+            roots=facts.roots,
+            mirror_is_mount=is_mount,
+            observed=facts.observed,
+            invalid=facts.invalid,
+            space_pressure=facts.space_pressure,
+            layout=config.rules,
+            forget=facts.forget,
+            pointed=facts.pointed,
             follow=config.retention_mode[0] == "follow",
         )
         plan = plan_prune(primary, listed, manifest, request)
@@ -136,9 +146,18 @@ def reconcile(
     return _copies(primary, judged, planned, config, is_settled, is_complete, plan, retires, refused, sharing)
 
 
-def _copies(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], config: Config,
-            is_settled: Callable[[FileState], bool], is_complete: Callable[[Unit], Completeness] | None,
-            plan: PrunePlan, retires: bool, refused: str | None, sharing: Sharing | None = None) -> View:
+def _copies(
+    primary: Snapshot,
+    mirror: Snapshot,
+    manifest: Mapping[str, ManifestEntry],
+    config: Config,
+    is_settled: Callable[[FileState], bool],
+    is_complete: Callable[[Unit], Completeness] | None,
+    plan: PrunePlan,
+    retires: bool,
+    refused: str | None,
+    sharing: Sharing | None = None,
+) -> View:
     """The copy half of a View: jobs without retired steps, the unsettled, and the lag inputs. While
     refused, `mirror` is what the manifest records, and nothing is a job."""
     if is_complete is None:
@@ -147,5 +166,6 @@ def _copies(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, Manifest
         copies = plan_unit_copies(primary, mirror, manifest, config.rules, is_complete, is_settled, sharing)
     view = View(prune=plan, refused=refused, retires=retires)
     behind = tuple(j for j in copies.jobs if not view.retired(j.run, j.step, j.mtime_ns))
-    return dataclasses.replace(view, jobs=() if refused else behind, behind=behind, unsettled=copies.unsettled,
-                               in_sync=copies.in_sync)
+    return dataclasses.replace(
+        view, jobs=() if refused else behind, behind=behind, unsettled=copies.unsettled, in_sync=copies.in_sync
+    )

@@ -85,8 +85,10 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
     if not policy.enabled:
         return "off (prune.enabled = false): nothing is ever deleted"
     if follow:
-        text = ("follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names); what "
-                "the trainer deleted goes from the mirror once the trainer's newest checkpoint is verified there")
+        text = (
+            "follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names); what "
+            "the trainer deleted goes from the mirror once the trainer's newest checkpoint is verified there"
+        )
     else:
         sides = "on the mirror and the primary" if policy.primary else "on the mirror only (prune.primary = false)"
         text = f"keep_last={policy.keep_last} verified steps per run"
@@ -109,7 +111,7 @@ class KeepLast:
 
     def preserve(self, steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None) -> frozenset[int]:
         """The last `n` verified steps."""
-        return frozenset([s for s in steps if s in verified][-self.n:])
+        return frozenset([s for s in steps if s in verified][-self.n :])
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,9 @@ class KeepBranchTips:
 Policy = KeepLast | KeepEvery | KeepBranchTips
 
 
-def preserved(policies: Sequence[Policy], steps: Sequence[int], verified: AbstractSet[int],
-              run: Branches | None = None) -> dict[int, str]:
+def preserved(
+    policies: Sequence[Policy], steps: Sequence[int], verified: AbstractSet[int], run: Branches | None = None
+) -> dict[int, str]:
     """Keep if any policy keeps: step -> the first policy's reason."""
     kept: dict[int, str] = {}
     for policy in policies:
@@ -169,6 +172,7 @@ def policies_for(config: PruneConfig) -> tuple[Policy, ...]:
 @dataclass(frozen=True, slots=True)
 class Deletion:
     """One file retention will delete, on one volume (re-checked by stat just before)."""
+
     volume: str
     state: FileState
     step: int | None
@@ -185,6 +189,7 @@ class Deletion:
 @dataclass(frozen=True, slots=True)
 class Kept:
     """A file retention keeps, and the policy or rule that keeps it."""
+
     volume: str
     rel: str
     step: int | None
@@ -194,6 +199,7 @@ class Kept:
 @dataclass(frozen=True, slots=True)
 class Skipped:
     """A file retention would delete but a guard vetoed, with the guard's reason."""
+
     volume: str
     rel: str
     step: int | None
@@ -213,6 +219,7 @@ class Window:
 @dataclass(frozen=True)
 class PrunePlan:
     """A retention pass: deletions, what is kept and why, vetoes, or a refusal to delete anything."""
+
     deletions: tuple[Deletion, ...] = ()
     kept: tuple[Kept, ...] = ()  # by (path, volume)
     skipped: tuple[Skipped, ...] = ()
@@ -243,8 +250,11 @@ class PrunePlan:
         """This plan as `retired` reads it, and nothing else: what a daemon judges its partial listings
         (watch hints) by until its next complete one."""
         # (a run without a window retires nothing: its preserved steps are never read)
-        return PrunePlan(refused=self.refused, windows=self.windows,
-                         preserved={run: steps for run, steps in self.preserved.items() if run in self.windows})
+        return PrunePlan(
+            refused=self.refused,
+            windows=self.windows,
+            preserved={run: steps for run, steps in self.preserved.items() if run in self.windows},
+        )
 
 
 def mirror_unmounted(
@@ -299,9 +309,15 @@ class PruneRequest:
 
     def guards(self, newest: frozenset[str] = frozenset()) -> GuardContext:
         """The one GuardContext of this plan; the executor re-uses it with a fresh clock and in-flight set."""
-        return GuardContext(now=self.now, min_age_seconds=self.policy.min_age_seconds,
-                            future_skew_seconds=self.policy.future_skew_seconds, in_flight=self.in_flight,
-                            newest=newest, roots=self.roots, observed=self.observed)
+        return GuardContext(
+            now=self.now,
+            min_age_seconds=self.policy.min_age_seconds,
+            future_skew_seconds=self.policy.future_skew_seconds,
+            in_flight=self.in_flight,
+            newest=newest,
+            roots=self.roots,
+            observed=self.observed,
+        )
 
 
 # A step's files on each side: (primary, mirror); run -> step -> them.
@@ -340,8 +356,11 @@ def plan_prune(
             if cand.unit:
                 held.setdefault((cand.volume, cand.unit), reason)
     # A folder unit goes whole or not at all: one kept file keeps all of it.
-    skipped += [Skipped(d.volume, d.rel, d.step, held[(d.volume, d.unit)], d.state.size)
-                for d in deletions if (d.volume, d.unit) in held]
+    skipped += [
+        Skipped(d.volume, d.rel, d.step, held[(d.volume, d.unit)], d.state.size)
+        for d in deletions
+        if (d.volume, d.unit) in held
+    ]
     deletions = sorted((d for d in deletions if (d.volume, d.unit) not in held), key=deletion_order)
     by_file = request.layout is None or not request.layout.folders
     return PrunePlan(
@@ -354,26 +373,32 @@ def plan_prune(
         preserved={run: p.keep_steps for run, p in plans.items()},
         rollbacks={run: p.branches.rollbacks for run, p in plans.items() if p.branches.rollbacks},
         primary_rollbacks={run: p.primary_rollbacks for run, p in plans.items() if p.primary_rollbacks}
-        if by_file else None,
+        if by_file
+        else None,
         paused={run: p.paused for run, p in plans.items() if p.paused is not None},
         branch_tips={run: p.tips for run, p in plans.items() if p.tips},
         guards=ctx,
     )
 
 
-def _refusals(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
-              is_mount: bool | None) -> list[tuple[str, str]]:
+def _refusals(
+    primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], is_mount: bool | None
+) -> list[tuple[str, str]]:
     """Why the whole plan must delete nothing: a partial listing, a mirror that looks unmounted."""
-    refused: list[tuple[str, str]] = [(PARTIAL_VIEW, f"{side} listing incomplete: {error}")
-               for side, snap in ((Volume.PRIMARY, primary), (Volume.MIRROR, mirror)) for error in snap.errors]
+    refused: list[tuple[str, str]] = [
+        (PARTIAL_VIEW, f"{side} listing incomplete: {error}")
+        for side, snap in ((Volume.PRIMARY, primary), (Volume.MIRROR, mirror))
+        for error in snap.errors
+    ]
     unmounted = mirror_unmounted(mirror, manifest, is_mount)
     if unmounted is not None:
         refused.append((MIRROR_UNMOUNTED, unmounted))
     return refused
 
 
-def _by_run(primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str],
-            layout: Layout | None) -> tuple[_Runs, list[Kept], dict[str, str]]:
+def _by_run(
+    primary: Snapshot, mirror: Snapshot, step_regex: re.Pattern[str], layout: Layout | None
+) -> tuple[_Runs, list[Kept], dict[str, str]]:
     """Stepped files grouped by run and step, per side; files without a step are kept (never pruned).
     Also file -> its folder unit (folder layouts)."""
     runs: _Runs = {}
@@ -426,17 +451,24 @@ def _written_at(step_files: _Sides, manifest: Mapping[str, ManifestEntry], lie: 
     return 0 if mtime > lie else mtime
 
 
-def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, ManifestEntry],
-              request: PruneRequest, units: Mapping[str, str]) -> _RunPlan:
+def _plan_run(
+    run: str,
+    by_step: dict[int, _Sides],
+    manifest: Mapping[str, ManifestEntry],
+    request: PruneRequest,
+    units: Mapping[str, str],
+) -> _RunPlan:
     """One run: its branches and window, what each policy keeps, and its deletion candidates."""
     policy, lie = request.policy, request.lie_after_ns
     n = policy.keep_last  # the window: the keep_last newest steps present
     run_branches = branches({step: _written_at(sides, manifest, lie) for step, sides in by_step.items()})
     order = sorted(by_step, key=run_branches.key)  # oldest first, by (branch, step)
-    unconfirmed = {step for step, (_p, on_mirror) in by_step.items()
-                   if any(not _as_recorded(f, manifest.get(f.rel)) for f in on_mirror)}
-    verified = {step for step, sides in by_step.items()
-                if step not in unconfirmed and _step_verified(*sides, manifest)}
+    unconfirmed = {
+        step
+        for step, (_p, on_mirror) in by_step.items()
+        if any(not _as_recorded(f, manifest.get(f.rel)) for f in on_mirror)
+    }
+    verified = {step for step, sides in by_step.items() if step not in unconfirmed and _step_verified(*sides, manifest)}
     # Evidence of wholeness: a folder unit was judged complete by its layout's rule before it was mirrored;
     # a file needs a validator's ok.
     whole = {step for step in verified if all(f.rel in units or entry_whole(manifest[f.rel]) for f in by_step[step][1])}
@@ -444,31 +476,42 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
     if request.follow:  # the trainer's choice, as its primary shows it
         keep = {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
     else:
-        keep = {step: why for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
-                if not (why == BRANCH_TIP and step in forgotten)}
+        keep = {
+            step: why
+            for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
+            if not (why == BRANCH_TIP and step in forgotten)
+        }
     for step, (_p, on_mirror) in by_step.items():
-        if step not in keep and any(f.rel in request.pointed or units.get(f.rel) in request.pointed
-                                    for f in on_mirror):
+        if step not in keep and any(f.rel in request.pointed or units.get(f.rel) in request.pointed for f in on_mirror):
             keep[step] = POINTER
     kept_window = [s for s in order if s in verified][-n:]
     invalid = request.invalid
-    present = order if not invalid else [s for s in order if by_step[s][1]
-                                         or any(f.rel not in invalid for f in by_step[s][0])]
+    present = (
+        order
+        if not invalid
+        else [s for s in order if by_step[s][1] or any(f.rel not in invalid for f in by_step[s][0])]
+    )
     # Follow: the window is the trainer's newest step (nothing is retired from copying).
     window = [s for s in order if by_step[s][0]][-1:] if request.follow else present[-n:]
     floor = order.index(window[0]) if len(present) > len(window) and not request.follow else None
     newest_mtime = max(f.mtime_ns for sides in by_step.values() for f in (*sides[0], *sides[1]))
-    plan = _RunPlan(run_branches, None if floor is None else Window(run_branches.key(order[floor]), run_branches,
-                                                                    newest_mtime),
-                    frozenset(keep), _primary_rollbacks(by_step, lie),
-                    tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)))
+    plan = _RunPlan(
+        run_branches,
+        None if floor is None else Window(run_branches.key(order[floor]), run_branches, newest_mtime),
+        frozenset(keep),
+        _primary_rollbacks(by_step, lie),
+        tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)),
+    )
     top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
     if kept_window:
         tip_primary, tip_mirror = by_step[kept_window[-1]]
         plan.newest = [s.rel for s in (*tip_primary, *tip_mirror)]
         # The primary lost its newest verified step (follow: holds nothing as new): shrink nothing.
-        lost = not window or run_branches.key(window[-1]) < run_branches.key(kept_window[-1]) if request.follow \
+        lost = (
+            not window or run_branches.key(window[-1]) < run_branches.key(kept_window[-1])
+            if request.follow
             else not tip_primary
+        )
         if lost and kept_window[-1] not in forgotten:
             plan.paused = kept_window[-1]
     # The steps that would replace a retired one are the window: all must be verified and whole first.
@@ -509,8 +552,9 @@ def _plan_run(run: str, by_step: dict[int, _Sides], manifest: Mapping[str, Manif
     return plan
 
 
-def _follow_stepless(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry],
-                     request: PruneRequest, kept: list[Kept]) -> tuple[list[Kept], list[Deletion]]:
+def _follow_stepless(
+    primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], request: PruneRequest, kept: list[Kept]
+) -> tuple[list[Kept], list[Deletion]]:
     """Follow mode, checkpoint files without a step (Lightning's `{epoch}-{val_loss:.2f}`): the trainer
     keeps what its primary holds; a mirror file it let go is deleted once the trainer's newest such file
     of the run (by mtime) is verified and whole on the mirror. Aliases (`last.ckpt`) are not followed."""
@@ -536,9 +580,19 @@ def _follow_stepless(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str,
             continue
         f, entry, tip = mirror.files[k.rel], manifest.get(k.rel), tips.get(mirror.files[k.rel].run)
         tip_entry = None if tip is None else manifest.get(tip.rel)
-        why = (POINTER if k.rel in request.pointed else UNVERIFIED if entry is None
-               else UNCONFIRMED if not _as_recorded(f, entry) else PAUSED if tip is None or tip_entry is None
-               else "" if exact_copy(tip, manifest, mirror.files) and entry_whole(tip_entry) else NEWER_UNVERIFIED)
+        why = (
+            POINTER
+            if k.rel in request.pointed
+            else UNVERIFIED
+            if entry is None
+            else UNCONFIRMED
+            if not _as_recorded(f, entry)
+            else PAUSED
+            if tip is None or tip_entry is None
+            else ""
+            if exact_copy(tip, manifest, mirror.files) and entry_whole(tip_entry)
+            else NEWER_UNVERIFIED
+        )
         if why:
             out.append(dataclasses.replace(k, why=why))
         else:
@@ -548,8 +602,11 @@ def _follow_stepless(primary: Snapshot, mirror: Snapshot, manifest: Mapping[str,
 
 def _primary_rollbacks(by_step: dict[int, _Sides], lie: float) -> tuple[tuple[int, int], ...]:
     """The rollbacks of a run as its primary files alone show them (each file past the lie unknown)."""
-    mtimes = {step: max(0, *(0 if f.mtime_ns > lie else f.mtime_ns for f in on_primary))
-              for step, (on_primary, _on_mirror) in by_step.items() if on_primary}
+    mtimes = {
+        step: max(0, *(0 if f.mtime_ns > lie else f.mtime_ns for f in on_primary))
+        for step, (on_primary, _on_mirror) in by_step.items()
+        if on_primary
+    }
     return branches(mtimes).rollbacks
 
 
@@ -572,11 +629,16 @@ def _as_recorded(dst: FileState, entry: ManifestEntry | None) -> bool:
     return entry is None or (dst.size == entry.size and abs(dst.mtime_ns - entry.stored_mtime_ns) <= MTIME_TOLERANCE_NS)
 
 
-def _step_verified(primary_files: Sequence[FileState], mirror_files: Sequence[FileState],
-                   manifest: Mapping[str, ManifestEntry]) -> bool:
+def _step_verified(
+    primary_files: Sequence[FileState], mirror_files: Sequence[FileState], manifest: Mapping[str, ManifestEntry]
+) -> bool:
     """All of a step's files are on the mirror as recorded, with a passing verdict, and current."""
     on_mirror = {f.rel: f for f in mirror_files}
-    return bool(mirror_files) and all(
-        (entry := manifest.get(dst.rel)) is not None and _as_recorded(dst, entry) and entry_passed(entry)
-        for dst in mirror_files
-    ) and all(why_copy(src, manifest.get(src.rel), on_mirror.get(src.rel)) is None for src in primary_files)
+    return (
+        bool(mirror_files)
+        and all(
+            (entry := manifest.get(dst.rel)) is not None and _as_recorded(dst, entry) and entry_passed(entry)
+            for dst in mirror_files
+        )
+        and all(why_copy(src, manifest.get(src.rel), on_mirror.get(src.rel)) is None for src in primary_files)
+    )

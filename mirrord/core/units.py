@@ -67,7 +67,7 @@ class Unit:
 
     def member(self, rel: str) -> str:
         """`rel` relative to a folder unit (the file's own name for a file unit)."""
-        return rel[len(self.rel) + 1:] if self.kind == "folder" else rel.rsplit("/", 1)[-1]
+        return rel[len(self.rel) + 1 :] if self.kind == "folder" else rel.rsplit("/", 1)[-1]
 
     def get(self, member: str) -> FileState | None:
         """The file at `member` (relative to the folder), if the unit has it."""
@@ -124,8 +124,9 @@ def group_units(files: Iterable[FileState], layout: Layout) -> dict[str, Unit]:
         if (place := locate(state.rel, layout)) is not None:
             places.setdefault(place.rel, place)
             members.setdefault(place.rel, []).append(state)
-    return {rel: dataclasses.replace(p, files=tuple(sorted(members[rel], key=lambda f: f.rel)))
-            for rel, p in places.items()}
+    return {
+        rel: dataclasses.replace(p, files=tuple(sorted(members[rel], key=lambda f: f.rel))) for rel, p in places.items()
+    }
 
 
 UnitIdentity = tuple[tuple[str, int, int, int, int], ...]
@@ -152,30 +153,50 @@ def naming_warnings(snapshot: Snapshot, layout: Layout) -> list[NamingWarning]:
     them), and files the layout does not select that look like checkpoints (never mirrored): one
     warning per file name pattern, naming the first path."""
     found: dict[tuple[str, str], NamingWarning] = {}
-    no_step = {place.rel for rel in snapshot.files
-               if (place := locate(rel, layout)) is not None and place.role == "checkpoint" and place.step is None}
+    no_step = {
+        place.rel
+        for rel in snapshot.files
+        if (place := locate(rel, layout)) is not None and place.role == "checkpoint" and place.step is None
+    }
     for rel in sorted(no_step):
         pattern = layout.pattern_of(rel.rsplit("/", 1)[-1])
-        found.setdefault(("no_step", pattern), NamingWarning(
-            "no_step", pattern, rel,
-            f"{rel}: no step in its name by '{layout.step_pattern}' (layout {layout.name!r}): mirrored, but "
-            f"retention never prunes it or anything named {pattern!r} without a step; check `layout`"
-            + (" or prune.step_pattern" if layout.name in ("torch", "custom") else "")))
+        found.setdefault(
+            ("no_step", pattern),
+            NamingWarning(
+                "no_step",
+                pattern,
+                rel,
+                f"{rel}: no step in its name by '{layout.step_pattern}' (layout {layout.name!r}): mirrored, but "
+                f"retention never prunes it or anything named {pattern!r} without a step; check `layout`"
+                + (" or prune.step_pattern" if layout.name in ("torch", "custom") else ""),
+            ),
+        )
     for pattern, rel in sorted(snapshot.lookalikes.items()):
-        found.setdefault(("not_selected", pattern), NamingWarning(
-            "not_selected", pattern, rel,
-            f"{rel}: looks like a checkpoint ({pattern}) but layout {layout.name!r} does not select it, so it is "
-            f"never mirrored; {LOOKALIKES[pattern]} would select it" if pattern in LOOKALIKES else
-            f"{rel}: a file named by pattern {pattern!r}, but layout {layout.name!r} mirrors folders so named; no "
-            "unit rule ever mirrors a file beside them"
-            + ('; layout = "megatron" mirrors this tracker after the iteration it names'
-               if rel.endswith(MEGATRON_TRACKER) else "")))
+        found.setdefault(
+            ("not_selected", pattern),
+            NamingWarning(
+                "not_selected",
+                pattern,
+                rel,
+                f"{rel}: looks like a checkpoint ({pattern}) but layout {layout.name!r} does not select it, so it is "
+                f"never mirrored; {LOOKALIKES[pattern]} would select it"
+                if pattern in LOOKALIKES
+                else f"{rel}: a file named by pattern {pattern!r}, but layout {layout.name!r} mirrors folders "
+                "so named; no unit rule ever mirrors a file beside them"
+                + (
+                    '; layout = "megatron" mirrors this tracker after the iteration it names'
+                    if rel.endswith(MEGATRON_TRACKER)
+                    else ""
+                ),
+            ),
+        )
     return list(found.values())
 
 
 @dataclass(frozen=True, slots=True)
 class Completeness:
     """Whether a unit is whole, and what shows it (or what is missing)."""
+
     complete: bool
     why: str  # for a person: what is missing, or what proved it whole
 
@@ -224,19 +245,24 @@ def completeness(
         return evidence
     if not quiet(unit, evidence is None):
         return Completeness(False, "still being written: a file or the file list changed within the settle time")
-    return evidence or Completeness(True, "unchanged for unit.settle_seconds (a guess: nothing says it is whole; "
-                                          "name the saver's last file as unit.complete_marker)")
+    return evidence or Completeness(
+        True,
+        "unchanged for unit.settle_seconds (a guess: nothing says it is whole; "
+        "name the saver's last file as unit.complete_marker)",
+    )
 
 
-def _evidence(unit: Unit, layout: Layout, reads: Mapping[str, bytes | None],
-              recorded: frozenset[str] | None) -> Completeness | None:
+def _evidence(
+    unit: Unit, layout: Layout, reads: Mapping[str, bytes | None], recorded: frozenset[str] | None
+) -> Completeness | None:
     """What the saver's own files say (None: nothing, only a pause can tell). DeepSpeed's and Megatron's
     ranks, and accelerate's custom_checkpoint_<i>.pkl (one per registered object: how many is written
     nowhere), vary with the run: its previous checkpoint on the mirror (`recorded`) says which to expect."""
     if layout.rule == "marker":
         present = unit.get(layout.complete_marker) is not None
-        return Completeness(present, f"{layout.complete_marker} present" if present else
-                            f"no {layout.complete_marker} marker yet")
+        return Completeness(
+            present, f"{layout.complete_marker} present" if present else f"no {layout.complete_marker} marker yet"
+        )
     if layout.rule == "hf":
         return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
     if layout.rule == "hf_model":
@@ -286,7 +312,8 @@ def _dcp_complete(unit: Unit, metadata: bytes | None) -> Completeness:
         return needed
     sizes = {unit.member(f.rel): f.size for f in unit.files}
     return lacking(needed, sizes, "references {}, which is missing") or Completeness(
-        True, f"{METADATA_NAME} present, its {len(needed)} file(s) whole")
+        True, f"{METADATA_NAME} present, its {len(needed)} file(s) whole"
+    )
 
 
 def _hf_complete(unit: Unit, state: bytes | None) -> Completeness:
@@ -322,9 +349,10 @@ def safetensors_needs(head: bytes | None) -> int | None:
         return None
     length = int.from_bytes(head[:8], "little")
     try:
-        header = json.loads(head[8:8 + length])
-        return 8 + length + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
-                                default=0)
+        header = json.loads(head[8 : 8 + length])
+        return (
+            8 + length + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        )
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
         return None
 
@@ -352,8 +380,9 @@ def hf_model_complete(unit: Unit, reads: Mapping[str, bytes | None]) -> Complete
         size = safetensors_needs(reads.get(state.rel))
         if size is None or state.size < size:
             return Completeness(False, f"{name} is not whole yet ({state.size} bytes, its header needs {size})")
-    return Completeness(True, f"{len(needed | shards)} safetensors file(s) whole"
-                              + (", named by the index" if indexes else ""))
+    return Completeness(
+        True, f"{len(needed | shards)} safetensors file(s) whole" + (", named by the index" if indexes else "")
+    )
 
 
 def plan_unit_copies(
@@ -403,8 +432,17 @@ def plan_unit_copies(
         elif why == "wait":
             unsettled.append(unit.rel)
         else:
-            jobs.append(CopyJob(unit.rel, unit.size, unit.mtime_ns, unit.step, why,
-                                unit.paths if unit.kind == "folder" else (), part=why == "part"))
+            jobs.append(
+                CopyJob(
+                    unit.rel,
+                    unit.size,
+                    unit.mtime_ns,
+                    unit.step,
+                    why,
+                    unit.paths if unit.kind == "folder" else (),
+                    part=why == "part",
+                )
+            )
     sort_newest_first(jobs)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
 
@@ -427,8 +465,11 @@ def plan_file_aliases(
     pending_runs = {u.run for u in checkpoints if u.rel in waiting and u.step == newest.get(u.run)}
     # held: the step an alias most likely copies is not mirrored yet
     held = {job.rel for job in base.jobs if layout.is_alias(job.rel) and job.run in pending_runs}
-    jobs = [dataclasses.replace(job, twins=twins_of(job, manifest)) if layout.is_alias(job.rel) else job
-            for job in base.jobs if job.rel not in held]
+    jobs = [
+        dataclasses.replace(job, twins=twins_of(job, manifest)) if layout.is_alias(job.rel) else job
+        for job in base.jobs
+        if job.rel not in held
+    ]
     return CopyPlan(tuple(jobs), tuple(sorted((*base.unsettled, *held))), base.in_sync)
 
 
@@ -436,9 +477,14 @@ def twins_of(job: CopyJob, manifest: Mapping[str, ManifestEntry]) -> tuple[str, 
     """Mirrored checkpoints of the alias's run that may hold its very bytes: recorded with its size and a
     passing verdict; newest step first. The digest decides, and the mirror copy is re-checked against
     its record just before it is used (the shell)."""
-    found = sorted(((entry.step, rel) for rel, entry in manifest.items()
-                    if entry.run == job.run and entry.step is not None and entry.size == job.size
-                    and entry_passed(entry)), reverse=True)
+    found = sorted(
+        (
+            (entry.step, rel)
+            for rel, entry in manifest.items()
+            if entry.run == job.run and entry.step is not None and entry.size == job.size and entry_passed(entry)
+        ),
+        reverse=True,
+    )
     return tuple(rel for _step, rel in found)
 
 
@@ -460,4 +506,3 @@ def unit_why_copy(
     if any(rel not in manifest for rel in set(mirrored.paths) - set(unit.paths)):
         return "changed"
     return None
-

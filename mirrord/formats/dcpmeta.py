@@ -64,8 +64,13 @@ def storage_references(data: bytes) -> dict[str, int]:
             raise MetadataError(f"a storage_data entry is a {_describe(info)}, not a storage record", "unchecked")
         fields = info.fields()
         rel, offset, length = fields.get("relative_path"), fields.get("offset"), fields.get("length")
-        if not (isinstance(rel, str) and isinstance(offset, int) and isinstance(length, int)
-                and _count(offset) and _count(length)):
+        if not (
+            isinstance(rel, str)
+            and isinstance(offset, int)
+            and isinstance(length, int)
+            and _count(offset)
+            and _count(length)
+        ):
             raise MetadataError("a storage record lacks relative_path, offset or length")
         if not _safe_rel(rel):
             raise MetadataError(f"a storage record names an unsafe path: {rel!r}")

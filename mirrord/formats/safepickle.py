@@ -130,6 +130,14 @@ def load(data: bytes) -> Any:
         return _Unpickler(data).load()
     except UnreadableError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError,
-            OverflowError) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        KeyError,
+        IndexError,
+        OverflowError,
+    ) as exc:
         raise UnreadableError(f"not a readable pickle: {type(exc).__name__}: {exc}") from exc

@@ -58,6 +58,7 @@ class Verdict:
 
 class Validator(Protocol):
     """A streaming check fed the file's bytes as they are copied; its verdict comes at the end."""
+
     def feed(self, buf: bytes | bytearray | memoryview, n: int) -> None:
         """The next `n` bytes of the file (from offset 0, in order) are buf[:n]."""
 
@@ -163,6 +164,7 @@ class _Safetensors:
 
 def safetensors_verdict(head: bytes, size: int) -> Verdict:
     """Judge a safetensors file from its first bytes (at least the header) and its size."""
+
     def bad(status: str, detail: str) -> Verdict:
         return Verdict(status, detail, SAFETENSORS)
 

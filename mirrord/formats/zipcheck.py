@@ -291,14 +291,23 @@ def _locate_records(fd: int, records: Sequence[_Record], cd_offset: int, size: i
     return ranges
 
 
-def _verify_crcs(fd: int, records: Sequence[_Record], ranges: Sequence[tuple[int, int]],
-                 known: Mapping[tuple[int, int], int] | None = None) -> ZipCheck:
+def _verify_crcs(
+    fd: int,
+    records: Sequence[_Record],
+    ranges: Sequence[tuple[int, int]],
+    known: Mapping[tuple[int, int], int] | None = None,
+) -> ZipCheck:
     """Checksum every record (a stored one's CRC may be `known`, by data range); report the first bad one
     in file order."""
     known = known or {}
-    computed = [_inflate_crc(fd, r, start, end) if r.method != _STORED
-                else known[start, end] if (start, end) in known else _stored_crc(fd, start, end)
-                for r, (start, end) in zip(records, ranges, strict=True)]
+    computed = [
+        _inflate_crc(fd, r, start, end)
+        if r.method != _STORED
+        else known[start, end]
+        if (start, end) in known
+        else _stored_crc(fd, start, end)
+        for r, (start, end) in zip(records, ranges, strict=True)
+    ]
     bad = sorted((ranges[i][0], i) for i, r in enumerate(records) if computed[i] != r.crc)
     if bad:
         r = records[bad[0][1]]

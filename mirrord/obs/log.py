@@ -76,8 +76,11 @@ def _apply() -> None:
         return
     use_console, colors, level, stream = _pending
     _pending = None
-    renderer = (structlog.dev.ConsoleRenderer(colors=colors) if use_console
-                else structlog.processors.JSONRenderer(sort_keys=False))
+    renderer = (
+        structlog.dev.ConsoleRenderer(colors=colors)
+        if use_console
+        else structlog.processors.JSONRenderer(sort_keys=False)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -49,8 +49,10 @@ class Metrics:
         self.copies = Counter("mirrord_copies", "Copy attempts by result.", ["result"], registry=r)
         self.copied_bytes = Counter("mirrord_copied_bytes", "Bytes published on the mirror.", registry=r)
         self.copy_duration = Histogram(
-            "mirrord_copy_duration_seconds", "Time to copy, verify and publish one file.",
-            buckets=DURATION_BUCKETS, registry=r,
+            "mirrord_copy_duration_seconds",
+            "Time to copy, verify and publish one file.",
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
         self.copy_throughput = Gauge(
             "mirrord_copy_throughput_bytes_per_second", "Throughput of the last completed copy.", registry=r
@@ -59,7 +61,8 @@ class Metrics:
         # Set to a function by the Engine (computed at scrape time); with mirrord_copied_bytes_total it
         # gives a progress curve that moves during a long copy, not only when it is published.
         self.copy_bytes_in_flight = Gauge(
-            "mirrord_copy_bytes_in_flight", "Bytes already copied by the copies under way (0 when idle).",
+            "mirrord_copy_bytes_in_flight",
+            "Bytes already copied by the copies under way (0 when idle).",
             registry=r,
         )
         self.pruned_files = Counter("mirrord_pruned_files", "Files deleted by retention.", ["volume"], registry=r)
@@ -70,7 +73,9 @@ class Metrics:
         self.prune_refused = Counter(
             "mirrord_prune_refused",
             "Prune cycles (partial_view, mirror_unmounted, manifest) or single deletions (changed, ...) "
-            "refused, by reason.", ["reason"], registry=r,
+            "refused, by reason.",
+            ["reason"],
+            registry=r,
         )
         self.last_step = Gauge("mirrord_last_mirrored_step", "Highest step mirrored, per run.", ["run"], registry=r)
         self.last_timestamp = Gauge(
@@ -81,18 +86,21 @@ class Metrics:
         self.invalid_sources = Gauge(
             "mirrord_invalid_sources",
             "Primary files that failed their format validator for longer than copy.invalid_grace_seconds "
-            "(not published).", registry=r,
+            "(not published).",
+            registry=r,
         )
         self.verify_failures = Counter(
             "mirrord_verify_failures", "Mirrored files that no longer match the manifest.", registry=r
         )
         self.manifest_repairs = Counter(
             "mirrord_manifest_repairs",
-            "Times the on-disk manifest was found damaged or replaced and rewritten from memory.", registry=r,
+            "Times the on-disk manifest was found damaged or replaced and rewritten from memory.",
+            registry=r,
         )
         self.copy_loops = Gauge(
             "mirrord_copy_loop_files",
-            "Files no longer re-copied: copied again and again with the same result (see status).", registry=r,
+            "Files no longer re-copied: copied again and again with the same result (see status).",
+            registry=r,
         )
         self.reconcile_duration = Gauge(
             "mirrord_reconcile_duration_seconds", "Duration of the last full reconcile.", registry=r
@@ -101,7 +109,8 @@ class Metrics:
         self.mirror_writable = Gauge(
             "mirrord_mirror_writable",
             "1 while publishing to the mirror is safe; 0 while it is paused (an object store's lease not "
-            "renewed in time, or lost).", registry=r,
+            "renewed in time, or lost).",
+            registry=r,
         )
         self.watch_mode = Gauge("mirrord_watch_mode", "1 for the watch mode in use.", ["mode"], registry=r)
         self.build_info = Gauge("mirrord_build_info", "Version of mirrord.", ["version"], registry=r)
@@ -169,6 +178,8 @@ class LiveState(Collector):
     @staticmethod
     def _families(depth: float, lag: float) -> Iterator[Metric]:
         yield GaugeMetricFamily("mirrord_queue_depth", "Copy jobs waiting for a worker.", value=depth)
-        yield GaugeMetricFamily("mirrord_mirror_lag_seconds",
-                                "Age of the oldest committed checkpoint not yet mirrored (0 when caught up).",
-                                value=lag)
+        yield GaugeMetricFamily(
+            "mirrord_mirror_lag_seconds",
+            "Age of the oldest committed checkpoint not yet mirrored (0 when caught up).",
+            value=lag,
+        )

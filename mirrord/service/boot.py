@@ -16,8 +16,9 @@ from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume, exclude_each_other
 
 
-def run_daemon(config: Config, reload_config: Callable[[], tuple[Config, bool]],
-               signals: SignalFlags | None = None) -> int:
+def run_daemon(
+    config: Config, reload_config: Callable[[], tuple[Config, bool]], signals: SignalFlags | None = None
+) -> int:
     """Run until SIGTERM/SIGINT (0), or until the mirror lock is lost (1); raises StartupError when it
     cannot start as configured."""
     # Handlers first (cli.main may have installed them even earlier): a signal during start-up (lock,
@@ -25,9 +26,14 @@ def run_daemon(config: Config, reload_config: Callable[[], tuple[Config, bool]],
     signals = (signals or SignalFlags()).install()
     log = logsetup.get_logger()
     try:
-        log.info("daemon.starting", version=__version__, pid=os.getpid(), primary=str(config.primary),
-                 mirror=str(config.mirror_target),
-                 retention=describe_policy(config.prune, config.retention_mode[0] == "follow"))
+        log.info(
+            "daemon.starting",
+            version=__version__,
+            pid=os.getpid(),
+            primary=str(config.primary),
+            mirror=str(config.mirror_target),
+            retention=describe_policy(config.prune, config.retention_mode[0] == "follow"),
+        )
         primary, mirror = LocalVolume(config.primary), mirror_for(config.mirror_target, config.s3)
         with mirror.lock():
             exclude_each_other(primary, mirror)  # whatever path leads there (bind mounts)

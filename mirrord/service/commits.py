@@ -47,8 +47,12 @@ class CommitStage:
     says whether more copies are coming soon (a job being copied or ready to be): while it is false
     a batch is committed at once."""
 
-    def __init__(self, commit: Callable[[Sequence[StagedCopy]], list[Outcome]],
-                 on_committed: Callable[[QueuedJob, Outcome, CopyControl], None], busy: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        commit: Callable[[Sequence[StagedCopy]], list[Outcome]],
+        on_committed: Callable[[QueuedJob, Outcome, CopyControl], None],
+        busy: Callable[[], bool],
+    ) -> None:
         self._commit, self._on_committed, self._busy = commit, on_committed, busy
         self._cond = threading.Condition()
         self._pending: list[Pending] = []

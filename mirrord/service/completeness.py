@@ -45,12 +45,18 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
         list_folder(volume.root, unit.rel, Layout.is_member_name, odd)
     if not odd:
         return None
-    return Completeness(False, f"{min(odd)} is a symlink or not a regular file: it cannot be copied as a file, "
-                               "so the folder is never whole on the mirror (store the file itself there)")
+    return Completeness(
+        False,
+        f"{min(odd)} is a symlink or not a regular file: it cannot be copied as a file, "
+        "so the folder is never whole on the mirror (store the file itself there)",
+    )
 
 
 def judge(
-    volume: LocalVolume, layout: Layout, quiet: Quiet = lambda _unit, _guess: True, tell: bool = False,
+    volume: LocalVolume,
+    layout: Layout,
+    quiet: Quiet = lambda _unit, _guess: True,
+    tell: bool = False,
     recorded: Callable[[Unit], frozenset[str] | None] = lambda _unit: None,
 ) -> Callable[[Unit], Completeness]:
     """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule. With
@@ -78,11 +84,12 @@ def judge(
 def recorded_names(entries: Mapping[str, ManifestEntry], layout: Layout) -> Callable[[Unit], frozenset[str] | None]:
     """The member names of the newest checkpoint of a unit's run recorded on the mirror with an earlier step
     (the files a saver writes every time: what the next one must have too); None when there is none."""
+
     def names(unit: Unit) -> frozenset[str] | None:
         prefix = f"{unit.run}/" if unit.run else ""
         found: dict[tuple[int, str], set[str]] = {}  # (step, folder) -> member names
         for rel in entries:
-            folder, _, member = rel[len(prefix):].partition("/")
+            folder, _, member = rel[len(prefix) :].partition("/")
             step = layout.step_of(folder) if rel.startswith(prefix) and member else None
             if step is not None and unit.step is not None and step < unit.step and layout.is_unit_name(folder):
                 found.setdefault((step, folder), set()).add(member)

@@ -87,6 +87,7 @@ class CopyControl:
 @dataclass(frozen=True)
 class CopyOptions:
     """How copies are made: hash, buffer size, reserve, bandwidth limit, page-cache dropping."""
+
     algo: str = "blake3"
     buffer_bytes: int = 8 * 1024 * 1024
     reserve_bytes: int = 0
@@ -99,7 +100,12 @@ class CopyOptions:
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     """Same inode, size, mtime and ctime: ctime also catches a same-size rewrite whose mtime was restored."""
     return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (
-        b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns)
+        b.st_dev,
+        b.st_ino,
+        b.st_size,
+        b.st_mtime_ns,
+        b.st_ctime_ns,
+    )
 
 
 def _stat_beneath(root: Path, rel: str) -> os.stat_result:
@@ -166,8 +172,12 @@ def copy_file(
             verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
         if not verdict.passed:
             _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
-            raise InvalidSourceError(src_path, f"not a whole checkpoint ({verdict}); not published", verdict.status,
-                                     (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns))
+            raise InvalidSourceError(
+                src_path,
+                f"not a whole checkpoint ({verdict}); not published",
+                verdict.status,
+                (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns),
+            )
         stored_mtime_ns = upload.seal(before.st_mtime_ns)
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
         control.check(src_path)
@@ -183,12 +193,22 @@ def copy_file(
         if upload is not None:
             upload.abort()
         os.close(src_fd)
-    return CopyResult(rel, before.st_size, options.algo, digest, before.st_mtime_ns, time.monotonic() - started,
-                      stored_mtime_ns, verdict.status, verdict.detail)
+    return CopyResult(
+        rel,
+        before.st_size,
+        options.algo,
+        digest,
+        before.st_mtime_ns,
+        time.monotonic() - started,
+        stored_mtime_ns,
+        verdict.status,
+        verdict.detail,
+    )
 
 
-def hash_source(primary_root: Path, rel: str, algo: str, buffer_bytes: int,
-                control: CopyControl | None = None) -> tuple[os.stat_result, str]:
+def hash_source(
+    primary_root: Path, rel: str, algo: str, buffer_bytes: int, control: CopyControl | None = None
+) -> tuple[os.stat_result, str]:
     """Read primary_root/rel once and hash it (no copy): its stat and digest, the file unchanged while read.
     Raises the copier's typed errors (SourceGoneError, SourceChangedError, ...)."""
     control = control or CopyControl()
@@ -227,8 +247,9 @@ def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_
     try:
         now = _stat_beneath(primary_root, rel)
     except FileNotFoundError as exc:
-        raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the trainer); "
-                                        "copy discarded") from exc
+        raise SourceGoneError(
+            src_path, "deleted while it was being copied (rotated away by the trainer); copy discarded"
+        ) from exc
     except OSError as exc:
         raise SourceChangedError(
             src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
@@ -308,8 +329,13 @@ def _stream(
 
 
 def _pump(
-    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path,
-    hasher: Hasher, validator: Validator | None,
+    src_fd: int,
+    upload: Upload,
+    options: CopyOptions,
+    control: CopyControl,
+    src_path: Path,
+    hasher: Hasher,
+    validator: Validator | None,
 ) -> tuple[str, int]:
     """The copy loop: each buffer is read once, then hashed on this thread while a helper thread feeds
     the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL). Two
@@ -353,8 +379,9 @@ def _pump(
     return hasher.hexdigest(), copied
 
 
-def _validate_and_write(validator: Validator | None, upload: Upload, chunk: memoryview,
-                        failed: list[BaseException]) -> None:
+def _validate_and_write(
+    validator: Validator | None, upload: Upload, chunk: memoryview, failed: list[BaseException]
+) -> None:
     if failed:
         return  # an earlier buffer failed: the copy is being abandoned, nothing more is written
     try:

@@ -54,10 +54,19 @@ class Volumes:
 class Daemon:
     """Builds its collaborators from `config` and `volumes`, then runs them: start, loop, reload, shutdown."""
 
-    def __init__(self, config: Config, reload_config: Callable[[], tuple[Config, bool]], volumes: Volumes, *,
-                 queue: JobQueue | None = None, watcher_factory: WatcherFactory = Watcher, clock: Clock = SYSTEM_CLOCK,
-                 metrics: Metrics | None = None, notifier: Notifier | None = None,
-                 signals: SignalFlags | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        reload_config: Callable[[], tuple[Config, bool]],
+        volumes: Volumes,
+        *,
+        queue: JobQueue | None = None,
+        watcher_factory: WatcherFactory = Watcher,
+        clock: Clock = SYSTEM_CLOCK,
+        metrics: Metrics | None = None,
+        notifier: Notifier | None = None,
+        signals: SignalFlags | None = None,
+    ) -> None:
         self.reload_config, self.clock = reload_config, clock
         self._draining, self._stopped_by_supervisor = 0, False  # see _drain
         self.signals, self.metrics = signals or SignalFlags(), metrics or Metrics()
@@ -74,30 +83,76 @@ class Daemon:
         self.settle = SettleTracker(config.copy.settle_seconds, clock.wall, clock.monotonic)
         self.settings = Settings.derive(config, self.notifier.watchdog_seconds, self._pruner)
         self.engine = Engine(config, self.mirror, self.manifest, self.metrics, wall=clock.wall)
-        self.endpoints = serve(config.metrics, self.metrics.registry, lambda: self.supervisor.health(),
-                               lambda: self.supervisor.readiness(), lambda: self.supervisor.report())
-        self.pool = WorkerPool(self.engine.stage, self.queue, config.copy_workers, commit=self.engine.commit,
-                               retry=self.settings.retry, on_done=self._on_copy_done,
-                               on_stalled=lambda job: self.metrics.copy_result("stalled"), clock=clock.monotonic,
-                               ionice=config.io.ionice, cpu_nice=config.io.cpu_nice,
-                               cpu_policy=config.io.cpu_policy)
+        self.endpoints = serve(
+            config.metrics,
+            self.metrics.registry,
+            lambda: self.supervisor.health(),
+            lambda: self.supervisor.readiness(),
+            lambda: self.supervisor.report(),
+        )
+        self.pool = WorkerPool(
+            self.engine.stage,
+            self.queue,
+            config.copy_workers,
+            commit=self.engine.commit,
+            retry=self.settings.retry,
+            on_done=self._on_copy_done,
+            on_stalled=lambda job: self.metrics.copy_result("stalled"),
+            clock=clock.monotonic,
+            ionice=config.io.ionice,
+            cpu_nice=config.io.cpu_nice,
+            cpu_policy=config.io.cpu_policy,
+        )
         self._swap(self.settings)
-        self.watch = PrimaryWatch(lambda: self.settings.config, self.primary.key, self.inbox.post, self.metrics,
-                                  watcher_factory)
+        self.watch = PrimaryWatch(
+            lambda: self.settings.config, self.primary.key, self.inbox.post, self.metrics, watcher_factory
+        )
         self.reconciler = Reconciler(
-            settings=lambda: self.settings, primary=self.primary, mirror=self.mirror, manifest=self.manifest,
-            queue=self.queue, ledger=self.ledger, refusals=self.refusals, inbox=self.inbox, settle=self.settle,
-            observations=self.observations, metrics=self.metrics, heartbeat=lambda: self.supervisor.beat_if_due(),
-            stopping=lambda: self.signals.stop_requests > self._draining, wall=clock.wall, monotonic=clock.monotonic)
+            settings=lambda: self.settings,
+            primary=self.primary,
+            mirror=self.mirror,
+            manifest=self.manifest,
+            queue=self.queue,
+            ledger=self.ledger,
+            refusals=self.refusals,
+            inbox=self.inbox,
+            settle=self.settle,
+            observations=self.observations,
+            metrics=self.metrics,
+            heartbeat=lambda: self.supervisor.beat_if_due(),
+            stopping=lambda: self.signals.stop_requests > self._draining,
+            wall=clock.wall,
+            monotonic=clock.monotonic,
+        )
         self.supervisor = Supervisor(
-            settings=lambda: self.settings, pool=self.pool, board=self.engine.board, queue=self.queue,
-            primary=self.primary, mirror=self.mirror, manifest=self.manifest, refusals=self.refusals,
-            ledger=self.ledger, watch=self.watch, metrics=self.metrics, notifier=self.notifier,
-            status=self.status, stop=self._stop, monotonic=clock.monotonic)
+            settings=lambda: self.settings,
+            pool=self.pool,
+            board=self.engine.board,
+            queue=self.queue,
+            primary=self.primary,
+            mirror=self.mirror,
+            manifest=self.manifest,
+            refusals=self.refusals,
+            ledger=self.ledger,
+            watch=self.watch,
+            metrics=self.metrics,
+            notifier=self.notifier,
+            status=self.status,
+            stop=self._stop,
+            monotonic=clock.monotonic,
+        )
 
     def _pruner(self, config: Config) -> Pruner:
-        return Pruner(config, self.primary, self.mirror, self.manifest, self.metrics, in_flight=self.queue.paths,
-                      observations=self.observations, invalid=self.ledger.invalid_files)
+        return Pruner(
+            config,
+            self.primary,
+            self.mirror,
+            self.manifest,
+            self.metrics,
+            in_flight=self.queue.paths,
+            observations=self.observations,
+            invalid=self.ledger.invalid_files,
+        )
 
     # -- status and callbacks from other threads --------------------------------------------------
     def status(self) -> str:
@@ -134,8 +189,11 @@ class Daemon:
         reconcile once, then report ready."""
         if self.endpoints is not None:
             self.endpoints.start()
-            self.log.info("metrics.listening", address=f"{self.settings.config.metrics.host}:{self.endpoints.port}",
-                          endpoints=["/metrics", "/healthz", "/readyz", "/status"])
+            self.log.info(
+                "metrics.listening",
+                address=f"{self.settings.config.metrics.host}:{self.endpoints.port}",
+                endpoints=["/metrics", "/healthz", "/readyz", "/status"],
+            )
         if not self._await_primary(self.notifier.ready):
             return
         self.watch.start()
@@ -203,8 +261,9 @@ class Daemon:
         self._swap(Settings.derive(new, self.notifier.watchdog_seconds, self._pruner))
         logsetup.configure(new.log.format, new.log.level)
         self.log = logsetup.get_logger()
-        self.log.info("config.reloaded", workers=new.copy_workers, keep_last=new.prune.keep_last,
-                      prune_enabled=new.prune.enabled)
+        self.log.info(
+            "config.reloaded", workers=new.copy_workers, keep_last=new.prune.keep_last, prune_enabled=new.prune.enabled
+        )
         self.notifier.ready(self.status())
 
     def _swap(self, settings: Settings) -> None:
@@ -237,22 +296,32 @@ class Daemon:
             self.inbox.wait(min(self.reconciler.next_deadline(), deadline, now + 0.2) - now)
         self._draining = 0
         for rel in sorted(self.reconciler.unsettled | {q.job.rel for q in self.queue.pending()}):
-            self.log.warning("stop.left_behind", path=rel, why="not settled and copied within the stop's grace "
-                             "period (daemon.shutdown_grace_seconds); the next start copies it")
+            self.log.warning(
+                "stop.left_behind",
+                path=rel,
+                why="not settled and copied within the stop's grace "
+                "period (daemon.shutdown_grace_seconds); the next start copies it",
+            )
 
     def shutdown(self) -> None:
         """Stop watching, let copies finish within the grace period (a second signal cuts it short),
         fold the manifest's journal, stop serving; bounded whatever the copies do."""
         cfg = self.settings.config
         self.notifier.stopping()
-        self.log.info("daemon.stopping", in_flight=len(self.pool.active_controls()),
-                      grace_seconds=cfg.daemon.shutdown_grace_seconds)
+        self.log.info(
+            "daemon.stopping",
+            in_flight=len(self.pool.active_controls()),
+            grace_seconds=cfg.daemon.shutdown_grace_seconds,
+        )
         deadline = self.clock.monotonic() + cfg.daemon.shutdown_grace_seconds
         self.watch.close()
         if self.supervisor.ready and not self._stopped_by_supervisor:
             self._drain(deadline)
-        if not self.pool.stop(max(0.0, deadline - self.clock.monotonic()), force=lambda: self.signals.stop_requests > 1,
-                              why=f"shutdown grace period ({cfg.daemon.shutdown_grace_seconds:g} s) over"):
+        if not self.pool.stop(
+            max(0.0, deadline - self.clock.monotonic()),
+            force=lambda: self.signals.stop_requests > 1,
+            why=f"shutdown grace period ({cfg.daemon.shutdown_grace_seconds:g} s) over",
+        ):
             self.log.error("daemon.copies_not_stopped", why="a copy is stuck in the kernel (hung mount?)")
         try:  # folds the journal into the snapshot; if that fails the journal is replayed next start
             self.manifest.close()

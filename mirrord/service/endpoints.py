@@ -76,8 +76,9 @@ class _Handler(BaseHTTPRequestHandler):
 class Endpoints:
     """Binds at construction (so a bad or busy address fails start-up), serves on daemon threads."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe,
-                 status: Report = dict) -> None:
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe, status: Report = dict
+    ) -> None:
         self.registry, self.health, self.ready, self.status = registry, health, ready, status
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -96,8 +97,9 @@ class Endpoints:
         self._wake_r, self._wake_w = socket.socketpair()
         self._ready: queue.Queue[tuple[socket.socket, bytes] | None] = queue.Queue(maxsize=MAX_CONNECTIONS + HANDLERS)
         self._threads = [threading.Thread(target=self._accept_loop, name="mirrord-http", daemon=True)]
-        self._threads += [threading.Thread(target=self._handle_loop, name=f"mirrord-http-{i}", daemon=True)
-                          for i in range(HANDLERS)]
+        self._threads += [
+            threading.Thread(target=self._handle_loop, name=f"mirrord-http-{i}", daemon=True) for i in range(HANDLERS)
+        ]
 
     @property
     def port(self) -> int:
@@ -214,8 +216,9 @@ class Endpoints:
                 conn.close()
 
 
-def serve(metrics: MetricsConfig, registry: CollectorRegistry, health: Probe, ready: Probe,
-          status: Report) -> Endpoints | None:
+def serve(
+    metrics: MetricsConfig, registry: CollectorRegistry, health: Probe, ready: Probe, status: Report
+) -> Endpoints | None:
     """The endpoints `metrics` asks for (None when disabled), bound now: a busy address fails start-up."""
     if not metrics.enabled:
         return None

@@ -162,8 +162,13 @@ class Engine:
     def _entry(self, job: CopyJob, result: CopyResult, identity: bool = True) -> ManifestEntry:
         """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is."""
         return ManifestEntry(
-            path=result.rel, size=result.size, algo=result.algo, digest=result.digest,
-            source_mtime_ns=result.source_mtime_ns, step=job.step, mirrored_at=self.wall(),
+            path=result.rel,
+            size=result.size,
+            algo=result.algo,
+            digest=result.digest,
+            source_mtime_ns=result.source_mtime_ns,
+            step=job.step,
+            mirrored_at=self.wall(),
             mirror_mtime_ns=result.mirror_mtime_ns,
             validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
             node=self.mirror.node,
@@ -186,8 +191,15 @@ class Engine:
         staged = StagedCopy(job, result, list(entries.values()), DirSyncs())
         if verdict.complete:
             if merged.puts:  # this write made it whole (else another node's had, with these very bytes)
-                self.log.info("unit.completed", path=job.rel, run=job.run or ".", step=job.step, node=node,
-                              files=len(merged.puts), why=verdict.why)
+                self.log.info(
+                    "unit.completed",
+                    path=job.rel,
+                    run=job.run or ".",
+                    step=job.step,
+                    node=node,
+                    files=len(merged.puts),
+                    why=verdict.why,
+                )
             return self._committed(staged)
         self.count("ok")
         if self.metrics is not None:
@@ -236,8 +248,9 @@ class Engine:
                 where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
                 raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
             # A folder unit's files are in the same record as the rest of the batch: all or none.
-            self.manifest.apply(puts=[self._identified(e) if e.path in renamed_here else e
-                                      for staged in batch for e in staged.entries])
+            self.manifest.apply(
+                puts=[self._identified(e) if e.path in renamed_here else e for staged in batch for e in staged.entries]
+            )
         except MirrordError as exc:
             for _ in batch:
                 self.count(exc.reason)
@@ -267,12 +280,18 @@ class Engine:
                 self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
                 m.last_step.labels(label).set(self._last_steps[label])
         self.log.info(
-            "copy.committed", seconds=round(result.seconds, 3),
-            throughput_mib_s=round(throughput / 2**20, 1), digest=result.digest,
-            validation=result.validation, **_fields(job),
+            "copy.committed",
+            seconds=round(result.seconds, 3),
+            throughput_mib_s=round(throughput / 2**20, 1),
+            digest=result.digest,
+            validation=result.validation,
+            **_fields(job),
             # why a copy is unchecked (e.g. a legacy torch.save format without checksums): the user's fix
-            **({"validation_detail": result.validation_detail}
-               if result.validation != "ok" and result.validation_detail else {}),
+            **(
+                {"validation_detail": result.validation_detail}
+                if result.validation != "ok" and result.validation_detail
+                else {}
+            ),
         )
         return result
 
@@ -285,8 +304,7 @@ class Engine:
         if not twins:
             return None
         started = time.monotonic()
-        before, digest = hash_source(self.primary_root, job.rel, self.options.algo, self.options.buffer_bytes,
-                                     control)
+        before, digest = hash_source(self.primary_root, job.rel, self.options.algo, self.options.buffer_bytes, control)
         for twin in twins:
             if (twin.size, twin.digest) != (before.st_size, digest):
                 continue
@@ -295,19 +313,46 @@ class Engine:
             if state is None:
                 continue
             entry = ManifestEntry(
-                path=job.rel, size=before.st_size, algo=twin.algo, digest=digest, source_mtime_ns=before.st_mtime_ns,
-                step=None, mirrored_at=self.wall(), mirror_mtime_ns=state.mtime_ns, validation=twin.validation,
-                mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns, node=self.mirror.node)
+                path=job.rel,
+                size=before.st_size,
+                algo=twin.algo,
+                digest=digest,
+                source_mtime_ns=before.st_mtime_ns,
+                step=None,
+                mirrored_at=self.wall(),
+                mirror_mtime_ns=state.mtime_ns,
+                validation=twin.validation,
+                mirror_ino=state.ino,
+                mirror_ctime_ns=state.ctime_ns,
+                node=self.mirror.node,
+            )
             puts = [entry]
             if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
                 puts.append(replace(twin, mirror_ctime_ns=state.ctime_ns))
             self.manifest.apply(puts=puts)
             seconds = time.monotonic() - started
             self.count("aliased")
-            self.log.info("copy.aliased", path=job.rel, run=job.run or ".", twin=twin.path, size=before.st_size,
-                          digest=digest, seconds=round(seconds, 3), bytes_written=0)
-            return CopyResult(job.rel, before.st_size, twin.algo, digest, before.st_mtime_ns, seconds,
-                              state.mtime_ns, twin.validation or "unchecked", f"same bytes as {twin.path}")
+            self.log.info(
+                "copy.aliased",
+                path=job.rel,
+                run=job.run or ".",
+                twin=twin.path,
+                size=before.st_size,
+                digest=digest,
+                seconds=round(seconds, 3),
+                bytes_written=0,
+            )
+            return CopyResult(
+                job.rel,
+                before.st_size,
+                twin.algo,
+                digest,
+                before.st_mtime_ns,
+                seconds,
+                state.mtime_ns,
+                twin.validation or "unchecked",
+                f"same bytes as {twin.path}",
+            )
         return None
 
     def _recorded_by_another_node(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
@@ -324,20 +369,39 @@ class Engine:
             except OSError:
                 fresh = True  # hash_source names what is wrong with it
             if fresh:
-                before, digest = hash_source(self.primary_root, entry.path, entry.algo, self.options.buffer_bytes,
-                                             control)
+                before, digest = hash_source(
+                    self.primary_root, entry.path, entry.algo, self.options.buffer_bytes, control
+                )
                 seen = matched[entry.path] = (before.st_size, before.st_mtime_ns, digest)
                 if digest != entry.digest:
-                    self.log.error("copy.node_conflict", path=entry.path, node=self.mirror.node,
-                                   recorded_by=entry.node, size=before.st_size, recorded_size=entry.size)
+                    self.log.error(
+                        "copy.node_conflict",
+                        path=entry.path,
+                        node=self.mirror.node,
+                        recorded_by=entry.node,
+                        size=before.st_size,
+                        recorded_size=entry.size,
+                    )
             if seen is not None and seen[2] != entry.digest:
-                raise NodeConflictError(self.mirror.describe(entry.path), f"node {entry.node} recorded it with "
-                                        f"other bytes than node {self.mirror.node}'s file: not uploaded over it")
+                raise NodeConflictError(
+                    self.mirror.describe(entry.path),
+                    f"node {entry.node} recorded it with "
+                    f"other bytes than node {self.mirror.node}'s file: not uploaded over it",
+                )
         if not theirs or len(theirs) < len(job.paths):
             return None
         self.log.info("copy.same_as_node", path=job.rel, node=self.mirror.node, recorded_by=theirs[0].node)
-        return CopyResult(job.rel, job.size, theirs[0].algo, theirs[0].digest, job.mtime_ns, 0.0, job.mtime_ns,
-                          theirs[0].validation or UNCHECKED, f"same bytes as node {theirs[0].node}'s")
+        return CopyResult(
+            job.rel,
+            job.size,
+            theirs[0].algo,
+            theirs[0].digest,
+            job.mtime_ns,
+            0.0,
+            job.mtime_ns,
+            theirs[0].validation or UNCHECKED,
+            f"same bytes as node {theirs[0].node}'s",
+        )
 
     def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""
@@ -373,13 +437,16 @@ class Engine:
         prefix = f"{job.run}/" if job.run else ""
 
         def names(rel: str) -> bool:  # the folder itself, or its step (Megatron's tracker holds the number)
-            folder, slash, _ = rel[len(prefix):].partition("/")
+            folder, slash, _ = rel[len(prefix) :].partition("/")
             return bool(slash) and (folder == named or (named.isdigit() and rules.step_of(folder) == int(named)))
 
         if not named or "/" in named or not any(rel.startswith(prefix) and names(rel) for rel in self.manifest.entries):
             # Not a failure: the version the planner chose is gone; the new one is planned once its folder is in.
-            raise SourceGoneError(path, f"rewritten since it was planned: names {named!r}, which is not "
-                                        "mirrored yet (the tag is published after the folder it names)")
+            raise SourceGoneError(
+                path,
+                f"rewritten since it was planned: names {named!r}, which is not "
+                "mirrored yet (the tag is published after the folder it names)",
+            )
         return checked
 
     def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
@@ -405,20 +472,24 @@ class Engine:
             self.manifest.apply(removes=old)
         state = self.mirror.stat(job.rel)
         if state is not None and replaces:
-            self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old),
-                          how="swapped")
+            self.log.info(
+                "copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old), how="swapped"
+            )
             return
         if state is not None and not self.mirror.delete_folder(job.rel, state):
-            raise PermanentError(self.mirror.describe(job.rel), "an older copy of this unit is in the way and "
-                                                               "changed while it was being removed")
+            raise PermanentError(
+                self.mirror.describe(job.rel),
+                "an older copy of this unit is in the way and changed while it was being removed",
+            )
         if state is not None:
             self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
 
     def _identified(self, entry: ManifestEntry) -> ManifestEntry:
         """The entry with the identity of its copy as published (see _published_identity)."""
         identity = self._published_identity(entry.path)
-        return replace(entry, mirror_ino=identity.get("mirror_ino", 0),
-                       mirror_ctime_ns=identity.get("mirror_ctime_ns", 0))
+        return replace(
+            entry, mirror_ino=identity.get("mirror_ino", 0), mirror_ctime_ns=identity.get("mirror_ctime_ns", 0)
+        )
 
     def _published_identity(self, rel: str) -> dict[str, int]:
         """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
@@ -453,6 +524,14 @@ def _fields(job: CopyJob) -> dict[str, Any]:
 def _unit_result(job: CopyJob, results: list[CopyResult]) -> CopyResult:
     """One folder unit's copies, summed for the log line and the metrics."""
     ok = all(r.validation == "ok" for r in results)
-    return CopyResult(job.rel, sum(r.size for r in results), results[0].algo if results else "",
-                      f"{len(results)} files", job.mtime_ns, sum(r.seconds for r in results), None,
-                      "ok" if ok else "unchecked", f"{len(results)} files")
+    return CopyResult(
+        job.rel,
+        sum(r.size for r in results),
+        results[0].algo if results else "",
+        f"{len(results)} files",
+        job.mtime_ns,
+        sum(r.seconds for r in results),
+        None,
+        "ok" if ok else "unchecked",
+        f"{len(results)} files",
+    )

@@ -32,10 +32,22 @@ from mirrord.store.volume import LocalVolume
 class Enqueuer:
     """Plans a view (a full listing, or the files a hint or a recheck named) and queues its jobs."""
 
-    def __init__(self, *, settings: Callable[[], Settings], primary: LocalVolume, mirror: Mirror,
-                 manifest: Manifest, queue: JobQueue, ledger: Ledger, refusals: Refusals, inbox: Inbox,
-                 settle: SettleTracker, observations: Observations, wall: Callable[[], float],
-                 monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Callable[[], Settings],
+        primary: LocalVolume,
+        mirror: Mirror,
+        manifest: Manifest,
+        queue: JobQueue,
+        ledger: Ledger,
+        refusals: Refusals,
+        inbox: Inbox,
+        settle: SettleTracker,
+        observations: Observations,
+        wall: Callable[[], float],
+        monotonic: Callable[[], float],
+    ) -> None:
         self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
         self.queue, self.ledger, self.refusals, self.inbox = queue, ledger, refusals, inbox
         self.settle, self.observations = settle, observations
@@ -48,8 +60,14 @@ class Enqueuer:
         """The config in force now."""
         return self.settings().config
 
-    def view(self, psnap: Snapshot, msnap: Snapshot | None, entries: Mapping[str, ManifestEntry],
-             problem: str | None = None, partial: bool = False) -> View:
+    def view(
+        self,
+        psnap: Snapshot,
+        msnap: Snapshot | None,
+        entries: Mapping[str, ManifestEntry],
+        problem: str | None = None,
+        partial: bool = False,
+    ) -> View:
         """reconcile() with what this daemon knows; `partial`: the files watch hints named, judged by the
         retention of the last complete pass (what it retired stays retired)."""
         cfg, pruner = self.config, self.settings().pruner
@@ -57,18 +75,35 @@ class Enqueuer:
             facts, retired_by = Facts(invalid=self.ledger.invalid_files()), (pruner and pruner.last_plan) or PrunePlan()
         else:
             observed = self.observations.observe(psnap, msnap) if msnap is not None and pruner else None
-            facts = Facts(mirror_problem=problem, observed=observed, invalid=self.ledger.invalid_files(),
-                          mirror_is_mount=self.mirror.is_mountpoint(), roots=pruner.roots if pruner else None,
-                          pointed=pruner.pointed() if pruner else frozenset())
+            facts = Facts(
+                mirror_problem=problem,
+                observed=observed,
+                invalid=self.ledger.invalid_files(),
+                mirror_is_mount=self.mirror.is_mountpoint(),
+                roots=pruner.roots if pruner else None,
+                pointed=pruner.pointed() if pruner else frozenset(),
+            )
             retired_by = None
         now = self.monotonic()
         settled = self.settle.at(now)
-        complete = judge(self.primary, cfg.rules, self.settle.quiet_at(now), tell=True,
-                         recorded=recorded_names(entries, cfg.rules))
+        complete = judge(
+            self.primary, cfg.rules, self.settle.quiet_at(now), tell=True, recorded=recorded_names(entries, cfg.rules)
+        )
         own = own_view(entries, self.mirror.node, self.manifest.matched, psnap.files)
-        return reconcile(psnap, msnap, entries, cfg, self.wall(), frozenset(self.queue.paths()), settled,
-                         facts=facts, retired_by=retired_by, is_complete=complete,
-                         sharing=sharing_for(cfg, self.manifest, self.primary, settled), own=own)
+        return reconcile(
+            psnap,
+            msnap,
+            entries,
+            cfg,
+            self.wall(),
+            frozenset(self.queue.paths()),
+            settled,
+            facts=facts,
+            retired_by=retired_by,
+            is_complete=complete,
+            sharing=sharing_for(cfg, self.manifest, self.primary, settled),
+            own=own,
+        )
 
     def enqueue(self, view: View, psnap: Snapshot, partial: bool = False, scope: set[str] | None = None) -> int:
         """Queue the view's jobs; returns how many were queued. `partial`: the view covered only the files
@@ -85,8 +120,11 @@ class Enqueuer:
             behind.append(job)
             if not self.ledger.copy_loops(job):
                 state = psnap.files.get(job.rel)  # seen renamed into place: evidence of wholeness
-                jobs.append(job if state is None or not self.settle.committed(state) else
-                            dataclasses.replace(job, committed=True))
+                jobs.append(
+                    job
+                    if state is None or not self.settle.committed(state)
+                    else dataclasses.replace(job, committed=True)
+                )
         if partial:
             covered = set(psnap.files) if scope is None else scope
             self.unsettled.difference_update(covered - set(view.unsettled))

@@ -21,8 +21,14 @@ TURN_SECONDS = 0.1
 T = TypeVar("T")
 
 
-def one_turn(clock: Callable[[], float], pending: Sized, pop: Callable[[], T], *,
-             counts: Callable[[T], bool] = lambda _: True, go_on: Callable[[], bool] = lambda: True) -> Iterator[T]:
+def one_turn(
+    clock: Callable[[], float],
+    pending: Sized,
+    pop: Callable[[], T],
+    *,
+    counts: Callable[[T], bool] = lambda _: True,
+    go_on: Callable[[], bool] = lambda: True,
+) -> Iterator[T]:
     """Take items from `pending` (with `pop`) for one turn: at least one item that `counts`, then more only
     while TURN_SECONDS on `clock` have not passed. An item that does not count (nothing left to do for it)
     is dropped without spending the turn's guaranteed first place, and `go_on` turning false ends the turn
@@ -85,8 +91,11 @@ class Hints(Enqueuer):
         scope = set(units)
         for rel in units:
             if rules.is_extra_name(rel.rsplit("/", 1)[-1]):
-                newest = max(self.primary.unit_folders(dirname(rel), rules), default=None,
-                             key=lambda u: -1 if (step := rules.step_of(u.rsplit("/", 1)[-1])) is None else step)
+                newest = max(
+                    self.primary.unit_folders(dirname(rel), rules),
+                    default=None,
+                    key=lambda u: -1 if (step := rules.step_of(u.rsplit("/", 1)[-1])) is None else step,
+                )
                 if newest is not None:
                     scope.add(newest)
         files: dict[str, FileState] = {}
@@ -102,8 +111,9 @@ class Hints(Enqueuer):
             self.log.error("scan.error", cause=msg)
         self._enqueue_files(files, scope, tuple(errors))
 
-    def _enqueue_files(self, files: dict[str, FileState], scope: set[str] | None = None,
-                       errors: tuple[str, ...] = ()) -> None:
+    def _enqueue_files(
+        self, files: dict[str, FileState], scope: set[str] | None = None, errors: tuple[str, ...] = ()
+    ) -> None:
         """Plan `files` alone against the mirror's copies of them, and of what the manifest records of the
         units of `scope` (whose files these are)."""
         entries = self.manifest.entries
@@ -126,15 +136,21 @@ class Hints(Enqueuer):
             # judged invalid is remembered by its files' identities: judged again when an event names it)
             settling = {u for rel in unsettled if (u := unit_of(rel, rules))}
             # (a unit no longer settling settled, or was judged on a hint, since the round began)
-            for unit in one_turn(self.monotonic, pending, pending.pop, counts=settling.__contains__,
-                                 go_on=lambda: not self.refusals.blocked):
+            for unit in one_turn(
+                self.monotonic,
+                pending,
+                pending.pop,
+                counts=settling.__contains__,
+                go_on=lambda: not self.refusals.blocked,
+            ):
                 self._refresh_units({unit})
         else:
             invalid = self.ledger.invalid_paths()
             files: dict[str, FileState] = {}
             # (a file neither settling nor invalid was queued or is gone since the round began: a hint, a rescan)
-            for rel in one_turn(self.monotonic, pending, pending.pop,
-                                counts=lambda rel: rel in unsettled or rel in invalid):
+            for rel in one_turn(
+                self.monotonic, pending, pending.pop, counts=lambda rel: rel in unsettled or rel in invalid
+            ):
                 state = stat_safely(self.primary, rel)
                 if state is None or not state.is_regular:
                     unsettled.discard(rel)
@@ -158,5 +174,4 @@ class Hints(Enqueuer):
         if unsettled and any(rules.is_alias(rel) for rel in unsettled):
             self.inbox.rescan_asked = True
             self.inbox.wake()
-        return sorted((rel for rel in unsettled | self.ledger.invalid_paths() if not rules.is_alias(rel)),
-                      reverse=True)
+        return sorted((rel for rel in unsettled | self.ledger.invalid_paths() if not rules.is_alias(rel)), reverse=True)

@@ -73,8 +73,9 @@ class JobQueue:
             if self._closed or job.rel in self._paths:
                 return False
             now = self._clock()
-            entry = QueuedJob(newest_first(job), next(self._seq), job, attempt, now + delay,
-                           now if first_seen is None else first_seen)
+            entry = QueuedJob(
+                newest_first(job), next(self._seq), job, attempt, now + delay, now if first_seen is None else first_seen
+            )
             self._paths[job.rel] = entry
             if delay > 0:
                 heapq.heappush(self._delayed, (entry.not_before, entry.seq, entry))

@@ -40,8 +40,9 @@ class Invalid:
 class Ledger:
     """Counts and per-file records; every method is safe to call from any thread."""
 
-    def __init__(self, metrics: Metrics, refusals: Refusals, monotonic: Callable[[], float],
-                 wall: Callable[[], float]) -> None:
+    def __init__(
+        self, metrics: Metrics, refusals: Refusals, monotonic: Callable[[], float], wall: Callable[[], float]
+    ) -> None:
         self.metrics, self.refusals = metrics, refusals
         self.monotonic, self.wall = monotonic, wall
         self.copied = self.failed = 0
@@ -66,9 +67,14 @@ class Ledger:
                 self._invalid.pop(job.rel, None)
             elif isinstance(outcome, InvalidSourceError):  # usually a file still being written: wait until
                 was = self._invalid.get(job.rel)  # it changes and settles again
-                self._invalid[job.rel] = Invalid(outcome.identity, was.since if was else self.monotonic(),
-                                                 outcome.status, outcome.cause, bool(was and was.reported),
-                                                 frozenset(job.paths))
+                self._invalid[job.rel] = Invalid(
+                    outcome.identity,
+                    was.since if was else self.monotonic(),
+                    outcome.status,
+                    outcome.cause,
+                    bool(was and was.reported),
+                    frozenset(job.paths),
+                )
                 # A torn newest step no longer retires the step before it: reconcile, so that one is copied.
                 return True
         if isinstance(outcome, CopyResult):
@@ -120,8 +126,14 @@ class Ledger:
             if not invalid.reported and now - invalid.since >= grace:
                 invalid.reported = True
                 self.metrics.copy_result("invalid_source")
-                self.log.error("copy.invalid_source", path=rel, reason=invalid.status, cause=invalid.cause,
-                               seconds_invalid=round(now - invalid.since, 1), published=False)
+                self.log.error(
+                    "copy.invalid_source",
+                    path=rel,
+                    reason=invalid.status,
+                    cause=invalid.cause,
+                    seconds_invalid=round(now - invalid.since, 1),
+                    published=False,
+                )
         self.metrics.invalid_sources.set(sum(i.reported for _, i in items))
 
     # -- lag -------------------------------------------------------------------------------------
@@ -132,8 +144,11 @@ class Ledger:
             behind = {} if replace else self._unmirrored
             for job in jobs:
                 entry = entries.get(job.rel)
-                if entry is not None and (entry.size, entry.source_mtime_ns) == (job.size, job.mtime_ns) \
-                        and job.why not in VERIFY_FAILURES:
+                if (
+                    entry is not None
+                    and (entry.size, entry.source_mtime_ns) == (job.size, job.mtime_ns)
+                    and job.why not in VERIFY_FAILURES
+                ):
                     continue  # copied and recorded since the plan was made
                 since = job.waiting_since(now)
                 behind[job.rel] = min(since, self._unmirrored.get(job.rel, since))
@@ -172,17 +187,25 @@ class Ledger:
             return False
         self.looping.add(job.rel)
         self.metrics.copy_loops.set(len(self.looping))
-        self.log.error("copy.loop", path=job.rel, run=job.run or ".", step=job.step, copies=count - 1,
-                       why=job.why, action="not copied again until its source changes or mirrord restarts",
-                       hint="the mirror does not keep what was written (timestamps, a filter, a sync tool?)")
+        self.log.error(
+            "copy.loop",
+            path=job.rel,
+            run=job.run or ".",
+            step=job.step,
+            copies=count - 1,
+            why=job.why,
+            action="not copied again until its source changes or mirrord restarts",
+            hint="the mirror does not keep what was written (timestamps, a filter, a sync tool?)",
+        )
         return True
 
     def status(self, queue_depth: int, unsettled: int) -> str:
         """The one-line status for systemd and the log."""
         with self._lock:
             invalid = len(self._invalid)
-        status = (f"{self.copied} copied, {self.failed} failed, queue {queue_depth}, "
-                  f"unsettled {unsettled}, invalid {invalid}")
+        status = (
+            f"{self.copied} copied, {self.failed} failed, queue {queue_depth}, unsettled {unsettled}, invalid {invalid}"
+        )
         if self.refusals.blocked:
             status += f"; REFUSED: {self.refusals.blocked}"
         elif self.last_error:

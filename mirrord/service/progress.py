@@ -56,9 +56,14 @@ class CopyProgress:
         """The copy as JSON for /status."""
         eta = self.eta_seconds
         return {
-            "path": self.path, "run": self.run, "step": self.step, "size": self.size,
-            "bytes_done": self.bytes_done, "elapsed_seconds": round(self.elapsed_seconds, 3),
-            "rate_bytes_per_second": round(self.rate, 1), "eta_seconds": None if eta is None else round(eta, 1),
+            "path": self.path,
+            "run": self.run,
+            "step": self.step,
+            "size": self.size,
+            "bytes_done": self.bytes_done,
+            "elapsed_seconds": round(self.elapsed_seconds, 3),
+            "rate_bytes_per_second": round(self.rate, 1),
+            "eta_seconds": None if eta is None else round(eta, 1),
         }
 
 
@@ -125,7 +130,15 @@ def log_progress(board: ProgressBoard, log: FilteringBoundLogger) -> None:
     """Log `copy.progress` for each copy that has run PROGRESS_LOG_SECONDS since its last report."""
     for p in board.due_for_log():
         eta = p.eta_seconds
-        log.info("copy.progress", path=p.path, run=p.run, step=p.step, size=p.size,
-                 bytes_done=p.bytes_done, percent=round(100 * p.fraction, 1),
-                 rate_mib_s=round(p.rate / 2**20, 1), eta_seconds=None if eta is None else round(eta),
-                 seconds=round(p.elapsed_seconds, 1))
+        log.info(
+            "copy.progress",
+            path=p.path,
+            run=p.run,
+            step=p.step,
+            size=p.size,
+            bytes_done=p.bytes_done,
+            percent=round(100 * p.fraction, 1),
+            rate_mib_s=round(p.rate / 2**20, 1),
+            eta_seconds=None if eta is None else round(eta),
+            seconds=round(p.elapsed_seconds, 1),
+        )

@@ -74,8 +74,14 @@ class PruneReport:
 
 
 def _fields(d: Deletion) -> dict[str, Any]:
-    return {"kind": d.kind, "volume": d.volume, "path": d.rel, "run": d.state.run or ".", "step": d.step,
-            "size": d.state.size}
+    return {
+        "kind": d.kind,
+        "volume": d.volume,
+        "path": d.rel,
+        "run": d.state.run or ".",
+        "step": d.step,
+        "size": d.state.size,
+    }
 
 
 class Pruner:
@@ -124,17 +130,33 @@ class Pruner:
         self.roots = guard_roots(primary, mirror)  # both roots, resolved once (the path guard compares against them)
         self._elsewhere: str | None = None  # why another node prunes the mirror, as last logged
 
-    def plan(self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None,
-             space_pressure: bool = False) -> PrunePlan:
+    def plan(
+        self, primary_snap: Snapshot | None = None, mirror_snap: Snapshot | None = None, space_pressure: bool = False
+    ) -> PrunePlan:
         """List both sides (unless given snapshots) and plan through reconcile; deletes nothing."""
         rules = self.config.rules
         psnap = primary_snap if primary_snap is not None else self.primary.snapshot(self.config.patterns, rules)
         msnap = mirror_snap if mirror_snap is not None else self.mirror.snapshot(self.config.patterns, rules)
         observed = None if self.observations is None else self.observations.observe(psnap, msnap)
-        facts = Facts(mirror_is_mount=self.mirror.is_mountpoint(), observed=observed, invalid=self.invalid(),
-                      roots=self.roots, space_pressure=space_pressure, forget=self.forget, pointed=self.pointed())
-        plan = reconcile(psnap, msnap, self.manifest.entries, self.config, self.wall(), frozenset(self.in_flight()),
-                         facts=facts, plan_retention=True).prune
+        facts = Facts(
+            mirror_is_mount=self.mirror.is_mountpoint(),
+            observed=observed,
+            invalid=self.invalid(),
+            roots=self.roots,
+            space_pressure=space_pressure,
+            forget=self.forget,
+            pointed=self.pointed(),
+        )
+        plan = reconcile(
+            psnap,
+            msnap,
+            self.manifest.entries,
+            self.config,
+            self.wall(),
+            frozenset(self.in_flight()),
+            facts=facts,
+            plan_retention=True,
+        ).prune
         if not plan.refused and not space_pressure:
             self.last_plan = plan.retirement()
         return plan
@@ -145,8 +167,11 @@ class Pruner:
         the primary names: kept while they name it."""
         tree, layout = self.mirror.local_tree(), self.config.rules
         runs = {e.run for e in self.manifest.entries.values()}
-        best = frozenset() if layout.rule != "hf" else best_checkpoints(self.primary.root, self.manifest.entries,
-                                                                        layout, HF_STATE)
+        best = (
+            frozenset()
+            if layout.rule != "hf"
+            else best_checkpoints(self.primary.root, self.manifest.entries, layout, HF_STATE)
+        )
         if tree is None:
             return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())
         return best | (pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset())
@@ -182,9 +207,17 @@ class Pruner:
         # A dry run deletes nothing: its totals are what it would delete, and are named so.
         freed = "would_free" if dry else "freed"
         totals = {f"{freed}_bytes_{volume}": report.freed_bytes(volume) for volume in (MIRROR, PRIMARY)}
-        self.log.info("prune.finished", dry_run=dry, **{"would_delete" if dry else "deleted": len(report.deleted)},
-                      **totals, interrupted=report.interrupted, skipped=report.skips_by_reason(), listed=listed,
-                      refused=[r for r, _ in report.refused], failed=len(report.failed))
+        self.log.info(
+            "prune.finished",
+            dry_run=dry,
+            **{"would_delete" if dry else "deleted": len(report.deleted)},
+            **totals,
+            interrupted=report.interrupted,
+            skipped=report.skips_by_reason(),
+            listed=listed,
+            refused=[r for r, _ in report.refused],
+            failed=len(report.failed),
+        )
         return report
 
     def _sides(self) -> tuple[str, ...]:
@@ -199,8 +232,12 @@ class Pruner:
             if elsewhere is None:
                 self.log.info("prune.mirror_here", mirror=self.mirror.describe())
             else:
-                self.log.info("prune.mirror_elsewhere", mirror=self.mirror.describe(), cause=elsewhere,
-                              action="pruning the primary only")
+                self.log.info(
+                    "prune.mirror_elsewhere",
+                    mirror=self.mirror.describe(),
+                    cause=elsewhere,
+                    action="pruning the primary only",
+                )
             self._elsewhere = elsewhere
         return (PRIMARY, MIRROR) if elsewhere is None else (PRIMARY,)
 
@@ -222,6 +259,7 @@ class Pruner:
         if not prune.enabled or prune.dry_run:
             self.log.info("prune.make_room", needed=bytes_needed, outcome=DISABLED)
             return
+
         def enough() -> bool:
             space = self.mirror.space()
             return space is None or space[0] >= bytes_needed  # None: the store cannot tell (never full)
@@ -233,8 +271,11 @@ class Pruner:
             report = self._execute(plan, False, (MIRROR,), enough)
             space = self.mirror.space()
         self.log.info(
-            "prune.make_room", needed=bytes_needed, free=None if space is None else space[0],
-            freed=report.freed_bytes(), deleted=len(report.deleted),
+            "prune.make_room",
+            needed=bytes_needed,
+            free=None if space is None else space[0],
+            freed=report.freed_bytes(),
+            deleted=len(report.deleted),
             outcome="enough" if enough() else "not_enough",
         )
 
@@ -275,15 +316,16 @@ class Pruner:
             return report
         plain = [d for d in todo if not d.unit]
         for start in range(0, len(plain), BATCH):
-            if not self._delete_batch(plain[start:start + BATCH], plan, report, keep_going, enough):
+            if not self._delete_batch(plain[start : start + BATCH], plan, report, keep_going, enough):
                 return report
         groups: dict[tuple[str, str], list[Deletion]] = {}
         for d in todo:
             if d.unit:
                 groups.setdefault((d.volume, d.unit), []).append(d)
         for (volume, unit), group in groups.items():
-            if (enough is not None and enough()) or not self._delete_unit(volume, unit, group, plan, report,
-                                                                          keep_going):
+            if (enough is not None and enough()) or not self._delete_unit(
+                volume, unit, group, plan, report, keep_going
+            ):
                 break
         return report
 
@@ -293,16 +335,29 @@ class Pruner:
         now |= {("branch_tip", run, step) for run, steps in plan.branch_tips.items() for step in steps}
         for what, run, step in sorted(now - self._told):
             if what == "paused":
-                self.log.warning("prune.paused", run=run or ".", step=step,
-                                 cause="the run's newest verified step is gone from the primary: its mirror is "
-                                       "not shrunk until a newer step is verified (or --forget-branch RUN:STEP)")
+                self.log.warning(
+                    "prune.paused",
+                    run=run or ".",
+                    step=step,
+                    cause="the run's newest verified step is gone from the primary: its mirror is "
+                    "not shrunk until a newer step is verified (or --forget-branch RUN:STEP)",
+                )
             else:
-                self.log.info("prune.branch_tip_kept", run=run or ".", step=step,
-                              cause="the newest checkpoint of an abandoned branch (--forget-branch RUN:STEP drops it)")
+                self.log.info(
+                    "prune.branch_tip_kept",
+                    run=run or ".",
+                    step=step,
+                    cause="the newest checkpoint of an abandoned branch (--forget-branch RUN:STEP drops it)",
+                )
         self._told = now
 
     def _delete_unit(
-        self, volume: str, unit: str, group: list[Deletion], plan: PrunePlan, report: PruneReport,
+        self,
+        volume: str,
+        unit: str,
+        group: list[Deletion],
+        plan: PrunePlan,
+        report: PruneReport,
         keep_going: Callable[[], bool],
     ) -> bool:
         """Delete a folder unit whole: every file re-checked first (a file a guard now keeps keeps the
@@ -347,11 +402,20 @@ class Pruner:
         self._unit_deleted(volume, unit, group, fresh, len(entries))
         return True
 
-    def _unit_deleted(self, volume: str, unit: str, group: list[Deletion], fresh: list[FileState],
-                      entries: int) -> None:
-        self.log.info("prune.deleted", kind="unit", volume=volume, path=unit, step=group[0].step,
-                      run=unit.rsplit("/", 1)[0] if "/" in unit else ".", files=len(group),
-                      size=sum(state.size for state in fresh), manifest_entries=entries)
+    def _unit_deleted(
+        self, volume: str, unit: str, group: list[Deletion], fresh: list[FileState], entries: int
+    ) -> None:
+        self.log.info(
+            "prune.deleted",
+            kind="unit",
+            volume=volume,
+            path=unit,
+            step=group[0].step,
+            run=unit.rsplit("/", 1)[0] if "/" in unit else ".",
+            files=len(group),
+            size=sum(state.size for state in fresh),
+            manifest_entries=entries,
+        )
 
     def _mirror_still_there(self, report: PruneReport, volume: str) -> bool:
         """Before every deletion, on either side: the mirror is still the volume that was pinned. A
@@ -450,16 +514,22 @@ class Pruner:
             self._skip(report, Skipped(d.volume, d.rel, d.step, VANISHED, d.state.size))
             return None
         if (fresh.ino, fresh.size, fresh.mtime_ns, fresh.mode) != (
-            d.state.ino, d.state.size, d.state.mtime_ns, d.state.mode
+            d.state.ino,
+            d.state.size,
+            d.state.mtime_ns,
+            d.state.mode,
         ):
             self._refuse_file(report, d, CHANGED, "no longer the file that was planned")
             return None
         # The plan's own guards, with a fresh clock, in-flight set and observation of this very file.
         assert plan.guards is not None, "a plan with deletions was vetted by guards"
         ctx = dataclasses.replace(
-            plan.guards, now=self.wall(), in_flight=frozenset(self.in_flight()),
-            observed=None if self.observations is None else {
-                (d.volume, d.rel): self.observations.seen_for(d.volume, fresh)},
+            plan.guards,
+            now=self.wall(),
+            in_flight=frozenset(self.in_flight()),
+            observed=None
+            if self.observations is None
+            else {(d.volume, d.rel): self.observations.seen_for(d.volume, fresh)},
         )
         reason = veto(d.volume, fresh, ctx)
         if reason is not None:
@@ -489,9 +559,7 @@ class Pruner:
         self.log.info("prune.deleted", manifest_entry=entry is not None, **_fields(d))
         return True
 
-    def _refuse_file(
-        self, report: PruneReport, d: Deletion, reason: str, cause: str, failed: bool = False
-    ) -> None:
+    def _refuse_file(self, report: PruneReport, d: Deletion, reason: str, cause: str, failed: bool = False) -> None:
         (report.failed if failed else report.changed).append((d.volume, d.rel, f"{reason}: {cause}"))
         log = self.log.error if failed else self.log.warning
         log("prune.refused", reason=reason, detail=cause, **_fields(d))

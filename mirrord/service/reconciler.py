@@ -24,8 +24,9 @@ class Reconciler(Hints):
     """Full reconciles, hint handling, settle rechecks and prune passes, all run by the main loop (planning
     and queueing: Enqueuer; watch hints and settle rechecks: Hints)."""
 
-    def __init__(self, *, metrics: Metrics, heartbeat: Callable[[], None], stopping: Callable[[], bool],
-                 **planning: Any) -> None:
+    def __init__(
+        self, *, metrics: Metrics, heartbeat: Callable[[], None], stopping: Callable[[], bool], **planning: Any
+    ) -> None:
         """`planning`: the Enqueuer's collaborators (settings, volumes, manifest, queue, ledger, ...)."""
         super().__init__(**planning)
         self.metrics, self.heartbeat, self.stopping = metrics, heartbeat, stopping
@@ -128,9 +129,14 @@ class Reconciler(Hints):
         queued = self.enqueue(view, psnap)
         self._link_aliases(links)
         self.metrics.reconcile_duration.set(self.monotonic() - started)
-        self.log.info("reconcile.finished", primary_files=len(psnap.files),
-                      mirror_files=len(msnap.files) if msnap else 0, queued=queued, unsettled=len(self.unsettled),
-                      seconds=round(self.monotonic() - started, 3))
+        self.log.info(
+            "reconcile.finished",
+            primary_files=len(psnap.files),
+            mirror_files=len(msnap.files) if msnap else 0,
+            queued=queued,
+            unsettled=len(self.unsettled),
+            seconds=round(self.monotonic() - started, 3),
+        )
 
     def _link_aliases(self, links: list[str]) -> None:
         """Alias symlinks (last.ckpt) recreated on the mirror once the step they name is recorded."""
@@ -152,9 +158,15 @@ class Reconciler(Hints):
         for warning in naming_warnings(psnap, rules):
             if (warning.kind, warning.pattern) not in self._naming_logged:
                 self._naming_logged.add((warning.kind, warning.pattern))
-                self.log.warning(f"checkpoint.{warning.kind}", path=warning.path, pattern=warning.pattern,
-                                 layout=rules.name, step_pattern=rules.step_pattern, why=warning.message,
-                                 hint="mirrord check-config prints the layout's rules and these warnings")
+                self.log.warning(
+                    f"checkpoint.{warning.kind}",
+                    path=warning.path,
+                    pattern=warning.pattern,
+                    layout=rules.name,
+                    step_pattern=rules.step_pattern,
+                    why=warning.message,
+                    hint="mirrord check-config prints the layout's rules and these warnings",
+                )
 
     def _log_rollbacks(self, psnap: Snapshot, plan: PrunePlan) -> None:
         """Once per run: the trainer went back to a lower step (its new checkpoints are mirrored). Read from
@@ -167,8 +179,9 @@ class Reconciler(Hints):
             if run not in self._rollbacks_logged:
                 self._rollbacks_logged.add(run)
                 old, new = rollbacks[-1]
-                self.log.warning("run.rollback_detected", run=run or ".", old_step=old, new_step=new,
-                                 rollbacks=len(rollbacks))
+                self.log.warning(
+                    "run.rollback_detected", run=run or ".", old_step=old, new_step=new, rollbacks=len(rollbacks)
+                )
 
     def prune(self, plan: PrunePlan | None = None) -> None:
         """One retention pass: from `plan` (a reconcile's), else from fresh listings of both volumes (the
@@ -204,4 +217,3 @@ class Reconciler(Hints):
             self.inbox.rescan_asked = True
         self.heartbeat()
         return not self.stopping()
-

@@ -7,10 +7,10 @@ from typing import Any, NamedTuple
 from mirrord.config import Config, risky_changes
 
 # Keys a SIGHUP cannot change: they define what is watched, where it goes, or where we listen.
-RESTART_ONLY = ("primary", "mirror", "layout", "unit", "patterns", "mirror_must_be_mountpoint", "watch.mode",
-                "metrics")
-UNSTABLE_READ = ("the file kept changing while it was read; write it to a temporary name and rename it "
-                 "into place, then reload again")
+RESTART_ONLY = ("primary", "mirror", "layout", "unit", "patterns", "mirror_must_be_mountpoint", "watch.mode", "metrics")
+UNSTABLE_READ = (
+    "the file kept changing while it was read; write it to a temporary name and rename it into place, then reload again"
+)
 
 
 class Refusal(NamedTuple):

@@ -25,9 +25,12 @@ class RetryPolicy:
     @classmethod
     def from_config(cls, config: Config, rescans: bool = False) -> RetryPolicy:
         """The policy config.copy describes; `rescans` when a daemon's periodic reconcile follows."""
-        return cls(config.copy.max_attempts, config.copy.retry_backoff_seconds,
-                   config.copy.retry_backoff_max_seconds,
-                   config.watch.rescan_interval_seconds if rescans else None)
+        return cls(
+            config.copy.max_attempts,
+            config.copy.retry_backoff_seconds,
+            config.copy.retry_backoff_max_seconds,
+            config.watch.rescan_interval_seconds if rescans else None,
+        )
 
     def retries(self, attempt: int) -> bool:
         """Whether a transient failure of attempt `attempt` (1-based) is tried again."""

@@ -23,15 +23,24 @@ class Settings:
     pruner: Pruner | None  # None when retention is off
 
     @classmethod
-    def derive(cls, config: Config, watchdog_seconds: float | None,
-               make_pruner: Callable[[Config], Pruner]) -> Settings:
+    def derive(
+        cls, config: Config, watchdog_seconds: float | None, make_pruner: Callable[[Config], Pruner]
+    ) -> Settings:
         """The settings for `config` under a watchdog of `watchdog_seconds` (None: no watchdog); warns when
         the configured heartbeat is too slow for that watchdog."""
         heartbeat = config.daemon.heartbeat_seconds
         every = ping_interval(heartbeat, watchdog_seconds)
         if every < heartbeat:
-            get_logger().warning("daemon.heartbeat_slower_than_watchdog", heartbeat_seconds=heartbeat,
-                                 watchdog_seconds=watchdog_seconds, ping_every_seconds=every,
-                                 hint="lower daemon.heartbeat_seconds below half of the unit's WatchdogSec")
-        return cls(config, RetryPolicy.from_config(config, rescans=True), every,
-                   make_pruner(config) if config.prune.enabled else None)
+            get_logger().warning(
+                "daemon.heartbeat_slower_than_watchdog",
+                heartbeat_seconds=heartbeat,
+                watchdog_seconds=watchdog_seconds,
+                ping_every_seconds=every,
+                hint="lower daemon.heartbeat_seconds below half of the unit's WatchdogSec",
+            )
+        return cls(
+            config,
+            RetryPolicy.from_config(config, rescans=True),
+            every,
+            make_pruner(config) if config.prune.enabled else None,
+        )

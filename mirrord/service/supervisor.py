@@ -27,10 +27,25 @@ from mirrord.store.volume import LocalVolume
 class Supervisor:
     """Health, readiness and the heartbeat; `stop()` is asked when the mirror lock is lost."""
 
-    def __init__(self, *, settings: Callable[[], Settings], pool: WorkerPool, board: ProgressBoard,
-                 queue: JobQueue, primary: LocalVolume, mirror: Mirror, manifest: Manifest, refusals: Refusals,
-                 ledger: Ledger, watch: PrimaryWatch, metrics: Metrics, notifier: Notifier,
-                 status: Callable[[], str], stop: Callable[[], None], monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Callable[[], Settings],
+        pool: WorkerPool,
+        board: ProgressBoard,
+        queue: JobQueue,
+        primary: LocalVolume,
+        mirror: Mirror,
+        manifest: Manifest,
+        refusals: Refusals,
+        ledger: Ledger,
+        watch: PrimaryWatch,
+        metrics: Metrics,
+        notifier: Notifier,
+        status: Callable[[], str],
+        stop: Callable[[], None],
+        monotonic: Callable[[], float],
+    ) -> None:
         self.settings, self.pool, self.board, self.queue = settings, pool, board, queue
         self.primary, self.mirror, self.manifest = primary, mirror, manifest
         self.refusals, self.ledger, self.watch = refusals, ledger, watch
@@ -65,9 +80,14 @@ class Supervisor:
     def report(self) -> dict[str, Any]:
         """The /status document: which roots this daemon mirrors (`status` checks it asks the right one),
         and what it is doing right now (copies with their progress)."""
-        return {"version": __version__, "primary": self.primary.describe(), "mirror": self.mirror.describe(),
-                "ready": self.readiness()[0], "queue_depth": self.queue.depth(),
-                "copies": [p.to_dict() for p in self.board.snapshot()]}
+        return {
+            "version": __version__,
+            "primary": self.primary.describe(),
+            "mirror": self.mirror.describe(),
+            "ready": self.readiness()[0],
+            "queue_depth": self.queue.depth(),
+            "copies": [p.to_dict() for p in self.board.snapshot()],
+        }
 
     # -- the heartbeat ------------------------------------------------------------------------------
     def beat_if_due(self) -> None:
@@ -119,8 +139,10 @@ class Supervisor:
             try:
                 self.manifest.compact()  # a new snapshot of every entry and a fresh journal
             except MirrordError as exc:
-                problem = (f"{damage}; cannot repair it: {exc.cause}; fix the path, or stop mirrord and run "
-                           "`mirrord repair-manifest`")
+                problem = (
+                    f"{damage}; cannot repair it: {exc.cause}; fix the path, or stop mirrord and run "
+                    "`mirrord repair-manifest`"
+                )
             else:
                 self.metrics.manifest_repairs.inc()
                 self.log.error("manifest.repaired", cause=damage, entries=len(self.manifest))

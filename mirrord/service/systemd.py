@@ -18,6 +18,7 @@ def ping_interval(heartbeat_seconds: float, watchdog_seconds: float | None) -> f
 
 class Notifier:
     """sd_notify(3) without libsystemd: READY, WATCHDOG, STATUS, RELOADING, STOPPING; a no-op without NOTIFY_SOCKET."""
+
     def __init__(self, environ: Mapping[str, str] | None = None, pid: int | None = None) -> None:
         environ = os.environ if environ is None else environ
         address = environ.get("NOTIFY_SOCKET", "")

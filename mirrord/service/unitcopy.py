@@ -67,25 +67,36 @@ def _listing(primary_root: Path, job: CopyJob) -> dict[str, tuple[int, int, int,
     try:
         found = list_folder(primary_root, job.rel, Layout.is_member_name, odd)
     except FileNotFoundError as exc:
-        raise SourceGoneError(primary_root / job.rel, "deleted while it was being copied (rotated away by "
-                                                      "the trainer); copy discarded") from exc
+        raise SourceGoneError(
+            primary_root / job.rel, "deleted while it was being copied (rotated away by the trainer); copy discarded"
+        ) from exc
     except OSError as exc:
-        raise SourceChangedError(primary_root / job.rel, f"gone while it was being copied "
-                                                         f"({exc.strerror or exc}); copy discarded") from exc
+        raise SourceChangedError(
+            primary_root / job.rel, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
+        ) from exc
     if odd:
-        raise SourceChangedError(primary_root / job.rel, f"{min(odd)} is a symlink or not a regular file: the "
-                                                         "folder cannot be copied whole; copy discarded")
+        raise SourceChangedError(
+            primary_root / job.rel,
+            f"{min(odd)} is a symlink or not a regular file: the folder cannot be copied whole; copy discarded",
+        )
     return found
 
 
-def _copy_members(primary_root: Path, job: CopyJob, target: Mirror | _Staged, options: CopyOptions,
-                  control: CopyControl, results: list[CopyResult]) -> None:
+def _copy_members(
+    primary_root: Path,
+    job: CopyJob,
+    target: Mirror | _Staged,
+    options: CopyOptions,
+    control: CopyControl,
+    results: list[CopyResult],
+) -> None:
     """Copy every file of job.members through the copier to `target`, into `results` as each is done; the
     folder must hold exactly those files before, and still hold them unchanged after."""
     before = _listing(primary_root, job)
     if set(before) != set(job.members):
-        raise SourceChangedError(primary_root / job.rel, "holds other files than when it was judged whole; "
-                                                         "judged again from a fresh listing")
+        raise SourceChangedError(
+            primary_root / job.rel, "holds other files than when it was judged whole; judged again from a fresh listing"
+        )
     member_options = dataclasses.replace(options, allow_empty=True)
     try:
         for rel in job.members:
@@ -97,9 +108,11 @@ def _copy_members(primary_root: Path, job: CopyJob, target: Mirror | _Staged, op
     # another file); else the copy is discarded.
     now = _listing(primary_root, job)
     if now != before or {rel: (size, mtime) for rel, (_ino, size, mtime, _ctime) in now.items()} != {
-            r.rel: (r.size, r.source_mtime_ns) for r in results}:
-        raise SourceChangedError(primary_root / job.rel, "files were added, removed or replaced while the "
-                                                         "folder was copied; copy discarded")
+        r.rel: (r.size, r.source_mtime_ns) for r in results
+    }:
+        raise SourceChangedError(
+            primary_root / job.rel, "files were added, removed or replaced while the folder was copied; copy discarded"
+        )
     control.check(primary_root / job.rel)
 
 
@@ -141,8 +154,7 @@ def copy_unit(
     staging = mirror.begin_unit(job.rel)
     results: list[CopyResult] = []
     try:
-        _copy_members(primary_root, job, _Staged(mirror, staging, job.rel), options, control or CopyControl(),
-                      results)
+        _copy_members(primary_root, job, _Staged(mirror, staging, job.rel), options, control or CopyControl(), results)
         before_commit(staging.replaces)
         staging.commit()
     except BaseException:

@@ -37,8 +37,27 @@ from mirrord.store.scan import is_candidate_name
 # Filesystems on which inotify sees only local changes (or none): events from other clients of the
 # share never arrive, so only polling works there.
 REMOTE_FS_TYPES = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "v9fs", "drvfs", "fuse", "fuseblk", "ceph",
-     "glusterfs", "lustre", "gpfs", "afs", "sshfs", "beegfs", "davfs", "s3fs"}
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "9p",
+        "v9fs",
+        "drvfs",
+        "fuse",
+        "fuseblk",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "afs",
+        "sshfs",
+        "beegfs",
+        "davfs",
+        "s3fs",
+    }
 )
 # watchdog walks the tree by path and recursively, a frame per level (os.walk before Python 3.12, its
 # snapshot's walk): a folder 1,200 levels deep exceeded the interpreter's limit and killed the watch. A
@@ -152,12 +171,11 @@ class Watcher:
         self, root: Path, patterns: Iterable[str], mode: str, poll_interval: float, emit: Callable[[Hint], None]
     ) -> None:
         self.mode = mode
-        self.observer: BaseObserver = (
-            PollingObserver(timeout=poll_interval) if mode == "polling" else Observer()
-        )
+        self.observer: BaseObserver = PollingObserver(timeout=poll_interval) if mode == "polling" else Observer()
         self.observer.name = f"mirrord-watch-{mode}"
-        self.observer.schedule(_Handler(root, tuple(patterns), emit), os.fsdecode(root), recursive=True,
-                               event_filter=list(HANDLED_EVENTS))
+        self.observer.schedule(
+            _Handler(root, tuple(patterns), emit), os.fsdecode(root), recursive=True, event_filter=list(HANDLED_EVENTS)
+        )
         self._unwatched = _Unwatched()
         if mode != "polling":
             logger = logging.getLogger(_INOTIFY_LOGGER)
@@ -216,8 +234,14 @@ class PrimaryWatch:
     cannot start or later cannot watch a new folder (the inotify watch limit), and a re-arm when the root
     is another directory now (recreated, or a filesystem mounted on it) or the watcher died."""
 
-    def __init__(self, config: Callable[[], Config], root_key: Callable[[], tuple[int, int]],
-                 emit: Callable[[Hint], None], metrics: Metrics, factory: WatcherFactory = Watcher) -> None:
+    def __init__(
+        self,
+        config: Callable[[], Config],
+        root_key: Callable[[], tuple[int, int]],
+        emit: Callable[[Hint], None],
+        metrics: Metrics,
+        factory: WatcherFactory = Watcher,
+    ) -> None:
         self._config, self.root_key, self.emit = config, root_key, emit
         self.metrics, self.factory = metrics, factory
         self.watcher: WatcherLike | None = None
@@ -243,8 +267,12 @@ class PrimaryWatch:
             if mode == "polling":
                 raise
             # e.g. "inotify watch limit reached" on a big tree: polling is slower but still correct.
-            self.log.error("watch.native_failed", cause=exc.strerror or str(exc), fallback="polling",
-                           hint="raise fs.inotify.max_user_watches, or set watch.mode = polling")
+            self.log.error(
+                "watch.native_failed",
+                cause=exc.strerror or str(exc),
+                fallback="polling",
+                hint="raise fs.inotify.max_user_watches, or set watch.mode = polling",
+            )
             mode, why = "polling", f"native watch failed: {exc.strerror or exc}"
             self.watcher = self._started(mode)
         for each in ("native", "polling"):
@@ -282,8 +310,12 @@ class PrimaryWatch:
         why = "watcher died" if not alive else "primary root changed (recreated or mounted over)"
         if unwatched:  # the events of that folder's files never arrive: poll the whole tree from now on
             self.polling_since = why = f"native watch incomplete: {unwatched}"
-            self.log.error("watch.native_failed", cause=unwatched, fallback="polling",
-                           hint="raise fs.inotify.max_user_watches, or set watch.mode = polling")
+            self.log.error(
+                "watch.native_failed",
+                cause=unwatched,
+                fallback="polling",
+                hint="raise fs.inotify.max_user_watches, or set watch.mode = polling",
+            )
         self.log.warning("watch.rearm", why=why, primary=str(primary))
         self.stop()
         try:

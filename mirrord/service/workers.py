@@ -182,8 +182,14 @@ class WorkerPool:
             idle = now - control.last_progress
             if idle >= stall_seconds and not worker.abandoned:
                 job = entry.job
-                self.log.warning("copy.stalled", path=job.rel, run=job.run or ".", step=job.step,
-                                 seconds_without_progress=round(idle, 1), worker=worker.name)
+                self.log.warning(
+                    "copy.stalled",
+                    path=job.rel,
+                    run=job.run or ".",
+                    step=job.step,
+                    seconds_without_progress=round(idle, 1),
+                    worker=worker.name,
+                )
                 self.on_stalled(job)
                 control.stop("stalled")
                 with self._lock:
@@ -272,8 +278,15 @@ class WorkerPool:
         if isinstance(outcome, CancelledError):
             # Shutdown cut this copy short (grace period over, or a second signal): its NAME.part is gone,
             # and the next start copies the file again. Say which file, and how far it had got.
-            self.log.warning("copy.aborted", path=job.rel, run=job.run or ".", step=job.step, size=job.size,
-                             bytes_done=control.bytes_done, why=self._cancel_why or outcome.cause)
+            self.log.warning(
+                "copy.aborted",
+                path=job.rel,
+                run=job.run or ".",
+                step=job.step,
+                size=job.size,
+                bytes_done=control.bytes_done,
+                why=self._cancel_why or outcome.cause,
+            )
         if isinstance(outcome, SourceGoneError):
             # The trainer rotated it away before it was mirrored: nothing left to copy, nothing failed.
             self.log.info("copy.source_gone", path=job.rel, run=job.run or ".", step=job.step, cause=outcome.cause)
@@ -299,8 +312,15 @@ class WorkerPool:
         else:
             when = {"will_retry": False, "retry": "never"}
         self.log.warning(
-            "copy.failed", path=job.rel, run=job.run or ".", step=job.step, reason=outcome.reason,
-            cause=outcome.cause, error_path=outcome.path, attempt=entry.attempt, **when,
+            "copy.failed",
+            path=job.rel,
+            run=job.run or ".",
+            step=job.step,
+            reason=outcome.reason,
+            cause=outcome.cause,
+            error_path=outcome.path,
+            attempt=entry.attempt,
+            **when,
         )
         if retry:
             self.queue.release_for_retry(entry, delay)
@@ -339,10 +359,18 @@ def copy_all(
                 all_done.set()
 
     io = engine.config.io
-    pool = WorkerPool(engine.stage, queue, min(workers, len(wanted)), commit=engine.commit,
-                      retry=RetryPolicy.from_config(engine.config), on_done=on_done,
-                      on_stalled=lambda job: engine.count("stalled"), ionice=io.ionice,
-                      cpu_nice=io.cpu_nice, cpu_policy=io.cpu_policy)
+    pool = WorkerPool(
+        engine.stage,
+        queue,
+        min(workers, len(wanted)),
+        commit=engine.commit,
+        retry=RetryPolicy.from_config(engine.config),
+        on_done=on_done,
+        on_stalled=lambda job: engine.count("stalled"),
+        ionice=io.ionice,
+        cpu_nice=io.cpu_nice,
+        cpu_policy=io.cpu_policy,
+    )
     try:
         while not all_done.wait(poll_seconds):
             lost = still_ours() if still_ours is not None else None
@@ -356,4 +384,3 @@ def copy_all(
     finally:
         pool.stop(grace=0, why="interrupted")  # copies still running here: Ctrl-C, or every worker died
     return outcomes
-

@@ -145,4 +145,3 @@ def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> 
         except (OSError, MirrordError):
             continue
     return frozenset(named)
-

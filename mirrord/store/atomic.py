@@ -241,8 +241,7 @@ def discard_temp(dir_fd: int, final_name: str, temp_fd: int | None = None) -> No
     waking up late must not delete the temp file of the retry that replaced it.
     """
     with contextlib.suppress(OSError):  # (FileExistsError from _still_ours: not ours, left alone)
-        os.unlink(temp_name(final_name) if temp_fd is None else _still_ours(dir_fd, final_name, temp_fd),
-                  dir_fd=dir_fd)
+        os.unlink(temp_name(final_name) if temp_fd is None else _still_ours(dir_fd, final_name, temp_fd), dir_fd=dir_fd)
 
 
 def publish(dir_fd: int, final_name: str, temp_fd: int, dirs: DirSyncs | None = None) -> None:
@@ -323,8 +322,11 @@ def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple
         try:
             st = os.fstat(fd)
             ino, size, mtime_ns = expected  # an inode of 0: not recorded, size and mtime decide
-            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns) or ino not in (0, st.st_ino) \
-                    or not stat.S_ISREG(st.st_mode):
+            if (
+                (st.st_size, st.st_mtime_ns) != (size, mtime_ns)
+                or ino not in (0, st.st_ino)
+                or not stat.S_ISREG(st.st_mode)
+            ):
                 raise FileExistsError(f"{source_name} is no longer the copy that was recorded")
             os.fsync(fd)  # its inode (link count) is durable before the name is published
         finally:
@@ -391,6 +393,7 @@ def atomic_output(path: str | os.PathLike[str], overwrite: bool = True, mode: in
 # The primitives of folder units (mirrord.store.staging) and of the journal: every fsync, rename and
 # removal of the package goes through this module, so durability is checked (and broken, by the chaos
 # suite) in one place (tests/unit/test_layers.py holds every other module to it).
+
 
 def sync(fd: int) -> None:
     """fsync a file or a folder."""

@@ -15,8 +15,10 @@ HASH_BUFFER_BYTES = 8 * 1024 * 1024
 
 class Hasher(Protocol):
     """An incremental hasher (hashlib's, blake3's or xxhash's)."""
+
     def update(self, data: bytes | memoryview, /) -> object:
         """Feed more bytes."""
+
     def hexdigest(self) -> str:
         """The digest of everything fed, in hex."""
 

@@ -44,6 +44,7 @@ def read_marker(root: Path) -> str | None:
 @dataclass(frozen=True)
 class VolumeIdentity:
     """Which volume a mirror root is: its device and inode, and the id stored on it."""
+
     root: Path
     dev: int
     ino: int
@@ -82,9 +83,11 @@ class VolumeIdentity:
         if found == self.volume_id:
             return None
         if (st.st_dev, st.st_ino) != (self.dev, self.ino):
-            return (f"{self.root} is no longer the directory mirrord started on (device {self.dev:#x} inode "
-                    f"{self.ino} -> device {st.st_dev:#x} inode {st.st_ino}, no volume id {self.volume_id} "
-                    "there): is the mirror unmounted?")
+            return (
+                f"{self.root} is no longer the directory mirrord started on (device {self.dev:#x} inode "
+                f"{self.ino} -> device {st.st_dev:#x} inode {st.st_ino}, no volume id {self.volume_id} "
+                "there): is the mirror unmounted?"
+            )
         what = "is missing" if found is None else f"holds volume id {found or '(garbage)'!r}"
         return f"{self.root / MARKER_NAME} {what}; expected volume id {self.volume_id}"
 

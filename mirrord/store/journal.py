@@ -101,10 +101,11 @@ def _check_header(data: bytes, generation: int, where: str) -> None:
     except ValueError:
         doc = None
     found = doc if isinstance(doc, dict) else {}
-    for key, why in (("schema", "not a mirrord manifest journal (bad header)"),
-                     ("version", f"unsupported journal version {found.get('version')!r}"),
-                     ("generation", f"journal header says generation {found.get('generation')!r}, "
-                                    f"its name {generation}")):
+    for key, why in (
+        ("schema", "not a mirrord manifest journal (bad header)"),
+        ("version", f"unsupported journal version {found.get('version')!r}"),
+        ("generation", f"journal header says generation {found.get('generation')!r}, its name {generation}"),
+    ):
         if found.get(key) != _header(generation)[key]:
             raise ManifestError(where, why)
 
@@ -112,6 +113,7 @@ def _check_header(data: bytes, generation: int, where: str) -> None:
 @dataclass(frozen=True, slots=True)
 class JournalFile:
     """One journal file as read: its generation and whole records (a torn last one is not counted)."""
+
     generation: int
     path: Path
     records: list[bytes]
@@ -152,8 +154,9 @@ def _open_nofollow(path: str, flags: int) -> int:
 class LocalManifestStore:
     """Snapshot and journals in one directory (the mirror root). Appends are serialised by the caller."""
 
-    def __init__(self, root: Path, snapshot_name: str, read_only: bool = False,
-                 guard: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, root: Path, snapshot_name: str, read_only: bool = False, guard: Callable[[], None] | None = None
+    ) -> None:
         self.root = Path(root)
         # Only read, never written through (Manifest.load): it keeps no record of what it read for
         # damage(), so the snapshot is not hashed.
@@ -250,12 +253,18 @@ class LocalManifestStore:
         if not gens:
             return
         if not have_snapshot:
-            raise ManifestError(self.snapshot_path, f"missing, but its journal {stored.journals[0].path.name} "
-                                "exists: run `mirrord repair-manifest` or restore the file")
+            raise ManifestError(
+                self.snapshot_path,
+                f"missing, but its journal {stored.journals[0].path.name} "
+                "exists: run `mirrord repair-manifest` or restore the file",
+            )
         if gens != list(range(stored.generation, stored.generation + len(gens))):
-            raise ManifestError(self.snapshot_path, f"generation {stored.generation} does not match its "
-                                f"journals ({', '.join(j.path.name for j in stored.journals)}): a journal "
-                                "is missing or the snapshot is out of date")
+            raise ManifestError(
+                self.snapshot_path,
+                f"generation {stored.generation} does not match its "
+                f"journals ({', '.join(j.path.name for j in stored.journals)}): a journal "
+                "is missing or the snapshot is out of date",
+            )
 
     # -- writing (the process holding the mirror lock) ------------------------------------------------
     def open_for_append(self, stored: Stored[T], empty_snapshot: bytes) -> None:
@@ -294,7 +303,7 @@ class LocalManifestStore:
                     self._torn_at = None
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 atomic.sync(fd)
                 self._journal_seen = _identity(os.fstat(fd))
             finally:
@@ -383,8 +392,9 @@ class LocalManifestStore:
             try:
                 atomic.fsync_dir(self.root)
             except OSError as exc:
-                failures.append((self.root, exc, "make the removal of stale manifest journals durable "
-                                                 "(fsync of the directory)"))
+                failures.append(
+                    (self.root, exc, "make the removal of stale manifest journals durable (fsync of the directory)")
+                )
         if failures:
             raise _error(*failures[0])
 

@@ -48,8 +48,11 @@ _PLAIN = tuple(f for f in fields(ManifestEntry) if f.name not in ("path", "algo"
 
 def encode_entry(e: ManifestEntry) -> dict[str, Any]:
     """One entry as the manifest's JSON stores it."""
-    raw: dict[str, Any] = {"size": e.size, "hash": {"algo": e.algo, "digest": e.digest},
-                           **{f.name: getattr(e, f.name) for f in _PLAIN}}
+    raw: dict[str, Any] = {
+        "size": e.size,
+        "hash": {"algo": e.algo, "digest": e.digest},
+        **{f.name: getattr(e, f.name) for f in _PLAIN},
+    }
     if raw.get("mirror_mtime_ns") in (None, e.source_mtime_ns):
         raw.pop("mirror_mtime_ns", None)  # only where the mirror could not store the source's mtime
     if not e.node:
@@ -67,11 +70,20 @@ def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
     get = raw.get
     step, mirror_mtime_ns, validation = raw["step"], get("mirror_mtime_ns"), get("validation")
     # Fields newer than the manifest take their defaults; the older ones are required (KeyError).
-    return ManifestEntry(path, int(raw["size"]), algo, str(hashed["digest"]), int(raw["source_mtime_ns"]),
-                         None if step is None else int(step), float(raw["mirrored_at"]),
-                         None if mirror_mtime_ns is None else int(mirror_mtime_ns),
-                         None if validation is None else str(validation),
-                         int(get("mirror_ino", 0)), int(get("mirror_ctime_ns", 0)), str(get("node", "")))
+    return ManifestEntry(
+        path,
+        int(raw["size"]),
+        algo,
+        str(hashed["digest"]),
+        int(raw["source_mtime_ns"]),
+        None if step is None else int(step),
+        float(raw["mirrored_at"]),
+        None if mirror_mtime_ns is None else int(mirror_mtime_ns),
+        None if validation is None else str(validation),
+        int(get("mirror_ino", 0)),
+        int(get("mirror_ctime_ns", 0)),
+        str(get("node", "")),
+    )
 
 
 def _dumps(doc: Any) -> bytes:
@@ -82,8 +94,9 @@ def _dumps(doc: Any) -> bytes:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def encode_snapshot(entries: Mapping[str, ManifestEntry], generation: int = 0,
-                    contributions: Contributions | None = None) -> bytes:
+def encode_snapshot(
+    entries: Mapping[str, ManifestEntry], generation: int = 0, contributions: Contributions | None = None
+) -> bytes:
     """The whole manifest as one snapshot document (sorted, so equal manifests are equal bytes). An
     object store shared by several nodes also keeps their `contributions` to units not complete yet."""
     doc: dict[str, Any] = {"schema": SCHEMA, "version": SCHEMA_VERSION}
@@ -91,14 +104,20 @@ def encode_snapshot(entries: Mapping[str, ManifestEntry], generation: int = 0,
         doc["journal"] = generation
     doc["entries"] = {p: encode_entry(entries[p]) for p in sorted(entries)}
     if contributions:
-        doc["contributions"] = {unit: {node: _encode_part(part) for node, part in sorted(parts.items())}
-                                for unit, parts in sorted(contributions.items()) if parts}
+        doc["contributions"] = {
+            unit: {node: _encode_part(part) for node, part in sorted(parts.items())}
+            for unit, parts in sorted(contributions.items())
+            if parts
+        }
     return _dumps(doc) + b"\n"
 
 
 def _encode_part(part: Contribution) -> dict[str, Any]:
-    return {"at": part.at, "needs": None if part.needs is None else dict(sorted(part.needs.items())),
-            "files": {p: encode_entry(part.files[p]) for p in sorted(part.files)}}
+    return {
+        "at": part.at,
+        "needs": None if part.needs is None else dict(sorted(part.needs.items())),
+        "files": {p: encode_entry(part.files[p]) for p in sorted(part.files)},
+    }
 
 
 def _decode_contributions(raw: Any) -> dict[str, dict[str, Contribution]]:
@@ -116,8 +135,11 @@ def _decode_contributions(raw: Any) -> dict[str, dict[str, Contribution]]:
                 raise ValueError(f"a contribution to {unit} names a file outside it")
             needs = part["needs"]
             found.setdefault(unit, {})[str(node)] = Contribution(
-                str(node), files, None if needs is None else {str(m): int(n) for m, n in needs.items()},
-                float(part["at"]))
+                str(node),
+                files,
+                None if needs is None else {str(m): int(n) for m, n in needs.items()},
+                float(part["at"]),
+            )
     return found
 
 
@@ -352,8 +374,11 @@ class Manifest:
     # -- compaction -----------------------------------------------------------------------------------
     def _maybe_compact(self) -> None:
         store = self._store
-        if store is None or self._compacting \
-                or store.journal_records < max(COMPACT_MIN_RECORDS, len(self._entries) // 4):
+        if (
+            store is None
+            or self._compacting
+            or store.journal_records < max(COMPACT_MIN_RECORDS, len(self._entries) // 4)
+        ):
             return
         if not self._background:
             self._compact_quietly()
@@ -361,8 +386,9 @@ class Manifest:
         with self._lock:
             if self._compactor is not None and self._compactor.is_alive():
                 return
-            self._compactor = threading.Thread(target=self._compact_quietly, name="mirrord-manifest-compaction",
-                                               daemon=True)  # killed at exit mid-way: each step is crash-safe
+            self._compactor = threading.Thread(
+                target=self._compact_quietly, name="mirrord-manifest-compaction", daemon=True
+            )  # killed at exit mid-way: each step is crash-safe
             self._compactor.start()
 
     def _compact_quietly(self) -> None:
@@ -437,9 +463,7 @@ class Manifest:
         return cls(_replay(LocalManifestStore(root, MANIFEST_NAME, read_only=True).read(decode_snapshot)))
 
     @classmethod
-    def open(
-        cls, root: Path, background_compaction: bool = True, guard: Callable[[], None] | None = None
-    ) -> Manifest:
+    def open(cls, root: Path, background_compaction: bool = True, guard: Callable[[], None] | None = None) -> Manifest:
         """The manifest of a local mirror root, for the process holding its lock: changes are journaled.
 
         Nothing is written until the first change; on a root without a snapshot, that change publishes an
@@ -450,4 +474,3 @@ class Manifest:
         stored = store.read(decode_snapshot)
         store.open_for_append(stored, encode_snapshot({}))
         return cls(_replay(stored), store, background_compaction)
-

@@ -203,8 +203,9 @@ class Mirror(ReadableStore, UploadTarget, Protocol):
         """Move the stored manifest (snapshot and journals) aside under names ending in `suffix`, for
         `repair-manifest`; returns the new names. Nothing is deleted. ManifestError on failure."""
 
-    def link_aliases(self, primary_root: Path, links: list[str],
-                     entries: Mapping[str, ManifestEntry]) -> list[tuple[str, str]]:
+    def link_aliases(
+        self, primary_root: Path, links: list[str], entries: Mapping[str, ManifestEntry]
+    ) -> list[tuple[str, str]]:
         """Recreate the primary's alias symlinks `links` (last.ckpt) whose target is recorded in `entries`;
         returns (alias, target) for each link made. An object store has no symlinks: none is made."""
 

@@ -33,6 +33,7 @@ DAMAGED_SUFFIX = ".damaged"
 @dataclass
 class RepairReport:
     """What repair-manifest did: files recorded, files rejected and why, the old manifest, errors."""
+
     recorded: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (rel, why)
     old_manifest: str = ""  # what happened to the previous manifest
@@ -89,8 +90,9 @@ def repair_manifest(config: Config) -> RepairReport:
                 continue
             size, digest, mtime_ns, source_mtime = judged
             step = run_and_step(rel, config.rules, config.step_regex)[1]
-            entries[rel] = ManifestEntry(rel, size, config.copy.hash, digest, source_mtime, step, time.time(),
-                                         mirror_mtime_ns=mtime_ns)
+            entries[rel] = ManifestEntry(
+                rel, size, config.copy.hash, digest, source_mtime, step, time.time(), mirror_mtime_ns=mtime_ns
+            )
             report.recorded.append(rel)
         if snap.errors:
             return report  # a partial listing must not become a manifest that forgets files

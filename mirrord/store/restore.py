@@ -40,8 +40,15 @@ class Restored:
     damaged: tuple[DamagedCopyError, ...] = ()
 
 
-def restore(store: ReadableStore, dest_root: Path, layout: Layout | None = None, run: str | None = None,
-            step: int | None = None, force: bool = False, progress: Progress | None = None) -> Restored:
+def restore(
+    store: ReadableStore,
+    dest_root: Path,
+    layout: Layout | None = None,
+    run: str | None = None,
+    step: int | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Restored:
     """Restore the newest verified unit of `run` (the run written to most recently when None; the unit of
     `step` when given) below `dest_root`, at its key. A damaged copy is never published: without `step` the
     next newest unit is tried (each one passed over is in `damaged`), with it DamagedCopyError is raised.
@@ -71,16 +78,19 @@ def restore(store: ReadableStore, dest_root: Path, layout: Layout | None = None,
     raise damaged[-1]
 
 
-def _restore_unit(store: ReadableStore, unit: Candidate, dest_root: Path, force: bool,
-                  progress: Progress | None) -> bool:
+def _restore_unit(
+    store: ReadableStore, unit: Candidate, dest_root: Path, force: bool, progress: Progress | None
+) -> bool:
     """Publish one unit below dest_root; True when an identical copy was already there."""
     dest_root.mkdir(parents=True, exist_ok=True)
     if lstat_beneath(dest_root, unit.key) is not None:
         if _identical(dest_root, unit):
             return True
         if not force:
-            raise DestinationTakenError(dest_root / unit.key, "exists and is not the mirrored checkpoint; "
-                                        "--force replaces it (nothing was written)")
+            raise DestinationTakenError(
+                dest_root / unit.key,
+                "exists and is not the mirrored checkpoint; --force replaces it (nothing was written)",
+            )
     total = sum(e.size for e in unit.entries)
     done = 0
     buffer = memoryview(bytearray(HASH_BUFFER_BYTES))
@@ -104,9 +114,12 @@ def _restore_unit(store: ReadableStore, unit: Candidate, dest_root: Path, force:
                         progress(done, total, entry.path)
             digest = hasher.hexdigest()
             if (size, digest) != (entry.size, entry.digest):
-                raise DamagedCopyError(store.describe(entry.path), f"the mirror's copy does not match the "
-                                       f"manifest ({size} bytes, {entry.algo} {digest}; recorded: {entry.size} "
-                                       f"bytes, {entry.digest}): not restored")
+                raise DamagedCopyError(
+                    store.describe(entry.path),
+                    f"the mirror's copy does not match the "
+                    f"manifest ({size} bytes, {entry.algo} {digest}; recorded: {entry.size} "
+                    f"bytes, {entry.digest}): not restored",
+                )
             upload.seal(entry.source_mtime_ns)
             upload.commit()
         except BaseException:
@@ -123,7 +136,7 @@ def _restore_unit(store: ReadableStore, unit: Candidate, dest_root: Path, force:
     staging = FolderStaging(dest_root, unit.key)
     try:
         for entry in unit.entries:
-            publish(staging.upload(entry.path[len(unit.key) + 1:], entry.size), entry)
+            publish(staging.upload(entry.path[len(unit.key) + 1 :], entry.size), entry)
         staging.commit()
     except BaseException:
         staging.abort()

@@ -77,8 +77,9 @@ def _by_recency(items: list[tuple[int | None, int, T]]) -> list[T]:
     return [item for _, _, item in sorted(items, key=key, reverse=True)]
 
 
-def _newest_whole(listed: Iterable[tuple[str, int | None, int, T]], run_key: str | None,
-                  whole: Callable[[T], bool]) -> list[T]:
+def _newest_whole(
+    listed: Iterable[tuple[str, int | None, int, T]], run_key: str | None, whole: Callable[[T], bool]
+) -> list[T]:
     """Of (run, step, mtime_ns, item) of the run `run_key` (or all), per run the newest item (by
     _by_recency) that `whole` accepts."""
     by_run: dict[str, list[tuple[int | None, int, T]]] = defaultdict(list)
@@ -92,13 +93,14 @@ def _newest_whole(listed: Iterable[tuple[str, int | None, int, T]], run_key: str
 @dataclass(frozen=True)
 class Finding:
     """One problem verify found with a mirrored file."""
+
     path: str
     problem: str  # missing | size_mismatch | hash_mismatch | unreadable | unrecorded | part | <validator status>
     detail: str = ""
 
     @property
     def is_problem(self) -> bool:
-        """"unchecked" (a format without a validator) and "part" (an intact file of a unit still waiting
+        """ "unchecked" (a format without a validator) and "part" (an intact file of a unit still waiting
         for other nodes' shares) are worth reporting, never a failure."""
         return self.problem not in (UNCHECKED, PART)
 
@@ -153,8 +155,9 @@ def dcp_check(store: ReadableStore, key: str, size: int = 0) -> tuple[str, str]:
             with store.open_read(meta) as stream:
                 return stream.read(dcpmeta.MAX_METADATA_BYTES + 1)  # storage_references refuses more
         except FileNotFoundError as exc:
-            raise dcpmeta.MetadataError("missing: the save did not finish (dcp.save writes it last)",
-                                        "truncated") from exc
+            raise dcpmeta.MetadataError(
+                "missing: the save did not finish (dcp.save writes it last)", "truncated"
+            ) from exc
         except OSError as exc:
             raise dcpmeta.MetadataError(exc.strerror or str(exc), "unreadable") from exc
 
@@ -205,8 +208,9 @@ class Candidate:
     entries: tuple[ManifestEntry, ...]
 
 
-def recorded_candidates(manifest: Manifest, run_key: str | None = None,
-                        layout: Layout | None = None) -> dict[str, list[Candidate]]:
+def recorded_candidates(
+    manifest: Manifest, run_key: str | None = None, layout: Layout | None = None
+) -> dict[str, list[Candidate]]:
     """Per run, the checkpoint units the manifest records with every file passed, newest first (by branch
     and step; see _by_recency). Without a layout every entry is a file unit."""
     members: dict[tuple[str, str, int | None, bool], list[ManifestEntry]] = defaultdict(list)
@@ -218,8 +222,11 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None,
             place = locate(e.path, layout)
             if place is None or place.role != "checkpoint":
                 continue
-        unit = (e.path, e.run, e.step, False) if place is None else (
-            place.rel, place.run, place.step, place.kind == "folder")
+        unit = (
+            (e.path, e.run, e.step, False)
+            if place is None
+            else (place.rel, place.run, place.step, place.kind == "folder")
+        )
         if run_key is None or unit[1] == run_key:
             members[unit].append(e)
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
@@ -271,8 +278,11 @@ def latest_key(
     step_regex = re.compile(step_pattern)
     files = store.snapshot(patterns).files.values()
     # Stricter than passing: on a primary with no manifest, only a verdict of "ok" proves anything.
-    best = _newest_whole(((s.run, step_of(s.rel, step_regex), s.mtime_ns, s) for s in files), run_key,
-                         lambda s: validate_key(store, s.rel).status == "ok")
+    best = _newest_whole(
+        ((s.run, step_of(s.rel, step_regex), s.mtime_ns, s) for s in files),
+        run_key,
+        lambda s: validate_key(store, s.rel).status == "ok",
+    )
     return max(best, key=lambda s: s.mtime_ns).rel if best else None
 
 
@@ -293,16 +303,20 @@ def latest_checkpoint(
     its format validator with a verdict of "ok" (a torch zip: every record's CRC) is returned instead.
     """
     if str(root).startswith("s3://"):
-        raise ValueError(f"latest_checkpoint reads a local folder, not {root}: use "
-                         "mirrord.torch.restore_latest(mirror, dest) to bring the checkpoint back from S3")
+        raise ValueError(
+            f"latest_checkpoint reads a local folder, not {root}: use "
+            "mirrord.torch.restore_latest(mirror, dest) to bring the checkpoint back from S3"
+        )
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"latest_checkpoint: {root} does not exist or is not a folder")
     mirror = next((p for p in root.resolve().parents if _holds_manifest(p)), None)
     if mirror is not None and not _holds_manifest(root):
         rel = root.resolve().relative_to(mirror).as_posix()
-        raise ValueError(f"{root} is a run folder of the mirror {mirror}: pass the mirror's root and the run, "
-                         f"latest_checkpoint({str(mirror)!r}, run={rel!r})")
+        raise ValueError(
+            f"{root} is a run folder of the mirror {mirror}: pass the mirror's root and the run, "
+            f"latest_checkpoint({str(mirror)!r}, run={rel!r})"
+        )
     store = LocalVolume(root)
     key = latest_key(store, run_key(store, run), require_manifest, patterns, step_pattern, verify, layout)
     return None if key is None else root / key
@@ -313,13 +327,15 @@ def _holds_manifest(folder: Path) -> bool:
     return (folder / MANIFEST_NAME).exists() or any(folder.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
 
 
-def _latest_recorded(store: ReadableStore, runs: dict[str, list[Candidate]], layout: Layout | None,
-                     verify: bool) -> str | None:
+def _latest_recorded(
+    store: ReadableStore, runs: dict[str, list[Candidate]], layout: Layout | None, verify: bool
+) -> str | None:
     """Per run the newest recorded unit still intact (a folder: holding exactly its recorded files); of
     those, the one of the run written to most recently."""
     listing = functools.cache(lambda: frozenset(store.snapshot((), layout).files))  # only if a folder is checked
-    intact = {run: next((u for u in units if _unit_intact(store, u, listing, verify)), None)
-              for run, units in runs.items()}
+    intact = {
+        run: next((u for u in units if _unit_intact(store, u, listing, verify)), None) for run, units in runs.items()
+    }
     found = {run: [unit] for run, unit in intact.items() if unit is not None}
     best = newest_run(found)
     return None if best is None else found[best][0].key
@@ -334,8 +350,9 @@ def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> s
         return None  # a primary is a local tree; judging completeness needs one
     from mirrord.service.completeness import judge
 
-    units = [u for u in group_units(volume.snapshot((), layout).files.values(), layout).values()
-             if u.role == "checkpoint"]
+    units = [
+        u for u in group_units(volume.snapshot((), layout).files.values(), layout).values() if u.role == "checkpoint"
+    ]
     complete = judge(volume, layout)
     best = _newest_whole(((u.run, u.step, u.mtime_ns, u) for u in units), run_key, lambda u: complete(u).complete)
     return max(best, key=lambda u: u.mtime_ns).rel if best else None

@@ -82,8 +82,12 @@ def snapshot_tree(
                     if not (entry.is_dir(follow_symlinks=False) or entry.is_symlink()):
                         # A file the layout does not select that looks like a checkpoint: the first per
                         # pattern is remembered for a warning (by name and the entry's type: no lstat).
-                        if layout is not None and (look := lookalike_name(name, folder_lookalike)) is not None \
-                                and look not in lookalikes and entry.is_file(follow_symlinks=False):
+                        if (
+                            layout is not None
+                            and (look := lookalike_name(name, folder_lookalike)) is not None
+                            and look not in lookalikes
+                            and entry.is_file(follow_symlinks=False)
+                        ):
                             lookalikes[look] = prefix + name
                         elif folders and not in_unit and layout is not None and layout.is_unit_name(name):
                             lookalikes.setdefault(layout.pattern_of(name), prefix + name)  # a file, not a unit folder

@@ -91,8 +91,13 @@ class FolderStaging:
         # The source's modes from the unit folder down, shifted onto the staging path (area, token, member).
         modes = source_modes(self.modes_from, f"{self.key}/{relkey}")
         whole = len(modes) == len(self._parent) + 1 + len(member)
-        return LocalUpload(self.root, f"{self.staging_key}/{relkey}", size, drop_cache,
-                           (0o700, *modes[len(self._parent):]) if whole else ())
+        return LocalUpload(
+            self.root,
+            f"{self.staging_key}/{relkey}",
+            size,
+            drop_cache,
+            (0o700, *modes[len(self._parent) :]) if whole else (),
+        )
 
     def commit(self) -> None:
         """fsync the staged tree, then publish it as NAME: renamed there, or exchanged with an older
@@ -211,8 +216,9 @@ def remove_folder(root: Path, key: str, expected: FileState | None = None) -> bo
     return True
 
 
-def list_folder(root: Path, key: str, wanted: Callable[[str], bool],
-                not_files: list[str] | None = None) -> dict[str, tuple[int, int, int, int]]:
+def list_folder(
+    root: Path, key: str, wanted: Callable[[str], bool], not_files: list[str] | None = None
+) -> dict[str, tuple[int, int, int, int]]:
     """Every regular file below root/key whose name `wanted` accepts (hidden folders not entered, no
     symlink followed), as rel -> (ino, size, mtime_ns, ctime_ns). FileNotFoundError if it is gone.
     `not_files` receives the wanted names that are neither a folder nor a regular file (a symlink, a

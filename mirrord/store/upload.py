@@ -62,8 +62,7 @@ def _loaded_sync_file_range() -> Callable[[int, int, int, int], None] | None:
 class LocalUpload:
     """NAME.part in the destination directory, created exclusively; see mirrord.store.atomic."""
 
-    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False,
-                 modes: tuple[int, ...] = ()) -> None:
+    def __init__(self, root: Path, rel: str, size: int, drop_cache: bool = False, modes: tuple[int, ...] = ()) -> None:
         parts = split_rel(rel)
         self.path = root / rel
         self.name = parts[-1]

@@ -129,7 +129,6 @@ class LocalVolume:
         return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-
 def guard_roots(primary: LocalVolume, mirror: Mirror) -> dict[str, PurePath] | None:
     """The roots for the prune guard that keeps deletions inside their own tree and out of the other
     (a mirror nested in the primary); None when the mirror is not a directory tree (nothing to nest)."""
@@ -200,8 +199,9 @@ class LocalMirror(LocalVolume):
             atomic.fsync_dir(self.root)
         return moved
 
-    def link_aliases(self, primary_root: Path, links: list[str],
-                     entries: Mapping[str, ManifestEntry]) -> list[tuple[str, str]]:
+    def link_aliases(
+        self, primary_root: Path, links: list[str], entries: Mapping[str, ManifestEntry]
+    ) -> list[tuple[str, str]]:
         """Mirror.link_aliases: the links made beside the copies (mirrord.store.aliases)."""
         from mirrord.store.aliases import mirror_alias_links
 

@@ -66,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="full scale; rewrites tests/chaos/RESULTS.md")
     parser.add_argument("--seed", help="CHAOS_SEED for every scenario (default: a fresh one, printed)")
-    parser.add_argument("--write", type=Path, metavar="FILE",
-                        help="write the results table here (default with --full: tests/chaos/RESULTS.md)")
+    parser.add_argument(
+        "--write",
+        type=Path,
+        metavar="FILE",
+        help="write the results table here (default with --full: tests/chaos/RESULTS.md)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     scale = "full" if args.full else "ci"
@@ -76,8 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mirrord-chaos-") as tmp:
         results = Path(tmp) / "results.json"
         env = {**os.environ, "CHAOS_SCALE": scale, "CHAOS_SEED": seed, "CHAOS_RESULTS": str(results)}
-        cmd = [sys.executable, "-m", "pytest", "tests/chaos", "-q", "-rsx", "-p", "no:cacheprovider",
-               f"--timeout={7200 if args.full else 600}", *args.pytest_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/chaos",
+            "-q",
+            "-rsx",
+            "-p",
+            "no:cacheprovider",
+            f"--timeout={7200 if args.full else 600}",
+            *args.pytest_args,
+        ]
         print(f"chaos: scale {scale}, CHAOS_SEED={seed}: {' '.join(cmd[1:])}", flush=True)
         started = time.monotonic()
         code = subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode

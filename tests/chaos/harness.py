@@ -103,15 +103,17 @@ class Tally:
     def assert_clean(self) -> None:
         shown = "\n  ".join(self.violations[:20])
         notes = "".join(f"\n({note})" for note in self.notes)  # the seed, to replay the run
-        assert not self.violations, (
-            f"{self.scenario}: {len(self.violations)} invariant violation(s):\n  {shown}{notes}"
-        )
+        assert not self.violations, f"{self.scenario}: {len(self.violations)} invariant violation(s):\n  {shown}{notes}"
 
     def as_row(self) -> dict[str, Any]:
         return {
-            "scenario": self.scenario, "rounds": self.rounds, "faults": dict(sorted(self.faults.items())),
-            "violations": len(self.violations), "notes": self.notes,
-            "expect_violations": self.expect_violations, "findings": self.findings,
+            "scenario": self.scenario,
+            "rounds": self.rounds,
+            "faults": dict(sorted(self.faults.items())),
+            "violations": len(self.violations),
+            "notes": self.notes,
+            "expect_violations": self.expect_violations,
+            "findings": self.findings,
         }
 
 
@@ -337,10 +339,19 @@ def expected_latest(mirror: Path) -> Path | None:
     best = []
     lie = (time.time() + 60) * 1e9  # an mtime beyond the skew allowance is a lying clock: no order
     for run_entries in by_run.values():
-        order = branches({e.step: 0 if e.source_mtime_ns > lie else e.source_mtime_ns
-                          for e in run_entries if e.step is not None})
-        best.append(max(run_entries, key=lambda e: (e.step is not None, order.key(e.step) if e.step is not None
-                                                     else (0, 0), e.source_mtime_ns)))
+        order = branches(
+            {e.step: 0 if e.source_mtime_ns > lie else e.source_mtime_ns for e in run_entries if e.step is not None}
+        )
+        best.append(
+            max(
+                run_entries,
+                key=lambda e: (
+                    e.step is not None,
+                    order.key(e.step) if e.step is not None else (0, 0),
+                    e.source_mtime_ns,
+                ),
+            )
+        )
     return mirror / max(best, key=lambda e: e.source_mtime_ns).path
 
 
@@ -368,8 +379,12 @@ def kept_steps(world: World, run: str, n: int) -> set[int]:
     def mirrored(step: int) -> bool:
         rel, st = stats[step]
         entry, copy = entries.get(rel), world.mirror / rel
-        return step in window or (entry is not None and copy.is_file() and copy.stat().st_size == entry.size
-                                  and (entry.size, entry.source_mtime_ns) == (st.st_size, st.st_mtime_ns))
+        return step in window or (
+            entry is not None
+            and copy.is_file()
+            and copy.stat().st_size == entry.size
+            and (entry.size, entry.source_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        )
 
     tips: dict[int, int] = {}
     for step in order:
@@ -401,8 +416,11 @@ class Zygote:
     def __init__(self, log: Path) -> None:
         self._log = log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, cwd=Path(__file__).parents[2],
+            [sys.executable, str(ZYGOTE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            cwd=Path(__file__).parents[2],
         )
 
     def _call(self, **req: Any) -> dict[str, Any]:
@@ -415,10 +433,25 @@ class Zygote:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def spawn(self, argv: list[str], log: Path, *, env: dict[str, str] | None = None,
-              stdout: Path | None = None, stop: bool = False, patch: str | None = None) -> int:
-        answer = self._call(op="spawn", argv=[str(a) for a in argv], log=str(log), env=env or {},
-                            stdout=str(stdout) if stdout else None, stop=stop, patch=patch)
+    def spawn(
+        self,
+        argv: list[str],
+        log: Path,
+        *,
+        env: dict[str, str] | None = None,
+        stdout: Path | None = None,
+        stop: bool = False,
+        patch: str | None = None,
+    ) -> int:
+        answer = self._call(
+            op="spawn",
+            argv=[str(a) for a in argv],
+            log=str(log),
+            env=env or {},
+            stdout=str(stdout) if stdout else None,
+            stop=stop,
+            patch=patch,
+        )
         return int(answer["pid"])
 
     def wait(self, pid: int, timeout: float) -> int | None:

@@ -84,15 +84,24 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
 
     def statfs(self, path: str) -> dict[str, int]:
         st = os.statvfs(self._full(path))
-        keys = ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree", "f_files", "f_flag",
-                "f_frsize", "f_namemax")
+        keys = (
+            "f_bavail",
+            "f_bfree",
+            "f_blocks",
+            "f_bsize",
+            "f_favail",
+            "f_ffree",
+            "f_files",
+            "f_flag",
+            "f_frsize",
+            "f_namemax",
+        )
         return {k: getattr(st, k) for k in keys}
 
 
 def main() -> None:
     backing, mount_point, stall_file = sys.argv[1:4]
-    mfusepy.FUSE(Passthrough(backing, stall_file), mount_point, foreground=True,
-                 fsname="chaos-passthrough")
+    mfusepy.FUSE(Passthrough(backing, stall_file), mount_point, foreground=True, fsname="chaos-passthrough")
 
 
 if __name__ == "__main__":

@@ -36,8 +36,25 @@ from pathlib import Path, PurePosixPath
 from tests.chaos.harness import Zygote
 from tests.support.wait import wait_for
 
-TRACED = ("openat", "write", "pwrite64", "writev", "pwritev", "copy_file_range", "sendfile", "fsync",
-          "fdatasync", "syncfs", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat")
+TRACED = (
+    "openat",
+    "write",
+    "pwrite64",
+    "writev",
+    "pwritev",
+    "copy_file_range",
+    "sendfile",
+    "fsync",
+    "fdatasync",
+    "syncfs",
+    "rename",
+    "renameat",
+    "renameat2",
+    "unlink",
+    "unlinkat",
+    "mkdir",
+    "mkdirat",
+)
 WRITES = {"write": 0, "pwrite64": 0, "writev": 0, "pwritev": 0, "copy_file_range": 2, "sendfile": 0}
 LOCK_NAME = ".mirrord.lock"
 MANIFEST_NAME = ".mirrord-manifest.json"
@@ -71,7 +88,7 @@ class Call:
     def string(self, index: int) -> str | None:
         arg = self.args[index] if index < len(self.args) else ""
         if arg.startswith('"'):
-            return _unescape(arg[1:arg.rindex('"')])
+            return _unescape(arg[1 : arg.rindex('"')])
         return None
 
     def at_path(self, dir_index: int, name_index: int) -> str | None:
@@ -140,8 +157,19 @@ def parse(prefix: Path) -> list[Call]:
                 continue
             ret = None if match["ret"] == "?" else int(match["ret"])
             retpath = _unescape(match["retpath"]) if match["retpath"] is not None else None
-            calls.append(Call(float(match["ts"]), tid, seq, match["name"], _split_args(match["args"]), ret,
-                              retpath, line, float(timed[1]) if timed else 0.0))
+            calls.append(
+                Call(
+                    float(match["ts"]),
+                    tid,
+                    seq,
+                    match["name"],
+                    _split_args(match["args"]),
+                    ret,
+                    retpath,
+                    line,
+                    float(timed[1]) if timed else 0.0,
+                )
+            )
             seq += 1
     calls.sort(key=lambda c: (c.ts, c.seq))
     return calls
@@ -210,8 +238,14 @@ def durable_journal_records(calls: list[Call]) -> list[Record]:
         target = write_target(call)
         if not is_journal(target) or (call.ret or 0) <= 0:
             continue
-        sync = next((c for c in calls[i + 1:] if c.tid == call.tid and c.name in ("fsync", "fdatasync")
-                     and c.fd_path(0) == target), None)
+        sync = next(
+            (
+                c
+                for c in calls[i + 1 :]
+                if c.tid == call.tid and c.name in ("fsync", "fdatasync") and c.fd_path(0) == target
+            ),
+            None,
+        )
         if sync is not None and sync.ret == 0 and sync.ts >= call.end:
             out.append((call.ts, sync.end, *journal_changes(call)))
     return out
@@ -230,19 +264,30 @@ def order_violations(calls: list[Call], mirror: Path, recorded: Iterable[str] = 
     """
     root = str(mirror)
     violations: list[str] = []
-    counts = {"published": 0, "manifest_writes": 0, "journal_appends": 0, "dirs_created": 0, "unlinked": 0,
-              "committed_logged": 0}
+    counts = {
+        "published": 0,
+        "manifest_writes": 0,
+        "journal_appends": 0,
+        "dirs_created": 0,
+        "unlinked": 0,
+        "committed_logged": 0,
+    }
     by_thread: dict[int, list[Call]] = {}
     for call in calls:
         by_thread.setdefault(call.tid, []).append(call)
 
     for call in calls:
         target = write_target(call)
-        if _under(target, root) and not (target.endswith(".part") or target.endswith("/" + LOCK_NAME)
-                                         or is_journal(target)):
+        if _under(target, root) and not (
+            target.endswith(".part") or target.endswith("/" + LOCK_NAME) or is_journal(target)
+        ):
             violations.append(f"write to a final name: {call.text}")
-        if call.name == "openat" and is_journal(call.ret_path) and ("O_WRONLY" in call.text or "O_RDWR" in call.text) \
-                and "O_APPEND" not in call.text:
+        if (
+            call.name == "openat"
+            and is_journal(call.ret_path)
+            and ("O_WRONLY" in call.text or "O_RDWR" in call.text)
+            and "O_APPEND" not in call.text
+        ):
             violations.append(f"journal opened for writing without O_APPEND: {call.text}")
         if is_journal(target) and (call.ret or 0) > 0:
             counts["journal_appends"] += 1
@@ -316,8 +361,9 @@ def _last_rename_onto(calls: list[Call], final: str, before: float) -> Call | No
     return found
 
 
-def recorded_before_dir_fsync(calls: list[Call], records: list[Record], root: str,
-                              syncs: dict[str, list[Call]] | None = None) -> list[str]:
+def recorded_before_dir_fsync(
+    calls: list[Call], records: list[Record], root: str, syncs: dict[str, list[Call]] | None = None
+) -> list[str]:
     """A copy recorded in the journal before the fsync of its directory (after its rename) returned:
     after a power cut the manifest could vouch for a name the directory never kept. Every file a durable
     record puts, and that was renamed into place in this trace, is checked."""
@@ -331,13 +377,16 @@ def recorded_before_dir_fsync(calls: list[Call], records: list[Record], root: st
                 continue
             sync = _dir_fsync_after(syncs, str(PurePosixPath(final).parent), rename)
             if sync is None or sync.end > start:
-                out.append(f"{final}: recorded in the journal before the fsync of its directory after the rename "
-                           f"returned: {rename.text}")
+                out.append(
+                    f"{final}: recorded in the journal before the fsync of its directory after the rename "
+                    f"returned: {rename.text}"
+                )
     return out
 
 
-def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: list[Call],
-                   dir_syncs: dict[str, list[Call]]) -> list[str]:
+def _check_publish(
+    thread: list[Call], i: int, renamed: tuple[str, str], calls: list[Call], dir_syncs: dict[str, list[Call]]
+) -> list[str]:
     src, dst = renamed
     rename = thread[i]
     out: list[str] = []
@@ -348,15 +397,25 @@ def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: 
     # and written by its worker, but a small one's fsync and rename may be left to its group's commit
     # thread (atomic.DirSyncs.publish_later): for a copy the order is checked across threads, by time.
     before = thread[:i] if manifest else [c for c in calls if (c.ts, c.seq) < (rename.ts, rename.seq)]
-    created = [c for c in before if c.name == "openat" and c.ret_path == src
-               and "O_CREAT" in c.text and "O_EXCL" in c.text and (c.ret or 0) >= 0]
+    created = [
+        c
+        for c in before
+        if c.name == "openat" and c.ret_path == src and "O_CREAT" in c.text and "O_EXCL" in c.text and (c.ret or 0) >= 0
+    ]
     if not created:
         return [f"{dst}: the temp file was not created exclusively before its rename"]
     start = created[-1]
-    writes = [c for c in calls if start.ts <= c.ts <= rename.ts and c.seq != rename.seq
-              and write_target(c) == src and (c.ret or 0) > 0]
-    syncs = [c for c in before if (c.ts, c.seq) > (start.ts, start.seq)
-             and ((c.name in ("fsync", "fdatasync") and c.fd_path(0) == src) or c.name == "syncfs")]
+    writes = [
+        c
+        for c in calls
+        if start.ts <= c.ts <= rename.ts and c.seq != rename.seq and write_target(c) == src and (c.ret or 0) > 0
+    ]
+    syncs = [
+        c
+        for c in before
+        if (c.ts, c.seq) > (start.ts, start.seq)
+        and ((c.name in ("fsync", "fdatasync") and c.fd_path(0) == src) or c.name == "syncfs")
+    ]
     if not syncs:
         out.append(f"{dst}: renamed without an fsync of its temp file")
     else:
@@ -380,7 +439,7 @@ def _check_publish(thread: list[Call], i: int, renamed: tuple[str, str], calls: 
 
 def _check_next_fsync(thread: list[Call], i: int, directory: str, what: str, call: Call) -> list[str]:
     """The first fsync after call i in this thread is of `directory`, with no write or rename before it."""
-    for later in thread[i + 1:]:
+    for later in thread[i + 1 :]:
         if later.name in ("fsync", "fdatasync"):
             if later.fd_path(0) != directory:
                 return [f"{what} not followed by an fsync of {directory} (fsync of {later.fd_path(0)}): {call.text}"]
@@ -396,8 +455,9 @@ def _rel(path: str, root: str) -> str:
     return str(PurePosixPath(path).relative_to(root))
 
 
-def _check_unlink(thread: list[Call], i: int, path: str, root: str, records: list[Record],
-                  recorded: set[str]) -> list[str]:
+def _check_unlink(
+    thread: list[Call], i: int, path: str, root: str, records: list[Record], recorded: set[str]
+) -> list[str]:
     """A mirrored file is deleted only after a durable journal record of its removal; the unlink is fsynced.
 
     (A file that was never recorded - a prune of an unrecorded leftover - needs no record.)"""
@@ -408,8 +468,9 @@ def _check_unlink(thread: list[Call], i: int, path: str, root: str, records: lis
     return out
 
 
-def _check_committed_log(log: Call, root: str, records: list[Record], calls: list[Call],
-                         syncs: dict[str, list[Call]]) -> list[str]:
+def _check_committed_log(
+    log: Call, root: str, records: list[Record], calls: list[Call], syncs: dict[str, list[Call]]
+) -> list[str]:
     """copy.committed is logged only after the file is durable (renamed, then its directory fsynced,
     by any thread: group commit), and after that, a journal record of it was written and fsynced."""
     match = re.search(r'\\"path\\": \\"(.*?)\\"', log.text)
@@ -423,8 +484,7 @@ def _check_committed_log(log: Call, root: str, records: list[Record], calls: lis
     published = _dir_fsync_after(syncs, str(PurePosixPath(final).parent), rename)
     if published is None or published.end > log.ts:
         return [f"copy.committed logged for {final} before the fsync of its directory"]
-    if not any(published.end <= start and durable <= log.ts and rel in puts
-               for start, durable, puts, _ in records):
+    if not any(published.end <= start and durable <= log.ts and rel in puts for start, durable, puts, _ in records):
         return [f"copy.committed logged for {final} before a durable journal record of it"]
     return []
 
@@ -450,8 +510,15 @@ def _proc_field(pid: int, key: str) -> str:
     return ""
 
 
-def run_traced(zygote: Zygote, argv: list[str], log: Path, strace_args: list[str], *,
-               patch: str | None = None, timeout: float = 120) -> int | None:
+def run_traced(
+    zygote: Zygote,
+    argv: list[str],
+    log: Path,
+    strace_args: list[str],
+    *,
+    patch: str | None = None,
+    timeout: float = 120,
+) -> int | None:
     """Fork a mirrord process stopped, attach strace to it, let it run; returns its exit status.
 
     Attaching to a forked, already-imported process keeps interpreter start-up out of the trace, so
@@ -459,11 +526,16 @@ def run_traced(zygote: Zygote, argv: list[str], log: Path, strace_args: list[str
     """
     pid = zygote.spawn(argv, log, stop=True, patch=patch)
     wait_for(lambda: _proc_field(pid, "State").startswith("T"), 90, "the child to stop itself", interval=0.02)
-    tracer = subprocess.Popen(["strace", "-f", "-qq", *strace_args, "-p", str(pid)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-qq", *strace_args, "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
-        wait_for(lambda: _proc_field(pid, "TracerPid") not in ("", "0") or tracer.poll() is not None,
-                   10, "strace to attach", interval=0.02)
+        wait_for(
+            lambda: _proc_field(pid, "TracerPid") not in ("", "0") or tracer.poll() is not None,
+            10,
+            "strace to attach",
+            interval=0.02,
+        )
         if tracer.poll() is not None:
             raise AssertionError(f"strace failed: {tracer.communicate()[1].decode(errors='replace')}")
         os.kill(pid, signal.SIGCONT)

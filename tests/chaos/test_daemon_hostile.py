@@ -75,10 +75,17 @@ def test_sighup_during_a_config_write_never_deletes_more(
     world = World(tmp_path / "w")
     for step in range(1, 16):
         world.install(f"run/{step_name(step)}", checkpoints.pick(rng, 200_000))
-    daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
-                           {"prune": {"enabled": True, "keep_last": 20, "min_age_seconds": 0},
-                            "watch": {"rescan_interval_seconds": 0.5}, "log": {"level": "info"}},
-                           env=env)
+    daemon = DaemonProcess(
+        tmp_path / "w",
+        world.primary,
+        world.mirror,
+        {
+            "prune": {"enabled": True, "keep_last": 20, "min_age_seconds": 0},
+            "watch": {"rescan_interval_seconds": 0.5},
+            "log": {"level": "info"},
+        },
+        env=env,
+    )
     # [prune] last, as in many hand-written files: a cut loses only retention keys (a cut that lost
     # [metrics] would be refused anyway, as a change that needs a restart).
     order = [k for k in daemon.settings if k != "prune"] + ["prune"]
@@ -86,8 +93,10 @@ def test_sighup_during_a_config_write_never_deletes_more(
     daemon.write_config()
     daemon.start()
     whole = daemon.config_path.read_text()
-    cuts = {"cut before [prune] (defaults: keep_last = 12)": whole.index("[prune]"),
-            "cut inside keep_last = 20 (keep_last = 2)": whole.index("keep_last = 20") + len("keep_last = 2")}
+    cuts = {
+        "cut before [prune] (defaults: keep_last = 12)": whole.index("[prune]"),
+        "cut inside keep_last = 20 (keep_last = 2)": whole.index("keep_last = 20") + len("keep_last = 2"),
+    }
     try:
         wait_for(lambda: _mirror_count(world) == 15, 60, "15 steps mirrored", interval=0.02)
         for n, (label, cut) in enumerate(cuts.items(), start=1):
@@ -100,25 +109,30 @@ def test_sighup_during_a_config_write_never_deletes_more(
                 time.sleep(0.4)  # the fault itself: the writer pauses mid-write
                 f.write(whole[cut:])
             tally.rounds += 1
-            wait_for(lambda n=n: len(daemon.events("config.reloaded") + daemon.events("config.reload_refused"))
-                       >= n, 30, f"reload {n} handled", interval=0.02)
+            wait_for(
+                lambda n=n: len(daemon.events("config.reloaded") + daemon.events("config.reload_refused")) >= n,
+                30,
+                f"reload {n} handled",
+                interval=0.02,
+            )
             start = len(daemon.events("prune.finished"))
-            wait_for(lambda s=start: len(daemon.events("prune.finished")) >= s + 3, 30, "three prune passes",
-                     interval=0.02)
+            wait_for(
+                lambda s=start: len(daemon.events("prune.finished")) >= s + 3, 30, "three prune passes", interval=0.02
+            )
             if _mirror_count(world) != 15:
                 tally.check([f"{label}: {15 - _mirror_count(world)} mirror checkpoint(s) deleted"])
     finally:
         code = daemon.stop()
-    tally.notes.append(f"reloads applied {len(daemon.events('config.reloaded'))}, "
-                       f"refused {len(daemon.events('config.reload_refused'))}")
+    tally.notes.append(
+        f"reloads applied {len(daemon.events('config.reloaded'))}, "
+        f"refused {len(daemon.events('config.reload_refused'))}"
+    )
     tally.check([] if code == 0 else [f"daemon exited {code}"])
     tally.assert_clean()
 
 
 # ---------------------------------------------------------------- 8. a thousand idle HTTP clients
-def test_idle_http_clients_do_not_blind_the_daemon(
-    tmp_path: Path, checkpoints: Checkpoints, report: Report
-) -> None:
+def test_idle_http_clients_do_not_blind_the_daemon(tmp_path: Path, checkpoints: Checkpoints, report: Report) -> None:
     """Issue 15.8: under LimitNOFILE=1024, 1,100 idle connections to the metrics port. /healthz must
     still answer, a new checkpoint must still be mirrored, the daemon's threads stay bounded, and no
     listing failure is reported as an unmounted mirror."""
@@ -126,9 +140,13 @@ def test_idle_http_clients_do_not_blind_the_daemon(
     rng = random.Random(158)
     world = World(tmp_path / "w")
     world.install(f"run/{step_name(1)}", checkpoints.pick(rng))
-    daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
-                           {"watch": {"rescan_interval_seconds": 1}, "log": {"level": "info"}},
-                           wrapper=["prlimit", "--nofile=1024:1024", "--"])
+    daemon = DaemonProcess(
+        tmp_path / "w",
+        world.primary,
+        world.mirror,
+        {"watch": {"rescan_interval_seconds": 1}, "log": {"level": "info"}},
+        wrapper=["prlimit", "--nofile=1024:1024", "--"],
+    )
     daemon.start()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
@@ -143,8 +161,12 @@ def test_idle_http_clients_do_not_blind_the_daemon(
                     tally.check([f"/healthz answered {code} with 1,100 idle clients"])
                 rel = f"run/{step_name(2 + round_)}"
                 world.install(rel, checkpoints.pick(rng))
-                wait_for(lambda rel=rel: _mirrored(world, {rel}), 30, f"{rel} mirrored with 1,100 idle clients",
-                         interval=0.02)
+                wait_for(
+                    lambda rel=rel: _mirrored(world, {rel}),
+                    30,
+                    f"{rel} mirrored with 1,100 idle clients",
+                    interval=0.02,
+                )
             threads = len(list(Path(f"/proc/{daemon.proc.pid}/task").iterdir()))  # type: ignore[union-attr]
             tally.notes.append(f"daemon threads with 1,100 idle clients: {threads}")
             if threads > 40:
@@ -172,12 +194,20 @@ def test_watcher_follows_a_recreated_or_mounted_over_primary(
     tally = report.scenario("hostile env: primary root recreated / mounted over (rescan 600 s)")
     rng = random.Random(159)
     world = World(tmp_path / "w")
-    daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
-                           {"watch": {"mode": "native", "rescan_interval_seconds": 600},
-                            "copy": {"settle_seconds": 0.2}, "log": {"level": "info"}})
+    daemon = DaemonProcess(
+        tmp_path / "w",
+        world.primary,
+        world.mirror,
+        {
+            "watch": {"mode": "native", "rescan_interval_seconds": 600},
+            "copy": {"settle_seconds": 0.2},
+            "log": {"level": "info"},
+        },
+    )
     daemon.start()
     mounted = False
     try:
+
         def change(label: str) -> None:
             nonlocal mounted
             if label == "recreated":
@@ -197,8 +227,12 @@ def test_watcher_follows_a_recreated_or_mounted_over_primary(
             rel = f"run-{n}/{step_name(n)}"
             world.install(rel, checkpoints.pick(rng))
             try:
-                wait_for(lambda rel=rel: _mirrored(world, {rel}), 20, f"{rel} mirrored after the root was {label}",
-                         interval=0.02)
+                wait_for(
+                    lambda rel=rel: _mirrored(world, {rel}),
+                    20,
+                    f"{rel} mirrored after the root was {label}",
+                    interval=0.02,
+                )
             except AssertionError as exc:
                 tally.check([str(exc)])
             if daemon.http("/healthz")[0] != 200:
@@ -246,8 +280,13 @@ def test_hostile_values_are_refused_naming_the_key(tmp_path: Path, zygote: Zygot
                 tally.check([f"{key} = {raw}: mirrord {command} exited {code}, expected 2"])
     # The message names the key: checked on the real executable's stderr for one of them.
     config.write_text(tomli_w.dumps(settings(world)).replace("heartbeat_seconds = 0.25", "heartbeat_seconds = inf"))
-    err = subprocess.run([sys.executable, "-m", "mirrord", "check-config", "--config", str(config)],
-                         capture_output=True, text=True, timeout=60, check=False).stderr
+    err = subprocess.run(
+        [sys.executable, "-m", "mirrord", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stderr
     if "daemon.heartbeat_seconds" not in err:
         tally.check([f"the error does not name the key: {err.strip()}"])
     tally.assert_clean()
@@ -264,9 +303,20 @@ def test_sighup_during_startup_does_not_kill_the_daemon(
     world = World(tmp_path / "w")
     world.install(f"run/{step_name(1)}", checkpoints.pick(rng))
     # A large manifest makes start-up last long enough to aim at (entries for files that are gone).
-    doc = {"schema": "mirrord-manifest", "version": 1, "entries": {
-        f"old/step_{i:06d}.pt": {"size": 1, "hash": {"algo": "blake3", "digest": "00" * 32},
-                                 "source_mtime_ns": 1, "step": i, "mirrored_at": 1.0} for i in range(60_000)}}
+    doc = {
+        "schema": "mirrord-manifest",
+        "version": 1,
+        "entries": {
+            f"old/step_{i:06d}.pt": {
+                "size": 1,
+                "hash": {"algo": "blake3", "digest": "00" * 32},
+                "source_mtime_ns": 1,
+                "step": i,
+                "mirrored_at": 1.0,
+            }
+            for i in range(60_000)
+        },
+    }
     world.mirror.mkdir(parents=True, exist_ok=True)
     (world.mirror / ".mirrord-manifest.json").write_text(json.dumps(doc))
     config = write_config(tmp_path / "c.toml", world, watch={"rescan_interval_seconds": 3600})
@@ -282,8 +332,12 @@ def test_sighup_during_startup_does_not_kill_the_daemon(
         tally.fault("SIGHUP during start-up")
         tally.rounds += 1
         try:
-            wait_for(lambda log=log, pid=pid: read_events(log, "daemon.ready") or zygote.wait(pid, 0) is not None,
-                       60, "the daemon ready (or dead)", interval=0.02)
+            wait_for(
+                lambda log=log, pid=pid: read_events(log, "daemon.ready") or zygote.wait(pid, 0) is not None,
+                60,
+                "the daemon ready (or dead)",
+                interval=0.02,
+            )
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -309,9 +363,12 @@ def test_lag_and_copy_failed_tell_the_truth_about_a_permanent_failure(
     tally.fault("mirror run folder is a file")
     rel = f"blocked/{step_name(1)}"
     world.install(rel, checkpoints.pick(rng), mtime_ns=time.time_ns())
-    daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
-                           {"watch": {"rescan_interval_seconds": 0.5}, "copy": {"max_attempts": 2},
-                            "log": {"level": "info"}})
+    daemon = DaemonProcess(
+        tmp_path / "w",
+        world.primary,
+        world.mirror,
+        {"watch": {"rescan_interval_seconds": 0.5}, "copy": {"max_attempts": 2}, "log": {"level": "info"}},
+    )
     daemon.start()
     try:
         daemon.wait_event("copy.failed", path=rel)
@@ -349,9 +406,16 @@ def test_no_false_verify_failures_under_a_commit_burst(
     rng = random.Random(1514)
     world = World(tmp_path / "w")
     small = sorted(checkpoints.blobs, key=len)[:3]
-    daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
-                           {"watch": {"rescan_interval_seconds": 0.1}, "copy": {"workers": 4, "settle_seconds": 0},
-                            "log": {"level": "info"}})
+    daemon = DaemonProcess(
+        tmp_path / "w",
+        world.primary,
+        world.mirror,
+        {
+            "watch": {"rescan_interval_seconds": 0.1},
+            "copy": {"workers": 4, "settle_seconds": 0},
+            "log": {"level": "info"},
+        },
+    )
     daemon.start()
     try:
         deadline = time.monotonic() + 15
@@ -365,8 +429,10 @@ def test_no_false_verify_failures_under_a_commit_burst(
         wanted = set(world.primary_files())
         wait_for(lambda: _mirrored(world, wanted), 120, "the whole burst mirrored", interval=0.02)
         failures = daemon.metric("mirrord_verify_failures_total")
-        tally.notes.append(f"{n} checkpoints, verify_failures_total = {failures}, "
-                           f"reconciles = {len(daemon.events('reconcile.finished'))}")
+        tally.notes.append(
+            f"{n} checkpoints, verify_failures_total = {failures}, "
+            f"reconciles = {len(daemon.events('reconcile.finished'))}"
+        )
         if failures:
             tally.check([f"verify_failures_total = {failures} with nothing damaged"])
     finally:
@@ -390,13 +456,29 @@ def test_a_guard_veto_is_logged_once(tmp_path: Path, checkpoints: Checkpoints, r
     for step in range(1, 9):
         world.install(f"run/{step_name(step)}", checkpoints.pick(rng, 200_000), mtime_ns=now)
     # Every step mirrored first: a daemon started on an existing run copies only what the window keeps.
-    synced = run_mirrord("sync", "--primary", world.primary, "--mirror", world.mirror,
-                         env={"MIRRORD_PRUNE__ENABLED": "false", "MIRRORD_COPY__SETTLE_SECONDS": "0",
-                              "MIRRORD_METRICS__ENABLED": "false"})
+    synced = run_mirrord(
+        "sync",
+        "--primary",
+        world.primary,
+        "--mirror",
+        world.mirror,
+        env={
+            "MIRRORD_PRUNE__ENABLED": "false",
+            "MIRRORD_COPY__SETTLE_SECONDS": "0",
+            "MIRRORD_METRICS__ENABLED": "false",
+        },
+    )
     assert synced.returncode == 0, synced.stderr
-    daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
-                           {"prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 3600},
-                            "watch": {"rescan_interval_seconds": 0.2}, "log": {"level": "info"}})
+    daemon = DaemonProcess(
+        tmp_path / "w",
+        world.primary,
+        world.mirror,
+        {
+            "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 3600},
+            "watch": {"rescan_interval_seconds": 0.2},
+            "log": {"level": "info"},
+        },
+    )
     daemon.start()
     try:
         wait_for(lambda: _mirror_count(world) == 8, 60, "8 steps mirrored", interval=0.02)

@@ -76,8 +76,11 @@ def test_a_folder_1200_levels_deep_neither_stops_run_nor_its_watcher(
             tally.assert_clean()
             later.rename(world.primary / "later")
             world.install(f"run2/{step_name(2)}", checkpoints.blobs[1])  # only a watch event tells of it
-            wait_for(lambda: daemon.exited() or (world.mirror / "run2" / step_name(2)).exists(), 90,
-                     "the daemon to mirror run2 from a watch event")
+            wait_for(
+                lambda: daemon.exited() or (world.mirror / "run2" / step_name(2)).exists(),
+                90,
+                "the daemon to mirror run2 from a watch event",
+            )
             tally.check([f"run died: {daemon.log_text()[-3000:]}"] if daemon.exited() else [])
             tally.assert_clean()
             status, body = daemon.http("/healthz")
@@ -98,10 +101,12 @@ def test_a_folder_1200_levels_deep_neither_stops_run_nor_its_watcher(
 
 def _mirrored_as_is(world: World, healthy: str, bad: str) -> list[str]:
     """Every file of the folder `healthy` is on the mirror with its bytes; nothing of the folder `bad` is."""
-    found = [f"{healthy}/{p.name}: not mirrored as it is on the primary"
-             for p in (world.primary / healthy).iterdir()
-             if not (world.mirror / healthy / p.name).is_file()
-             or (world.mirror / healthy / p.name).read_bytes() != p.read_bytes()]
+    found = [
+        f"{healthy}/{p.name}: not mirrored as it is on the primary"
+        for p in (world.primary / healthy).iterdir()
+        if not (world.mirror / healthy / p.name).is_file()
+        or (world.mirror / healthy / p.name).read_bytes() != p.read_bytes()
+    ]
     return [*found, f"{bad}: mirrored although it is not whole"] if (world.mirror / bad).exists() else found
 
 
@@ -136,8 +141,11 @@ def test_a_trainer_state_nested_100000_deep_is_invalid_and_other_runs_are_mirror
         tally.assert_clean()
         status, body = daemon.http("/healthz")
         tally.check([f"/healthz {status}: {body}"] if status != 200 else [])
-        tally.check(["the deep trainer_state.json was not named in run's log"]
-                    if "bad/checkpoint-5" not in daemon.log_text() else [])
+        tally.check(
+            ["the deep trainer_state.json was not named in run's log"]
+            if "bad/checkpoint-5" not in daemon.log_text()
+            else []
+        )
     finally:
         code = daemon.stop()
     tally.rounds += 1

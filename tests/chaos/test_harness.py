@@ -124,8 +124,9 @@ def test_a_frozen_process_changes_nothing_between_a_listing_and_the_reads(tmp_pa
         procs[name] = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path / name)], start_new_session=True)
     root, twin = tmp_path / "frozen", tmp_path / "twin"
     try:
-        wait_for(lambda: _churned(root) >= 3 and _churned(twin) >= 3, 60, "the churning threads to start",
-                 interval=0.02)
+        wait_for(
+            lambda: _churned(root) >= 3 and _churned(twin) >= 3, 60, "the churning threads to start", interval=0.02
+        )
         with harness.frozen(procs["frozen"].pid):
             names = {p.name for p in root.iterdir()}
             goal = _churned(twin) + 300
@@ -133,8 +134,12 @@ def test_a_frozen_process_changes_nothing_between_a_listing_and_the_reads(tmp_pa
                 for name in names:
                     (root / name).read_bytes()  # FileNotFoundError if the frozen process still ran
                 assert {p.name for p in root.iterdir()} == names, "the files changed while the process was frozen"
-        wait_for(lambda: {p.name for p in root.iterdir()} != names, 60, "the process to go on after the freeze",
-                 interval=0.02)
+        wait_for(
+            lambda: {p.name for p in root.iterdir()} != names,
+            60,
+            "the process to go on after the freeze",
+            interval=0.02,
+        )
     finally:
         for proc in procs.values():
             os.killpg(proc.pid, signal.SIGKILL)

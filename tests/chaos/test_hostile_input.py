@@ -189,9 +189,11 @@ def _run_folder(world: World, side: str) -> Path:
 
 
 def _victims_intact(victim: Path) -> list[str]:
-    return [f"{p}: deleted or changed through a swapped-in symlink" for p in
-            (victim / step_name(s) for s in (1, 2, 3, 4)) if not p.exists() or p.read_bytes() != (
-                f"victim {p.name[5:9].lstrip('0')}".encode())]
+    return [
+        f"{p}: deleted or changed through a swapped-in symlink"
+        for p in (victim / step_name(s) for s in (1, 2, 3, 4))
+        if not p.exists() or p.read_bytes() != (f"victim {p.name[5:9].lstrip('0')}".encode())
+    ]
 
 
 def _swap(directory: Path, target: Path) -> None:
@@ -266,8 +268,9 @@ def test_folder_flipping_to_a_symlink_while_mirrord_prunes(
         stop = threading.Event()
         pause = rng.uniform(0, 0.003)
 
-        def flip(folder: Path = folder, victim: Path = victim, pause: float = pause,
-                 stop: threading.Event = stop) -> None:
+        def flip(
+            folder: Path = folder, victim: Path = victim, pause: float = pause, stop: threading.Event = stop
+        ) -> None:
             while not stop.is_set():
                 _swap(folder, victim)
                 time.sleep(pause)  # how long the symlink stays: the shape of the fault, not a sync
@@ -341,8 +344,14 @@ def test_hostile_names_are_mirrored(
         entries, _ = load_manifest(world.mirror)
         return expected <= set(entries)
 
-    _daemon_round(world, tmp_path, tally, 1, lambda _daemon: wait_for(
-        mirrored, 60, "the daemon to mirror every hostile name", interval=0.02), "hostile names")
+    _daemon_round(
+        world,
+        tmp_path,
+        tally,
+        1,
+        lambda _daemon: wait_for(mirrored, 60, "the daemon to mirror every hostile name", interval=0.02),
+        "hostile names",
+    )
     tally.check(converged_violations(world, expected), "daemon")
     tally.assert_clean()
 
@@ -397,8 +406,12 @@ def test_checkpoint_swapped_for_a_special_file_before_the_copy_opens_it(
     world.install(f"run/{step_name(2)}", checkpoints.blobs[1])
     config = write_config(tmp_path / "mirrord.toml", world)
     log = tmp_path / "sync.log"
-    pid = zygote.spawn(["sync", "--config", config], log, patch=f"{patch}:{rel}",
-                       env={"CHAOS_SYMLINK_TARGET": str(outside / "secret.pt")})
+    pid = zygote.spawn(
+        ["sync", "--config", config],
+        log,
+        patch=f"{patch}:{rel}",
+        env={"CHAOS_SYMLINK_TARGET": str(outside / "secret.pt")},
+    )
     code = zygote.wait_or_kill(pid, 30)
     if code is None:
         tally.check(["mirrord sync hung on the swapped-in file"])

@@ -117,8 +117,13 @@ def _count_calls(world: World, reset: Callable[[], None], patch: Callable[[Kth],
 
 
 def _kth_fault_rounds(
-    tally: Tally, world: World, reset: Callable[[], None], monkeypatch: pytest.MonkeyPatch,
-    install: Callable[[pytest.MonkeyPatch, Kth], None], err: int, limit: int,
+    tally: Tally,
+    world: World,
+    reset: Callable[[], None],
+    monkeypatch: pytest.MonkeyPatch,
+    install: Callable[[pytest.MonkeyPatch, Kth], None],
+    err: int,
+    limit: int,
 ) -> None:
     with monkeypatch.context() as m:
         total = _count_calls(world, reset, lambda inj: install(m, inj))
@@ -174,11 +179,13 @@ def _on_os(name: str) -> Callable[[pytest.MonkeyPatch, Kth], None]:
 
 @pytest.mark.parametrize(
     ("where", "err"),
-    [("write", errno.EIO), ("write", errno.ENOSPC), ("fsync", errno.EIO), ("replace", errno.EIO),
-     ("readv", errno.EIO)],
+    [("write", errno.EIO), ("write", errno.ENOSPC), ("fsync", errno.EIO), ("replace", errno.EIO), ("readv", errno.EIO)],
 )
 def test_fault_at_every_kth_call(
-    where: str, err: int, busy_world: tuple[World, Callable[[], None]], monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    err: int,
+    busy_world: tuple[World, Callable[[], None]],
+    monkeypatch: pytest.MonkeyPatch,
     report: Report,
 ) -> None:
     """EIO/ENOSPC on the k-th data write, fsync, rename or source read of one sync, for every k (up to
@@ -289,8 +296,25 @@ def test_fiu_random_libc_faults_in_a_real_process(
         log = tmp_path / f"fiu-{n}.log"
         with log.open("wb") as out:
             result = subprocess.run(
-                ["fiu-run", "-x", "-f", "", "-c", spec, sys.executable, "-m", "mirrord", "sync", "--config",
-                 str(config)], stdout=out, stderr=out, env=env, timeout=300, check=False,
+                [
+                    "fiu-run",
+                    "-x",
+                    "-f",
+                    "",
+                    "-c",
+                    spec,
+                    sys.executable,
+                    "-m",
+                    "mirrord",
+                    "sync",
+                    "--config",
+                    str(config),
+                ],
+                stdout=out,
+                stderr=out,
+                env=env,
+                timeout=300,
+                check=False,
             )
         tally.rounds += 1
         kind = point.rsplit("/", 1)[-1] + (f" {errno.errorcode[err]}" if err else "")
@@ -336,7 +360,7 @@ def test_real_full_filesystem(small_tmpfs: Path, tmp_path: Path, zygote: Zygote,
         tally.rounds += 1
         failures = [e for e in log_events if e.get("event") in ("copy.failed", "command.failed")]
         if code != 0:
-            tally.fault(f"{label}: " + ", ".join(sorted({str(e.get('reason')) for e in failures})))
+            tally.fault(f"{label}: " + ", ".join(sorted({str(e.get("reason")) for e in failures})))
             if not failures or not all(e.get("path") or e.get("error_path") for e in failures):
                 tally.check(["a failure was logged without its path"], label)
         tally.check([f"{t}: temp file left on a full mirror" for t in finals(world.mirror)[1]], label)
@@ -431,8 +455,13 @@ TORN = ("truncated", "appended")  # no longer a whole torch.save zip once change
 
 
 def _mutating_write(
-    real: Callable[[LocalUpload, memoryview], None], path: Path, rel: str, mutate: Callable[[Path], None],
-    world: World, tally: Tally, label: str,
+    real: Callable[[LocalUpload, memoryview], None],
+    path: Path,
+    rel: str,
+    mutate: Callable[[Path], None],
+    world: World,
+    tally: Tally,
+    label: str,
 ) -> Callable[[LocalUpload, memoryview], None]:
     """LocalUpload.write that changes the source once, after the first chunk reached the mirror."""
     writes = [0]

@@ -78,11 +78,16 @@ def test_kill9_of_a_manifest_writer_loses_nothing_acknowledged(tmp_path: Path, r
     for _ in range(SCALE.kill_rounds):
         out, err = tmp_path / "acks", tmp_path / "stderr"
         with out.open("w") as f, err.open("w") as e:
-            writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(next_change)], stdout=f,
-                                      stderr=e, start_new_session=True)
+            writer = subprocess.Popen(
+                [sys.executable, "-c", WRITER, str(root), str(next_change)], stdout=f, stderr=e, start_new_session=True
+            )
         try:
-            wait_for(lambda out=out, w=writer: "open" in out.read_text() or w.poll() is not None, 60,
-                       "the writer to open", interval=0.02)
+            wait_for(
+                lambda out=out, w=writer: "open" in out.read_text() or w.poll() is not None,
+                60,
+                "the writer to open",
+                interval=0.02,
+            )
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
             with contextlib.suppress(ProcessLookupError):

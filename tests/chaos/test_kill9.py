@@ -58,18 +58,19 @@ class TornWriter:
     """A trainer process writing one checkpoint in place, slowly (64 KiB every 10 ms), to be killed."""
 
     CHUNK, PAUSE = 65536, 0.01
-    SCRIPT = ("import sys, time\n"
-              "data = open(sys.argv[1], 'rb').read()\n"
-              "with open(sys.argv[2], 'wb') as f:\n"
-              "    for i in range(0, len(data), {chunk}):\n"
-              "        f.write(data[i:i + {chunk}]); f.flush(); time.sleep({pause})\n")
+    SCRIPT = (
+        "import sys, time\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "with open(sys.argv[2], 'wb') as f:\n"
+        "    for i in range(0, len(data), {chunk}):\n"
+        "        f.write(data[i:i + {chunk}]); f.flush(); time.sleep({pause})\n"
+    )
 
     def __init__(self, path: Path, blob: bytes, scratch: Path) -> None:
         scratch.write_bytes(blob)
         path.parent.mkdir(parents=True, exist_ok=True)
         script = self.SCRIPT.format(chunk=self.CHUNK, pause=self.PAUSE)
-        self.proc = subprocess.Popen([sys.executable, "-c", script, str(scratch), str(path)],
-                                     start_new_session=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", script, str(scratch), str(path)], start_new_session=True)
         self.seconds = len(blob) / self.CHUNK * self.PAUSE
 
     def kill(self) -> None:
@@ -121,9 +122,11 @@ def _phase(world: World, log: Path) -> str:
     if any(rel not in entries for rel in files):
         return "after-rename-before-record"
     names = {e.get("event") for e in read_events(log)}
-    if names & {"sync.finished", "prune.finished"} or ("copy.started" in names and "copy.committed" in names and (
-        len(read_events(log, "copy.started")) == len(read_events(log, "copy.committed"))
-    )):
+    if names & {"sync.finished", "prune.finished"} or (
+        "copy.started" in names
+        and "copy.committed" in names
+        and (len(read_events(log, "copy.started")) == len(read_events(log, "copy.committed")))
+    ):
         return "after-the-work"
     if not names & {"copy.started", "prune.deleted"}:
         return "before-any-work"
@@ -138,10 +141,16 @@ class Rounds:
         # A bandwidth cap stretches each copy over many chunks, so random kills often land inside one.
         slow = {"bandwidth_limit": 40 * 2**20}
         self.sync_cfg = write_config(workdir / "sync.toml", world, io=slow)
-        self.prune_cfg = write_config(workdir / "prune.toml", world,
-                                      prune={"enabled": True, "keep_last": KEEP_LAST, "min_age_seconds": 0})
-        self.run_cfg = write_config(workdir / "run.toml", world, io=slow, watch={"rescan_interval_seconds": 2},
-                                    prune={"enabled": True, "keep_last": KEEP_LAST, "min_age_seconds": 0})
+        self.prune_cfg = write_config(
+            workdir / "prune.toml", world, prune={"enabled": True, "keep_last": KEEP_LAST, "min_age_seconds": 0}
+        )
+        self.run_cfg = write_config(
+            workdir / "run.toml",
+            world,
+            io=slow,
+            watch={"rescan_interval_seconds": 2},
+            prune={"enabled": True, "keep_last": KEEP_LAST, "min_age_seconds": 0},
+        )
         self.window: dict[str, tuple[float, float]] = {}
         self.phases: Counter[str] = Counter()
         self.n = 0
@@ -183,8 +192,11 @@ class Rounds:
 
     def calibrate(self, trainer: Trainer) -> None:
         """When, after its start, each kind of run does its work (first to last work event)."""
-        marks = {"sync": ("copy.started", "sync.finished"), "prune": ("prune.deleted", "prune.finished"),
-                 "daemon": ("copy.started", "copy.committed")}
+        marks = {
+            "sync": ("copy.started", "sync.finished"),
+            "prune": ("prune.deleted", "prune.finished"),
+            "daemon": ("copy.started", "copy.committed"),
+        }
         for kind, (begin, end) in marks.items():
             trainer.work()
             if kind == "prune":
@@ -260,12 +272,16 @@ class Rounds:
         self.world.history.setdefault(rel, []).append(digest_bytes(blob))
         pid = self.start_daemon()
         try:
-            wait_for(lambda: self.daemon_converged(kept_before), 60, "the daemon to converge before the save",
-                     interval=0.02)
+            wait_for(
+                lambda: self.daemon_converged(kept_before), 60, "the daemon to converge before the save", interval=0.02
+            )
             writer = TornWriter(self.world.primary / rel, blob, self.workdir / f"blob-{self.n}")
             # Aimed from the save's start: the writer's interpreter start-up alone outlasts most saves.
-            wait_for(lambda: (self.world.primary / rel).exists() or writer.proc.poll() is not None, 60,
-                     "the trainer to begin its save")
+            wait_for(
+                lambda: (self.world.primary / rel).exists() or writer.proc.poll() is not None,
+                60,
+                "the trainer to begin its save",
+            )
             time.sleep(self.rng.uniform(0, writer.seconds * 0.9))  # the fault instant, not a synchronization
             writer.kill()
             written = self.world.primary / rel
@@ -276,9 +292,15 @@ class Rounds:
                 self.tally.fault("SIGKILL of the trainer " + ("after its save" if size else "before its first byte"))
             if 0 < size < len(blob):
                 log = self.log("daemon")
-                wait_for(lambda: [e for e in read_events(log, "copy.failed") if e.get("path") == rel]
-                           or self.zygote.wait(pid, 0) is not None, 60, "the daemon to judge the torn file",
-                         interval=0.02)
+                wait_for(
+                    lambda: (
+                        [e for e in read_events(log, "copy.failed") if e.get("path") == rel]
+                        or self.zygote.wait(pid, 0) is not None
+                    ),
+                    60,
+                    "the daemon to judge the torn file",
+                    interval=0.02,
+                )
             # The daemon keeps working (a whole save is copied, retention deletes an older step): the
             # checks read one instant of it, frozen, or a file deleted after the listing reads as lost.
             # (Only while it runs: the zygote reaped a daemon that died, and its pid may be someone else's.)
@@ -302,11 +324,15 @@ class Rounds:
         if rel in entries:
             found.append(f"{rel}: a torn source was recorded in the manifest")
         files = set(finals(self.world.mirror)[0])
-        found += [f"{k}: a good step deleted while a newer one is torn" for k in kept_before
-                  if k.startswith(run + "/") and k not in files]
+        found += [
+            f"{k}: a good step deleted while a newer one is torn"
+            for k in kept_before
+            if k.startswith(run + "/") and k not in files
+        ]
         latest = latest_checkpoint_of(self.world.mirror)
         if latest is not None and hash_file(latest, "blake3") not in self.world.history.get(
-                latest.relative_to(self.world.mirror).as_posix(), ()):
+            latest.relative_to(self.world.mirror).as_posix(), ()
+        ):
             found.append(f"latest names {latest}, which is no whole checkpoint")
         return found
 
@@ -360,12 +386,17 @@ def test_restart_after_a_kill_keeps_keep_last_steps(
     (retention once took a window of one verified step as full and retired step 2 for good)."""
     rng = random.Random(17)
     world.install(f"run/{step_name(3)}", checkpoints.pick(rng, SMALL_BLOB))
-    config = write_config(tmp_path / "run.toml", world, watch={"rescan_interval_seconds": 0.5},
-                          prune={"enabled": True, "keep_last": 2, "min_age_seconds": 0})
+    config = write_config(
+        tmp_path / "run.toml",
+        world,
+        watch={"rescan_interval_seconds": 0.5},
+        prune={"enabled": True, "keep_last": 2, "min_age_seconds": 0},
+    )
     assert zygote.run(["sync", "--config", config], tmp_path / "sync.log") == 0
     for step in (1, 2):  # committed earlier; step 2 was being copied when the daemon was killed
-        world.install(f"run/{step_name(step)}", checkpoints.pick(rng, SMALL_BLOB),
-                      mtime_ns=BASE_MTIME_NS - (3 - step) * 10**9)
+        world.install(
+            f"run/{step_name(step)}", checkpoints.pick(rng, SMALL_BLOB), mtime_ns=BASE_MTIME_NS - (3 - step) * 10**9
+        )
     (world.mirror / "run" / (step_name(2) + ".part")).write_bytes(b"the first half of step 2")
     log = tmp_path / "daemon.log"
     pid = zygote.spawn(["run", "--config", config], log)
@@ -391,8 +422,14 @@ INJECTED = ("openat", "write", "fsync", "renameat", "unlinkat", "mkdirat")
 
 
 def _every_syscall(
-    zygote: Zygote, world: World, workdir: Path, tally: Tally, argv: list[str], expected: Callable[[], set[str]],
-    restart: list[str], check_cfg: Path,
+    zygote: Zygote,
+    world: World,
+    workdir: Path,
+    tally: Tally,
+    argv: list[str],
+    expected: Callable[[], set[str]],
+    restart: list[str],
+    check_cfg: Path,
 ) -> None:
     reset = world.mirror_reset(workdir / "baseline-mirror")
     prefix = workdir / "count" / "t"
@@ -405,8 +442,12 @@ def _every_syscall(
         for n in range(1, counts.get(name, 0) + 1, stride):
             reset()
             log = workdir / f"inject-{name}-{n}.log"
-            status = run_traced(zygote, argv, log, ["-o", os.devnull, "-e", f"trace={name}",
-                                                     "-e", f"inject={name}:signal=KILL:when={n}"])
+            status = run_traced(
+                zygote,
+                argv,
+                log,
+                ["-o", os.devnull, "-e", f"trace={name}", "-e", f"inject={name}:signal=KILL:when={n}"],
+            )
             context = f"{argv[0]} killed at {name} #{n}"
             if status == -signal.SIGKILL:
                 tally.fault(f"{argv[0]}: KILL at {name}")
@@ -430,8 +471,12 @@ def test_sigkill_at_every_syscall_of_a_copy_and_a_prune(
     for rel in ("run-a/" + step_name(1), "run-a/" + step_name(2), "run-a/" + step_name(3), "run-b/" + step_name(1)):
         world.install(rel, checkpoints.pick(rng, max_bytes=400_000))
     sync_cfg = write_config(tmp_path / "sync.toml", world, copy={"workers": 1})
-    prune_cfg = write_config(tmp_path / "prune.toml", world, copy={"workers": 1},
-                             prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0})
+    prune_cfg = write_config(
+        tmp_path / "prune.toml",
+        world,
+        copy={"workers": 1},
+        prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0},
+    )
     assert zygote.run(["sync", "--config", sync_cfg], tmp_path / "first.log") == 0
     # One sync cycle with every kind of work: a replaced file, a new folder, a stale temp file.
     world.install("run-a/" + step_name(2), checkpoints.pick(rng, max_bytes=400_000))
@@ -448,8 +493,9 @@ def test_sigkill_at_every_syscall_of_a_copy_and_a_prune(
     kept = {"run-a/" + step_name(3), "run-a/" + step_name(5), "run-b/" + step_name(1), "run-c/" + step_name(4)}
     prune_dir = tmp_path / "prune-cycle"
     prune_dir.mkdir()
-    _every_syscall(zygote, world, prune_dir, tally, ["prune", "--config", str(prune_cfg)], lambda: kept, ["prune"],
-                   prune_cfg)
+    _every_syscall(
+        zygote, world, prune_dir, tally, ["prune", "--config", str(prune_cfg)], lambda: kept, ["prune"], prune_cfg
+    )
     tally.assert_clean()
     kills = sum(tally.faults.values())
     assert kills >= tally.rounds * 0.9, f"only {kills} of {tally.rounds} injections killed mirrord"
@@ -498,15 +544,24 @@ def test_sigkill_at_every_step_of_replacing_a_changed_folder_unit(
         for n in range(1, counts.get(name, 0) + 1):
             reset()
             context = f"sync killed at {name} #{n}"
-            status = run_traced(zygote, ["sync", "--config", str(cfg)], tmp_path / f"inject-{name}-{n}.log",
-                                ["-o", os.devnull, "-e", f"trace={name}", "-e", f"inject={name}:signal=KILL:when={n}"])
+            status = run_traced(
+                zygote,
+                ["sync", "--config", str(cfg)],
+                tmp_path / f"inject-{name}-{n}.log",
+                ["-o", os.devnull, "-e", f"trace={name}", "-e", f"inject={name}:signal=KILL:when={n}"],
+            )
             if status == -signal.SIGKILL:
                 tally.fault(f"sync: KILL at {name}")
             tally.rounds += 1
             seen = version(world.mirror)
             if seen not in (old, new):
-                tally.check([f"checkpoint-10/ after the kill is {'missing' if seen is None else 'neither version'}"
-                             + ("" if seen is None else f": {sorted(seen)}")], context)
+                tally.check(
+                    [
+                        f"checkpoint-10/ after the kill is {'missing' if seen is None else 'neither version'}"
+                        + ("" if seen is None else f": {sorted(seen)}")
+                    ],
+                    context,
+                )
             code = zygote.run(["sync", "--config", cfg], tmp_path / "restart.log")
             if code != 0:
                 tally.check([f"restart exited {code}"], context)

@@ -66,8 +66,9 @@ def test_lying_mtimes_are_mirrored_once_and_never_pruned(
         if label in ("zero", "before the epoch", "ten years ahead"):
             lying.add(rel)
     world.install(f"run/{step_name(10)}", checkpoints.pick(rng))  # an honest newest step
-    config = write_config(tmp_path / "mirrord.toml", world,
-                          prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0})
+    config = write_config(
+        tmp_path / "mirrord.toml", world, prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0}
+    )
     # Every step mirrored first (with pruning on, a first sync copies only what the window keeps).
     sync_config = write_config(tmp_path / "sync.toml", world, prune={"enabled": False})
     for n in range(2):
@@ -125,8 +126,10 @@ def test_coarse_timestamps_on_a_real_filesystem(
         assert zygote.run(["sync", "--config", config], tmp_path / f"b-{n}.log") == 0
         tally.rounds += 1
         tally.check(converged_violations(world, world.primary_files()), f"coarse primary, rewrite {n}")
-    tally.notes.append("a same-size rewrite within the same second is invisible to stat on such a filesystem; "
-                       "the mirror then keeps the previous whole version (see README)")
+    tally.notes.append(
+        "a same-size rewrite within the same second is invisible to stat on such a filesystem; "
+        "the mirror then keeps the previous whole version (see README)"
+    )
     tally.assert_clean()
 
 
@@ -155,8 +158,11 @@ def test_inotify_queue_overflow_triggers_a_rescan(
     for n in range(SCALE.overflow_rounds):
         base = tmp_path / f"round-{n}"
         w = World(base)
-        settings = {"watch": {"mode": "native", "rescan_interval_seconds": 3600},
-                    "copy": {"settle_seconds": 0.2}, "log": {"level": "info"}}
+        settings = {
+            "watch": {"mode": "native", "rescan_interval_seconds": 3600},
+            "copy": {"settle_seconds": 0.2},
+            "log": {"level": "info"},
+        }
         daemon = DaemonProcess(base, w.primary, w.mirror, settings)
         daemon.start()
         try:
@@ -174,8 +180,12 @@ def test_inotify_queue_overflow_triggers_a_rescan(
                 os.killpg(daemon.pid, signal.SIGCONT)
             tally.fault("inotify queue overflow")
             daemon.wait_event("watch.rescan", timeout=60)
-            wait_for(lambda w=w, wanted=wanted: _mirrored(w, wanted), 120,
-                       "every checkpoint of the burst to be mirrored", interval=0.02)
+            wait_for(
+                lambda w=w, wanted=wanted: _mirrored(w, wanted),
+                120,
+                "every checkpoint of the burst to be mirrored",
+                interval=0.02,
+            )
         finally:
             code = daemon.stop()
         tally.rounds += 1
@@ -220,9 +230,14 @@ def test_fuse_primary_changed_behind_its_back(
     """auto picks polling on FUSE and sees changes; forced native gets no events and relies on the rescan."""
     world, mount = fuse_world
     tally = report.scenario(f"metadata: FUSE primary changed behind the mount (watch.mode = {mode})")
-    settings = {"watch": {"mode": mode, "poll_interval_seconds": 0.3,
-                          "rescan_interval_seconds": 3600 if mode == "auto" else 1.0},
-                "copy": {"settle_seconds": 0.5}}
+    settings = {
+        "watch": {
+            "mode": mode,
+            "poll_interval_seconds": 0.3,
+            "rescan_interval_seconds": 3600 if mode == "auto" else 1.0,
+        },
+        "copy": {"settle_seconds": 0.5},
+    }
     daemon = DaemonProcess(tmp_path, world.primary, world.mirror, settings).start()
     try:
         chosen = daemon.wait_event("watch.mode")
@@ -263,8 +278,10 @@ def test_stalled_read_is_abandoned_and_retried(
     rel = f"run/{step_name(1)}"
     mount.stall(Path(rel).name)
     _install_behind(world, mount, rel, max(checkpoints.blobs, key=len))
-    settings = {"watch": {"mode": "polling", "poll_interval_seconds": 0.3, "rescan_interval_seconds": 3600},
-                "copy": {"settle_seconds": 0.2, "stall_seconds": 3.0, "retry_backoff_seconds": 0.1}}
+    settings = {
+        "watch": {"mode": "polling", "poll_interval_seconds": 0.3, "rescan_interval_seconds": 3600},
+        "copy": {"settle_seconds": 0.2, "stall_seconds": 3.0, "retry_backoff_seconds": 0.1},
+    }
     daemon = DaemonProcess(tmp_path, world.primary, world.mirror, settings).start()
     try:
         daemon.wait_event("copy.stalled", timeout=60)

@@ -82,11 +82,16 @@ def test_remount_after_a_cut_is_fresh_even_if_another_namespace_holds_the_mount(
     filesystem alive after our unmount; the remount must still be a fresh, readable filesystem."""
     (ext4.mount_point / "before.bin").write_bytes(b"x" * 4096)
     os.sync()
-    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"],
-                              start_new_session=True)
+    holder = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sleep", "600"], start_new_session=True
+    )
     try:
-        wait_for(lambda: Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep", 60,
-                   "the namespace holder", interval=0.02)
+        wait_for(
+            lambda: Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep",
+            60,
+            "the namespace holder",
+            interval=0.02,
+        )
         power_cut(ext4.mount_point)
         ext4.umount()
         ext4.mount(after_shutdown=True)
@@ -111,7 +116,7 @@ def _committed_violations(world: World, committed: dict[str, str], source: dict[
     entries, _ = load_manifest(world.mirror)
     for rel, digest in sorted(committed.items()):
         versions = world.history[rel]
-        later = set(versions[versions.index(digest):]) if digest in versions else {digest}
+        later = set(versions[versions.index(digest) :]) if digest in versions else {digest}
         said = f"committed {_version(world, rel, digest)} per {source.get(rel, '?')}"
         path = world.mirror / rel
         try:
@@ -128,9 +133,11 @@ def _committed_violations(world: World, committed: dict[str, str], source: dict[
         if entry is None:
             violations.append(f"{rel}: logged as committed, not in the manifest after the power cut")
         elif entry.digest not in later:
-            violations.append(f"{rel}: logged as committed, the manifest after the power cut records an older version "
-                              f"({said}; the manifest records {_version(world, rel, entry.digest)}, the mirror "
-                              f"holds {_version(world, rel, digest)})")
+            violations.append(
+                f"{rel}: logged as committed, the manifest after the power cut records an older version "
+                f"({said}; the manifest records {_version(world, rel, entry.digest)}, the mirror "
+                f"holds {_version(world, rel, digest)})"
+            )
     return violations
 
 
@@ -154,14 +161,26 @@ def keep_evidence(world: World, logs: list[Path], found: list[str], where: Path)
         with contextlib.suppress(OSError):
             shutil.copy2(log, where / log.name)
     history = {rel: [d[:12] for d in digests] for rel, digests in sorted(world.history.items())}
-    (where / "violations.txt").write_text("\n".join(found) + "\n\nhistory (v1 first):\n"
-                                          + "\n".join(f"{r}: {' '.join(h)}" for r, h in history.items()) + "\n")
+    (where / "violations.txt").write_text(
+        "\n".join(found)
+        + "\n\nhistory (v1 first):\n"
+        + "\n".join(f"{r}: {' '.join(h)}" for r, h in history.items())
+        + "\n"
+    )
     return where
 
 
 def run_power_cuts(
-    rounds: int, patch: str | None, tally: Tally, world: World, fs: LoopFs, zygote: Zygote,
-    checkpoints: Checkpoints, rng: random.Random, workdir: Path, after: float = 0.25,
+    rounds: int,
+    patch: str | None,
+    tally: Tally,
+    world: World,
+    fs: LoopFs,
+    zygote: Zygote,
+    checkpoints: Checkpoints,
+    rng: random.Random,
+    workdir: Path,
+    after: float = 0.25,
     until_revealing: int = 0,
 ) -> tuple[int, int]:
     """Returns (rounds in which the power cut left a violation behind, rounds that could reveal a
@@ -255,11 +274,15 @@ def run_power_cuts(
                 tally.findings.extend(f"restart after cut {n}: {v}" for v in io_after + recovered)
                 recovered = []
             tally.check(recovered, f"restart after cut {n}")
-    tally.notes.append(f"{late} copy.committed line(s) logged after the cut had begun: not counted (a real power "
-                       "cut leaves no process to log them)")
+    tally.notes.append(
+        f"{late} copy.committed line(s) logged after the cut had begun: not counted (a real power "
+        "cut leaves no process to log them)"
+    )
     if fs.stale_devices:
-        tally.notes.append(f"{len(fs.stale_devices)} remount(s) on a fresh loop device: another mount namespace "
-                           "kept the cut filesystem alive")
+        tally.notes.append(
+            f"{len(fs.stale_devices)} remount(s) on a fresh loop device: another mount namespace "
+            "kept the cut filesystem alive"
+        )
     return caught, revealing
 
 
@@ -283,17 +306,32 @@ def test_power_cut_catches_a_broken_copier(
     world = World(tmp_path, mirror_at=ext4.mount_point / "mirror")
     # Half the cuts just after the sync: the moment when a missing fsync is most likely to show.
     target = SCALE.broken_power_cuts
-    caught, revealing = run_power_cuts(target, broken, tally, world, ext4, zygote, checkpoints, rng, tmp_path,
-                                       after=0.5, until_revealing=target if broken == "no_file_fsync" else 0)
-    tally.notes.append(f"seed {seed}; caught in {caught} of {tally.rounds} rounds "
-                       f"({revealing} of which lost an un-fsynced canary)")
+    caught, revealing = run_power_cuts(
+        target,
+        broken,
+        tally,
+        world,
+        ext4,
+        zygote,
+        checkpoints,
+        rng,
+        tmp_path,
+        after=0.5,
+        until_revealing=target if broken == "no_file_fsync" else 0,
+    )
+    tally.notes.append(
+        f"seed {seed}; caught in {caught} of {tally.rounds} rounds ({revealing} of which lost an un-fsynced canary)"
+    )
     # ext4 commits metadata in order, and any fsync commits all that came before: the fsync of the manifest
     # journal that follows every publication therefore also makes a rename durable whose directory was not
     # fsynced. On ext4 a power cut cannot reveal that copier; the syscall order check does (test_syscall_order).
     if broken in ("rename_before_fsync", "no_dir_fsync") or caught:
         return
     if revealing < target // 4:
-        pytest.skip(f"only {revealing} of {tally.rounds} power cuts lost an un-fsynced write (another process's "
-                    f"sync() made them durable?): this machine cannot reveal the {broken} copier now")
-    raise AssertionError(f"{tally.rounds} power cuts ({revealing} losing un-fsynced writes) did not reveal "
-                         f"the {broken} copier")
+        pytest.skip(
+            f"only {revealing} of {tally.rounds} power cuts lost an un-fsynced write (another process's "
+            f"sync() made them durable?): this machine cannot reveal the {broken} copier now"
+        )
+    raise AssertionError(
+        f"{tally.rounds} power cuts ({revealing} losing un-fsynced writes) did not reveal the {broken} copier"
+    )

@@ -76,7 +76,10 @@ def test_sync_and_prune_follow_the_durability_order(
         prefix = traces / label
         result = subprocess.run(
             ["strace", *trace_args(prefix), "--", *mirrord_argv(), command, "--config", str(configs[command])],
-            capture_output=True, text=True, timeout=300, check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
             env={k: v for k, v in os.environ.items() if not k.startswith("MIRRORD_")},
         )
         assert result.returncode == 0, result.stderr[-3000:]
@@ -101,8 +104,7 @@ def test_the_order_check_catches_a_broken_copier(
     _populate(world, checkpoints, random.Random(3))
     config = write_config(tmp_path / "mirrord.toml", world)
     prefix = tmp_path / "trace"
-    status = run_traced(zygote, ["sync", "--config", config], tmp_path / "sync.log", trace_args(prefix),
-                        patch=broken)
+    status = run_traced(zygote, ["sync", "--config", config], tmp_path / "sync.log", trace_args(prefix), patch=broken)
     assert status == 0, (tmp_path / "sync.log").read_text()[-3000:]
     violations, counts = order_violations(parse(prefix), world.mirror)
     tally.rounds = 1
@@ -123,19 +125,24 @@ def test_the_order_check_catches_a_broken_manifest(
     sync_cfg = write_config(tmp_path / "sync.toml", world)
     prune_cfg = write_config(tmp_path / "prune.toml", world, prune={"enabled": True, "keep_last": 1})
     found: list[str] = []
-    for label, config, patch in (("sync", sync_cfg, broken if broken == "journal_no_fsync" else None),
-                                 ("prune", prune_cfg, broken)):
+    for label, config, patch in (
+        ("sync", sync_cfg, broken if broken == "journal_no_fsync" else None),
+        ("prune", prune_cfg, broken),
+    ):
         prefix = tmp_path / f"trace-{label}"
         recorded = set(Manifest.load(world.mirror).entries) if world.mirror.exists() else set()
-        status = run_traced(zygote, [label, "--config", config], tmp_path / f"{label}.log", trace_args(prefix),
-                            patch=patch)
+        status = run_traced(
+            zygote, [label, "--config", config], tmp_path / f"{label}.log", trace_args(prefix), patch=patch
+        )
         assert status == 0, (tmp_path / f"{label}.log").read_text()[-3000:]
         violations, _ = order_violations(parse(prefix), world.mirror, recorded)
         found += violations
     tally.rounds = 1
     tally.check(found)
-    kinds = {"journal_no_fsync": ("before a durable journal record of it", "unlinked before a durable journal"),
-             "late_removal": ("unlinked before a durable journal",)}[broken]
+    kinds = {
+        "journal_no_fsync": ("before a durable journal record of it", "unlinked before a durable journal"),
+        "late_removal": ("unlinked before a durable journal",),
+    }[broken]
     tally.notes.append(f"{len(found)} violation(s) found")
     for kind in kinds:
         assert any(kind in v for v in found), f"the order check did not notice the {broken} manifest ({kind})"
@@ -151,8 +158,9 @@ def test_the_order_check_catches_a_record_before_the_directory_fsync(
     _populate(world, checkpoints, random.Random(9))
     config = write_config(tmp_path / "mirrord.toml", world)
     prefix = tmp_path / "trace"
-    status = run_traced(zygote, ["sync", "--config", config], tmp_path / "sync.log", trace_args(prefix),
-                        patch="record_before_dir_fsync")
+    status = run_traced(
+        zygote, ["sync", "--config", config], tmp_path / "sync.log", trace_args(prefix), patch="record_before_dir_fsync"
+    )
     assert status == 0, (tmp_path / "sync.log").read_text()[-3000:]
     calls = parse(prefix)
     violations, counts = order_violations(calls, world.mirror)

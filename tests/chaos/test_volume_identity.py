@@ -81,20 +81,31 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
     tally = report.scenario("hostile env: mirror unmounted (umount -l) under a running daemon")
     rng = random.Random(151)
     world = World(tmp_path / "w", mirror_at=loop_mirror.mount_point)
-    settings = {"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 0},
-                "watch": {"rescan_interval_seconds": 0.5}, "copy": {"settle_seconds": 0.3},
-                "log": {"level": "debug"}}
+    settings = {
+        "prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 0},
+        "watch": {"rescan_interval_seconds": 0.5},
+        "copy": {"settle_seconds": 0.3},
+        "log": {"level": "debug"},
+    }
     daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror, settings)
     daemon.start()
     try:
         for step in range(1, 6):  # one at a time, each mirrored before the next (issue 14: a step
             # already below the window when first seen is never copied, so never pruned from the primary)
             world.install(f"run/{step_name(step)}", checkpoints.pick(rng))
-            wait_for(lambda step=step: _mirrored(world, {f"run/{step_name(step)}"}), 60, f"step {step} mirrored",
-                     interval=0.02)
+            wait_for(
+                lambda step=step: _mirrored(world, {f"run/{step_name(step)}"}),
+                60,
+                f"step {step} mirrored",
+                interval=0.02,
+            )
         kept = {f"run/{step_name(s)}" for s in (4, 5)}
-        wait_for(lambda: _mirrored(world, kept) and set(world.primary_files()) == kept, 60,
-                   "steps 4-5 mirrored and steps 1-3 pruned on both sides", interval=0.02)
+        wait_for(
+            lambda: _mirrored(world, kept) and set(world.primary_files()) == kept,
+            60,
+            "steps 4-5 mirrored and steps 1-3 pruned on both sides",
+            interval=0.02,
+        )
         run_root("umount", "-l", str(loop_mirror.mount_point))
         loop_mirror.mounted = False
         tally.fault("umount -l of the mirror")
@@ -103,6 +114,7 @@ def test_unmounted_mirror_is_never_written_and_nothing_is_deleted(
         in_place.write_bytes(checkpoints.pick(rng))  # written in place: the settle recheck's path
         world.history.setdefault(f"run/{step_name(7)}", []).append(hash_file(in_place, ALGO))
         tally.fault("checkpoint committed while the mirror is gone", 2)
+
         # Watch ten rescans (refused or not; 0.5 s apart, settle rechecks between them) for anything
         # landing in the bare directory or any primary deletion.
         def rescans() -> int:
@@ -163,16 +175,22 @@ def test_bind_mounted_roots_are_refused(
         "mirror bind-mounted inside the primary": (world.primary / "inside", tmp_path / "m2"),
         "mirror path through a bind mount of the primary": (tmp_path / "alias", tmp_path / "alias" / "m3"),
     }
-    sources = {"mirror is a bind mount of the primary": world.primary,
-               "mirror bind-mounted inside the primary": tmp_path / "m2",
-               "mirror path through a bind mount of the primary": world.primary}
+    sources = {
+        "mirror is a bind mount of the primary": world.primary,
+        "mirror bind-mounted inside the primary": tmp_path / "m2",
+        "mirror path through a bind mount of the primary": world.primary,
+    }
     (tmp_path / "m2").mkdir()
     for label, (mount_at, mirror) in layouts.items():
         _bind(sources[label], mount_at)
         tally.fault(label)
         try:
-            config = write_config(tmp_path / "c.toml", world, mirror=str(mirror),
-                                  prune={"enabled": True, "keep_last": 1, "primary": True, "min_age_seconds": 0})
+            config = write_config(
+                tmp_path / "c.toml",
+                world,
+                mirror=str(mirror),
+                prune={"enabled": True, "keep_last": 1, "primary": True, "min_age_seconds": 0},
+            )
             for command in ("check-config", "sync", "prune", "run"):
                 log = tmp_path / f"{command}.log"
                 err = tmp_path / f"{command}.err"
@@ -203,6 +221,7 @@ def test_removed_lock_file_stops_the_daemon_and_lock_does_not_pin_the_mirror(
     daemon.start()
     try:
         wait_for(lambda: _mirrored(world, {f"run/{step_name(1)}"}), 30, "step 1 mirrored", interval=0.02)
+
         # A copy or a journal append in flight holds a file open for writing for a moment: retry for a
         # while; only a descriptor held for good (the lock) keeps it busy throughout.
         def remount_ro() -> subprocess.CompletedProcess[str] | None:
@@ -237,11 +256,14 @@ def test_removed_lock_file_stops_the_daemon_and_lock_does_not_pin_the_mirror(
     gate = FuseMount(world.primary, tmp_path / "gated", tmp_path / "gate")
     try:
         gate.stall("*")
-        config = support_config.write_config(tmp_path / "held.toml", support_config.settings(
-            gate.mount_point, world.mirror, support_config.CHAOS, {"copy": {"workers": 1}}))
+        config = support_config.write_config(
+            tmp_path / "held.toml",
+            support_config.settings(gate.mount_point, world.mirror, support_config.CHAOS, {"copy": {"workers": 1}}),
+        )
         first = zygote.spawn(["sync", "--config", config], tmp_path / "sync-1.log")
-        wait_for(lambda: read_events(tmp_path / "sync-1.log", "copy.started"), 30, "the first sync copying",
-                 interval=0.02)
+        wait_for(
+            lambda: read_events(tmp_path / "sync-1.log", "copy.started"), 30, "the first sync copying", interval=0.02
+        )
         (world.mirror / ".mirrord.lock").unlink()
         tally.fault("lock file removed under a running sync")
         tally.rounds += 1
@@ -274,8 +296,12 @@ def test_timestamps_the_mirror_cannot_store_are_not_recopied(
     for step in (1, 2):
         world.install(f"run/{step_name(step)}", checkpoints.pick(rng), mtime_ns=y2040 + step * NS)
     tally.fault("mtime in 2040", 2)
-    daemon = DaemonProcess(tmp_path / "w", world.primary, world.mirror,
-                           {"watch": {"rescan_interval_seconds": 0.3}, "log": {"level": "info"}})
+    daemon = DaemonProcess(
+        tmp_path / "w",
+        world.primary,
+        world.mirror,
+        {"watch": {"rescan_interval_seconds": 0.3}, "log": {"level": "info"}},
+    )
     daemon.start()
     try:
         wait_for(lambda: _mirrored(world, set(world.primary_files())), 30, "both files mirrored", interval=0.02)
@@ -301,8 +327,9 @@ def test_timestamps_the_mirror_cannot_store_are_not_recopied(
         try:
             daemon.wait_event("copy.loop", timeout=60)
             start = len(daemon.events("reconcile.finished"))
-            wait_for(lambda: len(daemon.events("reconcile.finished")) >= start + 10, 60, "ten more rescans",
-                     interval=0.02)
+            wait_for(
+                lambda: len(daemon.events("reconcile.finished")) >= start + 10, 60, "ten more rescans", interval=0.02
+            )
             tally.rounds += 10
         finally:
             stop.set()
@@ -313,8 +340,13 @@ def test_timestamps_the_mirror_cannot_store_are_not_recopied(
             tally.check([f"re-copied {recopies} times in a loop"])
         if daemon.metric("mirrord_copy_loop_files") != 1:
             tally.check(["mirrord_copy_loop_files does not report the looping file"])
-        status = subprocess.run([*_mirrord(), "status", "--config", str(daemon.config_path)], capture_output=True,
-                                text=True, timeout=60, check=False)
+        status = subprocess.run(
+            [*_mirrord(), "status", "--config", str(daemon.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if status.returncode != 1 or "copied again and again" not in status.stdout:
             tally.check([f"mirrord status exited {status.returncode} without the looping file as a problem"])
     finally:
@@ -343,19 +375,26 @@ def test_manifest_damaged_under_a_running_daemon_is_repaired(
     try:
         wait_for(lambda: _mirrored(world, set(world.primary_files())), 30, "everything mirrored", interval=0.02)
         good = Manifest.load(world.mirror).entries
-        for n, (label, damage) in enumerate((
-            ("overwritten with garbage", lambda: manifest.write_bytes(b"\x00garbage" * 10)),
-            ("truncated in place", lambda: os.truncate(manifest, manifest.stat().st_size // 2)),
-            ("bytes flipped in place", lambda: _flip(manifest)),
-            ("removed", manifest.unlink),
-            ("journal overwritten with garbage", lambda: _journal(world).write_bytes(b"garbage\n")),
-            ("journal removed", lambda: _journal(world).unlink()),
-        ), start=1):
+        for n, (label, damage) in enumerate(
+            (
+                ("overwritten with garbage", lambda: manifest.write_bytes(b"\x00garbage" * 10)),
+                ("truncated in place", lambda: os.truncate(manifest, manifest.stat().st_size // 2)),
+                ("bytes flipped in place", lambda: _flip(manifest)),
+                ("removed", manifest.unlink),
+                ("journal overwritten with garbage", lambda: _journal(world).write_bytes(b"garbage\n")),
+                ("journal removed", lambda: _journal(world).unlink()),
+            ),
+            start=1,
+        ):
             damage()
             tally.fault(f"manifest {label}")
             tally.rounds += 1
-            wait_for(lambda n=n: daemon.metric("mirrord_manifest_repairs_total") == n, 30,
-                       f"repair #{n} ({label})", interval=0.02)
+            wait_for(
+                lambda n=n: daemon.metric("mirrord_manifest_repairs_total") == n,
+                30,
+                f"repair #{n} ({label})",
+                interval=0.02,
+            )
             if Manifest.load(world.mirror).entries != good:
                 tally.check([f"after the repair ({label}) the manifest is not what the daemon holds"])
             tally.check(latest_violations(zygote, config, world, tmp_path), label)
@@ -363,8 +402,9 @@ def test_manifest_damaged_under_a_running_daemon_is_repaired(
         manifest.mkdir()
         tally.fault("manifest replaced by a directory")
         tally.rounds += 1
-        wait_for(lambda: daemon.http("/readyz")[0] == 503, 30, "/readyz to refuse an unwritable manifest",
-                 interval=0.02)
+        wait_for(
+            lambda: daemon.http("/readyz")[0] == 503, 30, "/readyz to refuse an unwritable manifest", interval=0.02
+        )
         why = daemon.http("/readyz")[1]
         if MANIFEST_NAME not in why or "repair-manifest" not in why:
             tally.check([f"/readyz does not name the manifest and the way out: {why.strip()}"])
@@ -376,8 +416,9 @@ def test_manifest_damaged_under_a_running_daemon_is_repaired(
     # Offline: a damaged manifest stops a restart, naming repair-manifest; the repair rebuilds it.
     manifest.write_bytes(b"{not json")
     tally.fault("manifest damaged while no daemon runs")
-    restart = subprocess.run([*_mirrord(), "run", "--config", str(config)], capture_output=True, text=True,
-                             timeout=60, check=False)
+    restart = subprocess.run(
+        [*_mirrord(), "run", "--config", str(config)], capture_output=True, text=True, timeout=60, check=False
+    )
     code = restart.returncode
     if code != 1 or "repair-manifest" not in restart.stderr:
         tally.check([f"a restart on a damaged manifest exited {code} without naming repair-manifest"])
@@ -416,15 +457,19 @@ def _mirrord() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- 16. sparse files
-def test_sparse_checkpoints_stay_sparse(tmp_path: Path, checkpoints: Checkpoints, zygote: Zygote,
-                                        report: Report) -> None:
+def test_sparse_checkpoints_stay_sparse(
+    tmp_path: Path, checkpoints: Checkpoints, zygote: Zygote, report: Report
+) -> None:
     """Issue 15.16: a checkpoint with a 256 MiB hole used 256 MiB on the mirror. The copy must take the
     space of the data only, read back identical, and verify."""
     tally = report.scenario("hostile env: sparse checkpoints (256 MiB holes)")
     world = World(tmp_path / "w")
     blob = max(checkpoints.blobs, key=len)
-    layouts = {"hole in the middle": (blob, 256 << 20, blob), "hole at the end": (blob, 256 << 20, b""),
-               "hole at the start": (b"", 256 << 20, blob)}
+    layouts = {
+        "hole in the middle": (blob, 256 << 20, blob),
+        "hole at the end": (blob, 256 << 20, b""),
+        "hole at the start": (b"", 256 << 20, blob),
+    }
     for step, (label, (head, hole, tail)) in enumerate(layouts.items(), start=1):
         rel = f"run/{step_name(step)}"
         path = world.primary / rel
@@ -445,13 +490,18 @@ def test_sparse_checkpoints_stay_sparse(tmp_path: Path, checkpoints: Checkpoints
     for rel in world.primary_files():
         tally.rounds += 1
         src, dst = (world.primary / rel).stat(), (world.mirror / rel).stat()
-        tally.notes.append(f"{rel}: {src.st_size >> 20} MiB, source uses {src.st_blocks * 512 >> 10} KiB, "
-                           f"mirror uses {dst.st_blocks * 512 >> 10} KiB")
+        tally.notes.append(
+            f"{rel}: {src.st_size >> 20} MiB, source uses {src.st_blocks * 512 >> 10} KiB, "
+            f"mirror uses {dst.st_blocks * 512 >> 10} KiB"
+        )
         if dst.st_blocks > src.st_blocks + 2048:  # + 1 MiB of slack for block rounding
-            tally.check([f"{rel}: the mirror copy uses {dst.st_blocks * 512} bytes, "
-                         f"its source {src.st_blocks * 512}: not sparse"])
+            tally.check(
+                [
+                    f"{rel}: the mirror copy uses {dst.st_blocks * 512} bytes, "
+                    f"its source {src.st_blocks * 512}: not sparse"
+                ]
+            )
     tally.check(converged_violations(world, world.primary_files()))
     code = zygote.run(["verify", "--config", config], tmp_path / "verify.log")
     tally.check([] if code == 0 else [f"mirrord verify exited {code}"])
     tally.assert_clean()
-

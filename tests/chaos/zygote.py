@@ -107,6 +107,7 @@ def _broken_rename_before_fsync(arg: str) -> None:
 
 def _broken_journal_no_fsync(arg: str) -> None:
     """Journal records written but never fsynced: a change "counts" before it is durable."""
+
     class _JournalAtomic:  # the journal's view of mirrord.store.atomic: its fsyncs of records dropped
         def __getattr__(self, name: str) -> Any:
             return getattr(atomic, name)
@@ -251,7 +252,7 @@ def main() -> None:
     def reply(obj: dict[str, Any]) -> None:
         data = (json.dumps(obj) + "\n").encode()
         while data:
-            data = data[os.write(reply_fd, data):]
+            data = data[os.write(reply_fd, data) :]
 
     try:
         for line in sys.stdin:

@@ -35,8 +35,12 @@ def require(*tools: str) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    reports = [r for stats in terminalreporter.stats.values() for r in stats
-               if getattr(r, "nodeid", "").startswith("tests/deploy/") and hasattr(r, "duration")]
+    reports = [
+        r
+        for stats in terminalreporter.stats.values()
+        for r in stats
+        if getattr(r, "nodeid", "").startswith("tests/deploy/") and hasattr(r, "duration")
+    ]
     if not reports:
         return
     terminalreporter.section("deploy figures")
@@ -68,8 +72,10 @@ def debian_roots(deploy_tmp: Path) -> Iterator[DebianRoots]:
 def wheels(deploy_tmp: Path) -> Path:
     """The wheels both the image and the booted machine install, with `--no-index`."""
     if sys.version_info[:2] != BASE_PYTHON:
-        pytest.skip(f"wheels built by Python {sys.version_info[0]}.{sys.version_info[1]} cannot go into an "
-                    f"image of Python {BASE_PYTHON[0]}.{BASE_PYTHON[1]}; run the tests with Python 3.11")
+        pytest.skip(
+            f"wheels built by Python {sys.version_info[0]}.{sys.version_info[1]} cannot go into an "
+            f"image of Python {BASE_PYTHON[0]}.{BASE_PYTHON[1]}; run the tests with Python 3.11"
+        )
     dest = deploy_tmp / "wheels"
     (deploy_tmp / "wheel-build").mkdir()
     build_wheels(dest, deploy_tmp / "wheel-build")
@@ -99,8 +105,21 @@ def image(podman: Podman, debian_roots: DebianRoots, wheels: Path, deploy_tmp: P
     copy_wheel_sources(context)
     shutil.copytree(wheels, context / "wheels", ignore=shutil.ignore_patterns("mirrord-*.whl"))
     # --format docker: the OCI format has no HEALTHCHECK and would drop it silently.
-    podman.run("build", "--quiet", "--pull=never", "--format", "docker", "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}",
-               "--build-arg", "PIP_NO_INDEX=1", "--tag", IMAGE, str(context), timeout=900)
+    podman.run(
+        "build",
+        "--quiet",
+        "--pull=never",
+        "--format",
+        "docker",
+        "--build-arg",
+        f"PYTHON_IMAGE={BASE_IMAGE}",
+        "--build-arg",
+        "PIP_NO_INDEX=1",
+        "--tag",
+        IMAGE,
+        str(context),
+        timeout=900,
+    )
     built = time.monotonic()
     size, base = podman.size(IMAGE), podman.size(BASE_IMAGE)
     FIGURES["image size on the Debian stand-in base"] = f"{size / 1e6:.1f} MB"

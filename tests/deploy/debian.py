@@ -29,7 +29,7 @@ _SLIM = [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "loc
 # none either, so the Dockerfile's system-wide `pip install` works the same on both).
 BASE_ARGS = [
     "--include=python3,python3-pip,python3-venv,python-is-python3",
-    "--customize-hook=rm -f \"$1\"/usr/lib/python3*/EXTERNALLY-MANAGED",
+    '--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
 ]
 # A root that boots a real systemd (PID 1) under systemd-nspawn, with what the README's install needs
 # and the unit's ExecReload=/bin/kill (procps; minbase lacks it, every real Debian install has it).
@@ -54,7 +54,10 @@ class DebianRoots:
             with log:
                 self._builds[target] = subprocess.Popen(
                     ["mmdebstrap", "--quiet", "--variant=minbase", *_SLIM, *extra, SUITE, str(target)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
         self._started = time.monotonic()
 
@@ -105,24 +108,55 @@ def build_wheels(dest: Path, scratch: Path) -> list[Path]:
     source = scratch / "src"
     source.mkdir()
     copy_wheel_sources(source)
-    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
-                            capture_output=True, text=True, timeout=120, check=True).stdout
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     constraints = scratch / "constraints.txt"
     constraints.write_text(frozen)
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-         "--wheel-dir", str(dest), "--constraint", str(constraints), f"{source}[s3]"],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--wheel-dir",
+            str(dest),
+            "--constraint",
+            str(constraints),
+            f"{source}[s3]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert result.returncode == 0, f"pip wheel exited {result.returncode}:\n{result.stderr[-3000:]}"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-         "--dest", str(dest), "setuptools>=68"],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--dest",
+            str(dest),
+            "setuptools>=68",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert result.returncode == 0, f"pip download exited {result.returncode}:\n{result.stderr[-3000:]}"
     wheels = sorted(dest.glob("*.whl"))
     assert any(w.name.startswith("mirrord-") for w in wheels), wheels
     assert not any(w.name.startswith("torch-") for w in wheels), "the image must not carry torch"
     return wheels
-

@@ -30,14 +30,26 @@ class Machine:
     def __init__(self, root: Path, binds: dict[str, Path], read_only: dict[str, Path], console_log: Path) -> None:
         self.root = root
         self.console_log = console_log
-        argv = ["systemd-nspawn", "--quiet", "--directory", str(root), "--boot", "--register=no", "--keep-unit",
-                "--private-network", "--console=pipe", "--machine", "mirrord-deploy-test"]
+        argv = [
+            "systemd-nspawn",
+            "--quiet",
+            "--directory",
+            str(root),
+            "--boot",
+            "--register=no",
+            "--keep-unit",
+            "--private-network",
+            "--console=pipe",
+            "--machine",
+            "mirrord-deploy-test",
+        ]
         argv += [f"--bind={host}:{inside}" for inside, host in binds.items()]
         argv += [f"--bind-ro={host}:{inside}" for inside, host in read_only.items()]
         self.started = time.monotonic()
         with console_log.open("wb") as log:
-            self.nspawn = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+            self.nspawn = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.leader = 0
         self.boot_seconds = 0.0
 
@@ -64,8 +76,22 @@ class Machine:
 
     def run(self, *argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run a command inside (all of the machine's namespaces), as root."""
-        outer = ["nsenter", "--target", str(self.leader), "--mount", "--uts", "--ipc", "--net", "--pid",
-                 "--", "env", "-i", f"PATH={INSIDE_PATH}", "LANG=C.UTF-8", *argv]
+        outer = [
+            "nsenter",
+            "--target",
+            str(self.leader),
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--net",
+            "--pid",
+            "--",
+            "env",
+            "-i",
+            f"PATH={INSIDE_PATH}",
+            "LANG=C.UTF-8",
+            *argv,
+        ]
         result = subprocess.run(outer, capture_output=True, text=True, timeout=timeout, check=False)
         if check:
             assert result.returncode == 0, (

@@ -63,8 +63,20 @@ def run_container(podman: Podman, image: str, tmp_path: Path) -> Iterator[Callab
         mirror.mkdir(mode=0o755)
         os.chown(mirror, UID, UID)  # the mirror must belong to the image's user, as on a real volume
         started.append(name)
-        podman.run("run", "--detach", "--name", name, "--network=none", "--stop-timeout", str(STOP_TIMEOUT),
-                   "--volume", f"{primary}:/primary:ro", "--volume", f"{mirror}:/mirror", image)
+        podman.run(
+            "run",
+            "--detach",
+            "--name",
+            name,
+            "--network=none",
+            "--stop-timeout",
+            str(STOP_TIMEOUT),
+            "--volume",
+            f"{primary}:/primary:ro",
+            "--volume",
+            f"{mirror}:/mirror",
+            image,
+        )
         return Container(podman, name, primary, mirror)
 
     yield start
@@ -134,8 +146,8 @@ def test_podman_stop_ends_it_cleanly_within_the_grace(run_container: Callable[[]
 
 
 def test_syncs_to_an_s3_mirror_from_inside_the_container(
-        podman: Podman, image: str, seaweed: SeaweedServer, bucket: str, prefix: str, s3_client: Any,
-        tmp_path: Path) -> None:
+    podman: Podman, image: str, seaweed: SeaweedServer, bucket: str, prefix: str, s3_client: Any, tmp_path: Path
+) -> None:
     """The image carries the S3 client: `mirrord sync` in the container, configured by environment
     alone (credentials as AWS_* variables), uploads a real checkpoint to SeaweedFS on the host's
     loopback (`--network=host`) and records it in the manifest, with its content hash."""
@@ -143,11 +155,27 @@ def test_syncs_to_an_s3_mirror_from_inside_the_container(
     primary.mkdir(mode=0o755)
     source = save_checkpoint(primary / "run1" / "step_0003.pt", 3, width=256, depth=3)
     url = f"s3://{bucket}/{prefix}"
-    env = {**seaweed.env(), "MIRRORD_MIRROR": url, "MIRRORD_S3__ENDPOINT_URL": seaweed.endpoint,
-           "MIRRORD_S3__ADDRESSING_STYLE": "path"}
+    env = {
+        **seaweed.env(),
+        "MIRRORD_MIRROR": url,
+        "MIRRORD_S3__ENDPOINT_URL": seaweed.endpoint,
+        "MIRRORD_S3__ADDRESSING_STYLE": "path",
+    }
     env_args = [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
-    done = podman.run("run", "--rm", "--network=host", "--volume", f"{primary}:/primary:ro", *env_args,
-                      "--entrypoint", "mirrord", image, "sync", timeout=300, check=False)
+    done = podman.run(
+        "run",
+        "--rm",
+        "--network=host",
+        "--volume",
+        f"{primary}:/primary:ro",
+        *env_args,
+        "--entrypoint",
+        "mirrord",
+        image,
+        "sync",
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
     entries = mirror.load_manifest().entries  # credentials: the s3_env fixture's, in this process's environment
@@ -156,4 +184,3 @@ def test_syncs_to_an_s3_mirror_from_inside_the_container(
     assert set(entries) == {"run1/step_0003.pt"}
     entry = entries["run1/step_0003.pt"]
     assert (entry.size, entry.digest) == (source.stat().st_size, hash_file(source, entry.algo))
-

@@ -117,6 +117,7 @@ class Service:
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         """wait_for, showing the unit's state and the journal's tail on failure."""
+
         def context() -> str:
             return f"{self.show('ActiveState', 'SubState')}\n" + "\n".join(self.messages()[-40:])
 
@@ -246,7 +247,13 @@ def test_stop_is_clean(booted: Booted, service: Service) -> None:
     FIGURES["systemctl stop"] = f"{time.monotonic() - started:.1f} s"
     props = service.show("ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "MainPID")
     # ExecMainCode 1 is CLD_EXITED: the daemon exited by itself, it was not killed by a signal.
-    assert props == {"ActiveState": "inactive", "SubState": "dead", "Result": "success", "ExecMainCode": "1",
-                     "ExecMainStatus": "0", "MainPID": "0"}, props
+    assert props == {
+        "ActiveState": "inactive",
+        "SubState": "dead",
+        "Result": "success",
+        "ExecMainCode": "1",
+        "ExecMainStatus": "0",
+        "MainPID": "0",
+    }, props
     assert service.events("daemon.stopped")
     assert booted.machine.run("kill", "-0", str(pid), check=False).returncode != 0

@@ -27,8 +27,9 @@ class Terminal:
         # The size is the pty's: COLUMNS and LINES inherited from the test process would override it
         # (a shell that exports them; a pytest-xdist worker has 80x24 in its environment).
         env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
-        self.proc = subprocess.Popen(list(argv), stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            list(argv), stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, start_new_session=True
+        )
         os.close(slave)
         self._raw = bytearray()
         self._eof = False

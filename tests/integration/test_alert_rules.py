@@ -17,6 +17,7 @@ RULES = REPO / "config" / "prometheus" / "alerts.yml"
 SCRAPE_CONFIG = REPO / "config" / "prometheus" / "prometheus.yml"
 RULE_TESTS = Path(__file__).resolve().parent / "data" / "alerts_test.yml"
 
+
 # The metric names fixed by the observability issue; an alert on any other name never fires.
 def _exported_metrics() -> set[str]:
     """Every metric mirrord exports, read from a fresh registry (so a renamed metric fails here).
@@ -37,9 +38,7 @@ EXPORTED_METRICS = _exported_metrics()
 def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: apt-get install prometheus (done by .ci/run)"
-    return subprocess.run(
-        [promtool, *args], capture_output=True, text=True, cwd=cwd, timeout=120, check=False
-    )
+    return subprocess.run([promtool, *args], capture_output=True, text=True, cwd=cwd, timeout=120, check=False)
 
 
 def _alert_names() -> list[str]:

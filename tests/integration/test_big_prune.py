@@ -68,10 +68,22 @@ def test_a_3400_file_prune_keeps_the_daemon_alive_and_stoppable(tmp_path: Path, 
     primary, mirror, kept = _build(tmp_path)
     assert len(mirror_files(mirror)) == RUNS * (OLD_STEPS + KEEP)
     d = daemon_factory(
-        {"prune": {"enabled": True, "keep_last": KEEP, "min_age_seconds": 0},
-         "daemon": {"heartbeat_seconds": 2, "shutdown_grace_seconds": 5}, "log": {"level": "info"}},
-        wrapper=["strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=unlinkat",
-                 "-e", f"inject=unlinkat:delay_exit={DELAY_US}"],
+        {
+            "prune": {"enabled": True, "keep_last": KEEP, "min_age_seconds": 0},
+            "daemon": {"heartbeat_seconds": 2, "shutdown_grace_seconds": 5},
+            "log": {"level": "info"},
+        },
+        wrapper=[
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            os.devnull,
+            "-e",
+            "trace=unlinkat",
+            "-e",
+            f"inject=unlinkat:delay_exit={DELAY_US}",
+        ],
     )
     d.start(wait_ready=False)
     pid = _pid_of(d)

@@ -50,8 +50,13 @@ def test_daemon_logs_absolute_paths_and_exports_runtime_metrics(
     code, body = daemon.http("/metrics")
     assert code == 200
     names = {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line and not line.startswith("#")}
-    assert {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
-            "python_info", "python_gc_collections_total"} <= names
+    assert {
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "python_info",
+        "python_gc_collections_total",
+    } <= names
     assert not [n for n in names if n.endswith("_created")]
     for reason in PRUNE_REFUSED_REASONS:
         assert daemon.metric("mirrord_prune_refused_total", f'reason="{reason}"') == 0.0, reason
@@ -80,9 +85,15 @@ done
 
 
 def _complete_in_bash(lines: list[str], cwd: Path) -> list[str]:
-    result = subprocess.run(["bash", "--norc", "--noprofile", "-c", BASH_DRIVER, "bash", *mirrord_argv()],
-                            input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=cwd, timeout=60,
-                            check=False)
+    result = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", BASH_DRIVER, "bash", *mirrord_argv()],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
@@ -91,18 +102,29 @@ def test_bash_completes_commands_options_and_values(tmp_path: Path) -> None:
     """bash sources `mirrord completion bash` and its function completes what the parser accepts."""
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt.toml").write_text("")
-    got = _complete_in_bash([
-        "mirrord sy",
-        "mirrord ch",
-        "mirrord check-config --format ",
-        "mirrord sync --log-level w",
-        "mirrord completion ",
-        "mirrord init --sys",
-        "mirrord run --primary ck",
-        "mirrord run --config ck",
-    ], tmp_path)
-    assert got == ["sync", "check-config", "toml json", "warning", "-h --help bash zsh fish", "--systemd",
-                   "ckpt", "ckpt ckpt.toml"]
+    got = _complete_in_bash(
+        [
+            "mirrord sy",
+            "mirrord ch",
+            "mirrord check-config --format ",
+            "mirrord sync --log-level w",
+            "mirrord completion ",
+            "mirrord init --sys",
+            "mirrord run --primary ck",
+            "mirrord run --config ck",
+        ],
+        tmp_path,
+    )
+    assert got == [
+        "sync",
+        "check-config",
+        "toml json",
+        "warning",
+        "-h --help bash zsh fish",
+        "--systemd",
+        "ckpt",
+        "ckpt ckpt.toml",
+    ]
 
 
 def test_fish_completes_commands_and_values(tmp_path: Path) -> None:
@@ -110,11 +132,19 @@ def test_fish_completes_commands_and_values(tmp_path: Path) -> None:
     assert shutil.which("fish"), "fish not installed (Debian package fish; .ci/run installs it)"
     script = tmp_path / "mirrord.fish"
     script.write_text(run_mirrord("completion", "fish").stdout)
-    probe = (f"source {script}; complete --do-complete 'mirrord sy'; echo ---; "
-             "complete --do-complete 'mirrord check-config --format '; echo ---; "
-             "complete --do-complete 'mirrord verify --d'")
-    result = subprocess.run(["fish", "--no-config", "-c", probe], capture_output=True, text=True, timeout=60,
-                            check=False, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    probe = (
+        f"source {script}; complete --do-complete 'mirrord sy'; echo ---; "
+        "complete --do-complete 'mirrord check-config --format '; echo ---; "
+        "complete --do-complete 'mirrord verify --d'"
+    )
+    result = subprocess.run(
+        ["fish", "--no-config", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     first, second, third = (block.strip().splitlines() for block in result.stdout.split("---"))
     assert [ln.split("\t")[0] for ln in first] == ["sync"] and "copy every committed" in first[0]
@@ -148,13 +178,19 @@ def test_zsh_completes_a_command_and_lists_values(tmp_path: Path) -> None:
     functions = tmp_path / "functions"
     functions.mkdir()
     (functions / "_mirrord").write_text(run_mirrord("completion", "zsh").stdout)
-    syntax = subprocess.run(["zsh", "-n", str(functions / "_mirrord")], capture_output=True, text=True,
-                            timeout=60, check=False)
+    syntax = subprocess.run(
+        ["zsh", "-n", str(functions / "_mirrord")], capture_output=True, text=True, timeout=60, check=False
+    )
     assert syntax.returncode == 0, syntax.stderr
-    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "TERM": "xterm",
-           "MIRRORD_BIN": str(Path(mirrord_argv()[0]).parent)}
-    result = subprocess.run(["zsh", "-f", "-c", ZSH_DRIVER], capture_output=True, text=True, cwd=tmp_path,
-                            timeout=60, check=False, env=env)
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "TERM": "xterm",
+        "MIRRORD_BIN": str(Path(mirrord_argv()[0]).parent),
+    }
+    result = subprocess.run(
+        ["zsh", "-f", "-c", ZSH_DRIVER], capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False, env=env
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["COMPLETED-COMMAND", "LISTED-VALUES"]
 
@@ -165,11 +201,18 @@ def test_man_page_renders_without_warnings_and_documents_every_command(tmp_path:
     page.write_text(run_mirrord("man").stdout)
     groff = shutil.which("groff")
     assert groff, "groff not installed (Debian package groff-base; .ci/run installs it)"
-    lint = subprocess.run([groff, "-man", "-ww", "-z", str(page)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    lint = subprocess.run(
+        [groff, "-man", "-ww", "-z", str(page)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert (lint.returncode, lint.stderr) == (0, "")
-    text = subprocess.run([groff, "-man", "-Tutf8", "-P", "-cbou", str(page)], capture_output=True, text=True,
-                          timeout=60, check=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}).stdout
+    text = subprocess.run(
+        [groff, "-man", "-Tutf8", "-P", "-cbou", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    ).stdout
     flat = " ".join(text.replace("\u2010", "-").replace("\u2212", "-").split())
     for name in SUMMARIES:
         assert f"mirrord {name} [-h]" in flat, name

@@ -56,8 +56,7 @@ def synced(small_tree: Path, mirror: Path, make_config: Callable[..., Config]) -
 
 def _lines(stdout: str) -> list[tuple[str, str]]:
     """verify's findings as (PROBLEM, path): its stdout without the summary line that ends it."""
-    return [(p[0], p[1]) for p in (line.split() for line in stdout.splitlines())
-            if len(p) >= 2 and p[0] != "verified"]
+    return [(p[0], p[1]) for p in (line.split() for line in stdout.splitlines()) if len(p) >= 2 and p[0] != "verified"]
 
 
 def test_sync_mirrors_a_tree_of_real_checkpoints_including_200_mb(
@@ -98,9 +97,7 @@ def test_sync_mirrors_a_tree_of_real_checkpoints_including_200_mb(
     assert state["step"] == 100 and len(state["optimizer"]["state"]) == 2
 
 
-def test_sync_exit_1_when_a_copy_fails_and_the_rest_is_mirrored(
-    primary: Path, mirror: Path, small_tree: Path
-) -> None:
+def test_sync_exit_1_when_a_copy_fails_and_the_rest_is_mirrored(primary: Path, mirror: Path, small_tree: Path) -> None:
     """A regular file squats where the runB folder must go: runB fails, is reported by path, the rest is done."""
     (mirror / "runB").write_bytes(b"not a directory")
     result = run_mirrord("sync", "--primary", primary, "--mirror", mirror)
@@ -127,8 +124,7 @@ def test_sync_waits_for_a_file_written_in_place_to_settle(primary: Path, synced:
     """A file modified just now is copied once it has stayed unchanged for settle_seconds (sync waits up
     to three settle periods for it)."""
     fresh = save_checkpoint(primary / "runA" / "step_0031.pt", 31, mtime_ns=time.time_ns())
-    result = run_mirrord("sync", "--primary", primary, "--mirror", synced,
-                         env={"MIRRORD_COPY__SETTLE_SECONDS": "0.5"})
+    result = run_mirrord("sync", "--primary", primary, "--mirror", synced, env={"MIRRORD_COPY__SETTLE_SECONDS": "0.5"})
     assert result.returncode == 0, result.stderr
     assert sha256(synced / "runA" / "step_0031.pt") == sha256(fresh)
     assert_mirror_consistent(primary, synced)
@@ -169,9 +165,7 @@ def _truncate(path: Path) -> None:
     [(_flip_one_byte, "HASH_MISMATCH"), (_truncate, "SIZE_MISMATCH"), (Path.unlink, "MISSING")],
     ids=["one-byte-flipped", "truncated", "deleted"],
 )
-def test_verify_exit_1_lists_the_damaged_file(
-    synced: Path, damage: Callable[[Path], None], problem: str
-) -> None:
+def test_verify_exit_1_lists_the_damaged_file(synced: Path, damage: Callable[[Path], None], problem: str) -> None:
     clean = run_mirrord("verify", "--mirror", synced)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     damage(synced / "runA" / "step_0020.pt")
@@ -285,22 +279,37 @@ def test_sync_json_lists_copied_failed_and_in_sync(primary: Path, mirror: Path, 
     (mirror / "runB").unlink()
     again = _json(run_mirrord("sync", "--json", "--primary", primary, "--mirror", mirror))
     assert (again["ok"], again["copied"], again["failed"], again["in_sync"]) == (
-        True, ["runB/step_0005.pt", "runB/step_0015.pt"], [], len(SMALL) - 2)
+        True,
+        ["runB/step_0005.pt", "runB/step_0015.pt"],
+        [],
+        len(SMALL) - 2,
+    )
 
 
 def test_verify_json_counts_intact_files_and_lists_problems(synced: Path) -> None:
     clean = _json(run_mirrord("verify", "--json", "--mirror", synced))
     assert (clean["command"], clean["ok"], clean["checked"], clean["intact"], clean["problems"]) == (
-        "verify", True, len(SMALL), len(SMALL), [])
+        "verify",
+        True,
+        len(SMALL),
+        len(SMALL),
+        [],
+    )
     _flip_one_byte(synced / "runA" / "step_0020.pt")
     save_checkpoint(synced / "runC" / "step_0001.pt", 1)
     result = run_mirrord("verify", "--json", "--deep", "--mirror", synced)
     assert result.returncode == 1
     doc = _json(result)
-    assert (doc["checked"], doc["intact"], doc["deep"], doc["mirror"]) == (len(SMALL), len(SMALL) - 1, True,
-                                                                          str(synced))
+    assert (doc["checked"], doc["intact"], doc["deep"], doc["mirror"]) == (
+        len(SMALL),
+        len(SMALL) - 1,
+        True,
+        str(synced),
+    )
     assert sorted((p["problem"], p["path"]) for p in doc["problems"]) == [
-        ("hash_mismatch", "runA/step_0020.pt"), ("unrecorded", "runC/step_0001.pt")]
+        ("hash_mismatch", "runA/step_0020.pt"),
+        ("unrecorded", "runC/step_0001.pt"),
+    ]
     assert "verified 6 file(s): 5 intact, 2 problem(s)" in result.stderr
 
 
@@ -308,7 +317,13 @@ def test_latest_json_names_path_step_and_size(synced: Path) -> None:
     doc = _json(run_mirrord("latest", "--json", "--mirror", synced, "--run", "runA"))
     path = synced / "runA" / "step_0030.pt"
     assert (doc["path"], doc["relative_path"], doc["step"], doc["size"], doc["side"], doc["run"]) == (
-        str(path), "runA/step_0030.pt", 30, path.stat().st_size, "mirror", "runA")
+        str(path),
+        "runA/step_0030.pt",
+        30,
+        path.stat().st_size,
+        "mirror",
+        "runA",
+    )
     none = run_mirrord("latest", "--json", "--mirror", synced, "--run", "runZ")
     assert none.returncode == 1
     assert (_json(none)["path"], _json(none)["step"]) == (None, None)

@@ -72,9 +72,7 @@ def test_inline_prometheus_config_is_valid_and_scrapes_mirrord(tmp_path: Path) -
     (config_ref,) = prometheus["configs"]
     content = compose["configs"][config_ref["source"]]["content"]
     scrape = yaml.safe_load(content)
-    assert scrape["scrape_configs"] == [
-        {"job_name": "mirrord", "static_configs": [{"targets": ["mirrord:9108"]}]}
-    ]
+    assert scrape["scrape_configs"] == [{"job_name": "mirrord", "static_configs": [{"targets": ["mirrord:9108"]}]}]
 
     config_dir = posixpath.dirname(config_ref["target"])
     rules_mounts = {

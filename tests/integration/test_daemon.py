@@ -112,11 +112,15 @@ def test_in_place_writer_is_copied_only_after_it_settles(tmp_path, daemon_factor
         if at >= done_at:
             continue
         # The writer's pauses before the copy started (the last one ends at the start itself).
-        quiet = [min(nxt[0], at) - prev[1]
-                 for prev, nxt in itertools.pairwise([*writes, (math.inf, math.inf)]) if prev[1] < at]
+        quiet = [
+            min(nxt[0], at) - prev[1]
+            for prev, nxt in itertools.pairwise([*writes, (math.inf, math.inf)])
+            if prev[1] < at
+        ]
         assert max(quiet, default=0.0) >= settle - 0.1, (
             f"copy started {done_at - at:.2f} s before the writer finished, which never paused for "
-            f"{settle} s (longest pause {max(quiet, default=0.0):.2f} s)")
+            f"{settle} s (longest pause {max(quiet, default=0.0):.2f} s)"
+        )
     assert d.stop() == 0
 
 
@@ -135,8 +139,9 @@ def test_files_committed_while_stopped_are_mirrored_at_start(tmp_path, daemon_fa
 def test_lost_events_are_repaired_by_the_rescan(tmp_path, daemon_factory):
     """With polling so slow that events never arrive in time, the periodic reconcile still mirrors."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    d = daemon_factory({"watch": {"mode": "polling", "poll_interval_seconds": 3600,
-                                  "rescan_interval_seconds": 1.0}}).start()
+    d = daemon_factory(
+        {"watch": {"mode": "polling", "poll_interval_seconds": 3600, "rescan_interval_seconds": 1.0}}
+    ).start()
     d.wait_event("watch.mode", mode="polling")
     publish_checkpoint(primary / "step_0042.pt", 42)
     wait_for(lambda: mirrored(mirror, "step_0042.pt"), 90, "rescan mirrors the file")
@@ -207,8 +212,9 @@ def test_sighup_reloads_workers_and_rejects_a_bad_config(tmp_path, daemon_factor
 
 def test_busy_metrics_address_fails_start_up_naming_it(tmp_path, daemon_factory):
     first = daemon_factory().start()
-    second = daemon_factory({"metrics": {"address": f"127.0.0.1:{first.port}"},
-                             "mirror": str(tmp_path / "other-mirror")})
+    second = daemon_factory(
+        {"metrics": {"address": f"127.0.0.1:{first.port}"}, "mirror": str(tmp_path / "other-mirror")}
+    )
     second.start(wait_ready=False)
     assert second.proc is not None
     assert second.proc.wait(timeout=30) == 2
@@ -239,8 +245,9 @@ def _can_limit_inotify() -> bool:
     return probe.returncode == 0
 
 
-needs_userns_limit = pytest.mark.skipif(not _can_limit_inotify(), reason="needs unshare --user and a per-namespace "
-                                                                          "inotify limit (/proc/sys/user)")
+needs_userns_limit = pytest.mark.skipif(
+    not _can_limit_inotify(), reason="needs unshare --user and a per-namespace inotify limit (/proc/sys/user)"
+)
 
 
 @needs_userns_limit
@@ -266,8 +273,9 @@ def test_a_folder_inotify_cannot_watch_turns_the_watch_to_polling(tmp_path, daem
     rescans at once."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     (primary / "run1").mkdir()
-    d = daemon_factory({"watch": {"poll_interval_seconds": 0.2, "rescan_interval_seconds": 3600}},
-                       wrapper=_inotify_watches(2)).start()  # the primary and run1: no watch left
+    d = daemon_factory(
+        {"watch": {"poll_interval_seconds": 0.2, "rescan_interval_seconds": 3600}}, wrapper=_inotify_watches(2)
+    ).start()  # the primary and run1: no watch left
     d.wait_event("watch.mode", mode="native")
     publish_checkpoint(primary / "run1" / "step_0001.pt", 1)
     wait_for(lambda: mirrored(mirror, "run1/step_0001.pt"), 90, "mirrored from its events")

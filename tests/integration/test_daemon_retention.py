@@ -74,9 +74,14 @@ def test_a_copy_in_flight_is_never_deleted(tmp_path, gated_primary, daemon_facto
     held = publish_checkpoint(backing / "r" / "step_0001.pt", 1, megabytes=24)
     os.utime(held, (old + 1, old + 1))
     gated_primary.stall("step_0001.pt", after=16 * 1024 * 1024)
-    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 1},
-                        "copy": {"workers": 2}, "watch": {"rescan_interval_seconds": 0.3},
-                        "io": {"drop_cache": False}}).start()
+    d = daemon_factory(
+        {
+            "prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 1},
+            "copy": {"workers": 2},
+            "watch": {"rescan_interval_seconds": 0.3},
+            "io": {"drop_cache": False},
+        }
+    ).start()
     part = mirror / "r" / "step_0001.pt.part"
     wait_for(lambda: part.exists() and part.stat().st_size > 0, 90, "the copy of step 1 to start")
     publish_old(backing, (2, 3), old)
@@ -91,8 +96,11 @@ def test_a_copy_in_flight_is_never_deleted(tmp_path, gated_primary, daemon_facto
     wait_for(lambda: steps(primary) == [2, 3] and steps(mirror) == [2, 3], 90, "step 1 pruned once copied")
     assert d.stop() == 0
     # And from the daemon's own account: step 1 was deleted on the primary only after it was committed.
-    names = [(e["event"], e.get("volume")) for e in d.events() if e.get("path") == "r/step_0001.pt"
-             and e["event"] in ("copy.committed", "prune.deleted")]
+    names = [
+        (e["event"], e.get("volume"))
+        for e in d.events()
+        if e.get("path") == "r/step_0001.pt" and e["event"] in ("copy.committed", "prune.deleted")
+    ]
     assert names.index(("prune.deleted", "primary")) > names.index(("copy.committed", None)), names
 
 
@@ -122,8 +130,12 @@ def test_a_wiped_primary_restarted_from_scratch_never_costs_the_mirror_its_old_t
     old = time.time() - 3600
     publish_old(primary, range(1, 5), old)
     mirror_everything(primary, mirror)
-    d = daemon_factory({"prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 0},
-                        "watch": {"rescan_interval_seconds": 1}}).start()
+    d = daemon_factory(
+        {
+            "prune": {"enabled": True, "keep_last": 2, "primary": True, "min_age_seconds": 0},
+            "watch": {"rescan_interval_seconds": 1},
+        }
+    ).start()
     wait_for(lambda: steps(mirror) == [3, 4] and steps(primary) == [3, 4], 60, "steps 3 and 4 on both sides")
     for p in (primary / "r").iterdir():
         p.unlink()
@@ -159,13 +171,19 @@ def _legacy(primary, step, rename):
 
 
 def test_an_unchecked_format_committed_by_rename_retires_older_steps_one_written_in_place_does_not(
-        tmp_path, daemon_factory):
+    tmp_path, daemon_factory
+):
     """keep_last 1, prune.primary: legacy torch.save checkpoints (no validator reads them). Committed by a
     rename, step 2 is recorded "renamed" (whole by construction) and retires step 1 on both sides; step 3,
     torn and written in place, is published once it stops changing but retires nothing: step 2 stays."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    d = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "primary": True, "min_age_seconds": 0},
-                        "copy": {"settle_seconds": 0.5}, "watch": {"rescan_interval_seconds": 1}}).start()
+    d = daemon_factory(
+        {
+            "prune": {"enabled": True, "keep_last": 1, "primary": True, "min_age_seconds": 0},
+            "copy": {"settle_seconds": 0.5},
+            "watch": {"rescan_interval_seconds": 1},
+        }
+    ).start()
     _legacy(primary, 1, rename=True)
     wait_for(lambda: steps(mirror) == [1], 60, "step 1 mirrored")
     _legacy(primary, 2, rename=True)

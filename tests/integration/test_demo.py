@@ -83,7 +83,7 @@ def test_short_demo_mirrors_prunes_and_leaves_keep_last_on_both_sides(tmp_path) 
     # Where things are, then the status of the still-running daemon.
     for where in (str(primary), str(mirror), str(directory / "mirrord.toml"), "/metrics"):
         assert where in out
-    status = out[out.index(f"$ {mirrord_command()} status"):]
+    status = out[out.index(f"$ {mirrord_command()} status") :]
     assert "intact (size checked)" in status and "caught up" in status
     assert "healthy, ready" in status and "copies since start: 5 ok" in status
     assert "problems: none" in status
@@ -109,11 +109,14 @@ def test_demo_without_torch_writes_torch_like_zips_and_can_run_again(tmp_path) -
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
-@pytest.mark.parametrize(("signum", "inherited"), [
-    (signal.SIGINT, "default"),
-    (signal.SIGINT, "ignored"),  # a background job of a script: the shell starts it with SIGINT ignored
-    (signal.SIGTERM, "default"),
-])
+@pytest.mark.parametrize(
+    ("signum", "inherited"),
+    [
+        (signal.SIGINT, "default"),
+        (signal.SIGINT, "ignored"),  # a background job of a script: the shell starts it with SIGINT ignored
+        (signal.SIGTERM, "default"),
+    ],
+)
 def test_ctrl_c_stops_the_demo_and_its_daemon(tmp_path, signum: int, inherited: str) -> None:
     """SIGINT to the demo (as Ctrl-C sends it) or SIGTERM ends it with 130, and the daemon child is
     stopped cleanly, also when the demo was started with SIGINT ignored (whatever pytest inherited)."""

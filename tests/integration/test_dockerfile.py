@@ -123,12 +123,21 @@ def test_builds_in_a_stage_on_any_base_and_sends_only_sources() -> None:
     assert instructions[:2] == ["ARG PYTHON_IMAGE=python:3.11-slim", "FROM ${PYTHON_IMAGE} AS build"]
     froms = [i for i, ln in enumerate(instructions) if ln.startswith("FROM ")]
     assert [instructions[i] for i in froms] == ["FROM ${PYTHON_IMAGE} AS build", "FROM ${PYTHON_IMAGE}"]
-    final = instructions[froms[1]:]
+    final = instructions[froms[1] :]
     assert not [ln for ln in final if ln.startswith(("COPY", "ADD"))], "the final stage gets wheels by bind mount"
     assert "RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \\" in final
     ignore = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
-    assert ignore == ["*", "!pyproject.toml", "!setup.py", "!README.md", "!mirrord", "!config", "!systemd",
-                      "!wheels/*.whl", "**/__pycache__"]
+    assert ignore == [
+        "*",
+        "!pyproject.toml",
+        "!setup.py",
+        "!README.md",
+        "!mirrord",
+        "!config",
+        "!systemd",
+        "!wheels/*.whl",
+        "**/__pycache__",
+    ]
 
 
 def test_image_install_steps_produce_a_working_daemon_without_torch(tmp_path: Path) -> None:

@@ -45,8 +45,15 @@ def quick_start(workdir: Path, heading: str, env: dict[str, str]) -> Iterator[su
     """Run the section's blocks in one `bash -e` (as typed into one terminal) in its own process group,
     which is killed afterwards whatever happened (the background daemon, weed)."""
     script = "\n".join(shell_blocks(README.read_text(), heading))
-    proc = subprocess.Popen(["bash", "-e", "-c", script], cwd=workdir, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-e", "-c", script],
+        cwd=workdir,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=240)
         yield subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
@@ -71,8 +78,13 @@ def _logs(workdir: Path) -> str:
 
 def test_mkdocs_strict_build_passes(tmp_path: Path) -> None:
     """`mkdocs build --strict` (links and anchors validated: mkdocs.yml) succeeds on the docs as they are."""
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "site" / "index.html").exists()
 
@@ -85,7 +97,10 @@ def test_local_quick_start_runs_as_written(tmp_path: Path) -> None:
         assert f"{tmp_path}/mirror/run_a/step_0002.pt" in result.stdout
         assert "resumed from mirror/run_a/step_0002.pt at step 3" in result.stdout, result.stdout
     assert sorted(p.name for p in (tmp_path / "ckpt" / "run_a").iterdir()) == [
-        "step_0003.pt", "step_0004.pt", "step_0005.pt"]
+        "step_0003.pt",
+        "step_0004.pt",
+        "step_0005.pt",
+    ]
 
 
 def test_s3_quick_start_runs_as_written(tmp_path: Path) -> None:
@@ -107,8 +122,13 @@ def test_every_docs_page_cited_exists() -> None:
     """README links and every `docs/NAME.md` cited by the example config, the code or the deployment
     files name a page that exists (the config once cited a README section that did not)."""
     cited: set[str] = set()
-    for path in [README, *REPO.glob("config/**/*"), *REPO.glob("mirrord/**/*.py"), REPO / "systemd" / "mirrord.service",
-                 REPO / "Dockerfile"]:
+    for path in [
+        README,
+        *REPO.glob("config/**/*"),
+        *REPO.glob("mirrord/**/*.py"),
+        REPO / "systemd" / "mirrord.service",
+        REPO / "Dockerfile",
+    ]:
         if path.is_file():
             cited.update(re.findall(r"\bdocs/[\w-]+\.md", path.read_text(errors="replace")))
     cited.update(f"docs/{m}" for m in re.findall(r"\]\(docs/([\w-]+\.md)", README.read_text()))

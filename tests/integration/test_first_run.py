@@ -29,27 +29,36 @@ def _env(on_path: bool) -> dict[str, str]:
 
 def _typed(command: str, cwd: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     """Run a line as a person would paste it into a shell in `cwd` (plus `extra` arguments)."""
-    return subprocess.run([*shlex.split(command), *extra], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [*shlex.split(command), *extra], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_the_demos_try_next_commands_work_as_printed_without_mirrord_on_path(tmp_path: Path) -> None:
     env = _env(on_path=False)
     directory = tmp_path / "demo"
-    result = subprocess.run([*mirrord_argv(), "demo", "--dir", str(directory), "--steps", "2", "--interval", "0.2",
-                             "--no-torch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-                            check=False)
+    result = subprocess.run(
+        [*mirrord_argv(), "demo", "--dir", str(directory), "--steps", "2", "--interval", "0.2", "--no-torch"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    tail = result.stdout[result.stdout.index("Try next:"):]
+    tail = result.stdout[result.stdout.index("Try next:") :]
     tried = [line.split("#")[0].strip() for line in tail.splitlines()[1:] if line.startswith("  ")]
     assert len(tried) == 4 and all(not t.startswith("mirrord ") for t in tried), tail
     assert "`mirrord` is not on PATH here" in tail
     for command in tried[:3]:  # status, verify --deep, latest (the fourth runs a daemon: below)
         done = _typed(command, tmp_path, env)
         if " status" in command:  # the demo's daemon is gone: status says so, as its only problem (exit 1)
-            problems = done.stdout[done.stdout.index("problems:"):].splitlines()[1:]
-            assert done.returncode == 1 and [p.split(":")[0].strip() for p in problems if "!" in p] == [
-                "! daemon"], (command, done.stdout)
+            problems = done.stdout[done.stdout.index("problems:") :].splitlines()[1:]
+            assert done.returncode == 1 and [p.split(":")[0].strip() for p in problems if "!" in p] == ["! daemon"], (
+                command,
+                done.stdout,
+            )
             continue
         assert done.returncode == 0, (command, done.stdout, done.stderr)
     assert _typed(tried[2], tmp_path, env).stdout.strip().endswith("demo-run/step_0002.pt")
@@ -60,20 +69,29 @@ def test_run_on_a_terminal_shows_retention_endpoints_and_a_status_command_that_w
     primary.mkdir()
     port = free_port()
     config = tmp_path / "mirrord.toml"
-    write_config(config, settings(primary, mirror, {
-        "prune": {"keep_last": 4, "primary": True, "min_age_seconds": 30},
-        "metrics": {"address": f"127.0.0.1:{port}"},
-    }))
+    write_config(
+        config,
+        settings(
+            primary,
+            mirror,
+            {
+                "prune": {"keep_last": 4, "primary": True, "min_age_seconds": 30},
+                "metrics": {"address": f"127.0.0.1:{port}"},
+            },
+        ),
+    )
     for on_path in (False, True):
         env = _env(on_path)
         terminal = Terminal([*mirrord_argv(), "run", "--config", str(config)], env, cwd=tmp_path)
         try:
             shown = terminal.wait_for_text("daemon.ready", timeout=90)
-            assert ("retention  keep_last=4 verified steps per run; older steps are deleted on the mirror and "
-                    "the primary; nothing younger than min_age_seconds=30 is deleted") in shown
+            assert (
+                "retention  keep_last=4 verified steps per run; older steps are deleted on the mirror and "
+                "the primary; nothing younger than min_age_seconds=30 is deleted"
+            ) in shown
             assert f"endpoints  http://127.0.0.1:{port}/metrics  /healthz  /readyz  /status" in shown
             status_line = next(line for line in shown.splitlines() if line.strip().startswith("status "))
-            command = status_line.strip()[len("status"):].split("(")[0].strip()
+            command = status_line.strip()[len("status") :].split("(")[0].strip()
             assert command.startswith("mirrord status") == on_path, command
             checked = _typed(command, tmp_path, env, "--timeout", "30")  # a loaded box may answer slowly
             assert checked.returncode == 0, (command, checked.stdout, checked.stderr)

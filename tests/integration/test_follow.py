@@ -20,9 +20,9 @@ LIGHTNING_UNIT = re.compile(r"epoch=.*\.ckpt")
 HF_UNIT = re.compile(r"checkpoint-\d+")
 
 
-def wait_mirrored_as_kept(d: DaemonProcess, primary: Path, mirror: Path, unit: re.Pattern[str],
-                          also: str = "") -> None:
+def wait_mirrored_as_kept(d: DaemonProcess, primary: Path, mirror: Path, unit: re.Pattern[str], also: str = "") -> None:
     """Until the mirror's run holds the units the trainer kept on the primary (and `also`)."""
+
     def same() -> bool:
         if d.exited():
             raise AssertionError(f"daemon exited:\n{d.log_text()[-4000:]}")
@@ -32,8 +32,10 @@ def wait_mirrored_as_kept(d: DaemonProcess, primary: Path, mirror: Path, unit: r
     try:
         wait_for(same, 120, "the mirror to hold what the trainer keeps", interval=0.5)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nprimary: {unit_names(primary, unit)}\nmirror: {unit_names(mirror, unit)}\n"
-                             f"log:\n{d.log_text()[-4000:]}") from None
+        raise AssertionError(
+            f"{exc}\nprimary: {unit_names(primary, unit)}\nmirror: {unit_names(mirror, unit)}\n"
+            f"log:\n{d.log_text()[-4000:]}"
+        ) from None
 
 
 @pytest.mark.parametrize("filename", ["", "{epoch}-{val_loss:.2f}"], ids=["step-names", "no-step-names"])
@@ -50,8 +52,20 @@ def test_lightning_top_k_best_survives_on_the_mirror_and_resumes(tmp_path: Path,
     extra = ("--filename", filename) if filename else ()
     try:
         d.start()
-        losses = train("train_lightning", primary / "run", "--epochs", 6, "--keep", 3, "--monitor-best-at", 0,
-                       "--step-seconds", 0.2, *extra, log=tmp_path / "train.log")
+        losses = train(
+            "train_lightning",
+            primary / "run",
+            "--epochs",
+            6,
+            "--keep",
+            3,
+            "--monitor-best-at",
+            0,
+            "--step-seconds",
+            0.2,
+            *extra,
+            log=tmp_path / "train.log",
+        )
         kept = unit_names(primary / "run", LIGHTNING_UNIT)
         assert len(kept) == 3 and kept[0].startswith("epoch=0-"), kept
         wait_mirrored_as_kept(d, primary / "run", mirror / "run", LIGHTNING_UNIT, also="last.ckpt")
@@ -66,8 +80,19 @@ def test_lightning_top_k_best_survives_on_the_mirror_and_resumes(tmp_path: Path,
     best = next(v["best_model_path"] for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint"))
     best_on_mirror = mirror / "run" / Path(best).name
     assert best_on_mirror.name == kept[0] and best_on_mirror.is_file()
-    resumed = train("train_lightning", tmp_path / "resumed", "--epochs", 6, "--keep", 3, "--monitor-best-at", 0,
-                    "--resume", best_on_mirror, log=tmp_path / "resumed.log")
+    resumed = train(
+        "train_lightning",
+        tmp_path / "resumed",
+        "--epochs",
+        6,
+        "--keep",
+        3,
+        "--monitor-best-at",
+        0,
+        "--resume",
+        best_on_mirror,
+        log=tmp_path / "resumed.log",
+    )
     assert resumed == {s: losses[s] for s in range(3, 13)}
 
 
@@ -78,8 +103,21 @@ def test_hf_trainer_best_checkpoint_survives_its_rotation_on_the_mirror(tmp_path
     mirror's checkpoint-2 gives steps 3 and 4 exactly."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings("hf")).start()
-    losses = train("train_hf", primary / "run", "--steps", 12, "--save-steps", 2, "--save-total-limit", 3,
-                   "--best-at", 2, "--step-seconds", 0.4, log=tmp_path / "a.log")
+    losses = train(
+        "train_hf",
+        primary / "run",
+        "--steps",
+        12,
+        "--save-steps",
+        2,
+        "--save-total-limit",
+        3,
+        "--best-at",
+        2,
+        "--step-seconds",
+        0.4,
+        log=tmp_path / "a.log",
+    )
     assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-10", "checkpoint-12", "checkpoint-2"]
     wait_mirrored_as_kept(d, primary / "run", mirror / "run", HF_UNIT)
     print(f"hf follow: deleted on the mirror as the trainer did: {[e['path'] for e in d.events('prune.deleted')]}")
@@ -89,6 +127,7 @@ def test_hf_trainer_best_checkpoint_survives_its_rotation_on_the_mirror(tmp_path
     state = json.loads((mirror / "run" / "checkpoint-12" / "trainer_state.json").read_text())
     best = mirror / "run" / Path(state["best_model_checkpoint"]).name
     assert best.name == "checkpoint-2" and (best / "model.safetensors").is_file()
-    resumed = train("train_hf", tmp_path / "resumed", "--steps", 4, "--save-steps", 2, "--resume", best,
-                    log=tmp_path / "b.log")
+    resumed = train(
+        "train_hf", tmp_path / "resumed", "--steps", 4, "--save-steps", 2, "--resume", best, log=tmp_path / "b.log"
+    )
     assert resumed == {s: losses[s] for s in (3, 4)}

@@ -47,9 +47,15 @@ def panel_queries() -> list[tuple[str, str]]:
 def test_the_dashboard_covers_what_an_operator_watches() -> None:
     """Lag per run, copies and failures, bytes in flight, free space, prune skips by reason, invalid sources."""
     exprs = " ".join(expr for _, expr in panel_queries())
-    for metric in ("mirrord_mirror_lag_seconds", "mirrord_last_mirrored_step", "mirrord_copies_total",
-                   "mirrord_copy_bytes_in_flight", "mirrord_volume_free_bytes", "mirrord_prune_skipped_total",
-                   "mirrord_invalid_sources"):
+    for metric in (
+        "mirrord_mirror_lag_seconds",
+        "mirrord_last_mirrored_step",
+        "mirrord_copies_total",
+        "mirrord_copy_bytes_in_flight",
+        "mirrord_volume_free_bytes",
+        "mirrord_prune_skipped_total",
+        "mirrord_invalid_sources",
+    ):
         assert metric in exprs, metric
 
 

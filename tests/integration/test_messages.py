@@ -30,8 +30,14 @@ def test_a_reader_that_left_ends_the_command_quietly(tmp_path: Path, command: li
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        result = subprocess.run([*mirrord_argv(), *command, "--primary", str(primary), "--mirror", str(mirror)],
-                                stdout=write_end, stderr=subprocess.PIPE, text=True, env=child_env(), timeout=120)
+        result = subprocess.run(
+            [*mirrord_argv(), *command, "--primary", str(primary), "--mirror", str(mirror)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+            timeout=120,
+        )
     finally:
         os.close(write_end)
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
@@ -54,8 +60,12 @@ def test_a_locked_local_mirror_names_the_holders_pid(tmp_path: Path) -> None:
     primary, mirror = _roots(tmp_path)
     holder = subprocess.Popen(
         [*mirrord_argv(), "run", "--primary", str(primary), "--mirror", str(mirror), "--log-format", "json"],
-        env=child_env({"MIRRORD_METRICS__ENABLED": "false"}), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True)
+        env=child_env({"MIRRORD_METRICS__ENABLED": "false"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert holder.stdout is not None
         for line in holder.stdout:  # until the daemon holds the lock (it logs readiness after taking it)
@@ -77,14 +87,18 @@ def test_config_errors_come_at_once_with_suggestions_and_the_section_hint(tmp_pa
     up; every problem of the file is listed in the same run."""
     primary, _ = _roots(tmp_path)
     config = tmp_path / "mirrord.toml"
-    config.write_text(f'primary = "{primary}"\n[prun]\nkeep_last = 2\n[copy]\nworkers = "x"\n'
-                      f'[s3]\nnode = "a"\nmirror = "{tmp_path / "mirror"}"\n')
+    config.write_text(
+        f'primary = "{primary}"\n[prun]\nkeep_last = 2\n[copy]\nworkers = "x"\n'
+        f'[s3]\nnode = "a"\nmirror = "{tmp_path / "mirror"}"\n'
+    )
     result = run_mirrord("check-config", "--config", config)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert f"mirrord: config error: prun: unknown key (in {config}); did you mean prune?" in lines, lines
-    assert (f"mirrord: config error: s3.mirror: unknown key (in {config}); mirror is a top-level key: put it above "
-            "the file's first [section] (below [s3] it is read as part of it)") in lines, lines
+    assert (
+        f"mirrord: config error: s3.mirror: unknown key (in {config}); mirror is a top-level key: put it above "
+        "the file's first [section] (below [s3] it is read as part of it)"
+    ) in lines, lines
     assert any(line.startswith("mirrord: config error: copy.workers: ") for line in lines), lines
 
 
@@ -121,8 +135,9 @@ def test_sync_json_names_the_source_that_is_not_a_whole_checkpoint(tmp_path: Pat
     torn = primary / "run_a" / "step_2.pt"
     save_checkpoint(torn, step=2)
     torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
-    result = run_mirrord("sync", "--json", "--primary", primary, "--mirror", mirror,
-                         env={"MIRRORD_COPY__SETTLE_SECONDS": "0.2"})
+    result = run_mirrord(
+        "sync", "--json", "--primary", primary, "--mirror", mirror, env={"MIRRORD_COPY__SETTLE_SECONDS": "0.2"}
+    )
     assert result.returncode == 1, result.stderr
     document = json.loads(result.stdout)
     assert document["ok"] is False
@@ -137,10 +152,22 @@ def test_output_shows_values_not_internal_reprs(tmp_path: Path) -> None:
     for step in (1, 2):
         save_checkpoint(primary / "run_a" / f"step_{step}.pt", step=step)
         os.utime(primary / "run_a" / f"step_{step}.pt")  # just written: the min-age guard keeps step 1
-    assert run_mirrord("sync", "--primary", primary, "--mirror", mirror,
-                       env={"MIRRORD_COPY__SETTLE_SECONDS": "0.2"}).returncode == 0
-    prune = run_mirrord("prune", "--log-format", "console", "--primary", primary, "--mirror", mirror,
-                        env={"MIRRORD_PRUNE__KEEP_LAST": "1"})
+    assert (
+        run_mirrord(
+            "sync", "--primary", primary, "--mirror", mirror, env={"MIRRORD_COPY__SETTLE_SECONDS": "0.2"}
+        ).returncode
+        == 0
+    )
+    prune = run_mirrord(
+        "prune",
+        "--log-format",
+        "console",
+        "--primary",
+        primary,
+        "--mirror",
+        mirror,
+        env={"MIRRORD_PRUNE__KEEP_LAST": "1"},
+    )
     assert prune.returncode == 0, prune.stderr
     assert "recent_mtime" in prune.stderr, prune.stderr
     assert "<Veto." not in prune.stderr and "Veto." not in prune.stdout
@@ -175,13 +202,24 @@ def test_sync_stopped_by_a_hangup_or_term_removes_its_part_and_says_so(tmp_path:
     gated_primary.stall(source.name, after=16 * 2**20)
     env = child_env({"MIRRORD_COPY__SETTLE_SECONDS": "0"})
     log = tmp_path / "sync.log"
-    with log.open("w") as sink, subprocess.Popen(
+    with (
+        log.open("w") as sink,
+        subprocess.Popen(
             [*mirrord_argv(), "sync", "--log-format", "json", "--primary", str(primary), "--mirror", str(mirror)],
-            env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True, start_new_session=True) as proc:
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+            text=True,
+            start_new_session=True,
+        ) as proc,
+    ):
         try:
             part = mirror / "run_a" / "step_1.pt.part"
-            wait_for(lambda: (part.exists() and part.stat().st_size > 0) or proc.poll() is not None, 60,
-                     "a .part on the mirror")
+            wait_for(
+                lambda: (part.exists() and part.stat().st_size > 0) or proc.poll() is not None,
+                60,
+                "a .part on the mirror",
+            )
             assert proc.poll() is None, log.read_text()
             proc.send_signal(sig)
             gated_primary.unstall_once_cancelling(log, ended=lambda: proc.poll() is not None)

@@ -23,7 +23,8 @@ MiB = 2**20
 
 
 def test_a_long_copy_shows_its_progress_and_a_second_sigint_logs_the_aborted_file(
-        tmp_path, gated_primary, daemon_factory) -> None:
+    tmp_path, gated_primary, daemon_factory
+) -> None:
     """A copy held at a gate, moved on once (so its bytes are seen growing) and held again: it is seen
     everywhere while it waits, then a second SIGINT aborts it."""
     mirror = tmp_path / "mirror"
@@ -73,10 +74,15 @@ def test_ctrl_c_during_sync_logs_the_aborted_copy_and_leaves_no_part(tmp_path: P
     log = tmp_path / "sync.log"
     with log.open("wb") as err:
         # SIGINT as at a terminal, even if pytest itself runs with SIGINT ignored (a background job).
-        proc = subprocess.Popen([*mirrord_argv(), "sync", "--primary", str(primary), "--mirror", str(mirror)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = subprocess.Popen(
+            [*mirrord_argv(), "sync", "--primary", str(primary), "--mirror", str(mirror)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     try:
         part = mirror / "step_0009.pt.part"
         wait_for(lambda: part.exists() and part.stat().st_size > 0, 90, "copy under way")
@@ -127,12 +133,18 @@ def test_sync_on_a_terminal_shows_each_copy_with_bytes_rate_and_eta(tmp_path: Pa
     gated_primary.stall(names[0], after=8 * MiB)
     log = tmp_path / "piped.log"
     with log.open("wb") as err:
-        piped = subprocess.Popen([*mirrord_argv(), "sync", "--primary", str(primary), "--mirror",
-                                  str(tmp_path / "piped")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=err, env={**env, "TERM": "dumb"}, start_new_session=True)
+        piped = subprocess.Popen(
+            [*mirrord_argv(), "sync", "--primary", str(primary), "--mirror", str(tmp_path / "piped")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**env, "TERM": "dumb"},
+            start_new_session=True,
+        )
     try:
-        wait_for(lambda: b"copy.progress" in log.read_bytes() or piped.poll() is not None, 90,
-                 "a periodic progress report")
+        wait_for(
+            lambda: b"copy.progress" in log.read_bytes() or piped.poll() is not None, 90, "a periodic progress report"
+        )
         gated_primary.unstall()
         assert piped.wait(timeout=90) == 0, log.read_text()
     finally:
@@ -146,10 +158,12 @@ def test_the_terminal_view_is_imported_only_for_a_terminal() -> None:
     """The live view is for a person's terminal: the daemon and every command's module load without it.
     (structlog itself imports rich whenever it is installed, as it is beside transformers: only what
     mirrord adds counts.)"""
-    code = ("import sys, structlog; before = set(sys.modules); "
-            "import mirrord.cli, mirrord.service.daemon, mirrord.commands.sync, mirrord.commands.status, "
-            "mirrord.commands.report, mirrord.service.progress, mirrord.commands.banner; "
-            "print(sorted(m for m in set(sys.modules) - before if m in "
-            "('mirrord.commands.console', 'rich')))")
+    code = (
+        "import sys, structlog; before = set(sys.modules); "
+        "import mirrord.cli, mirrord.service.daemon, mirrord.commands.sync, mirrord.commands.status, "
+        "mirrord.commands.report, mirrord.service.progress, mirrord.commands.banner; "
+        "print(sorted(m for m in set(sys.modules) - before if m in "
+        "('mirrord.commands.console', 'rich')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -42,18 +42,34 @@ class PrometheusServer:
         self.config_path = workdir / "prometheus.yml"
         self.log_path = workdir / "prometheus.log"
         # JSON is YAML: no YAML library needed to write the config.
-        self.config_path.write_text(json.dumps({
-            "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": f"{SCRAPE_SECONDS}s",
-                       "evaluation_interval": f"{SCRAPE_SECONDS}s"},
-            "rule_files": [str(ALERT_RULES)],
-            "scrape_configs": [{"job_name": "mirrord", **(scrape_config or {}),
-                                "static_configs": [{"targets": targets}]}],
-        }, indent=2))
+        self.config_path.write_text(
+            json.dumps(
+                {
+                    "global": {
+                        "scrape_interval": f"{SCRAPE_SECONDS}s",
+                        "scrape_timeout": f"{SCRAPE_SECONDS}s",
+                        "evaluation_interval": f"{SCRAPE_SECONDS}s",
+                    },
+                    "rule_files": [str(ALERT_RULES)],
+                    "scrape_configs": [
+                        {"job_name": "mirrord", **(scrape_config or {}), "static_configs": [{"targets": targets}]}
+                    ],
+                },
+                indent=2,
+            )
+        )
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                binary,
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         try:
             wait_for(self._ready, 60, "Prometheus /-/ready")
@@ -219,6 +235,7 @@ def test_readyz_refuses_an_emptied_mirror_with_the_reason(tmp_path, daemon_facto
     assert Manifest.load(mirror).entries
     again = daemon_factory().start(wait_ready=False)
     prom = prometheus(again)
+
     def refused() -> str | None:
         code, body = again.http("/readyz")
         return body if code == 503 and "manifest" in body else None

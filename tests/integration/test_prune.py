@@ -55,8 +55,9 @@ def tree(root: Path) -> dict[str, tuple[int, int, int]]:
 
 
 def cli(command: str, primary: Path, mirror: Path, *args: str, env: dict[str, str] | None = None) -> Any:
-    return run_mirrord(command, "--primary", primary, "--mirror", mirror, "--log-format", "json", *args,
-                       env={**KEEP3, **(env or {})})
+    return run_mirrord(
+        command, "--primary", primary, "--mirror", mirror, "--log-format", "json", *args, env={**KEEP3, **(env or {})}
+    )
 
 
 def sync(primary: Path, mirror: Path) -> None:
@@ -76,6 +77,7 @@ def pruner_for(config: Config, **kwargs: Any) -> Pruner:
 
 
 # -- `mirrord prune` ------------------------------------------------------------------------------------
+
 
 def test_keep_last_three_of_ten_leaves_steps_8_to_10_on_both_sides(primary: Path, mirror: Path) -> None:
     """The issue's acceptance run: ten real checkpoints, keep_last = 3, prune.primary = true."""
@@ -147,8 +149,9 @@ def test_dry_run_deletes_nothing_and_prints_the_plan(primary: Path, mirror: Path
     assert "would delete 12 file(s)" in out
     for step in range(2, 8):
         for volume in ("mirror", "primary"):
-            assert any(line.split()[:3] == [volume, f"{RUN}/step_{step:04d}.pt", "step"]
-                       for line in out.splitlines()), (volume, step)
+            assert any(
+                line.split()[:3] == [volume, f"{RUN}/step_{step:04d}.pt", "step"] for line in out.splitlines()
+            ), (volume, step)
     assert sum(line.split()[-1] == "keep_last" for line in out.splitlines()) == 6
     assert sum(line.split()[-1] == "zero_mtime" for line in out.splitlines()) == 2
     assert "dry run: nothing was deleted" in out
@@ -253,7 +256,8 @@ def test_prune_json_names_what_would_be_and_what_was_deleted(primary: Path, mirr
     plan = json.loads(planned.stdout)
     assert (plan["command"], plan["ok"], plan["dry_run"], plan["deleted"]) == ("prune", True, True, [])
     assert sorted((d["volume"], d["step"]) for d in plan["would_delete"]) == sorted(
-        (v, s) for v in ("mirror", "primary") for s in range(1, 8))
+        (v, s) for v in ("mirror", "primary") for s in range(1, 8)
+    )
     assert plan["would_free_bytes"] == {"mirror": freed, "primary": freed}
     assert sorted(k["step"] for k in plan["kept"] if k["volume"] == "mirror") == [8, 9, 10]
     assert steps_on(primary) == steps_on(mirror) == list(range(1, 11))
@@ -262,9 +266,13 @@ def test_prune_json_names_what_would_be_and_what_was_deleted(primary: Path, mirr
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["dry_run"], report["would_delete"], report["freed_bytes"]) == (
-        False, [], {"mirror": freed, "primary": freed})
+        False,
+        [],
+        {"mirror": freed, "primary": freed},
+    )
     assert sorted((d["volume"], d["path"]) for d in report["deleted"]) == sorted(
-        (d["volume"], d["path"]) for d in plan["would_delete"])
+        (d["volume"], d["path"]) for d in plan["would_delete"]
+    )
     assert steps_on(primary) == steps_on(mirror) == [8, 9, 10]
 
     (mirror / MANIFEST_NAME).write_text("{not json")
@@ -285,6 +293,7 @@ def test_disabled_pruning_deletes_nothing_but_dry_run_still_plans(primary: Path,
 
 
 # -- the Pruner the daemon uses -------------------------------------------------------------------------
+
 
 @pytest.fixture
 def synced(primary: Path, mirror: Path, make_config: Callable[..., Config]) -> Config:
@@ -335,7 +344,8 @@ def test_in_flight_is_checked_again_just_before_each_unlink(synced: Config) -> N
     busy.add(f"{RUN}/step_0001.pt")
     report = pruner.run_cycle(plan=plan)
     assert {(s.volume, s.step, s.reason) for s in report.skipped} == {
-        ("primary", 1, "in_flight"), ("mirror", 1, "in_flight"),
+        ("primary", 1, "in_flight"),
+        ("mirror", 1, "in_flight"),
     }
     assert steps_on(synced.primary) == steps_on(synced.mirror) == [1, 8, 9, 10]
     assert f"{RUN}/step_0001.pt" in Manifest.load(synced.mirror).entries
@@ -369,7 +379,8 @@ def test_orphan_temp_files_go_only_when_old_and_not_in_flight(synced: Config) ->
     report = pruner.run_cycle()
     assert not old.exists() and fresh.exists() and busy.exists()
     assert {(s.rel, s.reason) for s in report.skipped} == {
-        (f"{RUN}/step_0012.pt.part", "recent_mtime"), (f"{RUN}/step_0013.pt.part", "in_flight"),
+        (f"{RUN}/step_0012.pt.part", "recent_mtime"),
+        (f"{RUN}/step_0013.pt.part", "in_flight"),
     }
 
 
@@ -400,8 +411,15 @@ def test_mirror_must_be_a_mount_point_when_configured(primary: Path, mirror: Pat
     """With mirror_must_be_mountpoint = true a plain directory is refused and a real mount is pruned."""
     make_run(primary, range(1, 6))
     for root, must_refuse in ((mirror, True), (small_tmpfs, False)):
-        data = settings(primary, root, {"mirror_must_be_mountpoint": False, "prune": {"keep_last": 3},
-                                        "copy": {"settle_seconds": 0, "free_space_reserve_bytes": 0}})
+        data = settings(
+            primary,
+            root,
+            {
+                "mirror_must_be_mountpoint": False,
+                "prune": {"keep_last": 3},
+                "copy": {"settle_seconds": 0, "free_space_reserve_bytes": 0},
+            },
+        )
         assert mirror_all(load(data, check_roots=False)).ok
         data["mirror_must_be_mountpoint"] = True
         config = load(data, check_roots=False)
@@ -411,6 +429,7 @@ def test_mirror_must_be_a_mount_point_when_configured(primary: Path, mirror: Pat
 
 
 # -- making room before a copy ----------------------------------------------------------------------------
+
 
 def _fill(primary: Path, engine: Engine, steps: range) -> None:
     for s in steps:

@@ -183,8 +183,14 @@ def test_a_group_reader_runs_every_read_only_command(mirrored: tuple[Path, Path,
     dest = tmp_path / "restored"
     dest.mkdir()
     os.chown(dest, NOBODY, NOBODY)
-    code, _out, err = _cli_as_nobody("restore", "--config", str(config), "--to", str(dest),
-                                     warm=("restore", "--config", str(config), "--to", str(tmp_path / "warm")))
+    code, _out, err = _cli_as_nobody(
+        "restore",
+        "--config",
+        str(config),
+        "--to",
+        str(dest),
+        warm=("restore", "--config", str(config), "--to", str(tmp_path / "warm")),
+    )
     assert code == 0, err
     assert (dest / "a" / "step_0030.pt").read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
     for argv in (["sync"], ["prune"]):
@@ -254,14 +260,20 @@ def test_a_folder_unit_is_restored_whole(tmp_path: Path) -> None:
         write_hf(primary / "run" / f"checkpoint-{step}", step)
     config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "hf"}))
     assert run_mirrord("sync", "--config", config).returncode == 0
-    originals = {p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-                 for p in primary.rglob("*") if p.is_file()}
+    originals = {
+        p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in primary.rglob("*")
+        if p.is_file()
+    }
     shutil.rmtree(primary / "run")
     done = run_mirrord("restore", "--config", config)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(primary / "run" / "checkpoint-20")
-    restored = {p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-                for p in primary.rglob("*") if p.is_file()}
+    restored = {
+        p.relative_to(primary).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in primary.rglob("*")
+        if p.is_file()
+    }
     assert restored == {k: v for k, v in originals.items() if "checkpoint-20" in k}
     assert json.loads(run_mirrord("sync", "--json", "--config", config).stdout)["copied"] == []
 

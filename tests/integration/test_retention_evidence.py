@@ -24,8 +24,12 @@ S = 10**9
 
 
 def cli(command: str, primary: Path, mirror: Path, *args: str, **env: str) -> Any:
-    settings = {"MIRRORD_PRUNE__KEEP_LAST": "2", "MIRRORD_PRUNE__PRIMARY": "true",
-                "MIRRORD_COPY__SETTLE_SECONDS": "0", **env}
+    settings = {
+        "MIRRORD_PRUNE__KEEP_LAST": "2",
+        "MIRRORD_PRUNE__PRIMARY": "true",
+        "MIRRORD_COPY__SETTLE_SECONDS": "0",
+        **env,
+    }
     return run_mirrord(command, "--primary", primary, "--mirror", mirror, "--log-format", "json", *args, env=settings)
 
 

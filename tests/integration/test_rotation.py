@@ -26,8 +26,11 @@ def test_a_checkpoint_deleted_before_or_during_its_copy_is_source_gone_not_faile
     second.unlink()
     first.unlink()
     # Past the kernel's cache of the gate's entries: the daemon's next look at either name finds it gone.
-    wait_for(lambda: not (primary / "run" / "step_10.pt").exists() and not (primary / "run" / "step_20.pt").exists(),
-             90, "the deletions seen through the gate")
+    wait_for(
+        lambda: not (primary / "run" / "step_10.pt").exists() and not (primary / "run" / "step_20.pt").exists(),
+        90,
+        "the deletions seen through the gate",
+    )
     gated_primary.unstall()
     for rel in ("run/step_10.pt", "run/step_20.pt"):
         gone = d.wait_event("copy.source_gone", path=rel)

@@ -25,8 +25,12 @@ from tests.support.wait import wait_for
 
 
 def settings(layout: str) -> dict[str, Any]:
-    return {"layout": layout, "copy": {"settle_seconds": 0.3, "workers": 2},
-            "unit": {"settle_seconds": 1.0}, "watch": {"rescan_interval_seconds": 2}}
+    return {
+        "layout": layout,
+        "copy": {"settle_seconds": 0.3, "workers": 2},
+        "unit": {"settle_seconds": 1.0},
+        "watch": {"rescan_interval_seconds": 2},
+    }
 
 
 @contextmanager
@@ -49,6 +53,7 @@ def saving(save: Callable[[], None]) -> Iterator[threading.Thread]:
 
 def judged_incomplete(d: DaemonProcess, unit: str, poller: MirrorPoller, mirror: Path) -> None:
     """Until the daemon judged the paused folder quiet and not whole (or, the defect, published it)."""
+
     def seen() -> bool:
         assert not d.exited(), d.log_text()[-4000:]
         assert not (mirror / unit).exists(), f"{unit} published while its saver was paused: {poller.seen.get(unit)}"
@@ -67,6 +72,7 @@ def mirrored(d: DaemonProcess, mirror: Path, rel: str, layout: str, latest: str 
 
 def assert_whole(poller: MirrorPoller, primary: Path, mirror: Path) -> None:
     """Every unit the poller saw, in exactly one state: the files (and sizes) of the finished save."""
+
     def whole(rel: str, view: dict[str, int]) -> bool:
         made = {p.name: p for p in (primary / rel).iterdir()}
         return set(view) == set(made) and all(view[n] == p.stat().st_size for n, p in made.items() if p.is_file())
@@ -80,8 +86,10 @@ def assert_whole(poller: MirrorPoller, primary: Path, mirror: Path) -> None:
 
 # --- transformers save_pretrained with a pause between shards ----------------------------------------------
 
-def test_save_pretrained_with_a_pause_between_shards_is_mirrored_whole(tmp_path: Path, daemon_factory,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_save_pretrained_with_a_pause_between_shards_is_mirrored_whole(
+    tmp_path: Path, daemon_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     transformers = pytest.importorskip("transformers")
     from transformers import modeling_utils
 
@@ -109,12 +117,14 @@ def test_save_pretrained_with_a_pause_between_shards_is_mirrored_whole(tmp_path:
         mirrored(d, mirror, "run/step_1", "hf_model")
     assert_whole(poller, primary, mirror)
     loaded = transformers.GPT2LMHeadModel.from_pretrained(mirror / "run" / "step_1")
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values(),
-                                                 strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True)
+    )
     assert d.stop() == 0
 
 
 # --- accelerate save_state with a slow registered object --------------------------------------------------
+
 
 class SlowState:
     """A registered object whose state_dict() waits for the test's gate (a slow gather, a remote fetch)."""
@@ -132,15 +142,15 @@ class SlowState:
         self.value = state["value"]
 
 
-def test_accelerate_save_state_with_a_slow_registered_object_is_mirrored_whole(tmp_path: Path,
-                                                                              daemon_factory) -> None:
+def test_accelerate_save_state_with_a_slow_registered_object_is_mirrored_whole(tmp_path: Path, daemon_factory) -> None:
     accelerate = pytest.importorskip("accelerate")
     from accelerate.utils import ProjectConfiguration
 
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     project = primary / "run"
-    accelerator = accelerate.Accelerator(cpu=True, project_config=ProjectConfiguration(
-        project_dir=str(project), automatic_checkpoint_naming=True))
+    accelerator = accelerate.Accelerator(
+        cpu=True, project_config=ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    )
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -178,19 +188,22 @@ def save_rank(save_dir: Path, iteration: int, rank: int) -> None:
     """What Megatron's legacy save writes for one tensor-parallel rank: torch.save in place."""
     folder = save_dir / f"iter_{iteration:07d}" / f"mp_rank_{rank:02d}"
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"iteration": iteration, "model": {"w": torch.full((64, 64), float(iteration * 10 + rank))}},
-               folder / "model_optim_rng.pt")
+    torch.save(
+        {"iteration": iteration, "model": {"w": torch.full((64, 64), float(iteration * 10 + rank))}},
+        folder / "model_optim_rng.pt",
+    )
 
 
 def load_megatron(save_dir: Path, ranks: int) -> tuple[int, list[dict[str, Any]]]:
     """Megatron's own resume, in short: the tracker names the iteration; every rank loads its file."""
     iteration = int((save_dir / TRACKER).read_text().strip())
-    return iteration, [torch.load(save_dir / f"iter_{iteration:07d}" / f"mp_rank_{r:02d}" / "model_optim_rng.pt",
-                                  weights_only=True) for r in range(ranks)]
+    return iteration, [
+        torch.load(save_dir / f"iter_{iteration:07d}" / f"mp_rank_{r:02d}" / "model_optim_rng.pt", weights_only=True)
+        for r in range(ranks)
+    ]
 
 
-def test_megatron_iterations_with_rank_skew_are_mirrored_whole_tracker_after(tmp_path: Path,
-                                                                            daemon_factory) -> None:
+def test_megatron_iterations_with_rank_skew_are_mirrored_whole_tracker_after(tmp_path: Path, daemon_factory) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     save_dir = primary / "run"
     d = daemon_factory(settings("megatron")).start()
@@ -203,17 +216,28 @@ def test_megatron_iterations_with_rank_skew_are_mirrored_whole_tracker_after(tmp
             save_rank(save_dir, iteration, 1)
             (save_dir / TRACKER).write_text(str(iteration))  # rank 0, after the barrier
             mirrored(d, mirror, f"run/iter_{iteration:07d}", "megatron")
-            wait_for(lambda i=iteration: (mirror / "run" / TRACKER).is_file()
-                     and (mirror / "run" / TRACKER).read_text().strip() == str(i), 60, "the tracker mirrored")
+            wait_for(
+                lambda i=iteration: (
+                    (mirror / "run" / TRACKER).is_file() and (mirror / "run" / TRACKER).read_text().strip() == str(i)
+                ),
+                60,
+                "the tracker mirrored",
+            )
         save_rank(save_dir, 3, 0)  # a crash before rank 1 saved iteration 3; the restarted job saves 4
         save_rank(save_dir, 4, 0)
         save_rank(save_dir, 4, 1)
         (save_dir / TRACKER).write_text("4")
         mirrored(d, mirror, "run/iter_0000004", "megatron")
-        wait_for(lambda: (mirror / "run" / TRACKER).read_text().strip() == "4", 60,
-                 "the tracker mirrored after iteration 4 (it follows its iteration)")
-        wait_for(lambda: any("mp_rank_01" in e["why"] for e in d.events("unit.incomplete", path="run/iter_0000003")),
-                 60, "iteration 3, older than the tracker's, judged incomplete: rank 1 never saved it")
+        wait_for(
+            lambda: (mirror / "run" / TRACKER).read_text().strip() == "4",
+            60,
+            "the tracker mirrored after iteration 4 (it follows its iteration)",
+        )
+        wait_for(
+            lambda: any("mp_rank_01" in e["why"] for e in d.events("unit.incomplete", path="run/iter_0000003")),
+            60,
+            "iteration 3, older than the tracker's, judged incomplete: rank 1 never saved it",
+        )
     assert not (mirror / "run" / "iter_0000003").exists()
     assert_whole(poller, primary, mirror)
     iteration, states = load_megatron(mirror / "run", 2)
@@ -223,12 +247,21 @@ def test_megatron_iterations_with_rank_skew_are_mirrored_whole_tracker_after(tmp
 
 # --- a custom folder without a marker: a file renamed into place is no evidence the folder is done -------------
 
-def test_a_folder_whose_files_are_renamed_in_one_by_one_waits_for_the_whole_folder(tmp_path: Path,
-                                                                                  daemon_factory) -> None:
+
+def test_a_folder_whose_files_are_renamed_in_one_by_one_waits_for_the_whole_folder(
+    tmp_path: Path, daemon_factory
+) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     folder = primary / "run" / "ckpt_1"
-    d = daemon_factory({"layout": "custom", "patterns": ["ckpt_*"], "prune": {"step_pattern": r"ckpt_(\d+)"},
-                        "unit": {"kind": "folder", "settle_seconds": 3.0}, "copy": {"settle_seconds": 0.3}}).start()
+    d = daemon_factory(
+        {
+            "layout": "custom",
+            "patterns": ["ckpt_*"],
+            "prune": {"step_pattern": r"ckpt_(\d+)"},
+            "unit": {"kind": "folder", "settle_seconds": 3.0},
+            "copy": {"settle_seconds": 0.3},
+        }
+    ).start()
 
     def renamed_in(name: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)

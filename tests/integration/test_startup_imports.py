@@ -53,8 +53,14 @@ def run_cli(tmp_path: Path) -> Callable[..., tuple[int, set[str], set[str]]]:
     def run(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, set[str], set[str]]:
         out = tmp_path / "modules.json"
         out.unlink(missing_ok=True)
-        result = subprocess.run([sys.executable, str(driver), str(out), "mirrord", *map(str, args)],
-                                capture_output=True, text=True, env=child_env(env), timeout=120, check=False)
+        result = subprocess.run(
+            [sys.executable, str(driver), str(out), "mirrord", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=child_env(env),
+            timeout=120,
+            check=False,
+        )
         assert out.exists(), result.stderr
         return result.returncode, *loaded(out)
 
@@ -75,10 +81,12 @@ def test_commands_answer_without_torch_or_boto3(tmp_path: Path, run_cli) -> None
     for step in (1, 2):
         save_checkpoint(primary / "run" / f"step_{step}.pt", step)
     env = {"MIRRORD_PRUNE__ENABLED": "false", "MIRRORD_METRICS__ADDRESS": f"127.0.0.1:{free_port()}"}
-    for args, want in ((("sync", "--primary", primary, "--mirror", mirror), 0),
-                       (("latest", "--mirror", mirror), 0),
-                       (("latest", "--mirror", mirror, "--verify"), 0),
-                       (("status", "--primary", primary, "--mirror", mirror), 1)):  # 1: no daemon answers
+    for args, want in (
+        (("sync", "--primary", primary, "--mirror", mirror), 0),
+        (("latest", "--mirror", mirror), 0),
+        (("latest", "--mirror", mirror, "--verify"), 0),
+        (("status", "--primary", primary, "--mirror", mirror), 1),
+    ):  # 1: no daemon answers
         code, _, after = run_cli(*args, env=env)
         assert code == want, args
         assert never_needed(after) == [], args
@@ -120,5 +128,7 @@ def test_an_invalid_config_value_gets_the_models_message(tmp_path: Path) -> None
     mirror.mkdir()
     result = run_mirrord("latest", "--mirror", mirror, env={"MIRRORD_COPY__WORKERS": "65"})
     assert result.returncode == 2
-    assert "mirrord: config error: copy.workers: Input should be less than or equal to 64 " \
-           "(from MIRRORD_COPY__WORKERS='65')" in result.stderr
+    assert (
+        "mirrord: config error: copy.workers: Input should be less than or equal to 64 "
+        "(from MIRRORD_COPY__WORKERS='65')" in result.stderr
+    )

@@ -64,7 +64,11 @@ def test_per_run_steps_lag_and_free_space_without_a_daemon(primary, mirror, chec
     assert (a["primary_step"], a["mirror_step"], a["verified"], a["pending_files"]) == (3, 2, True, 1)
     assert a["lag_seconds"] > 0 and report["lag_seconds"] == a["lag_seconds"]
     assert (b["primary_step"], b["mirror_step"], b["verified"], b["pending_files"], b["lag_seconds"]) == (
-        5, 5, True, 0, 0.0
+        5,
+        5,
+        True,
+        0,
+        0.0,
     )
     assert a["verify_mode"] == "size"
     for side in ("primary", "mirror"):
@@ -156,12 +160,9 @@ def test_steps_retention_let_go_are_not_lag(primary, mirror, checkpoint, no_daem
     code, report = status("--primary", primary, "--mirror", mirror, env=env)
     r = run_of(report, "r")
     assert only_the_daemon_is_missing(code, report)
-    assert (r["primary_step"], r["mirror_step"], r["pending_files"], r["lag_seconds"]) == (
-        4, 4, 0, 0.0
-    )
+    assert (r["primary_step"], r["mirror_step"], r["pending_files"], r["lag_seconds"]) == (4, 4, 0, 0.0)
     # Without retention the same two steps are simply missing from the mirror: that is lag.
-    _, report = status("--primary", primary, "--mirror", mirror,
-                       env={**env, "MIRRORD_PRUNE__ENABLED": "false"})
+    _, report = status("--primary", primary, "--mirror", mirror, env={**env, "MIRRORD_PRUNE__ENABLED": "false"})
     assert run_of(report, "r")["pending_files"] == 2
 
 
@@ -246,8 +247,9 @@ def test_a_daemon_refusing_the_mirror_makes_status_fail_with_its_reason(tmp_path
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     publish_checkpoint(primary / "run1" / "step_0001.pt", 1)
     first = daemon_factory().start()
-    wait_for(lambda: (mirror / "run1" / "step_0001.pt").exists() and Manifest.load(mirror).entries, 20,
-             "step 1 mirrored")
+    wait_for(
+        lambda: (mirror / "run1" / "step_0001.pt").exists() and Manifest.load(mirror).entries, 20, "step 1 mirrored"
+    )
     assert first.stop() == 0
     shutil.rmtree(mirror / "run1")
     again = daemon_factory().start(wait_ready=False)
@@ -273,10 +275,13 @@ def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, gate
     """While the daemon publishes, records and prunes, no status taken meanwhile reports damage on disk.
     Each copy is held half done at a gate while statuses are taken, then released."""
     backing, mirror = gated_primary.backing, tmp_path / "mirror"
-    d: DaemonProcess = daemon_factory({
-        "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0, "primary": True},
-        "watch": {"rescan_interval_seconds": 0.3}, "io": {"drop_cache": False},
-    }).start()
+    d: DaemonProcess = daemon_factory(
+        {
+            "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0, "primary": True},
+            "watch": {"rescan_interval_seconds": 0.3},
+            "io": {"drop_cache": False},
+        }
+    ).start()
     config = load_config(d.config_path, environ={})
     reports = []
 
@@ -286,7 +291,8 @@ def test_status_during_copies_and_pruning_reports_no_false_damage(tmp_path, gate
     def finished() -> bool:
         look()
         return sorted(Manifest.load(mirror).entries) == ["r/step_0009.pt", "r/step_0010.pt"] and not any(
-            mirror.rglob("*.part"))
+            mirror.rglob("*.part")
+        )
 
     def mirrored(rel: str) -> bool:
         look()
@@ -320,8 +326,9 @@ def test_status_does_not_take_another_mirrors_daemon_for_its_own(tmp_path, daemo
     other = tmp_path / "other"
     (other / "primary").mkdir(parents=True)
     (other / "mirror").mkdir()
-    second = DaemonProcess(other, other / "primary", other / "mirror",
-                           {"metrics": {"address": f"127.0.0.1:{first.port}"}})
+    second = DaemonProcess(
+        other, other / "primary", other / "mirror", {"metrics": {"address": f"127.0.0.1:{first.port}"}}
+    )
     try:
         second.start(wait_ready=False)
         wait_for(second.exited, 60, "the second daemon's refusal (its address is taken)")

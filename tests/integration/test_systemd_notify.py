@@ -49,8 +49,10 @@ def fake_systemd(tmp_path):
 
 
 def test_ready_watchdog_and_stopping(tmp_path, daemon_factory, fake_systemd):
-    d = daemon_factory({"daemon": {"heartbeat_seconds": 0.2}},
-                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"}).start()
+    d = daemon_factory(
+        {"daemon": {"heartbeat_seconds": 0.2}},
+        env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"},
+    ).start()
     wait_for(lambda: fake_systemd.seen("READY"), 90, "READY=1")
     wait_for(lambda: len(fake_systemd.seen("WATCHDOG")) >= 6, 90, "six WATCHDOG=1 pings")
     pings = fake_systemd.seen("WATCHDOG")
@@ -67,8 +69,10 @@ def test_ready_watchdog_and_stopping(tmp_path, daemon_factory, fake_systemd):
 def test_pings_twice_per_watchdog_period_when_the_heartbeat_is_slower(tmp_path, daemon_factory, fake_systemd):
     """heartbeat_seconds = 5 under WatchdogSec=1 would get a healthy daemon killed: it pings every 0.5 s
     instead, and says at start-up that its configured heartbeat is too slow for the unit."""
-    d = daemon_factory({"daemon": {"heartbeat_seconds": 5.0}},
-                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "1000000"}).start()
+    d = daemon_factory(
+        {"daemon": {"heartbeat_seconds": 5.0}},
+        env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "1000000"},
+    ).start()
     warning = d.wait_event("daemon.heartbeat_slower_than_watchdog", timeout=10)
     assert (warning["heartbeat_seconds"], warning["watchdog_seconds"], warning["ping_every_seconds"]) == (5.0, 1.0, 0.5)
     wait_for(lambda: len(fake_systemd.seen("WATCHDOG")) >= 8, 20, "eight WATCHDOG=1 pings")
@@ -80,8 +84,10 @@ def test_pings_twice_per_watchdog_period_when_the_heartbeat_is_slower(tmp_path, 
 
 def test_no_warning_when_the_heartbeat_fits_the_watchdog(tmp_path, daemon_factory, fake_systemd):
     """The shipped pair (heartbeat 5 s, WatchdogSec=30) is fine as it is: no warning."""
-    d = daemon_factory({"daemon": {"heartbeat_seconds": 5.0}},
-                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "30000000"}).start()
+    d = daemon_factory(
+        {"daemon": {"heartbeat_seconds": 5.0}},
+        env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "30000000"},
+    ).start()
     wait_for(lambda: fake_systemd.seen("READY"), 10, "READY=1")
     assert d.stop(signal.SIGTERM) == 0
     assert d.events("daemon.ready")
@@ -94,11 +100,23 @@ def test_watchdog_stops_while_a_worker_is_wedged(tmp_path, daemon_factory, fake_
     the kernel, /healthz turns 503 and WATCHDOG=1 stops, so systemd would restart the service."""
     publish_checkpoint(tmp_path / "primary" / "step_0001.pt", 1, megabytes=8)
     d = daemon_factory(
-        {"daemon": {"heartbeat_seconds": 0.2}, "copy": {"stall_seconds": 0.5, "workers": 1},
-         "io": {"buffer_bytes": 1024 * 1024}},
+        {
+            "daemon": {"heartbeat_seconds": 0.2},
+            "copy": {"stall_seconds": 0.5, "workers": 1},
+            "io": {"buffer_bytes": 1024 * 1024},
+        },
         env={"NOTIFY_SOCKET": str(fake_systemd.path)},
-        wrapper=["strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=readv",
-                 "-e", "inject=readv:delay_enter=600000000:when=3"],
+        wrapper=[
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            os.devnull,
+            "-e",
+            "trace=readv",
+            "-e",
+            "inject=readv:delay_enter=600000000:when=3",
+        ],
     ).start()
 
     def unhealthy_statuses() -> list[float]:
@@ -126,8 +144,10 @@ def test_a_missing_primary_is_awaited_with_the_watchdog_fed(tmp_path, daemon_fac
     logged once, and mirroring begins when the root appears."""
     primary = tmp_path / "primary"
     primary.rmdir()
-    d = daemon_factory({"daemon": {"heartbeat_seconds": 0.2}},
-                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"})
+    d = daemon_factory(
+        {"daemon": {"heartbeat_seconds": 0.2}},
+        env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"},
+    )
     d.start(wait_ready=False)
 
     def pings() -> list[float]:
@@ -148,8 +168,7 @@ def test_a_missing_primary_is_awaited_with_the_watchdog_fed(tmp_path, daemon_fac
     assert d.stop(signal.SIGTERM) == 0
 
 
-def test_a_primary_that_vanishes_while_running_is_awaited_and_the_mirror_kept(tmp_path, daemon_factory,
-                                                                             fake_systemd):
+def test_a_primary_that_vanishes_while_running_is_awaited_and_the_mirror_kept(tmp_path, daemon_factory, fake_systemd):
     """The primary root goes away under a running daemon (an unmount, a disk pulled): it stays alive
     and not ready, WATCHDOG=1 goes on, `primary.missing` is logged once, nothing is pruned from the
     mirror although the trainer's folder looks empty (prune.mode follow), and mirroring resumes when the
@@ -157,9 +176,14 @@ def test_a_primary_that_vanishes_while_running_is_awaited_and_the_mirror_kept(tm
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     for step in (1, 2):
         publish_checkpoint(primary / "run" / f"step_{step:04d}.pt", step)
-    d = daemon_factory({"daemon": {"heartbeat_seconds": 0.2}, "watch": {"rescan_interval_seconds": 0.5},
-                        "prune": {"mode": "follow", "min_age_seconds": 0}},
-                       env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"})
+    d = daemon_factory(
+        {
+            "daemon": {"heartbeat_seconds": 0.2},
+            "watch": {"rescan_interval_seconds": 0.5},
+            "prune": {"mode": "follow", "min_age_seconds": 0},
+        },
+        env={"NOTIFY_SOCKET": str(fake_systemd.path), "WATCHDOG_USEC": "10000000"},
+    )
     d.start()
     wait_for(lambda: all((mirror / "run" / f"step_{s:04d}.pt").is_file() for s in (1, 2)), 90, "both mirrored")
     shutil.rmtree(primary)

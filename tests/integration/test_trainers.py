@@ -37,8 +37,15 @@ def train(module: str, out: Path, *args: str | Path, log: Path) -> dict[int, flo
     cmd = [sys.executable, "-m", f"tests.support.{module}", str(out), *map(str, args)]
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=TRAIN_TIMEOUT)
         finally:
@@ -141,8 +148,9 @@ def unit_names(folder: Path, pattern: re.Pattern[str]) -> list[str]:
 
 
 def latest_on_mirror(mirror: Path, layout: str) -> str | None:
-    out = run_mirrord("latest", "--json", "--mirror", mirror,
-                      env={"MIRRORD_METRICS__ENABLED": "false", "MIRRORD_LAYOUT": layout})
+    out = run_mirrord(
+        "latest", "--json", "--mirror", mirror, env={"MIRRORD_METRICS__ENABLED": "false", "MIRRORD_LAYOUT": layout}
+    )
     return json.loads(out.stdout).get("relative_path") if out.stdout.strip() else None
 
 
@@ -158,21 +166,27 @@ def settings(layout: str, **extra: Any) -> dict[str, Any]:
     return base
 
 
-def wait_converged(d: DaemonProcess, primary: Path, mirror: Path, pattern: re.Pattern[str], newest: str,
-                   layout: str) -> None:
+def wait_converged(
+    d: DaemonProcess, primary: Path, mirror: Path, pattern: re.Pattern[str], newest: str, layout: str
+) -> None:
     """Until the mirror holds the units the trainer kept, and `latest` names the newest."""
+
     def converged() -> bool:
         if d.exited():
             raise AssertionError(f"daemon exited:\n{d.log_text()[-4000:]}")
-        return unit_names(mirror / "run", pattern) == unit_names(primary / "run", pattern) and \
-            latest_on_mirror(mirror, layout) == newest
+        return (
+            unit_names(mirror / "run", pattern) == unit_names(primary / "run", pattern)
+            and latest_on_mirror(mirror, layout) == newest
+        )
 
     try:
         wait_for(converged, 120, f"the mirror to hold the trainer's units, latest {newest}", interval=0.5)
     except AssertionError as exc:
         listing = sorted(str(p.relative_to(mirror)) for p in mirror.rglob("*")) if mirror.exists() else []
-        raise AssertionError(f"{exc}\nprimary: {unit_names(primary / 'run', pattern)}\nmirror: {listing}\n"
-                             f"latest: {latest_on_mirror(mirror, layout)}\nlog:\n{d.log_text()[-6000:]}") from None
+        raise AssertionError(
+            f"{exc}\nprimary: {unit_names(primary / 'run', pattern)}\nmirror: {listing}\n"
+            f"latest: {latest_on_mirror(mirror, layout)}\nlog:\n{d.log_text()[-6000:]}"
+        ) from None
 
 
 def assert_mirrored_whole(poller: MirrorPoller, mirror: Path, files: set[str]) -> None:
@@ -195,7 +209,8 @@ HF_UNIT = re.compile(r"checkpoint-\d+")
 
 
 def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(
-        tmp_path: Path, gated_primary, daemon_factory) -> None:
+    tmp_path: Path, gated_primary, daemon_factory
+) -> None:
     """save_steps=2, save_total_limit=2 on 12 steps, while a gate holds every copy of optimizer.pt in flight
     until the trainer is done: the folders held are rotated away while they are copied, and none is left
     partial or empty on the mirror."""
@@ -203,8 +218,19 @@ def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(
     gated_primary.stall("optimizer.pt")
     d = daemon_factory(settings("hf")).start()
     with MirrorPoller(mirror, HF_UNIT) as poller:
-        uninterrupted = train("train_hf", gated_primary.backing / "run", "--steps", 12, "--save-steps", 2,
-                              "--save-total-limit", 2, "--step-seconds", 0.5, log=tmp_path / "a.log")
+        uninterrupted = train(
+            "train_hf",
+            gated_primary.backing / "run",
+            "--steps",
+            12,
+            "--save-steps",
+            2,
+            "--save-total-limit",
+            2,
+            "--step-seconds",
+            0.5,
+            log=tmp_path / "a.log",
+        )
         assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-10", "checkpoint-12"]
         wait_for(lambda: d.events("copy.started"), 120, "a copy held at the gate")
         gated_primary.unstall()
@@ -220,8 +246,17 @@ def test_hf_trainer_mirrored_while_it_rotates_and_resumed_from_the_mirror(
     print(f"hf: {poller.listings} listings, units seen {sorted(poller.seen)}, source_gone {cut_short}")
     assert d.stop() == 0
     shutil.rmtree(gated_primary.backing / "run")  # the primary is lost: everything below comes from the mirror
-    resumed = train("train_hf", tmp_path / "resumed", "--steps", 12, "--save-steps", 2, "--resume",
-                    mirror / "run" / "checkpoint-10", log=tmp_path / "b.log")
+    resumed = train(
+        "train_hf",
+        tmp_path / "resumed",
+        "--steps",
+        12,
+        "--save-steps",
+        2,
+        "--resume",
+        mirror / "run" / "checkpoint-10",
+        log=tmp_path / "b.log",
+    )
     assert resumed == {step: uninterrupted[step] for step in (11, 12)}
 
 
@@ -234,8 +269,19 @@ def test_dcp_save_mirrored_whole_and_resumed_with_dcp_load_from_the_mirror(tmp_p
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings("dcp")).start()
     with MirrorPoller(mirror, DCP_UNIT) as poller:
-        uninterrupted = train("train_dcp", primary / "run", "--steps", 12, "--save-steps", 2, "--keep", 2,
-                              "--step-seconds", 0.3, log=tmp_path / "a.log")
+        uninterrupted = train(
+            "train_dcp",
+            primary / "run",
+            "--steps",
+            12,
+            "--save-steps",
+            2,
+            "--keep",
+            2,
+            "--step-seconds",
+            0.3,
+            log=tmp_path / "a.log",
+        )
         wait_converged(d, primary, mirror, DCP_UNIT, "run/step_12", "dcp")
     assert unit_names(mirror / "run", DCP_UNIT) == ["step_10", "step_12"]
     files = {p.name for p in (primary / "run" / "step_12").iterdir()}
@@ -245,8 +291,17 @@ def test_dcp_save_mirrored_whole_and_resumed_with_dcp_load_from_the_mirror(tmp_p
     assert_deep_verified(mirror, "dcp")
     assert d.stop() == 0
     shutil.rmtree(primary)
-    resumed = train("train_dcp", tmp_path / "resumed", "--steps", 12, "--save-steps", 2, "--resume",
-                    mirror / "run" / "step_10", log=tmp_path / "b.log")
+    resumed = train(
+        "train_dcp",
+        tmp_path / "resumed",
+        "--steps",
+        12,
+        "--save-steps",
+        2,
+        "--resume",
+        mirror / "run" / "step_10",
+        log=tmp_path / "b.log",
+    )
     assert resumed == {step: uninterrupted[step] for step in (11, 12)}
 
 
@@ -280,7 +335,8 @@ class TagPoller(MirrorPoller):
 
 
 def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_latest(
-        tmp_path: Path, daemon_factory) -> None:
+    tmp_path: Path, daemon_factory
+) -> None:
     """engine.save_checkpoint every 2 steps of 12 (ZeRO stage 1: model states and the optimizer's
     partition in each global_stepN/, then `latest`), the oldest removed beyond 2: the mirror keeps the
     two folders whole and `latest` naming the newest; `engine.load_checkpoint(<mirror>)` (which follows
@@ -288,12 +344,28 @@ def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_l
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     d = daemon_factory(settings("deepspeed")).start()
     with TagPoller(mirror, DS_UNIT) as poller:
-        mirrored = train("train_deepspeed", primary / "run", "--steps", 12, "--save-steps", 2, "--keep", 2,
-                         "--step-seconds", 0.3, log=tmp_path / "a.log")
+        mirrored = train(
+            "train_deepspeed",
+            primary / "run",
+            "--steps",
+            12,
+            "--save-steps",
+            2,
+            "--keep",
+            2,
+            "--step-seconds",
+            0.3,
+            log=tmp_path / "a.log",
+        )
         assert unit_names(primary / "run", DS_UNIT) == ["global_step10", "global_step12"]
         wait_converged(d, primary, mirror, DS_UNIT, "run/global_step12", "deepspeed")
-        wait_for(lambda: (mirror / "run" / "latest").is_file()
-                 and (mirror / "run" / "latest").read_text() == "global_step12", 120, "latest mirrored")
+        wait_for(
+            lambda: (
+                (mirror / "run" / "latest").is_file() and (mirror / "run" / "latest").read_text() == "global_step12"
+            ),
+            120,
+            "latest mirrored",
+        )
         # The poller lists every 20 ms on its own thread: on a loaded machine its next listing can come
         # after the wait above returned; stop it only once it has read the final tag too.
         wait_for(lambda: "global_step12" in poller.tags, 60, "the poller read the final tag")
@@ -307,17 +379,28 @@ def test_deepspeed_save_checkpoint_mirrored_whole_and_resumed_from_the_mirrors_l
     assert_deep_verified(mirror, "deepspeed")
     assert d.stop() == 0
     shutil.rmtree(primary)
-    resumed = train("train_deepspeed", tmp_path / "resumed", "--steps", 16, "--save-steps", 0, "--resume",
-                    mirror / "run", log=tmp_path / "b.log")
+    resumed = train(
+        "train_deepspeed",
+        tmp_path / "resumed",
+        "--steps",
+        16,
+        "--save-steps",
+        0,
+        "--resume",
+        mirror / "run",
+        log=tmp_path / "b.log",
+    )
     assert str(mirror / "run" / "global_step12") in (tmp_path / "b.log").read_text()
-    uninterrupted = train("train_deepspeed", tmp_path / "reference", "--steps", 16, "--save-steps", 0,
-                          log=tmp_path / "c.log")
+    uninterrupted = train(
+        "train_deepspeed", tmp_path / "reference", "--steps", 16, "--save-steps", 0, log=tmp_path / "c.log"
+    )
     assert mirrored == {step: uninterrupted[step] for step in range(1, 13)}
     assert resumed == {step: uninterrupted[step] for step in range(13, 17)}
 
 
 def test_deepspeeds_latest_picker_on_the_mirror_never_follows_a_folder_in_flight(
-        tmp_path: Path, gated_primary, daemon_factory) -> None:
+    tmp_path: Path, gated_primary, daemon_factory
+) -> None:
     """DeepSpeed's own picker (`engine.load_checkpoint(dir)` with no tag reads dir/latest, then loads that
     folder) run against the mirror while the gate holds global_step4's copy in flight (its saver has
     already written `latest` naming it on the primary): it resumes global_step2; once the gate opens,
@@ -331,8 +414,9 @@ def test_deepspeeds_latest_picker_on_the_mirror_never_follows_a_folder_in_flight
     wait_for(lambda: (mirror / "latest").is_file(), 120, "global_step2 and its tag mirrored")
 
     def resumed(log: str) -> str:
-        train("train_deepspeed", tmp_path / log, "--steps", 4, "--save-steps", 0, "--resume", mirror,
-              log=tmp_path / log)
+        train(
+            "train_deepspeed", tmp_path / log, "--steps", 4, "--save-steps", 0, "--resume", mirror, log=tmp_path / log
+        )
         line = next(x for x in (tmp_path / log).read_text().splitlines() if x.startswith('{"resumed"'))
         return Path(json.loads(line)["resumed"]).parent.name  # the model states file it loaded
 
@@ -362,17 +446,34 @@ def mirrored_lightning_run(base: Path, last: str, epochs: int, step_seconds: flo
     try:
         d.start()
         with MirrorPoller(mirror, LIGHTNING_STEP) as poller:
-            losses = train("train_lightning", primary / "run", "--epochs", epochs, "--keep", 2, "--last", last,
-                           "--step-seconds", step_seconds, log=base / "train.log")
-            wait_converged(d, primary, mirror, LIGHTNING_STEP, f"run/epoch={epochs - 1}-step={2 * epochs}.ckpt",
-                           "lightning")
+            losses = train(
+                "train_lightning",
+                primary / "run",
+                "--epochs",
+                epochs,
+                "--keep",
+                2,
+                "--last",
+                last,
+                "--step-seconds",
+                step_seconds,
+                log=base / "train.log",
+            )
+            wait_converged(
+                d, primary, mirror, LIGHTNING_STEP, f"run/epoch={epochs - 1}-step={2 * epochs}.ckpt", "lightning"
+            )
             # The trainer's final last.ckpt, not an earlier epoch's (which already had the name on the mirror).
             wait_for(lambda: same_last_ckpt(primary / "run", mirror / "run"), 120, "the final last.ckpt mirrored")
-        run = {"losses": losses, "primary": primary, "mirror": mirror, "poller": poller,
-               "failed": d.metric("mirrord_copies_total", 'result="failed"'),
-               "last_copies": len(d.events("copy.committed", path="run/last.ckpt")),
-               "last_aliased": d.events("copy.aliased", path="run/last.ckpt"),
-               "aliased_metric": d.metric("mirrord_copies_total", 'result="aliased"')}
+        run = {
+            "losses": losses,
+            "primary": primary,
+            "mirror": mirror,
+            "poller": poller,
+            "failed": d.metric("mirrord_copies_total", 'result="failed"'),
+            "last_copies": len(d.events("copy.committed", path="run/last.ckpt")),
+            "last_aliased": d.events("copy.aliased", path="run/last.ckpt"),
+            "aliased_metric": d.metric("mirrord_copies_total", 'result="aliased"'),
+        }
         print(f"lightning ({last}): {poller.listings} listings, units seen {sorted(poller.seen)}")
         assert d.stop() == 0
         return run
@@ -416,17 +517,32 @@ def test_lightning_steps_and_last_ckpt_copy_mirrored_and_resumed_from_the_mirror
     entries = Manifest.load(run["mirror"]).entries
     assert entries["run/last.ckpt"].digest == entries["run/epoch=5-step=12.ckpt"].digest
     assert entries["run/last.ckpt"].step is None
-    print(f"lightning (copy): last.ckpt copied {run['last_copies']} time(s), aliased "
-          f"{len(run['last_aliased'])} time(s)")
+    print(
+        f"lightning (copy): last.ckpt copied {run['last_copies']} time(s), aliased {len(run['last_aliased'])} time(s)"
+    )
     assert_no_leftovers(run["mirror"])
     shutil.rmtree(run["primary"])
-    resumed = train("train_lightning", tmp_path / "resumed", "--epochs", 6, "--resume",
-                    mirrored / "epoch=4-step=10.ckpt", log=tmp_path / "resumed.log")
+    resumed = train(
+        "train_lightning",
+        tmp_path / "resumed",
+        "--epochs",
+        6,
+        "--resume",
+        mirrored / "epoch=4-step=10.ckpt",
+        log=tmp_path / "resumed.log",
+    )
     assert resumed == {s: run["losses"][s] for s in (11, 12)}
     # Resuming from the mirror's last.ckpt (step 12) continues as a 7-epoch run without a stop does.
     longer = train("train_lightning", tmp_path / "longer", "--epochs", 7, log=tmp_path / "longer.log")
-    from_last = train("train_lightning", tmp_path / "from-last", "--epochs", 7, "--resume", mirrored / "last.ckpt",
-                      log=tmp_path / "from-last.log")
+    from_last = train(
+        "train_lightning",
+        tmp_path / "from-last",
+        "--epochs",
+        7,
+        "--resume",
+        mirrored / "last.ckpt",
+        log=tmp_path / "from-last.log",
+    )
     assert from_last == {s: longer[s] for s in (13, 14)}
 
 
@@ -444,6 +560,13 @@ def test_lightning_last_ckpt_link_is_recreated_on_the_mirror(tmp_path: Path) -> 
     assert_no_leftovers(run["mirror"])
     shutil.rmtree(run["primary"])
     assert torch.load(mirrored / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 14
-    resumed = train("train_lightning", tmp_path / "resumed", "--epochs", 7, "--resume",
-                    mirrored / "epoch=5-step=12.ckpt", log=tmp_path / "resumed.log")
+    resumed = train(
+        "train_lightning",
+        tmp_path / "resumed",
+        "--epochs",
+        7,
+        "--resume",
+        mirrored / "epoch=5-step=12.ckpt",
+        log=tmp_path / "resumed.log",
+    )
     assert resumed == {s: run["losses"][s] for s in (13, 14)}

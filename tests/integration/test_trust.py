@@ -38,13 +38,11 @@ class Writer:
         self.marker = workdir / f"writer-{step}-{mode}-{os.getpid()}.marker"
         self.go = workdir / f"writer-{step}-{mode}.go"
         path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [*WRITER_ARGV, str(path), str(step), mode, "--marker", str(self.marker),
-                "--go", str(self.go)]
+        argv = [*WRITER_ARGV, str(path), str(step), mode, "--marker", str(self.marker), "--go", str(self.go)]
         for key, value in options.items():
             argv += [f"--{key}", str(value)]
         self.log = (workdir / f"writer-{step}-{mode}.log").open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=REPO)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
 
     def wait_marker(self, timeout: float = 60) -> None:
         wait_for(lambda: self.marker.exists() or self.proc.poll() is not None, timeout, "the writer's fault point")
@@ -106,20 +104,26 @@ def assert_primary_deletions_were_mirrored(d: DaemonProcess) -> None:
         if e.get("event") == "prune.deleted" and e.get("volume") == "primary":
             before = events[:i]
             assert any(b.get("event") == "copy.committed" and b.get("path") == e["path"] for b in before), e
-            assert not any(b.get("event") == "prune.deleted" and b.get("volume") == "mirror"
-                           and b.get("path") == e["path"] for b in before), e
+            assert not any(
+                b.get("event") == "prune.deleted" and b.get("volume") == "mirror" and b.get("path") == e["path"]
+                for b in before
+            ), e
 
 
 def settings(**prune: Any) -> dict[str, Any]:
-    return {"copy": {"settle_seconds": 0.5, "invalid_grace_seconds": 2.0},
-            "prune": {"enabled": True, "min_age_seconds": 0, **prune},
-            "watch": {"rescan_interval_seconds": 2}}
+    return {
+        "copy": {"settle_seconds": 0.5, "invalid_grace_seconds": 2.0},
+        "prune": {"enabled": True, "min_age_seconds": 0, **prune},
+        "watch": {"rescan_interval_seconds": 2},
+    }
 
 
 # -- 1. a writer that pauses longer than settle_seconds mid-write -------------------------------------
 
-def test_a_paused_writer_is_never_published_and_older_steps_stay(tmp_path: Path, daemon_factory: Any,
-                                                                  writers: Any) -> None:
+
+def test_a_paused_writer_is_never_published_and_older_steps_stay(
+    tmp_path: Path, daemon_factory: Any, writers: Any
+) -> None:
     """Before: the 60% prefix was published as step 4, recorded, counted by retention (which deleted an
     older good step), returned by latest, and old steps were re-copied and re-deleted. After: the
     prefix fails validation and is not published; the paused step keeps every older one; once the
@@ -147,6 +151,7 @@ def test_a_paused_writer_is_never_published_and_older_steps_stay(tmp_path: Path,
 
 
 # -- 2. a trainer killed mid-save ------------------------------------------------------------------------
+
 
 def test_a_killed_writer_leaves_a_torn_file_that_is_reported_never_trusted(
     tmp_path: Path, daemon_factory: Any, writers: Any
@@ -185,8 +190,12 @@ def test_the_small_repro_sync_prune_latest_never_trust_a_half_truncated_step(tmp
     torn = ckpt(primary, 2).read_bytes()
     ckpt(primary, 2).write_bytes(torn[: len(torn) // 2])
     assert good
-    env = {"MIRRORD_PRUNE__KEEP_LAST": "1", "MIRRORD_PRUNE__PRIMARY": "true", "MIRRORD_COPY__SETTLE_SECONDS": "0.2",
-           "MIRRORD_PRUNE__MIN_AGE_SECONDS": "0"}
+    env = {
+        "MIRRORD_PRUNE__KEEP_LAST": "1",
+        "MIRRORD_PRUNE__PRIMARY": "true",
+        "MIRRORD_COPY__SETTLE_SECONDS": "0.2",
+        "MIRRORD_PRUNE__MIN_AGE_SECONDS": "0",
+    }
     roots = ("--primary", primary, "--mirror", mirror)
     sync = run_mirrord("sync", *roots, env=env)
     assert sync.returncode == 1
@@ -203,6 +212,7 @@ def test_the_small_repro_sync_prune_latest_never_trust_a_half_truncated_step(tmp
 
 
 # -- 3. a writer holding the file open, silent, while `mirrord sync` runs ---------------------------------
+
 
 def test_sync_never_publishes_a_file_an_open_writer_has_not_written_yet(tmp_path: Path, writers: Any) -> None:
     """Before: a 0-byte step_2.pt was published and sync exited 0 ("unsettled 0"). After: nothing is
@@ -226,6 +236,7 @@ def test_sync_never_publishes_a_file_an_open_writer_has_not_written_yet(tmp_path
 
 
 # -- 4. a rollback: the trainer resumes from step 4 after reaching 12 and writes 6 and 8 again ---------------
+
 
 @pytest.mark.parametrize("prune_primary", [False, True])
 def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
@@ -263,8 +274,10 @@ def test_a_rollback_is_mirrored_and_latest_prefers_the_new_branch(
 
 # -- 5. a wall clock ahead of the files' mtimes ------------------------------------------------------------
 
-def test_a_wall_clock_ahead_publishes_no_prefix_of_a_slow_writer(tmp_path: Path, daemon_factory: Any,
-                                                                  writers: Any) -> None:
+
+def test_a_wall_clock_ahead_publishes_no_prefix_of_a_slow_writer(
+    tmp_path: Path, daemon_factory: Any, writers: Any
+) -> None:
     """The daemon's clock is 30 s ahead (faketime; its monotonic clock is left alone, as with an NTP
     step or an NFS server that lags). Before: a writer appending 100 KB every 0.3 s was published ten
     times, each prefix recorded and returned by latest, and step 1 pruned once a prefix entered the
@@ -300,8 +313,7 @@ def test_a_wall_clock_a_day_ahead_does_not_age_a_file_past_min_age(tmp_path: Pat
     sides despite min_age_seconds = 300. After: mirrord must itself have seen the file unchanged for
     min_age_seconds (monotonic clock), so the step stays and the veto is logged as recently_seen."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    d = daemon_factory(settings(keep_last=1, primary=True, min_age_seconds=300),
-                       env=faketime_env("+1d")).start()
+    d = daemon_factory(settings(keep_last=1, primary=True, min_age_seconds=300), env=faketime_env("+1d")).start()
     publish_checkpoint(ckpt(primary, 1), 1, megabytes=0.5)
     wait_for(lambda: steps_on(mirror) == [1], 60, "step 1 mirrored")  # before step 2 retires it
     publish_checkpoint(ckpt(primary, 2), 2, megabytes=0.5)
@@ -313,6 +325,7 @@ def test_a_wall_clock_a_day_ahead_does_not_age_a_file_past_min_age(tmp_path: Pat
 
 
 # -- 6. the first run on an existing tree ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("prune_primary", [False, True])
 def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
@@ -343,6 +356,7 @@ def test_a_first_run_on_an_existing_tree_copies_only_what_the_window_keeps(
 
 # -- verify --deep, status and latest on files the manifest cannot vouch for --------------------------
 
+
 def test_verify_deep_validates_unrecorded_files_and_reports_unknown_formats_as_unchecked(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     publish_checkpoint(ckpt(primary, 1), 1, megabytes=1)
@@ -372,7 +386,7 @@ def test_a_torn_file_recorded_by_an_older_mirrord_is_neither_intact_nor_latest(t
     env = {"MIRRORD_COPY__SETTLE_SECONDS": "0", "MIRRORD_METRICS__ENABLED": "false"}
     assert run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env).returncode == 0
     publish_checkpoint(ckpt(primary, 2), 2, megabytes=1, rename=False)
-    torn = ckpt(primary, 2).read_bytes()[: 500_000]
+    torn = ckpt(primary, 2).read_bytes()[:500_000]
     ckpt(primary, 2).write_bytes(torn)
     ckpt(mirror, 2).write_bytes(torn)
     st = ckpt(primary, 2).stat()
@@ -381,8 +395,11 @@ def test_a_torn_file_recorded_by_an_older_mirrord_is_neither_intact_nor_latest(t
     from mirrord.core.model import ManifestEntry
     from mirrord.store.hashing import hash_file
 
-    manifest.record(ManifestEntry(f"{RUN}/step_2.pt", len(torn), "blake3", hash_file(ckpt(mirror, 2), "blake3"),
-                                  st.st_mtime_ns, 2, 0.0))  # validation None: recorded before issue 14
+    manifest.record(
+        ManifestEntry(
+            f"{RUN}/step_2.pt", len(torn), "blake3", hash_file(ckpt(mirror, 2), "blake3"), st.st_mtime_ns, 2, 0.0
+        )
+    )  # validation None: recorded before issue 14
     manifest.close()
     status = run_mirrord("status", "--primary", primary, "--mirror", mirror, env=env)
     assert status.returncode == 1 and "NOT intact" in status.stdout and "truncated" in status.stdout, status.stdout

@@ -25,8 +25,11 @@ from tests.support.unitsync import sync_units
 
 
 def _config(primary: Path, mirror: Path, layout: str) -> Config:
-    return load_config(environ={}, overrides={"primary": str(primary), "mirror": str(mirror), "layout": layout,
-                                              "copy": {"settle_seconds": 0}}, check_roots=False)
+    return load_config(
+        environ={},
+        overrides={"primary": str(primary), "mirror": str(mirror), "layout": layout, "copy": {"settle_seconds": 0}},
+        check_roots=False,
+    )
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -121,12 +124,18 @@ def test_lightning_last_ckpt_is_mirrored_and_never_counted(tmp_path: Path) -> No
     made = [save_checkpoint(ckpts / f"epoch={i}-step={10 * (i + 1)}.ckpt", 10 * (i + 1)) for i in range(3)]
     made.append(save_checkpoint(ckpts / "last.ckpt", 30))
     _old(made)
-    env = {"MIRRORD_LAYOUT": "lightning", "MIRRORD_PRUNE__KEEP_LAST": "1", "MIRRORD_PRUNE__MODE": "keep_last",
-           "MIRRORD_COPY__SETTLE_SECONDS": "0"}
+    env = {
+        "MIRRORD_LAYOUT": "lightning",
+        "MIRRORD_PRUNE__KEEP_LAST": "1",
+        "MIRRORD_PRUNE__MODE": "keep_last",
+        "MIRRORD_COPY__SETTLE_SECONDS": "0",
+    }
     _cli("sync", primary, mirror, env)
     _cli("prune", primary, mirror, env)
     assert sorted(p.name for p in (mirror / ckpts.relative_to(primary)).iterdir()) == [
-        "epoch=2-step=30.ckpt", "last.ckpt"]
+        "epoch=2-step=30.ckpt",
+        "last.ckpt",
+    ]
     assert _cli("latest", primary, mirror, env).strip().endswith("epoch=2-step=30.ckpt")
 
 
@@ -137,8 +146,10 @@ def test_deepspeed_folders_and_their_tag_file(tmp_path: Path) -> None:
     made = []
     for step in (100, 200):
         folder = primary / "out" / f"global_step{step}"
-        made += [save_checkpoint(folder / "mp_rank_00_model_states.pt", step),
-                 save_checkpoint(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", step + 1)]
+        made += [
+            save_checkpoint(folder / "mp_rank_00_model_states.pt", step),
+            save_checkpoint(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", step + 1),
+        ]
     (primary / "out" / "latest").write_text("global_step200")
     made.append(primary / "out" / "latest")
     _old(made)
@@ -186,10 +197,15 @@ def test_custom_folder_units_wait_for_their_marker(tmp_path: Path) -> None:
     folder = primary / "ckpt_7"
     made = [save_checkpoint(folder / "weights.pt", 7), save_checkpoint(folder / "optim.pt", 8)]
     _old(made)
-    env = {"MIRRORD_LAYOUT": "custom", "MIRRORD_PATTERNS": "ckpt_*", "MIRRORD_PRUNE__STEP_PATTERN": r"ckpt_(\d+)",
-           "MIRRORD_UNIT__KIND": "folder", "MIRRORD_UNIT__COMPLETE_MARKER": "DONE",
-           "MIRRORD_COPY__SETTLE_SECONDS": "0",
-           "MIRRORD_UNIT__SETTLE_SECONDS": "1"}  # sync waits 3 x this for a unit that is not whole
+    env = {
+        "MIRRORD_LAYOUT": "custom",
+        "MIRRORD_PATTERNS": "ckpt_*",
+        "MIRRORD_PRUNE__STEP_PATTERN": r"ckpt_(\d+)",
+        "MIRRORD_UNIT__KIND": "folder",
+        "MIRRORD_UNIT__COMPLETE_MARKER": "DONE",
+        "MIRRORD_COPY__SETTLE_SECONDS": "0",
+        "MIRRORD_UNIT__SETTLE_SECONDS": "1",
+    }  # sync waits 3 x this for a unit that is not whole
     _cli("sync", primary, mirror, env)
     assert not (mirror / "ckpt_7").exists()
     (folder / "DONE").touch()  # an empty marker is a file of the unit like any other
@@ -237,15 +253,22 @@ def test_status_lists_the_units_the_mirror_lacks_with_the_daemons_verdict(tmp_pa
     for step in (30, 40):
         _age(run / f"checkpoint-{step}", 2 * 86400)
     write_hf(run / "checkpoint-50", 50)  # just written: not settled for settle_seconds yet
-    env = {"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false", "MIRRORD_COPY__SETTLE_SECONDS": "3600",
-           "MIRRORD_PRUNE__ENABLED": "false"}
+    env = {
+        "MIRRORD_LAYOUT": "hf",
+        "MIRRORD_METRICS__ENABLED": "false",
+        "MIRRORD_COPY__SETTLE_SECONDS": "3600",
+        "MIRRORD_PRUNE__ENABLED": "false",
+    }
     lag = ("--max-lag", str(7 * 86400))  # checkpoint-30 is two days behind: lag, not yet a problem here
     result = run_mirrord("status", "--primary", primary, "--mirror", mirror, "--json", *lag, env=env)
     assert result.returncode == 0, result.stdout
     [report] = json.loads(result.stdout)["runs"]
     units = [(u["unit"], u["step"], u["state"]) for u in report["units"]]
-    assert units == [("run/checkpoint-50", 50, "incomplete"), ("run/checkpoint-40", 40, "incomplete"),
-                     ("run/checkpoint-30", 30, "pending")]
+    assert units == [
+        ("run/checkpoint-50", 50, "incomplete"),
+        ("run/checkpoint-40", 40, "incomplete"),
+        ("run/checkpoint-30", 30, "pending"),
+    ]
     why = {u["unit"]: u["why"] for u in report["units"]}
     assert why["run/checkpoint-40"].startswith("no trainer_state.json yet")
     assert why["run/checkpoint-50"].startswith("still being written")
@@ -258,8 +281,9 @@ def test_status_of_a_file_layout_lists_no_units(tmp_path: Path) -> None:
     """torch: file by file as before; nothing is judged as a folder."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     save_checkpoint(primary / "run" / "step_1.pt", 1)
-    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, "--json",
-                         env={"MIRRORD_METRICS__ENABLED": "false"})
+    result = run_mirrord(
+        "status", "--primary", primary, "--mirror", mirror, "--json", env={"MIRRORD_METRICS__ENABLED": "false"}
+    )
     [report] = json.loads(result.stdout)["runs"]
     assert (report["units"], report["pending_files"]) == ([], 1)
 
@@ -270,11 +294,19 @@ def test_status_reports_folder_units_per_run(tmp_path: Path) -> None:
     for step in (10, 20):
         write_hf(primary / "run" / f"checkpoint-{step}", step)
     _sync(_config(primary, mirror, "hf"))
-    result = run_mirrord("status", "--primary", primary, "--mirror", mirror, "--json",
-                         env={"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false"})
+    result = run_mirrord(
+        "status",
+        "--primary",
+        primary,
+        "--mirror",
+        mirror,
+        "--json",
+        env={"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false"},
+    )
     runs = json.loads(result.stdout)["runs"]
     assert [(r["run"], r["primary_step"], r["mirror_step"], r["verified"], r["pending_files"]) for r in runs] == [
-        ("run", 20, 20, True, 0)]
+        ("run", 20, 20, True, 0)
+    ]
 
 
 class _ReplacingMirror(LocalMirror):
@@ -370,8 +402,7 @@ def test_a_private_folder_unit_stays_private_on_the_mirror(tmp_path: Path) -> No
     assert {p.stat().st_mode & 0o777 for p in (mirror_root / "checkpoint-5").iterdir()} == {0o600}
 
 
-def test_a_folder_that_gained_a_file_since_it_was_planned_is_judged_again_never_copied_stale(
-        tmp_path: Path) -> None:
+def test_a_folder_that_gained_a_file_since_it_was_planned_is_judged_again_never_copied_stale(tmp_path: Path) -> None:
     """A unit job planned with the files of an earlier look (accelerate's first save, seen with one file)
     finds the folder holding others: discarded before anything is staged, and not retried with that file
     list (the daemon judges the folder again from a fresh listing)."""
@@ -386,8 +417,9 @@ def test_a_folder_that_gained_a_file_since_it_was_planned_is_judged_again_never_
     write_hf(folder, 5)
     config = _config(primary, mirror_root, "hf")
     first = folder / "model.safetensors"
-    job = CopyJob("checkpoint-5", first.stat().st_size, first.stat().st_mtime_ns, 5, "new",
-                  ("checkpoint-5/model.safetensors",))
+    job = CopyJob(
+        "checkpoint-5", first.stat().st_size, first.stat().st_mtime_ns, 5, "new", ("checkpoint-5/model.safetensors",)
+    )
     mirror = LocalMirror(config.mirror)
     with mirror.lock(), capture_logs() as logs:
         outcome = copy_all(Engine(config, mirror, mirror.read_manifest()), [job], 1)["checkpoint-5"]

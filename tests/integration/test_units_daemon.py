@@ -21,8 +21,10 @@ from tests.support.folders import HF_FILES, write_dcp, write_hf
 from tests.support.gate import FuseMount
 from tests.support.wait import wait_for
 
-WRITERS: dict[str, Callable[[Path, int], list[Path]]] = {"hf": lambda f, s: write_hf(f, s, pause=0.05),
-                                                       "dcp": write_dcp}
+WRITERS: dict[str, Callable[[Path, int], list[Path]]] = {
+    "hf": lambda f, s: write_hf(f, s, pause=0.05),
+    "dcp": write_dcp,
+}
 GATED = {"hf": "optimizer.pt", "dcp": "__0_0.distcp"}  # each layout's largest file, held at the gate
 LAYOUTS = {
     # layout: (folder prefix, the files a whole unit holds)
@@ -95,14 +97,24 @@ def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
             unit = f"run/{prefix}{step}"
             gated_primary.stall(GATED[layout])
             WRITERS[layout](run / f"{prefix}{step}", step)
-            wait_for(lambda unit=unit: daemon.events("copy.started", path=unit), 120,  # type: ignore[misc]
-                     f"{unit}'s copy held in flight")
+            wait_for(
+                lambda unit=unit: daemon.events("copy.started", path=unit),
+                120,  # type: ignore[misc]
+                f"{unit}'s copy held in flight",
+            )
             listed = poller.listings
-            wait_for(lambda listed=listed: poller.listings >= listed + 5, 60,  # type: ignore[misc]
-                     "the poller listing the mirror while the copy is held")
+            wait_for(
+                lambda listed=listed: poller.listings >= listed + 5,
+                60,  # type: ignore[misc]
+                "the poller listing the mirror while the copy is held",
+            )
             gated_primary.unstall()
-            wait_for(lambda step=step: (mirror / "run" / f"{prefix}{step}").is_dir(), 120,  # type: ignore[misc]
-                     f"{prefix}{step} on the mirror", interval=0.02)
+            wait_for(
+                lambda step=step: (mirror / "run" / f"{prefix}{step}").is_dir(),
+                120,  # type: ignore[misc]
+                f"{prefix}{step} on the mirror",
+                interval=0.02,
+            )
         newest = {f"{prefix}{step}" for step in (50, 60)}
 
         def settled() -> bool:
@@ -122,6 +134,7 @@ def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
             assert (mirror / "run" / name / member).read_bytes() == (run / name / member).read_bytes()
     entries = Manifest.load(mirror).entries
     assert sorted(entries) == sorted(f"run/{n}/{m}" for n in newest for m in whole)
+
     def leftovers() -> list[Path]:
         return [p for p in mirror.rglob("*") if p.name.endswith(".part") or (p.is_dir() and not any(p.iterdir()))]
 
@@ -148,10 +161,13 @@ def test_a_folder_unit_with_an_invalid_file_is_judged_once_until_it_changes(
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     run = primary / "run"
     run.mkdir(parents=True)
-    daemon = daemon_factory({
-        "layout": "hf", "copy": {"settle_seconds": 0.3, "invalid_grace_seconds": 2.0},
-        "watch": {"rescan_interval_seconds": 0.5},
-    }).start()
+    daemon = daemon_factory(
+        {
+            "layout": "hf",
+            "copy": {"settle_seconds": 0.3, "invalid_grace_seconds": 2.0},
+            "watch": {"rescan_interval_seconds": 0.5},
+        }
+    ).start()
     write_hf(run / "checkpoint-10", 10)
     wait_for(lambda: (mirror / "run" / "checkpoint-10").is_dir(), 120, "checkpoint-10 mirrored")
     write_hf(run / "checkpoint-20", 20)
@@ -190,8 +206,9 @@ def test_a_changed_folder_unit_is_swapped_in_whole_never_missing_or_mixed(
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     run = primary / "run"
     run.mkdir(parents=True)
-    daemon = daemon_factory({"layout": "hf", "copy": {"settle_seconds": 0.3},
-                             "watch": {"rescan_interval_seconds": 1}}).start()
+    daemon = daemon_factory(
+        {"layout": "hf", "copy": {"settle_seconds": 0.3}, "watch": {"rescan_interval_seconds": 1}}
+    ).start()
     unit = mirror / "run" / "checkpoint-10"
     seen: list[frozenset[tuple[str, int]] | None] = []
     stop = threading.Event()
@@ -216,8 +233,9 @@ def test_a_changed_folder_unit_is_swapped_in_whole_never_missing_or_mixed(
 
             def recorded(source: bytes = source) -> bool:
                 entry = Manifest.load(mirror).entries.get("run/checkpoint-10/optimizer.pt")
-                return entry is not None and entry.size == len(source) and \
-                    (unit / "optimizer.pt").read_bytes() == source
+                return (
+                    entry is not None and entry.size == len(source) and (unit / "optimizer.pt").read_bytes() == source
+                )
 
             wait_for(recorded, 120, f"width {width} mirrored and recorded")
     finally:
@@ -226,8 +244,10 @@ def test_a_changed_folder_unit_is_swapped_in_whole_never_missing_or_mixed(
     assert len(versions) == 5 and len(seen) > 100, (len(versions), len(seen))
     missing = sum(view is None for view in seen)
     mixed = {view for view in seen if view is not None and view not in versions}
-    print(f"swap: {len(seen)} listings of checkpoint-10/, {missing} without it, {len(mixed)} partial or mixed, "
-          f"{len(daemon.events('copy.replaced_unit', path='run/checkpoint-10'))} replacements")
+    print(
+        f"swap: {len(seen)} listings of checkpoint-10/, {missing} without it, {len(mixed)} partial or mixed, "
+        f"{len(daemon.events('copy.replaced_unit', path='run/checkpoint-10'))} replacements"
+    )
     assert missing == 0 and mixed == set(), (missing, mixed)
     assert len(daemon.events("copy.replaced_unit", path="run/checkpoint-10", how="swapped")) >= 4
     assert sorted(p.name for p in (mirror / "run").iterdir()) == ["checkpoint-10"]
@@ -297,8 +317,9 @@ def test_a_unit_is_mirrored_from_its_watch_events_alone(
     run = tmp_path / "primary" / "run"
     run.mkdir(parents=True)
     mirror = tmp_path / "mirror"
-    daemon = daemon_factory({"layout": layout, "copy": {"settle_seconds": 0.3},
-                             "watch": {"rescan_interval_seconds": 3600}}).start()
+    daemon = daemon_factory(
+        {"layout": layout, "copy": {"settle_seconds": 0.3}, "watch": {"rescan_interval_seconds": 3600}}
+    ).start()
     daemon.wait_event("daemon.ready")
     for step in (10, 20):
         if layout == "hf":
@@ -308,14 +329,25 @@ def test_a_unit_is_mirrored_from_its_watch_events_alone(
             _write_deepspeed(run, step)
             name = f"global_step{step}"
         # Manifest.load: recorded whole, so published (the record follows the folder's rename).
-        wait_for(lambda name=name: any(rel.startswith(f"run/{name}/")  # type: ignore[misc]
-                                       for rel in Manifest.load(mirror).entries), 120, f"{name} mirrored",
-                 context=lambda: daemon.log_text()[-4000:])
+        wait_for(
+            lambda name=name: any(
+                rel.startswith(f"run/{name}/")  # type: ignore[misc]
+                for rel in Manifest.load(mirror).entries
+            ),
+            120,
+            f"{name} mirrored",
+            context=lambda: daemon.log_text()[-4000:],
+        )
         for member in (run / name).iterdir():
             assert (mirror / "run" / name / member.name).read_bytes() == member.read_bytes()
     if layout == "deepspeed":
-        wait_for(lambda: (mirror / "run" / "latest").is_file()
-                 and (mirror / "run" / "latest").read_text() == "global_step20", 120, "latest mirrored")
+        wait_for(
+            lambda: (
+                (mirror / "run" / "latest").is_file() and (mirror / "run" / "latest").read_text() == "global_step20"
+            ),
+            120,
+            "latest mirrored",
+        )
     assert len(daemon.events("reconcile.finished")) == 1, "a full listing after start: not the events alone"
     assert not daemon.events("watch.rescan")
     assert daemon.stop() == 0

@@ -23,8 +23,11 @@ def test_verify_deep_judges_library_files_by_their_format(tmp_path: Path) -> Non
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": []}))
     torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
     write_dcp(primary / "run" / "step_4", 4)
-    env = {"MIRRORD_COPY__SETTLE_SECONDS": "0", "MIRRORD_METRICS__ENABLED": "false",
-           "MIRRORD_PATTERNS": "*.safetensors,*.json,*.pt,*.distcp"}
+    env = {
+        "MIRRORD_COPY__SETTLE_SECONDS": "0",
+        "MIRRORD_METRICS__ENABLED": "false",
+        "MIRRORD_PATTERNS": "*.safetensors,*.json,*.pt,*.distcp",
+    }
     sync = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env)
     assert sync.returncode == 0, sync.stderr
     deep = run_mirrord("verify", "--deep", "--json", "--mirror", mirror, env=env)

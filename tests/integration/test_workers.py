@@ -23,22 +23,33 @@ from tests.support.wait import wait_for
 def _setup(tmp_path: Path, **copy: object) -> tuple[Engine, JobQueue, Path, Path]:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     primary.mkdir()
-    config = load_config(environ={}, overrides={
-        "primary": str(primary), "mirror": str(mirror),
-        "copy": {"free_space_reserve_bytes": 0, "retry_backoff_seconds": 0.01, **copy},
-        "io": {"buffer_bytes": 1024 * 1024},
-    })
+    config = load_config(
+        environ={},
+        overrides={
+            "primary": str(primary),
+            "mirror": str(mirror),
+            "copy": {"free_space_reserve_bytes": 0, "retry_backoff_seconds": 0.01, **copy},
+            "io": {"buffer_bytes": 1024 * 1024},
+        },
+    )
     lm = LocalMirror(mirror)
     lm.root.mkdir()
     return Engine(config, lm, lm.read_manifest(), Metrics()), JobQueue(), primary, mirror
 
 
-def _pool(engine: Engine, queue: JobQueue, size: int, outcomes: list[CopyResult | MirrordError],
-          **options: Any) -> WorkerPool:
+def _pool(
+    engine: Engine, queue: JobQueue, size: int, outcomes: list[CopyResult | MirrordError], **options: Any
+) -> WorkerPool:
     """A pool copying with `engine` as the daemon's does: its retry policy, stalls counted in its metrics."""
-    return WorkerPool(engine.copy_once, queue, size, retry=RetryPolicy.from_config(engine.config),
-                      on_done=lambda job, outcome: outcomes.append(outcome),
-                      on_stalled=lambda job: engine.metrics.copy_result("stalled"), **options)
+    return WorkerPool(
+        engine.copy_once,
+        queue,
+        size,
+        retry=RetryPolicy.from_config(engine.config),
+        on_done=lambda job, outcome: outcomes.append(outcome),
+        on_stalled=lambda job: engine.metrics.copy_result("stalled"),
+        **options,
+    )
 
 
 def _job(primary: Path, rel: str, step: int) -> CopyJob:

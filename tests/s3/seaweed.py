@@ -56,10 +56,16 @@ class SeaweedServer:
         for path in (self.data, self.logdir, self.sockets):
             path.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "s3.json"
-        identity = {"name": "mirrord", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-                    "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
-        reader = {"name": "reader", "credentials": [{"accessKey": READER_KEY, "secretKey": READER_SECRET}],
-                  "actions": ["Read", "List"]}
+        identity = {
+            "name": "mirrord",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+        reader = {
+            "name": "reader",
+            "credentials": [{"accessKey": READER_KEY, "secretKey": READER_SECRET}],
+            "actions": ["Read", "List"],
+        }
         self.config.write_text(json.dumps({"identities": [identity, reader]}))
         self.ports: dict[str, int] = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES)), strict=True))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -71,21 +77,41 @@ class SeaweedServer:
 
     def env(self) -> dict[str, str]:
         """The standard credential chain's variables for a client (a child process or this one)."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION,
-                "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def command(self) -> list[str]:
         p = self.ports
         return [
-            self.binary, f"-logdir={self.logdir}", "server",
-            "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data}",
-            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=200",
-            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}", "-volume.preStopSeconds=0",
-            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
+            self.binary,
+            f"-logdir={self.logdir}",
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={self.data}",
+            f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}",
+            "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=256",
+            "-volume.max=200",
+            f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}",
+            "-volume.preStopSeconds=0",
+            f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}",
             f"-filer.localSocket={self.sockets / 'filer.sock'}",
-            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={self.config}",
-            f"-s3.localSocket={self.sockets / 's3.sock'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-s3",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
+            f"-s3.config={self.config}",
+            f"-s3.localSocket={self.sockets / 's3.sock'}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
             f"-metricsPort={p['metrics']}",
         ]
 
@@ -95,8 +121,14 @@ class SeaweedServer:
         self.starts += 1
         out = (self.workdir / f"weed-{self.starts}.out").open("wb")
         try:
-            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=self.workdir, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
         finally:
             out.close()
         try:

@@ -21,17 +21,28 @@ MIB = 1 << 20
 
 
 def _settings(seaweed: SeaweedServer, **extra: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {"endpoint_url": seaweed.endpoint, "addressing_style": "path",
-                                "part_size": 5 * MIB, "concurrency": 4, "lease_seconds": 30}
+    settings: dict[str, Any] = {
+        "endpoint_url": seaweed.endpoint,
+        "addressing_style": "path",
+        "part_size": 5 * MIB,
+        "concurrency": 4,
+        "lease_seconds": 30,
+    }
     settings.update(extra)
     return settings
 
 
-def _config(path: Path, primary: Path, url: str, seaweed: SeaweedServer, layout_: str = "torch",
-            **sections: Any) -> Path:
-    data: dict[str, Any] = {"primary": str(primary), "mirror": url, "s3": _settings(seaweed),
-                            "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1},
-                            "log": {"format": "json"}, "layout": layout_}
+def _config(
+    path: Path, primary: Path, url: str, seaweed: SeaweedServer, layout_: str = "torch", **sections: Any
+) -> Path:
+    data: dict[str, Any] = {
+        "primary": str(primary),
+        "mirror": url,
+        "s3": _settings(seaweed),
+        "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1},
+        "log": {"format": "json"},
+        "layout": layout_,
+    }
     for key, value in sections.items():
         data.setdefault(key, {}).update(value)
     path.write_text(tomli_w.dumps(data))
@@ -49,12 +60,14 @@ def _tree(primary: Path) -> dict[str, Path]:
 
 
 def test_sync_mirrors_a_tree_then_prune_keeps_the_newest(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     primary = tmp_path / "primary"
     files = _tree(primary)
     url = f"s3://{bucket}/{prefix}"
-    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed,
-                     prune={"enabled": True, "keep_last": 2, "min_age_seconds": 0})
+    config = _config(
+        tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": True, "keep_last": 2, "min_age_seconds": 0}
+    )
     done = run_mirrord("sync", "--config", config, env=s3_env, timeout=300)
     assert done.returncode == 0, done.stderr
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
@@ -80,7 +93,8 @@ def test_sync_mirrors_a_tree_then_prune_keeps_the_newest(
 
 
 def test_prune_guards_keep_recent_objects(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     primary = tmp_path / "primary"
     for step in (1, 2, 3):
         save_checkpoint(primary / f"run/step_{step}.pt", step)
@@ -88,8 +102,13 @@ def test_prune_guards_keep_recent_objects(
     config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
     assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
     # Retention on, keep 1, but every object was written seconds ago (LastModified): the age guard keeps all.
-    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed,
-                     prune={"enabled": True, "keep_last": 1, "min_age_seconds": 3600})
+    config = _config(
+        tmp_path / "mirrord.toml",
+        primary,
+        url,
+        seaweed,
+        prune={"enabled": True, "keep_last": 1, "min_age_seconds": 3600},
+    )
     done = run_mirrord("prune", "--config", config, env=s3_env, timeout=300)
     assert done.returncode == 0, done.stderr
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
@@ -99,15 +118,21 @@ def test_prune_guards_keep_recent_objects(
 
 
 def test_daemon_mirrors_into_s3_and_two_nodes_share_a_prefix(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     url = f"s3://{bucket}/{prefix}"
     daemons = []
     try:
         for node in ("node-1", "node-2"):
             primary = tmp_path / node / "primary"
             primary.mkdir(parents=True)
-            daemon = DaemonProcess(tmp_path / node, primary, Path("/unused"), env=s3_env, settings={
-                "mirror": url, "s3": _settings(seaweed, node=node)})
+            daemon = DaemonProcess(
+                tmp_path / node,
+                primary,
+                Path("/unused"),
+                env=s3_env,
+                settings={"mirror": url, "s3": _settings(seaweed, node=node)},
+            )
             daemon.settings["mirror"] = url
             daemon.write_config()
             daemons.append((node, primary, daemon.start()))
@@ -124,8 +149,13 @@ def test_daemon_mirrors_into_s3_and_two_nodes_share_a_prefix(
         # a second daemon under an existing node name is refused (the lease)
         node, primary, _ = daemons[0]
         (tmp_path / "twin").mkdir()
-        twin = DaemonProcess(tmp_path / "twin", primary, Path("/unused"), env=s3_env,
-                             settings={"mirror": url, "s3": _settings(seaweed, node=node)})
+        twin = DaemonProcess(
+            tmp_path / "twin",
+            primary,
+            Path("/unused"),
+            env=s3_env,
+            settings={"mirror": url, "s3": _settings(seaweed, node=node)},
+        )
         twin.settings["mirror"] = url
         twin.write_config()
         twin.start(wait_ready=False)
@@ -139,7 +169,8 @@ def test_daemon_mirrors_into_s3_and_two_nodes_share_a_prefix(
 
 
 def test_verify_latest_and_status_read_the_bucket(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     primary = tmp_path / "primary"
     files = _tree(primary)
     url = f"s3://{bucket}/{prefix}"
@@ -171,7 +202,8 @@ def test_verify_latest_and_status_read_the_bucket(
 
 
 def test_two_nodes_one_prefix_only_the_retention_holder_prunes_from_the_merged_manifest(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """Two daemons on two primaries write the ranks of the same steps into one run. Each step on the
     mirror is made of both nodes' files: only the node holding the prefix's retention lease prunes the
     mirror, and only once the merged manifest (both nodes' entries) shows the newer step whole. When it
@@ -182,10 +214,18 @@ def test_two_nodes_one_prefix_only_the_retention_holder_prunes_from_the_merged_m
     for node in ("node-1", "node-2"):
         primary = tmp_path / node / "primary"
         primary.mkdir(parents=True)
-        daemon = DaemonProcess(tmp_path / node, primary, Path("/unused"), env=s3_env, settings={
-            "mirror": url, "s3": _settings(seaweed, node=node, lease_seconds=10),
-            "prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0},
-            "watch": {"rescan_interval_seconds": 2}})
+        daemon = DaemonProcess(
+            tmp_path / node,
+            primary,
+            Path("/unused"),
+            env=s3_env,
+            settings={
+                "mirror": url,
+                "s3": _settings(seaweed, node=node, lease_seconds=10),
+                "prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0},
+                "watch": {"rescan_interval_seconds": 2},
+            },
+        )
         daemon.settings["mirror"] = url
         daemon.write_config()
         nodes[node] = (primary, daemon)
@@ -207,8 +247,12 @@ def test_two_nodes_one_prefix_only_the_retention_holder_prunes_from_the_merged_m
         write(1)
         wait_for(lambda: set(mirror.load_manifest().entries) == files(1), 180, "step 1 of both ranks recorded")
         write(2)
-        wait_for(lambda: mirrored() == files(2) and set(mirror.load_manifest().entries) == files(2), 240,
-                 "step 1 pruned once step 2 is whole", context=lambda: str(sorted(mirrored())))
+        wait_for(
+            lambda: mirrored() == files(2) and set(mirror.load_manifest().entries) == files(2),
+            240,
+            "step 1 pruned once step 2 is whole",
+            context=lambda: str(sorted(mirrored())),
+        )
         holders = [n for n, (_p, d) in nodes.items() if d.events("s3.retention_claimed")]
         assert len(holders) == 1, holders
         holder = holders[0]
@@ -221,8 +265,12 @@ def test_two_nodes_one_prefix_only_the_retention_holder_prunes_from_the_merged_m
         # The holder stops (gives its leases back): the other node takes retention over.
         nodes[holder][1].stop()
         write(3, only=(other,))
-        wait_for(lambda: mirrored() == files(3, (0 if other == "node-1" else 1,)), 240,
-                 "step 2 pruned by the node left", context=lambda: str(sorted(mirrored())))
+        wait_for(
+            lambda: mirrored() == files(3, (0 if other == "node-1" else 1,)),
+            240,
+            "step 2 pruned by the node left",
+            context=lambda: str(sorted(mirrored())),
+        )
         assert nodes[other][1].events("s3.retention_claimed")
         assert set(mirror.load_manifest().entries) == mirrored()
     finally:
@@ -231,7 +279,8 @@ def test_two_nodes_one_prefix_only_the_retention_holder_prunes_from_the_merged_m
 
 
 def test_prune_keeps_the_folder_the_buckets_deepspeed_tag_names(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """Issue 33 case 8 on S3, keep_last 1: global_step8 then global_step16 are mirrored, and the bucket's
     `latest` tag still names global_step8 (as between the folder's upload and the tag's, or while another
     node's copy of the tag is behind). Prune keeps global_step8 while the bucket's tag names it; once sync
@@ -240,8 +289,14 @@ def test_prune_keeps_the_folder_the_buckets_deepspeed_tag_names(
     primary, url = tmp_path / "primary", f"s3://{bucket}/{prefix}"
     tag = primary / "out" / "latest"
     copy_only = _config(tmp_path / "sync.toml", primary, url, seaweed, prune={"enabled": False}, layout_="deepspeed")
-    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, layout_="deepspeed",
-                     prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0})
+    config = _config(
+        tmp_path / "mirrord.toml",
+        primary,
+        url,
+        seaweed,
+        layout_="deepspeed",
+        prune={"enabled": True, "keep_last": 1, "min_age_seconds": 0},
+    )
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
 
     def folders() -> set[str]:

@@ -21,17 +21,19 @@ def test_s3_url_survives_a_file_and_keeps_its_slashes(tmp_path: Path) -> None:
     assert config.s3.part_size == 16 * 2**20
 
 
-@pytest.mark.parametrize(("mirror", "message"), [
-    ("s3://", "no valid bucket name"),
-    ("s3://bucket/a/../b", "mirror"),
-])
+@pytest.mark.parametrize(
+    ("mirror", "message"),
+    [
+        ("s3://", "no valid bucket name"),
+        ("s3://bucket/a/../b", "mirror"),
+    ],
+)
 def test_bad_s3_urls_are_one_line_each(tmp_path: Path, mirror: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, environ={}, overrides={"primary": str(tmp_path), "mirror": mirror})
 
 
-def test_a_secret_in_the_file_is_refused_unless_allowed_then_warned(
-        tmp_path: Path, logs: list[dict[str, Any]]) -> None:
+def test_a_secret_in_the_file_is_refused_unless_allowed_then_warned(tmp_path: Path, logs: list[dict[str, Any]]) -> None:
     base = f'primary = "{tmp_path}"\nmirror = "s3://ckpts/run"\n[s3]\nsecret_access_key = "abc"\n'
     path = tmp_path / "mirrord.toml"
     path.write_text(base)
@@ -45,9 +47,15 @@ def test_a_secret_in_the_file_is_refused_unless_allowed_then_warned(
 
 
 def test_config_to_a_working_mirror(seaweed: SeaweedServer, bucket: str, prefix: str, tmp_path: Path) -> None:
-    config = load_config(None, environ={}, overrides={
-        "primary": str(tmp_path), "mirror": f"s3://{bucket}/{prefix}",
-        "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "part_size": 5 * 2**20}})
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "primary": str(tmp_path),
+            "mirror": f"s3://{bucket}/{prefix}",
+            "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "part_size": 5 * 2**20},
+        },
+    )
     mirror = open_s3_mirror(config.mirror_url or "", config.s3)
     upload = mirror.begin_upload("run/step_1.pt", 4)
     upload.write(memoryview(b"abcd"))

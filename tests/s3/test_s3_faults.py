@@ -39,16 +39,21 @@ def _uploads(mirror: S3Mirror) -> list[str]:
 
 
 def test_daemon_killed_mid_upload_leaves_nothing_visible_and_prune_sweeps_it(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
-        gated_primary: FuseMount) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path, gated_primary: FuseMount
+) -> None:
     """SIGKILL while a gate holds the upload half sent: no object, no manifest entry; prune sweeps the
     upload once the dead daemon's lease and the age guard allow."""
     url = f"s3://{bucket}/{prefix}"
     primary = gated_primary.mount_point
     _big_checkpoint(gated_primary.backing / "run/step_1.pt", 40)
     gated_primary.stall("step_1.pt", after=24 * MIB)
-    daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env, settings={
-        "mirror": url, "s3": _settings(seaweed, lease_seconds=10)})
+    daemon = DaemonProcess(
+        tmp_path,
+        primary,
+        Path("/unused"),
+        env=s3_env,
+        settings={"mirror": url, "s3": _settings(seaweed, lease_seconds=10)},
+    )
     daemon.settings["mirror"] = url
     daemon.write_config()
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
@@ -64,8 +69,12 @@ def test_daemon_killed_mid_upload_leaves_nothing_visible_and_prune_sweeps_it(
     config = _config(tmp_path / "prune.toml", primary, url, seaweed, prune={"enabled": True, "min_age_seconds": 3600})
     refused = run_mirrord("prune", "--config", config, env=s3_env, timeout=300)
     assert refused.returncode != 0 and "holds this mirror's lease" in refused.stderr  # the dead daemon's lease
-    wait_for(lambda: run_mirrord("prune", "--config", config, env=s3_env, timeout=300).returncode == 0, 120,
-             "the dead daemon's lease to expire (10 s)", interval=2)
+    wait_for(
+        lambda: run_mirrord("prune", "--config", config, env=s3_env, timeout=300).returncode == 0,
+        120,
+        "the dead daemon's lease to expire (10 s)",
+        interval=2,
+    )
     assert _uploads(mirror) != []  # younger than the age guard: it could be another node's live upload
     config = _config(tmp_path / "prune.toml", primary, url, seaweed, prune={"enabled": True, "min_age_seconds": 0})
     done = run_mirrord("prune", "--config", config, env=s3_env, timeout=300)
@@ -76,10 +85,12 @@ def test_daemon_killed_mid_upload_leaves_nothing_visible_and_prune_sweeps_it(
 
 @pytest.mark.slow
 def test_300_mb_in_8_mb_parts_with_bounded_parts_in_flight(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     source = _big_checkpoint(tmp_path / "primary/run/step_1.pt", 300)
-    mirror = S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, part_size=8 * MIB,
-                                                            concurrency=4))
+    mirror = S3Mirror(
+        f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, part_size=8 * MIB, concurrency=4)
+    )
     in_flight: list[int] = []
     upload_part = mirror.client.upload_part
     live = [0]
@@ -109,14 +120,17 @@ def test_300_mb_in_8_mb_parts_with_bounded_parts_in_flight(
 
 
 def test_server_restarted_mid_upload_is_retried_and_nothing_is_torn(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
-        gated_primary: FuseMount) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path, gated_primary: FuseMount
+) -> None:
     """The server restarts while a gate holds the upload half sent: the upload goes on once it is back."""
     source = _big_checkpoint(gated_primary.backing / "run/step_2.pt", 40)
     gated_primary.stall("step_2.pt", after=20 * MIB)
-    mirror = S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, part_size=5 * MIB,
-                                                            concurrency=2, max_attempts=30,
-                                                            timeout_seconds=600))  # outlasts the restart
+    mirror = S3Mirror(
+        f"s3://{bucket}/{prefix}",
+        S3Settings(
+            endpoint_url=seaweed.endpoint, part_size=5 * MIB, concurrency=2, max_attempts=30, timeout_seconds=600
+        ),
+    )  # outlasts the restart
     outcome: dict[str, Any] = {}
 
     def copy() -> None:

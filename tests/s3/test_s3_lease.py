@@ -24,9 +24,11 @@ def _entry(path: str) -> ManifestEntry:
 
 
 def test_a_lease_not_renewed_in_time_refuses_every_commit_until_it_is(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str]) -> None:
-    mirror = S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, node="n",
-                                                            lease_seconds=LEASE_SECONDS))
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str]
+) -> None:
+    mirror = S3Mirror(
+        f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, node="n", lease_seconds=LEASE_SECONDS)
+    )
     with mirror.lock():
         manifest = mirror.read_manifest()
         manifest.record(_entry("run/step_1.pt"))
@@ -60,12 +62,18 @@ def _health(daemon: DaemonProcess) -> tuple[int, str]:
 
 
 def test_daemon_probes_answer_while_the_server_hangs_and_it_publishes_only_under_a_renewed_lease(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     url = f"s3://{bucket}/{prefix}"
     primary = tmp_path / "primary"
     primary.mkdir()
-    daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env, settings={
-        "mirror": url, "s3": _settings(seaweed, node="hang", lease_seconds=LEASE_SECONDS)})
+    daemon = DaemonProcess(
+        tmp_path,
+        primary,
+        Path("/unused"),
+        env=s3_env,
+        settings={"mirror": url, "s3": _settings(seaweed, node="hang", lease_seconds=LEASE_SECONDS)},
+    )
     daemon.settings["mirror"] = url
     daemon.write_config()
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
@@ -76,8 +84,11 @@ def test_daemon_probes_answer_while_the_server_hangs_and_it_publishes_only_under
         seaweed.pause()
         try:
             save_checkpoint(primary / "run/step_2.pt", 2)  # due while the server hangs
-            wait_for(lambda: _health(daemon)[0] == 503 and "nothing is published" in _health(daemon)[1], 120,
-                     "/healthz to say the lease is not renewed")
+            wait_for(
+                lambda: _health(daemon)[0] == 503 and "nothing is published" in _health(daemon)[1],
+                120,
+                "/healthz to say the lease is not renewed",
+            )
             assert daemon.metric("mirrord_mirror_writable") == 0  # /metrics answers too
             daemon.wait_event("s3.lease_stale", timeout=60)
             assert not daemon.events("copy.committed", path="run/step_2.pt")
@@ -86,8 +97,12 @@ def test_daemon_probes_answer_while_the_server_hangs_and_it_publishes_only_under
         wait_for(lambda: "run/step_2.pt" in mirror.load_manifest().entries, 300, "step 2 mirrored once renewed")
         wait_for(lambda: _health(daemon)[0] == 200, 120, "healthy again")
         assert daemon.metric("mirrord_mirror_writable") == 1
-        events = [e for e in daemon.events() if e.get("event") in ("s3.lease_stale", "s3.lease_renewed")
-                  or (e.get("event") == "copy.committed" and e.get("path") == "run/step_2.pt")]
+        events = [
+            e
+            for e in daemon.events()
+            if e.get("event") in ("s3.lease_stale", "s3.lease_renewed")
+            or (e.get("event") == "copy.committed" and e.get("path") == "run/step_2.pt")
+        ]
         names = [e["event"] for e in events]
         # Published only after the lease was renewed: never while it was stale.
         assert names.index("s3.lease_stale") < names.index("s3.lease_renewed") < names.index("copy.committed")

@@ -41,8 +41,7 @@ def _manifest_put_bytes(mirror: S3Mirror, prefix: str) -> list[int]:
     return sent
 
 
-def test_recording_one_copy_writes_only_its_runs_entries(
-        seaweed: SeaweedServer, bucket: str, prefix: str) -> None:
+def test_recording_one_copy_writes_only_its_runs_entries(seaweed: SeaweedServer, bucket: str, prefix: str) -> None:
     """10 runs of 100 entries: recording one more entry in one run sends that run's entries, not all
     1,000 (a tenth of the whole manifest, give or take one run's share)."""
     mirror = S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint))
@@ -58,7 +57,8 @@ def test_recording_one_copy_writes_only_its_runs_entries(
 
 
 def test_a_manifest_written_by_the_single_object_layout_loads_and_moves_on_first_write(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str
+) -> None:
     """An older mirrord's `.mirrord-manifest.json` is read as it is; the first change moves its entries
     into the per-folder objects and deletes it, and nothing recorded is lost."""
     old = {rel: _entry(rel, step) for step, rel in enumerate(["a/step_1.pt", "a/step_2.pt", "b/step_1.pt", "top.pt"])}
@@ -77,8 +77,8 @@ def test_a_manifest_written_by_the_single_object_layout_loads_and_moves_on_first
 
 
 def test_latest_trusts_a_recorded_object_by_its_etag_without_reading_it(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, s3_env: dict[str, str],
-        tmp_path: Path) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """After a sync, `latest` answers from the manifest and the objects' listing alone: no byte of a
     checkpoint is downloaded. An object rewritten with other bytes of the same size (another ETag) is
     not trusted: it is read, found other than recorded, and the step before it is the answer."""
@@ -86,14 +86,22 @@ def test_latest_trusts_a_recorded_object_by_its_etag_without_reading_it(
     for step in (1, 2):
         save_checkpoint(primary / f"run/step_{step}.pt", step)
     url = f"s3://{bucket}/{prefix}"
-    config = load_config(environ={}, overrides={
-        "primary": str(primary), "mirror": url, "prune": {"enabled": False}, "copy": {"settle_seconds": 0.0},
-        "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "lease_seconds": 30}})
+    config = load_config(
+        environ={},
+        overrides={
+            "primary": str(primary),
+            "mirror": url,
+            "prune": {"enabled": False},
+            "copy": {"settle_seconds": 0.0},
+            "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "lease_seconds": 30},
+        },
+    )
     assert run_sync(config).ok
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
     read: list[str] = []
-    mirror.client.meta.events.register("before-parameter-build.s3.GetObject",
-                                       lambda params, **_: read.append(params["Key"]))
+    mirror.client.meta.events.register(
+        "before-parameter-build.s3.GetObject", lambda params, **_: read.append(params["Key"])
+    )
     assert latest_key(mirror, "run") == "run/step_2.pt"
     assert [key for key in read if key.endswith(".pt")] == []
 
@@ -104,24 +112,37 @@ def test_latest_trusts_a_recorded_object_by_its_etag_without_reading_it(
 
 
 def test_status_trusts_the_newest_checkpoint_by_its_etag_without_reading_it(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    seaweed: SeaweedServer,
+    bucket: str,
+    prefix: str,
+    s3_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """`status` vouches for each run's newest checkpoint from the manifest and the object's identity:
     no byte of it is downloaded while its ETag, size and LastModified are the recorded ones."""
     primary = tmp_path / "primary"
     save_checkpoint(primary / "run/step_1.pt", 1)
-    config = load_config(environ={}, overrides={
-        "primary": str(primary), "mirror": f"s3://{bucket}/{prefix}", "prune": {"enabled": False},
-        "copy": {"settle_seconds": 0.0}, "metrics": {"address": f"127.0.0.1:{free_ports(1)[0]}"},
-        "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "lease_seconds": 30}})
+    config = load_config(
+        environ={},
+        overrides={
+            "primary": str(primary),
+            "mirror": f"s3://{bucket}/{prefix}",
+            "prune": {"enabled": False},
+            "copy": {"settle_seconds": 0.0},
+            "metrics": {"address": f"127.0.0.1:{free_ports(1)[0]}"},
+            "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "lease_seconds": 30},
+        },
+    )
     assert run_sync(config).ok
     read: list[str] = []
     made = s3_mirror.make_client
 
     def counted_client(*args: Any, **kwargs: Any) -> Any:
         client = made(*args, **kwargs)
-        client.meta.events.register("before-parameter-build.s3.GetObject",
-                                    lambda params, **_: read.append(params["Key"]))
+        client.meta.events.register(
+            "before-parameter-build.s3.GetObject", lambda params, **_: read.append(params["Key"])
+        )
         return client
 
     monkeypatch.setattr(s3_mirror, "make_client", counted_client)

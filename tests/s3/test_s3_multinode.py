@@ -33,18 +33,21 @@ def _files(step: int) -> set[str]:
 
 def _start(daemon: DaemonProcess) -> None:
     """Start it, again while the lease of its own killed process has not expired yet (it is refused then)."""
+
     def ready() -> bool:
         if daemon.proc is None or daemon.exited():
             daemon.kill()  # reaps the refused process and closes its log before the next try
             daemon.start(wait_ready=False)
         return daemon.http("/readyz")[0] == 200
 
-    wait_for(ready, READY_SECONDS + 60, f"{daemon.workdir.name} ready", interval=1,
-             context=lambda: daemon.log_text()[-3000:])
+    wait_for(
+        ready, READY_SECONDS + 60, f"{daemon.workdir.name} ready", interval=1, context=lambda: daemon.log_text()[-3000:]
+    )
 
 
 def test_a_dcp_folder_saved_on_two_nodes_is_complete_only_once_both_shares_are_uploaded(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """Nothing of a step is recorded, nor served by `latest`, while one node's share is missing: not when
     the other node uploaded its share, not while the daemon of the missing share is killed with SIGKILL.
     Once both shares are up, the unit is recorded whole with every file's hash, `latest` against the bucket
@@ -57,11 +60,19 @@ def test_a_dcp_folder_saved_on_two_nodes_is_complete_only_once_both_shares_are_u
     for node in NODES:
         primaries[node] = tmp_path / node / "primary"
         (primaries[node] / "run").mkdir(parents=True)
-        daemon = DaemonProcess(tmp_path / node, primaries[node], Path("/unused"), env=s3_env, settings={
-            "mirror": url, "layout": "dcp",
-            "s3": _settings(seaweed, node=node, lease_seconds=10, units_span_nodes=True),
-            "prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0},
-            "watch": {"rescan_interval_seconds": 2}})
+        daemon = DaemonProcess(
+            tmp_path / node,
+            primaries[node],
+            Path("/unused"),
+            env=s3_env,
+            settings={
+                "mirror": url,
+                "layout": "dcp",
+                "s3": _settings(seaweed, node=node, lease_seconds=10, units_span_nodes=True),
+                "prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0},
+                "watch": {"rescan_interval_seconds": 2},
+            },
+        )
         daemon.settings["mirror"] = url
         daemon.write_config()
         daemons[node] = daemon
@@ -104,8 +115,9 @@ def test_a_dcp_folder_saved_on_two_nodes_is_complete_only_once_both_shares_are_u
 
         # Node 2's share (rank 1's file, no .metadata): the unit is complete, recorded whole.
         place("node-2", 1)
-        wait_for(lambda: recorded(1) == _files(1), 180, "step 1 recorded whole",
-                 context=lambda: str(sorted(recorded(1))))
+        wait_for(
+            lambda: recorded(1) == _files(1), 180, "step 1 recorded whole", context=lambda: str(sorted(recorded(1)))
+        )
         completed = [e for d in daemons.values() for e in d.events("unit.completed", path="run/step_1")]
         assert len(completed) == 1, completed
         entries = mirror.load_manifest().entries
@@ -136,8 +148,12 @@ def test_a_dcp_folder_saved_on_two_nodes_is_complete_only_once_both_shares_are_u
         # Node 2 back: its share goes up, step 2 is complete, and step 1 (both nodes' files) is deleted whole.
         _start(daemons["node-2"])
         wait_for(lambda: recorded(2) == _files(2), 180, "step 2 recorded whole")
-        wait_for(lambda: stored(1) == set() and recorded(1) == set(), 180, "step 1 pruned whole",
-                 context=lambda: str(sorted(stored(1))))
+        wait_for(
+            lambda: stored(1) == set() and recorded(1) == set(),
+            180,
+            "step 1 pruned whole",
+            context=lambda: str(sorted(stored(1))),
+        )
         assert latest().stdout.strip() == f"{url}/run/step_2"
         deleted = {e["path"] for d in daemons.values() for e in d.events("prune.deleted", volume="mirror")}
         assert "run/step_1" in deleted  # the unit, with both nodes' files
@@ -150,7 +166,8 @@ def test_a_dcp_folder_saved_on_two_nodes_is_complete_only_once_both_shares_are_u
 
 
 def test_sync_on_each_node_uploads_its_share_and_the_second_completes_the_unit(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """`mirrord sync` on the node without the .metadata first: its share is recorded as a part, nothing is
     served; `sync` on the other node completes the unit, and a second pass on either has nothing to do."""
     url = f"s3://{bucket}/{prefix}"
@@ -162,10 +179,18 @@ def test_sync_on_each_node_uploads_its_share_and_the_second_completes_the_unit(
         for name in SHARES[node]:
             shutil.copy2(saved / name, folder / name)
         configs[node] = tmp_path / node / "mirrord.toml"
-        configs[node].write_text(tomli_w.dumps({
-            "primary": str(tmp_path / node / "primary"), "mirror": url, "layout": "dcp",
-            "s3": _settings(seaweed, node=node, units_span_nodes=True),
-            "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1}, "log": {"format": "json"}}))
+        configs[node].write_text(
+            tomli_w.dumps(
+                {
+                    "primary": str(tmp_path / node / "primary"),
+                    "mirror": url,
+                    "layout": "dcp",
+                    "s3": _settings(seaweed, node=node, units_span_nodes=True),
+                    "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1},
+                    "log": {"format": "json"},
+                }
+            )
+        )
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
 
     first = run_mirrord("sync", "--config", configs["node-2"], env=s3_env, timeout=300)
@@ -203,14 +228,23 @@ def _node_configs(tmp_path: Path, url: str, seaweed: SeaweedServer) -> dict[str,
     for node in NODES:
         (tmp_path / node / "primary" / "run").mkdir(parents=True)
         configs[node] = tmp_path / node / "mirrord.toml"
-        configs[node].write_text(tomli_w.dumps({
-            "primary": str(tmp_path / node / "primary"), "mirror": url, "s3": _settings(seaweed, node=node),
-            "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1}, "log": {"format": "json"}}))
+        configs[node].write_text(
+            tomli_w.dumps(
+                {
+                    "primary": str(tmp_path / node / "primary"),
+                    "mirror": url,
+                    "s3": _settings(seaweed, node=node),
+                    "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.1},
+                    "log": {"format": "json"},
+                }
+            )
+        )
     return configs
 
 
 def test_the_same_bytes_saved_on_two_nodes_are_uploaded_once_whatever_their_mtimes(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """Issue 33 case 4: every node's rank 0 saves run/step_5.pt with the same bytes at another time. The
     first node's upload is recorded as its entry; the other node hashes its file, finds the same bytes
     and uploads nothing, on every pass (before: each node re-uploaded it in turn, forever)."""
@@ -236,7 +270,8 @@ def test_the_same_bytes_saved_on_two_nodes_are_uploaded_once_whatever_their_mtim
 
 
 def test_other_bytes_under_the_same_name_on_another_node_are_a_conflict_never_taken_as_mirrored(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """Issue 33 case 4: node 2's run/step_5.pt has other bytes than node 1's, with the same size and mtime.
     Node 2 never takes node 1's entry for its own file (before: it called it in sync and never uploaded
     it, silently): it reports a conflict naming both nodes, uploads nothing over node 1's copy, and
@@ -257,8 +292,7 @@ def test_other_bytes_under_the_same_name_on_another_node_are_a_conflict_never_ta
         assert other.returncode != 0, other.stderr
         assert "copy.committed" not in other.stderr
         conflicts = [json.loads(line) for line in other.stderr.splitlines() if "copy.node_conflict" in line]
-        assert conflicts and conflicts[0]["node"] == "node-2" and conflicts[0]["recorded_by"] == "node-1", \
-            other.stderr
+        assert conflicts and conflicts[0]["node"] == "node-2" and conflicts[0]["recorded_by"] == "node-1", other.stderr
         assert conflicts[0]["path"] == "run/step_5.pt"
         same = run_mirrord("sync", "--config", configs["node-1"], env=s3_env, timeout=300)
         assert same.returncode == 0 and "copy.started" not in same.stderr, same.stderr

@@ -18,12 +18,17 @@ from tests.support.daemon import DaemonProcess
 from tests.support.ports import free_ports
 from tests.support.wait import wait_for
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "none", "AWS_SECRET_ACCESS_KEY": "none", "AWS_REGION": "us-east-1",
-               "AWS_EC2_METADATA_DISABLED": "true"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "none",
+    "AWS_SECRET_ACCESS_KEY": "none",
+    "AWS_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def test_a_checkpoint_committed_while_the_endpoint_is_down_is_mirrored_once_it_is_back(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """The server stops; a checkpoint is committed (the watcher's hint asks the mirror about it). The
     daemon stays up and says so (errors logged, not ready), and once the server is back the checkpoint is
     mirrored and recorded, by the same process."""
@@ -31,10 +36,18 @@ def test_a_checkpoint_committed_while_the_endpoint_is_down_is_mirrored_once_it_i
     primary = tmp_path / "primary"
     (primary / "run").mkdir(parents=True)
     (tmp_path / "d").mkdir()
-    daemon = DaemonProcess(tmp_path / "d", primary, Path("/unused"), env=s3_env, settings={
-        "mirror": url, "s3": _settings(seaweed, lease_seconds=60, timeout_seconds=3, max_attempts=2),
-        "copy": {"max_attempts": 2, "retry_backoff_seconds": 0.1, "retry_backoff_max_seconds": 1},
-        "watch": {"rescan_interval_seconds": 2}})
+    daemon = DaemonProcess(
+        tmp_path / "d",
+        primary,
+        Path("/unused"),
+        env=s3_env,
+        settings={
+            "mirror": url,
+            "s3": _settings(seaweed, lease_seconds=60, timeout_seconds=3, max_attempts=2),
+            "copy": {"max_attempts": 2, "retry_backoff_seconds": 0.1, "retry_backoff_max_seconds": 1},
+            "watch": {"rescan_interval_seconds": 2},
+        },
+    )
     daemon.settings["mirror"] = url
     daemon.write_config()
     mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint))
@@ -45,14 +58,22 @@ def test_a_checkpoint_committed_while_the_endpoint_is_down_is_mirrored_once_it_i
         seaweed.stop()
         try:
             save_checkpoint(primary / "run/step_2.pt", 2)  # written whole, then renamed into place
-            wait_for(lambda: daemon.exited() or len(daemon.log_text().split("step_2.pt")) > 2, 120,
-                     "the daemon to see step 2 and fail to mirror it", context=lambda: daemon.log_text()[-3000:])
+            wait_for(
+                lambda: daemon.exited() or len(daemon.log_text().split("step_2.pt")) > 2,
+                120,
+                "the daemon to see step 2 and fail to mirror it",
+                context=lambda: daemon.log_text()[-3000:],
+            )
             wait_for(lambda: daemon.exited() or daemon.http("/readyz")[0] != 200, 120, "not ready while down")
             assert not daemon.exited(), daemon.log_text()[-3000:]
         finally:
             seaweed.start()
-        wait_for(lambda: "run/step_2.pt" in mirror.load_manifest().entries, 180, "step 2 recorded once back",
-                 context=lambda: daemon.log_text()[-3000:])
+        wait_for(
+            lambda: "run/step_2.pt" in mirror.load_manifest().entries,
+            180,
+            "step 2 recorded once back",
+            context=lambda: daemon.log_text()[-3000:],
+        )
         assert not daemon.exited()
         with mirror.open_read("run/step_2.pt") as stream:
             assert stream.read() == (primary / "run/step_2.pt").read_bytes()
@@ -62,8 +83,15 @@ def test_a_checkpoint_committed_while_the_endpoint_is_down_is_mirrored_once_it_i
 
 def _config(tmp_path: Path, endpoint: str) -> Path:
     path = tmp_path / "mirrord.toml"
-    path.write_text(tomli_w.dumps({"primary": str(tmp_path), "mirror": "s3://bucket/prefix",
-                                   "s3": {"endpoint_url": endpoint, "timeout_seconds": 2}}))
+    path.write_text(
+        tomli_w.dumps(
+            {
+                "primary": str(tmp_path),
+                "mirror": "s3://bucket/prefix",
+                "s3": {"endpoint_url": endpoint, "timeout_seconds": 2},
+            }
+        )
+    )
     return path
 
 

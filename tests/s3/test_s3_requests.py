@@ -18,8 +18,13 @@ from tests.support.checkpoints import save_checkpoint
 
 
 def test_a_small_file_costs_one_put_and_one_head(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    seaweed: SeaweedServer,
+    bucket: str,
+    prefix: str,
+    s3_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """One PutObject (the commit point) and one HeadObject (its LastModified, which S3 does not answer
     with the PUT) per file; the manifest is written by a few conditional PUTs, never one per object stat."""
     per_key: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
@@ -39,10 +44,16 @@ def test_a_small_file_costs_one_put_and_one_head(
     files = [f"run{i % 2}/step_{i}.pt" for i in range(6)]
     for step, rel in enumerate(files):
         save_checkpoint(primary / rel, step)
-    config = load_config(environ={}, overrides={
-        "primary": str(primary), "mirror": f"s3://{bucket}/{prefix}", "prune": {"enabled": False},
-        "copy": {"settle_seconds": 0.0},
-        "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "lease_seconds": 30}})
+    config = load_config(
+        environ={},
+        overrides={
+            "primary": str(primary),
+            "mirror": f"s3://{bucket}/{prefix}",
+            "prune": {"enabled": False},
+            "copy": {"settle_seconds": 0.0},
+            "s3": {"endpoint_url": seaweed.endpoint, "addressing_style": "path", "lease_seconds": 30},
+        },
+    )
     assert run_sync(config).ok
     for rel in files:
         assert per_key[f"{prefix}/{rel}"] == {"PutObject": 1, "HeadObject": 1}, rel

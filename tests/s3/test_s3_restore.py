@@ -25,8 +25,13 @@ def _train(run: Path, steps: list[int]) -> None:
 
 
 def test_restore_from_s3_publishes_the_newest_and_falls_back_past_a_damaged_object(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    seaweed: SeaweedServer,
+    bucket: str,
+    prefix: str,
+    s3_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The run folder wiped: restore brings step 30 back from the bucket, identical, with its source mtime
     (sync then copies nothing); the object of step 30 damaged: nothing published, step 20 restored;
     restore_latest does the same from Python."""
@@ -67,8 +72,9 @@ def test_restore_from_s3_publishes_the_newest_and_falls_back_past_a_damaged_obje
 
 
 @pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
-def test_disaster_drill_on_seaweedfs(seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str],
-                                     tmp_path: Path, trainer: Trainer) -> None:
+def test_disaster_drill_on_seaweedfs(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path, trainer: Trainer
+) -> None:
     """The drills of tests/support/drill.py with the daemon mirroring into S3, per layout: the units never drop,
     the resumed losses equal an uninterrupted run's, no old unit is uploaded again."""
     from tests.s3.test_s3_commands import _settings
@@ -82,7 +88,8 @@ def test_disaster_drill_on_seaweedfs(seaweed: SeaweedServer, bucket: str, prefix
 
 
 def test_read_only_credentials_run_the_read_only_commands(
-        seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """Credentials that may only read and list: latest, verify and restore work; sync cannot write (exit 1)."""
     primary = tmp_path / "primary"
     _train(primary / "a", [10, 20])

@@ -24,7 +24,8 @@ def _pending(s3_client: Any, bucket: str, prefix: str) -> list[str]:
 
 
 def test_the_sweep_never_aborts_an_upload_of_its_own_in_flight(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str
+) -> None:
     """A multipart upload of this process that has run longer than the age guard (here 1 s: any upload
     lasting past prune.min_age_seconds) is left alone by this process's sweep, and completes whole
     afterwards. Another process's view calls it old: only its owner knows it is alive."""
@@ -39,7 +40,7 @@ def test_the_sweep_never_aborts_an_upload_of_its_own_in_flight(
 
     assert mirror.sweep_stale_uploads(older_than=1) == 0
     assert _pending(s3_client, bucket, prefix) == [f"{prefix}/run/step_1.pt"]
-    upload.write(memoryview(data)[2 * PART:])
+    upload.write(memoryview(data)[2 * PART :])
     upload.seal(0)
     upload.commit()
     with mirror.open_read("run/step_1.pt") as stream:
@@ -48,7 +49,8 @@ def test_the_sweep_never_aborts_an_upload_of_its_own_in_flight(
 
 
 def test_a_local_clock_ahead_of_the_server_ages_no_upload(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, s3_env: dict[str, str]) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, s3_env: dict[str, str]
+) -> None:
     """Another writer's upload started a moment ago; the sweeping process runs 10 minutes ahead of the
     server's clock (faketime on that process only), past a 300 s age guard. The upload is young by the
     server's clock, which stamped it: nothing is aborted."""
@@ -61,8 +63,9 @@ def test_a_local_clock_ahead_of_the_server_ages_no_upload(
         print("swept", round(time.time()), mirror.sweep_stale_uploads(older_than=300), flush=True)
     """)
     env = {**os.environ, **s3_env, **faketime_env("+10m")}
-    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith("swept "))
     skewed, swept = (int(word) for word in line.split()[1:])

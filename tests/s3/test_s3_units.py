@@ -29,15 +29,23 @@ def _sync(config: Config) -> tuple[int, S3Mirror]:
 
 
 @pytest.mark.parametrize("layout", ["hf", "dcp"])
-def test_folder_units_on_s3(seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str],
-                            tmp_path: Path, layout: str) -> None:
+def test_folder_units_on_s3(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path, layout: str
+) -> None:
     name, write = WRITERS[layout]
     primary = tmp_path / "primary"
     for step in (10, 20):
         write(primary / "run" / name.format(step), step)
-    config = load_config(environ={}, overrides={
-        "primary": str(primary), "mirror": f"s3://{bucket}/{prefix}", "layout": layout,
-        "copy": {"settle_seconds": 0}, "s3": {"endpoint_url": seaweed.endpoint, "part_size": 5 << 20}})
+    config = load_config(
+        environ={},
+        overrides={
+            "primary": str(primary),
+            "mirror": f"s3://{bucket}/{prefix}",
+            "layout": layout,
+            "copy": {"settle_seconds": 0},
+            "s3": {"endpoint_url": seaweed.endpoint, "part_size": 5 << 20},
+        },
+    )
     jobs, mirror = _sync(config)
     assert jobs == 2
     source = {p.relative_to(primary).as_posix(): p for p in primary.rglob("*") if p.is_file()}
@@ -53,16 +61,24 @@ def test_folder_units_on_s3(seaweed: SeaweedServer, bucket: str, prefix: str, s3
     assert _sync(config)[0] == 0  # nothing left to do
 
 
-def test_a_changed_unit_replaces_the_old_copy_whole(seaweed: SeaweedServer, bucket: str, prefix: str,
-                                                    s3_env: dict[str, str], tmp_path: Path) -> None:
+def test_a_changed_unit_replaces_the_old_copy_whole(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """A unit published again: the new files under the same keys, and a file the new copy no longer
     has is deleted from the bucket (the old copy's entries first, then its objects)."""
     primary = tmp_path / "primary"
     unit = primary / "run" / "checkpoint-10"
     write_hf(unit, 10)
-    config = load_config(environ={}, overrides={
-        "primary": str(primary), "mirror": f"s3://{bucket}/{prefix}", "layout": "hf",
-        "copy": {"settle_seconds": 0}, "s3": {"endpoint_url": seaweed.endpoint, "part_size": 5 << 20}})
+    config = load_config(
+        environ={},
+        overrides={
+            "primary": str(primary),
+            "mirror": f"s3://{bucket}/{prefix}",
+            "layout": "hf",
+            "copy": {"settle_seconds": 0},
+            "s3": {"endpoint_url": seaweed.endpoint, "part_size": 5 << 20},
+        },
+    )
     _sync(config)
     (unit / "scheduler.pt").unlink()
     write_hf(primary / "tmp", 11)
@@ -81,8 +97,9 @@ def test_a_changed_unit_replaces_the_old_copy_whole(seaweed: SeaweedServer, buck
         assert fh.read() == (unit / "optimizer.pt").read_bytes()
 
 
-def test_a_unit_is_never_merged_into_an_older_copy(seaweed: SeaweedServer, bucket: str, prefix: str,
-                                                   s3_env: dict[str, str]) -> None:
+def test_a_unit_is_never_merged_into_an_older_copy(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str]
+) -> None:
     """Staging a unit again while an older copy is there writes beside it (KEY.part/), never over it:
     commit refuses until the old copy is deleted, abort leaves the old copy intact, and the staging area
     is listed as such (swept when dead), never as files."""
@@ -101,8 +118,9 @@ def test_a_unit_is_never_merged_into_an_older_copy(seaweed: SeaweedServer, bucke
     first = stage(b"weights")
     first.commit()
     second = stage(b"new")
-    rules = load_config(environ={}, overrides={"primary": "/", "mirror": "s3://x-y/z", "layout": "hf"},
-                        check_roots=False).rules
+    rules = load_config(
+        environ={}, overrides={"primary": "/", "mirror": "s3://x-y/z", "layout": "hf"}, check_roots=False
+    ).rules
     snap = mirror.snapshot((), rules)
     assert list(snap.staging) == ["run/checkpoint-70.part"]
     assert "run/checkpoint-70.part/model.safetensors" not in snap.files

@@ -24,8 +24,14 @@ def test_conditional_put_and_hidden_multipart(s3_client: Any, bucket: str, prefi
     assert s3_client.get_object(Bucket=bucket, Key=f"{prefix}/m")["Body"].read() == b"two"
 
     upload = s3_client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/big")
-    part = s3_client.upload_part(Bucket=bucket, Key=f"{prefix}/big", UploadId=upload["UploadId"], PartNumber=1,
-                                 Body=b"x" * (5 << 20), ChecksumAlgorithm="CRC32")
+    part = s3_client.upload_part(
+        Bucket=bucket,
+        Key=f"{prefix}/big",
+        UploadId=upload["UploadId"],
+        PartNumber=1,
+        Body=b"x" * (5 << 20),
+        ChecksumAlgorithm="CRC32",
+    )
     with pytest.raises(ClientError):
         s3_client.head_object(Bucket=bucket, Key=f"{prefix}/big")  # invisible until complete
     listed = s3_client.list_multipart_uploads(Bucket=bucket, Prefix=f"{prefix}/").get("Uploads", [])

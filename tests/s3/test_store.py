@@ -29,23 +29,25 @@ PART = 5 * MIB  # S3's smallest part
 
 
 def _mirror(seaweed: SeaweedServer, bucket: str, prefix: str, **settings: Any) -> S3Mirror:
-    return S3Mirror(f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, part_size=PART,
-                                                          concurrency=2, **settings))
+    return S3Mirror(
+        f"s3://{bucket}/{prefix}", S3Settings(endpoint_url=seaweed.endpoint, part_size=PART, concurrency=2, **settings)
+    )
 
 
 def _uploads(s3_client: Any, bucket: str, prefix: str) -> list[str]:
     answer = s3_client.list_multipart_uploads(Bucket=bucket, Prefix=f"{prefix}/")
-    return [u["Key"][len(prefix) + 1:] for u in answer.get("Uploads", [])]
+    return [u["Key"][len(prefix) + 1 :] for u in answer.get("Uploads", [])]
 
 
 def _write(upload: Any, data: bytes, chunk: int = MIB) -> None:
     view = memoryview(data)
     for i in range(0, len(data), chunk):
-        upload.write(view[i:i + chunk])
+        upload.write(view[i : i + chunk])
 
 
-def test_multipart_file_is_visible_only_at_complete(seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str,
-                                                    checkpoint: Any, tmp_path: Path) -> None:
+def test_multipart_file_is_visible_only_at_complete(
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, checkpoint: Any, tmp_path: Path
+) -> None:
     mirror = _mirror(seaweed, bucket, prefix)
     source = checkpoint(tmp_path / "step_10.pt", 10, width=700)  # ~12 MB: three parts
     data = source.read_bytes()
@@ -65,8 +67,9 @@ def test_multipart_file_is_visible_only_at_complete(seaweed: SeaweedServer, s3_c
     assert set(mirror.snapshot(["*.pt"]).files) == {"a/step_10.pt"}
 
 
-def test_small_file_is_one_put_and_abort_leaves_nothing(seaweed: SeaweedServer, s3_client: Any,
-                                                         bucket: str, prefix: str) -> None:
+def test_small_file_is_one_put_and_abort_leaves_nothing(
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str
+) -> None:
     mirror = _mirror(seaweed, bucket, prefix)
     small = mirror.begin_upload("step_1.pt", 3)
     small.write(memoryview(b"abc"))
@@ -85,7 +88,8 @@ def test_small_file_is_one_put_and_abort_leaves_nothing(seaweed: SeaweedServer, 
 
 
 def test_bytes_that_arrive_other_than_sent_are_refused_and_nothing_becomes_visible(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each part (and a small file's PUT) carries the CRC-32 mirrord computed from its bytes; the server
     checks it. Bytes that arrive other than they were read (here: the second part's checksum describes
     other bytes) are refused, the upload is aborted, and no object appears."""
@@ -119,7 +123,8 @@ def test_bytes_that_arrive_other_than_sent_are_refused_and_nothing_becomes_visib
 
 
 def test_a_checksum_answered_back_other_than_sent_fails_the_upload(
-        seaweed: SeaweedServer, bucket: str, prefix: str) -> None:
+    seaweed: SeaweedServer, bucket: str, prefix: str
+) -> None:
     """A server that answers a part's or an object's checksum echoes the one it computed over what it
     stored: an answer other than ours means it stored other bytes, and the copy is not counted."""
     mirror = _mirror(seaweed, bucket, prefix, max_attempts=1)
@@ -144,7 +149,8 @@ def test_a_checksum_answered_back_other_than_sent_fails_the_upload(
 
 
 def test_kill9_mid_upload_leaves_no_object_and_the_sweep_aborts_it(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, s3_env: dict[str, str]) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str, s3_env: dict[str, str]
+) -> None:
     child = textwrap.dedent(f"""
         import os, sys, time
         from mirrord.store.s3 import S3Mirror, S3Settings
@@ -178,7 +184,8 @@ def _entry(path: str) -> ManifestEntry:
 
 
 def test_manifest_writers_never_overwrite_each_other(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str
+) -> None:
     one, two = _mirror(seaweed, bucket, prefix), _mirror(seaweed, bucket, prefix)
     first, second = one.read_manifest(), two.read_manifest()  # both read "no manifest yet"
     first.record(_entry("run/a_step_1.pt"))
@@ -191,7 +198,8 @@ def test_manifest_writers_never_overwrite_each_other(
 
 
 def test_manifest_store_gives_up_with_a_clear_error_when_always_beaten(
-        seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str) -> None:
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str
+) -> None:
     from mirrord.errors import ManifestError
 
     mirror = _mirror(seaweed, bucket, prefix)
@@ -272,15 +280,17 @@ def test_object_hash_matches_the_source(seaweed: SeaweedServer, bucket: str, pre
     assert hasher.hexdigest() == hash_file(source, "blake3")
 
 
-def test_an_object_is_read_in_order_through_parallel_ranged_gets(seaweed: SeaweedServer, s3_client: Any, bucket: str,
-                                                               prefix: str) -> None:
+def test_an_object_is_read_in_order_through_parallel_ranged_gets(
+    seaweed: SeaweedServer, s3_client: Any, bucket: str, prefix: str
+) -> None:
     """open_read gives every byte in order, for an empty object, one of a part and one of 3.5 parts (its first
     range streamed, the rest as ranged GETs, two in flight at most); the object replaced while it is read:
     ChangedError, never bytes of two objects."""
     mirror = _mirror(seaweed, bucket, prefix)
     ranges: list[str] = []
-    mirror.client.meta.events.register("before-call.s3.GetObject",
-                                       lambda params, **_: ranges.append(params.get("headers", {}).get("Range", "")))
+    mirror.client.meta.events.register(
+        "before-call.s3.GetObject", lambda params, **_: ranges.append(params.get("headers", {}).get("Range", ""))
+    )
     for size in (0, PART, 3 * PART + PART // 2):
         data = os.urandom(size)
         s3_client.put_object(Bucket=bucket, Key=f"{prefix}/obj", Body=data)

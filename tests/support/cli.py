@@ -28,5 +28,10 @@ def run_mirrord(
     """Run `mirrord ARGS` in a child process with no MIRRORD_* variables except those in env."""
     return subprocess.run(
         [*mirrord_argv(), *map(str, args)],
-        capture_output=True, text=True, env=child_env(env), timeout=timeout, check=False, cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=child_env(env),
+        timeout=timeout,
+        check=False,
+        cwd=cwd,
     )

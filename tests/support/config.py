@@ -36,8 +36,13 @@ BENCH: Mapping[str, Any] = {"prune": {"enabled": False}, "metrics": {}, "log": {
 
 # The chaos suite: two workers, no waiting, small buffers (more syscalls to strike), no cap, metrics off.
 CHAOS: Mapping[str, Any] = {
-    "copy": {"workers": 2, "settle_seconds": 0.0, "retry_backoff_seconds": 0.0, "max_attempts": 2,
-             "free_space_reserve_bytes": 0},
+    "copy": {
+        "workers": 2,
+        "settle_seconds": 0.0,
+        "retry_backoff_seconds": 0.0,
+        "max_attempts": 2,
+        "free_space_reserve_bytes": 0,
+    },
     "io": {"buffer_bytes": 64 * 1024, "bandwidth_limit": 0},
     "prune": {"enabled": False, "keep_last": 2, "min_age_seconds": 0},
     "watch": {"rescan_interval_seconds": 60},

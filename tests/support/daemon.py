@@ -30,10 +30,18 @@ class DaemonProcess:
     then `settings`; edit `.settings` and call write_config() to change them before a reload.
     """
 
-    def __init__(self, workdir: Path, primary: Path, mirror: Path, settings: Mapping[str, Any] | None = None,
-                 wrapper: Sequence[str] = (), env: dict[str, str] | None = None,
-                 base: Mapping[str, Any] = config.DAEMON, keep_notify: bool = False,
-                 ready_seconds: float = READY_SECONDS) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        primary: Path,
+        mirror: Path,
+        settings: Mapping[str, Any] | None = None,
+        wrapper: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        base: Mapping[str, Any] = config.DAEMON,
+        keep_notify: bool = False,
+        ready_seconds: float = READY_SECONDS,
+    ) -> None:
         """`keep_notify`: pass NOTIFY_SOCKET / WATCHDOG_* through (a benchmark listening to the pings);
         `ready_seconds`: how long start() waits for /readyz (ready after the first reconcile, which takes
         longer than READY_SECONDS on a tree of 1,000,000 files)."""
@@ -64,8 +72,9 @@ class DaemonProcess:
         cmd = [*self.wrapper, sys.executable, "-m", "mirrord", "run", "--config", str(self.config_path)]
         self._log = self.log_path.open("ab")
         # Its own process group: kill() reaches the daemon even behind a wrapper (strace) that dies first.
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         if wait_ready:
             wait_for(lambda: self.http("/readyz")[0] == 200 or self.exited(), self.ready_seconds, "daemon readiness")
             assert not self.exited(), self.log_text()
@@ -122,6 +131,7 @@ class DaemonProcess:
 
     def wait_event(self, name: str, timeout: float = 90, **match: Any) -> dict[str, Any]:
         """The first event `name` matching `match`, once logged; fails if the daemon exits first."""
+
         def found() -> dict[str, Any] | None:
             if self.exited():
                 assert self.proc is not None

@@ -54,9 +54,26 @@ def save_two_ranks(root: Path, steps: list[int], width: int = 32) -> list[Path]:
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.dcp_ranks", str(root), *map(str, steps),
-                               "--rank", str(rank), "--port", str(port), "--width", str(width)],
-                              env=env, start_new_session=True) for rank in range(WORLD)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.dcp_ranks",
+                str(root),
+                *map(str, steps),
+                "--rank",
+                str(rank),
+                "--port",
+                str(port),
+                "--width",
+                str(width),
+            ],
+            env=env,
+            start_new_session=True,
+        )
+        for rank in range(WORLD)
+    ]
     try:
         codes = [p.wait(timeout=RANK_SECONDS) for p in procs]
     finally:

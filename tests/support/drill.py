@@ -34,8 +34,9 @@ class Trainer:
     unit: str  # str.format'ed with the step
     options: tuple[str, ...] = ()  # the trainer's own rotation off: every unit lives until it is mirrored
 
-    def train(self, run: Path, steps: int, resume: Path | None = None,
-              stop_after: int | None = None) -> dict[int, float]:
+    def train(
+        self, run: Path, steps: int, resume: Path | None = None, stop_after: int | None = None
+    ) -> dict[int, float]:
         """Run it as a real process; {step: loss}."""
         argv = [sys.executable, "-m", f"tests.support.{self.module}", str(run), "--steps", str(steps), *self.options]
         argv += ["--resume", str(resume)] if resume is not None else []
@@ -82,16 +83,28 @@ class UnitCounter:
         self._thread.join(timeout=30)
 
 
-def drill_daemon(tmp_path: Path, trainer: Trainer, primary: Path, mirror: str | Path,
-                 settings: Mapping[str, object] | None = None, env: dict[str, str] | None = None) -> DaemonProcess:
+def drill_daemon(
+    tmp_path: Path,
+    trainer: Trainer,
+    primary: Path,
+    mirror: str | Path,
+    settings: Mapping[str, object] | None = None,
+    env: dict[str, str] | None = None,
+) -> DaemonProcess:
     """A daemon (not started) mirroring `primary` with the trainer's layout into `mirror` (a folder or s3://)."""
     primary.mkdir(parents=True, exist_ok=True)
     layers = {"mirror": str(mirror), "layout": trainer.layout, **(settings or {})}
     return DaemonProcess(tmp_path, primary, Path(), layers, env=env)
 
 
-def disaster_drill(tmp_path: Path, trainer: Trainer, daemon: DaemonProcess, primary: Path, store: ReadableStore,
-                   env: Mapping[str, str] | None = None) -> dict[str, object]:
+def disaster_drill(
+    tmp_path: Path,
+    trainer: Trainer,
+    daemon: DaemonProcess,
+    primary: Path,
+    store: ReadableStore,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, object]:
     """The drill; returns its figures (units before and after the wipe, the counts seen, the restore's
     seconds). Asserts: the count never drops, the resumed losses equal the uninterrupted run's, the daemon
     mirrors the new steps and copies no old unit again."""
@@ -121,16 +134,27 @@ def disaster_drill(tmp_path: Path, trainer: Trainer, daemon: DaemonProcess, prim
     assert min(counter.counts) == before == 3
     assert {**first, **resumed} == uninterrupted
     assert sorted(copied) == sorted(trainer.units(2, 4, 6, 8, 10, 12)), copied
-    return {"units_before_wipe": before, "units_min_after_wipe": min(counter.counts), "units_end": counter.counts[-1],
-            "samples": len(counter.counts), "restore_seconds": round(restore_seconds, 2),
-            "resumed_steps": sorted(resumed)}
+    return {
+        "units_before_wipe": before,
+        "units_min_after_wipe": min(counter.counts),
+        "units_end": counter.counts[-1],
+        "samples": len(counter.counts),
+        "restore_seconds": round(restore_seconds, 2),
+        "resumed_steps": sorted(resumed),
+    }
 
 
 RETENTION = {"prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0}}
 
 
-def restart_drill(tmp_path: Path, trainer: Trainer, daemon: DaemonProcess, primary: Path, store: ReadableStore,
-                  env: Mapping[str, str] | None = None) -> dict[str, object]:
+def restart_drill(
+    tmp_path: Path,
+    trainer: Trainer,
+    daemon: DaemonProcess,
+    primary: Path,
+    store: ReadableStore,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, object]:
     """A job that lost its run folder restarts from scratch in the same folder, with the daemon running and
     retention on (keep_last 2; daemon settings RETENTION): the old run's tip (step 8) is never deleted from
     the mirror while the new run saves steps 2, 4, 6 (its 6 replaces the old 6, the same name); retention
@@ -147,13 +171,18 @@ def restart_drill(tmp_path: Path, trainer: Trainer, daemon: DaemonProcess, prima
         tip = (run / trainer.unit.format(8)).read_bytes()
         shutil.rmtree(run)
         trainer.train(run, 12, stop_after=6)  # from scratch: no --resume
-        wait_for(lambda: mirrored() == sorted(trainer.units(4, 6, 8)), 120,
-                 "the new run's 4 and 6 and the old tip kept on the mirror", context=lambda: str(mirrored()))
+        wait_for(
+            lambda: mirrored() == sorted(trainer.units(4, 6, 8)),
+            120,
+            "the new run's 4 and 6 and the old tip kept on the mirror",
+            context=lambda: str(mirrored()),
+        )
         daemon.wait_event("prune.branch_tip_kept", step=8)
         deleted = [e["path"] for e in daemon.events("prune.deleted")]
     assert trainer.units(8)[0] not in deleted, deleted
-    done = run_mirrord("restore", "--config", daemon.config_path, "--step", "8", "--to", tmp_path / "tip", env=env,
-                       timeout=300)
+    done = run_mirrord(
+        "restore", "--config", daemon.config_path, "--step", "8", "--to", tmp_path / "tip", env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).read_bytes() == tip
     return {"mirrored_after_restart": mirrored(), "deleted": deleted}

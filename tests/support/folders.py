@@ -73,8 +73,10 @@ def write_dcp(folder: Path, step: int, width: int = 32) -> list[Path]:
 
 
 def _rotate(root: Path, prefix: str, keep: int) -> None:
-    folders = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix)
-                      and p.name[len(prefix):].isdigit()), key=lambda p: int(p.name[len(prefix):]))
+    folders = sorted(
+        (p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix) and p.name[len(prefix) :].isdigit()),
+        key=lambda p: int(p.name[len(prefix) :]),
+    )
     for old in folders[:-keep]:
         shutil.rmtree(old)
 

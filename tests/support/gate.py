@@ -41,11 +41,13 @@ class FuseMount:
         mount_point.mkdir(parents=True, exist_ok=True)
         self._log = (workdir / "fuse.log").open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, str(PASSTHROUGH), str(backing), str(mount_point),
-             str(self.stall_file)], stdout=self._log, stderr=self._log,
+            [sys.executable, str(PASSTHROUGH), str(backing), str(mount_point), str(self.stall_file)],
+            stdout=self._log,
+            stderr=self._log,
         )
-        wait_for(lambda: os.path.ismount(mount_point) or self.proc.poll() is not None, 90, "the FUSE mount",
-                 interval=0.02)
+        wait_for(
+            lambda: os.path.ismount(mount_point) or self.proc.poll() is not None, 90, "the FUSE mount", interval=0.02
+        )
         assert self.proc.poll() is None, (workdir / "fuse.log").read_text()
 
     def stall(self, *names: str, after: int = 0) -> None:
@@ -62,8 +64,9 @@ class FuseMount:
         held in a read sees the cancel only when the read returns, so opened before, it would finish. The
         gate opens even if that never comes (the wait's failure is raised)."""
         try:
-            wait_for(lambda: read_events(log, "stop.cancelling_copies") or ended(), 90,
-                     "the command cancelling its copy")
+            wait_for(
+                lambda: read_events(log, "stop.cancelling_copies") or ended(), 90, "the command cancelling its copy"
+            )
         finally:
             self.unstall()
 

@@ -39,7 +39,7 @@ def run_as_nobody(func: Callable[..., Any], *args: Any) -> dict[str, Any]:
                 }
             data = json.dumps(outcome, default=str).encode()
             while data:
-                data = data[os.write(write_fd, data):]
+                data = data[os.write(write_fd, data) :]
         except BaseException:
             code = 1
             with open(2, "w", closefd=False) as err:

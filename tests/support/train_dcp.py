@@ -67,8 +67,9 @@ def main() -> None:
         if step % args.save_steps == 0:
             model_sd, optim_sd = get_state_dict(model, opt)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=out / f"step_{step}")
-            saved = sorted((d for d in out.iterdir() if d.name.startswith("step_")),
-                           key=lambda d: int(d.name.split("_")[1]))
+            saved = sorted(
+                (d for d in out.iterdir() if d.name.startswith("step_")), key=lambda d: int(d.name.split("_")[1])
+            )
             for old in saved[: -args.keep] if args.keep else []:
                 shutil.rmtree(old)
         if args.step_seconds:

@@ -35,8 +35,7 @@ def main() -> None:
     args = p.parse_args()
 
     os.environ["DS_ACCELERATOR"] = "cpu"
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
-                      WORLD_SIZE="1")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     import deepspeed
     import torch
 
@@ -68,8 +67,10 @@ def main() -> None:
         print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
         if args.save_steps and step % args.save_steps == 0:
             engine.save_checkpoint(str(out))
-            saved = sorted((d for d in out.iterdir() if d.name.startswith("global_step")),
-                           key=lambda d: int(d.name.removeprefix("global_step")))
+            saved = sorted(
+                (d for d in out.iterdir() if d.name.startswith("global_step")),
+                key=lambda d: int(d.name.removeprefix("global_step")),
+            )
             for old in saved[: -args.keep] if args.keep else []:
                 shutil.rmtree(old)
         if args.step_seconds:

@@ -70,16 +70,35 @@ def main() -> None:
             return out
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=args.width, n_positions=16, vocab_size=128,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        n_layer=1, n_head=2, n_embd=args.width, n_positions=16, vocab_size=128, bos_token_id=0, eos_token_id=0
+    )
     model = Model(config)
     targs = TrainingArguments(
-        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=4, learning_rate=1e-3,
-        save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit or None,
-        logging_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True, seed=0,
-        dataloader_num_workers=0, remove_unused_columns=False,
-        **({} if args.best_at is None else {"eval_strategy": "steps", "eval_steps": args.save_steps,
-                                            "load_best_model_at_end": True, "metric_for_best_model": "loss"}),
+        output_dir=args.out,
+        max_steps=args.steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit or None,
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        **(
+            {}
+            if args.best_at is None
+            else {
+                "eval_strategy": "steps",
+                "eval_steps": args.save_steps,
+                "load_best_model_at_end": True,
+                "metric_for_best_model": "loss",
+            }
+        ),
     )
 
     class Scripted(Trainer):  # type: ignore[misc]
@@ -87,8 +106,13 @@ def main() -> None:
             step = self.state.global_step
             return {"eval_loss": 0.1 if step == args.best_at else 0.9 - 0.01 * step}
 
-    trainer = Scripted(model=model, args=targs, train_dataset=Data(), callbacks=[Losses()],
-                       eval_dataset=None if args.best_at is None else Data())
+    trainer = Scripted(
+        model=model,
+        args=targs,
+        train_dataset=Data(),
+        callbacks=[Losses()],
+        eval_dataset=None if args.best_at is None else Data(),
+    )
     trainer.train(resume_from_checkpoint=args.resume)
 
 

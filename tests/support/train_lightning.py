@@ -47,8 +47,9 @@ def main() -> None:
     class Tiny(lightning.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.Tanh(),
-                                           torch.nn.Linear(args.width, 1))
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(args.width, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, 1)
+            )
 
         def training_step(self, batch: Any, _index: int) -> torch.Tensor:
             x, y = batch
@@ -71,12 +72,26 @@ def main() -> None:
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
     loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=False)
     monitor = ("step", "max") if args.monitor_best_at is None else ("val_loss", "min")
-    checkpoints = ModelCheckpoint(dirpath=args.out, monitor=monitor[0], mode=monitor[1], save_top_k=args.keep,
-                                  every_n_epochs=1, save_last="link" if args.last == "link" else True,
-                                  filename=args.filename)
-    trainer = lightning.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, callbacks=[checkpoints],
-                        logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        deterministic=True, num_sanity_val_steps=0)
+    checkpoints = ModelCheckpoint(
+        dirpath=args.out,
+        monitor=monitor[0],
+        mode=monitor[1],
+        save_top_k=args.keep,
+        every_n_epochs=1,
+        save_last="link" if args.last == "link" else True,
+        filename=args.filename,
+    )
+    trainer = lightning.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        devices=1,
+        callbacks=[checkpoints],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        num_sanity_val_steps=0,
+    )
     validation = None if args.monitor_best_at is None else loader
     trainer.fit(Tiny(), loader, validation, ckpt_path=args.resume)
 

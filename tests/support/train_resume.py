@@ -49,8 +49,10 @@ def main() -> None:
         opt.step()
         print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
         if step % args.save_every == 0:
-            atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
-                        args.out / f"step_{step:04d}.pt")
+            atomic_save(
+                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                args.out / f"step_{step:04d}.pt",
+            )
         if args.stop_after is not None and step >= args.stop_after:
             break
 

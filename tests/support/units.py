@@ -11,8 +11,9 @@ from mirrord.core.units import Unit
 def unit_verified(unit: Unit, manifest: Mapping[str, ManifestEntry]) -> bool:
     """A unit on the mirror that the manifest vouches for whole: every file recorded with its size and a
     passing verdict, and as many files as were recorded under the folder (none missing)."""
-    if not unit.files or any((e := manifest.get(f.rel)) is None or e.size != f.size or not entry_passed(e)
-                             for f in unit.files):
+    if not unit.files or any(
+        (e := manifest.get(f.rel)) is None or e.size != f.size or not entry_passed(e) for f in unit.files
+    ):
         return False
     return unit.kind != "folder" or sum(rel.startswith(unit.rel + "/") for rel in manifest) == len(unit.files)
 

@@ -63,7 +63,7 @@ def main() -> None:
             size = args.chunk if args.mode == "trickle" else 1 << 20
             if args.mode in ("pause", "hang") and pos < stop_at <= pos + size:
                 size = stop_at - pos
-            f.write(data[pos:pos + size])
+            f.write(data[pos : pos + size])
             f.flush()
             pos += size
             if args.mode == "trickle":

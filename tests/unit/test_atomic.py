@@ -38,9 +38,7 @@ def test_atomic_output_publishes_the_whole_file(tmp_path: Path) -> None:
     assert names(tmp_path) == ["data.bin"]
 
 
-def test_durability_order_fsync_file_replace_fsync_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_durability_order_fsync_file_replace_fsync_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The file is on disk before it gets its name, and the name is on disk before we return."""
     events: list[tuple[str, str]] = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -65,9 +63,7 @@ def test_durability_order_fsync_file_replace_fsync_directory(
 
 
 @pytest.mark.parametrize("exc_type", [BoomError, KeyboardInterrupt])
-def test_exception_removes_the_part_and_keeps_the_previous_file(
-    tmp_path: Path, exc_type: type[BaseException]
-) -> None:
+def test_exception_removes_the_part_and_keeps_the_previous_file(tmp_path: Path, exc_type: type[BaseException]) -> None:
     """A failed rewrite leaves the old complete file; the exception is the caller's own."""
     final = tmp_path / "data.bin"
     final.write_bytes(b"old complete content")
@@ -207,8 +203,9 @@ def _upload_group(root: Path, sizes: dict[str, int]) -> atomic.DirSyncs:
     return dirs
 
 
-def _record_syscalls(monkeypatch: pytest.MonkeyPatch, fail_fsync_of: str | None = None,
-                     syncfs: bool = False) -> list[tuple[str, str]]:
+def _record_syscalls(
+    monkeypatch: pytest.MonkeyPatch, fail_fsync_of: str | None = None, syncfs: bool = False
+) -> list[tuple[str, str]]:
     """fsync, syncfs and os.replace as they are called, by path; with `syncfs` false the platform has none
     (a group's files and directories are fsynced one by one)."""
     events: list[tuple[str, str]] = []

@@ -18,22 +18,33 @@ from mirrord.errors import ConfigError
 def test_a_complete_marker_that_is_a_plain_file_name_is_accepted(tmp_path: Path, marker: str) -> None:
     """Only '.', '..', a '/' or a NUL are refused (724bb50's check_file_name): '.\\n' is a file name,
     as '$' in a regular expression also matches before a final newline."""
-    env = {"MIRRORD_PRIMARY": str(tmp_path), "MIRRORD_MIRROR": str(tmp_path / "m"), "MIRRORD_LAYOUT": "custom",
-           "MIRRORD_UNIT__KIND": "folder", "MIRRORD_UNIT__COMPLETE_MARKER": marker}
+    env = {
+        "MIRRORD_PRIMARY": str(tmp_path),
+        "MIRRORD_MIRROR": str(tmp_path / "m"),
+        "MIRRORD_LAYOUT": "custom",
+        "MIRRORD_UNIT__KIND": "folder",
+        "MIRRORD_UNIT__COMPLETE_MARKER": marker,
+    }
     assert load_config(None, environ=env, check_roots=False).unit.complete_marker == marker
 
 
 @pytest.mark.parametrize("marker", [".", "..", "a/b", "x\0"])
 def test_a_complete_marker_that_is_not_a_file_name_is_refused(tmp_path: Path, marker: str) -> None:
-    env = {"MIRRORD_PRIMARY": str(tmp_path), "MIRRORD_MIRROR": str(tmp_path / "m"), "MIRRORD_LAYOUT": "custom",
-           "MIRRORD_UNIT__KIND": "folder", "MIRRORD_UNIT__COMPLETE_MARKER": marker}
+    env = {
+        "MIRRORD_PRIMARY": str(tmp_path),
+        "MIRRORD_MIRROR": str(tmp_path / "m"),
+        "MIRRORD_LAYOUT": "custom",
+        "MIRRORD_UNIT__KIND": "folder",
+        "MIRRORD_UNIT__COMPLETE_MARKER": marker,
+    }
     with pytest.raises(ConfigError, match="is not a file name"):
         load_config(None, environ=env, check_roots=False)
 
 
 @pytest.mark.parametrize("columns", ["-5", "0"])
 def test_help_is_never_narrower_than_a_terminal_for_a_columns_that_is_not_positive(
-        monkeypatch: pytest.MonkeyPatch, columns: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, columns: str
+) -> None:
     """COLUMNS that is not a positive number is ignored (as shutil.get_terminal_size does), not taken as a
     width: help of a negative width is one word per line."""
     monkeypatch.setenv("COLUMNS", columns)

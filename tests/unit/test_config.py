@@ -132,18 +132,20 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, primary: Pa
     """The console script: a flag beats MIRRORD_*, which beats the file, which beats the default."""
     other = tmp_path / "other"
     other.mkdir()
-    config_file = _write(tmp_path, (
-        f'primary = "{other}"\nmirror = "{tmp_path / "m-file"}"\n'
-        '[copy]\nworkers = 3\nhash = "sha256"\n[log]\nlevel = "debug"\n[prune]\nkeep_last = 7\n'
-    ))
+    config_file = _write(
+        tmp_path,
+        (
+            f'primary = "{other}"\nmirror = "{tmp_path / "m-file"}"\n'
+            '[copy]\nworkers = 3\nhash = "sha256"\n[log]\nlevel = "debug"\n[prune]\nkeep_last = 7\n'
+        ),
+    )
     env = {
         "MIRRORD_PRIMARY": str(primary),
         "MIRRORD_MIRROR": str(tmp_path / "m-env"),
         "MIRRORD_COPY__WORKERS": "4",
         "MIRRORD_LOG__LEVEL": "warning",
     }
-    result = run_mirrord("check-config", "--config", config_file, "--mirror", mirror, "--log-level", "error",
-                         env=env)
+    result = run_mirrord("check-config", "--config", config_file, "--mirror", mirror, "--log-level", "error", env=env)
     assert result.returncode == 0, result.stderr
     effective = tomllib.loads(result.stdout)
     assert effective["primary"] == str(primary)  # environment over file
@@ -156,7 +158,10 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, primary: Pa
 
 
 def test_config_file_from_environment_and_the_flag_wins(
-    tmp_path: Path, primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    primary: Path,
+    mirror: Path,
+    monkeypatch: pytest.MonkeyPatch,
     mirrord_main: Callable[..., Outcome],
 ) -> None:
     """MIRRORD_CONFIG names the file; --config overrides it."""
@@ -200,24 +205,43 @@ def test_environment_values_are_strings_the_schema_coerces(tmp_path: Path, monke
 @pytest.mark.parametrize(
     ("name", "value", "expected"),
     [
-        ("MIRRORD_COPY_WORKERS", "4", "MIRRORD_COPY_WORKERS: unknown setting; did you mean MIRRORD_COPY__WORKERS "
-         "(copy.workers)?"),
-        ("MIRRORD_COPY__WOKERS", "4", "MIRRORD_COPY__WOKERS: unknown setting; did you mean MIRRORD_COPY__WORKERS "
-         "(copy.workers)?"),
+        (
+            "MIRRORD_COPY_WORKERS",
+            "4",
+            "MIRRORD_COPY_WORKERS: unknown setting; did you mean MIRRORD_COPY__WORKERS (copy.workers)?",
+        ),
+        (
+            "MIRRORD_COPY__WOKERS",
+            "4",
+            "MIRRORD_COPY__WOKERS: unknown setting; did you mean MIRRORD_COPY__WORKERS (copy.workers)?",
+        ),
         ("MIRRORD_MIROR", "/m", "MIRRORD_MIROR: unknown setting; did you mean MIRRORD_MIRROR (mirror)?"),
-        ("MIRRORD_COPY__WORKERS", "abc", "copy.workers: Input should be a valid integer, unable to parse string as "
-         "an integer (from MIRRORD_COPY__WORKERS='abc')"),
+        (
+            "MIRRORD_COPY__WORKERS",
+            "abc",
+            "copy.workers: Input should be a valid integer, unable to parse string as "
+            "an integer (from MIRRORD_COPY__WORKERS='abc')",
+        ),
         ("MIRRORD_PATTERNS", '["*.pt"', "patterns: MIRRORD_PATTERNS is not valid JSON"),
         # Shaped like a section key: stays an error even though it resembles Kubernetes' names.
         ("MIRRORD_SERVICE__HOST", "10.0.0.1", "MIRRORD_SERVICE__HOST: unknown setting"),
         ("MIRRORD_METRICS__PORT", "9108", "MIRRORD_METRICS__PORT: unknown setting"),
-        ("MIRRORD_WATCH__PARALLEL_LISTING", "false", "MIRRORD_WATCH__PARALLEL_LISTING: watch.parallel_listing was "
-         "removed (the daemon lists the mirror itself); unset the variable"),
+        (
+            "MIRRORD_WATCH__PARALLEL_LISTING",
+            "false",
+            "MIRRORD_WATCH__PARALLEL_LISTING: watch.parallel_listing was "
+            "removed (the daemon lists the mirror itself); unset the variable",
+        ),
     ],
 )
 def test_environment_problems_name_the_variable(
-    primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch, mirrord_main: Callable[..., Outcome],
-    name: str, value: str, expected: str,
+    primary: Path,
+    mirror: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mirrord_main: Callable[..., Outcome],
+    name: str,
+    value: str,
+    expected: str,
 ) -> None:
     """A bad variable is reported with its own name, and a misspelt one with the closest real one."""
     monkeypatch.setenv(name, value)
@@ -239,8 +263,16 @@ def test_kubernetes_service_variables_are_ignored_and_logged_once(primary: Path,
         "MIRRORD_PORT_9108_TCP_PORT": "9108",
         "MIRRORD_PORT_9108_TCP_ADDR": "10.96.0.12",
     }
-    result = run_mirrord("check-config", "--primary", primary, "--mirror", mirror, "--log-format", "json",
-                         env={**injected, "MIRRORD_COPY__WORKERS": "3"})
+    result = run_mirrord(
+        "check-config",
+        "--primary",
+        primary,
+        "--mirror",
+        mirror,
+        "--log-format",
+        "json",
+        env={**injected, "MIRRORD_COPY__WORKERS": "3"},
+    )
     assert result.returncode == 0, result.stderr
     assert tomllib.loads(result.stdout)["copy"]["workers"] == 3
     [event] = [json.loads(line) for line in result.stderr.splitlines()]
@@ -264,17 +296,24 @@ def test_kubernetes_service_variables_are_ignored_and_logged_once(primary: Path,
         ("patterns = []\n", "patterns", "at least one pattern"),
         ('[copy]\nhash = "md5"\n', "copy.hash", "blake3"),
         ('[metrics]\naddress = "9108"\n', "metrics.address", "HOST:PORT"),
-        ("[watch]\nparallel_listing = true\n", "watch.parallel_listing",
-         "removed (the daemon lists the mirror itself)"),
+        (
+            "[watch]\nparallel_listing = true\n",
+            "watch.parallel_listing",
+            "removed (the daemon lists the mirror itself)",
+        ),
     ],
 )
 def test_invalid_value_exits_2_naming_the_key(
-    tmp_path: Path, primary: Path, mirror: Path, mirrord_main: Callable[..., Outcome],
-    toml: str, key: str, words: str,
+    tmp_path: Path,
+    primary: Path,
+    mirror: Path,
+    mirrord_main: Callable[..., Outcome],
+    toml: str,
+    key: str,
+    words: str,
 ) -> None:
     """One problem, one line on stderr that starts with the key; nothing on stdout."""
-    result = mirrord_main("check-config", "--config", _write(tmp_path, toml), "--primary", primary,
-                          "--mirror", mirror)
+    result = mirrord_main("check-config", "--config", _write(tmp_path, toml), "--primary", primary, "--mirror", mirror)
     assert result.returncode == 2
     assert result.stdout == ""
     [problem] = _problems(result.stderr)
@@ -303,8 +342,9 @@ def test_invalid_environment_value_names_the_key(
 def test_unparsable_file_exits_2(
     tmp_path: Path, primary: Path, mirror: Path, mirrord_main: Callable[..., Outcome]
 ) -> None:
-    result = mirrord_main("check-config", "--config", _write(tmp_path, "[copy\nworkers = 2\n"),
-                          "--primary", primary, "--mirror", mirror)
+    result = mirrord_main(
+        "check-config", "--config", _write(tmp_path, "[copy\nworkers = 2\n"), "--primary", primary, "--mirror", mirror
+    )
     assert result.returncode == 2
     [problem] = _problems(result.stderr)
     assert problem.startswith("config: ") and "not valid TOML" in problem
@@ -313,8 +353,9 @@ def test_unparsable_file_exits_2(
 def test_missing_config_file_exits_2(
     tmp_path: Path, primary: Path, mirror: Path, mirrord_main: Callable[..., Outcome]
 ) -> None:
-    result = mirrord_main("check-config", "--config", tmp_path / "absent.toml", "--primary", primary,
-                          "--mirror", mirror)
+    result = mirrord_main(
+        "check-config", "--config", tmp_path / "absent.toml", "--primary", primary, "--mirror", mirror
+    )
     assert result.returncode == 2
     [problem] = _problems(result.stderr)
     assert problem.startswith("config: ") and "absent.toml" in problem
@@ -330,9 +371,7 @@ def root_problems(mirrord_main: Callable[..., Outcome]) -> Callable[[Path, Path]
     return check
 
 
-def test_missing_primary(
-    tmp_path: Path, mirror: Path, root_problems: Callable[[Path, Path], list[str]]
-) -> None:
+def test_missing_primary(tmp_path: Path, mirror: Path, root_problems: Callable[[Path, Path], list[str]]) -> None:
     [problem] = root_problems(tmp_path / "nowhere", mirror)
     assert problem.startswith("primary: ") and "does not exist" in problem
 
@@ -347,9 +386,7 @@ def test_the_daemon_may_wait_for_a_missing_primary(tmp_path: Path, mirror: Path)
     assert check_paths(Config(primary=tmp_path / "file", mirror=mirror), "later") != []
 
 
-def test_primary_that_is_a_file(
-    tmp_path: Path, mirror: Path, root_problems: Callable[[Path, Path], list[str]]
-) -> None:
+def test_primary_that_is_a_file(tmp_path: Path, mirror: Path, root_problems: Callable[[Path, Path], list[str]]) -> None:
     (tmp_path / "file").write_bytes(b"")
     [problem] = root_problems(tmp_path / "file", mirror)
     assert problem.startswith("primary: ") and "not a directory" in problem
@@ -380,13 +417,10 @@ def test_primary_inside_mirror(mirror: Path, root_problems: Callable[[Path, Path
     assert problem.startswith("primary: ") and "inside mirror" in problem
 
 
-def test_sibling_with_a_common_prefix_is_not_inside(
-    tmp_path: Path, mirrord_main: Callable[..., Outcome]
-) -> None:
+def test_sibling_with_a_common_prefix_is_not_inside(tmp_path: Path, mirrord_main: Callable[..., Outcome]) -> None:
     """/x/ckpt and /x/ckpt-mirror are siblings, not nested (a string-prefix test would say otherwise)."""
     (tmp_path / "ckpt").mkdir()
-    result = mirrord_main("check-config", "--primary", tmp_path / "ckpt",
-                          "--mirror", tmp_path / "ckpt-mirror")
+    result = mirrord_main("check-config", "--primary", tmp_path / "ckpt", "--mirror", tmp_path / "ckpt-mirror")
     assert result.returncode == 0, result.stderr
 
 
@@ -411,13 +445,12 @@ def test_unreadable_primary(world_tmp: Path) -> None:
     assert problem.startswith("primary: ") and "not readable" in problem
 
 
-def test_every_problem_is_reported_at_once(
-    tmp_path: Path, mirrord_main: Callable[..., Outcome]
-) -> None:
+def test_every_problem_is_reported_at_once(tmp_path: Path, mirrord_main: Callable[..., Outcome]) -> None:
     """An operator fixes everything in one round: value problems and root problems appear together."""
     config_file = _write(tmp_path, "[prune]\nkeep_last = 0\n[copy]\nwokers = 2\n")
-    result = mirrord_main("check-config", "--config", config_file, "--primary", tmp_path / "nowhere",
-                          "--mirror", tmp_path / "m")
+    result = mirrord_main(
+        "check-config", "--config", config_file, "--primary", tmp_path / "nowhere", "--mirror", tmp_path / "m"
+    )
     assert result.returncode == 2
     keys = sorted(p.split(": ")[0] for p in _problems(result.stderr))
     assert keys == ["copy.wokers", "primary", "prune.keep_last"]
@@ -426,10 +459,16 @@ def test_every_problem_is_reported_at_once(
 def test_load_config_lists_one_problem_per_key(primary: Path, mirror: Path) -> None:
     """The library API reports the problems as a list, one per key."""
     with pytest.raises(ConfigError) as info:
-        load_config(None, environ={}, overrides={
-            "primary": str(primary), "mirror": str(mirror),
-            "prune": {"keep_last": 0, "step_pattern": "("}, "nope": 1,
-        })
+        load_config(
+            None,
+            environ={},
+            overrides={
+                "primary": str(primary),
+                "mirror": str(mirror),
+                "prune": {"keep_last": 0, "step_pattern": "("},
+                "nope": 1,
+            },
+        )
     keys = sorted(p.split(": ")[0] for p in info.value.problems)
     assert keys == ["nope", "prune.keep_last", "prune.step_pattern"]
 
@@ -439,8 +478,12 @@ def test_load_config_lists_one_problem_per_key(primary: Path, mirror: Path) -> N
 
 @pytest.mark.parametrize("fmt", ["toml", "json"])
 def test_check_config_prints_the_effective_configuration(
-    tmp_path: Path, primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
-    mirrord_main: Callable[..., Outcome], fmt: str,
+    tmp_path: Path,
+    primary: Path,
+    mirror: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mirrord_main: Callable[..., Outcome],
+    fmt: str,
 ) -> None:
     """The printed document (TOML for a person, --format json for machines) loads back to the same Config.
 
@@ -448,8 +491,9 @@ def test_check_config_prints_the_effective_configuration(
     """
     monkeypatch.setenv("MIRRORD_COPY__WORKERS", "3")
     config_file = _write(tmp_path, "[prune]\nkeep_every = 1000\nstep_pattern = 'it(\\d+)\\.pt'\n")
-    result = mirrord_main("check-config", "--config", config_file, "--primary", primary, "--mirror", mirror,
-                          "--format", fmt)
+    result = mirrord_main(
+        "check-config", "--config", config_file, "--primary", primary, "--mirror", mirror, "--format", fmt
+    )
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout) if fmt == "json" else tomllib.loads(result.stdout)
     assert (printed["primary"], printed["mirror"]) == (str(primary), str(mirror))
@@ -465,7 +509,10 @@ def test_check_config_prints_the_effective_configuration(
 
 
 def test_check_config_says_where_each_value_came_from(
-    tmp_path: Path, primary: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    primary: Path,
+    mirror: Path,
+    monkeypatch: pytest.MonkeyPatch,
     mirrord_main: Callable[..., Outcome],
 ) -> None:
     """Every value line ends in a comment naming its origin: default, file PATH, environment NAME, flag NAME."""

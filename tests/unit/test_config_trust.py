@@ -67,8 +67,15 @@ def test_a_config_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path) -> 
         load_config(path, environ={})
 
 
-@pytest.mark.parametrize(("key", "value"), [("prune.keep_last", "true"), ("prune.min_age_seconds", "false"),
-                                            ("copy.workers", "true"), ("prune.keep_every", "true")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("prune.keep_last", "true"),
+        ("prune.min_age_seconds", "false"),
+        ("copy.workers", "true"),
+        ("prune.keep_every", "true"),
+    ],
+)
 def test_a_toml_boolean_is_not_a_number(tmp_path: Path, key: str, value: str) -> None:
     """`keep_last = true` is refused as the same word from MIRRORD_* is, never taken as 1 (nor false as 0)."""
     section, name = key.split(".")
@@ -78,14 +85,23 @@ def test_a_toml_boolean_is_not_a_number(tmp_path: Path, key: str, value: str) ->
     [problem] = info.value.problems
     assert problem.startswith(f"{key}: ") and "boolean, not a number" in problem and str(path) in problem
     with pytest.raises(ConfigError):
-        load_config(None, environ={"MIRRORD_" + key.replace(".", "__").upper(): value, "MIRRORD_MIRROR": "/m"},
-                    check_roots=False)
+        load_config(
+            None,
+            environ={"MIRRORD_" + key.replace(".", "__").upper(): value, "MIRRORD_MIRROR": "/m"},
+            check_roots=False,
+        )
 
 
 def test_a_refused_secret_variable_is_not_printed(tmp_path: Path) -> None:
     """Refusing MIRRORD_S3__SECRET_ACCESS_KEY (inline secrets not allowed) names the variable, never its value."""
-    done = run_mirrord("check-config", "--primary", tmp_path, "--mirror", "s3://bucket/prefix",
-                       env={"MIRRORD_S3__SECRET_ACCESS_KEY": SECRET})
+    done = run_mirrord(
+        "check-config",
+        "--primary",
+        tmp_path,
+        "--mirror",
+        "s3://bucket/prefix",
+        env={"MIRRORD_S3__SECRET_ACCESS_KEY": SECRET},
+    )
     assert done.returncode == 2
     assert "MIRRORD_S3__SECRET_ACCESS_KEY" in done.stderr
     assert SECRET not in done.stderr + done.stdout
@@ -95,8 +111,11 @@ def test_a_refused_secret_variable_is_not_printed(tmp_path: Path) -> None:
 def test_check_config_masks_an_allowed_inline_secret(tmp_path: Path, as_json: bool) -> None:
     """An inline secret allowed by s3.allow_inline_credentials is still never printed by check-config."""
     path = tmp_path / "mirrord.toml"
-    path.write_text(f'primary = "{tmp_path}"\nmirror = "s3://bucket/prefix"\n[s3]\nallow_inline_credentials = true\n'
-                    f'access_key_id = "AKIDEXAMPLE"\nsecret_access_key = "{SECRET}"\n', encoding="utf-8")
+    path.write_text(
+        f'primary = "{tmp_path}"\nmirror = "s3://bucket/prefix"\n[s3]\nallow_inline_credentials = true\n'
+        f'access_key_id = "AKIDEXAMPLE"\nsecret_access_key = "{SECRET}"\n',
+        encoding="utf-8",
+    )
     done = run_mirrord("check-config", "--config", path, *(["--format", "json"] if as_json else []))
     assert done.returncode == 0, done.stderr
     assert SECRET not in done.stdout + done.stderr

@@ -42,8 +42,9 @@ def unit(saved: dict[str, bytes], *names: str, short: str = "") -> Unit:
 
 
 def entry(saved: dict[str, bytes], name: str, digest: str = "") -> ManifestEntry:
-    return ManifestEntry(f"run/step_3/{name}", len(saved[name]), "blake3", digest or name, MTIME, 3, 1.0,
-                         validation="unchecked")
+    return ManifestEntry(
+        f"run/step_3/{name}", len(saved[name]), "blake3", digest or name, MTIME, 3, 1.0, validation="unchecked"
+    )
 
 
 def part(saved: dict[str, bytes], node: str, *names: str) -> Contribution:
@@ -58,26 +59,31 @@ def test_a_share_is_done_once_settled_and_each_file_is_one_the_metadata_lists(sa
     first = unit(saved, ".metadata", "__0_0.distcp")
     assert not completeness(first, LAYOUT, reads={"run/step_3/.metadata": meta}).complete
     assert local_part(first, lambda _f: True, meta).complete
-    assert "needs" in local_part(unit(saved, ".metadata", "__0_0.distcp", short="__0_0.distcp"),
-                                 lambda _f: True, meta).why
+    assert (
+        "needs" in local_part(unit(saved, ".metadata", "__0_0.distcp", short="__0_0.distcp"), lambda _f: True, meta).why
+    )
     assert "still being written" in local_part(first, lambda _f: False, meta).why
     assert "could not be read" in local_part(first, lambda _f: True, None).why
     assert local_part(first, lambda _f: True, b"\x80\x04\x95garbage").why.startswith(".metadata: ")
     second = unit(saved, "__0_1.distcp")
     assert local_part(second, lambda _f: True, None).complete
-    stray = group_units([FileState("run/step_3/__0_1.distcp", 5, MTIME), FileState("run/step_3/notes.txt", 5, MTIME)],
-                        LAYOUT)["run/step_3"]
+    stray = group_units(
+        [FileState("run/step_3/__0_1.distcp", 5, MTIME), FileState("run/step_3/notes.txt", 5, MTIME)], LAYOUT
+    )["run/step_3"]
     assert "notes.txt" in local_part(stray, lambda _f: True, None).why
-    listed = group_units([FileState("run/step_3/.metadata", len(meta), MTIME),
-                          FileState("run/step_3/extra.distcp", 5, MTIME)], LAYOUT)["run/step_3"]
+    listed = group_units(
+        [FileState("run/step_3/.metadata", len(meta), MTIME), FileState("run/step_3/extra.distcp", 5, MTIME)], LAYOUT
+    )["run/step_3"]
     assert "not listed" in local_part(listed, lambda _f: True, meta).why
 
 
 def test_the_unit_is_recorded_whole_only_by_the_part_that_completes_it(saved: dict[str, bytes]) -> None:
     """A first part is kept as a contribution (no entry); the second, whichever node's, records every file
     of both as entries in the same change and drops the contributions."""
-    for first, second in ((part(saved, "a", ".metadata", "__0_0.distcp"), part(saved, "b", "__0_1.distcp")),
-                          (part(saved, "b", "__0_1.distcp"), part(saved, "a", ".metadata", "__0_0.distcp"))):
+    for first, second in (
+        (part(saved, "a", ".metadata", "__0_0.distcp"), part(saved, "b", "__0_1.distcp")),
+        (part(saved, "b", "__0_1.distcp"), part(saved, "a", ".metadata", "__0_0.distcp")),
+    ):
         old = {"run/step_3/stale.distcp": entry(saved, "__0_1.distcp")}
         merged = contribute(old, {}, "run/step_3", first)
         assert not merged.verdict.complete and merged.puts == () and merged.removes == ()
@@ -94,10 +100,10 @@ def test_parts_that_do_not_cover_the_metadata_or_disagree_never_complete(saved: 
     alone = covered("run/step_3", {"a": part(saved, "a", ".metadata", "__0_0.distcp")})
     assert "__0_1.distcp, which no node has uploaded" in alone.why
     clash = part(saved, "b", "__0_1.distcp", "__0_0.distcp")
-    clash = Contribution("b", {**clash.files, "run/step_3/__0_0.distcp": entry(saved, "__0_0.distcp", "other")},
-                         None, 1.0)
-    assert "two nodes" in covered("run/step_3", {"a": part(saved, "a", ".metadata", "__0_0.distcp"),
-                                                 "b": clash}).why
+    clash = Contribution(
+        "b", {**clash.files, "run/step_3/__0_0.distcp": entry(saved, "__0_0.distcp", "other")}, None, 1.0
+    )
+    assert "two nodes" in covered("run/step_3", {"a": part(saved, "a", ".metadata", "__0_0.distcp"), "b": clash}).why
 
 
 def test_the_planner_uploads_a_done_share_once(saved: dict[str, bytes]) -> None:
@@ -128,7 +134,8 @@ def test_contributions_survive_the_manifest_object_and_old_manifests_have_none(s
 
 
 def test_a_part_whose_objects_are_gone_is_dropped_and_a_part_already_recorded_changes_nothing(
-        saved: dict[str, bytes]) -> None:
+    saved: dict[str, bytes],
+) -> None:
     """Another node's part whose files are no longer stored with their sizes (retention deleted a stale
     part, the folder was saved again) never completes a unit: it is dropped, and that node uploads again.
     A part whose bytes the entries already record (another node completed the unit) records nothing."""
@@ -140,6 +147,11 @@ def test_a_part_whose_objects_are_gone_is_dropped_and_a_part_already_recorded_ch
     there = {**gone, "run/step_3/__0_1.distcp": len(saved["__0_1.distcp"])}
     assert contribute({}, stale, "run/step_3", first, there).verdict.complete
     whole = {e.path: e for e in contribute({}, stale, "run/step_3", first, there).puts}
-    again = contribute(whole, {"run/step_3": {"b": part(saved, "b", "__0_1.distcp")}}, "run/step_3",
-                       part(saved, "b", "__0_1.distcp"), there)
+    again = contribute(
+        whole,
+        {"run/step_3": {"b": part(saved, "b", "__0_1.distcp")}},
+        "run/step_3",
+        part(saved, "b", "__0_1.distcp"),
+        there,
+    )
     assert again.verdict.complete and again.puts == () and again.removes == () and again.contributions == {}

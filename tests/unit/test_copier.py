@@ -56,8 +56,9 @@ def source(primary: Path) -> Path:
     return save_checkpoint(primary / REL, 10, width=256)
 
 
-def copy(primary: Path, mirror: Path, rel: str = REL, options: CopyOptions = OPTS,
-         control: CopyControl | None = None) -> CopyResult:
+def copy(
+    primary: Path, mirror: Path, rel: str = REL, options: CopyOptions = OPTS, control: CopyControl | None = None
+) -> CopyResult:
     return copy_file(primary, rel, LocalMirror(mirror), options, control)
 
 
@@ -100,15 +101,12 @@ def once(action: Callable[[], None]) -> Callable[[LocalUpload], None]:
 # --- the happy path ---------------------------------------------------------------------------------------
 
 
-def test_copy_is_identical_keeps_the_mtime_and_reports_the_digest(
-    primary: Path, mirror: Path, source: Path
-) -> None:
+def test_copy_is_identical_keeps_the_mtime_and_reports_the_digest(primary: Path, mirror: Path, source: Path) -> None:
     result = copy(primary, mirror)
     target = mirror / REL
     assert sha256(target) == sha256(source)
     assert target.stat().st_mtime_ns == source.stat().st_mtime_ns
-    assert (result.rel, result.size, result.source_mtime_ns) == (REL, source.stat().st_size,
-                                                                 source.stat().st_mtime_ns)
+    assert (result.rel, result.size, result.source_mtime_ns) == (REL, source.stat().st_size, source.stat().st_mtime_ns)
     assert result.digest == hash_file(target, "blake3") and result.algo == "blake3"
     assert temp_files(mirror) == []
 
@@ -127,8 +125,13 @@ def test_copied_checkpoint_loads_in_torch(primary: Path, mirror: Path, source: P
 @pytest.mark.parametrize("where", ["first_byte", "mid_chunk", "last_byte"])
 @pytest.mark.parametrize(("err", "error_type"), [(errno.EIO, TransientError), (errno.ENOSPC, NoSpaceError)])
 def test_write_error_after_k_bytes(
-    primary: Path, mirror: Path, source: Path, monkeypatch: pytest.MonkeyPatch,
-    err: int, error_type: type[MirrordError], where: str,
+    primary: Path,
+    mirror: Path,
+    source: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    err: int,
+    error_type: type[MirrordError],
+    where: str,
 ) -> None:
     """The mirror returns EIO / ENOSPC part-way; the .part goes, nothing is published; a retry rebuilds it."""
     size = source.stat().st_size
@@ -223,12 +226,17 @@ def test_fsync_failure_discards_the_part(
 
 
 def test_after_fsync_failure_the_retry_rebuilds_from_the_source(
-    primary: Path, mirror: Path, source: Path, failing_part_fsync: list[int],
-    make_config: Callable[..., Config], logs: list[dict[str, Any]],
+    primary: Path,
+    mirror: Path,
+    source: Path,
+    failing_part_fsync: list[int],
+    make_config: Callable[..., Config],
+    logs: list[dict[str, Any]],
 ) -> None:
     """The kernel may have dropped the dirty pages: that file is never fsynced again; a new one is made."""
-    config = make_config(copy={"max_attempts": 3, "retry_backoff_seconds": 0},
-                         io={"buffer_bytes": CHUNK, "drop_cache": False})
+    config = make_config(
+        copy={"max_attempts": 3, "retry_backoff_seconds": 0}, io={"buffer_bytes": CHUNK, "drop_cache": False}
+    )
     manifest = Manifest()
     engine = Engine(config, LocalMirror(mirror), manifest, Metrics())
     st = source.stat()
@@ -243,7 +251,10 @@ def test_after_fsync_failure_the_retry_rebuilds_from_the_source(
     assert len(failed) == 1 and failed[0]["will_retry"] is True and failed[0]["path"] == REL
     assert "Input/output error" in failed[0]["cause"]
     assert [e["event"] for e in logs if e["event"].startswith("copy.")] == [
-        "copy.started", "copy.failed", "copy.started", "copy.committed",
+        "copy.started",
+        "copy.failed",
+        "copy.started",
+        "copy.committed",
     ]
 
 
@@ -364,7 +375,8 @@ def _replace_by_rename(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "change", [_truncate, _rewrite_same_size, _append, _replace_by_rename],
+    "change",
+    [_truncate, _rewrite_same_size, _append, _replace_by_rename],
     ids=["truncated", "rewritten-in-place", "appended", "replaced-by-rename"],
 )
 def test_source_changed_during_the_copy(
@@ -435,8 +447,12 @@ def test_torch_save_in_place_from_another_thread(
 
 @pytest.mark.parametrize(("reason", "error_type"), [("stalled", StalledError), ("cancelled", CancelledError)])
 def test_stop_request_aborts_at_the_next_chunk(
-    primary: Path, mirror: Path, source: Path, monkeypatch: pytest.MonkeyPatch,
-    reason: str, error_type: type[MirrordError],
+    primary: Path,
+    mirror: Path,
+    source: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reason: str,
+    error_type: type[MirrordError],
 ) -> None:
     control = CopyControl()
     hook_writes(monkeypatch, once(lambda: control.stop(reason)))
@@ -502,7 +518,11 @@ def test_symlinked_directory_in_the_primary_is_never_entered(
 
 
 def test_sync_skips_planted_symlinks(
-    primary: Path, mirror: Path, source: Path, outside: Path, make_config: Callable[..., Config],
+    primary: Path,
+    mirror: Path,
+    source: Path,
+    outside: Path,
+    make_config: Callable[..., Config],
     logs: list[dict[str, Any]],
 ) -> None:
     """A whole pass: the real checkpoint is mirrored, nothing reachable only through a link is."""
@@ -541,8 +561,12 @@ def two_steps(primary: Path) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "left-by-cp"])
 def test_truncated_final_file_on_the_mirror_is_skipped_by_latest_and_replaced_by_sync(
-    primary: Path, mirror: Path, two_steps: tuple[Path, Path], make_config: Callable[..., Config],
-    logs: list[dict[str, Any]], recorded: bool,
+    primary: Path,
+    mirror: Path,
+    two_steps: tuple[Path, Path],
+    make_config: Callable[..., Config],
+    logs: list[dict[str, Any]],
+    recorded: bool,
 ) -> None:
     """The incident: a prefix of step_0010 sits under its final name. latest skips it; sync mends it."""
     config = make_config()
@@ -630,7 +654,8 @@ def test_sync_onto_a_disk_too_small_for_both(
     assert report.copied == ["run2/step_2.pt"]
     assert list(report.failed) == ["run1/step_1.pt"]
     # Human units for the reader, exact bytes for the arithmetic: "mirror has 3.4 MiB (3547136 bytes) free".
-    assert re.search(r"mirror has \d+\.\d MiB \(\d+ bytes\) free; needs \d+\.\d MiB \(\d+ bytes\)",
-                     report.failed["run1/step_1.pt"]), report.failed["run1/step_1.pt"]
+    assert re.search(
+        r"mirror has \d+\.\d MiB \(\d+ bytes\) free; needs \d+\.\d MiB \(\d+ bytes\)", report.failed["run1/step_1.pt"]
+    ), report.failed["run1/step_1.pt"]
     assert sorted(Manifest.load(small_tmpfs).entries) == ["run2/step_2.pt"]
     assert_mirror_consistent(primary, small_tmpfs)

@@ -103,22 +103,34 @@ def harness(make_config: Callable[..., Config], primary: Path, mirror: Path) -> 
     stack = contextlib.ExitStack()
 
     def make(**sections: Any) -> Harness:
-        sections = {"metrics": {"enabled": False}, "prune": {"enabled": False},
-                    "watch": {"rescan_interval_seconds": 600}, "daemon": {"heartbeat_seconds": 5}, **sections}
+        sections = {
+            "metrics": {"enabled": False},
+            "prune": {"enabled": False},
+            "watch": {"rescan_interval_seconds": 600},
+            "daemon": {"heartbeat_seconds": 5},
+            **sections,
+        }
         config = make_config(**sections)
         clock, journal, watchers = FakeClock(), [], []
         lm = LocalMirror(config.mirror)
         stack.enter_context(lm.lock())
 
-        def factory(root: Path, patterns: tuple[str, ...], mode: str, poll: float,
-                    emit: Callable[[Hint], None]) -> FakeWatcher:
+        def factory(
+            root: Path, patterns: tuple[str, ...], mode: str, poll: float, emit: Callable[[Hint], None]
+        ) -> FakeWatcher:
             watchers.append(FakeWatcher(emit, mode, journal))
             return watchers[-1]
 
         h = Harness(None, clock, watchers, journal)  # type: ignore[arg-type]
         volumes = Volumes(LocalVolume(config.primary), lm, lm.read_manifest())
-        h.daemon = Daemon(config, lambda: h.reloads.pop(0), volumes, watcher_factory=factory, clock=clock.clock(),
-                          notifier=RecordingNotifier(journal))
+        h.daemon = Daemon(
+            config,
+            lambda: h.reloads.pop(0),
+            volumes,
+            watcher_factory=factory,
+            clock=clock.clock(),
+            notifier=RecordingNotifier(journal),
+        )
         made.append(h)
         return h
 
@@ -166,8 +178,9 @@ def test_a_hint_queues_a_copy_that_a_worker_makes_without_a_rescan(harness, prim
     assert [e["why"] for e in events(logs, "copy.started")] == ["new"]
 
 
-def test_a_hint_dropped_while_the_mirror_is_refused_is_found_once_the_refusal_is_over(harness, primary, mirror,
-                                                                                      logs) -> None:
+def test_a_hint_dropped_while_the_mirror_is_refused_is_found_once_the_refusal_is_over(
+    harness, primary, mirror, logs
+) -> None:
     """A refusal (here the manifest's; the mirror not the pinned volume, an object store's lease) makes
     the loop drop the watch hints it drains, and a hint is the only word of a checkpoint until the next
     rescan: the moment nothing refuses, a full listing finds it, without waiting for the rescan interval."""
@@ -187,8 +200,7 @@ def test_a_hint_dropped_while_the_mirror_is_refused_is_found_once_the_refusal_is
     assert (mirror / REL).read_bytes() == src.read_bytes()
 
 
-def test_the_rescan_interval_on_the_fake_clock_finds_what_no_hint_announced(harness, primary, mirror,
-                                                                           logs) -> None:
+def test_the_rescan_interval_on_the_fake_clock_finds_what_no_hint_announced(harness, primary, mirror, logs) -> None:
     """Events are hints, snapshots the truth: a file without a hint is found by the rescan when its
     interval has passed on the daemon's clock, and not before."""
     h = harness()
@@ -203,16 +215,19 @@ def test_the_rescan_interval_on_the_fake_clock_finds_what_no_hint_announced(harn
     assert (mirror / REL).exists()
 
 
-def test_a_reload_swaps_the_settings_whole_and_a_refused_one_changes_nothing(harness, make_config,
-                                                                             tmp_path) -> None:
+def test_a_reload_swaps_the_settings_whole_and_a_refused_one_changes_nothing(harness, make_config, tmp_path) -> None:
     """SIGHUP with more workers and a new retry policy: one new Settings object, in force everywhere
     (pool size, retries, engine, settle); a reload that moves the mirror is refused and swaps nothing."""
     h = harness(copy={"workers": 1, "max_attempts": 2})
     h.daemon.start()
     before = h.daemon.settings
-    bigger = make_config(metrics={"enabled": False}, prune={"enabled": False},
-                         watch={"rescan_interval_seconds": 600}, daemon={"heartbeat_seconds": 5},
-                         copy={"workers": 3, "max_attempts": 7, "settle_seconds": 2.5})
+    bigger = make_config(
+        metrics={"enabled": False},
+        prune={"enabled": False},
+        watch={"rescan_interval_seconds": 600},
+        daemon={"heartbeat_seconds": 5},
+        copy={"workers": 3, "max_attempts": 7, "settle_seconds": 2.5},
+    )
     h.reloads.append((bigger, True))
     h.daemon.signals.reload_requested = True
     h.daemon.tick(wait=False)
@@ -230,8 +245,9 @@ def test_a_reload_swaps_the_settings_whole_and_a_refused_one_changes_nothing(har
     assert h.daemon.settings is after
 
 
-def test_shutdown_is_ordered_and_bounded_even_with_a_copy_stuck_in_the_kernel(harness, primary, mirror,
-                                                                            monkeypatch, logs) -> None:
+def test_shutdown_is_ordered_and_bounded_even_with_a_copy_stuck_in_the_kernel(
+    harness, primary, mirror, monkeypatch, logs
+) -> None:
     """A copy blocked in read() (a hung mount) and a second stop signal: shutdown tells systemd, stops
     the watcher, cancels the copy, reports the worker it could not stop, closes the manifest and the
     notifier, and returns while the read is still blocked. The copy leaves no temp file behind."""
@@ -246,9 +262,11 @@ def test_shutdown_is_ordered_and_bounded_even_with_a_copy_stuck_in_the_kernel(ha
     try:
         h.daemon.shutdown()
         assert not release.is_set()  # shutdown returned while the copy was still stuck
-        assert h.journal[h.journal.index("STOPPING=1"):] == ["STOPPING=1", "watch.stop", "notifier.close"]
+        assert h.journal[h.journal.index("STOPPING=1") :] == ["STOPPING=1", "watch.stop", "notifier.close"]
         assert [e["event"] for e in logs if e["event"].startswith("daemon.")][-2:] == [
-            "daemon.stopping", "daemon.copies_not_stopped"]
+            "daemon.stopping",
+            "daemon.copies_not_stopped",
+        ]
     finally:
         release.set()
     wait_for(lambda: not any(t.is_alive() for t in h.daemon.pool.threads()), 60, "the copy thread to end")
@@ -257,7 +275,8 @@ def test_shutdown_is_ordered_and_bounded_even_with_a_copy_stuck_in_the_kernel(ha
 
 
 def test_a_stalled_copy_is_reported_retried_and_a_wedged_worker_makes_the_daemon_unhealthy(
-        harness, primary, mirror, monkeypatch, logs) -> None:
+    harness, primary, mirror, monkeypatch, logs
+) -> None:
     """No progress for stall_seconds on the daemon's clock: the heartbeat logs copy.stalled, counts it,
     hands the file to a fresh worker (which copies it), and after 3x stall_seconds reports the stuck
     worker as wedged in /healthz until its read returns."""
@@ -287,7 +306,8 @@ def test_a_stalled_copy_is_reported_retried_and_a_wedged_worker_makes_the_daemon
 
 
 def test_a_checkpoint_without_a_step_is_warned_about_once_even_when_it_appears_at_a_later_rescan(
-        harness, primary, logs) -> None:
+    harness, primary, logs
+) -> None:
     """A rescan judges naming only for files new since the last full listing: one that arrives later is
     still warned about (once per pattern), one already judged is not judged again."""
     h = harness()
@@ -314,7 +334,8 @@ def slow_primary_stats(h: Harness, seconds: float) -> None:
 
 
 def test_a_burst_of_hints_is_handled_a_turn_at_a_time_with_the_heartbeat_between_turns(
-        harness, primary, mirror, logs) -> None:
+    harness, primary, mirror, logs
+) -> None:
     """Thousands of checkpoints committed at once are not one pass of the loop: each turn handles the
     hints of TURN_SECONDS on the daemon's clock (at least one), leaves the rest queued, and the heartbeat
     (WATCHDOG=1) runs before the next turn. Every hinted file is still copied, without a rescan."""
@@ -412,7 +433,8 @@ def slow_listings(h: Harness, seconds: float, during_mirror: list[Callable[[], N
 
 
 def test_a_long_reconcile_beats_between_its_parts_and_a_stop_asked_meanwhile_queues_nothing(
-        harness, primary, mirror, logs) -> None:
+    harness, primary, mirror, logs
+) -> None:
     """A rescan whose listings each take longer than the heartbeat period (a big tree, a busy host) pings
     when it starts and after each listing; a stop asked while the mirror is listed ends the pass before
     it prunes or queues anything."""
@@ -440,8 +462,9 @@ def test_a_long_reconcile_beats_between_its_parts_and_a_stop_asked_meanwhile_que
 
 
 @pytest.mark.parametrize("prune", [False, True], ids=["rollbacks_read_again", "rollbacks_from_the_plan"])
-def test_a_rollback_warning_splits_lying_clocks_exactly_where_retention_does(harness, primary, logs,
-                                                                              prune: bool) -> None:
+def test_a_rollback_warning_splits_lying_clocks_exactly_where_retention_does(
+    harness, primary, logs, prune: bool
+) -> None:
     """Steps 1 and 3 written, then 2 again, stamped exactly at the future-skew line in run `at` and one
     nanosecond past it in run `past`. Whether the rollbacks are read from the retention plan (prune on) or
     read again from the primary listing (prune off), the line is PruneRequest.lie_after_ns at the daemon's
@@ -456,8 +479,7 @@ def test_a_rollback_warning_splits_lying_clocks_exactly_where_retention_does(har
         save_checkpoint(primary / run / "step_0002.pt", 2, mtime_ns=step_2)
         assert (primary / run / "step_0002.pt").stat().st_mtime_ns == step_2
     h.daemon.start()
-    assert [(e["run"], e["old_step"], e["new_step"]) for e in events(logs, "run.rollback_detected")] == [
-        ("at", 3, 2)]
+    assert [(e["run"], e["old_step"], e["new_step"]) for e in events(logs, "run.rollback_detected")] == [("at", 3, 2)]
 
 
 def test_a_stop_asked_while_the_primary_is_listed_does_not_list_the_mirror(harness, primary, logs) -> None:

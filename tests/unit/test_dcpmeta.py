@@ -48,8 +48,10 @@ def test_a_whole_dcp_save_is_ok_and_its_ranges_end_at_the_data_files_end(folder:
         expected[info.relative_path] = max(expected.get(info.relative_path, 0), info.offset + info.length)
     assert needed == expected == {data_file(folder).name: data_file(folder).stat().st_size}
     assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata")[0] == "ok"
-    assert dcp_check(LocalVolume(tmp_path), f"step_4/{data_file(folder).name}", data_file(folder).stat().st_size) \
-        == ("ok", f"{data_file(folder).stat().st_size} bytes, as .metadata says")
+    assert dcp_check(LocalVolume(tmp_path), f"step_4/{data_file(folder).name}", data_file(folder).stat().st_size) == (
+        "ok",
+        f"{data_file(folder).stat().st_size} bytes, as .metadata says",
+    )
 
 
 def test_a_truncated_or_missing_data_file_makes_the_folder_truncated(folder: Path, tmp_path: Path) -> None:
@@ -57,11 +59,15 @@ def test_a_truncated_or_missing_data_file_makes_the_folder_truncated(folder: Pat
     size = data.stat().st_size
     os.truncate(data, size - 1)
     assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata") == (
-        "truncated", f"{data.name} holds {size - 1} bytes; .metadata places data up to byte {size}")
+        "truncated",
+        f"{data.name} holds {size - 1} bytes; .metadata places data up to byte {size}",
+    )
     assert dcp_check(LocalVolume(tmp_path), f"step_4/{data.name}", size - 1)[0] == "truncated"
     data.unlink()
     assert dcp_check(LocalVolume(tmp_path), "step_4/.metadata") == (
-        "truncated", f"{data.name} is referenced by .metadata but missing")
+        "truncated",
+        f"{data.name} is referenced by .metadata but missing",
+    )
 
 
 def test_without_metadata_the_save_did_not_finish(folder: Path, tmp_path: Path) -> None:

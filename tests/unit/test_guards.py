@@ -96,8 +96,7 @@ def test_unknown_volume_is_vetoed_when_roots_are_given() -> None:
 
 def test_first_reason_is_reported_and_all_are_listed() -> None:
     """veto() reports the most specific reason, the first of those that apply in guard order."""
-    ctx = GuardContext(NOW, 300, 60, in_flight=frozenset({"run/step_0001.pt"}),
-                       newest=frozenset({"run/step_0001.pt"}))
+    ctx = GuardContext(NOW, 300, 60, in_flight=frozenset({"run/step_0001.pt"}), newest=frozenset({"run/step_0001.pt"}))
     s = state(age=10)
     assert veto("mirror", s, ctx) == "in_flight"
     assert [r for r in (g("mirror", s, ctx) for g in GUARDS) if r] == ["in_flight", "recent_mtime", "newest"]

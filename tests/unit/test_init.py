@@ -30,8 +30,11 @@ def init(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, st
 
 def test_packaged_files_are_the_documented_ones() -> None:
     """mirrord/data/ holds the very files the README documents (links), not copies that drift."""
-    for name, source in ((EXAMPLE_CONFIG, "config/mirrord.toml"), (SYSTEMD_UNIT, "systemd/mirrord.service"),
-                         (ALERT_RULES, "config/prometheus/alerts.yml")):
+    for name, source in (
+        (EXAMPLE_CONFIG, "config/mirrord.toml"),
+        (SYSTEMD_UNIT, "systemd/mirrord.service"),
+        (ALERT_RULES, "config/prometheus/alerts.yml"),
+    ):
         assert packaged(name) == (REPO / source).read_text(encoding="utf-8"), name
 
 
@@ -47,7 +50,8 @@ def test_init_writes_the_commented_config_with_the_roots(
     text = target.read_text(encoding="utf-8")
     example = packaged(EXAMPLE_CONFIG)
     assert [ln for ln in text.splitlines() if ln.startswith("#")] == [
-        ln for ln in example.splitlines() if ln.startswith("#") and not ln.startswith("# mirror =")]
+        ln for ln in example.splitlines() if ln.startswith("#") and not ln.startswith("# mirror =")
+    ]
     config = load_config(target, environ={})
     assert (config.primary, config.mirror) == (tmp_path / "ckpt", tmp_path / "backup")
     assert config.prune.keep_last == tomllib.loads(example)["prune"]["keep_last"]

@@ -85,11 +85,15 @@ def test_a_corrupt_record_in_the_middle_is_an_error_naming_the_journal(tmp_path:
     [
         pytest.param(lambda d: (d / JOURNAL0).write_bytes(b""), "bad header", id="empty-journal"),
         pytest.param(lambda d: (d / JOURNAL0).write_bytes(frame(b'{"schema":"x"}')), "bad header", id="foreign"),
-        pytest.param(lambda d: (d / JOURNAL0).rename(d / ".mirrord-manifest.journal.1"), "generation",
-                     id="renamed-journal"),
+        pytest.param(
+            lambda d: (d / JOURNAL0).rename(d / ".mirrord-manifest.journal.1"), "generation", id="renamed-journal"
+        ),
         pytest.param(lambda d: (d / MANIFEST_NAME).unlink(), "missing", id="snapshot-deleted"),
-        pytest.param(lambda d: (d / JOURNAL0).write_bytes((d / JOURNAL0).read_bytes() + frame(b"[1,2]")),
-                     "cannot parse journal record", id="record-not-a-change"),
+        pytest.param(
+            lambda d: (d / JOURNAL0).write_bytes((d / JOURNAL0).read_bytes() + frame(b"[1,2]")),
+            "cannot parse journal record",
+            id="record-not-a-change",
+        ),
     ],
 )
 def test_journals_that_do_not_fit_their_snapshot_are_errors(tmp_path: Path, change, message: str) -> None:
@@ -223,8 +227,12 @@ def expected(n: int) -> set[str]:
 def test_readers_see_a_consistent_prefix_while_a_writer_appends_and_compacts(tmp_path: Path) -> None:
     """`latest`, `verify` and `status` load the manifest while the daemon writes: every load succeeds and
     is the state after some whole number of the writer's changes, never one that lost a change."""
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "20", "3000"],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path), "20", "3000"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: (tmp_path / MANIFEST_NAME).exists(), 60, "the writer to start")
         loads = compactions_seen = 0

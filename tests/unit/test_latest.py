@@ -70,8 +70,15 @@ def test_verify_re_reads_even_an_unchanged_file(config: Config, monkeypatch: Any
 def test_after_a_rollback_the_newest_branch_wins(config: Config) -> None:
     """Steps 2, 4, 6 written, then the trainer went back and wrote 3: step 3 is the one to resume."""
     t = BASE_MTIME_NS
-    mirror_steps(config, [("run/step_2.pt", 2, t), ("run/step_4.pt", 4, t + 10**9), ("run/step_6.pt", 6, t + 2 * 10**9),
-                          ("run/step_3.pt", 3, t + 3 * 10**9)])
+    mirror_steps(
+        config,
+        [
+            ("run/step_2.pt", 2, t),
+            ("run/step_4.pt", 4, t + 10**9),
+            ("run/step_6.pt", 6, t + 2 * 10**9),
+            ("run/step_3.pt", 3, t + 3 * 10**9),
+        ],
+    )
     assert latest_checkpoint(config.mirror) == config.mirror / "run/step_3.pt"
 
 

@@ -15,7 +15,7 @@ DURABILITY_CALLS = {"replace", "rename", "renames", "unlink", "remove", "fsync",
 DURABILITY_HOME = {
     "store/atomic.py": "the durability module",
     "paths.py": "the ground floor: a folder it creates beneath a root is made durable where it is made "
-                "(its parent fsynced); it publishes no name and may import nothing above it",
+    "(its parent fsynced); it publishes no name and may import nothing above it",
 }
 
 
@@ -29,9 +29,13 @@ MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     """Every node of `tree` but those under `if TYPE_CHECKING:` (annotations only, never run)."""
-    skipped = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-               for stmt in node.body for inner in ast.walk(stmt)}
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
     return [node for node in ast.walk(tree) if id(node) not in skipped]
 
 
@@ -53,8 +57,11 @@ GRAPH = {name: imported(name) for name in MODULES}
 
 
 def offenders(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> dict[str, set[str]]:
-    return {name: bad for name, targets in GRAPH.items() if name.startswith(importers)
-            and (bad := {target for target in targets if target.startswith(forbidden)})}
+    return {
+        name: bad
+        for name, targets in GRAPH.items()
+        if name.startswith(importers) and (bad := {target for target in targets if target.startswith(forbidden)})
+    }
 
 
 def test_the_service_never_imports_a_command() -> None:
@@ -120,14 +127,22 @@ def test_no_import_cycles() -> None:
 
 
 def durability_calls(path: Path) -> list[str]:
-    return [f"os.{node.func.attr}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"
-            and node.func.attr in DURABILITY_CALLS]
+    return [
+        f"os.{node.func.attr}:{node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "os"
+        and node.func.attr in DURABILITY_CALLS
+    ]
 
 
 def test_durability_lives_in_atomic() -> None:
     """Every os-level rename, fsync and unlink goes through store/atomic.py (see DURABILITY_HOME)."""
-    found = {str(path.relative_to(PACKAGE)): calls for path in MODULES.values()
-             if str(path.relative_to(PACKAGE)) not in DURABILITY_HOME and (calls := durability_calls(path))}
+    found = {
+        str(path.relative_to(PACKAGE)): calls
+        for path in MODULES.values()
+        if str(path.relative_to(PACKAGE)) not in DURABILITY_HOME and (calls := durability_calls(path))
+    }
     assert found == {}

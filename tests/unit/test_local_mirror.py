@@ -67,7 +67,9 @@ def test_a_staged_unit_has_no_final_name_until_commit(tmp_path: Path) -> None:
         assert not snap.files and not snap.staging  # the hidden area is not listed
         staging.commit()
         assert sorted(p.name for p in (tmp_path / "mirror" / "run" / "checkpoint-50").iterdir()) == [
-            "model.safetensors", "trainer_state.json"]
+            "model.safetensors",
+            "trainer_state.json",
+        ]
         assert list((tmp_path / "mirror" / ".mirrord-staging").iterdir()) == []
 
 
@@ -100,12 +102,17 @@ def test_lightnings_last_picker_never_sees_a_file_in_flight(tmp_path: Path) -> N
 
     run = tmp_path / "mirror" / "run"
     mirror = LocalMirror(tmp_path / "mirror")
-    trainer = Trainer(callbacks=[ModelCheckpoint(dirpath=run, save_last=True)], logger=False,
-                      enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer = Trainer(
+        callbacks=[ModelCheckpoint(dirpath=run, save_last=True)],
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
 
     def picked() -> str | None:
-        path = trainer._checkpoint_connector._parse_ckpt_path(TrainerFn.FITTING, "last", model_provided=True,
-                                                              model_connected=True)
+        path = trainer._checkpoint_connector._parse_ckpt_path(
+            TrainerFn.FITTING, "last", model_provided=True, model_connected=True
+        )
         return None if path is None else os.path.relpath(path, run)
 
     with mirror.lock():

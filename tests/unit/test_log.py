@@ -150,9 +150,9 @@ def test_copy_events_name_the_checkpoint_with_relative_path_run_step_size(
     assert {"copy.started", "copy.committed"} <= events.keys()
     for name in ("copy.started", "copy.committed"):
         e = events[name]
-        assert (e["path"], e["run"], e["step"], e["size"]) == (
-            "runA/step_0042.pt", "runA", 42, src.stat().st_size
-        ), name
+        assert (e["path"], e["run"], e["step"], e["size"]) == ("runA/step_0042.pt", "runA", 42, src.stat().st_size), (
+            name
+        )
     assert events["copy.committed"]["seconds"] >= 0
     assert events["copy.committed"]["digest"]
 
@@ -191,7 +191,12 @@ def test_failure_events_carry_reason_and_checkpoint(make_config, primary, mirror
     assert len(failed) == 1
     e = failed[0]
     assert (e["level"], e["path"], e["run"], e["step"], e["reason"], e["will_retry"]) == (
-        "warning", "r/step_0005.pt", "r", 5, "no_space", False
+        "warning",
+        "r/step_0005.pt",
+        "r",
+        5,
+        "no_space",
+        False,
     )
     assert "bytes) free" in e["cause"]
 
@@ -205,22 +210,27 @@ def test_prune_events_carry_volume_path_run_step_size(make_config, primary, mirr
     volume = LocalMirror(mirror)
     out = io.StringIO()
     log.configure("json", "info", out)
-    Pruner(cfg, LocalVolume(primary), volume, volume.read_manifest(), Metrics(),
-           in_flight=lambda: frozenset({"r/step_0001.pt"})).run_cycle()
+    Pruner(
+        cfg,
+        LocalVolume(primary),
+        volume,
+        volume.read_manifest(),
+        Metrics(),
+        in_flight=lambda: frozenset({"r/step_0001.pt"}),
+    ).run_cycle()
     events = json_lines(out)
     deleted = [e for e in events if e["event"] == "prune.deleted"]
     skipped = [e for e in events if e["event"] == "prune.skipped"]
-    assert [(e["volume"], e["path"], e["run"], e["step"]) for e in deleted] == [
-        ("mirror", "r/step_0002.pt", "r", 2)
-    ]
+    assert [(e["volume"], e["path"], e["run"], e["step"]) for e in deleted] == [("mirror", "r/step_0002.pt", "r", 2)]
     assert deleted[0]["size"] == (primary / "r" / "step_0002.pt").stat().st_size
     assert [(e["path"], e["reason"]) for e in skipped] == [("r/step_0001.pt", "in_flight")]
     assert any(e["event"] == "prune.finished" for e in events)
 
 
 @pytest.mark.parametrize("level", ["debug", "info"])
-def test_each_file_retention_keeps_is_logged_at_debug_level_only(make_config, primary, mirror, checkpoint,
-                                                                  level) -> None:
+def test_each_file_retention_keeps_is_logged_at_debug_level_only(
+    make_config, primary, mirror, checkpoint, level
+) -> None:
     """prune.kept names every kept file with the policy that keeps it, at debug level; at info the pass does not
     even build those events (a daemon keeps every file of both sides at each rescan)."""
     for step in (1, 2):
@@ -232,8 +242,11 @@ def test_each_file_retention_keeps_is_logged_at_debug_level_only(make_config, pr
     log.configure("json", level, out)
     Pruner(cfg, LocalVolume(primary), volume, volume.read_manifest(), Metrics()).run_cycle()
     kept = sorted((e["volume"], e["path"], e["why"]) for e in json_lines(out) if e["event"] == "prune.kept")
-    assert kept == ([(side, f"r/step_{step:04d}.pt", "keep_last") for side in ("mirror", "primary") for step in (1, 2)]
-                    if level == "debug" else [])
+    assert kept == (
+        [(side, f"r/step_{step:04d}.pt", "keep_last") for side in ("mirror", "primary") for step in (1, 2)]
+        if level == "debug"
+        else []
+    )
 
 
 def test_a_failing_log_stream_never_reaches_the_caller() -> None:

@@ -22,8 +22,13 @@ from tests.support.mirror import names
 
 def entry(path: str = "run/step_0010.pt", size: int = 2_470_000_000, step: int | None = 10) -> ManifestEntry:
     return ManifestEntry(
-        path=path, size=size, algo="blake3", digest="ab" * 32,
-        source_mtime_ns=1_700_000_000_123_456_789, step=step, mirrored_at=1_700_000_100.5,
+        path=path,
+        size=size,
+        algo="blake3",
+        digest="ab" * 32,
+        source_mtime_ns=1_700_000_000_123_456_789,
+        step=step,
+        mirrored_at=1_700_000_100.5,
     )
 
 
@@ -31,8 +36,7 @@ def doc(entries: Any) -> bytes:
     return json.dumps({"schema": SCHEMA, "version": SCHEMA_VERSION, "entries": entries}).encode()
 
 
-GOOD = {"size": 1, "hash": {"algo": "blake3", "digest": "ab" * 32}, "source_mtime_ns": 5, "step": 1,
-        "mirrored_at": 1.0}
+GOOD = {"size": 1, "hash": {"algo": "blake3", "digest": "ab" * 32}, "source_mtime_ns": 5, "step": 1, "mirrored_at": 1.0}
 
 
 def test_json_layout_is_the_documented_schema() -> None:
@@ -299,9 +303,7 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, monkeypa
     assert Manifest.open(tmp_path).entries == manifest.entries
 
 
-def test_changes_go_on_while_a_compaction_writes_the_snapshot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_changes_go_on_while_a_compaction_writes_the_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The change that makes a compaction due does not wait for it, nor do the changes after it; close()
     waits for it and folds in what came meanwhile."""
     monkeypatch.setattr(manifest_module, "COMPACT_MIN_RECORDS", 3)
@@ -362,7 +364,8 @@ def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() 
     stored = json.loads(Manifest({"a.pt": clamped}).to_bytes())["entries"]["a.pt"]
     # (node is written only on a mirror several nodes share)
     assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - {"path", "algo", "digest", "node"} | {
-        "hash"}
+        "hash"
+    }
 
 
 def test_entries_is_a_snapshot() -> None:
@@ -375,9 +378,19 @@ def test_entries_is_a_snapshot() -> None:
 def test_every_field_survives_a_save_and_a_load(tmp_path: Path) -> None:
     """Each field is read back by name: a field added to ManifestEntry but not to decoding would come back
     as its default (an upper-case digest and an unknown validation word too)."""
-    values = {"size": 11, "algo": "sha256", "digest": "0a" * 32, "source_mtime_ns": 12, "step": 13,
-              "mirrored_at": 14.5, "mirror_mtime_ns": 15, "validation": "ok", "mirror_ino": 16, "mirror_ctime_ns": 17,
-              "node": "node-a"}
+    values = {
+        "size": 11,
+        "algo": "sha256",
+        "digest": "0a" * 32,
+        "source_mtime_ns": 12,
+        "step": 13,
+        "mirrored_at": 14.5,
+        "mirror_mtime_ns": 15,
+        "validation": "ok",
+        "mirror_ino": 16,
+        "mirror_ctime_ns": 17,
+        "node": "node-a",
+    }
     assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
     full = ManifestEntry("r/a.pt", **values)  # type: ignore[arg-type]
     odd = dataclasses.replace(full, path="r/b.pt", digest="0A" * 32, validation="from-the-future")

@@ -33,12 +33,24 @@ from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import BASE_MTIME_NS
 
 ISSUE_5_NAMES = (
-    "mirrord_copies_total", "mirrord_copied_bytes_total", "mirrord_copy_duration_seconds",
-    "mirrord_copy_throughput_bytes_per_second", "mirrord_queue_depth", "mirrord_copies_in_flight",
-    "mirrord_pruned_files_total", "mirrord_pruned_bytes_total", "mirrord_prune_skipped_total",
-    "mirrord_last_mirrored_step", "mirrord_last_mirrored_timestamp_seconds", "mirrord_mirror_lag_seconds",
-    "mirrord_volume_free_bytes", "mirrord_volume_total_bytes", "mirrord_verify_failures_total",
-    "mirrord_reconcile_duration_seconds", "mirrord_watch_mode", "mirrord_build_info",
+    "mirrord_copies_total",
+    "mirrord_copied_bytes_total",
+    "mirrord_copy_duration_seconds",
+    "mirrord_copy_throughput_bytes_per_second",
+    "mirrord_queue_depth",
+    "mirrord_copies_in_flight",
+    "mirrord_pruned_files_total",
+    "mirrord_pruned_bytes_total",
+    "mirrord_prune_skipped_total",
+    "mirrord_last_mirrored_step",
+    "mirrord_last_mirrored_timestamp_seconds",
+    "mirrord_mirror_lag_seconds",
+    "mirrord_volume_free_bytes",
+    "mirrord_volume_total_bytes",
+    "mirrord_verify_failures_total",
+    "mirrord_reconcile_duration_seconds",
+    "mirrord_watch_mode",
+    "mirrord_build_info",
 )
 WALL = 1_800_000_000.0  # the engine's clock, injected: mirrored_at and the last-copy timestamp
 
@@ -202,8 +214,13 @@ def test_cancelled_and_stalled_copies_are_not_counted_by_the_engine(
     assert value(m, "mirrord_copies_in_flight") == 0
 
 
-def _mirrored_run(make_config: Callable[..., Config], primary: Path, checkpoint: Callable[..., Path],
-                  m: Metrics, prune: dict[str, object] | None = None) -> tuple[Config, list[Path]]:
+def _mirrored_run(
+    make_config: Callable[..., Config],
+    primary: Path,
+    checkpoint: Callable[..., Path],
+    m: Metrics,
+    prune: dict[str, object] | None = None,
+) -> tuple[Config, list[Path]]:
     """Four checkpoints of run "r", really copied and recorded, with prune.keep_last = 1."""
     files = [checkpoint(primary / "r" / f"step_{s:04d}.pt", s) for s in range(1, 5)]
     config = make_config(prune={"keep_last": 1, "min_age_seconds": 300, **(prune or {})})
@@ -218,8 +235,14 @@ def test_prune_skip_counts_the_guard_reason(make_config, primary, mirror, checkp
     m = Metrics()
     config, files = _mirrored_run(make_config, primary, checkpoint, m)
     just_after = BASE_MTIME_NS / 1e9 + 10  # the checkpoints' mtimes are BASE + step seconds
-    pruner = Pruner(config, LocalVolume(primary), LocalMirror(mirror), LocalMirror(mirror).read_manifest(), m,
-                    wall=lambda: just_after)
+    pruner = Pruner(
+        config,
+        LocalVolume(primary),
+        LocalMirror(mirror),
+        LocalMirror(mirror).read_manifest(),
+        m,
+        wall=lambda: just_after,
+    )
     report = pruner.run_cycle()
     assert [s.reason for s in report.skipped] == ["recent_mtime"] * 3
     assert value(m, "mirrord_prune_skipped_total", reason="recent_mtime") == 3
@@ -233,9 +256,15 @@ def test_prune_skips_for_in_flight_and_future_mtime(make_config, primary, mirror
     m = Metrics()
     config, _ = _mirrored_run(make_config, primary, checkpoint, m)
     volume = LocalMirror(mirror)
-    pruner = Pruner(config, LocalVolume(primary), volume, volume.read_manifest(), m,
-                    wall=lambda: BASE_MTIME_NS / 1e9 - 3600,
-                    in_flight=lambda: frozenset({"r/step_0001.pt"}))
+    pruner = Pruner(
+        config,
+        LocalVolume(primary),
+        volume,
+        volume.read_manifest(),
+        m,
+        wall=lambda: BASE_MTIME_NS / 1e9 - 3600,
+        in_flight=lambda: frozenset({"r/step_0001.pt"}),
+    )
     pruner.run_cycle()
     assert value(m, "mirrord_prune_skipped_total", reason="in_flight") == 1
     assert value(m, "mirrord_prune_skipped_total", reason="future_mtime") == 2

@@ -300,8 +300,11 @@ def test_a_committed_unit_has_every_file_under_its_key(mirror: Mirror) -> None:
     for rel, data in UNIT.items():
         assert read_fully(mirror, f"run/checkpoint-50/{rel}") == data
     listed = set(mirror.snapshot(PATTERNS).files)
-    assert listed == {"run/checkpoint-50/model.safetensors", "run/checkpoint-50/trainer_state.json",
-                      "run/checkpoint-50/sub/optimizer.pt"}
+    assert listed == {
+        "run/checkpoint-50/model.safetensors",
+        "run/checkpoint-50/trainer_state.json",
+        "run/checkpoint-50/sub/optimizer.pt",
+    }
 
 
 def test_an_aborted_unit_leaves_nothing(mirror: Mirror) -> None:
@@ -415,10 +418,13 @@ def test_verify_reads_every_entry_back_through_the_store(mirror: Mirror) -> None
     publish(mirror, "run/step_3.pt", b"unrecorded")
     checked, findings = verify_mirror(mirror, PATTERNS)
     assert checked == 2
-    assert {(f.path, f.problem) for f in findings} == {("run/step_2.pt", "hash_mismatch"),
-                                                       ("run/step_3.pt", "unrecorded")}
+    assert {(f.path, f.problem) for f in findings} == {
+        ("run/step_2.pt", "hash_mismatch"),
+        ("run/step_3.pt", "unrecorded"),
+    }
     assert check_entry(mirror, dataclasses.replace(bad, path="run/step_9.pt")) == Finding(
-        "run/step_9.pt", "missing", "in the manifest but not on the mirror")
+        "run/step_9.pt", "missing", "in the manifest but not on the mirror"
+    )
     assert deep_check(mirror, "run/step_1.pt") is None  # the torch zip validates from the stream
     deep = deep_check(mirror, "run/step_3.pt")
     assert deep is not None and deep.problem == "unchecked"  # no validator knows these bytes

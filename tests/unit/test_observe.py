@@ -46,8 +46,9 @@ def test_the_daemons_pruner_deletes_only_after_min_age_of_its_own_observation(
 ) -> None:
     """The wall clock is a day ahead of every mtime (as after `faketime +1d`): mtimes look old, yet
     nothing goes until the monotonic clock says min_age_seconds passed since mirrord first saw it."""
-    config = make_config(prune={"keep_last": 1, "primary": True, "min_age_seconds": 300},
-                         copy={"free_space_reserve_bytes": 0})
+    config = make_config(
+        prune={"keep_last": 1, "primary": True, "min_age_seconds": 300}, copy={"free_space_reserve_bytes": 0}
+    )
     for step in (1, 2):
         save_checkpoint(config.primary / "r" / f"step_{step}.pt", step)
     unpruned = config.model_copy(update={"prune": config.prune.model_copy(update={"enabled": False})})
@@ -55,8 +56,15 @@ def test_the_daemons_pruner_deletes_only_after_min_age_of_its_own_observation(
     clock = Clock()
     mirror = LocalMirror(config.mirror)
     manifest = mirror.read_manifest()
-    pruner = Pruner(config, LocalVolume(config.primary), mirror, manifest, Metrics(),
-                    wall=lambda: 1_700_000_000 + 86_400.0, observations=Observations(clock))
+    pruner = Pruner(
+        config,
+        LocalVolume(config.primary),
+        mirror,
+        manifest,
+        Metrics(),
+        wall=lambda: 1_700_000_000 + 86_400.0,
+        observations=Observations(clock),
+    )
     first = pruner.run_cycle()
     assert first.deleted == [] and {s.reason for s in first.skipped} == {"recently_seen"}
     clock.now += 299
@@ -106,11 +114,20 @@ def test_a_file_first_seen_after_the_others_keeps_its_own_age_across_listings() 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["update", "seen_for"]), st.sampled_from(["primary", "mirror"]),
-                          st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 2), max_size=6),
-                          st.integers(0, 7)), max_size=25))
-def test_observations_agree_with_a_plain_record_of_every_file(steps: list[tuple[str, str, dict[str, int], int]]
-                                                              ) -> None:
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["update", "seen_for"]),
+            st.sampled_from(["primary", "mirror"]),
+            st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 2), max_size=6),
+            st.integers(0, 7),
+        ),
+        max_size=25,
+    )
+)
+def test_observations_agree_with_a_plain_record_of_every_file(
+    steps: list[tuple[str, str, dict[str, int], int]],
+) -> None:
     """Whatever the sequence of listings and single looks: the age of every file is what a plain record of
     (identity, first seen unchanged) per file gives, both from each listing's Ages (also read later, after
     other looks) and from seen_for."""

@@ -22,8 +22,13 @@ def src(rel: str, size: int = 100, mtime_ns: int = T0) -> FileState:
 
 def entry(state: FileState, size: int | None = None, mtime_ns: int | None = None) -> ManifestEntry:
     return ManifestEntry(
-        path=state.rel, size=state.size if size is None else size, algo="blake3", digest="d" * 64,
-        source_mtime_ns=state.mtime_ns if mtime_ns is None else mtime_ns, step=None, mirrored_at=0.0,
+        path=state.rel,
+        size=state.size if size is None else size,
+        algo="blake3",
+        digest="d" * 64,
+        source_mtime_ns=state.mtime_ns if mtime_ns is None else mtime_ns,
+        step=None,
+        mirrored_at=0.0,
     )
 
 
@@ -89,8 +94,11 @@ def test_plan_lists_only_what_needs_copying_with_reasons() -> None:
     manifest = {e.path: e for e in (entry(in_sync), entry(changed, size=1), entry(missing), entry(truncated))}
     plan = plan_copies(primary, mirror, manifest, STEP)
     assert {j.rel: j.why for j in plan.jobs} == {
-        new.rel: "new", changed.rel: "changed", missing.rel: "mirror_missing",
-        truncated.rel: "mirror_mismatch", unrecorded.rel: "unrecorded",
+        new.rel: "new",
+        changed.rel: "changed",
+        missing.rel: "mirror_missing",
+        truncated.rel: "mirror_mismatch",
+        unrecorded.rel: "unrecorded",
     }
     assert plan.in_sync == 1 and plan.unsettled == ()
 
@@ -114,7 +122,12 @@ def test_newest_step_first_across_runs_then_newest_mtime_then_stepless() -> None
     ]
     plan = plan_copies(snap(*files), snap(), {}, STEP)
     assert [j.rel for j in plan.jobs] == [
-        "b/step_100.pt", "a/step_30.pt", "b/step_30.pt", "a/step_5.pt", "a/final.pt", "b/best.pt",
+        "b/step_100.pt",
+        "a/step_30.pt",
+        "b/step_30.pt",
+        "a/step_5.pt",
+        "a/final.pt",
+        "b/best.pt",
     ]
     assert [j.step for j in plan.jobs] == [100, 30, 30, 5, None, None]
     assert {j.run for j in plan.jobs} == {"a", "b"}
@@ -278,8 +291,10 @@ def test_sort_newest_first_orders_as_the_queue_key_does() -> None:
 
     rng = random.Random(7)
     for _ in range(200):
-        jobs = [CopyJob(f"r/{i}.pt", 1, rng.choice([5, 6, 7, -1]), rng.choice([None, 0, 1, 2, -3, 10**30]), "new")
-                for i in range(rng.randrange(0, 30))]
+        jobs = [
+            CopyJob(f"r/{i}.pt", 1, rng.choice([5, 6, 7, -1]), rng.choice([None, 0, 1, 2, -3, 10**30]), "new")
+            for i in range(rng.randrange(0, 30))
+        ]
         got = list(jobs)
         sort_newest_first(got)
         assert got == sorted(jobs, key=newest_first)

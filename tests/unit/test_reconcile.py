@@ -20,9 +20,17 @@ ROOTS = {"primary": PurePath("/data/ckpt"), "mirror": PurePath("/mnt/mirror/ckpt
 
 def config(must_be_mount: bool = False, **prune: Any) -> Config:
     settings = {"keep_last": 2, "primary": True, "min_age_seconds": 0, **prune}
-    return load_config(None, environ={}, overrides={"primary": "/data/ckpt", "mirror": "/mnt/mirror/ckpt",
-                                                    "mirror_must_be_mountpoint": must_be_mount,
-                                                    "prune": settings}, check_roots=False)
+    return load_config(
+        None,
+        environ={},
+        overrides={
+            "primary": "/data/ckpt",
+            "mirror": "/mnt/mirror/ckpt",
+            "mirror_must_be_mountpoint": must_be_mount,
+            "prune": settings,
+        },
+        check_roots=False,
+    )
 
 
 def rel(step: int, run: str = "r") -> str:
@@ -86,8 +94,9 @@ def test_unsettled_files_are_neither_jobs_nor_lag() -> None:
     """A file still being written waits: listed as unsettled, queued once the predicate says settled."""
     primary, mirror, manifest = world(range(1, 4), range(1, 2))
     still_written = rel(3)
-    view = reconcile(primary, mirror, manifest, config(keep_last=3), NOW,
-                     is_settled=lambda state: state.rel != still_written)
+    view = reconcile(
+        primary, mirror, manifest, config(keep_last=3), NOW, is_settled=lambda state: state.rel != still_written
+    )
     assert view.unsettled == (still_written,)
     assert steps(view.jobs) == [2] and steps(view.behind) == [2]
 
@@ -95,12 +104,17 @@ def test_unsettled_files_are_neither_jobs_nor_lag() -> None:
 def test_in_flight_files_are_jobs_but_never_deleted() -> None:
     """The queue deduplicates jobs; the guards keep what is being copied from being pruned."""
     primary, mirror, manifest = world(range(1, 6), range(1, 6))
-    view = reconcile(primary, mirror, manifest, config(), NOW, in_flight=frozenset({rel(2)}),
-                     facts=Facts(roots=ROOTS))
+    view = reconcile(primary, mirror, manifest, config(), NOW, in_flight=frozenset({rel(2)}), facts=Facts(roots=ROOTS))
     assert {(s.volume, s.rel, s.reason) for s in view.prune.skipped} == {
-        ("primary", rel(2), "in_flight"), ("mirror", rel(2), "in_flight")}
+        ("primary", rel(2), "in_flight"),
+        ("mirror", rel(2), "in_flight"),
+    }
     assert sorted((d.step, d.volume) for d in view.prune.deletions) == [
-        (1, "mirror"), (1, "primary"), (3, "mirror"), (3, "primary")]
+        (1, "mirror"),
+        (1, "primary"),
+        (3, "mirror"),
+        (3, "primary"),
+    ]
 
 
 def test_an_empty_mirror_with_a_manifest_is_refused_and_lag_is_judged_against_the_manifest() -> None:
@@ -122,14 +136,22 @@ def test_a_mirror_that_must_be_a_mount_point_and_is_not_is_refused() -> None:
     assert view.jobs == () and [j.rel for j in view.behind] == [rel(3)]
     assert reconcile(primary, mirror, manifest, strict, NOW, facts=Facts(mirror_is_mount=True)).refused is None
     # Not asked for: whatever the mount state, nothing to refuse.
-    assert reconcile(primary, mirror, manifest, config(keep_last=3), NOW,
-                     facts=Facts(mirror_is_mount=False)).refused is None
+    assert (
+        reconcile(primary, mirror, manifest, config(keep_last=3), NOW, facts=Facts(mirror_is_mount=False)).refused
+        is None
+    )
 
 
 def test_a_mirror_that_cannot_be_listed_is_refused_with_the_callers_reason() -> None:
     primary, _, manifest = world(range(1, 4), range(1, 3))
-    view = reconcile(primary, None, manifest, config(keep_last=3), NOW,
-                     facts=Facts(mirror_problem="not the volume mirrord started on"))
+    view = reconcile(
+        primary,
+        None,
+        manifest,
+        config(keep_last=3),
+        NOW,
+        facts=Facts(mirror_problem="not the volume mirrord started on"),
+    )
     assert view.refused == "not the volume mirrord started on"
     assert view.jobs == () and view.prune.deletions == () and view.prune.refused
     assert [j.rel for j in view.behind] == [rel(3)]

@@ -69,6 +69,7 @@ def test_risky_changes_are_those_that_delete_more_or_sooner() -> None:
     worse = Config.model_validate({"mirror": "/m", "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 60}})
     found = " ".join(risky_changes(base, worse))
     assert "prune.enabled" in found and "keep_last lowered from 20 to 2" in found and "min_age" in found
-    safer = Config.model_validate({"mirror": "/m",
-                                   "prune": {"enabled": False, "keep_last": 30, "min_age_seconds": 900}})
+    safer = Config.model_validate(
+        {"mirror": "/m", "prune": {"enabled": False, "keep_last": 30, "min_age_seconds": 900}}
+    )
     assert risky_changes(base, safer) == []

@@ -59,7 +59,8 @@ class History:
         return plan_prune(
             Snapshot(dict(self.primary), errors=errors),
             Snapshot(dict(self.mirror), dict(self.partials)),
-            dict(self.manifest), PruneRequest(self.policy, STEP_RE, NOW, frozenset(self.in_flight), ROOTS),
+            dict(self.manifest),
+            PruneRequest(self.policy, STEP_RE, NOW, frozenset(self.in_flight), ROOTS),
         )
 
 
@@ -122,6 +123,7 @@ def histories(draw: st.DrawFn, guards_quiet: bool = False, steady: bool = False)
 
 # -- an oracle written from the issue's words, independent of the planner -----------------------------
 
+
 def by_run_step(files: dict[str, FileState]) -> dict[str, dict[int, list[FileState]]]:
     out: dict[str, dict[int, list[FileState]]] = defaultdict(lambda: defaultdict(list))
     for s in files.values():
@@ -136,8 +138,11 @@ def unconfirmed_steps(h: History) -> dict[str, set[int]]:
     out: dict[str, set[int]] = defaultdict(set)
     for run, steps in by_run_step(h.mirror).items():
         for step, files in steps.items():
-            if any((e := h.manifest.get(m.rel)) is not None
-                   and (e.size != m.size or abs(m.mtime_ns - e.source_mtime_ns) > 2 * NS) for m in files):
+            if any(
+                (e := h.manifest.get(m.rel)) is not None
+                and (e.size != m.size or abs(m.mtime_ns - e.source_mtime_ns) > 2 * NS)
+                for m in files
+            ):
                 out[run].add(step)
     return out
 
@@ -217,7 +222,7 @@ def paused_runs(h: History) -> set[str]:
 def top_verified(h: History) -> dict[str, list[int]]:
     """Per run, the keep_last newest verified steps, oldest first."""
     verified = verified_steps(h)
-    return {run: [s for s in steps if s in verified[run]][-h.policy.keep_last:] for run, steps in order(h).items()}
+    return {run: [s for s in steps if s in verified[run]][-h.policy.keep_last :] for run, steps in order(h).items()}
 
 
 def kept_steps(h: History) -> dict[str, set[int]]:
@@ -235,18 +240,28 @@ def deletable_steps(h: History) -> dict[str, set[int]]:
     verified, kept, unconfirmed, paused = verified_steps(h), kept_steps(h), unconfirmed_steps(h), paused_runs(h)
     out = {}
     for run, steps in order(h).items():
-        window = steps[-h.policy.keep_last:]
+        window = steps[-h.policy.keep_last :]
         retired = steps[: max(0, len(steps) - h.policy.keep_last)]
-        out[run] = {s for s in retired if (s not in kept[run] or primary_tip(h, run, s)) and s not in unconfirmed[run]
-                    and run not in paused and all(w in verified[run] for w in window)}
+        out[run] = {
+            s
+            for s in retired
+            if (s not in kept[run] or primary_tip(h, run, s))
+            and s not in unconfirmed[run]
+            and run not in paused
+            and all(w in verified[run] for w in window)
+        }
     return out
 
 
 def primary_tip(h: History, run: str, step: int) -> bool:
     """A verified abandoned branch tip that only keep_branch_tips keeps: kept on the mirror, not the primary."""
     every = h.policy.keep_every
-    return (step in branch_tips(h)[run] and step in verified_steps(h)[run] and step not in top_verified(h)[run]
-            and not (every and step % every == 0))
+    return (
+        step in branch_tips(h)[run]
+        and step in verified_steps(h)[run]
+        and step not in top_verified(h)[run]
+        and not (every and step % every == 0)
+    )
 
 
 def newest_files(h: History) -> set[str]:
@@ -254,8 +269,12 @@ def newest_files(h: History) -> set[str]:
     for run, steps in top_verified(h).items():
         if steps:
             top = steps[-1]
-            out |= {s.rel for f in (h.primary, h.mirror) for s in f.values()
-                    if s.run == run and step_of(s.rel, STEP_RE) == top}
+            out |= {
+                s.rel
+                for f in (h.primary, h.mirror)
+                for s in f.values()
+                if s.run == run and step_of(s.rel, STEP_RE) == top
+            }
     return out
 
 
@@ -293,7 +312,7 @@ def test_never_plans_deleting_a_kept_or_unverified_newer_step(h: History) -> Non
         assert d.step not in kept[run] or (d.volume == "primary" and primary_tip(h, run, d.step)), d
         assert verified[run], "a run with no verified step has no candidates"
         assert d.step in deletable[run], d
-        assert all(s in verified[run] for s in order(h)[run][-h.policy.keep_last:]), d
+        assert all(s in verified[run] for s in order(h)[run][-h.policy.keep_last :]), d
 
 
 @PROPERTY
@@ -305,7 +324,7 @@ def test_a_primary_file_goes_only_below_a_verified_window_and_the_newest_verifie
     for d in h.plan().deletions:
         if d.volume == "primary":
             run = d.state.run
-            assert d.step is not None and all(w in verified[run] for w in steps[run][-h.policy.keep_last:]), d
+            assert d.step is not None and all(w in verified[run] for w in steps[run][-h.policy.keep_last :]), d
             assert steps[run].index(d.step) < steps[run].index(top_verified(h)[run][-1]), d
 
 
@@ -373,8 +392,12 @@ def test_both_sides_lose_the_same_steps(h: History) -> None:
     tips = {(run, s) for run, steps in branch_tips(h).items() for s in steps}  # kept on the mirror alone
     common = {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel in h.mirror} & verified - tips
     assert gone["primary"] & common == gone["mirror"] & common
-    assert gone["primary"] <= gone["mirror"] | {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values()
-                                                if s.rel not in h.mirror} | verified
+    assert (
+        gone["primary"]
+        <= gone["mirror"]
+        | {(s.run, step_of(s.rel, STEP_RE)) for s in h.primary.values() if s.rel not in h.mirror}
+        | verified
+    )
 
 
 @PROPERTY
@@ -400,7 +423,8 @@ def test_a_partial_listing_deletes_nothing(h: History, side: str) -> None:
     plan = plan_prune(
         Snapshot(dict(h.primary), errors=primary_errors),
         Snapshot(dict(h.mirror), dict(h.partials), errors=() if primary_errors else ("/m: cannot list",)),
-        dict(h.manifest), PruneRequest(h.policy, STEP_RE, NOW, frozenset(h.in_flight), ROOTS),
+        dict(h.manifest),
+        PruneRequest(h.policy, STEP_RE, NOW, frozenset(h.in_flight), ROOTS),
     )
     assert plan.deletions == ()
     assert [r for r, _ in plan.refused] == ["partial_view"]
@@ -416,6 +440,7 @@ def test_planning_is_pure(h: History) -> None:
 
 
 # -- examples -----------------------------------------------------------------------------------------
+
 
 def synced(steps: range, run: str = "run", mtime_ns: int = MTIMES["old"]) -> History:
     h = History(PruneConfig(keep_last=3, primary=True))
@@ -450,8 +475,12 @@ def test_keep_last_three_of_ten_deletes_steps_one_to_seven_on_both_sides() -> No
 def test_deletions_are_ordered_oldest_first_primary_before_mirror() -> None:
     """A primary file may only go while its verified mirror copy is still there."""
     plan = synced(range(1, 6)).plan()
-    assert [(d.step, d.volume) for d in plan.deletions] == [(1, "primary"), (1, "mirror"), (2, "primary"),
-                                                             (2, "mirror")]
+    assert [(d.step, d.volume) for d in plan.deletions] == [
+        (1, "primary"),
+        (1, "mirror"),
+        (2, "primary"),
+        (2, "mirror"),
+    ]
 
 
 def test_steps_newer_than_the_kept_set_and_unverified_gaps_are_kept() -> None:
@@ -493,8 +522,12 @@ def test_a_file_that_failed_its_validator_does_not_retire_the_step_before_it() -
     for step, size in ((1, 100), (2, 50)):
         rel = f"run/step_{step:04d}.pt"
         h.primary[rel] = FileState(rel, size, MTIMES["old"] + step, ino=step)
-    plan = plan_prune(Snapshot(dict(h.primary)), Snapshot(), {},
-                      PruneRequest(h.policy, STEP_RE, NOW, roots=ROOTS, invalid=frozenset({"run/step_0002.pt"})))
+    plan = plan_prune(
+        Snapshot(dict(h.primary)),
+        Snapshot(),
+        {},
+        PruneRequest(h.policy, STEP_RE, NOW, roots=ROOTS, invalid=frozenset({"run/step_0002.pt"})),
+    )
     assert not plan.retired("run", 1) and not plan.retired("run", 2)
     assert plan.deletions == ()
     assert h.plan().retired("run", 1)  # not known to be torn: the newest step present wins the window
@@ -509,7 +542,12 @@ def test_a_primary_step_outside_a_verified_window_goes_whether_or_not_it_was_mir
     plan = h.plan()
     assert not plan.skipped
     assert {(d.volume, d.step) for d in plan.deletions} == {
-        ("primary", 0), ("mirror", 1), ("primary", 1), ("primary", 2), ("mirror", 2)}
+        ("primary", 0),
+        ("mirror", 1),
+        ("primary", 1),
+        ("primary", 2),
+        ("mirror", 2),
+    }
 
 
 def test_a_rollback_is_a_newer_branch_than_the_abandoned_steps() -> None:
@@ -571,7 +609,9 @@ def test_guards_move_candidates_to_skipped_with_their_reason() -> None:
     plan = h.plan()
     # Step 2's mirror copy no longer has its recorded mtime: unconfirmed, neither counted nor deleted.
     assert {(s.volume, s.step, s.reason) for s in plan.skipped} == {
-        ("primary", 1, "zero_mtime"), ("primary", 3, "in_flight"), ("mirror", 3, "in_flight"),
+        ("primary", 1, "zero_mtime"),
+        ("primary", 3, "in_flight"),
+        ("mirror", 3, "in_flight"),
     }
     assert {k.why for k in plan.kept if k.step == 2} == {"unconfirmed"}
 
@@ -585,7 +625,8 @@ def test_orphan_temp_files_are_candidates_under_the_same_guards() -> None:
     plan = h.plan()
     assert [(d.rel, d.kind) for d in plan.deletions] == [("run/step_0009.pt.part", "orphan_part")]
     assert {(s.rel, s.reason) for s in plan.skipped} == {
-        ("run/step_0010.pt.part", "recent_mtime"), ("run/step_0011.pt.part", "in_flight"),
+        ("run/step_0010.pt.part", "recent_mtime"),
+        ("run/step_0011.pt.part", "in_flight"),
     }
 
 
@@ -624,12 +665,16 @@ def test_policies_keep_if_any_keeps() -> None:
     assert KeepLast(2).preserve(steps, verified) == {7, 8}
     assert KeepEvery(5).preserve(steps, verified) == {0, 5, 10}
     assert preserved([KeepLast(2), KeepEvery(4)], steps, verified) == {
-        7: "keep_last", 8: "keep_last", 0: "keep_every", 4: "keep_every",
+        7: "keep_last",
+        8: "keep_last",
+        0: "keep_every",
+        4: "keep_every",
     }
     assert KeepLast(3).preserve(steps, set()) == frozenset()
 
 
 # -- the primary's own rollbacks: the plan says what run_rollbacks says ---------------------------------
+
 
 @st.composite
 def written_runs(draw: st.DrawFn) -> tuple[Snapshot, Snapshot]:
@@ -655,7 +700,8 @@ def written_runs(draw: st.DrawFn) -> tuple[Snapshot, Snapshot]:
 @PROPERTY
 @given(written_runs())
 def test_the_primary_rollbacks_of_a_plan_are_run_rollbacks_of_the_primary_listing(
-        sides: tuple[Snapshot, Snapshot]) -> None:
+    sides: tuple[Snapshot, Snapshot],
+) -> None:
     """The daemon warns about rollbacks from the plan instead of grouping the tree again: the same runs and
     rollbacks as run_rollbacks reads from the primary alone (mirror-only steps and lying clocks included)."""
     primary, mirror = sides
@@ -669,14 +715,18 @@ def test_a_rollback_on_the_primary_alone_is_in_the_plan() -> None:
     """Steps 1-4 written, then 2 again; the mirror still holds the abandoned 3 and 4 only (a step the primary
     lost is no part of the primary's order), and a file of step 4 stamped an hour ahead counts as unknown."""
     old = MTIMES["old"]
-    primary = {rel_of("run", f"step_{s:04d}.pt"): FileState(rel_of("run", f"step_{s:04d}.pt"), 1, old + t * NS)
-               for s, t in ((1, 1), (2, 5), (3, 3))}
+    primary = {
+        rel_of("run", f"step_{s:04d}.pt"): FileState(rel_of("run", f"step_{s:04d}.pt"), 1, old + t * NS)
+        for s, t in ((1, 1), (2, 5), (3, 3))
+    }
     primary["run/optim_step_0003.pt"] = FileState("run/optim_step_0003.pt", 1, MTIMES["future"])
-    mirror = {rel_of("run", f"step_{s:04d}.pt"): FileState(rel_of("run", f"step_{s:04d}.pt"), 1, old + s * NS)
-              for s in (3, 4)}
+    mirror = {
+        rel_of("run", f"step_{s:04d}.pt"): FileState(rel_of("run", f"step_{s:04d}.pt"), 1, old + s * NS) for s in (3, 4)
+    }
     recorded = {rel: ManifestEntry(rel, 1, "blake3", "00", f.mtime_ns, None, NOW) for rel, f in mirror.items()}
-    plan = plan_prune(Snapshot(primary), Snapshot(mirror), recorded,
-                      PruneRequest(PruneConfig(keep_last=2), STEP_RE, NOW))
+    plan = plan_prune(
+        Snapshot(primary), Snapshot(mirror), recorded, PruneRequest(PruneConfig(keep_last=2), STEP_RE, NOW)
+    )
     assert plan.primary_rollbacks == {"run": ((3, 2),)}
     assert plan.rollbacks == {"run": ((4, 2),)}  # retention's order: the manifest's word for step 4
 
@@ -685,18 +735,26 @@ def test_a_folder_layout_leaves_the_primary_rollbacks_to_run_rollbacks() -> None
     """Folder units group by unit, run_rollbacks by file: the plan does not pretend they agree."""
     layout = layout_for("hf")
     primary = Snapshot({"r/checkpoint-1/model.bin": FileState("r/checkpoint-1/model.bin", 1, MTIMES["old"])})
-    plan = plan_prune(primary, Snapshot(), {},
-                      PruneRequest(PruneConfig(), re.compile(layout.step_pattern), NOW, layout=layout))
+    plan = plan_prune(
+        primary, Snapshot(), {}, PruneRequest(PruneConfig(), re.compile(layout.step_pattern), NOW, layout=layout)
+    )
     assert plan.primary_rollbacks is None
 
 
 # -- a plan at another instant -----------------------------------------------------------------------------
 
+
 def plan_at(h: History, now: float, invalid: frozenset[str] = frozenset()) -> PrunePlan:
-    request = PruneRequest(h.policy, STEP_RE, now, frozenset(h.in_flight), ROOTS, invalid=invalid,
-                           observed={("mirror", rel): 1e6 for rel in h.mirror})
-    return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror), dict(h.partials)), dict(h.manifest),
-                      request)
+    request = PruneRequest(
+        h.policy,
+        STEP_RE,
+        now,
+        frozenset(h.in_flight),
+        ROOTS,
+        invalid=invalid,
+        observed={("mirror", rel): 1e6 for rel in h.mirror},
+    )
+    return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror), dict(h.partials)), dict(h.manifest), request)
 
 
 def test_a_future_file_that_comes_of_age_is_planned_again() -> None:
@@ -730,9 +788,14 @@ def test_a_plans_retirement_retires_what_the_plan_retires_and_holds_no_file(h: H
 
 # -- evidence, not proxies (issue 32 item 3, issue 33 cases 7 and 8) ----------------------------------------
 
+
 def plan_with(h: History, **request: object) -> PrunePlan:
-    return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror)), dict(h.manifest),
-                      PruneRequest(h.policy, STEP_RE, NOW, roots=ROOTS, **request))  # type: ignore[arg-type]
+    return plan_prune(
+        Snapshot(dict(h.primary)),
+        Snapshot(dict(h.mirror)),
+        dict(h.manifest),
+        PruneRequest(h.policy, STEP_RE, NOW, roots=ROOTS, **request),
+    )  # type: ignore[arg-type]
 
 
 def test_a_run_whose_primary_lost_its_newest_verified_step_is_paused_until_a_newer_one_verifies() -> None:
@@ -744,8 +807,9 @@ def test_a_run_whose_primary_lost_its_newest_verified_step_is_paused_until_a_new
     assert plan.paused == {"run": 5} and plan.deletions == ()
     assert {k.why for k in plan.kept if k.step in (1, 2)} == {"paused"}
     assert plan_with(h, forget=frozenset({("run", 5)})).paused == {}
-    h.primary["run/step_0006.pt"] = h.mirror["run/step_0006.pt"] = FileState("run/step_0006.pt", 100,
-                                                                              MTIMES["old"] + 6, ino=6)
+    h.primary["run/step_0006.pt"] = h.mirror["run/step_0006.pt"] = FileState(
+        "run/step_0006.pt", 100, MTIMES["old"] + 6, ino=6
+    )
     h.manifest["run/step_0006.pt"] = ManifestEntry("run/step_0006.pt", 100, "blake3", "00", MTIMES["old"] + 6, 6, NOW)
     assert plan_with(h).paused == {} and {d.step for d in plan_with(h).deletions} == {1, 2, 3}
 
@@ -783,7 +847,11 @@ def test_steps_mirrored_while_newer_ones_are_queued_are_not_pruned_in_that_pass(
     plan = h.plan()
     assert plan.deletions == ()
     assert {(k.step, k.why) for k in plan.kept if k.volume == "mirror"} == {
-        (1, "newer_unverified"), (2, "keep_last"), (3, "keep_last"), (7, "keep_last")}
+        (1, "newer_unverified"),
+        (2, "keep_last"),
+        (3, "keep_last"),
+        (7, "keep_last"),
+    }
 
 
 def test_a_step_without_evidence_of_wholeness_never_retires_a_whole_one() -> None:
@@ -792,8 +860,16 @@ def test_a_step_without_evidence_of_wholeness_never_retires_a_whole_one() -> Non
     h = synced(range(1, 3))
     h.policy = PruneConfig(keep_last=1, primary=True)
     for rel, e in list(h.manifest.items()):
-        h.manifest[rel] = ManifestEntry(rel, e.size, e.algo, e.digest, e.source_mtime_ns, e.step, e.mirrored_at,
-                                        validation="unchecked" if e.step == 2 else "ok")
+        h.manifest[rel] = ManifestEntry(
+            rel,
+            e.size,
+            e.algo,
+            e.digest,
+            e.source_mtime_ns,
+            e.step,
+            e.mirrored_at,
+            validation="unchecked" if e.step == 2 else "ok",
+        )
     plan = plan_with(h)
     assert plan.deletions == () and {k.why for k in plan.kept if k.step == 1} == {"newer_unverified"}
     rel = "run/step_0003.pt"
@@ -820,8 +896,12 @@ def test_the_folder_a_deepspeed_latest_tag_names_on_the_mirror_is_kept(tmp_path:
     assert pointed == {"run/global_step8"}
 
     def plan(named: frozenset[str]) -> PrunePlan:
-        return plan_prune(Snapshot(dict(h.primary)), Snapshot(dict(h.mirror)), dict(h.manifest),
-                          PruneRequest(h.policy, re.compile(layout.step_pattern), NOW, layout=layout, pointed=named))
+        return plan_prune(
+            Snapshot(dict(h.primary)),
+            Snapshot(dict(h.mirror)),
+            dict(h.manifest),
+            PruneRequest(h.policy, re.compile(layout.step_pattern), NOW, layout=layout, pointed=named),
+        )
 
     assert plan(pointed).deletions == () and {k.why for k in plan(pointed).kept if k.step == 8} == {"pointer"}
     (tmp_path / "run" / "latest").write_text("global_step9")

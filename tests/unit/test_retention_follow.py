@@ -39,12 +39,23 @@ class Sides:
             self.mirror[rel] = FileState(rel, 100, mtime, ino=1000 + order)
             self.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", mtime, None, NOW, validation="ok")
 
-    def plan(self, follow: bool = True, keep_last: int = 3, layout: str = "lightning",
-             pointed: frozenset[str] = frozenset()) -> PrunePlan:
+    def plan(
+        self, follow: bool = True, keep_last: int = 3, layout: str = "lightning", pointed: frozenset[str] = frozenset()
+    ) -> PrunePlan:
         rules = layout_for(layout)
-        return plan_prune(Snapshot(dict(self.primary)), Snapshot(dict(self.mirror)), dict(self.manifest),
-                          PruneRequest(PruneConfig(keep_last=keep_last, min_age_seconds=300), rules.step_regex, NOW,
-                                       layout=rules, follow=follow, pointed=pointed))
+        return plan_prune(
+            Snapshot(dict(self.primary)),
+            Snapshot(dict(self.mirror)),
+            dict(self.manifest),
+            PruneRequest(
+                PruneConfig(keep_last=keep_last, min_age_seconds=300),
+                rules.step_regex,
+                NOW,
+                layout=rules,
+                follow=follow,
+                pointed=pointed,
+            ),
+        )
 
 
 def ckpt(step: int) -> str:
@@ -162,7 +173,14 @@ def test_check_config_prints_the_mode(tmp_path: Path) -> None:
     from tests.support.cli import run_mirrord
 
     (tmp_path / "p").mkdir()
-    out = run_mirrord("check-config", "--primary", tmp_path / "p", "--mirror", tmp_path / "m",
-                      env={"MIRRORD_LAYOUT": "lightning", "MIRRORD_METRICS__ENABLED": "false"})
-    assert re.search(r"prune.mode in force is 'follow' \(prune.mode = 'auto': layout 'lightning'", out.stdout), \
+    out = run_mirrord(
+        "check-config",
+        "--primary",
+        tmp_path / "p",
+        "--mirror",
+        tmp_path / "m",
+        env={"MIRRORD_LAYOUT": "lightning", "MIRRORD_METRICS__ENABLED": "false"},
+    )
+    assert re.search(r"prune.mode in force is 'follow' \(prune.mode = 'auto': layout 'lightning'", out.stdout), (
         out.stdout + out.stderr
+    )

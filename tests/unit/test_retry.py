@@ -26,9 +26,10 @@ def test_retries_until_max_attempts(attempt: int, again: bool) -> None:
 
 def test_from_config_takes_copy_settings_and_the_rescan_only_for_a_daemon(make_config) -> None:
     """A one-shot command has no next rescan to promise; the daemon does."""
-    config: Config = make_config(copy={"max_attempts": 4, "retry_backoff_seconds": 0.5,
-                                       "retry_backoff_max_seconds": 9.0},
-                                 watch={"rescan_interval_seconds": 42})
+    config: Config = make_config(
+        copy={"max_attempts": 4, "retry_backoff_seconds": 0.5, "retry_backoff_max_seconds": 9.0},
+        watch={"rescan_interval_seconds": 42},
+    )
     assert RetryPolicy.from_config(config) == RetryPolicy(4, 0.5, 9.0, None)
     assert RetryPolicy.from_config(config, rescans=True).rescan_seconds == 42
 

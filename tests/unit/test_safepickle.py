@@ -65,8 +65,11 @@ def test_nothing_the_pickle_names_is_called(tmp_path: Path) -> None:
 
 plain = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
-    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 

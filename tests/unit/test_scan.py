@@ -88,7 +88,9 @@ def test_symlinks_are_skipped_never_followed(tmp_path: Path) -> None:
     snap = snapshot_tree(root, PATTERNS)
     assert snap.files == {}
     assert sorted(snap.skipped) == [
-        ("dangling.pt", "symlink"), ("linked_run", "symlink"), ("step_1.pt", "symlink"),
+        ("dangling.pt", "symlink"),
+        ("linked_run", "symlink"),
+        ("step_1.pt", "symlink"),
     ]
     assert snap.complete
 
@@ -144,8 +146,20 @@ def test_unreadable_directory_is_collected_as_an_error(world_tmp: Path) -> None:
     assert str(world_tmp / "locked") in error and "Permission denied" in error
 
 
-@pytest.mark.parametrize("name", ["step_1.pt", "a[1].pt", "model.safetensors", "x.PT", "ckpt-7", "a\nb.pt",
-                                  "step_1.pt.bak", "weird*name?.ckpt", "résumé.pt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "step_1.pt",
+        "a[1].pt",
+        "model.safetensors",
+        "x.PT",
+        "ckpt-7",
+        "a\nb.pt",
+        "step_1.pt.bak",
+        "weird*name?.ckpt",
+        "résumé.pt",
+    ],
+)
 def test_patterns_match_as_fnmatchcase_would(name: str) -> None:
     """The patterns are matched as one compiled regex; the verdict is fnmatchcase's, pattern by pattern."""
     import fnmatch
@@ -153,7 +167,6 @@ def test_patterns_match_as_fnmatchcase_would(name: str) -> None:
     patterns = ("*.pt", "ckpt-[0-9]", "*[?]*.ckpt", "model.safe*")
     assert is_candidate_name(name, patterns) is any(fnmatch.fnmatchcase(name, p) for p in patterns)
     assert not is_candidate_name(name, ())
-
 
 
 def test_a_rescan_sees_every_change_since_the_last_listing(tmp_path: Path) -> None:
@@ -282,16 +295,52 @@ def test_the_longest_nameable_folder_is_listed_and_one_byte_more_is_an_error(tmp
         assert error.endswith(f": cannot list: {os.strerror(36)}")
 
 
-NAMES = ("step_1.pt", "a.pt", "pt", ".pt", "t", ".a.pt", "a.pt.part", "a.part", ".a.part", "part", ".part",
-         "a.pt.tmp", "a.tmp", "a.PT", "a.pth", "a.ckpt", "a.safetensors", "a.pa", "latest", "last.ckpt",
-         "step_2.bin", "x", "résumé.pt", "a\nb.pt")
+NAMES = (
+    "step_1.pt",
+    "a.pt",
+    "pt",
+    ".pt",
+    "t",
+    ".a.pt",
+    "a.pt.part",
+    "a.part",
+    ".a.part",
+    "part",
+    ".part",
+    "a.pt.tmp",
+    "a.tmp",
+    "a.PT",
+    "a.pth",
+    "a.ckpt",
+    "a.safetensors",
+    "a.pa",
+    "latest",
+    "last.ckpt",
+    "step_2.bin",
+    "x",
+    "résumé.pt",
+    "a\nb.pt",
+)
 
 
-@pytest.mark.parametrize("patterns", [("*.pt",), ("*.pt", "*.pa"), ("*.pt", "*.ckpt"), ("*t",), ("*",),
-                                      ("*.tmp",), ("*art",), ("step_*",), ("*.pt", "step_?.bin")])
+@pytest.mark.parametrize(
+    "patterns",
+    [
+        ("*.pt",),
+        ("*.pt", "*.pa"),
+        ("*.pt", "*.ckpt"),
+        ("*t",),
+        ("*",),
+        ("*.tmp",),
+        ("*art",),
+        ("step_*",),
+        ("*.pt", "step_?.bin"),
+    ],
+)
 @pytest.mark.parametrize("layout", ["none", "torch", "lightning", "deepspeed"])
-def test_a_listing_selects_each_name_as_the_one_name_rules_do(tmp_path: Path, patterns: tuple[str, ...],
-                                                              layout: str) -> None:
+def test_a_listing_selects_each_name_as_the_one_name_rules_do(
+    tmp_path: Path, patterns: tuple[str, ...], layout: str
+) -> None:
     """The scan's inlined name tests (a slice and a set lookup where the patterns allow) select exactly what
     is_selected_name selects, with or without a file layout, and collect exactly the NAME.part files."""
     from mirrord.core.layouts import layout_for
@@ -304,5 +353,6 @@ def test_a_listing_selects_each_name_as_the_one_name_rules_do(tmp_path: Path, pa
         snap = snapshot_tree(tmp_path, patterns, collect_partials=collect, layout=rules)
         partial = {n for n in NAMES if collect and n.endswith(".part") and not n.startswith(".")}
         assert set(snap.partials) == partial
-        assert set(snap.files) == {n for n in NAMES if n not in partial
-                                   and is_selected_name(n, patterns, rules, in_unit=False)}
+        assert set(snap.files) == {
+            n for n in NAMES if n not in partial and is_selected_name(n, patterns, rules, in_unit=False)
+        }

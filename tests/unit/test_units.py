@@ -39,8 +39,9 @@ def files(*spec: str | tuple[str, int]) -> list[FileState]:
 def test_torch_layout_is_todays_rule() -> None:
     """One file per unit; run = folder; step from step_(\\d+); dot and temp names are never units."""
     layout = layout_for("torch")
-    units = group_units(files("a/step_10.pt", "a/step_20.pt", "b/final.pt", "a/.step_30.pt",
-                              "a/step_40.pt.part", "a/notes.txt"), layout)
+    units = group_units(
+        files("a/step_10.pt", "a/step_20.pt", "b/final.pt", "a/.step_30.pt", "a/step_40.pt.part", "a/notes.txt"), layout
+    )
     assert sorted(units) == ["a/step_10.pt", "a/step_20.pt", "b/final.pt"]
     assert (units["a/step_20.pt"].run, units["a/step_20.pt"].step, units["a/step_20.pt"].kind) == ("a", 20, "file")
     assert units["b/final.pt"].step is None
@@ -50,16 +51,28 @@ def test_torch_layout_is_todays_rule() -> None:
 def test_hf_folders_are_units_with_every_file() -> None:
     """checkpoint-N/ is one unit with all its files (subfolders too); the run is the folder above it."""
     layout = layout_for("hf")
-    units = group_units(files(
-        "exp/checkpoint-50/model.safetensors", "exp/checkpoint-50/optimizer.pt",
-        "exp/checkpoint-50/trainer_state.json", "exp/checkpoint-50/fsdp/__0_0.distcp",
-        "exp/checkpoint-100/model.safetensors", "exp/checkpoint-100.part/model.safetensors",
-        "exp/tmp-checkpoint-150/model.safetensors", "exp/config.json"), layout)
+    units = group_units(
+        files(
+            "exp/checkpoint-50/model.safetensors",
+            "exp/checkpoint-50/optimizer.pt",
+            "exp/checkpoint-50/trainer_state.json",
+            "exp/checkpoint-50/fsdp/__0_0.distcp",
+            "exp/checkpoint-100/model.safetensors",
+            "exp/checkpoint-100.part/model.safetensors",
+            "exp/tmp-checkpoint-150/model.safetensors",
+            "exp/config.json",
+        ),
+        layout,
+    )
     assert sorted(units) == ["exp/checkpoint-100", "exp/checkpoint-50"]
     unit = units["exp/checkpoint-50"]
     assert (unit.run, unit.step, unit.kind, unit.role) == ("exp", 50, "folder", "checkpoint")
-    assert unit.paths == ("exp/checkpoint-50/fsdp/__0_0.distcp", "exp/checkpoint-50/model.safetensors",
-                          "exp/checkpoint-50/optimizer.pt", "exp/checkpoint-50/trainer_state.json")
+    assert unit.paths == (
+        "exp/checkpoint-50/fsdp/__0_0.distcp",
+        "exp/checkpoint-50/model.safetensors",
+        "exp/checkpoint-50/optimizer.pt",
+        "exp/checkpoint-50/trainer_state.json",
+    )
     assert unit.member("exp/checkpoint-50/fsdp/__0_0.distcp") == "fsdp/__0_0.distcp"
     assert unit.size == 40
 
@@ -67,8 +80,9 @@ def test_hf_folders_are_units_with_every_file() -> None:
 def test_dcp_folders_keep_their_dot_metadata() -> None:
     """`.metadata` belongs to the unit (dcp.load needs it); step_N and step-N both name a step."""
     layout = layout_for("dcp")
-    units = group_units(files("step_8/__0_0.distcp", "step_8/.metadata", "run/step-12/.metadata",
-                              "step_8/.metadata.tmp"), layout)
+    units = group_units(
+        files("step_8/__0_0.distcp", "step_8/.metadata", "run/step-12/.metadata", "step_8/.metadata.tmp"), layout
+    )
     assert units["step_8"].paths == ("step_8/.metadata", "step_8/__0_0.distcp")
     assert (units["step_8"].run, units["step_8"].step) == ("", 8)
     assert (units["run/step-12"].run, units["run/step-12"].step) == ("run", 12)
@@ -76,8 +90,13 @@ def test_dcp_folders_keep_their_dot_metadata() -> None:
 
 def test_lightning_last_ckpt_is_an_alias_without_a_step() -> None:
     layout = layout_for("lightning")
-    units = group_units(files("lightning_logs/version_0/checkpoints/epoch=4-step=20.ckpt",
-                              "lightning_logs/version_0/checkpoints/last.ckpt"), layout)
+    units = group_units(
+        files(
+            "lightning_logs/version_0/checkpoints/epoch=4-step=20.ckpt",
+            "lightning_logs/version_0/checkpoints/last.ckpt",
+        ),
+        layout,
+    )
     step = units["lightning_logs/version_0/checkpoints/epoch=4-step=20.ckpt"]
     last = units["lightning_logs/version_0/checkpoints/last.ckpt"]
     assert (step.step, step.role) == (20, "checkpoint")
@@ -87,8 +106,14 @@ def test_lightning_last_ckpt_is_an_alias_without_a_step() -> None:
 
 def test_deepspeed_tag_file_rides_beside_its_folders() -> None:
     layout = layout_for("deepspeed")
-    units = group_units(files("out/global_step100/mp_rank_00_model_states.pt", "out/latest",
-                              "out/global_step100/zero_pp_rank_0_mp_rank_00_optim_states.pt"), layout)
+    units = group_units(
+        files(
+            "out/global_step100/mp_rank_00_model_states.pt",
+            "out/latest",
+            "out/global_step100/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        ),
+        layout,
+    )
     assert units["out/global_step100"].step == 100
     assert (units["out/latest"].role, units["out/latest"].step) == ("tag", None)
 
@@ -143,8 +168,10 @@ def test_marker_rule() -> None:
     assert (verdict.complete, verdict.why) == (False, "no COMPLETE marker yet")
     unit = group_units(files("ckpt_1/a.bin", "ckpt_1/COMPLETE"), layout)["ckpt_1"]
     assert completeness(unit, layout).complete is True
-    assert completeness(unit, layout, quiet=lambda u, guess: False).why == \
-        "still being written: a file or the file list changed within the settle time"
+    assert (
+        completeness(unit, layout, quiet=lambda u, guess: False).why
+        == "still being written: a file or the file list changed within the settle time"
+    )
 
 
 def test_hf_rule_needs_a_parsing_trainer_state() -> None:
@@ -189,6 +216,7 @@ def test_dcp_metadata_reader_runs_nothing_a_file_names(tmp_path: Path) -> None:
     class Evil:
         def __reduce__(self) -> tuple[object, ...]:
             import os
+
             return (os.system, (f"touch {marker}",))
 
     with pytest.raises(MetadataError):
@@ -243,8 +271,15 @@ def test_deepspeed_rule_follows_the_tag_file() -> None:
 
 def test_scan_lists_units_per_layout(tmp_path: Path) -> None:
     """Folder layouts: every member (dot names too), staging folders set aside, nothing else."""
-    for rel in ("run/step_8/__0_0.distcp", "run/step_8/.metadata", "run/step_9.part/__0_0.distcp",
-                "run/notes.txt", "run/step_8/.hidden/x", "run/step_8/x.tmp", "step_3.pt"):
+    for rel in (
+        "run/step_8/__0_0.distcp",
+        "run/step_8/.metadata",
+        "run/step_9.part/__0_0.distcp",
+        "run/notes.txt",
+        "run/step_8/.hidden/x",
+        "run/step_8/x.tmp",
+        "step_3.pt",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"x")
     snap = snapshot_tree(tmp_path, (), collect_partials=True, layout=layout_for("dcp"))
@@ -263,12 +298,17 @@ def test_config_layout_key_and_its_conflicts() -> None:
     assert load_config(environ=base, check_roots=False).rules == layout_for("torch")
     hf = load_config(environ=base | {"MIRRORD_LAYOUT": "hf"}, check_roots=False)
     assert hf.rules.kind == "folder" and hf.step_regex.pattern == r"^checkpoint-(\d+)$"
-    custom = load_config(environ=base | {"MIRRORD_LAYOUT": "custom", "MIRRORD_UNIT__KIND": "folder",
-                                         "MIRRORD_UNIT__COMPLETE_MARKER": "DONE"}, check_roots=False)
+    custom = load_config(
+        environ=base
+        | {"MIRRORD_LAYOUT": "custom", "MIRRORD_UNIT__KIND": "folder", "MIRRORD_UNIT__COMPLETE_MARKER": "DONE"},
+        check_roots=False,
+    )
     assert (custom.rules.kind, custom.rules.rule, custom.rules.complete_marker) == ("folder", "marker", "DONE")
     with pytest.raises(ConfigError) as err:
-        load_config(environ=base | {"MIRRORD_LAYOUT": "dcp", "MIRRORD_PATTERNS": "*.distcp",
-                                    "MIRRORD_UNIT__KIND": "folder"}, check_roots=False)
+        load_config(
+            environ=base | {"MIRRORD_LAYOUT": "dcp", "MIRRORD_PATTERNS": "*.distcp", "MIRRORD_UNIT__KIND": "folder"},
+            check_roots=False,
+        )
     assert err.value.problems == [
         "patterns: layout = 'dcp' names its own checkpoints; use layout = \"custom\" to choose patterns "
         "(from MIRRORD_PATTERNS)",
@@ -280,8 +320,14 @@ def test_check_config_prints_the_rules_and_warns_about_dead_patterns(tmp_path: P
     from tests.support.cli import run_mirrord
 
     (tmp_path / "p").mkdir()
-    result = run_mirrord("check-config", "--primary", tmp_path / "p", "--mirror", tmp_path / "m",
-                         env={"MIRRORD_LAYOUT": "custom", "MIRRORD_PATTERNS": ".metadata,*.pt"})
+    result = run_mirrord(
+        "check-config",
+        "--primary",
+        tmp_path / "p",
+        "--mirror",
+        tmp_path / "m",
+        env={"MIRRORD_LAYOUT": "custom", "MIRRORD_PATTERNS": ".metadata,*.pt"},
+    )
     assert result.returncode == 0, result.stderr
     assert "#   layout = 'custom': a checkpoint is one of the files named ['.metadata', '*.pt']" in result.stdout
     assert "warning: pattern '.metadata' can never match" in result.stderr
@@ -295,18 +341,24 @@ def test_folder_plan_is_one_job_per_unit_newest_first_tag_last() -> None:
     from tests.support.units import unit_verified
 
     layout = layout_for("deepspeed")
-    primary = Snapshot({f.rel: f for f in files("o/global_step10/a.pt", "o/global_step10/b.pt",
-                                                "o/global_step20/a.pt", "o/latest")})
+    primary = Snapshot(
+        {f.rel: f for f in files("o/global_step10/a.pt", "o/global_step10/b.pt", "o/global_step20/a.pt", "o/latest")}
+    )
+
     def complete(unit: Unit) -> Completeness:
         return Completeness(unit.step != 20, "")
 
     plan = plan_unit_copies(primary, Snapshot(), {}, layout, complete)
     assert [(j.rel, j.members) for j in plan.jobs] == [
-        ("o/global_step10", ("o/global_step10/a.pt", "o/global_step10/b.pt"))]
+        ("o/global_step10", ("o/global_step10/a.pt", "o/global_step10/b.pt"))
+    ]
     assert plan.unsettled == ("o/global_step20", "o/latest")
     # Once both folders are mirrored and recorded, only the tag file is left.
-    entries = {rel: ManifestEntry(rel, 10, "blake3", "x", f.mtime_ns, None, 0.0)
-               for rel, f in primary.files.items() if rel != "o/latest"}
+    entries = {
+        rel: ManifestEntry(rel, 10, "blake3", "x", f.mtime_ns, None, 0.0)
+        for rel, f in primary.files.items()
+        if rel != "o/latest"
+    }
     mirror = Snapshot({rel: primary.files[rel] for rel in entries})
     plan = plan_unit_copies(primary, mirror, entries, layout, lambda u: Completeness(True, ""))
     assert [(j.rel, j.members, j.step) for j in plan.jobs] == [("o/latest", (), None)]
@@ -317,7 +369,6 @@ def test_folder_plan_is_one_job_per_unit_newest_first_tag_last() -> None:
     extra = Snapshot({**mirror.files, "o/global_step10/c.pt": FileState("o/global_step10/c.pt", 1, 1)})
     plan = plan_unit_copies(primary, extra, entries, layout, lambda u: Completeness(True, ""))
     assert [(j.rel, j.why) for j in plan.jobs] == [("o/global_step10", "changed"), ("o/latest", "new")]
-
 
 
 def test_a_folder_being_rotated_away_never_replaces_its_whole_mirrored_copy() -> None:
@@ -342,7 +393,8 @@ def test_file_layouts_plan_exactly_as_before() -> None:
     primary = Snapshot({f.rel: f for f in files("a/step_1.pt", "a/step_2.pt", "b.pt")})
     layout = layout_for("torch")
     assert plan_unit_copies(primary, Snapshot(), {}, layout, lambda u: Completeness(True, "")) == plan_copies(
-        primary, Snapshot(), {}, layout.step_regex)
+        primary, Snapshot(), {}, layout.step_regex
+    )
 
 
 def test_staged_folder_appears_whole_or_not_at_all(tmp_path: Path) -> None:
@@ -440,8 +492,11 @@ def test_one_unit_folder_is_listed_as_the_whole_tree_lists_it(tmp_path: Path) ->
     (tmp_path / "run" / "step_9").symlink_to(tmp_path / "elsewhere")
     whole = snapshot_tree(tmp_path, layout.patterns, layout=layout)
     listed = snapshot_unit(tmp_path, "run/step_4", layout)
-    assert sorted(listed.files) == sorted(whole.files) == [
-        "run/step_4/.metadata", "run/step_4/__0_0.distcp", "run/step_4/sub/extra.bin"]
+    assert (
+        sorted(listed.files)
+        == sorted(whole.files)
+        == ["run/step_4/.metadata", "run/step_4/__0_0.distcp", "run/step_4/sub/extra.bin"]
+    )
     assert listed.files == whole.files
     assert snapshot_unit(tmp_path, "run/step_9", layout).files == {}
     assert snapshot_unit(tmp_path, "run/step_77", layout).files == {}
@@ -457,13 +512,21 @@ def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> N
 
     layout = layout_for("lightning")
     t = 1_700_000_000 * 10**9
-    listed = [FileState("r/epoch=0-step=2.ckpt", 100, t), FileState("r/epoch=1-step=4.ckpt", 100, t + 1),
-              FileState("r/last.ckpt", 100, t + 2), FileState("o/epoch=0-step=2.ckpt", 100, t)]
+    listed = [
+        FileState("r/epoch=0-step=2.ckpt", 100, t),
+        FileState("r/epoch=1-step=4.ckpt", 100, t + 1),
+        FileState("r/last.ckpt", 100, t + 2),
+        FileState("o/epoch=0-step=2.ckpt", 100, t),
+    ]
     primary = Snapshot({s.rel: s for s in listed})
 
     def recorded(*rels: str) -> dict[str, ManifestEntry]:
-        return {rel: ManifestEntry(rel, 100, "blake3", rel, primary.files[rel].mtime_ns, layout.step_of(rel),
-                                   1.0, validation="ok") for rel in rels}
+        return {
+            rel: ManifestEntry(
+                rel, 100, "blake3", rel, primary.files[rel].mtime_ns, layout.step_of(rel), 1.0, validation="ok"
+            )
+            for rel in rels
+        }
 
     def plan(manifest: dict[str, ManifestEntry]):  # type: ignore[no-untyped-def]
         mirror = Snapshot({rel: primary.files[rel] for rel in manifest})
@@ -493,16 +556,24 @@ def test_checkpoint_like_names_are_warned_once_per_pattern_with_the_layout_that_
     assert lookalike("r/checkpoint-5/model.safetensors") == "checkpoint-N/"
     assert lookalike("r/global_step9/mp_rank_00_model_states.pt") == "global_stepN/"
     assert [lookalike(n) for n in ("x.distcp", "e=1-step=2.ckpt", "m.safetensors", "m.pth", "notes.txt")] == [
-        "*.distcp", "*.ckpt", "*.safetensors", "*.pth", None]
+        "*.distcp",
+        "*.ckpt",
+        "*.safetensors",
+        "*.pth",
+        None,
+    ]
     assert lookalike("r/.hidden.ckpt") is None and lookalike("r/x.ckpt.part") is None
     torch = layout_for("torch")
-    listed = Snapshot({f.rel: f for f in files("a/final.pt", "a/best.pt", "a/step_10.pt")},
-                      lookalikes={"*.ckpt": "b/epoch=0-step=2.ckpt",
-                                  "checkpoint-N/": "c/checkpoint-5/model.safetensors"})
+    listed = Snapshot(
+        {f.rel: f for f in files("a/final.pt", "a/best.pt", "a/step_10.pt")},
+        lookalikes={"*.ckpt": "b/epoch=0-step=2.ckpt", "checkpoint-N/": "c/checkpoint-5/model.safetensors"},
+    )
     warnings = naming_warnings(listed, torch)
     assert [(w.kind, w.pattern, w.path) for w in warnings] == [
-        ("no_step", "*.pt", "a/best.pt"), ("not_selected", "*.ckpt", "b/epoch=0-step=2.ckpt"),
-        ("not_selected", "checkpoint-N/", "c/checkpoint-5/model.safetensors")]
+        ("no_step", "*.pt", "a/best.pt"),
+        ("not_selected", "*.ckpt", "b/epoch=0-step=2.ckpt"),
+        ("not_selected", "checkpoint-N/", "c/checkpoint-5/model.safetensors"),
+    ]
     assert 'layout = "lightning" would select it' in warnings[1].message
     assert "prune.step_pattern" in warnings[0].message
     lightning = layout_for("lightning")  # last.ckpt is an alias, not a checkpoint without a step
@@ -517,8 +588,10 @@ def test_the_scan_records_the_first_lookalike_per_pattern(tmp_path: Path) -> Non
         (tmp_path / rel).write_bytes(b"x")
     snap = snapshot_tree(tmp_path, ("*.pt",), layout=layout_for("torch"))
     assert sorted(snap.files) == ["run/step_1.pt"]
-    assert snap.lookalikes == {"*.ckpt": "run/epoch=0-step=2.ckpt",
-                               "checkpoint-N/": "run/checkpoint-5/model.safetensors"}
+    assert snap.lookalikes == {
+        "*.ckpt": "run/epoch=0-step=2.ckpt",
+        "checkpoint-N/": "run/checkpoint-5/model.safetensors",
+    }
 
 
 def test_a_pattern_that_selects_a_file_beside_the_unit_folders_is_warned(tmp_path: Path) -> None:

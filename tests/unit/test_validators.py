@@ -36,7 +36,7 @@ def streamed(tmp_path: Path, name: str, data: bytes, chunk: int, planned: bool =
     try:
         validator = new_validator(name, fd if planned else None)
         for i in range(0, len(data), chunk):
-            piece = data[i:i + chunk]
+            piece = data[i : i + chunk]
             validator.feed(bytearray(piece) + b"PK\x03\x04junk", len(piece))
         return validator.finish(fd).status
     finally:
@@ -56,8 +56,9 @@ def whole_file(tmp_path: Path, name: str, data: bytes, quick: bool = False) -> s
 
 @pytest.mark.parametrize("planned", [False, True], ids=["read_back", "directory_first"])
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 4096, 1 << 20, 1 << 30])
-def test_a_whole_torch_save_passes_whatever_the_chunk_boundaries(tmp_path: Path, torch_bytes: bytes,
-                                                                chunk: int, planned: bool) -> None:
+def test_a_whole_torch_save_passes_whatever_the_chunk_boundaries(
+    tmp_path: Path, torch_bytes: bytes, chunk: int, planned: bool
+) -> None:
     """Records cut by a chunk boundary are checksummed all the same, whether their CRCs are computed on
     each record's range read from the directory first, or by reading the records back at the end."""
     if chunk < 64:  # byte-sized chunks on a small checkpoint: the same boundaries, fewer calls
@@ -176,8 +177,12 @@ def test_library_files_pass_by_name_streamed_and_whole(tmp_path: Path) -> None:
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": []}))
     write_dcp(tmp_path / "step_4", 4)
     folder = tmp_path / "step_4"
-    expected = {"model.safetensors": ("ok", "safetensors"), "trainer_state.json": ("ok", "json"),
-                "step_4/.metadata": ("ok", "dcp"), "step_4/__0_0.distcp": ("unchecked", "dcp")}
+    expected = {
+        "model.safetensors": ("ok", "safetensors"),
+        "trainer_state.json": ("ok", "json"),
+        "step_4/.metadata": ("ok", "dcp"),
+        "step_4/__0_0.distcp": ("unchecked", "dcp"),
+    }
     for rel, (status, fmt) in expected.items():
         data = (tmp_path / rel).read_bytes()
         name, copy = rel.rsplit("/", 1)[-1], rel.replace("/", "_")

@@ -30,8 +30,13 @@ def inotify_masks() -> list[int]:
             info = Path("/proc/self/fdinfo", fd.name).read_text()
         except OSError:
             continue  # (the listing's own descriptor, or one closed meanwhile)
-        masks += [int(word.split(":")[1], 16) for line in info.splitlines() if line.startswith("inotify wd:")
-                  for word in line.split() if word.startswith("mask:")]
+        masks += [
+            int(word.split(":")[1], 16)
+            for line in info.splitlines()
+            if line.startswith("inotify wd:")
+            for word in line.split()
+            if word.startswith("mask:")
+        ]
     return masks
 
 
@@ -78,9 +83,14 @@ def test_a_rename_and_a_close_after_writing_are_still_hints(watching: tuple[Path
         f.write(b"y" * 1000)
     for _ in range(3):  # opened and read, as a copy does: no hint
         (root / "run_a" / "step_0002.pt").read_bytes()
-    wait_for(lambda: Hint("run_b/step_0001.pt", committed=True) in hints
-             and Hint("run_a/step_0002.pt", committed=False) in hints, 30, "hints for both checkpoints",
-             context=lambda: repr(hints))
+    wait_for(
+        lambda: (
+            Hint("run_b/step_0001.pt", committed=True) in hints and Hint("run_a/step_0002.pt", committed=False) in hints
+        ),
+        30,
+        "hints for both checkpoints",
+        context=lambda: repr(hints),
+    )
 
 
 def _deep(top: Path, levels: int) -> Path:
@@ -107,8 +117,11 @@ def test_a_folder_1200_levels_deep_neither_stops_the_start_nor_kills_the_watch(t
         (tmp_path / "later").rename(root / "later")
         (root / "run" / "step_1.pt.tmp").write_bytes(b"x")
         (root / "run" / "step_1.pt.tmp").replace(root / "run" / "step_1.pt")
-        wait_for(lambda: Hint("run/step_1.pt", committed=True) in hints or not watcher.is_alive(), 60,
-                 "the hint for run/step_1.pt")
+        wait_for(
+            lambda: Hint("run/step_1.pt", committed=True) in hints or not watcher.is_alive(),
+            60,
+            "the hint for run/step_1.pt",
+        )
         assert watcher.is_alive()
     finally:
         watcher.stop()
@@ -198,7 +211,8 @@ def test_watchdogs_record_of_an_unwatched_folder_is_read(tmp_path: Path) -> None
     polling.start()
     try:
         logging.getLogger("watchdog.observers.inotify").warning(
-            "Unable to watch %r: %s", os.fsencode(tmp_path / "run2"), OSError(28, "No space left on device"))
+            "Unable to watch %r: %s", os.fsencode(tmp_path / "run2"), OSError(28, "No space left on device")
+        )
         assert watcher.unwatched() == f"cannot watch {tmp_path / 'run2'}: No space left on device"
         assert polling.unwatched() is None
     finally:

@@ -6,5 +6,15 @@ from mirrord.store.s3.manifest import S3ManifestStore
 from mirrord.store.s3.mirror import S3Mirror, open_s3_mirror
 from mirrord.store.s3.upload import S3UnitStaging, S3Upload
 
-__all__ = ["S3Location", "S3ManifestStore", "S3Mirror", "S3Settings", "S3UnitStaging", "S3Upload", "make_client",
-           "node_name", "open_s3_mirror", "settings_from"]
+__all__ = [
+    "S3Location",
+    "S3ManifestStore",
+    "S3Mirror",
+    "S3Settings",
+    "S3UnitStaging",
+    "S3Upload",
+    "make_client",
+    "node_name",
+    "open_s3_mirror",
+    "settings_from",
+]

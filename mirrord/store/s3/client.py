@@ -15,20 +15,36 @@ from mirrord.paths import split_rel
 try:
     from botocore.exceptions import BotoCoreError, ClientError
 except ImportError:  # pragma: no cover - without the s3 extra open_s3_mirror refuses before any call
+
     class BotoCoreError(Exception):  # type: ignore[no-redef]
         """Stands in for botocore's: nothing raises it without botocore."""
 
     class ClientError(Exception):  # type: ignore[no-redef]
         """Stands in for botocore's: nothing raises it without botocore."""
 
+
 S3_ERRORS = (ClientError, BotoCoreError)  # what a call of the client raises besides our own MirrordError
 MIB = 1024 * 1024
 
 # Client-side errors that mean "try again" rather than "fix something": throttling, server trouble, and
 # bytes that arrived other than the checksum we computed from them says (a new try sends them again).
-TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
-                              "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "500", "502",
-                              "503", "504", "BadDigest"})
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeTooSkewed",
+        "OperationAborted",
+        "500",
+        "502",
+        "503",
+        "504",
+        "BadDigest",
+    }
+)
 # A conditional write that lost: another writer changed the object since we read its ETag.
 CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -37,6 +53,7 @@ MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 @dataclass(frozen=True)
 class S3Location:
     """Where an object-store mirror lives: the bucket and the key prefix."""
+
     bucket: str
     prefix: str  # "" or ending in "/"
 
@@ -92,12 +109,14 @@ def make_session(settings: S3Settings) -> Any:
     shared by every client made from it (loading that model is most of a client's start-up cost)."""
     import boto3
 
-    return boto3.session.Session(aws_access_key_id=settings.access_key_id,
-                                 aws_secret_access_key=settings.secret_access_key)
+    return boto3.session.Session(
+        aws_access_key_id=settings.access_key_id, aws_secret_access_key=settings.secret_access_key
+    )
 
 
-def make_client(settings: S3Settings, timeout: float | None = None, attempts: int | None = None,
-                session: Any = None) -> Any:
+def make_client(
+    settings: S3Settings, timeout: float | None = None, attempts: int | None = None, session: Any = None
+) -> Any:
     """A botocore S3 client whose every request gives up within `timeout` (s3.timeout_seconds unless
     given): each try may wait a third of it (all of it when there is one try), and a retry (standard
     mode: throttling, 5xx, a refused connection while a server restarts) starts only while a whole try
@@ -113,8 +132,10 @@ def make_client(settings: S3Settings, timeout: float | None = None, attempts: in
         region_name=settings.region,
         # Unsigned payload (what botocore does over https anyway): every body still carries the CRC32 the
         # server checks. Signing adds a SHA-256 pass over every byte sent over plain http (s3.sign_payload).
-        s3={"addressing_style": settings.addressing_style,
-            **({} if settings.sign_payload else {"payload_signing_enabled": False})},
+        s3={
+            "addressing_style": settings.addressing_style,
+            **({} if settings.sign_payload else {"payload_signing_enabled": False}),
+        },
         retries={"mode": "standard", "max_attempts": attempts},
         max_pool_connections=max(10, settings.concurrency + settings.files_in_flight + 4),  # parts + files
         connect_timeout=per_try,
@@ -192,15 +213,22 @@ def access_error(where: str, exc: Exception) -> MirrordError:
 
     code = error_code(exc)
     if isinstance(exc, NoCredentialsError):
-        return PermanentError(where, "no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                                     "or AWS_PROFILE, or give the machine a role (the standard AWS chain)")
+        return PermanentError(
+            where,
+            "no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or AWS_PROFILE, or give the machine a role (the standard AWS chain)",
+        )
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return PermanentError(where, f"the server refused the credentials ({code}): check AWS_ACCESS_KEY_ID "
-                                     "and AWS_SECRET_ACCESS_KEY (or the profile), and their rights on the bucket")
+        return PermanentError(
+            where,
+            f"the server refused the credentials ({code}): check AWS_ACCESS_KEY_ID "
+            "and AWS_SECRET_ACCESS_KEY (or the profile), and their rights on the bucket",
+        )
     wrapped = wrap(where, exc, "reach the bucket")
     if isinstance(wrapped, UnreachableError):
-        return UnreachableError(where, f"no answer from the S3 endpoint ({wrapped.cause}): check s3.endpoint_url "
-                                       "and that the server is up")
+        return UnreachableError(
+            where, f"no answer from the S3 endpoint ({wrapped.cause}): check s3.endpoint_url and that the server is up"
+        )
     return wrapped
 
 
@@ -225,6 +253,9 @@ def settings_from(section: Any) -> S3Settings:
     """S3Settings from the [s3] section (mirrord.config.S3Config); a key pair in the file is warned about
     (the config refused it unless allow_inline_credentials)."""
     if section.access_key_id or section.secret_access_key:
-        get_logger().warning("s3.inline_credentials", cause="a key pair in the configuration file is used "
-                             "(s3.allow_inline_credentials = true); prefer the standard credential chain")
+        get_logger().warning(
+            "s3.inline_credentials",
+            cause="a key pair in the configuration file is used "
+            "(s3.allow_inline_credentials = true); prefer the standard credential chain",
+        )
     return S3Settings(**{field.name: getattr(section, field.name) for field in fields(S3Settings)})

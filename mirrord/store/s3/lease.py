@@ -43,9 +43,17 @@ def call_timeout(seconds: float) -> float:
 class Lease:
     """One holder's lease object; see the module docstring for when it is safe to publish."""
 
-    def __init__(self, client: Any, bucket: str, key: str, seconds: float, name: str = "",
-                 what: str = "this mirror's lease",
-                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        key: str,
+        seconds: float,
+        name: str = "",
+        what: str = "this mirror's lease",
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client, self.bucket, self.key, self.seconds = client, bucket, key, seconds
         self.wall, self.monotonic = wall, monotonic
         self.where, self.what = f"s3://{bucket}/{key}", what
@@ -80,8 +88,10 @@ class Lease:
             raise LockedError(self.where, "a lease object that is not mirrord's is in the way") from exc
         mine = ours and str(doc.get("holder", "")).split(":")[0] == self.name
         if expires > self.wall() and not mine:
-            raise LockedError(self.where, f"another mirrord ({doc.get('holder')}) holds {self.what} "
-                                          f"for {expires - self.wall():.0f} s more")
+            raise LockedError(
+                self.where,
+                f"another mirrord ({doc.get('holder')}) holds {self.what} for {expires - self.wall():.0f} s more",
+            )
         try:
             taken = self._put(etag)
         except S3_ERRORS as exc:
@@ -118,9 +128,11 @@ class Lease:
         if self.monotonic() < self._safe_until:
             return None
         age = self.monotonic() - self._renewed_at
-        return (f"{self.where}: the lease was last renewed {age:.0f} s ago"
-                f"{' (' + self._last_error + ')' if self._last_error else ''}; "
-                "nothing is published until it is renewed")
+        return (
+            f"{self.where}: the lease was last renewed {age:.0f} s ago"
+            f"{' (' + self._last_error + ')' if self._last_error else ''}; "
+            "nothing is published until it is renewed"
+        )
 
     def require(self) -> None:
         """Raise unless publishing is safe now: LockedError if lost, TransientError if not renewed in time."""

@@ -61,7 +61,7 @@ def snapshot(client: Any, location: S3Location, patterns: tuple[str, ...], layou
     errors: tuple[str, ...] = ()
     try:
         for obj in list_objects(client, location.bucket, location.prefix):
-            rel = obj["Key"][len(location.prefix):]
+            rel = obj["Key"][len(location.prefix) :]
             place = placed(rel, patterns, layout)
             if place == rel:
                 files[rel] = object_state(rel, obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))

@@ -81,7 +81,7 @@ class S3ManifestStore:
             raise wrap(self.where, exc, "list manifest") from exc
         shards = {}
         for obj in found:
-            name = obj["Key"][len(prefix):]
+            name = obj["Key"][len(prefix) :]
             shard = name.removeprefix("folders/").removesuffix(".json") if name != "root.json" else ""
             if shard_name(shard) == name:
                 shards[shard] = obj["ETag"]
@@ -149,12 +149,14 @@ class S3ManifestStore:
         shards = {shard_of(rel) for change in changes for rel in (*(e.path for e in change.puts), *change.removes)}
         self._migrate()
         for shard in sorted(shards):
+
             def apply(current: _Shard, shard: str = shard) -> _Shard:
                 entries = dict(current.entries)
                 for change in changes:
                     change.apply_to(entries)
                 mine = {rel: entry for rel, entry in entries.items() if shard_of(rel) == shard}
                 return _Shard(current.etag, mine, current.contributions)
+
             self._update(shard, apply)
 
     def contribute(self, unit: str, part: Contribution) -> Merged:
@@ -182,7 +184,7 @@ class S3ManifestStore:
             found = list_objects(self.client, self.bucket, f"{self.root}{unit}/")
         except S3_ERRORS as exc:
             raise wrap(f"s3://{self.bucket}/{self.root}{unit}/", exc, "list") from exc
-        return {obj["Key"][len(self.root):]: int(obj["Size"]) for obj in found}
+        return {obj["Key"][len(self.root) :]: int(obj["Size"]) for obj in found}
 
     def _update(self, shard: str, apply: Callable[[_Shard], _Shard]) -> None:
         """One shard changed by `apply`, conditionally written; again on a conflict, bounded."""
@@ -195,16 +197,20 @@ class S3ManifestStore:
                 return
             get_logger().info("s3.manifest_conflict", path=f"s3://{self.bucket}/{key}", attempt=attempt + 1)
             self._shards[shard] = self._read(key)  # another writer's version: ours goes on top of it
-        raise ManifestError(self.where, f"another writer changed the manifest {MANIFEST_ATTEMPTS} times in a row "
-                                        "while this one tried to record; try again")
+        raise ManifestError(
+            self.where,
+            f"another writer changed the manifest {MANIFEST_ATTEMPTS} times in a row "
+            "while this one tried to record; try again",
+        )
 
     def _write(self, key: str, shard: _Shard) -> bool:
         """One conditional PUT of the shard (its ETag set); False if another writer changed it since."""
         if self.guard is not None:
             self.guard()  # before every attempt: a retry after a conflict is a new commit
         try:
-            etag = put_if(self.client, self.bucket, key, encode_snapshot(shard.entries, 0, shard.contributions),
-                          shard.etag)
+            etag = put_if(
+                self.client, self.bucket, key, encode_snapshot(shard.entries, 0, shard.contributions), shard.etag
+            )
         except S3_ERRORS as exc:
             raise wrap(f"s3://{self.bucket}/{key}", exc, "write manifest") from exc
         if etag is not None:
@@ -251,8 +257,12 @@ class S3ManifestStore:
             moved = []
             for key, etag in found:
                 aside = key + suffix  # beside it, under a name load() never reads
-                self.client.copy_object(Bucket=self.bucket, Key=aside, CopySource={"Bucket": self.bucket, "Key": key},
-                                        CopySourceIfMatch=etag)
+                self.client.copy_object(
+                    Bucket=self.bucket,
+                    Key=aside,
+                    CopySource={"Bucket": self.bucket, "Key": key},
+                    CopySourceIfMatch=etag,
+                )
                 self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=etag)
                 moved.append(f"s3://{self.bucket}/{aside}")
         except S3_ERRORS as exc:

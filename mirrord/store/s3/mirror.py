@@ -165,8 +165,9 @@ class S3Mirror:
         key = self._key(rel)
         try:
             try:
-                first = self.client.get_object(Bucket=self.location.bucket, Key=key,
-                                               Range=f"bytes=0-{self.settings.part_size - 1}")
+                first = self.client.get_object(
+                    Bucket=self.location.bucket, Key=key, Range=f"bytes=0-{self.settings.part_size - 1}"
+                )
             except S3_ERRORS as exc:
                 if error_code(exc) != "InvalidRange":
                     raise
@@ -216,8 +217,12 @@ class S3Mirror:
         self.require_lease()  # the copy appears under `key`: only under a lease safe to publish under
         bucket = self.location.bucket
         try:  # a managed copy: multipart (UploadPartCopy) above 5 GB; the object appears only when whole
-            self.client.copy({"Bucket": bucket, "Key": self._key(source_key)}, bucket, self._key(key),
-                             ExtraArgs={"CopySourceIfMatch": head["ETag"]})
+            self.client.copy(
+                {"Bucket": bucket, "Key": self._key(source_key)},
+                bucket,
+                self._key(key),
+                ExtraArgs={"CopySourceIfMatch": head["ETag"]},
+            )
         except S3_ERRORS as exc:
             if error_code(exc) in ("PreconditionFailed", "404", "NoSuchKey"):
                 return None
@@ -284,8 +289,9 @@ class S3Mirror:
         by the server's own clock (its Date header against the Initiated it stamped: a local clock ahead of
         the server's ages nothing), never one of this process's own uploads in flight."""
         found = []
-        pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.location.bucket,
-                                                                             Prefix=self.location.prefix)
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.location.bucket, Prefix=self.location.prefix
+        )
         for page in pages:
             now = server_time(page)
             for up in page.get("Uploads", ()):
@@ -337,10 +343,15 @@ class S3Mirror:
     def lock(self) -> Iterator[None]:
         """One mirrord per node and prefix: a lease object with an expiry, renewed by lock_problem()."""
         seconds = self.settings.lease_seconds
-        client = make_client(self.settings, timeout=call_timeout(seconds), attempts=1,  # never a long hang
-                             session=self._session)
-        lease = Lease(client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{self.node}"), seconds,
-                      name=self.node)
+        client = make_client(
+            self.settings,
+            timeout=call_timeout(seconds),
+            attempts=1,  # never a long hang
+            session=self._session,
+        )
+        lease = Lease(
+            client, self.location.bucket, self.location.key(f"{LEASE_DIR}/{self.node}"), seconds, name=self.node
+        )
         lease.acquire()
         lease.start_keeping()
         self.lease, self._lease_client = lease, client
@@ -366,8 +377,14 @@ class S3Mirror:
             held.release()
             self.retention = None
             get_logger().warning("s3.retention_lost", path=held.where, cause=held.lost())
-        lease = Lease(self._lease_client, self.location.bucket, self.location.key(RETENTION_LEASE),
-                      self.settings.lease_seconds, name=self.node, what="this prefix's retention lease")
+        lease = Lease(
+            self._lease_client,
+            self.location.bucket,
+            self.location.key(RETENTION_LEASE),
+            self.settings.lease_seconds,
+            name=self.node,
+            what="this prefix's retention lease",
+        )
         try:
             lease.acquire(ours=True)  # a dead process of this node (we hold its lease) held it: take it over
         except MirrordError as exc:
@@ -404,7 +421,6 @@ class S3Mirror:
         lease = self.lease
         if lease is not None:
             lease.require()
-
 
 
 class _RangedReader(io.RawIOBase):
@@ -451,8 +467,12 @@ class _RangedReader(io.RawIOBase):
     def _get(self, start: int, end: int) -> bytes:
         mirror = self._mirror
         try:
-            body = mirror.client.get_object(Bucket=mirror.location.bucket, Key=mirror._key(self._rel),
-                                            Range=f"bytes={start}-{end}", IfMatch=self._etag)["Body"]
+            body = mirror.client.get_object(
+                Bucket=mirror.location.bucket,
+                Key=mirror._key(self._rel),
+                Range=f"bytes={start}-{end}",
+                IfMatch=self._etag,
+            )["Body"]
             return bytes(body.read())
         except S3_ERRORS as exc:
             if error_code(exc) == "PreconditionFailed":

@@ -103,7 +103,8 @@ class S3Upload:
         if self._upload_id is None:
             try:
                 created = self.mirror.client.create_multipart_upload(
-                    Bucket=self.bucket, Key=self.key, ChecksumAlgorithm=CHECKSUM, **self._extra)
+                    Bucket=self.bucket, Key=self.key, ChecksumAlgorithm=CHECKSUM, **self._extra
+                )
             except S3_ERRORS as exc:
                 raise wrap(self.where, exc, "create multipart upload") from exc
             self._upload_id = created["UploadId"]
@@ -125,9 +126,15 @@ class S3Upload:
     def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
         checksum = _checksum(body)
         try:
-            answer = self.mirror.client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
-                                                    PartNumber=number, Body=body, ChecksumAlgorithm=CHECKSUM,
-                                                    **{f"Checksum{CHECKSUM}": checksum})
+            answer = self.mirror.client.upload_part(
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
+                ChecksumAlgorithm=CHECKSUM,
+                **{f"Checksum{CHECKSUM}": checksum},
+            )
         except S3_ERRORS as exc:
             raise wrap(self.where, exc, f"upload part {number}") from exc
         _check_echo(self.where, f"part {number}", checksum, answer)
@@ -158,13 +165,22 @@ class S3Upload:
         self.mirror.require_lease()  # the object appears here: only under a lease safe to publish under
         try:
             if self.multipart:
-                client.complete_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
-                                                 MultipartUpload={"Parts": self._part_list})
+                client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": self._part_list},
+                )
             else:
                 checksum = _checksum(self._buf)
-                answer = client.put_object(Bucket=self.bucket, Key=self.key, Body=self._buf,  # as is: no copy
-                                           ChecksumAlgorithm=CHECKSUM, **{f"Checksum{CHECKSUM}": checksum},
-                                           **self._extra)
+                answer = client.put_object(
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    Body=self._buf,  # as is: no copy
+                    ChecksumAlgorithm=CHECKSUM,
+                    **{f"Checksum{CHECKSUM}": checksum},
+                    **self._extra,
+                )
                 _check_echo(self.where, "object", checksum, answer)
             self._done = True
             head = client.head_object(Bucket=self.bucket, Key=self.key)
@@ -173,8 +189,9 @@ class S3Upload:
         finally:
             self._close()
         if head["ContentLength"] != self.expected_size:
-            raise SizeMismatchError(self.where, f"object has {head['ContentLength']} bytes after upload, "
-                                                f"source had {self.expected_size}")
+            raise SizeMismatchError(
+                self.where, f"object has {head['ContentLength']} bytes after upload, source had {self.expected_size}"
+            )
         self.stored_mtime_ns = ns(head["LastModified"])
         self.etag = head["ETag"]
         self.mirror.committed(object_state(self.rel, self.key, self.expected_size, head["LastModified"], self.etag))
@@ -242,8 +259,9 @@ class S3UnitStaging:
         mirror.committed(None)
         mirror.require_lease()
         if mirror._below(self.key):
-            raise FileExistsError(17, "an older copy of the unit is still there; delete it first",
-                                  mirror.describe(self.key))
+            raise FileExistsError(
+                17, "an older copy of the unit is still there; delete it first", mirror.describe(self.key)
+            )
         client, bucket = mirror.client, mirror.location.bucket
         for upload in self._uploads:
             target = mirror.location.key(self.key) + upload.key.removeprefix(mirror.location.key(self.area))
@@ -266,5 +284,6 @@ class S3UnitStaging:
                 try:
                     client.delete_object(Bucket=bucket, Key=upload.key, IfMatch=upload.etag)
                 except S3_ERRORS as exc:
-                    get_logger().warning("s3.unit_abort_failed", path=upload.where,
-                                         cause=str(wrap(upload.where, exc, "delete")))
+                    get_logger().warning(
+                        "s3.unit_abort_failed", path=upload.where, cause=str(wrap(upload.where, exc, "delete"))
+                    )

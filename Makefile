@@ -23,6 +23,7 @@ PARALLEL ?= -n 4 --dist loadgroup
 
 # The inner loop: lint, types and the unit tier (under a minute).
 check:
+	$(PYTHON) -m ruff format --check mirrord tests bench setup.py
 	$(PYTHON) -m ruff check mirrord tests
 	$(PYTHON) -m mypy mirrord
 	$(PYTEST) tests/unit

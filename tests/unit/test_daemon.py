@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 
 from mirrord.config import Config
+from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.retention import PruneRequest
+from mirrord.errors import MirrordError, NoSpaceError
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
 from mirrord.service.hints import TURN_SECONDS, one_turn
+from mirrord.service.pruner import Pruner
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -243,6 +246,49 @@ def test_a_reload_swaps_the_settings_whole_and_a_refused_one_changes_nothing(har
     h.daemon.signals.reload_requested = True
     h.daemon.tick(wait=False)
     assert h.daemon.settings is after
+
+
+def test_a_copy_starting_during_a_reload_takes_one_config_whole(harness, make_config, primary, monkeypatch) -> None:
+    """A reload that raises the free-space reserve past the mirror's free space and turns on retention (whose
+    make_room is what a copy that does not fit calls) while a copy starts: the copy takes both settings of
+    one config, the old (it fits) or the new (it asks retention for room), never the new reserve without
+    retention (it would fail for no space without asking)."""
+    h = harness()
+    h.daemon.start()
+    src = save_checkpoint(primary / REL, 7)
+    job = CopyJob(REL, src.stat().st_size, src.stat().st_mtime_ns, 7, "new")
+    asked: list[str] = []  # the threads whose copy asked retention for room (the daemon's workers copy too)
+    monkeypatch.setattr(Pruner, "make_room", lambda self, needed: asked.append(threading.current_thread().name))
+    outcomes: list[object] = []
+
+    def copy() -> None:
+        try:
+            outcomes.append(h.daemon.engine.copy_once(job))
+        except MirrordError as exc:
+            outcomes.append(exc)
+
+    def keep_modes_of(_primary: Path) -> None:  # the reload is under way: a copy starts now
+        if not outcomes:
+            worker = threading.Thread(target=copy, name="copy-during-reload")
+            worker.start()
+            worker.join(timeout=60)
+
+    monkeypatch.setattr(h.daemon.mirror, "keep_modes_of", keep_modes_of)
+    reloaded = make_config(
+        metrics={"enabled": False},
+        watch={"rescan_interval_seconds": 600},
+        daemon={"heartbeat_seconds": 5},
+        copy={"free_space_reserve_bytes": 2**60},
+    )
+    h.reloads.append((reloaded, True))
+    h.daemon.signals.reload_requested = True
+    h.daemon.tick(wait=False)
+    assert h.daemon.settings.config.prune.enabled and len(outcomes) == 1
+    assert isinstance(outcomes[0], CopyResult) or (
+        isinstance(outcomes[0], NoSpaceError) and "copy-during-reload" in asked
+    ), outcomes
+    copy()  # and a copy after the reload takes the new config whole: it asks retention for room
+    assert isinstance(outcomes[-1], NoSpaceError) and threading.current_thread().name in asked
 
 
 def test_shutdown_is_ordered_and_bounded_even_with_a_copy_stuck_in_the_kernel(

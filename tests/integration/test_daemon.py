@@ -268,8 +268,8 @@ def test_inotify_watch_limit_falls_back_to_polling(tmp_path, daemon_factory):
 @needs_userns_limit
 def test_a_folder_inotify_cannot_watch_turns_the_watch_to_polling(tmp_path, daemon_factory):
     """The watch limit runs out only later, at a folder the trainer makes: watchdog skips that folder
-    with a log record and its files would send no events (the periodic rescan, an hour away here, was the
-    only way they were found). The daemon reads that record, says which folder, polls from then on and
+    and its files would send no events (the periodic rescan, an hour away here, was the only way they were
+    found). The daemon sees the failed inotify_add_watch, says which folder, polls from then on and
     rescans at once."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     (primary / "run1").mkdir()

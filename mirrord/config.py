@@ -33,8 +33,8 @@ from pydantic import (
     model_validator,
 )
 
-from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
+from mirrord.layouts import Layout, layout_for
 from mirrord.store.trusted import UntrustedFileError, read_trusted
 
 ENV_PREFIX = "MIRRORD_"
@@ -447,7 +447,7 @@ class Config(_Section):
 
     @property
     def rules(self) -> Layout:
-        """The chosen layout's naming and completeness rules (mirrord.core.layouts)."""
+        """The chosen layout's naming and completeness rules (mirrord.layouts)."""
         return layout_for(
             self.layout, self.patterns, self.prune.step_pattern, self.unit.kind, self.unit.complete_marker
         )

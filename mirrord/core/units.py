@@ -20,9 +20,9 @@ from posixpath import dirname
 from typing import TYPE_CHECKING, Literal
 
 from mirrord.core.jobs import CopyJob
-from mirrord.core.layouts import HF_STATE, LOOKALIKES, MEGATRON_TRACKER, Layout, UnitKind
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
+from mirrord.layouts import HF_STATE, LOOKALIKES, MEGATRON_TRACKER, Layout, UnitKind
 
 if TYPE_CHECKING:
     from mirrord.core.contributions import Sharing  # (it builds on this module)
@@ -226,7 +226,7 @@ def completeness(
     reads: Mapping[str, bytes | None] | None = None,
     recorded: frozenset[str] | None = None,
 ) -> Completeness:
-    """Whether `unit` is whole on the primary, by its layout's rule (see mirrord.core.layouts.Rule).
+    """Whether `unit` is whole on the primary, by its layout's rule (see mirrord.layouts.Rule).
 
     Evidence first (the saver's last file, an index or tag naming what must be there), then `quiet`: the
     whole folder unchanged for copy.settle_seconds, or for unit.settle_seconds where there is no evidence

@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing, local_part
-from mirrord.core.layouts import MEGATRON_TRACKER, Layout
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Quiet, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
 from mirrord.formats.dcpmeta import METADATA_NAME
+from mirrord.layouts import MEGATRON_TRACKER, Layout
 from mirrord.obs.log import get_logger
 from mirrord.store.manifest import Manifest
 from mirrord.store.staging import list_folder

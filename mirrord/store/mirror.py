@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.layouts import Layout
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
 

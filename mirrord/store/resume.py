@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from mirrord.core.branches import branches, lying_after_ns
-from mirrord.core.layouts import TEMP_SUFFIXES, Layout
 from mirrord.core.model import ManifestEntry, entry_passed, entry_whole, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
+from mirrord.layouts import TEMP_SUFFIXES, Layout
 from mirrord.store.hashing import hash_stream
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import ReadableStore, random_access_fd

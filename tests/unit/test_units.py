@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.core.layouts import LAYOUTS, layout_for, never_matching
 from mirrord.core.model import FileState
 from mirrord.core.plan import SettleTracker
 from mirrord.core.units import (
@@ -24,6 +23,7 @@ from mirrord.core.units import (
     reads_needed,
 )
 from mirrord.formats.dcpmeta import MetadataError, storage_references
+from mirrord.layouts import LAYOUTS, layout_for, never_matching
 from mirrord.store.scan import snapshot_tree
 from tests.support.units import stepless
 
@@ -545,9 +545,9 @@ def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> N
 def test_checkpoint_like_names_are_warned_once_per_pattern_with_the_layout_that_selects_them() -> None:
     """naming_warnings: checkpoints with no step (one per layout pattern), and files the layout did not
     select that look like another stack's checkpoints (one per lookalike pattern), each naming a path."""
-    from mirrord.core.layouts import lookalike_folder, lookalike_name
     from mirrord.core.model import Snapshot
     from mirrord.core.units import naming_warnings
+    from mirrord.layouts import lookalike_folder, lookalike_name
 
     def lookalike(rel: str) -> str | None:  # as the scanner asks: by the folders, then by the name
         folder, _, name = rel.rpartition("/")

@@ -28,9 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
 from mirrord.errors import ChangedError, MirrordError, PermanentError, TransientError
+from mirrord.layouts import Layout
 from mirrord.obs.log import get_logger
 from mirrord.paths import split_rel
 from mirrord.store.manifest import Manifest

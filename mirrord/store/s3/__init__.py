@@ -1,7 +1,8 @@
 """The object-store mirror, by concept: client (settings, deadlines, errors), listing, upload (and the
 stale-upload sweep), manifest (one object per top-level folder), lease, and mirror (the seam)."""
 
-from mirrord.store.s3.client import S3Location, S3Settings, make_client, node_name, settings_from
+from mirrord.paths import S3Location
+from mirrord.store.s3.client import S3Settings, make_client, node_name, settings_from
 from mirrord.store.s3.manifest import S3ManifestStore
 from mirrord.store.s3.mirror import S3Mirror, open_s3_mirror
 from mirrord.store.s3.upload import S3UnitStaging, S3Upload

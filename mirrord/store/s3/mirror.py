@@ -32,14 +32,13 @@ from mirrord.core.model import FileState, Snapshot
 from mirrord.errors import ChangedError, MirrordError, PermanentError, TransientError
 from mirrord.layouts import Layout
 from mirrord.obs.log import get_logger
-from mirrord.paths import split_rel
+from mirrord.paths import S3Location, split_rel
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.s3 import listing
 from mirrord.store.s3.client import (
     MISSING_CODES,
     S3_ERRORS,
-    S3Location,
     S3Settings,
     access_error,
     error_code,

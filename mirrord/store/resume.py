@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from mirrord.formats.validators import Verdict
 
 # Re-reading (hashing, the format validators) and judging a primary's folder
-# units (mirrord.service.completeness) are imported where they are needed: the usual answer is a
+# units (mirrord.store.completeness) are imported where they are needed: the usual answer is a
 # manifest read and a few stats, and a training script waits on it. So are folder units
 # (mirrord.core.units): a file layout's answer has none.
 
@@ -348,7 +348,7 @@ def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> s
     volume = store.local_tree()
     if volume is None:
         return None  # a primary is a local tree; judging completeness needs one
-    from mirrord.service.completeness import judge
+    from mirrord.store.completeness import judge
 
     units = [
         u for u in group_units(volume.snapshot((), layout).files.values(), layout).values() if u.role == "checkpoint"

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 from mirrord.core.contributions import Sharing
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
-from mirrord.core.plan import plan_copies
+from mirrord.core.plan import plan_copies, plan_unit_copies
 from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror_unmounted, plan_prune
-from mirrord.core.units import Completeness, Unit, plan_unit_copies
+from mirrord.core.units import Completeness, Unit
 from mirrord.vocabulary import PruneRefusal
 
 if TYPE_CHECKING:

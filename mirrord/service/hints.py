@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator, Sized
 from posixpath import dirname
 from typing import TypeVar
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.units import unit_of
+from mirrord.layouts import Layout
 from mirrord.service.enqueue import Enqueuer, stat_safely
 
 # One turn of the main loop does at most this much of a pass whose size is the burst's (the watch hints

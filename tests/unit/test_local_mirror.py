@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.core.layouts import layout_for
+from mirrord.layouts import layout_for
 from mirrord.store.mirror import Upload
 from mirrord.store.volume import LocalMirror, LocalVolume
 

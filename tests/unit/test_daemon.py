@@ -21,6 +21,7 @@ from mirrord.core.retention import PruneRequest
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
 from mirrord.service.hints import TURN_SECONDS, one_turn
+from mirrord.service.ledger import RECOPY_LIMIT
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -303,6 +304,41 @@ def test_a_stalled_copy_is_reported_retried_and_a_wedged_worker_makes_the_daemon
         release.set()
     wait_for(lambda: events(logs, "copy.abandoned_returned"), 60, "the abandoned copy to return")
     assert not list(mirror.rglob("*.part"))
+
+
+def test_a_file_copied_in_a_loop_is_a_job_again_once_its_source_changes_and_forgotten_once_gone(
+    harness, primary, mirror, logs
+) -> None:
+    """Two mirror copies whose mtime is reset behind mirrord's back at every rescan are re-copied RECOPY_LIMIT
+    times, then reported (copy.loop) and left alone; the trainer saves one of them again: that new version
+    is copied; the other is deleted from the primary: no longer reported either."""
+    h = harness()
+    kept, gone = REL, "run/step_0009.pt"
+    save_checkpoint(primary / kept, 7)
+    save_checkpoint(primary / gone, 9)
+    h.daemon.start()
+
+    def meddle_and_rescan() -> None:
+        for rel in (kept, gone):
+            os.utime(mirror / rel, ns=(10**9, 10**9))
+        h.clock.advance(600)
+        h.daemon.tick(wait=False)
+
+    for copies in range(2, 2 * (RECOPY_LIMIT + 2), 2):
+        wait_for(lambda n=copies: h.daemon.ledger.copied == n, 60, f"{copies} copies")
+        meddle_and_rescan()
+    assert sorted(e["path"] for e in events(logs, "copy.loop")) == [kept, gone]
+    loops = h.daemon.metrics.copy_loops._value
+    assert loops.get() == 2 and h.daemon.queue.depth() == 0
+    meddle_and_rescan()
+    assert h.daemon.queue.depth() == 0 and h.daemon.ledger.copied == 2 * (RECOPY_LIMIT + 1)
+    src = save_checkpoint(primary / kept, 8)
+    (primary / gone).unlink()
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    wait_for(lambda: h.daemon.ledger.copied == 2 * (RECOPY_LIMIT + 1) + 1, 60, "the new version's copy")
+    assert (mirror / kept).read_bytes() == src.read_bytes()
+    assert loops.get() == 0 and "loop" not in h.daemon.ledger.status(0, 0)
 
 
 def test_a_checkpoint_without_a_step_is_warned_about_once_even_when_it_appears_at_a_later_rescan(

@@ -269,7 +269,8 @@ class WorkerPool:
     def _finish_safely(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
         try:
             self._finish(entry, outcome, control)
-        except Exception:  # never leave a path reserved, nor a waiter without its outcome
+        except Exception as exc:  # never leave a path reserved, nor a waiter without its outcome
+            self.log.exception("worker.finish_failed", path=entry.job.rel, error=repr(exc))
             self.queue.done(entry.job.rel)
             self.on_done(entry.job, outcome)
 

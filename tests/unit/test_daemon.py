@@ -21,6 +21,7 @@ from mirrord.core.retention import PruneRequest
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
 from mirrord.service.hints import TURN_SECONDS, one_turn
+from mirrord.service.inbox import MAX_HINTS
 from mirrord.service.ledger import RECOPY_LIMIT
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
@@ -339,6 +340,29 @@ def test_a_file_copied_in_a_loop_is_a_job_again_once_its_source_changes_and_forg
     wait_for(lambda: h.daemon.ledger.copied == 2 * (RECOPY_LIMIT + 1) + 1, 60, "the new version's copy")
     assert (mirror / kept).read_bytes() == src.read_bytes()
     assert loops.get() == 0 and "loop" not in h.daemon.ledger.status(0, 0)
+
+
+def test_an_event_storm_holds_each_hint_once_and_past_the_bound_turns_into_one_rescan(
+    harness, primary, mirror, logs
+) -> None:
+    """While the loop is busy, the watch repeats the same events: each waits once. Past MAX_HINTS distinct
+    hints waiting, they are dropped for one full rescan, which still copies every file."""
+    h = harness()
+    h.daemon.start()
+    rels = [f"run/step_{i:04d}.pt" for i in range(3)]
+    for step, rel in enumerate(rels):
+        save_checkpoint(primary / rel, step)
+    for _ in range(1000):
+        for rel in rels:
+            h.hint(rel)
+    assert list(h.daemon.inbox.hints) == [Hint(rel, committed=True) for rel in rels]
+    for i in range(MAX_HINTS):
+        h.hint(f"run/other_{i}.pt")
+    assert len(h.daemon.inbox.hints) <= MAX_HINTS
+    h.daemon.tick(wait=False)
+    assert len(events(logs, "reconcile.finished")) == 2 and events(logs, "watch.rescan")
+    wait_for(lambda: h.daemon.ledger.copied == len(rels), 60, "every file copied")
+    assert all((mirror / rel).exists() for rel in rels)
 
 
 def test_a_checkpoint_without_a_step_is_warned_about_once_even_when_it_appears_at_a_later_rescan(

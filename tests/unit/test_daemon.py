@@ -307,6 +307,45 @@ def test_a_stalled_copy_is_reported_retried_and_a_wedged_worker_makes_the_daemon
     assert not list(mirror.rglob("*.part"))
 
 
+def test_stalled_copies_are_replaced_within_twice_the_pool_size_in_threads(
+    harness, primary, mirror, monkeypatch, logs
+) -> None:
+    """On a hung mount every read blocks: the stalled copy's replacement stalls too, and is not replaced
+    (one worker: two threads at most); /healthz says so. Once the reads return, a worker copies the file."""
+    h = harness(copy={"stall_seconds": 30, "workers": 1})
+    h.daemon.start()
+    src = save_checkpoint(primary / REL, 7)
+    reads, release, real_readv = [], threading.Event(), os.readv
+
+    def readv(fd: int, buffers: list[bytearray]) -> int:
+        reads.append(fd)
+        release.wait(120)
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
+    h.hint(REL)
+    h.daemon.tick(wait=False)
+    try:
+        wait_for(lambda: len(reads) == 1, 60, "the copy to block in a read")
+        h.clock.advance(31)
+        h.daemon.tick(wait=False)  # stalled: abandoned and replaced
+        wait_for(lambda: len(reads) == 2, 60, "the replacement to block in a read")
+        for _ in range(3):
+            h.clock.advance(31)
+            h.daemon.tick(wait=False)  # the replacement stalled: not replaced
+        assert len(events(logs, "copy.stalled")) == 2 and len(events(logs, "worker.not_replaced")) == 1
+        assert len([t for t in h.daemon.pool.threads() if t.is_alive()]) == 2 and len(reads) == 2
+        healthy, why = h.daemon.supervisor.health()
+        assert not healthy and "1 copy worker(s) not replaced" in why
+    finally:
+        release.set()
+    wait_for(lambda: len(events(logs, "copy.abandoned_returned")) == 2, 60, "the stuck copies to return")
+    h.clock.advance(5)
+    h.daemon.tick(wait=False)  # the heartbeat starts a worker again
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
+    assert (mirror / REL).read_bytes() == src.read_bytes() and h.daemon.supervisor.health()[0]
+
+
 def test_a_file_copied_in_a_loop_is_a_job_again_once_its_source_changes_and_forgotten_once_gone(
     harness, primary, mirror, logs
 ) -> None:

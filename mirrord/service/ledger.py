@@ -49,6 +49,7 @@ class Ledger:
         self.last_error = ""
         self.verify_failed: set[str] = set()  # the loop adds, workers discard (single set ops)
         self.looping: dict[str, tuple[int, int]] = {}  # rel -> the source (size, mtime) copied in a loop
+        metrics.copy_loops.set_function(lambda: len(self.looping))
         self._recopies: dict[str, tuple[tuple[int, int], int]] = {}  # rel -> (source key, re-copies)
         self._invalid: dict[str, Invalid] = {}
         # Committed primary files not yet mirrored -> since when (wall clock): the lag, whatever the
@@ -116,7 +117,6 @@ class Ledger:
             for memo in (self._invalid, self._recopies, self.looping):
                 for rel in [rel for rel in memo if rel not in present]:
                     del memo[rel]
-        self.metrics.copy_loops.set(len(self.looping))
 
     def report_invalid(self, grace: float) -> None:
         """A source still invalid after copy.invalid_grace_seconds is not being written: say so once."""
@@ -180,7 +180,6 @@ class Ledger:
             if self.looping[job.rel] == key:
                 return True
             del self.looping[job.rel]  # its source changed: a job again
-            self.metrics.copy_loops.set(len(self.looping))
         if job.why not in VERIFY_FAILURES:
             self._recopies.pop(job.rel, None)
             return False
@@ -190,7 +189,6 @@ class Ledger:
         if count <= RECOPY_LIMIT:
             return False
         self.looping[job.rel] = key
-        self.metrics.copy_loops.set(len(self.looping))
         self.log.error(
             "copy.loop",
             path=job.rel,

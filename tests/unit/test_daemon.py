@@ -368,8 +368,8 @@ def test_a_file_copied_in_a_loop_is_a_job_again_once_its_source_changes_and_forg
         wait_for(lambda n=copies: h.daemon.ledger.copied == n, 60, f"{copies} copies")
         meddle_and_rescan()
     assert sorted(e["path"] for e in events(logs, "copy.loop")) == [kept, gone]
-    loops = h.daemon.metrics.copy_loops._value
-    assert loops.get() == 2 and h.daemon.queue.depth() == 0
+    sample = h.daemon.metrics.registry.get_sample_value
+    assert sample("mirrord_copy_loop_files") == 2 and h.daemon.queue.depth() == 0
     meddle_and_rescan()
     assert h.daemon.queue.depth() == 0 and h.daemon.ledger.copied == 2 * (RECOPY_LIMIT + 1)
     src = save_checkpoint(primary / kept, 8)
@@ -378,7 +378,7 @@ def test_a_file_copied_in_a_loop_is_a_job_again_once_its_source_changes_and_forg
     h.daemon.tick(wait=False)
     wait_for(lambda: h.daemon.ledger.copied == 2 * (RECOPY_LIMIT + 1) + 1, 60, "the new version's copy")
     assert (mirror / kept).read_bytes() == src.read_bytes()
-    assert loops.get() == 0 and "loop" not in h.daemon.ledger.status(0, 0)
+    assert sample("mirrord_copy_loop_files") == 0 and "loop" not in h.daemon.ledger.status(0, 0)
 
 
 def test_an_event_storm_holds_each_hint_once_and_past_the_bound_turns_into_one_rescan(

@@ -69,7 +69,6 @@ class _Worker:
     name: str
     thread: threading.Thread | None = None
     entry: QueuedJob | None = None
-    job: CopyJob | None = None
     control: CopyControl | None = None
     retiring: bool = False
     abandoned: bool = False
@@ -255,7 +254,7 @@ class WorkerPool:
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:
-                worker.entry, worker.job, worker.control = entry, entry.job, control
+                worker.entry, worker.control = entry, control
             try:
                 outcome: CopyResult | StagedCopy | MirrordError = self.copy_fn(entry.job, control)
                 if isinstance(outcome, StagedCopy) and self.commits is None:
@@ -266,7 +265,7 @@ class WorkerPool:
                 self.log.exception("worker.crashed_job", path=entry.job.rel)
                 outcome = MirrordError(entry.job.rel, f"internal error: {exc!r}")
             with self._lock:
-                worker.entry = worker.job = worker.control = None
+                worker.entry = worker.control = None
                 abandoned = worker.abandoned
             if abandoned:
                 if isinstance(outcome, StagedCopy):  # its retry publishes it again: never recorded from here

@@ -57,8 +57,7 @@ class Hints(Enqueuer):
         files: dict[str, FileState] = {}
         units: set[str] = set()
         rescan = False
-        hints = self.inbox.hints
-        for hint in one_turn(self.monotonic, hints, hints.popleft):
+        for hint in one_turn(self.monotonic, self.inbox.hints, self.inbox.next_hint):
             unit = unit_of(hint.rel, rules) if hint.rel and rules.folders else None
             if unit is not None:
                 units.add(unit)  # a folder unit is judged from a listing of it (a rename gives it no shortcut)

@@ -351,27 +351,41 @@ def test_restore_falls_back_past_a_newest_copy_it_cannot_read(mirrored: tuple[Pa
 
 
 def test_restore_keeps_the_mirror_copys_modes_and_the_manifest_is_private(tmp_path: Path) -> None:
-    """Issue 41 case 2: a 0700 run folder with 0600 checkpoints, mirrored and restored under umask 022, is
-    0700/0600 again; the manifest (snapshot and journal) is 0600 in a 0700 mirror root and 0640 in a 0750 one
-    (the read-only group of docs/security.md reads it), never readable by others."""
+    """Issue 41 case 2: 0700 run folders with 0600 checkpoints (files of run `a`; an hf folder unit, restored
+    through a staging folder), mirrored and restored under umask 022, are 0700/0600 again; the manifest
+    (snapshot and journal) is 0600 in a 0700 mirror root and 0640 in a 0750 one (the read-only group of
+    docs/security.md reads it), never readable by others."""
+    from tests.support.folders import write_hf
+
     old_umask = os.umask(0o022)
     try:
-        primary, private, grouped = tmp_path / "primary", tmp_path / "private", tmp_path / "grouped"
-        private.mkdir(mode=0o700)
-        grouped.mkdir(mode=0o750)
-        _train(primary / "a", [10, 20])
-        for path in [primary / "a", *(primary / "a").iterdir()]:
+        files, folders = tmp_path / "files", tmp_path / "folders"
+        _train(files / "a", [10, 20])
+        write_hf(folders / "run" / "checkpoint-10", 10)
+        for path in [*files.rglob("*"), *folders.rglob("*")]:
             path.chmod(0o700 if path.is_dir() else 0o600)
-        for mirror, mode in ((private, 0o600), (grouped, 0o640)):
-            config = write_config(tmp_path / f"{mirror.name}.toml", settings(primary, mirror))
-            assert run_mirrord("sync", "--config", config).returncode == 0
+        configs = {}
+        for primary, mirror, mode, extra in (
+            (files, tmp_path / "private", 0o600, {}),
+            (files, tmp_path / "grouped", 0o640, {}),
+            (folders, tmp_path / "hf-mirror", 0o600, {"layout": "hf"}),
+        ):
+            mirror.mkdir(mode=0o700 if mode == 0o600 else 0o750)
+            configs[mirror.name] = write_config(tmp_path / f"{mirror.name}.toml", settings(primary, mirror, extra))
+            assert run_mirrord("sync", "--config", configs[mirror.name]).returncode == 0
             manifest = list(mirror.glob(".mirrord-manifest*"))
             assert manifest and {p.name: p.stat().st_mode & 0o777 for p in manifest} == {p.name: mode for p in manifest}
-        shutil.rmtree(primary / "a")
-        done = run_mirrord("restore", "--config", tmp_path / "private.toml")
-        assert done.returncode == 0, done.stderr
-        assert (primary / "a").stat().st_mode & 0o777 == 0o700
-        assert (primary / "a" / "step_0020.pt").stat().st_mode & 0o777 == 0o600
+        shutil.rmtree(files)
+        shutil.rmtree(folders)
+        for name in ("private", "hf-mirror"):
+            done = run_mirrord("restore", "--config", configs[name])
+            assert done.returncode == 0, done.stderr
+        restored = [*files.rglob("*"), *(folders / "run").rglob("*"), folders / "run"]
+        assert (
+            files / "a" / "step_0020.pt" in restored
+            and folders / "run" / "checkpoint-10" / "trainer_state.json" in restored
+        )
+        assert {p: p.stat().st_mode & 0o777 for p in restored} == {p: 0o700 if p.is_dir() else 0o600 for p in restored}
     finally:
         os.umask(old_umask)
 

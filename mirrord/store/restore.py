@@ -19,6 +19,7 @@ from typing import BinaryIO, cast
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import (
+    ChangedError,
     DamagedCopyError,
     DestinationTakenError,
     NothingToRestoreError,
@@ -195,8 +196,8 @@ def _read(where: str, stream: BinaryIO, into: memoryview) -> int:
     """readinto from the mirror's copy: a read error is the mirror file's (DamagedCopyError), not the destination's."""
     try:
         return cast("io.BufferedIOBase", stream).readinto(into)  # a local file or an S3 body
-    except OSError as exc:
-        raise DamagedCopyError(where, f"unreadable on the mirror ({exc.strerror or exc})") from exc
+    except (OSError, ChangedError) as exc:  # ChangedError: an S3 object replaced while read
+        raise DamagedCopyError(where, f"unreadable on the mirror ({getattr(exc, 'strerror', None) or exc})") from exc
 
 
 def _identical(dest_root: Path, unit: Candidate) -> bool:

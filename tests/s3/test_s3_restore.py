@@ -105,6 +105,36 @@ def test_an_object_replaced_by_a_larger_one_is_never_read(
     assert sorted(p.name for p in (tmp_path / "resume" / "a").iterdir()) == ["step_0020.pt"]
 
 
+def test_an_object_replaced_while_restore_reads_it_is_passed_over(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 41 case 6 on S3: the newest object (two 8 MiB parts) replaced by other bytes once restore has
+    read its first buffer: the ranged GET of the second part is refused (If-Match), and restore falls back to
+    step 20, naming the object, instead of failing."""
+    from mirrord.store.restore import restore
+
+    primary = tmp_path / "primary"
+    (primary / "a").mkdir(parents=True)
+    for step in (20, 30):
+        atomic_save({"step": step, "w": torch.randn(2048, 1536)}, primary / "a" / f"step_{step:04d}.pt")  # 12 MiB
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+    replaced: list[str] = []
+
+    def replace_once(done: int, total: int, key: str) -> None:
+        if key == "a/step_0030.pt" and not replaced:
+            replaced.append(key)
+            body = (primary / "a" / "step_0020.pt").read_bytes()
+            mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=body)
+
+    restored = restore(mirror, tmp_path / "resume", progress=replace_once)
+    assert replaced and restored.key == "a/step_0020.pt"
+    assert [d.path for d in restored.damaged] == [f"{url}/a/step_0030.pt"]
+    assert torch.load(restored.path, weights_only=True)["step"] == 20
+
+
 @pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
 def test_disaster_drill_on_seaweedfs(
     seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path, trainer: Trainer

@@ -127,14 +127,12 @@ def _restore_unit(
 
     def publish(upload: Upload, entry: ManifestEntry) -> None:
         """The entry's bytes from the mirror into `upload`, published only if they are the recorded ones;
-        never more than the recorded size (and one byte, to see a copy that grew while read)."""
+        nothing past the recorded size is read (a copy that grew while read: its recorded bytes are checked)."""
         nonlocal done
         hasher, size = new_hasher(entry.algo), 0
         try:
             with _open_recorded(store, entry) as stream:
-                while n := _read(store.describe(entry.path), stream, buffer[: min(len(buffer), entry.size - size + 1)]):
-                    if size + n > entry.size:
-                        break  # the size check below names it
+                while n := _read(store.describe(entry.path), stream, buffer[: min(len(buffer), entry.size - size)]):
                     hasher.update(buffer[:n])
                     upload.write(buffer[:n])
                     size += n

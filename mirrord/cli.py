@@ -791,7 +791,7 @@ def _main(argv: Sequence[str] | None) -> int:
         logsetup.get_logger().error(
             "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
         )
-        print(f"mirrord: {exc}", file=sys.stderr)
+        print(printable(f"mirrord: {exc}"), file=sys.stderr)
         if getattr(args, "json", False) and args.command != "status":
             from mirrord.commands.report import dumps, error_document
 

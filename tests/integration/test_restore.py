@@ -443,7 +443,8 @@ def test_restore_without_a_run_refuses_among_several_and_names_them(mirrored: tu
 
 def test_restore_escapes_terminal_sequences_in_names(tmp_path: Path) -> None:
     """Issue 41 case 9: a run folder named with OSC and CSI sequences reaches restore's "DAMAGED" and
-    "restored ... from ..." lines escaped (\\x1b), as the other commands print names."""
+    "restored ... from ..." lines, and in the error line of a damaged --step, escaped (\\x1b), as the other
+    commands print names."""
     hostile = "\x1b]0;owned\x07run\x1b[2J"
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     mirror.mkdir()
@@ -457,3 +458,5 @@ def test_restore_escapes_terminal_sequences_in_names(tmp_path: Path) -> None:
     lines = done.stderr.splitlines()
     assert [line.split(" ", 1)[0] for line in lines] == ["DAMAGED", "restored"], lines
     assert all("\\x1b]0;owned\\x07run\\x1b[2J" in line for line in lines), lines
+    pinned = run_mirrord("restore", "--config", config, "--step", "20", "--to", tmp_path / "pinned")
+    assert pinned.returncode == 1 and "\x1b" not in pinned.stderr and "\\x1b]0;owned" in pinned.stderr

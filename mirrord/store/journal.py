@@ -320,10 +320,15 @@ class LocalManifestStore:
         if self._initial is not None:
             self.publish_snapshot(self._initial)
             self._initial = None
-        with atomic.atomic_output(self.journal_path(generation)) as f:
+        with atomic.atomic_output(self.journal_path(generation), mode=self._mode()) as f:
             f.write(frame(json.dumps(_header(generation), separators=(",", ":")).encode()))
         self._exists = True
         self._journal_seen = _lstat_identity(self.journal_path(generation))
+
+    def _mode(self) -> int:
+        """0600, or 0640 when the mirror root is group-readable: the manifest names every checkpoint with its
+        size and hash, so no other user reads it; a read-only group (docs/security.md) does."""
+        return 0o600 | (self.root.stat().st_mode & 0o040)
 
     def rotate(self) -> int:
         """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
@@ -344,7 +349,7 @@ class LocalManifestStore:
         """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
         self.guard()
         try:
-            atomic.write_bytes_atomic(self.snapshot_path, data)
+            atomic.write_bytes_atomic(self.snapshot_path, data, mode=self._mode())
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
         self._snapshot_seen = (_lstat_identity(self.snapshot_path), _sha256(data).hexdigest())

@@ -56,9 +56,21 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("configuration (flags override MIRRORD_* variables, which override the file)")
     g.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (default: $MIRRORD_CONFIG)")
     g.add_argument("--primary", type=Path, metavar="DIR", help="directory the trainer writes checkpoints to")
-    g.add_argument("--mirror", type=Path, metavar="DIR", help="directory that holds the trustworthy copy")
+    g.add_argument(
+        "--mirror",
+        type=mirror_arg,
+        metavar="DIR",
+        help="directory (or s3://bucket/prefix) that holds the trustworthy copy",
+    )
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level")
     g.add_argument("--log-format", choices=["auto", "json", "console"], help="log rendering")
+
+
+def mirror_arg(text: str) -> Path | str:
+    """--mirror: a directory, or an s3:// URL kept as written (a Path would fold its '//' to '/')."""
+    from pathlib import Path
+
+    return text if text.startswith("s3://") else Path(text)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -673,9 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--primary", type=Path, metavar="DIR", help="the directory the trainer writes checkpoints to")
     p.add_argument(
         "--mirror",
-        type=Path,
+        type=mirror_arg,
         metavar="DIR",
-        help="the directory for the trustworthy copy (required to run; else left for you to set)",
+        help="the directory (or s3://bucket/prefix) for the trustworthy copy (required to run; else set it later)",
     )
     p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
     p.add_argument("--force", action="store_true", help="replace files that exist")

@@ -454,7 +454,7 @@ class Config(_Section):
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, for `check-config`."""
-        data = self.model_dump(mode="json", by_alias=True)
+        data = self.model_dump(mode="json", by_alias=True) | {"mirror": str(self.mirror_target)}
         if data["s3"]["secret_access_key"] is not None:  # never printed, not even when allowed inline
             data["s3"]["secret_access_key"] = MASK
         return data

@@ -6,6 +6,7 @@ fails it), and every shell block of the README's quick starts runs, as written, 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_mirrord
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +103,10 @@ def test_local_quick_start_runs_as_written(tmp_path: Path) -> None:
         "step_0004.pt",
         "step_0005.pt",
     ]
+    # What the README says the quick start's daemon keeps is what its config has (issue 45.3).
+    claimed = re.search(r"keeps the (\d+) newest verified steps", README.read_text())
+    shown = run_mirrord("check-config", "--config", "mirrord.toml", "--format", "json", cwd=tmp_path)
+    assert claimed is not None and int(claimed[1]) == json.loads(shown.stdout)["prune"]["keep_last"]
 
 
 def test_s3_quick_start_runs_as_written(tmp_path: Path) -> None:

@@ -559,6 +559,8 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
         raw = read_trusted(path, CONFIG_LIMIT, follow=True)[1] if content is None else content
         data = tomllib.loads(raw.decode("utf-8"))
     except UntrustedFileError as exc:
+        if Path(path).is_dir():
+            raise ConfigError([f"config: {path} is a directory: name the TOML file itself"]) from exc
         raise ConfigError(
             [f"config: {exc}: another user could change what this daemon does (chown root and chmod go-w it)"]
         ) from exc

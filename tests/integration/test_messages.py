@@ -232,3 +232,10 @@ def test_sync_stopped_by_a_hangup_or_term_removes_its_part_and_says_so(tmp_path:
     assert not list(mirror.rglob("*.part")), sorted(mirror.rglob("*"))
     assert not (mirror / "run_a" / "step_1.pt").exists(), "the copy was finished instead of aborted"
     assert '"command.interrupted"' in err and signal.Signals(sig).name in err, err
+
+
+def test_a_config_that_is_a_directory_is_called_one(tmp_path: Path) -> None:
+    """`--config DIR` says it is a directory, not that another user could change it (issue 45.6)."""
+    result = run_mirrord("check-config", "--config", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == f"mirrord: config error: config: {tmp_path} is a directory: name the TOML file itself\n"

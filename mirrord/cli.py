@@ -799,9 +799,10 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
-        logsetup.get_logger().error(
-            "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
-        )
+        if args.command == "run" or config.log.format == "json":  # else one readable line, not a log line first
+            logsetup.get_logger().error(
+                "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
+            )
         print(f"mirrord: {exc}", file=sys.stderr)
         if getattr(args, "json", False) and args.command != "status":
             from mirrord.commands.report import dumps, error_document

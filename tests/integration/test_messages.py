@@ -239,3 +239,13 @@ def test_a_config_that_is_a_directory_is_called_one(tmp_path: Path) -> None:
     result = run_mirrord("check-config", "--config", tmp_path)
     assert result.returncode == 2
     assert result.stderr == f"mirrord: config error: config: {tmp_path} is a directory: name the TOML file itself\n"
+
+
+def test_a_failed_command_says_one_readable_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    """Captured stderr (a pipe, a CI log) gets the error as one line, no JSON log line before it (issue 45.8);
+    `--log-format json` still logs command.failed (test_startup_imports)."""
+    _primary, mirror = _roots(tmp_path)
+    (mirror / ".mirrord-manifest.json").write_text("{not json")
+    result = run_mirrord("latest", "--mirror", mirror)
+    assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("mirrord: "), result.stderr

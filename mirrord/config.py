@@ -175,6 +175,10 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
 MASK = "********"
 
 
+class Variable(str):
+    """The text of a MIRRORD_* variable: the only place a number or boolean is written as a string."""
+
+
 class _Section(BaseModel):
     # Every interval and rate is finite and within bounds a real deployment can use: an infinite
     # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
@@ -184,10 +188,15 @@ class _Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_as_number(cls, value: Any, info: Any) -> Any:
-        """TOML's `true` is not 1: a boolean for a number is refused, as the same word from MIRRORD_* is."""
+        """TOML's `true` is not 1, nor "5" the number 5: a number or boolean key takes only a TOML number or
+        boolean, or a MIRRORD_* variable's text (a Variable, which pydantic converts)."""
         annotation = cls.model_fields[info.field_name].annotation
-        if isinstance(value, bool) and annotation is not bool and bool not in typing.get_args(annotation):
+        kinds = {annotation, *typing.get_args(annotation)}
+        if isinstance(value, bool) and bool not in kinds:
             raise ValueError(f"{str(value).lower()} is a boolean, not a number: write the number")
+        if type(value) is str and kinds & {int, float, bool}:
+            kind = "boolean" if bool in kinds else "number"
+            raise ValueError(f"{value!r} is a string, not a {kind} (in a TOML file, write it without quotes)")
         return value
 
 
@@ -547,6 +556,7 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
             except ValueError as exc:
                 layer.problems.append(f"{dotted}: {name} is not valid JSON ({exc}); e.g. {name}='[\"*.pt\"]'")
                 continue
+            value = Variable(value) if isinstance(value, str) else value
             section, _, key = dotted.rpartition(".")
             (layer.data.setdefault(section, {}) if section else layer.data)[key] = value
             layer.origins[dotted] = f"environment {name}"

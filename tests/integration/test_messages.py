@@ -249,3 +249,21 @@ def test_a_failed_command_says_one_readable_line_when_stderr_is_not_a_terminal(t
     result = run_mirrord("latest", "--mirror", mirror)
     assert result.returncode == 1
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("mirrord: "), result.stderr
+
+
+def test_a_quoted_number_or_boolean_in_the_file_is_refused(tmp_path: Path) -> None:
+    """`keep_last = "5"` is a string: refused with the key and the fix, as `true` for a number is; the same
+    text from a MIRRORD_* variable is the number (issue 45.8)."""
+    primary, mirror = _roots(tmp_path)
+    config = tmp_path / "mirrord.toml"
+    config.write_text(f'primary = "{primary}"\nmirror = "{mirror}"\n[prune]\nkeep_last = "5"\ndry_run = "false"\n')
+    result = run_mirrord("check-config", "--config", config)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"mirrord: config error: prune.{key}: {text!r} is a string, not a {kind} (in a TOML file, write it "
+        f"without quotes) (in {config})"
+        for key, text, kind in (("keep_last", "5", "number"), ("dry_run", "false", "boolean"))
+    ]
+    config.write_text(f'primary = "{primary}"\nmirror = "{mirror}"\n')
+    shown = run_mirrord("check-config", "--config", config, "--format", "json", env={"MIRRORD_PRUNE__KEEP_LAST": "5"})
+    assert json.loads(shown.stdout)["prune"]["keep_last"] == 5

@@ -449,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
+        p.set_defaults(parser=p)  # for the usage and the suggestion when a flag is mistyped
         if config:
             _common(p)
             p.set_defaults(func=func, needs_primary=needs_primary)
@@ -747,7 +748,13 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"mirrord {__version__}")
         return EXIT_OK
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, and the closest of its flags (argparse's suggest_on_error is 3.14)
+        import difflib
+
+        here: argparse.ArgumentParser = getattr(args, "parser", parser)
+        close = difflib.get_close_matches(unknown[0].partition("=")[0], list(here._option_string_actions), n=1)
+        here.error(f"unrecognized arguments: {' '.join(unknown)}" + (f"; did you mean {close[0]}?" if close else ""))
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE

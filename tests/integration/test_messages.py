@@ -267,3 +267,14 @@ def test_a_quoted_number_or_boolean_in_the_file_is_refused(tmp_path: Path) -> No
     config.write_text(f'primary = "{primary}"\nmirror = "{mirror}"\n')
     shown = run_mirrord("check-config", "--config", config, "--format", "json", env={"MIRRORD_PRUNE__KEEP_LAST": "5"})
     assert json.loads(shown.stdout)["prune"]["keep_last"] == 5
+
+
+def test_a_mistyped_flag_gets_the_subcommands_usage_and_the_closest_flag(tmp_path: Path) -> None:
+    """`prune --dry-rn`: the prune usage (not the top-level one) and `did you mean --dry-run?` (issue 45.8)."""
+    result = run_mirrord("prune", "--dry-rn", "--mirror", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: mirrord prune ")
+    assert (
+        result.stderr.splitlines()[-1]
+        == "mirrord prune: error: unrecognized arguments: --dry-rn; did you mean --dry-run?"
+    )

@@ -323,7 +323,6 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     import contextlib
 
     from mirrord.commands.prune import describe
-    from mirrord.core.model import Snapshot
     from mirrord.obs import log as logsetup
     from mirrord.service.pruner import Pruner, PruneReport
     from mirrord.store.targets import mirror_for
@@ -331,6 +330,13 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
     dry_run = args.dry_run or config.prune.dry_run
     mirror = mirror_for(config.mirror_target, config.s3)
+    if not mirror.exists():  # a mistyped mirror must not read as "nothing to delete"
+        print(
+            f"mirrord: prune: the mirror {mirror.describe()} does not exist or is not a directory "
+            "(mirror / --mirror); nothing to prune",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
     with contextlib.nullcontext() if dry_run else mirror.lock():
         try:
@@ -342,11 +348,9 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             report, read = PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]), False
         else:
             read = True
-            # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
-            absent = Snapshot() if dry_run and not mirror.exists() else None
             report = Pruner(
                 config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget_branch)
-            ).run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+            ).run_cycle(dry_run=True if dry_run else None)
             if not dry_run:
                 manifest.close()
     if args.json:

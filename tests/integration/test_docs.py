@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,16 @@ def test_every_docs_page_cited_exists() -> None:
     assert "docs/layouts.md" in cited
     missing = sorted(c for c in cited if not (REPO / c).is_file())
     assert not missing, f"cited but absent: {missing}"
+
+
+def test_the_readme_reads_once_and_resumes_from_s3_with_restore() -> None:
+    """No section twice; the S3 quick start resumes with `mirrord restore`, not hand-written boto3; the docs
+    build it names has an extra of its own (issue 45.8)."""
+    headings = re.findall(r"^## (.+)$", README.read_text(), flags=re.MULTILINE)
+    assert len(headings) == len(set(headings)), headings
+    s3 = "\n".join(shell_blocks(README.read_text(), "Quick start: an S3 mirror"))
+    assert "mirrord restore --config mirrord-s3.toml" in s3 and "download_file" not in s3
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [r for r in extras["docs"] if r.startswith("mkdocs")] == [
+        r for r in extras["test"] if r.startswith("mkdocs")
+    ]

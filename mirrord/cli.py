@@ -251,15 +251,20 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
         import json
 
         print(json.dumps(config.to_toml_dict(), indent=2))
-        return EXIT_OK
-    from mirrord.commands.config_toml import render
+    else:
+        from mirrord.commands.config_toml import render
 
-    loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
-    print(render(config.to_toml_dict(), loaded.origin), end="")
-    print("\n# effective checkpoint rules:")
-    print("\n".join(f"#   {line}" for line in config.rules.describe()))
-    mode, why = config.retention_mode
-    print(f"# retention: prune.mode in force is {mode!r} ({why})")
+        loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
+        print(render(config.to_toml_dict(), loaded.origin), end="")
+        print("\n# effective checkpoint rules:")
+        print("\n".join(f"#   {line}" for line in config.rules.describe()))
+        mode, why = config.retention_mode
+        print(f"# retention: prune.mode in force is {mode!r} ({why})")
+    if args.probe:  # a MirrordError (one line: where, what failed, why) is main()'s to print: exit 1
+        from mirrord.commands.probe import probe_mirror
+        from mirrord.store.targets import mirror_for
+
+        print(f"probe: {probe_mirror(mirror_for(config.mirror_target, config.s3), config.mirror_url is not None)}")
     return EXIT_OK
 
 
@@ -559,6 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["toml", "json"],
         default="toml",
         help="toml (default): for a person, with origins; json: the values only, for machines",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="also reach the mirror (a folder or S3), write a test object, read it back and delete it; "
+        "exit 1 with the cause if any step fails",
     )
     add(
         "repair-manifest",

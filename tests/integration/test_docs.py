@@ -155,3 +155,16 @@ def test_the_readme_reads_once_and_resumes_from_s3_with_restore() -> None:
     assert [r for r in extras["docs"] if r.startswith("mkdocs")] == [
         r for r in extras["test"] if r.startswith("mkdocs")
     ]
+
+
+def test_the_packages_make_test_installs_are_the_ones_the_docs_list() -> None:
+    """Every Debian package `.ci/run` apt-installs is named in docs/testing.md, the README says `make test`
+    installs system packages as root, and its tier table gives no test counts that go stale (issue 45.7)."""
+    loop = re.search(r"for pkg in (.*?); do", (REPO / ".ci" / "run").read_text(), flags=re.DOTALL)
+    assert loop is not None
+    packages = loop[1].replace("\\\n", " ").split()
+    testing = (REPO / "docs" / "testing.md").read_text()
+    assert [p for p in packages if not re.search(rf"\b{re.escape(p)}\b", testing)] == []
+    readme = README.read_text()
+    assert "`make test` first apt-installs the system packages" in readme
+    assert re.findall(r"\d+ (?:tests|passed)\b", readme) == []

@@ -243,6 +243,8 @@ class MetricsConfig(_Section):
 
     enabled: bool = True
     address: Annotated[str, AfterValidator(check_host_port)] = "127.0.0.1:9108"
+    # false: runs are labelled by a digest of their name, which /metrics then tells no local user (docs/security.md)
+    run_names: bool = True
 
     @property
     def host(self) -> str:

@@ -214,6 +214,8 @@ def wrap(where: str, exc: Exception, action: str) -> MirrordError:
     cause = f"{action}: {code + ' ' if code else ''}{message or type(exc).__name__}".strip()
     if isinstance(exc, ClientError) and code not in TRANSIENT_CODES:
         return PermanentError(where, cause)
+    if inner is not None:
+        cause = f"no answer from the S3 endpoint ({cause}): check s3.endpoint_url and that the server is up"
     return UnreachableError(where, cause)  # connection errors, timeouts, throttling, 5xx
 
 
@@ -239,17 +241,6 @@ def put_if(client: Any, bucket: str, key: str, body: bytes, etag: str | None) ->
             return None
         raise
     return str(answer["ETag"])
-
-
-def access_error(where: str, exc: Exception) -> MirrordError:
-    """Why the bucket cannot be used, in words that say what to fix (see wrap), and a server that does not
-    answer as one (never "does not exist")."""
-    wrapped = wrap(where, exc, "reach the bucket")
-    if isinstance(wrapped, UnreachableError):
-        return UnreachableError(
-            where, f"no answer from the S3 endpoint ({wrapped.cause}): check s3.endpoint_url and that the server is up"
-        )
-    return wrapped
 
 
 def server_time(answer: dict[str, Any]) -> float | None:

@@ -41,7 +41,6 @@ from mirrord.store.s3.client import (
     S3_ERRORS,
     S3Location,
     S3Settings,
-    access_error,
     error_code,
     make_client,
     make_session,
@@ -108,13 +107,13 @@ class S3Mirror:
             client.head_bucket(Bucket=self.location.bucket)
         except S3_ERRORS as exc:
             if error_code(exc) not in (*MISSING_CODES, "NoSuchBucket"):
-                raise access_error(self.url, exc) from exc
+                raise wrap(self.url, exc, "reach the bucket") from exc
             try:  # a HEAD's 404 has no body: a listing's answer says whether S3 or another service spoke
                 client.list_objects_v2(Bucket=self.location.bucket, MaxKeys=1)
             except S3_ERRORS as listed:
                 if error_code(listed) == "NoSuchBucket":
                     return False
-                raise access_error(self.url, listed) from listed
+                raise wrap(self.url, listed, "reach the bucket") from listed
         return True
 
     def link_aliases(self, primary_root: Any, links: Any, entries: Any) -> list[tuple[str, str]]:

@@ -327,6 +327,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     """`mirrord prune`: one retention pass (--dry-run shows what would go)."""
     import contextlib
 
+    from mirrord.commands.latest import opened_run
     from mirrord.commands.prune import describe
     from mirrord.obs import log as logsetup
     from mirrord.service.pruner import Pruner, PruneReport
@@ -335,12 +336,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
     dry_run = args.dry_run or config.prune.dry_run
     mirror = mirror_for(config.mirror_target, config.s3)
-    if not mirror.exists():  # a mistyped mirror must not read as "nothing to delete"
-        print(
-            f"mirrord: prune: the mirror {mirror.describe()} does not exist or is not a directory "
-            "(mirror / --mirror); nothing to prune",
-            file=sys.stderr,
-        )
+    if not opened_run(mirror, "prune", "mirror", None)[0]:  # a mistyped mirror is not "nothing to delete"
         return EXIT_USAGE
     # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
     with contextlib.nullcontext() if dry_run else mirror.lock():

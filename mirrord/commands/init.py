@@ -36,7 +36,7 @@ def _set_line(text: str, pattern: str, line: str, what: str) -> str:
 
 
 # A mirror is a directory, or an s3:// URL kept as a str (the --mirror flag's type, cli.mirror_arg).
-Mirror = Path | str | None
+MirrorArg = Path | str | None
 
 # Replaces the unit's loopback-only fence when the mirror is an object store (docs/deployment.md).
 S3_NETWORK = """# The mirror is an s3:// object store: mirrord connects out to its endpoint, whose addresses (a name
@@ -46,7 +46,7 @@ S3_NETWORK = """# The mirror is an s3:// object store: mirrord connects out to i
 #   IPAddressAllow=localhost 10.0.0.7"""
 
 
-def starter_config(primary: Path | None, mirror: Mirror) -> str:
+def starter_config(primary: Path | None, mirror: MirrorArg) -> str:
     """The example config, every key commented, with the roots filled in when given (as absolute paths)."""
     text = packaged(EXAMPLE_CONFIG)
     if primary is not None:
@@ -57,7 +57,7 @@ def starter_config(primary: Path | None, mirror: Mirror) -> str:
     return text
 
 
-def starter_unit(config_path: Path, primary: Path | None, mirror: Mirror, executable: str | None) -> str:
+def starter_unit(config_path: Path, primary: Path | None, mirror: MirrorArg, executable: str | None) -> str:
     """The packaged unit pointed at this config, these roots and (if known) this mirrord executable. An
     s3:// mirror writes nothing here (no ReadWritePaths=) and needs the network (no loopback fence)."""
     text = packaged(SYSTEMD_UNIT)
@@ -74,7 +74,7 @@ def starter_unit(config_path: Path, primary: Path | None, mirror: Mirror, execut
     return text
 
 
-def systemd_next_steps(config: Path, unit: Path, mirror: Mirror) -> list[str]:
+def systemd_next_steps(config: Path, unit: Path, mirror: MirrorArg) -> list[str]:
     """What to run after `init --systemd`: the user the unit runs as, its rights, the unit's install."""
     steps = [
         "useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord",
@@ -90,7 +90,7 @@ def systemd_next_steps(config: Path, unit: Path, mirror: Mirror) -> list[str]:
     return steps
 
 
-def systemd_warnings(primary: Path | None, mirror: Mirror, executable: str | None) -> list[str]:
+def systemd_warnings(primary: Path | None, mirror: MirrorArg, executable: str | None) -> list[str]:
     """Paths the unit's sandbox hides from the service: PrivateTmp gives it its own /tmp and /var/tmp,
     ProtectHome hides /root, /home and /run/user."""
     hidden = {

@@ -4,6 +4,7 @@ failed attempt is the caller's (the worker pool's retry policy, or `sync`'s next
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import threading
 import time
@@ -279,7 +280,8 @@ class Engine:
             m.copy_throughput.set(throughput)
             m.last_timestamp.set(staged.entries[0].mirrored_at)
             if job.step is not None:
-                label = m.run_label(job.run)
+                run = job.run if self.config.metrics.run_names else hashlib.sha256(job.run.encode()).hexdigest()[:12]
+                label = m.run_label(run)
                 self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
                 m.last_step.labels(label).set(self._last_steps[label])
         self.log.info(

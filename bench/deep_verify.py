@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.formats.zipcheck import check_torch_zip, load_check
-from mirrord.store.hashing import hash_file
+from tests.support.mirror import hash_file
 
 if __package__ in (None, ""):  # run as a script (python bench/X.py): make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from mirrord.service.retry import RetryPolicy
 from mirrord.service.workers import WorkerPool
 from mirrord.store.volume import LocalMirror
 from tests.support.checkpoints import publish_checkpoint
+from tests.support.engine import copy_once
 from tests.support.wait import wait_for
 
 
@@ -42,7 +44,7 @@ def _pool(
 ) -> WorkerPool:
     """A pool copying with `engine` as the daemon's does: its retry policy, stalls counted in its metrics."""
     return WorkerPool(
-        engine.copy_once,
+        functools.partial(copy_once, engine),
         queue,
         size,
         retry=RetryPolicy.from_config(engine.config),

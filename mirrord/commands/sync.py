@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import Snapshot
-from mirrord.core.nodes import own_view
 from mirrord.core.plan import SettleTracker
-from mirrord.core.reconcile import Facts, reconcile
+from mirrord.core.reconcile import Facts
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
-from mirrord.service.completeness import judge, recorded_names, sharing_for
 from mirrord.service.engine import Engine
+from mirrord.service.enqueue import copy_view
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
 from mirrord.store.aliases import alias_links
@@ -71,23 +70,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             for rel, why in psnap.skipped:
                 if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link below
                     log.warning("scan.skipped", path=rel, why=why, volume="primary")
-            now = time.monotonic()
-            settled = settle.at(now)
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
-            view = reconcile(
-                psnap,
-                msnap,
-                manifest.entries,
-                config,
-                time.time(),
-                is_settled=settled,
-                is_complete=judge(
-                    primary, rules, settle.quiet_at(now), tell=True, recorded=recorded_names(manifest.entries, rules)
-                ),
-                facts=facts,
-                sharing=sharing_for(config, manifest, primary, settled),
-                own=own_view(manifest.entries, mirror.node, manifest.matched, psnap.files),
-            )
+            view = copy_view(config, primary, mirror, manifest, manifest.entries, settle, psnap, msnap, facts)
             report.refused = view.refused
             if view.refused is not None:
                 break

@@ -134,7 +134,6 @@ class Status:
 
 
 # --- reading the daemon -------------------------------------------------------------------------------
-Fetch = Callable[[str, float], tuple[int, str]]
 # What the daemon's /status says, by the DaemonStatus field it fills (its counts of copies by result aside)
 SAID = (
     "healthy",
@@ -182,9 +181,7 @@ def endpoint_url(address: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ask_daemon(
-    config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get, roots: tuple[str, str] | None = None
-) -> DaemonStatus:
+def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> DaemonStatus:
     """Ask the daemon's /status (within `timeout`). `roots` (primary, mirror): the daemon that answers must
     say it mirrors these, else it is another config's daemon on the same address, and this config's daemon
     is not running."""
@@ -192,7 +189,7 @@ def ask_daemon(
     if not config.metrics.enabled:
         status.error = "metrics.enabled = false: the daemon cannot be asked"
         return status
-    code, body = fetch(endpoint_url(config.metrics.address) + "/status", timeout)
+    code, body = http_get(endpoint_url(config.metrics.address) + "/status", timeout)
     if code == 0:
         status.error = f"nothing answers on {config.metrics.address} (daemon not running?)"
         return status
@@ -203,7 +200,7 @@ def ask_daemon(
         status.error = f"{config.metrics.address} answers, but not with mirrord's /status (HTTP {code})"
         return status
     theirs = (document.get("primary"), document["mirror"])
-    if roots is not None and theirs != roots:
+    if theirs != roots:
         status.error = (
             f"{config.metrics.address} is the daemon of another mirror ({theirs[0]} -> {theirs[1]}), "
             f"not of {roots[1]}: this config's daemon is not running (do two configs share "
@@ -358,9 +355,7 @@ def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit
 def collect(
     config: Config,
     deep: bool = False,
-    now: Callable[[], float] = time.time,
     timeout: float = DEFAULT_TIMEOUT,
-    fetch: Fetch = http_get,
     max_lag: float = DEFAULT_MAX_LAG,
 ) -> Status:
     """Build the status report; reads only (never takes the mirror lock, never writes).
@@ -368,7 +363,7 @@ def collect(
     Lag is a problem once a run is more than `max_lag` seconds behind, and so is a primary holding
     checkpoints to copy while the mirror has no manifest and no daemon answers: nothing is vouched for,
     and nothing is about to change that."""
-    checked_at = now()
+    checked_at = time.time()
     problems: list[str] = []
     notes: list[str] = []
     manifest: Mapping[str, ManifestEntry] = {}
@@ -452,7 +447,7 @@ def collect(
                 f"{human_duration(max_lag)}, see --max-lag)"
             )
 
-    daemon = ask_daemon(config, timeout, fetch, (primary.describe(), mirror.describe()))
+    daemon = ask_daemon(config, timeout, (primary.describe(), mirror.describe()))
     pending = sum(r.pending_files for r in runs)
     if not manifest and pending and not daemon.running and not any(p.startswith("manifest:") for p in problems):
         # Nothing is vouched for and no daemon is there to change that. (A running daemon is busy with its

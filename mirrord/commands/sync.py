@@ -22,7 +22,6 @@ from mirrord.store.volume import LocalVolume, exclude_each_other
 
 if TYPE_CHECKING:
     from mirrord.config import Config
-    from mirrord.obs.metrics import Metrics
 
 
 @dataclass
@@ -44,7 +43,7 @@ class SyncReport:
         return not self.failed and not self.listing_errors and not self.invalid and self.refused is None
 
 
-def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoard | None = None) -> SyncReport:
+def run_sync(config: Config, board: ProgressBoard | None = None) -> SyncReport:
     """Copy every committed checkpoint the mirror lacks. Files still being written are waited for
     (up to three settle periods) and then reported as unsettled, not copied; a source that fails its
     format validator is tried again if it changes within that time, else reported as invalid. A mirror
@@ -57,7 +56,7 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
     with mirror.lock():
         exclude_each_other(primary, mirror)  # as the daemon: neither listing enters the other root
         manifest = mirror.read_manifest()
-        engine = Engine(config, mirror, manifest, metrics, board=board)
+        engine = Engine(config, mirror, manifest, board=board)
         rules = config.rules
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic, config.unit.settle_seconds)
         deadline = time.monotonic() + 3 * max(config.copy.settle_seconds, config.unit.settle_seconds * rules.folders)

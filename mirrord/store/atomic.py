@@ -84,6 +84,11 @@ def temp_name(final_name: str) -> str:
     return final_name + TEMP_SUFFIX
 
 
+def temp_path(final: Path) -> Path:
+    """The temporary name a file is written under before it is published as `final`."""
+    return final.with_name(temp_name(final.name))
+
+
 def fsync_dir(path: Path) -> None:
     """Make the directory's entries (a rename, a create, an unlink) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

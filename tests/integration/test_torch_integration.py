@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mirrord.formats.zipcheck import check_torch_zip
-from mirrord.store.atomic import temp_name
+from mirrord.store.atomic import temp_path
 from mirrord.torch import SaveResult, atomic_save, latest_checkpoint
 from tests.support.checkpoints import checkpoint_state
 from tests.support.mirror import hash_file
@@ -37,7 +37,7 @@ def test_atomic_save_publishes_a_whole_checkpoint_with_its_digest(tmp_path: Path
     state = checkpoint_state()
     result = atomic_save(state, path, algo=algo)
     assert result == SaveResult(path, path.stat().st_size, algo, hash_file(path, algo))
-    assert not path.with_name(temp_name(path.name)).exists()
+    assert not temp_path(path).exists()
     assert check_torch_zip(path).ok
     loaded = torch.load(path, map_location="cpu", weights_only=True)
     for key, tensor in state["model"].items():  # type: ignore[attr-defined]
@@ -107,7 +107,7 @@ def test_kill_9_during_atomic_save_publishes_nothing(tmp_path: Path) -> None:
     previous = tmp_path / "step_00000001.pt"
     atomic_save(checkpoint_state(1), previous)
     final = tmp_path / "step_00000002.pt"
-    part = final.with_name(temp_name(final.name))
+    part = temp_path(final)
     child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(final)])
     try:
         _wait_for(lambda: part.exists() and part.stat().st_size > 1 << 20, 120, f"{part.name} to pass 1 MiB")

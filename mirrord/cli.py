@@ -225,8 +225,8 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     """`mirrord check-config`: print the effective config (each value with its origin, or as JSON) and the
     checkpoint rules it implies; warns about patterns that can never match and, from a listing of the
     primary, about checkpoints with no step and checkpoint-like files the layout does not select."""
-    from mirrord.core.layouts import never_matching
     from mirrord.core.units import naming_warnings
+    from mirrord.layouts import never_matching
     from mirrord.store.scan import snapshot_tree
 
     warnings = never_matching(config.rules)

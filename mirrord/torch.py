@@ -19,8 +19,8 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
-from mirrord.core.layouts import Layout
 from mirrord.errors import NothingToRestoreError
+from mirrord.layouts import Layout
 from mirrord.store.atomic import atomic_output
 from mirrord.store.hashing import Hasher, new_hasher
 from mirrord.store.resume import latest_checkpoint

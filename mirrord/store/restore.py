@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import DamagedCopyError, DestinationTakenError, NothingToRestoreError, from_oserror
+from mirrord.layouts import Layout
 from mirrord.paths import lstat_beneath
 from mirrord.store.hashing import HASH_BUFFER_BYTES, new_hasher
 from mirrord.store.mirror import ReadableStore, Upload

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from mirrord.core.branches import branches, lying_after_ns
-from mirrord.core.layouts import TEMP_SUFFIXES, Layout
 from mirrord.core.model import ManifestEntry, entry_passed, entry_whole, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
+from mirrord.layouts import TEMP_SUFFIXES, Layout
 from mirrord.store.hashing import hash_stream
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import ReadableStore, random_access_fd
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from mirrord.formats.validators import Verdict
 
 # Re-reading (hashing, the format validators) and judging a primary's folder
-# units (mirrord.service.completeness) are imported where they are needed: the usual answer is a
+# units (mirrord.store.completeness) are imported where they are needed: the usual answer is a
 # manifest read and a few stats, and a training script waits on it. So are folder units
 # (mirrord.core.units): a file layout's answer has none.
 
@@ -348,7 +348,7 @@ def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> s
     volume = store.local_tree()
     if volume is None:
         return None  # a primary is a local tree; judging completeness needs one
-    from mirrord.service.completeness import judge
+    from mirrord.store.completeness import judge
 
     units = [
         u for u in group_units(volume.snapshot((), layout).files.values(), layout).values() if u.role == "checkpoint"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
+from structlog.typing import FilteringBoundLogger
+
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
@@ -29,31 +31,24 @@ from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class Enqueuer:
     """Plans a view (a full listing, or the files a hint or a recheck named) and queues its jobs."""
 
-    def __init__(
-        self,
-        *,
-        settings: Callable[[], Settings],
-        primary: LocalVolume,
-        mirror: Mirror,
-        manifest: Manifest,
-        queue: JobQueue,
-        ledger: Ledger,
-        refusals: Refusals,
-        inbox: Inbox,
-        settle: SettleTracker,
-        observations: Observations,
-        wall: Callable[[], float],
-        monotonic: Callable[[], float],
-    ) -> None:
-        self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
-        self.queue, self.ledger, self.refusals, self.inbox = queue, ledger, refusals, inbox
-        self.settle, self.observations = settle, observations
-        self.wall, self.monotonic = wall, monotonic
-        self.unsettled: set[str] = set()
-        self.log = get_logger()
+    settings: Callable[[], Settings]
+    primary: LocalVolume
+    mirror: Mirror
+    manifest: Manifest
+    queue: JobQueue
+    ledger: Ledger
+    refusals: Refusals
+    inbox: Inbox
+    settle: SettleTracker
+    observations: Observations
+    wall: Callable[[], float]
+    monotonic: Callable[[], float]
+    unsettled: set[str] = dataclasses.field(default_factory=set, init=False)
+    log: FilteringBoundLogger = dataclasses.field(default_factory=get_logger, init=False)
 
     @property
     def config(self) -> Config:

@@ -99,16 +99,6 @@ class Engine:
         with self._space_lock:
             self.config, self.options, self.make_room = config, copy_options(config), make_room
 
-    def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
-        """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""
-        staged = self.stage(job, control)
-        if isinstance(staged, CopyResult):
-            return staged
-        outcome = self.commit([staged])[0]
-        if isinstance(outcome, MirrordError):
-            raise outcome
-        return outcome
-
     def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy | CopyResult:
         """Copy the job and publish it under its final name, leaving its directory fsync and its manifest
         record to commit() (which may take several staged copies at once). An alias published from its

@@ -28,6 +28,7 @@ from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.config import load, settings
 from tests.support.deep import deeper_than_path_max
+from tests.support.engine import copy_once
 from tests.support.logs import parse_events
 from tests.support.mirror import assert_mirror_consistent
 
@@ -439,7 +440,7 @@ def _fill(primary: Path, engine: Engine, steps: range) -> None:
     for s in steps:
         src = primary / RUN / f"step_{s:04d}.pt"
         st = src.stat()
-        engine.copy_once(CopyJob(f"{RUN}/step_{s:04d}.pt", st.st_size, st.st_mtime_ns, s, "new"))
+        copy_once(engine, CopyJob(f"{RUN}/step_{s:04d}.pt", st.st_size, st.st_mtime_ns, s, "new"))
 
 
 def _tmpfs_config(primary: Path, mirror: Path, keep_last: int) -> Config:

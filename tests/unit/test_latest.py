@@ -17,6 +17,7 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.resume import latest_checkpoint
 from mirrord.store.volume import LocalMirror
 from tests.support.checkpoints import BASE_MTIME_NS, save_checkpoint
+from tests.support.engine import copy_once
 
 
 def mirror_steps(config: Config, rels_and_steps: list[tuple[str, int, int]]) -> None:
@@ -26,7 +27,7 @@ def mirror_steps(config: Config, rels_and_steps: list[tuple[str, int, int]]) -> 
     engine = Engine(config, mirror, manifest, Metrics())
     for rel, step, mtime_ns in rels_and_steps:
         path = save_checkpoint(config.primary / rel, step, mtime_ns=mtime_ns)
-        engine.copy_once(CopyJob(rel, path.stat().st_size, mtime_ns, step, "new"))
+        copy_once(engine, CopyJob(rel, path.stat().st_size, mtime_ns, step, "new"))
     manifest.close()
 
 

@@ -184,3 +184,34 @@ def test_check_config_prints_the_mode(tmp_path: Path) -> None:
     assert re.search(r"prune.mode in force is 'follow' \(prune.mode = 'auto': layout 'lightning'", out.stdout), (
         out.stdout + out.stderr
     )
+
+
+def test_an_explicit_count_the_follow_mode_would_ignore_is_a_config_error(tmp_path: Path) -> None:
+    """Issue 42 case 4: layout "hf" with prune.keep_last = 2 and mode "auto" (follow) kept all the trainer kept,
+    silently. Now the two keys that disagree are named, with both ways out; keep_last mode takes the count."""
+
+    def config(**prune: object) -> Config:
+        return Config(primary=tmp_path, mirror=tmp_path / "m", layout="hf", prune=prune)  # type: ignore[arg-type]
+
+    for key in ("keep_last", "keep_every"):
+        with pytest.raises(ValidationError, match=rf'prune.{key}: no effect with prune.mode "follow".*keep_last"'):
+            config(**{key: 2})
+    with pytest.raises(ValidationError, match=r"prune\.keep_last: no effect"):
+        config(keep_last=2, mode="follow")
+    assert config(keep_last=2, mode="keep_last").prune.keep_last == 2
+    assert config(keep_last=2, primary=True).retention_mode[0] == "keep_last"
+
+
+def test_check_config_names_the_keys_without_effect(tmp_path: Path) -> None:
+    """check-config says which prune keys the mode in force ignores, and refuses an explicit keep_last in follow."""
+    from tests.support.cli import run_mirrord
+
+    (tmp_path / "p").mkdir()
+    env = {"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false"}
+    args = ("check-config", "--primary", tmp_path / "p", "--mirror", tmp_path / "m")
+    out = run_mirrord(*args, env=env)
+    assert "# no effect in this mode: prune.keep_last, prune.keep_every, prune.keep_branch_tips" in out.stdout, out
+    refused = run_mirrord(*args, env={**env, "MIRRORD_PRUNE__KEEP_LAST": "2"})
+    assert refused.returncode != 0 and "prune.keep_last: no effect" in refused.stderr, refused
+    off = run_mirrord(*args, env={**env, "MIRRORD_PRUNE__ENABLED": "false"})
+    assert "# no effect in this mode: prune.mode, prune.keep_last" in off.stdout, off

@@ -13,7 +13,7 @@ from mirrord.core.plan import SettleTracker
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
-from mirrord.service.completeness import judge, recorded_names, sharing_for
+from mirrord.service.completeness import Looks, judge, recorded_names, sharing_for
 from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
@@ -61,6 +61,7 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
         engine = Engine(config, mirror, manifest, metrics, board=board)
         rules = config.rules
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic, config.unit.settle_seconds)
+        looks = Looks(time.monotonic)
         deadline = time.monotonic() + 3 * max(config.copy.settle_seconds, config.unit.settle_seconds * rules.folders)
         attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
         while True:
@@ -82,7 +83,7 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
                 time.time(),
                 is_settled=settled,
                 is_complete=judge(
-                    primary, rules, settle.quiet_at(now), tell=True, recorded=recorded_names(manifest.entries, rules)
+                    primary, rules, settle.quiet_at(now), looks, recorded=recorded_names(manifest.entries, rules)
                 ),
                 facts=facts,
                 sharing=sharing_for(config, manifest, primary, settled),

@@ -4,6 +4,7 @@ pure rule (mirrord.core.units.completeness) decide."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -52,18 +53,59 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
     )
 
 
+class Looks:
+    """What judging remembers from one listing to the next (a daemon's, a sync's): the files of each folder unit
+    last judged whole, and when each unit's cause of incompleteness was last warned about. Bounded: an entry
+    outlives neither `MAX_REMEMBERED` newer ones nor, for a warning, `warn_every` seconds."""
+
+    MAX_REMEMBERED = 4096
+
+    def __init__(self, clock: Callable[[], float], warn_every: float = 300.0) -> None:
+        self.clock, self.warn_every = clock, warn_every
+        self.whole: dict[str, dict[str, tuple[int, int]]] = {}  # unit -> member -> (inode, mtime) when whole
+        self.warned: dict[tuple[str, str, str], float] = {}  # (event, unit, cause) -> when
+
+    def judged(self, unit: Unit, verdict: Completeness) -> Completeness:
+        """The verdict, unless the unit lost files since it was seen whole (the rest unchanged): a folder being
+        deleted (a rotation's rmtree, a save killed inside it) is not a save, however its rule reads what is left."""
+        files = {unit.member(f.rel): (f.ino, f.mtime_ns) for f in unit.files}
+        seen = self.whole.pop(unit.rel, None)
+        unchanged = seen is not None and all(seen.get(name, key) == key for name, key in files.items())
+        if seen is not None and unchanged and (lost := sorted(set(seen) - set(files))):
+            self.whole[unit.rel] = seen
+            return Completeness(
+                False, f"{', '.join(lost)} gone since the folder was seen whole: being deleted, not saved"
+            )
+        if verdict.complete:  # (a rewritten file is a new save: what was seen before says nothing of it)
+            self.whole[unit.rel] = files
+            while len(self.whole) > self.MAX_REMEMBERED:
+                del self.whole[next(iter(self.whole))]
+        return verdict
+
+    def tell(self, event: str, unit: str, why: str) -> None:
+        """One warning per unit and cause every `warn_every` seconds (a byte count is not a new cause), a
+        debug line on the other looks: a save that died is not news on every listing."""
+        now, key = self.clock(), (event, unit, re.sub(r"\d+", "N", why))
+        if now - self.warned.get(key, -self.warn_every) < self.warn_every:
+            get_logger().debug(event, path=unit, why=why)
+            return
+        self.warned = {k: t for k, t in self.warned.items() if now - t < self.warn_every}
+        self.warned[key] = now
+        get_logger().warning(event, path=unit, why=why)
+
+
 def judge(
     volume: LocalVolume,
     layout: Layout,
     quiet: Quiet = lambda _unit, _guess: True,
-    tell: bool = False,
+    looks: Looks | None = None,
     recorded: Callable[[Unit], frozenset[str] | None] = lambda _unit: None,
 ) -> Callable[[Unit], Completeness]:
     """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule. With
-    `tell`, a unit that has been quiet and is still not whole (a member that is not a file, a state file
-    that does not parse, a missing shard) is logged once for the listing, with why. `recorded`: the files
-    of the run's previous checkpoint on the mirror (recorded_names)."""
-    told: set[str] = set()
+    `looks`, a folder that lost files since it was seen whole is not whole, and a unit that has been quiet and
+    is still not whole (a member that is not a file, a state file that does not parse, a missing shard) is
+    logged, with why (Looks.tell). `recorded`: the files of the run's previous checkpoint on the mirror
+    (recorded_names)."""
 
     def complete(unit: Unit) -> Completeness:
         verdict = not_files(volume, unit) if unit.kind == "folder" else None
@@ -73,9 +115,12 @@ def judge(
             expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
             verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
             event = "unit.incomplete"  # (told once the unit has been quiet)
-        if tell and not verdict.complete and unit.rel not in told and (event == "unit.not_whole" or quiet(unit, False)):
-            told.add(unit.rel)
-            get_logger().warning(event, path=unit.rel, why=verdict.why)
+        if looks is None:
+            return verdict
+        if unit.kind == "folder":
+            verdict = looks.judged(unit, verdict)
+        if not verdict.complete and (event == "unit.not_whole" or quiet(unit, False)):
+            looks.tell(event, unit.rel, verdict.why)
         return verdict
 
     return complete

@@ -18,7 +18,7 @@ from mirrord.core.retention import PrunePlan
 from mirrord.core.units import group_units, unit_identity
 from mirrord.errors import UnsafePathError
 from mirrord.obs.log import get_logger
-from mirrord.service.completeness import judge, recorded_names, sharing_for
+from mirrord.service.completeness import Looks, judge, recorded_names, sharing_for
 from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import VERIFY_FAILURES, Ledger
@@ -53,6 +53,7 @@ class Enqueuer:
         self.settle, self.observations = settle, observations
         self.wall, self.monotonic = wall, monotonic
         self.unsettled: set[str] = set()
+        self.looks = Looks(monotonic)
         self.log = get_logger()
 
     @property
@@ -87,7 +88,7 @@ class Enqueuer:
         now = self.monotonic()
         settled = self.settle.at(now)
         complete = judge(
-            self.primary, cfg.rules, self.settle.quiet_at(now), tell=True, recorded=recorded_names(entries, cfg.rules)
+            self.primary, cfg.rules, self.settle.quiet_at(now), self.looks, recorded=recorded_names(entries, cfg.rules)
         )
         own = own_view(entries, self.mirror.node, self.manifest.matched, psnap.files)
         return reconcile(

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,8 @@ class Pruner:
         # The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
         # refused: which steps are retired for a partial listing (the daemon's watch hints).
         self.last_plan: PrunePlan | None = None
+        # Runs paused and mirror files kept by each Held reason in the last pass (the gauges read them).
+        self.held: tuple[int, Mapping[str, int]] = (0, {})
         # (volume, path, reason) vetoes already logged: a young file kept for many passes is one
         # prune.skipped line, not one per pass (the metric still counts every pass).
         self._skips_logged: set[tuple[str, str, str]] = set()
@@ -201,6 +203,7 @@ class Pruner:
                 plan = self.plan(primary_snap, mirror_snap)
             elif not plan.refused:
                 self.last_plan = plan.retirement()
+            self.held = len(plan.paused), plan.held
             report = self._execute(plan, dry, sides, keep_going=keep_going)
             if not dry and MIRROR in sides:
                 self._sweep_uploads()

@@ -97,6 +97,11 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
         if policy.keep_every:
             text += f", plus every step that is a multiple of keep_every={policy.keep_every}"
         text += f"; older steps are deleted {sides}"
+        if policy.primary:  # mirrord is then the trainer's rotation: its own bookkeeping still binds it
+            text += (
+                ", except a checkpoint the trainer's newest bookkeeping still keeps (Lightning's best_k_models "
+                "and best_model_path, HF's best_model_checkpoint) or a pointer names"
+            )
     text += f"; nothing younger than min_age_seconds={policy.min_age_seconds:g} is deleted"
     return text + ("; prune.dry_run = true: deletions are only logged" if policy.dry_run else "")
 
@@ -494,8 +499,9 @@ def _plan_run(
             for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
             if not (why == BRANCH_TIP and step in forgotten)
         }
-    for step, (_p, on_mirror) in by_step.items():
-        if step not in keep and any(f.rel in request.pointed or units.get(f.rel) in request.pointed for f in on_mirror):
+    for step, (on_primary, on_mirror) in by_step.items():  # (the trainer's best may not be mirrored yet)
+        pointed = (f.rel in request.pointed or units.get(f.rel) in request.pointed for f in (*on_primary, *on_mirror))
+        if step not in keep and any(pointed):
             keep[step] = POINTER
     kept_window = [s for s in order if s in verified][-n:]
     invalid = request.invalid

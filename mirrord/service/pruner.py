@@ -31,7 +31,7 @@ from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deleti
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.store.aliases import best_checkpoints, pointed_targets, tagged_targets
+from mirrord.store.aliases import best_checkpoints, lightning_kept, pointed_targets, tagged_targets
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
@@ -170,9 +170,11 @@ class Pruner:
         tree, layout = self.mirror.local_tree(), self.config.rules
         runs = {e.run for e in self.manifest.entries.values()}
         best = (
-            frozenset()
-            if layout.rule != "hf"
-            else best_checkpoints(self.primary.root, self.manifest.entries, layout, HF_STATE)
+            best_checkpoints(self.primary.root, self.manifest.entries, layout, HF_STATE)
+            if layout.rule == "hf"
+            else lightning_kept(self.primary.root, self.manifest.entries, layout)
+            if layout.name == "lightning"
+            else frozenset()
         )
         if tree is None:
             return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from posixpath import dirname
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError, UnsafePathError
+from mirrord.formats import safepickle
 from mirrord.paths import open_file_beneath, split_rel
 from mirrord.store import atomic
 from mirrord.store.staging import dir_beneath
@@ -130,6 +132,48 @@ def best_checkpoints(root: Path, recorded: Iterable[str], layout: Layout, state_
         if layout.is_unit_name(name):
             named.add(f"{run}/{name}" if run else name)
     return frozenset(named)
+
+
+CKPT_STATE_BYTES = 64 << 20  # a Lightning checkpoint's data.pkl: its structure and storage ids, no tensor bytes
+KEPT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def lightning_kept(root: Path, recorded: Iterable[str], layout: Layout) -> frozenset[str]:
+    """The checkpoints Lightning's ModelCheckpoint still keeps by its state in each run's newest recorded
+    checkpoint (`best_k_models`, `best_model_path`, `kth_best_model_path`, `last_model_path`), read on `root`
+    without running its pickle, as root-relative paths. Unreadable: none."""
+    newest: dict[str, tuple[int, str]] = {}
+    for rel in recorded:
+        step = layout.step_of(rel.rpartition("/")[2])
+        if step is not None and step >= newest.get(dirname(rel), (-1, ""))[0]:
+            newest[dirname(rel)] = (step, rel)
+    named: set[str] = set()
+    for run, (_, rel) in newest.items():
+        for path in _model_checkpoint_paths(root, rel):
+            name = path.rpartition("/")[2]
+            if layout.is_unit_name(name) and not layout.is_alias(name):
+                named.add(f"{run}/{name}" if run else name)
+    return frozenset(named)
+
+
+def _model_checkpoint_paths(root: Path, rel: str) -> list[str]:
+    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names; [] if unreadable."""
+    try:
+        fd = open_file_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, UnsafePathError):
+        return []
+    try:
+        with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as archive:
+            info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
+            state = safepickle.load(archive.read(info), storages=True) if info.file_size <= CKPT_STATE_BYTES else {}
+    except (OSError, StopIteration, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile):
+        return []  # (safepickle.UnreadableError is a ValueError)
+    callbacks = state.get("callbacks") if isinstance(state, dict) else None
+    paths: list[object] = []
+    for key, kept in callbacks.items() if isinstance(callbacks, dict) else ():
+        if str(key).startswith("ModelCheckpoint") and isinstance(kept, dict):
+            paths += [kept.get(k) for k in KEPT_PATHS] + list(kept.get("best_k_models") or ())
+    return [p for p in paths if isinstance(p, str)]
 
 
 def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> frozenset[str]:

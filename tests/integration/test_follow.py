@@ -131,3 +131,46 @@ def test_hf_trainer_best_checkpoint_survives_its_rotation_on_the_mirror(tmp_path
         "train_hf", tmp_path / "resumed", "--steps", 4, "--save-steps", 2, "--resume", best, log=tmp_path / "b.log"
     )
     assert resumed == {s: losses[s] for s in (3, 4)}
+
+
+def test_lightning_top_k_best_survives_mirrords_own_rotation_of_the_primary(tmp_path: Path) -> None:
+    """Issue 42 case 7: ModelCheckpoint(save_top_k=3, monitor="val_loss"), val_loss lowest at epoch 0, with
+    prune.primary = true (so mode "auto" is keep_last 2: mirrord rotates the trainer's disk). Before: epoch 0,
+    still in Lightning's top 3, was deleted on both sides. Now the ModelCheckpoint state in the newest
+    recorded checkpoint (best_k_models, best_model_path) keeps it on both sides, and the start-up line says so."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary.mkdir()
+    prune = {"prune": {"primary": True, "keep_last": 2}}
+    d = DaemonProcess(tmp_path, primary, mirror, settings("lightning", **prune))
+    try:
+        d.start()
+        assert "best_k_models" in d.wait_event("daemon.starting")["retention"]
+        train(
+            "train_lightning",
+            primary / "run",
+            "--epochs",
+            6,
+            "--keep",
+            3,
+            "--monitor-best-at",
+            0,
+            "--step-seconds",
+            0.2,
+            log=tmp_path / "train.log",
+        )
+        best = "epoch=0-step=2.ckpt"
+        want = [best, "epoch=4-step=10.ckpt", "epoch=5-step=12.ckpt"]
+
+        def converged() -> bool:
+            assert not d.exited(), d.log_text()[-4000:]
+            return unit_names(primary / "run", LIGHTNING_UNIT) == unit_names(mirror / "run", LIGHTNING_UNIT) == want
+
+        try:
+            wait_for(converged, 120, "both sides pruned to Lightning's top 3", interval=0.5)
+        except AssertionError as exc:
+            sides = unit_names(primary / "run", LIGHTNING_UNIT), unit_names(mirror / "run", LIGHTNING_UNIT)
+            raise AssertionError(f"{exc}\nprimary, mirror: {sides}\n{d.log_text()[-3000:]}") from None
+        assert not [e for e in d.events("prune.deleted") if e["path"].endswith(best)]
+        assert d.stop() == 0
+    finally:
+        d.kill()

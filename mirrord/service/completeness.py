@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.contributions import Sharing, local_part
 from mirrord.core.layouts import MEGATRON_TRACKER, Layout
@@ -55,8 +55,8 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
 
 class Looks:
     """What judging remembers from one listing to the next (a daemon's, a sync's): the files of each folder unit
-    last judged whole, and when each unit's cause of incompleteness was last warned about. Bounded: an entry
-    outlives neither `MAX_REMEMBERED` newer ones nor, for a warning, `warn_every` seconds."""
+    last judged whole, and when each unit's cause of incompleteness was last warned about. Bounded: each
+    memory is forgotten whole once it holds MAX_REMEMBERED entries."""
 
     MAX_REMEMBERED = 4096
 
@@ -66,32 +66,34 @@ class Looks:
         self.warned: dict[tuple[str, str, str], float] = {}  # (event, unit, cause) -> when
 
     def judged(self, unit: Unit, verdict: Completeness) -> Completeness:
-        """The verdict, unless the unit lost files since it was seen whole (the rest unchanged): a folder being
-        deleted (a rotation's rmtree, a save killed inside it) is not a save, however its rule reads what is left."""
+        """The verdict, unless the unit lost files since it was seen whole and the rest is unchanged (a rewritten
+        file is a new save): a folder being deleted (a rotation's rmtree, a save killed inside it) is not a save,
+        however its rule reads what is left."""
         files = {unit.member(f.rel): (f.ino, f.mtime_ns) for f in unit.files}
-        seen = self.whole.pop(unit.rel, None)
-        unchanged = seen is not None and all(seen.get(name, key) == key for name, key in files.items())
-        if seen is not None and unchanged and (lost := sorted(set(seen) - set(files))):
-            self.whole[unit.rel] = seen
+        seen = self.whole.get(unit.rel, {})
+        if (lost := sorted(seen.keys() - files.keys())) and all(seen.get(n, k) == k for n, k in files.items()):
             return Completeness(
                 False, f"{', '.join(lost)} gone since the folder was seen whole: being deleted, not saved"
             )
-        if verdict.complete:  # (a rewritten file is a new save: what was seen before says nothing of it)
-            self.whole[unit.rel] = files
-            while len(self.whole) > self.MAX_REMEMBERED:
-                del self.whole[next(iter(self.whole))]
+        if verdict.complete:
+            _remember(self.whole, unit.rel, files, self.MAX_REMEMBERED)
         return verdict
 
     def tell(self, event: str, unit: str, why: str) -> None:
         """One warning per unit and cause every `warn_every` seconds (a byte count is not a new cause), a
         debug line on the other looks: a save that died is not news on every listing."""
         now, key = self.clock(), (event, unit, re.sub(r"\d+", "N", why))
-        if now - self.warned.get(key, -self.warn_every) < self.warn_every:
+        if key in self.warned and now - self.warned[key] < self.warn_every:
             get_logger().debug(event, path=unit, why=why)
-            return
-        self.warned = {k: t for k, t in self.warned.items() if now - t < self.warn_every}
-        self.warned[key] = now
-        get_logger().warning(event, path=unit, why=why)
+        else:
+            _remember(self.warned, key, now, self.MAX_REMEMBERED)
+            get_logger().warning(event, path=unit, why=why)
+
+
+def _remember(memory: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    if len(memory) >= limit:
+        memory.clear()
+    memory[key] = value
 
 
 def judge(

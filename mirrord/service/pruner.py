@@ -23,7 +23,6 @@ from typing import Any
 
 from mirrord.config import Config
 from mirrord.core.guards import REASONS, veto
-from mirrord.core.layouts import HF_STATE
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.reconcile import Facts, reconcile
@@ -31,7 +30,7 @@ from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deleti
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.store.aliases import best_checkpoints, lightning_kept, pointed_targets, tagged_targets
+from mirrord.store.aliases import pointed_targets, tagged_targets, trainer_kept
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
@@ -169,13 +168,8 @@ class Pruner:
         the primary names: kept while they name it."""
         tree, layout = self.mirror.local_tree(), self.config.rules
         runs = {e.run for e in self.manifest.entries.values()}
-        best = (
-            best_checkpoints(self.primary.root, self.manifest.entries, layout, HF_STATE)
-            if layout.rule == "hf"
-            else lightning_kept(self.primary.root, self.manifest.entries, layout)
-            if layout.name == "lightning"
-            else frozenset()
-        )
+        trainer = layout.rule == "hf" or layout.name == "lightning"
+        best = trainer_kept(self.primary.root, self.manifest.entries, layout) if trainer else frozenset()
         if tree is None:
             return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())
         return best | (pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset())

@@ -17,7 +17,7 @@ from pathlib import Path
 from posixpath import dirname
 from typing import TYPE_CHECKING
 
-from mirrord.core.layouts import Layout
+from mirrord.core.layouts import HF_STATE, Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError, UnsafePathError
 from mirrord.formats import safepickle
@@ -109,51 +109,39 @@ def _read_beneath(root: Path, rel: str, limit: int) -> bytes | None:
 
 
 STATE_BYTES = 1 << 20  # a trainer_state.json larger than this names nothing (it is read at every pass)
-
-
-def best_checkpoints(root: Path, recorded: Iterable[str], layout: Layout, state_file: str) -> frozenset[str]:
-    """The checkpoint each run's newest `state_file` (HF's trainer_state.json, of the recorded units) names
-    as its best (`best_model_checkpoint`), read on `root`, as a root-relative unit path. Unreadable,
-    too large or naming nothing: no best."""
-    newest: dict[str, tuple[int, str]] = {}
-    for rel in recorded:
-        unit, _, name = rel.rpartition("/")
-        step = layout.step_of(unit.rpartition("/")[2]) if name == state_file else None
-        if step is not None and step >= newest.get(dirname(unit), (-1, ""))[0]:
-            newest[dirname(unit)] = (step, unit)
-    named: set[str] = set()
-    for run, (_, unit) in newest.items():
-        data = _read_beneath(root, f"{unit}/{state_file}", STATE_BYTES + 1)
-        try:
-            best = json.loads(data[:STATE_BYTES]).get("best_model_checkpoint") if data is not None else None
-        except (ValueError, AttributeError):
-            best = None
-        name = best.rstrip("/").rpartition("/")[2] if isinstance(best, str) else ""
-        if layout.is_unit_name(name):
-            named.add(f"{run}/{name}" if run else name)
-    return frozenset(named)
-
-
 CKPT_STATE_BYTES = 64 << 20  # a Lightning checkpoint's data.pkl: its structure and storage ids, no tensor bytes
 KEPT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 
-def lightning_kept(root: Path, recorded: Iterable[str], layout: Layout) -> frozenset[str]:
-    """The checkpoints Lightning's ModelCheckpoint still keeps by its state in each run's newest recorded
-    checkpoint (`best_k_models`, `best_model_path`, `kth_best_model_path`, `last_model_path`), read on `root`
-    without running its pickle, as root-relative paths. Unreadable: none."""
+def trainer_kept(root: Path, recorded: Iterable[str], layout: Layout) -> frozenset[str]:
+    """The checkpoints the trainer's own bookkeeping in each run's newest recorded checkpoint still keeps, read
+    on `root`, as root-relative paths: the HF Trainer's `best_model_checkpoint` (its trainer_state.json), or
+    Lightning's ModelCheckpoint state (`best_k_models`, `best_model_path`, `kth_best_model_path`,
+    `last_model_path`, read without running its pickle). Unreadable, too large or naming nothing: none."""
+    hf = layout.rule == "hf"
     newest: dict[str, tuple[int, str]] = {}
     for rel in recorded:
-        step = layout.step_of(rel.rpartition("/")[2])
-        if step is not None and step >= newest.get(dirname(rel), (-1, ""))[0]:
-            newest[dirname(rel)] = (step, rel)
+        unit, _, name = rel.rpartition("/")
+        where = unit if hf else rel  # hf: the unit folder holding the state file
+        step = layout.step_of(where.rpartition("/")[2]) if name == HF_STATE or not hf else None
+        if step is not None and step >= newest.get(dirname(where), (-1, ""))[0]:
+            newest[dirname(where)] = (step, where)
     named: set[str] = set()
-    for run, (_, rel) in newest.items():
-        for path in _model_checkpoint_paths(root, rel):
-            name = path.rpartition("/")[2]
+    for run, (_, where) in newest.items():
+        for path in _hf_best(root, where) if hf else _model_checkpoint_paths(root, where):
+            name = path.rstrip("/").rpartition("/")[2]
             if layout.is_unit_name(name) and not layout.is_alias(name):
                 named.add(f"{run}/{name}" if run else name)
     return frozenset(named)
+
+
+def _hf_best(root: Path, unit: str) -> list[str]:
+    data = _read_beneath(root, f"{unit}/{HF_STATE}", STATE_BYTES + 1)
+    try:
+        best = json.loads(data[:STATE_BYTES]).get("best_model_checkpoint") if data is not None else None
+    except (ValueError, AttributeError):
+        return []
+    return [best] if isinstance(best, str) else []
 
 
 def _model_checkpoint_paths(root: Path, rel: str) -> list[str]:

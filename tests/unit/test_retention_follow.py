@@ -14,7 +14,7 @@ from mirrord.config import Config, PruneConfig
 from mirrord.core.layouts import HF_STATE, layout_for
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.retention import PrunePlan, PruneRequest, plan_prune
-from mirrord.store.aliases import best_checkpoints
+from mirrord.store.aliases import trainer_kept
 
 NOW = 1_700_000_000.0
 NS = 1_000_000_000
@@ -150,9 +150,9 @@ def test_the_best_checkpoint_of_the_newest_trainer_state_is_named(tmp_path: Path
         (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
         (tmp_path / "run" / f"checkpoint-{step}" / HF_STATE).write_text(json.dumps({"best_model_checkpoint": best}))
     recorded = [f"run/checkpoint-{s}/{HF_STATE}" for s in (4, 6)]
-    assert best_checkpoints(tmp_path, recorded, layout, HF_STATE) == {"run/checkpoint-4"}
+    assert trainer_kept(tmp_path, recorded, layout) == {"run/checkpoint-4"}
     (tmp_path / "run" / "checkpoint-6" / HF_STATE).write_text("{not json")
-    assert best_checkpoints(tmp_path, recorded, layout, HF_STATE) == frozenset()
+    assert trainer_kept(tmp_path, recorded, layout) == frozenset()
 
 
 def test_the_mode_in_force_and_why(tmp_path: Path) -> None:

@@ -248,7 +248,7 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     print("\n".join(f"#   {line}" for line in config.rules.describe()))
     mode, why = config.retention_mode
     print(f"# retention: prune.mode in force is {mode!r} ({why})")
-    idle: tuple[str, ...] = ("keep_last", "keep_every", "keep_branch_tips") if mode == "follow" else ()
+    idle: tuple[str, ...] = ("keep_last", "keep_every") if mode == "follow" else ()
     if not config.prune.enabled:
         idle = tuple(key for key in type(config.prune).model_fields if key != "enabled")
     if idle:

@@ -88,7 +88,8 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
         return "off (prune.enabled = false): nothing is ever deleted"
     if follow:
         text = (
-            "follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names); what "
+            "follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names, and the tips "
+            "of abandoned branches); what "
             "the trainer deleted goes from the mirror once the trainer's newest checkpoint is verified there"
         )
     else:
@@ -491,14 +492,16 @@ def _plan_run(
     # a file needs a validator's ok.
     whole = {step for step in verified if all(f.rel in units or entry_whole(manifest[f.rel]) for f in by_step[step][1])}
     forgotten = {step for r, step in request.forget if r == run}
-    if request.follow:  # the trainer's choice, as its primary shows it
-        keep = {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
-    else:
-        keep = {
-            step: why
-            for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
-            if not (why == BRANCH_TIP and step in forgotten)
-        }
+    # Follow: the trainer's choice, as its primary shows it, and the tips of the branches it abandoned (a
+    # restart from scratch into the same folder is no choice to drop the old run's furthest checkpoint).
+    policies = ((KeepBranchTips(),) if policy.keep_branch_tips else ()) if request.follow else policies_for(policy)
+    keep = {
+        step: why
+        for step, why in preserved(policies, order, verified, run_branches).items()
+        if not (why == BRANCH_TIP and step in forgotten)
+    }
+    if request.follow:
+        keep |= {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
     for step, (on_primary, on_mirror) in by_step.items():  # (the trainer's best may not be mirrored yet)
         pointed = (f.rel in request.pointed or units.get(f.rel) in request.pointed for f in (*on_primary, *on_mirror))
         if step not in keep and any(pointed):

@@ -210,8 +210,26 @@ def test_check_config_names_the_keys_without_effect(tmp_path: Path) -> None:
     env = {"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false"}
     args = ("check-config", "--primary", tmp_path / "p", "--mirror", tmp_path / "m")
     out = run_mirrord(*args, env=env)
-    assert "# no effect in this mode: prune.keep_last, prune.keep_every, prune.keep_branch_tips" in out.stdout, out
+    assert "# no effect in this mode: prune.keep_last, prune.keep_every\n" in out.stdout, out
     refused = run_mirrord(*args, env={**env, "MIRRORD_PRUNE__KEEP_LAST": "2"})
     assert refused.returncode != 0 and "prune.keep_last: no effect" in refused.stderr, refused
     off = run_mirrord(*args, env={**env, "MIRRORD_PRUNE__ENABLED": "false"})
     assert "# no effect in this mode: prune.mode, prune.keep_last" in off.stdout, off
+
+
+def test_a_restart_from_scratch_keeps_the_old_runs_tip_in_follow() -> None:
+    """Issue 42 case 1: steps 500 and 1000 mirrored; the job restarts from scratch in the same folder (wiped)
+    and saves a new step 500, mirrored. Before, follow deleted the old run's 1000, its only copy; now it is
+    the tip of an abandoned branch, kept (prune.keep_branch_tips) until the operator forgets it."""
+    sides = Sides()
+    sides.add(ckpt(500), 1)
+    sides.add(ckpt(1000), 2)
+    del sides.primary[ckpt(1000)]
+    sides.add(ckpt(500), 10)  # the new run's step 500, written after 1000, mirrored and verified
+    plan = sides.plan()
+    assert plan.deletions == ()
+    assert {(k.rel, k.why) for k in plan.kept if k.volume == "mirror"} == {
+        (ckpt(500), "followed"),
+        (ckpt(1000), "branch_tip"),
+    }
+    assert plan.branch_tips == {"run": (1000,)}

@@ -260,6 +260,11 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
         print("\n".join(f"#   {line}" for line in config.rules.describe()))
         mode, why = config.retention_mode
         print(f"# retention: prune.mode in force is {mode!r} ({why})")
+        idle: tuple[str, ...] = ("keep_last", "keep_every") if mode == "follow" else ()
+        if not config.prune.enabled:
+            idle = tuple(key for key in type(config.prune).model_fields if key != "enabled")
+        if idle:
+            print(f"# no effect in this mode: {', '.join('prune.' + key for key in idle)}")
     if args.probe:  # a MirrordError (one line: where, what failed, why) is main()'s to print: exit 1
         from mirrord.commands.probe import probe_mirror
         from mirrord.store.targets import mirror_for

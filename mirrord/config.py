@@ -385,6 +385,14 @@ class Config(_Section):
                 'prune.primary = true: not with prune.mode = "follow" (the trainer owns its disk and '
                 'deletes its own checkpoints; set prune.mode = "keep_last" for mirrord to bound it)'
             )
+        mode, why = self.retention_mode
+        # Explicit beats implicit: a count the mode in force would silently ignore is an error, not a no-op.
+        problems += [
+            f'prune.{key}: no effect with prune.mode "follow" ({why}); pick one: remove prune.{key} to keep '
+            f'what the trainer keeps, or set prune.mode = "keep_last" for mirrord to keep the newest steps itself'
+            for key in ("keep_last", "keep_every")
+            if mode == "follow" and key in self.prune.model_fields_set
+        ]
         if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
             problems.append(
                 's3.units_span_nodes: only for layout = "dcp" with an s3:// mirror (a DCP folder '

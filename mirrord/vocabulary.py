@@ -26,6 +26,16 @@ class Veto(StrEnum):
     NEWEST = "newest"
     NOT_REGULAR = "not_regular"
     RECENTLY_SEEN = "recently_seen"  # not seen unchanged by this process for min_age_seconds (monotonic)
+    UNCONFIRMED = "unconfirmed"  # a mirror copy whose stat no longer matches its record: verified again first
+
+
+class Held(StrEnum):
+    """Why retention keeps a mirror copy its policy alone would let go (`mirrord_retention_held_files{reason}`)."""
+
+    PAUSED = "paused"  # its run's newest verified checkpoint is gone from the primary (wiped, unmounted)
+    UNCONFIRMED = "unconfirmed"  # its stat no longer matches its record (e.g. mtime set to 0): verified again first
+    BRANCH_TIP = "branch_tip"  # the newest checkpoint of an abandoned branch (a rollback, a restart from scratch)
+    POINTER = "pointer"  # named by a pointer (Lightning's last.ckpt, DeepSpeed's latest, HF's best checkpoint)
 
 
 class CopyOutcome(StrEnum):

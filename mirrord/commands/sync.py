@@ -17,6 +17,7 @@ from mirrord.service.enqueue import copy_view
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
 from mirrord.store.aliases import alias_links
+from mirrord.store.completeness import Looks
 from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume, exclude_each_other
 
@@ -59,6 +60,7 @@ def run_sync(config: Config, board: ProgressBoard | None = None) -> SyncReport:
         engine = Engine(config, mirror, manifest, board=board)
         rules = config.rules
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic, config.unit.settle_seconds)
+        looks = Looks(time.monotonic)
         deadline = time.monotonic() + 3 * max(config.copy.settle_seconds, config.unit.settle_seconds * rules.folders)
         attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
         while True:
@@ -70,7 +72,7 @@ def run_sync(config: Config, board: ProgressBoard | None = None) -> SyncReport:
                 if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link below
                     log.warning("scan.skipped", path=rel, why=why, volume="primary")
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
-            view = copy_view(config, primary, mirror, manifest, manifest.entries, settle, psnap, msnap, facts)
+            view = copy_view(config, primary, mirror, manifest, manifest.entries, settle, psnap, msnap, facts, looks)
             report.refused = view.refused
             if view.refused is not None:
                 break

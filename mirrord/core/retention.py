@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed,
 from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
 from mirrord.layouts import Layout
-from mirrord.vocabulary import PruneRefusal, Volume
+from mirrord.vocabulary import Held, PruneRefusal, Volume
 
 if TYPE_CHECKING:
     from mirrord.config import PruneConfig
@@ -63,21 +64,22 @@ PRIMARY, MIRROR = Volume.PRIMARY, Volume.MIRROR
 # Why a file is kept.
 KEEP_LAST = "keep_last"
 KEEP_EVERY = "keep_every"
-BRANCH_TIP = "branch_tip"  # the newest step of an abandoned branch
-POINTER = "pointer"  # named by a pointer (DeepSpeed `latest`, Lightning `last.ckpt`, HF's best_model_checkpoint)
+BRANCH_TIP = Held.BRANCH_TIP  # the newest step of an abandoned branch
+POINTER = Held.POINTER  # named by a pointer (DeepSpeed `latest`, Lightning `last.ckpt`, HF's best_model_checkpoint)
 FOLLOWED = "followed"  # prune.mode = "follow": the trainer keeps it on the primary
 NEWER_THAN_KEPT = "newer_than_kept"
 NO_STEP = "no_step"
 UNVERIFIED = "unverified"
 NEWER_UNVERIFIED = "newer_unverified"  # retired, but a newer step is not verified and whole yet: the fallback
-UNCONFIRMED = "unconfirmed"  # a mirror file whose stat no longer matches its record: verify it again
-PAUSED = "paused"  # the run's newest verified step is gone from the primary: its mirror is not shrunk
+UNCONFIRMED = Held.UNCONFIRMED  # a mirror file whose stat no longer matches its record: verify it again
+PAUSED = Held.PAUSED  # the run's newest verified step is gone from the primary: its mirror is not shrunk
 
 # Why a whole plan is refused.
 PARTIAL_VIEW = PruneRefusal.PARTIAL_VIEW
 MIRROR_UNMOUNTED = PruneRefusal.MIRROR_UNMOUNTED
 
 STEP, ORPHAN_PART, ORPHAN_STAGING = "step", "orphan_part", "orphan_staging"
+HELD = frozenset(Held)
 
 
 def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
@@ -86,7 +88,8 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
         return "off (prune.enabled = false): nothing is ever deleted"
     if follow:
         text = (
-            "follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names); what "
+            "follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names, and the tips "
+            "of abandoned branches); what "
             "the trainer deleted goes from the mirror once the trainer's newest checkpoint is verified there"
         )
     else:
@@ -95,6 +98,11 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
         if policy.keep_every:
             text += f", plus every step that is a multiple of keep_every={policy.keep_every}"
         text += f"; older steps are deleted {sides}"
+        if policy.primary:  # mirrord is then the trainer's rotation: its own bookkeeping still binds it
+            text += (
+                ", except a checkpoint the trainer's newest bookkeeping still keeps (Lightning's best_k_models "
+                "and best_model_path, HF's best_model_checkpoint) or a pointer names"
+            )
     text += f"; nothing younger than min_age_seconds={policy.min_age_seconds:g} is deleted"
     return text + ("; prune.dry_run = true: deletions are only logged" if policy.dry_run else "")
 
@@ -234,6 +242,7 @@ class PrunePlan:
     paused: Mapping[str, int] = field(default_factory=dict)  # run -> its newest verified step, gone from the primary
     branch_tips: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # run -> abandoned branches' tips kept
     guards: GuardContext | None = None  # what the candidates were vetted with (the executor re-uses it)
+    held: Mapping[str, int] = field(default_factory=dict)  # mirror files kept beyond the policy, by Held reason
 
     def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
         """A step below its run's window (the keep_last newest steps present) that no policy keeps:
@@ -362,6 +371,14 @@ def plan_prune(
         if (d.volume, d.unit) in held
     ]
     deletions = sorted((d for d in deletions if (d.volume, d.unit) not in held), key=deletion_order)
+    # An unconfirmed copy retention would otherwise let go: kept, and counted as vetoed (by the guard that
+    # would veto it, e.g. a copy whose mtime was set to 0, else as unconfirmed).
+    unconfirmed_retired = [pair for decided in plans.values() for pair in decided.unconfirmed_retired]
+    skipped += [
+        Skipped(MIRROR, f.rel, step, veto(MIRROR, f, ctx) or UNCONFIRMED, f.size) for f, step in unconfirmed_retired
+    ]
+    beyond_policy = Counter(k.why for k in kept if k.volume == MIRROR and k.why in HELD)
+    beyond_policy[UNCONFIRMED] += len(unconfirmed_retired)
     by_file = request.layout is None or not request.layout.folders
     return PrunePlan(
         deletions=() if refused else tuple(deletions),
@@ -378,6 +395,7 @@ def plan_prune(
         paused={run: p.paused for run, p in plans.items() if p.paused is not None},
         branch_tips={run: p.tips for run, p in plans.items() if p.tips},
         guards=ctx,
+        held=beyond_policy,
     )
 
 
@@ -434,6 +452,7 @@ class _RunPlan:
     primary_rollbacks: tuple[tuple[int, int], ...] = ()
     paused: int | None = None
     tips: tuple[int, ...] = ()
+    unconfirmed_retired: list[tuple[FileState, int]] = field(default_factory=list)
     newest: list[str] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
     candidates: list[Deletion] = field(default_factory=list)
@@ -473,16 +492,19 @@ def _plan_run(
     # a file needs a validator's ok.
     whole = {step for step in verified if all(f.rel in units or entry_whole(manifest[f.rel]) for f in by_step[step][1])}
     forgotten = {step for r, step in request.forget if r == run}
-    if request.follow:  # the trainer's choice, as its primary shows it
-        keep = {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
-    else:
-        keep = {
-            step: why
-            for step, why in preserved(policies_for(policy), order, verified, run_branches).items()
-            if not (why == BRANCH_TIP and step in forgotten)
-        }
-    for step, (_p, on_mirror) in by_step.items():
-        if step not in keep and any(f.rel in request.pointed or units.get(f.rel) in request.pointed for f in on_mirror):
+    # Follow: the trainer's choice, as its primary shows it, and the tips of the branches it abandoned (a
+    # restart from scratch into the same folder is no choice to drop the old run's furthest checkpoint).
+    policies = ((KeepBranchTips(),) if policy.keep_branch_tips else ()) if request.follow else policies_for(policy)
+    keep = {
+        step: why
+        for step, why in preserved(policies, order, verified, run_branches).items()
+        if not (why == BRANCH_TIP and step in forgotten)
+    }
+    if request.follow:
+        keep |= {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
+    for step, (on_primary, on_mirror) in by_step.items():  # (the trainer's best may not be mirrored yet)
+        pointed = (f.rel in request.pointed or units.get(f.rel) in request.pointed for f in (*on_primary, *on_mirror))
+        if step not in keep and any(pointed):
             keep[step] = POINTER
     kept_window = [s for s in order if s in verified][-n:]
     invalid = request.invalid
@@ -533,6 +555,9 @@ def _plan_run(
             why = keep[step]
         elif step in unconfirmed:
             why = UNCONFIRMED
+            if plan.paused is None and (not on_primary if request.follow else floor is not None and place < floor):
+                plan.unconfirmed_retired += [(f, step) for f in on_mirror]
+                on_mirror = []  # (decided in plan_prune, as skipped: one decision per file)
         elif plan.paused is not None:
             why = PAUSED
         elif request.follow:  # the trainer let it go: once its newest is verified and whole here

@@ -198,16 +198,18 @@ def reads_needed(unit: Unit, layout: Layout) -> tuple[str, ...]:
     file only up to the end of its header (mirrord.formats.safetensors_head)."""
     if unit.kind != "folder" or unit.role != "checkpoint":
         return ()
+    weights = tuple(f.rel for f in unit.files if f.rel.endswith((".safetensors", ".index.json")))
     state_file = {"dcp": METADATA_NAME, "hf": HF_STATE}.get(layout.rule)
     if state_file is not None:
-        return (f"{unit.rel}/{state_file}",) if unit.get(state_file) is not None else ()
+        state = (f"{unit.rel}/{state_file}",) if unit.get(state_file) is not None else ()
+        return state + weights if layout.rule == "hf" else state
     if layout.rule == "deepspeed" and layout.tag_file:
         return (f"{unit.run}/{layout.tag_file}" if unit.run else layout.tag_file,)
-    if layout.rule == "hf_model":
-        return tuple(f.rel for f in unit.files if f.rel.endswith((".safetensors", ".index.json")))
-    return ()
+    return weights if layout.rule == "hf_model" else ()
 
 
+HF_BIN_WEIGHTS = frozenset({"pytorch_model.bin", "adapter_model.bin"})
+HF_ENGINE_WEIGHTS = ("global_step", "pytorch_model_fsdp")  # DeepSpeed's and FSDP's weight folders in a checkpoint
 Quiet = Callable[[Unit, bool], bool]  # (folder unit, only a pause can tell) -> unchanged long enough
 
 
@@ -256,7 +258,7 @@ def _evidence(
             present, f"{layout.complete_marker} present" if present else f"no {layout.complete_marker} marker yet"
         )
     if layout.rule == "hf":
-        return _hf_complete(unit, reads.get(f"{unit.rel}/{HF_STATE}"))
+        return _hf_complete(unit, reads)
     if layout.rule == "hf_model":
         return hf_model_complete(unit, reads)
     names = {unit.member(f.rel) for f in unit.files}
@@ -308,17 +310,39 @@ def _dcp_complete(unit: Unit, metadata: bytes | None) -> Completeness:
     )
 
 
-def _hf_complete(unit: Unit, state: bytes | None) -> Completeness:
+def _hf_complete(unit: Unit, reads: Mapping[str, bytes | None]) -> Completeness:
     if unit.get(HF_STATE) is None:
         return Completeness(False, f"no {HF_STATE} yet (the Trainer writes it last)")
-    if state is None:
+    if (state := reads.get(f"{unit.rel}/{HF_STATE}")) is None:
         return Completeness(False, f"{HF_STATE} could not be read")
     try:
         if not isinstance(json.loads(state), dict):
             return Completeness(False, f"{HF_STATE} is not a JSON object")
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         return Completeness(False, f"{HF_STATE} does not parse: {exc}")
-    return Completeness(True, f"settled, {HF_STATE} parses")
+    weights = _hf_weights(unit, reads)
+    return Completeness(True, f"settled, {HF_STATE} parses, {weights.why}") if weights.complete else weights
+
+
+def _hf_weights(unit: Unit, reads: Mapping[str, bytes | None]) -> Completeness:
+    """The Trainer saves the model before its state: a folder whose trainer_state.json parses but whose weights
+    are missing lost them (a rotation's rmtree under way, a save killed inside it): it is not a checkpoint.
+    Weights: the safetensors file(s) whole by their headers and index, pytorch_model.bin (or its index's shards),
+    an adapter's, or the folder a DeepSpeed or FSDP engine saves them into."""
+    safetensors = hf_model_complete(unit, reads)
+    if safetensors is not None:
+        return safetensors
+    names = {unit.member(f.rel) for f in unit.files}
+    for index in sorted(n for n in names if n.endswith(".bin.index.json")):
+        try:
+            needed = set(json.loads(reads.get(f"{unit.rel}/{index}") or b"")["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return Completeness(False, f"{index} does not parse as a weight index")
+        if missing := sorted(needed - names):
+            return Completeness(False, f"the index names {missing[0]}, which is missing")
+    if names & HF_BIN_WEIGHTS or any(n.startswith(HF_ENGINE_WEIGHTS) for n in names):
+        return Completeness(True, "its weights present")
+    return Completeness(False, "no model weights (model.safetensors, pytorch_model.bin or an index and its shards)")
 
 
 def _deepspeed_complete(unit: Unit, layout: Layout, tag: bytes | None) -> Completeness:

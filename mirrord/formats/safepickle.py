@@ -54,21 +54,33 @@ class Instance:
         return {key: value for part in parts if isinstance(part, dict) for key, value in part.items()}
 
 
+class _StateDict(dict[Any, Any]):
+    """An OrderedDict (a torch state_dict): its items as they are; the attributes set on it (`_metadata`) dropped."""
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
 class _Unpickler(pickle.Unpickler):
     """Every name the pickle looks up is an Instance subclass named after it; nothing is imported."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, storages: bool = False) -> None:
         super().__init__(io.BytesIO(data))
         self._stand_ins: dict[str, type[Instance]] = {}
+        self._storages = storages
 
-    def find_class(self, module: str, name: str) -> type[Instance]:
+    def find_class(self, module: str, name: str) -> type[Instance] | type[_StateDict]:
         qualname = f"{module}.{name}"
+        if qualname == "collections.OrderedDict":  # a state_dict: read as the mapping it is
+            return _StateDict
         if qualname not in self._stand_ins:
             self._stand_ins[qualname] = type(name, (Instance,), {"__slots__": (), "cls": qualname})
         return self._stand_ins[qualname]
 
     def persistent_load(self, pid: Any) -> Any:
-        # torch.save's data.pkl names its storages by persistent id: another program's objects, not read.
+        # torch.save's data.pkl names its storages by persistent id: another program's objects, never read.
+        if self._storages:
+            return None
         raise UnreadableError("persistent id (PERSID/BINPERSID): refers to objects outside the pickle; not read")
 
 
@@ -123,11 +135,12 @@ def check_depth(data: bytes, limit: int = MAX_DEPTH) -> None:
         raise UnreadableError(f"not a readable pickle: {exc}") from exc
 
 
-def load(data: bytes) -> Any:
-    """The value the pickle in `data` describes, with every constructed object as an `Instance`."""
+def load(data: bytes, storages: bool = False) -> Any:
+    """The value the pickle in `data` describes, with every constructed object as an `Instance`. `storages`:
+    torch.save's data.pkl, whose tensor storages (records beside it in the zip) read as None."""
     check_depth(data)
     try:
-        return _Unpickler(data).load()
+        return _Unpickler(data, storages).load()
     except UnreadableError:
         raise
     except (

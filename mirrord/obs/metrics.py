@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import prometheus_client
 from prometheus_client import (
@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mirrord import __version__
-from mirrord.vocabulary import CopyOutcome, PruneRefusal, Veto, Volume
+from mirrord.vocabulary import CopyOutcome, Held, PruneRefusal, Veto, Volume
 
 # `*_created` series (one timestamp per counter and label set) double the series count and answer a
 # question nobody asks of mirrord; the setting is process-wide in prometheus_client.
@@ -153,30 +153,54 @@ def _nothing() -> float:
     return 0.0
 
 
+def _none_held() -> tuple[int, Mapping[str, int]]:
+    return 0, {}
+
+
 class LiveState(Collector):
     """Gauges of current state, computed when /metrics is scraped (client_python's custom collector
     pattern), so they are never a value pushed seconds ago: `mirrord_queue_depth` drops the moment a
     worker takes a job. The daemon points the readers at its queue and lag; they must be thread-safe
-    and quick (the HTTP thread calls them). 0 until then (a one-shot command has no queue)."""
+    and quick (the HTTP thread calls them). 0 until then (a one-shot command has no queue). `held`: the runs
+    paused and the mirror files kept by each Held reason, as the last retention pass saw them."""
 
     def __init__(self) -> None:
         self.queue_depth: Callable[[], float] = _nothing
         self.lag_seconds: Callable[[], float] = _nothing
+        self.held: Callable[[], tuple[int, Mapping[str, int]]] = _none_held
 
-    def read(self, queue_depth: Callable[[], float], lag_seconds: Callable[[], float]) -> None:
-        """Read the queue depth and the lag through these functions from now on."""
-        self.queue_depth, self.lag_seconds = queue_depth, lag_seconds
+    def read(
+        self,
+        queue_depth: Callable[[], float],
+        lag_seconds: Callable[[], float],
+        held: Callable[[], tuple[int, Mapping[str, int]]] = _none_held,
+    ) -> None:
+        """Read the queue depth, the lag and what retention holds through these functions from now on."""
+        self.queue_depth, self.lag_seconds, self.held = queue_depth, lag_seconds, held
 
     def collect(self) -> Iterator[Metric]:
-        """The two gauges with their values now (called by each scrape)."""
-        yield from self._families(self.queue_depth(), self.lag_seconds())
+        """The gauges with their values now (called by each scrape)."""
+        yield from self._families(self.queue_depth(), self.lag_seconds(), *self.held())
 
     def describe(self) -> Iterator[Metric]:
         """The names only (registration checks them), without calling the readers."""
-        yield from self._families(0.0, 0.0)
+        yield from self._families(0.0, 0.0, *_none_held())
 
     @staticmethod
-    def _families(depth: float, lag: float) -> Iterator[Metric]:
+    def _families(depth: float, lag: float, paused: int, held: Mapping[str, int]) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "mirrord_runs_paused",
+            "Runs whose newest verified checkpoint is gone from the primary: their mirror is not shrunk.",
+            value=paused,
+        )
+        files = GaugeMetricFamily(
+            "mirrord_retention_held_files",
+            "Mirror files retention keeps beyond its policy, by reason (paused, unconfirmed, branch_tip, pointer).",
+            labels=["reason"],
+        )
+        for reason in Held:
+            files.add_metric([reason], held.get(reason, 0))
+        yield files
         yield GaugeMetricFamily("mirrord_queue_depth", "Copy jobs waiting for a worker.", value=depth)
         yield GaugeMetricFamily(
             "mirrord_mirror_lag_seconds",

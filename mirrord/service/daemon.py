@@ -77,7 +77,11 @@ class Daemon:
         self.inbox = Inbox()
         self.refusals = Refusals(str(config.mirror_target))
         self.ledger = Ledger(self.metrics, self.refusals, clock.monotonic, clock.wall)
-        self.metrics.live.read(queue_depth=self.queue.depth, lag_seconds=lambda: self.ledger.lag(self.queue.pending()))
+        self.metrics.live.read(
+            queue_depth=self.queue.depth,
+            lag_seconds=lambda: self.ledger.lag(self.queue.pending()),
+            held=lambda: self.settings.pruner.held if self.settings.pruner else (0, {}),
+        )
         self.metrics.mirror_writable.set_function(lambda: 0.0 if self.mirror.write_problem() else 1.0)
         self.observations = Observations(clock.monotonic)  # outlives reloads: the min-age guard needs it
         self.settle = SettleTracker(config.copy.settle_seconds, clock.wall, clock.monotonic)

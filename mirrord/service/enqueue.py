@@ -25,7 +25,7 @@ from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import VERIFY_FAILURES, Ledger
 from mirrord.service.refusals import Refusals
 from mirrord.service.settings import Settings
-from mirrord.store.completeness import judge, recorded_names, sharing_for
+from mirrord.store.completeness import Looks, judge, recorded_names, sharing_for
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
@@ -48,7 +48,11 @@ class Enqueuer:
     wall: Callable[[], float]
     monotonic: Callable[[], float]
     unsettled: set[str] = dataclasses.field(default_factory=set, init=False)
+    looks: Looks = dataclasses.field(init=False)
     log: FilteringBoundLogger = dataclasses.field(default_factory=get_logger, init=False)
+
+    def __post_init__(self) -> None:
+        self.looks = Looks(self.monotonic)  # on the loop's clock, which tests may drive
 
     @property
     def config(self) -> Config:
@@ -89,6 +93,7 @@ class Enqueuer:
             psnap,
             msnap,
             facts,
+            self.looks,
             frozenset(self.queue.paths()),
             retired_by,
         )
@@ -162,6 +167,7 @@ def copy_view(
     psnap: Snapshot,
     msnap: Snapshot | None,
     facts: Facts,
+    looks: Looks,
     in_flight: frozenset[str] = frozenset(),
     retired_by: PrunePlan | None = None,
 ) -> View:
@@ -185,7 +191,7 @@ def copy_view(
             primary,
             config.rules,
             settle.quiet_at(now),
-            tell=True,
+            looks,
             recorded=recorded_names(entries, config.rules),
         ),
         sharing=sharing_for(config, manifest, primary, settled),

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +28,9 @@ from mirrord.core.observe import Observations
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deletion, PrunePlan, Skipped
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
-from mirrord.layouts import HF_STATE
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.store.aliases import best_checkpoints, pointed_targets, tagged_targets
+from mirrord.store.aliases import pointed_targets, tagged_targets, trainer_kept
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.staging import remove_folder
@@ -123,6 +122,8 @@ class Pruner:
         # The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
         # refused: which steps are retired for a partial listing (the daemon's watch hints).
         self.last_plan: PrunePlan | None = None
+        # Runs paused and mirror files kept by each Held reason in the last pass (the gauges read them).
+        self.held: tuple[int, Mapping[str, int]] = (0, {})
         # (volume, path, reason) vetoes already logged: a young file kept for many passes is one
         # prune.skipped line, not one per pass (the metric still counts every pass).
         self._skips_logged: set[tuple[str, str, str]] = set()
@@ -167,11 +168,8 @@ class Pruner:
         the primary names: kept while they name it."""
         tree, layout = self.mirror.local_tree(), self.config.rules
         runs = {e.run for e in self.manifest.entries.values()}
-        best = (
-            frozenset()
-            if layout.rule != "hf"
-            else best_checkpoints(self.primary.root, self.manifest.entries, layout, HF_STATE)
-        )
+        trainer = layout.rule == "hf" or layout.name == "lightning"
+        best = trainer_kept(self.primary.root, self.manifest.entries, layout) if trainer else frozenset()
         if tree is None:
             return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())
         return best | (pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset())
@@ -201,6 +199,7 @@ class Pruner:
                 plan = self.plan(primary_snap, mirror_snap)
             elif not plan.refused:
                 self.last_plan = plan.retirement()
+            self.held = len(plan.paused), plan.held
             report = self._execute(plan, dry, sides, keep_going=keep_going)
             if not dry and MIRROR in sides:
                 self._sweep_uploads()

@@ -31,6 +31,7 @@ class Reconciler(Hints):
     _next_rescan = _next_settle = 0.0  # (not fields: start() schedules them)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self._rollbacks_logged: set[str] = set()  # runs whose rollback was logged: once per daemon run
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from posixpath import dirname
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError, UnsafePathError
-from mirrord.layouts import Layout
+from mirrord.formats import safepickle
+from mirrord.layouts import HF_STATE, Layout
 from mirrord.paths import open_file_beneath, split_rel
 from mirrord.store import atomic
 from mirrord.store.staging import dir_beneath
@@ -107,29 +109,59 @@ def _read_beneath(root: Path, rel: str, limit: int) -> bytes | None:
 
 
 STATE_BYTES = 1 << 20  # a trainer_state.json larger than this names nothing (it is read at every pass)
+CKPT_STATE_BYTES = 64 << 20  # a Lightning checkpoint's data.pkl: its structure and storage ids, no tensor bytes
+KEPT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 
-def best_checkpoints(root: Path, recorded: Iterable[str], layout: Layout, state_file: str) -> frozenset[str]:
-    """The checkpoint each run's newest `state_file` (HF's trainer_state.json, of the recorded units) names
-    as its best (`best_model_checkpoint`), read on `root`, as a root-relative unit path. Unreadable,
-    too large or naming nothing: no best."""
+def trainer_kept(root: Path, recorded: Iterable[str], layout: Layout) -> frozenset[str]:
+    """The checkpoints the trainer's own bookkeeping in each run's newest recorded checkpoint still keeps, read
+    on `root`, as root-relative paths: the HF Trainer's `best_model_checkpoint` (its trainer_state.json), or
+    Lightning's ModelCheckpoint state (`best_k_models`, `best_model_path`, `kth_best_model_path`,
+    `last_model_path`, read without running its pickle). Unreadable, too large or naming nothing: none."""
+    hf = layout.rule == "hf"
     newest: dict[str, tuple[int, str]] = {}
     for rel in recorded:
         unit, _, name = rel.rpartition("/")
-        step = layout.step_of(unit.rpartition("/")[2]) if name == state_file else None
-        if step is not None and step >= newest.get(dirname(unit), (-1, ""))[0]:
-            newest[dirname(unit)] = (step, unit)
+        where = unit if hf else rel  # hf: the unit folder holding the state file
+        step = layout.step_of(where.rpartition("/")[2]) if name == HF_STATE or not hf else None
+        if step is not None and step >= newest.get(dirname(where), (-1, ""))[0]:
+            newest[dirname(where)] = (step, where)
     named: set[str] = set()
-    for run, (_, unit) in newest.items():
-        data = _read_beneath(root, f"{unit}/{state_file}", STATE_BYTES + 1)
-        try:
-            best = json.loads(data[:STATE_BYTES]).get("best_model_checkpoint") if data is not None else None
-        except (ValueError, AttributeError):
-            best = None
-        name = best.rstrip("/").rpartition("/")[2] if isinstance(best, str) else ""
-        if layout.is_unit_name(name):
-            named.add(f"{run}/{name}" if run else name)
+    for run, (_, where) in newest.items():
+        for path in _hf_best(root, where) if hf else _model_checkpoint_paths(root, where):
+            name = path.rstrip("/").rpartition("/")[2]
+            if layout.is_unit_name(name) and not layout.is_alias(name):
+                named.add(f"{run}/{name}" if run else name)
     return frozenset(named)
+
+
+def _hf_best(root: Path, unit: str) -> list[str]:
+    data = _read_beneath(root, f"{unit}/{HF_STATE}", STATE_BYTES + 1)
+    try:
+        best = json.loads(data[:STATE_BYTES]).get("best_model_checkpoint") if data is not None else None
+    except (ValueError, AttributeError):
+        return []
+    return [best] if isinstance(best, str) else []
+
+
+def _model_checkpoint_paths(root: Path, rel: str) -> list[str]:
+    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names; [] if unreadable."""
+    try:
+        fd = open_file_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, UnsafePathError):
+        return []
+    try:
+        with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as archive:
+            info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
+            state = safepickle.load(archive.read(info), storages=True) if info.file_size <= CKPT_STATE_BYTES else {}
+    except (OSError, StopIteration, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile):
+        return []  # (safepickle.UnreadableError is a ValueError)
+    callbacks = state.get("callbacks") if isinstance(state, dict) else None
+    paths: list[object] = []
+    for key, kept in callbacks.items() if isinstance(callbacks, dict) else ():
+        if str(key).startswith("ModelCheckpoint") and isinstance(kept, dict):
+            paths += [kept.get(k) for k in KEPT_PATHS] + list(kept.get("best_k_models") or ())
+    return [p for p in paths if isinstance(p, str)]
 
 
 def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> frozenset[str]:

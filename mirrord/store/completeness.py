@@ -4,8 +4,9 @@ pure rule (mirrord.core.units.completeness) decide."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.contributions import Sharing, local_part
 from mirrord.core.model import FileState, ManifestEntry
@@ -52,18 +53,61 @@ def not_files(volume: LocalTree, unit: Unit) -> Completeness | None:
     )
 
 
+class Looks:
+    """What judging remembers from one listing to the next (a daemon's, a sync's): the files of each folder unit
+    last judged whole, and when each unit's cause of incompleteness was last warned about. Bounded: each
+    memory is forgotten whole once it holds MAX_REMEMBERED entries."""
+
+    MAX_REMEMBERED = 4096
+
+    def __init__(self, clock: Callable[[], float], warn_every: float = 300.0) -> None:
+        self.clock, self.warn_every = clock, warn_every
+        self.whole: dict[str, dict[str, tuple[int, int]]] = {}  # unit -> member -> (inode, mtime) when whole
+        self.warned: dict[tuple[str, str, str], float] = {}  # (event, unit, cause) -> when
+
+    def judged(self, unit: Unit, verdict: Completeness) -> Completeness:
+        """The verdict, unless the unit lost files since it was seen whole and the rest is unchanged (a rewritten
+        file is a new save): a folder being deleted (a rotation's rmtree, a save killed inside it) is not a save,
+        however its rule reads what is left."""
+        files = {unit.member(f.rel): (f.ino, f.mtime_ns) for f in unit.files}
+        seen = self.whole.get(unit.rel, {})
+        if (lost := sorted(seen.keys() - files.keys())) and all(seen.get(n, k) == k for n, k in files.items()):
+            return Completeness(
+                False, f"{', '.join(lost)} gone since the folder was seen whole: being deleted, not saved"
+            )
+        if verdict.complete:
+            _remember(self.whole, unit.rel, files, self.MAX_REMEMBERED)
+        return verdict
+
+    def tell(self, event: str, unit: str, why: str) -> None:
+        """One warning per unit and cause every `warn_every` seconds (a byte count is not a new cause), a
+        debug line on the other looks: a save that died is not news on every listing."""
+        now, key = self.clock(), (event, unit, re.sub(r"\d+", "N", why))
+        if key in self.warned and now - self.warned[key] < self.warn_every:
+            get_logger().debug(event, path=unit, why=why)
+        else:
+            _remember(self.warned, key, now, self.MAX_REMEMBERED)
+            get_logger().warning(event, path=unit, why=why)
+
+
+def _remember(memory: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    if len(memory) >= limit:
+        memory.clear()
+    memory[key] = value
+
+
 def judge(
     volume: LocalTree,
     layout: Layout,
     quiet: Quiet = lambda _unit, _guess: True,
-    tell: bool = False,
+    looks: Looks | None = None,
     recorded: Callable[[Unit], frozenset[str] | None] = lambda _unit: None,
 ) -> Callable[[Unit], Completeness]:
     """The completeness predicate of one listing of `volume`: each unit judged by its layout's rule. With
-    `tell`, a unit that has been quiet and is still not whole (a member that is not a file, a state file
-    that does not parse, a missing shard) is logged once for the listing, with why. `recorded`: the files
-    of the run's previous checkpoint on the mirror (recorded_names)."""
-    told: set[str] = set()
+    `looks`, a folder that lost files since it was seen whole is not whole, and a unit that has been quiet and
+    is still not whole (a member that is not a file, a state file that does not parse, a missing shard) is
+    logged, with why (Looks.tell). `recorded`: the files of the run's previous checkpoint on the mirror
+    (recorded_names)."""
 
     def complete(unit: Unit) -> Completeness:
         verdict = not_files(volume, unit) if unit.kind == "folder" else None
@@ -73,9 +117,12 @@ def judge(
             expects = layout.rule == "accelerate" or layout.tag_file == MEGATRON_TRACKER  # (the ranks' files)
             verdict = completeness(unit, layout, quiet, reads, recorded(unit) if expects else None)
             event = "unit.incomplete"  # (told once the unit has been quiet)
-        if tell and not verdict.complete and unit.rel not in told and (event == "unit.not_whole" or quiet(unit, False)):
-            told.add(unit.rel)
-            get_logger().warning(event, path=unit.rel, why=verdict.why)
+        if looks is None:
+            return verdict
+        if unit.kind == "folder":
+            verdict = looks.judged(unit, verdict)
+        if not verdict.complete and (event == "unit.not_whole" or quiet(unit, False)):
+            looks.tell(event, unit.rel, verdict.why)
         return verdict
 
     return complete

@@ -87,7 +87,9 @@ def test_run_on_a_terminal_shows_retention_endpoints_and_a_status_command_that_w
             shown = terminal.wait_for_text("daemon.ready", timeout=90)
             assert (
                 "retention  keep_last=4 verified steps per run; older steps are deleted on the mirror and "
-                "the primary; nothing younger than min_age_seconds=30 is deleted"
+                "the primary, except a checkpoint the trainer's newest bookkeeping still keeps (Lightning's "
+                "best_k_models and best_model_path, HF's best_model_checkpoint) or a pointer names; nothing "
+                "younger than min_age_seconds=30 is deleted"
             ) in shown
             assert f"endpoints  http://127.0.0.1:{port}/metrics  /healthz  /readyz  /status" in shown
             status_line = next(line for line in shown.splitlines() if line.strip().startswith("status "))

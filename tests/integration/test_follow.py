@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from mirrord.store.manifest import Manifest
 from tests.integration.test_trainers import assert_no_leftovers, latest_on_mirror, settings, train, unit_names
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
@@ -131,3 +132,77 @@ def test_hf_trainer_best_checkpoint_survives_its_rotation_on_the_mirror(tmp_path
         "train_hf", tmp_path / "resumed", "--steps", 4, "--save-steps", 2, "--resume", best, log=tmp_path / "b.log"
     )
     assert resumed == {s: losses[s] for s in (3, 4)}
+
+
+def test_lightning_top_k_best_survives_mirrords_own_rotation_of_the_primary(tmp_path: Path) -> None:
+    """Issue 42 case 7: ModelCheckpoint(save_top_k=3, monitor="val_loss"), val_loss lowest at epoch 0, with
+    prune.primary = true (so mode "auto" is keep_last 2: mirrord rotates the trainer's disk). Before: epoch 0,
+    still in Lightning's top 3, was deleted on both sides. Now the ModelCheckpoint state in the newest
+    recorded checkpoint (best_k_models, best_model_path) keeps it on both sides, and the start-up line says so."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    primary.mkdir()
+    prune = {"prune": {"primary": True, "keep_last": 2}}
+    d = DaemonProcess(tmp_path, primary, mirror, settings("lightning", **prune))
+    try:
+        d.start()
+        assert "best_k_models" in d.wait_event("daemon.starting")["retention"]
+        train(
+            "train_lightning",
+            primary / "run",
+            "--epochs",
+            6,
+            "--keep",
+            3,
+            "--monitor-best-at",
+            0,
+            "--step-seconds",
+            0.2,
+            log=tmp_path / "train.log",
+        )
+        best = "epoch=0-step=2.ckpt"
+        want = [best, "epoch=4-step=10.ckpt", "epoch=5-step=12.ckpt"]
+
+        def converged() -> bool:
+            assert not d.exited(), d.log_text()[-4000:]
+            return unit_names(primary / "run", LIGHTNING_UNIT) == unit_names(mirror / "run", LIGHTNING_UNIT) == want
+
+        try:
+            wait_for(converged, 120, "both sides pruned to Lightning's top 3", interval=0.5)
+        except AssertionError as exc:
+            sides = unit_names(primary / "run", LIGHTNING_UNIT), unit_names(mirror / "run", LIGHTNING_UNIT)
+            raise AssertionError(f"{exc}\nprimary, mirror: {sides}\n{d.log_text()[-3000:]}") from None
+        assert not [e for e in d.events("prune.deleted") if e["path"].endswith(best)]
+        assert d.stop() == 0
+    finally:
+        d.kill()
+
+
+def test_a_restart_from_scratch_keeps_the_old_runs_tip_under_a_real_daemon(tmp_path: Path, daemon_factory) -> None:
+    """Issue 42 case 1, layout hf (follow): checkpoint-500 and -1000 mirrored; the job restarts from scratch in
+    the wiped folder and saves a new checkpoint-500. Before, the next prune deleted checkpoint-1000, the old
+    run's only copy; now it is kept as the tip of an abandoned branch."""
+    import os
+
+    from tests.support.folders import write_hf
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for step, age in ((500, 7200), (1000, 3600)):
+        for path in write_hf(primary / "run" / f"checkpoint-{step}", step):
+            os.utime(path, (path.stat().st_mtime - age,) * 2)
+    d = daemon_factory(settings("hf")).start()
+    wait_for(lambda: unit_names(mirror / "run", HF_UNIT) == ["checkpoint-1000", "checkpoint-500"], 120, "both mirrored")
+    shutil.rmtree(primary / "run")
+    write_hf(primary / "run" / "checkpoint-500", 500, width=16)  # the new run: other bytes, written now
+    weights = "run/checkpoint-500/model.safetensors"
+
+    def new_500_mirrored() -> bool:
+        entry = Manifest.load(mirror).entries.get(weights)
+        return entry is not None and entry.size == (primary / weights).stat().st_size
+
+    wait_for(new_500_mirrored, 120, "the new checkpoint-500 mirrored")
+    passes = len(d.events("prune.finished"))
+    wait_for(lambda: len(d.events("prune.finished")) >= passes + 2, 120, "two prune passes after it")
+    assert unit_names(mirror / "run", HF_UNIT) == ["checkpoint-1000", "checkpoint-500"]
+    assert not [e for e in d.events("prune.deleted") if "checkpoint-1000" in e["path"]]
+    d.wait_event("prune.branch_tip_kept", run="run", step=1000, timeout=10)
+    assert d.stop() == 0

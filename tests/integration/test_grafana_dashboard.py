@@ -45,7 +45,8 @@ def panel_queries() -> list[tuple[str, str]]:
 
 
 def test_the_dashboard_covers_what_an_operator_watches() -> None:
-    """Lag per run, copies and failures, bytes in flight, free space, prune skips by reason, invalid sources."""
+    """Lag per run, copies and failures, bytes in flight, free space, prune skips by reason, invalid sources,
+    the mirror files retention keeps beyond its policy by reason, and paused runs."""
     exprs = " ".join(expr for _, expr in panel_queries())
     for metric in (
         "mirrord_mirror_lag_seconds",
@@ -55,6 +56,8 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
         "mirrord_volume_free_bytes",
         "mirrord_prune_skipped_total",
         "mirrord_invalid_sources",
+        "mirrord_retention_held_files",
+        "mirrord_runs_paused",
     ):
         assert metric in exprs, metric
 

@@ -8,6 +8,7 @@ alert rules) and a temporary TSDB, and stops it at teardown.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import urllib.error
@@ -189,6 +190,29 @@ def test_shipped_alert_rules_evaluate_cleanly_against_real_series(daemon_factory
     assert {r["name"] for r in rules} >= {"MirrordDown", "MirrordMirrorLagging", "MirrordVerifyFailed"}
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
     assert [r["name"] for r in rules if r["state"] == "firing"] == []
+    assert d.stop() == 0
+
+
+def test_paused_runs_and_unconfirmed_copies_reach_prometheus(tmp_path, daemon_factory, prometheus) -> None:
+    """Issue 42 case 5: run1's step 1 copy, retired by step 2, had its mtime set to 0 on the mirror; run2's
+    primary was wiped. Prometheus sees the unconfirmed copy (held_files{reason="unconfirmed"}, and
+    prune_skipped_total{reason="zero_mtime"} again) and the paused run (runs_paused, held_files{paused}).
+    Before: `status` listed them, no metric did."""
+    from tests.integration.test_daemon_retention import mirror_everything
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    for run, step in (("run1", 1), ("run1", 2), ("run2", 1), ("run2", 2)):
+        publish_checkpoint(primary / run / f"step_{step:04d}.pt", step)
+    mirror_everything(primary, mirror)
+    os.utime(mirror / "run1" / "step_0001.pt", (0, 0))
+    shutil.rmtree(primary / "run2")
+    d = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0}}).start()
+    prom = prometheus(d)
+    prom.wait_query('mirrord_prune_skipped_total{reason="zero_mtime"} >= 1')
+    prom.wait_query('mirrord_retention_held_files{reason="unconfirmed"} == 1')
+    prom.wait_query('mirrord_retention_held_files{reason="paused"} == 1')  # run2's step 1: step 2 is its newest
+    prom.wait_query("mirrord_runs_paused == 1")
+    assert (mirror / "run1" / "step_0001.pt").exists() and (mirror / "run2" / "step_0001.pt").exists()
     assert d.stop() == 0
 
 

@@ -122,7 +122,8 @@ def test_a_checkpoint_with_mtime_zero_survives(primary: Path, mirror: Path) -> N
 def test_a_file_touched_a_second_ago_survives(primary: Path, mirror: Path) -> None:
     """A recent mtime may be a copy or a write in flight, on either side. (Touched, the mirror's step 3
     is no longer what was recorded: unconfirmed until verified again, it is neither counted nor deleted,
-    on either side.)"""
+    on either side; the mirror's copy, which retention would otherwise delete, is counted as vetoed by the
+    guard that would veto it.)"""
     make_run(primary)
     sync(primary, mirror)
     now = time.time()
@@ -131,8 +132,11 @@ def test_a_file_touched_a_second_ago_survives(primary: Path, mirror: Path) -> No
     assert result.returncode == 0, result.stderr
     assert steps_on(primary) == [3, 8, 9, 10]
     assert steps_on(mirror) == [3, 8, 9, 10]
-    assert parse_events(result.stderr, "prune.skipped") == []
-    assert f"mirror   {RUN}/step_0003.pt  unconfirmed" in result.stdout
+    skipped = parse_events(result.stderr, "prune.skipped")
+    assert [(e["volume"], e["path"], e["reason"]) for e in skipped] == [
+        ("mirror", f"{RUN}/step_0003.pt", "recent_mtime")
+    ]
+    assert f"mirror   {RUN}/step_0003.pt  recent_mtime" in result.stdout
 
 
 @pytest.mark.parametrize("how", ["flag", "config"])
@@ -410,6 +414,33 @@ def test_metrics_and_logs_count_every_decision(
     names = [e["event"] for e in logs if e["event"].startswith("prune.")]
     assert names.count("prune.deleted") == 12 and names.count("prune.skipped") == 2
     assert names[-1] == "prune.finished"
+
+
+def test_what_retention_holds_beyond_its_policy_is_on_metrics(
+    primary: Path, mirror: Path, make_config: Callable[..., Config]
+) -> None:
+    """Issue 42 case 5: a retired mirror copy whose mtime was set to 0 after it was mirrored is kept as
+    unconfirmed; it shows in mirrord_prune_skipped_total{reason="zero_mtime"} again (before: in no metric) and
+    in mirrord_retention_held_files{reason="unconfirmed"}; a run whose primary was wiped is paused:
+    mirrord_runs_paused and held_files{reason="paused"} (before: listed by `status` only)."""
+    make_run(primary)
+    wiped = [save_checkpoint(primary / "run2" / f"step_{s:04d}.pt", s) for s in range(1, 5)]
+    config = make_config(prune={"keep_last": 3})
+    assert mirror_all(config).ok
+    os.utime(mirror / RUN / "step_0001.pt", (0, 0))
+    for path in wiped:  # run2's primary wiped: the mirror's copies are all there is
+        path.unlink()
+    metrics = Metrics()
+    mirror_vol = LocalMirror(mirror)
+    pruner = Pruner(config, LocalVolume(primary), mirror_vol, mirror_vol.read_manifest(), metrics)
+    metrics.live.read(lambda: 0.0, lambda: 0.0, held=lambda: pruner.held)
+    pruner.run_cycle()
+    assert steps_on(mirror) == [1, 8, 9, 10]
+    assert sorted(p.name for p in (mirror / "run2").iterdir()) == [p.name for p in wiped]  # step 1: by the pause
+    value = metrics.registry.get_sample_value
+    assert value("mirrord_prune_skipped_total", {"reason": "zero_mtime"}) == 1
+    held = {reason: value("mirrord_retention_held_files", {"reason": reason}) for reason in ("unconfirmed", "paused")}
+    assert held == {"unconfirmed": 1, "paused": 1} and value("mirrord_runs_paused") == 1
 
 
 def test_mirror_must_be_a_mount_point_when_configured(primary: Path, mirror: Path, small_tmpfs: Path) -> None:

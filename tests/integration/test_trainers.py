@@ -158,7 +158,8 @@ def settings(layout: str, **extra: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "layout": layout,
         "copy": {"settle_seconds": 0.5, "workers": 2},
-        "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0},
+        # hf and lightning follow the trainer (prune.mode "auto"), where a keep_last would be a config error
+        "prune": {"enabled": True, "min_age_seconds": 0, **({} if layout in ("hf", "lightning") else {"keep_last": 2})},
         "watch": {"rescan_interval_seconds": 2},
     }
     for key, value in extra.items():

@@ -152,8 +152,8 @@ def test_trainer_layout_mirrored_whole_and_pruned_to_keep_last(
 def test_a_folder_unit_with_an_invalid_file_is_judged_once_until_it_changes(
     tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]
 ) -> None:
-    """checkpoint-20/ is complete by the hf rule (trainer_state.json parses, every file settled) but its
-    model.safetensors has a header that points past the end of the file. It is read once, fails its
+    """checkpoint-20/ is complete by the hf rule (trainer_state.json parses, the weights whole, every file
+    settled) but its optimizer.pt is a torn torch zip (cut in half). It is read once, fails its
     validator, and is not read again on the rescans that follow while it stays the same (before: a full
     re-read of the folder on every rescan, and the verdict forgotten at once, so never reported); after
     copy.invalid_grace_seconds it is logged and counted once, naming the file; rewritten whole, it is
@@ -171,13 +171,13 @@ def test_a_folder_unit_with_an_invalid_file_is_judged_once_until_it_changes(
     write_hf(run / "checkpoint-10", 10)
     wait_for(lambda: (mirror / "run" / "checkpoint-10").is_dir(), 120, "checkpoint-10 mirrored")
     write_hf(run / "checkpoint-20", 20)
-    weights = run / "checkpoint-20" / "model.safetensors"
-    torn = weights.read_bytes()
-    weights.write_bytes(torn[: len(torn) // 2])  # the header names offsets beyond the end
+    optimizer = run / "checkpoint-20" / "optimizer.pt"
+    torn = optimizer.read_bytes()
+    optimizer.write_bytes(torn[: len(torn) // 2])  # its zip directory is gone
     failed = daemon.wait_event("copy.failed", path="run/checkpoint-20", reason="invalid_source", timeout=120)
-    assert "model.safetensors" in failed["cause"]
+    assert "optimizer.pt" in failed["cause"]
     reported = daemon.wait_event("copy.invalid_source", path="run/checkpoint-20", timeout=120)
-    assert "model.safetensors" in reported["cause"] and reported["published"] is False
+    assert "optimizer.pt" in reported["cause"] and reported["published"] is False
     rescans = len(daemon.events("reconcile.finished"))
     wait_for(lambda: len(daemon.events("reconcile.finished")) >= rescans + 6, 120, "six more rescans")
     assert len(daemon.events("copy.started", path="run/checkpoint-20")) == 1
@@ -187,10 +187,10 @@ def test_a_folder_unit_with_an_invalid_file_is_judged_once_until_it_changes(
     assert daemon.metric("mirrord_invalid_sources") == 1
     assert not (mirror / "run" / "checkpoint-20").exists()
     assert [p.name for p in (mirror / "run").iterdir()] == ["checkpoint-10"]  # nothing staged is left
-    weights.write_bytes(torn)  # the trainer saves it again, whole
+    optimizer.write_bytes(torn)  # the trainer saves it again, whole
     daemon.wait_event("copy.committed", path="run/checkpoint-20", timeout=120)
     wait_for(lambda: daemon.metric("mirrord_invalid_sources") == 0, 60, "the verdict forgotten")
-    assert (mirror / "run" / "checkpoint-20" / "model.safetensors").read_bytes() == torn
+    assert (mirror / "run" / "checkpoint-20" / "optimizer.pt").read_bytes() == torn
     assert len(daemon.events("copy.started", path="run/checkpoint-20")) == 2
     assert daemon.stop() == 0
 
@@ -350,4 +350,42 @@ def test_a_unit_is_mirrored_from_its_watch_events_alone(
         )
     assert len(daemon.events("reconcile.finished")) == 1, "a full listing after start: not the events alone"
     assert not daemon.events("watch.rescan")
+    assert daemon.stop() == 0
+
+
+def test_a_folder_that_loses_its_weights_mid_copy_is_never_published(
+    tmp_path: Path, gated_primary: FuseMount, daemon_factory: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 42 case 6: an HF checkpoint-10/ (7 files) starts copying; model.safetensors and optimizer.pt are
+    unlinked while the copy is held at the gate (a trainer killed inside its own rotation's rmtree). Before,
+    the daemon copied the folder again and committed it with 5 files and no weights, and `latest` named it.
+    Now it is judged not whole (files gone since it was seen whole, no weights) and never published."""
+    run, mirror = gated_primary.backing / "run", tmp_path / "mirror"
+    staged = gated_primary.backing / "staged"
+    write_hf(staged, 10)
+    (staged / "config.json").write_text('{"model_type": "linear"}')
+    (staged / "training_args.bin").write_bytes(b"\0" * 64)
+    run.mkdir()
+    gated_primary.stall("optimizer.pt")
+    daemon = daemon_factory(
+        {"layout": "hf", "copy": {"settle_seconds": 0.3}, "watch": {"rescan_interval_seconds": 0.5}}
+    )
+    daemon.start()
+    staged.rename(run / "checkpoint-10")  # whole at once, as it is seen
+    daemon.wait_event("copy.started", 120, path="run/checkpoint-10")
+    for name in ("model.safetensors", "optimizer.pt"):
+        (run / "checkpoint-10" / name).unlink()
+    gated_primary.unstall()
+
+    def judged_or_published() -> bool:
+        told = daemon.events("unit.incomplete", path="run/checkpoint-10")
+        return (mirror / "run" / "checkpoint-10").exists() or any("gone since" in e["why"] for e in told)
+
+    wait_for(judged_or_published, 120, "checkpoint-10 judged not whole, or published")
+    assert not (mirror / "run" / "checkpoint-10").exists(), sorted(p.name for p in (mirror / "run").iterdir())
+    assert not any(e["path"].startswith("run/checkpoint-10") for e in daemon.events("copy.committed"))
+    latest = run_mirrord(
+        "latest", "--json", "--mirror", mirror, env={"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false"}
+    )
+    assert not latest.stdout.strip() or json.loads(latest.stdout).get("relative_path") is None, latest.stdout
     assert daemon.stop() == 0

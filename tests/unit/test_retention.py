@@ -607,9 +607,11 @@ def test_guards_move_candidates_to_skipped_with_their_reason() -> None:
     h.mirror["run/step_0002.pt"] = FileState("run/step_0002.pt", 100, MTIMES["recent"], ino=102)
     h.in_flight.add("run/step_0003.pt")
     plan = h.plan()
-    # Step 2's mirror copy no longer has its recorded mtime: unconfirmed, neither counted nor deleted.
+    # Step 2's mirror copy no longer has its recorded mtime: unconfirmed, neither counted nor deleted, and
+    # reported as vetoed by the guard that would veto it (issue 42 case 5).
     assert {(s.volume, s.step, s.reason) for s in plan.skipped} == {
         ("primary", 1, "zero_mtime"),
+        ("mirror", 2, "recent_mtime"),
         ("primary", 3, "in_flight"),
         ("mirror", 3, "in_flight"),
     }
@@ -816,7 +818,8 @@ def test_a_run_whose_primary_lost_its_newest_verified_step_is_paused_until_a_new
 
 def test_a_touched_mirror_copy_keeps_its_recorded_place_in_the_order() -> None:
     """Step 10 left the primary and its mirror copy was touched: its place comes from the manifest's record,
-    so 20 and 30 are the newest; the touched copy is unconfirmed (neither counted nor deleted)."""
+    so 20 and 30 are the newest; the touched copy is unconfirmed (neither counted nor deleted), reported as
+    skipped for that reason (no guard vetoes it: it was touched an hour ago)."""
     h = History(PruneConfig(keep_last=2, primary=True))
     for step in (10, 20, 30):
         rel = f"run/step_{step:04d}.pt"
@@ -827,7 +830,9 @@ def test_a_touched_mirror_copy_keeps_its_recorded_place_in_the_order() -> None:
     h.mirror["run/step_0010.pt"] = FileState("run/step_0010.pt", 100, int((NOW - 3_600) * NS), ino=110)
     plan = plan_with(h)
     assert plan.rollbacks == {} and plan.deletions == ()
-    assert {(k.step, k.why) for k in plan.kept} == {(10, "unconfirmed"), (20, "keep_last"), (30, "keep_last")}
+    assert {(k.step, k.why) for k in plan.kept} == {(20, "keep_last"), (30, "keep_last")}
+    assert {(s.volume, s.step, s.reason) for s in plan.skipped} == {("mirror", 10, "unconfirmed")}
+    assert plan.held == {"unconfirmed": 1}
 
 
 def test_steps_mirrored_while_newer_ones_are_queued_are_not_pruned_in_that_pass() -> None:

@@ -14,7 +14,7 @@ from mirrord.config import Config, PruneConfig
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.retention import PrunePlan, PruneRequest, plan_prune
 from mirrord.layouts import HF_STATE, layout_for
-from mirrord.store.aliases import best_checkpoints
+from mirrord.store.aliases import trainer_kept
 
 NOW = 1_700_000_000.0
 NS = 1_000_000_000
@@ -150,9 +150,9 @@ def test_the_best_checkpoint_of_the_newest_trainer_state_is_named(tmp_path: Path
         (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
         (tmp_path / "run" / f"checkpoint-{step}" / HF_STATE).write_text(json.dumps({"best_model_checkpoint": best}))
     recorded = [f"run/checkpoint-{s}/{HF_STATE}" for s in (4, 6)]
-    assert best_checkpoints(tmp_path, recorded, layout, HF_STATE) == {"run/checkpoint-4"}
+    assert trainer_kept(tmp_path, recorded, layout) == {"run/checkpoint-4"}
     (tmp_path / "run" / "checkpoint-6" / HF_STATE).write_text("{not json")
-    assert best_checkpoints(tmp_path, recorded, layout, HF_STATE) == frozenset()
+    assert trainer_kept(tmp_path, recorded, layout) == frozenset()
 
 
 def test_the_mode_in_force_and_why(tmp_path: Path) -> None:
@@ -184,3 +184,52 @@ def test_check_config_prints_the_mode(tmp_path: Path) -> None:
     assert re.search(r"prune.mode in force is 'follow' \(prune.mode = 'auto': layout 'lightning'", out.stdout), (
         out.stdout + out.stderr
     )
+
+
+def test_an_explicit_count_the_follow_mode_would_ignore_is_a_config_error(tmp_path: Path) -> None:
+    """Issue 42 case 4: layout "hf" with prune.keep_last = 2 and mode "auto" (follow) kept all the trainer kept,
+    silently. Now the two keys that disagree are named, with both ways out; keep_last mode takes the count."""
+
+    def config(**prune: object) -> Config:
+        return Config(primary=tmp_path, mirror=tmp_path / "m", layout="hf", prune=prune)  # type: ignore[arg-type]
+
+    for key in ("keep_last", "keep_every"):
+        with pytest.raises(ValidationError, match=rf'prune.{key}: no effect with prune.mode "follow".*keep_last"'):
+            config(**{key: 2})
+    with pytest.raises(ValidationError, match=r"prune\.keep_last: no effect"):
+        config(keep_last=2, mode="follow")
+    assert config(keep_last=2, mode="keep_last").prune.keep_last == 2
+    assert config(keep_last=2, primary=True).retention_mode[0] == "keep_last"
+
+
+def test_check_config_names_the_keys_without_effect(tmp_path: Path) -> None:
+    """check-config says which prune keys the mode in force ignores, and refuses an explicit keep_last in follow."""
+    from tests.support.cli import run_mirrord
+
+    (tmp_path / "p").mkdir()
+    env = {"MIRRORD_LAYOUT": "hf", "MIRRORD_METRICS__ENABLED": "false"}
+    args = ("check-config", "--primary", tmp_path / "p", "--mirror", tmp_path / "m")
+    out = run_mirrord(*args, env=env)
+    assert "# no effect in this mode: prune.keep_last, prune.keep_every\n" in out.stdout, out
+    refused = run_mirrord(*args, env={**env, "MIRRORD_PRUNE__KEEP_LAST": "2"})
+    assert refused.returncode != 0 and "prune.keep_last: no effect" in refused.stderr, refused
+    off = run_mirrord(*args, env={**env, "MIRRORD_PRUNE__ENABLED": "false"})
+    assert "# no effect in this mode: prune.mode, prune.keep_last" in off.stdout, off
+
+
+def test_a_restart_from_scratch_keeps_the_old_runs_tip_in_follow() -> None:
+    """Issue 42 case 1: steps 500 and 1000 mirrored; the job restarts from scratch in the same folder (wiped)
+    and saves a new step 500, mirrored. Before, follow deleted the old run's 1000, its only copy; now it is
+    the tip of an abandoned branch, kept (prune.keep_branch_tips) until the operator forgets it."""
+    sides = Sides()
+    sides.add(ckpt(500), 1)
+    sides.add(ckpt(1000), 2)
+    del sides.primary[ckpt(1000)]
+    sides.add(ckpt(500), 10)  # the new run's step 500, written after 1000, mirrored and verified
+    plan = sides.plan()
+    assert plan.deletions == ()
+    assert {(k.rel, k.why) for k in plan.kept if k.volume == "mirror"} == {
+        (ckpt(500), "followed"),
+        (ckpt(1000), "branch_tip"),
+    }
+    assert plan.branch_tips == {"run": (1000,)}

@@ -174,19 +174,34 @@ def test_marker_rule() -> None:
     )
 
 
-def test_hf_rule_needs_a_parsing_trainer_state() -> None:
+def test_hf_rule_needs_a_parsing_trainer_state_and_the_weights() -> None:
+    """trainer_state.json last, and the weights it was saved after: a checkpoint-10/ whose model.safetensors
+    was unlinked (a rotation's rmtree, issue 42 case 6) is not whole however well its state parses."""
     layout = layout_for("hf")
     without = unit_of("hf", "checkpoint-5/model.safetensors")
     assert "no trainer_state.json" in completeness(without, layout).why
-    assert reads_needed(without, layout) == ()
-    unit = unit_of("hf", "checkpoint-5/model.safetensors", "checkpoint-5/trainer_state.json")
-    assert reads_needed(unit, layout) == ("checkpoint-5/trainer_state.json",)
-    rel = "checkpoint-5/trainer_state.json"
-    assert completeness(unit, layout, reads={rel: b'{"global_step": 5'}).complete is False
-    assert completeness(unit, layout, reads={rel: b"[1]"}).complete is False
-    assert completeness(unit, layout, reads={rel: None}).why == "trainer_state.json could not be read"
-    assert completeness(unit, layout, reads={rel: json.dumps({"global_step": 5}).encode()}).complete
-    assert not completeness(unit, layout, quiet=lambda u, guess: False, reads={rel: b"{}"}).complete
+    assert reads_needed(without, layout) == ("checkpoint-5/model.safetensors",)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    head = len(header).to_bytes(8, "little") + header
+    rel, weights = "checkpoint-5/trainer_state.json", "checkpoint-5/model.safetensors"
+    unit = unit_of("hf", (weights, len(head) + 4), rel)
+    assert reads_needed(unit, layout) == (rel, weights)
+    good = {rel: json.dumps({"global_step": 5}).encode(), weights: head}
+    assert completeness(unit, layout, reads={**good, rel: b'{"global_step": 5'}).complete is False
+    assert completeness(unit, layout, reads={**good, rel: b"[1]"}).complete is False
+    assert completeness(unit, layout, reads={**good, rel: None}).why == "trainer_state.json could not be read"
+    assert completeness(unit, layout, reads=good).complete
+    assert not completeness(unit, layout, quiet=lambda u, guess: False, reads=good).complete
+    shrunk = unit_of("hf", "checkpoint-5/scheduler.pt", "checkpoint-5/rng_state.pth", rel)
+    assert completeness(shrunk, layout, reads=good).why.startswith("no model weights")
+    short = unit_of("hf", (weights, len(head)), rel)
+    assert "is not whole yet" in completeness(short, layout, reads=good).why
+    assert completeness(unit_of("hf", "checkpoint-5/pytorch_model.bin", rel), layout, reads=good).complete
+    index = "checkpoint-5/pytorch_model.bin.index.json"
+    sharded = unit_of("hf", index, "checkpoint-5/pytorch_model-00001-of-00002.bin", rel)
+    names = {"weight_map": {"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}
+    verdict = completeness(sharded, layout, reads={**good, index: json.dumps(names).encode()})
+    assert verdict.why == "the index names pytorch_model-00002-of-00002.bin, which is missing"
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,8 @@ class CopyJob:
     # The writer renamed the file into place (seen by a watch event): whole by construction. An unchecked
     # format is then recorded "renamed", which retention takes as evidence of wholeness.
     committed: bool = False
+    # The manifest's last recording sequence when the job was first queued (ManifestEntry.seen).
+    seen: int = 0
 
     @property
     def run(self) -> str:
@@ -58,3 +60,4 @@ class CopyResult:
     mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
     validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
     validation_detail: str = ""
+    source: tuple[int, int, int] = (0, 0, 0)  # the source's (device, inode, ctime) as copied (ManifestEntry)

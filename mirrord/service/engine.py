@@ -16,7 +16,7 @@ from mirrord.core.contributions import Contribution
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.nodes import foreign
-from mirrord.core.units import MAX_READ_BYTES
+from mirrord.core.units import MAX_READ_BYTES, locate
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,
@@ -38,7 +38,7 @@ from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_sou
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
-from mirrord.store.manifest import Manifest
+from mirrord.store.manifest import Manifest, upgrade
 from mirrord.store.mirror import Mirror
 
 if TYPE_CHECKING:
@@ -77,6 +77,9 @@ class Engine:
         self.mirror = mirror
         mirror.keep_modes_of(config.primary)
         self.manifest = manifest
+        upgraded = upgrade(manifest, config.rules)  # a record written before it said what each file is
+        if upgraded:
+            get_logger().info("manifest.upgraded", entries=upgraded, layout=config.rules.name)
         # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
         self.metrics = metrics
         self.wall = wall
@@ -152,15 +155,25 @@ class Engine:
             dirs.close()
             raise
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
-        return StagedCopy(job, result, [self._entry(job, result, identity=not dirs.renames_pending())], dirs)
+        entry = self._entry(job, result, self.manifest.next_seq(), identity=not dirs.renames_pending())
+        return StagedCopy(job, result, [entry], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
         """A folder unit copied and published whole; its record left to commit()."""
         results = self._copy_unit(job, options, control)
-        return StagedCopy(job, _unit_result(job, results), [self._entry(job, r) for r in results], DirSyncs())
+        seq = self.manifest.next_seq()
+        return StagedCopy(job, _unit_result(job, results), [self._entry(job, r, seq) for r in results], DirSyncs())
 
-    def _entry(self, job: CopyJob, result: CopyResult, identity: bool = True) -> ManifestEntry:
-        """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is."""
+    def _entry(self, job: CopyJob, result: CopyResult, seq: int, identity: bool = True) -> ManifestEntry:
+        """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is.
+        The same bytes copied again (a `touch`, a restore) keep their place in the order of recording."""
+        old = self.manifest.get(result.rel)
+        if (
+            old is not None
+            and old.seq
+            and (old.size, old.algo, old.digest) == (result.size, result.algo, result.digest)
+        ):
+            seq, job = old.seq, replace(job, seen=old.seen)
         return ManifestEntry(
             path=result.rel,
             size=result.size,
@@ -172,8 +185,26 @@ class Engine:
             mirror_mtime_ns=result.mirror_mtime_ns,
             validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
             node=self.mirror.node,
+            seq=seq,
+            seen=job.seen,
+            source_dev=result.source[0],
+            source_ino=result.source[1],
+            source_ctime_ns=result.source[2],
+            **self._what(result.rel, len(job.members)),
             **(self._published_identity(result.rel) if identity else {}),
         )
+
+    def _what(self, rel: str, members: int) -> dict[str, Any]:
+        """What the file at `rel` is, as its entry records it (ManifestEntry.layout, unit, members, role)."""
+        layout = self.config.rules
+        place = locate(rel, layout)
+        folder = place is not None and place.kind == "folder"
+        return {
+            "layout": layout.name,
+            "unit": place.rel if folder and place is not None else "",
+            "members": members or 1,
+            "role": "other" if place is None else "" if place.role == "checkpoint" else place.role,
+        }
 
     def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
@@ -182,7 +213,8 @@ class Engine:
         from mirrord.store.s3 import node_name  # only an object-store mirror gets here
 
         results = copy_part(self.primary_root, job, self.mirror, options, control)
-        entries = {result.rel: self._entry(job, result) for result in results}
+        seq = self.manifest.next_seq()
+        entries = {result.rel: self._entry(job, result, seq) for result in results}
         node = node_name(self.config.s3.node)
         part = Contribution(node, entries, self._listed_by_metadata(job), self.wall())
         merged = self.manifest.contribute(job.rel, part)
@@ -325,6 +357,11 @@ class Engine:
                 mirror_ino=state.ino,
                 mirror_ctime_ns=state.ctime_ns,
                 node=self.mirror.node,
+                source_dev=before.st_dev,
+                source_ino=before.st_ino,
+                source_ctime_ns=before.st_ctime_ns,
+                seq=self.manifest.next_seq(),
+                **self._what(job.rel, 0),
             )
             puts = [entry]
             if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
@@ -491,7 +528,7 @@ class Engine:
             entry, mirror_ino=identity.get("mirror_ino", 0), mirror_ctime_ns=identity.get("mirror_ctime_ns", 0)
         )
 
-    def _published_identity(self, rel: str) -> dict[str, int]:
+    def _published_identity(self, rel: str) -> dict[str, Any]:
         """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
         without re-reading the file while they stay the same. Unknown (0) if the stat fails, and not asked
         of a mirror without inodes (an object store: it would be one more request per file for nothing)."""

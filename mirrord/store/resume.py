@@ -15,6 +15,7 @@ whose best checkpoint has the newest mtime wins.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import re
 import time
@@ -211,30 +212,44 @@ class Candidate:
 def recorded_candidates(
     manifest: Manifest, run_key: str | None = None, layout: Layout | None = None
 ) -> dict[str, list[Candidate]]:
-    """Per run, the checkpoint units the manifest records with every file passed, newest first (by branch
-    and step; see _by_recency). Without a layout every entry is a file unit."""
+    """Per run, the checkpoint units the manifest records whole (every member recorded, every file passed),
+    newest first: by branch and step, in the order they were recorded (see _by_recency). What a unit is,
+    the record says (ManifestEntry.unit, role); records from before it said are placed by `layout` when
+    given, else each file is a unit of its own."""
     members: dict[tuple[str, str, int | None, bool], list[ManifestEntry]] = defaultdict(list)
     for e in manifest.entries.values():
-        place = None
-        if layout is not None:
-            from mirrord.core.units import locate  # (not loaded for a file layout's answer)
-
-            place = locate(e.path, layout)
-            if place is None or place.role != "checkpoint":
-                continue
-        unit = (
-            (e.path, e.run, e.step, False)
-            if place is None
-            else (place.rel, place.run, place.step, place.kind == "folder")
-        )
-        if run_key is None or unit[1] == run_key:
+        unit = _recorded_unit(e, layout)
+        if unit is not None and (run_key is None or unit[1] == run_key):
             members[unit].append(e)
+    whole = [
+        Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
+        for (key, run, step, folder), entries in members.items()
+        if all(entry_passed(e) and (not e.layout or e.members == len(entries)) for e in entries)
+    ]
+    # The order the sources were seen saved, as a rank (1: the first) for mirrord.core.branches: no clock says
+    # it. Units listed together (a backlog) go by step; one listed after a higher step was recorded, after it.
+    whole.sort(key=lambda c: (max(e.seen for e in c.entries), -1 if c.step is None else c.step, _recorded(c)))
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
-    for (key, run, step, folder), entries in members.items():
-        if all(map(entry_passed, entries)):
-            candidate = Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
-            runs[run].append((step, max(e.source_mtime_ns for e in entries), candidate))
+    for rank, candidate in enumerate(whole, 1):
+        runs[candidate.run].append((candidate.step, rank, candidate))
     return {run: _evidenced(_by_recency(items)) for run, items in runs.items()}
+
+
+def _recorded(candidate: Candidate) -> tuple[int, float]:
+    """When a unit was recorded: its recording sequence (and, before it was kept, the time)."""
+    return max((e.seq, e.mirrored_at) for e in candidate.entries)
+
+
+def _recorded_unit(e: ManifestEntry, layout: Layout | None) -> tuple[str, str, int | None, bool] | None:
+    """(unit key, run, step, folder) of a recorded checkpoint's file; None for one that is no checkpoint."""
+    if not e.layout and layout is not None:
+        from mirrord.core.units import locate  # (not loaded for a record that says)
+
+        place = locate(e.path, layout)
+        if place is None or place.role != "checkpoint":
+            return None
+        return place.rel, place.run, place.step, place.kind == "folder"
+    return None if e.role else (e.unit_key, e.run, e.step, bool(e.unit))
 
 
 def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
@@ -247,14 +262,8 @@ def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
 
 
 def newest_run(runs: dict[str, list[Candidate]]) -> str | None:
-    """The run written to most recently: the one whose newest recorded file has the newest source mtime
-    (a time beyond the clock's skew is no evidence)."""
-    lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)
-
-    def written(run: str) -> int:
-        return max((e.source_mtime_ns for c in runs[run] for e in c.entries if e.source_mtime_ns <= lie), default=0)
-
-    return max(runs, key=written, default=None)
+    """The run recorded most recently: the one whose newest recorded unit was recorded last."""
+    return max(runs, key=lambda run: max(map(_recorded, runs[run]), default=(0, 0.0)), default=None)
 
 
 def latest_key(
@@ -272,7 +281,7 @@ def latest_key(
     manifest = store.load_manifest()
     folders = layout if layout is not None and layout.folders else None
     if len(manifest) or require_manifest:
-        return _latest_recorded(store, recorded_candidates(manifest, run_key, folders), layout, verify)
+        return _latest_recorded(store, recorded_candidates(manifest, run_key, folders), verify)
     if folders is not None:
         return _latest_unit(store, run_key, folders)
     step_regex = re.compile(step_pattern)
@@ -327,12 +336,13 @@ def _holds_manifest(folder: Path) -> bool:
     return (folder / MANIFEST_NAME).exists() or any(folder.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
 
 
-def _latest_recorded(
-    store: ReadableStore, runs: dict[str, list[Candidate]], layout: Layout | None, verify: bool
-) -> str | None:
+def _latest_recorded(store: ReadableStore, runs: dict[str, list[Candidate]], verify: bool) -> str | None:
     """Per run the newest recorded unit still intact (a folder: holding exactly its recorded files); of
-    those, the one of the run written to most recently."""
-    listing = functools.cache(lambda: frozenset(store.snapshot((), layout).files))  # only if a folder is checked
+    those, the one of the run recorded most recently."""
+    # Every file below a folder named as a recorded unit is, the record's names: no config needed.
+    names = sorted({c.key.rpartition("/")[2] for units in runs.values() for c in units if c.folder})
+    recorded = Layout("recorded", "folder", tuple(map(glob.escape, names)), r"(\d+)")
+    listing = functools.cache(lambda: frozenset(store.snapshot((), recorded).files))  # only if a folder is checked
     intact = {
         run: next((u for u in units if _unit_intact(store, u, listing, verify)), None) for run, units in runs.items()
     }

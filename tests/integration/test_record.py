@@ -1,0 +1,118 @@
+"""The mirror's record says what each checkpoint is (issue 41): readers need no config, "newest" is newest
+recorded, and a source replaced after it was copied is seen by its identity. Real checkpoints, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mirrord.store.manifest import Manifest
+from mirrord.torch import atomic_save, restore_latest
+from tests.support.cli import run_mirrord
+from tests.support.config import settings, write_config
+from tests.support.folders import write_dcp, write_hf
+
+
+def _write_torch(folder: Path, step: int) -> list[Path]:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    path = folder.parent / f"step_{step:04d}.pt"
+    atomic_save({"step": step, "w": torch.randn(16, 16)}, path)
+    return [path]
+
+
+WRITERS = {"hf": ("checkpoint-{}", write_hf), "dcp": ("step_{}", write_dcp), "torch": ("step_{:04d}.pt", _write_torch)}
+
+
+def _mirrored(tmp_path: Path, layout: str, steps: list[int]) -> tuple[Path, Path, Path]:
+    """`steps` of run exp1 saved in the `layout`'s own shape, then `mirrord sync`: (config, primary, mirror)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    mirror.mkdir()
+    name, write = WRITERS[layout]
+    for step in steps:
+        write(primary / "exp1" / name.format(step), step)
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": layout}))
+    done = run_mirrord("sync", "--config", config)
+    assert done.returncode == 0, done.stderr
+    return config, primary, mirror
+
+
+def _same_tree(restored: Path, mirrored: Path) -> None:
+    """`restored` holds exactly the files of `mirrored` (a folder: every one, nothing else), byte for byte."""
+    if mirrored.is_file():
+        assert restored.read_bytes() == mirrored.read_bytes()
+        return
+    names = sorted(p.relative_to(mirrored).as_posix() for p in mirrored.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()) == names
+    for name in names:
+        assert (restored / name).read_bytes() == (mirrored / name).read_bytes()
+
+
+@pytest.mark.parametrize("layout", ["hf", "dcp", "torch"])
+def test_every_reader_takes_a_whole_checkpoint_from_the_record_alone(tmp_path: Path, layout: str) -> None:
+    """Case 1: checkpoints 100 and 200 of run exp1 mirrored with `layout`, then the primary wiped. With no
+    config and no layout, `restore_latest(M, dest, run="exp1")`, `restore_latest(M, dest)`, `mirrord restore
+    --mirror M --to D` and `mirrord latest --mirror M` all name and bring back the whole newest checkpoint
+    (for a folder: every file), never one member published under the folder's name."""
+    _config, primary, mirror = _mirrored(tmp_path, layout, [100, 200])
+    newest = "exp1/" + WRITERS[layout][0].format(200)
+    shutil.rmtree(primary)
+
+    by_run = restore_latest(mirror, tmp_path / "by_run", run="exp1")
+    assert by_run == tmp_path / "by_run" / newest
+    _same_tree(by_run, mirror / newest)
+    newest_run = restore_latest(mirror, tmp_path / "newest")
+    assert newest_run == tmp_path / "newest" / newest
+    _same_tree(newest_run, mirror / newest)
+
+    cli = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "cli"))
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip() == str(tmp_path / "cli" / newest)
+    _same_tree(tmp_path / "cli" / newest, mirror / newest)
+
+    latest = run_mirrord("latest", "--mirror", str(mirror))
+    assert latest.returncode == 0, latest.stderr
+    assert latest.stdout.strip() == str(mirror / newest)
+    verify = run_mirrord("verify", "--mirror", str(mirror))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+# A mirror written by mirrord before the record said what each file is (made by `mirrord sync` at main
+# before issue 41, layout hf): exp1/checkpoint-100 and -200, three files each.
+OLD_MIRROR = Path(__file__).parent / "data" / "mirror-v1-hf"
+
+
+def test_a_manifest_from_before_the_record_is_upgraded_in_place_by_the_next_sync(tmp_path: Path) -> None:
+    """Item 1: the old manifest loads as it is; the first `mirrord sync` records, for every entry, the
+    layout in force, its folder unit, the unit's member count and a recording sequence in the order the
+    units were recorded (checkpoint-200 after -100), written to the mirror's own manifest; then a restore
+    with no config brings back the whole checkpoint-200."""
+    mirror, primary = tmp_path / "mirror", tmp_path / "primary"
+    shutil.copytree(OLD_MIRROR, mirror)
+    primary.mkdir()
+    old = Manifest.load(mirror).entries
+    assert len(old) == 6 and not any(e.layout or e.unit or e.seq for e in old.values())
+
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "hf"}))
+    done = run_mirrord("sync", "--config", config)
+    assert done.returncode == 0, done.stderr
+
+    stored = json.loads((mirror / ".mirrord-manifest.json").read_bytes())["entries"]
+    assert {(rel, raw["layout"], raw["unit"], raw["members"]) for rel, raw in stored.items()} == {
+        (f"exp1/checkpoint-{step}/{name}", "hf", f"exp1/checkpoint-{step}", 3)
+        for step in (100, 200)
+        for name in ("model.safetensors", "optimizer.pt", "trainer_state.json")
+    }
+    seqs = {rel.split("/")[1]: raw["seq"] for rel, raw in stored.items()}
+    assert 0 < seqs["checkpoint-100"] < seqs["checkpoint-200"]
+    upgraded = Manifest.load(mirror).entries
+    assert {rel: (e.size, e.digest, e.step) for rel, e in upgraded.items()} == {
+        rel: (e.size, e.digest, e.step) for rel, e in old.items()
+    }
+
+    cli = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "restored"))
+    assert cli.returncode == 0, cli.stderr
+    _same_tree(tmp_path / "restored" / "exp1" / "checkpoint-200", mirror / "exp1" / "checkpoint-200")

@@ -82,8 +82,9 @@ def restore_latest(
     `mirror` (a folder or an `s3://bucket/prefix` URL; S3 settings from the AWS_* environment) to the same
     relative path below `dest`, checked byte for byte against the manifest as `mirrord restore` does; the
     path to resume from. None when the mirror records no checkpoint (of `run`). A damaged newest copy is
-    passed over for the next newest; DamagedCopyError when every one is damaged. `layout`: the
-    mirror's checkpoint rules for folder units (Config.rules); by default every recorded file is a unit."""
+    passed over for the next newest; DamagedCopyError when every one is damaged. What a checkpoint is (a
+    file, a folder with all its files) the mirror's record says; `layout` (Config.rules) only places files
+    recorded before the record said it (an older mirrord), which are otherwise each a unit of their own."""
     from mirrord.store.restore import restore
     from mirrord.store.targets import mirror_for
 

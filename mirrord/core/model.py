@@ -109,11 +109,6 @@ class ManifestEntry:
         return dirname(self.unit or self.path)
 
     @property
-    def unit_key(self) -> str:
-        """The unit the file belongs to: its folder unit, or the file itself."""
-        return self.unit or self.path
-
-    @property
     def stored_mtime_ns(self) -> int:
         """The mtime the mirror stored (records from before it was kept: the source's)."""
         return self.source_mtime_ns if self.mirror_mtime_ns is None else self.mirror_mtime_ns

@@ -16,6 +16,7 @@ from mirrord.core.contributions import Contribution
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.nodes import foreign
+from mirrord.core.plan import REPLACED
 from mirrord.core.units import MAX_READ_BYTES, locate
 from mirrord.errors import (
     CancelledError,
@@ -114,10 +115,12 @@ class Engine:
         record to commit() (which may take several staged copies at once). An alias published from its
         mirrored twin, and a node's part of a shared unit, are recorded at once: their CopyResult is
         returned, done. Raises MirrordError."""
+        control = control or CopyControl()
+        if job.why == REPLACED and (same := self._same_bytes(job, control)) is not None:
+            return same  # (no copy started: the bytes are read, none written)
         self.log.info("copy.started", why=job.why, **_fields(job))
         if self.metrics is not None:
             self.metrics.in_flight.inc()
-        control = control or CopyControl()
         with self._space_lock:
             # Concurrent copies each need their full size: count the others' as reserved space.
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
@@ -326,6 +329,36 @@ class Engine:
             ),
         )
         return result
+
+    def _same_bytes(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
+        """A source replaced since it was copied (another inode or ctime, same size and mtime) is read once:
+        holding the recorded bytes (a restore put them back), its new identity is recorded and nothing is
+        written; other bytes are logged and copied (None)."""
+        started, puts = time.monotonic(), []
+        for rel in job.paths:
+            entry = self.manifest.get(rel)
+            if entry is None:
+                return None
+            st, digest = hash_source(self.primary_root, rel, entry.algo, self.options.buffer_bytes, control)
+            if (st.st_size, digest) != (entry.size, entry.digest):
+                self.log.warning(
+                    "copy.source_replaced", path=rel, run=job.run or ".", recorded=entry.digest, now=digest
+                )
+                return None
+            puts.append(
+                replace(
+                    entry,
+                    source_dev=st.st_dev,
+                    source_ino=st.st_ino,
+                    source_ctime_ns=st.st_ctime_ns,
+                )
+            )
+        self.manifest.apply(puts=puts)
+        self.log.info("copy.source_same_bytes", path=job.rel, run=job.run or ".", files=len(puts))
+        size = sum(e.size for e in puts)
+        return CopyResult(
+            job.rel, size, puts[0].algo, puts[0].digest, job.mtime_ns, time.monotonic() - started, wrote=False
+        )
 
     def _publish_twin(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
         """An alias (last.ckpt) whose bytes are those of a mirrored step: read once and hashed, then

@@ -22,7 +22,7 @@ from mirrord.errors import DamagedCopyError, DestinationTakenError, NothingToRes
 from mirrord.paths import lstat_beneath
 from mirrord.store.hashing import HASH_BUFFER_BYTES, new_hasher
 from mirrord.store.mirror import ReadableStore, Upload
-from mirrord.store.resume import Candidate, check_entry, newest_run, recorded_candidates
+from mirrord.store.resume import Candidate, check_entry, newest_run, recorded_candidates, recorded_manifest
 from mirrord.store.volume import LocalVolume
 
 Progress = Callable[[int, int, str], None]  # (bytes done, bytes in all, key)
@@ -54,7 +54,7 @@ def restore(
     next newest unit is tried (each one passed over is in `damaged`), with it DamagedCopyError is raised.
     NothingToRestoreError when no unit matches; DestinationTakenError when something else is at the
     destination and not `force`."""
-    runs = recorded_candidates(store.load_manifest(), run, layout)
+    runs = recorded_candidates(recorded_manifest(store, layout), run)
     chosen = run if run is not None else newest_run(runs)
     candidates = runs.get(chosen, []) if chosen is not None else []
     if step is not None:

@@ -31,7 +31,7 @@ from mirrord.core.model import ManifestEntry, entry_passed, entry_whole, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
 from mirrord.store.hashing import hash_stream
-from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from mirrord.store.manifest import MANIFEST_NAME, Manifest, upgrade
 from mirrord.store.mirror import ReadableStore, random_access_fd
 from mirrord.store.volume import LocalVolume
 
@@ -209,18 +209,23 @@ class Candidate:
     entries: tuple[ManifestEntry, ...]
 
 
-def recorded_candidates(
-    manifest: Manifest, run_key: str | None = None, layout: Layout | None = None
-) -> dict[str, list[Candidate]]:
+def recorded_manifest(store: ReadableStore, layout: Layout | None = None) -> Manifest:
+    """The store's manifest, read-only; entries recorded before the record said what each file is are
+    placed by a folder `layout` in memory (mirrord.store.manifest.upgrade), else each is a unit of its own."""
+    manifest = store.load_manifest()
+    if layout is not None and layout.folders:
+        upgrade(manifest, layout)
+    return manifest
+
+
+def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[str, list[Candidate]]:
     """Per run, the checkpoint units the manifest records whole (every member recorded, every file passed),
     newest first: by branch and step, in the order they were recorded (see _by_recency). What a unit is,
-    the record says (ManifestEntry.unit, role); records from before it said are placed by `layout` when
-    given, else each file is a unit of its own."""
+    the record says (ManifestEntry.unit, role)."""
     members: dict[tuple[str, str, int | None, bool], list[ManifestEntry]] = defaultdict(list)
     for e in manifest.entries.values():
-        unit = _recorded_unit(e, layout)
-        if unit is not None and (run_key is None or unit[1] == run_key):
-            members[unit].append(e)
+        if not e.role and (run_key is None or e.run == run_key):
+            members[e.unit or e.path, e.run, e.step, bool(e.unit)].append(e)
     whole = [
         Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
         for (key, run, step, folder), entries in members.items()
@@ -228,28 +233,13 @@ def recorded_candidates(
     ]
     # The order the sources were seen saved, as a rank (1: the first) for mirrord.core.branches: no clock says
     # it. Units listed together (a backlog) go by step; one listed after a higher step was recorded, after it.
-    whole.sort(key=lambda c: (max(e.seen for e in c.entries), -1 if c.step is None else c.step, _recorded(c)))
+    whole.sort(
+        key=lambda c: (max(e.seen for e in c.entries), -1 if c.step is None else c.step, max(e.seq for e in c.entries))
+    )
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
     for rank, candidate in enumerate(whole, 1):
         runs[candidate.run].append((candidate.step, rank, candidate))
     return {run: _evidenced(_by_recency(items)) for run, items in runs.items()}
-
-
-def _recorded(candidate: Candidate) -> tuple[int, float]:
-    """When a unit was recorded: its recording sequence (and, before it was kept, the time)."""
-    return max((e.seq, e.mirrored_at) for e in candidate.entries)
-
-
-def _recorded_unit(e: ManifestEntry, layout: Layout | None) -> tuple[str, str, int | None, bool] | None:
-    """(unit key, run, step, folder) of a recorded checkpoint's file; None for one that is no checkpoint."""
-    if not e.layout and layout is not None:
-        from mirrord.core.units import locate  # (not loaded for a record that says)
-
-        place = locate(e.path, layout)
-        if place is None or place.role != "checkpoint":
-            return None
-        return place.rel, place.run, place.step, place.kind == "folder"
-    return None if e.role else (e.unit_key, e.run, e.step, bool(e.unit))
 
 
 def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
@@ -262,8 +252,17 @@ def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
 
 
 def newest_run(runs: dict[str, list[Candidate]]) -> str | None:
-    """The run recorded most recently: the one whose newest recorded unit was recorded last."""
-    return max(runs, key=lambda run: max(map(_recorded, runs[run]), default=(0, 0.0)), default=None)
+    """The run written to most recently: the one whose newest unit mirrord listed last (ManifestEntry.seen);
+    of runs listed together (a backlog), the newest source mtime (beyond the clock's skew: no evidence)."""
+    lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)
+
+    def written(run: str) -> tuple[int, int]:
+        entries = [e for c in runs[run] for e in c.entries]
+        return max(e.seen for e in entries), max(
+            (e.source_mtime_ns for e in entries if e.source_mtime_ns <= lie), default=0
+        )
+
+    return max(runs, key=written, default=None)
 
 
 def latest_key(
@@ -278,12 +277,11 @@ def latest_key(
     """The key of the newest whole checkpoint in `store` (of the run `run_key`, or of the run written
     to most recently); see latest_checkpoint. Works on any store: a local tree or the mirror's seam.
     With a folder layout the answer is a unit's folder."""
-    manifest = store.load_manifest()
-    folders = layout if layout is not None and layout.folders else None
+    manifest = recorded_manifest(store, layout)
     if len(manifest) or require_manifest:
-        return _latest_recorded(store, recorded_candidates(manifest, run_key, folders), verify)
-    if folders is not None:
-        return _latest_unit(store, run_key, folders)
+        return _latest_recorded(store, recorded_candidates(manifest, run_key), verify)
+    if layout is not None and layout.folders:
+        return _latest_unit(store, run_key, layout)
     step_regex = re.compile(step_pattern)
     files = store.snapshot(patterns).files.values()
     # Stricter than passing: on a primary with no manifest, only a verdict of "ok" proves anything.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -157,3 +158,51 @@ def test_newest_is_newest_recorded_whatever_the_clocks_and_a_touch_say(tmp_path:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["copied"] == ["exp1/step_4.pt"]  # copied again: its mtime changed
     assert _named(mirror, tmp_path) == ("step_5.pt", "step_5.pt")
+
+
+def _rsync_a(src: Path, dest: Path) -> None:
+    """What `rsync -a` does: a temp file beside `dest` with the bytes and times of `src`, renamed onto it."""
+    temp = dest.with_name(f".{dest.name}.rsync")
+    shutil.copy2(src, temp)
+    temp.replace(dest)
+
+
+@pytest.mark.parametrize("put", ["cp -p", "rsync -a"])
+def test_a_source_replaced_by_other_bytes_of_the_same_size_and_mtime_is_copied_again(tmp_path: Path, put: str) -> None:
+    """Case 10: after step_1.pt is mirrored, other bytes of the same size and mtime are put in its place by
+    the real `cp -p` (same inode, new ctime) or as `rsync -a` does (a new inode): the next sync sees it by
+    identity, logs copy.source_replaced and mirrors the new bytes. A file put back with its recorded bytes
+    (a restore) is read, its new identity recorded, and nothing is copied."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "exp1").mkdir(parents=True)
+    mirror.mkdir()
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "torch"}))
+    step_1, other = primary / "exp1" / "step_1.pt", tmp_path / "other.pt"
+    atomic_save({"step": 1, "w": torch.zeros(16, 16)}, step_1)
+    atomic_save({"step": 1, "w": torch.ones(16, 16)}, other)
+    assert other.stat().st_size == step_1.stat().st_size and other.read_bytes() != step_1.read_bytes()
+    mtime = step_1.stat().st_mtime_ns
+    os.utime(other, ns=(mtime, mtime))
+    first = run_mirrord("sync", "--config", config)
+    assert first.returncode == 0, first.stderr
+
+    if put == "cp -p":
+        subprocess.run(["cp", "-p", str(other), str(step_1)], check=True)
+    else:
+        _rsync_a(other, step_1)
+    assert (step_1.stat().st_size, step_1.stat().st_mtime_ns) == (other.stat().st_size, mtime)
+    again = run_mirrord("sync", "--config", config, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["copied"] == ["exp1/step_1.pt"]
+    assert '"copy.source_replaced"' in again.stderr
+    assert (mirror / "exp1" / "step_1.pt").read_bytes() == other.read_bytes()
+    assert torch.load(mirror / "exp1" / "step_1.pt", weights_only=True)["w"].sum() == 256
+
+    step_1.unlink()  # put back by a restore: the recorded bytes, another inode
+    restored = run_mirrord("restore", "--mirror", str(mirror), "--to", str(primary))
+    assert restored.returncode == 0, restored.stderr
+    settled = run_mirrord("sync", "--config", config, "--json")
+    assert settled.returncode == 0, settled.stderr
+    assert json.loads(settled.stdout)["copied"] == []
+    assert '"copy.source_same_bytes"' in settled.stderr
+    assert json.loads(run_mirrord("sync", "--config", config, "--json").stdout)["copied"] == []

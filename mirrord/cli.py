@@ -225,8 +225,8 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
     """`mirrord check-config`: print the effective config (each value with its origin, or as JSON) and the
     checkpoint rules it implies; warns about patterns that can never match and, from a listing of the
     primary, about checkpoints with no step and checkpoint-like files the layout does not select."""
-    from mirrord.core.layouts import never_matching
     from mirrord.core.units import naming_warnings
+    from mirrord.layouts import never_matching
     from mirrord.store.scan import snapshot_tree
 
     warnings = never_matching(config.rules)
@@ -500,13 +500,14 @@ def build_parser() -> argparse.ArgumentParser:
         "restore",
         cmd_restore,
         "Bring back from the mirror (local or s3://) the newest verified unit (file "
-        "or folder) of the run written to most recently, of --run, or of --step; print its path. Every byte is "
+        "or folder) of the mirror's only run (with several: of --run), or of --step; print its path. Every byte is "
         "checked against the manifest's hash as it is written as NAME.part (NAME.part/); only a matching copy is "
         "fsynced and renamed into place, with its source's mtime, so sync and the daemon copy nothing again. A "
         "damaged copy is never published: without --step the next newest verified unit is restored instead "
         "(each damaged copy named on stderr; exit 0 once one is restored). An identical copy at the destination "
         "is left alone, a different one replaced only with --force. Reads the mirror only. Exit 1 if nothing "
-        "could be restored (none recorded, all damaged, a damaged --step, a different file in the way), 2 if "
+        "could be restored (none recorded, all damaged, a damaged --step, a different file in the way, no --run "
+        "among several runs or one the mirror does not hold), 2 if "
         "the mirror does not exist.",
         needs_primary=False,
     )
@@ -790,7 +791,7 @@ def _main(argv: Sequence[str] | None) -> int:
         logsetup.get_logger().error(
             "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
         )
-        print(f"mirrord: {exc}", file=sys.stderr)
+        print(printable(f"mirrord: {exc}"), file=sys.stderr)
         if getattr(args, "json", False) and args.command != "status":
             from mirrord.commands.report import dumps, error_document
 

@@ -33,9 +33,10 @@ from pydantic import (
     model_validator,
 )
 
-from mirrord.core.layouts import Layout, layout_for
 from mirrord.errors import ConfigError
-from mirrord.store.trusted import UntrustedFileError, read_trusted
+from mirrord.layouts import Layout, layout_for
+from mirrord.paths import S3Location, overlap
+from mirrord.trusted import UntrustedFileError, read_trusted
 
 ENV_PREFIX = "MIRRORD_"
 ENV_CONFIG_FILE = "MIRRORD_CONFIG"
@@ -155,8 +156,6 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
     elif rp.is_relative_to(rm):
         problems.append(f"primary: {primary} is inside mirror {mirror}")
     elif need_primary and primary.exists():
-        from mirrord.store.identity import overlap
-
         clash = overlap(primary, mirror)  # the same trees under other names (bind mounts)
         if clash:
             problems.append(f"mirror: {clash}")
@@ -390,8 +389,6 @@ class Config(_Section):
         if isinstance(value, str) and not value.strip():
             raise ValueError("must not be empty")
         if info.field_name == "mirror" and is_s3_url(value):
-            from mirrord.store.s3 import S3Location
-
             S3Location.parse(value)  # ValueError: one line naming what is wrong
         return value
 
@@ -447,7 +444,7 @@ class Config(_Section):
 
     @property
     def rules(self) -> Layout:
-        """The chosen layout's naming and completeness rules (mirrord.core.layouts)."""
+        """The chosen layout's naming and completeness rules (mirrord.layouts)."""
         return layout_for(
             self.layout, self.patterns, self.prune.step_pattern, self.unit.kind, self.unit.complete_marker
         )

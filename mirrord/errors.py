@@ -175,3 +175,9 @@ class NothingToRestoreError(PermanentError):
     """The mirror holds no verified checkpoint that matches the request."""
 
     reason = "nothing_to_restore"
+
+
+class WhichRunError(PermanentError, ValueError):
+    """Restore was given a run the mirror does not hold, or none while it holds several: the runs are listed."""
+
+    reason = "which_run"

@@ -1,7 +1,8 @@
 """Path safety: every file mirrord touches is reached from a configured root, one component at a time,
 never through a symlink. This is what `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` gives in C.
-Also the names every layer agrees on (the temp suffix of an unpublished copy, what a safe relative path is),
-on the ground floor so that the pure core, the store and the formats can all use them.
+Also the names every layer agrees on (the temp suffix of an unpublished copy, what a safe relative path is,
+where an object-store mirror lives) and whether two roots are one tree, on the ground floor so that the
+config, the pure core, the store and the formats can all use them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from mirrord.errors import UnsafePathError
@@ -114,3 +116,80 @@ def open_file_beneath(root: Path, rel: str, flags: int = os.O_RDONLY) -> int:
     if not flags & os.O_NONBLOCK:
         os.set_blocking(fd, True)  # F_SETFL on the fd just opened: nothing to fail on
     return fd
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """Where an object-store mirror lives: the bucket and the key prefix."""
+
+    bucket: str
+    prefix: str  # "" or ending in "/"
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        """`s3://bucket` or `s3://bucket/some/prefix`; ValueError (one readable line) otherwise."""
+        if not url.startswith("s3://"):
+            raise ValueError(f"{url!r} is not an s3:// URL")
+        bucket, _, prefix = url[5:].partition("/")
+        if not bucket or "/" in bucket or len(bucket) < 3:
+            raise ValueError(f"{url!r}: no valid bucket name after s3://")
+        prefix = prefix.strip("/")
+        if prefix:
+            split_rel(prefix)  # no '..', no empty components, no NUL
+        return cls(bucket, f"{prefix}/" if prefix else "")
+
+    def key(self, rel: str) -> str:
+        """The object key of `rel`."""
+        return self.prefix + rel
+
+    def url(self, rel: str = "") -> str:
+        """The s3:// URL of `rel` (for messages)."""
+        return f"s3://{self.bucket}/{self.prefix}{rel}"
+
+
+# ------------------------------------------------------------------------------- roots by identity
+def _key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
+    try:
+        with open(mountinfo, encoding="utf-8") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return []
+    return [Path(fields[4].encode().decode("unicode_escape")) for fields in rows if len(fields) > 4]
+
+
+def overlap(primary: Path, mirror: Path, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """Why PRIMARY and MIRROR are not two separate trees when compared by (device, inode), or None.
+
+    Catches what resolving paths cannot: the same directory under two names through a bind mount, a
+    mirror whose path runs through a bind mount of the primary (or the reverse), and a bind mount of
+    one root placed somewhere below the other.
+    """
+    pkey, mkey = _key(primary), _key(mirror)
+    if pkey is None:
+        return None  # a missing primary is reported by the path checks
+    if pkey == mkey:
+        return f"{mirror} is the same directory as primary {primary} (same device and inode: a bind mount?)"
+    name = {pkey: f"primary {primary}", mkey: str(mirror)}
+    # The mirror's parents are compared even for a mirror not created yet (mkey None).
+    pairs = ((mirror, mkey, pkey), (primary, pkey, mkey))
+    for path, key, other in pairs:
+        for parent in Path(path).resolve().parents:
+            if other is not None and _key(parent) == other:
+                return f"{name[key]} is inside {name[other]} (reached through {parent}: a bind mount?)"
+    if mkey is None:
+        return None
+    points = _mount_points(mountinfo)
+    for path, key, other in pairs:  # a mount point strictly below one root whose directory is the other
+        below = path.resolve()
+        for point in points:
+            if point != below and point.is_relative_to(below) and _key(point) == other:
+                return f"{name[other]} is mounted inside {name[key]} at {point} (a bind mount)"
+    return None

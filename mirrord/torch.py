@@ -5,7 +5,7 @@
     atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
                 run_dir / f"step_{step:08d}.pt")
     resume = latest_checkpoint(run_dir, require_manifest=False)  # None on a fresh start
-    resume = restore_latest("s3://bucket/ckpt", run_dir.parent)  # the primary is gone: from the mirror
+    resume = restore_latest("s3://bucket/ckpt", run_dir.parent, run=run_dir.name)  # the primary is gone
 
 This is the only mirrord module that imports torch; the daemon never imports it.
 """
@@ -19,8 +19,8 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
-from mirrord.core.layouts import Layout
 from mirrord.errors import NothingToRestoreError
+from mirrord.layouts import Layout
 from mirrord.store.atomic import atomic_output
 from mirrord.store.hashing import Hasher, new_hasher
 from mirrord.store.resume import latest_checkpoint
@@ -78,19 +78,22 @@ def atomic_save(
 def restore_latest(
     mirror: str | os.PathLike[str], dest: str | os.PathLike[str], run: str | None = None, layout: Layout | None = None
 ) -> Path | None:
-    """Bring the newest verified checkpoint (of `run`, else of the run written to most recently) back from
-    `mirror` (a folder or an `s3://bucket/prefix` URL; S3 settings from the AWS_* environment) to the same
-    relative path below `dest`, checked byte for byte against the manifest as `mirrord restore` does; the
-    path to resume from. None when the mirror records no checkpoint (of `run`). A damaged newest copy is
-    passed over for the next newest; DamagedCopyError when every one is damaged. What a checkpoint is (a
-    file, a folder with all its files) the mirror's record says; `layout` (Config.rules) only places files
-    recorded before the record said it (an older mirrord), which are otherwise each a unit of their own."""
+    """Bring the newest verified checkpoint of `run` (left out: the mirror's only run) back from `mirror` (a
+    folder or an `s3://bucket/prefix` URL; S3 settings from the AWS_* environment) to the same relative path
+    below `dest`, checked as `mirrord restore` does; the path to resume from. None only when the mirror
+    records no checkpoint of that run; ValueError for a run it does not hold, no `run` among several (both
+    list the runs) or a run folder given as the mirror. DamagedCopyError when every copy is damaged.
+    What a checkpoint is (a file, a folder with all its files) the mirror's record says; `layout`
+    (Config.rules) only places files recorded by an older mirrord, which are otherwise each a unit of their own."""
     from mirrord.store.restore import restore
+    from mirrord.store.resume import refuse_run_folder
     from mirrord.store.targets import mirror_for
 
     store = mirror_for(os.fspath(mirror))
     if not store.exists():
         raise FileNotFoundError(f"restore_latest: the mirror {store.describe()} does not exist")
+    if (local := store.local_tree()) is not None:
+        refuse_run_folder(local.root, "restore_latest({mirror}, dest, run={run})")
     try:
         return restore(store, Path(dest), layout, run).path
     except NothingToRestoreError:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mirrord.commands.latest import opened_run
+from mirrord.commands.printable import printable
 from mirrord.store.restore import Progress, restore
 from mirrord.store.targets import mirror_for
 
@@ -27,7 +28,7 @@ def run_restore(config: Config, args: argparse.Namespace, progress: Progress | N
     result = restore(store, dest, config.rules, run, args.step, args.force, progress)
     for damaged in result.damaged:
         print(
-            f"DAMAGED {damaged.path}: {damaged.cause}; falling back to the next newest verified checkpoint",
+            printable(f"DAMAGED {damaged.path}: {damaged.cause}; falling back to the next newest verified checkpoint"),
             file=sys.stderr,
         )
     if args.json:
@@ -37,9 +38,11 @@ def run_restore(config: Config, args: argparse.Namespace, progress: Progress | N
     else:
         print(result.path)
     print(
-        f"{result.path}: already there (identical to the mirror's copy); nothing written"
-        if result.already_there
-        else f"restored {result.path} ({result.size} bytes) from {store.describe(result.key)}",
+        printable(
+            f"{result.path}: already there (identical to the mirror's copy); nothing written"
+            if result.already_there
+            else f"restored {result.path} ({result.size} bytes) from {store.describe(result.key)}"
+        ),
         file=sys.stderr,
     )
     return 0

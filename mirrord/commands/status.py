@@ -29,7 +29,7 @@ from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, run_and_step
 from mirrord.errors import ManifestError, UnsafePathError
 from mirrord.obs.sizes import human_bytes
-from mirrord.service.completeness import judge
+from mirrord.store.completeness import judge
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.resume import check_entry, validate_key
 from mirrord.store.targets import mirror_for
@@ -342,7 +342,7 @@ def _invalid_sources(config: Config, primary: ReadableStore, view: View, now: fl
 def _judged(
     primary: LocalVolume, config: Config, now: float, verdicts: dict[str, tuple[Unit, Completeness]]
 ) -> Callable[[Unit], Completeness]:
-    """The daemon's completeness rule (mirrord.service.completeness), each unit judged once and kept in
+    """The daemon's completeness rule (mirrord.store.completeness), each unit judged once and kept in
     `verdicts`. A file is settled once its mtime is copy.settle_seconds old: the daemon also waits that
     long after first seeing it unchanged, which one look cannot; a file layout is never judged."""
 

@@ -13,11 +13,11 @@ from mirrord.core.plan import SettleTracker
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
-from mirrord.service.completeness import judge, recorded_names, sharing_for
 from mirrord.service.engine import Engine
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
 from mirrord.store.aliases import alias_links
+from mirrord.store.completeness import judge, recorded_names, sharing_for
 from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume, exclude_each_other
 

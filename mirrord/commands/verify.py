@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from mirrord.core.layouts import Layout
 from mirrord.formats.verdicts import OK
+from mirrord.layouts import Layout
 from mirrord.store.mirror import ReadableStore, fd_path, random_access_fd
 from mirrord.store.resume import PART, Finding, check_entry, validate_key
 

@@ -50,7 +50,7 @@ class Snapshot:
     # Folder units being published (NAME.part/ directories), by path: never entered, swept when dead.
     staging: dict[str, FileState] = field(default_factory=dict)
     # Files the layout did not select that look like checkpoints: the first one seen per
-    # mirrord.core.layouts.LOOKALIKES pattern (pattern -> rel), for a warning.
+    # mirrord.layouts.LOOKALIKES pattern (pattern -> rel), for a warning.
     lookalikes: dict[str, str] = field(default_factory=dict)
 
     @property

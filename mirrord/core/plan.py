@@ -1,18 +1,19 @@
-"""Pure planning of what to copy: a function of two snapshots, the manifest and a settle predicate."""
+"""Pure planning of what to copy: a function of two snapshots, the manifest and a settle predicate; file by
+file (plan_copies), or unit by unit (plan_unit_copies: folder units, aliases, a node's share of a unit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING
 
+from mirrord.core.contributions import Sharing
 from mirrord.core.jobs import CopyJob
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
-
-if TYPE_CHECKING:  # (units builds on plan: the tracker only reads a unit's files)
-    from mirrord.core.units import Unit
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
+from mirrord.core.units import Completeness, Unit, group_units
+from mirrord.layouts import Layout
 
 # Filesystems with coarse timestamps (FAT: 2 s, some SMB/NFS setups: 1 s) round the mtime we set.
 MTIME_TOLERANCE_NS = 2_000_000_000
@@ -81,6 +82,123 @@ def plan_copies(
             jobs.append(CopyJob(rel, src.size, src.mtime_ns, step_of(rel, step_regex), why))
     sort_newest_first(jobs)
     return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
+
+
+def plan_unit_copies(
+    primary: Snapshot,
+    mirror: Snapshot,
+    manifest: Mapping[str, ManifestEntry],
+    layout: Layout,
+    is_complete: Callable[[Unit], Completeness],
+    is_settled: Callable[[FileState], bool] = lambda _state: True,
+    sharing: Sharing | None = None,
+) -> CopyPlan:
+    """What to copy, unit by unit, newest first. A file layout plans file by file, exactly as
+    plan_copies; a folder unit is one job (all its files, published together) once `is_complete`
+    says it is whole, and is re-published whole when any file of it is absent, stale or unrecorded
+    on the mirror, or the mirror's folder holds a file the primary's does not. Aliases and tag files
+    are planned only once the newest unit of their run is in sync (DeepSpeed's `latest` names a folder
+    that must be there first; older ones retention may never copy). With `sharing` (folders written by
+    several nodes), a unit that is not whole here but whose local share is done is this node's part:
+    a job marked `part`, unless that part is recorded and on the mirror already."""
+    if not layout.folders:
+        base = plan_copies(primary, mirror, manifest, layout.step_regex, is_settled)
+        return plan_file_aliases(base, primary, manifest, layout) if layout.aliases else base
+    ours = group_units(primary.files.values(), layout)
+    theirs = group_units(mirror.files.values(), layout)
+    jobs: list[CopyJob] = []
+    unsettled: list[str] = []
+    in_sync = 0
+    newest: dict[str, tuple[int, bool]] = {}  # run -> (its highest step, that unit needs a copy)
+    # Checkpoints first: an alias or tag file waits while the newest checkpoint of its run needs a copy.
+    for unit in sorted(ours.values(), key=lambda u: u.role != "checkpoint"):
+        if unit.role != "checkpoint":
+            why = why_copy(unit.files[0], manifest.get(unit.rel), mirror.files.get(unit.rel))
+            if why is not None and (newest.get(unit.run, (-1, False))[1] or not is_settled(unit.files[0])):
+                why = "wait"
+        else:
+            why = unit_why_copy(unit, theirs.get(unit.rel), manifest, mirror.files)
+            step = -1 if unit.step is None else unit.step
+            if step >= newest.get(unit.run, (-1, False))[0]:
+                newest[unit.run] = (step, why is not None)
+            if why is not None and not is_complete(unit).complete:  # not whole here: wait, or this node's part
+                share = sharing.plan(unit, mirror.files) if sharing is not None else "wait"
+                why = None if share == "in_sync" else share
+        if why is None:
+            in_sync += len(unit.files)
+        elif why == "wait":
+            unsettled.append(unit.rel)
+        else:
+            jobs.append(
+                CopyJob(
+                    unit.rel,
+                    unit.size,
+                    unit.mtime_ns,
+                    unit.step,
+                    why,
+                    unit.paths if unit.kind == "folder" else (),
+                    part=why == "part",
+                )
+            )
+    sort_newest_first(jobs)
+    return CopyPlan(tuple(jobs), tuple(sorted(unsettled)), in_sync)
+
+
+def plan_file_aliases(
+    base: CopyPlan, primary: Snapshot, manifest: Mapping[str, ManifestEntry], layout: Layout
+) -> CopyPlan:
+    """A file layout's aliases (Lightning's `last.ckpt`, a copy of the newest step): held until the newest
+    step of their run is mirrored, then planned with their twins, so that an alias whose bytes are a
+    mirrored step's is published from that copy instead of being copied again."""
+    if not any(layout.is_alias(job.rel) for job in base.jobs):
+        # Nothing to hold or pair (a tree at rest): the plan as it is (its unsettled come sorted), without
+        # grouping every file of the primary into units.
+        return base
+    checkpoints = [u for u in group_units(primary.files.values(), layout).values() if u.role == "checkpoint"]
+    newest = {u.run: u.step for u in sorted(checkpoints, key=lambda u: -1 if u.step is None else u.step)}
+    waiting = {job.rel for job in base.jobs} | set(base.unsettled)
+    pending_runs = {u.run for u in checkpoints if u.rel in waiting and u.step == newest.get(u.run)}
+    # held: the step an alias most likely copies is not mirrored yet
+    held = {job.rel for job in base.jobs if layout.is_alias(job.rel) and job.run in pending_runs}
+    jobs = [
+        dataclasses.replace(job, twins=twins_of(job, manifest)) if layout.is_alias(job.rel) else job
+        for job in base.jobs
+        if job.rel not in held
+    ]
+    return CopyPlan(tuple(jobs), tuple(sorted((*base.unsettled, *held))), base.in_sync)
+
+
+def twins_of(job: CopyJob, manifest: Mapping[str, ManifestEntry]) -> tuple[str, ...]:
+    """Mirrored checkpoints of the alias's run that may hold its very bytes: recorded with its size and a
+    passing verdict; newest step first. The digest decides, and the mirror copy is re-checked against
+    its record just before it is used (the shell)."""
+    found = sorted(
+        (
+            (entry.step, rel)
+            for rel, entry in manifest.items()
+            if entry.run == job.run and entry.step is not None and entry.size == job.size and entry_passed(entry)
+        ),
+        reverse=True,
+    )
+    return tuple(rel for _step, rel in found)
+
+
+def unit_why_copy(
+    unit: Unit, mirrored: Unit | None, manifest: Mapping[str, ManifestEntry], mirror_files: Mapping[str, FileState]
+) -> str | None:
+    """Why a folder unit must be (re)published, or None when the mirror holds it intact and current."""
+    if mirrored is None:
+        return "unrecorded" if any(f.rel in manifest for f in unit.files) else "new"
+    for src in unit.files:
+        why = why_copy(src, manifest.get(src.rel), mirror_files.get(src.rel))
+        if why is not None:
+            return why
+    # A mirrored file the primary's folder no longer has: if we recorded it, the trainer is deleting the
+    # folder (rotation removes its files one by one) and the whole copy on the mirror must stay; an
+    # unrecorded one is not the trainer's, and the folder is published again as the primary has it.
+    if any(rel not in manifest for rel in set(mirrored.paths) - set(unit.paths)):
+        return "changed"
+    return None
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 from mirrord.core.contributions import Sharing
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
-from mirrord.core.plan import plan_copies
+from mirrord.core.plan import plan_copies, plan_unit_copies
 from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror_unmounted, plan_prune
-from mirrord.core.units import Completeness, Unit, plan_unit_copies
+from mirrord.core.units import Completeness, Unit
 from mirrord.vocabulary import PruneRefusal
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def reconcile(
     is judged by that plan of the last complete listing, and no refusal or prune plan is made from a
     partial one. `plan_retention` plans retention even when prune.enabled is false (`prune --dry-run`);
     by default it is planned only when enabled. `is_complete` judges a folder unit whole (it reads the
-    primary: mirrord.service.completeness.judge); without it copies are planned file by file. `sharing`:
+    primary: mirrord.store.completeness.judge); without it copies are planned file by file. `sharing`:
     folder units written by several nodes (mirrord.core.contributions), this node's parts planned too.
     `own`: the entries copies are planned from (mirrord.core.nodes.own_view); retention reads `manifest`.
     """

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.branches import Branches, branches, lying_after_ns
 from mirrord.core.guards import GuardContext, veto
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, entry_whole, step_of
 from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
+from mirrord.layouts import Layout
 from mirrord.vocabulary import PruneRefusal, Volume
 
 if TYPE_CHECKING:

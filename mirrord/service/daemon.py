@@ -269,8 +269,7 @@ class Daemon:
     def _swap(self, settings: Settings) -> None:
         """Put `settings` in force everywhere at once (the parts that keep their own copy are told here)."""
         self.settings = settings
-        self.engine.reconfigure(settings.config)
-        self.engine.make_room = settings.pruner.make_room if settings.pruner else None
+        self.engine.reconfigure(settings.config, settings.pruner.make_room if settings.pruner else None)
         self.pool.resize(settings.config.copy_workers)
         self.queue.keep_lane_for_small(settings.config.copy.small_file_bytes, settings.config.copy_workers)
         self.pool.retry = settings.retry

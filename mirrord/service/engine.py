@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from mirrord.obs.metrics import Metrics
 
 TAG_READ_BYTES = 4096  # a tag file holds one folder name
+MakeRoom = Callable[[int], None] | None  # retention's make_room (None: retention is off)
 
 
 def copy_options(config: Config) -> CopyOptions:
@@ -70,7 +71,7 @@ class Engine:
         manifest: Manifest,
         metrics: Metrics | None = None,
         wall: Callable[[], float] = time.time,
-        make_room: Callable[[int], None] | None = None,
+        make_room: MakeRoom = None,
         board: ProgressBoard | None = None,
     ) -> None:
         self.config = config
@@ -94,11 +95,12 @@ class Engine:
         self._space_lock = threading.Lock()
         self._reserved = 0  # bytes promised to copies in flight: they all passed the free-space check
 
-    def reconfigure(self, config: Config) -> None:
-        """Use a reloaded config for the next copies (copies in flight keep theirs)."""
-        self.config = config
-        self.options = copy_options(config)
+    def reconfigure(self, config: Config, make_room: MakeRoom) -> None:
+        """Use a reloaded config and retention's make_room for the next copies: a copy takes both at its
+        start, together under the lock, and keeps them to its end (copies in flight keep theirs)."""
         self.mirror.keep_modes_of(config.primary)
+        with self._space_lock:
+            self.config, self.options, self.make_room = config, copy_options(config), make_room
 
     def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
         """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""
@@ -124,18 +126,19 @@ class Engine:
         with self._space_lock:
             # Concurrent copies each need their full size: count the others' as reserved space.
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
+            make_room = self.make_room
             self._reserved += job.size
         try:
-            if job.twins and (aliased := self._publish_twin(job, control)) is not None:
+            if job.twins and (aliased := self._publish_twin(job, options, control)) is not None:
                 return aliased
-            if not job.part and (same := self._recorded_by_another_node(job, control)) is not None:
+            if not job.part and (same := self._recorded_by_another_node(job, options, control)) is not None:
                 return same
             with self.board.track(job, control):
                 if job.part:
                     return self._contribute(job, options, control)
                 if job.members:
-                    return self._stage_unit(job, options, control)
-                return self._stage_file(job, options, control)
+                    return self._stage_unit(job, options, control, make_room)
+                return self._stage_file(job, options, control, make_room)
         except MirrordError as exc:
             # A stall is counted once, by the supervisor that detected it; an invalid source by the
             # daemon, once it stayed invalid for copy.invalid_grace_seconds (a torn file is usually
@@ -149,11 +152,11 @@ class Engine:
             with self._space_lock:
                 self._reserved -= job.size
 
-    def _stage_file(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
+    def _stage_file(self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom) -> StagedCopy:
         """One file copied and published; its directory fsync (and maybe its rename) left to commit()."""
         dirs = DirSyncs()
         try:
-            result = self._copy(job, options, control, dirs)
+            result = self._copy(job, options, control, dirs, make_room)
         except BaseException:
             dirs.close()
             raise
@@ -161,9 +164,9 @@ class Engine:
         entry = self._entry(job, result, self.manifest.next_seq(), identity=not dirs.renames_pending())
         return StagedCopy(job, result, [entry], dirs)
 
-    def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> StagedCopy:
+    def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom) -> StagedCopy:
         """A folder unit copied and published whole; its record left to commit()."""
-        results = self._copy_unit(job, options, control)
+        results = self._copy_unit(job, options, control, make_room)
         seq = self.manifest.next_seq()
         return StagedCopy(job, _unit_result(job, results), [self._entry(job, r, seq) for r in results], DirSyncs())
 
@@ -360,16 +363,16 @@ class Engine:
             job.rel, size, puts[0].algo, puts[0].digest, job.mtime_ns, time.monotonic() - started, wrote=False
         )
 
-    def _publish_twin(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
+    def _publish_twin(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult | None:
         """An alias (last.ckpt) whose bytes are those of a mirrored step: read once and hashed, then
         published on the mirror from that step's copy (mirror.clone: no byte written again) and recorded
         with its digest. None when no twin has its digest (or the mirror cannot clone): copy it."""
         entries = self.manifest.entries
-        twins = [entries[rel] for rel in job.twins if rel in entries and entries[rel].algo == self.options.algo]
+        twins = [entries[rel] for rel in job.twins if rel in entries and entries[rel].algo == options.algo]
         if not twins:
             return None
         started = time.monotonic()
-        before, digest = hash_source(self.primary_root, job.rel, self.options.algo, self.options.buffer_bytes, control)
+        before, digest = hash_source(self.primary_root, job.rel, options.algo, options.buffer_bytes, control)
         for twin in twins:
             if (twin.size, twin.digest) != (before.st_size, digest):
                 continue
@@ -425,7 +428,7 @@ class Engine:
             )
         return None
 
-    def _recorded_by_another_node(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
+    def _recorded_by_another_node(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult | None:
         """A name another node of the prefix recorded (mirrord.core.nodes): this node's source is hashed once
         per change; the same bytes are mirrored already (nothing uploaded), other bytes are a conflict
         (NodeConflictError: never uploaded over the other node's copy). None when this node's own."""
@@ -439,9 +442,7 @@ class Engine:
             except OSError:
                 fresh = True  # hash_source names what is wrong with it
             if fresh:
-                before, digest = hash_source(
-                    self.primary_root, entry.path, entry.algo, self.options.buffer_bytes, control
-                )
+                before, digest = hash_source(self.primary_root, entry.path, entry.algo, options.buffer_bytes, control)
                 seen = matched[entry.path] = (before.st_size, before.st_mtime_ns, digest)
                 if digest != entry.digest:
                     self.log.error(
@@ -473,15 +474,22 @@ class Engine:
             f"same bytes as node {theirs[0].node}'s",
         )
 
-    def _copy(self, job: CopyJob, options: CopyOptions, control: CopyControl, dirs: DirSyncs) -> CopyResult:
+    def _copy(
+        self,
+        job: CopyJob,
+        options: CopyOptions,
+        control: CopyControl,
+        dirs: DirSyncs,
+        make_room: MakeRoom,
+    ) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""
         expect = self._tag_checked(job)
         try:
             return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
         except NoSpaceError:
-            if self.make_room is None:
+            if make_room is None:
                 raise
-            self.make_room(job.size + options.reserve_bytes)
+            make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0  # the second try starts from the first byte again
             return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
 
@@ -519,16 +527,18 @@ class Engine:
             )
         return checked
 
-    def _copy_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> list[CopyResult]:
+    def _copy_unit(
+        self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom
+    ) -> list[CopyResult]:
         """copy_unit (mirrord.service.unitcopy), once more after making room when the mirror is full. A unit
         is published durably (its parent fsynced) before it returns: units are not grouped."""
         drop_old = functools.partial(self._drop_old_unit, job)
         try:
             return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
         except NoSpaceError:
-            if self.make_room is None:
+            if make_room is None:
                 raise
-            self.make_room(job.size + options.reserve_bytes)
+            make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0
             return copy_unit(self.primary_root, job, self.mirror, options, control, drop_old)
 

@@ -18,12 +18,12 @@ from mirrord.core.retention import PrunePlan
 from mirrord.core.units import group_units, unit_identity
 from mirrord.errors import UnsafePathError
 from mirrord.obs.log import get_logger
-from mirrord.service.completeness import judge, recorded_names, sharing_for
 from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import VERIFY_FAILURES, Ledger
 from mirrord.service.refusals import Refusals
 from mirrord.service.settings import Settings
+from mirrord.store.completeness import judge, recorded_names, sharing_for
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator, Sized
 from posixpath import dirname
 from typing import TypeVar
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.units import unit_of
+from mirrord.layouts import Layout
 from mirrord.service.enqueue import Enqueuer, stat_safely
 
 # One turn of the main loop does at most this much of a pass whose size is the burst's (the watch hints
@@ -57,8 +57,7 @@ class Hints(Enqueuer):
         files: dict[str, FileState] = {}
         units: set[str] = set()
         rescan = False
-        hints = self.inbox.hints
-        for hint in one_turn(self.monotonic, hints, hints.popleft):
+        for hint in one_turn(self.monotonic, self.inbox.hints, self.inbox.next_hint):
             unit = unit_of(hint.rel, rules) if hint.rel and rules.folders else None
             if unit is not None:
                 units.add(unit)  # a folder unit is judged from a listing of it (a rename gives it no shortcut)

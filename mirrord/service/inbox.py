@@ -10,15 +10,22 @@ import collections
 import contextlib
 import selectors
 import socket
+import threading
 
 from mirrord.service.watcher import Hint
+
+# Past this many distinct hints waiting (an event storm while the loop is busy), they are all replaced by
+# one rescan: events are hints, the listing is the truth, and the memory they hold stays bounded.
+MAX_HINTS = 10_000
+_RESCAN = Hint("", committed=False, rescan=True)
 
 
 class Inbox:
     """Hints from the watcher, requests from workers, and a self-pipe that wakes the loop's select."""
 
     def __init__(self) -> None:
-        self.hints: collections.deque[Hint] = collections.deque()
+        self.hints: collections.OrderedDict[Hint, None] = collections.OrderedDict()  # waiting, each once
+        self._lock = threading.Lock()
         self.rescan_asked = False  # e.g. by a hint drained during a prune pass: done when the pass ends
         self.prune_due = False  # copies finished: retention may have something to delete
         # When deletions wait only for our own observation (the min-age guard's monotonic clock), the
@@ -36,9 +43,18 @@ class Inbox:
         return self._w.fileno()
 
     def post(self, hint: Hint) -> None:
-        """Queue a hint and wake the loop (called from watcher threads)."""
-        self.hints.append(hint)
+        """Queue a hint, unless the same one still waits, and wake the loop (called from watcher threads)."""
+        with self._lock:
+            if len(self.hints) >= MAX_HINTS:
+                self.hints.clear()
+                self.hints[_RESCAN] = None
+            self.hints[hint] = None
         self.wake()
+
+    def next_hint(self) -> Hint:
+        """The oldest hint waiting, taken off the queue."""
+        with self._lock:
+            return self.hints.popitem(last=False)[0]
 
     def ask_prune(self) -> None:
         """Ask for a prune pass (called from worker threads when a copy is done)."""

@@ -48,7 +48,8 @@ class Ledger:
         self.copied = self.failed = 0
         self.last_error = ""
         self.verify_failed: set[str] = set()  # the loop adds, workers discard (single set ops)
-        self.looping: set[str] = set()
+        self.looping: dict[str, tuple[int, int]] = {}  # rel -> the source (size, mtime) copied in a loop
+        metrics.copy_loops.set_function(lambda: len(self.looping))
         self._recopies: dict[str, tuple[tuple[int, int], int]] = {}  # rel -> (source key, re-copies)
         self._invalid: dict[str, Invalid] = {}
         # Committed primary files not yet mirrored -> since when (wall clock): the lag, whatever the
@@ -111,9 +112,9 @@ class Ledger:
             self._invalid.pop(rel, None)
 
     def keep_invalid(self, present: Collection[str]) -> None:
-        """A complete listing: forget the verdicts and re-copy counts of sources no longer on the primary."""
+        """A complete listing: forget the verdicts, re-copy counts and loops of sources no longer on the primary."""
         with self._lock:
-            for memo in (self._invalid, self._recopies):
+            for memo in (self._invalid, self._recopies, self.looping):
                 for rel in [rel for rel in memo if rel not in present]:
                     del memo[rel]
 
@@ -174,19 +175,20 @@ class Ledger:
 
     def copy_loops(self, job: CopyJob) -> bool:
         """Count re-copies of the same source version; past RECOPY_LIMIT it is a problem, not a job."""
+        key = (job.size, job.mtime_ns)
         if job.rel in self.looping:
-            return True
+            if self.looping[job.rel] == key:
+                return True
+            del self.looping[job.rel]  # its source changed: a job again
         if job.why not in VERIFY_FAILURES:
             self._recopies.pop(job.rel, None)
             return False
-        key = (job.size, job.mtime_ns)
         previous, count = self._recopies.get(job.rel, (key, 0))
         count = count + 1 if previous == key else 1
         self._recopies[job.rel] = (key, count)
         if count <= RECOPY_LIMIT:
             return False
-        self.looping.add(job.rel)
-        self.metrics.copy_loops.set(len(self.looping))
+        self.looping[job.rel] = key
         self.log.error(
             "copy.loop",
             path=job.rel,

@@ -23,12 +23,12 @@ from typing import Any
 
 from mirrord.config import Config
 from mirrord.core.guards import REASONS, veto
-from mirrord.core.layouts import HF_STATE
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.reconcile import Facts, reconcile
 from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deletion, PrunePlan, Skipped
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
+from mirrord.layouts import HF_STATE
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
 from mirrord.store.aliases import best_checkpoints, pointed_targets, tagged_targets

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mirrord.core.jobs import CopyJob, CopyResult
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState
 from mirrord.core.units import unit_identity
 from mirrord.errors import InvalidSourceError, SourceChangedError, SourceGoneError
+from mirrord.layouts import Layout
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file
 from mirrord.store.mirror import Mirror, UnitStaging, Upload
 from mirrord.store.staging import list_folder

@@ -7,7 +7,7 @@ inotify queue overflow, so a lost event delays a copy by at most one rescan inte
 from __future__ import annotations
 
 import contextlib
-import logging
+import errno
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -25,8 +25,9 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
+from watchdog.observers.inotify import InotifyEmitter
+from watchdog.observers.inotify_c import CallbackId, InotifyFD, Mask, WatchCallback, WatchDescriptor
 from watchdog.observers.polling import PollingObserver
 
 from mirrord.config import Config
@@ -61,7 +62,9 @@ REMOTE_FS_TYPES = frozenset(
 )
 # watchdog walks the tree by path and recursively, a frame per level (os.walk before Python 3.12, its
 # snapshot's walk): a folder 1,200 levels deep exceeded the interpreter's limit and killed the watch. A
-# path names at most PATH_MAX / 2 levels ("a/" each), so a limit above that covers any tree it can walk.
+# path names at most PATH_MAX / 2 levels ("a/" each), so a limit above that covers any tree it can walk. It is
+# raised for the whole process: CPython's limit is the interpreter's, not a thread's, and watchdog's walks
+# take no function of ours. A frame per level of such a path stays far inside a thread's stack.
 _WALK_RECURSION_LIMIT = 4096 // 2 + 1000
 
 
@@ -144,24 +147,20 @@ class _Handler(FileSystemEventHandler):
                 self.emit(Hint(rel, committed=False))
 
 
-class _Unwatched(logging.Handler):
-    """watchdog's only word that it could not watch a folder made under the primary (the inotify watch
-    limit ran out: ENOSPC, EMFILE) is a log record; the files written in that folder send no events at all,
-    so the watch is not to be trusted from then on. The first such record is kept as the cause."""
+class _Inotify(InotifyFD):
+    """watchdog's inotify instance, keeping the first folder it could not watch: when the watch limit runs out
+    (ENOSPC, EMFILE) at a folder made under the primary, watchdog goes on without it and the files written
+    there send no events at all, so the watch is not to be trusted from then on."""
 
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.cause: str | None = None
+    cause: str | None = None
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.cause is None and str(record.msg).startswith("Unable to watch"):
-            path, exc = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else ("?", "?")
-            path = os.fsdecode(path) if isinstance(path, bytes | str) else path
-            self.cause = f"cannot watch {path}: {getattr(exc, 'strerror', None) or exc}"
-
-
-# watchdog's inotify module logs the folders it could not watch here.
-_INOTIFY_LOGGER = "watchdog.observers.inotify"
+    def add_callback(self, path: bytes, mask: Mask, callback: WatchCallback, id_: CallbackId) -> WatchDescriptor:
+        try:
+            return super().add_callback(path, mask, callback, id_)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EMFILE) and self.cause is None:
+                self.cause = f"cannot watch {os.fsdecode(path)}: {exc.strerror or exc}"
+            raise
 
 
 class Watcher:
@@ -171,20 +170,23 @@ class Watcher:
         self, root: Path, patterns: Iterable[str], mode: str, poll_interval: float, emit: Callable[[Hint], None]
     ) -> None:
         self.mode = mode
-        self.observer: BaseObserver = PollingObserver(timeout=poll_interval) if mode == "polling" else Observer()
+        # Native: watchdog's inotify observer, on an inotify instance of ours that tells what it cannot watch.
+        self.inotify = None if mode == "polling" else _Inotify()
+        self.observer: BaseObserver = (
+            PollingObserver(timeout=poll_interval)
+            if self.inotify is None
+            else BaseObserver(InotifyEmitter, inotify_fd=self.inotify)
+        )
+        if self.inotify is not None:
+            self.inotify.start()  # its reader thread, stopped in stop()
         self.observer.name = f"mirrord-watch-{mode}"
         self.observer.schedule(
             _Handler(root, tuple(patterns), emit), os.fsdecode(root), recursive=True, event_filter=list(HANDLED_EVENTS)
         )
-        self._unwatched = _Unwatched()
-        if mode != "polling":
-            logger = logging.getLogger(_INOTIFY_LOGGER)
-            logger.setLevel(min(logger.getEffectiveLevel(), logging.WARNING))  # (its records reach us)
-            logger.addHandler(self._unwatched)
 
     def unwatched(self) -> str | None:
         """Why part of the primary is not watched (a folder inotify could not watch), or None."""
-        return self._unwatched.cause
+        return self.inotify.cause if self.inotify else None
 
     def start(self) -> None:
         """Start the observer thread."""
@@ -196,10 +198,14 @@ class Watcher:
         return self.observer.is_alive()
 
     def stop(self) -> None:
-        """Stop the observer and wait (bounded) for its thread."""
-        logging.getLogger(_INOTIFY_LOGGER).removeHandler(self._unwatched)
-        self.observer.stop()
-        self.observer.join(timeout=10)
+        """Stop the observer (and its inotify instance) and wait (bounded) for their threads."""
+        try:
+            self.observer.stop()
+            self.observer.join(timeout=10)
+        finally:
+            if self.inotify is not None:
+                self.inotify.stop()
+                self.inotify.join(timeout=10)
 
 
 def watched(cfg: Config) -> tuple[str, ...]:

@@ -69,7 +69,6 @@ class _Worker:
     name: str
     thread: threading.Thread | None = None
     entry: QueuedJob | None = None
-    job: CopyJob | None = None
     control: CopyControl | None = None
     retiring: bool = False
     abandoned: bool = False
@@ -121,11 +120,20 @@ class WorkerPool:
     def resize(self, size: int) -> None:
         """Run `size` workers: new ones start now; surplus ones retire after their current copy."""
         with self._lock:
-            active = [w for w in self._workers if not (w.retiring or w.abandoned)]
-            for worker in active[size:]:
-                worker.retiring = True
-            for _ in range(size - len(active)):
-                self._spawn_locked()
+            self.size = size
+            self._staff_locked()
+
+    def _staff_locked(self) -> int:
+        """Start workers up to the pool's size, within twice the size in threads with the abandoned copies still
+        stuck: on a hung mount each replacement would wedge too, with its buffers. Returns how many are missing."""
+        active = [w for w in self._workers if not (w.retiring or w.abandoned)]
+        for worker in active[self.size :]:
+            worker.retiring = True
+        missing = max(0, self.size - len(active))
+        start = max(0, min(missing, missing + self.size - sum(w.abandoned for w in self._workers)))
+        for _ in range(start):
+            self._spawn_locked()
+        return missing - start
 
     def _spawn_locked(self) -> None:
         worker = _Worker(f"mirrord-copy-{next(self._names)}")
@@ -166,7 +174,8 @@ class WorkerPool:
 
     # -- supervision ------------------------------------------------------------------------------
     def check_stalls(self, stall_seconds: float) -> list[str]:
-        """Abandon copies without progress for stall_seconds (their job is retried by a fresh worker).
+        """Abandon copies without progress for stall_seconds (their job is retried by a fresh worker, while the
+        pool holds no more than twice its size in threads).
 
         Returns problems for the health check: a worker still stuck in a copy 2x stall_seconds after
         being abandoned is wedged in the kernel (a hung mount); only a restart frees it.
@@ -194,7 +203,9 @@ class WorkerPool:
                 control.stop("stalled")
                 with self._lock:
                     worker.abandoned = True
-                    self._spawn_locked()
+                    missing = self._staff_locked()
+                if missing:
+                    self.log.error("worker.not_replaced", worker=worker.name, path=job.rel, missing=missing)
                 # The path is handed to a fresh attempt now; the stuck thread, if it ever returns,
                 # discards its own temp file only (see atomic.discard_temp) and touches nothing else.
                 self.queue.release_for_retry(entry, 0.0)
@@ -204,8 +215,11 @@ class WorkerPool:
             alive = [w for w in self._workers if w.thread is not None and w.thread.is_alive()]
             dead = [w for w in self._workers if w not in alive and not (w.retiring or w.abandoned)]
             self._workers = alive
+            missing = 0 if self._stopping.is_set() else self._staff_locked()  # (a stuck copy returned: replaced)
         if not self._stopping.is_set():
             problems.extend(f"worker {w.name} died" for w in dead)
+        if missing:
+            problems.append(f"{missing} copy worker(s) not replaced while abandoned copies are stuck (a hung mount?)")
         if self.commits is not None:
             wedged = self.commits.problem(stall_seconds)
             if wedged is not None:
@@ -240,7 +254,7 @@ class WorkerPool:
                 continue
             control = CopyControl(clock=self.clock)
             with self._lock:
-                worker.entry, worker.job, worker.control = entry, entry.job, control
+                worker.entry, worker.control = entry, control
             try:
                 outcome: CopyResult | StagedCopy | MirrordError = self.copy_fn(entry.job, control)
                 if isinstance(outcome, StagedCopy) and self.commits is None:
@@ -251,7 +265,7 @@ class WorkerPool:
                 self.log.exception("worker.crashed_job", path=entry.job.rel)
                 outcome = MirrordError(entry.job.rel, f"internal error: {exc!r}")
             with self._lock:
-                worker.entry = worker.job = worker.control = None
+                worker.entry = worker.control = None
                 abandoned = worker.abandoned
             if abandoned:
                 if isinstance(outcome, StagedCopy):  # its retry publishes it again: never recorded from here
@@ -269,7 +283,8 @@ class WorkerPool:
     def _finish_safely(self, entry: QueuedJob, outcome: CopyResult | MirrordError, control: CopyControl) -> None:
         try:
             self._finish(entry, outcome, control)
-        except Exception:  # never leave a path reserved, nor a waiter without its outcome
+        except Exception as exc:  # never leave a path reserved, nor a waiter without its outcome
+            self.log.exception("worker.finish_failed", path=entry.job.rel, error=repr(exc))
             self.queue.done(entry.job.rel)
             self.on_done(entry.job, outcome)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from posixpath import dirname
 from typing import TYPE_CHECKING
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError, UnsafePathError
+from mirrord.layouts import Layout
 from mirrord.paths import open_file_beneath, split_rel
 from mirrord.store import atomic
 from mirrord.store.staging import dir_beneath

@@ -223,8 +223,9 @@ def _make_durable(fds: list[int]) -> None:
 def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:
     """Create the temp file for `final_name` exclusively, replacing a stale one.
 
-    A leftover temp of the same name can only come from a dead writer: callers hold the mirror lock
-    (or, for a trainer, own the path), so it is never a live copy.
+    A leftover temp of the same name is a dead writer's, or an abandoned (stalled) copy's that may still be
+    alive (callers hold the mirror lock, or for a trainer own the path): that one checks by inode before it
+    publishes or discards (_still_ours), so once its name is replaced here it touches nothing under it.
     """
     name = temp_name(final_name)
     try:

@@ -7,8 +7,8 @@ Two questions that a resolved path cannot answer:
   deletions just as well. `VolumeIdentity` pins the mirror root's (device, inode) and a marker file
   holding a volume id written at first use; every upload, manifest write and deletion checks both.
 * Are primary and mirror distinct, and is neither inside the other? A bind mount (`mount --bind p m`)
-  gives one directory two unrelated paths. `overlap` compares (device, inode) pairs up the parents
-  and across the mount points below each root.
+  gives one directory two unrelated paths. `overlap` (in mirrord.paths: the config asks it) compares
+  (device, inode) pairs up the parents and across the mount points below each root.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mirrord.errors import PermanentError
 from mirrord.store import atomic
-from mirrord.store.trusted import read_trusted
+from mirrord.trusted import read_trusted
 
 MARKER_NAME = ".mirrord-volume-id"
 _MARKER_PREFIX = "mirrord-volume "
@@ -95,51 +95,3 @@ class VolumeIdentity:
         """Raise MirrorGoneError unless ROOT is still the pinned volume."""
         if (problem := self.problem()) is not None:
             raise MirrorGoneError(self.root, problem)
-
-
-# ------------------------------------------------------------------------------- roots by identity
-def _key(path: Path) -> tuple[int, int] | None:
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
-    try:
-        with open(mountinfo, encoding="utf-8") as f:
-            rows = [line.split() for line in f]
-    except OSError:
-        return []
-    return [Path(fields[4].encode().decode("unicode_escape")) for fields in rows if len(fields) > 4]
-
-
-def overlap(primary: Path, mirror: Path, mountinfo: str = "/proc/self/mountinfo") -> str | None:
-    """Why PRIMARY and MIRROR are not two separate trees when compared by (device, inode), or None.
-
-    Catches what resolving paths cannot: the same directory under two names through a bind mount, a
-    mirror whose path runs through a bind mount of the primary (or the reverse), and a bind mount of
-    one root placed somewhere below the other.
-    """
-    pkey, mkey = _key(primary), _key(mirror)
-    if pkey is None:
-        return None  # a missing primary is reported by the path checks
-    if pkey == mkey:
-        return f"{mirror} is the same directory as primary {primary} (same device and inode: a bind mount?)"
-    name = {pkey: f"primary {primary}", mkey: str(mirror)}
-    # The mirror's parents are compared even for a mirror not created yet (mkey None).
-    pairs = ((mirror, mkey, pkey), (primary, pkey, mkey))
-    for path, key, other in pairs:
-        for parent in Path(path).resolve().parents:
-            if other is not None and _key(parent) == other:
-                return f"{name[key]} is inside {name[other]} (reached through {parent}: a bind mount?)"
-    if mkey is None:
-        return None
-    points = _mount_points(mountinfo)
-    for path, key, other in pairs:  # a mount point strictly below one root whose directory is the other
-        below = path.resolve()
-        for point in points:
-            if point != below and point.is_relative_to(below) and _key(point) == other:
-                return f"{name[other]} is mounted inside {name[key]} at {point} (a bind mount)"
-    return None

@@ -167,7 +167,6 @@ class LocalManifestStore:
         self._generation = 0  # of the journal appends go to
         self._torn_at: int | None = None  # where that journal's whole records end, if bytes follow them
         self._exists = False
-        self._must_rotate = False
         self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
         self.journal_records = 0  # since the last compaction began: the caller's compaction policy
         # Called before every write (the mirror's identity check: never write to whatever lies under
@@ -281,48 +280,55 @@ class LocalManifestStore:
     def append(self, payloads: Iterable[bytes]) -> None:
         """Append the records in one write and make them durable with one fsync; raise on any failure.
 
-        After a failure the journal may hold part of the write: appends move to a new journal (the
-        old one is replayed, its tail ignored, until the next compaction makes it stale). The journal
-        is opened for each append, so no descriptor keeps the mirror busy (an unmount, a remount).
+        A failed append is cut off the journal at once (and, should that fail too, before the next
+        append), so a change reported as failed never comes back when the manifest is loaded again. The
+        journal is opened for each append, so no descriptor keeps the mirror busy (an unmount, a remount).
         """
         data = b"".join(frame(p) for p in payloads)
         path = self.journal_path(self._generation)
         self.guard()
         try:
-            if self._must_rotate and self._exists:
-                self.rotate()
-            self._must_rotate = False
-            path = self.journal_path(self._generation)
             if not self._exists:
                 self._create(self._generation)
             fd = os.open(path, _APPEND_FLAGS)
             try:
-                if self._torn_at is not None:  # never acknowledged: cut off, lest the next record read as corruption
-                    os.ftruncate(fd, self._torn_at)
+                size = os.fstat(fd).st_size
+                end = size if self._torn_at is None else self._torn_at
+                self._torn_at = end  # where the acknowledged records end, until these are durable too
+                try:
+                    if size != end:  # never acknowledged: cut off, lest the next record read as corruption
+                        os.ftruncate(fd, end)
+                        atomic.sync(fd)
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
                     atomic.sync(fd)
-                    self._torn_at = None
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                atomic.sync(fd)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, end)
+                        atomic.sync(fd)
+                    raise
+                self._torn_at = None
                 self._journal_seen = _identity(os.fstat(fd))
             finally:
                 os.close(fd)
-        except BaseException as exc:
-            self._must_rotate = True
-            if isinstance(exc, OSError):
-                raise _error(path, exc, "append to the manifest journal") from exc
-            raise
+        except OSError as exc:
+            raise _error(path, exc, "append to the manifest journal") from exc
         self.journal_records += 1
 
     def _create(self, generation: int) -> None:
         if self._initial is not None:
             self.publish_snapshot(self._initial)
             self._initial = None
-        with atomic.atomic_output(self.journal_path(generation)) as f:
+        with atomic.atomic_output(self.journal_path(generation), mode=self._mode()) as f:
             f.write(frame(json.dumps(_header(generation), separators=(",", ":")).encode()))
         self._exists = True
         self._journal_seen = _lstat_identity(self.journal_path(generation))
+
+    def _mode(self) -> int:
+        """0600, or 0640 when the mirror root is group-readable: the manifest names every checkpoint with its
+        size and hash, so no other user reads it; a read-only group (docs/security.md) does."""
+        return 0o600 | (self.root.stat().st_mode & 0o040)
 
     def rotate(self) -> int:
         """Step 1 of a compaction: a new, empty journal receives the appends from now on."""
@@ -335,7 +341,7 @@ class LocalManifestStore:
             self._create(generation)
         except OSError as exc:
             raise _error(path, exc, "create the manifest journal") from exc
-        self._generation, self._torn_at, self._must_rotate = generation, None, False
+        self._generation, self._torn_at = generation, None
         self.journal_records = 0
         return generation
 
@@ -343,7 +349,7 @@ class LocalManifestStore:
         """Step 2: the snapshot of everything recorded before the rotation that gave it its generation."""
         self.guard()
         try:
-            atomic.write_bytes_atomic(self.snapshot_path, data)
+            atomic.write_bytes_atomic(self.snapshot_path, data, mode=self._mode())
         except OSError as exc:
             raise _error(self.snapshot_path, exc, "write manifest") from exc
         self._snapshot_seen = (_lstat_identity(self.snapshot_path), _sha256(data).hexdigest())

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     # Contributions (several nodes writing one folder unit) live in object stores only: a local manifest's
     # reader never builds them, nor loads their module.
     from mirrord.core.contributions import Contribution, Contributions, Merged
-    from mirrord.core.layouts import Layout
+    from mirrord.layouts import Layout
 
 MANIFEST_NAME = ".mirrord-manifest.json"
 REPAIR_HINT = "stop mirrord and run `mirrord repair-manifest` to rebuild it from the mirror's files"

@@ -25,15 +25,12 @@ import contextlib
 import io
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.layouts import Layout
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
-
-if TYPE_CHECKING:
-    from mirrord.store.volume import LocalVolume
 
 # What a spool of a non-file stream (an object being read back) is copied in.
 _SPOOL_CHUNK = 8 * 1024 * 1024
@@ -141,9 +138,20 @@ class ReadableStore(Protocol):
     def load_manifest(self) -> Manifest:
         """The manifest as it is now, read-only (empty if there is none). ManifestError if damaged."""
 
-    def local_tree(self) -> LocalVolume | None:
+    def local_tree(self) -> LocalTree | None:
         """The store as a directory tree (roots that may nest, layouts judged by their files), or None
         for an object store."""
+
+
+class LocalTree(ReadableStore, Protocol):
+    """A store that is a directory tree beneath `root` (mirrord.store.volume.LocalVolume): what a caller of
+    local_tree() may use besides reading, described here so that the seam imports none of its implementations."""
+
+    root: Path
+    exclude: frozenset[tuple[int, int]]  # (dev, ino) of a root a listing never enters
+
+    def key(self) -> tuple[int, int]:
+        """(device, inode) of the root directory."""
 
 
 class Mirror(ReadableStore, UploadTarget, Protocol):

@@ -11,21 +11,30 @@ Only reads the mirror: it works with read access alone (a read-only mount, a rea
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import BinaryIO, cast
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import ManifestEntry
-from mirrord.errors import DamagedCopyError, DestinationTakenError, NothingToRestoreError, from_oserror
-from mirrord.paths import lstat_beneath
+from mirrord.errors import (
+    ChangedError,
+    DamagedCopyError,
+    DestinationTakenError,
+    NothingToRestoreError,
+    UnsafePathError,
+    WhichRunError,
+    from_oserror,
+)
+from mirrord.layouts import Layout
+from mirrord.paths import lstat_beneath, source_modes
 from mirrord.store.hashing import HASH_BUFFER_BYTES, new_hasher
 from mirrord.store.mirror import ReadableStore, Upload
-from mirrord.store.resume import Candidate, check_entry, newest_run, recorded_candidates, recorded_manifest
+from mirrord.store.resume import Candidate, check_entry, recorded_candidates, recorded_manifest
 from mirrord.store.volume import LocalVolume
 
 Progress = Callable[[int, int, str], None]  # (bytes done, bytes in all, key)
+REPLANS = 5  # plans from a re-read manifest, when units change under a restore (retention retired them)
 
 
 @dataclass(frozen=True)
@@ -49,33 +58,54 @@ def restore(
     force: bool = False,
     progress: Progress | None = None,
 ) -> Restored:
-    """Restore the newest verified unit of `run` (the run written to most recently when None; the unit of
-    `step` when given) below `dest_root`, at its key. A damaged copy is never published: without `step` the
-    next newest unit is tried (each one passed over is in `damaged`), with it DamagedCopyError is raised.
-    NothingToRestoreError when no unit matches; DestinationTakenError when something else is at the
-    destination and not `force`."""
-    runs = recorded_candidates(recorded_manifest(store, layout), run)
-    chosen = run if run is not None else newest_run(runs)
-    candidates = runs.get(chosen, []) if chosen is not None else []
-    if step is not None:
-        candidates = [c for c in candidates if c.step == step]
-    if not candidates:
-        wanted = (f" of run {run!r}" if run is not None else "") + (f" at step {step}" if step is not None else "")
-        raise NothingToRestoreError(store.describe(), f"no verified checkpoint{wanted} in the manifest")
-    damaged: list[DamagedCopyError] = []
-    for candidate in candidates:
-        try:
-            already = _restore_unit(store, candidate, Path(dest_root), force, progress)
-        except DamagedCopyError as exc:
-            damaged.append(exc)
-            if step is not None:
-                raise
-            continue
-        except OSError as exc:  # the destination refused (permissions, space, a folder in the way)
-            raise from_oserror(Path(dest_root) / candidate.key, exc, "restore") from exc
-        size = sum(e.size for e in candidate.entries)
-        return Restored(candidate.key, Path(dest_root) / candidate.key, candidate.step, already, size, tuple(damaged))
-    raise damaged[-1]
+    """Restore the newest verified unit of `run` (None: the mirror's only run; the unit of `step` when given)
+    below `dest_root`, at its key. A damaged or unreadable copy is never published: without `step` the next
+    newest unit is tried (each one passed over is in `damaged`), with it DamagedCopyError is raised. A unit
+    the manifest no longer records as planned (retention retired it meanwhile) is not damaged: planned again.
+    NothingToRestoreError when no unit matches; WhichRunError; DestinationTakenError when something else is
+    at the destination and not `force`."""
+    manifest, replans = recorded_manifest(store, layout), 0
+    while True:
+        runs = recorded_candidates(manifest)
+        candidates = runs.get(_chosen_run(store, manifest.entries, runs, run) or "", [])
+        if step is not None:
+            candidates = [c for c in candidates if c.step == step]
+        if not candidates:
+            wanted = (f" of run {run!r}" if run is not None else "") + (f" at step {step}" if step is not None else "")
+            raise NothingToRestoreError(store.describe(), f"no verified checkpoint{wanted} in the manifest")
+        damaged: list[DamagedCopyError] = []
+        for candidate in candidates:
+            try:
+                already = _restore_unit(store, candidate, Path(dest_root), force, progress)
+            except DamagedCopyError as exc:
+                fresh = recorded_manifest(store, layout) if replans < REPLANS else manifest
+                if any(fresh.entries.get(e.path) != e for e in candidate.entries):
+                    manifest, replans = fresh, replans + 1
+                    break
+                damaged.append(exc)
+                if step is not None:
+                    raise
+                continue
+            except OSError as exc:  # the destination refused (permissions, space, a folder in the way)
+                raise from_oserror(Path(dest_root) / candidate.key, exc, "restore") from exc
+            size = sum(e.size for e in candidate.entries)
+            path = Path(dest_root) / candidate.key
+            return Restored(candidate.key, path, candidate.step, already, size, tuple(damaged))
+        else:
+            raise damaged[-1]
+
+
+def _chosen_run(
+    store: ReadableStore, recorded: Iterable[str], runs: dict[str, list[Candidate]], run: str | None
+) -> str | None:
+    """`run`, or the only run with a checkpoint. WhichRunError, listing the runs, for a run the manifest records
+    nothing of, or for no `run` when there are several: one of them would hand a job another run's checkpoint."""
+    listed = ", ".join(repr(r) for r in sorted(runs)) or "none"
+    if run is not None and run not in runs and not any(path.startswith(f"{run}/") for path in recorded):
+        raise WhichRunError(store.describe(), f"no run {run!r} on the mirror; its runs: {listed}")
+    if run is None and len(runs) > 1:
+        raise WhichRunError(store.describe(), f"{len(runs)} runs on the mirror ({listed}): name the one to restore")
+    return run if run is not None else next(iter(runs), None)
 
 
 def _restore_unit(
@@ -96,16 +126,13 @@ def _restore_unit(
     buffer = memoryview(bytearray(HASH_BUFFER_BYTES))
 
     def publish(upload: Upload, entry: ManifestEntry) -> None:
-        """The entry's bytes from the mirror into `upload`, published only if they are the recorded ones."""
+        """The entry's bytes from the mirror into `upload`, published only if they are the recorded ones;
+        nothing past the recorded size is read (a copy that grew while read: its recorded bytes are checked)."""
         nonlocal done
         hasher, size = new_hasher(entry.algo), 0
         try:
-            try:
-                stream = store.open_read(entry.path)
-            except FileNotFoundError as exc:
-                raise DamagedCopyError(store.describe(entry.path), "in the manifest but not on the mirror") from exc
-            with stream:
-                while n := cast("io.BufferedIOBase", stream).readinto(buffer):  # a local file or an S3 body
+            with _open_recorded(store, entry) as stream:
+                while n := _read(store.describe(entry.path), stream, buffer[: min(len(buffer), entry.size - size)]):
                     hasher.update(buffer[:n])
                     upload.write(buffer[:n])
                     size += n
@@ -126,14 +153,17 @@ def _restore_unit(
             upload.abort()
             raise
 
+    local = store.local_tree()  # a local mirror's folders and files keep their modes: private stays private
+    modes_from = None if local is None else local.root
     if not unit.folder:
         from mirrord.store.upload import LocalUpload
 
-        publish(LocalUpload(dest_root, unit.key, unit.entries[0].size), unit.entries[0])
+        entry = unit.entries[0]
+        publish(LocalUpload(dest_root, unit.key, entry.size, modes=source_modes(modes_from, unit.key)), entry)
         return False
     from mirrord.store.staging import FolderStaging
 
-    staging = FolderStaging(dest_root, unit.key)
+    staging = FolderStaging(dest_root, unit.key, modes_from)
     try:
         for entry in unit.entries:
             publish(staging.upload(entry.path[len(unit.key) + 1 :], entry.size), entry)
@@ -142,6 +172,30 @@ def _restore_unit(
         staging.abort()
         raise
     return False
+
+
+def _open_recorded(store: ReadableStore, entry: ManifestEntry) -> BinaryIO:
+    """The mirror's copy of `entry`, opened only if it is a file of the recorded size (a stat, an S3 HEAD):
+    DamagedCopyError naming the mirror file otherwise (missing, a symlink, a FIFO, a folder, unreadable)."""
+    where = store.describe(entry.path)
+    try:
+        state = store.stat(entry.path)
+        if state is not None and state.is_regular and state.size == entry.size:
+            return store.open_read(entry.path)
+    except (OSError, UnsafePathError) as exc:
+        raise DamagedCopyError(where, f"unreadable on the mirror ({getattr(exc, 'strerror', None) or exc})") from exc
+    if state is None:
+        raise DamagedCopyError(where, "in the manifest but not on the mirror")
+    why = "not a regular file" if not state.is_regular else f"{state.size} bytes"
+    raise DamagedCopyError(where, f"{why} on the mirror, recorded {entry.size}: not restored")
+
+
+def _read(where: str, stream: BinaryIO, into: memoryview) -> int:
+    """readinto from the mirror's copy: a read error is the mirror file's (DamagedCopyError), not the destination's."""
+    try:
+        return cast("io.BufferedIOBase", stream).readinto(into)  # a local file or an S3 body
+    except (OSError, ChangedError) as exc:  # ChangedError: an S3 object replaced while read
+        raise DamagedCopyError(where, f"unreadable on the mirror ({getattr(exc, 'strerror', None) or exc})") from exc
 
 
 def _identical(dest_root: Path, unit: Candidate) -> bool:

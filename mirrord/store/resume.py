@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from mirrord.core.branches import branches, lying_after_ns
-from mirrord.core.layouts import TEMP_SUFFIXES, Layout
 from mirrord.core.model import ManifestEntry, entry_passed, entry_whole, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
+from mirrord.layouts import TEMP_SUFFIXES, Layout
 from mirrord.store.hashing import hash_stream
 from mirrord.store.manifest import MANIFEST_NAME, Manifest, upgrade
 from mirrord.store.mirror import ReadableStore, random_access_fd
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from mirrord.formats.validators import Verdict
 
 # Re-reading (hashing, the format validators) and judging a primary's folder
-# units (mirrord.service.completeness) are imported where they are needed: the usual answer is a
+# units (mirrord.store.completeness) are imported where they are needed: the usual answer is a
 # manifest read and a few stats, and a training script waits on it. So are folder units
 # (mirrord.core.units): a file layout's answer has none.
 
@@ -112,14 +112,18 @@ PART = "part"
 
 
 def check_entry(store: ReadableStore, entry: ManifestEntry) -> Finding | None:
-    """None if the key entry.path holds exactly what the manifest recorded (size, then content hash)."""
+    """None if the key entry.path holds exactly what the manifest recorded (size, then content hash). The
+    stored size is compared first (a stat, an S3 HEAD): a copy that grew to terabytes is never read."""
     try:
+        state = store.stat(entry.path)
+        if state is not None and state.is_regular and state.size != entry.size:
+            return Finding(entry.path, "size_mismatch", f"{state.size} bytes on the mirror, manifest says {entry.size}")
         with store.open_read(entry.path) as stream:
             size, digest = hash_stream(stream, entry.algo)
     except FileNotFoundError:
         return Finding(entry.path, "missing", "in the manifest but not on the mirror")
-    except OSError as exc:
-        return Finding(entry.path, "unreadable", exc.strerror or str(exc))
+    except (OSError, UnsafePathError) as exc:
+        return Finding(entry.path, "unreadable", getattr(exc, "strerror", None) or str(exc))
     if size != entry.size:
         return Finding(entry.path, "size_mismatch", f"{size} bytes on the mirror, manifest says {entry.size}")
     if digest != entry.digest:
@@ -187,8 +191,8 @@ def entry_intact(store: ReadableStore, entry: ManifestEntry, verify: bool = Fals
             state = store.stat(entry.path)
         except (OSError, UnsafePathError):
             return False
-        if state is None or not state.is_regular:
-            return False
+        if state is None or not state.is_regular or state.size != entry.size:
+            return False  # (a copy that grew is not read to its end to say so)
         if entry.unchanged(state):
             return True
     if check_entry(store, entry) is not None:
@@ -317,16 +321,22 @@ def latest_checkpoint(
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"latest_checkpoint: {root} does not exist or is not a folder")
+    refuse_run_folder(root, "latest_checkpoint({mirror}, run={run})")
+    store = LocalVolume(root)
+    key = latest_key(store, run_key(store, run), require_manifest, patterns, step_pattern, verify, layout)
+    return None if key is None else root / key
+
+
+def refuse_run_folder(root: Path, call: str) -> None:
+    """ValueError, with the `call` to make instead ({mirror}, {run} filled in), when `root` is a folder of a
+    mirror (one of its parents holds the manifest) rather than the mirror's root."""
     mirror = next((p for p in root.resolve().parents if _holds_manifest(p)), None)
     if mirror is not None and not _holds_manifest(root):
         rel = root.resolve().relative_to(mirror).as_posix()
         raise ValueError(
             f"{root} is a run folder of the mirror {mirror}: pass the mirror's root and the run, "
-            f"latest_checkpoint({str(mirror)!r}, run={rel!r})"
+            + call.format(mirror=repr(str(mirror)), run=repr(rel))
         )
-    store = LocalVolume(root)
-    key = latest_key(store, run_key(store, run), require_manifest, patterns, step_pattern, verify, layout)
-    return None if key is None else root / key
 
 
 def _holds_manifest(folder: Path) -> bool:
@@ -356,7 +366,7 @@ def _latest_unit(store: ReadableStore, run_key: str | None, layout: Layout) -> s
     volume = store.local_tree()
     if volume is None:
         return None  # a primary is a local tree; judging completeness needs one
-    from mirrord.service.completeness import judge
+    from mirrord.store.completeness import judge
 
     units = [
         u for u in group_units(volume.snapshot((), layout).files.values(), layout).values() if u.role == "checkpoint"

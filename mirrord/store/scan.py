@@ -8,13 +8,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 
-from mirrord.core.layouts import (
+from mirrord.core.model import FileState, Snapshot
+from mirrord.layouts import (
     Layout,
     lookalike_folder,
     lookalike_name,
     name_matcher,
 )
-from mirrord.core.model import FileState, Snapshot
 from mirrord.paths import DIR_FLAGS, open_dir_beneath, open_root, split_rel
 from mirrord.store.atomic import TEMP_SUFFIX
 

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.errors import (
     ChangedError,
@@ -24,6 +23,7 @@ from mirrord.errors import (
     ManifestError,
     from_oserror,
 )
+from mirrord.layouts import Layout
 from mirrord.paths import lstat_beneath, open_dir_beneath, open_file_beneath, source_modes, split_rel
 from mirrord.store import atomic
 from mirrord.store.manifest import MANIFEST_NAME, Manifest

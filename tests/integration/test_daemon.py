@@ -190,6 +190,31 @@ def test_sigterm_during_a_copy_exits_0_within_grace_leaving_no_trace(tmp_path, g
     assert d.events("daemon.stopped")
 
 
+def test_on_a_hung_mount_a_stalled_copy_is_replaced_once_per_worker_not_at_every_stall(
+    tmp_path, gated_primary, daemon_factory
+):
+    """Every read of a checkpoint hangs (a hung mount, held at the gate): its copy stalls, the fresh worker's
+    retry stalls too and is not replaced (one worker: two copy threads at most, not one more every
+    stall_seconds), and /healthz says so. Once the reads flow again, the file is copied and all is well."""
+    mirror = tmp_path / "mirror"
+    src = publish_checkpoint(gated_primary.backing / "step_0001.pt", 1)
+    gated_primary.stall("step_0001.pt")
+    d = daemon_factory({"copy": {"workers": 1, "stall_seconds": 1.0}}).start()
+    try:
+        d.wait_event("worker.not_replaced", timeout=90)
+        beats = len(d.events("daemon.unhealthy"))
+        wait_for(lambda: len(d.events("daemon.unhealthy")) >= beats + 20, 90, "5 stall periods of heartbeats")
+        assert len(d.events("copy.stalled")) == 2
+        code, why = d.http("/healthz")
+        assert code == 503 and "1 copy worker(s) not replaced" in why
+    finally:
+        gated_primary.unstall()
+    wait_for(lambda: mirrored(mirror, "step_0001.pt"), 90, "the copy once the reads flow")
+    assert filecmp.cmp(src, mirror / "step_0001.pt", shallow=False) and no_parts(mirror)
+    wait_for(lambda: d.http("/healthz")[0] == 200, 90, "a healthy daemon")
+    assert d.stop() == 0
+
+
 def test_sighup_reloads_workers_and_rejects_a_bad_config(tmp_path, daemon_factory):
     d = daemon_factory().start()
     d.settings["copy"]["workers"] = 3
@@ -268,8 +293,8 @@ def test_inotify_watch_limit_falls_back_to_polling(tmp_path, daemon_factory):
 @needs_userns_limit
 def test_a_folder_inotify_cannot_watch_turns_the_watch_to_polling(tmp_path, daemon_factory):
     """The watch limit runs out only later, at a folder the trainer makes: watchdog skips that folder
-    with a log record and its files would send no events (the periodic rescan, an hour away here, was the
-    only way they were found). The daemon reads that record, says which folder, polls from then on and
+    and its files would send no events (the periodic rescan, an hour away here, was the only way they were
+    found). The daemon sees the failed inotify_add_watch, says which folder, polls from then on and
     rescans at once."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     (primary / "run1").mkdir()

@@ -114,7 +114,7 @@ def test_restore_to_another_folder_and_by_run(mirrored: tuple[Path, Path, Path],
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "elsewhere" / "a" / "step_0030.pt").read_bytes() == (mirror / "a" / "step_0030.pt").read_bytes()
     missing = run_mirrord("restore", "--config", config, "--run", "b", "--to", tmp_path / "x")
-    assert missing.returncode == 1 and "no verified checkpoint" in missing.stderr
+    assert missing.returncode == 1 and "no run 'b' on the mirror; its runs: 'a'" in missing.stderr
     (tmp_path / "file").write_text("")
     blocked = run_mirrord("restore", "--config", config, "--to", tmp_path / "file")
     assert blocked.returncode == 1 and "Traceback" not in blocked.stderr
@@ -282,3 +282,181 @@ def test_a_folder_unit_is_restored_whole(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "again" / "run" / "checkpoint-10")
     assert sorted(p.name for p in (tmp_path / "again" / "run").iterdir()) == ["checkpoint-10"]
+
+
+def _strace_mirrord(watched: Path, *argv: str | Path, inject: str = "") -> tuple[subprocess.CompletedProcess[str], int]:
+    """`mirrord ARGV` under strace, which sees only the calls on `watched` (-P) and, with `inject`, fails them:
+    (the finished command, bytes it read from `watched`)."""
+    from tests.support.cli import child_env, mirrord_argv
+
+    log = watched.parent.parent.parent / "strace.log"
+    tracing = ["strace", "-f", "-qq", "-o", str(log), "-P", str(watched), "-e", "trace=read,readv,pread64,preadv"]
+    done = subprocess.run(
+        [*tracing, *(["-e", f"inject={inject}"] if inject else []), *mirrord_argv(), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+        check=False,
+    )
+    returns = [line.rpartition("= ")[2].split()[0] for line in log.read_text().splitlines() if "= " in line]
+    return done, sum(int(r) for r in returns if r.isdigit())
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_a_copy_that_grew_is_never_read_past_its_recorded_size(mirrored: tuple[Path, Path, Path]) -> None:
+    """Issue 41 case 3: the verified newest copy grown to 2 GiB (a sparse truncate; the issue's was 8 GiB).
+    `latest` names step 20 and restore brings it back, both having read no byte of the grown file (its stored
+    size is compared with the record first); restore names the mirror file and its size."""
+    config, primary, mirror = mirrored
+    grown = mirror / "a" / "step_0030.pt"
+    recorded = grown.stat().st_size
+    os.truncate(grown, 2 << 30)
+    latest, read = _strace_mirrord(grown, "latest", "--config", config)
+    assert (latest.returncode, latest.stdout.strip(), read) == (0, str(mirror / "a" / "step_0020.pt"), 0), latest.stderr
+    shutil.rmtree(primary / "a")
+    done, read = _strace_mirrord(grown, "restore", "--config", config)
+    assert done.returncode == 0, done.stderr
+    assert read == 0
+    assert done.stdout.strip() == str(primary / "a" / "step_0020.pt")
+    assert f"DAMAGED {grown}: {2 << 30} bytes on the mirror, recorded {recorded}" in done.stderr
+    assert sorted(p.name for p in (primary / "a").iterdir()) == ["step_0020.pt"]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder", "EIO", "EACCES"])
+def test_restore_falls_back_past_a_newest_copy_it_cannot_read(mirrored: tuple[Path, Path, Path], kind: str) -> None:
+    """Issue 41 case 6: the newest mirror copy replaced by a symlink, a FIFO or a folder, or failing its reads
+    with EIO or EACCES (an NFS or FUSE mirror; strace injects them on that file alone): restore exits 0 with step 20,
+    and the DAMAGED line names the mirror file, never the destination."""
+    config, primary, mirror = mirrored
+    newest = mirror / "a" / "step_0030.pt"
+    if kind in ("symlink", "fifo", "folder"):
+        newest.unlink()
+        {"symlink": lambda: newest.symlink_to("step_0020.pt"), "fifo": lambda: os.mkfifo(newest)}.get(
+            kind, newest.mkdir
+        )()
+    shutil.rmtree(primary / "a")
+    if kind in ("EIO", "EACCES"):
+        if shutil.which("strace") is None:
+            pytest.skip("needs strace")
+        done, _read = _strace_mirrord(newest, "restore", "--config", config, inject=f"read:error={kind}")
+    else:
+        done = run_mirrord("restore", "--config", config)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(primary / "a" / "step_0020.pt")
+    damaged = [line for line in done.stderr.splitlines() if line.startswith("DAMAGED")]
+    assert len(damaged) == 1 and damaged[0].startswith(f"DAMAGED {newest}: "), done.stderr
+    assert str(primary) not in damaged[0]
+    assert sorted(p.name for p in (primary / "a").iterdir()) == ["step_0020.pt"]
+
+
+def test_restore_keeps_the_mirror_copys_modes_and_the_manifest_is_private(tmp_path: Path) -> None:
+    """Issue 41 case 2: 0700 run folders with 0600 checkpoints (files of run `a`; an hf folder unit, restored
+    through a staging folder), mirrored and restored under umask 022, are 0700/0600 again; the manifest
+    (snapshot and journal) is 0600 in a 0700 mirror root and 0640 in a 0750 one (the read-only group of
+    docs/security.md reads it), never readable by others."""
+    from tests.support.folders import write_hf
+
+    old_umask = os.umask(0o022)
+    try:
+        files, folders = tmp_path / "files", tmp_path / "folders"
+        _train(files / "a", [10, 20])
+        write_hf(folders / "run" / "checkpoint-10", 10)
+        for path in [*files.rglob("*"), *folders.rglob("*")]:
+            path.chmod(0o700 if path.is_dir() else 0o600)
+        configs = {}
+        for primary, mirror, mode, extra in (
+            (files, tmp_path / "private", 0o600, {}),
+            (files, tmp_path / "grouped", 0o640, {}),
+            (folders, tmp_path / "hf-mirror", 0o600, {"layout": "hf"}),
+        ):
+            mirror.mkdir(mode=0o700 if mode == 0o600 else 0o750)
+            configs[mirror.name] = write_config(tmp_path / f"{mirror.name}.toml", settings(primary, mirror, extra))
+            assert run_mirrord("sync", "--config", configs[mirror.name]).returncode == 0
+            manifest = list(mirror.glob(".mirrord-manifest*"))
+            assert manifest and {p.name: p.stat().st_mode & 0o777 for p in manifest} == {p.name: mode for p in manifest}
+        shutil.rmtree(files)
+        shutil.rmtree(folders)
+        for name in ("private", "hf-mirror"):
+            done = run_mirrord("restore", "--config", configs[name])
+            assert done.returncode == 0, done.stderr
+        restored = [*files.rglob("*"), *(folders / "run").rglob("*"), folders / "run"]
+        assert (
+            files / "a" / "step_0020.pt" in restored
+            and folders / "run" / "checkpoint-10" / "trainer_state.json" in restored
+        )
+        assert {p: p.stat().st_mode & 0o777 for p in restored} == {p: 0o700 if p.is_dir() else 0o600 for p in restored}
+    finally:
+        os.umask(old_umask)
+
+
+def test_restore_plans_again_when_retention_retires_the_unit_it_chose(mirrored: tuple[Path, Path, Path]) -> None:
+    """Issue 41 case 7: just after restore read the manifest, the trainer saves step 40 and retention
+    (keep_last = 1, the real CLI) retires steps 10-30. The newest unit it planned is gone from the mirror and
+    from the manifest: not DAMAGED; restore reads the manifest again and brings step 40 back."""
+    from mirrord.store.manifest import Manifest
+    from mirrord.store.restore import restore
+    from mirrord.store.volume import LocalVolume
+
+    config, primary, mirror = mirrored
+    pruning = write_config(
+        config.with_name("prune.toml"),
+        settings(primary, mirror, {"prune": {"mode": "keep_last", "keep_last": 1, "min_age_seconds": 0}}),
+    )
+
+    class RetiredWhileRestoring(LocalVolume):
+        def load_manifest(self) -> Manifest:
+            planned = super().load_manifest()
+            if not (mirror / "a" / "step_0040.pt").exists():
+                _train(primary / "a", [40])
+                assert run_mirrord("sync", "--config", config).returncode == 0
+                assert run_mirrord("prune", "--config", pruning).returncode == 0
+                assert sorted(p.name for p in (mirror / "a").glob("*.pt")) == ["step_0040.pt"]
+            return planned
+
+    restored = restore(RetiredWhileRestoring(mirror), primary.parent / "resume")
+    assert (restored.key, restored.damaged) == ("a/step_0040.pt", ())
+    assert torch.load(restored.path, weights_only=True)["step"] == 40
+
+
+def test_restore_without_a_run_refuses_among_several_and_names_them(mirrored: tuple[Path, Path, Path]) -> None:
+    """Issue 41 case 8 and issue 45 item 5: with runs a and b on the mirror, restore without a run refuses and
+    lists both (CLI: exit 1; restore_latest: WhichRunError, a ValueError); a run the mirror does not hold is an
+    error listing the runs; a run folder given as the mirror gets the call to make instead, not None."""
+    config, primary, mirror = mirrored
+    _train(primary / "b", [5])
+    assert run_mirrord("sync", "--config", config).returncode == 0
+    dest = primary.parent / "resume"
+    refused = run_mirrord("restore", "--config", config, "--to", dest)
+    assert refused.returncode == 1 and "2 runs on the mirror ('a', 'b'): name the one" in refused.stderr
+    assert not dest.exists() or not any(dest.iterdir())
+    with pytest.raises(ValueError, match=r"\('a', 'b'\)"):
+        restore_latest(mirror, dest)
+    with pytest.raises(ValueError, match="no run 'c' on the mirror; its runs: 'a', 'b'"):
+        restore_latest(mirror, dest, run="c")
+    with pytest.raises(
+        ValueError, match=rf"run folder of the mirror {mirror}: .*restore_latest\('{mirror}', dest, run='a'\)"
+    ):
+        restore_latest(mirror / "a", dest)
+    assert restore_latest(mirror, dest, run="b") == dest / "b" / "step_0005.pt"
+
+
+def test_restore_escapes_terminal_sequences_in_names(tmp_path: Path) -> None:
+    """Issue 41 case 9: a run folder named with OSC and CSI sequences reaches restore's "DAMAGED" and
+    "restored ... from ..." lines, and in the error line of a damaged --step, escaped (\\x1b), as the other
+    commands print names."""
+    hostile = "\x1b]0;owned\x07run\x1b[2J"
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    mirror.mkdir()
+    _train(primary / hostile, [10, 20])
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror))
+    assert run_mirrord("sync", "--config", config).returncode == 0
+    _flip(mirror / hostile / "step_0020.pt")
+    done = run_mirrord("restore", "--config", config, "--to", tmp_path / "resume")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["DAMAGED", "restored"], lines
+    assert all("\\x1b]0;owned\\x07run\\x1b[2J" in line for line in lines), lines
+    pinned = run_mirrord("restore", "--config", config, "--step", "20", "--to", tmp_path / "pinned")
+    assert pinned.returncode == 1 and "\x1b" not in pinned.stderr and "\\x1b]0;owned" in pinned.stderr

@@ -129,8 +129,8 @@ def test_watchdog_stops_while_a_worker_is_wedged(tmp_path, daemon_factory, fake_
         return bool(unhealthy_statuses()) and bool(d.events("daemon.unhealthy"))
 
     wait_for(became_unhealthy, 120, "daemon.unhealthy and an UNHEALTHY status")
-    code, body = d.http("/healthz")
-    assert code == 503 and "wedged" in body, (code, body)
+    wait_for(lambda: "wedged" in d.http("/healthz")[1], 60, "/healthz naming the wedged worker")
+    assert d.http("/healthz")[0] == 503
     unhealthy = unhealthy_statuses()
     last_ping = fake_systemd.seen("WATCHDOG")[-1]
     wait_for(lambda: len(unhealthy_statuses()) >= len(unhealthy) + 5, 60, "more unhealthy heartbeats")

@@ -79,6 +79,32 @@ def test_transient_errors_are_retried_then_given_up(tmp_path, monkeypatch):
     assert pool.stop(grace=5)
 
 
+def test_a_failure_after_a_copy_is_logged_and_the_worker_goes_on(tmp_path, logs):
+    """Finishing a copy fails (here its outcome's receiver raises once): the error is logged with the path,
+    the outcome still reaches its receiver, and the only worker copies the next file."""
+    engine, queue, primary, mirror = _setup(tmp_path)
+    for step in (1, 2):
+        publish_checkpoint(primary / f"step_000{step}.pt", step)
+    outcomes: list[CopyResult | MirrordError] = []
+
+    def on_done(job: CopyJob, outcome: CopyResult | MirrordError) -> None:
+        outcomes.append(outcome)
+        if len(outcomes) == 1:
+            raise RuntimeError("receiver broke")
+
+    pool = WorkerPool(engine.copy_once, queue, 1, on_done=on_done)
+    try:
+        queue.put(_job(primary, "step_0002.pt", 2))
+        wait_for(lambda: len(outcomes) == 2, 60, "the failed finish to be handled")
+        [failed] = [e for e in logs if e["event"] == "worker.finish_failed"]
+        assert failed["path"] == "step_0002.pt" and "receiver broke" in failed["error"]
+        queue.put(_job(primary, "step_0001.pt", 1))
+        wait_for(lambda: len(outcomes) == 3, 60, "the next copy")
+        assert (mirror / "step_0001.pt").exists() and (mirror / "step_0002.pt").exists()
+    finally:
+        assert pool.stop(grace=5)
+
+
 def test_queue_holds_a_path_once_and_serves_newest_step_first(tmp_path):
     queue = JobQueue()
     jobs = [CopyJob(f"r/step_{s}.pt", 1, 1, s, "new") for s in (1, 5, 3)]

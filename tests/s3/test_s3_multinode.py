@@ -11,7 +11,7 @@ from typing import Any
 
 import tomli_w
 
-from mirrord.core.layouts import layout_for
+from mirrord.layouts import layout_for
 from mirrord.store.hashing import hash_file
 from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.s3.seaweed import SeaweedServer

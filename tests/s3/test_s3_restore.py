@@ -71,6 +71,70 @@ def test_restore_from_s3_publishes_the_newest_and_falls_back_past_a_damaged_obje
     assert torch.load(resume, weights_only=True)["step"] == 20
 
 
+def test_an_object_replaced_by_a_larger_one_is_never_read(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 41 case 3 on S3: the newest object replaced by a larger one (its bytes and 64 MiB more). latest
+    names step 20 and restore brings step 20 back, naming the object and both sizes; neither sends a GET for
+    the grown object (its HEAD size is compared with the record first; botocore's events count the GETs)."""
+    from mirrord.store.restore import restore
+    from mirrord.store.resume import latest_key
+
+    primary = tmp_path / "primary"
+    _train(primary / "a", [10, 20, 30])
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+    grown_key = f"{prefix}/a/step_0030.pt"
+    recorded = (primary / "a" / "step_0030.pt").stat().st_size
+    body = (primary / "a" / "step_0030.pt").read_bytes() + bytes(64 << 20)
+    mirror.client.put_object(Bucket=bucket, Key=grown_key, Body=body)
+    got: list[str] = []
+    mirror.client.meta.events.register(
+        "provide-client-params.s3.GetObject", lambda params, **_: got.append(params["Key"])
+    )
+    assert latest_key(mirror, "a") == "a/step_0020.pt"
+    assert grown_key not in got
+    restored = restore(mirror, tmp_path / "resume")
+    assert restored.key == "a/step_0020.pt"
+    assert [str(d) for d in restored.damaged] == [
+        f"{url}/a/step_0030.pt: {len(body)} bytes on the mirror, recorded {recorded}: not restored"
+    ]
+    assert grown_key not in got and f"{prefix}/a/step_0020.pt" in got
+    assert sorted(p.name for p in (tmp_path / "resume" / "a").iterdir()) == ["step_0020.pt"]
+
+
+def test_an_object_replaced_while_restore_reads_it_is_passed_over(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 41 case 6 on S3: the newest object (two 8 MiB parts) replaced by other bytes once restore has
+    read its first buffer: the ranged GET of the second part is refused (If-Match), and restore falls back to
+    step 20, naming the object, instead of failing."""
+    from mirrord.store.restore import restore
+
+    primary = tmp_path / "primary"
+    (primary / "a").mkdir(parents=True)
+    for step in (20, 30):
+        atomic_save({"step": step, "w": torch.randn(2048, 1536)}, primary / "a" / f"step_{step:04d}.pt")  # 12 MiB
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+    replaced: list[str] = []
+
+    def replace_once(done: int, total: int, key: str) -> None:
+        if key == "a/step_0030.pt" and not replaced:
+            replaced.append(key)
+            body = (primary / "a" / "step_0020.pt").read_bytes()
+            mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=body)
+
+    restored = restore(mirror, tmp_path / "resume", progress=replace_once)
+    assert replaced and restored.key == "a/step_0020.pt"
+    assert [d.path for d in restored.damaged] == [f"{url}/a/step_0030.pt"]
+    assert torch.load(restored.path, weights_only=True)["step"] == 20
+
+
 @pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
 def test_disaster_drill_on_seaweedfs(
     seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path, trainer: Trainer

@@ -17,7 +17,8 @@ from mirrord.core.model import ManifestEntry
 from mirrord.errors import LockedError, TransientError
 from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Change, encode_snapshot
-from mirrord.store.s3 import S3Mirror, S3Settings, upload
+from mirrord.store.s3 import S3Mirror, S3Settings
+from mirrord.store.s3 import mirror as s3_mirror
 from mirrord.store.s3.lease import Lease
 from mirrord.store.s3.manifest import MANIFEST_DIR
 from mirrord.store.volume import ChangedError
@@ -93,14 +94,14 @@ def test_bytes_that_arrive_other_than_sent_are_refused_and_nothing_becomes_visib
     """Each part (and a small file's PUT) carries the CRC-32 mirrord computed from its bytes; the server
     checks it. Bytes that arrive other than they were read (here: the second part's checksum describes
     other bytes) are refused, the upload is aborted, and no object appears."""
-    real = upload._checksum
+    real = s3_mirror._checksum
     calls: list[int] = []
 
     def garbled_second(body: bytes | bytearray) -> str:
         calls.append(len(body))
         return real(bytes(body) + b"!") if len(calls) == 2 else real(body)
 
-    monkeypatch.setattr(upload, "_checksum", garbled_second)
+    monkeypatch.setattr(s3_mirror, "_checksum", garbled_second)
     mirror = _mirror(seaweed, bucket, prefix, max_attempts=1)
     data = os.urandom(3 * PART)
     big = mirror.begin_upload("step_3.pt", len(data))

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrord.core.layouts import layout_for
+from mirrord.layouts import layout_for
 from mirrord.store.mirror import ReadableStore
 from mirrord.store.resume import recorded_candidates, recorded_manifest
 from tests.support.cli import child_env, run_mirrord

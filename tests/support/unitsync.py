@@ -4,9 +4,9 @@ what `mirrord sync` does, without the process, so tests can look at the engine's
 from __future__ import annotations
 
 from mirrord.config import Config
-from mirrord.core.units import plan_unit_copies
-from mirrord.service.completeness import judge
+from mirrord.core.plan import plan_unit_copies
 from mirrord.service.engine import Engine
+from mirrord.store.completeness import judge
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
 

@@ -8,10 +8,11 @@ import warnings
 import pytest
 
 from mirrord.core.contributions import Contribution, Sharing, contribute, covered, local_part
-from mirrord.core.layouts import layout_for
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
-from mirrord.core.units import Unit, completeness, group_units, plan_unit_copies
+from mirrord.core.plan import plan_unit_copies
+from mirrord.core.units import Unit, completeness, group_units
 from mirrord.formats.dcpmeta import storage_references
+from mirrord.layouts import layout_for
 from mirrord.store.manifest import decode_shared_snapshot, encode_snapshot
 
 LAYOUT = layout_for("dcp")

@@ -17,10 +17,15 @@ from typing import Any
 import pytest
 
 from mirrord.config import Config
+from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.retention import PruneRequest
+from mirrord.errors import MirrordError, NoSpaceError
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
 from mirrord.service.hints import TURN_SECONDS, one_turn
+from mirrord.service.inbox import MAX_HINTS
+from mirrord.service.ledger import RECOPY_LIMIT
+from mirrord.service.pruner import Pruner
 from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
 from mirrord.store.volume import LocalMirror, LocalVolume
@@ -245,6 +250,49 @@ def test_a_reload_swaps_the_settings_whole_and_a_refused_one_changes_nothing(har
     assert h.daemon.settings is after
 
 
+def test_a_copy_starting_during_a_reload_takes_one_config_whole(harness, make_config, primary, monkeypatch) -> None:
+    """A reload that raises the free-space reserve past the mirror's free space and turns on retention (whose
+    make_room is what a copy that does not fit calls) while a copy starts: the copy takes both settings of
+    one config, the old (it fits) or the new (it asks retention for room), never the new reserve without
+    retention (it would fail for no space without asking)."""
+    h = harness()
+    h.daemon.start()
+    src = save_checkpoint(primary / REL, 7)
+    job = CopyJob(REL, src.stat().st_size, src.stat().st_mtime_ns, 7, "new")
+    asked: list[str] = []  # the threads whose copy asked retention for room (the daemon's workers copy too)
+    monkeypatch.setattr(Pruner, "make_room", lambda self, needed: asked.append(threading.current_thread().name))
+    outcomes: list[object] = []
+
+    def copy() -> None:
+        try:
+            outcomes.append(h.daemon.engine.copy_once(job))
+        except MirrordError as exc:
+            outcomes.append(exc)
+
+    def keep_modes_of(_primary: Path) -> None:  # the reload is under way: a copy starts now
+        if not outcomes:
+            worker = threading.Thread(target=copy, name="copy-during-reload")
+            worker.start()
+            worker.join(timeout=60)
+
+    monkeypatch.setattr(h.daemon.mirror, "keep_modes_of", keep_modes_of)
+    reloaded = make_config(
+        metrics={"enabled": False},
+        watch={"rescan_interval_seconds": 600},
+        daemon={"heartbeat_seconds": 5},
+        copy={"free_space_reserve_bytes": 2**60},
+    )
+    h.reloads.append((reloaded, True))
+    h.daemon.signals.reload_requested = True
+    h.daemon.tick(wait=False)
+    assert h.daemon.settings.config.prune.enabled and len(outcomes) == 1
+    assert isinstance(outcomes[0], CopyResult) or (
+        isinstance(outcomes[0], NoSpaceError) and "copy-during-reload" in asked
+    ), outcomes
+    copy()  # and a copy after the reload takes the new config whole: it asks retention for room
+    assert isinstance(outcomes[-1], NoSpaceError) and threading.current_thread().name in asked
+
+
 def test_shutdown_is_ordered_and_bounded_even_with_a_copy_stuck_in_the_kernel(
     harness, primary, mirror, monkeypatch, logs
 ) -> None:
@@ -303,6 +351,103 @@ def test_a_stalled_copy_is_reported_retried_and_a_wedged_worker_makes_the_daemon
         release.set()
     wait_for(lambda: events(logs, "copy.abandoned_returned"), 60, "the abandoned copy to return")
     assert not list(mirror.rglob("*.part"))
+
+
+def test_stalled_copies_are_replaced_within_twice_the_pool_size_in_threads(
+    harness, primary, mirror, monkeypatch, logs
+) -> None:
+    """On a hung mount every read blocks: the stalled copy's replacement stalls too, and is not replaced
+    (one worker: two threads at most); /healthz says so. Once the reads return, a worker copies the file."""
+    h = harness(copy={"stall_seconds": 30, "workers": 1})
+    h.daemon.start()
+    src = save_checkpoint(primary / REL, 7)
+    reads, release, real_readv = [], threading.Event(), os.readv
+
+    def readv(fd: int, buffers: list[bytearray]) -> int:
+        reads.append(fd)
+        release.wait(120)
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr("mirrord.service.copier.os.readv", readv)
+    h.hint(REL)
+    h.daemon.tick(wait=False)
+    try:
+        wait_for(lambda: len(reads) == 1, 60, "the copy to block in a read")
+        h.clock.advance(31)
+        h.daemon.tick(wait=False)  # stalled: abandoned and replaced
+        wait_for(lambda: len(reads) == 2, 60, "the replacement to block in a read")
+        for _ in range(3):
+            h.clock.advance(31)
+            h.daemon.tick(wait=False)  # the replacement stalled: not replaced
+        assert len(events(logs, "copy.stalled")) == 2 and len(events(logs, "worker.not_replaced")) == 1
+        assert len([t for t in h.daemon.pool.threads() if t.is_alive()]) == 2 and len(reads) == 2
+        healthy, why = h.daemon.supervisor.health()
+        assert not healthy and "1 copy worker(s) not replaced" in why
+    finally:
+        release.set()
+    wait_for(lambda: len(events(logs, "copy.abandoned_returned")) == 2, 60, "the stuck copies to return")
+    h.clock.advance(5)
+    h.daemon.tick(wait=False)  # the heartbeat starts a worker again
+    wait_for(lambda: h.daemon.ledger.copied == 1, 60, "the copy")
+    assert (mirror / REL).read_bytes() == src.read_bytes() and h.daemon.supervisor.health()[0]
+
+
+def test_a_file_copied_in_a_loop_is_a_job_again_once_its_source_changes_and_forgotten_once_gone(
+    harness, primary, mirror, logs
+) -> None:
+    """Two mirror copies whose mtime is reset behind mirrord's back at every rescan are re-copied RECOPY_LIMIT
+    times, then reported (copy.loop) and left alone; the trainer saves one of them again: that new version
+    is copied; the other is deleted from the primary: no longer reported either."""
+    h = harness()
+    kept, gone = REL, "run/step_0009.pt"
+    save_checkpoint(primary / kept, 7)
+    save_checkpoint(primary / gone, 9)
+    h.daemon.start()
+
+    def meddle_and_rescan() -> None:
+        for rel in (kept, gone):
+            os.utime(mirror / rel, ns=(10**9, 10**9))
+        h.clock.advance(600)
+        h.daemon.tick(wait=False)
+
+    for copies in range(2, 2 * (RECOPY_LIMIT + 2), 2):
+        wait_for(lambda n=copies: h.daemon.ledger.copied == n, 60, f"{copies} copies")
+        meddle_and_rescan()
+    assert sorted(e["path"] for e in events(logs, "copy.loop")) == [kept, gone]
+    sample = h.daemon.metrics.registry.get_sample_value
+    assert sample("mirrord_copy_loop_files") == 2 and h.daemon.queue.depth() == 0
+    meddle_and_rescan()
+    assert h.daemon.queue.depth() == 0 and h.daemon.ledger.copied == 2 * (RECOPY_LIMIT + 1)
+    src = save_checkpoint(primary / kept, 8)
+    (primary / gone).unlink()
+    h.clock.advance(600)
+    h.daemon.tick(wait=False)
+    wait_for(lambda: h.daemon.ledger.copied == 2 * (RECOPY_LIMIT + 1) + 1, 60, "the new version's copy")
+    assert (mirror / kept).read_bytes() == src.read_bytes()
+    assert sample("mirrord_copy_loop_files") == 0 and "loop" not in h.daemon.ledger.status(0, 0)
+
+
+def test_an_event_storm_holds_each_hint_once_and_past_the_bound_turns_into_one_rescan(
+    harness, primary, mirror, logs
+) -> None:
+    """While the loop is busy, the watch repeats the same events: each waits once. Past MAX_HINTS distinct
+    hints waiting, they are dropped for one full rescan, which still copies every file."""
+    h = harness()
+    h.daemon.start()
+    rels = [f"run/step_{i:04d}.pt" for i in range(3)]
+    for step, rel in enumerate(rels):
+        save_checkpoint(primary / rel, step)
+    for _ in range(1000):
+        for rel in rels:
+            h.hint(rel)
+    assert list(h.daemon.inbox.hints) == [Hint(rel, committed=True) for rel in rels]
+    for i in range(MAX_HINTS):
+        h.hint(f"run/other_{i}.pt")
+    assert len(h.daemon.inbox.hints) <= MAX_HINTS
+    h.daemon.tick(wait=False)
+    assert len(events(logs, "reconcile.finished")) == 2 and events(logs, "watch.rescan")
+    wait_for(lambda: h.daemon.ledger.copied == len(rels), 60, "every file copied")
+    assert all((mirror / rel).exists() for rel in rels)
 
 
 def test_a_checkpoint_without_a_step_is_warned_about_once_even_when_it_appears_at_a_later_rescan(

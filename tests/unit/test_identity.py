@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.store.identity import MARKER_NAME, MirrorGoneError, VolumeIdentity, overlap, read_marker
+from mirrord.paths import overlap
+from mirrord.store.identity import MARKER_NAME, MirrorGoneError, VolumeIdentity, read_marker
 from tests.support.privileges import run_as_nobody
 
 

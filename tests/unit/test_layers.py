@@ -1,5 +1,7 @@
-"""The layer rules of the package, read from the source with ast (imports at any depth, lazy ones included):
-who may import whom, no import cycles, and durability (rename, fsync, unlink) in one module."""
+"""The layer rules of the package, read from the source with ast (imports at any depth, lazy ones and those
+only for type checking included), as strict as the maintainers' ../shared/tools/layers.py: who may import
+whom, no two areas importing each other, no import cycle between modules, and durability (rename, fsync,
+unlink) in one module."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from pathlib import Path
 import mirrord
 
 PACKAGE = Path(mirrord.__file__).parent
-PLANNERS = ("mirrord.core.retention", "mirrord.core.plan", "mirrord.core.reconcile")
 # The calls that make a name durable, move it or remove it: only store/atomic.py makes them.
 DURABILITY_CALLS = {"replace", "rename", "renames", "unlink", "remove", "fsync", "fdatasync", "rmdir"}
 DURABILITY_HOME = {
@@ -27,29 +28,21 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of `tree` but those under `if TYPE_CHECKING:` (annotations only, never run)."""
-    skipped = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
-    return [node for node in ast.walk(tree) if id(node) not in skipped]
-
-
 def imported(name: str) -> set[str]:
-    """Every mirrord module `name` imports when it runs, at any depth of its code (lazy imports inside
-    functions included); `from X import Y` counts as X.Y when X.Y is a module, else as X."""
+    """Every mirrord module `name` imports, at any depth of its code: lazy imports inside functions and
+    imports under `if TYPE_CHECKING:` included (a cycle of types is a cycle of ideas); relative imports
+    resolved; `from X import Y` counts as X.Y when X.Y is a module, else as X."""
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in runtime_nodes(ast.parse(MODULES[name].read_text())):
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+            module = ".".join(filter(None, (base, node.module)))
             for alias in node.names:
-                submodule = f"{node.module}.{alias.name}"
-                found.add(submodule if submodule in MODULES else node.module)
+                submodule = f"{module}.{alias.name}"
+                found.add(submodule if submodule in MODULES else module)
     return {target for target in found if target in MODULES and target != name}
 
 
@@ -87,7 +80,28 @@ def test_the_ground_floor_imports_only_itself() -> None:
 
 
 def test_the_config_imports_no_planner() -> None:
-    assert offenders(("mirrord.config",), PLANNERS) == {}
+    assert offenders(("mirrord.config",), ("mirrord.core",)) == {}
+
+
+def test_storage_knows_no_daemon_and_no_command() -> None:
+    assert offenders(("mirrord.store",), ("mirrord.service", "mirrord.commands")) == {}
+
+
+def area(name: str) -> str:
+    """The part of the package a module belongs to: mirrord.<area>[.<module>] ("" for mirrord itself)."""
+    return name.split(".")[1] if "." in name else ""
+
+
+def test_no_two_areas_import_each_other() -> None:
+    """The areas form floors: if one imports another, the other imports nothing of it. The entry points
+    (cli, __main__) and the package's own __init__ are not floors."""
+    edges = {
+        (area(name), area(target))
+        for name, targets in GRAPH.items()
+        for target in targets
+        if area(name) not in ("", "cli", "__main__") and area(target) not in ("", "__main__")
+    }
+    assert sorted((low, high) for low, high in edges if low < high and (high, low) in edges) == []
 
 
 def cycles() -> list[list[str]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.core.layouts import layout_for
+from mirrord.layouts import layout_for
 from mirrord.store.mirror import Upload
 from mirrord.store.volume import LocalMirror, LocalVolume
 
@@ -177,6 +177,30 @@ def test_abort_spares_a_newer_staging_of_the_same_unit(tmp_path: Path) -> None:
         _put(new.upload("model.safetensors", 3), b"new")
         new.commit()
     assert (tmp_path / "mirror" / "checkpoint-70" / "model.safetensors").read_bytes() == b"new"
+
+
+def test_an_abandoned_upload_waking_after_its_retry_published_touches_neither_the_file_nor_a_new_temp(
+    tmp_path: Path,
+) -> None:
+    """A stalled copy is abandoned alive: its retry replaces its NAME.part and publishes, the next version's
+    copy has its own NAME.part under way. The abandoned one wakes and commits: refused, and its cleanup
+    removes neither the retry's file nor the new copy's temp file."""
+    mirror = LocalMirror(tmp_path / "mirror")
+    final = tmp_path / "mirror" / "run" / "step_1.pt"
+    with mirror.lock():
+        stalled = mirror.begin_upload("run/step_1.pt", 5)
+        stalled.write(memoryview(b"stale"))
+        _put(mirror.begin_upload("run/step_1.pt", 5), b"retry")
+        newer = mirror.begin_upload("run/step_1.pt", 5)
+        newer.write(memoryview(b"newer"))
+        stalled.seal(time.time_ns())
+        with pytest.raises(FileExistsError):
+            stalled.commit()
+        stalled.abort()
+        assert final.read_bytes() == b"retry" and final.with_name("step_1.pt.part").read_bytes() == b"newer"
+        newer.seal(time.time_ns())
+        newer.commit()
+    assert final.read_bytes() == b"newer" and sorted(p.name for p in final.parent.iterdir()) == ["step_1.pt"]
 
 
 def test_writes_are_refused_once_the_mirror_is_not_the_pinned_volume(tmp_path: Path) -> None:

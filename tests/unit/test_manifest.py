@@ -192,11 +192,10 @@ class FailingFsync:
         self.real(fd)
 
 
-def test_a_failed_append_changes_nothing_and_moves_to_a_new_journal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Memory never claims what the disk may not hold; after the fault the journal is not appended to again
-    (its tail is unknown), and the next change goes to a new one that replays after it."""
+def test_a_failed_append_changes_nothing_and_never_comes_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory never claims what the disk may not hold, and the disk never replays it: the journal is cut
+    back to its acknowledged records (each failed record reached the file before its fsync failed), so a
+    fresh load, as after a restart, shows only the changes whose callers were told they are durable."""
     manifest = Manifest.open(tmp_path)
     manifest.record(entry("a.pt", size=1))
     fsync = FailingFsync(os.fsync)
@@ -206,17 +205,39 @@ def test_a_failed_append_changes_nothing_and_moves_to_a_new_journal(
         manifest.record(entry("a.pt", size=2))
     assert ".journal.0" in str(info.value.path) and "Input/output error" in info.value.cause
     assert manifest.get("a.pt") == entry("a.pt", size=1)
+    assert Manifest.load(tmp_path).entries == manifest.entries
     with pytest.raises(ManifestError):
         fsync.armed = True
         manifest.remove("a.pt")
-    assert manifest.entries == {"a.pt": entry("a.pt", size=1)}
+    assert manifest.entries == {"a.pt": entry("a.pt", size=1)} == Manifest.load(tmp_path).entries
     manifest.record(entry("b.pt"))
-    assert len(journals(tmp_path)) >= 2
-    reloaded = Manifest.load(tmp_path).entries
-    assert reloaded["b.pt"] == entry("b.pt")
-    # The failed records may or may not have reached the disk; each one alone is harmless (a copy that
-    # was published, a removal of a file still there). What was acknowledged is always there.
-    assert set(reloaded) >= {"b.pt"}
+    assert Manifest.load(tmp_path).entries == manifest.entries == {"a.pt": entry("a.pt", size=1), "b.pt": entry("b.pt")}
+
+
+def test_a_failed_append_whose_cut_fails_too_is_cut_before_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut of a failed append fails as well (ftruncate EIO): the next append cuts the failed record off
+    before writing its own, so the failed change is never replayed under the ones acknowledged after it."""
+    manifest = Manifest.open(tmp_path)
+    manifest.record(entry("a.pt", size=1))
+    fsync = FailingFsync(os.fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    real_ftruncate, cuts = os.ftruncate, []
+
+    def ftruncate(fd: int, length: int) -> None:
+        cuts.append(length)
+        if len(cuts) == 1:  # the cut right after the failed fsync
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_ftruncate(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    fsync.armed = True
+    with pytest.raises(ManifestError):
+        manifest.record(entry("a.pt", size=2))
+    manifest.record(entry("b.pt"))
+    assert len(cuts) == 2
+    assert Manifest.load(tmp_path).entries == manifest.entries == {"a.pt": entry("a.pt", size=1), "b.pt": entry("b.pt")}
 
 
 def test_no_space_for_the_journal_is_transient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

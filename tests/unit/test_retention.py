@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from mirrord.config import PruneConfig
 from mirrord.core.branches import branches, run_rollbacks
-from mirrord.core.layouts import layout_for
 from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
 from mirrord.core.retention import (
     KeepEvery,
@@ -28,6 +27,7 @@ from mirrord.core.retention import (
     plan_prune,
     preserved,
 )
+from mirrord.layouts import layout_for
 
 NOW = 1_700_000_000.0
 NS = 1_000_000_000

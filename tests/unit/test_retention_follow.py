@@ -11,9 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from mirrord.config import Config, PruneConfig
-from mirrord.core.layouts import HF_STATE, layout_for
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.retention import PrunePlan, PruneRequest, plan_prune
+from mirrord.layouts import HF_STATE, layout_for
 from mirrord.store.aliases import best_checkpoints
 
 NOW = 1_700_000_000.0

@@ -343,7 +343,7 @@ def test_a_listing_selects_each_name_as_the_one_name_rules_do(
 ) -> None:
     """The scan's inlined name tests (a slice and a set lookup where the patterns allow) select exactly what
     is_selected_name selects, with or without a file layout, and collect exactly the NAME.part files."""
-    from mirrord.core.layouts import layout_for
+    from mirrord.layouts import layout_for
     from mirrord.store.scan import is_selected_name
 
     rules = None if layout == "none" else layout_for(layout, patterns)

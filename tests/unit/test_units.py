@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.core.layouts import LAYOUTS, layout_for, never_matching
 from mirrord.core.model import FileState
 from mirrord.core.plan import SettleTracker
 from mirrord.core.units import (
@@ -24,6 +23,7 @@ from mirrord.core.units import (
     reads_needed,
 )
 from mirrord.formats.dcpmeta import MetadataError, storage_references
+from mirrord.layouts import LAYOUTS, layout_for, never_matching
 from mirrord.store.scan import snapshot_tree
 from tests.support.units import stepless
 
@@ -337,7 +337,8 @@ def test_folder_plan_is_one_job_per_unit_newest_first_tag_last() -> None:
     """A folder unit is one job listing all its files; an unfinished one waits; DeepSpeed's tag file
     waits until the newest folder of its run is mirrored."""
     from mirrord.core.model import ManifestEntry, Snapshot
-    from mirrord.core.units import Completeness, plan_unit_copies
+    from mirrord.core.plan import plan_unit_copies
+    from mirrord.core.units import Completeness
     from tests.support.units import unit_verified
 
     layout = layout_for("deepspeed")
@@ -375,7 +376,8 @@ def test_a_folder_being_rotated_away_never_replaces_its_whole_mirrored_copy() ->
     """The trainer deletes an old folder file by file: a listing in between shows it with fewer files,
     all unchanged. The mirror's copy (every file recorded) stays as it is: not planned again."""
     from mirrord.core.model import ManifestEntry, Snapshot
-    from mirrord.core.units import Completeness, plan_unit_copies
+    from mirrord.core.plan import plan_unit_copies
+    from mirrord.core.units import Completeness
 
     layout = layout_for("deepspeed")
     whole = {f.rel: f for f in files("o/global_step10/a.pt", "o/global_step10/b.pt")}
@@ -387,8 +389,8 @@ def test_a_folder_being_rotated_away_never_replaces_its_whole_mirrored_copy() ->
 
 def test_file_layouts_plan_exactly_as_before() -> None:
     from mirrord.core.model import Snapshot
-    from mirrord.core.plan import plan_copies
-    from mirrord.core.units import Completeness, plan_unit_copies
+    from mirrord.core.plan import plan_copies, plan_unit_copies
+    from mirrord.core.units import Completeness
 
     primary = Snapshot({f.rel: f for f in files("a/step_1.pt", "a/step_2.pt", "b.pt")})
     layout = layout_for("torch")
@@ -508,7 +510,7 @@ def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> N
     """last.ckpt is planned only once the newest step of its run is mirrored (it is most likely that
     step's bytes), with the mirrored steps of its size as twins, newest first; other runs' never."""
     from mirrord.core.model import ManifestEntry, Snapshot
-    from mirrord.core.units import plan_unit_copies
+    from mirrord.core.plan import plan_unit_copies
 
     layout = layout_for("lightning")
     t = 1_700_000_000 * 10**9
@@ -545,9 +547,9 @@ def test_a_lightning_alias_waits_for_the_newest_step_then_names_its_twins() -> N
 def test_checkpoint_like_names_are_warned_once_per_pattern_with_the_layout_that_selects_them() -> None:
     """naming_warnings: checkpoints with no step (one per layout pattern), and files the layout did not
     select that look like another stack's checkpoints (one per lookalike pattern), each naming a path."""
-    from mirrord.core.layouts import lookalike_folder, lookalike_name
     from mirrord.core.model import Snapshot
     from mirrord.core.units import naming_warnings
+    from mirrord.layouts import lookalike_folder, lookalike_name
 
     def lookalike(rel: str) -> str | None:  # as the scanner asks: by the folders, then by the name
         folder, _, name = rel.rpartition("/")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-import os
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,19 +203,45 @@ def test_a_folder_left_unwatched_turns_the_watch_to_polling_for_good(tmp_path: P
     assert [w.mode for w in made] == ["native", "polling", "polling"]
 
 
-def test_watchdogs_record_of_an_unwatched_folder_is_read(tmp_path: Path) -> None:
-    """The record watchdog logs when inotify_add_watch fails for a folder below the root (its only word
-    for it) is what Watcher.unwatched() reports; a polling watcher does not listen."""
-    watcher = Watcher(tmp_path, ("*",), "native", 0.1, lambda hint: None)
-    polling = Watcher(tmp_path, ("*",), "polling", 0.1, lambda hint: None)
+# A watcher in a user namespace whose inotify watch limit is 1 (the primary's own watch): the folder made
+# after it starts cannot be watched. watchdog's inotify logger is silenced: nothing it logs is read.
+UNWATCHABLE = textwrap.dedent("""
+    import logging, sys
+    from pathlib import Path
+    from mirrord.service.watcher import Watcher
+    from tests.support.wait import wait_for
+
+    logging.getLogger("watchdog.observers.inotify").disabled = True
+    root = Path(sys.argv[1])
+    watcher = Watcher(root, ("*",), "native", 0.1, lambda hint: None)
     watcher.start()
-    polling.start()
     try:
-        logging.getLogger("watchdog.observers.inotify").warning(
-            "Unable to watch %r: %s", os.fsencode(tmp_path / "run2"), OSError(28, "No space left on device")
-        )
-        assert watcher.unwatched() == f"cannot watch {tmp_path / 'run2'}: No space left on device"
-        assert polling.unwatched() is None
+        assert watcher.unwatched() is None
+        (root / "run2").mkdir()
+        wait_for(lambda: watcher.unwatched() is not None, 60, "the unwatched folder to be noticed")
+        print(watcher.unwatched())
     finally:
         watcher.stop()
+""")
+
+
+def test_a_folder_inotify_cannot_watch_is_found_whatever_watchdog_logs(tmp_path: Path) -> None:
+    """The inotify watch limit runs out (for real, in a user namespace of its own) at a folder made under a
+    watched primary: Watcher.unwatched() names that folder from the failed inotify_add_watch itself, with
+    watchdog's log silenced; a polling watcher never reports one."""
+    limited = 'echo 1 > /proc/sys/user/max_inotify_watches && exec "$@"'
+    command = ["unshare", "--user", "--map-root-user", "sh", "-c", limited, "sh", sys.executable, "-c", UNWATCHABLE]
+    if subprocess.run([*command[:7], "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs unshare --user and a per-namespace inotify limit (/proc/sys/user)")
+    done = subprocess.run(
+        [*command, str(tmp_path)], capture_output=True, text=True, timeout=120, start_new_session=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"cannot watch {tmp_path / 'run2'}: inotify watch limit reached"
+    polling = Watcher(tmp_path, ("*",), "polling", 0.1, lambda hint: None)
+    polling.start()
+    try:
+        (tmp_path / "run3").mkdir()
+        assert polling.unwatched() is None
+    finally:
         polling.stop()

@@ -1,10 +1,10 @@
-"""The object-store mirror, by concept: client (settings, deadlines, errors), listing, upload (and the
-stale-upload sweep), manifest (one object per top-level folder), lease, and mirror (the seam)."""
+"""The object-store mirror, by concept: client (settings, deadlines, errors), listing, manifest (one object
+per top-level folder), lease, and mirror (the seam, with its uploads and the stale-upload sweep)."""
 
-from mirrord.store.s3.client import S3Location, S3Settings, make_client, node_name, settings_from
+from mirrord.paths import S3Location
+from mirrord.store.s3.client import S3Settings, make_client, node_name, settings_from
 from mirrord.store.s3.manifest import S3ManifestStore
-from mirrord.store.s3.mirror import S3Mirror, open_s3_mirror
-from mirrord.store.s3.upload import S3UnitStaging, S3Upload
+from mirrord.store.s3.mirror import S3Mirror, S3UnitStaging, S3Upload, open_s3_mirror
 
 __all__ = [
     "S3Location",

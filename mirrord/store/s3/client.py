@@ -1,4 +1,5 @@
-"""Where an object-store mirror lives, how its client is made, and its errors in mirrord's typed tree."""
+"""How an object-store mirror's client is made, and its errors in mirrord's typed tree (where the mirror lives,
+S3Location, is on the ground floor: mirrord.paths)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 
 from mirrord.errors import MirrordError, PermanentError, UnreachableError
 from mirrord.obs.log import get_logger
-from mirrord.paths import split_rel
 
 try:
     from botocore.exceptions import BotoCoreError, ClientError
@@ -48,35 +48,6 @@ TRANSIENT_CODES = frozenset(
 # A conditional write that lost: another writer changed the object since we read its ETag.
 CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
-
-
-@dataclass(frozen=True)
-class S3Location:
-    """Where an object-store mirror lives: the bucket and the key prefix."""
-
-    bucket: str
-    prefix: str  # "" or ending in "/"
-
-    @classmethod
-    def parse(cls, url: str) -> S3Location:
-        """`s3://bucket` or `s3://bucket/some/prefix`; ValueError (one readable line) otherwise."""
-        if not url.startswith("s3://"):
-            raise ValueError(f"{url!r} is not an s3:// URL")
-        bucket, _, prefix = url[5:].partition("/")
-        if not bucket or "/" in bucket or len(bucket) < 3:
-            raise ValueError(f"{url!r}: no valid bucket name after s3://")
-        prefix = prefix.strip("/")
-        if prefix:
-            split_rel(prefix)  # no '..', no empty components, no NUL
-        return cls(bucket, f"{prefix}/" if prefix else "")
-
-    def key(self, rel: str) -> str:
-        """The object key of `rel`."""
-        return self.prefix + rel
-
-    def url(self, rel: str = "") -> str:
-        """The s3:// URL of `rel` (for messages)."""
-        return f"s3://{self.bucket}/{self.prefix}{rel}"
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ import stat
 from datetime import datetime
 from typing import Any
 
-from mirrord.core.layouts import Layout
 from mirrord.core.model import FileState, Snapshot
-from mirrord.store.s3.client import S3_ERRORS, S3Location, ns, wrap
+from mirrord.layouts import Layout
+from mirrord.paths import S3Location
+from mirrord.store.s3.client import S3_ERRORS, ns, wrap
 from mirrord.store.scan import is_selected_name
 
 

@@ -8,21 +8,21 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from mirrord.core.contributions import Sharing, local_part
-from mirrord.core.layouts import MEGATRON_TRACKER, Layout
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.units import MAX_READ_BYTES, Completeness, Quiet, Unit, completeness, reads_needed
 from mirrord.errors import UnsafePathError
 from mirrord.formats.dcpmeta import METADATA_NAME
+from mirrord.layouts import MEGATRON_TRACKER, Layout
 from mirrord.obs.log import get_logger
 from mirrord.store.manifest import Manifest
+from mirrord.store.mirror import LocalTree
 from mirrord.store.staging import list_folder
-from mirrord.store.volume import LocalVolume
 
 if TYPE_CHECKING:
     from mirrord.config import Config
 
 
-def read_small(volume: LocalVolume, rel: str) -> bytes | None:
+def read_small(volume: LocalTree, rel: str) -> bytes | None:
     """The whole file (a safetensors file: its first bytes, up to the end of its header), beneath the root
     and never through a symlink; None if it cannot be read or is larger than MAX_READ_BYTES (no rule needs
     that much: such a file is not the one it expects)."""
@@ -37,7 +37,7 @@ def read_small(volume: LocalVolume, rel: str) -> bytes | None:
     return data if len(data) <= MAX_READ_BYTES else None
 
 
-def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
+def not_files(volume: LocalTree, unit: Unit) -> Completeness | None:
     """A folder unit holding a member that cannot be copied as a file (a symlink: deduplicated storage, a
     hub snapshot; a FIFO) is not whole: the mirror could only leave it out and still call the folder whole."""
     odd: list[str] = []
@@ -53,7 +53,7 @@ def not_files(volume: LocalVolume, unit: Unit) -> Completeness | None:
 
 
 def judge(
-    volume: LocalVolume,
+    volume: LocalTree,
     layout: Layout,
     quiet: Quiet = lambda _unit, _guess: True,
     tell: bool = False,
@@ -99,7 +99,7 @@ def recorded_names(entries: Mapping[str, ManifestEntry], layout: Layout) -> Call
 
 
 def sharing_for(
-    config: Config, manifest: Manifest, volume: LocalVolume, settled: Callable[[FileState], bool]
+    config: Config, manifest: Manifest, volume: LocalTree, settled: Callable[[FileState], bool]
 ) -> Sharing | None:
     """Folder units written by several nodes (s3.units_span_nodes): this node's name, the contributions the
     manifest holds, and the judge of this node's share (local_part, its `.metadata` read when it has it);

@@ -5,6 +5,7 @@ folder (`checkpoint-50/` of the Hugging Face Trainer, `step_8/` of torch.distrib
 `global_step100/` of DeepSpeed). A Layout says, for one top-level `layout` key, which names are units,
 where the step is, which other files ride along (Lightning's `last.ckpt` alias, DeepSpeed's `latest`
 tag file) and which rule tells that a unit is complete on the primary. Pure: names in, answers out.
+On the config's floor, below the core: the config builds one (Config.rules), the core and the store read it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ runs every variant once, in a rotated order) on the same file in the same run:
   read only            8 MiB readinto loop: the ceiling any check can reach from the page cache
   deep verify          mirrord.formats.zipcheck.check_torch_zip (every record's CRC-32)
   zipfile.testzip      the standard library's own CRC walk, for reference
-  blake3 / sha256      mirrord.store.hashing.hash_file, what `mirrord verify` does against the manifest
+  blake3 / sha256      tests.support.mirror.hash_file (mirrord.store.hashing.hash_stream), what `mirrord verify` does
   load (mmap)          mirrord.formats.zipcheck.load_check, the extra cost of `--load`
 
 Run: ``python bench/deep_verify.py [--size 2G] [--reps 5] [--workdir DIR] [--keep]``.
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.formats.zipcheck import check_torch_zip, load_check
-from mirrord.store.hashing import hash_file
+from tests.support.mirror import hash_file
 
 if __package__ in (None, ""):  # run as a script (python bench/X.py): make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -56,9 +56,21 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("configuration (flags override MIRRORD_* variables, which override the file)")
     g.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (default: $MIRRORD_CONFIG)")
     g.add_argument("--primary", type=Path, metavar="DIR", help="directory the trainer writes checkpoints to")
-    g.add_argument("--mirror", type=Path, metavar="DIR", help="directory that holds the trustworthy copy")
+    g.add_argument(
+        "--mirror",
+        type=mirror_arg,
+        metavar="DIR",
+        help="directory (or s3://bucket/prefix) that holds the trustworthy copy",
+    )
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level")
     g.add_argument("--log-format", choices=["auto", "json", "console"], help="log rendering")
+
+
+def mirror_arg(text: str) -> Path | str:
+    """--mirror: a directory, or an s3:// URL kept as written (a Path would fold its '//' to '/')."""
+    from pathlib import Path
+
+    return text if text.startswith("s3://") else Path(text)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -239,15 +251,20 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
         import json
 
         print(json.dumps(config.to_toml_dict(), indent=2))
-        return EXIT_OK
-    from mirrord.commands.config_toml import render
+    else:
+        from mirrord.commands.config_toml import render
 
-    loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
-    print(render(config.to_toml_dict(), loaded.origin), end="")
-    print("\n# effective checkpoint rules:")
-    print("\n".join(f"#   {line}" for line in config.rules.describe()))
-    mode, why = config.retention_mode
-    print(f"# retention: prune.mode in force is {mode!r} ({why})")
+        loaded: LoadedConfig = args.loaded  # main() loaded it with each value's origin
+        print(render(config.to_toml_dict(), loaded.origin), end="")
+        print("\n# effective checkpoint rules:")
+        print("\n".join(f"#   {line}" for line in config.rules.describe()))
+        mode, why = config.retention_mode
+        print(f"# retention: prune.mode in force is {mode!r} ({why})")
+    if args.probe:  # a MirrordError (one line: where, what failed, why) is main()'s to print: exit 1
+        from mirrord.commands.probe import probe_mirror
+        from mirrord.store.targets import mirror_for
+
+        print(f"probe: {probe_mirror(mirror_for(config.mirror_target, config.s3), config.mirror_url is not None)}")
     return EXIT_OK
 
 
@@ -310,8 +327,8 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     """`mirrord prune`: one retention pass (--dry-run shows what would go)."""
     import contextlib
 
+    from mirrord.commands.latest import opened_run
     from mirrord.commands.prune import describe
-    from mirrord.core.model import Snapshot
     from mirrord.obs import log as logsetup
     from mirrord.service.pruner import Pruner, PruneReport
     from mirrord.store.targets import mirror_for
@@ -319,6 +336,8 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
 
     dry_run = args.dry_run or config.prune.dry_run
     mirror = mirror_for(config.mirror_target, config.s3)
+    if not opened_run(mirror, "prune", "mirror", None)[0]:  # a mistyped mirror is not "nothing to delete"
+        return EXIT_USAGE
     # A dry run only reads: no lock (it runs beside a daemon), no mirror directory or lock file created.
     with contextlib.nullcontext() if dry_run else mirror.lock():
         try:
@@ -330,11 +349,9 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
             report, read = PruneReport(dry_run=dry_run, refused=[(exc.reason, str(exc))]), False
         else:
             read = True
-            # A mirror that does not exist yet holds nothing: plan as if empty rather than refuse the listing.
-            absent = Snapshot() if dry_run and not mirror.exists() else None
             report = Pruner(
                 config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget_branch)
-            ).run_cycle(mirror_snap=absent, dry_run=True if dry_run else None)
+            ).run_cycle(dry_run=True if dry_run else None)
             if not dry_run:
                 manifest.close()
     if args.json:
@@ -437,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         """A subcommand; with config=False it gets no configuration (func takes only the arguments)."""
         p = sub.add_parser(name, help=SUMMARIES[name], description=help_, formatter_class=_help_formatter)
+        p.set_defaults(parser=p)  # for the usage and the suggestion when a flag is mistyped
         if config:
             _common(p)
             p.set_defaults(func=func, needs_primary=needs_primary)
@@ -543,6 +561,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["toml", "json"],
         default="toml",
         help="toml (default): for a person, with origins; json: the values only, for machines",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="also reach the mirror (a folder or S3), write a test object, read it back and delete it; "
+        "exit 1 with the cause if any step fails",
     )
     add(
         "repair-manifest",
@@ -674,9 +698,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--primary", type=Path, metavar="DIR", help="the directory the trainer writes checkpoints to")
     p.add_argument(
         "--mirror",
-        type=Path,
+        type=mirror_arg,
         metavar="DIR",
-        help="the directory for the trustworthy copy (required to run; else left for you to set)",
+        help="the directory (or s3://bucket/prefix) for the trustworthy copy (required to run; else set it later)",
     )
     p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
     p.add_argument("--force", action="store_true", help="replace files that exist")
@@ -736,7 +760,13 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"mirrord {__version__}")
         return EXIT_OK
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, and the closest of its flags (argparse's suggest_on_error is 3.14)
+        import difflib
+
+        here: argparse.ArgumentParser = getattr(args, "parser", parser)
+        close = difflib.get_close_matches(unknown[0].partition("=")[0], list(here._option_string_actions), n=1)
+        here.error(f"unrecognized arguments: {' '.join(unknown)}" + (f"; did you mean {close[0]}?" if close else ""))
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -788,9 +818,10 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return int(args.func(config, args))
     except MirrordError as exc:
-        logsetup.get_logger().error(
-            "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
-        )
+        if args.command == "run" or config.log.format == "json":  # else one readable line, not a log line first
+            logsetup.get_logger().error(
+                "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
+            )
         print(printable(f"mirrord: {exc}"), file=sys.stderr)
         if getattr(args, "json", False) and args.command != "status":
             from mirrord.commands.report import dumps, error_document

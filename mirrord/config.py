@@ -174,6 +174,10 @@ def check_paths(config: Config, need_primary: PrimaryNeed = True) -> list[str]:
 MASK = "********"
 
 
+class Variable(str):
+    """The text of a MIRRORD_* variable: the only place a number or boolean is written as a string."""
+
+
 class _Section(BaseModel):
     # Every interval and rate is finite and within bounds a real deployment can use: an infinite
     # heartbeat freezes the gauges and the watchdog pings, a nanosecond rescan burns a core and floods the
@@ -183,10 +187,15 @@ class _Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_as_number(cls, value: Any, info: Any) -> Any:
-        """TOML's `true` is not 1: a boolean for a number is refused, as the same word from MIRRORD_* is."""
+        """TOML's `true` is not 1, nor "5" the number 5: a number or boolean key takes only a TOML number or
+        boolean, or a MIRRORD_* variable's text (a Variable, which pydantic converts)."""
         annotation = cls.model_fields[info.field_name].annotation
-        if isinstance(value, bool) and annotation is not bool and bool not in typing.get_args(annotation):
+        kinds = {annotation, *typing.get_args(annotation)}
+        if isinstance(value, bool) and bool not in kinds:
             raise ValueError(f"{str(value).lower()} is a boolean, not a number: write the number")
+        if type(value) is str and kinds & {int, float, bool}:
+            kind = "boolean" if bool in kinds else "number"
+            raise ValueError(f"{value!r} is a string, not a {kind} (in a TOML file, write it without quotes)")
         return value
 
 
@@ -233,6 +242,8 @@ class MetricsConfig(_Section):
 
     enabled: bool = True
     address: Annotated[str, AfterValidator(check_host_port)] = "127.0.0.1:9108"
+    # false: runs are labelled by a digest of their name, which /metrics then tells no local user (docs/security.md)
+    run_names: bool = True
 
     @property
     def host(self) -> str:
@@ -451,7 +462,7 @@ class Config(_Section):
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, for `check-config`."""
-        data = self.model_dump(mode="json", by_alias=True)
+        data = self.model_dump(mode="json", by_alias=True) | {"mirror": str(self.mirror_target)}
         if data["s3"]["secret_access_key"] is not None:  # never printed, not even when allowed inline
             data["s3"]["secret_access_key"] = MASK
         return data
@@ -544,6 +555,7 @@ def read_environment(environ: Mapping[str, str]) -> _Layer:
             except ValueError as exc:
                 layer.problems.append(f"{dotted}: {name} is not valid JSON ({exc}); e.g. {name}='[\"*.pt\"]'")
                 continue
+            value = Variable(value) if isinstance(value, str) else value
             section, _, key = dotted.rpartition(".")
             (layer.data.setdefault(section, {}) if section else layer.data)[key] = value
             layer.origins[dotted] = f"environment {name}"
@@ -556,6 +568,8 @@ def _read_file(path: Path, content: bytes | None = None) -> _Layer:
         raw = read_trusted(path, CONFIG_LIMIT, follow=True)[1] if content is None else content
         data = tomllib.loads(raw.decode("utf-8"))
     except UntrustedFileError as exc:
+        if Path(path).is_dir():
+            raise ConfigError([f"config: {path} is a directory: name the TOML file itself"]) from exc
         raise ConfigError(
             [f"config: {exc}: another user could change what this daemon does (chown root and chmod go-w it)"]
         ) from exc

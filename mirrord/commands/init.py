@@ -35,36 +35,52 @@ def _set_line(text: str, pattern: str, line: str, what: str) -> str:
     return new
 
 
-def starter_config(primary: Path | None, mirror: Path | None) -> str:
+# A mirror is a directory, or an s3:// URL kept as a str (the --mirror flag's type, cli.mirror_arg).
+MirrorArg = Path | str | None
+
+# Replaces the unit's loopback-only fence when the mirror is an object store (docs/deployment.md).
+S3_NETWORK = """# The mirror is an s3:// object store: mirrord connects out to its endpoint, whose addresses (a name
+# that resolves to many, changing addresses) cannot be listed in IPAddressAllow=, so this unit sets no
+# IPAddressDeny=. With a fixed endpoint address, fence the rest off in a drop-in:
+#   IPAddressDeny=any
+#   IPAddressAllow=localhost 10.0.0.7"""
+
+
+def starter_config(primary: Path | None, mirror: MirrorArg) -> str:
     """The example config, every key commented, with the roots filled in when given (as absolute paths)."""
     text = packaged(EXAMPLE_CONFIG)
     if primary is not None:
         text = _set_line(text, r"^primary = .*$", f"primary = {json.dumps(str(primary.absolute()))}", "config")
     if mirror is not None:
-        text = _set_line(text, r"^# mirror = .*$", f"mirror = {json.dumps(str(mirror.absolute()))}", "config")
+        shown = mirror if isinstance(mirror, str) else str(mirror.absolute())
+        text = _set_line(text, r"^# mirror = .*$", f"mirror = {json.dumps(shown)}", "config")
     return text
 
 
-def starter_unit(config_path: Path, primary: Path | None, mirror: Path | None, executable: str | None) -> str:
-    """The packaged unit pointed at this config, these roots and (if known) this mirrord executable."""
+def starter_unit(config_path: Path, primary: Path | None, mirror: MirrorArg, executable: str | None) -> str:
+    """The packaged unit pointed at this config, these roots and (if known) this mirrord executable. An
+    s3:// mirror writes nothing here (no ReadWritePaths=) and needs the network (no loopback fence)."""
     text = packaged(SYSTEMD_UNIT)
     binary = executable or "/usr/local/bin/mirrord"
     text = _set_line(text, r"^ExecStart=.*$", f"ExecStart={binary} run --config {config_path.absolute()}", "unit")
     if primary is not None and mirror is not None:
-        roots = f"{primary.absolute()} {mirror.absolute()}"
+        roots = " ".join(str(p.absolute()) for p in (primary, mirror) if isinstance(p, Path))
         text = _set_line(text, r"^RequiresMountsFor=.*$", f"RequiresMountsFor={roots}", "unit")
-    if mirror is not None:
+    if isinstance(mirror, str):
+        text = _set_line(text, r"^ReadWritePaths=.*$", "# ReadWritePaths= none: an s3:// mirror", "unit")
+        text = _set_line(text, r"^# With a local mirror(?:.*\n)*?IPAddressAllow=localhost$", S3_NETWORK, "unit")
+    elif mirror is not None:
         text = _set_line(text, r"^ReadWritePaths=.*$", f"ReadWritePaths={mirror.absolute()}", "unit")
     return text
 
 
-def systemd_next_steps(config: Path, unit: Path, mirror: Path | None) -> list[str]:
+def systemd_next_steps(config: Path, unit: Path, mirror: MirrorArg) -> list[str]:
     """What to run after `init --systemd`: the user the unit runs as, its rights, the unit's install."""
     steps = [
         "useradd --system --user-group --no-create-home --shell /usr/sbin/nologin mirrord",
         f"chgrp mirrord {config} && chmod 0640 {config}",
     ]
-    if mirror is not None:
+    if isinstance(mirror, Path):
         steps.append(f"mkdir -p {mirror.absolute()} && chown mirrord:mirrord {mirror.absolute()}")
     steps += [
         f"mirrord check-config --config {config}",
@@ -74,7 +90,7 @@ def systemd_next_steps(config: Path, unit: Path, mirror: Path | None) -> list[st
     return steps
 
 
-def systemd_warnings(primary: Path | None, mirror: Path | None, executable: str | None) -> list[str]:
+def systemd_warnings(primary: Path | None, mirror: MirrorArg, executable: str | None) -> list[str]:
     """Paths the unit's sandbox hides from the service: PrivateTmp gives it its own /tmp and /var/tmp,
     ProtectHome hides /root, /home and /run/user."""
     hidden = {
@@ -89,7 +105,7 @@ def systemd_warnings(primary: Path | None, mirror: Path | None, executable: str 
         f"{what} {path.absolute()} is under {top}, which the unit's {setting}= hides from the service: "
         + ("install mirrord elsewhere (python3 -m venv /opt/mirrord)" if what == "mirrord" else "choose another folder")
         for what, path in named
-        if path is not None
+        if isinstance(path, Path)
         for top, setting in hidden.items()
         if path.absolute().is_relative_to(top)
     ]

@@ -1,8 +1,8 @@
 """`mirrord status`: the answer to "is my mirror all right?" for a person at a terminal, or as JSON.
 
 Everything comes from what any process can read without disturbing the daemon: the manifest and a
-listing of both roots (no lock is taken), plus, if a daemon answers on `metrics.address`, its
-/metrics, /healthz and /readyz. Per run it shows the newest step on each side, whether the newest
+listing of both roots (no lock is taken), plus, if a daemon answers on `metrics.address`, what its
+/status says. Per run it shows the newest step on each side, whether the newest
 mirrored step is intact (size by default; content hash with `--verify`, which reads the files), and
 how far behind the mirror is.
 """
@@ -134,17 +134,21 @@ class Status:
 
 
 # --- reading the daemon -------------------------------------------------------------------------------
-Fetch = Callable[[str, float], tuple[int, str]]
-# DaemonStatus field -> the metric (without mirrord_) that says it
-GAUGES = {
-    "queue_depth": "queue_depth",
-    "in_flight": "copies_in_flight",
-    "lag_seconds": "mirror_lag_seconds",
-    "invalid_sources": "invalid_sources",
-    "copy_loops": "copy_loop_files",
-    "manifest_repairs": "manifest_repairs_total",
-    "last_copy_at": "last_mirrored_timestamp_seconds",
-}
+# What the daemon's /status says, by the DaemonStatus field it fills (its counts of copies by result aside)
+SAID = (
+    "healthy",
+    "health",
+    "ready",
+    "readiness",
+    "version",
+    "queue_depth",
+    "in_flight",
+    "lag_seconds",
+    "invalid_sources",
+    "copy_loops",
+    "manifest_repairs",
+    "last_copy_at",
+)
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
@@ -177,32 +181,26 @@ def endpoint_url(address: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ask_daemon(
-    config: Config, timeout: float = DEFAULT_TIMEOUT, fetch: Fetch = http_get, roots: tuple[str, str] | None = None
-) -> DaemonStatus:
-    """Ask the daemon's /healthz, /readyz, /metrics and /status (within `timeout`). `roots` (primary,
-    mirror): the daemon that answers must say it mirrors these, else it is another config's daemon on
-    the same address, and this config's daemon is not running."""
+def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> DaemonStatus:
+    """Ask the daemon's /status (within `timeout`). `roots` (primary, mirror): the daemon that answers must
+    say it mirrors these, else it is another config's daemon on the same address, and this config's daemon
+    is not running."""
     status = DaemonStatus(address=config.metrics.address)
     if not config.metrics.enabled:
         status.error = "metrics.enabled = false: the daemon cannot be asked"
         return status
-    base = endpoint_url(config.metrics.address)
-    code, body = fetch(base + "/metrics", timeout)
+    code, body = http_get(endpoint_url(config.metrics.address) + "/status", timeout)
     if code == 0:
         status.error = f"nothing answers on {config.metrics.address} (daemon not running?)"
         return status
-    samples = _samples(body) if code == 200 else {}
-    if not any(name == "mirrord_build_info" for name, _ in samples):
-        status.error = f"{config.metrics.address} answers, but not with mirrord's metrics (HTTP {code})"
+    document: Any = None
+    with contextlib.suppress(ValueError):
+        document = json.loads(body)
+    if code != 200 or not isinstance(document, dict) or "mirror" not in document:
+        status.error = f"{config.metrics.address} answers, but not with mirrord's /status (HTTP {code})"
         return status
-    code, body = fetch(base + "/status", timeout)
-    document: dict[str, Any] = {}
-    if code == 200:  # an older daemon has no /status: then there is just no per-file progress
-        with contextlib.suppress(ValueError):
-            document = json.loads(body) if body.lstrip().startswith("{") else {}
-    theirs = (document.get("primary"), document.get("mirror"))
-    if roots is not None and theirs[1] is not None and theirs != roots:
+    theirs = (document.get("primary"), document["mirror"])
+    if theirs != roots:
         status.error = (
             f"{config.metrics.address} is the daemon of another mirror ({theirs[0]} -> {theirs[1]}), "
             f"not of {roots[1]}: this config's daemon is not running (do two configs share "
@@ -210,34 +208,11 @@ def ask_daemon(
         )
         return status
     status.running = True
-    with contextlib.suppress(AttributeError, TypeError):
-        status.copying = list(document.get("copies", []))
-    for (name, labels), value in samples.items():
-        if name == "mirrord_build_info" and value == 1:
-            status.version = dict(labels).get("version")
-        elif name == "mirrord_copies_total":
-            status.copies[dict(labels).get("result", "")] = value
-    for attr, metric in GAUGES.items():
-        setattr(status, attr, samples.get((f"mirrord_{metric}", ())))
+    for name in SAID:
+        setattr(status, name, document.get(name))
+    status.copies, status.copying = document.get("copies_by_result", {}), document.get("copies", [])
     status.last_copy_at = status.last_copy_at or None  # 0: nothing published since it started
-    code, body = fetch(base + "/healthz", timeout)
-    status.healthy, status.health = code == 200, body.strip() or f"HTTP {code}"
-    code, body = fetch(base + "/readyz", timeout)
-    status.ready, status.readiness = code == 200, body.strip() or f"HTTP {code}"
     return status
-
-
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families  # only when a daemon answered
-
-    try:
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
-    except ValueError:
-        return {}
 
 
 # --- reading the disks --------------------------------------------------------------------------------
@@ -380,9 +355,7 @@ def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit
 def collect(
     config: Config,
     deep: bool = False,
-    now: Callable[[], float] = time.time,
     timeout: float = DEFAULT_TIMEOUT,
-    fetch: Fetch = http_get,
     max_lag: float = DEFAULT_MAX_LAG,
 ) -> Status:
     """Build the status report; reads only (never takes the mirror lock, never writes).
@@ -390,7 +363,7 @@ def collect(
     Lag is a problem once a run is more than `max_lag` seconds behind, and so is a primary holding
     checkpoints to copy while the mirror has no manifest and no daemon answers: nothing is vouched for,
     and nothing is about to change that."""
-    checked_at = now()
+    checked_at = time.time()
     problems: list[str] = []
     notes: list[str] = []
     manifest: Mapping[str, ManifestEntry] = {}
@@ -474,7 +447,7 @@ def collect(
                 f"{human_duration(max_lag)}, see --max-lag)"
             )
 
-    daemon = ask_daemon(config, timeout, fetch, (primary.describe(), mirror.describe()))
+    daemon = ask_daemon(config, timeout, (primary.describe(), mirror.describe()))
     pending = sum(r.pending_files for r in runs)
     if not manifest and pending and not daemon.running and not any(p.startswith("manifest:") for p in problems):
         # Nothing is vouched for and no daemon is there to change that. (A running daemon is busy with its

@@ -8,22 +8,20 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import Snapshot
-from mirrord.core.nodes import own_view
 from mirrord.core.plan import SettleTracker
-from mirrord.core.reconcile import Facts, reconcile
+from mirrord.core.reconcile import Facts
 from mirrord.errors import InvalidSourceError, ManifestError, MirrordError, SourceGoneError
 from mirrord.obs.log import get_logger
 from mirrord.service.engine import Engine
+from mirrord.service.enqueue import copy_view
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.workers import copy_all
 from mirrord.store.aliases import alias_links
-from mirrord.store.completeness import judge, recorded_names, sharing_for
 from mirrord.store.targets import mirror_for
 from mirrord.store.volume import LocalVolume, exclude_each_other
 
 if TYPE_CHECKING:
     from mirrord.config import Config
-    from mirrord.obs.metrics import Metrics
 
 
 @dataclass
@@ -45,7 +43,7 @@ class SyncReport:
         return not self.failed and not self.listing_errors and not self.invalid and self.refused is None
 
 
-def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoard | None = None) -> SyncReport:
+def run_sync(config: Config, board: ProgressBoard | None = None) -> SyncReport:
     """Copy every committed checkpoint the mirror lacks. Files still being written are waited for
     (up to three settle periods) and then reported as unsettled, not copied; a source that fails its
     format validator is tried again if it changes within that time, else reported as invalid. A mirror
@@ -58,7 +56,7 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
     with mirror.lock():
         exclude_each_other(primary, mirror)  # as the daemon: neither listing enters the other root
         manifest = mirror.read_manifest()
-        engine = Engine(config, mirror, manifest, metrics, board=board)
+        engine = Engine(config, mirror, manifest, board=board)
         rules = config.rules
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic, config.unit.settle_seconds)
         deadline = time.monotonic() + 3 * max(config.copy.settle_seconds, config.unit.settle_seconds * rules.folders)
@@ -71,23 +69,8 @@ def run_sync(config: Config, metrics: Metrics | None = None, board: ProgressBoar
             for rel, why in psnap.skipped:
                 if rel not in links:  # an alias symlink (last.ckpt) is mirrored as a link below
                     log.warning("scan.skipped", path=rel, why=why, volume="primary")
-            now = time.monotonic()
-            settled = settle.at(now)
             facts = Facts(mirror_is_mount=mirror.is_mountpoint(), invalid=frozenset(report.invalid))
-            view = reconcile(
-                psnap,
-                msnap,
-                manifest.entries,
-                config,
-                time.time(),
-                is_settled=settled,
-                is_complete=judge(
-                    primary, rules, settle.quiet_at(now), tell=True, recorded=recorded_names(manifest.entries, rules)
-                ),
-                facts=facts,
-                sharing=sharing_for(config, manifest, primary, settled),
-                own=own_view(manifest.entries, mirror.node, manifest.matched, psnap.files),
-            )
+            view = copy_view(config, primary, mirror, manifest, manifest.entries, settle, psnap, msnap, facts)
             report.refused = view.refused
             if view.refused is not None:
                 break

@@ -4,6 +4,7 @@ failed attempt is the caller's (the worker pool's retry policy, or `sync`'s next
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import threading
 import time
@@ -101,16 +102,6 @@ class Engine:
         self.mirror.keep_modes_of(config.primary)
         with self._space_lock:
             self.config, self.options, self.make_room = config, copy_options(config), make_room
-
-    def copy_once(self, job: CopyJob, control: CopyControl | None = None) -> CopyResult:
-        """One attempt committed on its own: stage() then commit() of that copy alone. Raises MirrordError."""
-        staged = self.stage(job, control)
-        if isinstance(staged, CopyResult):
-            return staged
-        outcome = self.commit([staged])[0]
-        if isinstance(outcome, MirrordError):
-            raise outcome
-        return outcome
 
     def stage(self, job: CopyJob, control: CopyControl | None = None) -> StagedCopy | CopyResult:
         """Copy the job and publish it under its final name, leaving its directory fsync and its manifest
@@ -314,7 +305,8 @@ class Engine:
             m.copy_throughput.set(throughput)
             m.last_timestamp.set(staged.entries[0].mirrored_at)
             if job.step is not None:
-                label = m.run_label(job.run)
+                run = job.run if self.config.metrics.run_names else hashlib.sha256(job.run.encode()).hexdigest()[:12]
+                label = m.run_label(run)
                 self._last_steps[label] = max(job.step, self._last_steps.get(label, job.step))
                 m.last_step.labels(label).set(self._last_steps[label])
         self.log.info(

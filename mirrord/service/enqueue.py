@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
+from structlog.typing import FilteringBoundLogger
+
 from mirrord.config import Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
@@ -29,31 +31,24 @@ from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class Enqueuer:
     """Plans a view (a full listing, or the files a hint or a recheck named) and queues its jobs."""
 
-    def __init__(
-        self,
-        *,
-        settings: Callable[[], Settings],
-        primary: LocalVolume,
-        mirror: Mirror,
-        manifest: Manifest,
-        queue: JobQueue,
-        ledger: Ledger,
-        refusals: Refusals,
-        inbox: Inbox,
-        settle: SettleTracker,
-        observations: Observations,
-        wall: Callable[[], float],
-        monotonic: Callable[[], float],
-    ) -> None:
-        self.settings, self.primary, self.mirror, self.manifest = settings, primary, mirror, manifest
-        self.queue, self.ledger, self.refusals, self.inbox = queue, ledger, refusals, inbox
-        self.settle, self.observations = settle, observations
-        self.wall, self.monotonic = wall, monotonic
-        self.unsettled: set[str] = set()
-        self.log = get_logger()
+    settings: Callable[[], Settings]
+    primary: LocalVolume
+    mirror: Mirror
+    manifest: Manifest
+    queue: JobQueue
+    ledger: Ledger
+    refusals: Refusals
+    inbox: Inbox
+    settle: SettleTracker
+    observations: Observations
+    wall: Callable[[], float]
+    monotonic: Callable[[], float]
+    unsettled: set[str] = dataclasses.field(default_factory=set, init=False)
+    log: FilteringBoundLogger = dataclasses.field(default_factory=get_logger, init=False)
 
     @property
     def config(self) -> Config:
@@ -70,7 +65,7 @@ class Enqueuer:
     ) -> View:
         """reconcile() with what this daemon knows; `partial`: the files watch hints named, judged by the
         retention of the last complete pass (what it retired stays retired)."""
-        cfg, pruner = self.config, self.settings().pruner
+        pruner = self.settings().pruner
         if partial:
             facts, retired_by = Facts(invalid=self.ledger.invalid_files()), (pruner and pruner.last_plan) or PrunePlan()
         else:
@@ -84,25 +79,18 @@ class Enqueuer:
                 pointed=pruner.pointed() if pruner else frozenset(),
             )
             retired_by = None
-        now = self.monotonic()
-        settled = self.settle.at(now)
-        complete = judge(
-            self.primary, cfg.rules, self.settle.quiet_at(now), tell=True, recorded=recorded_names(entries, cfg.rules)
-        )
-        own = own_view(entries, self.mirror.node, self.manifest.matched, psnap.files)
-        return reconcile(
+        return copy_view(
+            self.config,
+            self.primary,
+            self.mirror,
+            self.manifest,
+            entries,
+            self.settle,
             psnap,
             msnap,
-            entries,
-            cfg,
-            self.wall(),
+            facts,
             frozenset(self.queue.paths()),
-            settled,
-            facts=facts,
-            retired_by=retired_by,
-            is_complete=complete,
-            sharing=sharing_for(cfg, self.manifest, self.primary, settled),
-            own=own,
+            retired_by,
         )
 
     def enqueue(self, view: View, psnap: Snapshot, partial: bool = False, scope: set[str] | None = None) -> int:
@@ -163,3 +151,44 @@ def stat_safely(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
         return volume.stat(rel)
     except (OSError, UnsafePathError):
         return None
+
+
+def copy_view(
+    config: Config,
+    primary: LocalVolume,
+    mirror: Mirror,
+    manifest: Manifest,
+    entries: Mapping[str, ManifestEntry],
+    settle: SettleTracker,
+    psnap: Snapshot,
+    msnap: Snapshot | None,
+    facts: Facts,
+    in_flight: frozenset[str] = frozenset(),
+    retired_by: PrunePlan | None = None,
+) -> View:
+    """reconcile() for a copier (the daemon, `mirrord sync`), its inputs assembled in one place: what has
+    settled, whether each unit is whole, the units shared with other nodes, and the manifest as this node
+    plans from. `entries`: the manifest as read before the listings. Every file and unit of the listing is
+    judged at the same instant of `settle`'s clocks."""
+    now = settle.monotonic()
+    settled = settle.at(now)
+    return reconcile(
+        psnap,
+        msnap,
+        entries,
+        config,
+        settle.wall(),
+        in_flight,
+        settled,
+        facts=facts,
+        retired_by=retired_by,
+        is_complete=judge(
+            primary,
+            config.rules,
+            settle.quiet_at(now),
+            tell=True,
+            recorded=recorded_names(entries, config.rules),
+        ),
+        sharing=sharing_for(config, manifest, primary, settled),
+        own=own_view(entries, mirror.node, manifest.matched, psnap.files),
+    )

@@ -5,8 +5,8 @@ the log-once records and what the ledger and the settle tracker hold."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from mirrord.core.branches import lying_after_ns, run_rollbacks
 from mirrord.core.model import Snapshot
@@ -20,17 +20,17 @@ from mirrord.store.aliases import alias_links
 from mirrord.vocabulary import Veto
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class Reconciler(Hints):
     """Full reconciles, hint handling, settle rechecks and prune passes, all run by the main loop (planning
     and queueing: Enqueuer; watch hints and settle rechecks: Hints)."""
 
-    def __init__(
-        self, *, metrics: Metrics, heartbeat: Callable[[], None], stopping: Callable[[], bool], **planning: Any
-    ) -> None:
-        """`planning`: the Enqueuer's collaborators (settings, volumes, manifest, queue, ledger, ...)."""
-        super().__init__(**planning)
-        self.metrics, self.heartbeat, self.stopping = metrics, heartbeat, stopping
-        self._next_rescan = self._next_settle = 0.0
+    metrics: Metrics
+    heartbeat: Callable[[], None]
+    stopping: Callable[[], bool]
+    _next_rescan = _next_settle = 0.0  # (not fields: start() schedules them)
+
+    def __post_init__(self) -> None:
         self._rollbacks_logged: set[str] = set()  # runs whose rollback was logged: once per daemon run
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
 

@@ -23,6 +23,16 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
 
+# /status field -> the metric (without mirrord_) that says it
+STATUS_METRICS = {
+    "in_flight": "copies_in_flight",
+    "lag_seconds": "mirror_lag_seconds",
+    "invalid_sources": "invalid_sources",
+    "copy_loops": "copy_loop_files",
+    "manifest_repairs": "manifest_repairs_total",
+    "last_copy_at": "last_mirrored_timestamp_seconds",
+}
+
 
 class Supervisor:
     """Health, readiness and the heartbeat; `stop()` is asked when the mirror lock is lost."""
@@ -78,14 +88,23 @@ class Supervisor:
         return (True, "ready") if self.ready else (False, self.waiting or "first reconcile not finished")
 
     def report(self) -> dict[str, Any]:
-        """The /status document: which roots this daemon mirrors (`status` checks it asks the right one),
-        and what it is doing right now (copies with their progress)."""
+        """The /status document, all that `mirrord status` asks the daemon: which roots it mirrors (status
+        checks it asks the right one), its health and readiness, its counters, and the copies under way
+        with their progress."""
+        samples = [s for family in self.metrics.registry.collect() for s in family.samples]
+        plain = {s.name.removeprefix("mirrord_"): s.value for s in samples if not s.labels}
+        (healthy, health), (ready, readiness) = self.health(), self.readiness()
         return {
             "version": __version__,
             "primary": self.primary.describe(),
             "mirror": self.mirror.describe(),
-            "ready": self.readiness()[0],
+            "healthy": healthy,
+            "health": health,
+            "ready": ready,
+            "readiness": readiness,
             "queue_depth": self.queue.depth(),
+            **{field: plain.get(metric) for field, metric in STATUS_METRICS.items()},
+            "copies_by_result": {s.labels["result"]: s.value for s in samples if s.name == "mirrord_copies_total"},
             "copies": [p.to_dict() for p in self.board.snapshot()],
         }
 

@@ -56,9 +56,3 @@ def hash_stream(stream: BinaryIO, algo: str) -> tuple[int, str]:
         hasher.update(view[:n])
         total += n
     return total, hasher.hexdigest()
-
-
-def hash_file(path: str | os.PathLike[str], algo: str) -> str:
-    """Hex digest of a whole file, streamed with a bounded buffer (never follows a final symlink)."""
-    with open(path, "rb", buffering=0, opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as f:
-        return hash_stream(f, algo)[1]

@@ -28,9 +28,10 @@ from mirrord.config import Config
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError
 from mirrord.store.atomic import TEMP_SUFFIX
-from mirrord.store.hashing import hash_file, new_hasher
+from mirrord.store.hashing import new_hasher
 from mirrord.store.manifest import Manifest
 from tests.support import config
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 ALGO = "blake3"

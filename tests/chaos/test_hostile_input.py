@@ -23,7 +23,6 @@ import pytest
 import mirrord.commands.sync  # imported before any fork that drops privileges
 from mirrord.config import Config
 from mirrord.service.pruner import Pruner
-from mirrord.store.hashing import hash_file
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.chaos.harness import (
     ALGO,
@@ -45,6 +44,7 @@ from tests.chaos.harness import (
 )
 from tests.support.daemon import DaemonProcess
 from tests.support.logs import read_events
+from tests.support.mirror import hash_file
 from tests.support.privileges import NOBODY, run_as_nobody
 from tests.support.wait import wait_for
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.store.hashing import hash_file
 from mirrord.store.resume import latest_checkpoint as latest_checkpoint_of
 from tests.chaos.harness import (
     BASE_MTIME_NS,
@@ -46,6 +45,7 @@ from tests.chaos.harness import (
 )
 from tests.chaos.syscalls import parse, run_traced, syscall_counts, trace_args
 from tests.support.logs import read_events
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 RUNS = ("run-a", "run-b", "run-c")

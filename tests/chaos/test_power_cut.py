@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.store.hashing import hash_file
 from tests.chaos.harness import (
     ALGO,
     SCALE,
@@ -50,6 +49,7 @@ from tests.chaos.harness import (
     write_config,
 )
 from tests.support.logs import read_events
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 _REASON = loop_devices_unavailable()

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from tests.chaos.harness import (
     ALGO,
@@ -41,6 +40,7 @@ from tests.support import config as support_config
 from tests.support.daemon import DaemonProcess
 from tests.support.gate import FuseMount
 from tests.support.logs import read_events
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 NS = 10**9

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import MANIFEST_NAME
 from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.deploy.conftest import FIGURES
@@ -26,6 +25,7 @@ from tests.deploy.podman import Podman
 from tests.s3.seaweed import SeaweedServer
 from tests.support.checkpoints import save_checkpoint
 from tests.support.logs import parse_events
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from mirrord.core.model import ManifestEntry
-from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
 from tests.support.checkpoints import BASE_MTIME_NS, save_checkpoint
 from tests.support.cli import run_mirrord
-from tests.support.mirror import mirror_files
+from tests.support.mirror import hash_file, mirror_files
 from tests.support.wait import wait_for
 
 RUNS = 10

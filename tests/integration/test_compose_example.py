@@ -12,10 +12,13 @@ import posixpath
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.support.cli import child_env, run_mirrord
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "config" / "docker-compose.example.yml"
@@ -98,3 +101,16 @@ def test_inline_prometheus_config_is_valid_and_scrapes_mirrord(tmp_path: Path) -
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rules found" in result.stdout
+
+
+def test_the_stand_in_trainer_runs_and_its_checkpoints_mirror(tmp_path: Path) -> None:
+    """The example's trainer is no placeholder image: its own entrypoint (run here with a short run's
+    variables) commits checkpoints that `mirrord sync` mirrors as whole ones (issue 45.8)."""
+    trainer = _compose()["services"]["trainer"]
+    assert trainer["build"] == _compose()["services"]["mirrord"]["build"]
+    program, flag, code = trainer["entrypoint"]
+    env = child_env({"CHECKPOINTS": str(tmp_path / "primary"), "STEPS": "2", "INTERVAL": "0"})
+    subprocess.run([sys.executable if program == "python" else program, flag, code], env=env, check=True, timeout=120)
+    synced = run_mirrord("sync", "--primary", tmp_path / "primary", "--mirror", tmp_path / "mirror")
+    assert synced.returncode == 0, synced.stderr
+    assert sorted(p.name for p in (tmp_path / "mirror" / "run").iterdir()) == ["step_000001.pt", "step_000002.pt"]

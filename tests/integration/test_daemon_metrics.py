@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 from mirrord.store.manifest import Manifest
@@ -61,4 +62,17 @@ def test_queue_depth_is_read_when_scraped_not_when_the_heartbeat_pushes(tmp_path
     wait_for(lambda: len(Manifest.load(mirror).entries) == 3, 90, "all three mirrored")
     assert d.metric("mirrord_queue_depth") == 0
     wait_for(lambda: d.metric("mirrord_mirror_lag_seconds") == 0, 90, "caught up")
+    assert d.stop() == 0
+
+
+def test_run_names_can_be_kept_out_of_the_metrics(tmp_path, daemon_factory):
+    """metrics.run_names = false: /metrics labels a private run by the digest docs/security.md says how to
+    compute, never by its folder name (issue 45.9)."""
+    primary = tmp_path / "primary"
+    publish_checkpoint(primary / "secret-run" / "step_0007.pt", 7)
+    (primary / "secret-run").chmod(0o700)
+    d = daemon_factory({"metrics": {"run_names": False}}).start()
+    digest = hashlib.sha256(b"secret-run").hexdigest()[:12]
+    wait_for(lambda: d.metric("mirrord_last_mirrored_step", f'run="{digest}"') == 7, 90, "the step, by digest")
+    assert "secret-run" not in d.http("/metrics")[1]
     assert d.stop() == 0

@@ -6,17 +6,20 @@ fails it), and every shell block of the README's quick starts runs, as written, 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_mirrord
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +104,10 @@ def test_local_quick_start_runs_as_written(tmp_path: Path) -> None:
         "step_0004.pt",
         "step_0005.pt",
     ]
+    # What the README says the quick start's daemon keeps is what its config has (issue 45.3).
+    claimed = re.search(r"keeps the (\d+) newest verified steps", README.read_text())
+    shown = run_mirrord("check-config", "--config", "mirrord.toml", "--format", "json", cwd=tmp_path)
+    assert claimed is not None and int(claimed[1]) == json.loads(shown.stdout)["prune"]["keep_last"]
 
 
 def test_s3_quick_start_runs_as_written(tmp_path: Path) -> None:
@@ -135,3 +142,29 @@ def test_every_docs_page_cited_exists() -> None:
     assert "docs/layouts.md" in cited
     missing = sorted(c for c in cited if not (REPO / c).is_file())
     assert not missing, f"cited but absent: {missing}"
+
+
+def test_the_readme_reads_once_and_resumes_from_s3_with_restore() -> None:
+    """No section twice; the S3 quick start resumes with `mirrord restore`, not hand-written boto3; the docs
+    build it names has an extra of its own (issue 45.8)."""
+    headings = re.findall(r"^## (.+)$", README.read_text(), flags=re.MULTILINE)
+    assert len(headings) == len(set(headings)), headings
+    s3 = "\n".join(shell_blocks(README.read_text(), "Quick start: an S3 mirror"))
+    assert "mirrord restore --config mirrord-s3.toml" in s3 and "download_file" not in s3
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [r for r in extras["docs"] if r.startswith("mkdocs")] == [
+        r for r in extras["test"] if r.startswith("mkdocs")
+    ]
+
+
+def test_the_packages_make_test_installs_are_the_ones_the_docs_list() -> None:
+    """Every Debian package `.ci/run` apt-installs is named in docs/testing.md, the README says `make test`
+    installs system packages as root, and its tier table gives no test counts that go stale (issue 45.7)."""
+    loop = re.search(r"for pkg in (.*?); do", (REPO / ".ci" / "run").read_text(), flags=re.DOTALL)
+    assert loop is not None
+    packages = loop[1].replace("\\\n", " ").split()
+    testing = (REPO / "docs" / "testing.md").read_text()
+    assert [p for p in packages if not re.search(rf"\b{re.escape(p)}\b", testing)] == []
+    readme = README.read_text()
+    assert "`make test` first apt-installs the system packages" in readme
+    assert re.findall(r"\d+ (?:tests|passed)\b", readme) == []

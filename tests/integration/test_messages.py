@@ -232,3 +232,49 @@ def test_sync_stopped_by_a_hangup_or_term_removes_its_part_and_says_so(tmp_path:
     assert not list(mirror.rglob("*.part")), sorted(mirror.rglob("*"))
     assert not (mirror / "run_a" / "step_1.pt").exists(), "the copy was finished instead of aborted"
     assert '"command.interrupted"' in err and signal.Signals(sig).name in err, err
+
+
+def test_a_config_that_is_a_directory_is_called_one(tmp_path: Path) -> None:
+    """`--config DIR` says it is a directory, not that another user could change it (issue 45.6)."""
+    result = run_mirrord("check-config", "--config", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == f"mirrord: config error: config: {tmp_path} is a directory: name the TOML file itself\n"
+
+
+def test_a_failed_command_says_one_readable_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    """Captured stderr (a pipe, a CI log) gets the error as one line, no JSON log line before it (issue 45.8);
+    `--log-format json` still logs command.failed (test_startup_imports)."""
+    _primary, mirror = _roots(tmp_path)
+    (mirror / ".mirrord-manifest.json").write_text("{not json")
+    result = run_mirrord("latest", "--mirror", mirror)
+    assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("mirrord: "), result.stderr
+
+
+def test_a_quoted_number_or_boolean_in_the_file_is_refused(tmp_path: Path) -> None:
+    """`keep_last = "5"` is a string: refused with the key and the fix, as `true` for a number is; the same
+    text from a MIRRORD_* variable is the number (issue 45.8)."""
+    primary, mirror = _roots(tmp_path)
+    config = tmp_path / "mirrord.toml"
+    config.write_text(f'primary = "{primary}"\nmirror = "{mirror}"\n[prune]\nkeep_last = "5"\ndry_run = "false"\n')
+    result = run_mirrord("check-config", "--config", config)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"mirrord: config error: prune.{key}: {text!r} is a string, not a {kind} (in a TOML file, write it "
+        f"without quotes) (in {config})"
+        for key, text, kind in (("keep_last", "5", "number"), ("dry_run", "false", "boolean"))
+    ]
+    config.write_text(f'primary = "{primary}"\nmirror = "{mirror}"\n')
+    shown = run_mirrord("check-config", "--config", config, "--format", "json", env={"MIRRORD_PRUNE__KEEP_LAST": "5"})
+    assert json.loads(shown.stdout)["prune"]["keep_last"] == 5
+
+
+def test_a_mistyped_flag_gets_the_subcommands_usage_and_the_closest_flag(tmp_path: Path) -> None:
+    """`prune --dry-rn`: the prune usage (not the top-level one) and `did you mean --dry-run?` (issue 45.8)."""
+    result = run_mirrord("prune", "--dry-rn", "--mirror", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: mirrord prune ")
+    assert (
+        result.stderr.splitlines()[-1]
+        == "mirrord prune: error: unrecognized arguments: --dry-rn; did you mean --dry-run?"
+    )

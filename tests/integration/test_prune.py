@@ -28,6 +28,7 @@ from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.config import load, settings
 from tests.support.deep import deeper_than_path_max
+from tests.support.engine import copy_once
 from tests.support.logs import parse_events
 from tests.support.mirror import assert_mirror_consistent
 
@@ -237,13 +238,17 @@ def test_dry_run_beside_a_running_daemon_takes_no_lock_and_writes_nothing(
     assert daemon.stop() == 0
 
 
-def test_dry_run_on_a_mirror_that_does_not_exist_creates_nothing(primary: Path, tmp_path: Path) -> None:
+def test_prune_on_a_mirror_that_does_not_exist_says_so_and_creates_nothing(primary: Path, tmp_path: Path) -> None:
+    """A mistyped mirror is a usage error (exit 2) that names it, never a quiet "would delete 0" (issue 45.8)."""
     make_run(primary)
     absent = tmp_path / "not-yet"
     before = tree(primary)
-    result = cli("prune", primary, absent, "--dry-run")
-    assert result.returncode == 0, result.stderr
-    assert "would delete 0 file(s)" in result.stdout
+    for dry_run in (["--dry-run"], []):
+        result = cli("prune", primary, absent, *dry_run)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            f"mirrord: prune: the mirror {absent} does not exist or is not a directory (mirror / --mirror)\n"
+        )
     assert not absent.exists() and tree(primary) == before
 
 
@@ -435,7 +440,7 @@ def _fill(primary: Path, engine: Engine, steps: range) -> None:
     for s in steps:
         src = primary / RUN / f"step_{s:04d}.pt"
         st = src.stat()
-        engine.copy_once(CopyJob(f"{RUN}/step_{s:04d}.pt", st.st_size, st.st_mtime_ns, s, "new"))
+        copy_once(engine, CopyJob(f"{RUN}/step_{s:04d}.pt", st.st_size, st.st_mtime_ns, s, "new"))
 
 
 def _tmpfs_config(primary: Path, mirror: Path, keep_last: int) -> Config:

@@ -222,6 +222,12 @@ def test_a_running_daemon_is_asked_for_health_queue_and_copies(tmp_path, daemon_
     # The queue gauge is refreshed by the heartbeat: wait for the one after the copy.
     wait_for(lambda: d.metric("mirrord_queue_depth") == 0, 90, "queue gauge back to 0")
 
+    code, body = d.http("/status")  # all that status asks the daemon, in one document
+    said = json.loads(body)
+    assert code == 200 and (said["primary"], said["mirror"]) == (str(primary), str(tmp_path / "mirror"))
+    assert (said["healthy"], said["health"], said["ready"], said["readiness"]) == (True, "ok", True, "ready")
+    assert said["copies_by_result"]["ok"] == 1 and said["in_flight"] == 0 and said["last_copy_at"] > 0
+
     code, report = status("--config", d.config_path)
     daemon = report["daemon"]
     assert code == 0 and report["ok"]

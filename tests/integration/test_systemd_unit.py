@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from mirrord.config import DaemonConfig
+from tests.support.cli import run_mirrord
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "mirrord.service"
@@ -180,3 +181,17 @@ def test_only_the_mirror_is_writable_and_no_capabilities_remain() -> None:
     assert _value("AmbientCapabilities") == ""
     for key in ("NoNewPrivileges", "PrivateTmp", "ProtectHome", "PrivateDevices"):
         assert _value(key) == "yes", key
+
+
+def test_init_for_an_s3_mirror_writes_a_unit_that_lets_it_reach_the_endpoint(tmp_path: Path) -> None:
+    """An s3:// mirror is reached over the network: `init --systemd` drops the loopback fence (a comment says
+    why) and ReadWritePaths= (nothing is written here), and the unit still verifies cleanly (issue 45.2)."""
+    (tmp_path / "ckpt").mkdir()
+    done = run_mirrord("init", "--systemd", "--primary", "ckpt", "--mirror", "s3://ckpts/team", "c.toml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    unit = tmp_path / "mirrord.service"
+    keys = {key for _section, key, _value in _directives(unit.read_text())}
+    assert not keys & {"IPAddressDeny", "IPAddressAllow", "ReadWritePaths"}
+    assert "an s3:// object store: mirrord connects out to its endpoint" in unit.read_text()
+    verified = _verify(unit)
+    assert (verified.returncode, verified.stdout, verified.stderr) == (0, "", "")

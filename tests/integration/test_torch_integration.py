@@ -17,9 +17,9 @@ import torch
 
 from mirrord.formats.zipcheck import check_torch_zip
 from mirrord.store.atomic import temp_path
-from mirrord.store.hashing import hash_file
 from mirrord.torch import SaveResult, atomic_save, latest_checkpoint
 from tests.support.checkpoints import checkpoint_state
+from tests.support.mirror import hash_file
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

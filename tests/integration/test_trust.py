@@ -393,7 +393,7 @@ def test_a_torn_file_recorded_by_an_older_mirrord_is_neither_intact_nor_latest(t
     os.utime(ckpt(mirror, 2), ns=(st.st_mtime_ns, st.st_mtime_ns))
     manifest = Manifest.open(mirror)
     from mirrord.core.model import ManifestEntry
-    from mirrord.store.hashing import hash_file
+    from tests.support.mirror import hash_file
 
     manifest.record(
         ManifestEntry(

@@ -13,13 +13,14 @@ import pytest
 from mirrord.config import Config, load_config
 from mirrord.core.units import group_units
 from mirrord.errors import SourceChangedError
-from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
 from mirrord.store.staging import FolderStaging
 from mirrord.store.volume import LocalMirror, LocalUpload, LocalVolume
 from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
+from tests.support.engine import copy_once
 from tests.support.folders import write_dcp, write_hf
+from tests.support.mirror import hash_file
 from tests.support.units import unit_verified
 from tests.support.unitsync import sync_units
 
@@ -182,7 +183,7 @@ def test_deepspeed_tag_naming_a_folder_not_yet_mirrored_is_not_published(tmp_pat
     with mirror.lock():
         manifest = mirror.read_manifest()
         with pytest.raises(SourceGoneError, match="global_step200"):
-            Engine(config, mirror, manifest).copy_once(job)
+            copy_once(Engine(config, mirror, manifest), job)
         manifest.close()
     assert not (mirror_root / "out" / "latest").exists()
     assert not list(mirror_root.rglob("*.part"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from mirrord.service.retry import RetryPolicy
 from mirrord.service.workers import WorkerPool
 from mirrord.store.volume import LocalMirror
 from tests.support.checkpoints import publish_checkpoint
+from tests.support.engine import copy_once
 from tests.support.wait import wait_for
 
 
@@ -42,7 +44,7 @@ def _pool(
 ) -> WorkerPool:
     """A pool copying with `engine` as the daemon's does: its retry policy, stalls counted in its metrics."""
     return WorkerPool(
-        engine.copy_once,
+        functools.partial(copy_once, engine),
         queue,
         size,
         retry=RetryPolicy.from_config(engine.config),
@@ -92,7 +94,7 @@ def test_a_failure_after_a_copy_is_logged_and_the_worker_goes_on(tmp_path, logs)
         if len(outcomes) == 1:
             raise RuntimeError("receiver broke")
 
-    pool = WorkerPool(engine.copy_once, queue, 1, on_done=on_done)
+    pool = WorkerPool(functools.partial(copy_once, engine), queue, 1, on_done=on_done)
     try:
         queue.put(_job(primary, "step_0002.pt", 2))
         wait_for(lambda: len(outcomes) == 2, 60, "the failed finish to be handled")

@@ -8,13 +8,13 @@ from typing import Any
 
 import tomli_w
 
-from mirrord.store.hashing import hash_file
 from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.s3.seaweed import SeaweedServer
 from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
 from tests.support.logs import parse_events
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 MIB = 1 << 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from mirrord.config import load_config
 from mirrord.errors import ConfigError
 from mirrord.store.s3 import open_s3_mirror
 from tests.s3.seaweed import SeaweedServer
+from tests.support.cli import run_mirrord
 
 
 def test_s3_url_survives_a_file_and_keeps_its_slashes(tmp_path: Path) -> None:
@@ -64,3 +66,22 @@ def test_config_to_a_working_mirror(seaweed: SeaweedServer, bucket: str, prefix:
     assert mirror.describe("run/step_1.pt") == f"s3://{bucket}/{prefix}/run/step_1.pt"
     assert mirror.exists() and mirror.space() is None
     assert list(mirror.snapshot(["*.pt"]).files) == ["run/step_1.pt"]
+
+
+def test_init_and_check_config_keep_an_s3_url_that_pastes_back(tmp_path: Path) -> None:
+    """`init --mirror s3://...` writes the URL as given; check-config prints it with both slashes (TOML and
+    JSON), so its output pasted back as a config file reads the same mirror (issue 45.1)."""
+    (tmp_path / "p").mkdir()
+    written = run_mirrord("init", "--primary", "p", "--mirror", "s3://ckpts/team", "c.toml", cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert 'mirror = "s3://ckpts/team"' in (tmp_path / "c.toml").read_text().splitlines()
+    shown = run_mirrord("check-config", "--config", "c.toml", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    (tmp_path / "pasted.toml").write_text(shown.stdout)
+    again = run_mirrord("check-config", "--config", "pasted.toml", "--format", "json", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["mirror"] == "s3://ckpts/team"
+    flag = run_mirrord(
+        "check-config", "--primary", "p", "--mirror", "s3://ckpts/team", "--format", "json", cwd=tmp_path
+    )
+    assert json.loads(flag.stdout)["mirror"] == "s3://ckpts/team"

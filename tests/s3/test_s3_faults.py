@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from mirrord.service.copier import CopyOptions, copy_file
-from mirrord.store.hashing import hash_file
 from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.s3.seaweed import SeaweedServer
 from tests.s3.test_s3_commands import _config, _settings
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
 from tests.support.gate import FuseMount
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 MIB = 1 << 20

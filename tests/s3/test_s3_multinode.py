@@ -12,7 +12,6 @@ from typing import Any
 import tomli_w
 
 from mirrord.layouts import layout_for
-from mirrord.store.hashing import hash_file
 from mirrord.store.s3 import S3Mirror, S3Settings
 from tests.s3.seaweed import SeaweedServer
 from tests.s3.test_s3_commands import _settings
@@ -20,6 +19,7 @@ from tests.support.checkpoints import BASE_MTIME_NS, checkpoint_bytes, save_chec
 from tests.support.cli import run_mirrord
 from tests.support.daemon import READY_SECONDS, DaemonProcess
 from tests.support.dcp_ranks import save_two_ranks
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 DCP = layout_for("dcp")

@@ -10,10 +10,10 @@ import pytest
 
 from mirrord.config import Config, load_config
 from mirrord.core.units import group_units
-from mirrord.store.hashing import hash_file
 from mirrord.store.s3 import S3Mirror, open_s3_mirror
 from tests.s3.seaweed import SeaweedServer
 from tests.support.folders import write_dcp, write_hf
+from tests.support.mirror import hash_file
 from tests.support.units import unit_verified
 from tests.support.unitsync import sync_units
 

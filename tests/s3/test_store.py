@@ -15,7 +15,6 @@ import pytest
 
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import LockedError, TransientError
-from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Change, encode_snapshot
 from mirrord.store.s3 import S3Mirror, S3Settings
 from mirrord.store.s3 import mirror as s3_mirror
@@ -23,6 +22,7 @@ from mirrord.store.s3.lease import Lease
 from mirrord.store.s3.manifest import MANIFEST_DIR
 from mirrord.store.volume import ChangedError
 from tests.s3.seaweed import SeaweedServer
+from tests.support.mirror import hash_file
 from tests.support.wait import wait_for
 
 MIB = 1 << 20

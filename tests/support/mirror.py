@@ -7,8 +7,14 @@ import os
 from pathlib import Path
 
 from mirrord.store.atomic import TEMP_SUFFIX
-from mirrord.store.hashing import hash_file
+from mirrord.store.hashing import hash_stream
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
+
+
+def hash_file(path: str | os.PathLike[str], algo: str) -> str:
+    """Hex digest of a whole file with `algo` (never follows a final symlink)."""
+    with open(path, "rb", buffering=0, opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as f:
+        return hash_stream(f, algo)[1]
 
 
 def sha256(path: Path) -> str:

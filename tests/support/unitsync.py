@@ -9,6 +9,7 @@ from mirrord.service.engine import Engine
 from mirrord.store.completeness import judge
 from mirrord.store.mirror import Mirror
 from mirrord.store.volume import LocalVolume
+from tests.support.engine import copy_once
 
 
 def sync_units(config: Config, mirror: Mirror) -> int:
@@ -21,6 +22,6 @@ def sync_units(config: Config, mirror: Mirror) -> int:
         msnap = mirror.snapshot(config.patterns, config.rules)
         plan = plan_unit_copies(psnap, msnap, manifest.entries, config.rules, judge(primary, config.rules))
         for job in plan.jobs:
-            engine.copy_once(job)
+            copy_once(engine, job)
         manifest.close()
     return len(plan.jobs)

@@ -37,12 +37,11 @@ from mirrord.obs.metrics import Metrics
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file
 from mirrord.service.engine import Engine
 from mirrord.service.workers import copy_all
-from mirrord.store.hashing import hash_file
 from mirrord.store.manifest import Manifest
 from mirrord.store.resume import latest_checkpoint
 from mirrord.store.volume import LocalMirror, LocalUpload
 from tests.support.checkpoints import save_checkpoint
-from tests.support.mirror import assert_mirror_consistent, mirror_files, names, sha256, temp_files
+from tests.support.mirror import assert_mirror_consistent, hash_file, mirror_files, names, sha256, temp_files
 from tests.support.privileges import run_as_nobody
 
 CHUNK = 64 * 1024

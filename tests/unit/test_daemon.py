@@ -30,6 +30,7 @@ from mirrord.service.systemd import Notifier
 from mirrord.service.watcher import Hint
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import save_checkpoint
+from tests.support.engine import copy_once
 from tests.support.wait import wait_for
 
 REL = "run/step_0007.pt"
@@ -265,7 +266,7 @@ def test_a_copy_starting_during_a_reload_takes_one_config_whole(harness, make_co
 
     def copy() -> None:
         try:
-            outcomes.append(h.daemon.engine.copy_once(job))
+            outcomes.append(copy_once(h.daemon.engine, job))
         except MirrordError as exc:
             outcomes.append(exc)
 

@@ -17,6 +17,7 @@ from mirrord.store.manifest import Manifest
 from mirrord.store.resume import latest_checkpoint
 from mirrord.store.volume import LocalMirror
 from tests.support.checkpoints import BASE_MTIME_NS, save_checkpoint
+from tests.support.engine import copy_once
 
 
 def mirror_steps(config: Config, rels_and_steps: list[tuple[str, int, int]]) -> None:
@@ -27,7 +28,7 @@ def mirror_steps(config: Config, rels_and_steps: list[tuple[str, int, int]]) -> 
     for rel, step, mtime_ns in rels_and_steps:
         path = save_checkpoint(config.primary / rel, step, mtime_ns=mtime_ns)
         # seen: as the queue sets it, the last recording sequence when the job was listed (one at a time here)
-        engine.copy_once(CopyJob(rel, path.stat().st_size, mtime_ns, step, "new", seen=manifest.last_seq))
+        copy_once(engine, CopyJob(rel, path.stat().st_size, mtime_ns, step, "new", seen=manifest.last_seq))
     manifest.close()
 
 

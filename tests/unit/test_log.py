@@ -21,6 +21,7 @@ from mirrord.service.engine import Engine
 from mirrord.service.pruner import Pruner
 from mirrord.service.workers import copy_all
 from mirrord.store.volume import LocalMirror, LocalVolume
+from tests.support.engine import copy_once
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -46,7 +47,7 @@ def copy(primary: Path, mirror: Path, make_config: Any, rel: str, **config: Any)
     volume = LocalMirror(mirror)
     st = (primary / rel).stat()
     job = CopyJob(rel, st.st_size, st.st_mtime_ns, step_of(rel, cfg.step_regex), "new")
-    Engine(cfg, volume, volume.read_manifest(), Metrics()).copy_once(job)
+    copy_once(Engine(cfg, volume, volume.read_manifest(), Metrics()), job)
 
 
 def test_json_lines_when_the_stream_is_not_a_tty() -> None:

@@ -31,6 +31,7 @@ from mirrord.service.engine import Engine
 from mirrord.service.pruner import Pruner
 from mirrord.store.volume import LocalMirror, LocalVolume
 from tests.support.checkpoints import BASE_MTIME_NS
+from tests.support.engine import copy_once
 
 ISSUE_5_NAMES = (
     "mirrord_copies_total",
@@ -107,7 +108,7 @@ def test_two_registries_do_not_share_values(make_config, primary, checkpoint) ->
     checkpoint(primary / "r" / "step_0001.pt", 1)
     config = make_config()
     counted, untouched = Metrics(), Metrics()
-    make_engine(config, counted).copy_once(job_for(primary, "r/step_0001.pt", config))
+    copy_once(make_engine(config, counted), job_for(primary, "r/step_0001.pt", config))
     assert value(counted, "mirrord_copies_total", result="ok") == 1
     assert value(untouched, "mirrord_copies_total", result="ok") == 0
 
@@ -117,7 +118,7 @@ def test_a_copy_moves_every_copy_metric(make_config, primary, checkpoint) -> Non
     src = checkpoint(primary / "run1" / "step_0007.pt", 7, width=128)
     config = make_config()
     m = Metrics()
-    result = make_engine(config, m).copy_once(job_for(primary, "run1/step_0007.pt", config))
+    result = copy_once(make_engine(config, m), job_for(primary, "run1/step_0007.pt", config))
     size = src.stat().st_size
     assert result.size == size
     assert value(m, "mirrord_copies_total", result="ok") == 1
@@ -138,8 +139,8 @@ def test_last_mirrored_step_is_the_highest_step_not_the_latest_copy(make_config,
     config = make_config()
     m = Metrics()
     engine = make_engine(config, m)
-    engine.copy_once(job_for(primary, "run1/step_0009.pt", config))
-    engine.copy_once(job_for(primary, "run1/step_0003.pt", config))
+    copy_once(engine, job_for(primary, "run1/step_0009.pt", config))
+    copy_once(engine, job_for(primary, "run1/step_0003.pt", config))
     assert value(m, "mirrord_last_mirrored_step", run="run1") == 9
     assert value(m, "mirrord_copies_total", result="ok") == 2
 
@@ -150,7 +151,7 @@ def test_no_space_failure_is_counted_by_its_reason(make_config, primary, mirror,
     config = make_config(copy={"free_space_reserve_bytes": 2**62})
     m = Metrics()
     with pytest.raises(NoSpaceError):
-        make_engine(config, m).copy_once(job_for(primary, "step_0001.pt", config))
+        copy_once(make_engine(config, m), job_for(primary, "step_0001.pt", config))
     assert value(m, "mirrord_copies_total", result="no_space") == 1
     assert value(m, "mirrord_copies_total", result="ok") == 0
     assert value(m, "mirrord_copied_bytes_total") == 0
@@ -165,7 +166,7 @@ def test_source_changed_during_the_copy_is_counted(make_config, primary, mirror,
     config = make_config(io={"buffer_bytes": 64 * 1024})
     m = Metrics()
     with pytest.raises(SourceChangedError):
-        make_engine(config, m).copy_once(job_for(primary, "step_0002.pt", config), TouchOnFirstChunk(src))
+        copy_once(make_engine(config, m), job_for(primary, "step_0002.pt", config), TouchOnFirstChunk(src))
     assert value(m, "mirrord_copies_total", result="source_changed") == 1
     assert value(m, "mirrord_copies_total", result="ok") == 0
     assert value(m, "mirrord_last_mirrored_step", run=".") == 0
@@ -180,7 +181,7 @@ def test_a_vanished_source_counts_as_source_gone(make_config, primary, checkpoin
     (primary / "step_0003.pt").unlink()
     m = Metrics()
     with pytest.raises(SourceGoneError, match="deleted before it was copied"):
-        make_engine(config, m).copy_once(job)
+        copy_once(make_engine(config, m), job)
     assert value(m, "mirrord_copies_total", result="source_gone") == 1
     assert value(m, "mirrord_copies_total", result="failed") == 0
 
@@ -194,7 +195,7 @@ def test_an_error_without_a_reason_counts_as_failed(make_config, primary, checkp
     os.mkfifo(primary / "step_0003.pt")
     m = Metrics()
     with pytest.raises(PermanentError, match="not a regular file"):
-        make_engine(config, m).copy_once(job)
+        copy_once(make_engine(config, m), job)
     assert value(m, "mirrord_copies_total", result="failed") == 1
 
 
@@ -209,7 +210,7 @@ def test_cancelled_and_stalled_copies_are_not_counted_by_the_engine(
     control.stop(reason)
     m = Metrics()
     with pytest.raises(error):
-        make_engine(config, m).copy_once(job_for(primary, "step_0004.pt", config), control)
+        copy_once(make_engine(config, m), job_for(primary, "step_0004.pt", config), control)
     assert sum(value(m, "mirrord_copies_total", result=r) for r in COPY_RESULTS) == 0
     assert value(m, "mirrord_copies_in_flight") == 0
 
@@ -226,7 +227,7 @@ def _mirrored_run(
     config = make_config(prune={"keep_last": 1, "min_age_seconds": 300, **(prune or {})})
     engine = make_engine(config, m)
     for f in files:
-        engine.copy_once(job_for(primary, f.relative_to(primary).as_posix(), config))
+        copy_once(engine, job_for(primary, f.relative_to(primary).as_posix(), config))
     return config, files
 
 
@@ -306,7 +307,7 @@ def test_run_labels_are_capped(monkeypatch, make_config, primary, checkpoint) ->
     m = Metrics()
     engine = make_engine(config, m)
     for i, run in enumerate(("a", "b", "c", "d"), start=1):
-        engine.copy_once(job_for(primary, f"{run}/step_{i:04d}.pt", config))
+        copy_once(engine, job_for(primary, f"{run}/step_{i:04d}.pt", config))
     assert label_values(m, "mirrord_last_mirrored_step", "run") == {"a", "b", OTHER_RUN}
     assert value(m, "mirrord_last_mirrored_step", run=OTHER_RUN) == 4
     assert value(m, "mirrord_copies_total", result="ok") == 4

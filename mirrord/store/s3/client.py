@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from mirrord.errors import MirrordError, PermanentError, UnreachableError
 from mirrord.obs.log import get_logger
@@ -123,8 +124,27 @@ def make_client(
         ends = request_dict.get("context", {}).get("mirrord_deadline")
         return False if ends is not None and time.monotonic() + per_try > ends else None
 
+    def not_s3(http_response: Any, parsed: dict[str, Any], model: Any, **_: Any) -> None:
+        """An error with no S3 error document (an HTML page, a bare status) to a request whose answer would
+        carry one: another service answers at the endpoint. Said naming it and what answered, where botocore
+        would report a bare "404 Not Found" or "501 Not Implemented"."""
+        error, status = parsed.get("Error", {}), http_response.status_code
+        if status < 400 or model.http["method"] == "HEAD" or not str(error.get("Code", "")).isdigit():
+            return
+        if str(status) in TRANSIENT_CODES:  # a proxy's 5xx page while the server restarts: a later try may do
+            return
+        server = http_response.headers.get("server")
+        raise PermanentError(
+            client.meta.endpoint_url,
+            f"not an S3 endpoint: it answered {model.http['method']} {urlsplit(http_response.url).path} "
+            f"with {status} {error.get('Message', '')}".rstrip()
+            + (f" ({server})" if server else "")
+            + " and no S3 error; check s3.endpoint_url",
+        )
+
     events.register("before-call.s3", started)
     events.register_first("needs-retry.s3", out_of_time)
+    events.register("after-call.s3", not_s3)
     return client
 
 
@@ -138,11 +158,26 @@ def error_code(exc: BaseException) -> str:
 
 
 def wrap(where: str, exc: Exception, action: str) -> MirrordError:
-    """A botocore error as one line in the typed tree: transient if a later try may succeed. A connection
-    error keeps botocore's own words, which name the endpoint and what happened (refused, timed out)."""
+    """A botocore error as one line in the typed tree: transient if a later try may succeed. Credentials
+    missing or refused say what to fix; a connection error keeps botocore's own words, which name the
+    endpoint and what happened (refused, timed out). Every command and the daemon say it the same way."""
+    from botocore.exceptions import NoCredentialsError
+
     if isinstance(exc, MirrordError):
         return exc
     code = error_code(exc)
+    if isinstance(exc, NoCredentialsError):
+        return PermanentError(
+            where,
+            f"{action}: no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or AWS_PROFILE, or give the machine a role (the standard AWS chain)",
+        )
+    if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return PermanentError(
+            where,
+            f"{action}: the server refused the credentials ({code}): check AWS_ACCESS_KEY_ID "
+            "and AWS_SECRET_ACCESS_KEY (or the profile), and their rights on the bucket",
+        )
     message = exc.response.get("Error", {}).get("Message", "") if isinstance(exc, ClientError) else str(exc)
     inner = getattr(exc, "kwargs", {}).get("error")  # a connection error's own: "[Errno 111] Connection refused"
     if inner is not None:
@@ -150,6 +185,8 @@ def wrap(where: str, exc: Exception, action: str) -> MirrordError:
     cause = f"{action}: {code + ' ' if code else ''}{message or type(exc).__name__}".strip()
     if isinstance(exc, ClientError) and code not in TRANSIENT_CODES:
         return PermanentError(where, cause)
+    if inner is not None:
+        cause = f"no answer from the S3 endpoint ({cause}): check s3.endpoint_url and that the server is up"
     return UnreachableError(where, cause)  # connection errors, timeouts, throttling, 5xx
 
 
@@ -175,32 +212,6 @@ def put_if(client: Any, bucket: str, key: str, body: bytes, etag: str | None) ->
             return None
         raise
     return str(answer["ETag"])
-
-
-def access_error(where: str, exc: Exception) -> MirrordError:
-    """Why the bucket cannot be used, in words that say what to fix: credentials missing or refused, or a
-    server that does not answer (never "does not exist")."""
-    from botocore.exceptions import NoCredentialsError
-
-    code = error_code(exc)
-    if isinstance(exc, NoCredentialsError):
-        return PermanentError(
-            where,
-            "no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            "or AWS_PROFILE, or give the machine a role (the standard AWS chain)",
-        )
-    if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return PermanentError(
-            where,
-            f"the server refused the credentials ({code}): check AWS_ACCESS_KEY_ID "
-            "and AWS_SECRET_ACCESS_KEY (or the profile), and their rights on the bucket",
-        )
-    wrapped = wrap(where, exc, "reach the bucket")
-    if isinstance(wrapped, UnreachableError):
-        return UnreachableError(
-            where, f"no answer from the S3 endpoint ({wrapped.cause}): check s3.endpoint_url and that the server is up"
-        )
-    return wrapped
 
 
 def server_time(answer: dict[str, Any]) -> float | None:

@@ -42,7 +42,6 @@ from mirrord.store.s3.client import (
     MISSING_CODES,
     S3_ERRORS,
     S3Settings,
-    access_error,
     error_code,
     make_client,
     make_session,
@@ -107,12 +106,19 @@ class S3Mirror:
     def exists(self) -> bool:
         """The bucket is there (and we may use it); False only when the server says it is not. Any other
         failure raises, naming its cause: an unreachable endpoint is not a missing bucket."""
+        # Two retries, not the daemon's patient ones: a command on a closed port says so within seconds.
+        client = make_client(self.settings, attempts=2, session=self._session) if self._session else self.client
         try:
-            self.client.head_bucket(Bucket=self.location.bucket)
+            client.head_bucket(Bucket=self.location.bucket)
         except S3_ERRORS as exc:
-            if error_code(exc) in (*MISSING_CODES, "NoSuchBucket"):
-                return False
-            raise access_error(self.url, exc) from exc
+            if error_code(exc) not in (*MISSING_CODES, "NoSuchBucket"):
+                raise wrap(self.url, exc, "reach the bucket") from exc
+            try:  # a HEAD's 404 has no body: a listing's answer says whether S3 or another service spoke
+                client.list_objects_v2(Bucket=self.location.bucket, MaxKeys=1)
+            except S3_ERRORS as listed:
+                if error_code(listed) == "NoSuchBucket":
+                    return False
+                raise wrap(self.url, listed, "reach the bucket") from listed
         return True
 
     def link_aliases(self, primary_root: Any, links: Any, entries: Any) -> list[tuple[str, str]]:

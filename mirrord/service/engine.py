@@ -18,7 +18,7 @@ from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.nodes import foreign
 from mirrord.core.plan import REPLACED
-from mirrord.core.units import MAX_READ_BYTES, locate
+from mirrord.core.units import MAX_READ_BYTES, recorded_as
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,
@@ -187,21 +187,9 @@ class Engine:
             source_dev=result.source[0],
             source_ino=result.source[1],
             source_ctime_ns=result.source[2],
-            **self._what(result.rel, len(job.members)),
+            **recorded_as(result.rel, self.config.rules, len(job.members) or 1),
             **(self._published_identity(result.rel) if identity else {}),
         )
-
-    def _what(self, rel: str, members: int) -> dict[str, Any]:
-        """What the file at `rel` is, as its entry records it (ManifestEntry.layout, unit, members, role)."""
-        layout = self.config.rules
-        place = locate(rel, layout)
-        folder = place is not None and place.kind == "folder"
-        return {
-            "layout": layout.name,
-            "unit": place.rel if folder and place is not None else "",
-            "members": members or 1,
-            "role": "other" if place is None else "" if place.role == "checkpoint" else place.role,
-        }
 
     def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
@@ -389,7 +377,7 @@ class Engine:
                 source_ino=before.st_ino,
                 source_ctime_ns=before.st_ctime_ns,
                 seq=self.manifest.next_seq(),
-                **self._what(job.rel, 0),
+                **recorded_as(job.rel, self.config.rules),
             )
             puts = [entry]
             if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime

@@ -234,29 +234,18 @@ def upgrade(manifest: Manifest, layout: Layout) -> int:
     """Record what each file is (ManifestEntry.layout, unit, members, role, seq) in entries written before
     the record said, as one change; returns how many. The layout is the one in force, which named these
     files when they were copied. Their order is the order of their sources' mtimes, the evidence there was."""
-    from mirrord.core.units import locate
+    from mirrord.core.units import recorded_as
 
-    entries = manifest.entries
-    units: dict[str, list[tuple[ManifestEntry, str]]] = defaultdict(list)  # unit key -> (entry, role)
-    for e in entries.values():
+    units: dict[str, list[ManifestEntry]] = defaultdict(list)  # unit key -> its files
+    for e in manifest.entries.values():
         if not e.layout:
-            place = locate(e.path, layout)
-            role = "other" if place is None else "" if place.role == "checkpoint" else place.role
-            units[place.rel if place is not None and place.kind == "folder" else e.path].append((e, role))
-    order = sorted(units, key=lambda key: (max(e.source_mtime_ns for e, _ in units[key]), key))
+            units[recorded_as(e.path, layout)["unit"] or e.path].append(e)
+    order = sorted(units, key=lambda key: (max(e.source_mtime_ns for e in units[key]), key))
     first = manifest.next_seq(len(order))
     puts = [
-        replace(
-            e,
-            layout=layout.name,
-            unit="" if key == e.path else key,
-            members=len(units[key]),
-            role=role,
-            seq=seq,
-            seen=seq - 1,
-        )
+        replace(e, **recorded_as(e.path, layout, len(units[key])), seq=seq, seen=seq - 1)
         for seq, key in enumerate(order, first)
-        for e, role in units[key]
+        for e in units[key]
     ]
     manifest.apply(puts=puts)
     return len(puts)

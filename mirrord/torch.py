@@ -83,7 +83,8 @@ def restore_latest(
     below `dest`, checked as `mirrord restore` does; the path to resume from. None only when the mirror
     records no checkpoint of that run; ValueError for a run it does not hold, no `run` among several (both
     list the runs) or a run folder given as the mirror. DamagedCopyError when every copy is damaged.
-    `layout`: the mirror's checkpoint rules for folder units (Config.rules); by default every file is a unit."""
+    What a checkpoint is (a file, a folder with all its files) the mirror's record says; `layout`
+    (Config.rules) only places files recorded by an older mirrord, which are otherwise each a unit of their own."""
     from mirrord.store.restore import restore
     from mirrord.store.resume import refuse_run_folder
     from mirrord.store.targets import mirror_for

@@ -523,8 +523,10 @@ def _runs(
     for rel in psnap.files:
         name, step = run_and_step(rel, config.rules, config.step_regex)
         primary_steps[name].append(step)
-    for entry in manifest.values():
-        entries_by_run[run_and_step(entry.path, config.rules, config.step_regex)[0]].append(entry)
+    for entry in manifest.values():  # the run the record names (records from before it said: the config's)
+        entries_by_run[
+            entry.run if entry.layout else run_and_step(entry.path, config.rules, config.step_regex)[0]
+        ].append(entry)
     for job in view.behind:  # not (intactly) mirrored, and not retired by retention
         behind_by_run[job.run].append(job)
     runs = []

@@ -130,7 +130,8 @@ def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncRep
             if isinstance(outcome, ManifestError):
                 raise outcome
         elif outcome is not None:
-            report.copied.append(job.rel)
+            if outcome.wrote:  # (else the same bytes put back: only their new identity was recorded)
+                report.copied.append(job.rel)
         else:
             report.failed[job.rel] = (
                 f"{job.rel}: not copied: the mirror lock was lost or the copy worker died (see the log)"

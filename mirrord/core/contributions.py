@@ -16,7 +16,7 @@ contribution becomes an entry (the unit's commit point) and the contributions ar
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from mirrord.core.model import FileState, ManifestEntry
@@ -144,7 +144,9 @@ def contribute(
     prefix = unit + "/"
     removes = tuple(sorted(rel for rel in entries if rel.startswith(prefix) and rel not in files))
     del merged[unit]
-    return Merged(tuple(files[rel] for rel in sorted(files)), removes, merged, verdict)
+    # Each node recorded its own share's count: the unit's files are all of theirs (ManifestEntry.members).
+    whole = tuple(replace(files[rel], members=len(files)) for rel in sorted(files))
+    return Merged(whole, removes, merged, verdict)
 
 
 def _same(recorded: ManifestEntry | None, entry: ManifestEntry) -> bool:

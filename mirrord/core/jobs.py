@@ -14,7 +14,7 @@ class CopyJob:
     size: int
     mtime_ns: int
     step: int | None
-    why: str  # new | changed | mirror_missing | mirror_mismatch | unrecorded | part (this node's share)
+    why: str  # new | changed | replaced | mirror_missing | mirror_mismatch | unrecorded | part (this node's share)
     # A folder unit (mirrord.core.units): `rel` is the folder, these are its files, published together.
     members: tuple[str, ...] = ()
     # An alias (Lightning's last.ckpt): mirrored checkpoints of its run recorded with its size, newest
@@ -26,6 +26,8 @@ class CopyJob:
     # The writer renamed the file into place (seen by a watch event): whole by construction. An unchecked
     # format is then recorded "renamed", which retention takes as evidence of wholeness.
     committed: bool = False
+    # The manifest's last recording sequence when the job was first queued (ManifestEntry.seen).
+    seen: int = 0
 
     @property
     def run(self) -> str:
@@ -58,3 +60,5 @@ class CopyResult:
     mirror_mtime_ns: int | None = None  # what the mirror stored (see ManifestEntry)
     validation: str = "unchecked"  # the validator's verdict on the source: ok | unchecked
     validation_detail: str = ""
+    source: tuple[int, int, int] = (0, 0, 0)  # the source's (device, inode, ctime) as copied (ManifestEntry)
+    wrote: bool = True  # False: nothing was written, the source holds the bytes recorded (Engine.stage)

@@ -83,11 +83,30 @@ class ManifestEntry:
     # The node that recorded it, in a prefix several nodes share ("" on a local mirror): its size and
     # mtime speak for that node's source only (mirrord.core.nodes).
     node: str = ""
+    # What the file is a part of, so that a reader needs no config to tell: the layout that named it
+    # ("" in records made before the record said), the folder unit it is a member of ("": a unit of its
+    # own), how many files that unit has (all recorded by one change), and "alias" or "tag" for a file kept
+    # beside the checkpoints that is none ("": a checkpoint).
+    layout: str = ""
+    unit: str = ""
+    members: int = 1
+    role: str = ""
+    # The source's identity when it was copied (0: not recorded): a file replaced by other bytes with the
+    # same size and mtime (`cp -p`, `rsync -a`) has another inode or ctime.
+    source_dev: int = 0
+    source_ino: int = 0
+    source_ctime_ns: int = 0
+    # The order of truth, which no clock step, `touch` or mtime changes (0: recorded before it was kept).
+    # `seq`: one more than any record before it on this mirror (every file of a unit has its unit's; the same
+    # bytes copied again keep theirs). `seen`: the last `seq` recorded when its source was first listed: a
+    # lower step seen after a higher one was recorded is a rollback, a backlog copied newest first is not.
+    seq: int = 0
+    seen: int = 0
 
     @property
     def run(self) -> str:
-        """The run folder of the recorded file."""
-        return dirname(self.path)
+        """The run folder of the recorded file's unit."""
+        return dirname(self.unit or self.path)
 
     @property
     def stored_mtime_ns(self) -> int:

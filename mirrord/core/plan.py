@@ -19,6 +19,9 @@ from mirrord.layouts import Layout
 MTIME_TOLERANCE_NS = 2_000_000_000
 
 
+REPLACED = "replaced"  # CopyJob.why: the source is another file than the one copied, by identity
+
+
 @dataclass(frozen=True)
 class CopyPlan:
     """What to copy now (newest step first), what is still being written, what is already in sync."""
@@ -34,6 +37,10 @@ def why_copy(src: FileState, entry: ManifestEntry | None, dst: FileState | None)
         return "unrecorded" if dst is not None else "new"
     if entry.size != src.size or entry.source_mtime_ns != src.mtime_ns:
         return "changed"
+    # Other bytes put in place with the same size and mtime (`cp -p`, `rsync -a`, `tar x`), or the same bytes
+    # put back (a restore): another inode or ctime than the copied source's. Read again to tell which.
+    if entry.source_ino and (src.ino, src.ctime_ns) != (entry.source_ino, entry.source_ctime_ns):
+        return REPLACED
     if dst is None:
         return "mirror_missing"
     # Compared with what the mirror stored, which is not always what it was given (clamped, rounded).

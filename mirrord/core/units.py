@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from posixpath import dirname
-from typing import Literal
+from typing import Any, Literal
 
 from mirrord.core.model import FileState, Snapshot, step_of
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
@@ -90,6 +90,17 @@ def locate(rel: str, layout: Layout) -> Unit | None:
     if not layout.folders and layout.is_unit_name(name):
         return Unit(rel, dirname(rel), layout.step_of(name), "file")
     return None
+
+
+def recorded_as(rel: str, layout: Layout, members: int = 1) -> dict[str, Any]:
+    """What the file at `rel` is, as its manifest entry records it (ManifestEntry.layout, unit, members, role)."""
+    place = locate(rel, layout)
+    return {
+        "layout": layout.name,
+        "unit": place.rel if place is not None and place.kind == "folder" else "",
+        "members": members,
+        "role": "other" if place is None else "" if place.role == "checkpoint" else place.role,
+    }
 
 
 def run_and_step(rel: str, layout: Layout, step_regex: re.Pattern[str]) -> tuple[str, int | None]:

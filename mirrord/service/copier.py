@@ -203,6 +203,7 @@ def copy_file(
         stored_mtime_ns,
         verdict.status,
         verdict.detail,
+        (before.st_dev, before.st_ino, before.st_ctime_ns),
     )
 
 

@@ -17,7 +17,8 @@ from mirrord.core.contributions import Contribution
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.model import FileState, ManifestEntry
 from mirrord.core.nodes import foreign
-from mirrord.core.units import MAX_READ_BYTES
+from mirrord.core.plan import REPLACED
+from mirrord.core.units import MAX_READ_BYTES, recorded_as
 from mirrord.errors import (
     CancelledError,
     InvalidSourceError,
@@ -39,7 +40,7 @@ from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_sou
 from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
-from mirrord.store.manifest import Manifest
+from mirrord.store.manifest import Manifest, upgrade
 from mirrord.store.mirror import Mirror
 
 if TYPE_CHECKING:
@@ -79,6 +80,9 @@ class Engine:
         self.mirror = mirror
         mirror.keep_modes_of(config.primary)
         self.manifest = manifest
+        upgraded = upgrade(manifest, config.rules)  # a record written before it said what each file is
+        if upgraded:
+            get_logger().info("manifest.upgraded", entries=upgraded, layout=config.rules.name)
         # None: nobody scrapes them (a one-shot `sync`), and prometheus_client is not even imported.
         self.metrics = metrics
         self.wall = wall
@@ -104,10 +108,12 @@ class Engine:
         record to commit() (which may take several staged copies at once). An alias published from its
         mirrored twin, and a node's part of a shared unit, are recorded at once: their CopyResult is
         returned, done. Raises MirrordError."""
+        control = control or CopyControl()
+        if job.why == REPLACED and (same := self._same_bytes(job, control)) is not None:
+            return same  # (no copy started: the bytes are read, none written)
         self.log.info("copy.started", why=job.why, **_fields(job))
         if self.metrics is not None:
             self.metrics.in_flight.inc()
-        control = control or CopyControl()
         with self._space_lock:
             # Concurrent copies each need their full size: count the others' as reserved space.
             options = replace(self.options, reserve_bytes=self.options.reserve_bytes + self._reserved)
@@ -146,15 +152,25 @@ class Engine:
             dirs.close()
             raise
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
-        return StagedCopy(job, result, [self._entry(job, result, identity=not dirs.renames_pending())], dirs)
+        entry = self._entry(job, result, self.manifest.next_seq(), identity=not dirs.renames_pending())
+        return StagedCopy(job, result, [entry], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom) -> StagedCopy:
         """A folder unit copied and published whole; its record left to commit()."""
         results = self._copy_unit(job, options, control, make_room)
-        return StagedCopy(job, _unit_result(job, results), [self._entry(job, r) for r in results], DirSyncs())
+        seq = self.manifest.next_seq()
+        return StagedCopy(job, _unit_result(job, results), [self._entry(job, r, seq) for r in results], DirSyncs())
 
-    def _entry(self, job: CopyJob, result: CopyResult, identity: bool = True) -> ManifestEntry:
-        """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is."""
+    def _entry(self, job: CopyJob, result: CopyResult, seq: int, identity: bool = True) -> ManifestEntry:
+        """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is.
+        The same bytes copied again (a `touch`, a restore) keep their place in the order of recording."""
+        old = self.manifest.get(result.rel)
+        if (
+            old is not None
+            and old.seq
+            and (old.size, old.algo, old.digest) == (result.size, result.algo, result.digest)
+        ):
+            seq, job = old.seq, replace(job, seen=old.seen)
         return ManifestEntry(
             path=result.rel,
             size=result.size,
@@ -166,6 +182,12 @@ class Engine:
             mirror_mtime_ns=result.mirror_mtime_ns,
             validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
             node=self.mirror.node,
+            seq=seq,
+            seen=job.seen,
+            source_dev=result.source[0],
+            source_ino=result.source[1],
+            source_ctime_ns=result.source[2],
+            **recorded_as(result.rel, self.config.rules, len(job.members) or 1),
             **(self._published_identity(result.rel) if identity else {}),
         )
 
@@ -176,7 +198,8 @@ class Engine:
         from mirrord.store.s3 import node_name  # only an object-store mirror gets here
 
         results = copy_part(self.primary_root, job, self.mirror, options, control)
-        entries = {result.rel: self._entry(job, result) for result in results}
+        seq = self.manifest.next_seq()
+        entries = {result.rel: self._entry(job, result, seq) for result in results}
         node = node_name(self.config.s3.node)
         part = Contribution(node, entries, self._listed_by_metadata(job), self.wall())
         merged = self.manifest.contribute(job.rel, part)
@@ -290,6 +313,36 @@ class Engine:
         )
         return result
 
+    def _same_bytes(self, job: CopyJob, control: CopyControl) -> CopyResult | None:
+        """A source replaced since it was copied (another inode or ctime, same size and mtime) is read once:
+        holding the recorded bytes (a restore put them back), its new identity is recorded and nothing is
+        written; other bytes are logged and copied (None)."""
+        started, puts = time.monotonic(), []
+        for rel in job.paths:
+            entry = self.manifest.get(rel)
+            if entry is None:
+                return None
+            st, digest = hash_source(self.primary_root, rel, entry.algo, self.options.buffer_bytes, control)
+            if (st.st_size, digest) != (entry.size, entry.digest):
+                self.log.warning(
+                    "copy.source_replaced", path=rel, run=job.run or ".", recorded=entry.digest, now=digest
+                )
+                return None
+            puts.append(
+                replace(
+                    entry,
+                    source_dev=st.st_dev,
+                    source_ino=st.st_ino,
+                    source_ctime_ns=st.st_ctime_ns,
+                )
+            )
+        self.manifest.apply(puts=puts)
+        self.log.info("copy.source_same_bytes", path=job.rel, run=job.run or ".", files=len(puts))
+        size = sum(e.size for e in puts)
+        return CopyResult(
+            job.rel, size, puts[0].algo, puts[0].digest, job.mtime_ns, time.monotonic() - started, wrote=False
+        )
+
     def _publish_twin(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult | None:
         """An alias (last.ckpt) whose bytes are those of a mirrored step: read once and hashed, then
         published on the mirror from that step's copy (mirror.clone: no byte written again) and recorded
@@ -320,6 +373,11 @@ class Engine:
                 mirror_ino=state.ino,
                 mirror_ctime_ns=state.ctime_ns,
                 node=self.mirror.node,
+                source_dev=before.st_dev,
+                source_ino=before.st_ino,
+                source_ctime_ns=before.st_ctime_ns,
+                seq=self.manifest.next_seq(),
+                **recorded_as(job.rel, self.config.rules),
             )
             puts = [entry]
             if twin.mirror_ino and twin.mirror_ino == state.ino:  # a hard link moved the shared inode's ctime
@@ -493,7 +551,7 @@ class Engine:
             entry, mirror_ino=identity.get("mirror_ino", 0), mirror_ctime_ns=identity.get("mirror_ctime_ns", 0)
         )
 
-    def _published_identity(self, rel: str) -> dict[str, int]:
+    def _published_identity(self, rel: str) -> dict[str, Any]:
         """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
         without re-reading the file while they stay the same. Unknown (0) if the stat fails, and not asked
         of a mirror without inodes (an object store: it would be one more request per file for nothing)."""

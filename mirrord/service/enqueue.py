@@ -130,7 +130,8 @@ class Enqueuer:
                 self.ledger.keep_invalid(units or psnap.files)  # (a folder unit's verdict is the unit's)
                 self.settle.retain(psnap.files.keys() | units.keys() if units else psnap.files)
         self.ledger.behind(behind, not partial, self.manifest.entries)
-        queued = [job for job in jobs if self.queue.put(job)]
+        seen = self.manifest.last_seq
+        queued = [job for job in jobs if self.queue.put(dataclasses.replace(job, seen=seen))]
         for job in queued:
             if job.why in VERIFY_FAILURES:
                 self.ledger.damaged(job)

@@ -12,7 +12,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mirrord.core.jobs import CopyJob, CopyResult
@@ -359,7 +359,8 @@ def copy_all(
     `still_ours()` (the mirror lock check) is asked at every poll: once it names a problem, copies in
     flight are cancelled and nothing more is started (their outcomes are missing)."""
     queue = JobQueue()
-    wanted = {job.rel for job in jobs if queue.put(job)}
+    seen = engine.manifest.last_seq
+    wanted = {job.rel for job in jobs if queue.put(replace(job, seen=seen))}
     if not wanted:
         return {}
     queue.keep_lane_for_small(engine.config.copy.small_file_bytes, min(workers, len(wanted)))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     # Contributions (several nodes writing one folder unit) live in object stores only: a local manifest's
     # reader never builds them, nor loads their module.
     from mirrord.core.contributions import Contribution, Contributions, Merged
+    from mirrord.layouts import Layout
 
 MANIFEST_NAME = ".mirrord-manifest.json"
 REPAIR_HINT = "stop mirrord and run `mirrord repair-manifest` to rebuild it from the mirror's files"
@@ -55,14 +57,18 @@ def encode_entry(e: ManifestEntry) -> dict[str, Any]:
     }
     if raw.get("mirror_mtime_ns") in (None, e.source_mtime_ns):
         raw.pop("mirror_mtime_ns", None)  # only where the mirror could not store the source's mtime
-    if not e.node:
-        raw.pop("node")  # a local mirror's entries: no node
+    for name in ("node", "unit", "role"):  # a local mirror's entries: no node; a file unit: no folder
+        if not raw[name]:
+            raw.pop(name)
     return raw
 
 
 def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
     """Raises ValueError/KeyError/TypeError for anything that is not a valid entry."""
     split_rel(path)  # ValueError unless a plain relative path: an entry never names a file outside the root
+    unit = str(raw.get("unit", ""))
+    if unit and not path.startswith(unit + "/"):
+        raise ValueError(f"{path}: recorded as a member of {unit!r}, which is not a folder above it")
     hashed = raw["hash"]
     algo = str(hashed["algo"])
     if algo not in ALGORITHMS:
@@ -83,6 +89,11 @@ def decode_entry(path: str, raw: dict[str, Any]) -> ManifestEntry:
         int(get("mirror_ino", 0)),
         int(get("mirror_ctime_ns", 0)),
         str(get("node", "")),
+        str(get("layout", "")),
+        unit,
+        int(get("members", 1)),
+        str(get("role", "")),
+        *(int(get(name, 0)) for name in ("source_dev", "source_ino", "source_ctime_ns", "seq", "seen")),
     )
 
 
@@ -215,6 +226,31 @@ def _replay(stored: Stored[dict[str, ManifestEntry]]) -> dict[str, ManifestEntry
     return entries
 
 
+def _highest_seq(entries: Mapping[str, ManifestEntry]) -> int:
+    return max((e.seq for e in entries.values()), default=0)
+
+
+def upgrade(manifest: Manifest, layout: Layout) -> int:
+    """Record what each file is (ManifestEntry.layout, unit, members, role, seq) in entries written before
+    the record said, as one change; returns how many. The layout is the one in force, which named these
+    files when they were copied. Their order is the order of their sources' mtimes, the evidence there was."""
+    from mirrord.core.units import recorded_as
+
+    units: dict[str, list[ManifestEntry]] = defaultdict(list)  # unit key -> its files
+    for e in manifest.entries.values():
+        if not e.layout:
+            units[recorded_as(e.path, layout)["unit"] or e.path].append(e)
+    order = sorted(units, key=lambda key: (max(e.source_mtime_ns for e in units[key]), key))
+    first = manifest.next_seq(len(order))
+    puts = [
+        replace(e, **recorded_as(e.path, layout, len(units[key])), seq=seq, seen=seq - 1)
+        for seq, key in enumerate(order, first)
+        for e in units[key]
+    ]
+    manifest.apply(puts=puts)
+    return len(puts)
+
+
 # -- the manifest -------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Pending:
@@ -292,6 +328,7 @@ class Manifest:
         self._background = background_compaction
         self._compactor: threading.Thread | None = None
         self._contributions = contributions or {}  # a read-only view's (a shared store's are the store's)
+        self._seq = _highest_seq(self._entries)  # the last recording sequence given (ManifestEntry.seq)
 
     @property
     def entries(self) -> Mapping[str, ManifestEntry]:
@@ -334,6 +371,18 @@ class Manifest:
         if pending.error is not None:
             raise pending.error
         self._maybe_compact()
+
+    @property
+    def last_seq(self) -> int:
+        """The last recording sequence given on this mirror (ManifestEntry.seen of a source listed now)."""
+        return self._seq
+
+    def next_seq(self, count: int = 1) -> int:
+        """The recording sequence (ManifestEntry.seq) of the next unit recorded (the first of the next `count`):
+        one more than any given or recorded on this mirror."""
+        with self._lock:
+            self._seq += count
+            return self._seq - count + 1
 
     def _write_queued(self) -> None:
         """With the commit lock: write every queued change in one append, then apply them in order."""
@@ -430,6 +479,7 @@ class Manifest:
             if shared is not None:
                 with self._lock:
                     self._entries = dict(shared)
+                    self._seq = max(self._seq, _highest_seq(shared))
 
     def disk_problem(self) -> str | None:
         """What happened to the on-disk manifest behind our back (None: it is what we wrote)."""

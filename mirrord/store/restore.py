@@ -30,7 +30,7 @@ from mirrord.layouts import Layout
 from mirrord.paths import lstat_beneath, source_modes
 from mirrord.store.hashing import HASH_BUFFER_BYTES, new_hasher
 from mirrord.store.mirror import ReadableStore, Upload
-from mirrord.store.resume import Candidate, check_entry, recorded_candidates
+from mirrord.store.resume import Candidate, check_entry, recorded_candidates, recorded_manifest
 from mirrord.store.volume import LocalVolume
 
 Progress = Callable[[int, int, str], None]  # (bytes done, bytes in all, key)
@@ -64,9 +64,9 @@ def restore(
     the manifest no longer records as planned (retention retired it meanwhile) is not damaged: planned again.
     NothingToRestoreError when no unit matches; WhichRunError; DestinationTakenError when something else is
     at the destination and not `force`."""
-    manifest, replans = store.load_manifest(), 0
+    manifest, replans = recorded_manifest(store, layout), 0
     while True:
-        runs = recorded_candidates(manifest, None, layout)
+        runs = recorded_candidates(manifest)
         candidates = runs.get(_chosen_run(store, manifest.entries, runs, run) or "", [])
         if step is not None:
             candidates = [c for c in candidates if c.step == step]
@@ -78,7 +78,7 @@ def restore(
             try:
                 already = _restore_unit(store, candidate, Path(dest_root), force, progress)
             except DamagedCopyError as exc:
-                fresh = store.load_manifest() if replans < REPLANS else manifest
+                fresh = recorded_manifest(store, layout) if replans < REPLANS else manifest
                 if any(fresh.entries.get(e.path) != e for e in candidate.entries):
                     manifest, replans = fresh, replans + 1
                     break

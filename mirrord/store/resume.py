@@ -15,6 +15,7 @@ whose best checkpoint has the newest mtime wins.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import re
 import time
@@ -30,7 +31,7 @@ from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
 from mirrord.layouts import TEMP_SUFFIXES, Layout
 from mirrord.store.hashing import hash_stream
-from mirrord.store.manifest import MANIFEST_NAME, Manifest
+from mirrord.store.manifest import MANIFEST_NAME, Manifest, upgrade
 from mirrord.store.mirror import ReadableStore, random_access_fd
 from mirrord.store.volume import LocalVolume
 
@@ -212,32 +213,36 @@ class Candidate:
     entries: tuple[ManifestEntry, ...]
 
 
-def recorded_candidates(
-    manifest: Manifest, run_key: str | None = None, layout: Layout | None = None
-) -> dict[str, list[Candidate]]:
-    """Per run, the checkpoint units the manifest records with every file passed, newest first (by branch
-    and step; see _by_recency). Without a layout every entry is a file unit."""
+def recorded_manifest(store: ReadableStore, layout: Layout | None = None) -> Manifest:
+    """The store's manifest, read-only; entries recorded before the record said what each file is are
+    placed by a folder `layout` in memory (mirrord.store.manifest.upgrade), else each is a unit of its own."""
+    manifest = store.load_manifest()
+    if layout is not None and layout.folders:
+        upgrade(manifest, layout)
+    return manifest
+
+
+def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[str, list[Candidate]]:
+    """Per run, the checkpoint units the manifest records whole (every member recorded, every file passed),
+    newest first: by branch and step, in the order they were recorded (see _by_recency). What a unit is,
+    the record says (ManifestEntry.unit, role)."""
     members: dict[tuple[str, str, int | None, bool], list[ManifestEntry]] = defaultdict(list)
     for e in manifest.entries.values():
-        place = None
-        if layout is not None:
-            from mirrord.core.units import locate  # (not loaded for a file layout's answer)
-
-            place = locate(e.path, layout)
-            if place is None or place.role != "checkpoint":
-                continue
-        unit = (
-            (e.path, e.run, e.step, False)
-            if place is None
-            else (place.rel, place.run, place.step, place.kind == "folder")
-        )
-        if run_key is None or unit[1] == run_key:
-            members[unit].append(e)
+        if not e.role and (run_key is None or e.run == run_key):
+            members[e.unit or e.path, e.run, e.step, bool(e.unit)].append(e)
+    whole = [
+        Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
+        for (key, run, step, folder), entries in members.items()
+        if all(entry_passed(e) and (not e.layout or e.members == len(entries)) for e in entries)
+    ]
+    # The order the sources were seen saved, as a rank (1: the first) for mirrord.core.branches: no clock says
+    # it. Units listed together (a backlog) go by step; one listed after a higher step was recorded, after it.
+    whole.sort(
+        key=lambda c: (max(e.seen for e in c.entries), -1 if c.step is None else c.step, max(e.seq for e in c.entries))
+    )
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
-    for (key, run, step, folder), entries in members.items():
-        if all(map(entry_passed, entries)):
-            candidate = Candidate(key, run, step, folder, tuple(sorted(entries, key=lambda e: e.path)))
-            runs[run].append((step, max(e.source_mtime_ns for e in entries), candidate))
+    for rank, candidate in enumerate(whole, 1):
+        runs[candidate.run].append((candidate.step, rank, candidate))
     return {run: _evidenced(_by_recency(items)) for run, items in runs.items()}
 
 
@@ -251,12 +256,15 @@ def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
 
 
 def newest_run(runs: dict[str, list[Candidate]]) -> str | None:
-    """The run written to most recently: the one whose newest recorded file has the newest source mtime
-    (a time beyond the clock's skew is no evidence)."""
+    """The run written to most recently: the one whose newest unit mirrord listed last (ManifestEntry.seen);
+    of runs listed together (a backlog), the newest source mtime (beyond the clock's skew: no evidence)."""
     lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)
 
-    def written(run: str) -> int:
-        return max((e.source_mtime_ns for c in runs[run] for e in c.entries if e.source_mtime_ns <= lie), default=0)
+    def written(run: str) -> tuple[int, int]:
+        entries = [e for c in runs[run] for e in c.entries]
+        return max(e.seen for e in entries), max(
+            (e.source_mtime_ns for e in entries if e.source_mtime_ns <= lie), default=0
+        )
 
     return max(runs, key=written, default=None)
 
@@ -273,12 +281,11 @@ def latest_key(
     """The key of the newest whole checkpoint in `store` (of the run `run_key`, or of the run written
     to most recently); see latest_checkpoint. Works on any store: a local tree or the mirror's seam.
     With a folder layout the answer is a unit's folder."""
-    manifest = store.load_manifest()
-    folders = layout if layout is not None and layout.folders else None
+    manifest = recorded_manifest(store, layout)
     if len(manifest) or require_manifest:
-        return _latest_recorded(store, recorded_candidates(manifest, run_key, folders), layout, verify)
-    if folders is not None:
-        return _latest_unit(store, run_key, folders)
+        return _latest_recorded(store, recorded_candidates(manifest, run_key), verify)
+    if layout is not None and layout.folders:
+        return _latest_unit(store, run_key, layout)
     step_regex = re.compile(step_pattern)
     files = store.snapshot(patterns).files.values()
     # Stricter than passing: on a primary with no manifest, only a verdict of "ok" proves anything.
@@ -337,12 +344,13 @@ def _holds_manifest(folder: Path) -> bool:
     return (folder / MANIFEST_NAME).exists() or any(folder.glob(MANIFEST_NAME.removesuffix(".json") + ".journal.*"))
 
 
-def _latest_recorded(
-    store: ReadableStore, runs: dict[str, list[Candidate]], layout: Layout | None, verify: bool
-) -> str | None:
+def _latest_recorded(store: ReadableStore, runs: dict[str, list[Candidate]], verify: bool) -> str | None:
     """Per run the newest recorded unit still intact (a folder: holding exactly its recorded files); of
-    those, the one of the run written to most recently."""
-    listing = functools.cache(lambda: frozenset(store.snapshot((), layout).files))  # only if a folder is checked
+    those, the one of the run recorded most recently."""
+    # Every file below a folder named as a recorded unit is, the record's names: no config needed.
+    names = sorted({c.key.rpartition("/")[2] for units in runs.values() for c in units if c.folder})
+    recorded = Layout("recorded", "folder", tuple(map(glob.escape, names)), r"(\d+)")
+    listing = functools.cache(lambda: frozenset(store.snapshot((), recorded).files))  # only if a folder is checked
     intact = {
         run: next((u for u in units if _unit_intact(store, u, listing, verify)), None) for run, units in runs.items()
     }

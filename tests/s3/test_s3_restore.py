@@ -169,3 +169,31 @@ def test_read_only_credentials_run_the_read_only_commands(
     refused = run_mirrord("sync", "--config", config, env=reader, timeout=300)
     assert refused.returncode != 0
     assert "AccessDenied" in refused.stderr + refused.stdout, refused.stderr
+
+
+def test_an_hf_folder_comes_back_whole_from_s3_with_no_config(
+    seaweed: SeaweedServer,
+    bucket: str,
+    prefix: str,
+    s3_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 41 case 1 on S3: HF checkpoint-100 and -200 of exp1 mirrored with layout hf; the record alone
+    tells restore_latest(url, dest, run="exp1") (no layout) that checkpoint-200 is a folder of five files."""
+    from tests.support.folders import HF_FILES, write_hf
+
+    primary = tmp_path / "primary"
+    for step in (100, 200):
+        write_hf(primary / "exp1" / f"checkpoint-{step}", step)
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, "hf", prune={"enabled": False})
+    done = run_mirrord("sync", "--config", config, env=s3_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint)
+    resume = restore_latest(url, tmp_path / "restored", run="exp1")
+    assert resume == tmp_path / "restored" / "exp1" / "checkpoint-200"
+    assert sorted(p.name for p in resume.iterdir()) == sorted(HF_FILES)
+    for name in HF_FILES:
+        assert (resume / name).read_bytes() == (primary / "exp1" / "checkpoint-200" / name).read_bytes()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mirrord.layouts import layout_for
 from mirrord.store.mirror import ReadableStore
-from mirrord.store.resume import recorded_candidates
+from mirrord.store.resume import recorded_candidates, recorded_manifest
 from tests.support.cli import child_env, run_mirrord
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
@@ -68,7 +68,7 @@ class UnitCounter:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def count(self) -> int:
-        return sum(len(units) for units in recorded_candidates(self.store.load_manifest(), None, self.layout).values())
+        return sum(len(units) for units in recorded_candidates(recorded_manifest(self.store, self.layout)).values())
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
@@ -162,7 +162,7 @@ def restart_drill(
     run, layout = primary / "run", layout_for(trainer.layout)
 
     def mirrored() -> list[str]:
-        runs = recorded_candidates(store.load_manifest(), None, layout)
+        runs = recorded_candidates(recorded_manifest(store, layout))
         return sorted(c.key for units in runs.values() for c in units)
 
     with daemon:

@@ -27,7 +27,8 @@ def mirror_steps(config: Config, rels_and_steps: list[tuple[str, int, int]]) -> 
     engine = Engine(config, mirror, manifest, Metrics())
     for rel, step, mtime_ns in rels_and_steps:
         path = save_checkpoint(config.primary / rel, step, mtime_ns=mtime_ns)
-        copy_once(engine, CopyJob(rel, path.stat().st_size, mtime_ns, step, "new"))
+        # seen: as the queue sets it, the last recording sequence when the job was listed (one at a time here)
+        copy_once(engine, CopyJob(rel, path.stat().st_size, mtime_ns, step, "new", seen=manifest.last_seq))
     manifest.close()
 
 

@@ -57,6 +57,14 @@ def test_json_layout_is_the_documented_schema() -> None:
                 "validation": None,
                 "mirror_ino": 0,
                 "mirror_ctime_ns": 0,
+                # issue 41: what the file is, its source's identity when copied, the recording sequence
+                "layout": "",
+                "members": 1,
+                "source_dev": 0,
+                "source_ino": 0,
+                "source_ctime_ns": 0,
+                "seq": 0,
+                "seen": 0,
             }
         },
     }
@@ -383,10 +391,9 @@ def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() 
     # (mirror_mtime_ns is written only where the mirror stored another mtime than the source's)
     clamped = dataclasses.replace(entry("a.pt"), mirror_mtime_ns=2_147_483_647 * 10**9)
     stored = json.loads(Manifest({"a.pt": clamped}).to_bytes())["entries"]["a.pt"]
-    # (node is written only on a mirror several nodes share)
-    assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - {"path", "algo", "digest", "node"} | {
-        "hash"
-    }
+    # (node is written only on a mirror several nodes share, unit for a folder's member, role beside checkpoints)
+    unwritten = {"path", "algo", "digest", "node", "unit", "role"}
+    assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - unwritten | {"hash"}
 
 
 def test_entries_is_a_snapshot() -> None:
@@ -411,6 +418,15 @@ def test_every_field_survives_a_save_and_a_load(tmp_path: Path) -> None:
         "mirror_ino": 16,
         "mirror_ctime_ns": 17,
         "node": "node-a",
+        "layout": "hf",
+        "unit": "r",
+        "members": 2,
+        "role": "alias",
+        "source_dev": 18,
+        "source_ino": 19,
+        "source_ctime_ns": 20,
+        "seq": 21,
+        "seen": 22,
     }
     assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
     full = ManifestEntry("r/a.pt", **values)  # type: ignore[arg-type]

@@ -82,6 +82,17 @@ def test_in_sync_within_the_mtime_tolerance_of_coarse_filesystems() -> None:
     assert why_copy(s, entry(s), s) is None
 
 
+def test_replaced_when_the_source_is_another_file_by_inode_or_ctime() -> None:
+    """Issue 41 case 10: same size and mtime, but another inode (`rsync -a`, a restore) or ctime (`cp -p`
+    rewrote it in place) than the source recorded: read again. A record without the identity says nothing."""
+    copied = FileState("a.pt", 100, T0, ino=7, ctime_ns=T0 + 5)
+    recorded = dataclasses.replace(entry(copied), source_ino=7, source_ctime_ns=T0 + 5)
+    assert why_copy(copied, recorded, copied) is None
+    assert why_copy(dataclasses.replace(copied, ino=8), recorded, copied) == "replaced"
+    assert why_copy(dataclasses.replace(copied, ctime_ns=T0 + 6), recorded, copied) == "replaced"
+    assert why_copy(dataclasses.replace(copied, ino=8), entry(copied), copied) is None
+
+
 # --- plan_copies ----------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,208 @@
+"""The mirror's record says what each checkpoint is (issue 41): readers need no config, "newest" is newest
+recorded, and a source replaced after it was copied is seen by its identity. Real checkpoints, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mirrord.store.manifest import Manifest
+from mirrord.torch import atomic_save, restore_latest
+from tests.support.cli import run_mirrord
+from tests.support.config import settings, write_config
+from tests.support.folders import write_dcp, write_hf
+
+
+def _write_torch(folder: Path, step: int) -> list[Path]:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    path = folder.parent / f"step_{step:04d}.pt"
+    atomic_save({"step": step, "w": torch.randn(16, 16)}, path)
+    return [path]
+
+
+WRITERS = {"hf": ("checkpoint-{}", write_hf), "dcp": ("step_{}", write_dcp), "torch": ("step_{:04d}.pt", _write_torch)}
+
+
+def _mirrored(tmp_path: Path, layout: str, steps: list[int]) -> tuple[Path, Path, Path]:
+    """`steps` of run exp1 saved in the `layout`'s own shape, then `mirrord sync`: (config, primary, mirror)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    mirror.mkdir()
+    name, write = WRITERS[layout]
+    for step in steps:
+        write(primary / "exp1" / name.format(step), step)
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": layout}))
+    done = run_mirrord("sync", "--config", config)
+    assert done.returncode == 0, done.stderr
+    return config, primary, mirror
+
+
+def _same_tree(restored: Path, mirrored: Path) -> None:
+    """`restored` holds exactly the files of `mirrored` (a folder: every one, nothing else), byte for byte."""
+    if mirrored.is_file():
+        assert restored.read_bytes() == mirrored.read_bytes()
+        return
+    names = sorted(p.relative_to(mirrored).as_posix() for p in mirrored.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()) == names
+    for name in names:
+        assert (restored / name).read_bytes() == (mirrored / name).read_bytes()
+
+
+@pytest.mark.parametrize("layout", ["hf", "dcp", "torch"])
+def test_every_reader_takes_a_whole_checkpoint_from_the_record_alone(tmp_path: Path, layout: str) -> None:
+    """Case 1: checkpoints 100 and 200 of run exp1 mirrored with `layout`, then the primary wiped. With no
+    config and no layout, `restore_latest(M, dest, run="exp1")`, `restore_latest(M, dest)`, `mirrord restore
+    --mirror M --to D` and `mirrord latest --mirror M` all name and bring back the whole newest checkpoint
+    (for a folder: every file), never one member published under the folder's name."""
+    _config, primary, mirror = _mirrored(tmp_path, layout, [100, 200])
+    newest = "exp1/" + WRITERS[layout][0].format(200)
+    shutil.rmtree(primary)
+
+    by_run = restore_latest(mirror, tmp_path / "by_run", run="exp1")
+    assert by_run == tmp_path / "by_run" / newest
+    _same_tree(by_run, mirror / newest)
+    newest_run = restore_latest(mirror, tmp_path / "newest")
+    assert newest_run == tmp_path / "newest" / newest
+    _same_tree(newest_run, mirror / newest)
+
+    cli = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "cli"))
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip() == str(tmp_path / "cli" / newest)
+    _same_tree(tmp_path / "cli" / newest, mirror / newest)
+
+    latest = run_mirrord("latest", "--mirror", str(mirror))
+    assert latest.returncode == 0, latest.stderr
+    assert latest.stdout.strip() == str(mirror / newest)
+    verify = run_mirrord("verify", "--mirror", str(mirror))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+# A mirror written by mirrord before the record said what each file is (made by `mirrord sync` at main
+# before issue 41, layout hf): exp1/checkpoint-100 and -200, three files each.
+OLD_MIRROR = Path(__file__).parent / "data" / "mirror-v1-hf"
+
+
+def test_a_manifest_from_before_the_record_is_upgraded_in_place_by_the_next_sync(tmp_path: Path) -> None:
+    """Item 1: the old manifest loads as it is; the first `mirrord sync` records, for every entry, the
+    layout in force, its folder unit, the unit's member count and a recording sequence in the order the
+    units were recorded (checkpoint-200 after -100), written to the mirror's own manifest; then a restore
+    with no config brings back the whole checkpoint-200."""
+    mirror, primary = tmp_path / "mirror", tmp_path / "primary"
+    shutil.copytree(OLD_MIRROR, mirror)
+    primary.mkdir()
+    old = Manifest.load(mirror).entries
+    assert len(old) == 6 and not any(e.layout or e.unit or e.seq for e in old.values())
+
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "hf"}))
+    done = run_mirrord("sync", "--config", config)
+    assert done.returncode == 0, done.stderr
+
+    stored = json.loads((mirror / ".mirrord-manifest.json").read_bytes())["entries"]
+    assert {(rel, raw["layout"], raw["unit"], raw["members"]) for rel, raw in stored.items()} == {
+        (f"exp1/checkpoint-{step}/{name}", "hf", f"exp1/checkpoint-{step}", 3)
+        for step in (100, 200)
+        for name in ("model.safetensors", "optimizer.pt", "trainer_state.json")
+    }
+    seqs = {rel.split("/")[1]: raw["seq"] for rel, raw in stored.items()}
+    assert 0 < seqs["checkpoint-100"] < seqs["checkpoint-200"]
+    upgraded = Manifest.load(mirror).entries
+    assert {rel: (e.size, e.digest, e.step) for rel, e in upgraded.items()} == {
+        rel: (e.size, e.digest, e.step) for rel, e in old.items()
+    }
+
+    cli = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "restored"))
+    assert cli.returncode == 0, cli.stderr
+    _same_tree(tmp_path / "restored" / "exp1" / "checkpoint-200", mirror / "exp1" / "checkpoint-200")
+
+
+def _save_and_sync(config: Path, path: Path, step: int, mtime_s: float) -> None:
+    atomic_save({"step": step, "w": torch.randn(16, 16)}, path)
+    os.utime(path, (mtime_s, mtime_s))
+    done = run_mirrord("sync", "--config", config)
+    assert done.returncode == 0, done.stderr
+
+
+def _named(mirror: Path, tmp_path: Path) -> tuple[str, str]:
+    """(what `mirrord latest --mirror` names, what `mirrord restore --mirror --to` restores), no config."""
+    latest = run_mirrord("latest", "--mirror", str(mirror))
+    assert latest.returncode == 0, latest.stderr
+    dest = tmp_path / f"restored-{len(list(tmp_path.glob('restored-*')))}"
+    restored = run_mirrord("restore", "--mirror", str(mirror), "--to", str(dest))
+    assert restored.returncode == 0, restored.stderr
+    return Path(latest.stdout.strip()).name, Path(restored.stdout.strip()).name
+
+
+def test_newest_is_newest_recorded_whatever_the_clocks_and_a_touch_say(tmp_path: Path) -> None:
+    """Case 4: steps 1..5 saved in order and each mirrored by `mirrord sync`; step 3 was saved while the
+    clock ran 450 s fast (its mtime is 450 s after step 5's, all in the past now). `latest` and `restore`
+    name step 5. Then step 4's primary file is touched (a tool resetting mtimes) and synced again (same
+    bytes, copied again): still step 5."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "exp1").mkdir(parents=True)
+    mirror.mkdir()
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "torch"}))
+    saved_at = time.time() - 3600
+    for step in range(1, 6):
+        _save_and_sync(config, primary / "exp1" / f"step_{step}.pt", step, saved_at + step + (450 if step == 3 else 0))
+    assert _named(mirror, tmp_path) == ("step_5.pt", "step_5.pt")
+
+    step_4 = primary / "exp1" / "step_4.pt"
+    os.utime(step_4, (time.time(), time.time()))
+    done = run_mirrord("sync", "--config", config, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["copied"] == ["exp1/step_4.pt"]  # copied again: its mtime changed
+    assert _named(mirror, tmp_path) == ("step_5.pt", "step_5.pt")
+
+
+def _rsync_a(src: Path, dest: Path) -> None:
+    """What `rsync -a` does: a temp file beside `dest` with the bytes and times of `src`, renamed onto it."""
+    temp = dest.with_name(f".{dest.name}.rsync")
+    shutil.copy2(src, temp)
+    temp.replace(dest)
+
+
+@pytest.mark.parametrize("put", ["cp -p", "rsync -a"])
+def test_a_source_replaced_by_other_bytes_of_the_same_size_and_mtime_is_copied_again(tmp_path: Path, put: str) -> None:
+    """Case 10: after step_1.pt is mirrored, other bytes of the same size and mtime are put in its place by
+    the real `cp -p` (same inode, new ctime) or as `rsync -a` does (a new inode): the next sync sees it by
+    identity, logs copy.source_replaced and mirrors the new bytes. A file put back with its recorded bytes
+    (a restore) is read, its new identity recorded, and nothing is copied."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "exp1").mkdir(parents=True)
+    mirror.mkdir()
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "torch"}))
+    step_1, other = primary / "exp1" / "step_1.pt", tmp_path / "other.pt"
+    atomic_save({"step": 1, "w": torch.zeros(16, 16)}, step_1)
+    atomic_save({"step": 1, "w": torch.ones(16, 16)}, other)
+    assert other.stat().st_size == step_1.stat().st_size and other.read_bytes() != step_1.read_bytes()
+    mtime = step_1.stat().st_mtime_ns
+    os.utime(other, ns=(mtime, mtime))
+    first = run_mirrord("sync", "--config", config)
+    assert first.returncode == 0, first.stderr
+
+    if put == "cp -p":
+        subprocess.run(["cp", "-p", str(other), str(step_1)], check=True)
+    else:
+        _rsync_a(other, step_1)
+    assert (step_1.stat().st_size, step_1.stat().st_mtime_ns) == (other.stat().st_size, mtime)
+    again = run_mirrord("sync", "--config", config, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["copied"] == ["exp1/step_1.pt"]
+    assert '"copy.source_replaced"' in again.stderr
+    assert (mirror / "exp1" / "step_1.pt").read_bytes() == other.read_bytes()
+    assert torch.load(mirror / "exp1" / "step_1.pt", weights_only=True)["w"].sum() == 256
+
+    step_1.unlink()  # put back by a restore: the recorded bytes, another inode
+    restored = run_mirrord("restore", "--mirror", str(mirror), "--to", str(primary))
+    assert restored.returncode == 0, restored.stderr
+    settled = run_mirrord("sync", "--config", config, "--json")
+    assert settled.returncode == 0, settled.stderr
+    assert json.loads(settled.stdout)["copied"] == []
+    assert '"copy.source_same_bytes"' in settled.stderr
+    assert json.loads(run_mirrord("sync", "--config", config, "--json").stdout)["copied"] == []

@@ -167,6 +167,7 @@ class LocalManifestStore:
         self._generation = 0  # of the journal appends go to
         self._torn_at: int | None = None  # where that journal's whole records end, if bytes follow them
         self._exists = False
+        self._must_rotate = False
         self._initial: bytes | None = None  # an empty snapshot to publish before the first journal
         self.journal_records = 0  # since the last compaction began: the caller's compaction policy
         # Called before every write (the mirror's identity check: never write to whatever lies under
@@ -280,40 +281,39 @@ class LocalManifestStore:
     def append(self, payloads: Iterable[bytes]) -> None:
         """Append the records in one write and make them durable with one fsync; raise on any failure.
 
-        A failed append is cut off the journal at once (and, should that fail too, before the next
-        append), so a change reported as failed never comes back when the manifest is loaded again. The
-        journal is opened for each append, so no descriptor keeps the mirror busy (an unmount, a remount).
+        After a failure the journal may hold part of the write, and a file whose fsync failed is never
+        fsynced again (its pages' state is unknown): appends move to a new journal, and the caller
+        compacts at once (Manifest.apply), so that the failed records are not replayed at the next load.
+        The journal is opened for each append, so no descriptor keeps the mirror busy (an unmount).
         """
         data = b"".join(frame(p) for p in payloads)
         path = self.journal_path(self._generation)
         self.guard()
         try:
+            if self._must_rotate and self._exists:
+                self.rotate()
+            self._must_rotate = False
+            path = self.journal_path(self._generation)
             if not self._exists:
                 self._create(self._generation)
             fd = os.open(path, _APPEND_FLAGS)
             try:
-                size = os.fstat(fd).st_size
-                end = size if self._torn_at is None else self._torn_at
-                self._torn_at = end  # where the acknowledged records end, until these are durable too
-                try:
-                    if size != end:  # never acknowledged: cut off, lest the next record read as corruption
-                        os.ftruncate(fd, end)
-                        atomic.sync(fd)
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                if self._torn_at is not None:  # never acknowledged: cut off, lest the next record read as corruption
+                    os.ftruncate(fd, self._torn_at)
                     atomic.sync(fd)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, end)
-                        atomic.sync(fd)
-                    raise
-                self._torn_at = None
+                    self._torn_at = None
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                atomic.sync(fd)
                 self._journal_seen = _identity(os.fstat(fd))
             finally:
                 os.close(fd)
-        except OSError as exc:
-            raise _error(path, exc, "append to the manifest journal") from exc
+        except BaseException as exc:
+            self._must_rotate = True
+            if isinstance(exc, OSError):
+                raise _error(path, exc, "append to the manifest journal") from exc
+            raise
         self.journal_records += 1
 
     def _create(self, generation: int) -> None:
@@ -341,7 +341,7 @@ class LocalManifestStore:
             self._create(generation)
         except OSError as exc:
             raise _error(path, exc, "create the manifest journal") from exc
-        self._generation, self._torn_at = generation, None
+        self._generation, self._torn_at, self._must_rotate = generation, None, False
         self.journal_records = 0
         return generation
 

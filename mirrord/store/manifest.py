@@ -369,6 +369,10 @@ class Manifest:
             if not pending.done:  # else a writer that got the lock first took ours with its own
                 self._write_queued()
         if pending.error is not None:
+            if isinstance(self._store, LocalManifestStore):
+                # The failed records may be in the journal: a snapshot of what was acknowledged makes that
+                # journal stale, so a load (a restart) never replays a change its caller was told failed.
+                self._compact_quietly()
             raise pending.error
         self._maybe_compact()
 

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -235,15 +235,24 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[
         for (key, run, step, folder), entries in members.items()
         if all(entry_passed(e) and (not e.layout or e.members == len(entries)) for e in entries)
     ]
-    # The order the sources were seen saved, as a rank (1: the first) for mirrord.core.branches: no clock says
-    # it. Units listed together (a backlog) go by step; one listed after a higher step was recorded, after it.
-    whole.sort(
-        key=lambda c: (max(e.seen for e in c.entries), -1 if c.step is None else c.step, max(e.seq for e in c.entries))
-    )
+    # The order the sources were seen saved, as a rank (1: the first) for mirrord.core.branches. Units listed
+    # together (a backlog) go by step; one listed after a higher step was recorded goes after it, unless that
+    # step was saved no earlier (source mtime): a copy retried late is no rollback. A clock can only take
+    # evidence of a rollback away, never make one.
+    seen = {c.key: max(e.seen for e in c.entries) for c in whole}
+    saved = {c.key: max(e.source_mtime_ns for e in c.entries) for c in whole}
+    listed = {c.key: min([seen[c.key], *(seen[d.key] for d in whole if _saved_after(d, c, saved))]) for c in whole}
+    whole.sort(key=lambda c: (listed[c.key], -1 if c.step is None else c.step, max(e.seq for e in c.entries)))
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
     for rank, candidate in enumerate(whole, 1):
         runs[candidate.run].append((candidate.step, rank, candidate))
     return {run: _evidenced(_by_recency(items)) for run, items in runs.items()}
+
+
+def _saved_after(d: Candidate, c: Candidate, saved: Mapping[str, int]) -> bool:
+    """Whether `d`, of the same run, is a higher step saved no earlier than `c`."""
+    higher = d.step is not None and (c.step is None or d.step > c.step)
+    return d.run == c.run and higher and saved[d.key] >= saved[c.key]
 
 
 def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
@@ -256,14 +265,15 @@ def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:
 
 
 def newest_run(runs: dict[str, list[Candidate]]) -> str | None:
-    """The run written to most recently: the one whose newest unit mirrord listed last (ManifestEntry.seen);
-    of runs listed together (a backlog), the newest source mtime (beyond the clock's skew: no evidence)."""
+    """The run written to most recently: the one whose newest recorded file has the newest source mtime (a
+    time beyond the clock's skew is no evidence), then the one mirrord listed last (ManifestEntry.seen). Not
+    the listing first: a copy retried after another run's newer save would make its run look newest."""
     lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)
 
     def written(run: str) -> tuple[int, int]:
         entries = [e for c in runs[run] for e in c.entries]
-        return max(e.seen for e in entries), max(
-            (e.source_mtime_ns for e in entries if e.source_mtime_ns <= lie), default=0
+        return max((e.source_mtime_ns for e in entries if e.source_mtime_ns <= lie), default=0), max(
+            e.seen for e in entries
         )
 
     return max(runs, key=written, default=None)

@@ -391,7 +391,7 @@ class Config(_Section):
             f'prune.{key}: no effect with prune.mode "follow" ({why}); pick one: remove prune.{key} to keep '
             f'what the trainer keeps, or set prune.mode = "keep_last" for mirrord to keep the newest steps itself'
             for key in ("keep_last", "keep_every")
-            if mode == "follow" and key in self.prune.model_fields_set
+            if self.prune.enabled and mode == "follow" and key in self.prune.model_fields_set
         ]
         if self.s3.units_span_nodes and (self.layout != "dcp" or self.mirror_url is None):
             problems.append(

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -224,8 +224,8 @@ def recorded_manifest(store: ReadableStore, layout: Layout | None = None) -> Man
 
 def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[str, list[Candidate]]:
     """Per run, the checkpoint units the manifest records whole (every member recorded, every file passed),
-    newest first: by branch and step, in the order they were recorded (see _by_recency). What a unit is,
-    the record says (ManifestEntry.unit, role)."""
+    newest first: by branch and step, in the order their sources were saved (source mtime: _by_recency).
+    What a unit is, the record says (ManifestEntry.unit, role)."""
     members: dict[tuple[str, str, int | None, bool], list[ManifestEntry]] = defaultdict(list)
     for e in manifest.entries.values():
         if not e.role and (run_key is None or e.run == run_key):
@@ -235,24 +235,10 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[
         for (key, run, step, folder), entries in members.items()
         if all(entry_passed(e) and (not e.layout or e.members == len(entries)) for e in entries)
     ]
-    # The order the sources were seen saved, as a rank (1: the first) for mirrord.core.branches. Units listed
-    # together (a backlog) go by step; one listed after a higher step was recorded goes after it, unless that
-    # step was saved no earlier (source mtime): a copy retried late is no rollback. A clock can only take
-    # evidence of a rollback away, never make one.
-    seen = {c.key: max(e.seen for e in c.entries) for c in whole}
-    saved = {c.key: max(e.source_mtime_ns for e in c.entries) for c in whole}
-    listed = {c.key: min([seen[c.key], *(seen[d.key] for d in whole if _saved_after(d, c, saved))]) for c in whole}
-    whole.sort(key=lambda c: (listed[c.key], -1 if c.step is None else c.step, max(e.seq for e in c.entries)))
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
-    for rank, candidate in enumerate(whole, 1):
-        runs[candidate.run].append((candidate.step, rank, candidate))
+    for candidate in whole:
+        runs[candidate.run].append((candidate.step, max(e.source_mtime_ns for e in candidate.entries), candidate))
     return {run: _evidenced(_by_recency(items)) for run, items in runs.items()}
-
-
-def _saved_after(d: Candidate, c: Candidate, saved: Mapping[str, int]) -> bool:
-    """Whether `d`, of the same run, is a higher step saved no earlier than `c`."""
-    higher = d.step is not None and (c.step is None or d.step > c.step)
-    return d.run == c.run and higher and saved[d.key] >= saved[c.key]
 
 
 def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:

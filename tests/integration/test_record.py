@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -119,45 +118,6 @@ def test_a_manifest_from_before_the_record_is_upgraded_in_place_by_the_next_sync
     cli = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "restored"))
     assert cli.returncode == 0, cli.stderr
     _same_tree(tmp_path / "restored" / "exp1" / "checkpoint-200", mirror / "exp1" / "checkpoint-200")
-
-
-def _save_and_sync(config: Path, path: Path, step: int, mtime_s: float) -> None:
-    atomic_save({"step": step, "w": torch.randn(16, 16)}, path)
-    os.utime(path, (mtime_s, mtime_s))
-    done = run_mirrord("sync", "--config", config)
-    assert done.returncode == 0, done.stderr
-
-
-def _named(mirror: Path, tmp_path: Path) -> tuple[str, str]:
-    """(what `mirrord latest --mirror` names, what `mirrord restore --mirror --to` restores), no config."""
-    latest = run_mirrord("latest", "--mirror", str(mirror))
-    assert latest.returncode == 0, latest.stderr
-    dest = tmp_path / f"restored-{len(list(tmp_path.glob('restored-*')))}"
-    restored = run_mirrord("restore", "--mirror", str(mirror), "--to", str(dest))
-    assert restored.returncode == 0, restored.stderr
-    return Path(latest.stdout.strip()).name, Path(restored.stdout.strip()).name
-
-
-def test_newest_is_newest_recorded_whatever_the_clocks_and_a_touch_say(tmp_path: Path) -> None:
-    """Case 4: steps 1..5 saved in order and each mirrored by `mirrord sync`; step 3 was saved while the
-    clock ran 450 s fast (its mtime is 450 s after step 5's, all in the past now). `latest` and `restore`
-    name step 5. Then step 4's primary file is touched (a tool resetting mtimes) and synced again (same
-    bytes, copied again): still step 5."""
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    (primary / "exp1").mkdir(parents=True)
-    mirror.mkdir()
-    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, {"layout": "torch"}))
-    saved_at = time.time() - 3600
-    for step in range(1, 6):
-        _save_and_sync(config, primary / "exp1" / f"step_{step}.pt", step, saved_at + step + (450 if step == 3 else 0))
-    assert _named(mirror, tmp_path) == ("step_5.pt", "step_5.pt")
-
-    step_4 = primary / "exp1" / "step_4.pt"
-    os.utime(step_4, (time.time(), time.time()))
-    done = run_mirrord("sync", "--config", config, "--json")
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["copied"] == ["exp1/step_4.pt"]  # copied again: its mtime changed
-    assert _named(mirror, tmp_path) == ("step_5.pt", "step_5.pt")
 
 
 def _rsync_a(src: Path, dest: Path) -> None:

@@ -32,8 +32,9 @@ BASE_ARGS = [
     '--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
 ]
 # A root that boots a real systemd (PID 1) under systemd-nspawn, with what the README's install needs
-# and the unit's ExecReload=/bin/kill (procps; minbase lacks it, every real Debian install has it).
-SYSTEMD_ARGS = ["--include=systemd,systemd-sysv,dbus,procps,python3,python3-venv"]
+# and the unit's ExecReload=/bin/kill (procps; minbase lacks it, every real Debian install has it);
+# `ip` (iproute2) gives the machine's loopback an address outside 127/8 for a "remote" S3 endpoint.
+SYSTEMD_ARGS = ["--include=systemd,systemd-sysv,dbus,procps,iproute2,python3,python3-venv"]
 
 
 class DebianRoots:

@@ -2,7 +2,8 @@
 
 The machines that run the tests have no systemd on the host, so nothing is registered with
 machined (`--register=no`, `--keep-unit`); the container gets a network of its own with only a
-loopback (`--private-network`), where the daemon's metrics listener lives.
+loopback (`--private-network`), where the daemon's metrics listener lives. The unit's IP fence is
+enforced in it as on a host (cgroup v2 and bpf() allowed).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class Machine:
             "--register=no",
             "--keep-unit",
             "--private-network",
+            # systemd enforces IPAddressDeny=/IPAddressAllow= with cgroup BPF programs: it needs bpf()
+            # (nspawn's filter refuses it by default) and the unified cgroup hierarchy (the env below, for
+            # hosts still on v1), else it skips the fence with only a debug line.
+            "--system-call-filter=bpf",
             "--console=pipe",
             "--machine",
             "mirrord-deploy-test",
@@ -48,7 +53,12 @@ class Machine:
         self.started = time.monotonic()
         with console_log.open("wb") as log:
             self.nspawn = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"},
             )
         self.leader = 0
         self.boot_seconds = 0.0

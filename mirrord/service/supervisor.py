@@ -4,8 +4,11 @@ lagging, and tells systemd (WATCHDOG=1, or the problems). It also answers the HT
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
+
+from structlog.typing import FilteringBoundLogger
 
 from mirrord import __version__
 from mirrord.errors import MirrordError
@@ -34,39 +37,32 @@ STATUS_METRICS = {
 }
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class Supervisor:
     """Health, readiness and the heartbeat; `stop()` is asked when the mirror lock is lost."""
 
-    def __init__(
-        self,
-        *,
-        settings: Callable[[], Settings],
-        pool: WorkerPool,
-        board: ProgressBoard,
-        queue: JobQueue,
-        primary: LocalVolume,
-        mirror: Mirror,
-        manifest: Manifest,
-        refusals: Refusals,
-        ledger: Ledger,
-        watch: PrimaryWatch,
-        metrics: Metrics,
-        notifier: Notifier,
-        status: Callable[[], str],
-        stop: Callable[[], None],
-        monotonic: Callable[[], float],
-    ) -> None:
-        self.settings, self.pool, self.board, self.queue = settings, pool, board, queue
-        self.primary, self.mirror, self.manifest = primary, mirror, manifest
-        self.refusals, self.ledger, self.watch = refusals, ledger, watch
-        self.metrics, self.notifier, self.status, self.stop, self.monotonic = metrics, notifier, status, stop, monotonic
-        self.ready = False
-        self.waiting: str | None = None  # what the daemon waits for before it starts (a missing primary root)
-        self.exit_code = 0
-        self._health: tuple[bool, str] = (False, "starting")
-        self._last = 0.0
-        self.next_due = 0.0
-        self.log = get_logger()
+    settings: Callable[[], Settings]
+    pool: WorkerPool
+    board: ProgressBoard
+    queue: JobQueue
+    primary: LocalVolume
+    mirror: Mirror
+    manifest: Manifest
+    refusals: Refusals
+    ledger: Ledger
+    watch: PrimaryWatch
+    metrics: Metrics
+    notifier: Notifier
+    status: Callable[[], str]
+    stop: Callable[[], None]
+    monotonic: Callable[[], float]
+    ready: bool = False
+    waiting: str | None = None  # what the daemon waits for before it starts (a missing primary root)
+    exit_code: int = 0
+    next_due: float = 0.0
+    log: FilteringBoundLogger = dataclasses.field(default_factory=get_logger, init=False)
+    _health = (False, "starting")  # (not fields: the heartbeat sets them)
+    _last = 0.0
 
     # -- probes (called from the HTTP thread) ---------------------------------------------------
     def health(self) -> tuple[bool, str]:

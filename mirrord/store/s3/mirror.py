@@ -204,26 +204,29 @@ class S3Mirror:
         head = self._head(rel)
         if head is None:
             return
-        if (int(head["ContentLength"]), ns(head["LastModified"])) != (expected.size, expected.mtime_ns):
+        if not _unchanged(head, expected):
             raise ChangedError(self.describe(rel), "changed since it was planned for deletion")
         self.require_lease()
+        if not self._delete_if_match(self._key(rel), head["ETag"]):
+            raise ChangedError(self.describe(rel), "replaced since it was planned for deletion")
+
+    def _delete_if_match(self, key: str, etag: str) -> bool:
+        """Delete `key` if it is still the object `etag` names (gone already: done); False if it was replaced."""
         try:
-            self.client.delete_object(Bucket=self.location.bucket, Key=self._key(rel), IfMatch=head["ETag"])
+            self.client.delete_object(Bucket=self.location.bucket, Key=key, IfMatch=etag)
         except S3_ERRORS as exc:
             if error_code(exc) == "PreconditionFailed":
-                raise ChangedError(self.describe(rel), "replaced since it was planned for deletion") from exc
-            if error_code(exc) in MISSING_CODES:
-                return
-            raise wrap(self.describe(rel), exc, "delete") from exc
+                return False
+            if error_code(exc) not in MISSING_CODES:
+                raise wrap(f"s3://{self.location.bucket}/{key}", exc, "delete") from exc
+        return True
 
     def clone(self, source_key: str, key: str, expected: FileState) -> FileState | None:
         """A server-side copy of the object `source_key` (still `expected`: size and LastModified, then
         held by If-Match on its ETag) to `key`: no byte is uploaded again. None if it changed."""
         self.committed(None)
         head = self._head(source_key)
-        if head is None:
-            return None
-        if (int(head["ContentLength"]), ns(head["LastModified"])) != (expected.size, expected.mtime_ns):
+        if head is None or not _unchanged(head, expected):
             return None
         self.require_lease()  # the copy appears under `key`: only under a lease safe to publish under
         bucket = self.location.bucket
@@ -269,15 +272,7 @@ class S3Mirror:
         if max(ns(obj["LastModified"]) for obj in below) > expected.mtime_ns:
             return False  # written since it was planned: not the folder that was meant
         self.require_lease()
-        for obj in below:
-            try:
-                self.client.delete_object(Bucket=self.location.bucket, Key=obj["Key"], IfMatch=obj["ETag"])
-            except S3_ERRORS as exc:
-                if error_code(exc) == "PreconditionFailed":
-                    return False
-                if error_code(exc) not in ("404", "NoSuchKey"):
-                    raise wrap(f"s3://{self.location.bucket}/{obj['Key']}", exc, "delete") from exc
-        return True
+        return all(self._delete_if_match(obj["Key"], obj["ETag"]) for obj in below)
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Every manifest object copied to NAME+suffix, then deleted (If-Match: only the version copied)."""
@@ -432,6 +427,11 @@ class S3Mirror:
         lease = self.lease
         if lease is not None:
             lease.require()
+
+
+def _unchanged(head: dict[str, Any], expected: FileState) -> bool:
+    """The object HEAD describes is still the one planned: same size and LastModified."""
+    return (int(head["ContentLength"]), ns(head["LastModified"])) == (expected.size, expected.mtime_ns)
 
 
 class _RangedReader(io.RawIOBase):

@@ -27,13 +27,13 @@ from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, run_and_step
-from mirrord.errors import ManifestError, UnsafePathError
+from mirrord.errors import ManifestError
 from mirrord.obs.sizes import human_bytes
 from mirrord.store.completeness import judge
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.resume import check_entry, validate_key
 from mirrord.store.targets import mirror_for
-from mirrord.store.volume import LocalVolume
+from mirrord.store.volume import LocalVolume, stat_safely
 from mirrord.vocabulary import CopyOutcome
 
 if TYPE_CHECKING:
@@ -260,16 +260,8 @@ def _damaged(mirror: ReadableStore, manifest: Mapping[str, ManifestEntry], msnap
     return {
         rel: problem
         for rel in suspects
-        if rel in fresh and (problem := _disagreement(fresh[rel], _stat(mirror, rel))) is not None
+        if rel in fresh and (problem := _disagreement(fresh[rel], stat_safely(mirror, rel))) is not None
     }
-
-
-def _stat(mirror: ReadableStore, rel: str) -> FileState | None:
-    """The mirror's copy as it is now; None when it is not there (or cannot be asked)."""
-    try:
-        return mirror.stat(rel)
-    except (OSError, UnsafePathError):
-        return None
 
 
 def _problem(entry: ManifestEntry, mirror: ReadableStore, damaged: dict[str, str], deep: bool) -> str | None:
@@ -278,7 +270,12 @@ def _problem(entry: ManifestEntry, mirror: ReadableStore, damaged: dict[str, str
         return damaged[entry.path]
     if deep and (finding := check_entry(mirror, entry)) is not None:
         return f"{finding.problem} ({finding.detail})"
-    if not deep and entry.validation is not None and (state := _stat(mirror, entry.path)) and entry.unchanged(state):
+    if (
+        not deep
+        and entry.validation is not None
+        and (state := stat_safely(mirror, entry.path))
+        and entry.unchanged(state)
+    ):
         return None  # the very copy that passed its validator (same inode and ctime, or the object's ETag)
     # Intact means whole, not only the recorded size: check the structure (a torn zip lacks its end
     # records; a few KB read) and, with --verify, every CRC too.

@@ -18,7 +18,6 @@ from mirrord.core.plan import SettleTracker, why_copy
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.retention import PrunePlan
 from mirrord.core.units import group_units, unit_identity
-from mirrord.errors import UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
@@ -28,7 +27,7 @@ from mirrord.service.settings import Settings
 from mirrord.store.completeness import Looks, judge, recorded_names, sharing_for
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
-from mirrord.store.volume import LocalVolume
+from mirrord.store.volume import LocalVolume, stat_safely
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -148,14 +147,6 @@ class Enqueuer:
         """Recheck a 'missing' or 'mismatched' mirror copy against a fresh stat and manifest record: a
         copy published between the listing and the plan is not damage (no false verify failures)."""
         return why_copy(src, self.manifest.get(job.rel), stat_safely(self.mirror, job.rel)) in VERIFY_FAILURES
-
-
-def stat_safely(volume: LocalVolume | Mirror, rel: str) -> FileState | None:
-    """The state of `rel`, or None when it is gone or cannot be reached safely."""
-    try:
-        return volume.stat(rel)
-    except (OSError, UnsafePathError):
-        return None
 
 
 def copy_view(

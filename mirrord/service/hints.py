@@ -10,7 +10,8 @@ from typing import TypeVar
 from mirrord.core.model import FileState, Snapshot
 from mirrord.core.units import unit_of
 from mirrord.layouts import Layout
-from mirrord.service.enqueue import Enqueuer, stat_safely
+from mirrord.service.enqueue import Enqueuer
+from mirrord.store.volume import stat_safely
 
 # One turn of the main loop does at most this much of a pass whose size is the burst's (the watch hints
 # of thousands of checkpoints committed at once, a settle recheck of as many files) and leaves the rest

@@ -21,6 +21,7 @@ from mirrord.errors import (
     ChangedError,
     LockedError,
     ManifestError,
+    UnsafePathError,
     from_oserror,
 )
 from mirrord.layouts import Layout
@@ -127,6 +128,14 @@ class LocalVolume:
         """(free bytes available to us, total bytes) of the filesystem holding the root."""
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def stat_safely(store: ReadableStore, rel: str) -> FileState | None:
+    """The state of `rel`, or None when it is gone or cannot be reached safely."""
+    try:
+        return store.stat(rel)
+    except (OSError, UnsafePathError):
+        return None
 
 
 def guard_roots(primary: LocalVolume, mirror: Mirror) -> dict[str, PurePath] | None:

@@ -2,7 +2,7 @@
 per top-level folder), lease, and mirror (the seam, with its uploads and the stale-upload sweep)."""
 
 from mirrord.paths import S3Location
-from mirrord.store.s3.client import S3Settings, make_client, node_name, settings_from
+from mirrord.store.s3.client import S3Settings, make_client, node_name
 from mirrord.store.s3.manifest import S3ManifestStore
 from mirrord.store.s3.mirror import S3Mirror, S3UnitStaging, S3Upload, open_s3_mirror
 
@@ -16,5 +16,4 @@ __all__ = [
     "make_client",
     "node_name",
     "open_s3_mirror",
-    "settings_from",
 ]

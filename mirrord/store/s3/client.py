@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from mirrord.config import S3Config
 from mirrord.errors import MirrordError, PermanentError, UnreachableError
-from mirrord.obs.log import get_logger
 
 try:
     from botocore.exceptions import BotoCoreError, ClientError
@@ -51,24 +50,8 @@ CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConf
 MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 
 
-@dataclass(frozen=True)
-class S3Settings:
-    """What the mirror needs from the [s3] section (mirrord.config.S3Config)."""
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    addressing_style: str = "auto"
-    part_size: int = 8 * MIB
-    concurrency: int = 8
-    files_in_flight: int = 8
-    storage_class: str | None = None
-    sign_payload: bool = False
-    access_key_id: str | None = None
-    secret_access_key: str | None = None
-    lease_seconds: float = 120.0
-    node: str = ""
-    max_attempts: int = 10
-    timeout_seconds: float = 30.0
+# The mirror's settings are the [s3] section itself (validated, frozen, with the same defaults).
+S3Settings = S3Config
 
 
 def node_name(configured: str) -> str:
@@ -229,15 +212,3 @@ def server_time(answer: dict[str, Any]) -> float | None:
 def ns(when: datetime) -> int:
     """A LastModified as nanoseconds since the epoch."""
     return int(when.timestamp()) * 10**9 + when.microsecond * 1000
-
-
-def settings_from(section: Any) -> S3Settings:
-    """S3Settings from the [s3] section (mirrord.config.S3Config); a key pair in the file is warned about
-    (the config refused it unless allow_inline_credentials)."""
-    if section.access_key_id or section.secret_access_key:
-        get_logger().warning(
-            "s3.inline_credentials",
-            cause="a key pair in the configuration file is used "
-            "(s3.allow_inline_credentials = true); prefer the standard credential chain",
-        )
-    return S3Settings(**{field.name: getattr(section, field.name) for field in fields(S3Settings)})

@@ -48,7 +48,6 @@ from mirrord.store.s3.client import (
     node_name,
     ns,
     server_time,
-    settings_from,
     wrap,
 )
 from mirrord.store.s3.lease import Lease, call_timeout
@@ -768,13 +767,21 @@ class S3UnitStaging:
                     )
 
 
-def open_s3_mirror(url: str, section: Any = None) -> S3Mirror:
-    """The mirror for `mirror = "s3://..."`; a readable ConfigError-like message if boto3 is missing."""
+def open_s3_mirror(url: str, section: S3Settings | None = None) -> S3Mirror:
+    """The mirror for `mirror = "s3://..."` with the [s3] section; a readable ConfigError-like message if
+    boto3 is missing. A key pair in the file is warned about (the config refused it unless
+    allow_inline_credentials)."""
     try:
         import boto3  # noqa: F401
     except ImportError as exc:
         raise PermanentError(url, "an s3:// mirror needs boto3: pip install 'mirrord[s3]'") from exc
-    return S3Mirror(url, settings_from(section) if section is not None else S3Settings())
+    if section is not None and (section.access_key_id or section.secret_access_key):
+        get_logger().warning(
+            "s3.inline_credentials",
+            cause="a key pair in the configuration file is used "
+            "(s3.allow_inline_credentials = true); prefer the standard credential chain",
+        )
+    return S3Mirror(url, section)
 
 
 def _conforms(mirror: S3Mirror) -> Mirror:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 
 import prometheus_client
 from prometheus_client import (
@@ -46,74 +47,61 @@ class Metrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             GCCollector(registry=r)
-        self.copies = Counter("mirrord_copies", "Copy attempts by result.", ["result"], registry=r)
-        self.copied_bytes = Counter("mirrord_copied_bytes", "Bytes published on the mirror.", registry=r)
+        # Every metric in this registry.
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        self.copies = counter("mirrord_copies", "Copy attempts by result.", ["result"])
+        self.copied_bytes = counter("mirrord_copied_bytes", "Bytes published on the mirror.")
         self.copy_duration = Histogram(
             "mirrord_copy_duration_seconds",
             "Time to copy, verify and publish one file.",
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.copy_throughput = Gauge(
-            "mirrord_copy_throughput_bytes_per_second", "Throughput of the last completed copy.", registry=r
+        self.copy_throughput = gauge(
+            "mirrord_copy_throughput_bytes_per_second", "Throughput of the last completed copy."
         )
-        self.in_flight = Gauge("mirrord_copies_in_flight", "Copies being made right now.", registry=r)
+        self.in_flight = gauge("mirrord_copies_in_flight", "Copies being made right now.")
         # Set to a function by the Engine (computed at scrape time); with mirrord_copied_bytes_total it
         # gives a progress curve that moves during a long copy, not only when it is published.
-        self.copy_bytes_in_flight = Gauge(
-            "mirrord_copy_bytes_in_flight",
-            "Bytes already copied by the copies under way (0 when idle).",
-            registry=r,
+        self.copy_bytes_in_flight = gauge(
+            "mirrord_copy_bytes_in_flight", "Bytes already copied by the copies under way (0 when idle)."
         )
-        self.pruned_files = Counter("mirrord_pruned_files", "Files deleted by retention.", ["volume"], registry=r)
-        self.pruned_bytes = Counter("mirrord_pruned_bytes", "Bytes freed by retention.", ["volume"], registry=r)
-        self.prune_skipped = Counter(
-            "mirrord_prune_skipped", "Deletions vetoed by a guard, by reason.", ["reason"], registry=r
-        )
-        self.prune_refused = Counter(
+        self.pruned_files = counter("mirrord_pruned_files", "Files deleted by retention.", ["volume"])
+        self.pruned_bytes = counter("mirrord_pruned_bytes", "Bytes freed by retention.", ["volume"])
+        self.prune_skipped = counter("mirrord_prune_skipped", "Deletions vetoed by a guard, by reason.", ["reason"])
+        self.prune_refused = counter(
             "mirrord_prune_refused",
             "Prune cycles (partial_view, mirror_unmounted, manifest) or single deletions (changed, ...) "
             "refused, by reason.",
             ["reason"],
-            registry=r,
         )
-        self.last_step = Gauge("mirrord_last_mirrored_step", "Highest step mirrored, per run.", ["run"], registry=r)
-        self.last_timestamp = Gauge(
-            "mirrord_last_mirrored_timestamp_seconds", "Unix time of the last published copy.", registry=r
-        )
-        self.free_bytes = Gauge("mirrord_volume_free_bytes", "Free bytes per volume.", ["volume"], registry=r)
-        self.total_bytes = Gauge("mirrord_volume_total_bytes", "Size of each volume.", ["volume"], registry=r)
-        self.invalid_sources = Gauge(
+        self.last_step = gauge("mirrord_last_mirrored_step", "Highest step mirrored, per run.", ["run"])
+        self.last_timestamp = gauge("mirrord_last_mirrored_timestamp_seconds", "Unix time of the last published copy.")
+        self.free_bytes = gauge("mirrord_volume_free_bytes", "Free bytes per volume.", ["volume"])
+        self.total_bytes = gauge("mirrord_volume_total_bytes", "Size of each volume.", ["volume"])
+        self.invalid_sources = gauge(
             "mirrord_invalid_sources",
             "Primary files that failed their format validator for longer than copy.invalid_grace_seconds "
             "(not published).",
-            registry=r,
         )
-        self.verify_failures = Counter(
-            "mirrord_verify_failures", "Mirrored files that no longer match the manifest.", registry=r
-        )
-        self.manifest_repairs = Counter(
+        self.verify_failures = counter("mirrord_verify_failures", "Mirrored files that no longer match the manifest.")
+        self.manifest_repairs = counter(
             "mirrord_manifest_repairs",
             "Times the on-disk manifest was found damaged or replaced and rewritten from memory.",
-            registry=r,
         )
-        self.copy_loops = Gauge(
+        self.copy_loops = gauge(
             "mirrord_copy_loop_files",
             "Files no longer re-copied: copied again and again with the same result (see status).",
-            registry=r,
         )
-        self.reconcile_duration = Gauge(
-            "mirrord_reconcile_duration_seconds", "Duration of the last full reconcile.", registry=r
-        )
+        self.reconcile_duration = gauge("mirrord_reconcile_duration_seconds", "Duration of the last full reconcile.")
         # Set to a function by the daemon (read at scrape time: it must answer while the store hangs).
-        self.mirror_writable = Gauge(
+        self.mirror_writable = gauge(
             "mirrord_mirror_writable",
             "1 while publishing to the mirror is safe; 0 while it is paused (an object store's lease not "
             "renewed in time, or lost).",
-            registry=r,
         )
-        self.watch_mode = Gauge("mirrord_watch_mode", "1 for the watch mode in use.", ["mode"], registry=r)
-        self.build_info = Gauge("mirrord_build_info", "Version of mirrord.", ["version"], registry=r)
+        self.watch_mode = gauge("mirrord_watch_mode", "1 for the watch mode in use.", ["mode"])
+        self.build_info = gauge("mirrord_build_info", "Version of mirrord.", ["version"])
         self.build_info.labels(__version__).set(1)
         self.live = LiveState()
         r.register(self.live)

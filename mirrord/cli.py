@@ -50,6 +50,11 @@ SUMMARIES = {
 }
 
 
+def _stderr(text: str) -> None:
+    """A line for the person at the terminal: stdout holds only the command's result."""
+    print(text, file=sys.stderr)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     from pathlib import Path
 
@@ -102,14 +107,14 @@ def cmd_sync(config: Config, args: argparse.Namespace) -> int:
 
         print(dumps(sync_document(report)))
     if report.refused is not None:
-        print(f"REFUSED: {report.refused}; nothing copied", file=sys.stderr)
+        _stderr(f"REFUSED: {report.refused}; nothing copied")
     lines = [
         *(f"FAILED {rel}: {err}" for rel, err in sorted(report.failed.items())),
         *(f"NOT PUBLISHED {rel}: {cause}" for rel, cause in sorted(report.invalid.items())),
         *(f"UNSETTLED {rel}: still changing; not copied" for rel in report.unsettled),
     ]
     for line in lines:
-        print(printable(line), file=sys.stderr)
+        _stderr(printable(line))
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -122,20 +127,18 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
     mirror = mirror_for(config.mirror_target, config.s3)
     if not mirror.exists():
-        print(
+        _stderr(
             f"mirrord: verify: the mirror {mirror.describe()} does not exist or is not a directory "
-            "(mirror / --mirror); nothing to verify",
-            file=sys.stderr,
+            "(mirror / --mirror); nothing to verify"
         )
         return EXIT_USAGE
     try:
         if args.load:  # (nothing else in the CLI imports torch)
             import torch  # noqa: F401
     except ImportError as exc:
-        print(
+        _stderr(
             f"mirrord: verify --load needs torch, which cannot be imported ({exc}): "
-            "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)",
-            file=sys.stderr,
+            "pip install 'mirrord[torch]' (--deep checks every record's CRC without torch)"
         )
         return EXIT_USAGE
     deep = partial(deep_check, load=args.load) if args.deep or args.load else None
@@ -210,7 +213,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         reread = partial(reload_config, args.config, overrides=_overrides(args), need_primary=args.needs_primary)
         return run_daemon(config, reread, getattr(args, "signals", None))
     except StartupError as exc:
-        print(f"mirrord: {exc}", file=sys.stderr)
+        _stderr(f"mirrord: {exc}")
         return EXIT_USAGE
 
 
@@ -220,11 +223,11 @@ def cmd_repair_manifest(config: Config, args: argparse.Namespace) -> int:
 
     report = repair_manifest(config)
     for rel, why in report.rejected:
-        print(f"NOT RECORDED {rel}: {why}", file=sys.stderr)
+        _stderr(f"NOT RECORDED {rel}: {why}")
     for msg in report.errors:
-        print(f"ERROR {msg}", file=sys.stderr)
+        _stderr(f"ERROR {msg}")
     if report.errors:
-        print("the mirror could not be listed completely: the manifest was NOT rewritten", file=sys.stderr)
+        _stderr("the mirror could not be listed completely: the manifest was NOT rewritten")
     else:
         print(
             f"manifest rebuilt: {len(report.recorded)} file(s) recorded, {len(report.rejected)} not recorded"
@@ -246,7 +249,7 @@ def cmd_check_config(config: Config, args: argparse.Namespace) -> int:
         listing = snapshot_tree(config.primary, config.patterns, layout=config.rules)
         warnings += [w.message for w in naming_warnings(listing, config.rules)]
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        _stderr(f"warning: {warning}")
     if args.format == "json":
         import json
 
@@ -286,7 +289,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     try:
         replaced = init.write_files(files, args.force)
     except (init.InitError, OSError) as exc:
-        print(f"mirrord init: {exc}", file=sys.stderr)
+        _stderr(f"mirrord init: {exc}")
         return EXIT_USAGE if isinstance(exc, init.InitError) else EXIT_FAILED
     for written in files:
         print(f"{'replaced' if written in replaced else 'wrote'} {written}")
@@ -294,7 +297,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     if args.systemd:
         steps += init.systemd_next_steps(config, unit.absolute(), args.mirror)
         for warning in init.systemd_warnings(args.primary, args.mirror, executable):
-            print(f"warning: {warning}", file=sys.stderr)
+            _stderr(f"warning: {warning}")
     else:
         steps += [f"mirrord check-config --config {config}", f"mirrord run --config {config}"]
     print("next:\n" + "\n".join(f"  {step}" for step in steps))
@@ -387,18 +390,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from mirrord.commands.demo import DemoError, DemoOptions, run_demo
 
     if args.primary is not None or args.mirror is not None:
-        print("mirrord: the demo always uses DIR/primary and DIR/mirror; choose DIR with --dir", file=sys.stderr)
+        _stderr("mirrord: the demo always uses DIR/primary and DIR/mirror; choose DIR with --dir")
         return EXIT_USAGE
     if args.config is not None:
-        print(
-            f"mirrord demo: --config {args.config} is ignored: the demo writes and uses DIR/mirrord.toml",
-            file=sys.stderr,
-        )
+        _stderr(f"mirrord demo: --config {args.config} is ignored: the demo writes and uses DIR/mirrord.toml")
     options = DemoOptions(args.dir, args.steps, args.interval, args.keep_last, False if args.no_torch else None)
     try:
         return run_demo(options)
     except DemoError as exc:
-        print(f"mirrord demo: {exc}", file=sys.stderr)
+        _stderr(f"mirrord demo: {exc}")
         return EXIT_USAGE
 
 
@@ -797,12 +797,12 @@ def _main(argv: Sequence[str] | None) -> int:
         loaded = explain_config(args.config, overrides=_overrides(args), need_primary=args.needs_primary)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"mirrord: config error: {problem}", file=sys.stderr)
+            _stderr(f"mirrord: config error: {problem}")
         return EXIT_USAGE
     config, ignored = loaded.config, loaded.ignored_environment
     args.loaded = loaded  # check-config prints each value's origin from it
     if (why := _write_problem(config, args)) is not None:
-        print(f"mirrord: {why}", file=sys.stderr)
+        _stderr(f"mirrord: {why}")
         return EXIT_USAGE
     logsetup.configure(config.log.format, config.log.level, sys.stderr if args.command != "run" else None)
     if ignored:  # once per process: a SIGHUP reload does not repeat it
@@ -827,7 +827,7 @@ def _main(argv: Sequence[str] | None) -> int:
             logsetup.get_logger().error(
                 "command.failed", command=args.command, reason=exc.reason, path=exc.path, cause=exc.cause
             )
-        print(printable(f"mirrord: {exc}"), file=sys.stderr)
+        _stderr(printable(f"mirrord: {exc}"))
         if getattr(args, "json", False) and args.command != "status":
             from mirrord.commands.report import dumps, error_document
 

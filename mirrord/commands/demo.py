@@ -24,6 +24,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -277,6 +278,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
 
     1 when they do not (or the daemon died); 130 on Ctrl-C. The daemon is stopped in every case.
     """
+    say = partial(print, file=out, flush=True)
     directory = options.directory
     primary, mirror = prepare(directory)
     port = free_port()
@@ -285,20 +287,17 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     log_path = directory / "mirrord.log"
     expected = list(range(max(1, options.steps - options.keep_last + 1), options.steps + 1))
 
-    print(
+    say(
         f"mirrord demo: a simulated trainer commits {options.steps} checkpoint(s), one every "
         f"{options.interval:g} s;\nmirrord mirrors each one as it is committed and keeps the newest "
-        f"{options.keep_last} on both sides.",
-        file=out,
+        f"{options.keep_last} on both sides."
     )
-    print(
+    say(
         f"  primary  {primary}   (the trainer writes here)\n"
         f"  mirror   {mirror}   (mirrord's trustworthy copy)\n"
         f"  config   {config_path}\n"
         f"  log      {log_path}   (the daemon's JSON events)\n"
-        f"  metrics  http://127.0.0.1:{port}/metrics  /healthz  /readyz\n",
-        file=out,
-        flush=True,
+        f"  metrics  http://127.0.0.1:{port}/metrics  /healthz  /readyz\n"
     )
 
     save, kind = trainer(options.use_torch, out)
@@ -323,19 +322,18 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             narrator.event(event)
         elapsed = time.monotonic() - narrator.started
         if failure is None:
-            print(
+            say(
                 f"\nDone in {elapsed:.0f} s: {options.steps} checkpoint(s) committed, {narrator.mirrored} "
                 f"mirrored, {narrator.pruned['mirror']} pruned on the mirror and "
                 f"{narrator.pruned['primary']} on the primary.\nBoth sides hold steps "
-                f"{', '.join(map(str, expected))} of {RUN}.\n",
-                file=out,
+                f"{', '.join(map(str, expected))} of {RUN}.\n"
             )
         else:
-            print(f"\nThe demo failed: {failure}; see {log_path}.\n", file=out)
-        print(f"$ {mirrord_command()} status --config {config_path}", file=out)
-        print(render(collect(config)), file=out, flush=True)
+            say(f"\nThe demo failed: {failure}; see {log_path}.\n")
+        say(f"$ {mirrord_command()} status --config {config_path}")
+        say(render(collect(config)))
     except KeyboardInterrupt:
-        print("\ninterrupted: stopping the demo daemon", file=out, flush=True)
+        say("\ninterrupted: stopping the demo daemon")
     finally:
         for signum in STOP_SIGNALS:  # while the daemon stops, another Ctrl-C kills it rather than orphan it
             signal.signal(signum, lambda _signum, _frame: proc.kill())
@@ -343,20 +341,12 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
     command = mirrord_command()
-    print(f"\nThe demo daemon stopped (exit {code}). Try next:", file=out)
+    say(f"\nThe demo daemon stopped (exit {code}). Try next:")
     for verb in ("status", "verify --deep", "latest"):
-        print(f"  {command} {verb} --config {config_path}", file=out)
-    print(
-        f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}",
-        file=out,
-        flush=True,
-    )
+        say(f"  {command} {verb} --config {config_path}")
+    say(f"  {command} run --config {config_path}   # keep mirroring; drop *.pt files into {primary}")
     if command != "mirrord":
-        print(
-            f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)",
-            file=out,
-            flush=True,
-        )
+        say(f"(`mirrord` is not on PATH here: {command} is the one this demo used; or activate its venv)")
     if failure == "interrupted":
         return 130
     return 0 if failure is None and code == 0 else 1

@@ -383,11 +383,10 @@ def collect(
     elif merr:
         problems.append(f"mirror: {merr}")
     # The daemon's own decision (copy, retire, refuse) on the same listings: status cannot disagree with it.
-    listed = msnap if msnap is not None and mirror.exists() else None
     verdicts: dict[str, tuple[Unit, Completeness]] = {}
     view = reconcile(
         psnap or Snapshot(),
-        listed,
+        msnap,  # None: no mirror yet (nothing listed, nothing vouched for)
         manifest,
         config,
         checked_at,

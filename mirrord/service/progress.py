@@ -14,7 +14,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from structlog.typing import FilteringBoundLogger
@@ -55,12 +55,7 @@ class CopyProgress:
     def to_dict(self) -> dict[str, Any]:
         """The copy as JSON for /status."""
         eta = self.eta_seconds
-        return {
-            "path": self.path,
-            "run": self.run,
-            "step": self.step,
-            "size": self.size,
-            "bytes_done": self.bytes_done,
+        return asdict(self) | {
             "elapsed_seconds": round(self.elapsed_seconds, 3),
             "rate_bytes_per_second": round(self.rate, 1),
             "eta_seconds": None if eta is None else round(eta, 1),

@@ -418,4 +418,6 @@ def _read(src_fd: int, buf: bytearray, src_path: Path) -> int:
     try:
         return os.readv(src_fd, [buf])
     except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESTALE):  # a file deleted under its reader on FUSE, NFS
+            raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the trainer)") from exc
         raise from_oserror(src_path, exc, "read source") from exc

@@ -33,11 +33,11 @@ from mirrord.errors import (
     StalledError,
     from_oserror,
 )
-from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
+from mirrord.formats.validators import Validator, Verdict, new_validator
 from mirrord.obs.sizes import bytes_both
 from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
 from mirrord.store.atomic import DirSyncs
-from mirrord.store.hashing import Hasher, new_hasher
+from mirrord.store.hashing import new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -150,6 +150,8 @@ def copy_file(
             raise PermanentError(src_path, "not a regular file; not copied")
         if expect is not None and not _same_file(expect, before):
             raise SourceChangedError(src_path, "rewritten since it was checked; not copied")
+        # A source with holes (rare for checkpoints): only its data is written, so the copy is as sparse as it.
+        data = _data_segments(src_fd) if before.st_blocks * 512 < before.st_size else deque([(0, before.st_size)])
         where = mirror.describe(rel)
         space = mirror.space()  # None: the store does not know (an object store), nothing to check
         if space is not None and space[0] < before.st_size + options.reserve_bytes:
@@ -159,12 +161,7 @@ def copy_file(
                 f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        if before.st_blocks * 512 < before.st_size:  # holes: copy the data segments only
-            digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
-            # A sparse source (rare for checkpoints) is validated by reading it once more.
-            verdict = _validate_again(src_fd, rel, options, copied)
-        else:
-            digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
+        digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel, data)
         if copied != before.st_size:
             raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
         control.check(src_path)
@@ -259,90 +256,42 @@ def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_
         raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
 
 
-def _validate_again(src_fd: int, rel: str, options: CopyOptions, copied: int) -> Verdict:
-    if not options.validate:
-        return Verdict("empty", "0 bytes") if copied == 0 else Verdict("unchecked", "validation is off")
-    return validate_fd(src_fd, rel)
-
-
-def _stream_sparse(
-    src_fd: int, size: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
-) -> tuple[str, int]:
-    """As _stream, for a source with holes: data segments (SEEK_DATA/SEEK_HOLE) are copied, holes are
-    skipped on the mirror (and hashed as the zeros they read as), so the copy is as sparse as its source."""
-    hasher = new_hasher(options.algo)
-    buf = bytearray(options.buffer_bytes)
-    view = memoryview(buf)
-    zeros = memoryview(bytes(min(options.buffer_bytes, 1 << 20)))
-    offset = 0
-    while offset < size:
-        control.check(src_path)
+def _data_segments(src_fd: int) -> deque[tuple[int, int]]:
+    """Where a source with holes holds data (SEEK_DATA/SEEK_HOLE): (start, end) of each segment, in order."""
+    segments: deque[tuple[int, int]] = deque()
+    end = 0
+    while True:
         try:
-            data = os.lseek(src_fd, offset, os.SEEK_DATA)
+            start = os.lseek(src_fd, end, os.SEEK_DATA)
         except OSError as exc:
-            if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left up to the end
-                raise from_oserror(src_path, exc, "seek data in source") from exc
-            data = size
-        data = min(data, size)
-        hole = data - offset
-        upload.skip(hole)
-        while hole > 0:
-            n = min(hole, len(zeros))
-            hasher.update(zeros[:n])
-            hole -= n
-        control.advance(data - offset)
-        offset = data
-        if offset >= size:
-            break
-        end = min(os.lseek(src_fd, data, os.SEEK_HOLE), size)
-        while offset < end:
-            control.check(src_path)
-            try:
-                n = os.preadv(src_fd, [view[: min(len(buf), end - offset)]], offset)
-            except OSError as exc:
-                raise from_oserror(src_path, exc, "read source") from exc
-            if n == 0:
-                return hasher.hexdigest(), offset  # shrank under us: the caller reports source_changed
-            hasher.update(view[:n])
-            upload.write(view[:n])
-            offset += n
-            control.advance(n)
-        offset = end
-    return hasher.hexdigest(), offset
+            if exc.errno == errno.ENXIO:  # only a hole is left up to the end
+                break
+            raise
+        end = os.lseek(src_fd, start, os.SEEK_HOLE)
+        segments.append((start, end))
+    os.lseek(src_fd, 0, os.SEEK_SET)  # the copy reads from the start
+    return segments
 
 
 def _stream(
-    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path, rel: str
-) -> tuple[str, int, Verdict]:
-    """Read, hash, validate and write the same bytes until EOF; returns (digest, bytes copied, verdict)."""
-    hasher = new_hasher(options.algo)
-    validator = new_validator(rel, src_fd) if options.validate else None
-    digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator)
-    if validator is not None:
-        verdict = validator.finish(src_fd)
-    elif copied == 0:
-        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
-    else:
-        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
-    if options.drop_cache:
-        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    return digest, copied, verdict
-
-
-def _pump(
     src_fd: int,
     upload: Upload,
     options: CopyOptions,
     control: CopyControl,
     src_path: Path,
-    hasher: Hasher,
-    validator: Validator | None,
-) -> tuple[str, int]:
-    """The copy loop: each buffer is read once, then hashed on this thread while a helper thread feeds
-    the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL). Two
-    buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is read
-    into again only once its write returned. The helper is made by this thread, so it has its CPU and
-    I/O priority. Returns (digest, bytes)."""
+    rel: str,
+    data: deque[tuple[int, int]],
+) -> tuple[str, int, Verdict]:
+    """Read, hash, validate and write the same bytes until EOF; returns (digest, bytes copied, verdict).
+
+    Each buffer is read once, then hashed on this thread while a helper thread feeds the same bytes to the
+    validator and writes them (zlib/isal, blake3 and write release the GIL). Two buffers take turns, so the
+    next read and hash overlap the previous buffer's write; a buffer is read into again only once its write
+    returned. The helper is made by this thread, so it has its CPU and I/O priority. Only the bytes within the
+    `data` segments are written (a dense source is one): a sparse source's holes read as zeros, are hashed and
+    validated as such, and stay holes on the mirror."""
+    hasher = new_hasher(options.algo)
+    validator = new_validator(rel, src_fd) if options.validate else None
     buffers = thread_buffers(options.buffer_bytes)
     in_flight: deque[Future[None]] = deque()
     failed: list[BaseException] = []  # set by the helper: the buffers queued after a failed one are dropped
@@ -360,7 +309,7 @@ def _pump(
                 if n == 0:
                     break
                 chunk = memoryview(buf)[:n]
-                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
+                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, copied, data, failed))
                 hasher.update(chunk)
                 copied += n
                 control.advance(n)
@@ -377,18 +326,44 @@ def _pump(
             for queued in in_flight:
                 queued.cancel()
             wait(in_flight)  # no write may still use a buffer after this
-    return hasher.hexdigest(), copied
+    if validator is not None:
+        verdict = validator.finish(src_fd)
+    elif copied == 0:
+        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
+    else:
+        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
+    if options.drop_cache:
+        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return hasher.hexdigest(), copied, verdict
 
 
 def _validate_and_write(
-    validator: Validator | None, upload: Upload, chunk: memoryview, failed: list[BaseException]
+    validator: Validator | None,
+    upload: Upload,
+    chunk: memoryview,
+    at: int,
+    data: deque[tuple[int, int]],
+    failed: list[BaseException],
 ) -> None:
+    """Feed the validator `chunk`, the source's bytes from offset `at`, and write those within the `data`
+    segments (the others are left holes)."""
     if failed:
         return  # an earlier buffer failed: the copy is being abandoned, nothing more is written
     try:
         if validator is not None:
             validator.feed(chunk, len(chunk))
-        upload.write(chunk)
+        end, pos = at + len(chunk), at
+        while data and data[0][0] < end:
+            start, stop = data[0]
+            if start > pos:
+                upload.skip(start - pos)
+            pos = min(stop, end)
+            upload.write(chunk[max(start, at) - at : pos - at])
+            if stop > end:
+                break
+            data.popleft()  # written whole
+        if pos < end:
+            upload.skip(end - pos)
     except BaseException as exc:
         failed.append(exc)
         raise

@@ -12,12 +12,14 @@ import errno
 import os
 import re
 import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
@@ -442,6 +444,33 @@ def test_torch_save_in_place_from_another_thread(
     monkeypatch.undo()
     copy(primary, mirror)
     assert_mirror_consistent(primary, mirror)
+
+
+@pytest.mark.parametrize("buffer_bytes", [CHUNK, 8 * MiB])
+@pytest.mark.parametrize("layout", ["torch.save with a tensor of zeros", "holes at both ends"])
+def test_a_sparse_source_is_copied_as_sparse_and_validated_from_the_stream(
+    primary: Path, mirror: Path, layout: str, buffer_bytes: int
+) -> None:
+    """A source with holes goes through the one copy loop: its holes read as zeros (hashed and validated with
+    the rest), only its data is written, so the copy reads back identical, verifies, and takes no more blocks
+    than its source."""
+    path = primary / REL
+    path.parent.mkdir(parents=True)
+    if layout.startswith("torch"):
+        torch.save({"w": torch.randn(256, 256), "zeros": torch.zeros(4 * MiB), "b": torch.randn(256, 256)}, path)
+        subprocess.run(["fallocate", "--dig-holes", str(path)], check=True)  # the 16 MiB of zeros become a hole
+    else:
+        with path.open("wb") as f:
+            f.seek(8 * MiB)
+            f.write(b"not a zip: sparse test data\n" * 4096)
+            f.truncate(20 * MiB)
+    source = path.stat()
+    assert source.st_blocks * 512 < source.st_size - 8 * MiB, "the source has no holes"
+    result = copy(primary, mirror, options=CopyOptions(buffer_bytes=buffer_bytes))
+    assert result.validation == ("ok" if layout.startswith("torch") else "unchecked")
+    assert (mirror / REL).read_bytes() == path.read_bytes()
+    assert result.digest == hash_file(path, "blake3")
+    assert (mirror / REL).stat().st_blocks <= source.st_blocks, "the copy is not as sparse as its source"
 
 
 # --- stop requests ----------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from mirrord.errors import (
 )
 from mirrord.formats.validators import Validator, Verdict, new_validator
 from mirrord.obs.sizes import bytes_both
-from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.paths import lstat_beneath, open_file_beneath
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.hashing import new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
@@ -99,22 +99,7 @@ class CopyOptions:
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     """Same inode, size, mtime and ctime: ctime also catches a same-size rewrite whose mtime was restored."""
-    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (
-        b.st_dev,
-        b.st_ino,
-        b.st_size,
-        b.st_mtime_ns,
-        b.st_ctime_ns,
-    )
-
-
-def _stat_beneath(root: Path, rel: str) -> os.stat_result:
-    parts = split_rel(rel)
-    dir_fd = open_dir_beneath(root, parts[:-1])
-    try:
-        return os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
-    finally:
-        os.close(dir_fd)
+    return all(getattr(a, k) == getattr(b, k) for k in ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns"))
 
 
 def copy_file(
@@ -221,37 +206,27 @@ def hash_source(
         before = os.fstat(src_fd)
         if not stat.S_ISREG(before.st_mode):
             raise PermanentError(src_path, "not a regular file; not copied")
-        hasher = new_hasher(algo)
-        buf = bytearray(buffer_bytes)
-        view = memoryview(buf)
-        total = 0
-        while True:
-            control.check(src_path)
-            n = _read(src_fd, buf, src_path)
-            if n == 0:
-                break
-            hasher.update(view[:n])
-            total += n
-            control.advance(n)
+        options = CopyOptions(algo, buffer_bytes, validate=False)
+        digest, total, _ = _stream(src_fd, None, options, control, src_path, rel, deque())
         if total != before.st_size:
             raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
     finally:
         os.close(src_fd)
-    return before, hasher.hexdigest()
+    return before, digest
 
 
 def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
     try:
-        now = _stat_beneath(primary_root, rel)
-    except FileNotFoundError as exc:
-        raise SourceGoneError(
-            src_path, "deleted while it was being copied (rotated away by the trainer); copy discarded"
-        ) from exc
+        now = lstat_beneath(primary_root, rel)
     except OSError as exc:
         raise SourceChangedError(
             src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
         ) from exc
+    if now is None:
+        raise SourceGoneError(
+            src_path, "deleted while it was being copied (rotated away by the trainer); copy discarded"
+        )
     if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
         raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
 
@@ -275,7 +250,7 @@ def _data_segments(src_fd: int) -> deque[tuple[int, int]]:
 
 def _stream(
     src_fd: int,
-    upload: Upload,
+    upload: Upload | None,
     options: CopyOptions,
     control: CopyControl,
     src_path: Path,
@@ -289,7 +264,7 @@ def _stream(
     next read and hash overlap the previous buffer's write; a buffer is read into again only once its write
     returned. The helper is made by this thread, so it has its CPU and I/O priority. Only the bytes within the
     `data` segments are written (a dense source is one): a sparse source's holes read as zeros, are hashed and
-    validated as such, and stay holes on the mirror."""
+    validated as such, and stay holes on the mirror. Without `upload`, the bytes are only hashed."""
     hasher = new_hasher(options.algo)
     validator = new_validator(rel, src_fd) if options.validate else None
     buffers = thread_buffers(options.buffer_bytes)
@@ -339,7 +314,7 @@ def _stream(
 
 def _validate_and_write(
     validator: Validator | None,
-    upload: Upload,
+    upload: Upload | None,
     chunk: memoryview,
     at: int,
     data: deque[tuple[int, int]],
@@ -352,6 +327,8 @@ def _validate_and_write(
     try:
         if validator is not None:
             validator.feed(chunk, len(chunk))
+        if upload is None:
+            return
         end, pos = at + len(chunk), at
         while data and data[0][0] < end:
             start, stop = data[0]

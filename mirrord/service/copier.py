@@ -146,11 +146,9 @@ def copy_file(
                 f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel, data)
-        if copied != before.st_size:
-            raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
+        digest, verdict = _stream(src_fd, before.st_size, upload, options, control, src_path, rel, data)
         control.check(src_path)
-        if options.allow_empty and copied == 0:
+        if options.allow_empty and before.st_size == 0:
             verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
         if not verdict.passed:
             _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
@@ -207,9 +205,7 @@ def hash_source(
         if not stat.S_ISREG(before.st_mode):
             raise PermanentError(src_path, "not a regular file; not copied")
         options = CopyOptions(algo, buffer_bytes, validate=False)
-        digest, total, _ = _stream(src_fd, None, options, control, src_path, rel, deque())
-        if total != before.st_size:
-            raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
+        digest, _ = _stream(src_fd, before.st_size, None, options, control, src_path, rel, deque())
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
     finally:
         os.close(src_fd)
@@ -250,14 +246,16 @@ def _data_segments(src_fd: int) -> deque[tuple[int, int]]:
 
 def _stream(
     src_fd: int,
+    size: int,
     upload: Upload | None,
     options: CopyOptions,
     control: CopyControl,
     src_path: Path,
     rel: str,
     data: deque[tuple[int, int]],
-) -> tuple[str, int, Verdict]:
-    """Read, hash, validate and write the same bytes until EOF; returns (digest, bytes copied, verdict).
+) -> tuple[str, Verdict]:
+    """Read, hash, validate and write the same bytes until EOF, `size` bytes (else SourceChangedError);
+    returns (digest, verdict).
 
     Each buffer is read once, then hashed on this thread while a helper thread feeds the same bytes to the
     validator and writes them (zlib/isal, blake3 and write release the GIL). Two buffers take turns, so the
@@ -301,6 +299,8 @@ def _stream(
             for queued in in_flight:
                 queued.cancel()
             wait(in_flight)  # no write may still use a buffer after this
+    if copied != size:
+        raise SourceChangedError(src_path, f"read {copied} bytes, expected {size}")
     if validator is not None:
         verdict = validator.finish(src_fd)
     elif copied == 0:
@@ -309,7 +309,7 @@ def _stream(
         verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
     if options.drop_cache:
         os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    return hasher.hexdigest(), copied, verdict
+    return hasher.hexdigest(), verdict
 
 
 def _validate_and_write(

@@ -33,11 +33,11 @@ from mirrord.errors import (
     StalledError,
     from_oserror,
 )
-from mirrord.formats.validators import Validator, Verdict, new_validator, validate_fd
+from mirrord.formats.validators import Validator, Verdict, new_validator
 from mirrord.obs.sizes import bytes_both
-from mirrord.paths import open_dir_beneath, open_file_beneath, split_rel
+from mirrord.paths import lstat_beneath, open_file_beneath
 from mirrord.store.atomic import DirSyncs
-from mirrord.store.hashing import Hasher, new_hasher
+from mirrord.store.hashing import new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
 
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
@@ -99,22 +99,7 @@ class CopyOptions:
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     """Same inode, size, mtime and ctime: ctime also catches a same-size rewrite whose mtime was restored."""
-    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (
-        b.st_dev,
-        b.st_ino,
-        b.st_size,
-        b.st_mtime_ns,
-        b.st_ctime_ns,
-    )
-
-
-def _stat_beneath(root: Path, rel: str) -> os.stat_result:
-    parts = split_rel(rel)
-    dir_fd = open_dir_beneath(root, parts[:-1])
-    try:
-        return os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
-    finally:
-        os.close(dir_fd)
+    return all(getattr(a, k) == getattr(b, k) for k in ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns"))
 
 
 def copy_file(
@@ -150,6 +135,8 @@ def copy_file(
             raise PermanentError(src_path, "not a regular file; not copied")
         if expect is not None and not _same_file(expect, before):
             raise SourceChangedError(src_path, "rewritten since it was checked; not copied")
+        # A source with holes (rare for checkpoints): only its data is written, so the copy is as sparse as it.
+        data = _data_segments(src_fd) if before.st_blocks * 512 < before.st_size else deque([(0, before.st_size)])
         where = mirror.describe(rel)
         space = mirror.space()  # None: the store does not know (an object store), nothing to check
         if space is not None and space[0] < before.st_size + options.reserve_bytes:
@@ -159,16 +146,9 @@ def copy_file(
                 f"plus the reserve of {bytes_both(options.reserve_bytes)} (copy.free_space_reserve_bytes)",
             )
         upload = mirror.begin_upload(rel, before.st_size, options.drop_cache)
-        if before.st_blocks * 512 < before.st_size:  # holes: copy the data segments only
-            digest, copied = _stream_sparse(src_fd, before.st_size, upload, options, control, src_path)
-            # A sparse source (rare for checkpoints) is validated by reading it once more.
-            verdict = _validate_again(src_fd, rel, options, copied)
-        else:
-            digest, copied, verdict = _stream(src_fd, upload, options, control, src_path, rel)
-        if copied != before.st_size:
-            raise SourceChangedError(src_path, f"read {copied} bytes, expected {before.st_size}")
+        digest, verdict = _stream(src_fd, before.st_size, upload, options, control, src_path, rel, data)
         control.check(src_path)
-        if options.allow_empty and copied == 0:
+        if options.allow_empty and before.st_size == 0:
             verdict = Verdict("unchecked", "0 bytes (a file of a folder unit)")
         if not verdict.passed:
             _check_unchanged(primary_root, rel, src_fd, before, src_path)  # judge the file as it is now
@@ -224,125 +204,67 @@ def hash_source(
         before = os.fstat(src_fd)
         if not stat.S_ISREG(before.st_mode):
             raise PermanentError(src_path, "not a regular file; not copied")
-        hasher = new_hasher(algo)
-        buf = bytearray(buffer_bytes)
-        view = memoryview(buf)
-        total = 0
-        while True:
-            control.check(src_path)
-            n = _read(src_fd, buf, src_path)
-            if n == 0:
-                break
-            hasher.update(view[:n])
-            total += n
-            control.advance(n)
-        if total != before.st_size:
-            raise SourceChangedError(src_path, f"read {total} bytes, expected {before.st_size}")
+        options = CopyOptions(algo, buffer_bytes, validate=False)
+        digest, _ = _stream(src_fd, before.st_size, None, options, control, src_path, rel, deque())
         _check_unchanged(primary_root, rel, src_fd, before, src_path)
     finally:
         os.close(src_fd)
-    return before, hasher.hexdigest()
+    return before, digest
 
 
 def _check_unchanged(primary_root: Path, rel: str, src_fd: int, before: os.stat_result, src_path: Path) -> None:
     try:
-        now = _stat_beneath(primary_root, rel)
-    except FileNotFoundError as exc:
-        raise SourceGoneError(
-            src_path, "deleted while it was being copied (rotated away by the trainer); copy discarded"
-        ) from exc
+        now = lstat_beneath(primary_root, rel)
     except OSError as exc:
         raise SourceChangedError(
             src_path, f"gone while it was being copied ({exc.strerror or exc}); copy discarded"
         ) from exc
+    if now is None:
+        raise SourceGoneError(
+            src_path, "deleted while it was being copied (rotated away by the trainer); copy discarded"
+        )
     if not (_same_file(before, os.fstat(src_fd)) and _same_file(before, now)):
         raise SourceChangedError(src_path, "changed while it was being copied; copy discarded")
 
 
-def _validate_again(src_fd: int, rel: str, options: CopyOptions, copied: int) -> Verdict:
-    if not options.validate:
-        return Verdict("empty", "0 bytes") if copied == 0 else Verdict("unchecked", "validation is off")
-    return validate_fd(src_fd, rel)
-
-
-def _stream_sparse(
-    src_fd: int, size: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path
-) -> tuple[str, int]:
-    """As _stream, for a source with holes: data segments (SEEK_DATA/SEEK_HOLE) are copied, holes are
-    skipped on the mirror (and hashed as the zeros they read as), so the copy is as sparse as its source."""
-    hasher = new_hasher(options.algo)
-    buf = bytearray(options.buffer_bytes)
-    view = memoryview(buf)
-    zeros = memoryview(bytes(min(options.buffer_bytes, 1 << 20)))
-    offset = 0
-    while offset < size:
-        control.check(src_path)
+def _data_segments(src_fd: int) -> deque[tuple[int, int]]:
+    """Where a source with holes holds data (SEEK_DATA/SEEK_HOLE): (start, end) of each segment, in order."""
+    segments: deque[tuple[int, int]] = deque()
+    end = 0
+    while True:
         try:
-            data = os.lseek(src_fd, offset, os.SEEK_DATA)
+            start = os.lseek(src_fd, end, os.SEEK_DATA)
         except OSError as exc:
-            if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left up to the end
-                raise from_oserror(src_path, exc, "seek data in source") from exc
-            data = size
-        data = min(data, size)
-        hole = data - offset
-        upload.skip(hole)
-        while hole > 0:
-            n = min(hole, len(zeros))
-            hasher.update(zeros[:n])
-            hole -= n
-        control.advance(data - offset)
-        offset = data
-        if offset >= size:
-            break
-        end = min(os.lseek(src_fd, data, os.SEEK_HOLE), size)
-        while offset < end:
-            control.check(src_path)
-            try:
-                n = os.preadv(src_fd, [view[: min(len(buf), end - offset)]], offset)
-            except OSError as exc:
-                raise from_oserror(src_path, exc, "read source") from exc
-            if n == 0:
-                return hasher.hexdigest(), offset  # shrank under us: the caller reports source_changed
-            hasher.update(view[:n])
-            upload.write(view[:n])
-            offset += n
-            control.advance(n)
-        offset = end
-    return hasher.hexdigest(), offset
+            if exc.errno == errno.ENXIO:  # only a hole is left up to the end
+                break
+            raise
+        end = os.lseek(src_fd, start, os.SEEK_HOLE)
+        segments.append((start, end))
+    os.lseek(src_fd, 0, os.SEEK_SET)  # the copy reads from the start
+    return segments
 
 
 def _stream(
-    src_fd: int, upload: Upload, options: CopyOptions, control: CopyControl, src_path: Path, rel: str
-) -> tuple[str, int, Verdict]:
-    """Read, hash, validate and write the same bytes until EOF; returns (digest, bytes copied, verdict)."""
-    hasher = new_hasher(options.algo)
-    validator = new_validator(rel, src_fd) if options.validate else None
-    digest, copied = _pump(src_fd, upload, options, control, src_path, hasher, validator)
-    if validator is not None:
-        verdict = validator.finish(src_fd)
-    elif copied == 0:
-        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
-    else:
-        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
-    if options.drop_cache:
-        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    return digest, copied, verdict
-
-
-def _pump(
     src_fd: int,
-    upload: Upload,
+    size: int,
+    upload: Upload | None,
     options: CopyOptions,
     control: CopyControl,
     src_path: Path,
-    hasher: Hasher,
-    validator: Validator | None,
-) -> tuple[str, int]:
-    """The copy loop: each buffer is read once, then hashed on this thread while a helper thread feeds
-    the same bytes to the validator and writes them (zlib/isal, blake3 and write release the GIL). Two
-    buffers take turns, so the next read and hash overlap the previous buffer's write; a buffer is read
-    into again only once its write returned. The helper is made by this thread, so it has its CPU and
-    I/O priority. Returns (digest, bytes)."""
+    rel: str,
+    data: deque[tuple[int, int]],
+) -> tuple[str, Verdict]:
+    """Read, hash, validate and write the same bytes until EOF, `size` bytes (else SourceChangedError);
+    returns (digest, verdict).
+
+    Each buffer is read once, then hashed on this thread while a helper thread feeds the same bytes to the
+    validator and writes them (zlib/isal, blake3 and write release the GIL). Two buffers take turns, so the
+    next read and hash overlap the previous buffer's write; a buffer is read into again only once its write
+    returned. The helper is made by this thread, so it has its CPU and I/O priority. Only the bytes within the
+    `data` segments are written (a dense source is one): a sparse source's holes read as zeros, are hashed and
+    validated as such, and stay holes on the mirror. Without `upload`, the bytes are only hashed."""
+    hasher = new_hasher(options.algo)
+    validator = new_validator(rel, src_fd) if options.validate else None
     buffers = thread_buffers(options.buffer_bytes)
     in_flight: deque[Future[None]] = deque()
     failed: list[BaseException] = []  # set by the helper: the buffers queued after a failed one are dropped
@@ -360,7 +282,7 @@ def _pump(
                 if n == 0:
                     break
                 chunk = memoryview(buf)[:n]
-                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, failed))
+                in_flight.append(helper.submit(_validate_and_write, validator, upload, chunk, copied, data, failed))
                 hasher.update(chunk)
                 copied += n
                 control.advance(n)
@@ -377,18 +299,48 @@ def _pump(
             for queued in in_flight:
                 queued.cancel()
             wait(in_flight)  # no write may still use a buffer after this
-    return hasher.hexdigest(), copied
+    if copied != size:
+        raise SourceChangedError(src_path, f"read {copied} bytes, expected {size}")
+    if validator is not None:
+        verdict = validator.finish(src_fd)
+    elif copied == 0:
+        verdict = Verdict("empty", "0 bytes: nothing was written (yet)")
+    else:
+        verdict = Verdict("unchecked", "validation is off (copy.validate = false)")
+    if options.drop_cache:
+        os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return hasher.hexdigest(), verdict
 
 
 def _validate_and_write(
-    validator: Validator | None, upload: Upload, chunk: memoryview, failed: list[BaseException]
+    validator: Validator | None,
+    upload: Upload | None,
+    chunk: memoryview,
+    at: int,
+    data: deque[tuple[int, int]],
+    failed: list[BaseException],
 ) -> None:
+    """Feed the validator `chunk`, the source's bytes from offset `at`, and write those within the `data`
+    segments (the others are left holes)."""
     if failed:
         return  # an earlier buffer failed: the copy is being abandoned, nothing more is written
     try:
         if validator is not None:
             validator.feed(chunk, len(chunk))
-        upload.write(chunk)
+        if upload is None:
+            return
+        end, pos = at + len(chunk), at
+        while data and data[0][0] < end:
+            start, stop = data[0]
+            if start > pos:
+                upload.skip(start - pos)
+            pos = min(stop, end)
+            upload.write(chunk[max(start, at) - at : pos - at])
+            if stop > end:
+                break
+            data.popleft()  # written whole
+        if pos < end:
+            upload.skip(end - pos)
     except BaseException as exc:
         failed.append(exc)
         raise
@@ -418,4 +370,6 @@ def _read(src_fd: int, buf: bytearray, src_path: Path) -> int:
     try:
         return os.readv(src_fd, [buf])
     except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESTALE):  # a file deleted under its reader on FUSE, NFS
+            raise SourceGoneError(src_path, "deleted while it was being copied (rotated away by the trainer)") from exc
         raise from_oserror(src_path, exc, "read source") from exc

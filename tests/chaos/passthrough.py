@@ -7,7 +7,10 @@ Serves BACKING at MOUNTPOINT. Changes made directly in BACKING reach readers of 
 inotify event is ever raised on the mount: the situation of NFS, SMB or a 9p bridge, where only
 polling or a rescan sees new files. While STALLFILE exists, reads of any file whose name is listed
 in it block (from the byte offset after the name, if one is given; `*` names every file): a hung
-network mount, as seen by a copy in progress.
+network mount, as seen by a copy in progress. Only the stream is held: the reads of the thread that read
+an open file first. Reads of the same file by another thread go through: the copier's validator reads a
+zip's directory and record headers from its write thread while the copy thread streams (held there, it
+would hold the copy at its second buffer, wherever the gate is).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,8 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
     def __init__(self, backing: str, stall_file: str) -> None:
         self.backing = backing
         self.stall_file = stall_file
+        self._streams: dict[int, int] = {}  # per open file: the thread (its id as FUSE gives it) that read it first
+        self._lock = threading.Lock()
 
     def _full(self, path: str) -> str:
         return str(Path(self.backing) / path.lstrip("/"))
@@ -50,7 +56,8 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
             st = os.lstat(self._full(path))
         except OSError as exc:
             raise mfusepy.FuseOSError(exc.errno or errno.EIO) from exc
-        keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino")
+        # st_blocks as the backing file has them: without them the copier would take every file as sparse
+        keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino", "st_blocks")
         attrs: dict[str, Any] = {k: getattr(st, k) for k in keys}
         attrs.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
         return attrs
@@ -68,7 +75,10 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         deadline = time.monotonic() + STALL_LIMIT_SECONDS
-        while self._stalled(path, offset) and time.monotonic() < deadline:
+        reader = mfusepy.fuse_get_context()[2]  # the reading thread's id
+        with self._lock:
+            stream = self._streams.setdefault(fh, reader) == reader
+        while stream and self._stalled(path, offset) and time.monotonic() < deadline:
             time.sleep(0.05)
         return os.pread(fh, size, offset)
 
@@ -79,6 +89,8 @@ class Passthrough(mfusepy.Operations):  # type: ignore[misc]
         Path(self._full(path)).rmdir()
 
     def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            self._streams.pop(fh, None)
         os.close(fh)
         return 0
 

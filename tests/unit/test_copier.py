@@ -12,12 +12,14 @@ import errno
 import os
 import re
 import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from mirrord.commands.sync import run_sync
 from mirrord.config import Config
@@ -40,11 +42,14 @@ from mirrord.service.workers import copy_all
 from mirrord.store.manifest import Manifest
 from mirrord.store.resume import latest_checkpoint
 from mirrord.store.volume import LocalMirror, LocalUpload
-from tests.support.checkpoints import save_checkpoint
+from tests.support.checkpoints import publish_checkpoint, save_checkpoint
+from tests.support.gate import FuseMount
 from tests.support.mirror import assert_mirror_consistent, hash_file, mirror_files, names, sha256, temp_files
 from tests.support.privileges import run_as_nobody
+from tests.support.wait import wait_for
 
 CHUNK = 64 * 1024
+MiB = 1024 * 1024
 OPTS = CopyOptions(algo="blake3", buffer_bytes=CHUNK, reserve_bytes=0)
 REL = "run1/step_0010.pt"
 
@@ -441,6 +446,33 @@ def test_torch_save_in_place_from_another_thread(
     assert_mirror_consistent(primary, mirror)
 
 
+@pytest.mark.parametrize("buffer_bytes", [CHUNK, 8 * MiB])
+@pytest.mark.parametrize("layout", ["torch.save with a tensor of zeros", "holes at both ends"])
+def test_a_sparse_source_is_copied_as_sparse_and_validated_from_the_stream(
+    primary: Path, mirror: Path, layout: str, buffer_bytes: int
+) -> None:
+    """A source with holes goes through the one copy loop: its holes read as zeros (hashed and validated with
+    the rest), only its data is written, so the copy reads back identical, verifies, and takes no more blocks
+    than its source."""
+    path = primary / REL
+    path.parent.mkdir(parents=True)
+    if layout.startswith("torch"):
+        torch.save({"w": torch.randn(256, 256), "zeros": torch.zeros(4 * MiB), "b": torch.randn(256, 256)}, path)
+        subprocess.run(["fallocate", "--dig-holes", str(path)], check=True)  # the 16 MiB of zeros become a hole
+    else:
+        with path.open("wb") as f:
+            f.seek(8 * MiB)
+            f.write(b"not a zip: sparse test data\n" * 4096)
+            f.truncate(20 * MiB)
+    source = path.stat()
+    assert source.st_blocks * 512 < source.st_size - 8 * MiB, "the source has no holes"
+    result = copy(primary, mirror, options=CopyOptions(buffer_bytes=buffer_bytes))
+    assert result.validation == ("ok" if layout.startswith("torch") else "unchecked")
+    assert (mirror / REL).read_bytes() == path.read_bytes()
+    assert result.digest == hash_file(path, "blake3")
+    assert (mirror / REL).stat().st_blocks <= source.st_blocks, "the copy is not as sparse as its source"
+
+
 # --- stop requests ----------------------------------------------------------------------------------------
 
 
@@ -460,6 +492,32 @@ def test_stop_request_aborts_at_the_next_chunk(
     assert_names(info.value)
     assert_no_trace(mirror)
     assert 0 < control.bytes_done < source.stat().st_size
+
+
+def test_a_gated_copy_is_held_in_its_stream_on_the_path_a_local_copy_takes(
+    mirror: Path, gated_primary: FuseMount
+) -> None:
+    """The FUSE gate the host tests hold copies with: it reports the file's blocks (a file with none would be
+    copied as a sparse one), and holds the stream where it is told, while the validator reads the zip's
+    directory and record headers (beyond the gate, from the copy's write thread) through it."""
+    source = publish_checkpoint(gated_primary.backing / REL, 10, megabytes=40)
+    assert (gated_primary.mount_point / REL).stat().st_blocks == source.stat().st_blocks
+    gated_primary.stall(source.name, after=20 * MiB)
+    control, done = CopyControl(), []
+    options = CopyOptions(buffer_bytes=8 * MiB)  # two 4 MiB buffers, as the daemon's defaults
+    copier = threading.Thread(
+        target=lambda: done.append(copy(gated_primary.mount_point, mirror, options=options, control=control))
+    )
+    copier.start()
+    try:
+        # A validator held at the gate would hold the copy at its second buffer (8 MiB).
+        wait_for(lambda: control.bytes_done >= 16 * MiB, 120, "the copy streaming up to the gate")
+        assert copier.is_alive() and control.bytes_done <= 20 * MiB, "the gate let the copy through"
+    finally:
+        gated_primary.unstall()
+        copier.join(120)
+    assert done and done[0].validation == "ok", done
+    assert_mirror_consistent(gated_primary.backing, mirror)
 
 
 # --- leftovers and symlinks -------------------------------------------------------------------------------

@@ -113,26 +113,36 @@ CKPT_STATE_BYTES = 64 << 20  # a Lightning checkpoint's data.pkl: its structure 
 KEPT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 
-def trainer_kept(root: Path, recorded: Iterable[str], layout: Layout) -> frozenset[str]:
+def trainer_kept(
+    root: Path, recorded: Iterable[str] | Mapping[str, ManifestEntry], layout: Layout
+) -> tuple[frozenset[str], frozenset[str]]:
     """The checkpoints the trainer's own bookkeeping in each run's newest recorded checkpoint still keeps, read
     on `root`, as root-relative paths: the HF Trainer's `best_model_checkpoint` (its trainer_state.json), or
     Lightning's ModelCheckpoint state (`best_k_models`, `best_model_path`, `kth_best_model_path`,
-    `last_model_path`, read without running its pickle). Unreadable, too large or naming nothing: none."""
+    `last_model_path`, read without running its pickle). Unreadable, too large or naming nothing: none.
+    Also the runs whose bookkeeping names all the trainer keeps (every ModelCheckpoint ranks a top k). Names
+    without a step (`recorded` the manifest's entries): the newest recorded."""
     hf = layout.rule == "hf"
     newest: dict[str, tuple[int, str]] = {}
     for rel in recorded:
         unit, _, name = rel.rpartition("/")
         where = unit if hf else rel  # hf: the unit folder holding the state file
         step = layout.step_of(where.rpartition("/")[2]) if name == HF_STATE or not hf else None
+        if step is None and isinstance(recorded, Mapping) and not hf and layout.is_unit_name(name):
+            step = None if layout.is_alias(rel) else recorded[rel].seq  # no step in the name: the newest recorded
         if step is not None and step >= newest.get(dirname(where), (-1, ""))[0]:
             newest[dirname(where)] = (step, where)
     named: set[str] = set()
+    complete: set[str] = set()
     for run, (_, where) in newest.items():
-        for path in _hf_best(root, where) if hf else _model_checkpoint_paths(root, where):
+        paths, lists_all = (_hf_best(root, where), False) if hf else _model_checkpoint_paths(root, where)
+        if lists_all:
+            complete.add(run)
+        for path in paths:
             name = path.rstrip("/").rpartition("/")[2]
             if layout.is_unit_name(name) and not layout.is_alias(name):
                 named.add(f"{run}/{name}" if run else name)
-    return frozenset(named)
+    return frozenset(named), frozenset(complete)
 
 
 def _hf_best(root: Path, unit: str) -> list[str]:
@@ -144,24 +154,27 @@ def _hf_best(root: Path, unit: str) -> list[str]:
     return [best] if isinstance(best, str) else []
 
 
-def _model_checkpoint_paths(root: Path, rel: str) -> list[str]:
-    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names; [] if unreadable."""
+def _model_checkpoint_paths(root: Path, rel: str) -> tuple[list[str], bool]:
+    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names ([] if unreadable), and
+    whether they are all it keeps: each callback ranks a top k (without a monitor, `best_k_models` is empty)."""
     try:
         fd = open_file_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, UnsafePathError):
-        return []
+        return [], False
     try:
         with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as archive:
             info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
             state = safepickle.load(archive.read(info), storages=True) if info.file_size <= CKPT_STATE_BYTES else {}
     except (OSError, StopIteration, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile):
-        return []  # (safepickle.UnreadableError is a ValueError)
+        return [], False  # (safepickle.UnreadableError is a ValueError)
     callbacks = state.get("callbacks") if isinstance(state, dict) else None
     paths: list[object] = []
+    ranked: list[bool] = []
     for key, kept in callbacks.items() if isinstance(callbacks, dict) else ():
         if str(key).startswith("ModelCheckpoint") and isinstance(kept, dict):
             paths += [kept.get(k) for k in KEPT_PATHS] + list(kept.get("best_k_models") or ())
-    return [p for p in paths if isinstance(p, str)]
+            ranked.append(bool(kept.get("best_k_models")))
+    return [p for p in paths if isinstance(p, str)], bool(ranked) and all(ranked)
 
 
 def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> frozenset[str]:

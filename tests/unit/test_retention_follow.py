@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from mirrord.config import Config, PruneConfig
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
-from mirrord.core.retention import PrunePlan, PruneRequest, plan_prune
+from mirrord.core.retention import NO_SIGHTINGS, PrunePlan, PruneRequest, Sightings, plan_prune
 from mirrord.layouts import HF_STATE, layout_for
 from mirrord.store.aliases import trainer_kept
 
@@ -40,8 +40,15 @@ class Sides:
             self.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", mtime, None, NOW, validation="ok")
 
     def plan(
-        self, follow: bool = True, keep_last: int = 3, layout: str = "lightning", pointed: frozenset[str] = frozenset()
+        self,
+        follow: bool = True,
+        keep_last: int = 3,
+        layout: str = "lightning",
+        pointed: frozenset[str] = frozenset(),
+        bookkept: bool = True,
+        sightings: Sightings = NO_SIGHTINGS,
     ) -> PrunePlan:
+        """`bookkept`: the trainer's newest bookkeeping names all it keeps (Lightning's best_k_models)."""
         rules = layout_for(layout)
         return plan_prune(
             Snapshot(dict(self.primary)),
@@ -54,6 +61,8 @@ class Sides:
                 layout=rules,
                 follow=follow,
                 pointed=pointed,
+                bookkept=frozenset({"run"}) if bookkept else frozenset(),
+                sightings=sightings,
             ),
         )
 
@@ -140,8 +149,13 @@ def test_hf_follow_keeps_the_trainers_folders() -> None:
     for step in (2, 4, 6, 8):
         for name in ("model.safetensors", HF_STATE):
             sides.add(f"run/checkpoint-{step}/{name}", step, primary=step in (2, 8))
-    plan = sides.plan(layout="hf", keep_last=1)
+    # No bookkeeping names the kept set: the rotation this process saw is the evidence (K = 2: the best and
+    # the newest); step 6 goes as 8 and the pinned best are the 2 newer kept.
+    seen = Sightings(frozenset(("run", s) for s in (2, 4, 6, 8)), {"run": 2})
+    plan = sides.plan(layout="hf", keep_last=1, bookkept=False, sightings=seen, pointed=frozenset({"run/checkpoint-2"}))
     assert {d.unit for d in plan.deletions} == {"run/checkpoint-4", "run/checkpoint-6"}
+    unseen = sides.plan(layout="hf", keep_last=1, bookkept=False, pointed=frozenset({"run/checkpoint-2"}))
+    assert unseen.deletions == () and unseen.unrotated == (("run", 4), ("run", 6))
 
 
 def test_the_best_checkpoint_of_the_newest_trainer_state_is_named(tmp_path: Path) -> None:
@@ -150,9 +164,9 @@ def test_the_best_checkpoint_of_the_newest_trainer_state_is_named(tmp_path: Path
         (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
         (tmp_path / "run" / f"checkpoint-{step}" / HF_STATE).write_text(json.dumps({"best_model_checkpoint": best}))
     recorded = [f"run/checkpoint-{s}/{HF_STATE}" for s in (4, 6)]
-    assert trainer_kept(tmp_path, recorded, layout) == {"run/checkpoint-4"}
+    assert trainer_kept(tmp_path, recorded, layout) == ({"run/checkpoint-4"}, frozenset())
     (tmp_path / "run" / "checkpoint-6" / HF_STATE).write_text("{not json")
-    assert trainer_kept(tmp_path, recorded, layout) == frozenset()
+    assert trainer_kept(tmp_path, recorded, layout) == (frozenset(), frozenset())
 
 
 def test_the_mode_in_force_and_why(tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""Issue 42 cases 2 and 3 under a real daemon (layout hf, prune.mode follow): what the primary lost without the
+trainer rotating it (a manual `rm`, a wipe followed by `mirrord restore`) stays on the mirror, pass after pass."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from mirrord.store.manifest import Manifest
+from tests.integration.test_follow import HF_UNIT
+from tests.integration.test_trainers import settings, unit_names
+from tests.support.cli import run_mirrord
+from tests.support.daemon import DaemonProcess
+from tests.support.folders import write_hf
+from tests.support.wait import wait_for
+
+ALL = ["checkpoint-100", "checkpoint-200", "checkpoint-300"]
+
+
+def passes_after(d: DaemonProcess, count: int = 2) -> None:
+    """Wait for `count` more retention passes than logged so far."""
+    before = len(d.events("prune.finished"))
+    wait_for(
+        lambda: not d.exited() and len(d.events("prune.finished")) >= before + count,
+        120,
+        f"{count} more retention passes",
+        context=lambda: d.log_text()[-3000:],
+    )
+
+
+def test_a_manual_rm_and_a_wipe_then_restore_keep_the_mirrors_copies(daemon_factory, tmp_path: Path) -> None:
+    """checkpoint-100, -200 and -300 mirrored while the daemon watched. An `rm -r` of checkpoint-100 on the
+    primary, then a wipe of the run and `mirrord restore --run exp1` (which puts back checkpoint-300): before,
+    follow read each as the trainer's rotation and deleted the mirror's only copies at the next pass; now both
+    are kept (prune.not_rotated, once each; the held-files gauge), and `prune --forget` lets one go."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    run = primary / "exp1"
+    files = max(len(write_hf(run / f"checkpoint-{step}", step)) for step in (100, 200, 300))
+    d = daemon_factory(settings("hf")).start()
+    wait_for(lambda: unit_names(mirror / "exp1", HF_UNIT) == ALL, 120, "three checkpoints mirrored")
+    wait_for(lambda: len(Manifest.load(mirror).entries) >= 3 * files, 60, "all recorded")
+    passes_after(d)  # a pass saw the three on the primary, verified: the trainer keeps (at least) three
+
+    shutil.rmtree(run / "checkpoint-100")
+    passes_after(d)
+    assert unit_names(mirror / "exp1", HF_UNIT) == ALL
+    assert d.wait_event("prune.not_rotated", step=100)["run"] == "exp1"
+    assert d.metric("mirrord_retention_held_files", 'reason="not_rotated"') == files  # checkpoint-100's
+
+    shutil.rmtree(run)
+    done = run_mirrord("restore", "--config", d.config_path, "--run", "exp1", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert unit_names(run, HF_UNIT) == ["checkpoint-300"]
+    wait_for(lambda: bool(d.events("prune.not_rotated", step=200)), 120, "checkpoint-200 held too")
+    passes_after(d)
+    assert unit_names(mirror / "exp1", HF_UNIT) == ALL
+    assert not d.events("prune.deleted"), d.events("prune.deleted")
+    assert len(d.events("prune.not_rotated", step=100)) == 1  # once while it lasts, not at every pass
+    assert d.stop() == 0
+
+    forgot = run_mirrord("prune", "--config", d.config_path, "--forget", "exp1:100", timeout=300)
+    assert forgot.returncode == 0, forgot.stderr
+    assert unit_names(mirror / "exp1", HF_UNIT) == ["checkpoint-200", "checkpoint-300"]

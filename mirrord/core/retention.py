@@ -17,7 +17,7 @@ written in place, is "unchecked": no evidence that it is not torn. Per run:
 * the kept set is what any policy keeps ("keep if any keeps", so combining policies can only keep more):
   the `keep_last` newest verified steps, every multiple of `keep_every`, and with `keep_branch_tips` the
   newest step of every abandoned branch (a rollback, a restart from scratch into the same run), unless the
-  operator forgot it (`mirrord prune --forget-branch RUN:STEP`);
+  operator forgot it (`mirrord prune --forget RUN:STEP`);
 * the window is the `keep_last` newest steps present (on either side, verified or not); steps below it
   are *retired*: not worth copying. A retired step is deleted only when every step of the window is
   verified and whole: a torn or unfinished newest step, or one without evidence of wholeness, keeps every
@@ -638,9 +638,10 @@ def _rotated(
 ) -> set[int]:
     """Follow: the steps gone from the primary that the trainer evidently rotated out. Its newest bookkeeping
     names all it keeps (the others were dropped), or the step was seen on the primary and at least K newer
-    verified steps of its branch, or steps the trainer pins (its best), are recorded, K being the most the
-    primary was seen holding at once: a rotation that keeps K. A wipe, a restore (the same bytes keep their
-    record) or an `rm` adds no newer step: what they removed stays, as does what was never seen there."""
+    steps of its branch (verified, or saved on the primary) or pinned by the trainer (its best) exist, K the
+    most the primary was seen holding at once: a rotation that keeps K. A wipe, a restore (the same bytes
+    keep their record) or an `rm` adds no newer step: what they removed stays, as does what was never seen
+    there (docs/retention.md, "What is evidence of a rotation")."""
     mine = request.sightings
     holding = [s for s in order if s in verified and by_step[s][0]]
     # K counts what the primary holds above the newest step it lost: a checkpoint restored under a gap (or
@@ -653,8 +654,10 @@ def _rotated(
         if by_step[step][0] or step in keep:
             continue
         branch = plan.branches.of.get(step, plan.branches.top)
-        newer = {
-            s for s in order[place + 1 :] if s in verified and plan.branches.of.get(s, plan.branches.top) == branch
+        newer = {  # (the trainer's saves not mirrored yet count: deletion waits for its newest all the same)
+            s
+            for s in order[place + 1 :]
+            if (s in verified or by_step[s][0]) and plan.branches.of.get(s, plan.branches.top) == branch
         }
         entries = [manifest.get(f.rel) for f in by_step[step][1]]
         evident = run in request.bookkept or (mine.sighted(run, step, entries) and len(newer | pinned) >= plan.most)

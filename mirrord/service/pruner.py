@@ -115,7 +115,7 @@ class Pruner:
         # has seen nothing, so it passes none and relies on mtimes alone.
         self.observations = observations
         self.invalid = invalid  # primary files that failed their validator as they are now
-        self.forget = forget  # (run, step) branch tips the operator let go (`prune --forget-branch`)
+        self.forget = forget  # (run, step) held checkpoints the operator let go (`prune --forget`)
         self._told: set[tuple[str, str, int | str]] = set()  # (what, run, step) paused runs and branch tips logged
         self.log = get_logger()
         self._lock = threading.Lock()
@@ -354,7 +354,7 @@ class Pruner:
                     run=run or ".",
                     step=step,
                     cause="the run's newest verified step is gone from the primary: its mirror is "
-                    "not shrunk until a newer step is verified (or --forget-branch RUN:STEP)",
+                    "not shrunk until a newer step is verified (or --forget RUN:STEP)",
                 )
             elif what == "not_rotated":
                 self.log.warning(
@@ -369,7 +369,7 @@ class Pruner:
                     "prune.branch_tip_kept",
                     run=run or ".",
                     step=step,
-                    cause="the newest checkpoint of an abandoned branch (--forget-branch RUN:STEP drops it)",
+                    cause="the newest checkpoint of an abandoned branch (--forget RUN:STEP drops it)",
                 )
         self._told = now
 

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 from mirrord.store.manifest import Manifest
-from tests.integration.test_follow import HF_UNIT
-from tests.integration.test_trainers import settings, unit_names
+from tests.integration.test_follow import HF_UNIT, wait_mirrored_as_kept
+from tests.integration.test_trainers import settings, train, unit_names
 from tests.support.cli import run_mirrord
 from tests.support.daemon import DaemonProcess
 from tests.support.folders import write_hf
@@ -61,3 +61,19 @@ def test_a_manual_rm_and_a_wipe_then_restore_keep_the_mirrors_copies(daemon_fact
     forgot = run_mirrord("prune", "--config", d.config_path, "--forget", "exp1:100", timeout=300)
     assert forgot.returncode == 0, forgot.stderr
     assert unit_names(mirror / "exp1", HF_UNIT) == ["checkpoint-200", "checkpoint-300"]
+
+
+def test_the_hf_trainers_own_rotation_still_leaves_the_mirror(daemon_factory, tmp_path: Path) -> None:
+    """The positive case: a real HF Trainer with save_total_limit=2 over 12 steps (a save every 2) rotates
+    checkpoint-2 to -8 out while the daemon watches: each leaves the mirror too (the primary was seen holding
+    2, and 2 newer saves were recorded after it), and the mirror ends with the trainer's 10 and 12."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    d = daemon_factory(settings("hf")).start()
+    args = ("--steps", 12, "--save-steps", 2, "--save-total-limit", 2, "--step-seconds", 0.4)
+    train("train_hf", primary / "run", *args, log=tmp_path / "train.log")
+    assert unit_names(primary / "run", HF_UNIT) == ["checkpoint-10", "checkpoint-12"]
+    wait_mirrored_as_kept(d, primary / "run", mirror / "run", HF_UNIT)
+    deleted = {Path(e["path"]).name for e in d.events("prune.deleted")}
+    assert {"checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-8"} >= deleted - {""} and deleted
+    assert not d.events("prune.not_rotated")
+    assert d.stop() == 0

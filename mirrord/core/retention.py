@@ -372,15 +372,8 @@ def plan_prune(
     if request.follow:
         kept, candidates, stepless = _follow_stepless(primary, mirror, manifest, request, kept)
     plans = {run: _plan_run(run, by_step, manifest, request, units) for run, by_step in runs.items()}
-    sightings = (
-        Sightings(
-            stepless.seen.union(*(p.seen for p in plans.values())),
-            {**stepless.most, **{run: max(p.most, stepless.most.get(run, 0)) for run, p in plans.items()}},
-            request.sightings.since,
-        )
-        if request.follow
-        else None
-    )
+    most = Counter(stepless.most) | Counter({run: p.most for run, p in plans.items()})  # (the larger of each)
+    seen = stepless.seen.union(*(p.seen for p in plans.values()))
     for decided in plans.values():
         kept.extend(decided.kept)
         candidates.extend(decided.candidates)
@@ -432,7 +425,7 @@ def plan_prune(
         branch_tips={run: p.tips for run, p in plans.items() if p.tips},
         guards=ctx,
         held=beyond_policy,
-        sightings=sightings,
+        sightings=Sightings(seen, most, request.sightings.since) if request.follow else None,
         unrotated=tuple((run, step) for run, p in plans.items() for step in p.unrotated)
         + tuple((k.rel.rpartition("/")[0], k.rel) for k in kept if k.why == NOT_ROTATED and k.step is None),
     )
@@ -569,9 +562,34 @@ def _plan_run(
         tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)),
     )
     top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
-    rotated = (
-        _rotated(run, by_step, order, verified, keep, pinned, manifest, request, plan) if request.follow else set()
-    )
+    # Follow: the steps gone from the primary that the trainer evidently rotated out. Its newest bookkeeping names
+    # all it keeps (the others were dropped), or the step was seen on the primary and at least K newer steps of its
+    # branch (verified, or saved on the primary) or pinned by the trainer (its best) exist, K the most the primary
+    # was seen holding at once: a rotation that keeps K. A wipe, a restore (the same bytes keep their record) or an
+    # `rm` adds no newer step: what they removed stays, as does what was never seen there (docs/retention.md, "What
+    # is evidence of a rotation").
+    rotated: set[int] = set()
+    if request.follow:
+        mine = request.sightings
+        holding = [s for s in order if s in verified and by_step[s][0]]
+        # K counts what the primary holds above the newest step it lost: a checkpoint restored under a gap (or
+        # left under an `rm`) is no slot of the trainer's rotation.
+        above = max((place for place, s in enumerate(order) if not by_step[s][0]), default=-1)
+        plan.most = max(mine.most.get(run, 0), sum(order.index(s) > above for s in holding))
+        plan.seen = {(run, s) for s in holding} | {(r, s) for r, s in mine.seen if r == run and s in by_step}
+        for place, step in enumerate(order):
+            if by_step[step][0] or step in keep:
+                continue
+            branch = run_branches.of.get(step, run_branches.top)
+            newer = {  # (the trainer's saves not mirrored yet count: deletion waits for its newest all the same)
+                s
+                for s in order[place + 1 :]
+                if (s in verified or by_step[s][0]) and run_branches.of.get(s, run_branches.top) == branch
+            }
+            entries = [manifest.get(f.rel) for f in by_step[step][1]]
+            evident = run in request.bookkept or (mine.sighted(run, step, entries) and len(newer | pinned) >= plan.most)
+            if evident or step in forgotten:
+                rotated.add(step)
     if kept_window:
         tip_primary, tip_mirror = by_step[kept_window[-1]]
         plan.newest = [s.rel for s in (*tip_primary, *tip_mirror)]
@@ -623,47 +641,6 @@ def _plan_run(
             else:
                 plan.kept += [Kept(side, f.rel, step, why) for f in files]
     return plan
-
-
-def _rotated(
-    run: str,
-    by_step: dict[int, _Sides],
-    order: list[int],
-    verified: AbstractSet[int],
-    keep: Mapping[int, str],
-    pinned: AbstractSet[int],
-    manifest: Mapping[str, ManifestEntry],
-    request: PruneRequest,
-    plan: _RunPlan,
-) -> set[int]:
-    """Follow: the steps gone from the primary that the trainer evidently rotated out. Its newest bookkeeping
-    names all it keeps (the others were dropped), or the step was seen on the primary and at least K newer
-    steps of its branch (verified, or saved on the primary) or pinned by the trainer (its best) exist, K the
-    most the primary was seen holding at once: a rotation that keeps K. A wipe, a restore (the same bytes
-    keep their record) or an `rm` adds no newer step: what they removed stays, as does what was never seen
-    there (docs/retention.md, "What is evidence of a rotation")."""
-    mine = request.sightings
-    holding = [s for s in order if s in verified and by_step[s][0]]
-    # K counts what the primary holds above the newest step it lost: a checkpoint restored under a gap (or
-    # left under an `rm`) is no slot of the trainer's rotation.
-    above = max((place for place, s in enumerate(order) if not by_step[s][0]), default=-1)
-    plan.most = max(mine.most.get(run, 0), sum(order.index(s) > above for s in holding))
-    plan.seen = {(run, s) for s in holding} | {(r, s) for r, s in mine.seen if r == run and s in by_step}
-    rotated: set[int] = set()
-    for place, step in enumerate(order):
-        if by_step[step][0] or step in keep:
-            continue
-        branch = plan.branches.of.get(step, plan.branches.top)
-        newer = {  # (the trainer's saves not mirrored yet count: deletion waits for its newest all the same)
-            s
-            for s in order[place + 1 :]
-            if (s in verified or by_step[s][0]) and plan.branches.of.get(s, plan.branches.top) == branch
-        }
-        entries = [manifest.get(f.rel) for f in by_step[step][1]]
-        evident = run in request.bookkept or (mine.sighted(run, step, entries) and len(newer | pinned) >= plan.most)
-        if evident or (run, step) in request.forget:
-            rotated.add(step)
-    return rotated
 
 
 def _follow_stepless(

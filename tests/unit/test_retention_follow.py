@@ -247,3 +247,25 @@ def test_a_restart_from_scratch_keeps_the_old_runs_tip_in_follow() -> None:
         (ckpt(1000), "branch_tip"),
     }
     assert plan.branch_tips == {"run": (1000,)}
+
+
+@pytest.mark.parametrize("ranked", [True, False], ids=["top-k", "no-monitor"])
+def test_lightnings_state_names_all_it_keeps_only_when_it_ranks_a_top_k(tmp_path: Path, ranked: bool) -> None:
+    """A ModelCheckpoint that ranks (best_k_models filled) names every checkpoint Lightning keeps: its run is
+    bookkept, and what it does not name was dropped. Without a monitor best_k_models stays empty (save_top_k
+    -1 keeps all, 1 keeps the newest; the state does not say which): the run is not bookkept."""
+    import torch
+
+    (tmp_path / "run").mkdir()
+    best = str(tmp_path / "run" / "epoch=0-step=2.ckpt")
+    state = {"best_k_models": {best: 0.1} if ranked else {}, "best_model_path": best, "last_model_path": ""}
+    torch.save({"callbacks": {"ModelCheckpoint{'monitor': 'val_loss'}": state}}, tmp_path / ckpt(10))
+    named, bookkept = trainer_kept(tmp_path, [ckpt(10)], LIGHTNING)
+    assert named == {"run/epoch=0-step=2.ckpt"}
+    assert bookkept == ({"run"} if ranked else frozenset())
+    sides = Sides()
+    for step in (2, 6, 10):
+        sides.add(ckpt(step), step, primary=step != 6)
+    plan = sides.plan(pointed=named, bookkept=bool(bookkept))
+    assert {d.rel for d in plan.deletions} == ({ckpt(6)} if ranked else set())
+    assert plan.unrotated == (() if ranked else (("run", 6),))

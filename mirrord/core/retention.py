@@ -90,8 +90,9 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
     if follow:
         text = (
             "follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names, and the tips "
-            "of abandoned branches); what "
-            "the trainer deleted goes from the mirror once the trainer's newest checkpoint is verified there"
+            "of abandoned branches); what the trainer evidently rotated out (its own bookkeeping says so, or this "
+            "daemon saw the rotation) goes from the mirror once the trainer's newest checkpoint is verified there; "
+            "what a wipe, a restore or an rm took from the primary stays (not_rotated)"
         )
     else:
         sides = "on the mirror and the primary" if policy.primary else "on the mirror only (prune.primary = false)"

@@ -649,8 +649,8 @@ def _follow_stepless(
 ) -> tuple[list[Kept], list[Deletion], Sightings]:
     """Follow mode, checkpoint files without a step (Lightning's `{epoch}-{val_loss:.2f}`): the trainer
     keeps what its primary holds; a mirror file gone from it goes once the trainer's newest such file of the
-    run (by mtime) is verified and whole on the mirror, on the evidence _rotated asks for (newer: recorded
-    later). Aliases (`last.ckpt`) are not followed. Also what this process saw of such files."""
+    run (by mtime) is verified and whole on the mirror, on the evidence of a rotation _plan_run asks for
+    (newer: recorded later). Aliases (`last.ckpt`) are not followed. Also what this process saw of such files."""
     mine = request.sightings
     layout = request.layout
     if layout is None or layout.folders:

@@ -47,9 +47,9 @@ class Facts:
     `observed`: (volume, rel) -> seconds this process has seen the file unchanged (monotonic), for the
     min-age guard. `invalid`: primary files that failed their format validator as they are now.
     `roots`: "primary"/"mirror" -> root path, for the path guard. `space_pressure`: the mirror cannot
-    take the next copy (see mirrord.core.retention.PruneRequest). `forget`, `pointed`, `bookkept`,
-    `sightings`: checkpoints the operator let go, mirror paths a pointer names, runs whose trainer's
-    bookkeeping names all it keeps, what this process saw (mirrord.core.retention.PruneRequest).
+    take the next copy (see mirrord.core.retention.PruneRequest). `forget`, `pointed`, `keeps`,
+    `sightings`: checkpoints the operator let go, mirror paths a pointer names, how many checkpoints each
+    run's trainer keeps by its own record, what this process saw (mirrord.core.retention.PruneRequest).
     """
 
     mirror_problem: str | None = None
@@ -60,7 +60,7 @@ class Facts:
     space_pressure: bool = False
     forget: frozenset[tuple[str, int]] = frozenset()
     pointed: frozenset[str] = frozenset()
-    bookkept: frozenset[str] = frozenset()
+    keeps: Mapping[str, float] = field(default_factory=dict)
     sightings: Sightings = NO_SIGHTINGS
 
 
@@ -146,7 +146,7 @@ def reconcile(
             layout=config.rules,
             forget=facts.forget,
             pointed=facts.pointed,
-            bookkept=facts.bookkept,
+            keeps=facts.keeps,
             sightings=facts.sightings,
             follow=config.retention_mode[0] == "follow",
         )

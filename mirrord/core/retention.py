@@ -336,7 +336,9 @@ class PruneRequest:
     pointed: frozenset[str] = frozenset()
     follow: bool = False  # prune.mode = "follow": keep what the trainer keeps (see _plan_run)
     sightings: Sightings = NO_SIGHTINGS  # follow: what this process saw of the primary (evidence of rotation)
-    bookkept: frozenset[str] = frozenset()  # follow: runs whose trainer's newest bookkeeping names all it keeps
+    # follow: run -> how many checkpoints the trainer's own record says it keeps (HF's save_total_limit, inf: all;
+    # 0: its bookkeeping names each one it keeps, Lightning's top k): what has that many newer (or pinned) went.
+    keeps: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def lie_after_ns(self) -> float:
@@ -563,12 +565,12 @@ def _plan_run(
         tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)),
     )
     top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
-    # Follow: the steps gone from the primary that the trainer evidently rotated out. Its newest bookkeeping names
-    # all it keeps (the others were dropped), or the step was seen on the primary and at least K newer steps of its
-    # branch (verified, or saved on the primary) or pinned by the trainer (its best) exist, K the most the primary
-    # was seen holding at once: a rotation that keeps K. A wipe, a restore (the same bytes keep their record) or an
-    # `rm` adds no newer step: what they removed stays, as does what was never seen there (docs/retention.md, "What
-    # is evidence of a rotation").
+    # Follow: the steps gone from the primary that the trainer evidently rotated out: at least K newer steps of
+    # their branch (verified, or saved on the primary) or pinned by the trainer (its best) exist, K being the
+    # trainer's own rule (request.keeps: HF's save_total_limit; 0 when its bookkeeping names each one it keeps,
+    # so any other is dropped), else the most the primary was seen holding at once by this process, which must
+    # have seen the step there. A wipe, a restore (the same bytes keep their record) or an `rm` adds no newer
+    # step: what they removed stays (docs/retention.md, "What is evidence of a rotation").
     rotated: set[int] = set()
     if request.follow:
         mine = request.sightings
@@ -588,7 +590,10 @@ def _plan_run(
                 if (s in verified or by_step[s][0]) and run_branches.of.get(s, run_branches.top) == branch
             }
             entries = [manifest.get(f.rel) for f in by_step[step][1]]
-            evident = run in request.bookkept or (mine.sighted(run, step, entries) and len(newer | pinned) >= plan.most)
+            limit = request.keeps.get(run)  # (the trainer's own rule, else the K this process saw)
+            evident = len(newer | pinned) >= (plan.most if limit is None else limit) and (
+                limit is not None or mine.sighted(run, step, entries)
+            )
             if evident or step in forgotten:
                 rotated.add(step)
     if kept_window:
@@ -686,8 +691,9 @@ def _follow_stepless(
         newer = {
             g.rel for g in on_mirror if g.run == f.run and (e := manifest.get(g.rel)) and entry and e.seq > entry.seq
         }
-        evident = f.run in request.bookkept or (
-            mine.sighted(f.run, f.rel, [entry]) and len(newer | kept_by_trainer) >= most[f.run]
+        limit = request.keeps.get(f.run)
+        evident = len(newer | kept_by_trainer) >= (most[f.run] if limit is None else limit) and (
+            limit is not None or mine.sighted(f.run, f.rel, [entry])
         )
         why = (
             POINTER

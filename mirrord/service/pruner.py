@@ -172,19 +172,19 @@ class Pruner:
     def evidence(self) -> dict[str, Any]:
         """Facts (mirrord.core.reconcile) of what the trainer keeps. `pointed`: what the pointers on the mirror
         name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag; on an object store, the tag files), and
-        what the trainer's newest bookkeeping on the primary keeps (HF's best, Lightning's top k); `bookkept`:
-        runs whose bookkeeping names all it keeps; `sightings`: what this process saw of the primary."""
+        what the trainer's newest bookkeeping on the primary keeps (HF's best, Lightning's top k); `keeps`: how
+        many checkpoints each run's trainer keeps by that record; `sightings`: what this process saw of the primary."""
         tree, layout = self.mirror.local_tree(), self.config.rules
         runs = {e.run for e in self.manifest.entries.values()}
         trainer = layout.rule == "hf" or layout.name == "lightning"
-        best, bookkept = trainer_kept(self.primary.root, self.manifest.entries, layout) if trainer else ((), ())
+        best, keeps = trainer_kept(self.primary.root, self.manifest.entries, layout) if trainer else ((), {})
         if tree is None:
             pointed = tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset()
         else:
             pointed = pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset()
         return {
             "pointed": pointed.union(best),
-            "bookkept": frozenset(bookkept),
+            "keeps": keeps,
             "sightings": self.observations.sightings if self.observations is not None else Sightings(),
         }
 

@@ -9,13 +9,14 @@ Published like any name: the link is made under a temp name, renamed into place,
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from posixpath import dirname
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError, UnsafePathError
@@ -115,13 +116,15 @@ KEPT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 def trainer_kept(
     root: Path, recorded: Iterable[str] | Mapping[str, ManifestEntry], layout: Layout
-) -> tuple[frozenset[str], frozenset[str]]:
+) -> tuple[frozenset[str], dict[str, float]]:
     """The checkpoints the trainer's own bookkeeping in each run's newest recorded checkpoint still keeps, read
     on `root`, as root-relative paths: the HF Trainer's `best_model_checkpoint` (its trainer_state.json), or
     Lightning's ModelCheckpoint state (`best_k_models`, `best_model_path`, `kth_best_model_path`,
     `last_model_path`, read without running its pickle). Unreadable, too large or naming nothing: none.
-    Also the runs whose bookkeeping names all the trainer keeps (every ModelCheckpoint ranks a top k). Names
-    without a step (`recorded` the manifest's entries): the newest recorded."""
+    Also, per run, how many checkpoints the trainer keeps by that record (mirrord.core.retention.PruneRequest
+    .keeps): HF's `save_total_limit` in training_args.bin (read without running its pickle; none: inf), or 0
+    when every ModelCheckpoint ranks a top k (what it does not name, it dropped). Names without a step
+    (`recorded` the manifest's entries): the newest recorded is read."""
     hf = layout.rule == "hf"
     newest: dict[str, tuple[int, str]] = {}
     for rel in recorded:
@@ -133,16 +136,16 @@ def trainer_kept(
         if step is not None and step >= newest.get(dirname(where), (-1, ""))[0]:
             newest[dirname(where)] = (step, where)
     named: set[str] = set()
-    complete: set[str] = set()
+    keeps: dict[str, float] = {}
     for run, (_, where) in newest.items():
-        paths, lists_all = (_hf_best(root, where), False) if hf else _model_checkpoint_paths(root, where)
-        if lists_all:
-            complete.add(run)
+        paths, keep = (_hf_best(root, where), _hf_limit(root, where)) if hf else _model_checkpoint_paths(root, where)
+        if keep is not None:
+            keeps[run] = keep
         for path in paths:
             name = path.rstrip("/").rpartition("/")[2]
             if layout.is_unit_name(name) and not layout.is_alias(name):
                 named.add(f"{run}/{name}" if run else name)
-    return frozenset(named), frozenset(complete)
+    return frozenset(named), keeps
 
 
 def _hf_best(root: Path, unit: str) -> list[str]:
@@ -154,19 +157,34 @@ def _hf_best(root: Path, unit: str) -> list[str]:
     return [best] if isinstance(best, str) else []
 
 
-def _model_checkpoint_paths(root: Path, rel: str) -> tuple[list[str], bool]:
-    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names ([] if unreadable), and
-    whether they are all it keeps: each callback ranks a top k (without a monitor, `best_k_models` is empty)."""
+def _hf_limit(root: Path, unit: str) -> float | None:
+    """The HF Trainer's save_total_limit recorded in the unit's training_args.bin (None or 0: it keeps all);
+    None if unreadable."""
+    args = _torch_saved(root, f"{unit}/training_args.bin")
+    fields = args.fields() if isinstance(args, safepickle.Instance) else {}
+    limit = fields.get("save_total_limit", "")
+    return math.inf if limit is None or limit == 0 else limit if type(limit) is int and limit > 0 else None
+
+
+def _torch_saved(root: Path, rel: str) -> Any:
+    """The structure of what torch.save wrote at root/rel (its data.pkl, read without running it; storages as
+    None); None if unreadable or larger than CKPT_STATE_BYTES."""
     try:
         fd = open_file_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, UnsafePathError):
-        return [], False
+        return None
     try:
         with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as archive:
             info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
-            state = safepickle.load(archive.read(info), storages=True) if info.file_size <= CKPT_STATE_BYTES else {}
+            return safepickle.load(archive.read(info), storages=True) if info.file_size <= CKPT_STATE_BYTES else None
     except (OSError, StopIteration, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile):
-        return [], False  # (safepickle.UnreadableError is a ValueError)
+        return None  # (safepickle.UnreadableError is a ValueError)
+
+
+def _model_checkpoint_paths(root: Path, rel: str) -> tuple[list[str], float | None]:
+    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names ([] if unreadable), and
+    0 when they are all it keeps: each callback ranks a top k (without a monitor, `best_k_models` is empty)."""
+    state = _torch_saved(root, rel)
     callbacks = state.get("callbacks") if isinstance(state, dict) else None
     paths: list[object] = []
     ranked: list[bool] = []
@@ -174,7 +192,7 @@ def _model_checkpoint_paths(root: Path, rel: str) -> tuple[list[str], bool]:
         if str(key).startswith("ModelCheckpoint") and isinstance(kept, dict):
             paths += [kept.get(k) for k in KEPT_PATHS] + list(kept.get("best_k_models") or ())
             ranked.append(bool(kept.get("best_k_models")))
-    return [p for p in paths if isinstance(p, str)], bool(ranked) and all(ranked)
+    return [p for p in paths if isinstance(p, str)], 0 if ranked and all(ranked) else None
 
 
 def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> frozenset[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from mirrord.config import PruneConfig
@@ -32,6 +32,7 @@ class World:
     from scratch starts one) wrote each mirror copy."""
 
     keep: int
+    record: bool = False  # the trainer's rotation rule is on record (HF's save_total_limit in training_args.bin)
     primary: dict[str, FileState] = field(default_factory=dict)
     mirror: dict[str, FileState] = field(default_factory=dict)
     manifest: dict[str, ManifestEntry] = field(default_factory=dict)
@@ -100,7 +101,13 @@ class World:
         """One daemon pass: copy, plan, delete; the steps deleted."""
         self.sync()
         request = PruneRequest(
-            PruneConfig(min_age_seconds=0), LAYOUT.step_regex, NOW, layout=LAYOUT, follow=True, sightings=self.sightings
+            PruneConfig(min_age_seconds=0),
+            LAYOUT.step_regex,
+            NOW,
+            layout=LAYOUT,
+            follow=True,
+            sightings=self.sightings,
+            keeps={"run": self.keep} if self.record else {},
         )
         plan = plan_prune(Snapshot(dict(self.primary)), Snapshot(dict(self.mirror)), dict(self.manifest), request)
         assert plan.sightings is not None and not plan.refused
@@ -119,15 +126,22 @@ class World:
         return {tip for tip in tops.values() if tip > self.step}
 
 
-ACTIONS = st.sampled_from(["save", "save", "save", "prune", "prune", "rm", "wipe", "restore", "restart"])
+ACTIONS = st.sampled_from(["save"] * 4 + ["prune"] * 3 + ["rm", "wipe", "restore", "restart"])
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(keep=st.integers(1, 4), actions=st.lists(st.tuples(ACTIONS, st.integers(0, 99)), max_size=40))
-def test_follow_deletes_only_what_the_trainer_rotated_out(keep: int, actions: list[tuple[str, int]]) -> None:
-    # The daemon has seen the trainer at its limit (K checkpoints at once): before that, K is a lower bound and
-    # an `rm` is told from a rotation only by the newer saves that follow it (docs/retention.md).
-    world = World(keep, sightings=Sightings(most={"run": keep}, since=0))
+@given(
+    keep=st.integers(1, 4),
+    record=st.booleans(),
+    actions=st.lists(st.tuples(ACTIONS, st.integers(0, 99)), min_size=8, max_size=60),
+)
+def test_follow_deletes_only_what_the_trainer_rotated_out(
+    keep: int, record: bool, actions: list[tuple[str, int]]
+) -> None:
+    """With the trainer's rule on record, or else with what the daemon saw; there, the daemon has seen the trainer
+    at its limit (K checkpoints at once): before that, K is a lower bound and an `rm` is told from a rotation
+    only by the newer saves that follow it (docs/retention.md, known limits)."""
+    world = World(keep, record, sightings=Sightings(most={} if record else {"run": keep}, since=0))
     for action, pick in actions:
         if action == "rm":
             if world.primary:
@@ -138,6 +152,7 @@ def test_follow_deletes_only_what_the_trainer_rotated_out(keep: int, actions: li
             continue
         tips, kept = world.tips(), {s for s in world.trainer if rel(s) in world.mirror}
         deleted = world.prune()
+        event("a pass deleted" if deleted else "a pass deleted nothing")
         assert not deleted & kept, f"deleted {deleted & kept}, which the trainer keeps"
         assert not deleted & tips, f"deleted the tips {deleted & tips}"
         for branch in range(world.branch + 1):

@@ -158,12 +158,14 @@ def _hf_best(root: Path, unit: str) -> list[str]:
 
 
 def _hf_limit(root: Path, unit: str) -> float | None:
-    """The HF Trainer's save_total_limit recorded in the unit's training_args.bin (None or 0: it keeps all);
-    None if unreadable."""
+    """The HF Trainer's save_total_limit recorded in the unit's training_args.bin (inf: it keeps all); None if
+    unreadable."""
     args = _torch_saved(root, f"{unit}/training_args.bin")
     fields = args.fields() if isinstance(args, safepickle.Instance) else {}
     limit = fields.get("save_total_limit", "")
-    return math.inf if limit is None or limit == 0 else limit if type(limit) is int and limit > 0 else None
+    if limit is not None and type(limit) is not int:
+        return None
+    return math.inf if limit is None or limit <= 0 else limit  # (the Trainer rotates only above 0)
 
 
 def _torch_saved(root: Path, rel: str) -> Any:

@@ -77,3 +77,36 @@ def test_the_hf_trainers_own_rotation_still_leaves_the_mirror(daemon_factory, tm
     assert {"checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-8"} >= deleted - {""} and deleted
     assert not d.events("prune.not_rotated")
     assert d.stop() == 0
+
+
+def test_a_real_hf_run_wiped_and_restored_keeps_what_its_save_total_limit_keeps(daemon_factory, tmp_path: Path) -> None:
+    """Issue 42 case 2 with a real HF Trainer (save_total_limit 3: checkpoint-2, -4 and -6, none rotated yet):
+    the run folder is wiped and `mirrord restore --run run` puts back checkpoint-6. Before, the next passes
+    deleted -2 and -4 from the mirror, their only copies; now the Trainer's own training_args.bin says it keeps
+    3, so they stay. Resumed from the restored checkpoint to step 8, the Trainer would rotate -2 out of a disk
+    holding all four: the mirror lets -2 go then, and keeps -4."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    run = primary / "run"
+    d = daemon_factory(settings("hf")).start()
+    args = ("--steps", 8, "--save-steps", 2, "--save-total-limit", 3)
+    train("train_hf", run, *args, "--stop-after", 6, log=tmp_path / "a.log")
+    first = ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    wait_for(lambda: unit_names(mirror / "run", HF_UNIT) == first, 120, "three checkpoints mirrored")
+    passes_after(d)
+    shutil.rmtree(run)
+    done = run_mirrord("restore", "--config", d.config_path, "--run", "run", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert unit_names(run, HF_UNIT) == ["checkpoint-6"]
+    passes_after(d, 3)
+    assert unit_names(mirror / "run", HF_UNIT) == first
+    assert not d.events("prune.deleted")
+    d.wait_event("prune.not_rotated", step=4)
+    train("train_hf", run, *args, "--resume", run / "checkpoint-6", log=tmp_path / "b.log")
+    want = ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
+    wait_for(
+        lambda: unit_names(mirror / "run", HF_UNIT) == want,
+        120,
+        "checkpoint-2 rotated out",
+        context=lambda: str(unit_names(mirror / "run", HF_UNIT)),
+    )
+    assert d.stop() == 0

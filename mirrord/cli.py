@@ -322,7 +322,7 @@ def cmd_man(args: argparse.Namespace) -> int:
 
 # --- prune (retention; see mirrord/service/pruner.py) ---------------------------------------------------------
 def _run_step(text: str) -> tuple[str, int]:
-    """RUN:STEP of `prune --forget-branch` as (run, step); '.' is the root's own run."""
+    """RUN:STEP of `prune --forget` as (run, step); '.' is the root's own run."""
     import argparse
 
     run, sep, step = text.rpartition(":")
@@ -358,7 +358,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
         else:
             read = True
             report = Pruner(
-                config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget_branch)
+                config, LocalVolume(config.primary), mirror, manifest, forget=frozenset(args.forget)
             ).run_cycle(dry_run=True if dry_run else None)
             if not dry_run:
                 manifest.close()
@@ -597,14 +597,18 @@ def build_parser() -> argparse.ArgumentParser:
         "nothing, so it runs beside a daemon",
     )
     p.add_argument(
+        "--forget",
         "--forget-branch",
+        dest="forget",
         action="append",
         default=[],
         metavar="RUN:STEP",
         type=_run_step,
-        help="let retention delete this kept tip of an abandoned branch (a rollback or a restart from "
-        "scratch), or of a run paused because its primary lost its newest step; RUN is the run "
-        "folder relative to the roots ('.' for the root itself); repeatable",
+        help="let retention delete this checkpoint it keeps on its own account: the tip of an abandoned branch "
+        "(a rollback or a restart from scratch), of a run paused because its primary lost its newest step, or "
+        "(follow mode) one gone from the primary without evidence the trainer rotated it (a wipe, a restore, "
+        "an rm); RUN is the run folder relative to the roots ('.' for the root itself); repeatable "
+        "(--forget-branch is the same flag)",
     )
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     # --- end prune ---

@@ -36,6 +36,7 @@ class Held(StrEnum):
     UNCONFIRMED = "unconfirmed"  # its stat no longer matches its record (e.g. mtime set to 0): verified again first
     BRANCH_TIP = "branch_tip"  # the newest checkpoint of an abandoned branch (a rollback, a restart from scratch)
     POINTER = "pointer"  # named by a pointer (Lightning's last.ckpt, DeepSpeed's latest, HF's best checkpoint)
+    NOT_ROTATED = "not_rotated"  # follow: gone from the primary without evidence the trainer rotated it (a wipe, an rm)
 
 
 class CopyOutcome(StrEnum):

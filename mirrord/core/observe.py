@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from mirrord.core.model import FileState, Snapshot
+from mirrord.core.retention import Sightings
 from mirrord.vocabulary import Volume
 
 
@@ -53,6 +54,7 @@ class Observations:
         # tells at once, and the listing holds them anyway.
         self._seen: dict[str, _Seen] = {}
         self._lock = threading.Lock()
+        self.sightings = Sightings()  # follow mode's evidence of the trainer's rotations, as the last plan left it
 
     def seen_for(self, volume: str, state: FileState, now: float | None = None) -> float:
         """Seconds this file has been seen exactly as `state` (0 the first time, or after a change)."""

@@ -21,7 +21,15 @@ from mirrord.core.contributions import Sharing
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.plan import plan_copies, plan_unit_copies
-from mirrord.core.retention import PARTIAL_VIEW, PrunePlan, PruneRequest, mirror_unmounted, plan_prune
+from mirrord.core.retention import (
+    NO_SIGHTINGS,
+    PARTIAL_VIEW,
+    PrunePlan,
+    PruneRequest,
+    Sightings,
+    mirror_unmounted,
+    plan_prune,
+)
 from mirrord.core.units import Completeness, Unit
 from mirrord.vocabulary import PruneRefusal
 
@@ -39,8 +47,9 @@ class Facts:
     `observed`: (volume, rel) -> seconds this process has seen the file unchanged (monotonic), for the
     min-age guard. `invalid`: primary files that failed their format validator as they are now.
     `roots`: "primary"/"mirror" -> root path, for the path guard. `space_pressure`: the mirror cannot
-    take the next copy (see mirrord.core.retention.PruneRequest). `forget`, `pointed`: branch tips the
-    operator let go, mirror paths a pointer names (mirrord.core.retention.PruneRequest).
+    take the next copy (see mirrord.core.retention.PruneRequest). `forget`, `pointed`, `keeps`,
+    `sightings`: checkpoints the operator let go, mirror paths a pointer names, how many checkpoints each
+    run's trainer keeps by its own record, what this process saw (mirrord.core.retention.PruneRequest).
     """
 
     mirror_problem: str | None = None
@@ -51,6 +60,8 @@ class Facts:
     space_pressure: bool = False
     forget: frozenset[tuple[str, int]] = frozenset()
     pointed: frozenset[str] = frozenset()
+    keeps: Mapping[str, float] = field(default_factory=dict)
+    sightings: Sightings = NO_SIGHTINGS
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,8 @@ def reconcile(
             layout=config.rules,
             forget=facts.forget,
             pointed=facts.pointed,
+            keeps=facts.keeps,
+            sightings=facts.sightings,
             follow=config.retention_mode[0] == "follow",
         )
         plan = plan_prune(primary, listed, manifest, request)

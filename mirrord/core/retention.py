@@ -17,7 +17,7 @@ written in place, is "unchecked": no evidence that it is not torn. Per run:
 * the kept set is what any policy keeps ("keep if any keeps", so combining policies can only keep more):
   the `keep_last` newest verified steps, every multiple of `keep_every`, and with `keep_branch_tips` the
   newest step of every abandoned branch (a rollback, a restart from scratch into the same run), unless the
-  operator forgot it (`mirrord prune --forget-branch RUN:STEP`);
+  operator forgot it (`mirrord prune --forget RUN:STEP`);
 * the window is the `keep_last` newest steps present (on either side, verified or not); steps below it
   are *retired*: not worth copying. A retired step is deleted only when every step of the window is
   verified and whole: a torn or unfinished newest step, or one without evidence of wholeness, keeps every
@@ -73,6 +73,7 @@ UNVERIFIED = "unverified"
 NEWER_UNVERIFIED = "newer_unverified"  # retired, but a newer step is not verified and whole yet: the fallback
 UNCONFIRMED = Held.UNCONFIRMED  # a mirror file whose stat no longer matches its record: verify it again
 PAUSED = Held.PAUSED  # the run's newest verified step is gone from the primary: its mirror is not shrunk
+NOT_ROTATED = Held.NOT_ROTATED  # follow: gone from the primary, but no evidence the trainer rotated it out
 
 # Why a whole plan is refused.
 PARTIAL_VIEW = PruneRefusal.PARTIAL_VIEW
@@ -89,8 +90,9 @@ def describe_policy(policy: PruneConfig, follow: bool = False) -> str:
     if follow:
         text = (
             "follow: the mirror keeps what the trainer keeps on the primary (and what a pointer names, and the tips "
-            "of abandoned branches); what "
-            "the trainer deleted goes from the mirror once the trainer's newest checkpoint is verified there"
+            "of abandoned branches); what the trainer evidently rotated out (its own bookkeeping says so, or this "
+            "daemon saw the rotation) goes from the mirror once the trainer's newest checkpoint is verified there; "
+            "what a wipe, a restore or an rm took from the primary stays (not_rotated)"
         )
     else:
         sides = "on the mirror and the primary" if policy.primary else "on the mirror only (prune.primary = false)"
@@ -243,6 +245,8 @@ class PrunePlan:
     branch_tips: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # run -> abandoned branches' tips kept
     guards: GuardContext | None = None  # what the candidates were vetted with (the executor re-uses it)
     held: Mapping[str, int] = field(default_factory=dict)  # mirror files kept beyond the policy, by Held reason
+    sightings: Sightings | None = None  # follow: the request's, with what this plan saw (None: not follow)
+    unrotated: tuple[tuple[str, int | str], ...] = ()  # follow: (run, step or path) kept for lack of evidence
 
     def retired(self, run: str, step: int | None, mtime_ns: int | None = None) -> bool:
         """A step below its run's window (the keep_last newest steps present) that no policy keeps:
@@ -282,6 +286,27 @@ def mirror_unmounted(
 
 
 @dataclass(frozen=True)
+class Sightings:
+    """Follow mode's evidence that the trainer rotated a checkpoint out, as this process saw the primary (kept
+    across passes by mirrord.core.observe): the checkpoints, (run, step) or (run, path) for a file without a
+    step, seen there with a verified mirror copy; per run, the most the primary held at once (the trainer's K);
+    `since`: records with a higher seq were copied from the primary by this process (None: it saw nothing)."""
+
+    seen: frozenset[tuple[str, int | str]] = frozenset()
+    most: Mapping[str, int] = field(default_factory=dict)
+    since: int | None = None
+
+    def sighted(self, run: str, key: int | str, entries: Sequence[ManifestEntry | None]) -> bool:
+        """This process saw the checkpoint on the primary (listed there, or copied its files from there)."""
+        return (run, key) in self.seen or (
+            self.since is not None and any(e is not None and e.seq > self.since for e in entries)
+        )
+
+
+NO_SIGHTINGS = Sightings()
+
+
+@dataclass(frozen=True)
 class PruneRequest:
     """Everything one retention plan depends on besides the two listings and the manifest.
 
@@ -310,6 +335,10 @@ class PruneRequest:
     forget: frozenset[tuple[str, int]] = frozenset()
     pointed: frozenset[str] = frozenset()
     follow: bool = False  # prune.mode = "follow": keep what the trainer keeps (see _plan_run)
+    sightings: Sightings = NO_SIGHTINGS  # follow: what this process saw of the primary (evidence of rotation)
+    # follow: run -> how many checkpoints the trainer's own record says it keeps (HF's save_total_limit, inf: all;
+    # 0: its bookkeeping names each one it keeps, Lightning's top k): what has that many newer (or pinned) went.
+    keeps: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def lie_after_ns(self) -> float:
@@ -342,9 +371,12 @@ def plan_prune(
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
     runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
     candidates: list[Deletion] = []
+    stepless = Sightings()
     if request.follow:
-        kept, candidates = _follow_stepless(primary, mirror, manifest, request, kept)
+        kept, candidates, stepless = _follow_stepless(primary, mirror, manifest, request, kept)
     plans = {run: _plan_run(run, by_step, manifest, request, units) for run, by_step in runs.items()}
+    most = Counter(stepless.most) | Counter({run: p.most for run, p in plans.items()})  # (the larger of each)
+    seen = stepless.seen.union(*(p.seen for p in plans.values()))
     for decided in plans.values():
         kept.extend(decided.kept)
         candidates.extend(decided.candidates)
@@ -396,6 +428,9 @@ def plan_prune(
         branch_tips={run: p.tips for run, p in plans.items() if p.tips},
         guards=ctx,
         held=beyond_policy,
+        sightings=Sightings(seen, most, request.sightings.since) if request.follow else None,
+        unrotated=tuple((run, step) for run, p in plans.items() for step in p.unrotated)
+        + tuple((k.rel.rpartition("/")[0], k.rel) for k in kept if k.why == NOT_ROTATED and k.step is None),
     )
 
 
@@ -452,6 +487,9 @@ class _RunPlan:
     primary_rollbacks: tuple[tuple[int, int], ...] = ()
     paused: int | None = None
     tips: tuple[int, ...] = ()
+    seen: set[tuple[str, int | str]] = field(default_factory=set)  # follow: sighted, still listed
+    most: int = 0  # follow: the most checkpoints the primary was seen holding at once
+    unrotated: tuple[int, ...] = ()
     unconfirmed_retired: list[tuple[FileState, int]] = field(default_factory=list)
     newest: list[str] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
@@ -502,10 +540,12 @@ def _plan_run(
     }
     if request.follow:
         keep |= {step: FOLLOWED for step, (on_primary, _m) in by_step.items() if on_primary}
-    for step, (on_primary, on_mirror) in by_step.items():  # (the trainer's best may not be mirrored yet)
-        pointed = (f.rel in request.pointed or units.get(f.rel) in request.pointed for f in (*on_primary, *on_mirror))
-        if step not in keep and any(pointed):
-            keep[step] = POINTER
+    pinned = {  # (the trainer's best may not be mirrored yet)
+        step
+        for step, (on_primary, on_mirror) in by_step.items()
+        if any(f.rel in request.pointed or units.get(f.rel) in request.pointed for f in (*on_primary, *on_mirror))
+    }
+    keep |= {step: POINTER for step in pinned if step not in keep}
     kept_window = [s for s in order if s in verified][-n:]
     invalid = request.invalid
     present = (
@@ -525,6 +565,37 @@ def _plan_run(
         tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)),
     )
     top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
+    # Follow: the steps gone from the primary that the trainer evidently rotated out: at least K newer steps of
+    # their branch (verified, or saved on the primary) or pinned by the trainer (its best) exist, K being the
+    # trainer's own rule (request.keeps: HF's save_total_limit; 0 when its bookkeeping names each one it keeps,
+    # so any other is dropped), else the most the primary was seen holding at once by this process, which must
+    # have seen the step there. A wipe, a restore (the same bytes keep their record) or an `rm` adds no newer
+    # step: what they removed stays (docs/retention.md, "What is evidence of a rotation").
+    rotated: set[int] = set()
+    if request.follow:
+        mine = request.sightings
+        holding = [s for s in order if s in verified and by_step[s][0]]
+        # K counts what the primary holds above the newest step it lost: a checkpoint restored under a gap (or
+        # left under an `rm`) is no slot of the trainer's rotation.
+        above = max((place for place, s in enumerate(order) if not by_step[s][0]), default=-1)
+        plan.most = max(mine.most.get(run, 0), sum(order.index(s) > above for s in holding))
+        plan.seen = {(run, s) for s in holding} | {(r, s) for r, s in mine.seen if r == run and s in by_step}
+        for place, step in enumerate(order):
+            if by_step[step][0] or step in keep:
+                continue
+            branch = run_branches.of.get(step, run_branches.top)
+            newer = {  # (the trainer's saves not mirrored yet count: deletion waits for its newest all the same)
+                s
+                for s in order[place + 1 :]
+                if (s in verified or by_step[s][0]) and run_branches.of.get(s, run_branches.top) == branch
+            }
+            entries = [manifest.get(f.rel) for f in by_step[step][1]]
+            limit = request.keeps.get(run)  # (the trainer's own rule, else the K this process saw)
+            evident = len(newer | pinned) >= (plan.most if limit is None else limit) and (
+                limit is not None or mine.sighted(run, step, entries)
+            )
+            if evident or step in forgotten:
+                rotated.add(step)
     if kept_window:
         tip_primary, tip_mirror = by_step[kept_window[-1]]
         plan.newest = [s.rel for s in (*tip_primary, *tip_mirror)]
@@ -560,8 +631,9 @@ def _plan_run(
                 on_mirror = []  # (decided in plan_prune, as skipped: one decision per file)
         elif plan.paused is not None:
             why = PAUSED
-        elif request.follow:  # the trainer let it go: once its newest is verified and whole here
-            why = None if window_whole else NEWER_UNVERIFIED
+        elif request.follow:  # the trainer let it go (on evidence): once its newest is verified and whole here
+            why = NOT_ROTATED if step not in rotated else None if window_whole else NEWER_UNVERIFIED
+            plan.unrotated += (step,) * (why == NOT_ROTATED)
         elif floor is None or place >= floor:
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
         elif step not in deletable:
@@ -579,21 +651,31 @@ def _plan_run(
 
 def _follow_stepless(
     primary: Snapshot, mirror: Snapshot, manifest: Mapping[str, ManifestEntry], request: PruneRequest, kept: list[Kept]
-) -> tuple[list[Kept], list[Deletion]]:
+) -> tuple[list[Kept], list[Deletion], Sightings]:
     """Follow mode, checkpoint files without a step (Lightning's `{epoch}-{val_loss:.2f}`): the trainer
-    keeps what its primary holds; a mirror file it let go is deleted once the trainer's newest such file
-    of the run (by mtime) is verified and whole on the mirror. Aliases (`last.ckpt`) are not followed."""
+    keeps what its primary holds; a mirror file gone from it goes once the trainer's newest such file of the
+    run (by mtime) is verified and whole on the mirror, on the evidence of a rotation _plan_run asks for
+    (newer: recorded later). Aliases (`last.ckpt`) are not followed. Also what this process saw of such files."""
+    mine = request.sightings
     layout = request.layout
     if layout is None or layout.folders:
-        return kept, []
+        return kept, [], Sightings()
 
     def followed(k: Kept) -> bool:
         return k.why == NO_STEP and layout.is_unit_name(k.rel.rsplit("/", 1)[-1]) and not layout.is_alias(k.rel)
 
     tips: dict[str, FileState] = {}
+    most: Counter[str] = Counter()
+    seen: set[tuple[str, int | str]] = set()
     for f in (primary.files[k.rel] for k in kept if k.volume == PRIMARY and followed(k)):
         if f.mtime_ns <= request.lie_after_ns and (f.run not in tips or f.mtime_ns > tips[f.run].mtime_ns):
             tips[f.run] = f
+        if exact_copy(f, manifest, mirror.files):
+            most[f.run] += 1
+            seen.add((f.run, f.rel))
+    on_mirror = [f for k in kept if k.volume == MIRROR and followed(k) and (f := mirror.files[k.rel])]
+    seen |= {(f.run, f.rel) for f in on_mirror if (f.run, f.rel) in mine.seen}
+    most |= Counter(mine.most)  # (the larger of each)
     out: list[Kept] = []
     gone: list[Deletion] = []
     for k in kept:
@@ -605,6 +687,14 @@ def _follow_stepless(
             continue
         f, entry, tip = mirror.files[k.rel], manifest.get(k.rel), tips.get(mirror.files[k.rel].run)
         tip_entry = None if tip is None else manifest.get(tip.rel)
+        kept_by_trainer = {g.rel for g in on_mirror if g.run == f.run and g.rel in request.pointed}
+        newer = {
+            g.rel for g in on_mirror if g.run == f.run and (e := manifest.get(g.rel)) and entry and e.seq > entry.seq
+        }
+        limit = request.keeps.get(f.run)
+        evident = len(newer | kept_by_trainer) >= (most[f.run] if limit is None else limit) and (
+            limit is not None or mine.sighted(f.run, f.rel, [entry])
+        )
         why = (
             POINTER
             if k.rel in request.pointed
@@ -614,6 +704,8 @@ def _follow_stepless(
             if not _as_recorded(f, entry)
             else PAUSED
             if tip is None or tip_entry is None
+            else NOT_ROTATED
+            if not evident
             else ""
             if exact_copy(tip, manifest, mirror.files) and entry_whole(tip_entry)
             else NEWER_UNVERIFIED
@@ -622,7 +714,7 @@ def _follow_stepless(
             out.append(dataclasses.replace(k, why=why))
         else:
             gone.append(Deletion(MIRROR, f, None))
-    return out, gone
+    return out, gone, Sightings(frozenset(seen), most)
 
 
 def _primary_rollbacks(by_step: dict[int, _Sides], lie: float) -> tuple[tuple[int, int], ...]:

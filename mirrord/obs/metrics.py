@@ -183,7 +183,8 @@ class LiveState(Collector):
         )
         files = GaugeMetricFamily(
             "mirrord_retention_held_files",
-            "Mirror files retention keeps beyond its policy, by reason (paused, unconfirmed, branch_tip, pointer).",
+            "Mirror files retention keeps beyond its policy, by reason (paused, unconfirmed, branch_tip, pointer, "
+            "not_rotated).",
             labels=["reason"],
         )
         for reason in Held:

@@ -18,6 +18,7 @@ from mirrord.config import Config
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker
+from mirrord.core.retention import Sightings
 from mirrord.errors import ConfigError, MirrordError, SourceChangedError, TransientError
 from mirrord.obs import log as logsetup
 from mirrord.obs.metrics import Metrics
@@ -84,6 +85,8 @@ class Daemon:
         )
         self.metrics.mirror_writable.set_function(lambda: 0.0 if self.mirror.write_problem() else 1.0)
         self.observations = Observations(clock.monotonic)  # outlives reloads: the min-age guard needs it
+        # What this process copies from here on, it saw on the primary (follow mode's evidence of rotation).
+        self.observations.sightings = Sightings(since=self.manifest.last_seq)
         self.settle = SettleTracker(config.copy.settle_seconds, clock.wall, clock.monotonic)
         self.settings = Settings.derive(config, self.notifier.watchdog_seconds, self._pruner)
         self.engine = Engine(config, self.mirror, self.manifest, self.metrics, wall=clock.wall)

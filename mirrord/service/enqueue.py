@@ -79,7 +79,7 @@ class Enqueuer:
                 invalid=self.ledger.invalid_files(),
                 mirror_is_mount=self.mirror.is_mountpoint(),
                 roots=pruner.roots if pruner else None,
-                pointed=pruner.pointed() if pruner else frozenset(),
+                **(pruner.evidence() if pruner else {}),
             )
             retired_by = None
         return copy_view(

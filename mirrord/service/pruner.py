@@ -26,7 +26,7 @@ from mirrord.core.guards import REASONS, veto
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
 from mirrord.core.observe import Observations
 from mirrord.core.reconcile import Facts, reconcile
-from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deletion, PrunePlan, Skipped
+from mirrord.core.retention import MIRROR, ORPHAN_STAGING, PRIMARY, STEP, Deletion, PrunePlan, Sightings, Skipped
 from mirrord.errors import ChangedError, MirrordError, UnsafePathError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
@@ -115,8 +115,8 @@ class Pruner:
         # has seen nothing, so it passes none and relies on mtimes alone.
         self.observations = observations
         self.invalid = invalid  # primary files that failed their validator as they are now
-        self.forget = forget  # (run, step) branch tips the operator let go (`prune --forget-branch`)
-        self._told: set[tuple[str, str, int]] = set()  # (what, run, step) paused runs and branch tips logged
+        self.forget = forget  # (run, step) held checkpoints the operator let go (`prune --forget`)
+        self._told: set[tuple[str, str, int | str]] = set()  # (what, run, step) paused runs and branch tips logged
         self.log = get_logger()
         self._lock = threading.Lock()
         # The retirement (PrunePlan.retirement) of the last plan made from a complete listing and not
@@ -146,7 +146,7 @@ class Pruner:
             roots=self.roots,
             space_pressure=space_pressure,
             forget=self.forget,
-            pointed=self.pointed(),
+            **self.evidence(),
         )
         plan = reconcile(
             psnap,
@@ -158,21 +158,35 @@ class Pruner:
             facts=facts,
             plan_retention=True,
         ).prune
-        if not plan.refused and not space_pressure:
-            self.last_plan = plan.retirement()
+        if not space_pressure:
+            self._remember(plan)
         return plan
 
-    def pointed(self) -> frozenset[str]:
-        """What the pointers on the mirror name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag; on an
-        object store, the tag files), and the best checkpoint the HF Trainer's newest trainer_state.json on
-        the primary names: kept while they name it."""
+    def _remember(self, plan: PrunePlan) -> None:
+        """Keep what a plan of complete listings tells the next: its retirement, and what it saw (follow)."""
+        if not plan.refused:
+            self.last_plan = plan.retirement()
+            if plan.sightings is not None and self.observations is not None:
+                self.observations.sightings = plan.sightings
+
+    def evidence(self) -> dict[str, Any]:
+        """Facts (mirrord.core.reconcile) of what the trainer keeps. `pointed`: what the pointers on the mirror
+        name (Lightning's `last.ckpt` link, DeepSpeed's `latest` tag; on an object store, the tag files), and
+        what the trainer's newest bookkeeping on the primary keeps (HF's best, Lightning's top k); `keeps`: how
+        many checkpoints each run's trainer keeps by that record; `sightings`: what this process saw of the primary."""
         tree, layout = self.mirror.local_tree(), self.config.rules
         runs = {e.run for e in self.manifest.entries.values()}
         trainer = layout.rule == "hf" or layout.name == "lightning"
-        best = trainer_kept(self.primary.root, self.manifest.entries, layout) if trainer else frozenset()
+        best, keeps = trainer_kept(self.primary.root, self.manifest.entries, layout) if trainer else ((), {})
         if tree is None:
-            return best | (tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset())
-        return best | (pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset())
+            pointed = tagged_targets(self.mirror, runs, layout.tag_file) if layout.tag_file else frozenset()
+        else:
+            pointed = pointed_targets(tree.root, runs, layout) if layout.aliases or layout.tag_file else frozenset()
+        return {
+            "pointed": pointed.union(best),
+            "keeps": keeps,
+            "sightings": self.observations.sightings if self.observations is not None else Sightings(),
+        }
 
     def run_cycle(
         self,
@@ -197,8 +211,8 @@ class Pruner:
             sides = self._sides()
             if plan is None:
                 plan = self.plan(primary_snap, mirror_snap)
-            elif not plan.refused:
-                self.last_plan = plan.retirement()
+            else:
+                self._remember(plan)
             self.held = len(plan.paused), plan.held
             report = self._execute(plan, dry, sides, keep_going=keep_going)
             if not dry and MIRROR in sides:
@@ -330,23 +344,32 @@ class Pruner:
 
     def _tell(self, plan: PrunePlan) -> None:
         """Log each paused run and each kept branch tip once (while it lasts), not at every pass."""
-        now = {("paused", run, step) for run, step in plan.paused.items()}
+        now: set[tuple[str, str, int | str]] = {("paused", run, step) for run, step in plan.paused.items()}
         now |= {("branch_tip", run, step) for run, steps in plan.branch_tips.items() for step in steps}
-        for what, run, step in sorted(now - self._told):
+        now |= {("not_rotated", run, step) for run, step in plan.unrotated}
+        for what, run, step in sorted(now - self._told, key=str):
             if what == "paused":
                 self.log.warning(
                     "prune.paused",
                     run=run or ".",
                     step=step,
                     cause="the run's newest verified step is gone from the primary: its mirror is "
-                    "not shrunk until a newer step is verified (or --forget-branch RUN:STEP)",
+                    "not shrunk until a newer step is verified (or --forget RUN:STEP)",
+                )
+            elif what == "not_rotated":
+                self.log.warning(
+                    "prune.not_rotated",
+                    run=run or ".",
+                    step=step,
+                    cause="gone from the primary without evidence that the trainer rotated it out (a wipe, a "
+                    "restore, an rm): kept on the mirror (--forget RUN:STEP drops it)",
                 )
             else:
                 self.log.info(
                     "prune.branch_tip_kept",
                     run=run or ".",
                     step=step,
-                    cause="the newest checkpoint of an abandoned branch (--forget-branch RUN:STEP drops it)",
+                    cause="the newest checkpoint of an abandoned branch (--forget RUN:STEP drops it)",
                 )
         self._told = now
 

@@ -9,13 +9,14 @@ Published like any name: the link is made under a temp name, renamed into place,
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from posixpath import dirname
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError, UnsafePathError
@@ -113,26 +114,38 @@ CKPT_STATE_BYTES = 64 << 20  # a Lightning checkpoint's data.pkl: its structure 
 KEPT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 
-def trainer_kept(root: Path, recorded: Iterable[str], layout: Layout) -> frozenset[str]:
+def trainer_kept(
+    root: Path, recorded: Iterable[str] | Mapping[str, ManifestEntry], layout: Layout
+) -> tuple[frozenset[str], dict[str, float]]:
     """The checkpoints the trainer's own bookkeeping in each run's newest recorded checkpoint still keeps, read
     on `root`, as root-relative paths: the HF Trainer's `best_model_checkpoint` (its trainer_state.json), or
     Lightning's ModelCheckpoint state (`best_k_models`, `best_model_path`, `kth_best_model_path`,
-    `last_model_path`, read without running its pickle). Unreadable, too large or naming nothing: none."""
+    `last_model_path`, read without running its pickle). Unreadable, too large or naming nothing: none.
+    Also, per run, how many checkpoints the trainer keeps by that record (mirrord.core.retention.PruneRequest
+    .keeps): HF's `save_total_limit` in training_args.bin (read without running its pickle; none: inf), or 0
+    when every ModelCheckpoint ranks a top k (what it does not name, it dropped). Names without a step
+    (`recorded` the manifest's entries): the newest recorded is read."""
     hf = layout.rule == "hf"
     newest: dict[str, tuple[int, str]] = {}
     for rel in recorded:
         unit, _, name = rel.rpartition("/")
         where = unit if hf else rel  # hf: the unit folder holding the state file
         step = layout.step_of(where.rpartition("/")[2]) if name == HF_STATE or not hf else None
+        if step is None and isinstance(recorded, Mapping) and not hf and layout.is_unit_name(name):
+            step = None if layout.is_alias(rel) else recorded[rel].seq  # no step in the name: the newest recorded
         if step is not None and step >= newest.get(dirname(where), (-1, ""))[0]:
             newest[dirname(where)] = (step, where)
     named: set[str] = set()
+    keeps: dict[str, float] = {}
     for run, (_, where) in newest.items():
-        for path in _hf_best(root, where) if hf else _model_checkpoint_paths(root, where):
+        paths, keep = (_hf_best(root, where), _hf_limit(root, where)) if hf else _model_checkpoint_paths(root, where)
+        if keep is not None:
+            keeps[run] = keep
+        for path in paths:
             name = path.rstrip("/").rpartition("/")[2]
             if layout.is_unit_name(name) and not layout.is_alias(name):
                 named.add(f"{run}/{name}" if run else name)
-    return frozenset(named)
+    return frozenset(named), keeps
 
 
 def _hf_best(root: Path, unit: str) -> list[str]:
@@ -144,24 +157,44 @@ def _hf_best(root: Path, unit: str) -> list[str]:
     return [best] if isinstance(best, str) else []
 
 
-def _model_checkpoint_paths(root: Path, rel: str) -> list[str]:
-    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names; [] if unreadable."""
+def _hf_limit(root: Path, unit: str) -> float | None:
+    """The HF Trainer's save_total_limit recorded in the unit's training_args.bin (inf: it keeps all); None if
+    unreadable."""
+    args = _torch_saved(root, f"{unit}/training_args.bin")
+    fields = args.fields() if isinstance(args, safepickle.Instance) else {}
+    limit = fields.get("save_total_limit", "")
+    if limit is not None and type(limit) is not int:
+        return None
+    return math.inf if limit is None or limit <= 0 else limit  # (the Trainer rotates only above 0)
+
+
+def _torch_saved(root: Path, rel: str) -> Any:
+    """The structure of what torch.save wrote at root/rel (its data.pkl, read without running it; storages as
+    None); None if unreadable or larger than CKPT_STATE_BYTES."""
     try:
         fd = open_file_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, UnsafePathError):
-        return []
+        return None
     try:
         with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as archive:
             info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
-            state = safepickle.load(archive.read(info), storages=True) if info.file_size <= CKPT_STATE_BYTES else {}
+            return safepickle.load(archive.read(info), storages=True) if info.file_size <= CKPT_STATE_BYTES else None
     except (OSError, StopIteration, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile):
-        return []  # (safepickle.UnreadableError is a ValueError)
+        return None  # (safepickle.UnreadableError is a ValueError)
+
+
+def _model_checkpoint_paths(root: Path, rel: str) -> tuple[list[str], float | None]:
+    """The paths the ModelCheckpoint callbacks' state in the checkpoint root/rel names ([] if unreadable), and
+    0 when they are all it keeps: each callback ranks a top k (without a monitor, `best_k_models` is empty)."""
+    state = _torch_saved(root, rel)
     callbacks = state.get("callbacks") if isinstance(state, dict) else None
     paths: list[object] = []
+    ranked: list[bool] = []
     for key, kept in callbacks.items() if isinstance(callbacks, dict) else ():
         if str(key).startswith("ModelCheckpoint") and isinstance(kept, dict):
             paths += [kept.get(k) for k in KEPT_PATHS] + list(kept.get("best_k_models") or ())
-    return [p for p in paths if isinstance(p, str)]
+            ranked.append(bool(kept.get("best_k_models")))
+    return [p for p in paths if isinstance(p, str)], 0 if ranked and all(ranked) else None
 
 
 def tagged_targets(store: ReadableStore, runs: Iterable[str], tag_file: str) -> frozenset[str]:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from mirrord.config import Config, PruneConfig
 from mirrord.core.model import FileState, ManifestEntry, Snapshot
-from mirrord.core.retention import PrunePlan, PruneRequest, plan_prune
+from mirrord.core.retention import NO_SIGHTINGS, PrunePlan, PruneRequest, Sightings, plan_prune
 from mirrord.layouts import HF_STATE, layout_for
 from mirrord.store.aliases import trainer_kept
 
@@ -40,8 +40,16 @@ class Sides:
             self.manifest[rel] = ManifestEntry(rel, 100, "blake3", "00", mtime, None, NOW, validation="ok")
 
     def plan(
-        self, follow: bool = True, keep_last: int = 3, layout: str = "lightning", pointed: frozenset[str] = frozenset()
+        self,
+        follow: bool = True,
+        keep_last: int = 3,
+        layout: str = "lightning",
+        pointed: frozenset[str] = frozenset(),
+        bookkept: bool = True,
+        sightings: Sightings = NO_SIGHTINGS,
+        keeps: dict[str, float] | None = None,
     ) -> PrunePlan:
+        """`bookkept`: the trainer's newest bookkeeping names all it keeps (Lightning's best_k_models)."""
         rules = layout_for(layout)
         return plan_prune(
             Snapshot(dict(self.primary)),
@@ -54,6 +62,8 @@ class Sides:
                 layout=rules,
                 follow=follow,
                 pointed=pointed,
+                keeps=keeps if keeps is not None else {"run": 0} if bookkept else {},
+                sightings=sightings,
             ),
         )
 
@@ -140,8 +150,13 @@ def test_hf_follow_keeps_the_trainers_folders() -> None:
     for step in (2, 4, 6, 8):
         for name in ("model.safetensors", HF_STATE):
             sides.add(f"run/checkpoint-{step}/{name}", step, primary=step in (2, 8))
-    plan = sides.plan(layout="hf", keep_last=1)
+    # No bookkeeping names the kept set: the rotation this process saw is the evidence (K = 2: the best and
+    # the newest); step 6 goes as 8 and the pinned best are the 2 newer kept.
+    seen = Sightings(frozenset(("run", s) for s in (2, 4, 6, 8)), {"run": 2})
+    plan = sides.plan(layout="hf", keep_last=1, bookkept=False, sightings=seen, pointed=frozenset({"run/checkpoint-2"}))
     assert {d.unit for d in plan.deletions} == {"run/checkpoint-4", "run/checkpoint-6"}
+    unseen = sides.plan(layout="hf", keep_last=1, bookkept=False, pointed=frozenset({"run/checkpoint-2"}))
+    assert unseen.deletions == () and unseen.unrotated == (("run", 4), ("run", 6))
 
 
 def test_the_best_checkpoint_of_the_newest_trainer_state_is_named(tmp_path: Path) -> None:
@@ -150,9 +165,9 @@ def test_the_best_checkpoint_of_the_newest_trainer_state_is_named(tmp_path: Path
         (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
         (tmp_path / "run" / f"checkpoint-{step}" / HF_STATE).write_text(json.dumps({"best_model_checkpoint": best}))
     recorded = [f"run/checkpoint-{s}/{HF_STATE}" for s in (4, 6)]
-    assert trainer_kept(tmp_path, recorded, layout) == {"run/checkpoint-4"}
+    assert trainer_kept(tmp_path, recorded, layout) == ({"run/checkpoint-4"}, {})
     (tmp_path / "run" / "checkpoint-6" / HF_STATE).write_text("{not json")
-    assert trainer_kept(tmp_path, recorded, layout) == frozenset()
+    assert trainer_kept(tmp_path, recorded, layout) == (frozenset(), {})
 
 
 def test_the_mode_in_force_and_why(tmp_path: Path) -> None:
@@ -233,3 +248,50 @@ def test_a_restart_from_scratch_keeps_the_old_runs_tip_in_follow() -> None:
         (ckpt(1000), "branch_tip"),
     }
     assert plan.branch_tips == {"run": (1000,)}
+
+
+@pytest.mark.parametrize("ranked", [True, False], ids=["top-k", "no-monitor"])
+def test_lightnings_state_names_all_it_keeps_only_when_it_ranks_a_top_k(tmp_path: Path, ranked: bool) -> None:
+    """A ModelCheckpoint that ranks (best_k_models filled) names every checkpoint Lightning keeps: its run is
+    bookkept, and what it does not name was dropped. Without a monitor best_k_models stays empty (save_top_k
+    -1 keeps all, 1 keeps the newest; the state does not say which): the run is not bookkept."""
+    import torch
+
+    (tmp_path / "run").mkdir()
+    best = str(tmp_path / "run" / "epoch=0-step=2.ckpt")
+    state = {"best_k_models": {best: 0.1} if ranked else {}, "best_model_path": best, "last_model_path": ""}
+    torch.save({"callbacks": {"ModelCheckpoint{'monitor': 'val_loss'}": state}}, tmp_path / ckpt(10))
+    named, keeps = trainer_kept(tmp_path, [ckpt(10)], LIGHTNING)
+    assert named == {"run/epoch=0-step=2.ckpt"}
+    assert keeps == ({"run": 0} if ranked else {})
+    sides = Sides()
+    for step in (2, 6, 10):
+        sides.add(ckpt(step), step, primary=step != 6)
+    plan = sides.plan(pointed=named, bookkept=bool(keeps))
+    assert {d.rel for d in plan.deletions} == ({ckpt(6)} if ranked else set())
+    assert plan.unrotated == (() if ranked else (("run", 6),))
+
+
+@pytest.mark.parametrize("limit", [2, None], ids=["save_total_limit=2", "unlimited"])
+def test_the_hf_trainers_save_total_limit_is_read_from_its_training_args(tmp_path: Path, limit: int | None) -> None:
+    """training_args.bin (a real TrainingArguments, torch.save'd as the Trainer does) read without running its
+    pickle: with save_total_limit 2 the Trainer rotates out what has 2 newer (or pinned) checkpoints, so 4 and
+    6 go, never seen by any daemon; with no limit it keeps all, so nothing gone from the primary goes."""
+    import torch
+    from transformers import TrainingArguments
+
+    for step in (4, 8):
+        (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), save_total_limit=limit, report_to=[])
+    torch.save(args, tmp_path / "run" / "checkpoint-8" / "training_args.bin")
+    (tmp_path / "run" / "checkpoint-8" / HF_STATE).write_text("{}")
+    recorded = [f"run/checkpoint-{s}/{HF_STATE}" for s in (4, 8)]
+    _named, keeps = trainer_kept(tmp_path, recorded, layout_for("hf"))
+    assert keeps == {"run": 2 if limit else float("inf")}
+    sides = Sides()
+    for step in (2, 4, 6, 8, 10):
+        for name in ("model.safetensors", HF_STATE):
+            sides.add(f"run/checkpoint-{step}/{name}", step, primary=step in (8, 10))
+    plan = sides.plan(layout="hf", keep_last=1, bookkept=False, keeps=keeps)
+    gone = {"run/checkpoint-2", "run/checkpoint-4", "run/checkpoint-6"} if limit else set()
+    assert {d.unit for d in plan.deletions} == gone

@@ -413,7 +413,8 @@ def plan_prune(
 def retired_versions(mirror: Snapshot, manifest: Mapping[str, ManifestEntry]) -> list[Deletion]:
     """The versions kept beside a verified copy (mirrord.core.model.VERSIONS) that retention lets go: any whose
     name is no longer recorded (its step retired); a pending one once a newer copy was recorded under its
-    name; a previous one once its run recorded a newer step (no resume needs it). One not recorded is kept:
+    name; a previous one once its run recorded a newer step (no resume needs it), or, without a step, once the
+    copy that took its name is whole. One not recorded is kept:
     a promotion interrupted by a crash may have left the only whole copy there."""
     if not mirror.versions:
         return []
@@ -430,7 +431,10 @@ def retired_versions(mirror: Snapshot, manifest: Mapping[str, ManifestEntry]) ->
         if (
             named is None
             or (version.role == PENDING and named.seq > version.seq)
-            or (version.role == PREVIOUS and version.step is not None and newest.get(named.run, -1) > version.step)
+            or (
+                version.role == PREVIOUS
+                and (entry_whole(named) if version.step is None else newest.get(named.run, -1) > version.step)
+            )
         ):
             retired.append(Deletion(MIRROR, state, version.step))
     return retired

@@ -150,7 +150,7 @@ class Engine:
         bytes under the name of a copy recorded whole, from a source its writer did not rename into place
         (it may be torn), are a version: published beside that copy, never over it (commit() promotes it)."""
         old, target = self.manifest.get(job.rel), self.mirror.beside() if isinstance(self.mirror, LocalMirror) else None
-        if old is None or not entry_whole(old) or job.committed:
+        if old is None or old.role or not entry_whole(old) or job.committed:  # (an alias, a tag: no checkpoint)
             target = None  # (nor on an object store: no rename to promote a version with, S3 replaces)
         dirs = DirSyncs()
         try:

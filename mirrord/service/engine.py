@@ -308,20 +308,23 @@ class Engine:
             ):
                 continue
             aside = version_key(rel, old.seq)
+            self._pending.discard(key)  # tried once (a failure is logged; the next start tries again)
             try:
+                # Each step leaves every recorded name naming its recorded bytes: the old copy gets its second
+                # name and record first, then the version takes the name (as a copy is published) and is recorded.
                 assert isinstance(self.mirror, LocalMirror)
-                self.mirror.promote(version.path, rel, aside)
-                promoted = replace(version, path=rel, **recorded_as(rel, self.config.rules))
+                self.mirror.keep_aside(rel, aside)
+                kept = self._identified(replace(old, path=aside, role=PREVIOUS))
+                self.manifest.apply(puts=[kept], removes=[version.path])
+                self.mirror.move(version.path, rel)
                 self.manifest.apply(
-                    puts=[self._identified(promoted), self._identified(replace(old, path=aside, role=PREVIOUS))],
-                    removes=[version.path],
+                    puts=[self._identified(replace(version, path=rel, **recorded_as(rel, self.config.rules)))]
                 )
             except MirrordError as exc:
                 self.log.error(
                     "copy.version_not_promoted", path=rel, version=version.path, reason=exc.reason, cause=exc.cause
                 )
                 continue
-            self._pending.discard(key)
             self.log.info("copy.version_promoted", path=rel, step=version.step, digest=version.digest, previous=aside)
 
     def count(self, result: str) -> None:

@@ -13,7 +13,7 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -199,30 +199,29 @@ class LocalMirror(LocalVolume):
         """This mirror as a target that publishes a copy as the pending version of its key."""
         return Beside(self)
 
-    def promote(self, key: str, final: str, aside: str) -> None:
-        """Put the version at `key` under its name `final`, and the copy there under `aside` (in `key`'s folder):
-        exchanged in one step where the filesystem can (`final` never lacks a copy), else renamed one after
-        the other; then both folders fsynced."""
+    def keep_aside(self, key: str, aside: str) -> None:
+        """Give the copy at `key` a second name `aside` (a hard link: no byte written again), durably."""
+        self._between(key, aside, atomic.link)
+
+    def move(self, key: str, final: str) -> None:
+        """Rename `key` onto `final` (a version promoted over the copy there), durably."""
+        self._between(key, final, atomic.rename)
+
+    def _between(self, key: str, other: str, make: Callable[..., None]) -> None:
+        """make(key's name, other's name) in their folders beneath the root, then fsync both folders."""
         self.check_identity()
-        here, there = split_rel(key), split_rel(final)
+        src, dst = split_rel(key), split_rel(other)
         try:
-            versions_fd = open_dir_beneath(self.root, here[:-1])
-            try:
-                final_fd = open_dir_beneath(self.root, there[:-1])
-                try:
-                    if atomic.exchange(final_fd, there[-1], here[-1], versions_fd):
-                        atomic.rename(here[-1], split_rel(aside)[-1], src_dir_fd=versions_fd, dst_dir_fd=versions_fd)
-                    else:
-                        atomic.rename(there[-1], split_rel(aside)[-1], src_dir_fd=final_fd, dst_dir_fd=versions_fd)
-                        atomic.rename(here[-1], there[-1], src_dir_fd=versions_fd, dst_dir_fd=final_fd)
-                    atomic.sync(versions_fd)
-                    atomic.sync(final_fd)
-                finally:
-                    os.close(final_fd)
-            finally:
-                os.close(versions_fd)
+            with contextlib.ExitStack() as fds:
+                src_fd = open_dir_beneath(self.root, src[:-1])
+                fds.callback(os.close, src_fd)
+                dst_fd = open_dir_beneath(self.root, dst[:-1])
+                fds.callback(os.close, dst_fd)
+                make(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                atomic.sync(dst_fd)
+                atomic.sync(src_fd)
         except OSError as exc:
-            raise from_oserror(self.describe(final), exc, "promote its version") from exc
+            raise from_oserror(self.describe(other), exc, f"{make.__name__} {self.describe(key)} to") from exc
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""

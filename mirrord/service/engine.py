@@ -42,7 +42,7 @@ from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest, upgrade
 from mirrord.store.mirror import Mirror, UploadTarget
-from mirrord.store.volume import LocalMirror
+from mirrord.store.volume import Beside, LocalMirror
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -149,7 +149,7 @@ class Engine:
         """One file copied and published; its directory fsync (and maybe its rename) left to commit(). Other
         bytes under the name of a copy recorded whole, from a source its writer did not rename into place
         (it may be torn), are a version: published beside that copy, never over it (commit() promotes it)."""
-        old, target = self.manifest.get(job.rel), self.mirror.beside() if isinstance(self.mirror, LocalMirror) else None
+        old, target = self.manifest.get(job.rel), Beside(self.mirror) if isinstance(self.mirror, LocalMirror) else None
         if old is None or old.role or not entry_whole(old) or job.committed:  # (an alias, a tag: no checkpoint)
             target = None  # (nor on an object store: no rename to promote a version with, S3 replaces)
         dirs = DirSyncs()

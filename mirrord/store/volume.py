@@ -195,10 +195,6 @@ class LocalMirror(LocalVolume):
         }
         return dataclasses.replace(listed, versions=versions, errors=listed.errors + kept.errors)
 
-    def beside(self) -> Beside:
-        """This mirror as a target that publishes a copy as the pending version of its key."""
-        return Beside(self)
-
     def keep_aside(self, key: str, aside: str) -> None:
         """Give the copy at `key` a second name `aside` (a hard link: no byte written again), durably."""
         self._between(key, aside, atomic.link)

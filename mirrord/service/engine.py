@@ -161,8 +161,9 @@ class Engine:
         beside = target is not None
         if beside:
             result = replace(result, rel=version_key(job.rel))
-            self._pending.add(result.rel)
-            self.log.warning("copy.kept_beside", path=job.rel, version=result.rel, validation=result.validation)
+            if result.validation != OK:  # (a checked one takes the name at its commit)
+                self._pending.add(result.rel)
+                self.log.warning("copy.kept_beside", path=job.rel, version=result.rel, validation=result.validation)
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
         entry = self._entry(job, result, self.manifest.next_seq(), identity=not dirs.renames_pending())
         return StagedCopy(job, result, [replace(entry, role=PENDING) if beside else entry], dirs)
@@ -276,10 +277,11 @@ class Engine:
             except OSError as exc:
                 where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
                 raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
+            puts = [self._identified(e) if e.path in renamed_here else e for staged in batch for e in staged.entries]
+            # A version its validator checked takes its name now (nothing is stronger evidence that it is whole).
+            puts = [p for e in puts for p in (self._promoted(e) if e.role == PENDING and e.validation == OK else [e])]
             # A folder unit's files are in the same record as the rest of the batch: all or none.
-            self.manifest.apply(
-                puts=[self._identified(e) if e.path in renamed_here else e for staged in batch for e in staged.entries]
-            )
+            self.manifest.apply(puts=puts)
         except MirrordError as exc:
             for _ in batch:
                 self.count(exc.reason)
@@ -291,41 +293,47 @@ class Engine:
         return results
 
     def _promote_versions(self, batch: Sequence[StagedCopy]) -> None:
-        """Put a version recorded beside a verified copy under its name once there is evidence that it is
-        whole: its format's validator checked it (nothing is stronger), or its run recorded a newer step
-        first listed after it (saves are sequential: a later save proves this one returned). The copy it
-        replaces is moved aside, still recorded (PREVIOUS), for retention to retire later."""
+        """Put a version kept beside a verified copy under its name once its run recorded a newer step first
+        listed after it (saves are sequential: a later save proves this one returned). Tried once per process
+        (a failure is logged)."""
         newer = [e for s in batch for e in s.entries if not e.role]
         for key in list(self._pending):
             version = self.manifest.get(key)
-            rel = versioned(version) if version is not None and version.role == PENDING else ""
-            old = self.manifest.get(rel)
+            old = self.manifest.get(versioned(version)) if version is not None and version.role == PENDING else None
             if version is None or old is None or old.seq > version.seq:
                 self._pending.discard(key)  # retired or superseded since: retention retires the version
-                continue
-            if version.validation != OK and not any(
-                e.run == old.run and (e.step or 0) > (version.step or 0) and e.seen >= version.seq for e in newer
-            ):
-                continue
-            aside = version_key(rel, old.seq)
-            self._pending.discard(key)  # tried once (a failure is logged; the next start tries again)
-            try:
-                # Each step leaves every recorded name naming its recorded bytes: the old copy gets its second
-                # name and record first, then the version takes the name (as a copy is published) and is recorded.
-                assert isinstance(self.mirror, LocalMirror)
-                self.mirror.keep_aside(rel, aside)
-                kept = self._identified(replace(old, path=aside, role=PREVIOUS))
-                self.manifest.apply(puts=[kept], removes=[version.path])
-                self.mirror.move(version.path, rel)
-                self.manifest.apply(
-                    puts=[self._identified(replace(version, path=rel, **recorded_as(rel, self.config.rules)))]
-                )
-            except MirrordError as exc:
-                self.log.error(
-                    "copy.version_not_promoted", path=rel, version=version.path, reason=exc.reason, cause=exc.cause
-                )
-                continue
-            self.log.info("copy.version_promoted", path=rel, step=version.step, digest=version.digest, previous=aside)
+            elif any(e.run == old.run and (e.step or 0) > (version.step or 0) and e.seen >= version.seq for e in newer):
+                self._pending.discard(key)
+                try:
+                    self.manifest.apply(puts=self._promoted(version))
+                except MirrordError as exc:
+                    self.log.error("copy.version_not_promoted", path=old.path, reason=exc.reason, cause=exc.cause)
+
+    def _promoted(self, version: ManifestEntry) -> list[ManifestEntry]:
+        """Rename the version onto its name; returns its entry there, to record. The copy it replaces, while
+        still the recorded one, is first given a second name aside (a hard link) and recorded there (PREVIOUS)
+        by the same journal record that drops the version's own: every recorded name holds its recorded
+        bytes at every instant, except between the rename and its record, as when any copy is published."""
+        assert isinstance(self.mirror, LocalMirror)
+        rel = versioned(version)
+        try:
+            old, state = self.manifest.get(rel), self.mirror.stat(rel)
+        except OSError as exc:
+            raise from_oserror(self.mirror.describe(rel), exc, "stat") from exc
+        kept = []
+        if (
+            old
+            and state
+            and (state.ino, state.size, state.mtime_ns) == (old.mirror_ino or state.ino, old.size, old.stored_mtime_ns)
+        ):
+            self.mirror.keep_aside(rel, version_key(rel, old.seq))
+            kept = [self._identified(replace(old, path=version_key(rel, old.seq), role=PREVIOUS))]
+        self.manifest.apply(puts=kept, removes=[version.path])
+        self.mirror.move(version.path, rel)
+        self.log.info(
+            "copy.version_promoted", path=rel, step=version.step, digest=version.digest, kept_aside=bool(kept)
+        )
+        return [self._identified(replace(version, path=rel, **recorded_as(rel, self.config.rules)))]
 
     def count(self, result: str) -> None:
         """Count one copy outcome (mirrord_copies_total), when metrics are kept."""

@@ -250,10 +250,11 @@ def test_a_version_written_in_place_takes_the_name_once_the_trainer_saves_a_newe
     assert d.events("copy.kept_beside", path="r/step_3.pt")
 
     _legacy_save(primary / "r" / "step_4.pt", 4)
-    previous = d.wait_event("copy.version_promoted", path="r/step_3.pt", timeout=60)["previous"]
+    assert d.wait_event("copy.version_promoted", path="r/step_3.pt", timeout=60)["kept_aside"]
     assert (mirror / "r" / "step_3.pt").read_bytes() == new
-    wait_for(lambda: not (mirror / previous).exists(), 60, "the old step 3 retired")
-    assert d.events("prune.deleted", path=previous)
+    wait_for(lambda: d.events("prune.deleted", kind="step", step=3), 60, "the old step 3 retired")
+    previous = d.events("prune.deleted", kind="step", step=3)[0]["path"]
+    assert previous.startswith(".mirrord-versions/r/step_3.pt@") and not (mirror / previous).exists()
     entries = Manifest.load(mirror).entries
     assert previous not in entries and entries["r/step_3.pt"].size == len(new)
     assert sorted(p.name for p in (mirror / "r").iterdir()) == [f"step_{step}.pt" for step in (1, 2, 3, 4)]

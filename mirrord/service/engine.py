@@ -326,10 +326,10 @@ class Engine:
             and state
             and (state.ino, state.size, state.mtime_ns) == (old.mirror_ino or state.ino, old.size, old.stored_mtime_ns)
         ):
-            self.mirror.keep_aside(rel, version_key(rel, old.seq))
+            self.mirror.rename(rel, version_key(rel, old.seq), keep=True)
             kept = [self._identified(replace(old, path=version_key(rel, old.seq), role=PREVIOUS))]
         self.manifest.apply(puts=kept, removes=[version.path])
-        self.mirror.move(version.path, rel)
+        self.mirror.rename(version.path, rel)
         self.log.info(
             "copy.version_promoted", path=rel, step=version.step, digest=version.digest, kept_aside=bool(kept)
         )

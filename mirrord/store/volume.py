@@ -13,7 +13,7 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -195,16 +195,9 @@ class LocalMirror(LocalVolume):
         }
         return dataclasses.replace(listed, versions=versions, errors=listed.errors + kept.errors)
 
-    def keep_aside(self, key: str, aside: str) -> None:
-        """Give the copy at `key` a second name `aside` (a hard link: no byte written again), durably."""
-        self._between(key, aside, atomic.link)
-
-    def move(self, key: str, final: str) -> None:
-        """Rename `key` onto `final` (a version promoted over the copy there), durably."""
-        self._between(key, final, atomic.rename)
-
-    def _between(self, key: str, other: str, make: Callable[..., None]) -> None:
-        """make(key's name, other's name) in their folders beneath the root, then fsync both folders."""
+    def rename(self, key: str, other: str, keep: bool = False) -> None:
+        """Rename `key` onto `other` (a version promoted over the copy there) or, with `keep`, give it the second
+        name `other` (a hard link: no byte written again); both folders fsynced."""
         self.check_identity()
         src, dst = split_rel(key), split_rel(other)
         try:
@@ -213,11 +206,11 @@ class LocalMirror(LocalVolume):
                 fds.callback(os.close, src_fd)
                 dst_fd = open_dir_beneath(self.root, dst[:-1])
                 fds.callback(os.close, dst_fd)
-                make(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                (atomic.link if keep else atomic.rename)(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
                 atomic.sync(dst_fd)
                 atomic.sync(src_fd)
         except OSError as exc:
-            raise from_oserror(self.describe(other), exc, f"{make.__name__} {self.describe(key)} to") from exc
+            raise from_oserror(self.describe(other), exc, f"rename {self.describe(key)} to") from exc
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""

@@ -321,12 +321,12 @@ class Engine:
         except OSError as exc:
             raise from_oserror(self.mirror.describe(rel), exc, "stat") from exc
         kept = []
-        if (
+        holds_old = (
             old
             and state
             and (state.ino, state.size, state.mtime_ns) == (old.mirror_ino or state.ino, old.size, old.stored_mtime_ns)
-        ):
-            self.mirror.rename(rel, version_key(rel, old.seq), keep=True)
+        )
+        if old and holds_old and self.mirror.rename(rel, version_key(rel, old.seq), keep=True):  # (else not kept)
             kept = [self._identified(replace(old, path=version_key(rel, old.seq), role=PREVIOUS))]
         self.manifest.apply(puts=kept, removes=[version.path])
         self.mirror.rename(version.path, rel)

@@ -195,9 +195,10 @@ class LocalMirror(LocalVolume):
         }
         return dataclasses.replace(listed, versions=versions, errors=listed.errors + kept.errors)
 
-    def rename(self, key: str, other: str, keep: bool = False) -> None:
+    def rename(self, key: str, other: str, keep: bool = False) -> bool:
         """Rename `key` onto `other` (a version promoted over the copy there) or, with `keep`, give it the second
-        name `other` (a hard link: no byte written again); both folders fsynced."""
+        name `other` (a hard link: no byte written again); both folders fsynced. False where the filesystem
+        has no hard links (nothing done)."""
         self.check_identity()
         src, dst = split_rel(key), split_rel(other)
         try:
@@ -210,7 +211,10 @@ class LocalMirror(LocalVolume):
                 atomic.sync(dst_fd)
                 atomic.sync(src_fd)
         except OSError as exc:
+            if keep and exc.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS):
+                return False
             raise from_oserror(self.describe(other), exc, f"rename {self.describe(key)} to") from exc
+        return True
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""

@@ -226,6 +226,8 @@ def test_a_torn_rewrite_never_replaces_the_verified_copy_of_the_same_name(tmp_pa
     restored = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "restored"))
     assert restored.returncode == 0, restored.stderr
     assert (tmp_path / "restored" / "r" / "step_3.pt").read_bytes() == good[2]
+    status = run_mirrord("status", "--config", str(d.config_path))
+    assert " r " in status.stdout and ".mirrord-versions" not in status.stdout, status.stdout  # no run of its own
     done = len(d.events("reconcile.finished"))
     wait_for(lambda: len(d.events("reconcile.finished")) >= done + 2, 60, "two more reconciles")
     assert len(d.events("copy.committed", path="r/step_3.pt")) == 2  # the version beside is not copied again

@@ -24,7 +24,7 @@ from mirrord import __version__
 from mirrord.commands.printable import printable
 from mirrord.core.contributions import Contributions
 from mirrord.core.jobs import CopyJob
-from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.model import PENDING, PREVIOUS, FileState, ManifestEntry, Snapshot
 from mirrord.core.reconcile import Facts, View, reconcile
 from mirrord.core.units import Completeness, Unit, run_and_step
 from mirrord.errors import ManifestError
@@ -520,6 +520,8 @@ def _runs(
         name, step = run_and_step(rel, config.rules, config.step_regex)
         primary_steps[name].append(step)
     for entry in manifest.values():  # the run the record names (records from before it said: the config's)
+        if entry.role in (PENDING, PREVIOUS):
+            continue  # a version kept beside a copy: no checkpoint of a run
         entries_by_run[
             entry.run if entry.layout else run_and_step(entry.path, config.rules, config.step_regex)[0]
         ].append(entry)

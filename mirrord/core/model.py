@@ -10,6 +10,12 @@ from posixpath import dirname
 
 from mirrord.formats.verdicts import OK, PASSING, RENAMED
 
+# Versions of a name kept beside its verified copy, in a folder no listing enters (a dot name). Their
+# manifest entries carry a role, so that no reader takes one for a checkpoint: PENDING, a newer copy whose
+# source gave no evidence yet that it is whole (at VERSIONS/rel); PREVIOUS, a copy a promoted one moved aside
+# (at VERSIONS/rel@seq, its own recording sequence).
+VERSIONS, PENDING, PREVIOUS = ".mirrord-versions", "pending", "previous"
+
 
 @dataclass(frozen=True, slots=True)
 class FileState:
@@ -52,6 +58,7 @@ class Snapshot:
     # Files the layout did not select that look like checkpoints: the first one seen per
     # mirrord.layouts.LOOKALIKES pattern (pattern -> rel), for a warning.
     lookalikes: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, FileState] = field(default_factory=dict)  # the files below VERSIONS (a mirror's)
 
     @property
     def complete(self) -> bool:
@@ -86,7 +93,7 @@ class ManifestEntry:
     # What the file is a part of, so that a reader needs no config to tell: the layout that named it
     # ("" in records made before the record said), the folder unit it is a member of ("": a unit of its
     # own), how many files that unit has (all recorded by one change), and "alias" or "tag" for a file kept
-    # beside the checkpoints that is none ("": a checkpoint).
+    # beside the checkpoints that is none ("": a checkpoint), PENDING or PREVIOUS for a version (VERSIONS).
     layout: str = ""
     unit: str = ""
     members: int = 1
@@ -121,6 +128,17 @@ class ManifestEntry:
             self.stored_mtime_ns,
             self.mirror_ctime_ns,
         )
+
+
+def version_key(rel: str, seq: int = 0) -> str:
+    """Where a version of `rel` is kept: the pending one, or (seq) one moved aside by a promotion."""
+    return f"{VERSIONS}/{rel}@{seq}" if seq else f"{VERSIONS}/{rel}"
+
+
+def versioned(entry: ManifestEntry) -> str:
+    """The name a version entry is a version of."""
+    rel = entry.path.removeprefix(VERSIONS + "/")
+    return rel.rpartition("@")[0] if entry.role == PREVIOUS else rel
 
 
 def entry_passed(entry: ManifestEntry) -> bool:

@@ -99,7 +99,9 @@ class Observations:
         """Observe complete listings of both sides (mirror temp files included): what the min-age guard reads."""
         ages = self.update(Volume.PRIMARY, primary.files)
         listed = (
-            {**mirror.files, **mirror.partials, **mirror.staging} if mirror.partials or mirror.staging else mirror.files
+            {**mirror.files, **mirror.partials, **mirror.staging, **mirror.versions}
+            if mirror.partials or mirror.staging or mirror.versions
+            else mirror.files
         )
         return Ages({**ages.volumes, **self.update(Volume.MIRROR, listed).volumes})
 

@@ -11,7 +11,7 @@ from operator import attrgetter
 
 from mirrord.core.contributions import Sharing
 from mirrord.core.jobs import CopyJob
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, step_of, version_key
 from mirrord.core.units import Completeness, Unit, group_units
 from mirrord.layouts import Layout
 
@@ -74,6 +74,8 @@ def plan_copies(
     in_sync = 0
     for rel, src in primary.files.items():
         why = why_copy(src, manifest.get(rel), mirror.files.get(rel))
+        if why in ("changed", REPLACED) and why_copy(src, manifest.get(version_key(rel)), None) == "mirror_missing":
+            why = None  # the source is the version recorded beside the verified copy (Engine.stage)
         if why is None:
             in_sync += 1
         elif not is_settled(src):

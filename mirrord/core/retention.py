@@ -50,7 +50,17 @@ from typing import TYPE_CHECKING
 
 from mirrord.core.branches import Branches, branches, lying_after_ns
 from mirrord.core.guards import GuardContext, veto
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, entry_passed, entry_whole, step_of
+from mirrord.core.model import (
+    PENDING,
+    PREVIOUS,
+    FileState,
+    ManifestEntry,
+    Snapshot,
+    entry_passed,
+    entry_whole,
+    step_of,
+    versioned,
+)
 from mirrord.core.plan import MTIME_TOLERANCE_NS, why_copy
 from mirrord.core.units import locate
 from mirrord.layouts import Layout
@@ -383,6 +393,7 @@ def plan_prune(
     newest = frozenset(rel for decided in plans.values() for rel in decided.newest)
     candidates.extend(Deletion(MIRROR, state, None, ORPHAN_PART) for state in mirror.partials.values())
     candidates.extend(Deletion(MIRROR, state, None, ORPHAN_STAGING) for state in mirror.staging.values())
+    candidates.extend(retired_versions(mirror, manifest))
 
     ctx = request.guards(newest)
     skipped: list[Skipped] = []
@@ -432,6 +443,36 @@ def plan_prune(
         unrotated=tuple((run, step) for run, p in plans.items() for step in p.unrotated)
         + tuple((k.rel.rpartition("/")[0], k.rel) for k in kept if k.why == NOT_ROTATED and k.step is None),
     )
+
+
+def retired_versions(mirror: Snapshot, manifest: Mapping[str, ManifestEntry]) -> list[Deletion]:
+    """The versions kept beside a verified copy (mirrord.core.model.VERSIONS) that retention lets go: any whose
+    name is no longer recorded (its step retired); a pending one once a newer copy was recorded under its
+    name; a previous one once its run recorded a newer step (no resume needs it), or, without a step, once the
+    copy that took its name is whole. One not recorded is kept:
+    a promotion interrupted by a crash may have left the only whole copy there."""
+    if not mirror.versions:
+        return []
+    newest: dict[str, int] = {}
+    for e in manifest.values():
+        if not e.role and e.step is not None:
+            newest[e.run] = max(e.step, newest.get(e.run, e.step))
+    retired = []
+    for state in mirror.versions.values():
+        version = manifest.get(state.rel)
+        if version is None or version.role not in (PENDING, PREVIOUS):
+            continue
+        named = manifest.get(versioned(version))
+        if (
+            named is None
+            or (version.role == PENDING and named.seq > version.seq)
+            or (
+                version.role == PREVIOUS
+                and (entry_whole(named) if version.step is None else newest.get(named.run, -1) > version.step)
+            )
+        ):
+            retired.append(Deletion(MIRROR, state, version.step))
+    return retired
 
 
 def _refusals(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirrord.core.contributions import Contribution
 from mirrord.core.jobs import CopyJob, CopyResult
-from mirrord.core.model import FileState, ManifestEntry
+from mirrord.core.model import PENDING, PREVIOUS, FileState, ManifestEntry, entry_whole, version_key, versioned
 from mirrord.core.nodes import foreign
 from mirrord.core.plan import REPLACED
 from mirrord.core.units import MAX_READ_BYTES, recorded_as
@@ -33,7 +33,7 @@ from mirrord.errors import (
     from_oserror,
 )
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
-from mirrord.formats.verdicts import RENAMED, UNCHECKED
+from mirrord.formats.verdicts import OK, RENAMED, UNCHECKED
 from mirrord.obs.log import get_logger
 from mirrord.paths import open_file_beneath
 from mirrord.service.copier import CopyControl, CopyOptions, copy_file, hash_source
@@ -41,7 +41,8 @@ from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest, upgrade
-from mirrord.store.mirror import Mirror
+from mirrord.store.mirror import Mirror, UploadTarget
+from mirrord.store.volume import Beside, LocalMirror
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -95,6 +96,7 @@ class Engine:
         self._last_steps: dict[str, int] = {}
         self._space_lock = threading.Lock()
         self._reserved = 0  # bytes promised to copies in flight: they all passed the free-space check
+        self._pending = {rel for rel, e in manifest.entries.items() if e.role == PENDING}  # versions to promote
 
     def reconfigure(self, config: Config, make_room: MakeRoom) -> None:
         """Use a reloaded config and retention's make_room for the next copies: a copy takes both at its
@@ -144,16 +146,27 @@ class Engine:
                 self._reserved -= job.size
 
     def _stage_file(self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom) -> StagedCopy:
-        """One file copied and published; its directory fsync (and maybe its rename) left to commit()."""
+        """One file copied and published; its directory fsync (and maybe its rename) left to commit(). Other
+        bytes under the name of a copy recorded whole, from a source its writer did not rename into place
+        (it may be torn), are a version: published beside that copy, never over it (commit() promotes it)."""
+        old, target = self.manifest.get(job.rel), Beside(self.mirror) if isinstance(self.mirror, LocalMirror) else None
+        if old is None or old.role or not entry_whole(old) or job.committed:  # (an alias, a tag: no checkpoint)
+            target = None  # (nor on an object store: no rename to promote a version with, S3 replaces)
         dirs = DirSyncs()
         try:
-            result = self._copy(job, options, control, dirs, make_room)
+            result = self._copy(job, options, control, dirs, make_room, target or self.mirror)
         except BaseException:
             dirs.close()
             raise
+        beside = target is not None
+        if beside:
+            result = replace(result, rel=version_key(job.rel))
+            if result.validation != OK:  # (a checked one takes the name at its commit)
+                self._pending.add(result.rel)
+                self.log.warning("copy.kept_beside", path=job.rel, version=result.rel, validation=result.validation)
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
         entry = self._entry(job, result, self.manifest.next_seq(), identity=not dirs.renames_pending())
-        return StagedCopy(job, result, [entry], dirs)
+        return StagedCopy(job, result, [replace(entry, role=PENDING) if beside else entry], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom) -> StagedCopy:
         """A folder unit copied and published whole; its record left to commit()."""
@@ -264,17 +277,63 @@ class Engine:
             except OSError as exc:
                 where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
                 raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
+            puts = [self._identified(e) if e.path in renamed_here else e for staged in batch for e in staged.entries]
+            # A version its validator checked takes its name now (nothing is stronger evidence that it is whole).
+            puts = [p for e in puts for p in (self._promoted(e) if e.role == PENDING and e.validation == OK else [e])]
             # A folder unit's files are in the same record as the rest of the batch: all or none.
-            self.manifest.apply(
-                puts=[self._identified(e) if e.path in renamed_here else e for staged in batch for e in staged.entries]
-            )
+            self.manifest.apply(puts=puts)
         except MirrordError as exc:
             for _ in batch:
                 self.count(exc.reason)
             return [exc] * len(batch)
         finally:
             dirs.close()
-        return [self._committed(staged) for staged in batch]
+        results: list[CopyResult | MirrordError] = [self._committed(staged) for staged in batch]
+        self._promote_versions(batch)
+        return results
+
+    def _promote_versions(self, batch: Sequence[StagedCopy]) -> None:
+        """Put a version kept beside a verified copy under its name once its run recorded a newer step first
+        listed after it (saves are sequential: a later save proves this one returned). Tried once per process
+        (a failure is logged)."""
+        newer = [e for s in batch for e in s.entries if not e.role]
+        for key in list(self._pending):
+            version = self.manifest.get(key)
+            old = self.manifest.get(versioned(version)) if version is not None and version.role == PENDING else None
+            if version is None or old is None or old.seq > version.seq:
+                self._pending.discard(key)  # retired or superseded since: retention retires the version
+            elif any(e.run == old.run and (e.step or 0) > (version.step or 0) and e.seen >= version.seq for e in newer):
+                self._pending.discard(key)
+                try:
+                    self.manifest.apply(puts=self._promoted(version))
+                except MirrordError as exc:
+                    self.log.error("copy.version_not_promoted", path=old.path, reason=exc.reason, cause=exc.cause)
+
+    def _promoted(self, version: ManifestEntry) -> list[ManifestEntry]:
+        """Rename the version onto its name; returns its entry there, to record. The copy it replaces, while
+        still the recorded one, is first given a second name aside (a hard link) and recorded there (PREVIOUS)
+        by the same journal record that drops the version's own: every recorded name holds its recorded
+        bytes at every instant, except between the rename and its record, as when any copy is published."""
+        assert isinstance(self.mirror, LocalMirror)
+        rel = versioned(version)
+        try:
+            old, state = self.manifest.get(rel), self.mirror.stat(rel)
+        except OSError as exc:
+            raise from_oserror(self.mirror.describe(rel), exc, "stat") from exc
+        kept = []
+        holds_old = (
+            old
+            and state
+            and (state.ino, state.size, state.mtime_ns) == (old.mirror_ino or state.ino, old.size, old.stored_mtime_ns)
+        )
+        if old and holds_old and self.mirror.rename(rel, version_key(rel, old.seq), keep=True):  # (else not kept)
+            kept = [self._identified(replace(old, path=version_key(rel, old.seq), role=PREVIOUS))]
+        self.manifest.apply(puts=kept, removes=[version.path])
+        self.mirror.rename(version.path, rel)
+        self.log.info(
+            "copy.version_promoted", path=rel, step=version.step, digest=version.digest, kept_aside=bool(kept)
+        )
+        return [self._identified(replace(version, path=rel, **recorded_as(rel, self.config.rules)))]
 
     def count(self, result: str) -> None:
         """Count one copy outcome (mirrord_copies_total), when metrics are kept."""
@@ -461,17 +520,18 @@ class Engine:
         control: CopyControl,
         dirs: DirSyncs,
         make_room: MakeRoom,
+        target: UploadTarget,
     ) -> CopyResult:
         """copy_file, once more after making room when the mirror is full (and retention may free some)."""
         expect = self._tag_checked(job)
         try:
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
+            return copy_file(self.primary_root, job.rel, target, options, control, dirs, expect)
         except NoSpaceError:
             if make_room is None:
                 raise
             make_room(job.size + options.reserve_bytes)
             control.bytes_done = 0  # the second try starts from the first byte again
-            return copy_file(self.primary_root, job.rel, self.mirror, options, control, dirs, expect)
+            return copy_file(self.primary_root, job.rel, target, options, control, dirs, expect)
 
     def _tag_checked(self, job: CopyJob) -> os.stat_result | None:
         """A tag file (DeepSpeed's `latest`) is published only naming a folder the manifest records: the

@@ -406,6 +406,13 @@ def rename(src: str, dst: str, *, src_dir_fd: int, dst_dir_fd: int) -> None:
     os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
 
+def link(src: str, dst: str, *, src_dir_fd: int, dst_dir_fd: int) -> None:
+    """Make `dst` a second name of the file `src`, in place of any file there (the caller fsyncs the folder)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(dst, dir_fd=dst_dir_fd)
+    os.link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=False)
+
+
 def remove_empty_folder(dir_fd: int, name: str) -> None:
     """Remove a folder only if it is empty (OSError otherwise)."""
     os.rmdir(name, dir_fd=dir_fd)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO
 
-from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.model import VERSIONS, FileState, ManifestEntry, Snapshot, version_key
 from mirrord.errors import (
     ChangedError,
     LockedError,
@@ -190,6 +191,39 @@ class LocalMirror(LocalVolume):
         """Begin writing `rel` under its temp name (the mirror must still be the pinned volume)."""
         self.check_identity()
         return LocalUpload(self.root, rel, size, drop_cache, source_modes(self.modes_from, rel))
+
+    def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
+        """The candidate files (LocalVolume.snapshot) and, apart, the versions kept beside them (VERSIONS)."""
+        listed = super().snapshot(patterns, layout)
+        st = lstat_beneath(self.root, VERSIONS)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return listed
+        kept = snapshot_tree(self.root / VERSIONS, ("*",))
+        versions = {
+            f"{VERSIONS}/{s.rel}": dataclasses.replace(s, rel=f"{VERSIONS}/{s.rel}") for s in kept.files.values()
+        }
+        return dataclasses.replace(listed, versions=versions, errors=listed.errors + kept.errors)
+
+    def rename(self, key: str, other: str, keep: bool = False) -> bool:
+        """Rename `key` onto `other` (a version promoted over the copy there) or, with `keep`, give it the second
+        name `other` (a hard link: no byte written again); both folders fsynced. False where the filesystem
+        has no hard links (nothing done)."""
+        self.check_identity()
+        src, dst = split_rel(key), split_rel(other)
+        try:
+            with contextlib.ExitStack() as fds:
+                src_fd = open_dir_beneath(self.root, src[:-1])
+                fds.callback(os.close, src_fd)
+                dst_fd = open_dir_beneath(self.root, dst[:-1])
+                fds.callback(os.close, dst_fd)
+                (atomic.link if keep else atomic.rename)(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                atomic.sync(dst_fd)
+                atomic.sync(src_fd)
+        except OSError as exc:
+            if keep and exc.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS):
+                return False
+            raise from_oserror(self.describe(other), exc, f"rename {self.describe(key)} to") from exc
+        return True
 
     def set_manifest_aside(self, suffix: str) -> list[str]:
         """Rename the manifest snapshot and journals to NAME+suffix (never deleted: a person may want them)."""
@@ -366,6 +400,28 @@ class LocalMirror(LocalVolume):
             self._lock_fd = fd
             return None
         return f"{path} was replaced: another mirrord may now work on this mirror"
+
+
+class Beside:
+    """A LocalMirror as the copier's UploadTarget for a version: a copy of `key` is published at version_key(key),
+    beside the verified copy under `key`, in a folder only the daemon's user reads (0700)."""
+
+    def __init__(self, mirror: LocalMirror) -> None:
+        self.mirror = mirror
+
+    def describe(self, key: str = "") -> str:
+        """The version's path."""
+        return self.mirror.describe(version_key(key))
+
+    def space(self) -> tuple[int, int]:
+        """The mirror's (free, total) bytes."""
+        return self.mirror.space()
+
+    def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> LocalUpload:
+        """Begin writing the version of `key` under its temp name."""
+        self.mirror.check_identity()
+        modes = (0o700, *source_modes(self.mirror.modes_from, key))
+        return LocalUpload(self.mirror.root, version_key(key), size, drop_cache, modes)
 
 
 def _lock_holder(fd: int) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrord.config import Config
-from mirrord.core.model import ManifestEntry
+from mirrord.core.model import PENDING, PREVIOUS, ManifestEntry
 from mirrord.errors import ManifestError
 from mirrord.store.atomic import TEMP_SUFFIX
 from mirrord.store.hashing import new_hasher
@@ -294,7 +294,16 @@ def crash_violations(world: World) -> list[str]:
         entry = entries.get(rel)
         if entry is not None and digest != world.source_digest(rel) and not matches:
             violations.append(f"{rel}: equals neither its source nor its manifest entry")
-    violations += [f"manifest records {rel} but the mirror has no such file" for rel in entries if rel not in files]
+    # A version kept beside a verified copy (hidden, mirrord.core.model.VERSIONS) must be the file its entry records.
+    versions = {rel: e for rel, e in entries.items() if e.role in (PENDING, PREVIOUS)}
+    for rel, entry in sorted(versions.items()):
+        try:
+            if not _matches(world.mirror / rel, entry):
+                violations.append(f"{rel}: the version does not match its manifest entry")
+        except OSError as exc:
+            violations.append(unreadable(rel, exc))
+    missing = (rel for rel in entries if rel not in files and rel not in versions)
+    violations += [f"manifest records {rel} but the mirror has no such file" for rel in missing]
     return violations
 
 

@@ -3,6 +3,7 @@ recorded, and a source replaced after it was copied is seen by its identity. Rea
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -16,7 +17,9 @@ from mirrord.store.manifest import Manifest
 from mirrord.torch import atomic_save, restore_latest
 from tests.support.cli import run_mirrord
 from tests.support.config import settings, write_config
+from tests.support.daemon import DaemonProcess
 from tests.support.folders import write_dcp, write_hf
+from tests.support.wait import wait_for
 
 
 def _write_torch(folder: Path, step: int) -> list[Path]:
@@ -166,3 +169,97 @@ def test_a_source_replaced_by_other_bytes_of_the_same_size_and_mtime_is_copied_a
     assert json.loads(settled.stdout)["copied"] == []
     assert '"copy.source_same_bytes"' in settled.stderr
     assert json.loads(run_mirrord("sync", "--config", config, "--json").stdout)["copied"] == []
+
+
+def _legacy_save(path: Path, step: int, width: int = 64, rename: bool = True, torn: bool = False) -> bytes:
+    """A legacy torch.save (no validator reads it) of `step`: by temp file and rename, or in place; `torn`
+    writes only its first half in place (the trainer died while writing). Returns the bytes of the whole save."""
+    buf = io.BytesIO()
+    torch.save({"step": step, "w": torch.full((width, width), float(step))}, buf, _use_new_zipfile_serialization=False)
+    data = buf.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if rename:
+        part = path.with_name(path.name + ".part")
+        part.write_bytes(data)
+        part.replace(path)
+    else:
+        with open(path, "r+b") as f:  # rewritten in place, as torch.save(obj, path) does
+            f.truncate(0)
+            f.write(data[: len(data) // 2] if torn else data)
+    return data
+
+
+def _committed(d: DaemonProcess, rel: str, count: int) -> None:
+    wait_for(lambda: len(d.events("copy.committed", path=rel)) >= count, 60, f"{rel} copied {count} time(s)")
+
+
+def _saved_by_rename(d: DaemonProcess, primary: Path, mirror: Path) -> list[bytes]:
+    """Steps 1..3 of run r saved by temp file and rename, each mirrored and recorded "renamed" (whole)."""
+    good = []
+    for step in (1, 2, 3):
+        good.append(_legacy_save(primary / "r" / f"step_{step}.pt", step))
+        _committed(d, f"r/step_{step}.pt", 1)
+    assert {e.validation for e in Manifest.load(mirror).entries.values()} == {"renamed"}
+    return good
+
+
+def test_a_torn_rewrite_never_replaces_the_verified_copy_of_the_same_name(tmp_path: Path, daemon_factory) -> None:
+    """Case 5: step_1..3 saved by temp file and rename in a format no validator reads (recorded "renamed"); the
+    job restarts with the same names and dies half-way through rewriting step_3.pt in place. Once that settles,
+    the daemon mirrors the torn bytes beside the verified copy, never over it: the mirror's step_3.pt is still
+    the good one, and `mirrord latest` and `mirrord restore` name and bring back the good step 3."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "r").mkdir()
+    d = daemon_factory({"watch": {"rescan_interval_seconds": 1}}).start()
+    good = _saved_by_rename(d, primary, mirror)
+
+    torn = _legacy_save(primary / "r" / "step_3.pt", 3, width=128, rename=False, torn=True)
+    assert len(torn) > 2 * len(good[2])
+    _committed(d, "r/step_3.pt", 2)  # the torn file, once it stopped changing
+    assert (mirror / "r" / "step_3.pt").read_bytes() == good[2]
+    entry = Manifest.load(mirror).entries["r/step_3.pt"]
+    assert (entry.size, entry.validation) == (len(good[2]), "renamed")
+
+    latest = run_mirrord("latest", "--mirror", str(mirror))
+    assert latest.returncode == 0, latest.stderr
+    assert latest.stdout.strip() == str(mirror / "r" / "step_3.pt")
+    restored = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "restored"))
+    assert restored.returncode == 0, restored.stderr
+    assert (tmp_path / "restored" / "r" / "step_3.pt").read_bytes() == good[2]
+    status = run_mirrord("status", "--config", str(d.config_path))
+    assert " r " in status.stdout and ".mirrord-versions" not in status.stdout, status.stdout  # no run of its own
+    done = len(d.events("reconcile.finished"))
+    wait_for(lambda: len(d.events("reconcile.finished")) >= done + 2, 60, "two more reconciles")
+    assert len(d.events("copy.committed", path="r/step_3.pt")) == 2  # the version beside is not copied again
+    assert d.stop() == 0
+
+
+def test_a_version_written_in_place_takes_the_name_once_the_trainer_saves_a_newer_step(
+    tmp_path: Path, daemon_factory
+) -> None:
+    """Item 4's promotion: step_3.pt rewritten in place (whole, but no validator or rename says so) is kept
+    beside the verified copy. Once the trainer saves step 4, a later save proves step 3's returned: the new
+    step 3 takes the name, the old one is moved aside, still recorded, and retention (keep_last 10: every
+    step stays) retires it later, as no resume needs it any more."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "r").mkdir()
+    prune = {"enabled": True, "keep_last": 10, "min_age_seconds": 0}
+    d = daemon_factory({"watch": {"rescan_interval_seconds": 1}, "prune": prune}).start()
+    good = _saved_by_rename(d, primary, mirror)
+    new = _legacy_save(primary / "r" / "step_3.pt", 3, width=128, rename=False)
+    _committed(d, "r/step_3.pt", 2)
+    assert (mirror / "r" / "step_3.pt").read_bytes() == good[2]
+    assert d.events("copy.kept_beside", path="r/step_3.pt")
+
+    _legacy_save(primary / "r" / "step_4.pt", 4)
+    assert d.wait_event("copy.version_promoted", path="r/step_3.pt", timeout=60)["kept_aside"]
+    assert (mirror / "r" / "step_3.pt").read_bytes() == new
+    wait_for(lambda: d.events("prune.deleted", kind="step", step=3), 60, "the old step 3 retired")
+    previous = d.events("prune.deleted", kind="step", step=3)[0]["path"]
+    assert previous.startswith(".mirrord-versions/r/step_3.pt@") and not (mirror / previous).exists()
+    entries = Manifest.load(mirror).entries
+    assert previous not in entries and entries["r/step_3.pt"].size == len(new)
+    assert sorted(p.name for p in (mirror / "r").iterdir()) == [f"step_{step}.pt" for step in (1, 2, 3, 4)]
+    latest = run_mirrord("latest", "--mirror", str(mirror))
+    assert latest.stdout.strip() == str(mirror / "r" / "step_4.pt"), latest.stderr
+    assert d.stop() == 0

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from mirrord.config import PruneConfig
 from mirrord.core.branches import branches, run_rollbacks
-from mirrord.core.model import FileState, ManifestEntry, Snapshot, step_of
+from mirrord.core.model import PENDING, PREVIOUS, FileState, ManifestEntry, Snapshot, step_of, version_key
 from mirrord.core.retention import (
     KeepEvery,
     KeepLast,
@@ -26,6 +26,7 @@ from mirrord.core.retention import (
     mirror_unmounted,
     plan_prune,
     preserved,
+    retired_versions,
 )
 from mirrord.layouts import layout_for
 
@@ -922,3 +923,35 @@ def test_keep_branch_tips_keeps_each_abandoned_branchs_newest_verified_step() ->
     assert KeepBranchTips().preserve([1, 2, 3, 5], {1, 2, 3, 5}, run) == {1, 3}
     assert KeepBranchTips().preserve([1, 2, 3, 5], {1, 2}, run) == {1, 2}
     assert KeepBranchTips().preserve([1, 2, 3, 5], set(), run) == {1, 3}
+
+
+def test_versions_beside_a_copy_are_retired_by_their_own_rules() -> None:
+    """A pending version goes once a newer copy is recorded under its name, a previous one once its run recorded
+    a newer step (a stepless one: once the copy that took its name is whole), either once its name is no longer
+    recorded; a version with no record, or one still needed, stays."""
+
+    def entry(path: str, step: int | None, seq: int, role: str = "", validation: str = "renamed") -> ManifestEntry:
+        return ManifestEntry(
+            path, 10, "sha256", "d", MTIMES["old"], step, NOW, validation=validation, role=role, seq=seq
+        )
+
+    manifest = {
+        e.path: e
+        for e in (
+            entry("r/step_3.pt", 3, 5),
+            entry(version_key("r/step_3.pt"), 3, 4, PENDING),  # superseded by seq 5: retired
+            entry("r/step_4.pt", 4, 6),
+            entry(version_key("r/step_4.pt"), 4, 7, PENDING),  # still newer than the copy: kept
+            entry(version_key("r/step_3.pt", 2), 3, 2, PREVIOUS),  # step 4 is recorded: retired
+            entry(version_key("r/step_4.pt", 3), 4, 3, PREVIOUS),  # step 4 is the newest: kept
+            entry(version_key("r/step_1.pt", 1), 1, 1, PREVIOUS),  # its name is gone: retired
+            entry("r/model.pt", None, 8, validation="unchecked"),
+            entry(version_key("r/model.pt", 7), None, 7, PREVIOUS),  # the copy at its name is not whole: kept
+        )
+    }
+    versions = {rel: FileState(rel, 10, MTIMES["old"], 1) for rel in manifest if rel.startswith(".")}
+    versions[".mirrord-versions/r/step_9.pt@9"] = FileState(".mirrord-versions/r/step_9.pt@9", 10, MTIMES["old"], 1)
+    retired = {d.rel for d in retired_versions(Snapshot(versions=versions), manifest)}
+    assert retired == {version_key("r/step_3.pt"), version_key("r/step_3.pt", 2), version_key("r/step_1.pt", 1)}
+    manifest["r/model.pt"] = entry("r/model.pt", None, 8)
+    assert version_key("r/model.pt", 7) in {d.rel for d in retired_versions(Snapshot(versions=versions), manifest)}

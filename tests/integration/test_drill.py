@@ -1,0 +1,154 @@
+"""`mirrord drill`: each layout's newest checkpoint, mirrored by `mirrord sync` for real, restored into a scratch
+folder and loaded by its library in a bounded child process; a checkpoint whose bytes match the record but that
+the library refuses fails the drill, naming the mirror file and the loader's message."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.checkpoints import save_checkpoint
+from tests.support.cli import run_mirrord
+from tests.support.folders import write_dcp, write_hf
+
+
+class Custom:
+    """A class of the trainer's own: torch.save pickles it, torch.load(weights_only=True) refuses it."""
+
+
+def _ranks(folder: Path, *names: str) -> None:
+    for rank, name in enumerate(names):
+        save_checkpoint(folder / name, 10 + rank)
+
+
+def _deepspeed(run: Path) -> None:
+    _ranks(run / "global_step10", "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (run / "latest").write_text("global_step10")
+
+
+def _megatron(run: Path) -> None:
+    _ranks(run / "iter_0000010", "mp_rank_00/model_optim_rng.pt", "mp_rank_01/model_optim_rng.pt")
+    (run / "latest_checkpointed_iteration.txt").write_text("10")
+
+
+def _accelerate(run: Path) -> None:
+    write_hf(run / "checkpoint_10", 10)  # model.safetensors and torch.save files
+    (run / "checkpoint_10" / "trainer_state.json").rename(run / "checkpoint_10" / "random_states_0.pkl")
+
+
+# layout: (writes one unit into the run folder, the unit's key, files the drill loads)
+WRITERS: dict[str, tuple[Callable[[Path], object], str, int]] = {
+    "torch": (lambda run: save_checkpoint(run / "step_10.pt", 10), "run/step_10.pt", 1),
+    "custom": (lambda run: save_checkpoint(run / "step_10.pt", 10), "run/step_10.pt", 1),
+    "lightning": (lambda run: save_checkpoint(run / "epoch=0-step=10.ckpt", 10), "run/epoch=0-step=10.ckpt", 1),
+    "hf": (lambda run: write_hf(run / "checkpoint-10", 10), "run/checkpoint-10", 1),  # model.safetensors
+    "hf_model": (lambda run: write_hf(run / "checkpoint-10", 10), "run/checkpoint-10", 1),
+    "accelerate": (_accelerate, "run/checkpoint_10", 4),  # model.safetensors, optimizer.pt, scheduler, rng_state
+    "dcp": (lambda run: write_dcp(run / "step_10", 10), "run/step_10", 1),  # .metadata and its references
+    "deepspeed": (_deepspeed, "run/global_step10", 2),
+    "megatron": (_megatron, "run/iter_0000010", 2),
+}
+SETTLED = {"MIRRORD_COPY__SETTLE_SECONDS": "0", "MIRRORD_UNIT__SETTLE_SECONDS": "0", "MIRRORD_PRUNE__ENABLED": "false"}
+
+
+def _mirrored(tmp_path: Path, layout: str, write: Callable[[Path], object]) -> tuple[Path, dict[str, str]]:
+    """The unit `write` makes, synced to a fresh mirror; (mirror, the environment that names the layout)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    write(primary / "run")
+    env = {**SETTLED, "MIRRORD_LAYOUT": layout}
+    synced = run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env)
+    assert synced.returncode == 0, synced.stderr
+    return mirror, env
+
+
+def _scratch_left(mirror: Path) -> list[str]:
+    return [p.name for p in mirror.iterdir() if p.name.startswith(".mirrord-drill-")]
+
+
+@pytest.mark.parametrize("layout", WRITERS)
+def test_the_newest_unit_of_each_layout_is_restored_and_loaded(tmp_path: Path, layout: str) -> None:
+    """With only --mirror (no config file, no layout: the record names it): the unit comes back byte for byte
+    and the reader of its layout loads it (hf: the safetensors only, not the trainer's pickles); the scratch copy
+    is gone afterwards."""
+    write, key, loads = WRITERS[layout]
+    mirror, _ = _mirrored(tmp_path, layout, write)
+    done = run_mirrord("drill", "--mirror", mirror, "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert (document["command"], document["ok"], document["structure_only"]) == ("drill", True, False)
+    [drilled] = document["runs"]
+    assert (drilled["run"], drilled["relative_path"], drilled["error"]) == ("run", key, None)
+    assert len(drilled["loaded"]) == loads, drilled["loaded"]
+    assert all(rel.startswith(key) for rel in drilled["loaded"])
+    assert _scratch_left(mirror) == []
+
+
+def test_a_pickle_weights_only_refuses_fails_the_drill_naming_the_file(tmp_path: Path) -> None:
+    """Run `bad`'s newest checkpoint matches its record byte for byte, but torch.load(weights_only=True) refuses
+    its pickle: exit 1 with the mirror file and torch's own message; run `good` still passes; no scratch left."""
+
+    def write(run: Path) -> None:
+        save_checkpoint(run.parent / "good" / "step_10.pt", 10)
+        (run.parent / "bad").mkdir()
+        torch.save({"step": 20, "trainer": Custom()}, run.parent / "bad" / "step_20.pt")
+
+    mirror, env = _mirrored(tmp_path, "torch", write)
+    verified = run_mirrord("verify", "--mirror", mirror, env=env)
+    assert verified.returncode == 0, verified.stdout  # the bytes are the recorded ones
+    done = run_mirrord("drill", "--mirror", mirror, "--json", env=env)
+    assert done.returncode == 1
+    assert f"drill good: {mirror / 'good' / 'step_10.pt'}: loaded 1 file(s)" in done.stderr  # (stdout: the JSON)
+    failed = f"drill bad: {mirror / 'bad' / 'step_20.pt'}: FAILED {mirror / 'bad' / 'step_20.pt'}: UnpicklingError"
+    assert failed in done.stderr
+    assert "Unsupported global" in done.stderr and "Custom" in done.stderr
+    document = json.loads(done.stdout)
+    assert document["ok"] is False
+    bad, good = document["runs"]
+    assert (good["run"], good["error"], bad["run"], bad["file"]) == (
+        "good",
+        None,
+        "bad",
+        str(mirror / "bad" / "step_20.pt"),
+    )
+    assert bad["error"].startswith("UnpicklingError: Weights only load failed")
+    assert _scratch_left(mirror) == []
+
+
+def test_a_damaged_newest_copy_fails_the_drill(tmp_path: Path) -> None:
+    """A flipped byte in the newest mirror copy: the drill does not fall back silently to an older unit."""
+    mirror, env = _mirrored(tmp_path, "torch", lambda run: [save_checkpoint(run / f"step_{s}.pt", s) for s in (1, 2)])
+    newest = mirror / "run" / "step_2.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    done = run_mirrord("drill", "--mirror", mirror, env=env)
+    assert done.returncode == 1
+    assert f"FAILED {newest}: the mirror's copy does not match the manifest" in done.stderr
+    assert _scratch_left(mirror) == []
+
+
+def test_without_torch_the_drill_checks_structure_only_and_says_so(tmp_path: Path) -> None:
+    shim = tmp_path / "no-torch"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None  # as if not installed\n")
+    mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
+    done = run_mirrord(
+        "drill", "--mirror", mirror, env={**env, "PYTHONPATH": f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not loaded (structure only: torch is not installed)" in done.stdout
+
+
+def test_a_mirror_that_is_not_there_or_a_run_it_does_not_hold(tmp_path: Path) -> None:
+    absent = run_mirrord("drill", "--mirror", tmp_path / "absent")
+    assert (absent.returncode, absent.stdout) == (2, "")
+    assert "does not exist" in absent.stderr
+    mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
+    other = run_mirrord("drill", "--mirror", mirror, "--run", "other", env=env)
+    assert other.returncode == 1
+    assert "no run 'other' on the mirror; its runs: 'run'" in other.stderr

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from mirrord.commands.drill import LOAD_MEMORY_BYTES, LOAD_SECONDS
 from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.folders import write_dcp, write_hf
@@ -152,3 +154,57 @@ def test_a_mirror_that_is_not_there_or_a_run_it_does_not_hold(tmp_path: Path) ->
     other = run_mirrord("drill", "--mirror", mirror, "--run", "other", env=env)
     assert other.returncode == 1
     assert "no run 'other' on the mirror; its runs: 'run'" in other.stderr
+
+
+# A sitecustomize that makes every Python process of the command write, at exit, its argv and limits.
+RECORDER = """
+import atexit, json, os, resource, sys
+def _record():
+    limits = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, resource.RLIMIT_CPU)]
+    with open(os.environ["DRILL_RECORD"], "a") as out:
+        out.write(json.dumps({"argv": sys.argv, "limits": limits}) + "\\n")
+atexit.register(_record)
+"""
+
+
+def _loader_seen(tmp_path: Path, mirror: Path, env: dict[str, str]) -> dict[str, object]:
+    """`mirrord drill --mirror MIRROR` (exit 0) watched by RECORDER: what the loader process recorded."""
+    shim, record = tmp_path / "recorder", tmp_path / "record.jsonl"
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(RECORDER)
+    path = f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    done = run_mirrord("drill", "--mirror", mirror, env={**env, "PYTHONPATH": path, "DRILL_RECORD": str(record)})
+    assert done.returncode == 0, done.stderr
+    processes = [json.loads(line) for line in record.read_text().splitlines()]
+    [loader] = [p for p in processes if p["argv"][0].endswith("loader.py")]
+    return dict(loader)
+
+
+def test_the_scratch_copy_is_on_the_mirrors_side_and_the_loader_is_bounded(tmp_path: Path) -> None:
+    """The loader read a hidden folder in the mirror's root (gone afterwards), under the memory and CPU limits."""
+    mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
+    loader = _loader_seen(tmp_path, mirror, env)
+    _, layout, scratch, key = loader["argv"]
+    assert (layout, key) == ("torch", "run/step_10.pt")
+    assert Path(scratch).parent == mirror and Path(scratch).name.startswith(".mirrord-drill-")
+    assert not Path(scratch).exists()
+    size = (mirror / key).stat().st_size
+    assert loader["limits"] == [LOAD_MEMORY_BYTES + size, LOAD_SECONDS]
+
+
+@pytest.mark.host  # a read-only bind mount
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_a_read_only_mirror_is_drilled_through_the_system_temp_dir(tmp_path: Path) -> None:
+    """TOUCHES THE HOST: bind-mounts the mirror read-only; the scratch copy goes to TMPDIR, and is gone after."""
+    mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
+    view, temp = tmp_path / "ro-mirror", tmp_path / "temp"
+    view.mkdir()
+    temp.mkdir()
+    subprocess.run(["mount", "--bind", str(mirror), str(view)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        loader = _loader_seen(tmp_path, view, {**env, "TMPDIR": str(temp)})
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
+    assert Path(str(loader["argv"][2])).parent == temp
+    assert list(temp.iterdir()) == []

@@ -76,8 +76,8 @@ def _drill(
         found |= {"path": store.describe(done.key), "relative_path": done.key, "step": done.step}
         if done.damaged:  # the newest unit could not be brought back: that is the drill's finding
             raise done.damaged[0]
-        reader = units[0].entries[0].layout if units else layout.name  # (a damaged units[0]: failed above)
-        verdict = _load(scratch, done.key, reader or layout.name, done.size) if loads else {}
+        reader = (units[0].entries[0].layout if units else "") or layout.name  # (units[0] damaged: failed above)
+        verdict = _load(scratch, done.key, reader, done.size) if loads else {}
         return found | verdict | ({"file": store.describe(verdict["file"])} if "file" in verdict else {})
     except DamagedCopyError as exc:
         return found | {"file": exc.path, "error": exc.cause}

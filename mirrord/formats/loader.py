@@ -44,10 +44,12 @@ def main(layout: str, root: str, key: str) -> int:
         return 3
     loaded = []
     for path in files:
+        rel = path.relative_to(root).as_posix()
         try:
-            loaded += [path.relative_to(root).as_posix()] if load(path, layout, unit.is_dir()) else []
+            if load(path, layout, unit.is_dir()):
+                loaded.append(rel)
         except Exception as exc:  # untrusted bytes: any exception is the loader's verdict on the file
-            print(json.dumps({"file": path.relative_to(root).as_posix(), "error": f"{type(exc).__name__}: {exc}"}))
+            print(json.dumps({"file": rel, "error": f"{type(exc).__name__}: {exc}"}))
             return 1
     print(json.dumps({"loaded": loaded}))
     return 0

@@ -842,7 +842,7 @@ def _main(argv: Sequence[str] | None) -> int:
             primary=str(config.primary),
             mirror=str(config.mirror_target),
         )
-    if args.command == "sync":
+    if args.command in ("sync", "drill"):
         _stop_on_hangup_and_term()
     try:
         return int(args.func(config, args))
@@ -872,7 +872,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _stop_on_hangup_and_term() -> None:
     """SIGHUP (a closed terminal) and SIGTERM stop a one-shot copy as Ctrl-C does: the copies under way
-    are aborted and their temp files removed, instead of the process dying with a `.part` left behind."""
+    are aborted and their temp files removed, instead of the process dying with a `.part` left behind
+    (a drill: its loader killed, its scratch copy removed)."""
     import signal
 
     def interrupt(signum: int, _frame: object) -> None:

@@ -4,8 +4,10 @@ the library refuses fails the drill, naming the mirror file and the loader's mes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +17,9 @@ import torch
 
 from mirrord.commands.drill import LOAD_MEMORY_BYTES, LOAD_SECONDS
 from tests.support.checkpoints import save_checkpoint
-from tests.support.cli import run_mirrord
+from tests.support.cli import child_env, mirrord_argv, run_mirrord
 from tests.support.folders import write_dcp, write_hf
+from tests.support.wait import wait_for
 
 
 class Custom:
@@ -208,3 +211,34 @@ def test_a_read_only_mirror_is_drilled_through_the_system_temp_dir(tmp_path: Pat
         subprocess.run(["umount", str(view)], check=True)
     assert Path(str(loader["argv"][2])).parent == temp
     assert list(temp.iterdir()) == []
+
+
+# A sitecustomize that holds the loader process (not the command) once started, its pid in $DRILL_STARTED.
+HOLD_LOADER = """
+import os, sys, time
+if "mirrord.formats.loader" in sys.orig_argv:
+    open(os.environ["DRILL_STARTED"], "w").write(str(os.getpid()))
+    time.sleep(600)
+"""
+
+
+def test_sigterm_during_the_load_kills_the_loader_and_removes_the_scratch_copy(tmp_path: Path) -> None:
+    """The drill stops as sync does on SIGTERM (exit 143): the loader it started is gone, and so is the copy."""
+    mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
+    shim, started = tmp_path / "hold", tmp_path / "started"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(HOLD_LOADER)
+    path = f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    env = child_env({**env, "PYTHONPATH": path, "DRILL_STARTED": str(started)})
+    drill = subprocess.Popen([*mirrord_argv(), "drill", "--mirror", str(mirror)], env=env, start_new_session=True)
+    try:
+        wait_for(lambda: started.exists() and started.read_text() != "", 120, "the loader started")
+        assert _scratch_left(mirror) != []
+        drill.send_signal(signal.SIGTERM)
+        assert drill.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (nothing is left of the group when the drill did its job)
+            os.killpg(drill.pid, signal.SIGKILL)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(started.read_text()), 0)
+    assert _scratch_left(mirror) == []

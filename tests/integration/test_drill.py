@@ -170,13 +170,13 @@ atexit.register(_record)
 """
 
 
-def _loader_seen(tmp_path: Path, mirror: Path, env: dict[str, str]) -> dict[str, object]:
-    """`mirrord drill --mirror MIRROR` (exit 0) watched by RECORDER: what the loader process recorded."""
+def loader_seen(tmp_path: Path, env: dict[str, str], *args: str | Path) -> dict[str, object]:
+    """`mirrord drill ARGS` (exit 0) watched by RECORDER: what the loader process recorded."""
     shim, record = tmp_path / "recorder", tmp_path / "record.jsonl"
     shim.mkdir(exist_ok=True)
     (shim / "sitecustomize.py").write_text(RECORDER)
     path = f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    done = run_mirrord("drill", "--mirror", mirror, env={**env, "PYTHONPATH": path, "DRILL_RECORD": str(record)})
+    done = run_mirrord("drill", *args, env={**env, "PYTHONPATH": path, "DRILL_RECORD": str(record)}, timeout=300)
     assert done.returncode == 0, done.stderr
     processes = [json.loads(line) for line in record.read_text().splitlines()]
     [loader] = [p for p in processes if p["argv"][0].endswith("loader.py")]
@@ -186,7 +186,7 @@ def _loader_seen(tmp_path: Path, mirror: Path, env: dict[str, str]) -> dict[str,
 def test_the_scratch_copy_is_on_the_mirrors_side_and_the_loader_is_bounded(tmp_path: Path) -> None:
     """The loader read a hidden folder in the mirror's root (gone afterwards), under the memory and CPU limits."""
     mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
-    loader = _loader_seen(tmp_path, mirror, env)
+    loader = loader_seen(tmp_path, env, "--mirror", mirror)
     _, layout, scratch, key = loader["argv"]
     assert (layout, key) == ("torch", "run/step_10.pt")
     assert Path(scratch).parent == mirror and Path(scratch).name.startswith(".mirrord-drill-")
@@ -206,7 +206,7 @@ def test_a_read_only_mirror_is_drilled_through_the_system_temp_dir(tmp_path: Pat
     subprocess.run(["mount", "--bind", str(mirror), str(view)], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
-        loader = _loader_seen(tmp_path, view, {**env, "TMPDIR": str(temp)})
+        loader = loader_seen(tmp_path, {**env, "TMPDIR": str(temp)}, "--mirror", view)
     finally:
         subprocess.run(["umount", str(view)], check=True)
     assert Path(str(loader["argv"][2])).parent == temp

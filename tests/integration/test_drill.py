@@ -124,6 +124,21 @@ def test_a_pickle_weights_only_refuses_fails_the_drill_naming_the_file(tmp_path:
     assert _scratch_left(mirror) == []
 
 
+def test_a_rank_file_weights_only_refuses_fails_the_drill_naming_that_member(tmp_path: Path) -> None:
+    """A deepspeed folder whose rank-1 file holds a pickle weights_only refuses: the drill names that file."""
+
+    def write(run: Path) -> None:
+        _deepspeed(run)
+        torch.save({"optimizer": Custom()}, run / "global_step10" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+
+    mirror, _ = _mirrored(tmp_path, "deepspeed", write)
+    done = run_mirrord("drill", "--mirror", mirror)
+    assert done.returncode == 1
+    member = mirror / "run" / "global_step10" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    assert f"drill run: {mirror / 'run' / 'global_step10'}: FAILED {member}: UnpicklingError" in done.stderr
+    assert _scratch_left(mirror) == []
+
+
 def test_a_damaged_newest_copy_fails_the_drill(tmp_path: Path) -> None:
     """A flipped byte in the newest mirror copy: the drill does not fall back silently to an older unit."""
     mirror, env = _mirrored(tmp_path, "torch", lambda run: [save_checkpoint(run / f"step_{s}.pt", s) for s in (1, 2)])

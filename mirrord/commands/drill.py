@@ -100,7 +100,8 @@ def _load(scratch: Path, key: str, layout: str, size: int) -> dict[str, Any]:
             os.chown(path, nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
         drops.insert(0, {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []})
     for drop in drops:
-        argv = [sys.executable, "-m", "mirrord.formats.loader", layout, str(scratch), key]
+        # -P: the loader imports no module from the working directory (a torch.py where the drill was run)
+        argv = [sys.executable, "-P", "-m", "mirrord.formats.loader", layout, str(scratch), key]
         try:
             done = subprocess.run(
                 argv, capture_output=True, text=True, timeout=LOAD_SECONDS, preexec_fn=bounded, check=False, **drop

@@ -139,6 +139,15 @@ def test_a_rank_file_weights_only_refuses_fails_the_drill_naming_that_member(tmp
     assert _scratch_left(mirror) == []
 
 
+def test_the_loader_never_imports_a_module_planted_in_the_working_directory(tmp_path: Path) -> None:
+    """A `torch.py` where the operator runs the drill is not the torch the loader imports (python -P)."""
+    mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
+    (tmp_path / "torch.py").write_text("raise SystemExit('the planted torch.py was imported')\n")
+    done = run_mirrord("drill", "--mirror", mirror, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "planted" not in done.stderr
+
+
 def test_a_damaged_newest_copy_fails_the_drill(tmp_path: Path) -> None:
     """A flipped byte in the newest mirror copy: the drill does not fall back silently to an older unit."""
     mirror, env = _mirrored(tmp_path, "torch", lambda run: [save_checkpoint(run / f"step_{s}.pt", s) for s in (1, 2)])

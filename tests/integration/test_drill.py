@@ -173,10 +173,15 @@ def test_without_torch_the_drill_checks_structure_only_and_says_so(tmp_path: Pat
     assert "not loaded (structure only: torch is not installed)" in done.stdout
 
 
-def test_a_mirror_that_is_not_there_or_a_run_it_does_not_hold(tmp_path: Path) -> None:
+def test_a_mirror_that_is_not_there_is_empty_or_lacks_the_run(tmp_path: Path) -> None:
     absent = run_mirrord("drill", "--mirror", tmp_path / "absent")
     assert (absent.returncode, absent.stdout) == (2, "")
     assert "does not exist" in absent.stderr
+    (tmp_path / "empty").mkdir()
+    empty = run_mirrord("drill", "--mirror", tmp_path / "empty", "--json")
+    assert empty.returncode == 1
+    assert json.loads(empty.stdout)["error"]["cause"] == "no verified checkpoint in the manifest"
+    assert _scratch_left(tmp_path / "empty") == []
     mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
     other = run_mirrord("drill", "--mirror", mirror, "--run", "other", env=env)
     assert other.returncode == 1

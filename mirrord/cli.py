@@ -39,6 +39,7 @@ SUMMARIES = {
     "verify": "recheck every mirrored file against the manifest",
     "latest": "print the newest intact checkpoint",
     "restore": "bring the newest verified checkpoint back from the mirror (checked as it is written)",
+    "drill": "restore each run's newest checkpoint into a scratch folder and load it with its library",
     "prune": "apply retention once (--dry-run prints the plan)",
     "status": "per run: newest step on each side, lag, free space, problems",
     "check-config": "validate the configuration; print it as TOML with each value's origin",
@@ -192,6 +193,13 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     from mirrord.commands.restore import run_restore
 
     return run_restore(config, args, _progress_bar if sys.stderr.isatty() else None)
+
+
+def cmd_drill(config: Config, args: argparse.Namespace) -> int:
+    """`mirrord drill`: each run's newest checkpoint restored to a scratch folder and loaded by its library."""
+    from mirrord.commands.drill import run_drill
+
+    return run_drill(config, args)
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
@@ -544,6 +552,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p = add(
+        "drill",
+        cmd_drill,
+        "Prove each run's newest checkpoint (or --run's) can be brought back and loaded: restore its newest "
+        "verified unit as `restore` does (every byte checked against the manifest) into a scratch folder on the "
+        "mirror's side (a hidden .mirrord-drill-* folder in a local mirror's root; the system temp dir for S3 or "
+        "a mirror this user cannot write), load it in a separate process bounded in time and memory (as nobody "
+        "when run as root and nobody can) with the layout's own reader (torch.load weights_only and mmap; "
+        "safetensors for hf and hf_model; the .metadata and its storage references for dcp; every rank's file "
+        "for deepspeed and megatron), then delete the scratch folder. Without torch installed it checks bytes "
+        "and structure only, and says so. Reads the mirror only. Exit 1 naming the mirror file and the "
+        "loader's error when one does not load, 2 if the mirror does not exist.",
+        needs_primary=False,
+        json=True,
+    )
+    p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the mirror's root)")
     add(
         "run",
         cmd_run,
@@ -822,7 +846,7 @@ def _main(argv: Sequence[str] | None) -> int:
             primary=str(config.primary),
             mirror=str(config.mirror_target),
         )
-    if args.command == "sync":
+    if args.command in ("sync", "drill"):
         _stop_on_hangup_and_term()
     try:
         return int(args.func(config, args))
@@ -852,7 +876,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _stop_on_hangup_and_term() -> None:
     """SIGHUP (a closed terminal) and SIGTERM stop a one-shot copy as Ctrl-C does: the copies under way
-    are aborted and their temp files removed, instead of the process dying with a `.part` left behind."""
+    are aborted and their temp files removed, instead of the process dying with a `.part` left behind
+    (a drill: its loader killed, its scratch copy removed)."""
     import signal
 
     def interrupt(signum: int, _frame: object) -> None:

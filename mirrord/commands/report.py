@@ -87,6 +87,11 @@ def restore_document(mirror: str, result: Restored) -> dict[str, Any]:
     }
 
 
+def drill_document(mirror: str, ok: bool, loads: bool, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`drill --json`: per run the unit restored and loaded (`loaded`), or the mirror file and the error."""
+    return {**_head("drill", ok), "mirror": mirror, "structure_only": not loads, "runs": runs}
+
+
 def prune_document(report: PruneReport) -> dict[str, Any]:
     """What was deleted (`deleted`), or in a dry run what would be (`would_delete`); the other list is empty."""
     files = [

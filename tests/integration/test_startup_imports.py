@@ -76,7 +76,7 @@ def test_version_and_help_load_only_the_standard_library(run_cli, args: list[str
 
 
 def test_commands_answer_without_torch_or_boto3(tmp_path: Path, run_cli) -> None:
-    """sync copies (and verifies) real torch.save checkpoints, latest and status answer about them."""
+    """sync copies (and verifies) real torch.save checkpoints, latest, drill and status answer about them."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     for step in (1, 2):
         save_checkpoint(primary / "run" / f"step_{step}.pt", step)
@@ -85,6 +85,7 @@ def test_commands_answer_without_torch_or_boto3(tmp_path: Path, run_cli) -> None
         (("sync", "--primary", primary, "--mirror", mirror), 0),
         (("latest", "--mirror", mirror), 0),
         (("latest", "--mirror", mirror, "--verify"), 0),
+        (("drill", "--mirror", mirror), 0),  # the loader it starts imports torch, not the command
         (("status", "--primary", primary, "--mirror", mirror), 1),
     ):  # 1: no daemon answers
         code, _, after = run_cli(*args, env=env)

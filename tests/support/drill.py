@@ -1,6 +1,7 @@
-"""The disaster drills, one per layout, shared by the local and the S3 mirror: train with the daemon running,
-wipe the run folder, restore, resume with the library's own call, and compare with an uninterrupted run;
-and a restart from scratch in the same folder, whose old tip must survive on the mirror."""
+"""The disaster drills: train with the daemon running, wipe the run folder, restore, resume with the library's
+own call, and compare with an uninterrupted run; a restart from scratch in the same folder, whose old tip
+must survive on the mirror; and the restore drill of every layout, from a local mirror and from S3, with no
+config file."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mirrord.layouts import layout_for
 from mirrord.store.mirror import ReadableStore
 from mirrord.store.resume import recorded_candidates, recorded_manifest
 from tests.support.cli import child_env, run_mirrord
+from tests.support.config import write_config
 from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
@@ -31,11 +34,15 @@ class Trainer:
 
     module: str
     layout: str
-    unit: str  # str.format'ed with the step
+    unit: str  # str.format'ed with the step (and the epoch, {1}, of a Lightning checkpoint)
     options: tuple[str, ...] = ()  # the trainer's own rotation off: every unit lives until it is mirrored
+    resumes_from: str = "unit"  # what --resume is: the restored "unit", the "run" folder (the layout's tag
+    # file names the unit), or Lightning's "last" (OUT/last.ckpt)
+    beside: tuple[str, ...] = ()  # files beside the units that the resume reads (tag file, alias)
+    settings: dict[str, Any] = field(default_factory=dict)  # the config the mirror is written with, over layout
 
     def train(
-        self, run: Path, steps: int, resume: Path | None = None, stop_after: int | None = None
+        self, run: Path, steps: int, resume: Path | str | None = None, stop_after: int | None = None
     ) -> dict[int, float]:
         """Run it as a real process; {step: loss}."""
         argv = [sys.executable, "-m", f"tests.support.{self.module}", str(run), "--steps", str(steps), *self.options]
@@ -49,12 +56,31 @@ class Trainer:
 
     def units(self, *steps: int) -> list[str]:
         """The keys of these steps' units in the run folder `run`."""
-        return [f"run/{self.unit.format(step)}" for step in steps]
+        return [f"run/{self.unit.format(step, step // 2 - 1)}" for step in steps]
 
 
 TORCH = Trainer("train_resume", "torch", "step_{:04d}.pt")
 HF = Trainer("train_hf", "hf", "checkpoint-{}", ("--save-total-limit", "0"))
 DCP = Trainer("train_dcp", "dcp", "step_{}", ("--keep", "0"))
+LIGHTNING = Trainer("train_lightning", "lightning", "epoch={1}-step={0}.ckpt", ("--keep", "-1"), "last", ("last.ckpt",))
+DEEPSPEED = Trainer("train_deepspeed", "deepspeed", "global_step{}", ("--keep", "0"), "run", ("latest",))
+ACCELERATE = Trainer("train_formats", "accelerate", "checkpoint_{}", ("--layout", "accelerate"))
+HF_MODEL = Trainer("train_formats", "hf_model", "checkpoint-{}", ("--layout", "hf_model"))
+MEGATRON = Trainer(
+    "train_formats", "megatron", "iter_{:07d}", ("--layout", "megatron"), "run", ("latest_checkpointed_iteration.txt",)
+)
+CUSTOM = Trainer(
+    "train_formats",
+    "custom",
+    "ckpt_{}",
+    ("--layout", "custom"),
+    settings={
+        "patterns": ["ckpt_*"],
+        "unit": {"kind": "folder", "complete_marker": "COMMITTED"},
+        "prune": {"enabled": False, "step_pattern": r"ckpt_(\d+)"},
+    },
+)
+LAYOUT_TRAINERS = (TORCH, LIGHTNING, HF, HF_MODEL, ACCELERATE, DCP, DEEPSPEED, MEGATRON, CUSTOM)  # as LAYOUTS
 
 
 class UnitCounter:
@@ -186,3 +212,55 @@ def restart_drill(
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).read_bytes() == tip
     return {"mirrored_after_restart": mirrored(), "deleted": deleted}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def restore_drill(
+    tmp_path: Path, trainer: Trainer, s3_url: str, s3: Mapping[str, object], s3_env: dict[str, str]
+) -> dict[str, object]:
+    """The restore drill of one layout: the trainer stops after step 4 (units 2 and 4); `mirrord sync` mirrors the
+    run into a local folder and into S3; the primary is wiped; `mirrord restore --mirror M --to D` with no config
+    file brings step 4 back from each, the same files byte for byte (the unit's as saved, and the files beside
+    it that the layout's resume reads, pointing at it); the library's own call resumes from the local restore
+    at step 5, and steps 5 and 6 have the losses of an uninterrupted run. Returns its figures."""
+    primary, run, local = tmp_path / "primary", tmp_path / "primary" / "run", tmp_path / "mirror"
+    base = {"primary": str(primary), "layout": trainer.layout, "unit": {"settle_seconds": 0.5}, **trainer.settings}
+    base.setdefault("prune", {"enabled": False})
+    configs = {
+        "local": write_config(tmp_path / "local.toml", {**base, "mirror": str(local)}),
+        "s3": write_config(tmp_path / "s3.toml", {**base, "mirror": s3_url, "s3": dict(s3)}),
+    }
+    figures: dict[str, object] = {}
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(trainer.train, tmp_path / "reference", 6)  # beside the drill: a shorter test
+        first = trainer.train(run, 6, stop_after=4)
+        before = _files(run)
+        for config in configs.values():
+            done = run_mirrord("sync", "--config", config, env=s3_env, timeout=300)
+            assert done.returncode == 0, done.stderr
+        shutil.rmtree(primary)
+        unit = trainer.units(4)[0]
+        for where, mirror, dest in (("local", local, primary), ("s3", s3_url, tmp_path / "from_s3")):
+            started = time.monotonic()
+            env = {**s3_env, "AWS_ENDPOINT_URL": str(s3.get("endpoint_url"))}
+            done = run_mirrord("restore", "--mirror", mirror, "--to", dest, env=env, timeout=300)
+            figures[f"restore_seconds_{where}"] = round(time.monotonic() - started, 2)
+            assert done.returncode == 0, done.stderr
+            assert Path(done.stdout.strip()) == dest / unit, done.stdout
+        restored = _files(run)
+        assert _files(tmp_path / "from_s3" / "run") == restored
+        name = unit.removeprefix("run/")
+        assert {k: v for k, v in restored.items() if k not in trainer.beside} == {
+            k: v for k, v in before.items() if k == name or k.startswith(name + "/")
+        }
+        for beside in trainer.beside:  # a tag file as saved (it named step 4), an alias a copy of step 4
+            assert restored.get(beside) == (restored[name] if beside == "last.ckpt" else before[beside]), beside
+        resume = {"unit": primary / unit, "run": run, "last": "last"}[trainer.resumes_from]
+        resumed = trainer.train(run, 6, resume=resume)
+        uninterrupted = reference.result()
+    assert sorted(resumed) == [5, 6], resumed  # resumed at step 5, not trained again from scratch
+    assert {**first, **resumed} == uninterrupted
+    return {**figures, "restored_files": len(restored)}

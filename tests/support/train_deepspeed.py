@@ -29,6 +29,7 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=2, help="0: never save")
     p.add_argument("--keep", type=int, default=2, help="global_step folders kept (0: all)")
     p.add_argument("--resume", help="a checkpoint directory (holding `latest`) to resume from")
+    p.add_argument("--stop-after", type=int, help="exit after this step (a job that ended)")
     p.add_argument("--zero-stage", type=int, default=1)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
@@ -75,6 +76,8 @@ def main() -> None:
                 shutil.rmtree(old)
         if args.step_seconds:
             time.sleep(args.step_seconds)
+        if args.stop_after is not None and step >= args.stop_after:
+            break
     deepspeed.comm.destroy_process_group()
 
 

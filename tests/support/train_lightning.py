@@ -28,14 +28,18 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batches", type=int, default=2, help="steps per epoch")
-    p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--steps", type=int, help="instead of --epochs: this many steps (whole epochs)")
+    p.add_argument("--stop-after", type=int, help="exit after this step (a job that ended; whole epochs)")
+    p.add_argument("--keep", type=int, default=2, help="-1: keep every checkpoint")
     p.add_argument("--last", choices=["copy", "link"], default="copy")
-    p.add_argument("--resume", help="a .ckpt to resume from")
+    p.add_argument("--resume", help='a .ckpt to resume from ("last": OUT/last.ckpt, as Lightning finds it)')
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
     p.add_argument("--monitor-best-at", type=int, help="rank by a scripted val_loss, best at this epoch")
     p.add_argument("--filename", help="ModelCheckpoint's filename template")
     args = p.parse_args()
+    steps = args.stop_after or args.steps
+    epochs = args.epochs if steps is None else steps // args.batches
 
     torch.set_num_threads(1)
     import lightning
@@ -82,7 +86,7 @@ def main() -> None:
         filename=args.filename,
     )
     trainer = lightning.Trainer(
-        max_epochs=args.epochs,
+        max_epochs=epochs,
         accelerator="cpu",
         devices=1,
         callbacks=[checkpoints],

@@ -42,12 +42,18 @@ class Trainer:
     settings: dict[str, Any] = field(default_factory=dict)  # the config the mirror is written with, over layout
 
     def train(
-        self, run: Path, steps: int, resume: Path | str | None = None, stop_after: int | None = None
+        self,
+        run: Path,
+        steps: int,
+        resume: Path | str | None = None,
+        stop_after: int | None = None,
+        save_until: int | None = None,
     ) -> dict[int, float]:
         """Run it as a real process; {step: loss}."""
         argv = [sys.executable, "-m", f"tests.support.{self.module}", str(run), "--steps", str(steps), *self.options]
         argv += ["--resume", str(resume)] if resume is not None else []
         argv += ["--stop-after", str(stop_after)] if stop_after is not None else []
+        argv += ["--save-until", str(save_until)] if save_until is not None else []
         env = child_env({"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false"})
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)
         assert done.returncode == 0, f"{self.module} exited {done.returncode}:\n{done.stderr[-4000:]}"
@@ -221,8 +227,9 @@ def _files(root: Path) -> dict[str, bytes]:
 def restore_drill(
     tmp_path: Path, trainer: Trainer, s3_url: str, s3: Mapping[str, object], s3_env: dict[str, str]
 ) -> dict[str, object]:
-    """The restore drill of one layout: the trainer stops after step 4 (units 2 and 4); `mirrord sync` mirrors the
-    run into a local folder and into S3; the primary is wiped; `mirrord restore --mirror M --to D` with no config
+    """The restore drill of one layout: the trainer trains 6 steps, saving through step 4 only (units 2 and 4: a
+    job that died after step 4's save, and its uninterrupted losses); `mirrord sync` mirrors the run into a
+    local folder and into S3; the primary is wiped; `mirrord restore --mirror M --to D` with no config
     file brings step 4 back from each, the same files byte for byte (the unit's as saved, and the files beside
     it that the layout's resume reads, pointing at it); the library's own call resumes from the local restore
     at step 5, and steps 5 and 6 have the losses of an uninterrupted run. Returns its figures."""
@@ -233,34 +240,44 @@ def restore_drill(
         "local": write_config(tmp_path / "local.toml", {**base, "mirror": str(local)}),
         "s3": write_config(tmp_path / "s3.toml", {**base, "mirror": s3_url, "s3": dict(s3)}),
     }
-    figures: dict[str, object] = {}
-    with ThreadPoolExecutor(1) as pool:
-        reference = pool.submit(trainer.train, tmp_path / "reference", 6)  # beside the drill: a shorter test
-        first = trainer.train(run, 6, stop_after=4)
+    unit, name = trainer.units(4)[0], trainer.unit.format(4, 1)
+    restore_env = {**s3_env, "AWS_ENDPOINT_URL": str(s3.get("endpoint_url"))}
+    seconds: dict[str, float] = {}
+
+    def timed(phase: str, argv: tuple[str | Path, ...]) -> str:
+        started = time.monotonic()
+        done = run_mirrord(*argv, env=restore_env if argv[0] == "restore" else s3_env, timeout=300)
+        seconds[phase] = round(time.monotonic() - started, 2)
+        assert done.returncode == 0, f"{phase}: {done.stderr}"
+        return done.stdout.strip()
+
+    with ThreadPoolExecutor(2) as pool:  # the two mirrors side by side
+        started = time.monotonic()
+        uninterrupted = trainer.train(run, 6, save_until=4)  # a job that died right after step 4's save
+        seconds["train"] = round(time.monotonic() - started, 2)
         before = _files(run)
-        for config in configs.values():
-            done = run_mirrord("sync", "--config", config, env=s3_env, timeout=300)
-            assert done.returncode == 0, done.stderr
+        list(pool.map(lambda where: timed(f"sync_{where}", ("sync", "--config", configs[where])), ("local", "s3")))
         shutil.rmtree(primary)
-        unit = trainer.units(4)[0]
-        for where, mirror, dest in (("local", local, primary), ("s3", s3_url, tmp_path / "from_s3")):
-            started = time.monotonic()
-            env = {**s3_env, "AWS_ENDPOINT_URL": str(s3.get("endpoint_url"))}
-            done = run_mirrord("restore", "--mirror", mirror, "--to", dest, env=env, timeout=300)
-            figures[f"restore_seconds_{where}"] = round(time.monotonic() - started, 2)
-            assert done.returncode == 0, done.stderr
-            assert Path(done.stdout.strip()) == dest / unit, done.stdout
+        restores = {"local": (local, primary), "s3": (s3_url, tmp_path / "from_s3")}
+        printed = pool.map(
+            lambda where: timed(
+                f"restore_{where}", ("restore", "--mirror", restores[where][0], "--to", restores[where][1])
+            ),
+            restores,
+        )
+        assert [Path(p) for p in printed] == [primary / unit, tmp_path / "from_s3" / unit]
         restored = _files(run)
         assert _files(tmp_path / "from_s3" / "run") == restored
-        name = unit.removeprefix("run/")
         assert {k: v for k, v in restored.items() if k not in trainer.beside} == {
             k: v for k, v in before.items() if k == name or k.startswith(name + "/")
         }
         for beside in trainer.beside:  # a tag file as saved (it named step 4), an alias a copy of step 4
             assert restored.get(beside) == (restored[name] if beside == "last.ckpt" else before[beside]), beside
-        resume = {"unit": primary / unit, "run": run, "last": "last"}[trainer.resumes_from]
-        resumed = trainer.train(run, 6, resume=resume)
-        uninterrupted = reference.result()
+        started = time.monotonic()
+        resumed = trainer.train(
+            run, 6, resume={"unit": primary / unit, "run": run, "last": "last"}[trainer.resumes_from]
+        )
+        seconds["resume"] = round(time.monotonic() - started, 2)
     assert sorted(resumed) == [5, 6], resumed  # resumed at step 5, not trained again from scratch
-    assert {**first, **resumed} == uninterrupted
-    return {**figures, "restored_files": len(restored)}
+    assert resumed == {step: uninterrupted[step] for step in (5, 6)}
+    return {**seconds, "restored_files": len(restored)}

@@ -11,6 +11,7 @@ the way that stack does, for the restore drills (tests/support/drill.py):
     custom      OUT/ckpt_N/ with model.pt, optim.pt and a COMMITTED marker written last; resumed from DIR
 
     python -m tests.support.train_formats OUT --layout LAYOUT --steps 6 [--resume DIR] [--stop-after N]
+        [--save-until N]
 
 Prints one JSON line per step, {"step": N, "loss": L} (the exact float); saves every 2 steps.
 """
@@ -47,6 +48,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--stop-after", type=int)
+    parser.add_argument(
+        "--save-until",
+        type=int,
+        help="no save after it: a job that died there, trained on",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -74,7 +80,7 @@ def main() -> None:
         opt.step()
         counter.step = step
         print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
-        if step % 2 == 0:
+        if step % 2 == 0 and step <= (args.save_until or step):
             save(args.layout, args.out, step, model, opt, accelerator)
         if args.stop_after is not None and step >= args.stop_after:
             break

@@ -460,3 +460,42 @@ def test_restore_escapes_terminal_sequences_in_names(tmp_path: Path) -> None:
     assert all("\\x1b]0;owned\\x07run\\x1b[2J" in line for line in lines), lines
     pinned = run_mirrord("restore", "--config", config, "--step", "20", "--to", tmp_path / "pinned")
     assert pinned.returncode == 1 and "\x1b" not in pinned.stderr and "\\x1b]0;owned" in pinned.stderr
+
+
+def test_the_files_a_resume_reads_point_at_the_checkpoint_restored(tmp_path: Path) -> None:
+    """DeepSpeed global_step2/ and 4/ with `latest` naming 4, mirrored; the mirror's step 4 damaged: restore with
+    no config falls back to step 2 and writes `latest` naming global_step2 (not the damaged 4). Lightning files
+    with `last.ckpt`: restored beside step 4 as a copy of it; a `last.ckpt` already at the destination (it may
+    be newer than the mirror's) is left alone, and replaced with --force."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "pl").mkdir(parents=True)
+    mirror.mkdir()
+    for step in (2, 4):
+        (primary / "ds" / f"global_step{step}").mkdir(parents=True)
+        torch.save({"step": step}, primary / "ds" / f"global_step{step}" / "mp_rank_00_model_states.pt")
+        torch.save({"step": step}, primary / "pl" / f"epoch={step // 2 - 1}-step={step}.ckpt")
+    (primary / "ds" / "latest").write_text("global_step4")
+    torch.save({"step": 4, "last": True}, primary / "pl" / "last.ckpt")
+    for layout, run in (("deepspeed", "ds"), ("lightning", "pl")):
+        config = write_config(tmp_path / f"{run}.toml", settings(primary / run, mirror / run, {"layout": layout}))
+        assert run_mirrord("sync", "--config", config).returncode == 0
+    with (mirror / "ds" / "global_step4" / "mp_rank_00_model_states.pt").open("r+b") as f:
+        f.seek(100)
+        f.write(b"\xff")  # the same size, other bytes
+    shutil.rmtree(primary)
+
+    done = run_mirrord("restore", "--mirror", mirror / "ds", "--to", tmp_path / "ds")
+    assert done.returncode == 0 and "DAMAGED" in done.stderr, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "ds" / "global_step2")
+    assert (tmp_path / "ds" / "latest").read_text() == "global_step2"
+
+    step4 = (mirror / "pl" / "epoch=1-step=4.ckpt").read_bytes()
+    assert run_mirrord("restore", "--mirror", mirror / "pl", "--to", tmp_path / "pl").returncode == 0
+    assert (tmp_path / "pl" / "last.ckpt").read_bytes() == step4
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "last.ckpt").write_bytes(b"newer")
+    assert run_mirrord("restore", "--mirror", mirror / "pl", "--to", taken).returncode == 0
+    assert (taken / "last.ckpt").read_bytes() == b"newer"
+    assert run_mirrord("restore", "--mirror", mirror / "pl", "--to", taken, "--force").returncode == 0
+    assert (taken / "last.ckpt").read_bytes() == step4

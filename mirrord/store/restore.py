@@ -182,16 +182,18 @@ def _restore_unit(
 
 def _point_resume(manifest: Manifest, unit: Candidate, dest_root: Path, force: bool) -> None:
     """The run's recorded tag files (rewritten: they only name a folder) and aliases (written when absent, or
-    with `force`: one may be newer than the mirror's) beside the restored unit, pointing at it."""
+    with `force`: one may be newer than the mirror's) beside the restored unit, pointing at it, with its
+    permission bits (a copy of a private checkpoint stays private)."""
+    mode = (dest_root / unit.key).stat().st_mode & 0o666
     for entry in manifest.entries.values():
         path = dest_root / entry.path
         if entry.run != unit.run or entry.role not in ("tag", "alias"):
             continue
         if entry.role == "tag":
-            with atomic_output(path) as out:
+            with atomic_output(path, mode=mode) as out:
                 out.write(str(unit.step if path.name == MEGATRON_TRACKER else Path(unit.key).name).encode())
         elif force or lstat_beneath(dest_root, entry.path) is None:
-            with (dest_root / unit.key).open("rb") as restored, atomic_output(path) as out:
+            with (dest_root / unit.key).open("rb") as restored, atomic_output(path, mode=mode) as out:
                 shutil.copyfileobj(restored, out)
 
 

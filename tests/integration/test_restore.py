@@ -465,8 +465,8 @@ def test_restore_escapes_terminal_sequences_in_names(tmp_path: Path) -> None:
 def test_the_files_a_resume_reads_point_at_the_checkpoint_restored(tmp_path: Path) -> None:
     """DeepSpeed global_step2/ and 4/ with `latest` naming 4, mirrored; the mirror's step 4 damaged: restore with
     no config falls back to step 2 and writes `latest` naming global_step2 (not the damaged 4). Lightning files
-    with `last.ckpt`: restored beside step 4 as a copy of it; a `last.ckpt` already at the destination (it may
-    be newer than the mirror's) is left alone, and replaced with --force."""
+    with `last.ckpt`, private (0600): restored beside step 4 as a private copy of it; a `last.ckpt` already at
+    the destination (it may be newer than the mirror's) is left alone, and replaced with --force."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     (primary / "pl").mkdir(parents=True)
     mirror.mkdir()
@@ -476,6 +476,8 @@ def test_the_files_a_resume_reads_point_at_the_checkpoint_restored(tmp_path: Pat
         torch.save({"step": step}, primary / "pl" / f"epoch={step // 2 - 1}-step={step}.ckpt")
     (primary / "ds" / "latest").write_text("global_step4")
     torch.save({"step": 4, "last": True}, primary / "pl" / "last.ckpt")
+    for private in (primary / "pl").iterdir():
+        private.chmod(0o600)
     for layout, run in (("deepspeed", "ds"), ("lightning", "pl")):
         config = write_config(tmp_path / f"{run}.toml", settings(primary / run, mirror / run, {"layout": layout}))
         assert run_mirrord("sync", "--config", config).returncode == 0
@@ -492,6 +494,7 @@ def test_the_files_a_resume_reads_point_at_the_checkpoint_restored(tmp_path: Pat
     step4 = (mirror / "pl" / "epoch=1-step=4.ckpt").read_bytes()
     assert run_mirrord("restore", "--mirror", mirror / "pl", "--to", tmp_path / "pl").returncode == 0
     assert (tmp_path / "pl" / "last.ckpt").read_bytes() == step4
+    assert (tmp_path / "pl" / "last.ckpt").stat().st_mode & 0o777 == 0o600  # a copy of a private checkpoint
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "last.ckpt").write_bytes(b"newer")

@@ -222,6 +222,7 @@ def test_read_only_bind_mount_touches_the_host(mirrored: tuple[Path, Path, Path]
         subprocess.run(["umount", str(view)], check=True)
 
 
+@pytest.mark.trainers  # the trainer scripts are named in tests/support/drill.py, not here
 @pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
 def test_disaster_drill_on_a_local_mirror(tmp_path: Path, trainer: Trainer) -> None:
     """Per layout (torch.save files, transformers Trainer folders, torch.distributed.checkpoint folders): train
@@ -237,6 +238,7 @@ def test_disaster_drill_on_a_local_mirror(tmp_path: Path, trainer: Trainer) -> N
     print(f"drill figures ({trainer.layout}, local):", figures)
 
 
+@pytest.mark.trainers
 def test_a_restart_from_scratch_in_the_wiped_run_folder_keeps_the_old_tip(tmp_path: Path) -> None:
     """The daemon running with keep_last 2: the run folder wiped after step 8, the job restarted from step 0 in
     the same folder (steps 2, 4, 6): the old run's step 8 stays on the mirror and restores, byte for byte."""

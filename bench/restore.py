@@ -45,7 +45,7 @@ for page in c.get_paginator("list_objects_v2").paginate(Bucket=sys.argv[2], Pref
         c.download_file(sys.argv[2], obj["Key"], out)
         fd = os.open(out, os.O_RDONLY); os.fsync(fd); os.close(fd)
 """
-SYNC_FOLDER = 'cd "$1" && sync * .'  # every file and the folder itself
+SYNC_FOLDER = 'cd "$1"/checkpoint-100 && sync * .'  # every file of the copy, and its folder
 
 
 def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
@@ -88,7 +88,7 @@ def main() -> None:
             source = mirror / UNIT
             cases: dict[str, Callable[[Path], float]] = {
                 "cp -r + sync (local)": lambda d: timed(
-                    ["sh", "-c", f'cp -r {source} "$1"/ && {SYNC_FOLDER}/checkpoint-100', "-", str(d)]
+                    ["sh", "-c", f'cp -r {source} "$1"/ && {SYNC_FOLDER}', "-", str(d)]
                 ),
                 "mirrord restore (local)": lambda d: timed(
                     [*mirrord, "restore", "--mirror", str(mirror), "--to", str(d)]
@@ -98,7 +98,7 @@ def main() -> None:
                         "sh",
                         "-c",
                         f"aws --endpoint-url {weed.endpoint} s3 cp --recursive --quiet s3://bench/m/{UNIT} "
-                        f'"$1"/checkpoint-100 && {SYNC_FOLDER}/checkpoint-100',
+                        f'"$1"/checkpoint-100 && {SYNC_FOLDER}',
                         "-",
                         str(d),
                     ],

@@ -5,12 +5,15 @@
 
 The restored file gets the source mtime the manifest recorded, so that `sync` and the daemon see the
 very file they mirrored (mirrord.core.plan.why_copy: same size, same mtime) and copy nothing again.
+The files the layout's resume reads beside the units, when the run's record holds them, then point at the
+restored unit: DeepSpeed's `latest` and Megatron's tracker name it, Lightning's `last.ckpt` is a copy of it.
 Only reads the mirror: it works with read access alone (a read-only mount, a read-only S3 policy).
 """
 
 from __future__ import annotations
 
 import io
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +29,11 @@ from mirrord.errors import (
     WhichRunError,
     from_oserror,
 )
-from mirrord.layouts import Layout
+from mirrord.layouts import MEGATRON_TRACKER, Layout
 from mirrord.paths import lstat_beneath, source_modes
+from mirrord.store.atomic import atomic_output
 from mirrord.store.hashing import HASH_BUFFER_BYTES, new_hasher
+from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import ReadableStore, Upload
 from mirrord.store.resume import Candidate, check_entry, recorded_candidates, recorded_manifest
 from mirrord.store.volume import LocalVolume
@@ -77,6 +82,7 @@ def restore(
         for candidate in candidates:
             try:
                 already = _restore_unit(store, candidate, Path(dest_root), force, progress)
+                _point_resume(manifest, candidate, Path(dest_root), force)
             except DamagedCopyError as exc:
                 fresh = recorded_manifest(store, layout) if replans < REPLANS else manifest
                 if any(fresh.entries.get(e.path) != e for e in candidate.entries):
@@ -172,6 +178,23 @@ def _restore_unit(
         staging.abort()
         raise
     return False
+
+
+def _point_resume(manifest: Manifest, unit: Candidate, dest_root: Path, force: bool) -> None:
+    """The run's recorded tag files (rewritten: they only name a folder) and aliases (written when absent, or
+    with `force`: one may be newer than the mirror's) beside the restored unit, pointing at it, with its
+    permission bits (a copy of a private checkpoint stays private)."""
+    mode = (dest_root / unit.key).stat().st_mode & 0o666
+    for entry in manifest.entries.values():
+        path = dest_root / entry.path
+        if entry.run != unit.run or entry.role not in ("tag", "alias"):
+            continue
+        if entry.role == "tag":
+            with atomic_output(path, mode=mode) as out:
+                out.write(str(unit.step if path.name == MEGATRON_TRACKER else Path(unit.key).name).encode())
+        elif force or lstat_beneath(dest_root, entry.path) is None:
+            with (dest_root / unit.key).open("rb") as restored, atomic_output(path, mode=mode) as out:
+                shutil.copyfileobj(restored, out)
 
 
 def _open_recorded(store: ReadableStore, entry: ManifestEntry) -> BinaryIO:

@@ -222,6 +222,7 @@ def test_read_only_bind_mount_touches_the_host(mirrored: tuple[Path, Path, Path]
         subprocess.run(["umount", str(view)], check=True)
 
 
+@pytest.mark.trainers  # the trainer scripts are named in tests/support/drill.py, not here
 @pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
 def test_disaster_drill_on_a_local_mirror(tmp_path: Path, trainer: Trainer) -> None:
     """Per layout (torch.save files, transformers Trainer folders, torch.distributed.checkpoint folders): train
@@ -237,6 +238,7 @@ def test_disaster_drill_on_a_local_mirror(tmp_path: Path, trainer: Trainer) -> N
     print(f"drill figures ({trainer.layout}, local):", figures)
 
 
+@pytest.mark.trainers
 def test_a_restart_from_scratch_in_the_wiped_run_folder_keeps_the_old_tip(tmp_path: Path) -> None:
     """The daemon running with keep_last 2: the run folder wiped after step 8, the job restarted from step 0 in
     the same folder (steps 2, 4, 6): the old run's step 8 stays on the mirror and restores, byte for byte."""
@@ -460,3 +462,45 @@ def test_restore_escapes_terminal_sequences_in_names(tmp_path: Path) -> None:
     assert all("\\x1b]0;owned\\x07run\\x1b[2J" in line for line in lines), lines
     pinned = run_mirrord("restore", "--config", config, "--step", "20", "--to", tmp_path / "pinned")
     assert pinned.returncode == 1 and "\x1b" not in pinned.stderr and "\\x1b]0;owned" in pinned.stderr
+
+
+def test_the_files_a_resume_reads_point_at_the_checkpoint_restored(tmp_path: Path) -> None:
+    """DeepSpeed global_step2/ and 4/ with `latest` naming 4, mirrored; the mirror's step 4 damaged: restore with
+    no config falls back to step 2 and writes `latest` naming global_step2 (not the damaged 4). Lightning files
+    with `last.ckpt`, private (0600): restored beside step 4 as a private copy of it; a `last.ckpt` already at
+    the destination (it may be newer than the mirror's) is left alone, and replaced with --force."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "pl").mkdir(parents=True)
+    mirror.mkdir()
+    for step in (2, 4):
+        (primary / "ds" / f"global_step{step}").mkdir(parents=True)
+        torch.save({"step": step}, primary / "ds" / f"global_step{step}" / "mp_rank_00_model_states.pt")
+        torch.save({"step": step}, primary / "pl" / f"epoch={step // 2 - 1}-step={step}.ckpt")
+    (primary / "ds" / "latest").write_text("global_step4")
+    torch.save({"step": 4, "last": True}, primary / "pl" / "last.ckpt")
+    for private in (primary / "pl").iterdir():
+        private.chmod(0o600)
+    for layout, run in (("deepspeed", "ds"), ("lightning", "pl")):
+        config = write_config(tmp_path / f"{run}.toml", settings(primary / run, mirror / run, {"layout": layout}))
+        assert run_mirrord("sync", "--config", config).returncode == 0
+    with (mirror / "ds" / "global_step4" / "mp_rank_00_model_states.pt").open("r+b") as f:
+        f.seek(100)
+        f.write(b"\xff")  # the same size, other bytes
+    shutil.rmtree(primary)
+
+    done = run_mirrord("restore", "--mirror", mirror / "ds", "--to", tmp_path / "ds")
+    assert done.returncode == 0 and "DAMAGED" in done.stderr, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "ds" / "global_step2")
+    assert (tmp_path / "ds" / "latest").read_text() == "global_step2"
+
+    step4 = (mirror / "pl" / "epoch=1-step=4.ckpt").read_bytes()
+    assert run_mirrord("restore", "--mirror", mirror / "pl", "--to", tmp_path / "pl").returncode == 0
+    assert (tmp_path / "pl" / "last.ckpt").read_bytes() == step4
+    assert (tmp_path / "pl" / "last.ckpt").stat().st_mode & 0o777 == 0o600  # a copy of a private checkpoint
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "last.ckpt").write_bytes(b"newer")
+    assert run_mirrord("restore", "--mirror", mirror / "pl", "--to", taken).returncode == 0
+    assert (taken / "last.ckpt").read_bytes() == b"newer"
+    assert run_mirrord("restore", "--mirror", mirror / "pl", "--to", taken, "--force").returncode == 0
+    assert (taken / "last.ckpt").read_bytes() == step4

@@ -14,7 +14,7 @@ from mirrord.torch import atomic_save, restore_latest
 from tests.s3.seaweed import READER_KEY, READER_SECRET, SeaweedServer
 from tests.s3.test_s3_commands import _config
 from tests.support.cli import run_mirrord
-from tests.support.drill import DCP, HF, TORCH, Trainer, disaster_drill, drill_daemon
+from tests.support.drill import LAYOUT_TRAINERS, Trainer, restore_drill
 
 
 def _train(run: Path, steps: list[int]) -> None:
@@ -135,20 +135,19 @@ def test_an_object_replaced_while_restore_reads_it_is_passed_over(
     assert torch.load(restored.path, weights_only=True)["step"] == 20
 
 
-@pytest.mark.parametrize("trainer", [TORCH, HF, DCP], ids=lambda t: t.layout)
-def test_disaster_drill_on_seaweedfs(
+@pytest.mark.trainers
+@pytest.mark.parametrize("trainer", LAYOUT_TRAINERS, ids=lambda t: t.layout)
+def test_restore_drill_from_a_local_mirror_and_from_seaweedfs_with_no_config(
     seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path, trainer: Trainer
 ) -> None:
-    """The drills of tests/support/drill.py with the daemon mirroring into S3, per layout: the units never drop,
-    the resumed losses equal an uninterrupted run's, no old unit is uploaded again."""
+    """Issue 41's drill for every layout (tests/support/drill.py restore_drill): `mirrord restore --mirror M --to D`
+    with no config file brings the newest checkpoint back whole from a local mirror and from S3, with the files
+    the layout's resume reads beside it (DeepSpeed's `latest`, Megatron's tracker, Lightning's `last.ckpt`); the
+    library's own resume continues at the next step with the losses of an uninterrupted run."""
     from tests.s3.test_s3_commands import _settings
 
-    url = f"s3://{bucket}/{prefix}"
-    primary = tmp_path / "primary"
-    daemon = drill_daemon(tmp_path, trainer, primary, url, {"s3": _settings(seaweed)}, env=s3_env)
-    store = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
-    figures = disaster_drill(tmp_path, trainer, daemon, primary, store, env=s3_env)
-    print(f"drill figures ({trainer.layout}, S3):", figures)
+    figures = restore_drill(tmp_path, trainer, f"s3://{bucket}/{prefix}", _settings(seaweed), s3_env)
+    print(f"restore drill figures ({trainer.layout}):", figures)
 
 
 def test_read_only_credentials_run_the_read_only_commands(

@@ -37,6 +37,11 @@ def main() -> None:
     p.add_argument("--keep", type=int, default=2, help="step folders kept by the trainer (0: all)")
     p.add_argument("--resume", help="a step_N folder to resume from")
     p.add_argument("--stop-after", type=int, help="end after this step (a job that ended)")
+    p.add_argument(
+        "--save-until",
+        type=int,
+        help="no save after it: a job that died there, trained on",
+    )
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
     args = p.parse_args()
@@ -64,7 +69,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
-        if step % args.save_steps == 0:
+        if step % args.save_steps == 0 and step <= (args.save_until or step):
             model_sd, optim_sd = get_state_dict(model, opt)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=out / f"step_{step}")
             saved = sorted(

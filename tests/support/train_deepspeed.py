@@ -29,6 +29,12 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=2, help="0: never save")
     p.add_argument("--keep", type=int, default=2, help="global_step folders kept (0: all)")
     p.add_argument("--resume", help="a checkpoint directory (holding `latest`) to resume from")
+    p.add_argument("--stop-after", type=int, help="exit after this step (a job that ended)")
+    p.add_argument(
+        "--save-until",
+        type=int,
+        help="no save after it: a job that died there, trained on",
+    )
     p.add_argument("--zero-stage", type=int, default=1)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
@@ -65,7 +71,7 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
         print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
-        if args.save_steps and step % args.save_steps == 0:
+        if args.save_steps and step % args.save_steps == 0 and step <= (args.save_until or step):
             engine.save_checkpoint(str(out))
             saved = sorted(
                 (d for d in out.iterdir() if d.name.startswith("global_step")),
@@ -75,6 +81,8 @@ def main() -> None:
                 shutil.rmtree(old)
         if args.step_seconds:
             time.sleep(args.step_seconds)
+        if args.stop_after is not None and step >= args.stop_after:
+            break
     deepspeed.comm.destroy_process_group()
 
 

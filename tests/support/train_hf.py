@@ -31,6 +31,11 @@ def main() -> None:
     p.add_argument("--save-total-limit", type=int, default=2, help="0: keep every checkpoint")
     p.add_argument("--resume", help="a checkpoint-N folder to resume from")
     p.add_argument("--stop-after", type=int, help="end after this step (a job that ended): as if killed there")
+    p.add_argument(
+        "--save-until",
+        type=int,
+        help="no save after it: a job that died there, trained on",
+    )
     p.add_argument("--width", type=int, default=64, help="embedding width (the checkpoint size grows with it)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
     p.add_argument("--best-at", type=int, help="evaluate at each save, the scripted best at this step")
@@ -59,6 +64,8 @@ def main() -> None:
             print(json.dumps({"step": state.global_step, "loss": Losses.last}), flush=True)
             if args.stop_after is not None and state.global_step >= args.stop_after:
                 control.should_training_stop = True  # after this step's save, and the schedule of --steps kept
+            if args.save_until is not None and state.global_step > args.save_until:
+                control.should_save = False  # the default flow callback, called before, asked for it
             if args.step_seconds:
                 time.sleep(args.step_seconds)  # a slower trainer, so that a mirror runs alongside
 

@@ -28,14 +28,23 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batches", type=int, default=2, help="steps per epoch")
-    p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--steps", type=int, help="instead of --epochs: this many steps (whole epochs)")
+    p.add_argument("--stop-after", type=int, help="exit after this step (a job that ended; whole epochs)")
+    p.add_argument(
+        "--save-until",
+        type=int,
+        help="no save after it: a job that died there, trained on",
+    )
+    p.add_argument("--keep", type=int, default=2, help="-1: keep every checkpoint")
     p.add_argument("--last", choices=["copy", "link"], default="copy")
-    p.add_argument("--resume", help="a .ckpt to resume from")
+    p.add_argument("--resume", help='a .ckpt to resume from ("last": OUT/last.ckpt, as Lightning finds it)')
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pace: sleep after each step")
     p.add_argument("--monitor-best-at", type=int, help="rank by a scripted val_loss, best at this epoch")
     p.add_argument("--filename", help="ModelCheckpoint's filename template")
     args = p.parse_args()
+    steps = args.stop_after or args.steps
+    epochs = args.epochs if steps is None else steps // args.batches
 
     torch.set_num_threads(1)
     import lightning
@@ -72,7 +81,13 @@ def main() -> None:
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
     loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=False)
     monitor = ("step", "max") if args.monitor_best_at is None else ("val_loss", "min")
-    checkpoints = ModelCheckpoint(
+
+    class SavingUntil(ModelCheckpoint):  # type: ignore[misc]
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            if args.save_until is None or trainer.global_step <= args.save_until:
+                super().on_train_epoch_end(trainer, module)
+
+    checkpoints = SavingUntil(
         dirpath=args.out,
         monitor=monitor[0],
         mode=monitor[1],
@@ -82,7 +97,7 @@ def main() -> None:
         filename=args.filename,
     )
     trainer = lightning.Trainer(
-        max_epochs=args.epochs,
+        max_epochs=epochs,
         accelerator="cpu",
         devices=1,
         callbacks=[checkpoints],

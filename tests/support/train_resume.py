@@ -30,6 +30,11 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=2)
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--stop-after", type=int, help="exit after this step (a job that ended)")
+    parser.add_argument(
+        "--save-until",
+        type=int,
+        help="no save after it: a job that died there, trained on",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
@@ -48,7 +53,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
-        if step % args.save_every == 0:
+        if step % args.save_every == 0 and step <= (args.save_until or step):
             atomic_save(
                 {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
                 args.out / f"step_{step:04d}.pt",

@@ -72,6 +72,16 @@ class PruneReport:
         return dict(Counter(s.reason for s in self.skipped))
 
 
+# What the line logged once while a checkpoint is held says (Pruner._tell).
+HELD_CAUSES = {
+    "paused": "the run's newest verified step is gone from the primary: its mirror is "
+    "not shrunk until a newer step is verified (or --forget RUN:STEP)",
+    "not_rotated": "gone from the primary without evidence that the trainer rotated it out (a wipe, a "
+    "restore, an rm): kept on the mirror (--forget RUN:STEP drops it)",
+    "branch_tip_kept": "the newest checkpoint of an abandoned branch (--forget RUN:STEP drops it)",
+}
+
+
 def _fields(d: Deletion) -> dict[str, Any]:
     return {
         "kind": d.kind,
@@ -345,32 +355,11 @@ class Pruner:
     def _tell(self, plan: PrunePlan) -> None:
         """Log each paused run and each kept branch tip once (while it lasts), not at every pass."""
         now: set[tuple[str, str, int | str]] = {("paused", run, step) for run, step in plan.paused.items()}
-        now |= {("branch_tip", run, step) for run, steps in plan.branch_tips.items() for step in steps}
+        now |= {("branch_tip_kept", run, step) for run, steps in plan.branch_tips.items() for step in steps}
         now |= {("not_rotated", run, step) for run, step in plan.unrotated}
         for what, run, step in sorted(now - self._told, key=str):
-            if what == "paused":
-                self.log.warning(
-                    "prune.paused",
-                    run=run or ".",
-                    step=step,
-                    cause="the run's newest verified step is gone from the primary: its mirror is "
-                    "not shrunk until a newer step is verified (or --forget RUN:STEP)",
-                )
-            elif what == "not_rotated":
-                self.log.warning(
-                    "prune.not_rotated",
-                    run=run or ".",
-                    step=step,
-                    cause="gone from the primary without evidence that the trainer rotated it out (a wipe, a "
-                    "restore, an rm): kept on the mirror (--forget RUN:STEP drops it)",
-                )
-            else:
-                self.log.info(
-                    "prune.branch_tip_kept",
-                    run=run or ".",
-                    step=step,
-                    cause="the newest checkpoint of an abandoned branch (--forget RUN:STEP drops it)",
-                )
+            log = self.log.info if what == "branch_tip_kept" else self.log.warning
+            log(f"prune.{what}", run=run or ".", step=step, cause=HELD_CAUSES[what])
         self._told = now
 
     def _delete_unit(

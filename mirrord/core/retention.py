@@ -393,10 +393,7 @@ def plan_prune(
     """The prune plan for one cycle. Pure: the same inputs give the same plan."""
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
     runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
-    candidates: list[Deletion] = []
-    stepless = Sightings()
-    if request.follow:
-        kept, candidates, stepless = _follow_stepless(primary, mirror, manifest, request, kept)
+    kept, candidates, stepless = _follow_stepless(primary, mirror, manifest, request, kept)
     plans = {run: _plan_run(run, by_step, manifest, request, units) for run, by_step in runs.items()}
     most = Counter(stepless.most) | Counter({run: p.most for run, p in plans.items()})  # (the larger of each)
     seen = stepless.seen.union(*(p.seen for p in plans.values()))
@@ -703,7 +700,7 @@ def _follow_stepless(
     (newer: recorded later). Aliases (`last.ckpt`) are not followed. Also what this process saw of such files."""
     mine = request.sightings
     layout = request.layout
-    if layout is None or layout.folders:
+    if not request.follow or layout is None or layout.folders:
         return kept, [], Sightings()
 
     def followed(k: Kept) -> bool:
@@ -718,7 +715,7 @@ def _follow_stepless(
         if exact_copy(f, manifest, mirror.files):
             most[f.run] += 1
             seen.add((f.run, f.rel))
-    on_mirror = [f for k in kept if k.volume == MIRROR and followed(k) and (f := mirror.files[k.rel])]
+    on_mirror = [mirror.files[k.rel] for k in kept if k.volume == MIRROR and followed(k)]
     seen |= {(f.run, f.rel) for f in on_mirror if (f.run, f.rel) in mine.seen}
     most |= Counter(mine.most)  # (the larger of each)
     out: list[Kept] = []
@@ -730,7 +727,8 @@ def _follow_stepless(
         if k.volume == PRIMARY or k.rel in primary.files:
             out.append(dataclasses.replace(k, why=FOLLOWED))
             continue
-        f, entry, tip = mirror.files[k.rel], manifest.get(k.rel), tips.get(mirror.files[k.rel].run)
+        f = mirror.files[k.rel]
+        entry, tip = manifest.get(k.rel), tips.get(f.run)
         tip_entry = None if tip is None else manifest.get(tip.rel)
         newer = [  # (or kept by the trainer)
             g

@@ -314,9 +314,7 @@ class Pruner:
         report = PruneReport(plan=plan, dry_run=dry_run)
         if plan.refused:
             for reason, detail in plan.refused:
-                self.log.error("prune.refused", reason=reason, detail=detail, deleted=0)
-                self.metrics.prune_refusal(reason)
-            report.refused.extend(plan.refused)
+                self._refuse(report, reason, detail)
             return report
         # Bound once (every attribute of the lazy proxy binds anew), and skipped unless debug logging is on:
         # a daemon keeps every file of both sides at each pass.
@@ -437,11 +435,15 @@ class Pruner:
             if volume == MIRROR:
                 self.mirror.require_retention()
         except MirrordError as exc:
-            self.log.error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=len(report.deleted))
-            self.metrics.prune_refused.labels(exc.reason).inc()
-            report.refused.append((exc.reason, exc.cause))
+            self._refuse(report, exc.reason, exc.cause)
             return False
         return True
+
+    def _refuse(self, report: PruneReport, reason: str, detail: str) -> None:
+        """The pass deletes nothing (more), for `reason`: logged, counted, reported."""
+        self.log.error("prune.refused", reason=reason, detail=detail, deleted=len(report.deleted))
+        self.metrics.prune_refusal(reason)
+        report.refused.append((reason, detail))
 
     def _skip(self, report: PruneReport, skip: Skipped) -> None:
         report.skipped.append(skip)

@@ -157,15 +157,14 @@ class Engine:
         except BaseException:
             dirs.close()
             raise
-        beside = target is not None
-        if beside:
+        if target:
             result = replace(result, rel=version_key(job.rel))
             if result.validation != OK:  # (a checked one takes the name at its commit)
                 self._pending.add(result.rel)
                 self.log.warning("copy.kept_beside", path=job.rel, version=result.rel, validation=result.validation)
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
         entry = self._entry(job, result, self.manifest.next_seq(), identity=not dirs.renames_pending())
-        return StagedCopy(job, result, [replace(entry, role=PENDING) if beside else entry], dirs)
+        return StagedCopy(job, result, [replace(entry, role=PENDING) if target else entry], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom) -> StagedCopy:
         """A folder unit copied and published whole; its record left to commit()."""

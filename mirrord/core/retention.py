@@ -306,10 +306,23 @@ class Sightings:
     most: Mapping[str, int] = field(default_factory=dict)
     since: int | None = None
 
-    def sighted(self, run: str, key: int | str, entries: Sequence[ManifestEntry | None]) -> bool:
-        """This process saw the checkpoint on the primary (listed there, or copied its files from there)."""
-        return (run, key) in self.seen or (
-            self.since is not None and any(e is not None and e.seq > self.since for e in entries)
+    def rotated(
+        self,
+        run: str,
+        key: int | str,
+        entries: Sequence[ManifestEntry | None],
+        newer: int,
+        most: int,
+        limit: float | None,
+    ) -> bool:
+        """The evidence that the trainer rotated the checkpoint out: `newer` checkpoints of its own (or pinned)
+        reach its own rule's `limit` (PruneRequest.keeps), else the `most` the primary was seen holding at once,
+        this process having seen the checkpoint there (listed, or its files copied from there)."""
+        if limit is not None:
+            return newer >= limit
+        return newer >= most and (
+            (run, key) in self.seen
+            or (self.since is not None and any(e is not None and e.seq > self.since for e in entries))
         )
 
 
@@ -380,10 +393,7 @@ def plan_prune(
     """The prune plan for one cycle. Pure: the same inputs give the same plan."""
     refused = _refusals(primary, mirror, manifest, request.mirror_is_mount)
     runs, kept, units = _by_run(primary, mirror, request.step_regex, request.layout)
-    candidates: list[Deletion] = []
-    stepless = Sightings()
-    if request.follow:
-        kept, candidates, stepless = _follow_stepless(primary, mirror, manifest, request, kept)
+    kept, candidates, stepless = _follow_stepless(primary, mirror, manifest, request, kept)
     plans = {run: _plan_run(run, by_step, manifest, request, units) for run, by_step in runs.items()}
     most = Counter(stepless.most) | Counter({run: p.most for run, p in plans.items()})  # (the larger of each)
     seen = stepless.seen.union(*(p.seen for p in plans.values()))
@@ -606,37 +616,20 @@ def _plan_run(
         tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)),
     )
     top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
-    # Follow: the steps gone from the primary that the trainer evidently rotated out: at least K newer steps of
-    # their branch (verified, or saved on the primary) or pinned by the trainer (its best) exist, K being the
-    # trainer's own rule (request.keeps: HF's save_total_limit; 0 when its bookkeeping names each one it keeps,
-    # so any other is dropped), else the most the primary was seen holding at once by this process, which must
-    # have seen the step there. A wipe, a restore (the same bytes keep their record) or an `rm` adds no newer
-    # step: what they removed stays (docs/retention.md, "What is evidence of a rotation").
-    rotated: set[int] = set()
+    # Follow: a step gone from the primary goes only if the trainer evidently rotated it out (decided below): at
+    # least K newer steps of its branch (verified, or saved on the primary) or pinned by the trainer (its best)
+    # exist, K being the trainer's own rule (request.keeps: HF's save_total_limit; 0 when its bookkeeping names
+    # each one it keeps, so any other is dropped), else the most the primary was seen holding at once by this
+    # process, which must have seen the step there. A wipe, a restore (the same bytes keep their record) or an
+    # `rm` adds no newer step: what they removed stays (docs/retention.md, "What is evidence of a rotation").
+    mine = request.sightings
     if request.follow:
-        mine = request.sightings
         holding = [s for s in order if s in verified and by_step[s][0]]
         # K counts what the primary holds above the newest step it lost: a checkpoint restored under a gap (or
         # left under an `rm`) is no slot of the trainer's rotation.
         above = max((place for place, s in enumerate(order) if not by_step[s][0]), default=-1)
         plan.most = max(mine.most.get(run, 0), sum(order.index(s) > above for s in holding))
         plan.seen = {(run, s) for s in holding} | {(r, s) for r, s in mine.seen if r == run and s in by_step}
-        for place, step in enumerate(order):
-            if by_step[step][0] or step in keep:
-                continue
-            branch = run_branches.of.get(step, run_branches.top)
-            newer = {  # (the trainer's saves not mirrored yet count: deletion waits for its newest all the same)
-                s
-                for s in order[place + 1 :]
-                if (s in verified or by_step[s][0]) and run_branches.of.get(s, run_branches.top) == branch
-            }
-            entries = [manifest.get(f.rel) for f in by_step[step][1]]
-            limit = request.keeps.get(run)  # (the trainer's own rule, else the K this process saw)
-            evident = len(newer | pinned) >= (plan.most if limit is None else limit) and (
-                limit is not None or mine.sighted(run, step, entries)
-            )
-            if evident or step in forgotten:
-                rotated.add(step)
     if kept_window:
         tip_primary, tip_mirror = by_step[kept_window[-1]]
         plan.newest = [s.rel for s in (*tip_primary, *tip_mirror)]
@@ -673,7 +666,15 @@ def _plan_run(
         elif plan.paused is not None:
             why = PAUSED
         elif request.follow:  # the trainer let it go (on evidence): once its newest is verified and whole here
-            why = NOT_ROTATED if step not in rotated else None if window_whole else NEWER_UNVERIFIED
+            branch = run_branches.of.get(step, run_branches.top)
+            newer = {  # (the trainer's saves not mirrored yet count: deletion waits for its newest all the same)
+                s
+                for s in order[place + 1 :]
+                if (s in verified or by_step[s][0]) and run_branches.of.get(s, run_branches.top) == branch
+            }
+            entries = [manifest.get(f.rel) for f in on_mirror]
+            rotated = mine.rotated(run, step, entries, len(newer | pinned), plan.most, request.keeps.get(run))
+            why = NOT_ROTATED if not (rotated or step in forgotten) else None if window_whole else NEWER_UNVERIFIED
             plan.unrotated += (step,) * (why == NOT_ROTATED)
         elif floor is None or place >= floor:
             why = NEWER_THAN_KEPT if top is None or place > top else UNVERIFIED
@@ -699,7 +700,7 @@ def _follow_stepless(
     (newer: recorded later). Aliases (`last.ckpt`) are not followed. Also what this process saw of such files."""
     mine = request.sightings
     layout = request.layout
-    if layout is None or layout.folders:
+    if not request.follow or layout is None or layout.folders:
         return kept, [], Sightings()
 
     def followed(k: Kept) -> bool:
@@ -714,7 +715,7 @@ def _follow_stepless(
         if exact_copy(f, manifest, mirror.files):
             most[f.run] += 1
             seen.add((f.run, f.rel))
-    on_mirror = [f for k in kept if k.volume == MIRROR and followed(k) and (f := mirror.files[k.rel])]
+    on_mirror = [mirror.files[k.rel] for k in kept if k.volume == MIRROR and followed(k)]
     seen |= {(f.run, f.rel) for f in on_mirror if (f.run, f.rel) in mine.seen}
     most |= Counter(mine.most)  # (the larger of each)
     out: list[Kept] = []
@@ -726,16 +727,16 @@ def _follow_stepless(
         if k.volume == PRIMARY or k.rel in primary.files:
             out.append(dataclasses.replace(k, why=FOLLOWED))
             continue
-        f, entry, tip = mirror.files[k.rel], manifest.get(k.rel), tips.get(mirror.files[k.rel].run)
+        f = mirror.files[k.rel]
+        entry, tip = manifest.get(k.rel), tips.get(f.run)
         tip_entry = None if tip is None else manifest.get(tip.rel)
-        kept_by_trainer = {g.rel for g in on_mirror if g.run == f.run and g.rel in request.pointed}
-        newer = {
-            g.rel for g in on_mirror if g.run == f.run and (e := manifest.get(g.rel)) and entry and e.seq > entry.seq
-        }
-        limit = request.keeps.get(f.run)
-        evident = len(newer | kept_by_trainer) >= (most[f.run] if limit is None else limit) and (
-            limit is not None or mine.sighted(f.run, f.rel, [entry])
-        )
+        newer = [  # (or kept by the trainer)
+            g
+            for g in on_mirror
+            if g.run == f.run
+            and (g.rel in request.pointed or ((e := manifest.get(g.rel)) and entry and e.seq > entry.seq))
+        ]
+        evident = mine.rotated(f.run, f.rel, [entry], len(newer), most[f.run], request.keeps.get(f.run))
         why = (
             POINTER
             if k.rel in request.pointed

@@ -29,7 +29,6 @@ from mirrord.errors import (
     SourceChangedError,
     SourceGoneError,
     StalledError,
-    UnsafePathError,
     from_oserror,
 )
 from mirrord.formats.dcpmeta import METADATA_NAME, MetadataError, storage_references
@@ -42,7 +41,7 @@ from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest, upgrade
 from mirrord.store.mirror import Mirror, UploadTarget
-from mirrord.store.volume import Beside, LocalMirror
+from mirrord.store.volume import Beside, LocalMirror, stat_safely
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -158,15 +157,14 @@ class Engine:
         except BaseException:
             dirs.close()
             raise
-        beside = target is not None
-        if beside:
+        if target:
             result = replace(result, rel=version_key(job.rel))
             if result.validation != OK:  # (a checked one takes the name at its commit)
                 self._pending.add(result.rel)
                 self.log.warning("copy.kept_beside", path=job.rel, version=result.rel, validation=result.validation)
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
         entry = self._entry(job, result, self.manifest.next_seq(), identity=not dirs.renames_pending())
-        return StagedCopy(job, result, [replace(entry, role=PENDING) if beside else entry], dirs)
+        return StagedCopy(job, result, [replace(entry, role=PENDING) if target else entry], dirs)
 
     def _stage_unit(self, job: CopyJob, options: CopyOptions, control: CopyControl, make_room: MakeRoom) -> StagedCopy:
         """A folder unit copied and published whole; its record left to commit()."""
@@ -184,7 +182,7 @@ class Engine:
             and (old.size, old.algo, old.digest) == (result.size, result.algo, result.digest)
         ):
             seq, job = old.seq, replace(job, seen=old.seen)
-        return ManifestEntry(
+        entry = ManifestEntry(
             path=result.rel,
             size=result.size,
             algo=result.algo,
@@ -201,8 +199,8 @@ class Engine:
             source_ino=result.source[1],
             source_ctime_ns=result.source[2],
             **recorded_as(result.rel, self.config.rules, len(job.members) or 1),
-            **(self._published_identity(result.rel) if identity else {}),
         )
+        return self._identified(entry) if identity else entry
 
     def _contribute(self, job: CopyJob, options: CopyOptions, control: CopyControl) -> CopyResult:
         """This node's part of a folder unit written by several nodes (s3.units_span_nodes): its files
@@ -321,12 +319,12 @@ class Engine:
         except OSError as exc:
             raise from_oserror(self.mirror.describe(rel), exc, "stat") from exc
         kept = []
-        holds_old = (
+        if (
             old
             and state
             and (state.ino, state.size, state.mtime_ns) == (old.mirror_ino or state.ino, old.size, old.stored_mtime_ns)
-        )
-        if old and holds_old and self.mirror.rename(rel, version_key(rel, old.seq), keep=True):  # (else not kept)
+            and self.mirror.rename(rel, version_key(rel, old.seq), keep=True)  # (else not kept)
+        ):
             kept = [self._identified(replace(old, path=version_key(rel, old.seq), role=PREVIOUS))]
         self.manifest.apply(puts=kept, removes=[version.path])
         self.mirror.rename(version.path, rel)
@@ -605,25 +603,11 @@ class Engine:
             self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
 
     def _identified(self, entry: ManifestEntry) -> ManifestEntry:
-        """The entry with the identity of its copy as published (see _published_identity)."""
-        identity = self._published_identity(entry.path)
-        return replace(
-            entry, mirror_ino=identity.get("mirror_ino", 0), mirror_ctime_ns=identity.get("mirror_ctime_ns", 0)
-        )
-
-    def _published_identity(self, rel: str) -> dict[str, Any]:
-        """The published copy's inode, mtime and ctime, recorded so that `latest` can trust the entry
+        """The entry with its published copy's inode and ctime, recorded so that `latest` can trust the entry
         without re-reading the file while they stay the same. Unknown (0) if the stat fails, and not asked
         of a mirror without inodes (an object store: it would be one more request per file for nothing)."""
-        if not self.mirror.has_inodes:
-            return {}
-        try:
-            state = self.mirror.stat(rel)
-        except (OSError, UnsafePathError):
-            state = None
-        if state is None:
-            return {}
-        return {"mirror_ino": state.ino, "mirror_ctime_ns": state.ctime_ns}
+        state = stat_safely(self.mirror, entry.path) if self.mirror.has_inodes else None
+        return replace(entry, mirror_ino=state.ino if state else 0, mirror_ctime_ns=state.ctime_ns if state else 0)
 
 
 @dataclass

@@ -72,6 +72,16 @@ class PruneReport:
         return dict(Counter(s.reason for s in self.skipped))
 
 
+# What the line logged once while a checkpoint is held says (Pruner._tell).
+HELD_CAUSES = {
+    "paused": "the run's newest verified step is gone from the primary: its mirror is "
+    "not shrunk until a newer step is verified (or --forget RUN:STEP)",
+    "not_rotated": "gone from the primary without evidence that the trainer rotated it out (a wipe, a "
+    "restore, an rm): kept on the mirror (--forget RUN:STEP drops it)",
+    "branch_tip_kept": "the newest checkpoint of an abandoned branch (--forget RUN:STEP drops it)",
+}
+
+
 def _fields(d: Deletion) -> dict[str, Any]:
     return {
         "kind": d.kind,
@@ -304,9 +314,7 @@ class Pruner:
         report = PruneReport(plan=plan, dry_run=dry_run)
         if plan.refused:
             for reason, detail in plan.refused:
-                self.log.error("prune.refused", reason=reason, detail=detail, deleted=0)
-                self.metrics.prune_refusal(reason)
-            report.refused.extend(plan.refused)
+                self._refuse(report, reason, detail)
             return report
         # Bound once (every attribute of the lazy proxy binds anew), and skipped unless debug logging is on:
         # a daemon keeps every file of both sides at each pass.
@@ -345,32 +353,11 @@ class Pruner:
     def _tell(self, plan: PrunePlan) -> None:
         """Log each paused run and each kept branch tip once (while it lasts), not at every pass."""
         now: set[tuple[str, str, int | str]] = {("paused", run, step) for run, step in plan.paused.items()}
-        now |= {("branch_tip", run, step) for run, steps in plan.branch_tips.items() for step in steps}
+        now |= {("branch_tip_kept", run, step) for run, steps in plan.branch_tips.items() for step in steps}
         now |= {("not_rotated", run, step) for run, step in plan.unrotated}
         for what, run, step in sorted(now - self._told, key=str):
-            if what == "paused":
-                self.log.warning(
-                    "prune.paused",
-                    run=run or ".",
-                    step=step,
-                    cause="the run's newest verified step is gone from the primary: its mirror is "
-                    "not shrunk until a newer step is verified (or --forget RUN:STEP)",
-                )
-            elif what == "not_rotated":
-                self.log.warning(
-                    "prune.not_rotated",
-                    run=run or ".",
-                    step=step,
-                    cause="gone from the primary without evidence that the trainer rotated it out (a wipe, a "
-                    "restore, an rm): kept on the mirror (--forget RUN:STEP drops it)",
-                )
-            else:
-                self.log.info(
-                    "prune.branch_tip_kept",
-                    run=run or ".",
-                    step=step,
-                    cause="the newest checkpoint of an abandoned branch (--forget RUN:STEP drops it)",
-                )
+            log = self.log.info if what == "branch_tip_kept" else self.log.warning
+            log(f"prune.{what}", run=run or ".", step=step, cause=HELD_CAUSES[what])
         self._told = now
 
     def _delete_unit(
@@ -448,11 +435,15 @@ class Pruner:
             if volume == MIRROR:
                 self.mirror.require_retention()
         except MirrordError as exc:
-            self.log.error("prune.refused", reason=exc.reason, detail=exc.cause, deleted=len(report.deleted))
-            self.metrics.prune_refused.labels(exc.reason).inc()
-            report.refused.append((exc.reason, exc.cause))
+            self._refuse(report, exc.reason, exc.cause)
             return False
         return True
+
+    def _refuse(self, report: PruneReport, reason: str, detail: str) -> None:
+        """The pass deletes nothing (more), for `reason`: logged, counted, reported."""
+        self.log.error("prune.refused", reason=reason, detail=detail, deleted=len(report.deleted))
+        self.metrics.prune_refusal(reason)
+        report.refused.append((reason, detail))
 
     def _skip(self, report: PruneReport, skip: Skipped) -> None:
         report.skipped.append(skip)

@@ -138,7 +138,7 @@ def trainer_kept(
     named: set[str] = set()
     keeps: dict[str, float] = {}
     for run, (_, where) in newest.items():
-        paths, keep = (_hf_best(root, where), _hf_limit(root, where)) if hf else _model_checkpoint_paths(root, where)
+        paths, keep = (_hf_kept if hf else _model_checkpoint_paths)(root, where)
         if keep is not None:
             keeps[run] = keep
         for path in paths:
@@ -148,24 +148,21 @@ def trainer_kept(
     return frozenset(named), keeps
 
 
-def _hf_best(root: Path, unit: str) -> list[str]:
+def _hf_kept(root: Path, unit: str) -> tuple[list[str], float | None]:
+    """The HF Trainer's best_model_checkpoint in the unit's trainer_state.json ([] if unreadable), and the
+    save_total_limit recorded in its training_args.bin (inf: it keeps all; None if unreadable)."""
     data = _read_beneath(root, f"{unit}/{HF_STATE}", STATE_BYTES + 1)
     try:
         best = json.loads(data[:STATE_BYTES]).get("best_model_checkpoint") if data is not None else None
     except (ValueError, AttributeError):
-        return []
-    return [best] if isinstance(best, str) else []
-
-
-def _hf_limit(root: Path, unit: str) -> float | None:
-    """The HF Trainer's save_total_limit recorded in the unit's training_args.bin (inf: it keeps all); None if
-    unreadable."""
+        best = None
+    named = [best] if isinstance(best, str) else []
     args = _torch_saved(root, f"{unit}/training_args.bin")
     fields = args.fields() if isinstance(args, safepickle.Instance) else {}
     limit = fields.get("save_total_limit", "")
     if limit is not None and type(limit) is not int:
-        return None
-    return math.inf if limit is None or limit <= 0 else limit  # (the Trainer rotates only above 0)
+        return named, None
+    return named, math.inf if limit is None or limit <= 0 else limit  # (the Trainer rotates only above 0)
 
 
 def _torch_saved(root: Path, rel: str) -> Any:

@@ -31,7 +31,7 @@ from mirrord.store import atomic
 from mirrord.store.manifest import MANIFEST_NAME, Manifest
 from mirrord.store.mirror import Mirror, ReadableStore
 from mirrord.store.scan import snapshot_tree, snapshot_unit, state_from_stat, unit_folders
-from mirrord.store.staging import FolderStaging, remove_folder, retire_folder, sweep_staging_area
+from mirrord.store.staging import FolderStaging, dir_beneath, remove_folder, retire_folder, sweep_staging_area
 from mirrord.store.upload import LocalUpload
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 # (`mirrord latest`) does not.
 
 LOCK_NAME = ".mirrord.lock"
+NO_HARD_LINK = (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS)  # link(2) cannot be had here
 
 
 class LocalVolume:
@@ -195,14 +196,8 @@ class LocalMirror(LocalVolume):
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """The candidate files (LocalVolume.snapshot) and, apart, the versions kept beside them (VERSIONS)."""
         listed = super().snapshot(patterns, layout)
-        st = lstat_beneath(self.root, VERSIONS)
-        if st is None or not stat.S_ISDIR(st.st_mode):
-            return listed
-        kept = snapshot_tree(self.root / VERSIONS, ("*",))
-        versions = {
-            f"{VERSIONS}/{s.rel}": dataclasses.replace(s, rel=f"{VERSIONS}/{s.rel}") for s in kept.files.values()
-        }
-        return dataclasses.replace(listed, versions=versions, errors=listed.errors + kept.errors)
+        kept = snapshot_tree(self.root, ("*",), unit=VERSIONS)  # (none there: nothing, silently)
+        return dataclasses.replace(listed, versions=kept.files, errors=listed.errors + kept.errors)
 
     def rename(self, key: str, other: str, keep: bool = False) -> bool:
         """Rename `key` onto `other` (a version promoted over the copy there) or, with `keep`, give it the second
@@ -211,16 +206,12 @@ class LocalMirror(LocalVolume):
         self.check_identity()
         src, dst = split_rel(key), split_rel(other)
         try:
-            with contextlib.ExitStack() as fds:
-                src_fd = open_dir_beneath(self.root, src[:-1])
-                fds.callback(os.close, src_fd)
-                dst_fd = open_dir_beneath(self.root, dst[:-1])
-                fds.callback(os.close, dst_fd)
+            with dir_beneath(self.root, src[:-1]) as src_fd, dir_beneath(self.root, dst[:-1]) as dst_fd:
                 (atomic.link if keep else atomic.rename)(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
                 atomic.sync(dst_fd)
                 atomic.sync(src_fd)
         except OSError as exc:
-            if keep and exc.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS):
+            if keep and exc.errno in NO_HARD_LINK:
                 return False
             raise from_oserror(self.describe(other), exc, f"rename {self.describe(key)} to") from exc
         return True
@@ -276,7 +267,7 @@ class LocalMirror(LocalVolume):
         except (FileExistsError, FileNotFoundError):
             return None  # the recorded copy is not there as recorded: not a twin any more
         except OSError as exc:
-            if exc.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS):
+            if exc.errno in NO_HARD_LINK:
                 return None
             raise from_oserror(self.describe(key), exc, "link") from exc
         finally:

@@ -476,31 +476,32 @@ def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], lis
         return ([f"daemon: {d.error}"], []) if must_answer else ([], [f"daemon: {d.error}"])
     failed = {r: n for r, n in d.copies.items() if r != CopyOutcome.OK and n}
     attempts = ", ".join(f"{r} {n:.0f}" for r, n in sorted(failed.items()))
-    said = (  # (a problem, not a note; applies; what to say)
-        (True, not d.healthy, f"unhealthy: {d.health}"),
-        (True, not d.ready, f"not ready: {d.readiness}"),
+    problems = (  # (applies, what to say)
+        (not d.healthy, f"unhealthy: {d.health}"),
+        (not d.ready, f"not ready: {d.readiness}"),
         (
-            True,
-            bool(d.invalid_sources),
+            d.invalid_sources,
             f"{d.invalid_sources or 0:.0f} source file(s) failed their format "
             "validator for longer than copy.invalid_grace_seconds and are not mirrored (its log: copy.invalid_source)",
         ),
         (
-            True,
-            bool(d.copy_loops),
+            d.copy_loops,
             f"{d.copy_loops or 0:.0f} file(s) copied again and again with the same "
             "result, no longer copied (the mirror does not keep what is written; see copy.loop in its log)",
         ),
+    )
+    notes = (
         (
-            False,
-            bool(d.manifest_repairs),
+            d.manifest_repairs,
             f"the on-disk manifest was found damaged and rewritten "
             f"{d.manifest_repairs or 0:.0f} time(s) (see manifest.repaired in its log)",
         ),
-        (False, bool(failed), f"failed copy attempts since it started: {attempts} (see its log: copy.failed)"),
+        (failed, f"failed copy attempts since it started: {attempts} (see its log: copy.failed)"),
     )
-    problems = [f"daemon: {text}" for problem, applies, text in said if applies and problem]
-    return problems, [f"daemon: {text}" for problem, applies, text in said if applies and not problem]
+    return (
+        [f"daemon: {text}" for applies, text in problems if applies],
+        [f"daemon: {text}" for applies, text in notes if applies],
+    )
 
 
 def _runs(

@@ -312,7 +312,7 @@ def _invalid_sources(config: Config, primary: ReadableStore, view: View, now: fl
 
 
 def _judged(
-    primary: LocalVolume, config: Config, now: float, verdicts: dict[str, tuple[Unit, Completeness]]
+    primary: LocalVolume, config: Config, now: float, verdicts: dict[Unit, Completeness]
 ) -> Callable[[Unit], Completeness]:
     """The daemon's completeness rule (mirrord.store.completeness), each unit judged once and kept in
     `verdicts`. A file is settled once its mtime is copy.settle_seconds old: the daemon also waits that
@@ -325,28 +325,28 @@ def _judged(
     rule = judge(primary, config.rules, quiet)
 
     def complete(unit: Unit) -> Completeness:
-        if unit.rel not in verdicts:
-            verdicts[unit.rel] = (unit, rule(unit))
-        return verdicts[unit.rel][1]
+        if unit not in verdicts:
+            verdicts[unit] = rule(unit)
+        return verdicts[unit]
 
     return complete
 
 
-def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit, Completeness]]) -> None:
+def _add_units(runs: list[RunStatus], view: View, verdicts: dict[Unit, Completeness]) -> None:
     """Each judged folder unit under its run: the ones the mirror lacks, with the daemon's verdict."""
     by_run = {r.run: r for r in runs}
-    for unit, verdict in sorted(verdicts.values(), key=lambda v: (v[0].step is None, -(v[0].step or 0), v[0].rel)):
+    for unit in sorted(verdicts, key=lambda u: (u.step is None, -(u.step or 0), u.rel)):
         run = by_run.get(unit.run or ".")
         if run is None or unit.kind != "folder":
             continue
         state = (
             "incomplete"
-            if not verdict.complete
+            if not verdicts[unit].complete
             else "retired"
             if view.retired(unit.run, unit.step, unit.mtime_ns)
             else "pending"
         )
-        run.units.append(UnitStatus(unit.rel, unit.step, state, verdict.why))
+        run.units.append(UnitStatus(unit.rel, unit.step, state, verdicts[unit].why))
 
 
 def collect(
@@ -383,7 +383,7 @@ def collect(
     elif merr:
         problems.append(f"mirror: {merr}")
     # The daemon's own decision (copy, retire, refuse) on the same listings: status cannot disagree with it.
-    verdicts: dict[str, tuple[Unit, Completeness]] = {}
+    verdicts: dict[Unit, Completeness] = {}
     view = reconcile(
         psnap or Snapshot(),
         msnap,  # None: no mirror yet (nothing listed, nothing vouched for)

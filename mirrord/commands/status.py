@@ -37,7 +37,7 @@ from mirrord.store.volume import LocalVolume, stat_safely
 from mirrord.vocabulary import CopyOutcome
 
 if TYPE_CHECKING:
-    from mirrord.config import Config
+    from mirrord.config import Config, MetricsConfig
 
 DEFAULT_TIMEOUT = 1.0
 # Behind by more than this is a problem, not just lag (the MirrordMirrorLagging alert uses the same 15 min).
@@ -173,12 +173,11 @@ def http_get(url: str, timeout: float) -> tuple[int, str]:
         return 0, ""
 
 
-def endpoint_url(address: str) -> str:
-    """Where to reach a daemon listening on `address` (a wildcard bind is reached on loopback)."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104 - not a bind
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def endpoint_url(metrics: MetricsConfig) -> str:
+    """Where to reach a daemon listening on metrics.address (a wildcard bind is reached on loopback)."""
+    loopback = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 - not a bind
+    host = loopback.get(metrics.host, metrics.host)
+    return f"http://[{host}]:{metrics.port}" if ":" in host else f"http://{host}:{metrics.port}"
 
 
 def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> DaemonStatus:
@@ -189,7 +188,7 @@ def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> Daemon
     if not config.metrics.enabled:
         status.error = "metrics.enabled = false: the daemon cannot be asked"
         return status
-    code, body = http_get(endpoint_url(config.metrics.address) + "/status", timeout)
+    code, body = http_get(endpoint_url(config.metrics) + "/status", timeout)
     if code == 0:
         status.error = f"nothing answers on {config.metrics.address} (daemon not running?)"
         return status

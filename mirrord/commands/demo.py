@@ -50,13 +50,14 @@ class DemoError(Exception):
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What the demo runs: where, how many steps, how often, and how many to keep."""
+    """What the demo runs: where, how many steps, how often, and how many to keep (defaults: the flags of
+    `mirrord demo`)."""
 
-    directory: Path = Path("var/demo")
-    steps: int = 20
-    interval: float = 2.5
-    keep_last: int = 3
-    use_torch: bool | None = None  # None: torch if importable
+    directory: Path
+    steps: int
+    interval: float
+    keep_last: int
+    use_torch: bool | None  # None: torch if importable
 
 
 # --- the directory ---------------------------------------------------------------------------------------

@@ -126,11 +126,8 @@ class Status:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as the --json document."""
-        data = asdict(self)
-        data["ok"] = self.ok
-        data["version"] = __version__
-        data["command"] = "status"  # as every --json document says which command wrote it
-        return data
+        # "command": as every --json document says which command wrote it
+        return asdict(self) | {"ok": self.ok, "version": __version__, "command": "status"}
 
 
 # --- reading the daemon -------------------------------------------------------------------------------

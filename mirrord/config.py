@@ -360,7 +360,7 @@ class Config(_Section):
     unit: UnitConfig = Field(default_factory=UnitConfig)
     s3: S3Config = Field(default_factory=S3Config)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # merged with _Section's
 
     @model_validator(mode="after")
     def _layout_owns_its_names(self) -> Config:

@@ -212,9 +212,9 @@ def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> Daemon
 
 
 # --- reading the disks --------------------------------------------------------------------------------
-def _volume(store: LocalVolume | Mirror, snap: Snapshot | None, error: str | None) -> VolumeStatus:
+def _volume(store: LocalVolume | Mirror, snap: Snapshot, error: str | None) -> VolumeStatus:
     """Free and total bytes stay None where the store does not know them (an object store)."""
-    vol = VolumeStatus(store.describe(), files=len(snap.files) if snap else 0, error=error)
+    vol = VolumeStatus(store.describe(), files=len(snap.files), error=error)
     try:
         space = store.space()
     except OSError as exc:

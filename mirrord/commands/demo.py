@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -190,7 +191,7 @@ class Narrator:
     keep_last: int
     started: float = field(default_factory=time.monotonic)
     mirrored: int = 0
-    pruned: dict[str, int] = field(default_factory=lambda: {"primary": 0, "mirror": 0})
+    pruned: Counter[str] = field(default_factory=Counter)  # volume -> files deleted there
     _told: set[tuple[str, str]] = field(default_factory=set)
 
     def say(self, who: str, text: str) -> None:
@@ -213,7 +214,7 @@ class Narrator:
             )
         elif name == "prune.deleted":
             volume = e.get("volume", "mirror")
-            self.pruned[volume] = self.pruned.get(volume, 0) + 1
+            self.pruned[volume] += 1
             say(f"pruned    {path} on the {volume} (below the newest {self.keep_last} verified steps)")
         elif name == "prune.skipped" and (path, reason) not in self._told:
             self._told.add((path, reason))

@@ -283,8 +283,10 @@ def _check_newest(
     run: RunStatus, entries: list[ManifestEntry], mirror: ReadableStore, damaged: dict[str, str], deep: bool
 ) -> None:
     """Is the newest mirrored step of a run what the manifest recorded? Size from the listing; hash on demand."""
-    stepped = [e for e in entries if e.step is not None]
-    newest = [e for e in stepped if e.step == run.mirror_step] or [max(entries, key=lambda e: e.mirrored_at)]
+    if run.mirror_step is None:  # no stepped entry: the one mirrored last
+        newest = [max(entries, key=lambda e: e.mirrored_at)]
+    else:
+        newest = [e for e in entries if e.step == run.mirror_step]
     run.verify_mode = "hash" if deep else "size"
     problems = ((e.path, _problem(e, mirror, damaged, deep)) for e in sorted(newest, key=lambda e: e.path))
     bad = next(((path, problem) for path, problem in problems if problem is not None), None)

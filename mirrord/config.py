@@ -360,7 +360,7 @@ class Config(_Section):
     unit: UnitConfig = Field(default_factory=UnitConfig)
     s3: S3Config = Field(default_factory=S3Config)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # merged with _Section's
 
     @model_validator(mode="after")
     def _layout_owns_its_names(self) -> Config:
@@ -670,14 +670,12 @@ def explain_config(
     layers += [env, _Layer(flags, {k: "flag --" + k.replace(".", "-").replace("_", "-") for k in _dotted_keys(flags)})]
     data: dict[str, Any] = functools.reduce(_deep_merge, (layer.data for layer in layers), {})
     origins = {key: origin for layer in layers for key, origin in layer.origins.items()}  # the last layer wins
+    problems = list(env.problems)
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        problems = env.problems + _format_errors(exc, origins)
-        if check_roots:
-            problems += _root_problems(data, need_primary)
+        problems += _format_errors(exc, origins) + (_root_problems(data, need_primary) if check_roots else [])
         raise ConfigError(problems) from exc
-    problems = list(env.problems)
     if check_roots:
         problems += check_paths(config, need_primary)
     if problems:
@@ -686,16 +684,10 @@ def explain_config(
     return LoadedConfig(config, file, origins, tuple(env.ignored))
 
 
-def load_config(
-    path: Path | None = None,
-    environ: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    check_roots: bool = True,
-    need_primary: PrimaryNeed = True,
-    content: bytes | None = None,
-) -> Config:
-    """Build the one Config of this process; raise ConfigError listing every problem at once."""
-    return explain_config(path, environ, overrides, check_roots, need_primary, content).config
+def load_config(*args: Any, **kwargs: Any) -> Config:
+    """Build the one Config of this process (explain_config's arguments); raise ConfigError listing every
+    problem at once."""
+    return explain_config(*args, **kwargs).config
 
 
 def _root_problems(data: Mapping[str, Any], need_primary: PrimaryNeed) -> list[str]:

@@ -13,8 +13,6 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-SHELLS = ("bash", "zsh", "fish")
-
 
 @dataclass(frozen=True)
 class Option:
@@ -72,7 +70,7 @@ def script(shell: str, parser: argparse.ArgumentParser, prog: str = "mirrord") -
     """The completion script for `shell` (bash, zsh or fish)."""
     writers = {"bash": _bash, "zsh": _zsh, "fish": _fish}
     if shell not in writers:
-        raise ValueError(f"unknown shell {shell!r}; one of {', '.join(SHELLS)}")
+        raise ValueError(f"unknown shell {shell!r}; one of {', '.join(writers)}")
     return writers[shell](prog, *describe(parser))
 
 

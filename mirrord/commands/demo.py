@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -50,13 +51,14 @@ class DemoError(Exception):
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What the demo runs: where, how many steps, how often, and how many to keep."""
+    """What the demo runs: where, how many steps, how often, and how many to keep (defaults: the flags of
+    `mirrord demo`)."""
 
-    directory: Path = Path("var/demo")
-    steps: int = 20
-    interval: float = 2.5
-    keep_last: int = 3
-    use_torch: bool | None = None  # None: torch if importable
+    directory: Path
+    steps: int
+    interval: float
+    keep_last: int
+    use_torch: bool | None  # None: torch if importable
 
 
 # --- the directory ---------------------------------------------------------------------------------------
@@ -189,7 +191,7 @@ class Narrator:
     keep_last: int
     started: float = field(default_factory=time.monotonic)
     mirrored: int = 0
-    pruned: dict[str, int] = field(default_factory=lambda: {"primary": 0, "mirror": 0})
+    pruned: Counter[str] = field(default_factory=Counter)  # volume -> files deleted there
     _told: set[tuple[str, str]] = field(default_factory=set)
 
     def say(self, who: str, text: str) -> None:
@@ -199,33 +201,33 @@ class Narrator:
     def event(self, e: dict[str, Any]) -> None:
         """Narrate one daemon log event (the ones a person watching cares about)."""
         name, path, reason = e.get("event", ""), e.get("path", ""), e.get("reason", "")
+        say = partial(self.say, "mirrord")
         if name == "daemon.ready":
-            self.say("mirrord", "ready: first reconcile done, watching for checkpoints")
+            say("ready: first reconcile done, watching for checkpoints")
         elif name == "watch.mode":
-            self.say("mirrord", f"watching with {e.get('mode')} events ({e.get('why', '')})")
+            say(f"watching with {e.get('mode')} events ({e.get('why', '')})")
         elif name == "copy.committed":
             self.mirrored += 1
-            self.say(
-                "mirrord",
+            say(
                 f"mirrored  {path}  {human_bytes(e.get('size', 0))} in {e.get('seconds', 0):.2f}s, "
-                f"verified and recorded",
+                "verified and recorded"
             )
         elif name == "prune.deleted":
             volume = e.get("volume", "mirror")
-            self.pruned[volume] = self.pruned.get(volume, 0) + 1
-            self.say("mirrord", f"pruned    {path} on the {volume} (below the newest {self.keep_last} verified steps)")
+            self.pruned[volume] += 1
+            say(f"pruned    {path} on the {volume} (below the newest {self.keep_last} verified steps)")
         elif name == "prune.skipped" and (path, reason) not in self._told:
             self._told.add((path, reason))
             why = {"recent_mtime": "younger than prune.min_age_seconds", "newest": "the newest verified step"}.get(
                 reason, reason
             )
-            self.say("mirrord", f"kept      {path} on the {e.get('volume')} for now: {why}")
+            say(f"kept      {path} on the {e.get('volume')} for now: {why}")
         elif name == "copy.failed":
             retry = "; will retry" if e.get("will_retry") else ""
-            self.say("mirrord", f"copy of {path} failed ({reason}): {e.get('cause')}{retry}")
+            say(f"copy of {path} failed ({reason}): {e.get('cause')}{retry}")
         elif e.get("level") == "error":
             detail = e.get("cause") or e.get("detail") or e.get("problems") or ""
-            self.say("mirrord", f"ERROR {name} {path} {detail}".rstrip())
+            say(f"ERROR {name} {path} {detail}".rstrip())
 
 
 # --- the demo ------------------------------------------------------------------------------------------

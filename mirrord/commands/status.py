@@ -37,7 +37,7 @@ from mirrord.store.volume import LocalVolume, stat_safely
 from mirrord.vocabulary import CopyOutcome
 
 if TYPE_CHECKING:
-    from mirrord.config import Config
+    from mirrord.config import Config, MetricsConfig
 
 DEFAULT_TIMEOUT = 1.0
 # Behind by more than this is a problem, not just lag (the MirrordMirrorLagging alert uses the same 15 min).
@@ -126,11 +126,8 @@ class Status:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as the --json document."""
-        data = asdict(self)
-        data["ok"] = self.ok
-        data["version"] = __version__
-        data["command"] = "status"  # as every --json document says which command wrote it
-        return data
+        # "command": as every --json document says which command wrote it
+        return asdict(self) | {"ok": self.ok, "version": __version__, "command": "status"}
 
 
 # --- reading the daemon -------------------------------------------------------------------------------
@@ -173,12 +170,11 @@ def http_get(url: str, timeout: float) -> tuple[int, str]:
         return 0, ""
 
 
-def endpoint_url(address: str) -> str:
-    """Where to reach a daemon listening on `address` (a wildcard bind is reached on loopback)."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104 - not a bind
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def endpoint_url(metrics: MetricsConfig) -> str:
+    """Where to reach a daemon listening on metrics.address (a wildcard bind is reached on loopback)."""
+    loopback = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 - not a bind
+    host = loopback.get(metrics.host, metrics.host)
+    return f"http://[{host}]:{metrics.port}" if ":" in host else f"http://{host}:{metrics.port}"
 
 
 def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> DaemonStatus:
@@ -189,7 +185,7 @@ def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> Daemon
     if not config.metrics.enabled:
         status.error = "metrics.enabled = false: the daemon cannot be asked"
         return status
-    code, body = http_get(endpoint_url(config.metrics.address) + "/status", timeout)
+    code, body = http_get(endpoint_url(config.metrics) + "/status", timeout)
     if code == 0:
         status.error = f"nothing answers on {config.metrics.address} (daemon not running?)"
         return status
@@ -216,9 +212,9 @@ def ask_daemon(config: Config, timeout: float, roots: tuple[str, str]) -> Daemon
 
 
 # --- reading the disks --------------------------------------------------------------------------------
-def _volume(store: LocalVolume | Mirror, snap: Snapshot | None, error: str | None) -> VolumeStatus:
+def _volume(store: LocalVolume | Mirror, snap: Snapshot, error: str | None) -> VolumeStatus:
     """Free and total bytes stay None where the store does not know them (an object store)."""
-    vol = VolumeStatus(store.describe(), files=len(snap.files) if snap else 0, error=error)
+    vol = VolumeStatus(store.describe(), files=len(snap.files), error=error)
     try:
         space = store.space()
     except OSError as exc:
@@ -287,8 +283,10 @@ def _check_newest(
     run: RunStatus, entries: list[ManifestEntry], mirror: ReadableStore, damaged: dict[str, str], deep: bool
 ) -> None:
     """Is the newest mirrored step of a run what the manifest recorded? Size from the listing; hash on demand."""
-    stepped = [e for e in entries if e.step is not None]
-    newest = [e for e in stepped if e.step == run.mirror_step] or [max(entries, key=lambda e: e.mirrored_at)]
+    if run.mirror_step is None:  # no stepped entry: the one mirrored last
+        newest = [max(entries, key=lambda e: e.mirrored_at)]
+    else:
+        newest = [e for e in entries if e.step == run.mirror_step]
     run.verify_mode = "hash" if deep else "size"
     problems = ((e.path, _problem(e, mirror, damaged, deep)) for e in sorted(newest, key=lambda e: e.path))
     bad = next(((path, problem) for path, problem in problems if problem is not None), None)
@@ -312,7 +310,7 @@ def _invalid_sources(config: Config, primary: ReadableStore, view: View, now: fl
 
 
 def _judged(
-    primary: LocalVolume, config: Config, now: float, verdicts: dict[str, tuple[Unit, Completeness]]
+    primary: LocalVolume, config: Config, now: float, verdicts: dict[Unit, Completeness]
 ) -> Callable[[Unit], Completeness]:
     """The daemon's completeness rule (mirrord.store.completeness), each unit judged once and kept in
     `verdicts`. A file is settled once its mtime is copy.settle_seconds old: the daemon also waits that
@@ -325,28 +323,28 @@ def _judged(
     rule = judge(primary, config.rules, quiet)
 
     def complete(unit: Unit) -> Completeness:
-        if unit.rel not in verdicts:
-            verdicts[unit.rel] = (unit, rule(unit))
-        return verdicts[unit.rel][1]
+        if unit not in verdicts:
+            verdicts[unit] = rule(unit)
+        return verdicts[unit]
 
     return complete
 
 
-def _add_units(runs: list[RunStatus], view: View, verdicts: dict[str, tuple[Unit, Completeness]]) -> None:
+def _add_units(runs: list[RunStatus], view: View, verdicts: dict[Unit, Completeness]) -> None:
     """Each judged folder unit under its run: the ones the mirror lacks, with the daemon's verdict."""
     by_run = {r.run: r for r in runs}
-    for unit, verdict in sorted(verdicts.values(), key=lambda v: (v[0].step is None, -(v[0].step or 0), v[0].rel)):
+    for unit in sorted(verdicts, key=lambda u: (u.step is None, -(u.step or 0), u.rel)):
         run = by_run.get(unit.run or ".")
         if run is None or unit.kind != "folder":
             continue
         state = (
             "incomplete"
-            if not verdict.complete
+            if not verdicts[unit].complete
             else "retired"
             if view.retired(unit.run, unit.step, unit.mtime_ns)
             else "pending"
         )
-        run.units.append(UnitStatus(unit.rel, unit.step, state, verdict.why))
+        run.units.append(UnitStatus(unit.rel, unit.step, state, verdicts[unit].why))
 
 
 def collect(
@@ -383,7 +381,7 @@ def collect(
     elif merr:
         problems.append(f"mirror: {merr}")
     # The daemon's own decision (copy, retire, refuse) on the same listings: status cannot disagree with it.
-    verdicts: dict[str, tuple[Unit, Completeness]] = {}
+    verdicts: dict[Unit, Completeness] = {}
     view = reconcile(
         psnap or Snapshot(),
         msnap,  # None: no mirror yet (nothing listed, nothing vouched for)
@@ -476,31 +474,32 @@ def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], lis
         return ([f"daemon: {d.error}"], []) if must_answer else ([], [f"daemon: {d.error}"])
     failed = {r: n for r, n in d.copies.items() if r != CopyOutcome.OK and n}
     attempts = ", ".join(f"{r} {n:.0f}" for r, n in sorted(failed.items()))
-    said = (  # (a problem, not a note; applies; what to say)
-        (True, not d.healthy, f"unhealthy: {d.health}"),
-        (True, not d.ready, f"not ready: {d.readiness}"),
+    problems = (  # (applies, what to say)
+        (not d.healthy, f"unhealthy: {d.health}"),
+        (not d.ready, f"not ready: {d.readiness}"),
         (
-            True,
-            bool(d.invalid_sources),
+            d.invalid_sources,
             f"{d.invalid_sources or 0:.0f} source file(s) failed their format "
             "validator for longer than copy.invalid_grace_seconds and are not mirrored (its log: copy.invalid_source)",
         ),
         (
-            True,
-            bool(d.copy_loops),
+            d.copy_loops,
             f"{d.copy_loops or 0:.0f} file(s) copied again and again with the same "
             "result, no longer copied (the mirror does not keep what is written; see copy.loop in its log)",
         ),
+    )
+    notes = (
         (
-            False,
-            bool(d.manifest_repairs),
+            d.manifest_repairs,
             f"the on-disk manifest was found damaged and rewritten "
             f"{d.manifest_repairs or 0:.0f} time(s) (see manifest.repaired in its log)",
         ),
-        (False, bool(failed), f"failed copy attempts since it started: {attempts} (see its log: copy.failed)"),
+        (failed, f"failed copy attempts since it started: {attempts} (see its log: copy.failed)"),
     )
-    problems = [f"daemon: {text}" for problem, applies, text in said if applies and problem]
-    return problems, [f"daemon: {text}" for problem, applies, text in said if applies and not problem]
+    return (
+        [f"daemon: {text}" for applies, text in problems if applies],
+        [f"daemon: {text}" for applies, text in notes if applies],
+    )
 
 
 def _runs(

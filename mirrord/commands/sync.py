@@ -129,10 +129,9 @@ def _run_jobs(engine: Engine, jobs: list[CopyJob], workers: int, report: SyncRep
             report.failed[job.rel] = str(outcome)
             if isinstance(outcome, ManifestError):
                 raise outcome
-        elif outcome is not None:
-            if outcome.wrote:  # (else the same bytes put back: only their new identity was recorded)
-                report.copied.append(job.rel)
-        else:
+        elif outcome is None:
             report.failed[job.rel] = (
                 f"{job.rel}: not copied: the mirror lock was lost or the copy worker died (see the log)"
             )
+        elif outcome.wrote:  # (else the same bytes put back: only their new identity was recorded)
+            report.copied.append(job.rel)

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from mirrord.core.model import VERSIONS
 from tests.chaos.harness import Zygote
 from tests.support.wait import wait_for
 
@@ -344,6 +345,12 @@ def _dir_fsyncs(calls: list[Call]) -> dict[str, list[Call]]:
     return out
 
 
+def _promoted_version(src: str, dst: str) -> bool:
+    """`src` is the pending version of `dst` (mirrord.core.model.version_key), in the same mirror."""
+    root, _, rel = src.partition(f"/{VERSIONS}/")
+    return bool(rel) and dst == f"{root}/{rel}"
+
+
 def _dir_fsync_after(syncs: dict[str, list[Call]], directory: str, rename: Call) -> Call | None:
     """The first successful fsync of `directory`, by any thread, that started after `rename` returned."""
     return next((s for s in syncs.get(directory, ()) if s.ts >= rename.end), None)
@@ -390,6 +397,16 @@ def _check_publish(
     src, dst = renamed
     rename = thread[i]
     out: list[str] = []
+    if _promoted_version(src, dst):
+        # A version kept beside a verified copy, promoted (docs/protocol.md, "A name copied again"): it was published
+        # under its hidden name by the whole protocol (that rename is checked on its own); the promotion is
+        # one atomic rename of that durable file, then both folders fsynced.
+        if _last_rename_onto(calls, src, rename.ts) is None:
+            out.append(f"{dst} promoted from {src}, which was not published in this trace: {rename.text}")
+        for folder in {str(PurePosixPath(p).parent) for p in (src, dst)}:
+            if _dir_fsync_after(dir_syncs, folder, rename) is None:
+                out.append(f"{dst}: promoted from {src} without an fsync of {folder} after: {rename.text}")
+        return out
     if src != dst + ".part":
         return [f"{dst} published from {src}, not from its temp name: {rename.text}"]
     manifest = dst.endswith(MANIFEST_NAME) or is_journal(dst)

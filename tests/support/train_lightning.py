@@ -87,7 +87,8 @@ def main() -> None:
             if args.save_until is None or trainer.global_step <= args.save_until:
                 super().on_train_epoch_end(trainer, module)
 
-    checkpoints = SavingUntil(
+    # (the subclass only where asked: Lightning keys a callback's state by its class name, ModelCheckpoint{...})
+    checkpoints = (ModelCheckpoint if args.save_until is None else SavingUntil)(
         dirpath=args.out,
         monitor=monitor[0],
         mode=monitor[1],

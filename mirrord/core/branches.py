@@ -34,19 +34,24 @@ class Branches:
         return len(self.rollbacks)
 
 
-def branches(mtimes: Mapping[int, int]) -> Branches:
+def branches(mtimes: Mapping[int, int], recorded: Mapping[int, int] | None = None) -> Branches:
     """Branches of a run from each step's mtime (newest mtime of the step's files).
 
     Walking the steps in the order they were written, a step lower than the highest of the current
     branch starts a new branch. Equal mtimes are ordered by step, so coarse timestamps never invent one;
-    an mtime of 0 (or before the epoch) says nothing about order: such steps stay on branch 0.
+    an mtime of 0 (or before the epoch) says nothing about order: such steps stay on branch 0. A lower
+    step that mirrord had recorded before the higher one was saved (`recorded`: step -> ns, when mirrord first
+    recorded those bytes, ManifestEntry.mirrored_at) was saved before it, whatever its mtime says: a clock
+    stepped back, or a `touch`, moves an mtime past the time its bytes were recorded, which no save can do.
     """
     branch, high = 0, None
+    recorded = recorded or {}
     of: dict[int, int] = {step: 0 for step, mtime in mtimes.items() if mtime <= 0}
     rollbacks: list[tuple[int, int]] = []
     # (mtime, step) pairs sort in C, without a key call per step (every run of a tree, at each rescan)
     for _mtime, step in sorted([(mtime, step) for step, mtime in mtimes.items() if mtime > 0]):
-        if high is not None and step < high:
+        recorded_before = high is not None and 0 < recorded.get(step, 0) < mtimes[high]
+        if high is not None and step < high and not recorded_before:
             rollbacks.append((high, step))
             branch += 1
             high = step

@@ -159,7 +159,7 @@ class Engine:
             raise
         if target:
             result = replace(result, rel=version_key(job.rel))
-            if result.validation != OK:  # (a checked one takes the name at its commit)
+            if result.validation != OK and not _same_digest(old, result):  # (else it takes the name at its commit)
                 self._pending.add(result.rel)
                 self.log.warning("copy.kept_beside", path=job.rel, version=result.rel, validation=result.validation)
         # A file whose rename is left to commit() is not published yet: its identity is taken there.
@@ -174,14 +174,20 @@ class Engine:
 
     def _entry(self, job: CopyJob, result: CopyResult, seq: int, identity: bool = True) -> ManifestEntry:
         """The manifest entry of one copy; with the published copy's identity (`identity`) once its name is.
-        The same bytes copied again (a `touch`, a restore) keep their place in the order of recording."""
-        old = self.manifest.get(result.rel)
+        The same bytes copied again keep their place and time of recording (seq, mirrored_at) when they are the
+        same file (a `touch`) or carry the recorded mtime (a restore); the same bytes saved again (a new file, a
+        new mtime: a deterministic trainer's rollback) are a new save."""
+        old = self.manifest.get(
+            job.rel if result.rel == version_key(job.rel) else result.rel
+        )  # (a version: its name's)
+        recorded_at = self.wall()
         if (
             old is not None
             and old.seq
-            and (old.size, old.algo, old.digest) == (result.size, result.algo, result.digest)
+            and _same_digest(old, result)
+            and ((old.source_dev, old.source_ino) == result.source[:2] or old.source_mtime_ns == result.source_mtime_ns)
         ):
-            seq, job = old.seq, replace(job, seen=old.seen)
+            seq, job, recorded_at = old.seq, replace(job, seen=old.seen), old.mirrored_at
         entry = ManifestEntry(
             path=result.rel,
             size=result.size,
@@ -189,7 +195,7 @@ class Engine:
             digest=result.digest,
             source_mtime_ns=result.source_mtime_ns,
             step=job.step,
-            mirrored_at=self.wall(),
+            mirrored_at=recorded_at,
             mirror_mtime_ns=result.mirror_mtime_ns,
             validation=RENAMED if job.committed and result.validation == UNCHECKED else result.validation,
             node=self.mirror.node,
@@ -276,8 +282,17 @@ class Engine:
                 where = self.mirror.describe(batch[0].job.rel) if len(batch) == 1 else self.mirror.describe()
                 raise from_oserror(where, exc, "fsync of the directories of published copies") from exc
             puts = [self._identified(e) if e.path in renamed_here else e for staged in batch for e in staged.entries]
-            # A version its validator checked takes its name now (nothing is stronger evidence that it is whole).
-            puts = [p for e in puts for p in (self._promoted(e) if e.role == PENDING and e.validation == OK else [e])]
+            # A version its validator checked takes its name now (nothing is stronger evidence that it is whole),
+            # as do the recorded bytes copied again (a `touch`).
+            puts = [
+                p
+                for e in puts
+                for p in (
+                    self._promoted(e)
+                    if e.role == PENDING and (e.validation == OK or _same_digest(self.manifest.get(versioned(e)), e))
+                    else [e]
+                )
+            ]
             # A folder unit's files are in the same record as the rest of the batch: all or none.
             self.manifest.apply(puts=puts)
         except MirrordError as exc:
@@ -323,6 +338,7 @@ class Engine:
             old
             and state
             and (state.ino, state.size, state.mtime_ns) == (old.mirror_ino or state.ino, old.size, old.stored_mtime_ns)
+            and not _same_digest(old, version)  # (the same bytes: nothing to keep)
             and self.mirror.rename(rel, version_key(rel, old.seq), keep=True)  # (else not kept)
         ):
             kept = [self._identified(replace(old, path=version_key(rel, old.seq), role=PREVIOUS))]
@@ -638,4 +654,13 @@ def _unit_result(job: CopyJob, results: list[CopyResult]) -> CopyResult:
         None,
         "ok" if ok else "unchecked",
         f"{len(results)} files",
+    )
+
+
+def _same_digest(recorded: ManifestEntry | None, copy: ManifestEntry | CopyResult) -> bool:
+    """The copy holds the recorded bytes (by size and content hash)."""
+    return recorded is not None and (recorded.size, recorded.algo, recorded.digest) == (
+        copy.size,
+        copy.algo,
+        copy.digest,
     )

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -62,14 +62,15 @@ def run_key(store: ReadableStore, run: str | Path | None) -> str | None:
     return "" if key == "." else key.strip("/")
 
 
-def _by_recency(items: list[tuple[int | None, int, T]]) -> list[T]:
-    """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them."""
+def _by_recency(items: list[tuple[int | None, int, T]], recorded: Mapping[int, int] | None = None) -> list[T]:
+    """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them; `recorded`
+    (step -> when its bytes were recorded, ns) as in mirrord.core.branches.branches."""
     mtimes: dict[int, int] = {}
     lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)  # beyond: a lying clock, no evidence of order
     for step, mtime, _ in items:
         if step is not None:
             mtimes[step] = max(mtimes.get(step, 0), 0 if mtime > lie else mtime)
-    order = branches(mtimes)
+    order = branches(mtimes, recorded)
 
     def key(item: tuple[int | None, int, T]) -> tuple[int, int, int, int]:
         step, mtime, _ = item
@@ -224,7 +225,8 @@ def recorded_manifest(store: ReadableStore, layout: Layout | None = None) -> Man
 
 def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[str, list[Candidate]]:
     """Per run, the checkpoint units the manifest records whole (every member recorded, every file passed),
-    newest first: by branch and step, in the order their sources were saved (source mtime: _by_recency).
+    newest first: by branch and step, in the order their sources were saved (source mtime, unless recorded
+    before: _by_recency).
     What a unit is, the record says (ManifestEntry.unit, role)."""
     members: dict[tuple[str, str, int | None, bool], list[ManifestEntry]] = defaultdict(list)
     for e in manifest.entries.values():
@@ -236,9 +238,12 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[
         if all(entry_passed(e) and (not e.layout or e.members == len(entries)) for e in entries)
     ]
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
-    for candidate in whole:
-        runs[candidate.run].append((candidate.step, max(e.source_mtime_ns for e in candidate.entries), candidate))
-    return {run: _evidenced(_by_recency(items)) for run, items in runs.items()}
+    recorded: dict[str, dict[int, int]] = defaultdict(dict)
+    for c in whole:
+        runs[c.run].append((c.step, max(e.source_mtime_ns for e in c.entries), c))
+        if c.step is not None:
+            recorded[c.run][c.step] = int(max(e.mirrored_at for e in c.entries) * 1e9)
+    return {run: _evidenced(_by_recency(items, recorded[run])) for run, items in runs.items()}
 
 
 def _evidenced(newest_first: list[Candidate]) -> list[Candidate]:

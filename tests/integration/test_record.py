@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from mirrord.torch import atomic_save, restore_latest
 from tests.support.cli import run_mirrord
 from tests.support.config import settings, write_config
 from tests.support.daemon import DaemonProcess
+from tests.support.faketime import faketime_env
 from tests.support.folders import write_dcp, write_hf
 from tests.support.wait import wait_for
 
@@ -263,3 +265,40 @@ def test_a_version_written_in_place_takes_the_name_once_the_trainer_saves_a_newe
     latest = run_mirrord("latest", "--mirror", str(mirror))
     assert latest.stdout.strip() == str(mirror / "r" / "step_4.pt"), latest.stderr
     assert d.stop() == 0
+
+
+@pytest.mark.parametrize("moved", ["clock stepped back", "touch"])
+def test_newest_is_the_newest_recorded_whatever_the_mtimes_say_later(tmp_path: Path, moved: str) -> None:
+    """Case 4: steps 1..5 saved and mirrored in order. The primary's clock ran 450 s fast while step 3 was
+    saved (then NTP stepped it back), or a tool touched step 4 on the primary after the fact (and sync
+    recorded its new mtime): a lower step now has the newest mtime, but mirrord had recorded its bytes
+    before the higher ones were saved. Read an hour later (faketime: no mtime is in the future then),
+    `latest`, `restore`, `restore_latest` name step 5, and retention (keep_last 2) keeps 4 and 5."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    mirror.mkdir()
+    retention = {"layout": "torch", "prune": {"enabled": True, "keep_last": 2, "min_age_seconds": 0}}
+    config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, retention))
+    for step in range(1, 6):
+        (path,) = _write_torch(primary / "exp1" / "step", step)
+        if moved == "clock stepped back" and step == 3:
+            fast = time.time() + 450
+            os.utime(path, (fast, fast))
+        synced = run_mirrord("sync", "--config", config)
+        assert synced.returncode == 0, synced.stderr
+    if moved == "touch":
+        os.utime(primary / "exp1" / "step_0004.pt")
+        touched = run_mirrord("sync", "--config", config)
+        assert touched.returncode == 0, touched.stderr
+    newest = max(range(1, 6), key=lambda s: (primary / "exp1" / f"step_{s:04d}.pt").stat().st_mtime_ns)
+    assert newest == (3 if moved == "clock stepped back" else 4)
+
+    later = faketime_env("+1h")
+    latest = run_mirrord("latest", "--mirror", str(mirror), env=later)
+    assert latest.returncode == 0, latest.stderr
+    assert latest.stdout.strip() == str(mirror / "exp1" / "step_0005.pt")
+    done = run_mirrord("restore", "--mirror", str(mirror), "--to", str(tmp_path / "dest"), env=later)
+    assert done.returncode == 0, done.stderr
+    assert torch.load(done.stdout.strip(), weights_only=True)["step"] == 5
+    pruned = run_mirrord("prune", "--config", config, env=later)
+    assert pruned.returncode == 0, pruned.stderr
+    assert sorted(p.name for p in (mirror / "exp1").glob("*.pt")) == ["step_0004.pt", "step_0005.pt"]

@@ -38,6 +38,7 @@ class World:
     manifest: dict[str, ManifestEntry] = field(default_factory=dict)
     bytes_of: dict[str, int] = field(default_factory=dict)  # primary path -> which bytes (a save's number)
     branch_of: dict[str, int] = field(default_factory=dict)  # mirror path -> the branch that wrote it
+    reached: dict[int, int] = field(default_factory=dict)  # branch -> the highest step mirrord copied of it
     trainer: list[int] = field(default_factory=list)  # the steps the trainer keeps, oldest first
     branch: int = 0
     step: int = 0
@@ -96,6 +97,7 @@ class World:
                 seq=entry.seq if same and entry is not None else self.seq,
             )  # fmt: skip
             self.mirror[path] = FileState(path, state.size, state.mtime_ns, ino=self.tick())
+            self.reached[self.branch] = max(self.reached.get(self.branch, 0), self.manifest[path].step or 0)
 
     def prune(self) -> set[int]:
         """One daemon pass: copy, plan, delete; the steps deleted."""
@@ -117,13 +119,14 @@ class World:
         return {d.step for d in plan.deletions if d.step is not None}
 
     def tips(self) -> set[int]:
-        """The newest mirrored step of every abandoned branch, while it is above the new run's newest (a new run
-        that passed it no longer reads as a rollback: it saves over that name)."""
+        """The newest mirrored step of every abandoned branch, while it is above the newest step of every later
+        branch (a later run that passed it no longer reads as a rollback: it saves over that name)."""
         tops: dict[int, int] = {}
         for path, branch in self.branch_of.items():
             if path in self.mirror and branch < self.branch:
                 tops[branch] = max(tops.get(branch, 0), self.manifest[path].step or 0)
-        return {tip for tip in tops.values() if tip > self.step}
+        later = {b: max([self.step] + [s for a, s in self.reached.items() if a > b]) for b in tops}
+        return {tip for b, tip in tops.items() if tip > later[b]}
 
 
 ACTIONS = st.sampled_from(["save"] * 4 + ["prune"] * 3 + ["rm", "wipe", "restore", "restart"])

@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 from mirrord.torch import atomic_save, latest_checkpoint, restore_latest
 from tests.support.cli import run_mirrord
 from tests.support.config import settings, write_config
+from tests.support.daemon import DaemonProcess
 from tests.support.drill import DCP, HF, RETENTION, TORCH, Trainer, disaster_drill, drill_daemon, restart_drill
 from tests.support.privileges import NOBODY, run_as_nobody
 
@@ -286,15 +289,19 @@ def test_a_folder_unit_is_restored_whole(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "again" / "run").iterdir()) == ["checkpoint-10"]
 
 
-def _strace_mirrord(watched: Path, *argv: str | Path, inject: str = "") -> tuple[subprocess.CompletedProcess[str], int]:
-    """`mirrord ARGV` under strace, which sees only the calls on `watched` (-P) and, with `inject`, fails them:
-    (the finished command, bytes it read from `watched`)."""
+def _strace_mirrord(
+    watched: Path, *argv: str | Path, inject: str = "", max_file_bytes: int = 0
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    """`mirrord ARGV` under strace, which sees only the calls on `watched` (-P) and, with `inject`, fails them;
+    `max_file_bytes`: no file it writes may grow past that (prlimit: a destination that fills).
+    Returns (the finished command, bytes it read from `watched`)."""
     from tests.support.cli import child_env, mirrord_argv
 
     log = watched.parent.parent.parent / "strace.log"
     tracing = ["strace", "-f", "-qq", "-o", str(log), "-P", str(watched), "-e", "trace=read,readv,pread64,preadv"]
+    limit = ["prlimit", f"--fsize={max_file_bytes}"] if max_file_bytes else []
     done = subprocess.run(
-        [*tracing, *(["-e", f"inject={inject}"] if inject else []), *mirrord_argv(), *map(str, argv)],
+        [*tracing, *(["-e", f"inject={inject}"] if inject else []), *limit, *mirrord_argv(), *map(str, argv)],
         capture_output=True,
         text=True,
         env=child_env(),
@@ -309,7 +316,9 @@ def _strace_mirrord(watched: Path, *argv: str | Path, inject: str = "") -> tuple
 def test_a_copy_that_grew_is_never_read_past_its_recorded_size(mirrored: tuple[Path, Path, Path]) -> None:
     """Issue 41 case 3: the verified newest copy grown to 2 GiB (a sparse truncate; the issue's was 8 GiB).
     `latest` names step 20 and restore brings it back, both having read no byte of the grown file (its stored
-    size is compared with the record first); restore names the mirror file and its size."""
+    size is compared with the record first); restore names the mirror file and its size. Its destination
+    takes no file past 1 MiB (prlimit), as a disk the grown bytes would fill: the intact step 20 still comes
+    back (writing the grown bytes first, restore exited 1 there)."""
     config, primary, mirror = mirrored
     grown = mirror / "a" / "step_0030.pt"
     recorded = grown.stat().st_size
@@ -317,12 +326,13 @@ def test_a_copy_that_grew_is_never_read_past_its_recorded_size(mirrored: tuple[P
     latest, read = _strace_mirrord(grown, "latest", "--config", config)
     assert (latest.returncode, latest.stdout.strip(), read) == (0, str(mirror / "a" / "step_0020.pt"), 0), latest.stderr
     shutil.rmtree(primary / "a")
-    done, read = _strace_mirrord(grown, "restore", "--config", config)
+    done, read = _strace_mirrord(grown, "restore", "--config", config, max_file_bytes=1 << 20)
     assert done.returncode == 0, done.stderr
     assert read == 0
     assert done.stdout.strip() == str(primary / "a" / "step_0020.pt")
     assert f"DAMAGED {grown}: {2 << 30} bytes on the mirror, recorded {recorded}" in done.stderr
     assert sorted(p.name for p in (primary / "a").iterdir()) == ["step_0020.pt"]
+    assert (primary / "a" / "step_0020.pt").read_bytes() == (mirror / "a" / "step_0020.pt").read_bytes()
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "folder", "EIO", "EACCES"])
@@ -392,33 +402,55 @@ def test_restore_keeps_the_mirror_copys_modes_and_the_manifest_is_private(tmp_pa
         os.umask(old_umask)
 
 
-def test_restore_plans_again_when_retention_retires_the_unit_it_chose(mirrored: tuple[Path, Path, Path]) -> None:
-    """Issue 41 case 7: just after restore read the manifest, the trainer saves step 40 and retention
-    (keep_last = 1, the real CLI) retires steps 10-30. The newest unit it planned is gone from the mirror and
-    from the manifest: not DAMAGED; restore reads the manifest again and brings step 40 back."""
+def test_restore_plans_again_when_retention_retires_the_unit_it_chose(
+    tmp_path: Path, daemon_factory: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 41 case 7: a daemon with keep_last = 1 while the trainer saves every 0.3 s. Each of three restores
+    is held just after it read the manifest until the daemon has retired every unit that manifest names (the
+    race the issue saw in one restore in 20, made certain): the unit it planned is gone from the mirror and from
+    the manifest, which is not DAMAGED; restore reads the manifest again and brings back a newer step, whole."""
     from mirrord.store.manifest import Manifest
     from mirrord.store.restore import restore
+    from mirrord.store.resume import recorded_candidates
     from mirrord.store.volume import LocalVolume
+    from tests.support.checkpoints import publish_checkpoint
+    from tests.support.wait import wait_for
 
-    config, primary, mirror = mirrored
-    pruning = write_config(
-        config.with_name("prune.toml"),
-        settings(primary, mirror, {"prune": {"mode": "keep_last", "keep_last": 1, "min_age_seconds": 0}}),
-    )
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    saving = threading.Event()
+
+    def trainer() -> None:
+        step = 0
+        while not saving.wait(0.3):
+            step += 1
+            publish_checkpoint(primary / "a" / f"step_{step:04d}.pt", step)
 
     class RetiredWhileRestoring(LocalVolume):
+        planned: Manifest | None = None
+
         def load_manifest(self) -> Manifest:
-            planned = super().load_manifest()
-            if not (mirror / "a" / "step_0040.pt").exists():
-                _train(primary / "a", [40])
-                assert run_mirrord("sync", "--config", config).returncode == 0
-                assert run_mirrord("prune", "--config", pruning).returncode == 0
-                assert sorted(p.name for p in (mirror / "a").glob("*.pt")) == ["step_0040.pt"]
+            if self.planned is not None:
+                return super().load_manifest()
+            self.planned = planned = super().load_manifest()
+            wait_for(
+                lambda: not any((mirror / key).exists() for key in planned.entries), 60, "the planned unit retired"
+            )
             return planned
 
-    restored = restore(RetiredWhileRestoring(mirror), primary.parent / "resume")
-    assert (restored.key, restored.damaged) == ("a/step_0040.pt", ())
-    assert torch.load(restored.path, weights_only=True)["step"] == 40
+    training = threading.Thread(target=trainer)
+    training.start()
+    try:
+        daemon = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0}}).start()
+        wait_for(lambda: recorded_candidates(LocalVolume(mirror).load_manifest()), 60, "a first step verified")
+        for attempt in range(3):
+            volume = RetiredWhileRestoring(mirror)
+            restored = restore(volume, tmp_path / f"resume-{attempt}")
+            assert restored.damaged == () and volume.planned and restored.key not in volume.planned.entries
+            assert torch.load(restored.path, weights_only=True)["step"] == restored.step
+    finally:
+        saving.set()
+        training.join()
+    assert daemon.stop() == 0
 
 
 def test_restore_without_a_run_refuses_among_several_and_names_them(mirrored: tuple[Path, Path, Path]) -> None:

@@ -40,8 +40,8 @@ from mirrord.service.progress import ProgressBoard
 from mirrord.service.unitcopy import copy_part, copy_unit
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest, upgrade
-from mirrord.store.mirror import Mirror, UploadTarget
-from mirrord.store.volume import Beside, LocalMirror, stat_safely
+from mirrord.store.mirror import Beside, Mirror, UploadTarget
+from mirrord.store.volume import stat_safely
 
 if TYPE_CHECKING:
     from mirrord.config import Config
@@ -148,9 +148,9 @@ class Engine:
         """One file copied and published; its directory fsync (and maybe its rename) left to commit(). Other
         bytes under the name of a copy recorded whole, from a source its writer did not rename into place
         (it may be torn), are a version: published beside that copy, never over it (commit() promotes it)."""
-        old, target = self.manifest.get(job.rel), Beside(self.mirror) if isinstance(self.mirror, LocalMirror) else None
-        if old is None or old.role or not entry_whole(old) or job.committed:  # (an alias, a tag: no checkpoint)
-            target = None  # (nor on an object store: no rename to promote a version with, S3 replaces)
+        old = self.manifest.get(job.rel)
+        whole = old is not None and not old.role and entry_whole(old)  # (an alias, a tag: no checkpoint)
+        target = Beside(self.mirror) if whole and not job.committed else None
         dirs = DirSyncs()
         try:
             result = self._copy(job, options, control, dirs, make_room, target or self.mirror)
@@ -326,8 +326,12 @@ class Engine:
         """Rename the version onto its name; returns its entry there, to record. The copy it replaces, while
         still the recorded one, is first given a second name aside (a hard link) and recorded there (PREVIOUS)
         by the same journal record that drops the version's own: every recorded name holds its recorded
-        bytes at every instant, except between the rename and its record, as when any copy is published."""
-        assert isinstance(self.mirror, LocalMirror)
+        bytes at every instant, except between the rename and its record, as when any copy is published.
+        On an object store the rename is a server-side copy over the name (S3 replaces an object in one step),
+        then the delete of the version's key: a crash between the two leaves that key unrecorded (a leftover
+        the next version of the name overwrites), and one before the name's record leaves the name holding
+        bytes its record does not (readers check the ETag, else the hash, against the record, and pass it
+        over), while the replaced copy is already recorded aside: nothing is lost, locally or there."""
         rel = versioned(version)
         try:
             old, state = self.manifest.get(rel), self.mirror.stat(rel)
@@ -619,11 +623,13 @@ class Engine:
             self.log.info("copy.replaced_unit", path=job.rel, run=job.run or ".", step=job.step, files=len(old))
 
     def _identified(self, entry: ManifestEntry) -> ManifestEntry:
-        """The entry with its published copy's inode and ctime, recorded so that `latest` can trust the entry
-        without re-reading the file while they stay the same. Unknown (0) if the stat fails, and not asked
-        of a mirror without inodes (an object store: it would be one more request per file for nothing)."""
+        """The entry with its published copy's inode, ctime and mtime (an object copied on the server has a
+        LastModified of its own), recorded so that `latest` can trust the entry without re-reading the file
+        while they stay the same. Unknown (0) if the stat fails, and not asked of a mirror without inodes."""
         state = stat_safely(self.mirror, entry.path) if self.mirror.has_inodes else None
-        return replace(entry, mirror_ino=state.ino if state else 0, mirror_ctime_ns=state.ctime_ns if state else 0)
+        if state is None:
+            return replace(entry, mirror_ino=0, mirror_ctime_ns=0)
+        return replace(entry, mirror_ino=state.ino, mirror_ctime_ns=state.ctime_ns, mirror_mtime_ns=state.mtime_ns)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from mirrord.core.model import FileState, ManifestEntry, Snapshot
+from mirrord.core.model import FileState, ManifestEntry, Snapshot, version_key
 from mirrord.layouts import Layout
 from mirrord.store.atomic import DirSyncs
 from mirrord.store.manifest import Manifest
@@ -114,6 +114,26 @@ class UploadTarget(Protocol):
         """Start publishing one object of `size` bytes under `key`; see Upload."""
 
 
+class Beside:
+    """A mirror as the copier's UploadTarget for a version: a copy of `key` is published at version_key(key),
+    beside the verified copy under `key` (mirrord.core.model.VERSIONS)."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+
+    def describe(self, key: str = "") -> str:
+        """The version's path."""
+        return self.mirror.describe(version_key(key))
+
+    def space(self) -> tuple[int, int] | None:
+        """The mirror's (free, total) bytes."""
+        return self.mirror.space()
+
+    def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> Upload:
+        """Begin writing the version of `key` under its temp name."""
+        return self.mirror.begin_upload(version_key(key), size, drop_cache)
+
+
 class ReadableStore(Protocol):
     """What read-only commands need from a volume: `latest`, `verify` and `status` (no lock taken)."""
 
@@ -176,6 +196,12 @@ class Mirror(ReadableStore, UploadTarget, Protocol):
         without sending them again (local: a hard link; object store: a server-side copy), published
         as atomically as an upload. Returns the new key's state, or None where the store cannot (the
         caller uploads instead)."""
+
+    def rename(self, key: str, other: str, keep: bool = False) -> bool:
+        """Put the object `key` under `other`, in place of what is there (a version promoted over the copy it
+        replaces), or with `keep` give it the second name `other`; False where the store cannot keep it under
+        a second name (nothing done). Local: a rename or a hard link; object store: a server-side copy, then
+        the delete of `key` (S3Mirror.rename: not one step)."""
 
     def delete(self, key: str, expected: FileState) -> None:
         """Delete `key` only if it is still exactly `expected` (local: inode, size, mtime, regular file),

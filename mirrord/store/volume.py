@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO
 
-from mirrord.core.model import VERSIONS, FileState, ManifestEntry, Snapshot, version_key
+from mirrord.core.model import VERSIONS, FileState, ManifestEntry, Snapshot
 from mirrord.errors import (
     ChangedError,
     LockedError,
@@ -189,9 +189,12 @@ class LocalMirror(LocalVolume):
         return None if self.identity is None else self.identity.problem()
 
     def begin_upload(self, rel: str, size: int, drop_cache: bool = False) -> LocalUpload:
-        """Begin writing `rel` under its temp name (the mirror must still be the pinned volume)."""
+        """Begin writing `rel` under its temp name (the mirror must still be the pinned volume); a version
+        (version_key) in a folder only the daemon's user reads (0700)."""
         self.check_identity()
-        return LocalUpload(self.root, rel, size, drop_cache, source_modes(self.modes_from, rel))
+        kept = rel.removeprefix(VERSIONS + "/")
+        modes = source_modes(self.modes_from, kept)
+        return LocalUpload(self.root, rel, size, drop_cache, modes if kept == rel else (0o700, *modes))
 
     def snapshot(self, patterns: Iterable[str], layout: Layout | None = None) -> Snapshot:
         """The candidate files (LocalVolume.snapshot) and, apart, the versions kept beside them (VERSIONS)."""
@@ -391,28 +394,6 @@ class LocalMirror(LocalVolume):
             self._lock_fd = fd
             return None
         return f"{path} was replaced: another mirrord may now work on this mirror"
-
-
-class Beside:
-    """A LocalMirror as the copier's UploadTarget for a version: a copy of `key` is published at version_key(key),
-    beside the verified copy under `key`, in a folder only the daemon's user reads (0700)."""
-
-    def __init__(self, mirror: LocalMirror) -> None:
-        self.mirror = mirror
-
-    def describe(self, key: str = "") -> str:
-        """The version's path."""
-        return self.mirror.describe(version_key(key))
-
-    def space(self) -> tuple[int, int]:
-        """The mirror's (free, total) bytes."""
-        return self.mirror.space()
-
-    def begin_upload(self, key: str, size: int, drop_cache: bool = False) -> LocalUpload:
-        """Begin writing the version of `key` under its temp name."""
-        self.mirror.check_identity()
-        modes = (0o700, *source_modes(self.mirror.modes_from, key))
-        return LocalUpload(self.mirror.root, version_key(key), size, drop_cache, modes)
 
 
 def _lock_holder(fd: int) -> str:

@@ -463,3 +463,17 @@ def test_clone_of_a_source_that_changed_is_refused(mirror: Mirror) -> None:
     assert mirror.clone("run/epoch=1-step=4.ckpt", "run/last.ckpt", twin) is None
     assert mirror.stat("run/last.ckpt") is None
     assert mirror.clone("run/gone.ckpt", "run/last.ckpt", twin) is None
+
+
+def test_rename_puts_a_version_over_its_name_and_keep_gives_a_second_name(mirror: Mirror) -> None:
+    """A version promoted (mirrord.service.engine): the copy under the name is first kept under a second
+    name (its bytes, the original untouched), then the version takes the name whole and its own key is gone."""
+    old, new = checkpoint_bytes(3, seed=1), checkpoint_bytes(3, seed=2) + b"longer"
+    publish(mirror, "run/step_3.pt", old)
+    publish(mirror, ".mirrord-versions/run/step_3.pt", new)
+    assert mirror.rename("run/step_3.pt", ".mirrord-versions/run/step_3.pt@1", keep=True)
+    assert read_fully(mirror, ".mirrord-versions/run/step_3.pt@1") == old == read_fully(mirror, "run/step_3.pt")
+    assert mirror.rename(".mirrord-versions/run/step_3.pt", "run/step_3.pt")
+    assert read_fully(mirror, "run/step_3.pt") == new
+    assert mirror.stat(".mirrord-versions/run/step_3.pt") is None
+    assert set(mirror.snapshot(PATTERNS).versions) == {".mirrord-versions/run/step_3.pt@1"}

@@ -7,7 +7,7 @@ import stat
 from datetime import datetime
 from typing import Any
 
-from mirrord.core.model import FileState, Snapshot
+from mirrord.core.model import VERSIONS, FileState, Snapshot
 from mirrord.layouts import Layout
 from mirrord.paths import S3Location
 from mirrord.store.s3.client import S3_ERRORS, ns, wrap
@@ -58,17 +58,19 @@ def snapshot(client: Any, location: S3Location, patterns: tuple[str, ...], layou
     """Every committed candidate object under the prefix (see S3Mirror.snapshot); a listing error makes
     the view partial (errors), never raises."""
     files: dict[str, FileState] = {}
+    versions: dict[str, FileState] = {}
     staging: dict[str, FileState] = {}
     errors: tuple[str, ...] = ()
     try:
         for obj in list_objects(client, location.bucket, location.prefix):
             rel = obj["Key"][len(location.prefix) :]
             place = placed(rel, patterns, layout)
-            if place == rel:
-                files[rel] = object_state(rel, obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))
+            if place == rel or rel.startswith(VERSIONS + "/"):  # (the versions kept beside: listed apart)
+                state = object_state(rel, obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))
+                (files if place == rel else versions)[rel] = state
             elif place is not None:
                 newest = max(ns(obj["LastModified"]), staging[place].mtime_ns if place in staging else 0)
                 staging[place] = FileState(place, 0, newest, mode=stat.S_IFDIR | 0o755)
     except S3_ERRORS as exc:
         errors = (str(wrap(location.url(), exc, "list")),)
-    return Snapshot(files, {}, errors, (), staging)
+    return Snapshot(files, {}, errors, (), staging, versions=versions)

@@ -242,6 +242,20 @@ class S3Mirror:
             raise wrap(self.describe(key), exc, "copy") from exc
         return self.stat(key)
 
+    def rename(self, key: str, other: str, keep: bool = False) -> bool:
+        """S3 renames nothing: a server-side copy of `key` (clone: still the object just read) replaces
+        `other` in one step (a reader gets the old object or the new one, whole); then, unless `keep`, `key`
+        is deleted (If-Match: only the object copied). Not one step: a crash between the two leaves both.
+        With `keep`, False if `key` changed meanwhile (nothing done); else ChangedError."""
+        state = self.stat(key)
+        if state is None or self.clone(key, other, state) is None:
+            if keep:
+                return False
+            raise ChangedError(self.describe(key), "gone or replaced before it was copied to " + self.describe(other))
+        if not keep:
+            self.delete(key, state)
+        return True
+
     def begin_unit(self, key: str) -> S3UnitStaging:
         """A folder unit. Under an empty prefix its files go straight under their final keys (S3 cannot
         rename a prefix; the caller's manifest record of the unit is what makes it trusted). If an older

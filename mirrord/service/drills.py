@@ -14,7 +14,7 @@ from importlib.util import find_spec
 from typing import Any
 
 from mirrord.config import Config
-from mirrord.errors import MirrordError
+from mirrord.core.model import ManifestEntry
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
 from mirrord.store.atomic import STAGING_AREA
@@ -26,9 +26,10 @@ from mirrord.store.resume import Candidate, recorded_candidates
 
 @dataclass(frozen=True)
 class Drilled:
-    """A run's last drill: its unit, when it started (wall clock), its failure (None: loaded), the last success."""
+    """A run's last drill: its unit's records (another record of the same name is another unit), when it started
+    (wall clock), its failure (None: loaded), the last success."""
 
-    key: str
+    unit: tuple[ManifestEntry, ...]
     at: float
     error: str | None
     ok_at: float | None
@@ -61,7 +62,7 @@ class Drills:
         due = [
             run
             for run, units in newest.items()
-            if (last := self.last.get(run)) is None or last.key != units[0].key or now >= last.at + interval
+            if (last := self.last.get(run)) is None or last.unit != units[0].entries or now >= last.at + interval
         ]
         if not due:
             self._quiet = (seq, min((last.at for last in self.last.values()), default=now))
@@ -77,7 +78,8 @@ class Drills:
         started, loads, last = self.wall(), find_spec("torch") is not None, self.last.get(run)
         try:
             found = drill(self.mirror, config.rules, run, loads, units, within=STAGING_AREA)
-        except (MirrordError, OSError) as exc:  # nothing to restore any more, no room for the scratch folder
+        except Exception as exc:  # nothing to restore any more, no room for the scratch folder, ...: a finding, and
+            # remembered as any other (a drill that ends without a record would be started again at once)
             found = {"file": self.mirror.describe(units[0].key), "error": str(exc)}
         label = self.metrics.run_label(run)
         ok_at = last.ok_at if last else None
@@ -96,7 +98,7 @@ class Drills:
                 structure_only=not loads,
             )
         error = f"{found['file']}: {found['error']}" if found["error"] else None
-        self.last[run] = Drilled(units[0].key, started, error, ok_at)
+        self.last[run] = Drilled(units[0].entries, started, error, ok_at)
         self.done()
 
     def report(self) -> dict[str, dict[str, Any]]:

@@ -328,6 +328,12 @@ class DaemonConfig(_Section):
     shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600)
 
 
+class DrillConfig(_Section):
+    """[drill]: how often the daemon proves each run's newest checkpoint restores and loads (0: never)."""
+
+    interval_hours: float = Field(24.0, ge=0, le=365 * 24)
+
+
 class UnitConfig(_Section):
     """What a checkpoint is with layout = "custom" (the named layouts fix it), and how long a folder unit
     with no evidence of its end must be quiet."""
@@ -357,6 +363,7 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     io: IoConfig = Field(default_factory=IoConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    drill: DrillConfig = Field(default_factory=DrillConfig)
     unit: UnitConfig = Field(default_factory=UnitConfig)
     s3: S3Config = Field(default_factory=S3Config)
 

@@ -103,6 +103,7 @@ class DaemonStatus:
     copying: list[dict[str, Any]] = field(default_factory=list)  # copies under way, from /status
     copy_loops: float | None = None  # files the daemon stopped re-copying (copies never stick)
     manifest_repairs: float | None = None  # on-disk manifest found damaged and rewritten
+    drills: dict[str, dict[str, Any]] | None = None  # per run: {ok_at: when a drill last passed, error: the last's}
 
 
 @dataclass
@@ -145,6 +146,7 @@ SAID = (
     "copy_loops",
     "manifest_repairs",
     "last_copy_at",
+    "drills",
 )
 
 
@@ -488,6 +490,7 @@ def _daemon_findings(d: DaemonStatus, must_answer: bool) -> tuple[list[str], lis
             "result, no longer copied (the mirror does not keep what is written; see copy.loop in its log)",
         ),
     )
+    problems += tuple((said["error"], f"drill {run} FAILED: {said['error']}") for run, said in _drills(d))
     notes = (
         (
             d.manifest_repairs,
@@ -636,7 +639,15 @@ def _render_daemon(d: DaemonStatus, now: float) -> list[str]:
     lines.append(f"         {queue}, {lag}; copies since start: {copies}")
     if d.last_copy_at:
         lines.append(f"         last copy published {human_duration(now - d.last_copy_at)} ago")
+    for run, said in _drills(d):
+        done = f"FAILED {said['error']}" if said["error"] else f"ok {human_duration(now - said['ok_at'])} ago"
+        lines.append(f"         drill {run}: {done}")
     return lines + [f"         copying {_progress_line(c)}" for c in d.copying]
+
+
+def _drills(d: DaemonStatus) -> list[tuple[str, dict[str, Any]]]:
+    """(run, what the daemon said of its drills) by run."""
+    return sorted((d.drills or {}).items())
 
 
 def _progress_line(c: dict[str, Any]) -> str:

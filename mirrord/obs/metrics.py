@@ -85,6 +85,14 @@ class Metrics:
             "(not published).",
         )
         self.verify_failures = counter("mirrord_verify_failures", "Mirrored files that no longer match the manifest.")
+        self.drill_last_success = gauge(
+            "mirrord_drill_last_success_timestamp_seconds",
+            "Unix time of the last drill that restored the run's newest checkpoint and loaded it.",
+            ["run"],
+        )
+        self.drill_failures = counter(
+            "mirrord_drill_failures", "Drills of the run's newest checkpoint that failed to restore or load.", ["run"]
+        )
         self.manifest_repairs = counter(
             "mirrord_manifest_repairs",
             "Times the on-disk manifest was found damaged or replaced and rewritten from memory.",

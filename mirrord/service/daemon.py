@@ -2,7 +2,7 @@
 
     watcher (hints) ─┐
     rescan timer ────┼─> Inbox -> main loop: Reconciler -> JobQueue -> WorkerPool -> Engine (copy, manifest)
-    signals (flags) ─┘              └─> Pruner after copies and reconciles; Supervisor heartbeat
+    signals (flags) ─┘              └─> Pruner after copies and reconciles; Drills after copies; Supervisor heartbeat
 
 Signal handlers only set flags and wake the loop; the loop acts. Everything the daemon derives from its
 config is one Settings object that a reload swaps. Shutdown is ordered and bounded.
@@ -23,6 +23,7 @@ from mirrord.errors import ConfigError, MirrordError, SourceChangedError, Transi
 from mirrord.obs import log as logsetup
 from mirrord.obs.metrics import Metrics
 from mirrord.service.clock import SYSTEM_CLOCK, Clock
+from mirrord.service.drills import Drills
 from mirrord.service.endpoints import serve
 from mirrord.service.engine import Engine
 from mirrord.service.inbox import Inbox
@@ -90,12 +91,13 @@ class Daemon:
         self.settle = SettleTracker(config.copy.settle_seconds, clock.wall, clock.monotonic)
         self.settings = Settings.derive(config, self.notifier.watchdog_seconds, self._pruner)
         self.engine = Engine(config, self.mirror, self.manifest, self.metrics, wall=clock.wall)
+        self.drills = Drills(self.mirror, self.manifest, self.metrics, clock.wall, self.inbox.wake)
         self.endpoints = serve(
             config.metrics,
             self.metrics.registry,
             lambda: self.supervisor.health(),
             lambda: self.supervisor.readiness(),
-            lambda: self.supervisor.report(),
+            lambda: self.supervisor.report() | {"drills": self.drills.report()},
         )
         self.pool = WorkerPool(
             self.engine.stage,
@@ -237,7 +239,7 @@ class Daemon:
 
     def tick(self, wait: bool = True) -> None:
         """One turn of the loop: sleep until the next deadline or a wake-up (unless `wait` is False),
-        then do what is due: a reload, the reconciler's work, the heartbeat."""
+        then do what is due: a reload, the reconciler's work, a drill once the copies are done, the heartbeat."""
         deadline = min(self.reconciler.next_deadline(), self.supervisor.next_due)
         self.inbox.wait(deadline - self.clock.monotonic() if wait else 0)
         if self.signals.stop_requests:
@@ -251,6 +253,8 @@ class Daemon:
             self.reconciler.work()
         except TransientError as exc:  # a storage blip on any path: said, and the next rescan tries again
             self.log.error("daemon.storage_unavailable", path=exc.path, cause=exc.cause, action="retry at next rescan")
+        busy = self.reconciler.unsettled or self.queue.depth() or self.pool.active_controls()
+        self.drills.start_due(self.settings.config, idle=not busy and not self.refusals.blocked)
         self.supervisor.beat_if_due()
 
     def reload(self) -> None:

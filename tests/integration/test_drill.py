@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mirrord.commands.drill import LOAD_MEMORY_BYTES, LOAD_SECONDS
+from mirrord.store.drill import LOAD_MEMORY_BYTES, LOAD_SECONDS
 from tests.support.checkpoints import save_checkpoint
 from tests.support.cli import child_env, mirrord_argv, run_mirrord
 from tests.support.folders import write_dcp, write_hf

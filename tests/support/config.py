@@ -16,17 +16,22 @@ import tomli_w
 
 from mirrord.config import Config, load_config
 
-# In-process tests: copy at once, retry at once, at full speed (no bandwidth cap).
-UNIT: Mapping[str, Any] = {"copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.0}, "io": {"bandwidth_limit": 0}}
+# In-process tests: copy at once, retry at once, at full speed (no bandwidth cap), no drills (a thread of its own).
+UNIT: Mapping[str, Any] = {
+    "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.0},
+    "io": {"bandwidth_limit": 0},
+    "drill": {"interval_hours": 0},
+}
 
 # A daemon under test (tests.support.daemon): quick heartbeat and shutdown, no bandwidth cap, debug logs
-# as JSON.
+# as JSON, no drills (a loader that imports torch after each copy: tests/integration/test_daemon_drill.py).
 DAEMON: Mapping[str, Any] = {
     "copy": {"settle_seconds": 0.5, "retry_backoff_seconds": 0.1, "free_space_reserve_bytes": 0},
     "io": {"bandwidth_limit": 0},
     "prune": {"enabled": False},
     "watch": {"rescan_interval_seconds": 30},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 5},
+    "drill": {"interval_hours": 0},
     "metrics": {},
     "log": {"format": "json", "level": "debug"},
 }
@@ -34,7 +39,7 @@ DAEMON: Mapping[str, Any] = {
 # A daemon under benchmark: mirrord's own defaults, but no pruning and logs as JSON.
 BENCH: Mapping[str, Any] = {"prune": {"enabled": False}, "metrics": {}, "log": {"format": "json", "level": "info"}}
 
-# The chaos suite: two workers, no waiting, small buffers (more syscalls to strike), no cap, metrics off.
+# The chaos suite: two workers, no waiting, small buffers (more syscalls to strike), no cap, metrics off, no drills.
 CHAOS: Mapping[str, Any] = {
     "copy": {
         "workers": 2,
@@ -47,6 +52,7 @@ CHAOS: Mapping[str, Any] = {
     "prune": {"enabled": False, "keep_last": 2, "min_age_seconds": 0},
     "watch": {"rescan_interval_seconds": 60},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 10},
+    "drill": {"interval_hours": 0},
     "metrics": {"enabled": False},
     "log": {"format": "json", "level": "info"},
 }

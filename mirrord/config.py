@@ -328,6 +328,13 @@ class DaemonConfig(_Section):
     shutdown_grace_seconds: float = Field(30.0, ge=0, le=3600)
 
 
+class ScrubConfig(_Section):
+    """[scrub]: how often the daemon re-reads every copy on a local mirror against its recorded hash."""
+
+    # The whole mirror is read once per interval, its bytes spread over it; 0 = off. A fraction is accepted.
+    interval_days: float = Field(7.0, ge=0, le=365)
+
+
 class UnitConfig(_Section):
     """What a checkpoint is with layout = "custom" (the named layouts fix it), and how long a folder unit
     with no evidence of its end must be quiet."""
@@ -358,6 +365,7 @@ class Config(_Section):
     io: IoConfig = Field(default_factory=IoConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     unit: UnitConfig = Field(default_factory=UnitConfig)
+    scrub: ScrubConfig = Field(default_factory=ScrubConfig)
     s3: S3Config = Field(default_factory=S3Config)
 
     model_config = ConfigDict(populate_by_name=True)  # merged with _Section's

@@ -18,20 +18,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from mirrord.config import Config
+from mirrord.config import DAY, Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
-from mirrord.service.copier import hash_source
+from mirrord.service.copier import CopyControl, hash_source
 from mirrord.service.workers import lower_priority
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.resume import check_entry
 from mirrord.store.volume import stat_safely
 
-DAY = 86400.0
 BUSY_POLL_SECONDS = 1.0
 
 
@@ -60,7 +59,7 @@ class Scrubber:
         self.damaged: dict[str, ManifestEntry] = {}  # path -> the record it fails (forgotten once that changes)
         metrics.damaged_copies.set_function(lambda: len(self.damaged))
         self.log = get_logger()
-        self._stopping = threading.Event()
+        self._stopping, self._control = threading.Event(), CopyControl()  # (the control stops a read of the primary)
         self._opened, self._read = 0.0, 0  # when the file being read was opened, and how much of it is read
         self.thread = threading.Thread(target=self._run, name="mirrord-scrub", daemon=True)
 
@@ -72,6 +71,7 @@ class Scrubber:
     def stop(self) -> None:
         """End the scrub at its next read (a read stuck on a hung mount is not waited for: a daemon thread)."""
         self._stopping.set()
+        self._control.stop("cancelled")
         if self.thread.is_alive():
             self.thread.join(timeout=5)
 
@@ -166,8 +166,12 @@ class Scrubber:
         holds the recorded bytes; else None."""
         config = self.config()
         try:
-            st, digest = hash_source(Path(config.primary), entry.path, entry.algo, config.io.buffer_bytes)
+            st, digest = hash_source(
+                Path(config.primary), entry.path, entry.algo, config.io.buffer_bytes, self._control
+            )
         except MirrordError:
+            if self._stopping.is_set():
+                raise _StopError from None
             return None  # gone, changed while read, unreadable: not the recorded bytes
         if (st.st_size, digest) != (entry.size, entry.digest):
             return None

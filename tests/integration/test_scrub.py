@@ -9,6 +9,7 @@ from pathlib import Path
 from mirrord.store.manifest import Manifest
 from mirrord.store.resume import latest_checkpoint
 from mirrord.store.scan import state_from_stat
+from tests.integration.test_prometheus_e2e import PrometheusServer
 from tests.support.checkpoints import publish_checkpoint
 from tests.support.wait import wait_for
 
@@ -49,23 +50,33 @@ def test_a_flipped_bit_is_found_and_copied_again_from_the_primary(tmp_path, daem
 
 def test_a_damaged_copy_the_primary_no_longer_holds_is_kept_and_reported(tmp_path, daemon_factory):
     """The primary rotated step 2 away; its mirror copy rots: kept as it is, logged once, counted on /metrics,
-    and `latest` answers with step 1."""
+    `latest` answers with step 1, and a real Prometheus fires MirrordDamagedCopy; once the primary holds the
+    bytes again (a restore) the copy is repaired and the alert resolves."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     publish_checkpoint(primary / "r" / "step_0001.pt", 1)
     publish_checkpoint(primary / "r" / "step_0002.pt", 2)
     d = daemon_factory(SCRUB_EVERY_SECOND).start()
-    wait_for(lambda: len(Manifest.load(mirror).entries) == 2, 90, "both mirrored")
-    (primary / "r" / "step_0002.pt").unlink()
-    _flip_a_bit(mirror / "r" / "step_0002.pt")
-    damaged = (mirror / "r" / "step_0002.pt").read_bytes()
-    wait_for(lambda: d.metric("mirrord_damaged_copies") == 1, 90, "mirrord_damaged_copies 1")
-    assert d.events("scrub.damaged", path="r/step_0002.pt", problem="hash_mismatch")
-    passes = len(d.events("scrub.finished"))
-    wait_for(lambda: len(d.events("scrub.finished")) > passes + 1, 90, "two more passes")
-    assert len(d.events("scrub.damaged")) == 1
-    assert d.metric("mirrord_damaged_copies") == 1
-    assert (mirror / "r" / "step_0002.pt").read_bytes() == damaged
-    assert latest_checkpoint(mirror, run="r") == mirror / "r" / "step_0001.pt"
+    prom = PrometheusServer(tmp_path / "prometheus", [f"127.0.0.1:{d.port}"])  # (its first scrape takes seconds)
+    try:
+        wait_for(lambda: len(Manifest.load(mirror).entries) == 2, 90, "both mirrored")
+        saved = (primary / "r" / "step_0002.pt").read_bytes()
+        (primary / "r" / "step_0002.pt").unlink()
+        _flip_a_bit(mirror / "r" / "step_0002.pt")
+        damaged = (mirror / "r" / "step_0002.pt").read_bytes()
+        wait_for(lambda: d.metric("mirrord_damaged_copies") == 1, 90, "mirrord_damaged_copies 1")
+        assert d.events("scrub.damaged", path="r/step_0002.pt", problem="hash_mismatch")
+        passes = len(d.events("scrub.finished"))
+        wait_for(lambda: len(d.events("scrub.finished")) > passes + 1, 90, "two more passes")
+        assert len(d.events("scrub.damaged")) == 1
+        assert d.metric("mirrord_damaged_copies") == 1
+        assert (mirror / "r" / "step_0002.pt").read_bytes() == damaged
+        assert latest_checkpoint(mirror, run="r") == mirror / "r" / "step_0001.pt"
+        prom.wait_query('ALERTS{alertname="MirrordDamagedCopy", alertstate="firing"}', timeout=60)
+        (primary / "r" / "step_0002.pt").write_bytes(saved)
+        wait_for(lambda: (mirror / "r" / "step_0002.pt").read_bytes() == saved, 90, "the copy repaired")
+        wait_for(lambda: not prom.query('ALERTS{alertname="MirrordDamagedCopy"}'), 60, "the alert resolved")
+    finally:
+        prom.stop()
     assert d.stop() == 0
 
 

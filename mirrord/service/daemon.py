@@ -185,8 +185,9 @@ class Daemon:
         self.inbox.ask_prune()
 
     def _repair(self, job: CopyJob) -> None:
-        """A copy the scrub found damaged, copied again from the primary that still holds its bytes."""
-        if self.queue.put(dataclasses.replace(job, seen=self.manifest.last_seq)):
+        """A copy the scrub found damaged, copied again from the primary that still holds its bytes (not while
+        the mirror is refused: the next pass asks again)."""
+        if not self.refusals.blocked and self.queue.put(dataclasses.replace(job, seen=self.manifest.last_seq)):
             self.ledger.damaged(job)
 
     def _stop(self) -> None:

@@ -334,6 +334,13 @@ class DrillConfig(_Section):
     interval_hours: float = Field(24.0, ge=0, le=365 * 24)
 
 
+class ScrubConfig(_Section):
+    """[scrub]: how often the daemon re-reads every copy on a local mirror against its recorded hash."""
+
+    # The whole mirror is read once per interval, its bytes spread over it; 0 = off. A fraction is accepted.
+    interval_days: float = Field(7.0, ge=0, le=365)
+
+
 class UnitConfig(_Section):
     """What a checkpoint is with layout = "custom" (the named layouts fix it), and how long a folder unit
     with no evidence of its end must be quiet."""
@@ -365,6 +372,7 @@ class Config(_Section):
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     drill: DrillConfig = Field(default_factory=DrillConfig)
     unit: UnitConfig = Field(default_factory=UnitConfig)
+    scrub: ScrubConfig = Field(default_factory=ScrubConfig)
     s3: S3Config = Field(default_factory=S3Config)
 
     model_config = ConfigDict(populate_by_name=True)  # merged with _Section's

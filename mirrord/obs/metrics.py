@@ -93,6 +93,15 @@ class Metrics:
         self.drill_failures = counter(
             "mirrord_drill_failures", "Drills of the run's newest checkpoint that failed to restore or load.", ["run"]
         )
+        self.scrub_bytes = counter("mirrord_scrub_bytes", "Bytes of mirror copies re-read by the scrub.")
+        self.scrub_last_complete = gauge(
+            "mirrord_scrub_last_complete_timestamp_seconds", "Unix time the scrub last finished reading the mirror."
+        )
+        # Set to a function by the scrub (mirrord.service.scrub).
+        self.damaged_copies = gauge(
+            "mirrord_damaged_copies",
+            "Mirror copies the scrub found not to hold their recorded bytes, that the primary no longer holds.",
+        )
         self.manifest_repairs = counter(
             "mirrord_manifest_repairs",
             "Times the on-disk manifest was found damaged or replaced and rewritten from memory.",

@@ -33,6 +33,7 @@ from mirrord.service.pruner import Pruner
 from mirrord.service.reconciler import Reconciler
 from mirrord.service.refusals import Refusals
 from mirrord.service.reload import reload_refusal
+from mirrord.service.scrub import Scrubber
 from mirrord.service.settings import Settings
 from mirrord.service.signals import SignalFlags
 from mirrord.service.supervisor import Supervisor
@@ -150,6 +151,16 @@ class Daemon:
             stop=self._stop,
             monotonic=clock.monotonic,
         )
+        self.scrubber = Scrubber(
+            lambda: self.settings.config,
+            self.mirror,
+            self.manifest,
+            self.metrics,
+            in_flight=self.queue.paths,
+            busy=lambda: bool(self.queue.paths()) or bool(self.refusals.blocked),
+            repair=self._repair,
+            wall=clock.wall,
+        )
 
     def _pruner(self, config: Config) -> Pruner:
         return Pruner(
@@ -174,6 +185,12 @@ class Daemon:
         if job.members and isinstance(outcome, SourceChangedError):  # judged again from a fresh listing
             self.inbox.post(Hint(job.rel, committed=False))
         self.inbox.ask_prune()
+
+    def _repair(self, job: CopyJob) -> None:
+        """A copy the scrub found damaged, copied again from the primary that still holds its bytes (not while
+        the mirror is refused: the next pass asks again)."""
+        if not self.refusals.blocked and self.queue.put(dataclasses.replace(job, seen=self.manifest.last_seq)):
+            self.ledger.damaged(job)
 
     def _stop(self) -> None:
         self._stopped_by_supervisor = True  # (the mirror's lock lost, a worker wedged): nothing is drained
@@ -212,6 +229,7 @@ class Daemon:
         self.supervisor.ready = True
         self.notifier.ready(self.status())
         self.supervisor.heartbeat()
+        self.scrubber.start()
         self.log.info("daemon.ready", status=self.status())
 
     def _await_primary(self, announce: Callable[[str], None]) -> bool:
@@ -325,6 +343,7 @@ class Daemon:
         )
         deadline = self.clock.monotonic() + cfg.daemon.shutdown_grace_seconds
         self.watch.close()
+        self.scrubber.stop()
         if self.supervisor.ready and not self._stopped_by_supervisor:
             self._drain(deadline)
         if not self.pool.stop(

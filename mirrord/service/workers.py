@@ -61,6 +61,18 @@ def set_thread_idle_policy() -> bool:
     return True
 
 
+def lower_priority(ionice: str, cpu_nice: int, cpu_policy: str) -> None:
+    """Give the calling thread the I/O and CPU priority of copies (`[io]`); a setting the system refuses
+    is logged, and the thread goes on at its priority."""
+    log = get_logger()
+    if ionice != "none" and not set_thread_ionice(ionice):
+        log.warning("worker.ionice_unsupported", ionice=ionice)
+    if cpu_nice and not set_thread_nice(cpu_nice):
+        log.warning("worker.cpu_nice_unsupported", cpu_nice=cpu_nice)
+    if cpu_policy == "idle" and not set_thread_idle_policy():
+        log.warning("worker.cpu_policy_unsupported", cpu_policy=cpu_policy)
+
+
 DEFAULT_RETRY = RetryPolicy()
 
 
@@ -241,12 +253,7 @@ class WorkerPool:
 
     # -- the worker loop ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
-        if self.ionice != "none" and not set_thread_ionice(self.ionice):
-            self.log.warning("worker.ionice_unsupported", ionice=self.ionice)
-        if self.cpu_nice and not set_thread_nice(self.cpu_nice):
-            self.log.warning("worker.cpu_nice_unsupported", cpu_nice=self.cpu_nice)
-        if self.cpu_policy == "idle" and not set_thread_idle_policy():
-            self.log.warning("worker.cpu_policy_unsupported", cpu_policy=self.cpu_policy)
+        lower_priority(self.ionice, self.cpu_nice, self.cpu_policy)
         while not (self._stopping.is_set() or worker.retiring or worker.abandoned):
             entry = self.queue.get(timeout=1.0)
             if entry is None:

@@ -7,6 +7,7 @@ little. xxh3_128 is faster but not collision resistant; sha256 is for sites that
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import BinaryIO, Protocol
 
 ALGORITHMS = ("blake3", "sha256", "xxh3_128")
@@ -46,13 +47,15 @@ def hash_fd(fd: int, algo: str) -> tuple[int, str]:
         return hash_stream(f, algo)
 
 
-def hash_stream(stream: BinaryIO, algo: str) -> tuple[int, str]:
+def hash_stream(stream: BinaryIO, algo: str, pace: Callable[[int], None] | None = None) -> tuple[int, str]:
     """Hash a stream (a file, a mirror's open_read: every one has readinto, so no buffer is allocated per
-    read) from where it is to its end; returns (bytes read, hex digest)."""
+    read) from where it is to its end; returns (bytes read, hex digest). `pace(n)` is told of every read."""
     hasher = new_hasher(algo)
     view = memoryview(bytearray(HASH_BUFFER_BYTES))
     total = 0
     while n := stream.readinto(view):  # type: ignore[attr-defined]  # (BinaryIO does not declare it)
         hasher.update(view[:n])
         total += n
+        if pace is not None:
+            pace(n)
     return total, hasher.hexdigest()

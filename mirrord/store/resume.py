@@ -112,15 +112,18 @@ class Finding:
 PART = "part"
 
 
-def check_entry(store: ReadableStore, entry: ManifestEntry) -> Finding | None:
+def check_entry(
+    store: ReadableStore, entry: ManifestEntry, pace: Callable[[int], None] | None = None
+) -> Finding | None:
     """None if the key entry.path holds exactly what the manifest recorded (size, then content hash). The
-    stored size is compared first (a stat, an S3 HEAD): a copy that grew to terabytes is never read."""
+    stored size is compared first (a stat, an S3 HEAD): a copy that grew to terabytes is never read.
+    `pace(n)` is told of every read (the scrub's pacing)."""
     try:
         state = store.stat(entry.path)
         if state is not None and state.is_regular and state.size != entry.size:
             return Finding(entry.path, "size_mismatch", f"{state.size} bytes on the mirror, manifest says {entry.size}")
         with store.open_read(entry.path) as stream:
-            size, digest = hash_stream(stream, entry.algo)
+            size, digest = hash_stream(stream, entry.algo, pace)
     except FileNotFoundError:
         return Finding(entry.path, "missing", "in the manifest but not on the mirror")
     except (OSError, UnsafePathError) as exc:

@@ -13,8 +13,9 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from mirrord.core.model import FileState, step_of
+from mirrord.core.model import FileState, ManifestEntry, step_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +35,28 @@ class Branches:
         return len(self.rollbacks)
 
 
-def branches(mtimes: Mapping[int, int], recorded: Mapping[int, int] | None = None) -> Branches:
+class Recorded(NamedTuple):
+    """When mirrord first recorded a step's bytes: by the wall clock (ns, ManifestEntry.mirrored_at) and by
+    the mirror's recording sequence (ManifestEntry.seq). 0: unknown."""
+
+    at_ns: int = 0
+    seq: int = 0
+
+
+def recorded_of(entries: Iterable[ManifestEntry]) -> Recorded:
+    """A step's Recorded from its files' entries (some: a unit's share its seq)."""
+    entries = list(entries)
+    return Recorded(int(max(e.mirrored_at for e in entries) * 1e9), max(e.seq for e in entries))
+
+
+def branches(mtimes: Mapping[int, int], recorded: Mapping[int, Recorded] | None = None) -> Branches:
     """Branches of a run from each step's mtime (newest mtime of the step's files).
 
     Walking the steps in the order they were written, a step lower than the highest of the current
     branch starts a new branch. Equal mtimes are ordered by step, so coarse timestamps never invent one;
     an mtime of 0 (or before the epoch) says nothing about order: such steps stay on branch 0. A lower
-    step that mirrord had recorded before the higher one was saved (`recorded`: step -> ns, when mirrord first
-    recorded those bytes, ManifestEntry.mirrored_at) was saved before it, whatever its mtime says: a clock
-    stepped back, or a `touch`, moves an mtime past the time its bytes were recorded, which no save can do.
+    step that mirrord had recorded before the higher one was saved was saved before it, whatever its mtime
+    says (`_saved_before`).
     """
     branch, high = 0, None
     recorded = recorded or {}
@@ -50,8 +64,7 @@ def branches(mtimes: Mapping[int, int], recorded: Mapping[int, int] | None = Non
     rollbacks: list[tuple[int, int]] = []
     # (mtime, step) pairs sort in C, without a key call per step (every run of a tree, at each rescan)
     for _mtime, step in sorted([(mtime, step) for step, mtime in mtimes.items() if mtime > 0]):
-        recorded_before = high is not None and 0 < recorded.get(step, 0) < mtimes[high]
-        if high is not None and step < high and not recorded_before:
+        if high is not None and step < high and not _saved_before(recorded, step, high, mtimes[high]):
             rollbacks.append((high, step))
             branch += 1
             high = step
@@ -59,6 +72,20 @@ def branches(mtimes: Mapping[int, int], recorded: Mapping[int, int] | None = Non
             high = step
         of[step] = branch
     return Branches(of, tuple(rollbacks))
+
+
+def _saved_before(recorded: Mapping[int, Recorded], low: int, high: int, high_mtime: int) -> bool:
+    """mirrord recorded step `low`'s bytes before step `high` was saved: before its mtime (a clock stepped back
+    on the primary, or a `touch`, moves an mtime past the time its bytes were recorded, which no save can do),
+    or before `high`'s record by sequence while the clock said later: the clock was ahead when it recorded
+    `low` (and when `low` was saved, on this host), and stepped back since."""
+    mine, theirs = recorded.get(low, Recorded()), recorded.get(high, Recorded())
+    stepped = 0 < mine.seq < theirs.seq and mine.at_ns > theirs.at_ns + _RECORDING_JITTER_NS
+    return 0 < mine.at_ns < high_mtime or stepped
+
+
+# A copy's sequence number and recording time are taken a moment apart, by parallel threads.
+_RECORDING_JITTER_NS = 1_000_000_000
 
 
 def lying_after_ns(now: float, future_skew_seconds: float) -> float:

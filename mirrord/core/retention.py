@@ -48,7 +48,7 @@ from operator import attrgetter
 from pathlib import PurePath
 from typing import TYPE_CHECKING
 
-from mirrord.core.branches import Branches, branches, lying_after_ns
+from mirrord.core.branches import Branches, Recorded, branches, lying_after_ns, recorded_of
 from mirrord.core.guards import GuardContext, veto
 from mirrord.core.model import (
     PENDING,
@@ -559,16 +559,16 @@ def _written_at(step_files: _Sides, manifest: Mapping[str, ManifestEntry], lie: 
     return 0 if mtime > lie else mtime
 
 
-def _recorded_at(step_files: _Sides, manifest: Mapping[str, ManifestEntry]) -> int:
-    """When mirrord first recorded a step's bytes (ns: mirrord.core.branches), if the record describes the
-    step's primary files as they are now; 0: unknown (a file not recorded, or saved again since)."""
+def _recorded(step_files: _Sides, manifest: Mapping[str, ManifestEntry]) -> Recorded:
+    """When mirrord first recorded a step's bytes (mirrord.core.branches), if the record describes the step's
+    primary files as they are now; unknown if a file is not recorded, or was saved again since."""
     on_primary, on_mirror = step_files
     entries = [manifest.get(f.rel) for f in (*on_primary, *on_mirror)]
     if any(e is None for e in entries) or any(
         abs(f.mtime_ns - e.source_mtime_ns) > MTIME_TOLERANCE_NS for f, e in zip(on_primary, entries, strict=False) if e
     ):
-        return 0
-    return int(max(e.mirrored_at for e in entries if e) * 1e9)
+        return Recorded()
+    return recorded_of(e for e in entries if e)
 
 
 def _plan_run(
@@ -583,7 +583,7 @@ def _plan_run(
     n = policy.keep_last  # the window: the keep_last newest steps present
     run_branches = branches(
         {step: _written_at(sides, manifest, lie) for step, sides in by_step.items()},
-        {step: _recorded_at(sides, manifest) for step, sides in by_step.items()},
+        {step: _recorded(sides, manifest) for step, sides in by_step.items()},
     )
     order = sorted(by_step, key=run_branches.key)  # oldest first, by (branch, step)
     unconfirmed = {

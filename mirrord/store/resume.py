@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from mirrord.core.branches import branches, lying_after_ns
+from mirrord.core.branches import Recorded, branches, lying_after_ns, recorded_of
 from mirrord.core.model import ManifestEntry, entry_passed, entry_whole, step_of
 from mirrord.errors import UnsafePathError
 from mirrord.formats.verdicts import PASSING, UNCHECKED, UNREADABLE
@@ -62,9 +62,9 @@ def run_key(store: ReadableStore, run: str | Path | None) -> str | None:
     return "" if key == "." else key.strip("/")
 
 
-def _by_recency(items: list[tuple[int | None, int, T]], recorded: Mapping[int, int] | None = None) -> list[T]:
+def _by_recency(items: list[tuple[int | None, int, T]], recorded: Mapping[int, Recorded] | None = None) -> list[T]:
     """(step, mtime_ns, item) newest first: by branch and step, stepless items by mtime after them; `recorded`
-    (step -> when its bytes were recorded, ns) as in mirrord.core.branches.branches."""
+    (step -> when its bytes were recorded) as in mirrord.core.branches.branches."""
     mtimes: dict[int, int] = {}
     lie = lying_after_ns(time.time(), FUTURE_SKEW_SECONDS)  # beyond: a lying clock, no evidence of order
     for step, mtime, _ in items:
@@ -241,11 +241,11 @@ def recorded_candidates(manifest: Manifest, run_key: str | None = None) -> dict[
         if all(entry_passed(e) and (not e.layout or e.members == len(entries)) for e in entries)
     ]
     runs: dict[str, list[tuple[int | None, int, Candidate]]] = defaultdict(list)
-    recorded: dict[str, dict[int, int]] = defaultdict(dict)
+    recorded: dict[str, dict[int, Recorded]] = defaultdict(dict)
     for c in whole:
         runs[c.run].append((c.step, max(e.source_mtime_ns for e in c.entries), c))
         if c.step is not None:
-            recorded[c.run][c.step] = int(max(e.mirrored_at for e in c.entries) * 1e9)
+            recorded[c.run][c.step] = recorded_of(c.entries)
     return {run: _evidenced(_by_recency(items, recorded[run])) for run, items in runs.items()}
 
 

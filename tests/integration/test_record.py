@@ -269,8 +269,8 @@ def test_a_version_written_in_place_takes_the_name_once_the_trainer_saves_a_newe
 
 @pytest.mark.parametrize("moved", ["clock stepped back", "touch"])
 def test_newest_is_the_newest_recorded_whatever_the_mtimes_say_later(tmp_path: Path, moved: str) -> None:
-    """Case 4: steps 1..5 saved and mirrored in order. The primary's clock ran 450 s fast while step 3 was
-    saved (then NTP stepped it back), or a tool touched step 4 on the primary after the fact (and sync
+    """Case 4: steps 1..5 saved and mirrored in order. The host's clock ran 450 s fast while step 3 was
+    saved and mirrored (then NTP stepped it back), or a tool touched step 4 on the primary after the fact (and sync
     recorded its new mtime): a lower step now has the newest mtime, but mirrord had recorded its bytes
     before the higher ones were saved. Read an hour later (faketime: no mtime is in the future then),
     `latest`, `restore`, `restore_latest` name step 5, and retention (keep_last 2) keeps 4 and 5."""
@@ -280,10 +280,12 @@ def test_newest_is_the_newest_recorded_whatever_the_mtimes_say_later(tmp_path: P
     config = write_config(tmp_path / "mirrord.toml", settings(primary, mirror, retention))
     for step in range(1, 6):
         (path,) = _write_torch(primary / "exp1" / "step", step)
-        if moved == "clock stepped back" and step == 3:
-            fast = time.time() + 450
-            os.utime(path, (fast, fast))
-        synced = run_mirrord("sync", "--config", config)
+        fast = moved == "clock stepped back" and step == 3  # this host's clock: the save's and mirrord's alike
+        if fast:
+            os.utime(path, (time.time() + 450,) * 2)
+        synced = run_mirrord(
+            "sync", "--config", config, env=faketime_env("+450s", monotonic_too=True) if fast else None
+        )
         assert synced.returncode == 0, synced.stderr
     if moved == "touch":
         os.utime(primary / "exp1" / "step_0004.pt")

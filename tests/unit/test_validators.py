@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mirrord.core.branches import branches
+from mirrord.core.branches import Recorded, branches
 from mirrord.formats.validators import new_validator, safetensors_verdict, validate_fd
 from mirrord.store.resume import validate_key
 from mirrord.store.volume import LocalVolume
@@ -164,6 +164,20 @@ def test_branches_order_steps_by_rollback_then_step() -> None:
     assert sorted([2, 3, 4, 5, 6], key=b.key) == [2, 4, 6, 3, 5]
     assert branches({1: 5, 2: 5, 3: 5}).rollbacks == ()  # equal (coarse) mtimes invent no rollback
     assert branches({1: 0, 2: 10, 3: 20}).rollbacks == ()  # an unknown mtime says nothing about order
+
+
+def test_a_lower_step_recorded_before_the_higher_one_was_saved_is_no_rollback() -> None:
+    """Step 3's mtime is the newest (a clock stepped back, a touch), but its bytes were recorded before step 4
+    was saved (by the wall clock), or recorded first (by sequence) while the clock said later: no rollback. A
+    lower step recorded after the higher one, by both, is one."""
+    s = 1_000_000_000
+    mtimes = {1: 10 * s, 2: 20 * s, 3: 90 * s, 4: 40 * s, 5: 50 * s}
+    assert branches(mtimes).rollbacks == ((5, 3),)
+    assert branches(mtimes, {3: Recorded(at_ns=35 * s)}).rollbacks == ()
+    later = {4: Recorded(45 * s, 4), 5: Recorded(55 * s, 5)}
+    assert branches(mtimes, {3: Recorded(95 * s, 3), **later}).rollbacks == ()  # the clock was ahead for step 3
+    assert branches(mtimes, {3: Recorded(95 * s, 6), **later}).rollbacks == ((5, 3),)  # recorded after, by both
+    assert branches(mtimes, {3: Recorded(95 * s, 3)}).rollbacks == ((5, 3),)  # 5's record unknown
 
 
 def test_library_files_pass_by_name_streamed_and_whole(tmp_path: Path) -> None:

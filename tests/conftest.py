@@ -138,6 +138,10 @@ def _mounts_below(root: Path) -> list[str]:
 FOLDER_MARKERS = ("unit", "integration", "chaos", "s3", "deploy")
 # Fixtures that mount a filesystem (tmpfs, ext4 on a loop device, FUSE): a test using one touches the host.
 HOST_FIXTURES = frozenset({"small_tmpfs", "loop_fs", "gated_primary", "fuse_world"})
+# A FUSE passthrough in the test's own folder is seen by no other test: the tests whose only mount it is run
+# one after another in a group of their own, beside the `host` group rather than adding to its length.
+FUSE_FIXTURES = frozenset({"gated_primary", "fuse_world"})
+GROUP_HOST, GROUP_FUSE = "host", "fuse"
 TESTS = Path(__file__).parent
 # The trainer scripts a test runs by module name (tests/support/train_*.py): they import a trainer library.
 TRAINER_SCRIPTS = tuple(f.stem for f in (TESTS / "support").glob("train_*.py"))
@@ -147,7 +151,8 @@ TRAINER_SCRIPTS = tuple(f.stem for f in (TESTS / "support").glob("train_*.py"))
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by its folder (unit, integration, chaos, s3, deploy), `s3` when it uses the SeaweedFS
     server, `trainers` when its module runs a trainer script, and `host` when it changes the host (a mount,
-    a sysctl, a container): host tests share one pytest-xdist group, so they run one after another."""
+    a sysctl, a container): host tests share one pytest-xdist group, so they run one after another; those
+    whose only mount is a FUSE passthrough of their own share the `fuse` group instead."""
     needs_trainer: dict[Path, bool] = {}
     for item in items:
         folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
@@ -161,10 +166,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             needs_trainer[item.path] = any(f'"{name}"' in source for name in TRAINER_SCRIPTS)
         if needs_trainer[item.path]:
             item.add_marker("trainers")
-        if folder == "deploy" or fixtures & HOST_FIXTURES:
+        marked_host = item.get_closest_marker("host") is not None
+        mounts = fixtures & HOST_FIXTURES
+        if folder == "deploy" or mounts:
             item.add_marker("host")
         if item.get_closest_marker("host") is not None:
-            item.add_marker(pytest.mark.xdist_group("host"))
+            own_fuse = folder != "deploy" and not marked_host and mounts <= FUSE_FIXTURES
+            item.add_marker(pytest.mark.xdist_group(GROUP_FUSE if own_fuse else GROUP_HOST))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -173,7 +181,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     images again and mounting beside the others. Fail loudly instead."""
     if not getattr(session.config.option, "loadgroup", False):
         return
-    lost = [item.nodeid for item in session.items if item.get_closest_marker("host") and "@host" not in item.nodeid]
+    groups = (f"@{GROUP_HOST}", f"@{GROUP_FUSE}")
+    lost = [
+        item.nodeid for item in session.items if item.get_closest_marker("host") and not item.nodeid.endswith(groups)
+    ]
     if lost:
         raise pytest.UsageError(
             f"pytest-xdist could not group {len(lost)} host tests (first: {lost[0]}); "

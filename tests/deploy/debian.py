@@ -38,7 +38,7 @@ SYSTEMD_ARGS = ["--include=systemd,systemd-sysv,dbus,procps,iproute2,python3,pyt
 
 
 class DebianRoots:
-    """Both roots are built on first use, side by side; each accessor waits only for its own."""
+    """Both roots are built side by side, from start() or the first use on; each accessor waits only for its own."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -47,7 +47,8 @@ class DebianRoots:
         self._builds: dict[Path, subprocess.Popen[bytes]] = {}
         self.seconds: dict[str, float] = {}
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start both builds (once): they download and unpack while the caller does other work."""
         if self._builds:
             return
         for target, extra in ((self.base_tar, BASE_ARGS), (self.systemd_root, SYSTEMD_ARGS)):
@@ -63,7 +64,7 @@ class DebianRoots:
         self._started = time.monotonic()
 
     def _wait(self, target: Path) -> Path:
-        self._start()
+        self.start()
         build = self._builds[target]
         try:
             code = build.wait(timeout=BUILD_SECONDS)

@@ -60,6 +60,10 @@ def _unit_value(key: str) -> str:
 
 WATCHDOG_SECONDS = int(_unit_value("WatchdogSec"))
 RESTART_SECONDS = int(_unit_value("RestartSec"))
+# The watchdog tests' WatchdogSec (a drop-in): the daemon still pings every 5 s (its heartbeat, below half of
+# it), so a ping may come 10 s late before systemd kills a healthy daemon.
+SHORT_WATCHDOG_SECONDS = 15
+DROP_IN = "/run/systemd/system/mirrord.service.d/short-watchdog.conf"
 
 
 class Booted:
@@ -142,7 +146,29 @@ class Service:
 def service(booted: Booted) -> Service:
     """mirrord.service freshly started with the shipped configuration (`systemctl start` returns once
     READY=1 arrived, Type=notify), and an empty mirror."""
+    return _start(booted.machine)
+
+
+@pytest.fixture
+def short_watchdog(booted: Booted) -> Iterator[Service]:
+    """mirrord.service started as `service` does, under a drop-in that shortens WatchdogSec to
+    SHORT_WATCHDOG_SECONDS: the watchdog tests wait a few WatchdogSec, not a few 30 s. The unit file stays
+    the repository's; the drop-in is gone (and the service stopped) when the test ends."""
     machine = booted.machine
+    drop_in = f"[Service]\\nWatchdogSec={SHORT_WATCHDOG_SECONDS}\\n"
+    machine.sh(f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '{drop_in}' > {DROP_IN}")
+    machine.run("systemctl", "daemon-reload")
+    try:
+        service = _start(machine)
+        assert service.prop("WatchdogUSec") == f"{SHORT_WATCHDOG_SECONDS}s"
+        yield service
+    finally:
+        machine.run("systemctl", "stop", "mirrord", check=False)
+        machine.run("rm", "-f", DROP_IN)
+        machine.run("systemctl", "daemon-reload")
+
+
+def _start(machine: Machine) -> Service:
     machine.run("systemctl", "stop", "mirrord")
     machine.run("systemctl", "reset-failed", "mirrord", check=False)
     machine.sh(INSTALL_CONFIG)
@@ -198,11 +224,12 @@ def test_it_mirrors_under_the_units_hardening(booted: Booted, service: Service) 
     assert booted.machine.run("python3", "-c", probe).stdout.strip() == "ok"
 
 
-def test_a_healthy_daemon_survives_past_watchdog_sec(service: Service) -> None:
+def test_a_healthy_daemon_survives_past_watchdog_sec(short_watchdog: Service) -> None:
     """Pings keep coming (systemd's WatchdogTimestamp moves), for 1.5 x WatchdogSec: same PID, no restart."""
+    service = short_watchdog
     pid = service.main_pid()
     pings: set[str] = set()
-    deadline = time.monotonic() + 1.5 * WATCHDOG_SECONDS
+    deadline = time.monotonic() + 1.5 * SHORT_WATCHDOG_SECONDS
     while time.monotonic() < deadline:
         props = service.show("ActiveState", "MainPID", "NRestarts", "WatchdogTimestampMonotonic")
         assert (props["ActiveState"], props["MainPID"], props["NRestarts"]) == ("active", str(pid), "0"), props
@@ -212,9 +239,10 @@ def test_a_healthy_daemon_survives_past_watchdog_sec(service: Service) -> None:
     assert not [m for m in service.messages() if "Watchdog timeout" in m]
 
 
-def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(booted: Booted, service: Service) -> None:
+def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(booted: Booted, short_watchdog: Service) -> None:
     """SIGSTOP freezes the daemon: the pings stop, systemd kills it after WatchdogSec and Restart=
     brings up a new one, which becomes ready again."""
+    service = short_watchdog
     pid = service.main_pid()
     booted.machine.run("kill", "-STOP", str(pid))
     stopped = time.monotonic()
@@ -224,9 +252,9 @@ def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(booted: Booted
         new_pid = props["MainPID"] not in ("0", str(pid))
         return props["NRestarts"] == "1" and props["ActiveState"] == "active" and new_pid
 
-    service.wait(restarted, WATCHDOG_SECONDS + RESTART_SECONDS + 90, "a restart after the watchdog fired")
+    service.wait(restarted, SHORT_WATCHDOG_SECONDS + RESTART_SECONDS + 90, "a restart after the watchdog fired")
     FIGURES["SIGSTOP -> watchdog kill -> restarted and ready"] = (
-        f"{time.monotonic() - stopped:.0f} s (WatchdogSec={WATCHDOG_SECONDS}, RestartSec={RESTART_SECONDS})"
+        f"{time.monotonic() - stopped:.0f} s (WatchdogSec={SHORT_WATCHDOG_SECONDS}, RestartSec={RESTART_SECONDS})"
     )
     assert [m for m in service.messages() if "Watchdog timeout" in m], service.messages()[-20:]
     assert booted.machine.run("kill", "-0", str(pid), check=False).returncode != 0, "the frozen daemon is still there"

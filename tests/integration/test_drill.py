@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,14 +94,27 @@ def test_the_newest_unit_of_each_layout_is_restored_and_loaded(tmp_path: Path, l
     assert _scratch_left(mirror) == []
 
 
-def test_a_pickle_weights_only_refuses_fails_the_drill_naming_the_file(tmp_path: Path) -> None:
+def _newer_format(path: Path) -> None:
+    """A torch.save file whose archive says it was written by a newer format (version 99) than torch reads."""
+    save_checkpoint(path, 30)
+    with zipfile.ZipFile(path) as src:
+        members = [(i.filename, src.read(i)) for i in src.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as out:
+        for name, data in members:
+            out.writestr(name, b"99\n" if name.endswith("/version") else data)
+
+
+def test_a_checkpoint_its_library_refuses_fails_the_drill_naming_the_file(tmp_path: Path) -> None:
     """Run `bad`'s newest checkpoint matches its record byte for byte, but torch.load(weights_only=True) refuses
-    its pickle: exit 1 with the mirror file and torch's own message; run `good` still passes; no scratch left."""
+    its pickle; run `newer`'s was written by a newer format than this torch reads: exit 1 with each mirror file
+    and torch's own message; run `good` still passes; no scratch left."""
 
     def write(run: Path) -> None:
         save_checkpoint(run.parent / "good" / "step_10.pt", 10)
         (run.parent / "bad").mkdir()
         torch.save({"step": 20, "trainer": Custom()}, run.parent / "bad" / "step_20.pt")
+        (run.parent / "newer").mkdir()
+        _newer_format(run.parent / "newer" / "step_30.pt")
 
     mirror, env = _mirrored(tmp_path, "torch", write)
     verified = run_mirrord("verify", "--mirror", mirror, env=env)
@@ -111,9 +125,11 @@ def test_a_pickle_weights_only_refuses_fails_the_drill_naming_the_file(tmp_path:
     failed = f"drill bad: {mirror / 'bad' / 'step_20.pt'}: FAILED {mirror / 'bad' / 'step_20.pt'}: UnpicklingError"
     assert failed in done.stderr
     assert "Unsupported global" in done.stderr and "Custom" in done.stderr
+    newer = f"drill newer: {mirror / 'newer' / 'step_30.pt'}: FAILED {mirror / 'newer' / 'step_30.pt'}: RuntimeError"
+    assert newer in done.stderr and "PyTorch file with version 99" in done.stderr
     document = json.loads(done.stdout)
     assert document["ok"] is False
-    bad, good = document["runs"]
+    bad, good, _ = document["runs"]
     assert (good["run"], good["error"], bad["run"], bad["file"]) == (
         "good",
         None,

@@ -1,6 +1,7 @@
-"""The drill's loader: `python -m mirrord.formats.loader LAYOUT ROOT KEY` loads the restored unit ROOT/KEY with
-its layout's own reader, in the bounded process `mirrord drill` starts (the only one of the drill that imports
-torch). Prints one JSON line: {"loaded": [key]}, or {"file": key, "error": the loader's message} and exits 1."""
+"""The drill's loader: `python -m mirrord.formats.loader LAYOUT ROOT KEY MEMORY_BYTES CPU_SECONDS` loads the
+restored unit ROOT/KEY with its layout's own reader, in the process `mirrord drill` starts (the only one of the
+drill that imports torch), bounded to MEMORY_BYTES of address space and CPU_SECONDS. Prints one JSON line:
+{"loaded": [key]}, or {"file": key, "error": the loader's message} and exits 1."""
 
 from __future__ import annotations
 
@@ -36,8 +37,13 @@ def load(path: Path, layout: str, in_folder: bool) -> bool:
     return True
 
 
-def main(layout: str, root: str, key: str) -> int:
-    """Print the verdict; exit 3, silent, when this user (nobody) cannot read the unit."""
+def main(layout: str, root: str, key: str, memory_bytes: str, cpu_seconds: str) -> int:
+    """Print the verdict; exit 3, silent, when this user (nobody) cannot read the unit. Bounded first: its
+    address space and CPU time, before torch is imported."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (int(memory_bytes),) * 2)
+    resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_seconds),) * 2)
     unit = Path(root, key)
     files = sorted(p for p in unit.rglob("*") if p.is_file()) if unit.is_dir() else [unit]
     if not all(os.access(p, os.R_OK) for p in files):

@@ -62,11 +62,6 @@ def drill(
 def _load(scratch: Path, key: str, layout: str, size: int) -> dict[str, Any]:
     """mirrord.formats.loader's verdict on scratch/key: as root, first as nobody (handed the scratch copy)."""
     import pwd
-    import resource
-
-    def bounded() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (LOAD_MEMORY_BYTES + size,) * 2)
-        resource.setrlimit(resource.RLIMIT_CPU, (LOAD_SECONDS,) * 2)
 
     drops: list[dict[str, Any]] = [{}]
     if os.geteuid() == 0 and (nobody := {u.pw_name: u for u in pwd.getpwall()}.get("nobody")):
@@ -75,11 +70,11 @@ def _load(scratch: Path, key: str, layout: str, size: int) -> dict[str, Any]:
         drops.insert(0, {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []})
     for drop in drops:
         # -P: the loader imports no module from the working directory (a torch.py where the drill was run)
-        argv = [sys.executable, "-P", "-m", "mirrord.formats.loader", layout, str(scratch), key]
+        # The loader bounds itself (memory, CPU): no preexec_fn, which can deadlock a child of the threaded daemon.
+        bounds = [str(LOAD_MEMORY_BYTES + size), str(LOAD_SECONDS)]
+        argv = [sys.executable, "-P", "-m", "mirrord.formats.loader", layout, str(scratch), key, *bounds]
         try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=LOAD_SECONDS, preexec_fn=bounded, check=False, **drop
-            )
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=LOAD_SECONDS, check=False, **drop)
         except subprocess.TimeoutExpired:
             return {"file": key, "error": f"the loader did not finish in {LOAD_SECONDS} s"}
         except OSError:

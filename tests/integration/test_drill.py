@@ -232,7 +232,7 @@ def test_the_scratch_copy_is_on_the_mirrors_side_and_the_loader_is_bounded(tmp_p
     """The loader read a hidden folder in the mirror's root (gone afterwards), under the memory and CPU limits."""
     mirror, env = _mirrored(tmp_path, "torch", lambda run: save_checkpoint(run / "step_10.pt", 10))
     loader = loader_seen(tmp_path, env, "--mirror", mirror)
-    _, layout, scratch, key = loader["argv"]
+    _, layout, scratch, key, *_bounds = loader["argv"]
     assert (layout, key) == ("torch", "run/step_10.pt")
     assert Path(scratch).parent == mirror and Path(scratch).name.startswith(".mirrord-drill-")
     assert not Path(scratch).exists()

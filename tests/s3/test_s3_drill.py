@@ -23,7 +23,7 @@ def test_an_s3_mirror_is_drilled_through_the_system_temp_dir(
     config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, "hf", prune={"enabled": False})
     assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
     loader = loader_seen(tmp_path, {**s3_env, "TMPDIR": str(temp)}, "--config", config)
-    _, layout, scratch, key = loader["argv"]
+    _, layout, scratch, key, *_bounds = loader["argv"]
     assert (layout, key) == ("hf", "run/checkpoint-20")
     assert Path(scratch).parent == temp
     assert list(temp.iterdir()) == []

@@ -565,7 +565,9 @@ def _recorded(step_files: _Sides, manifest: Mapping[str, ManifestEntry]) -> Reco
     on_primary, on_mirror = step_files
     entries = [manifest.get(f.rel) for f in (*on_primary, *on_mirror)]
     if any(e is None for e in entries) or any(
-        abs(f.mtime_ns - e.source_mtime_ns) > MTIME_TOLERANCE_NS for f, e in zip(on_primary, entries, strict=False) if e
+        f.size != e.size or abs(f.mtime_ns - e.source_mtime_ns) > MTIME_TOLERANCE_NS
+        for f, e in zip(on_primary, entries, strict=False)
+        if e
     ):
         return Recorded()
     return recorded_of(e for e in entries if e)

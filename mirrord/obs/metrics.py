@@ -90,6 +90,11 @@ class Metrics:
             "Unix time of the last drill that restored the run's newest checkpoint and loaded it.",
             ["run"],
         )
+        self.drill_last_failure = gauge(
+            "mirrord_drill_last_failure_timestamp_seconds",
+            "Unix time of the last drill of the run's newest checkpoint that failed to restore or load.",
+            ["run"],
+        )
         self.drill_failures = counter(
             "mirrord_drill_failures", "Drills of the run's newest checkpoint that failed to restore or load.", ["run"]
         )

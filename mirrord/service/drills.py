@@ -85,6 +85,7 @@ class Drills:
         ok_at = last.ok_at if last else None
         if found["error"]:
             self.metrics.drill_failures.labels(label).inc()
+            self.metrics.drill_last_failure.labels(label).set(self.wall())
             self.log.error("drill.failed", run=run or ".", path=units[0].key, file=found["file"], error=found["error"])
         else:
             ok_at = self.wall()

@@ -1,6 +1,7 @@
 """The daemon's drill (issue 43): once a run's newest checkpoint is mirrored and the copies are done, a real daemon
 restores it into the mirror's staging area and loads it in a bounded child process; the real /metrics, the log and
-`mirrord status` say how it went, no scratch copy is left, and a unit is drilled again only after the interval."""
+`mirrord status` say how it went, no scratch copy is left, and a unit is drilled again only after the interval; a
+real Prometheus scraping it fires MirrordDrillFailing for the failing run, and resolves it once a drill of it passes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
-from tests.support.checkpoints import save_checkpoint
+from tests.integration.test_prometheus_e2e import PrometheusServer
+from tests.support.checkpoints import publish_checkpoint, save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.wait import wait_for
 
@@ -21,11 +24,14 @@ class Custom:
     """A class of the trainer's own: torch.save pickles it, torch.load(weights_only=True) refuses it."""
 
 
-def test_the_daemon_drills_each_runs_newest_checkpoint_once_mirrored(tmp_path: Path, daemon_factory: Any) -> None:
+def test_the_daemon_drills_each_runs_newest_checkpoint_once_mirrored(
+    tmp_path: Path, daemon_factory: Any, request: pytest.FixtureRequest
+) -> None:
     """Run `bad` (bytes as recorded, a pickle weights_only refuses) fails with torch's message naming the mirror file;
     run `good`, saved after that, passes as soon as it is mirrored, and `bad` was not drilled again meanwhile (within
-    the interval), but is once a reload shortens it. A scratch folder a killed drill left in the staging area is
-    gone at start, and the drills leave none (each is gone before its drill is logged)."""
+    the interval); a real Prometheus fires MirrordDrillFailing for `bad` only, and resolves it once a newer checkpoint
+    of `bad` passes; `good` is drilled again once a reload shortens the interval. A scratch folder a killed drill
+    left in the staging area is gone at start, and the drills leave none (each is gone before its drill is logged)."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     (primary / "bad").mkdir()
     torch.save({"step": 20, "trainer": Custom()}, primary / "bad" / "step_20.pt")
@@ -34,12 +40,15 @@ def test_the_daemon_drills_each_runs_newest_checkpoint_once_mirrored(tmp_path: P
     (leftover / "step_20.pt").write_bytes(b"a drill killed midway")
     daemon = daemon_factory({"layout": "torch", "drill": {"interval_hours": 24}}).start()
     assert not leftover.exists()
+    prometheus = PrometheusServer(tmp_path / "prometheus", [f"127.0.0.1:{daemon.port}"])
+    request.addfinalizer(prometheus.stop)
 
     def metric(name: str, run: str) -> float | None:
         return daemon.metric(name, f'run="{run}"')
 
     failed = daemon.wait_event("drill.failed", DRILL_SECONDS)
     assert metric("mirrord_drill_failures_total", "bad") == 1  # (counted before it is logged)
+    assert metric("mirrord_drill_last_failure_timestamp_seconds", "bad")
     assert (failed["run"], failed["path"], failed["file"]) == ("bad", "bad/step_20.pt", str(mirror / "bad/step_20.pt"))
     assert failed["error"].startswith("UnpicklingError: Weights only load failed")
     assert "Unsupported global" in failed["error"] and "Custom" in failed["error"]
@@ -56,14 +65,21 @@ def test_the_daemon_drills_each_runs_newest_checkpoint_once_mirrored(tmp_path: P
     )
     assert metric("mirrord_drill_last_success_timestamp_seconds", "good")
     assert metric("mirrord_drill_failures_total", "good") is None  # (its first failure would make it)
+    assert metric("mirrord_drill_last_failure_timestamp_seconds", "good") is None
     assert metric("mirrord_drill_failures_total", "bad") == 1  # its unit not drilled again within 24 h
     assert list((mirror / ".mirrord-staging").iterdir()) == []
-
-    daemon.settings["drill"]["interval_hours"] = 0.0005  # 1.8 s (the status command runs meanwhile)
-    daemon.write_config()
-    daemon.send(signal.SIGHUP)
     status = run_mirrord("status", "--config", daemon.config_path)
     assert status.returncode == 1, status.stdout  # a failed drill is a problem
     assert "drill good: ok " in status.stdout and " ago" in status.stdout
     assert f"drill bad: FAILED {mirror / 'bad/step_20.pt'}: UnpicklingError" in status.stdout
-    wait_for(lambda: metric("mirrord_drill_failures_total", "bad") == 2, DRILL_SECONDS, "bad drilled again")
+    [(alert, _)] = prometheus.wait_query('ALERTS{alertname="MirrordDrillFailing", alertstate="firing"}', timeout=60)
+    assert alert["run"] == "bad"
+
+    publish_checkpoint(primary / "bad" / "step_30.pt", 30)  # a newer checkpoint of the run, one that loads
+    daemon.wait_event("drill.passed", DRILL_SECONDS, run="bad", path="bad/step_30.pt")
+    assert metric("mirrord_drill_failures_total", "bad") == 1
+    daemon.settings["drill"]["interval_hours"] = 0.0005  # 1.8 s (Prometheus sees the alert resolve meanwhile)
+    daemon.write_config()
+    daemon.send(signal.SIGHUP)
+    wait_for(lambda: not prometheus.query('ALERTS{alertname="MirrordDrillFailing"}'), 60, "the alert resolved")
+    wait_for(lambda: len(daemon.events("drill.passed", run="good")) == 2, DRILL_SECONDS, "good drilled again")

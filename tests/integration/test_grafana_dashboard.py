@@ -46,7 +46,8 @@ def panel_queries() -> list[tuple[str, str]]:
 
 def test_the_dashboard_covers_what_an_operator_watches() -> None:
     """Lag per run, copies and failures, bytes in flight, free space, prune skips by reason, invalid sources,
-    the mirror files retention keeps beyond its policy by reason, and paused runs."""
+    the mirror files retention keeps beyond its policy by reason, paused runs, each run's last drill (passed or
+    failed), the scrub's reads and its last complete pass, and damaged copies."""
     exprs = " ".join(expr for _, expr in panel_queries())
     for metric in (
         "mirrord_mirror_lag_seconds",
@@ -58,13 +59,18 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
         "mirrord_invalid_sources",
         "mirrord_retention_held_files",
         "mirrord_runs_paused",
+        "mirrord_drill_last_success_timestamp_seconds",
+        "mirrord_drill_last_failure_timestamp_seconds",
+        "mirrord_scrub_bytes_total",
+        "mirrord_scrub_last_complete_timestamp_seconds",
+        "mirrord_damaged_copies",
     ):
         assert metric in exprs, metric
 
 
 def test_every_panel_query_returns_series_from_a_real_daemon(tmp_path: Path, daemon_factory: Any) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    daemon = daemon_factory().start()
+    daemon = daemon_factory({"drill": {"interval_hours": 24}}).start()  # (the tests' default: no drills)
     prometheus = PrometheusServer(tmp_path / "prometheus", [f"127.0.0.1:{daemon.port}"], operator_scrape_config())
     try:
         publish_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)
@@ -74,6 +80,7 @@ def test_every_panel_query_returns_series_from_a_real_daemon(tmp_path: Path, dae
         assert up == 1 and labels["job"] == "mirrord"
         assert 'up{job="mirrord"}' in ALERTS.read_text()
         prometheus.wait_query('mirrord_last_mirrored_step{run="run1"} == 10', timeout=60)
+        prometheus.wait_query('mirrord_drill_last_success_timestamp_seconds{run="run1"}', timeout=120)  # step 10 loads
         prometheus.wait_query("count_over_time(mirrord_build_info[5m]) >= 3", timeout=60)  # rate() needs 2 samples
         empty = []
         for title, expr in panel_queries():

@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -1299,9 +1299,13 @@ def _measured_in(result: dict[str, Any]) -> str:
     return f"`{run['command']}`, {run['started']} to {run['finished']}"
 
 
-def run_goals(goals: list[str], smoke: bool, work: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+def run_goals(
+    goals: list[str], smoke: bool, work: Path, out: Path, meta: dict[str, Any], trainer_reps: int | None = None
+) -> dict[str, Any]:
     """Measure `goals` (keeping the others from the previous results in `out`), print the table."""
     p = SMOKE if smoke else FULL
+    if trainer_reps:
+        p = replace(p, trainer_reps=trainer_reps, scrub_reps=trainer_reps)
     previous = out / "goals.json"
     doc: dict[str, Any] = {"meta": meta}
     if set(goals) != set(GOALS) and previous.exists():

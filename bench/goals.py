@@ -77,6 +77,7 @@ GOALS = ("sync", "trainer", "answers", "scale", "small", "commit", "scrub")
 # For a trainer on the same machine: copy threads under SCHED_IDLE and idle I/O priority, and a bandwidth cap
 # about twice the trainer's checkpoint rate (the trainer goal saves ~540 MB every ~9-10 s: ~55 MB/s).
 RECOMMENDED = {"io": {"bandwidth_limit": 100 * MiB, "ionice": "idle", "cpu_policy": "idle"}}
+CAP = 100 * MiB  # io.bandwidth_limit's default: the scrub reads within it too
 
 
 @dataclass(frozen=True)
@@ -432,6 +433,7 @@ def goal_trainer(
     lag: dict[str, list[float]] = {k: [] for k in cases}
     names = [n for n in cases if n != "daemon, recommended"] if p.smoke else list(cases)
     scrubbed = _full_mirror(p, work) if SCRUBBING in names else None
+    mirror_bytes = tree_bytes(scrubbed[2]) if scrubbed else 0
     alone_s: list[float] = []  # each segment's wall time without the daemon (start-up included)
     scrub_rate: list[float] = []  # bytes the scrub read per second of a segment
     intervals: list[float] = []
@@ -449,9 +451,10 @@ def goal_trainer(
                 settings = cases[name]
                 where = (root, primary, mirror)
                 if name == SCRUBBING and scrubbed:
-                    # One pass over the whole mirror as long as a segment without the daemon lasts (the first
-                    # repetition runs the case without it first): the scrub reads all through the trainer's segment.
-                    intervals.append(statistics.median(alone_s))
+                    # A pass as long as a segment without the daemon (the first repetition runs that case first),
+                    # or as reading the mirror at the bandwidth cap takes if shorter (the passes then follow one
+                    # another at the cap): either way the scrub reads all through the trainer's segment.
+                    intervals.append(min(statistics.median(alone_s), mirror_bytes / CAP))
                     settings = {**(settings or {}), "scrub": {"interval_days": intervals[-1] / 86400}}
                     where = scrubbed
                     _evict(scrubbed[2])
@@ -513,7 +516,6 @@ def goal_trainer(
                 )
     shutil.rmtree(root, ignore_errors=True)
     if scrubbed:
-        mirror_bytes = tree_bytes(scrubbed[2])
         shutil.rmtree(scrubbed[0], ignore_errors=True)
     base50, base99 = statistics.median(steps["no daemon"]), percentile(steps["no daemon"], 99)
     base_save = statistics.median(saves["no daemon"])
@@ -595,9 +597,8 @@ def goal_trainer(
         rows.append(
             row(
                 f"{title}: the scrub's read rate during a segment",
-                f"{rate / MiB:.0f} MiB/s (a mirror of {mirror_bytes / MiB:.0f} MiB read over interval_days = a "
-                f"segment's wall time without the daemon, {interval:.1f} s: {mirror_bytes / MiB / interval:.0f} "
-                "MiB/s asked, io.bandwidth_limit 100 MiB/s)",
+                f"{rate / MiB:.0f} MiB/s (a mirror of {mirror_bytes / MiB:.0f} MiB, interval_days {interval:.1f} s: "
+                f"{mirror_bytes / MiB / interval:.0f} MiB/s asked, io.bandwidth_limit {CAP / MiB:.0f} MiB/s)",
                 round(rate / MiB, 1),
                 None,
                 "MiB/s",
@@ -1274,9 +1275,11 @@ def to_markdown(doc: dict[str, Any]) -> str:
             f"{sc['mirror']} recorded "
             f"checkpoints ({sc['mirror_bytes'] / MiB:.0f} MiB) that the trainer does not write to, evicted from "
             "the page cache before each segment. `scrub.interval_days` is the median wall time of the segments "
-            "without the daemon before it (start-up included), so one paced pass over the whole mirror lasts "
-            "as long as the trainer's segment; the read rate is `mirrord_scrub_bytes_total`'s growth over the "
-            f"segment. Intervals s {sc['interval_s']}; MiB/s read {sc['read_mib_per_s']}.",
+            "without the daemon before it (start-up included), so that one paced pass lasts as long as the trainer's "
+            "segment, or the time the bandwidth cap takes to read the mirror if that is shorter, so that passes "
+            "follow one another at the cap (a pass after the first reads what the first left in the page cache): "
+            "either way the scrub reads all through the segment. The read rate is `mirrord_scrub_bytes_total`'s "
+            f"growth over the segment. Intervals s {sc['interval_s']}; MiB/s read {sc['read_mib_per_s']}.",
             "",
             _trainer_table(t["cases"]),
             "",

@@ -26,6 +26,8 @@ Budgets (issue 31):
   small     200 x 4 MiB `mirrord sync` vs `cp`+`sync` (<= 1.5x), with fsyncs per file
   commit    commit-to-mirror of a 2 GiB checkpoint (rename on the primary -> final name and manifest
             entry on the mirror, a running daemon) vs mirrord's pure copy of the same file (<= 1.3x)
+  scrub     the trainer of goal 2 alone, while the daemon mirrors it (defaults) and while the daemon scrubs
+            a full mirror of 8 x 256 MiB (issue 43; no target), with the scrub's read rate
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +73,11 @@ from tests.support.daemon import DaemonProcess
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
-GOALS = ("sync", "trainer", "answers", "scale", "small", "commit")
+GOALS = ("sync", "trainer", "answers", "scale", "small", "commit", "scrub")
 # For a trainer on the same machine: copy threads under SCHED_IDLE and idle I/O priority, and a bandwidth cap
 # about twice the trainer's checkpoint rate (the trainer goal saves ~540 MB every ~9-10 s: ~55 MB/s).
 RECOMMENDED = {"io": {"bandwidth_limit": 100 * MiB, "ionice": "idle", "cpu_policy": "idle"}}
+CAP = 100 * MiB  # io.bandwidth_limit's default: the scrub reads within it too
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ class Profile:
     record_entries: int
     burst: int
     answer_reps: int
+    scrubbed: Dataset  # the full mirror the scrub goal reads
+    scrub_reps: int
 
 
 # The trainer runs 5 repetitions: its p99 ratio, a median of per-repetition ratios, moved from +1.4% to +19.7%
@@ -112,6 +117,8 @@ FULL = Profile(
     100_000,
     5000,
     7,
+    Dataset("8x256MiB", 8, 256 * MiB),
+    3,
 )
 SMOKE = Profile(
     True,
@@ -126,6 +133,8 @@ SMOKE = Profile(
     ((1000, 100),),
     1000,
     50,
+    1,
+    Dataset("4x2MiB", 4, 2 * MiB),
     1,
 )
 
@@ -341,6 +350,19 @@ TRAINER_CASES: dict[str, dict[str, Any] | None] = {
     "daemon, defaults": {},
     "daemon, recommended": RECOMMENDED,
 }
+SCRUBBING = "daemon, scrubbing"
+# The scrub goal: the defaults, scrubbing a full mirror the trainer does not write to (no copies; no drills,
+# which load checkpoints in a process of their own), beside the copy's cost.
+SCRUB_CASES: dict[str, dict[str, Any] | None] = {
+    "no daemon": None,
+    "daemon, defaults": {},
+    SCRUBBING: {"drill": {"interval_hours": 0}},
+}
+TAGS = {
+    "daemon, defaults": "defaults",
+    "daemon, recommended": "defaults + idle CPU and I/O",
+    SCRUBBING: "while the daemon scrubs a full mirror",
+}
 
 
 def step_slowdowns(reps: list[list[float]], base_reps: list[list[float]]) -> dict[str, float]:
@@ -377,18 +399,47 @@ def trainer_row(
     return r
 
 
-def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
-    cases = cases or TRAINER_CASES
+def _full_mirror(p: Profile, work: Path) -> tuple[Path, Path, Path]:
+    """(work dir, primary, mirror) of a mirror holding a copy of every checkpoint of `p.scrubbed`, recorded."""
+    src, _ = ensure_dataset(p.scrubbed, work / "data")
+    root = work / "scrubbed"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "primary" / "run_a").mkdir(parents=True)
+    for f in p.scrubbed.files(src):
+        os.link(f, root / "primary" / "run_a" / f.name.replace("step_", "step_000"))
+    mirrord_sync(root / "primary", root / "mirror")
+    return root, root / "primary", root / "mirror"
+
+
+def _evict(root: Path) -> None:
+    """Drop the files under `root` from the page cache: the scrub reads them from the disk."""
+    for f in root.rglob("*.pt"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def goal_trainer(
+    p: Profile, work: Path, cases: dict[str, dict[str, Any] | None] = TRAINER_CASES, title: str = "2. trainer"
+) -> dict[str, Any]:
+    reps = p.scrub_reps if SCRUBBING in cases else p.trainer_reps
     root = work / "trainer"
     steps: dict[str, list[float]] = {k: [] for k in cases}
     saves: dict[str, list[float]] = {k: [] for k in cases}
     rep_steps: dict[str, list[list[float]]] = {k: [] for k in cases}  # each repetition's step times
     cpu: dict[str, list[float]] = {k: [] for k in cases}
     lag: dict[str, list[float]] = {k: [] for k in cases}
-    names = ["no daemon", "daemon, defaults"] if p.smoke else list(cases)
+    names = [n for n in cases if n != "daemon, recommended"] if p.smoke else list(cases)
+    scrubbed = _full_mirror(p, work) if SCRUBBING in names else None
+    mirror_bytes = tree_bytes(scrubbed[2]) if scrubbed else 0
+    alone_s: list[float] = []  # each segment's wall time without the daemon (start-up included)
+    scrub_rate: list[float] = []  # bytes the scrub read per second of a segment
+    intervals: list[float] = []
     first = 0
     with LoadSampler() as load:
-        for rep in range(p.trainer_reps):
+        for rep in range(reps):
             k = rep % len(names)
             for name in names[k:] + names[:k]:
                 shutil.rmtree(root, ignore_errors=True)
@@ -398,6 +449,15 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
                 mirror.mkdir(parents=True)
                 os.sync()
                 settings = cases[name]
+                where = (root, primary, mirror)
+                if name == SCRUBBING and scrubbed:
+                    # A pass as long as a segment without the daemon (the first repetition runs that case first),
+                    # or as reading the mirror at the bandwidth cap takes if shorter (the passes then follow one
+                    # another at the cap): either way the scrub reads all through the trainer's segment.
+                    intervals.append(min(statistics.median(alone_s), mirror_bytes / CAP))
+                    settings = {**(settings or {}), "scrub": {"interval_days": intervals[-1] / 86400}}
+                    where = scrubbed
+                    _evict(scrubbed[2])
                 cmd = [
                     sys.executable,
                     "-m",
@@ -417,34 +477,46 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
                 ]
                 first += p.trainer_steps
                 if settings is None:
+                    t0 = time.perf_counter()
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
                     doc = json.loads(out)
+                    alone_s.append(time.perf_counter() - t0)
                 else:
-                    with DaemonProcess(root, primary, mirror, settings, base=BENCH):
+                    with DaemonProcess(*where, settings, base=BENCH) as daemon:
+                        read0, t0 = daemon.metric("mirrord_scrub_bytes_total") or 0, time.perf_counter()
                         out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
                         doc = json.loads(out)
-                        watcher = ManifestWatcher(mirror)
-                        t_end = time.perf_counter()
-                        try:  # how long the mirror trails the trainer's last save (throttling's price)
-                            wait_for(
-                                lambda d=doc, w=watcher: len(w.refresh()) >= len(d["saved"]),
-                                300,
-                                "the trainer's checkpoints on the mirror",
-                                0.2,
-                            )
-                            lag[name].append(time.perf_counter() - t_end)
-                        except TimeoutError:
-                            lag[name].append(float("inf"))
+                        if where is scrubbed:
+                            read = (daemon.metric("mirrord_scrub_bytes_total") or 0) - read0
+                            if not read:
+                                raise RuntimeError("the scrub read nothing during the trainer's segment")
+                            scrub_rate.append(read / (time.perf_counter() - t0))
+                            log(f"  scrub read {read / MiB:.0f} MiB at {scrub_rate[-1] / MiB:.0f} MiB/s")
+                        else:
+                            watcher = ManifestWatcher(mirror)
+                            t_end = time.perf_counter()
+                            try:  # how long the mirror trails the trainer's last save (throttling's price)
+                                wait_for(
+                                    lambda d=doc, w=watcher: len(w.refresh()) >= len(d["saved"]),
+                                    300,
+                                    "the trainer's checkpoints on the mirror",
+                                    0.2,
+                                )
+                                lag[name].append(time.perf_counter() - t_end)
+                            except TimeoutError:
+                                lag[name].append(float("inf"))
                 steps[name] += doc["step_s"]
                 rep_steps[name].append(doc["step_s"])
                 cpu[name] += doc["step_cpu_s"]
                 saves[name] += doc["save_s"]
                 log(
-                    f"  trainer rep {rep + 1}/{p.trainer_reps} {name:24s} step p50 "
+                    f"  trainer rep {rep + 1}/{reps} {name:24s} step p50 "
                     f"{statistics.median(doc['step_s']) * 1000:6.1f} ms  "
                     f"p99 {percentile(doc['step_s'], 99) * 1000:6.1f} ms  saves {[round(s, 2) for s in doc['save_s']]}"
                 )
     shutil.rmtree(root, ignore_errors=True)
+    if scrubbed:
+        shutil.rmtree(scrubbed[0], ignore_errors=True)
     base50, base99 = statistics.median(steps["no daemon"]), percentile(steps["no daemon"], 99)
     base_save = statistics.median(saves["no daemon"])
     table: list[dict[str, Any]] = []
@@ -467,27 +539,25 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
     by = {t["case"]: t for t in table}
     lt = load.text()
     rows = []
-    for name, tag in (("daemon, defaults", "defaults"), ("daemon, recommended", "defaults + idle CPU and I/O")):
-        if name not in by:
-            continue
+    for name in names[1:]:
         t = by[name]
         rows.append(
             trainer_row(
-                f"2. trainer step p50 slowdown, {tag}",
+                f"{title} step p50 slowdown, {TAGS[name]}",
                 t["p50_slowdown"],
                 t["p50_ms"],
                 round(base50 * 1000, 2),
-                0.03 if name == "daemon, defaults" else None,
+                0.03 if cases is TRAINER_CASES and name == "daemon, defaults" else None,
                 lt,
             )
         )
         rows.append(
             trainer_row(
-                f"2. trainer step p99 slowdown, {tag}",
+                f"{title} step p99 slowdown, {TAGS[name]}",
                 t["p99_slowdown"],
                 t["p99_ms"],
                 round(base99 * 1000, 2),
-                0.10 if name == "daemon, defaults" else None,
+                0.10 if cases is TRAINER_CASES and name == "daemon, defaults" else None,
                 lt,
                 pooled=t["p99_slowdown_pooled"],
             )
@@ -500,7 +570,7 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
             )
     rows.append(
         row(
-            "2. trainer's own atomic_save time, mirroring vs not",
+            f"{title}'s own atomic_save time, mirroring vs not",
             "; ".join(
                 f"{t['case'].removeprefix('daemon, ')} {t['save_median_s']} s ({t['save_slowdown']:+.0%})"
                 for t in table[1:]
@@ -512,7 +582,7 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
             lt,
         )
     )
-    return {
+    result = {
         "rows": rows,
         "raw": {
             "steps_per_segment": p.trainer_steps,
@@ -522,6 +592,33 @@ def goal_trainer(p: Profile, work: Path, cases: dict[str, dict[str, Any] | None]
             **load.summary(),
         },
     }
+    if scrubbed:
+        rate, interval = statistics.median(scrub_rate), statistics.median(intervals)
+        rows.append(
+            row(
+                f"{title}: the scrub's read rate during a segment",
+                f"{rate / MiB:.0f} MiB/s (a mirror of {mirror_bytes / MiB:.0f} MiB, interval_days {interval:.1f} s: "
+                f"{mirror_bytes / MiB / interval:.0f} MiB/s asked, io.bandwidth_limit {CAP / MiB:.0f} MiB/s)",
+                round(rate / MiB, 1),
+                None,
+                "MiB/s",
+                lt,
+            )
+        )
+        result["raw"]["scrub"] = {
+            "mirror": p.scrubbed.name,
+            "mirror_bytes": mirror_bytes,
+            "interval_s": [round(x, 2) for x in intervals],
+            "read_mib_per_s": [round(x / MiB, 1) for x in scrub_rate],
+        }
+    return result
+
+
+def goal_scrub(p: Profile, work: Path) -> dict[str, Any]:
+    """The scrub's cost to the trainer beside the copy's (issue 43), in the same paired repetitions (the smoke
+    run leaves the copy to goal 2)."""
+    cases = {k: v for k, v in SCRUB_CASES.items() if not (p.smoke and k == "daemon, defaults")}
+    return goal_trainer(p, work, cases, "7. scrub: trainer")
 
 
 # --- 3. instant answers -------------------------------------------------------------------------
@@ -926,6 +1023,7 @@ RUNNERS: dict[str, Callable[[Profile, Path], dict[str, Any]]] = {
     "scale": goal_scale,
     "small": goal_small,
     "commit": goal_commit,
+    "scrub": goal_scrub,
 }
 
 
@@ -957,6 +1055,39 @@ def table_rows(doc: dict[str, Any]) -> list[list[Any]]:
 
 
 HEADERS = ["goal", "measured", "measured / target", "target", "met/gap", "load avg (1 min) during"]
+
+
+def _trainer_table(cases: list[dict[str, Any]]) -> str:
+    return md_table(
+        [
+            "case",
+            "steps",
+            "p50 ms",
+            "p99 ms",
+            "p50 slowdown (median of per-rep ratios)",
+            "p99 slowdown (median of per-rep ratios)",
+            "p99 slowdown (all steps pooled)",
+            "step CPU p50 ms",
+            "save median s",
+            "save slowdown",
+            "mirror caught up s after the segment",
+        ],
+        [
+            [
+                c["case"],
+                c["steps"],
+                c["p50_ms"],
+                c["p99_ms"],
+                f"{c['p50_slowdown']:+.1%}",
+                *_p99_columns(c),
+                c.get("cpu_p50_ms", "-"),
+                c["save_median_s"],
+                f"{c['save_slowdown']:+.0%}",
+                " ".join(map(str, c.get("mirror_catch_up_s", []))) or "-",
+            ]
+            for c in cases
+        ],
+    )
 
 
 def to_markdown(doc: dict[str, Any]) -> str:
@@ -1013,36 +1144,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
             "forward + backward + optimizer step (the save is timed apart). "
             f"Recommended: `{json.dumps(RECOMMENDED)}`.",
             "",
-            md_table(
-                [
-                    "case",
-                    "steps",
-                    "p50 ms",
-                    "p99 ms",
-                    "p50 slowdown (median of per-rep ratios)",
-                    "p99 slowdown (median of per-rep ratios)",
-                    "p99 slowdown (all steps pooled)",
-                    "step CPU p50 ms",
-                    "save median s",
-                    "save slowdown",
-                    "mirror caught up s after the segment",
-                ],
-                [
-                    [
-                        c["case"],
-                        c["steps"],
-                        c["p50_ms"],
-                        c["p99_ms"],
-                        f"{c['p50_slowdown']:+.1%}",
-                        *_p99_columns(c),
-                        c.get("cpu_p50_ms", "-"),
-                        c["save_median_s"],
-                        f"{c['save_slowdown']:+.0%}",
-                        " ".join(map(str, c.get("mirror_catch_up_s", []))) or "-",
-                    ]
-                    for c in t["cases"]
-                ],
-            ),
+            _trainer_table(t["cases"]),
             "",
         ]
     if "answers" in raw:
@@ -1163,6 +1265,25 @@ def to_markdown(doc: dict[str, Any]) -> str:
             f"commit-to-mirror s: {c['latency_s']}; pure copy s: {c['pure_copy_s']}.",
             "",
         ]
+    if "scrub" in raw:
+        t, sc = raw["scrub"], raw["scrub"]["scrub"]
+        out += [
+            "## 7. the scrub's cost to the trainer (issue 43)",
+            "",
+            f"The trainer of goal 2 ({t['steps_per_segment']} steps per segment) alone, while the daemon "
+            "mirrors it at the defaults, and while a daemon at the defaults without drills scrubs a mirror of "
+            f"{sc['mirror']} recorded "
+            f"checkpoints ({sc['mirror_bytes'] / MiB:.0f} MiB) that the trainer does not write to, evicted from "
+            "the page cache before each segment. `scrub.interval_days` is the median wall time of the segments "
+            "without the daemon before it (start-up included), so that one paced pass lasts as long as the trainer's "
+            "segment, or the time the bandwidth cap takes to read the mirror if that is shorter, so that passes "
+            "follow one another at the cap (a pass after the first reads what the first left in the page cache): "
+            "either way the scrub reads all through the segment. The read rate is `mirrord_scrub_bytes_total`'s "
+            f"growth over the segment. Intervals s {sc['interval_s']}; MiB/s read {sc['read_mib_per_s']}.",
+            "",
+            _trainer_table(t["cases"]),
+            "",
+        ]
     out += [
         "## Which run measured each goal",
         "",
@@ -1181,9 +1302,13 @@ def _measured_in(result: dict[str, Any]) -> str:
     return f"`{run['command']}`, {run['started']} to {run['finished']}"
 
 
-def run_goals(goals: list[str], smoke: bool, work: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+def run_goals(
+    goals: list[str], smoke: bool, work: Path, out: Path, meta: dict[str, Any], trainer_reps: int | None = None
+) -> dict[str, Any]:
     """Measure `goals` (keeping the others from the previous results in `out`), print the table."""
     p = SMOKE if smoke else FULL
+    if trainer_reps:
+        p = replace(p, trainer_reps=trainer_reps, scrub_reps=trainer_reps)
     previous = out / "goals.json"
     doc: dict[str, Any] = {"meta": meta}
     if set(goals) != set(GOALS) and previous.exists():

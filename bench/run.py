@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(goals_bench.GOALS),
         help=f"comma-separated goals of issue 31 ({', '.join(goals_bench.GOALS)}; default all)",
     )
+    p.add_argument(
+        "--trainer-reps", type=int, help="repetitions of the trainer and scrub goals (default 5 and 3; smoke 1)"
+    )
     p.add_argument("--only", help=f"run the earlier sections instead ({', '.join(SECTIONS)}), comma-separated")
     p.add_argument("--reps", type=int, help="paired repetitions for throughput (default 3; smoke 1)")
     p.add_argument("--idle-seconds", type=float, help="idle CPU window (default 60; smoke 1)")
@@ -414,5 +417,7 @@ def _goals(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
         "tools": {t: shutil.which(t) is not None for t in ("fio", "strace", "dd")},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    goals_bench.run_goals(list(dict.fromkeys(chosen)), args.smoke, work, out, meta)  # in the order asked
+    goals_bench.run_goals(
+        list(dict.fromkeys(chosen)), args.smoke, work, out, meta, args.trainer_reps
+    )  # in the order asked
     return 0

@@ -128,7 +128,7 @@ class Scrubber:
         self._pace(0)
         self._opened, self._read = self.monotonic(), 0
         before = stat_safely(self.mirror, entry.path)
-        finding = check_entry(self.mirror, entry, self._pace)
+        finding = check_entry(self.mirror, entry, self._pace, self.config().io.drop_cache)
         after = stat_safely(self.mirror, entry.path)
         if self.manifest.get(entry.path) != entry or entry.path in self.in_flight() or before != after:
             return  # copied again, retired or changed meanwhile: judged at the next pass

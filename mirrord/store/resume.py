@@ -113,17 +113,20 @@ PART = "part"
 
 
 def check_entry(
-    store: ReadableStore, entry: ManifestEntry, pace: Callable[[int], None] | None = None
+    store: ReadableStore, entry: ManifestEntry, pace: Callable[[int], None] | None = None, drop_cache: bool = False
 ) -> Finding | None:
     """None if the key entry.path holds exactly what the manifest recorded (size, then content hash). The
     stored size is compared first (a stat, an S3 HEAD): a copy that grew to terabytes is never read.
-    `pace(n)` is told of every read (the scrub's pacing)."""
+    `pace(n)` is told of every read (the scrub's pacing); `drop_cache`: a local copy's pages read are then
+    dropped from the page cache (the trainer's cache stays as it was)."""
     try:
         state = store.stat(entry.path)
         if state is not None and state.is_regular and state.size != entry.size:
             return Finding(entry.path, "size_mismatch", f"{state.size} bytes on the mirror, manifest says {entry.size}")
         with store.open_read(entry.path) as stream:
             size, digest = hash_stream(stream, entry.algo, pace)
+            if drop_cache and hasattr(stream, "fileno"):
+                os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     except FileNotFoundError:
         return Finding(entry.path, "missing", "in the manifest but not on the mirror")
     except (OSError, UnsafePathError) as exc:

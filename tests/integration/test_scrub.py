@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from mirrord.store.manifest import Manifest
@@ -14,6 +15,13 @@ from tests.support.checkpoints import publish_checkpoint
 from tests.support.wait import wait_for
 
 SCRUB_EVERY_SECOND = {"scrub": {"interval_days": 1 / 86400}}
+
+
+def _cached_pages(path: Path) -> int:
+    """How many pages of the file are in the page cache (util-linux fincore)."""
+    done = subprocess.run(["fincore", "--noheadings", "--output", "PAGES", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
 
 
 def _flip_a_bit(path: Path) -> None:
@@ -64,7 +72,7 @@ def test_a_damaged_copy_the_primary_no_longer_holds_is_kept_and_reported(tmp_pat
         _flip_a_bit(mirror / "r" / "step_0002.pt")
         damaged = (mirror / "r" / "step_0002.pt").read_bytes()
         wait_for(lambda: d.metric("mirrord_damaged_copies") == 1, 90, "mirrord_damaged_copies 1")
-        assert d.events("scrub.damaged", path="r/step_0002.pt", problem="hash_mismatch")
+        assert d.wait_event("scrub.damaged", path="r/step_0002.pt", problem="hash_mismatch", timeout=30)
         passes = len(d.events("scrub.finished"))
         wait_for(lambda: len(d.events("scrub.finished")) > passes + 1, 90, "two more passes")
         assert len(d.events("scrub.damaged")) == 1
@@ -90,11 +98,14 @@ def test_a_touched_copy_is_confirmed_again(tmp_path, daemon_factory):
     (primary / "r" / "step_0001.pt").unlink()
     copy = mirror / "r" / "step_0001.pt"
     os.utime(copy, ns=(copy.stat().st_atime_ns, copy.stat().st_mtime_ns - 3600 * 10**9))
+    copy.read_bytes()
+    assert _cached_pages(copy) > 0  # (read into the page cache: clean pages, the copy was fsynced)
     touched = state_from_stat("r/step_0001.pt", copy.stat())
     wait_for(
         lambda: Manifest.load(mirror).entries["r/step_0001.pt"].unchanged(touched), 90, "the record takes its stat"
     )
-    assert d.events("scrub.confirmed", path="r/step_0001.pt")
+    assert d.wait_event("scrub.confirmed", path="r/step_0001.pt", timeout=30)  # (logged after the record)
+    assert _cached_pages(copy) == 0  # the scrub's reads leave the page cache as they found it (io.drop_cache)
     assert not d.events("scrub.recopy")
     assert d.metric("mirrord_damaged_copies") == 0
     assert d.stop() == 0

@@ -70,7 +70,8 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
 
 def test_every_panel_query_returns_series_from_a_real_daemon(tmp_path: Path, daemon_factory: Any) -> None:
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    daemon = daemon_factory({"drill": {"interval_hours": 24}}).start()  # (the tests' default: no drills)
+    # (the tests' default: no drills, no scrub)
+    daemon = daemon_factory({"drill": {"interval_hours": 24}, "scrub": {"interval_days": 7}}).start()
     prometheus = PrometheusServer(tmp_path / "prometheus", [f"127.0.0.1:{daemon.port}"], operator_scrape_config())
     try:
         publish_checkpoint(primary / "run1" / "step_0010.pt", 10, megabytes=2)

@@ -16,15 +16,18 @@ import tomli_w
 
 from mirrord.config import Config, load_config
 
-# In-process tests: copy at once, retry at once, at full speed (no bandwidth cap), no drills (a thread of its own).
+# In-process tests: copy at once, retry at once, at full speed (no bandwidth cap), no drills and no scrub (each a
+# thread of its own: tests/integration/test_daemon_drill.py, test_scrub.py).
 UNIT: Mapping[str, Any] = {
     "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.0},
     "io": {"bandwidth_limit": 0},
     "drill": {"interval_hours": 0},
+    "scrub": {"interval_days": 0},
 }
 
 # A daemon under test (tests.support.daemon): quick heartbeat and shutdown, no bandwidth cap, debug logs
-# as JSON, no drills (a loader that imports torch after each copy: tests/integration/test_daemon_drill.py).
+# as JSON, no drills (a loader that imports torch after each copy: tests/integration/test_daemon_drill.py) and no
+# scrub (reads of the mirror beside the test's own: test_scrub.py).
 DAEMON: Mapping[str, Any] = {
     "copy": {"settle_seconds": 0.5, "retry_backoff_seconds": 0.1, "free_space_reserve_bytes": 0},
     "io": {"bandwidth_limit": 0},
@@ -32,6 +35,7 @@ DAEMON: Mapping[str, Any] = {
     "watch": {"rescan_interval_seconds": 30},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 5},
     "drill": {"interval_hours": 0},
+    "scrub": {"interval_days": 0},
     "metrics": {},
     "log": {"format": "json", "level": "debug"},
 }
@@ -39,7 +43,8 @@ DAEMON: Mapping[str, Any] = {
 # A daemon under benchmark: mirrord's own defaults, but no pruning and logs as JSON.
 BENCH: Mapping[str, Any] = {"prune": {"enabled": False}, "metrics": {}, "log": {"format": "json", "level": "info"}}
 
-# The chaos suite: two workers, no waiting, small buffers (more syscalls to strike), no cap, metrics off, no drills.
+# The chaos suite: two workers, no waiting, small buffers (more syscalls to strike), no cap, metrics off, no drills,
+# no scrub.
 CHAOS: Mapping[str, Any] = {
     "copy": {
         "workers": 2,
@@ -53,6 +58,7 @@ CHAOS: Mapping[str, Any] = {
     "watch": {"rescan_interval_seconds": 60},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 10},
     "drill": {"interval_hours": 0},
+    "scrub": {"interval_days": 0},
     "metrics": {"enabled": False},
     "log": {"format": "json", "level": "info"},
 }

@@ -40,3 +40,17 @@ def test_verify_deep_judges_library_files_by_their_format(tmp_path: Path) -> Non
     clean = run_mirrord("verify", "--deep", "--json", "--mirror", mirror, env=env)
     assert clean.returncode == 0, clean.stdout
     assert json.loads(clean.stdout)["problems"] == []
+
+
+def test_verify_json_says_ok_when_it_exits_0_with_unchecked_files(tmp_path: Path) -> None:
+    """A format no validator reads is reported as unchecked under --deep, never as a problem: exit 0, and the
+    document's `ok` says the same (every --json document: ok exactly when the exit status is 0)."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "run").mkdir(parents=True)
+    (primary / "run" / "step_1.bin").write_bytes(b"no format mirrord knows" * 100)
+    env = {"MIRRORD_COPY__SETTLE_SECONDS": "0", "MIRRORD_METRICS__ENABLED": "false", "MIRRORD_PATTERNS": "*.bin"}
+    assert run_mirrord("sync", "--primary", primary, "--mirror", mirror, env=env).returncode == 0
+    deep = run_mirrord("verify", "--deep", "--json", "--mirror", mirror, env=env)
+    doc = json.loads(deep.stdout)
+    assert [f["problem"] for f in doc["problems"]] == ["unchecked"], deep.stdout
+    assert (deep.returncode, doc["ok"]) == (0, True), deep.stdout

@@ -406,24 +406,18 @@ def plan_prune(
     candidates.extend(retired_versions(mirror, manifest))
 
     ctx = request.guards(newest)
+    vetoes = [(cand, veto(cand.volume, cand.state, ctx)) for cand in candidates]
+    # A folder unit goes whole or not at all: one vetoed file keeps all of it, for the first veto's reason.
+    held = {(c.volume, c.unit): reason for c, reason in reversed(vetoes) if reason is not None and c.unit}
     skipped: list[Skipped] = []
     deletions: list[Deletion] = []
-    held: dict[tuple[str, str], str] = {}  # (volume, folder unit) -> why one of its files is kept
-    for cand in candidates:
-        reason = veto(cand.volume, cand.state, ctx)
+    for cand, reason in vetoes:
+        reason = reason or held.get((cand.volume, cand.unit))
         if reason is None:
             deletions.append(cand)
         else:
             skipped.append(Skipped(cand.volume, cand.rel, cand.step, reason, cand.state.size))
-            if cand.unit:
-                held.setdefault((cand.volume, cand.unit), reason)
-    # A folder unit goes whole or not at all: one kept file keeps all of it.
-    skipped += [
-        Skipped(d.volume, d.rel, d.step, held[(d.volume, d.unit)], d.state.size)
-        for d in deletions
-        if (d.volume, d.unit) in held
-    ]
-    deletions = sorted((d for d in deletions if (d.volume, d.unit) not in held), key=deletion_order)
+    deletions.sort(key=deletion_order)
     # An unconfirmed copy retention would otherwise let go: kept, and counted as vetoed (by the guard that
     # would veto it, e.g. a copy whose mtime was set to 0, else as unconfirmed).
     unconfirmed_retired = [pair for decided in plans.values() for pair in decided.unconfirmed_retired]
@@ -593,7 +587,7 @@ def _plan_run(
         for step, (_p, on_mirror) in by_step.items()
         if any(not _as_recorded(f, manifest.get(f.rel)) for f in on_mirror)
     }
-    verified = {step for step, sides in by_step.items() if step not in unconfirmed and _step_verified(*sides, manifest)}
+    verified = {step for step, sides in by_step.items() if _step_verified(*sides, manifest)}  # (never unconfirmed)
     # Evidence of wholeness: a folder unit was judged complete by its layout's rule before it was mirrored;
     # a file needs a validator's ok.
     whole = {step for step in verified if all(f.rel in units or entry_whole(manifest[f.rel]) for f in by_step[step][1])}
@@ -614,13 +608,8 @@ def _plan_run(
         if any(f.rel in request.pointed or units.get(f.rel) in request.pointed for f in (*on_primary, *on_mirror))
     }
     keep |= {step: POINTER for step in pinned if step not in keep}
-    kept_window = [s for s in order if s in verified][-n:]
-    invalid = request.invalid
-    present = (
-        order
-        if not invalid
-        else [s for s in order if by_step[s][1] or any(f.rel not in invalid for f in by_step[s][0])]
-    )
+    newest_verified = next((s for s in reversed(order) if s in verified), None)
+    present = [s for s in order if by_step[s][1] or any(f.rel not in request.invalid for f in by_step[s][0])]
     # Follow: the window is the trainer's newest step (nothing is retired from copying).
     window = [s for s in order if by_step[s][0]][-1:] if request.follow else present[-n:]
     floor = order.index(window[0]) if len(present) > len(window) and not request.follow else None
@@ -632,7 +621,7 @@ def _plan_run(
         _primary_rollbacks(by_step, lie),
         tips=tuple(sorted(s for s, why in keep.items() if why == BRANCH_TIP)),
     )
-    top = order.index(kept_window[-1]) if kept_window else None  # the newest verified step's place
+    top = None if newest_verified is None else order.index(newest_verified)
     # Follow: a step gone from the primary goes only if the trainer evidently rotated it out (decided below): at
     # least K newer steps of its branch (verified, or saved on the primary) or pinned by the trainer (its best)
     # exist, K being the trainer's own rule (request.keeps: HF's save_total_limit; 0 when its bookkeeping names
@@ -647,17 +636,17 @@ def _plan_run(
         above = max((place for place, s in enumerate(order) if not by_step[s][0]), default=-1)
         plan.most = max(mine.most.get(run, 0), sum(order.index(s) > above for s in holding))
         plan.seen = {(run, s) for s in holding} | {(r, s) for r, s in mine.seen if r == run and s in by_step}
-    if kept_window:
-        tip_primary, tip_mirror = by_step[kept_window[-1]]
+    if newest_verified is not None:
+        tip_primary, tip_mirror = by_step[newest_verified]
         plan.newest = [s.rel for s in (*tip_primary, *tip_mirror)]
         # The primary lost its newest verified step (follow: holds nothing as new): shrink nothing.
         lost = (
-            not window or run_branches.key(window[-1]) < run_branches.key(kept_window[-1])
+            not window or run_branches.key(window[-1]) < run_branches.key(newest_verified)
             if request.follow
             else not tip_primary
         )
-        if lost and kept_window[-1] not in forgotten:
-            plan.paused = kept_window[-1]
+        if lost and newest_verified not in forgotten:
+            plan.paused = newest_verified
     # The steps that would replace a retired one are the window: all must be verified and whole first.
     # Under space pressure, a window's size of verified, whole newer steps is enough.
     window_whole = bool(window) and all(s in whole for s in window)
@@ -816,5 +805,5 @@ def _step_verified(
             (entry := manifest.get(dst.rel)) is not None and _as_recorded(dst, entry) and entry_passed(entry)
             for dst in mirror_files
         )
-        and all(why_copy(src, manifest.get(src.rel), on_mirror.get(src.rel)) is None for src in primary_files)
+        and all(exact_copy(src, manifest, on_mirror) for src in primary_files)
     )

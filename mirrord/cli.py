@@ -427,6 +427,12 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
 # --- end status and demo -----------------------------------------------------------------------------
 
 
+def _flags(parser: argparse.ArgumentParser, helps: dict[str, str]) -> None:
+    """Options that take no value (each `--name` is True when given), in this order."""
+    for flag, help_ in helps.items():
+        parser.add_argument(flag, action="store_true", help=help_)
+
+
 def _help_formatter(prog: str) -> argparse.HelpFormatter:
     """argparse's own formatter, as wide as the terminal, sized as shutil.get_terminal_size would (COLUMNS,
     else stdout's terminal, else 80) without importing shutil (and bz2 and lzma with it): argparse makes a
@@ -474,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.set_defaults(plain=func)
         if json:  # after the configuration flags: the order --help, the man page and the completions show
-            p.add_argument("--json", action="store_true", help=JSON_HELP)
+            _flags(p, {"--json": JSON_HELP})
         return p
 
     p = add(
@@ -494,18 +500,15 @@ def build_parser() -> argparse.ArgumentParser:
         needs_primary=False,
         json=True,
     )
-    p.add_argument(
-        "--deep",
-        action="store_true",
-        help="also run the format validator on every file, recorded or not: a torch.save zip's "
-        "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
-        "are reported as unchecked, not as problems",
-    )
-    p.add_argument(
-        "--load",
-        action="store_true",
-        help="also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch "
-        "(pip install 'mirrord[torch]')",
+    _flags(
+        p,
+        {
+            "--deep": "also run the format validator on every file, recorded or not: a torch.save zip's "
+            "structure and every record's CRC-32 (no torch needed), safetensors, JSON; other formats "
+            "are reported as unchecked, not as problems",
+            "--load": "also torch.load each file (weights_only, mmap) to prove it deserializes; needs torch "
+            "(pip install 'mirrord[torch]')",
+        },
     )
     p = add(
         "latest",
@@ -519,13 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
         json=True,
     )
     p.add_argument("--run", metavar="DIR", help="only this run (folder relative to the root)")
-    p.add_argument(
-        "--verify", action="store_true", help="re-read each candidate: content hash and format validator, not only stat"
-    )
-    p.add_argument(
-        "--primary-side",
-        action="store_true",
-        help="look on the primary instead (no manifest there: newest file whose zip CRCs check out)",
+    _flags(
+        p,
+        {
+            "--verify": "re-read each candidate: content hash and format validator, not only stat",
+            "--primary-side": "look on the primary instead (no manifest there: newest file whose zip CRCs check out)",
+        },
     )
     p = add(
         "restore",
@@ -550,8 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="root to restore below, at the same relative path (default: the configured primary)",
     )
-    p.add_argument("--force", action="store_true", help="replace a different file or folder at the destination")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    _flags(p, {"--force": "replace a different file or folder at the destination", "--json": JSON_HELP})
     p = add(
         "drill",
         cmd_drill,
@@ -593,11 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="toml",
         help="toml (default): for a person, with origins; json: the values only, for machines",
     )
-    p.add_argument(
-        "--probe",
-        action="store_true",
-        help="also reach the mirror (a folder or S3), write a test object, read it back and delete it; "
-        "exit 1 with the cause if any step fails",
+    _flags(
+        p,
+        {
+            "--probe": "also reach the mirror (a folder or S3), write a test object, read it back and delete it; "
+            "exit 1 with the cause if any step fails"
+        },
     )
     add(
         "repair-manifest",
@@ -616,11 +618,12 @@ def build_parser() -> argparse.ArgumentParser:
         "was deleted, kept and skipped; exit 1 if the cycle was refused (partial listing, unreadable "
         "manifest, mirror looks unmounted).",
     )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
-        "nothing, so it runs beside a daemon",
+    _flags(
+        p,
+        {
+            "--dry-run": "print the plan, delete nothing (as prune.dry_run = true); takes no lock and writes "
+            "nothing, so it runs beside a daemon"
+        },
     )
     p.add_argument(
         "--forget",
@@ -636,7 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
         "an rm); RUN is the run folder relative to the roots ('.' for the root itself); repeatable "
         "(--forget-branch is the same flag)",
     )
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    _flags(p, {"--json": JSON_HELP})
     # --- end prune ---
     # --- status and demo ---
     p = add(
@@ -652,11 +655,13 @@ def build_parser() -> argparse.ArgumentParser:
         "behind, daemon unhealthy or refusing the mirror).",
         needs_primary=False,
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON (same fields, for scripts)")
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="check the content hash of each run's newest mirrored step, not only its size (reads those files in full)",
+    _flags(
+        p,
+        {
+            "--json": "print the report as JSON (same fields, for scripts)",
+            "--verify": "check the content hash of each run's newest mirrored step, not only its size "
+            "(reads those files in full)",
+        },
     )
     p.add_argument(
         "--timeout",
@@ -709,9 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="steps retention keeps on each side (prune.keep_last; default: 3)",
     )
-    p.add_argument(
-        "--no-torch", action="store_true", help="write torch-like zip files even if torch is installed (starts faster)"
-    )
+    _flags(p, {"--no-torch": "write torch-like zip files even if torch is installed (starts faster)"})
     # --- end status and demo ---
     p = add(
         "init",
@@ -737,8 +740,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the directory (or s3://bucket/prefix) for the trustworthy copy (required to run; else set it later)",
     )
-    p.add_argument("--systemd", action="store_true", help="also write the systemd unit mirrord.service next to PATH")
-    p.add_argument("--force", action="store_true", help="replace files that exist")
+    _flags(
+        p,
+        {
+            "--systemd": "also write the systemd unit mirrord.service next to PATH",
+            "--force": "replace files that exist",
+        },
+    )
     p = add(
         "completion",
         cmd_completion,

@@ -20,6 +20,7 @@ from tests.s3.test_s3_commands import _settings
 from tests.support import config as presets
 from tests.support.checkpoints import publish_checkpoint
 from tests.support.daemon import DaemonProcess
+from tests.support.ports import free_ports
 from tests.support.wait import wait_for
 
 EVERY_SECOND = 1 / 86400  # scrub.interval_days: a pass a second
@@ -204,3 +205,57 @@ def test_with_the_scrub_off_no_object_is_downloaded(
     assert requests[0] == []
     off = scrubbers[0].metrics.registry
     assert off.get_sample_value("mirrord_scrub_last_complete_timestamp_seconds") == 0
+
+
+def _scrubber(config: Any, mirror: S3Mirror, manifest: Any, repairs: list[CopyJob]) -> Scrubber:
+    return Scrubber(lambda: config, mirror, manifest, Metrics(runtime=False), frozenset, lambda: False, repairs.append)
+
+
+def _counted(mirror: S3Mirror) -> list[str]:
+    """The keys of the objects `mirror` downloads from now on (GetObject, counted on the wire)."""
+    got: list[str] = []
+
+    def count(model: Any, params: dict[str, Any], **_: Any) -> None:
+        if model.name == "GetObject":
+            got.append(params["Key"])
+
+    mirror.client.meta.events.register("before-parameter-build.s3", count)
+    return got
+
+
+def test_an_object_the_store_does_not_serve_is_not_damage(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The endpoint refuses connections while the scrub reads (a server restarting): no object is judged,
+    none is copied again, none counted damaged; the next pass reads them again."""
+    url, primary = f"s3://{bucket}/{prefix}", tmp_path / "primary"
+    publish_checkpoint(primary / "r" / "step_1.pt", 1)
+    base = presets.settings(primary, url, presets.UNIT, {"s3": _settings(seaweed), "prune": {"enabled": False}})
+    config = presets.load(presets.merge(base, {"scrub": {"s3": True}}))
+    assert run_sync(config).ok
+    manifest = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint)).load_manifest()
+    refused = f"http://127.0.0.1:{free_ports(1)[0]}"  # (nothing listens there)
+    down = S3Mirror(url, S3Settings(endpoint_url=refused, max_attempts=1, timeout_seconds=3))
+    repairs: list[CopyJob] = []
+    scrubber = _scrubber(config, down, manifest, repairs)
+    scrubber.scrub_pass(1e-6)
+    assert repairs == []
+    assert scrubber.damaged == {}
+
+
+def test_a_node_reads_back_only_the_objects_it_recorded(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Two nodes share a prefix: each scrubs its own objects (one download of each object per pass, however
+    many nodes share it), never another node's, whose source it does not hold."""
+    url, primary = f"s3://{bucket}/{prefix}", tmp_path / "primary"
+    publish_checkpoint(primary / "r" / "step_1.pt", 1)
+    base = presets.settings(primary, url, presets.UNIT, {"s3": _settings(seaweed, node="node-a")})
+    config = presets.load(presets.merge(base, {"scrub": {"s3": True}}))
+    assert run_sync(config).ok
+    for node, reads in (("node-b", []), ("node-a", [f"{prefix}/r/step_1.pt"])):
+        mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, node=node))
+        manifest = mirror.load_manifest()
+        got, repairs = _counted(mirror), []
+        _scrubber(config, mirror, manifest, repairs).scrub_pass(1e-6)
+        assert (got, repairs) == (reads, []), node

@@ -5,7 +5,11 @@ replaced behind mirrord's back. Real daemons against a real SeaweedFS."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import struct
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +263,71 @@ def test_a_node_reads_back_only_the_objects_it_recorded(
         got, repairs = _counted(mirror), []
         _scrubber(config, mirror, manifest, repairs).scrub_pass(1e-6)
         assert (got, repairs) == (reads, []), node
+
+
+@contextlib.contextmanager
+def _cutting_relay(port: int, after: int) -> Iterator[str]:
+    """A TCP relay to 127.0.0.1:`port` that hangs up on each connection once it has passed `after` bytes of
+    answers (a connection cut in the middle of an object's body); its endpoint URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sockets: list[socket.socket] = [listener]
+    threads: list[threading.Thread] = []
+
+    def pipe(source: socket.socket, sink: socket.socket, limit: int) -> None:
+        passed = 0
+        with contextlib.suppress(OSError):
+            while passed < limit and (chunk := source.recv(65536)):
+                sink.sendall(chunk[: limit - passed])
+                passed += len(chunk)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            server = socket.create_connection(("127.0.0.1", port))
+            sockets.extend((client, server))
+            for args in ((client, server, 1 << 40), (server, client, after)):
+                threads.append(threading.Thread(target=pipe, args=args, daemon=True))
+                threads[-1].start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        acceptor.join(10)
+        for end in sockets[1:]:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+        for thread in threads:
+            thread.join(10)
+        for end in sockets:
+            end.close()
+
+
+def test_a_connection_cut_in_an_objects_body_is_not_damage(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The connection breaks while the scrub reads an object's body (botocore's own error, not an S3 one): the
+    object is not judged (no copy again, nothing damaged) and the scrub goes on, where that error used to end
+    its thread."""
+    url, primary = f"s3://{bucket}/{prefix}", tmp_path / "primary"
+    size = publish_checkpoint(primary / "r" / "step_1.pt", 1).stat().st_size
+    base = presets.settings(primary, url, presets.UNIT, {"s3": _settings(seaweed), "prune": {"enabled": False}})
+    config = presets.load(presets.merge(base, {"scrub": {"s3": True}}))
+    assert run_sync(config).ok
+    manifest = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint)).load_manifest()
+    with _cutting_relay(seaweed.ports["s3"], after=size // 2) as endpoint:
+        cut = S3Mirror(url, S3Settings(endpoint_url=endpoint, max_attempts=1))
+        repairs: list[CopyJob] = []
+        scrubber = _scrubber(config, cut, manifest, repairs)
+        scrubber.scrub_pass(1e-6)
+        assert scrubber.metrics.registry.get_sample_value("mirrord_scrub_bytes_total") < size  # (cut short)
+    assert repairs == []
+    assert scrubber.damaged == {}

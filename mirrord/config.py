@@ -335,10 +335,12 @@ class DrillConfig(_Section):
 
 
 class ScrubConfig(_Section):
-    """[scrub]: how often the daemon re-reads every copy on a local mirror against its recorded hash."""
+    """[scrub]: how often the daemon re-reads every copy on the mirror against its recorded hash."""
 
     # The whole mirror is read once per interval, its bytes spread over it; 0 = off. A fraction is accepted.
     interval_days: float = Field(7.0, ge=0, le=365)
+    # An S3 mirror too (every object downloaded again: egress is billed; the store keeps checksums of its own).
+    s3: bool = False
 
 
 class UnitConfig(_Section):

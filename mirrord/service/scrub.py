@@ -1,4 +1,4 @@
-"""The scrub: every copy on a local mirror read again against its recorded hash, the whole mirror once per
+"""The scrub: every copy on the mirror read again against its recorded hash, the whole mirror once per
 `scrub.interval_days`, its bytes spread over the interval, at the copies' I/O and CPU priority, and only
 while no copy is queued or running (the trainer's checkpoints come first).
 
@@ -7,7 +7,10 @@ while no copy is queued or running (the trainer's checkpoints come first).
       mismatch  -> the primary holds the recorded bytes (hashed)? copied again, through the daemon's queue
                    else kept as it is (never deleted): scrub.damaged, mirrord_damaged_copies
 
-An object store is not scrubbed: reading it back costs egress, and it keeps its own checksums.
+An object store is scrubbed only with `scrub.s3` (every object downloaded again: egress is billed, and the
+store keeps checksums of its own); this node's own entries only, and an object the store did not serve is
+judged at the next pass (an outage is no damage). What it finds that no listing can: bytes rotted on the
+store's disks under an unchanged size, LastModified and ETag.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from mirrord.config import DAY, Config
 from mirrord.core.jobs import CopyJob
 from mirrord.core.model import ManifestEntry
+from mirrord.core.nodes import foreign
 from mirrord.errors import MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
@@ -56,6 +60,7 @@ class Scrubber:
     ) -> None:
         self.config, self.mirror, self.manifest, self.metrics = config, mirror, manifest, metrics
         self.in_flight, self.busy, self.repair, self.wall, self.monotonic = in_flight, busy, repair, wall, monotonic
+        self.local = mirror.local_tree() is not None  # (else an object store)
         self.damaged: dict[str, ManifestEntry] = {}  # path -> the record it fails (forgotten once that changes)
         metrics.damaged_copies.set_function(lambda: len(self.damaged))
         self.log = get_logger()
@@ -64,9 +69,15 @@ class Scrubber:
         self.thread = threading.Thread(target=self._run, name="mirrord-scrub", daemon=True)
 
     def start(self) -> None:
-        """Scrub from now on, a local mirror only."""
-        if self.mirror.local_tree() is not None:
-            self.thread.start()
+        """Scrub from now on (an object store only while scrub.s3 is on: said here when it is not)."""
+        if not self.local and not self.config().scrub.s3:
+            self.log.info(
+                "scrub.off",
+                mirror=self.mirror.describe(),
+                reason="an object store is read back only with scrub.s3 = true (egress is billed; the store keeps "
+                "checksums of its own); every rescan still compares each object's size and LastModified",
+            )
+        self.thread.start()
 
     def stop(self) -> None:
         """End the scrub at its next read (a read stuck on a hung mount is not waited for: a daemon thread)."""
@@ -79,7 +90,8 @@ class Scrubber:
         io = self.config().io
         lower_priority(io.ionice, io.cpu_nice, io.cpu_policy)
         while not self._stopping.is_set():
-            seconds = self.config().scrub.interval_days * DAY  # (a reload takes effect at the next pass)
+            scrub = self.config().scrub  # (a reload takes effect at the next pass)
+            seconds = scrub.interval_days * DAY if self.local or scrub.s3 else 0
             if not seconds:
                 self._stopping.wait(60)
                 continue
@@ -94,7 +106,7 @@ class Scrubber:
 
     def scrub_pass(self, seconds: float) -> None:
         """Read every recorded copy once, over `seconds`: those whose stat changed first."""
-        entries = self.manifest.entries
+        entries = {rel: e for rel, e in self.manifest.entries.items() if not foreign(e, self.mirror.node)}
         unconfirmed = {
             rel
             for rel, e in entries.items()
@@ -128,10 +140,13 @@ class Scrubber:
         self._pace(0)
         self._opened, self._read = self.monotonic(), 0
         before = stat_safely(self.mirror, entry.path)
-        finding = check_entry(self.mirror, entry, self._pace, self.config().io.drop_cache)
+        finding = check_entry(self.mirror, entry, self._pace, self.config().io.drop_cache and self.local)
         after = stat_safely(self.mirror, entry.path)
         if self.manifest.get(entry.path) != entry or entry.path in self.in_flight() or before != after:
             return  # copied again, retired or changed meanwhile: judged at the next pass
+        if finding is not None and finding.problem == "unreadable" and not self.local:
+            self.log.warning("scrub.failed", path=entry.path, cause=finding.detail)  # (the store did not answer)
+            return
         if finding is None:
             self.damaged.pop(entry.path, None)
             if after is not None and not entry.unchanged(after):

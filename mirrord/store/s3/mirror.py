@@ -468,7 +468,10 @@ class _RangedReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         if self._body is not None:
-            data = self._body.read(len(buffer))
+            try:  # (a connection cut in the body: botocore's error, said as the ranged GETs' are)
+                data = self._body.read(len(buffer))
+            except S3_ERRORS as exc:
+                raise wrap(self._mirror.describe(self._rel), exc, "get") from exc
             if data:
                 buffer[: len(data)] = data
                 return len(data)

@@ -228,23 +228,23 @@ def _parse_central_directory(cd: bytes, entries: int) -> list[_Record]:
 
 
 def _apply_zip64_extra(extra: bytes, usize: int, csize: int, offset: int, name: str) -> tuple[int, int, int]:
-    """Replace the 0xFFFFFFFF placeholders by the 64-bit values of the zip64 extra field."""
+    """Replace the 0xFFFFFFFF placeholders by the 64-bit values of the zip64 extra field, in that order."""
     fields = [usize, csize, offset]
     missing = [i for i, value in enumerate(fields) if value == 0xFFFFFFFF]
     pos = 0
     while missing and pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
-        if tag == 0x0001:
-            values = struct.unpack_from(f"<{length // 8}Q", extra, pos + 4)
-            if len(values) < len(missing):
-                break
-            for i, value in zip(missing, values, strict=False):
-                fields[i] = value
-            return fields[0], fields[1], fields[2]
+        data = extra[pos + 4 : pos + 4 + length]
         pos += 4 + length
+        if len(data) < length:  # a field that claims more bytes than the entry holds
+            break
+        if tag == 0x0001 and length >= 8 * len(missing):
+            for i, (value,) in zip(missing, struct.iter_unpack("<Q", data[: 8 * len(missing)]), strict=True):
+                fields[i] = value
+            missing = []
     if missing:
         raise _BadFileError("unreadable", f"record {name!r} lacks its zip64 sizes")
-    return usize, csize, offset
+    return fields[0], fields[1], fields[2]
 
 
 def _require_torch_layout(records: Sequence[_Record]) -> None:

@@ -227,12 +227,7 @@ def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:
     alive (callers hold the mirror lock, or for a trainer own the path): that one checks by inode before it
     publishes or discards (_still_ours), so once its name is replaced here it touches nothing under it.
     """
-    name = temp_name(final_name)
-    try:
-        return os.open(name, _CREATE_FLAGS, mode, dir_fd=dir_fd)
-    except FileExistsError:
-        os.unlink(name, dir_fd=dir_fd)
-        return os.open(name, _CREATE_FLAGS, mode, dir_fd=dir_fd)
+    return os.open(_clear_temp(dir_fd, final_name), _CREATE_FLAGS, mode, dir_fd=dir_fd)
 
 
 def discard_temp(dir_fd: int, final_name: str, temp_fd: int | None = None) -> None:
@@ -342,7 +337,7 @@ def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple
 
 
 def _clear_temp(dir_fd: int, final_name: str) -> str:
-    """The temp name of `final_name`, a dead writer's file under it removed (we hold the mirror lock)."""
+    """The temp name of `final_name`, a stale file under it removed (see create_temp: whose it can be)."""
     name = temp_name(final_name)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)

@@ -281,16 +281,15 @@ def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
     os.fsync(dir_fd)
 
 
-def exchange(dir_fd: int, a: str, b: str, b_dir_fd: int | None = None) -> bool:
-    """Swap the names `a` (in dir_fd) and `b` (in b_dir_fd, default the same folder) in one step
+def exchange(dir_fd: int, a: str, b: str, b_dir_fd: int) -> bool:
+    """Swap the names `a` (in dir_fd) and `b` (in b_dir_fd) in one step
     (renameat2 RENAME_EXCHANGE): each now names what the other did, and at no instant is either name
     missing. False, with nothing changed, where the kernel or the filesystem cannot (older kernels, some
     network and FUSE filesystems); other errors are raised."""
     import ctypes
 
     libc, machine = ctypes.CDLL(None, use_errno=True), os.uname().machine
-    other = dir_fd if b_dir_fd is None else b_dir_fd
-    args = (dir_fd, os.fsencode(a), other, os.fsencode(b), _RENAME_EXCHANGE)
+    args = (dir_fd, os.fsencode(a), b_dir_fd, os.fsencode(b), _RENAME_EXCHANGE)
     if hasattr(libc, "renameat2"):
         result = libc.renameat2(*args)
     elif machine in _SYS_RENAMEAT2:

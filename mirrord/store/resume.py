@@ -122,11 +122,12 @@ def check_entry(
     try:
         state = store.stat(entry.path)
         if state is not None and state.is_regular and state.size != entry.size:
-            return Finding(entry.path, "size_mismatch", f"{state.size} bytes on the mirror, manifest says {entry.size}")
-        with store.open_read(entry.path) as stream:
-            size, digest = hash_stream(stream, entry.algo, pace)
-            if drop_cache and hasattr(stream, "fileno"):
-                os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            size, digest = state.size, ""  # (a copy of another size is not read)
+        else:
+            with store.open_read(entry.path) as stream:
+                size, digest = hash_stream(stream, entry.algo, pace)
+                if drop_cache and hasattr(stream, "fileno"):
+                    os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     except FileNotFoundError:
         return Finding(entry.path, "missing", "in the manifest but not on the mirror")
     except (OSError, UnsafePathError) as exc:

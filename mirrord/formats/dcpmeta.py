@@ -11,14 +11,13 @@ exactly that); here mirrord.formats.safepickle unpickles with inert stand-ins fo
 bounding how deeply its values nest, so a hostile file can name any callable and none runs.
 
     storage_references(data)   each referenced file -> the size it must have at least (pure)
-    judge(needed, sizes)       (status, detail) given the sizes found (pure)
-    check_folder_in(...)       a folder over any store (its reads given: mirrord.store.resume.dcp_check)
-    check_data_file_in(...)    one .distcp against the .metadata beside it
+    judge(needed, sizes)       (status, detail) given the sizes found (pure; a folder or one .distcp of
+                               it over any store: mirrord.store.resume.dcp_check)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"
@@ -87,38 +86,6 @@ def judge(needed: Mapping[str, int], sizes: Mapping[str, int | None]) -> tuple[s
         if size < needed[name]:
             return "truncated", f"{name} holds {size} bytes; {METADATA_NAME} places data up to byte {needed[name]}"
     return "ok", f"{len(needed)} file(s) referenced by {METADATA_NAME}, each present with its size"
-
-
-# Reading a store: the metadata bytes of a key (MetadataError when they cannot be had), and a key's size
-# (None when it is missing or not a regular file). Local roots and the mirror seam both provide them.
-ReadMetadata = Callable[[str], bytes]
-SizeOf = Callable[[str], int | None]
-
-
-def check_folder_in(read: ReadMetadata, size_of: SizeOf, folder: str) -> tuple[str, str]:
-    """check_folder over any store: `read` gives a key's bytes, `size_of` a key's size."""
-    try:
-        needed = storage_references(read(_join(folder, METADATA_NAME)))
-    except MetadataError as exc:
-        return exc.status, f"{METADATA_NAME}: {exc}"
-    return judge(needed, {name: size_of(_join(folder, name)) for name in needed})
-
-
-def check_data_file_in(read: ReadMetadata, rel: str, size: int) -> tuple[str, str]:
-    """check_data_file over any store (see check_folder_in)."""
-    folder, _, name = rel.rpartition("/")
-    try:
-        needed = storage_references(read(_join(folder, METADATA_NAME)))
-    except MetadataError as exc:
-        return exc.status, f"{METADATA_NAME} beside it: {exc}"
-    if name not in needed:
-        return "unchecked", f"not referenced by the {METADATA_NAME} beside it"
-    status, detail = judge({name: needed[name]}, {name: size})
-    return status, (f"{needed[name]} bytes, as {METADATA_NAME} says" if status == "ok" else detail)
-
-
-def _join(folder: str, name: str) -> str:
-    return f"{folder}/{name}" if folder else name
 
 
 def _safe_rel(rel: str) -> bool:

@@ -227,12 +227,7 @@ def create_temp(dir_fd: int, final_name: str, mode: int = 0o644) -> int:
     alive (callers hold the mirror lock, or for a trainer own the path): that one checks by inode before it
     publishes or discards (_still_ours), so once its name is replaced here it touches nothing under it.
     """
-    name = temp_name(final_name)
-    try:
-        return os.open(name, _CREATE_FLAGS, mode, dir_fd=dir_fd)
-    except FileExistsError:
-        os.unlink(name, dir_fd=dir_fd)
-        return os.open(name, _CREATE_FLAGS, mode, dir_fd=dir_fd)
+    return os.open(_clear_temp(dir_fd, final_name), _CREATE_FLAGS, mode, dir_fd=dir_fd)
 
 
 def discard_temp(dir_fd: int, final_name: str, temp_fd: int | None = None) -> None:
@@ -286,16 +281,15 @@ def publish_new(dir_fd: int, final_name: str, temp_fd: int) -> None:
     os.fsync(dir_fd)
 
 
-def exchange(dir_fd: int, a: str, b: str, b_dir_fd: int | None = None) -> bool:
-    """Swap the names `a` (in dir_fd) and `b` (in b_dir_fd, default the same folder) in one step
+def exchange(dir_fd: int, a: str, b: str, b_dir_fd: int) -> bool:
+    """Swap the names `a` (in dir_fd) and `b` (in b_dir_fd) in one step
     (renameat2 RENAME_EXCHANGE): each now names what the other did, and at no instant is either name
     missing. False, with nothing changed, where the kernel or the filesystem cannot (older kernels, some
     network and FUSE filesystems); other errors are raised."""
     import ctypes
 
     libc, machine = ctypes.CDLL(None, use_errno=True), os.uname().machine
-    other = dir_fd if b_dir_fd is None else b_dir_fd
-    args = (dir_fd, os.fsencode(a), other, os.fsencode(b), _RENAME_EXCHANGE)
+    args = (dir_fd, os.fsencode(a), b_dir_fd, os.fsencode(b), _RENAME_EXCHANGE)
     if hasattr(libc, "renameat2"):
         result = libc.renameat2(*args)
     elif machine in _SYS_RENAMEAT2:
@@ -342,7 +336,7 @@ def publish_link(dir_fd: int, source_name: str, final_name: str, expected: tuple
 
 
 def _clear_temp(dir_fd: int, final_name: str) -> str:
-    """The temp name of `final_name`, a dead writer's file under it removed (we hold the mirror lock)."""
+    """The temp name of `final_name`, a stale file under it removed (see create_temp: whose it can be)."""
     name = temp_name(final_name)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)

@@ -500,17 +500,6 @@ class Manifest:
         if self._store is not None and self._store.journal_records:
             self.compact()
 
-    # -- reading and writing bytes ------------------------------------------------------------------------
-    def to_bytes(self) -> bytes:
-        """The entries as one snapshot document (the pre-journal format: every tool can read it)."""
-        with self._lock:
-            return encode_snapshot(self._entries)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str = MANIFEST_NAME) -> Manifest:
-        """A read-only manifest from snapshot bytes."""
-        return cls(decode_snapshot(data, where)[0])
-
     @classmethod
     def load(cls, root: Path) -> Manifest:
         """Read the manifest of a local mirror root (snapshot + journal), read-only; empty if none yet."""

@@ -33,7 +33,7 @@ from mirrord.layouts import TEMP_SUFFIXES, Layout
 from mirrord.store.hashing import hash_stream
 from mirrord.store.manifest import MANIFEST_NAME, Manifest, upgrade
 from mirrord.store.mirror import ReadableStore, random_access_fd
-from mirrord.store.volume import LocalVolume
+from mirrord.store.volume import LocalVolume, stat_safely
 
 if TYPE_CHECKING:
     from mirrord.formats.validators import Verdict
@@ -122,11 +122,12 @@ def check_entry(
     try:
         state = store.stat(entry.path)
         if state is not None and state.is_regular and state.size != entry.size:
-            return Finding(entry.path, "size_mismatch", f"{state.size} bytes on the mirror, manifest says {entry.size}")
-        with store.open_read(entry.path) as stream:
-            size, digest = hash_stream(stream, entry.algo, pace)
-            if drop_cache and hasattr(stream, "fileno"):
-                os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            size, digest = state.size, ""  # (a copy of another size is not read)
+        else:
+            with store.open_read(entry.path) as stream:
+                size, digest = hash_stream(stream, entry.algo, pace)
+                if drop_cache and hasattr(stream, "fileno"):
+                    os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     except FileNotFoundError:
         return Finding(entry.path, "missing", "in the manifest but not on the mirror")
     except (OSError, UnsafePathError) as exc:
@@ -161,28 +162,26 @@ def dcp_check(store: ReadableStore, key: str, size: int = 0) -> tuple[str, str]:
     from mirrord.formats import dcpmeta
 
     folder, _, name = key.rpartition("/")
-
-    def read(meta: str) -> bytes:
-        try:
-            with store.open_read(meta) as stream:
-                return stream.read(dcpmeta.MAX_METADATA_BYTES + 1)  # storage_references refuses more
-        except FileNotFoundError as exc:
-            raise dcpmeta.MetadataError(
-                "missing: the save did not finish (dcp.save writes it last)", "truncated"
-            ) from exc
-        except OSError as exc:
-            raise dcpmeta.MetadataError(exc.strerror or str(exc), "unreadable") from exc
-
-    def size_of(rel: str) -> int | None:
-        try:
-            state = store.stat(rel)
-        except (OSError, ValueError):
-            return None
-        return state.size if state is not None and state.is_regular else None
-
+    prefix = f"{folder}/" if folder else ""
+    where = dcpmeta.METADATA_NAME + ("" if name == dcpmeta.METADATA_NAME else " beside it")
+    try:
+        with store.open_read(prefix + dcpmeta.METADATA_NAME) as stream:
+            needed = dcpmeta.storage_references(stream.read(dcpmeta.MAX_METADATA_BYTES + 1))  # (it refuses more)
+    except FileNotFoundError:
+        return "truncated", f"{where}: missing: the save did not finish (dcp.save writes it last)"
+    except OSError as exc:
+        return "unreadable", f"{where}: {exc.strerror or exc}"
+    except dcpmeta.MetadataError as exc:
+        return exc.status, f"{where}: {exc}"
     if name == dcpmeta.METADATA_NAME:
-        return dcpmeta.check_folder_in(read, size_of, folder)
-    return dcpmeta.check_data_file_in(read, key, size)
+        states = {rel: stat_safely(store, prefix + rel) for rel in needed}
+        return dcpmeta.judge(
+            needed, {rel: s.size if s is not None and s.is_regular else None for rel, s in states.items()}
+        )
+    if name not in needed:
+        return "unchecked", f"not referenced by the {dcpmeta.METADATA_NAME} beside it"
+    status, detail = dcpmeta.judge({name: needed[name]}, {name: size})
+    return status, (f"{needed[name]} bytes, as {dcpmeta.METADATA_NAME} says" if status == "ok" else detail)
 
 
 def entry_intact(store: ReadableStore, entry: ManifestEntry, verify: bool = False) -> bool:

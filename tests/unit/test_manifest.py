@@ -15,7 +15,7 @@ import pytest
 import mirrord.store.manifest as manifest_module
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import ManifestError, NoSpaceError
-from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest
+from mirrord.store.manifest import MANIFEST_NAME, SCHEMA, SCHEMA_VERSION, Manifest, decode_snapshot, encode_snapshot
 from mirrord.store.volume import LocalMirror
 from tests.support.mirror import names
 
@@ -41,7 +41,7 @@ GOOD = {"size": 1, "hash": {"algo": "blake3", "digest": "ab" * 32}, "source_mtim
 
 def test_json_layout_is_the_documented_schema() -> None:
     """The on-disk format other tools read (see the README): schema, version, entries keyed by path."""
-    data = json.loads(Manifest({"run/step_0010.pt": entry()}).to_bytes())
+    data = json.loads(encode_snapshot({"run/step_0010.pt": entry()}))
     assert data == {
         "schema": "mirrord-manifest",
         "version": 1,
@@ -73,7 +73,7 @@ def test_json_layout_is_the_documented_schema() -> None:
 
 def test_a_manifest_without_the_validation_fields_still_loads() -> None:
     """Entries written before issue 14 lack validation and the copy's stat: they load with defaults."""
-    [loaded] = Manifest.from_bytes(doc({"run/step_0001.pt": GOOD})).entries.values()
+    [loaded] = decode_snapshot(doc({"run/step_0001.pt": GOOD}), "manifest")[0].values()
     assert (loaded.validation, loaded.mirror_ino, loaded.mirror_ctime_ns) == (None, 0, 0)
 
 
@@ -81,12 +81,12 @@ def test_round_trip_keeps_every_field_exactly() -> None:
     """Nanosecond mtimes and sizes beyond 2**53 survive (JSON integers, not floats)."""
     made = (entry(), entry("step_0001.pt", size=2**60, step=None), entry("a/b/c/x.pt", step=0))
     entries = {e.path: e for e in made}
-    assert Manifest.from_bytes(Manifest(entries).to_bytes()).entries == entries
+    assert decode_snapshot(encode_snapshot(entries), "manifest")[0] == entries
 
 
 def test_serialisation_is_deterministic() -> None:
     a, b = entry("b.pt"), entry("a.pt")
-    assert Manifest({"b.pt": a, "a.pt": b}).to_bytes() == Manifest({"a.pt": b, "b.pt": a}).to_bytes()
+    assert encode_snapshot({"b.pt": a, "a.pt": b}) == encode_snapshot({"a.pt": b, "b.pt": a})
 
 
 def test_absent_manifest_is_empty(tmp_path: Path) -> None:
@@ -300,7 +300,7 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, monkeypa
     assert Manifest.load(tmp_path).entries == manifest.entries
     manifest.close()
     snapshot = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
-    assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == manifest.entries
+    assert decode_snapshot((tmp_path / MANIFEST_NAME).read_bytes(), "manifest")[0] == manifest.entries
     journal = (tmp_path / journals(tmp_path)[0]).read_bytes()
     assert len(journal.splitlines()) == 1  # the header of an empty journal
     assert Manifest.open(tmp_path).entries == manifest.entries
@@ -331,7 +331,7 @@ def test_changes_go_on_while_a_compaction_writes_the_snapshot(tmp_path: Path, mo
     release.set()
     manifest.close()
     snapshot = (tmp_path / MANIFEST_NAME).read_bytes()
-    assert len(Manifest.from_bytes(snapshot)) == 8
+    assert len(decode_snapshot(snapshot, "manifest")[0]) == 8
     assert journals(tmp_path) == [f".mirrord-manifest.journal.{json.loads(snapshot)['journal']}"]
 
 
@@ -360,11 +360,11 @@ def test_a_manifest_with_an_earlier_releases_binary_companion_loads_from_its_jso
 
 def test_unknown_entry_fields_are_ignored_and_every_dataclass_field_is_stored() -> None:
     """Entries are encoded field by field, so a newer writer's extra fields do not break this reader."""
-    data = Manifest.from_bytes(doc({"a.pt": {**GOOD, "ino_from_the_future": 7}})).entries
+    data = decode_snapshot(doc({"a.pt": {**GOOD, "ino_from_the_future": 7}}), "manifest")[0]
     assert data["a.pt"].size == 1
     # (mirror_mtime_ns is written only where the mirror stored another mtime than the source's)
     clamped = dataclasses.replace(entry("a.pt"), mirror_mtime_ns=2_147_483_647 * 10**9)
-    stored = json.loads(Manifest({"a.pt": clamped}).to_bytes())["entries"]["a.pt"]
+    stored = json.loads(encode_snapshot({"a.pt": clamped}))["entries"]["a.pt"]
     # (node is written only on a mirror several nodes share, unit for a folder's member, role beside checkpoints)
     unwritten = {"path", "algo", "digest", "node", "unit", "role"}
     assert set(stored) == {f.name for f in dataclasses.fields(ManifestEntry)} - unwritten | {"hash"}
@@ -405,8 +405,8 @@ def test_every_field_survives_a_save_and_a_load(tmp_path: Path) -> None:
     assert set(values) | {"path"} == {f.name for f in dataclasses.fields(ManifestEntry)}
     full = ManifestEntry("r/a.pt", **values)  # type: ignore[arg-type]
     odd = dataclasses.replace(full, path="r/b.pt", digest="0A" * 32, validation="from-the-future")
-    (tmp_path / MANIFEST_NAME).write_bytes(Manifest({"r/a.pt": full, "r/b.pt": odd}).to_bytes())
+    (tmp_path / MANIFEST_NAME).write_bytes(encode_snapshot({"r/a.pt": full, "r/b.pt": odd}))
     loaded = Manifest.load(tmp_path)
     assert loaded.entries == {"r/a.pt": full, "r/b.pt": odd}
     assert loaded.get("r/a.pt") == full and loaded.get("r/b.pt") == odd and loaded.get("r/c.pt") is None
-    assert Manifest.from_bytes((tmp_path / MANIFEST_NAME).read_bytes()).entries == {"r/a.pt": full, "r/b.pt": odd}
+    assert decode_snapshot((tmp_path / MANIFEST_NAME).read_bytes(), "manifest")[0] == {"r/a.pt": full, "r/b.pt": odd}

@@ -298,6 +298,17 @@ def test_zip64_central_directory_is_understood(tmp_path: Path) -> None:
     assert "'archive/data/0'" in result.detail
 
 
+def test_a_zip64_field_longer_than_its_entry_is_unreadable_not_a_crash(tmp_path: Path) -> None:
+    """A zip64 extra field that claims more bytes than the directory entry holds is a damaged directory."""
+    path = tmp_path / "big.pt"
+    raw = _zip64_archive({"archive/data.pkl": pickle.dumps({"w": 1})})
+    field = struct.pack("<HH", 1, 24)
+    path.write_bytes(raw.replace(field, struct.pack("<HH", 1, 240)))
+    result = check_torch_zip(path)
+    assert result.status == "unreadable"
+    assert "zip64" in result.detail
+
+
 def test_records_longer_than_a_piece_verify(monkeypatch: pytest.MonkeyPatch, checkpoint: Path) -> None:
     """Records longer than a piece are checksummed piece by piece into one CRC."""
     monkeypatch.setattr(zipcheck, "PIECE_BYTES", 1000)

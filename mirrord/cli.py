@@ -573,8 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         cmd_run,
         "Run the daemon: watch the primary, mirror every committed checkpoint, prune old "
-        "ones, drill each run's newest checkpoint once the copies are done and daily ([drill]), re-read a local "
-        "mirror against its hashes weekly ([scrub]), serve /metrics "
+        "ones, drill each run's newest checkpoint once the copies are done and daily ([drill]), re-read the "
+        "mirror against its hashes weekly ([scrub]; a bucket only with scrub.s3), serve /metrics "
         "/healthz /readyz /status. SIGTERM/SIGINT stop it cleanly (a second one aborts "
         "copies under way), SIGHUP reloads the config. On a terminal it first prints the retention in force, "
         "its endpoints and the command that shows its status. A primary root that does not exist yet is "

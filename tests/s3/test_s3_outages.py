@@ -43,7 +43,7 @@ def test_a_checkpoint_committed_while_the_endpoint_is_down_is_mirrored_once_it_i
         env=s3_env,
         settings={
             "mirror": url,
-            "s3": _settings(seaweed, lease_seconds=60, timeout_seconds=3, max_attempts=2),
+            "s3": _settings(seaweed, lease_seconds=20, timeout_seconds=3, max_attempts=2),
             "copy": {"max_attempts": 2, "retry_backoff_seconds": 0.1, "retry_backoff_max_seconds": 1},
             "watch": {"rescan_interval_seconds": 2},
         },

@@ -83,3 +83,43 @@ def test_the_daemon_drills_each_runs_newest_checkpoint_once_mirrored(
     daemon.send(signal.SIGHUP)
     wait_for(lambda: not prometheus.query('ALERTS{alertname="MirrordDrillFailing"}'), 60, "the alert resolved")
     wait_for(lambda: len(daemon.events("drill.passed", run="good")) == 2, DRILL_SECONDS, "good drilled again")
+
+
+def test_a_restarted_daemon_remembers_what_each_runs_drill_found(tmp_path: Path, daemon_factory: Any) -> None:
+    """The drills' findings are kept on the mirror (.mirrord-drills.json): a restarted daemon exports each run's
+    last success and last failure at once, and drills neither unit again within the interval; a newer unit of
+    `good` is drilled (before `bad`, had `bad`'s failure been forgotten: a run never drilled goes first). A state
+    the daemon cannot read is said, naming it, and forgotten."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    (primary / "bad").mkdir()
+    torch.save({"step": 20, "trainer": Custom()}, primary / "bad" / "step_20.pt")
+    save_checkpoint(primary / "good" / "step_10.pt", 10)
+    settings = {"layout": "torch", "drill": {"interval_hours": 24}}
+    first = daemon_factory(settings).start()
+    first.wait_event("drill.failed", DRILL_SECONDS, run="bad")
+    first.wait_event("drill.passed", DRILL_SECONDS, run="good")
+    exported = {
+        name: first.metric(f"mirrord_drill_last_{name}_timestamp_seconds", f'run="{run}"')
+        for name, run in (("success", "good"), ("failure", "bad"))
+    }
+    assert first.stop() == 0
+    assert (mirror / ".mirrord-drills.json").is_file()
+
+    second = daemon_factory(settings).start()
+    assert second.metric("mirrord_drill_last_success_timestamp_seconds", 'run="good"') == exported["success"]
+    assert second.metric("mirrord_drill_last_failure_timestamp_seconds", 'run="bad"') == exported["failure"]
+    assert second.metric("mirrord_drill_last_success_timestamp_seconds", 'run="bad"') is None
+    status = run_mirrord("status", "--config", second.config_path)
+    assert f"drill bad: FAILED {mirror / 'bad/step_20.pt'}: UnpicklingError" in status.stdout, status.stdout
+    publish_checkpoint(primary / "good" / "step_30.pt", 30)
+    second.wait_event("drill.passed", DRILL_SECONDS, run="good", path="good/step_30.pt")
+    assert [(e["run"], e["path"]) for e in second.events("drill.passed") + second.events("drill.failed")] == [
+        ("good", "good/step_30.pt")
+    ]
+
+    assert second.stop() == 0
+    (mirror / ".mirrord-drills.json").write_text('{"runs": {"good": {"at": "yesterday"}}}')
+    third = daemon_factory(settings).start()
+    said = third.wait_event("drill.state_unreadable")
+    assert said["path"] == str(mirror / ".mirrord-drills.json") and "'unit'" in said["cause"], said
+    third.wait_event("drill.passed", DRILL_SECONDS, run="good", path="good/step_30.pt")  # forgotten: drilled again

@@ -344,6 +344,7 @@ class Daemon:
         deadline = self.clock.monotonic() + cfg.daemon.shutdown_grace_seconds
         self.watch.close()
         self.scrubber.stop()
+        self.drills.stop()
         if self.supervisor.ready and not self._stopped_by_supervisor:
             self._drain(deadline)
         if not self.pool.stop(

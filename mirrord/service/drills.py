@@ -18,8 +18,9 @@ from mirrord.config import Config
 from mirrord.errors import MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
+from mirrord.service.workers import lower_priority
 from mirrord.store.atomic import STAGING_AREA
-from mirrord.store.drill import drill
+from mirrord.store.drill import Halt, StoppedError, drill
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
 from mirrord.store.resume import Candidate, recorded_candidates
@@ -64,6 +65,7 @@ class Drills:
         self.mirror, self.manifest, self.metrics, self.wall, self.done = mirror, manifest, metrics, wall, done
         self.log = get_logger()
         self._thread: threading.Thread | None = None
+        self._halt = Halt()
         # (manifest seq, the oldest last drill's start): nothing is due before an interval after it, unless a unit
         # is recorded meanwhile; the interval is read at each look (a reload may change it)
         self._quiet = (-1, 0.0)
@@ -132,10 +134,22 @@ class Drills:
         )
         self._thread.start()
 
+    def stop(self) -> None:
+        """The daemon is stopping: the drill under way ends now (its loader killed, its scratch copy removed) and
+        records nothing; a restore stuck on a hung mount is not waited for (a daemon thread)."""
+        self._halt.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
     def _drill(self, config: Config, run: str, units: list[Candidate]) -> None:
+        # Its reads at the copies' priority; the loader started from this thread inherits it (nice, ionice and
+        # the scheduling policy are the calling thread's, and a child's start with them).
+        lower_priority(config.io.ionice, config.io.cpu_nice, config.io.cpu_policy)
         started, loads, last = self.wall(), find_spec("torch") is not None, self.last.get(run)
         try:
-            found = drill(self.mirror, config.rules, run, loads, units, within=STAGING_AREA)
+            found = drill(self.mirror, config.rules, run, loads, units, STAGING_AREA, self._halt)
+        except StoppedError:
+            return
         except Exception as exc:  # nothing to restore any more, no room for the scratch folder, ...: a finding, and
             # remembered as any other (a drill that ends without a record would be started again at once)
             found = {"file": self.mirror.describe(units[0].key), "error": str(exc)}

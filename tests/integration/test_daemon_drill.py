@@ -5,6 +5,9 @@ real Prometheus scraping it fires MirrordDrillFailing for the failing run, and r
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import signal
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,16 @@ from tests.support.cli import run_mirrord
 from tests.support.wait import wait_for
 
 DRILL_SECONDS = 120  # a loader that imports torch on a loaded machine
+# A sitecustomize that holds the drill's loader (not the daemon) once started: its pid in $DRILL_STARTED, then it
+# opens the FIFO $DRILL_GATE, which no one ever opens for writing.
+HOLD_LOADER = """
+import os, sys
+if "mirrord.formats.loader" in sys.orig_argv:
+    open(os.environ["DRILL_STARTED"] + ".part", "w").write(str(os.getpid()))
+    os.replace(os.environ["DRILL_STARTED"] + ".part", os.environ["DRILL_STARTED"])
+    open(os.environ["DRILL_GATE"]).read()
+"""
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
 
 
 class Custom:
@@ -123,3 +136,39 @@ def test_a_restarted_daemon_remembers_what_each_runs_drill_found(tmp_path: Path,
     said = third.wait_event("drill.state_unreadable")
     assert said["path"] == str(mirror / ".mirrord-drills.json") and "'unit'" in said["cause"], said
     third.wait_event("drill.passed", DRILL_SECONDS, run="good", path="good/step_30.pt")  # forgotten: drilled again
+
+
+def test_the_drill_runs_at_the_copies_priority_and_a_stop_kills_its_loader(tmp_path: Path, daemon_factory: Any) -> None:
+    """The drill's loader (held on a FIFO) runs at the copies' [io] priority: nice 10, SCHED_IDLE, I/O class idle
+    (what the drill's thread took, and the loader inherits); SIGTERM then stops the daemon at once, with the
+    loader gone and no scratch copy left, and no drill recorded (neither failed nor passed)."""
+    if platform.machine() not in IOPRIO_GET:
+        pytest.skip(f"ioprio_get's syscall number on {platform.machine()} is not known here")
+    primary, mirror, shim = tmp_path / "primary", tmp_path / "mirror", tmp_path / "hold"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(HOLD_LOADER)
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    os.mkfifo(gate)
+    save_checkpoint(primary / "run" / "step_10.pt", 10)
+    env = {
+        "PYTHONPATH": f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "DRILL_STARTED": str(started),
+        "DRILL_GATE": str(gate),
+    }
+    io = {"ionice": "idle", "cpu_nice": 10, "cpu_policy": "idle"}
+    daemon = daemon_factory({"layout": "torch", "drill": {"interval_hours": 24}, "io": io}, env=env).start()
+    wait_for(started.exists, DRILL_SECONDS, "the drill's loader started")
+    loader = int(started.read_text())
+    fields = Path(f"/proc/{loader}/stat").read_text().rsplit(")", 1)[1].split()
+    assert (int(fields[16]), int(fields[38])) == (10, os.SCHED_IDLE)  # nice, policy (stat fields 19 and 41)
+    ioprio = ctypes.CDLL(None, use_errno=True).syscall(IOPRIO_GET[platform.machine()], 1, loader)
+    assert ioprio >> 13 == 3, ioprio  # IOPRIO_CLASS_IDLE
+    scratch = mirror / ".mirrord-staging"
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(".mirrord-drill-")]
+
+    assert daemon.stop(timeout=60) == 0  # (its shutdown grace is 5 s: the loader's 1800 s bound is not waited for)
+    with pytest.raises(ProcessLookupError):
+        os.kill(loader, 0)
+    assert list(scratch.iterdir()) == []
+    assert daemon.events("drill.failed") == daemon.events("drill.passed") == []
+    assert not (mirror / ".mirrord-drills.json").exists()

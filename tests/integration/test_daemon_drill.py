@@ -6,16 +6,19 @@ real Prometheus scraping it fires MirrordDrillFailing for the failing run, and r
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
+import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.integration.test_prometheus_e2e import PrometheusServer
+from tests.integration.test_prometheus_e2e import ALERT_RULES, PrometheusServer
 from tests.support.checkpoints import publish_checkpoint, save_checkpoint
 from tests.support.cli import run_mirrord
 from tests.support.wait import wait_for
@@ -172,3 +175,42 @@ def test_the_drill_runs_at_the_copies_priority_and_a_stop_kills_its_loader(tmp_p
     assert list(scratch.iterdir()) == []
     assert daemon.events("drill.failed") == daemon.events("drill.passed") == []
     assert not (mirror / ".mirrord-drills.json").exists()
+
+
+def test_a_drill_that_passed_two_days_ago_fires_mirrord_drill_stale_until_one_passes(
+    tmp_path: Path, daemon_factory: Any, request: pytest.FixtureRequest
+) -> None:
+    """A daemon drills run `exp` and keeps the pass on the mirror, whose time the test then moves 49 h back; a
+    daemon restarted with drills off exports that pass at once, and a real Prometheus loading the shipped
+    MirrordDrillStale fires it for `exp`; drills turned on by a reload drill `exp` again (its last drill is older
+    than the interval), and the alert resolves."""
+    save_checkpoint(tmp_path / "primary" / "exp" / "step_10.pt", 10)
+    settings = {"layout": "torch", "drill": {"interval_hours": 24}}
+    first = daemon_factory(settings).start()
+    first.wait_event("drill.passed", DRILL_SECONDS, run="exp")
+    assert first.stop() == 0
+    state = tmp_path / "mirror" / ".mirrord-drills.json"
+    kept = json.loads(state.read_text())
+    for name in ("at", "ok_at"):  # as if that drill had passed 49 h ago: its times moved, the rest the daemon's
+        kept["runs"]["exp"][name] -= 49 * 3600
+    state.write_text(json.dumps(kept))
+
+    settings["drill"]["interval_hours"] = 0
+    daemon = daemon_factory(settings).start()
+    passed = daemon.metric("mirrord_drill_last_success_timestamp_seconds", 'run="exp"')
+    assert passed is not None and 48 * 3600 < time.time() - passed < 50 * 3600, passed
+    # The shipped rules with only their `for:` durations set to 0s: the test cannot wait MirrordDrillStale's 10 min
+    # (tests/integration/data/alerts_test.yml checks the `for:` with promtool).
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(re.sub(r"(?m)^(\s+for:) .*$", r"\1 0s", ALERT_RULES.read_text()))
+    prometheus = PrometheusServer(tmp_path / "prometheus", [f"127.0.0.1:{daemon.port}"], rules=rules)
+    request.addfinalizer(prometheus.stop)
+    [(alert, _)] = prometheus.wait_query('ALERTS{alertname="MirrordDrillStale", alertstate="firing"}', timeout=60)
+    assert alert["run"] == "exp"
+    assert daemon.events("drill.passed") == daemon.events("drill.failed") == []  # drills off
+
+    daemon.settings["drill"]["interval_hours"] = 24
+    daemon.write_config()
+    daemon.send(signal.SIGHUP)
+    daemon.wait_event("drill.passed", DRILL_SECONDS, run="exp")
+    wait_for(lambda: not prometheus.query('ALERTS{alertname="MirrordDrillStale"}'), 60, "MirrordDrillStale resolved")

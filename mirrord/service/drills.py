@@ -46,14 +46,9 @@ def _unit(candidate: Candidate) -> tuple[tuple[str, str], ...]:
 
 def _decode(raw: dict[str, Any]) -> Drilled:
     """Raises ValueError/KeyError/TypeError for anything that is not a drill as _save wrote it."""
-
-    def when(name: str) -> float | None:
-        return None if raw[name] is None else float(raw[name])
-
-    unit = tuple((str(path), str(digest)) for path, digest in raw["unit"])
-    return Drilled(
-        unit, float(raw["at"]), None if raw["error"] is None else str(raw["error"]), when("ok_at"), when("failed_at")
-    )
+    ok_at, failed_at = (None if raw[k] is None else float(raw[k]) for k in ("ok_at", "failed_at"))
+    error = None if raw["error"] is None else str(raw["error"])
+    return Drilled(tuple((str(p), str(d)) for p, d in raw["unit"]), float(raw["at"]), error, ok_at, failed_at)
 
 
 class Drills:

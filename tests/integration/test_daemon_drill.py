@@ -134,10 +134,11 @@ def test_a_restarted_daemon_remembers_what_each_runs_drill_found(tmp_path: Path,
     ]
 
     assert second.stop() == 0
-    (mirror / ".mirrord-drills.json").write_text('{"runs": {"good": {"at": "yesterday"}}}')
+    kept = '{"runs": {"good": {"unit": [], "at": "yesterday", "error": null, "ok_at": null, "failed_at": null}}}'
+    (mirror / ".mirrord-drills.json").write_text(kept)
     third = daemon_factory(settings).start()
     said = third.wait_event("drill.state_unreadable")
-    assert said["path"] == str(mirror / ".mirrord-drills.json") and "'unit'" in said["cause"], said
+    assert said["path"] == str(mirror / ".mirrord-drills.json") and "'yesterday'" in said["cause"], said
     third.wait_event("drill.passed", DRILL_SECONDS, run="good", path="good/step_30.pt")  # forgotten: drilled again
 
 

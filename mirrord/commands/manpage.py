@@ -28,6 +28,7 @@ EXIT_STATUS = (
 FILES = (
     (".mirrord-manifest.json", "at the mirror root: size and content hash of every mirrored checkpoint"),
     (".mirrord.lock", "at the mirror root: one mirrord per mirror"),
+    (".mirrord-drills.json", "at the mirror root: what each run's last drill found (the daemon's [drill])"),
 )
 # Sections after COMMANDS: title, font of the names (B bold, I italic), (name, text) items.
 TAIL = (("ENVIRONMENT", "B", ENVIRONMENT), ("EXIT STATUS", "B", EXIT_STATUS), ("FILES", "I", FILES))

@@ -271,7 +271,9 @@ class Daemon:
             self.reconciler.work()
         except TransientError as exc:  # a storage blip on any path: said, and the next rescan tries again
             self.log.error("daemon.storage_unavailable", path=exc.path, cause=exc.cause, action="retry at next rescan")
-        busy = self.reconciler.unsettled or self.queue.depth() or self.pool.active_controls()
+        # (a path stays the queue's until its copy is recorded: the manifest's last_seq, which the drill reads, is
+        # given before a record lands)
+        busy = self.reconciler.unsettled or self.queue.paths()
         self.drills.start_due(self.settings.config, idle=not busy and not self.refusals.blocked)
         self.supervisor.beat_if_due()
 
@@ -344,6 +346,7 @@ class Daemon:
         deadline = self.clock.monotonic() + cfg.daemon.shutdown_grace_seconds
         self.watch.close()
         self.scrubber.stop()
+        self.drills.stop()
         if self.supervisor.ready and not self._stopped_by_supervisor:
             self._drain(deadline)
         if not self.pool.stop(

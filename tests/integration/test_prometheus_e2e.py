@@ -34,7 +34,13 @@ SCRAPE_SECONDS = 1
 class PrometheusServer:
     """One Prometheus process scraping `targets` as job "mirrord" (the name the alert rules expect)."""
 
-    def __init__(self, workdir: Path, targets: list[str], scrape_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        scrape_config: dict[str, Any] | None = None,
+        rules: Path = ALERT_RULES,
+    ) -> None:
         binary = shutil.which("prometheus")
         assert binary, "prometheus not found: apt-get install prometheus (done by .ci/run)"
         self.port = free_port()
@@ -51,7 +57,7 @@ class PrometheusServer:
                         "scrape_timeout": f"{SCRAPE_SECONDS}s",
                         "evaluation_interval": f"{SCRAPE_SECONDS}s",
                     },
-                    "rule_files": [str(ALERT_RULES)],
+                    "rule_files": [str(rules)],
                     "scrape_configs": [
                         {"job_name": "mirrord", **(scrape_config or {}), "static_configs": [{"targets": targets}]}
                     ],

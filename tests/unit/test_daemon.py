@@ -22,6 +22,7 @@ from mirrord.core.retention import PruneRequest
 from mirrord.errors import MirrordError, NoSpaceError
 from mirrord.service.clock import Clock
 from mirrord.service.daemon import Daemon, Volumes
+from mirrord.service.engine import Engine
 from mirrord.service.hints import TURN_SECONDS, one_turn
 from mirrord.service.inbox import MAX_HINTS
 from mirrord.service.ledger import RECOPY_LIMIT
@@ -671,3 +672,32 @@ def test_per_path_memory_is_dropped_when_the_path_is_gone(harness, primary, mirr
         sizes.append(len(tracker._seen) + len(tracker._committed) + len(h.daemon.ledger._recopies))
     assert (mirror / "run" / "step_11.pt").exists()
     assert max(sizes) <= 2, sizes  # the newest name (and the one rotated away since the last listing)
+
+
+def test_a_copy_waiting_for_its_commit_keeps_the_drill_waiting_then_its_unit_is_drilled(
+    harness, primary, logs, monkeypatch
+) -> None:
+    """A copy staged and waiting for its commit has its seq (ManifestEntry.seq) but no record yet: a turn then is not
+    idle, so the drill does not judge the runs without it (nor set them aside until the manifest's seq moves, which
+    its record landing does not do); once it is recorded the next turn drills its unit."""
+    committing, release = threading.Event(), threading.Event()
+    commit = Engine.commit
+
+    def held(engine: Engine, batch: Any) -> Any:
+        committing.set()
+        release.wait(120)
+        return commit(engine, batch)
+
+    monkeypatch.setattr(Engine, "commit", held)
+    h = harness(drill={"interval_hours": 24})
+    h.daemon.start()
+    save_checkpoint(primary / REL, 7)
+    h.hint(REL)
+    h.daemon.tick(wait=False)
+    assert committing.wait(60), "the copy staged"
+    h.daemon.tick(wait=False)
+    release.set()
+    wait_for(lambda: not h.daemon.queue.paths(), 60, "the copy recorded")
+    assert REL in h.daemon.manifest.entries
+    h.daemon.tick(wait=False)
+    wait_for(lambda: events(logs, "drill.passed"), 120, "the unit drilled")

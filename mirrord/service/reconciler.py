@@ -1,23 +1,48 @@
 """The daemon's side of planning: list both volumes (or stat the files watch hints name), plan, and
 hand the plan to the queue, the ledger and retention. Snapshots are the truth; hints only make it sooner.
 Each full reconcile plans afresh from two new listings: nothing is carried from one turn to the next but
-the log-once records and what the ledger and the settle tracker hold."""
+the log-once records and what the ledger and the settle tracker hold, and the mirror's last listing, which the
+prune passes between reconciles plan from (with this daemon's own changes since) instead of listing it again."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from mirrord.core.branches import lying_after_ns, run_rollbacks
-from mirrord.core.model import Snapshot
-from mirrord.core.retention import PrunePlan
+from mirrord.core.model import VERSIONS, FileState, ManifestEntry, Snapshot
+from mirrord.core.nodes import foreign
+from mirrord.core.retention import MIRROR, PrunePlan
 from mirrord.core.units import naming_warnings
 from mirrord.errors import MirrordError
 from mirrord.obs.metrics import Metrics
 from mirrord.service.hints import Hints
+from mirrord.service.pruner import VANISHED, PruneReport
 from mirrord.service.refusals import IDENTITY, LISTING
 from mirrord.store.aliases import alias_links
 from mirrord.vocabulary import Veto
+
+# Past this many records changed since the mirror was listed (a burst of copies, another writer's records), a
+# new listing is cheaper than a stat of each (on an object store a LIST page holds 1,000 keys).
+RESTAT_MAX = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """The mirror as a complete listing saw it and as this daemon changed it since: its files and versions, and
+    the manifest they match (a record changed since is a copy or a deletion made since: its file is stat'ed)."""
+
+    files: dict[str, FileState]  # never changed once made: the observations keep the listing's own map
+    versions: dict[str, FileState]
+    entries: Mapping[str, ManifestEntry]
+
+    def without(self, gone: set[str]) -> Listed:
+        """This view once `gone` (files and their records) were deleted by this daemon."""
+        return Listed(
+            {rel: state for rel, state in self.files.items() if rel not in gone},
+            {rel: state for rel, state in self.versions.items() if rel not in gone},
+            {rel: e for rel, e in self.entries.items() if rel not in gone},
+        )
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -34,6 +59,7 @@ class Reconciler(Hints):
         super().__post_init__()
         self._rollbacks_logged: set[str] = set()  # runs whose rollback was logged: once per daemon run
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
+        self._listed: Listed | None = None  # the mirror's view for prune passes; None: list it again
 
     # -- scheduling -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -85,6 +111,7 @@ class Reconciler(Hints):
     def reconcile(self) -> None:
         """List both volumes, prune, and queue what the mirror lacks (nothing while the mirror is refused)."""
         started = self.monotonic()
+        self._listed = None  # (kept again below once this listing is complete and not refused)
         self.refusals.missed = False  # (set again below if a refusal still drops this listing's jobs)
         problem = self.mirror.identity_problem()
         self.refusals.refuse(IDENTITY, problem)
@@ -125,6 +152,7 @@ class Reconciler(Hints):
             return
         self._log_rollbacks(psnap, view.prune)
         self._warn_naming(psnap)
+        self._keep(msnap, entries)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
         queued = self.enqueue(view, psnap)
@@ -185,24 +213,80 @@ class Reconciler(Hints):
                 )
 
     def prune(self, plan: PrunePlan | None = None) -> None:
-        """One retention pass: from `plan` (a reconcile's), else from fresh listings of both volumes (the
-        pruner lists them, after the manifest took in what other nodes recorded); a stop request ends it
-        between deletions."""
+        """One retention pass: from `plan` (a reconcile's), else from a fresh listing of the primary and the
+        mirror as last listed plus this daemon's changes since (listed again, after the manifest took in what
+        other nodes recorded, when that view is not to be trusted); a stop request ends it between deletions."""
         pruner = self.settings().pruner
         if pruner is None or self.refusals.blocked:
             return
+        psnap = msnap = None
         if plan is None:
-            self._refresh_manifest()
+            msnap = self._mirror_view()
+            if msnap is None:
+                self._refresh_manifest()
+                entries = self.manifest.entries  # (read before the listing: see reconcile)
+                msnap = self.mirror.snapshot(self.config.patterns, self.config.rules)
+                self._keep(msnap, entries)
+            psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
         try:
-            report = pruner.run_cycle(plan=plan, keep_going=self._between_deletions)
+            # (stale uploads are swept by the reconciles' passes: listing them is a LIST request too)
+            report = pruner.run_cycle(
+                psnap, msnap, plan=plan, keep_going=self._between_deletions, sweep=plan is not None
+            )
         except MirrordError as exc:
+            self._listed = None
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
             return
+        self._deleted(report)
         if Veto.RECENTLY_SEEN in report.skips_by_reason():
             # Observations mature min_age_seconds after they start: look again then (the observation
             # clock is monotonic, so this never hastens a deletion; a later rescan also covers it).
             due = self.monotonic() + self.config.prune.min_age_seconds
             self.inbox.prune_when(due)
+
+    def _keep(self, msnap: Snapshot | None, entries: Mapping[str, ManifestEntry]) -> None:
+        """Keep a complete listing of the mirror for the prune passes until the next reconcile; not when other
+        nodes write under the prefix too (what they upload meanwhile is only seen by listing it)."""
+        shared = self.config.s3.units_span_nodes or any(foreign(e, self.mirror.node) for e in entries.values())
+        complete = msnap is not None and msnap.complete and not shared
+        self._listed = Listed(msnap.files, msnap.versions, entries) if complete and msnap else None
+
+    def _mirror_view(self) -> Snapshot | None:
+        """The mirror as last listed, brought up to date with the records changed since (a copy recorded, a
+        record dropped by make_room): each of their files stat'ed; None when a listing is due instead."""
+        listed = self._listed
+        if listed is None:
+            return None
+        entries = self.manifest.entries
+        changed = {rel for rel, e in entries.items() if listed.entries.get(rel) is not e}
+        changed.update(rel for rel in listed.entries if rel not in entries)
+        if len(changed) > RESTAT_MAX:
+            return None
+        files, versions = dict(listed.files), dict(listed.versions)
+        for rel in changed:
+            try:
+                state = self.mirror.stat(rel)
+            except (OSError, MirrordError):
+                return None  # (unknown is not gone: listed again)
+            side = versions if rel.startswith(VERSIONS + "/") else files
+            if state is not None and state.is_regular:
+                side[rel] = state
+            else:
+                side.pop(rel, None)
+        self._listed = Listed(files, versions, entries)
+        return Snapshot(files, versions=versions)
+
+    def _deleted(self, report: PruneReport) -> None:
+        """The mirror's view without what the pass deleted; dropped when the mirror was not as the view said (a
+        file changed or gone behind the daemon's back) or the pass failed: the next pass lists it again."""
+        listed = self._listed
+        if listed is None or report.dry_run:
+            return
+        vanished = any(s.volume == MIRROR and s.reason == VANISHED for s in report.skipped)
+        if vanished or report.changed or not report.ok:
+            self._listed = None
+            return
+        self._listed = listed.without({d.rel for d in report.deleted if d.volume == MIRROR})
 
     def _refresh_manifest(self) -> None:
         """Take in what other nodes recorded under a shared prefix (Manifest.refresh) before a plan."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from mirrord.core.branches import lying_after_ns, run_rollbacks
 from mirrord.core.model import VERSIONS, FileState, ManifestEntry, Snapshot
 from mirrord.core.nodes import foreign
-from mirrord.core.retention import MIRROR, PrunePlan
+from mirrord.core.retention import KEEP_LAST, MIRROR, PrunePlan
 from mirrord.core.units import naming_warnings
 from mirrord.errors import MirrordError
 from mirrord.obs.metrics import Metrics
@@ -219,20 +219,24 @@ class Reconciler(Hints):
         pruner = self.settings().pruner
         if pruner is None or self.refusals.blocked:
             return
-        psnap = msnap = None
-        if plan is None:
-            msnap = self._mirror_view()
-            if msnap is None:
-                self._refresh_manifest()
-                entries = self.manifest.entries  # (read before the listing: see reconcile)
-                msnap = self.mirror.snapshot(self.config.patterns, self.config.rules)
-                self._keep(msnap, entries)
-            psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
+        reconciled, psnap, msnap = plan is not None, None, None
         try:
+            if plan is None:
+                psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
+                viewed = self._mirror_view()
+                if viewed is None:
+                    self._refresh_manifest()  # (a view is only kept of a prefix no other node writes)
+                else:
+                    msnap, fresh = viewed
+                    plan = pruner.plan(psnap, msnap)
+                    if plan.deletions and not self._as_viewed(plan, msnap, fresh):
+                        plan = None
+                if plan is None:
+                    entries = self.manifest.entries  # (read before the listing: see reconcile)
+                    msnap = self.mirror.snapshot(self.config.patterns, self.config.rules)
+                    self._keep(msnap, entries)
             # (stale uploads are swept by the reconciles' passes: listing them is a LIST request too)
-            report = pruner.run_cycle(
-                psnap, msnap, plan=plan, keep_going=self._between_deletions, sweep=plan is not None
-            )
+            report = pruner.run_cycle(psnap, msnap, plan=plan, keep_going=self._between_deletions, sweep=reconciled)
         except MirrordError as exc:
             self._listed = None
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
@@ -251,9 +255,31 @@ class Reconciler(Hints):
         complete = msnap is not None and msnap.complete and not shared
         self._listed = Listed(msnap.files, msnap.versions, entries) if complete and msnap else None
 
-    def _mirror_view(self) -> Snapshot | None:
+    def _as_viewed(self, plan: PrunePlan, msnap: Snapshot, fresh: set[str]) -> bool:
+        """Before a pass deletes on the strength of the view: the copies its decision rests on (each run's newest
+        verified one, which the guards keep as the only good copy, and the keep_last newest verified ones, which
+        retire the older) are still as the view says: stat'ed unless they just were (past RESTAT_MAX of them, a
+        listing is cheaper). One deleted or replaced behind the daemon's back drops the view: the pass plans from
+        a new listing, never from what a stale view says of it."""
+        kept = {k.rel for k in plan.kept if k.volume == MIRROR and k.why == KEEP_LAST}
+        evidence = (kept | plan.newest) & msnap.files.keys() - fresh
+        stale = len(evidence) > RESTAT_MAX
+        for rel in () if stale else evidence:
+            try:
+                state = self.mirror.stat(rel)
+            except (OSError, MirrordError):
+                state = None
+            if stale := state is None or state.identity != msnap.files[rel].identity:
+                self.log.info("prune.relisting", path=rel, why="not as last listed")
+                break
+        if stale:
+            self._listed = None
+        return not stale
+
+    def _mirror_view(self) -> tuple[Snapshot, set[str]] | None:
         """The mirror as last listed, brought up to date with the records changed since (a copy recorded, a
-        record dropped by make_room): each of their files stat'ed; None when a listing is due instead."""
+        record dropped by make_room): each of their files stat'ed (returned with the view); None when a
+        listing is due instead."""
         listed = self._listed
         if listed is None:
             return None
@@ -274,7 +300,7 @@ class Reconciler(Hints):
             else:
                 side.pop(rel, None)
         self._listed = Listed(files, versions, entries)
-        return Snapshot(files, versions=versions)
+        return Snapshot(files, versions=versions), changed
 
     def _deleted(self, report: PruneReport) -> None:
         """The mirror's view without what the pass deleted; dropped when the mirror was not as the view said (a

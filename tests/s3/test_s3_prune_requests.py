@@ -21,8 +21,10 @@ def test_a_checkpoint_at_steady_state_costs_at_most_one_list(
     seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
 ) -> None:
     """With keep_last = 100 checkpoints in the bucket, each new checkpoint is uploaded and the oldest deleted
-    (and nothing else), with at most one LIST request (ListObjectsV2, ListMultipartUploads) per checkpoint:
-    retention plans from the last listing of the bucket plus the daemon's own copies and deletions since."""
+    (and nothing else), with at most one LIST request (ListObjectsV2, ListMultipartUploads) per checkpoint: the
+    prune pass after a copy plans from the last listing plus the daemon's own copies and deletions since (the one
+    listing left confirms the 99 copies the deletion rests on, more than a HEAD each is worth); no refresh of the
+    manifest, no sweep of stale uploads, no LIST for the new key's stat."""
     primary = tmp_path / "primary"
     for step in range(KEPT):
         save_checkpoint(primary / "run" / f"step_{step}.pt", step)

@@ -679,7 +679,9 @@ def test_pruning_after_copies_plans_from_the_last_listing_and_a_copy_deleted_beh
     """keep_last 2, on hints alone: each new step is copied and the oldest copy pruned from the mirror as the first
     reconcile listed it plus the daemon's own copies and deletions since, with no listing of the mirror per copy.
     A copy the operator deleted meanwhile is found gone by the pass that meant to delete it (nothing to do, nothing
-    broken); the next pass lists the mirror again and retention goes on."""
+    broken); the next pass lists the mirror again and retention goes on. A copy of the window the operator deleted
+    is found before anything is deleted on its strength: the pass lists the mirror and, as a fresh listing says,
+    keeps the older step until that copy is made again."""
     h = harness(prune={"enabled": True, "keep_last": 2, "min_age_seconds": 0})
     listings: list[int] = []
     real = h.daemon.mirror.snapshot
@@ -719,3 +721,6 @@ def test_pruning_after_copies_plans_from_the_last_listing_and_a_copy_deleted_beh
     assert len(listings) == 2
     # (the record of the copy the operator deleted is left as a pass finding it gone leaves it)
     assert set(h.daemon.manifest.entries) - {step(2)} == {step(5), step(6)}
+    (mirror / step(6)).unlink()  # behind the daemon's back again: a copy that retires the older steps
+    new_step(7, [5, 7])  # step 6 is not verified any more: step 5 stays, as a fresh listing says
+    assert len(listings) == 3 and events(logs, "prune.relisting")[-1]["path"] == step(6)

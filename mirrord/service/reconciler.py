@@ -10,9 +10,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from mirrord.core.branches import lying_after_ns, run_rollbacks
-from mirrord.core.model import VERSIONS, FileState, ManifestEntry, Snapshot
+from mirrord.core.model import VERSIONS, ManifestEntry, Snapshot
 from mirrord.core.nodes import foreign
-from mirrord.core.retention import KEEP_LAST, MIRROR, PrunePlan
+from mirrord.core.retention import FOLLOWED, KEEP_LAST, MIRROR, PrunePlan
 from mirrord.core.units import naming_warnings
 from mirrord.errors import MirrordError
 from mirrord.obs.metrics import Metrics
@@ -25,24 +25,6 @@ from mirrord.vocabulary import Veto
 # Past this many records changed since the mirror was listed (a burst of copies, another writer's records), a
 # new listing is cheaper than a stat of each (on an object store a LIST page holds 1,000 keys).
 RESTAT_MAX = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Listed:
-    """The mirror as a complete listing saw it and as this daemon changed it since: its files and versions, and
-    the manifest they match (a record changed since is a copy or a deletion made since: its file is stat'ed)."""
-
-    files: dict[str, FileState]  # never changed once made: the observations keep the listing's own map
-    versions: dict[str, FileState]
-    entries: Mapping[str, ManifestEntry]
-
-    def without(self, gone: set[str]) -> Listed:
-        """This view once `gone` (files and their records) were deleted by this daemon."""
-        return Listed(
-            {rel: state for rel, state in self.files.items() if rel not in gone},
-            {rel: state for rel, state in self.versions.items() if rel not in gone},
-            {rel: e for rel, e in self.entries.items() if rel not in gone},
-        )
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -59,7 +41,10 @@ class Reconciler(Hints):
         super().__post_init__()
         self._rollbacks_logged: set[str] = set()  # runs whose rollback was logged: once per daemon run
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
-        self._listed: Listed | None = None  # the mirror's view for prune passes; None: list it again
+        # The mirror as a complete listing saw it and as this daemon changed it since, and the manifest it matches
+        # (a record changed since is a copy or a deletion made since): what prune passes plan from; None: list it.
+        # Its maps are never changed once made (the observations keep them).
+        self._listed: tuple[Snapshot, Mapping[str, ManifestEntry]] | None = None
 
     # -- scheduling -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -252,16 +237,16 @@ class Reconciler(Hints):
         """Keep a complete listing of the mirror for the prune passes until the next reconcile; not when other
         nodes write under the prefix too (what they upload meanwhile is only seen by listing it)."""
         shared = self.config.s3.units_span_nodes or any(foreign(e, self.mirror.node) for e in entries.values())
-        complete = msnap is not None and msnap.complete and not shared
-        self._listed = Listed(msnap.files, msnap.versions, entries) if complete and msnap else None
+        # (only its files and versions are read: see _mirror_view)
+        self._listed = (msnap, entries) if msnap is not None and msnap.complete and not shared else None
 
     def _as_viewed(self, plan: PrunePlan, msnap: Snapshot, fresh: set[str]) -> bool:
         """Before a pass deletes on the strength of the view: the copies its decision rests on (each run's newest
-        verified one, which the guards keep as the only good copy, and the keep_last newest verified ones, which
-        retire the older) are still as the view says: stat'ed unless they just were (past RESTAT_MAX of them, a
-        listing is cheaper). One deleted or replaced behind the daemon's back drops the view: the pass plans from
-        a new listing, never from what a stale view says of it."""
-        kept = {k.rel for k in plan.kept if k.volume == MIRROR and k.why == KEEP_LAST}
+        verified one, which the guards keep as the only good copy, and the keep_last newest verified ones, or what
+        the trainer keeps in follow mode, which retire the older) are still as the view says: stat'ed unless they
+        just were (past RESTAT_MAX of them, a listing is cheaper). One deleted or replaced behind the daemon's back
+        drops the view: the pass plans from a new listing, never from what a stale view says of it."""
+        kept = {k.rel for k in plan.kept if k.volume == MIRROR and k.why in (KEEP_LAST, FOLLOWED)}
         evidence = (kept | plan.newest) & msnap.files.keys() - fresh
         stale = len(evidence) > RESTAT_MAX
         for rel in () if stale else evidence:
@@ -280,12 +265,11 @@ class Reconciler(Hints):
         """The mirror as last listed, brought up to date with the records changed since (a copy recorded, a
         record dropped by make_room): each of their files stat'ed (returned with the view); None when a
         listing is due instead."""
-        listed = self._listed
-        if listed is None:
+        if self._listed is None:
             return None
+        listed, was = self._listed
         entries = self.manifest.entries
-        changed = {rel for rel, e in entries.items() if listed.entries.get(rel) is not e}
-        changed.update(rel for rel in listed.entries if rel not in entries)
+        changed = {rel for rel, e in entries.items() if was.get(rel) is not e} | (was.keys() - entries.keys())
         if len(changed) > RESTAT_MAX:
             return None
         files, versions = dict(listed.files), dict(listed.versions)
@@ -299,20 +283,22 @@ class Reconciler(Hints):
                 side[rel] = state
             else:
                 side.pop(rel, None)
-        self._listed = Listed(files, versions, entries)
-        return Snapshot(files, versions=versions), changed
+        self._listed = Snapshot(files, versions=versions), entries
+        return self._listed[0], changed
 
     def _deleted(self, report: PruneReport) -> None:
         """The mirror's view without what the pass deleted; dropped when the mirror was not as the view said (a
         file changed or gone behind the daemon's back) or the pass failed: the next pass lists it again."""
-        listed = self._listed
-        if listed is None or report.dry_run:
+        if self._listed is None or report.dry_run:
             return
         vanished = any(s.volume == MIRROR and s.reason == VANISHED for s in report.skipped)
         if vanished or report.changed or not report.ok:
             self._listed = None
             return
-        self._listed = listed.without({d.rel for d in report.deleted if d.volume == MIRROR})
+        gone = {d.rel for d in report.deleted if d.volume == MIRROR}
+        listed, entries = self._listed
+        files, versions = ({rel: f for rel, f in m.items() if rel not in gone} for m in (listed.files, listed.versions))
+        self._listed = Snapshot(files, versions=versions), {rel: e for rel, e in entries.items() if rel not in gone}
 
     def _refresh_manifest(self) -> None:
         """Take in what other nodes recorded under a shared prefix (Manifest.refresh) before a plan."""

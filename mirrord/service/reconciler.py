@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
+from mirrord.config import Config
 from mirrord.core.branches import lying_after_ns, run_rollbacks
 from mirrord.core.model import VERSIONS, ManifestEntry, Snapshot
 from mirrord.core.nodes import foreign
@@ -41,10 +42,11 @@ class Reconciler(Hints):
         super().__post_init__()
         self._rollbacks_logged: set[str] = set()  # runs whose rollback was logged: once per daemon run
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
-        # The mirror as a complete listing saw it and as this daemon changed it since, and the manifest it matches
-        # (a record changed since is a copy or a deletion made since): what prune passes plan from; None: list it.
+        # The mirror as a complete listing saw it and as this daemon changed it since, the manifest it matches (a
+        # record changed since is a copy or a deletion made since) and the config it was listed under: what prune
+        # passes plan from; None: list it.
         # Its maps are never changed once made (the observations keep them).
-        self._listed: tuple[Snapshot, Mapping[str, ManifestEntry]] | None = None
+        self._listed: tuple[Snapshot, Mapping[str, ManifestEntry], Config] | None = None
 
     # -- scheduling -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -203,6 +205,7 @@ class Reconciler(Hints):
         other nodes recorded, when that view is not to be trusted); a stop request ends it between deletions."""
         pruner = self.settings().pruner
         if pruner is None or self.refusals.blocked:
+            self._listed = None  # (a refused mirror may not be what was listed: listed again after it)
             return
         reconciled, psnap, msnap = plan is not None, None, None
         try:
@@ -238,7 +241,7 @@ class Reconciler(Hints):
         nodes write under the prefix too (what they upload meanwhile is only seen by listing it)."""
         shared = self.config.s3.units_span_nodes or any(foreign(e, self.mirror.node) for e in entries.values())
         # (only its files and versions are read: see _mirror_view)
-        self._listed = (msnap, entries) if msnap is not None and msnap.complete and not shared else None
+        self._listed = (msnap, entries, self.config) if msnap is not None and msnap.complete and not shared else None
 
     def _as_viewed(self, plan: PrunePlan, msnap: Snapshot, fresh: set[str]) -> bool:
         """Before a pass deletes on the strength of the view: the copies its decision rests on (each run's newest
@@ -265,9 +268,9 @@ class Reconciler(Hints):
         """The mirror as last listed, brought up to date with the records changed since (a copy recorded, a
         record dropped by make_room): each of their files stat'ed (returned with the view); None when a
         listing is due instead."""
-        if self._listed is None:
+        if self._listed is None or self._listed[2] is not self.config:  # (listed under a config since reloaded)
             return None
-        listed, was = self._listed
+        listed, was, config = self._listed
         entries = self.manifest.entries
         changed = {rel for rel, e in entries.items() if was.get(rel) is not e} | (was.keys() - entries.keys())
         if len(changed) > RESTAT_MAX:
@@ -283,7 +286,7 @@ class Reconciler(Hints):
                 side[rel] = state
             else:
                 side.pop(rel, None)
-        self._listed = Snapshot(files, versions=versions), entries
+        self._listed = Snapshot(files, versions=versions), entries, config
         return self._listed[0], changed
 
     def _deleted(self, report: PruneReport) -> None:
@@ -296,9 +299,9 @@ class Reconciler(Hints):
             self._listed = None
             return
         gone = {d.rel for d in report.deleted if d.volume == MIRROR}
-        listed, entries = self._listed
+        listed, entries, config = self._listed
         files, versions = ({rel: f for rel, f in m.items() if rel not in gone} for m in (listed.files, listed.versions))
-        self._listed = Snapshot(files, versions=versions), {rel: e for rel, e in entries.items() if rel not in gone}
+        self._listed = Snapshot(files, versions=versions), {e: v for e, v in entries.items() if e not in gone}, config
 
     def _refresh_manifest(self) -> None:
         """Take in what other nodes recorded under a shared prefix (Manifest.refresh) before a plan."""

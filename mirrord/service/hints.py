@@ -118,7 +118,13 @@ class Hints(Enqueuer):
         units of `scope` (whose files these are)."""
         entries = self.manifest.entries
         folders = tuple(rel + "/" for rel in scope or ())
-        named = set(files) | ({e for e in entries if e in scope or e.startswith(folders)} if scope else set())
+        # A file the manifest does not record is copied whatever the mirror holds under its name: not stat'ed (on
+        # an object store a HEAD, and a LIST of NAME/ when no object has that name).
+        named = (
+            set(files) | {e for e in entries if e in scope or e.startswith(folders)}
+            if scope
+            else files.keys() & entries.keys()
+        )
         mirror_files = {rel: state for rel in named if (state := stat_safely(self.mirror, rel)) is not None}
         psnap = Snapshot(files, errors=errors)
         view = self.view(psnap, Snapshot(mirror_files), entries, partial=True)

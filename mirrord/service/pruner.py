@@ -205,12 +205,14 @@ class Pruner:
         dry_run: bool | None = None,
         keep_going: Callable[[], bool] = lambda: True,
         plan: PrunePlan | None = None,
+        sweep: bool = True,
     ) -> PruneReport:
         """Plan and execute one retention pass. With prune.enabled = false only a dry run plans.
 
         `keep_going` is asked between deletions (the daemon beats its heartbeat there and says no once
         a stop was requested): a pass of thousands of deletions never holds the caller for long. `plan`
         is one the caller already made (the daemon's reconcile View): then nothing is listed again.
+        `sweep`: also abort the object store's stale uploads (a listing of them: the daemon's rescans only).
         """
         dry = self.config.prune.dry_run if dry_run is None else dry_run
         if not self.config.prune.enabled and not dry:
@@ -225,7 +227,7 @@ class Pruner:
                 self._remember(plan)
             self.held = len(plan.paused), plan.held
             report = self._execute(plan, dry, sides, keep_going=keep_going)
-            if not dry and MIRROR in sides:
+            if sweep and not dry and MIRROR in sides:
                 self._sweep_uploads()
         # A dry run deletes nothing: its totals are what it would delete, and are named so.
         freed = "would_free" if dry else "freed"

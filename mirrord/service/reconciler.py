@@ -1,23 +1,31 @@
 """The daemon's side of planning: list both volumes (or stat the files watch hints name), plan, and
 hand the plan to the queue, the ledger and retention. Snapshots are the truth; hints only make it sooner.
 Each full reconcile plans afresh from two new listings: nothing is carried from one turn to the next but
-the log-once records and what the ledger and the settle tracker hold."""
+the log-once records and what the ledger and the settle tracker hold, and the mirror's last listing, which the
+prune passes between reconciles plan from (with this daemon's own changes since) instead of listing it again."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from mirrord.config import Config
 from mirrord.core.branches import lying_after_ns, run_rollbacks
-from mirrord.core.model import Snapshot
-from mirrord.core.retention import PrunePlan
+from mirrord.core.model import VERSIONS, ManifestEntry, Snapshot
+from mirrord.core.nodes import foreign
+from mirrord.core.retention import FOLLOWED, KEEP_LAST, MIRROR, PrunePlan
 from mirrord.core.units import naming_warnings
 from mirrord.errors import MirrordError
 from mirrord.obs.metrics import Metrics
 from mirrord.service.hints import Hints
+from mirrord.service.pruner import VANISHED, PruneReport
 from mirrord.service.refusals import IDENTITY, LISTING
 from mirrord.store.aliases import alias_links
 from mirrord.vocabulary import Veto
+
+# Past this many files to stat (records changed since the mirror was listed, copies a deletion rests on), a new
+# listing is cheaper: on S3 a LIST (up to 1,000 keys) costs what about 12 HEADs cost, and takes one round trip.
+RESTAT_MAX = 16
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -34,6 +42,11 @@ class Reconciler(Hints):
         super().__post_init__()
         self._rollbacks_logged: set[str] = set()  # runs whose rollback was logged: once per daemon run
         self._naming_logged: set[tuple[str, str]] = set()  # (kind, pattern): once per daemon run
+        # The mirror as a complete listing saw it and as this daemon changed it since, the manifest it matches (a
+        # record changed since is a copy or a deletion made since) and the config it was listed under: what prune
+        # passes plan from; None: list it.
+        # Its maps are never changed once made (the observations keep them).
+        self._listed: tuple[Snapshot, Mapping[str, ManifestEntry], Config] | None = None
 
     # -- scheduling -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -85,6 +98,7 @@ class Reconciler(Hints):
     def reconcile(self) -> None:
         """List both volumes, prune, and queue what the mirror lacks (nothing while the mirror is refused)."""
         started = self.monotonic()
+        self._listed = None  # (kept again below once this listing is complete and not refused)
         self.refusals.missed = False  # (set again below if a refusal still drops this listing's jobs)
         problem = self.mirror.identity_problem()
         self.refusals.refuse(IDENTITY, problem)
@@ -125,6 +139,7 @@ class Reconciler(Hints):
             return
         self._log_rollbacks(psnap, view.prune)
         self._warn_naming(psnap)
+        self._keep(msnap, entries)
         # Prune first, from the same view that tells the copy planner which old steps retention retired.
         self.prune(view.prune)
         queued = self.enqueue(view, psnap)
@@ -185,24 +200,108 @@ class Reconciler(Hints):
                 )
 
     def prune(self, plan: PrunePlan | None = None) -> None:
-        """One retention pass: from `plan` (a reconcile's), else from fresh listings of both volumes (the
-        pruner lists them, after the manifest took in what other nodes recorded); a stop request ends it
-        between deletions."""
+        """One retention pass: from `plan` (a reconcile's), else from a fresh listing of the primary and the
+        mirror as last listed plus this daemon's changes since (listed again, after the manifest took in what
+        other nodes recorded, when that view is not to be trusted); a stop request ends it between deletions."""
         pruner = self.settings().pruner
         if pruner is None or self.refusals.blocked:
+            self._listed = None  # (a refused mirror may not be what was listed: listed again after it)
             return
-        if plan is None:
-            self._refresh_manifest()
+        reconciled, psnap, msnap = plan is not None, None, None
         try:
-            report = pruner.run_cycle(plan=plan, keep_going=self._between_deletions)
+            if plan is None:
+                psnap = self.primary.snapshot(self.config.patterns, self.config.rules)
+                viewed = self._mirror_view()
+                if viewed is None:
+                    self._refresh_manifest()  # (a view is only kept of a prefix no other node writes)
+                else:
+                    msnap, fresh = viewed
+                    plan = pruner.plan(psnap, msnap)
+                    if plan.deletions and not self._as_viewed(plan, msnap, fresh):
+                        plan = None
+                if plan is None:
+                    entries = self.manifest.entries  # (read before the listing: see reconcile)
+                    msnap = self.mirror.snapshot(self.config.patterns, self.config.rules)
+                    self._keep(msnap, entries)
+            # (stale uploads are swept by the reconciles' passes: listing them is a LIST request too)
+            report = pruner.run_cycle(psnap, msnap, plan=plan, keep_going=self._between_deletions, sweep=reconciled)
         except MirrordError as exc:
+            self._listed = None
             self.log.error("prune.failed", reason=exc.reason, path=exc.path, cause=exc.cause)
             return
+        self._deleted(report)
         if Veto.RECENTLY_SEEN in report.skips_by_reason():
             # Observations mature min_age_seconds after they start: look again then (the observation
             # clock is monotonic, so this never hastens a deletion; a later rescan also covers it).
             due = self.monotonic() + self.config.prune.min_age_seconds
             self.inbox.prune_when(due)
+
+    def _keep(self, msnap: Snapshot | None, entries: Mapping[str, ManifestEntry]) -> None:
+        """Keep a complete listing of the mirror for the prune passes until the next reconcile; not when other
+        nodes write under the prefix too (what they upload meanwhile is only seen by listing it)."""
+        shared = self.config.s3.units_span_nodes or any(foreign(e, self.mirror.node) for e in entries.values())
+        # (only its files and versions are read: see _mirror_view)
+        self._listed = (msnap, entries, self.config) if msnap is not None and msnap.complete and not shared else None
+
+    def _as_viewed(self, plan: PrunePlan, msnap: Snapshot, fresh: set[str]) -> bool:
+        """Before a pass deletes on the strength of the view: the copies its decision rests on (each run's newest
+        verified one, which the guards keep as the only good copy, and the keep_last newest verified ones, or what
+        the trainer keeps in follow mode, which retire the older) are still as the view says: stat'ed unless they
+        just were (past RESTAT_MAX of them, a listing is cheaper). One deleted or replaced behind the daemon's back
+        drops the view: the pass plans from a new listing, never from what a stale view says of it."""
+        kept = {k.rel for k in plan.kept if k.volume == MIRROR and k.why in (KEEP_LAST, FOLLOWED)}
+        evidence = (kept | plan.newest) & msnap.files.keys() - fresh
+        stale = len(evidence) > RESTAT_MAX
+        for rel in () if stale else evidence:
+            try:
+                state = self.mirror.stat(rel)
+            except (OSError, MirrordError):
+                state = None
+            if stale := state is None or state.identity != msnap.files[rel].identity:
+                self.log.info("prune.relisting", path=rel, why="not as last listed")
+                break
+        if stale:
+            self._listed = None
+        return not stale
+
+    def _mirror_view(self) -> tuple[Snapshot, set[str]] | None:
+        """The mirror as last listed, brought up to date with the records changed since (a copy recorded, a
+        record dropped by make_room): each of their files stat'ed (returned with the view); None when a
+        listing is due instead."""
+        if self._listed is None or self._listed[2] is not self.config:  # (listed under a config since reloaded)
+            return None
+        listed, was, config = self._listed
+        entries = self.manifest.entries
+        changed = {rel for rel, e in entries.items() if was.get(rel) is not e} | (was.keys() - entries.keys())
+        if len(changed) > RESTAT_MAX:
+            return None
+        files, versions = dict(listed.files), dict(listed.versions)
+        for rel in changed:
+            try:
+                state = self.mirror.stat(rel)
+            except (OSError, MirrordError):
+                return None  # (unknown is not gone: listed again)
+            side = versions if rel.startswith(VERSIONS + "/") else files
+            if state is not None and state.is_regular:
+                side[rel] = state
+            else:
+                side.pop(rel, None)
+        self._listed = Snapshot(files, versions=versions), entries, config
+        return self._listed[0], changed
+
+    def _deleted(self, report: PruneReport) -> None:
+        """The mirror's view without what the pass deleted; dropped when the mirror was not as the view said (a
+        file changed or gone behind the daemon's back) or the pass failed: the next pass lists it again."""
+        if self._listed is None or report.dry_run:
+            return
+        vanished = any(s.volume == MIRROR and s.reason == VANISHED for s in report.skipped)
+        if vanished or report.changed or not report.ok:
+            self._listed = None
+            return
+        gone = {d.rel for d in report.deleted if d.volume == MIRROR}
+        listed, entries, config = self._listed
+        files, versions = ({rel: f for rel, f in m.items() if rel not in gone} for m in (listed.files, listed.versions))
+        self._listed = Snapshot(files, versions=versions), {e: v for e, v in entries.items() if e not in gone}, config
 
     def _refresh_manifest(self) -> None:
         """Take in what other nodes recorded under a shared prefix (Manifest.refresh) before a plan."""

@@ -104,9 +104,9 @@ def test_a_copy_in_flight_is_never_deleted(tmp_path, gated_primary, daemon_facto
     assert names.index(("prune.deleted", "primary")) > names.index(("copy.committed", None)), names
 
 
-def test_pruning_after_a_burst_of_copies_plans_from_fresh_listings(tmp_path, daemon_factory):
-    """Copies finished: the prune pass plans afresh (it lists both trees; prune.finished says so) and
-    retires the steps the newest verified one replaces."""
+def test_pruning_after_a_burst_of_copies_retires_the_steps_the_newest_replaces(tmp_path, daemon_factory):
+    """Copies finished: the prune pass (from the mirror's last listing plus the copies since) retires the steps
+    the newest verified one replaces."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     publish_checkpoint(primary / "r" / "step_0001.pt", 1)
     d = daemon_factory({"prune": {"enabled": True, "keep_last": 1, "min_age_seconds": 0}}).start()
@@ -114,8 +114,7 @@ def test_pruning_after_a_burst_of_copies_plans_from_fresh_listings(tmp_path, dae
     for step in (2, 3):
         publish_checkpoint(primary / "r" / f"step_{step:04d}.pt", step)
     wait_for(lambda: steps(mirror) == [3], 60, "steps 1 and 2 pruned from the mirror once 3 is verified")
-    passes = d.events("prune.finished")
-    assert len(passes) >= 2 and any(p["listed"] for p in passes), passes
+    assert len(d.events("prune.finished")) >= 2
     assert steps(primary) == [1, 2, 3]  # prune.primary = false
     assert d.stop() == 0
 

@@ -701,3 +701,56 @@ def test_a_copy_waiting_for_its_commit_keeps_the_drill_waiting_then_its_unit_is_
     assert REL in h.daemon.manifest.entries
     h.daemon.tick(wait=False)
     wait_for(lambda: events(logs, "drill.passed"), 120, "the unit drilled")
+
+
+def test_pruning_after_copies_plans_from_the_last_listing_and_a_copy_deleted_behind_its_back_breaks_nothing(
+    harness, primary, mirror, logs
+) -> None:
+    """keep_last 2, on hints alone: each new step is copied and the oldest copy pruned from the mirror as the first
+    reconcile listed it plus the daemon's own copies and deletions since, with no listing of the mirror per copy.
+    A copy the operator deleted meanwhile is found gone by the pass that meant to delete it (nothing to do, nothing
+    broken); the next pass lists the mirror again and retention goes on. A copy of the window the operator deleted
+    is found before anything is deleted on its strength: the pass lists the mirror and, as a fresh listing says,
+    keeps the older step until that copy is made again."""
+    h = harness(prune={"enabled": True, "keep_last": 2, "min_age_seconds": 0})
+    listings: list[int] = []
+    real = h.daemon.mirror.snapshot
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        listings.append(1)
+        return real(*args, **kwargs)
+
+    h.daemon.mirror.snapshot = counted  # type: ignore[method-assign]
+    h.daemon.start()
+
+    def step(n: int) -> str:
+        return f"run/step_{n:04d}.pt"
+
+    def mirrored() -> list[str]:
+        return sorted(p.relative_to(mirror).as_posix() for p in (mirror / "run").glob("*.pt"))
+
+    def new_step(n: int, kept: list[int]) -> None:
+        save_checkpoint(primary / step(n), n)
+        h.hint(step(n))
+
+        def done() -> bool:
+            h.daemon.tick(wait=False)
+            return mirrored() == [step(k) for k in kept] and not h.daemon.inbox.prune_due
+
+        wait_for(done, 60, f"step {n} copied and the mirror pruned to {kept}")
+
+    for n in (1, 2, 3):
+        new_step(n, list(range(max(1, n - 1), n + 1)))
+    assert len(listings) == 1, "the mirror was listed again after copies"  # (by the first reconcile only)
+    (mirror / step(2)).unlink()  # the operator, behind the daemon's back: the copy retention deletes next
+    new_step(4, [3, 4])
+    assert [e["path"] for e in events(logs, "prune.skipped") if e["reason"] == "vanished"] == [step(2)]
+    assert len(listings) == 1
+    new_step(5, [4, 5])  # from a new listing: the last one did not match the mirror
+    new_step(6, [5, 6])
+    assert len(listings) == 2
+    # (the record of the copy the operator deleted is left as a pass finding it gone leaves it)
+    assert set(h.daemon.manifest.entries) - {step(2)} == {step(5), step(6)}
+    (mirror / step(6)).unlink()  # behind the daemon's back again: a copy that retires the older steps
+    new_step(7, [5, 7])  # step 6 is not verified any more: step 5 stays, as a fresh listing says
+    assert len(listings) == 3 and events(logs, "prune.relisting")[-1]["path"] == step(6)

@@ -104,12 +104,8 @@ def io_scheduler(path: Path) -> str | None:
 def missing_evidence(paths: Iterable[Path], ionice: str, root: Path = PROC_PRESSURE) -> list[str]:
     """What the pacing lacks here, one phrase each: PSI, or an idle I/O class that has effect (BFQ only)."""
     missing = [] if read_pressure(root) is not None else [f"pressure stall information ({root})"]
-    if ionice == "idle":
-        for path in paths:
-            scheduler = io_scheduler(path)
-            if scheduler not in (None, "bfq"):
-                missing.append(f"the idle I/O class (scheduler {scheduler} under {path}; only bfq honours it)")
-    return missing
+    schedulers = {s for path in paths if (s := io_scheduler(path)) not in (None, "bfq")} if ionice == "idle" else set()
+    return missing + [f"the idle I/O class (scheduler {s}; only bfq honours it)" for s in sorted(schedulers)]
 
 
 def save_interval(entries: Iterable[ManifestEntry], saves: int = 8) -> float | None:

@@ -3,6 +3,8 @@ real pressure files that a scripted copy control advances (no real time is measu
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,10 @@ from mirrord.service.pacing import (
     read_pressure,
     save_interval,
 )
+from mirrord.service.scrub import Scrubber
+from mirrord.store.volume import LocalMirror
+from tests.support.checkpoints import BASE_MTIME_NS
+from tests.support.wait import wait_for
 
 QUIET, OTHERS_IO, OTHERS_CPU = Stall(0.0, 0.0), Stall(IO_STALLED, 0.0), Stall(0.0, CPU_STALLED)
 
@@ -72,11 +78,13 @@ def test_decide_floor_share_over_a_long_backoff() -> None:
 
 
 def write_pressure(root: Path, io_us: int, cpu_us: int) -> None:
+    """/proc/pressure's two files, each replaced whole (a reader never sees one half written)."""
     root.mkdir(exist_ok=True)
     for name, total in (("io", io_us), ("cpu", cpu_us)):
-        (root / name).write_text(
+        (root / f"{name}.new").write_text(
             f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
         )
+        (root / f"{name}.new").replace(root / name)
 
 
 def test_read_pressure_reads_the_some_totals(tmp_path: Path) -> None:
@@ -237,3 +245,45 @@ def test_a_stop_ends_a_backoff(tmp_path: Path) -> None:
     world.pause = pause  # type: ignore[method-assign]
     pacer.pace(world)
     assert world.stop_reason == "cancelled" and pauses[0] == 20
+
+
+def test_the_scrub_waits_while_others_need_the_device_then_reads(tmp_path: Path, make_config) -> None:
+    """The scrub reads through the copies' pacer: while another process stalls on I/O (its pressure total
+    grows as fast as the clock, in real pressure files) the scrub reads nothing and backs off; once that
+    stops, the pass reads every copy."""
+    from tests.unit.test_latest import mirror_steps
+
+    config = make_config(copy={"free_space_reserve_bytes": 0})
+    mirror_steps(config, [("run/step_1.pt", 1, BASE_MTIME_NS), ("run/step_2.pt", 2, BASE_MTIME_NS + 10**9)])
+    mirror = LocalMirror(config.mirror)
+    manifest = mirror.read_manifest()
+    root, metrics, stalling = tmp_path / "pressure", Metrics(runtime=False), threading.Event()
+    write_pressure(root, 0, 0)
+    stalling.set()
+
+    def others() -> None:  # another task waits on I/O all the time while `stalling` is set
+        io_us, last = 0, time.monotonic()
+        while stalling.is_set():
+            now = time.monotonic()
+            io_us, last = io_us + int((now - last) * 1e6), now
+            write_pressure(root, io_us, 0)
+            time.sleep(0.005)
+
+    writer = threading.Thread(target=others)
+    writer.start()
+    try:
+        pacer = Pacer(metrics=metrics, root=root)
+        # (the pacer reads at most every 0.1 s, and these copies take less: its first window holds the stalls)
+        wait_for(lambda: (read_pressure(root) or (0, 0))[0] > 300_000, 60, "the others stalled a while")
+        scrubber = Scrubber(lambda: config, mirror, manifest, metrics, frozenset, lambda: False, print, pacer=pacer)
+        scrub = threading.Thread(target=scrubber.scrub_pass, args=(1e-6,))
+        scrub.start()
+        wait_for(lambda: metrics.backoff_seconds._value.get() > 0.5, 60, "the scrub backing off")
+        assert metrics.scrub_bytes._value.get() == 0
+    finally:
+        stalling.clear()
+        writer.join()
+    scrub.join(timeout=60)
+    assert not scrub.is_alive()
+    assert metrics.scrub_bytes._value.get() == sum(e.size for e in manifest.entries.values())
+    manifest.close()

@@ -267,11 +267,14 @@ class IoConfig(_Section):
     """[io]: buffer size, bandwidth limit, page-cache dropping, I/O and CPU priority of copies."""
 
     buffer_bytes: int = Field(8 * MIB, ge=64 * 1024, le=256 * MIB)
-    bandwidth_limit: Annotated[int, AfterValidator(check_bandwidth)] = Field(100 * MIB, ge=0)
+    # bytes/s, 0 = no cap: copies are paced from pressure stall information (mirrord.service.pacing); a cap
+    # is for a shared network link
+    bandwidth_limit: Annotated[int, AfterValidator(check_bandwidth)] = Field(0, ge=0)
     drop_cache: bool = True
-    ionice: Literal["none", "best-effort", "idle"] = "none"
+    pacing: bool = True  # copies and the scrub back off while others need the device (mirrord.service.pacing)
+    ionice: Literal["none", "best-effort", "idle"] = "idle"  # I/O class of copy threads (bfq honours idle)
     cpu_nice: int = Field(0, ge=0, le=19)  # nice value of copy threads (0 = as the daemon)
-    cpu_policy: Literal["normal", "idle"] = "normal"  # "idle": SCHED_IDLE copy threads (Linux)
+    cpu_policy: Literal["normal", "idle"] = "idle"  # "idle": SCHED_IDLE copy threads (Linux)
 
 
 def is_s3_url(value: object) -> bool:

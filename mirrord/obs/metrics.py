@@ -98,6 +98,11 @@ class Metrics:
         self.drill_failures = counter(
             "mirrord_drill_failures", "Drills of the run's newest checkpoint that failed to restore or load.", ["run"]
         )
+        self.backoff_seconds = counter(
+            "mirrord_backoff_seconds",
+            "Seconds copies and the scrub waited because others needed the device or a CPU (pressure stall "
+            "information), or paced without that evidence.",
+        )
         self.scrub_bytes = counter("mirrord_scrub_bytes", "Bytes of mirror copies re-read by the scrub.")
         self.scrub_last_complete = gauge(
             "mirrord_scrub_last_complete_timestamp_seconds", "Unix time the scrub last finished reading the mirror."

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mirrord.core.jobs import CopyResult
 from mirrord.errors import (
@@ -40,6 +41,9 @@ from mirrord.store.atomic import DirSyncs
 from mirrord.store.hashing import new_hasher
 from mirrord.store.mirror import Upload, UploadTarget
 
+if TYPE_CHECKING:
+    from mirrord.service.pacing import Pacer
+
 _DROP_BEHIND_BYTES = 64 * 1024 * 1024
 
 
@@ -54,6 +58,7 @@ class CopyControl:
     bytes_done: int = 0
     last_progress: float = field(default=0.0)
     stop_reason: str | None = None  # "stalled" | "cancelled"
+    pacer: Pacer | None = None  # shared by the process's copies: between buffers, backs off for others
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -73,7 +78,7 @@ class CopyControl:
         self._stopped.set()
 
     def pause(self, seconds: float) -> None:
-        """Wait `seconds` (the bandwidth cap's pause), ending early when the copy is asked to stop."""
+        """Wait `seconds` (the pacer's or the bandwidth cap's pause), ending early when the copy is asked to stop."""
         self._stopped.wait(seconds)
 
     def check(self, path: Path) -> None:
@@ -289,6 +294,8 @@ def _stream(
                 if options.drop_cache and copied - dropped >= _DROP_BEHIND_BYTES:
                     os.posix_fadvise(src_fd, dropped, copied - dropped, os.POSIX_FADV_DONTNEED)
                     dropped = copied
+                if control.pacer is not None:
+                    control.pacer.pace(control)
                 if options.bandwidth_limit:
                     ahead = copied / options.bandwidth_limit - (time.monotonic() - started)
                     if ahead > 0:

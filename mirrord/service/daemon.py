@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mirrord.config import Config
+from mirrord.config import DAY, Config
 from mirrord.core.jobs import CopyJob, CopyResult
 from mirrord.core.observe import Observations
 from mirrord.core.plan import SettleTracker
@@ -29,6 +29,7 @@ from mirrord.service.engine import Engine
 from mirrord.service.inbox import Inbox
 from mirrord.service.jobqueue import JobQueue
 from mirrord.service.ledger import Ledger
+from mirrord.service.pacing import Pacer, missing_evidence, save_interval
 from mirrord.service.pruner import Pruner
 from mirrord.service.reconciler import Reconciler
 from mirrord.service.refusals import Refusals
@@ -92,6 +93,8 @@ class Daemon:
         self.settle = SettleTracker(config.copy.settle_seconds, clock.wall, clock.monotonic)
         self.settings = Settings.derive(config, self.notifier.watchdog_seconds, self._pruner)
         self.engine = Engine(config, self.mirror, self.manifest, self.metrics, wall=clock.wall)
+        self._interval: tuple[float, float | None] = (-DAY, None)  # (when found, the runs' save interval)
+        self.pacer = Pacer(self._behind, self.metrics, config.io.cpu_policy != "idle") if config.io.pacing else None
         self.drills = Drills(self.mirror, self.manifest, self.metrics, clock.wall, self.inbox.wake)
         self.endpoints = serve(
             config.metrics,
@@ -112,6 +115,7 @@ class Daemon:
             ionice=config.io.ionice,
             cpu_nice=config.io.cpu_nice,
             cpu_policy=config.io.cpu_policy,
+            pacer=self.pacer,
         )
         self._swap(self.settings)
         self.watch = PrimaryWatch(
@@ -160,6 +164,7 @@ class Daemon:
             busy=lambda: bool(self.queue.paths()) or bool(self.refusals.blocked),
             repair=self._repair,
             wall=clock.wall,
+            pacer=self.pacer,
         )
 
     def _pruner(self, config: Config) -> Pruner:
@@ -191,6 +196,14 @@ class Daemon:
         the mirror is refused: the next pass asks again)."""
         if not self.refusals.blocked and self.queue.put(dataclasses.replace(job, seen=self.manifest.last_seq)):
             self.ledger.damaged(job)
+
+    def _behind(self) -> bool:
+        """The mirror lags by more than one save interval (the pacer's floor share is due); the interval is
+        found again from the manifest once a minute."""
+        found, interval = self._interval
+        if self.clock.monotonic() - found >= 60:
+            self._interval = found, interval = self.clock.monotonic(), save_interval(self.manifest.entries.values())
+        return interval is not None and self.ledger.lag(self.queue.pending()) > interval
 
     def _stop(self) -> None:
         self._stopped_by_supervisor = True  # (the mirror's lock lost, a worker wedged): nothing is drained
@@ -230,6 +243,11 @@ class Daemon:
         self.notifier.ready(self.status())
         self.supervisor.heartbeat()
         self.scrubber.start()
+        config = self.settings.config
+        mirror = self.mirror.local_tree()
+        missing = missing_evidence([self.primary.root] + ([mirror.root] if mirror else []), config.io.ionice)
+        if missing and config.io.pacing:
+            self.log.warning("pacing.evidence_missing", missing=missing, docs="docs/performance.md#pacing")
         self.log.info("daemon.ready", status=self.status())
 
     def _await_primary(self, announce: Callable[[str], None]) -> bool:

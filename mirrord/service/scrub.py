@@ -29,6 +29,7 @@ from mirrord.errors import MirrordError
 from mirrord.obs.log import get_logger
 from mirrord.obs.metrics import Metrics
 from mirrord.service.copier import CopyControl, hash_source
+from mirrord.service.pacing import Pacer
 from mirrord.service.workers import lower_priority
 from mirrord.store.manifest import Manifest
 from mirrord.store.mirror import Mirror
@@ -57,6 +58,7 @@ class Scrubber:
         repair: Callable[[CopyJob], None],
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        pacer: Pacer | None = None,
     ) -> None:
         self.config, self.mirror, self.manifest, self.metrics = config, mirror, manifest, metrics
         self.in_flight, self.busy, self.repair, self.wall, self.monotonic = in_flight, busy, repair, wall, monotonic
@@ -64,7 +66,8 @@ class Scrubber:
         self.damaged: dict[str, ManifestEntry] = {}  # path -> the record it fails (forgotten once that changes)
         metrics.damaged_copies.set_function(lambda: len(self.damaged))
         self.log = get_logger()
-        self._stopping, self._control = threading.Event(), CopyControl()  # (the control stops a read of the primary)
+        # (the control stops a read of the primary, and the pacer's waits)
+        self._stopping, self._control = threading.Event(), CopyControl(pacer=pacer)
         self._opened, self._read = 0.0, 0  # when the file being read was opened, and how much of it is read
         self.thread = threading.Thread(target=self._run, name="mirrord-scrub", daemon=True)
 
@@ -126,10 +129,12 @@ class Scrubber:
         self.damaged = {rel: e for rel, e in self.damaged.items() if self.manifest.get(rel) == e}
 
     def _pace(self, n: int) -> None:
-        """After `n` bytes read: wait while a copy is queued or running, and within the copies' bandwidth
-        limit (io.bandwidth_limit)."""
+        """After `n` bytes read: wait while a copy is queued or running, while others need the device (the
+        copies' pacer), and within the copies' bandwidth limit (io.bandwidth_limit)."""
         while self.busy() and not self._stopping.is_set():
             self._stopping.wait(BUSY_POLL_SECONDS)
+        if self._control.pacer is not None:
+            self._control.pacer.pace(self._control)
         self.metrics.scrub_bytes.inc(n)
         self._read += n
         limit = self.config().io.bandwidth_limit

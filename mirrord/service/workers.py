@@ -22,6 +22,7 @@ from mirrord.service.commits import CommitStage
 from mirrord.service.copier import CopyControl, release_thread_buffers
 from mirrord.service.engine import Engine, StagedCopy
 from mirrord.service.jobqueue import JobQueue, QueuedJob
+from mirrord.service.pacing import Pacer
 from mirrord.service.progress import log_progress
 from mirrord.service.retry import RetryPolicy
 
@@ -109,8 +110,10 @@ class WorkerPool:
         ionice: str = "none",
         cpu_nice: int = 0,
         cpu_policy: str = "normal",
+        pacer: Pacer | None = None,
     ) -> None:
         self.copy_fn = copy_fn
+        self.pacer = pacer
         self.queue = queue
         self.retry = retry  # swapped whole by a reload
         self.on_done = on_done
@@ -259,7 +262,7 @@ class WorkerPool:
             if entry is None:
                 release_thread_buffers()  # idle for a second: its copy buffers go back to the system
                 continue
-            control = CopyControl(clock=self.clock)
+            control = CopyControl(clock=self.clock, pacer=self.pacer)
             with self._lock:
                 worker.entry, worker.control = entry, control
             try:
@@ -393,6 +396,7 @@ def copy_all(
         ionice=io.ionice,
         cpu_nice=io.cpu_nice,
         cpu_policy=io.cpu_policy,
+        pacer=Pacer(lambda: True, engine.metrics, io.cpu_policy != "idle") if io.pacing else None,  # (the user waits)
     )
     try:
         while not all_done.wait(poll_seconds):

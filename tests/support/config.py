@@ -16,11 +16,16 @@ import tomli_w
 
 from mirrord.config import Config, load_config
 
+# Copies at full speed and normal priority: the suite runs 4 workers on 2 cores, where SCHED_IDLE copies and
+# pacing from pressure (the defaults, issue 44) would wait for the other tests' CPU and disk, and each test's
+# wait would measure its neighbours. Pacing has its own tests (test_pacing.py), with the defaults.
+FULL_SPEED: Mapping[str, Any] = {"bandwidth_limit": 0, "pacing": False, "ionice": "none", "cpu_policy": "normal"}
+
 # In-process tests: copy at once, retry at once, at full speed (no bandwidth cap), no drills and no scrub (each a
 # thread of its own: tests/integration/test_daemon_drill.py, test_scrub.py).
 UNIT: Mapping[str, Any] = {
     "copy": {"settle_seconds": 0.0, "retry_backoff_seconds": 0.0},
-    "io": {"bandwidth_limit": 0},
+    "io": FULL_SPEED,
     "drill": {"interval_hours": 0},
     "scrub": {"interval_days": 0},
 }
@@ -30,7 +35,7 @@ UNIT: Mapping[str, Any] = {
 # scrub (reads of the mirror beside the test's own: test_scrub.py).
 DAEMON: Mapping[str, Any] = {
     "copy": {"settle_seconds": 0.5, "retry_backoff_seconds": 0.1, "free_space_reserve_bytes": 0},
-    "io": {"bandwidth_limit": 0},
+    "io": FULL_SPEED,
     "prune": {"enabled": False},
     "watch": {"rescan_interval_seconds": 30},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 5},
@@ -53,7 +58,7 @@ CHAOS: Mapping[str, Any] = {
         "max_attempts": 2,
         "free_space_reserve_bytes": 0,
     },
-    "io": {"buffer_bytes": 64 * 1024, "bandwidth_limit": 0},
+    "io": {**FULL_SPEED, "buffer_bytes": 64 * 1024},
     "prune": {"enabled": False, "keep_last": 2, "min_age_seconds": 0},
     "watch": {"rescan_interval_seconds": 60},
     "daemon": {"heartbeat_seconds": 0.25, "shutdown_grace_seconds": 10},

@@ -39,7 +39,7 @@ def build_tree(root: Path, n_files: int, n_runs: int, say: Log = log) -> Path:
     """primary/ and mirror/ with ``n_files`` files over ``n_runs`` folders, and an in-sync manifest."""
     from mirrord.core.model import ManifestEntry
     from mirrord.store.hashing import new_hasher
-    from mirrord.store.manifest import MANIFEST_NAME, Manifest
+    from mirrord.store.manifest import MANIFEST_NAME, encode_snapshot
 
     where = root / f"scale-{n_files}"
     if (where / ".complete").exists():
@@ -60,7 +60,7 @@ def build_tree(root: Path, n_files: int, n_runs: int, say: Log = log) -> Path:
             os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o644))
             os.utime(p, ns=(mtime, mtime))
         entries[rel] = ManifestEntry(rel, 0, "blake3", empty, mtime, i // n_runs, time.time())
-    (where / "mirror" / MANIFEST_NAME).write_bytes(Manifest(entries).to_bytes())
+    (where / "mirror" / MANIFEST_NAME).write_bytes(encode_snapshot(entries))
     (where / ".complete").write_text("")
     say(f"  made in {time.perf_counter() - t0:.1f} s")
     return where
@@ -70,7 +70,7 @@ def _measure_here(where: Path) -> dict[str, Any]:
     """Runs inside the child process: the reconcile as `mirrord sync` makes it (manifest, primary, mirror, plan)."""
     from mirrord.core.model import ManifestEntry
     from mirrord.core.plan import plan_copies
-    from mirrord.store.manifest import MANIFEST_NAME, Manifest
+    from mirrord.store.manifest import MANIFEST_NAME, Manifest, encode_snapshot
     from mirrord.store.scan import snapshot_tree
     from mirrord.store.volume import LocalMirror
 
@@ -106,7 +106,7 @@ def _measure_here(where: Path) -> dict[str, Any]:
     t["plan_all_new_s"] = time.perf_counter() - t0
     peak = proc_status(os.getpid())["VmHWM"]
     with tempfile.TemporaryDirectory(dir=where) as tmp:
-        (Path(tmp) / MANIFEST_NAME).write_bytes(manifest.to_bytes())
+        (Path(tmp) / MANIFEST_NAME).write_bytes(encode_snapshot(manifest.entries))
         bound = Manifest.open(Path(tmp))
         e = next(iter(manifest.entries.values()))
         # The first change also creates the journal; the steady state is one append + fsync.

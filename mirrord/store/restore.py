@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, cast
+from typing import BinaryIO, cast
 
 from mirrord.core.model import ManifestEntry
 from mirrord.errors import (
@@ -37,17 +37,13 @@ from mirrord.paths import lstat_beneath, source_modes
 from mirrord.store.atomic import atomic_output
 from mirrord.store.hashing import HASH_BUFFER_BYTES, new_hasher
 from mirrord.store.manifest import Manifest
-from mirrord.store.mirror import ReadableStore
+from mirrord.store.mirror import ReadableStore, Upload
 from mirrord.store.resume import Candidate, check_entry, recorded_candidates, recorded_manifest
 from mirrord.store.volume import LocalVolume
 
-if TYPE_CHECKING:
-    from mirrord.store.upload import LocalUpload
-
 Progress = Callable[[int, int, str], None]  # (bytes done, bytes in all, key)
-# A file's buffers are written in place (pwrite) on this many threads while the next is read and hashed: on a
-# loaded machine one writer thread was the restore's bottleneck (bench/results/restore.md).
-WRITERS = 4
+# A file's buffers in flight: one being read and hashed while the writer thread writes the others.
+BUFFERS = 3
 REPLANS = 5  # plans from a re-read manifest, when units change under a restore (retention retired them)
 
 
@@ -138,23 +134,23 @@ def _restore_unit(
             )
     total = sum(e.size for e in unit.entries)
     done = 0
-    buffers = [memoryview(bytearray(HASH_BUFFER_BYTES)) for _ in range(WRITERS + 1)]  # + the one being read
+    buffers = [memoryview(bytearray(HASH_BUFFER_BYTES)) for _ in range(BUFFERS)]
 
-    def publish(upload: LocalUpload, entry: ManifestEntry) -> None:
+    def publish(upload: Upload, entry: ManifestEntry) -> None:
         """The entry's bytes from the mirror into `upload`, published only if they are the recorded ones;
         nothing past the recorded size is read (a copy that grew while read: its recorded bytes are checked).
-        Reads (S3: parallel ranged GETs), hashing in order and writes at their offsets overlap."""
+        Reads (S3: parallel ranged GETs), hashing and writing overlap: a buffer is written on its own thread."""
         nonlocal done
         hasher, size, where = new_hasher(entry.algo), 0, store.describe(entry.path)
         writes: deque[Future[None]] = deque()
         try:
-            with _open_recorded(store, entry) as stream, ThreadPoolExecutor(WRITERS, "restore-write") as writers:
+            with _open_recorded(store, entry) as stream, ThreadPoolExecutor(1, "restore-write") as writer:
                 for buffer in itertools.cycle(buffers):
                     if len(writes) == len(buffers):
                         writes.popleft().result()  # this buffer's last write is done: it may be filled again
                     if not (n := _read(where, stream, buffer[: min(len(buffer), entry.size - size)])):
                         break
-                    writes.append(writers.submit(upload.write_at, buffer[:n], size))
+                    writes.append(writer.submit(upload.write, buffer[:n]))
                     hasher.update(buffer[:n])
                     size += n
                     done += n

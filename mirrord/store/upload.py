@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,7 +69,6 @@ class LocalUpload:
         self.expected_size = size
         self.drop_cache = drop_cache
         self.written = 0
-        self._counting = threading.Lock()  # write_at() runs on several threads
         self._flushed = 0  # bytes below this offset are written back (and dropped when drop_cache)
         self._writeback = _loaded_sync_file_range()
         self._sealed = False
@@ -92,16 +90,6 @@ class LocalUpload:
             self.written += n
             data = data[n:]
         self._write_behind(start)
-
-    def write_at(self, data: memoryview, offset: int) -> None:
-        """Write `data` at `offset` (pwrite: a restore writes a file's buffers on several threads at once); the
-        file offset does not move, and `written` counts the bytes (seal() checks it and the file's size)."""
-        nbytes = len(data)
-        while data:
-            n = os.pwrite(self._fd, data, offset)
-            data, offset = data[n:], offset + n
-        with self._counting:
-            self.written += nbytes
 
     def skip(self, nbytes: int) -> None:
         """Leave a hole of `nbytes` (zeros that take no space): a sparse source stays sparse."""

@@ -13,11 +13,8 @@ Only reads the mirror: it works with read access alone (a read-only mount, a rea
 from __future__ import annotations
 
 import io
-import itertools
 import shutil
-from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -42,8 +39,6 @@ from mirrord.store.resume import Candidate, check_entry, recorded_candidates, re
 from mirrord.store.volume import LocalVolume
 
 Progress = Callable[[int, int, str], None]  # (bytes done, bytes in all, key)
-# A file's buffers in flight: one being read and hashed while the writer thread writes the others.
-BUFFERS = 3
 REPLANS = 5  # plans from a re-read manifest, when units change under a restore (retention retired them)
 
 
@@ -134,30 +129,22 @@ def _restore_unit(
             )
     total = sum(e.size for e in unit.entries)
     done = 0
-    buffers = [memoryview(bytearray(HASH_BUFFER_BYTES)) for _ in range(BUFFERS)]
+    buffer = memoryview(bytearray(HASH_BUFFER_BYTES))
 
     def publish(upload: Upload, entry: ManifestEntry) -> None:
         """The entry's bytes from the mirror into `upload`, published only if they are the recorded ones;
-        nothing past the recorded size is read (a copy that grew while read: its recorded bytes are checked).
-        Reads (S3: parallel ranged GETs), hashing and writing overlap: a buffer is written on its own thread."""
+        nothing past the recorded size is read (a copy that grew while read: its recorded bytes are checked)."""
         nonlocal done
-        hasher, size, where = new_hasher(entry.algo), 0, store.describe(entry.path)
-        writes: deque[Future[None]] = deque()
+        hasher, size = new_hasher(entry.algo), 0
         try:
-            with _open_recorded(store, entry) as stream, ThreadPoolExecutor(1, "restore-write") as writer:
-                for buffer in itertools.cycle(buffers):
-                    if len(writes) == len(buffers):
-                        writes.popleft().result()  # this buffer's last write is done: it may be filled again
-                    if not (n := _read(where, stream, buffer[: min(len(buffer), entry.size - size)])):
-                        break
-                    writes.append(writer.submit(upload.write, buffer[:n]))
+            with _open_recorded(store, entry) as stream:
+                while n := _read(store.describe(entry.path), stream, buffer[: min(len(buffer), entry.size - size)]):
                     hasher.update(buffer[:n])
+                    upload.write(buffer[:n])
                     size += n
                     done += n
                     if progress is not None:
                         progress(done, total, entry.path)
-            for write in writes:
-                write.result()  # every write done (the pool is shut down), its error raised, before the seal
             digest = hasher.hexdigest()
             if (size, digest) != (entry.size, entry.digest):
                 raise DamagedCopyError(

@@ -202,8 +202,8 @@ def test_an_hf_folder_comes_back_whole_from_s3_with_no_config(
 def test_a_file_of_several_parts_comes_back_whole_and_a_failed_or_damaged_part_publishes_nothing(
     seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """A 20 MiB checkpoint (three 8 MiB parts, each buffer written on the writer thread while the next is read
-    and hashed) comes back byte for byte; the ranged GET of its last part refused mid-restore: the error names
+    """A 20 MiB checkpoint (three 8 MiB parts: the first streamed, the others ranged GETs in parallel) comes
+    back byte for byte; the ranged GET of its last part refused mid-restore: the error names
     the object, nothing is left under the final name nor a temp file; its last part damaged on the server: the
     hash refuses it (DamagedCopyError naming the object) and nothing is published."""
     from botocore.exceptions import ClientError

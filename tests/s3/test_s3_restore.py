@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -196,3 +197,47 @@ def test_an_hf_folder_comes_back_whole_from_s3_with_no_config(
     assert sorted(p.name for p in resume.iterdir()) == sorted(HF_FILES)
     for name in HF_FILES:
         assert (resume / name).read_bytes() == (primary / "exp1" / "checkpoint-200" / name).read_bytes()
+
+
+def test_a_file_of_several_parts_comes_back_whole_and_a_failed_or_damaged_part_publishes_nothing(
+    seaweed: SeaweedServer, bucket: str, prefix: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A 20 MiB checkpoint (three 8 MiB parts: the first streamed, the others ranged GETs in parallel) comes
+    back byte for byte; the ranged GET of its last part refused mid-restore: the error names
+    the object, nothing is left under the final name nor a temp file; its last part damaged on the server: the
+    hash refuses it (DamagedCopyError naming the object) and nothing is published."""
+    from botocore.exceptions import ClientError
+
+    from mirrord.errors import DamagedCopyError, MirrordError
+    from mirrord.store.restore import restore
+
+    primary = tmp_path / "primary"
+    (primary / "a").mkdir(parents=True)
+    atomic_save({"step": 30, "w": torch.randn(2048, 2560)}, primary / "a" / "step_0030.pt")
+    original = (primary / "a" / "step_0030.pt").read_bytes()
+    assert len(original) > 16 << 20
+    url = f"s3://{bucket}/{prefix}"
+    config = _config(tmp_path / "mirrord.toml", primary, url, seaweed, prune={"enabled": False})
+    assert run_mirrord("sync", "--config", config, env=s3_env, timeout=300).returncode == 0
+    mirror = S3Mirror(url, S3Settings(endpoint_url=seaweed.endpoint, addressing_style="path"))
+
+    restored = restore(mirror, tmp_path / "whole")
+    assert restored.path.read_bytes() == original
+
+    def refuse_last_part(params: dict[str, Any], **_: Any) -> None:
+        if params.get("headers", {}).get("Range", "").startswith(f"bytes={16 << 20}-"):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "revoked"}}, "GetObject")
+
+    mirror.client.meta.events.register("before-call.s3.GetObject", refuse_last_part)
+    with pytest.raises(MirrordError, match=r"a/step_0030\.pt") as refused:
+        restore(mirror, tmp_path / "refused")
+    assert not isinstance(refused.value, DamagedCopyError)
+    assert list((tmp_path / "refused" / "a").iterdir()) == []
+    mirror.client.meta.events.unregister("before-call.s3.GetObject", refuse_last_part)
+
+    damaged = bytearray(original)
+    damaged[len(damaged) - 100] ^= 0xFF
+    mirror.client.put_object(Bucket=bucket, Key=f"{prefix}/a/step_0030.pt", Body=bytes(damaged))
+    with pytest.raises(DamagedCopyError, match=r"a/step_0030\.pt.*does not match the manifest"):
+        restore(mirror, tmp_path / "damaged")
+    assert list((tmp_path / "damaged" / "a").iterdir()) == []

@@ -25,9 +25,6 @@ def measure(work: Path, measured: int, kept: int) -> dict[str, float]:
 
     from tests.s3.seaweed import running_seaweed
     from tests.support import s3requests
-    from tests.support.checkpoints import publish_checkpoint, save_checkpoint
-    from tests.support.daemon import DaemonProcess
-    from tests.support.wait import wait_for
 
     with running_seaweed(work / "weed") as weed:
         env = weed.env()
@@ -38,45 +35,8 @@ def measure(work: Path, measured: int, kept: int) -> dict[str, float]:
             aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         ).create_bucket(Bucket="bench-requests")
-        primary = work / "primary"
-        for step in range(kept):
-            save_checkpoint(primary / "run" / f"step_{step}.pt", step)
-        sent = work / "requests.log"
-        daemon = DaemonProcess(
-            work,
-            primary,
-            Path("/unused"),
-            env=env,
-            wrapper=s3requests.wrapper(sent),
-            settings={
-                "s3": {"endpoint_url": weed.endpoint, "addressing_style": "path"},
-                "prune": {"enabled": True, "keep_last": kept, "min_age_seconds": 0},
-                "watch": {"rescan_interval_seconds": 3600},
-            },
-        )
-        daemon.settings["mirror"] = "s3://bench-requests/p"
-        daemon.write_config()
-
-        def pruned(step: int) -> None:
-            publish_checkpoint(primary / "run" / f"step_{step}.pt", step)
-            oldest = f"run/step_{step - kept}.pt"
-            wait_for(
-                lambda: (
-                    any(e.get("deleted") for e in daemon.events("prune.finished")[-1:])
-                    and daemon.events("prune.deleted", path=oldest)
-                ),
-                300,
-                f"{oldest} pruned",
-            )
-
-        with daemon:
-            wait_for(lambda: len(daemon.events("copy.committed")) >= kept, 600, "the first checkpoints mirrored")
-            pruned(kept)
-            before = s3requests.counts(sent)
-            for step in range(kept + 1, kept + 1 + measured):
-                pruned(step)
-            after = s3requests.counts(sent)
-    per = {op: (after[op] - before[op]) / measured for op in sorted(after) if after[op] > before[op]}
+        s3 = {"endpoint_url": weed.endpoint, "addressing_style": "path"}
+        per, _ = s3requests.steady_state(work, "s3://bench-requests/p", env, s3, kept, measured)
     per["LIST (all)"] = sum(per.get(op, 0.0) for op in s3requests.LISTS)
     per["all"] = sum(v for op, v in per.items() if op != "LIST (all)")
     return per

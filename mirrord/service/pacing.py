@@ -29,14 +29,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from mirrord.core.model import ManifestEntry
 from mirrord.obs.log import get_logger
 
 if TYPE_CHECKING:
     from mirrord.obs.metrics import Metrics
-    from mirrord.service.copier import CopyControl
 
 PROC_PRESSURE = Path("/proc/pressure")
 CHECK_SECONDS = 0.1  # pressure is read at most this often (a read of two small files)
@@ -48,6 +47,16 @@ FLOOR_SHARE = 0.5  # once behind, the copy runs at least this share of the time
 FLOOR_TURN_SECONDS = 1.0  # ... in turns of this long
 
 Decision = Literal["go", "probe", "pause"]
+
+
+class CopyControl(Protocol):
+    """What the pacer needs of a copy (service.copier.CopyControl, the scrub's): whether it was asked to stop,
+    and a wait that ends early when it is."""
+
+    stop_reason: str | None
+
+    def pause(self, seconds: float) -> None:
+        """Wait `seconds`, or less once the copy is asked to stop."""
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,9 @@ class SyncReport:
 
 
 def run_sync(config: Config, board: ProgressBoard | None = None) -> SyncReport:
-    """Copy every committed checkpoint the mirror lacks. Files still being written are waited for
-    (up to three settle periods) and then reported as unsettled, not copied; a source that fails its
-    format validator is tried again if it changes within that time, else reported as invalid. A mirror
+    """Copy every committed checkpoint the mirror lacks. Files still being written are waited for (up to
+    three settle periods after the last copies) and then reported as unsettled, not copied; a source that
+    fails its format validator is tried again if it changes within that time, else reported as invalid. A mirror
     that looks unmounted is refused, as `mirrord run` refuses it: nothing is copied. `board` shows the
     copies under way to a watcher (the terminal display)."""
     log = get_logger()
@@ -61,7 +61,8 @@ def run_sync(config: Config, board: ProgressBoard | None = None) -> SyncReport:
         rules = config.rules
         settle = SettleTracker(config.copy.settle_seconds, time.time, time.monotonic, config.unit.settle_seconds)
         looks = Looks(time.monotonic)
-        deadline = time.monotonic() + 3 * max(config.copy.settle_seconds, config.unit.settle_seconds * rules.folders)
+        patience = 3 * max(config.copy.settle_seconds, config.unit.settle_seconds * rules.folders)
+        deadline = time.monotonic() + patience
         attempted: dict[str, tuple[tuple[int, int, int, int], ...]] = {}  # rel -> the source identity tried
         while True:
             psnap = primary.snapshot(config.patterns, rules)
@@ -79,6 +80,8 @@ def run_sync(config: Config, board: ProgressBoard | None = None) -> SyncReport:
             jobs = [j for j in view.jobs if attempted.get(j.rel) != _identity(psnap, j)]
             _run_jobs(engine, jobs, config.copy_workers, report)
             attempted.update((j.rel, _identity(psnap, j)) for j in jobs)
+            if jobs:  # the wait is for files to settle, counted from the last copies, however long they took
+                deadline = time.monotonic() + patience
             report.in_sync = view.in_sync
             report.unsettled = list(view.unsettled)
             if not (view.unsettled or report.invalid):

@@ -20,6 +20,15 @@ from tests.support.wait import wait_for
 DEFAULT_IO = {"io": {"pacing": True, "ionice": "idle", "cpu_policy": "idle"}}
 
 
+def io_pressure() -> str:
+    return Path("/proc/pressure/io").read_text()
+
+
+def io_stalled_avg10() -> float:
+    """The share of the last 10 s in which some task waited for I/O ("some avg10=12.34 ..." is 12.34%)."""
+    return float(io_pressure().split()[1].removeprefix("avg10=")) / 100
+
+
 @pytest.mark.skipif(read_pressure() is None, reason="no pressure stall information on this kernel")
 @pytest.mark.skipif(shutil.which("stress-ng") is None, reason="stress-ng is not installed")
 def test_a_copy_under_a_competing_disk_load_backs_off_and_still_completes(tmp_path: Path, daemon_factory) -> None:
@@ -34,13 +43,15 @@ def test_a_copy_under_a_competing_disk_load_backs_off_and_still_completes(tmp_pa
     d = daemon_factory(DEFAULT_IO).start()
     wait_for(lambda: len(Manifest.load(mirror).entries) == 2, 120, "steps 1 and 2 mirrored")
     load = subprocess.Popen(
-        ["stress-ng", "--hdd", "2", "--hdd-bytes", "256M", "--temp-path", str(tmp_path), "--timeout", "600s"],
+        ["stress-ng", "--hdd", "2", "--hdd-bytes", "256M", "--hdd-opts", "direct,sync", "--temp-path", str(tmp_path)]
+        + ["--timeout", "600s"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
-        wait_for(lambda: (p := read_pressure()) is not None and p[0] > 0, 30, "the load under way")
+        # (the totals only grow: the 10 s average says the load now stalls others as the pacer counts a stall)
+        wait_for(lambda: io_stalled_avg10() >= IO_STALLED, 120, "the load stalling I/O", 0.2, io_pressure)
         publish_checkpoint(primary / "run" / "step_3.pt", 3, megabytes=256)
         backoff = d.wait_event("pacing.backoff", timeout=120)
         assert backoff["io_stalled"] >= IO_STALLED  # the others' I/O stalls (CPU is not counted at SCHED_IDLE)

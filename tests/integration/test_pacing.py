@@ -43,8 +43,19 @@ def test_a_copy_under_a_competing_disk_load_backs_off_and_still_completes(tmp_pa
     d = daemon_factory(DEFAULT_IO).start()
     wait_for(lambda: len(Manifest.load(mirror).entries) == 2, 120, "steps 1 and 2 mirrored")
     load = subprocess.Popen(
-        ["stress-ng", "--hdd", "2", "--hdd-bytes", "256M", "--hdd-opts", "direct,sync", "--temp-path", str(tmp_path)]
-        + ["--timeout", "600s"],
+        [
+            "stress-ng",
+            "--hdd",
+            "2",
+            "--hdd-bytes",
+            "256M",
+            "--hdd-opts",
+            "direct,sync",
+            "--temp-path",
+            str(tmp_path),
+            "--timeout",
+            "600s",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
